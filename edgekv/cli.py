@@ -1,0 +1,219 @@
+"""The `edgekv` command: parse, call, render. No arithmetic here."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .errors import EdgekvError
+
+
+class Group(click.Group):
+    """Every EdgekvError becomes one line on stderr and exit code 2, never a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except EdgekvError as e:
+            click.echo(f"edgekv: error: {e}", err=True)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            click.echo("edgekv: interrupted", err=True)
+            sys.exit(130)
+
+
+def _ctx(value: str) -> int:
+    from .units import parse_ctx
+    return parse_ctx(value)
+
+
+def _atomic_target(out: str) -> tuple[Path, Path]:
+    p = Path(out)
+    if p.parent and not p.parent.exists():
+        raise EdgekvError(f"cannot write {out}: folder {p.parent} does not exist")
+    return p, p.with_name(f".{p.name}.tmp{os.getpid()}{p.suffix}")
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="edgekv")
+def main():
+    """Put a long-context language model on a phone, and know before you ship whether it fits, how fast it runs
+    and how much quality it loses.
+
+    Start with:  edgekv plan --device pixel8 --ctx 32k
+    """
+
+
+STRATEGY_HELP = ("strategy spec, repeatable: kv, kv:dtype=fp8, kv-int8, kv-int4[:group=32], kv-int2, "
+                 "window[:w=4096,sinks=4], mla[:rank=R|ratio=F], ssm[:dtype=int8], linear, hybrid, ring[:n=8]")
+
+
+@main.command()
+@click.option("--device", "device_name", required=True, help="device id (see `edgekv devices`) or a .toml profile")
+@click.option("--ctx", "ctx_text", required=True, help="context length: 4000, 4k (=4096), 32K, 128k, 1m")
+@click.option("--model", "models", multiple=True, help="catalog name, HF folder, config.json or .gguf (repeatable); "
+              "default: every catalog model that could plausibly run on the device")
+@click.option("--strategy", "strategies", multiple=True, help=STRATEGY_HELP)
+@click.option("--weights", type=click.Choice(["fp32", "fp16", "int8", "int4", "gguf"]), default=None,
+              help="weight precision (default: int4 on phones, fp16 on GPUs, as stored for a GGUF)")
+@click.option("--runtime", default=None, help="runtime whose overhead to count (default: the device's)")
+@click.option("--chunk", default=128, show_default=True, type=click.IntRange(1, 65536), help="prefill chunk (tokens)")
+@click.option("--entitled", is_flag=True, help="iOS: use the increased-memory-limit entitlement's budget")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object (bytes as integers)")
+@click.option("--plot", type=click.Path(dir_okay=False), help="write memory vs context (PNG) with the budget line")
+@click.option("--explain", is_flag=True, help="print the formula and inputs behind every number")
+@click.option("--all", "show_all", is_flag=True, help="show every option in the table, not the top 30")
+def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, entitled, as_json, plot, explain,
+         show_all):
+    """Which model and long-context strategy fits a device at a context, how fast, at what quality risk."""
+    from . import render
+    from .arch import load_arch
+    from .devices import load_device
+    from .plan import default_models, make_plan
+    from .strategies import parse_strategy
+
+    ctx = _ctx(ctx_text)
+    device = load_device(device_name)
+    archs = [load_arch(m) for m in models] if models else default_models(device)
+    strats = [parse_strategy(s) for s in strategies] or None
+    p = make_plan(device, ctx, archs, strats, weights, runtime, entitled, chunk)
+    if plot:
+        _plot(device, archs, strats, weights, runtime, entitled, chunk, p, plot, ctx)
+    if as_json:
+        render.print_json(p.to_json(explain))
+    else:
+        render.plan_table(p, None if show_all else 30, explain)
+        if plot:
+            click.echo(f"plot written to {plot}")
+
+
+def _plot(device, archs, strats, weights, runtime, entitled, chunk, p, out, ctx):
+    from . import render
+    from .plan import make_plan
+
+    ctxs = sorted({2**k for k in range(10, 21)} | {ctx})
+    ranked = [r for r in p.ranked()][:12]
+    keep = {(r.model, r.strategy.label) for r in ranked}
+    curves: dict = {}
+    by_name = {a.name: a for a in archs}
+    for c in ctxs:
+        pc = make_plan(device, c, [by_name[m] for m, _ in keep if m in by_name], strats, weights, runtime, entitled,
+                       chunk)
+        for r in pc.rows:
+            if (r.model, r.strategy.label) in keep:
+                xs, ys = curves.setdefault(f"{r.model} {r.strategy.label}", ([], []))
+                xs.append(c)
+                ys.append(r.deployment.bytes["total"])
+    target, tmp = _atomic_target(out)
+    render.plot_plan(curves, p.budget, f"{device.name}: memory vs context", str(tmp))
+    os.replace(tmp, target)
+
+
+@main.command()
+@click.option("--device", "device_name", default="h100", show_default=True, help="datacenter GPU profile")
+@click.option("--model", "model", default="llama-3-70b", show_default=True, help="catalog name or path")
+@click.option("--ctx", "ctx_text", default="4000,32k,128000", show_default=True, help="context(s), comma-separated")
+@click.option("--strategy", "strategies", multiple=True, help=STRATEGY_HELP)
+@click.option("--weights", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default="int4", show_default=True)
+@click.option("--preset", type=click.Choice(["quadratic-tax"]), default=None,
+              help="reproduce a published analysis from its stated assumptions")
+@click.option("--json", "as_json", is_flag=True, help="print JSON rows")
+@click.option("--explain", is_flag=True, help="print the formula and assumptions behind every number")
+def baseline(device_name, model, ctx_text, strategies, weights, preset, as_json, explain):
+    """The same model on a datacenter GPU: per-user state, users per GPU, $ per million tokens."""
+    from . import render
+    from .plan import baseline as run_baseline, quadratic_tax, QUADRATIC_TAX
+
+    if preset == "quadratic-tax":
+        rows = quadratic_tax()
+        title = ("quadratic tax (AI Made Simple): Llama-3-70B shape on one H100, 39 GB KV pool, "
+                 f"${QUADRATIC_TAX['usd_per_hour']:.2f}/GPU-h, {QUADRATIC_TAX['tok_s_per_user']:.0f} tok/s per user")
+        if as_json:
+            render.print_json({"preset": preset, "assumptions": QUADRATIC_TAX,
+                               "rows": [r.to_json(explain) for r in rows]})
+        else:
+            render.baseline_table(rows, title, explain)
+        return
+    from .arch import load_arch
+    from .devices import load_device
+    from .strategies import parse_strategy
+    from .units import parse_ctx_list
+
+    ctxs = parse_ctx_list(ctx_text)
+    device = load_device(device_name)
+    arch = load_arch(model)
+    strats = [parse_strategy(s) for s in strategies] or None
+    rows = run_baseline(device, arch, ctxs, strats, weights)
+    if as_json:
+        render.print_json({"device": device.to_json(), "model": arch.name, "weights": weights,
+                           "rows": [r.to_json(explain) for r in rows]})
+    else:
+        render.baseline_table(rows, f"{arch.name} on {device.name}, {weights} weights", explain)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+def devices(as_json):
+    """List the built-in device profiles."""
+    from . import render
+    from .devices import all_devices
+    from .units import fmt_bytes
+
+    ds = all_devices()
+    if as_json:
+        render.print_json([d.to_json() for d in ds])
+        return
+    from rich.table import Table
+    t = Table(title="device profiles (device_profiles/*.toml); GB = 1e9 B")
+    for col in ("id", "name", "class", "RAM", "app budget", "bandwidth", "compute", "$/h"):
+        t.add_column(col)
+    for d in ds:
+        t.add_row(d.id, d.name, d.device_class, fmt_bytes(d.ram_bytes), fmt_bytes(d.budget_bytes)
+                  + (f" ({fmt_bytes(d.entitled_budget_bytes)} entitled)" if d.entitled_budget_bytes else ""),
+                  f"{d.bandwidth / 1e9:.0f} GB/s", f"{d.flops / 1e12:.2f} TFLOP/s",
+                  f"{d.usd_per_hour:.2f}" if d.usd_per_hour else "")
+    render.console().print(t)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+def models(as_json):
+    """List the built-in model catalog."""
+    from . import render
+    from .arch import catalog_arch, catalog_entry, catalog_names
+
+    out = []
+    for n in catalog_names():
+        a, e = catalog_arch(n), catalog_entry(n)
+        out.append({"name": n, "display_name": e.get("display_name"), "model_type": a.model_type, "family": a.family,
+                    "params": a.n_params, "layers": a.n_layers, "hf_repo": e.get("hf_repo"),
+                    "config_source": e.get("config_source")})
+    if as_json:
+        render.print_json(out)
+        return
+    from rich.table import Table
+    t = Table(title="model catalog (edgekv/catalog/*.json)")
+    for col in ("name", "type", "family", "params", "layers", "hf repo"):
+        t.add_column(col)
+    for m in out:
+        t.add_row(m["name"], m["model_type"], m["family"], f"{m['params'] / 1e9:.3f} B", str(m["layers"]),
+                  m["hf_repo"] or "")
+    render.console().print(t)
+
+
+def _register_optional():
+    """Commands that live in their own packages (they import torch lazily, inside the command)."""
+    try:
+        from .ring.cli import ring
+        main.add_command(ring)
+    except ImportError:
+        pass
+
+
+_register_optional()
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+"""Bytes, bandwidth, throughput, concurrency and cost: pure functions, no torch, no I/O.
+
+Every function returns numbers together with the formula that produced them (an `Item`), so `--explain` can print
+exactly what the planner computed. Units: bytes (int), seconds, FLOP, FLOP/s, bytes/s.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .arch import MLA, SSM, Arch, Attention, Linear, Weight
+from .strategies import StateLayout, Strategy, mla_rank
+
+WEIGHT_PRECISIONS = ("fp32", "fp16", "int8", "int4", "gguf")
+
+# What a runtime does with attention and with a quantized KV cache. Sources: anchors.md section 2.
+RUNTIMES = {
+    "executorch": {"scores": True, "kv_dequant": "layer",
+                   "why": "ExecuTorch quantized_kv_cache.py dequantizes the cache to fp32 on every update (anchors.md "
+                          "section 2); edgekv's exported attention is matmul-softmax-matmul, which materialises scores"},
+    "onnxruntime": {"scores": True, "kv_dequant": "layer",
+                    "why": "edgekv's ONNX graphs dequantize a layer's cache, then run matmul-softmax-matmul"},
+    "llama.cpp": {"scores": False, "kv_dequant": "fused",
+                  "why": "flash attention on (stack.md); quantized K/V read by the attention kernel"},
+    "vllm": {"scores": False, "kv_dequant": "fused", "why": "paged flash attention kernels read the cache in place"},
+}
+
+
+@dataclass
+class Item:
+    """A number and how it was computed."""
+    value: float
+    formula: str
+
+    def __int__(self):
+        return int(self.value)
+
+
+# ---- weights ----
+
+
+def weight_bytes_one(w: Weight, precision: str) -> float:
+    """Stored bytes of one tensor. int8: 1 B + fp16 scale per output row. int4: group 32, 0.5 B + fp16 scale per
+    group (ExecuTorch 8da4w / SpinQuant layout: int4 linear, int8 embedding). Norms, conv, A, D, biases stay fp32."""
+    n = w.numel
+    if precision == "gguf":
+        if w.gguf_bytes is None:
+            raise ValueError("gguf precision needs a GGUF-read Arch")
+        return w.gguf_bytes
+    if w.cls == "small" or precision == "fp32":
+        return 4 * n
+    rows = w.shape[0]
+    if precision == "fp16":
+        return 2 * n
+    if precision == "int8" or (precision == "int4" and w.cls == "embedding"):
+        return n + 2 * rows
+    if precision == "int4":
+        return n / 2 + (n / 32) * 2
+    raise ValueError(f"unknown weight precision {precision!r}")
+
+
+def weight_bytes(arch: Arch, precision: str) -> dict[str, float]:
+    """Bytes by tensor class (embedding, linear, lm_head, small), stored, and 'read' per decode token."""
+    out: dict[str, float] = {}
+    read = 0.0
+    for w in arch.weights:
+        b = weight_bytes_one(w, precision)
+        out[w.cls] = out.get(w.cls, 0) + b
+        # a decode step reads one embedding row, not the table; routed experts top_k of n
+        read += (b / w.shape[0] if w.cls == "embedding" else b) * w.read_fraction
+    out["total"] = sum(v for k, v in out.items())
+    out["read_per_token"] = read
+    return out
+
+
+# ---- compute ----
+
+
+def _attn_tokens(ctx: int, window: int | None) -> float:
+    """Sum over positions t = 1..ctx of the keys position t attends to (causal, capped by a window)."""
+    if window is None or window >= ctx:
+        return ctx * (ctx + 1) / 2
+    return window * (window + 1) / 2 + (ctx - window) * window
+
+
+def decode_flops(arch: Arch, layout: StateLayout, strategy: Strategy) -> Item:
+    """FLOP for one new token at the layout's context: 2 x active matmul params + attention over the kept tokens
+    (+ reconstructing K and V from a converted MLA latent, + the SSM/linear recurrences)."""
+    lin = 2 * sum(w.numel * w.read_fraction for w in arch.weights if w.cls in ("linear", "lm_head")) \
+        + (2 * arch.vocab * arch.hidden if not any(w.cls == "lm_head" for w in arch.weights) else 0)
+    kept = {t.layer: t.shape[2] if t.role in ("key",) else t.shape[1] for t in layout.tensors
+            if t.role in ("key", "latent")}
+    attn = extra = rec = 0.0
+    for i, b in enumerate(arch.blocks):
+        for m in b.mixers:
+            if isinstance(m, Attention):
+                t = kept.get(i, 0)
+                attn += 4 * m.n_heads * m.head_dim * t
+                if strategy.name == "mla":
+                    extra += 2 * layout_rank(layout, i) * 2 * m.n_kv_heads * m.head_dim * t
+            elif isinstance(m, MLA):
+                # absorbed MLA (DeepSeek-V2 inference): scores and values computed in the latent space
+                t = kept.get(i, 0)
+                attn += 2 * m.n_heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim) * t
+            elif isinstance(m, SSM):
+                rec += 6 * (m.d_inner * m.d_state) + 2 * m.conv_dim * m.d_conv
+            elif isinstance(m, Linear):
+                rec += 6 * (m.n_vectors * m.width if m.n_vectors else m.n_heads * m.d_k * m.d_v)
+    total = lin + attn + extra + rec
+    f = (f"2 x active matmul params ({lin:.3g}) + attention 4*H*D*T per layer ({attn:.3g})"
+         + (f" + K/V reconstruction from the latent 2*r*2*Hkv*D*T per layer ({extra:.3g})" if extra else "")
+         + (f" + recurrences ({rec:.3g})" if rec else "") + f" = {total:.3g} FLOP/token")
+    return Item(total, f)
+
+
+def layout_rank(layout: StateLayout, layer: int) -> int:
+    for t in layout.tensors:
+        if t.layer == layer and t.role == "latent":
+            return t.shape[-1]
+    return 0
+
+
+def prefill_flops(arch: Arch, strategy: Strategy, ctx: int, chunk: int) -> Item:
+    """FLOP to prefill ctx tokens in chunks: 2 x active params per token, causal attention summed over positions
+    (windows cap it), a converted-MLA latent re-expanded for every chunk, SSM scans linear in ctx."""
+    lin = 2 * sum(w.numel * w.read_fraction for w in arch.weights if w.cls == "linear") * ctx
+    head = 2 * arch.vocab * arch.hidden * math.ceil(ctx / chunk)  # logits for the last token of each chunk
+    attn = extra = rec = 0.0
+    w_cap = strategy.params["w"] + strategy.params["sinks"] if strategy.name == "window" else None
+    for b in arch.blocks:
+        for m in b.mixers:
+            if isinstance(m, Attention):
+                win = m.window if w_cap is None else min(w_cap, m.window or w_cap)
+                attn += 4 * m.n_heads * m.head_dim * _attn_tokens(ctx, win)
+                if strategy.name == "mla":
+                    r = mla_rank(arch, strategy)
+                    n_chunks = math.ceil(ctx / chunk)
+                    prefix = chunk * n_chunks * (n_chunks + 1) / 2  # tokens re-expanded, summed over chunks
+                    extra += 2 * r * 2 * m.n_kv_heads * m.head_dim * min(prefix, ctx * n_chunks)
+            elif isinstance(m, MLA):
+                attn += 2 * m.n_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) * _attn_tokens(ctx, None)
+            elif isinstance(m, SSM):
+                rec += (6 * m.d_inner * m.d_state + 2 * m.conv_dim * m.d_conv) * ctx
+            elif isinstance(m, Linear):
+                rec += 6 * (m.n_vectors * m.width if m.n_vectors else m.n_heads * m.d_k * m.d_v) * ctx
+    total = lin + head + attn + extra + rec
+    return Item(total, f"2*params*ctx ({lin:.3g}) + logits per chunk ({head:.3g}) + causal attention ({attn:.3g})"
+                       + (f" + latent re-expansion ({extra:.3g})" if extra else "")
+                       + (f" + scans ({rec:.3g})" if rec else "") + f" = {total:.3g} FLOP")
+
+
+# ---- workspace ----
+
+
+def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, chunk: int) -> Item:
+    """Transient memory at the worst moment of a prefill chunk or a decode step (fp32 activations):
+    chunk activations + attention scores (if the runtime materialises them) + logits + dequant/reconstruction scratch
+    for one layer at a time."""
+    rt = RUNTIMES.get(runtime, RUNTIMES["executorch"])
+    inter = max((w.shape[0] for w in arch.weights if w.name.endswith("up_proj.weight")), default=4 * arch.hidden)
+    qkv = 0
+    ssm_w = 0
+    scores = 0
+    scratch = 0
+    kept = {}
+    for t in layout.tensors:
+        if t.role in ("key", "latent"):
+            kept[t.layer] = t.shape[2] if t.role == "key" else t.shape[1]
+    for i, b in enumerate(arch.blocks):
+        for m in b.mixers:
+            if isinstance(m, Attention):
+                qkv = max(qkv, (m.n_heads + 2 * m.n_kv_heads) * m.head_dim)
+                t = kept.get(i, 0)
+                if rt["scores"]:
+                    scores = max(scores, m.n_heads * chunk * (t + chunk) * 4)
+                if strategy.kv_bits and rt["kv_dequant"] == "layer":
+                    scratch = max(scratch, 2 * m.n_kv_heads * t * m.head_dim * 4)
+                if strategy.name == "mla":
+                    scratch = max(scratch, 2 * m.n_kv_heads * t * m.head_dim * 4)
+            elif isinstance(m, MLA):
+                qkv = max(qkv, m.n_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim) + m.kv_lora_rank)
+                if rt["scores"]:
+                    scores = max(scores, m.n_heads * chunk * (kept.get(i, 0) + chunk) * 4)
+            elif isinstance(m, SSM):
+                ssm_w = max(ssm_w, 2 * m.d_inner + m.conv_dim)
+    act = chunk * (4 * arch.hidden + qkv + 3 * inter + ssm_w) * 4
+    logits = arch.vocab * 4
+    total = act + scores + logits + scratch
+    parts = [f"activations {chunk} tok x (4*hidden + qkv + 3*inter{' + ssm' if ssm_w else ''}) x 4 B = {act:,.0f}",
+             f"scores {'H x chunk x (T+chunk) x 4 B = ' + format(scores, ',') if rt['scores'] else 'not materialised'}",
+             f"logits vocab x 4 B = {logits:,}"]
+    if scratch:
+        parts.append(f"one layer's K,V in fp32 ({'dequantized' if strategy.kv_bits else 'reconstructed from the latent'})"
+                     f" = {scratch:,}")
+    return Item(total, " + ".join(parts) + f" [{runtime}: {rt['why']}]")
+
+
+# ---- speed ----
+
+
+def decode_read_bytes(weights_read: float, layout: StateLayout, strategy: Strategy, runtime: str) -> Item:
+    """Bytes one decode step moves: active weights + the whole state (+ writing and reading a dequantized fp32
+    copy of the cache when the runtime dequantizes whole layers)."""
+    rt = RUNTIMES.get(runtime, RUNTIMES["executorch"])
+    state = layout.nbytes
+    extra = 0
+    if strategy.kv_bits and rt["kv_dequant"] == "layer":
+        extra = 2 * sum(math.prod(t.shape[:3]) * (t.shape[3] * (8 // t.packed_bits if t.packed_bits else 1)) * 4
+                        for t in layout.tensors if t.role in ("key", "value"))
+    total = weights_read + state + extra
+    return Item(total, f"weights read {weights_read:,.0f} + state {state:,}"
+                       + (f" + fp32 dequant copy written and read {extra:,}" if extra else "") + f" = {total:,.0f} B")
+
+
+def decode_tokens_per_s(read: float, flops: float, bandwidth: float, bw_eff: float, peak_flops: float,
+                        flop_eff: float) -> Item:
+    t_bw = read / (bandwidth * bw_eff)
+    t_fl = flops / (peak_flops * flop_eff)
+    t = max(t_bw, t_fl)
+    bound = "bandwidth" if t_bw >= t_fl else "compute"
+    return Item(1 / t, f"1 / max(bytes {read:.3g} / ({bandwidth:.3g} B/s x {bw_eff}), FLOP {flops:.3g} / "
+                       f"({peak_flops:.3g} FLOP/s x {flop_eff})) = {1 / t:.3g} tok/s ({bound}-bound)")
+
+
+def prefill_seconds(flops: float, weights_stored: float, ctx: int, chunk: int, bandwidth: float, bw_eff: float,
+                    peak_flops: float, flop_eff: float) -> Item:
+    t_fl = flops / (peak_flops * flop_eff)
+    t_bw = math.ceil(ctx / chunk) * weights_stored / (bandwidth * bw_eff)
+    t = max(t_fl, t_bw)
+    return Item(t, f"max(FLOP {flops:.3g} / ({peak_flops:.3g} x {flop_eff}), {math.ceil(ctx / chunk)} chunks x weights "
+                   f"{weights_stored:.3g} B / ({bandwidth:.3g} x {bw_eff})) = {t:.3g} s")
+
+
+# ---- datacenter: concurrency and cost ----
+
+
+def users_per_gpu(pool_bytes: float, per_user_bytes: float) -> Item:
+    u = int(pool_bytes // per_user_bytes) if per_user_bytes > 0 else 0
+    return Item(u, f"floor(KV pool {pool_bytes:,.0f} B / per-user state {per_user_bytes:,.0f} B) = {u}")
+
+
+def usd_per_m_tokens(usd_per_hour: float, n_gpus: int, users: int, tok_s_per_user: float) -> Item:
+    if users <= 0 or tok_s_per_user <= 0:
+        return Item(math.inf, "no user fits: cost is unbounded")
+    agg = users * tok_s_per_user
+    v = n_gpus * usd_per_hour / (agg * 3600 / 1e6)
+    return Item(v, f"{n_gpus} GPU x ${usd_per_hour}/h / ({users} users x {tok_s_per_user:.4g} tok/s x 3600 / 1e6) "
+                   f"= ${v:.4g} per M tokens")
+
+
+@dataclass
+class Deployment:
+    """Everything the planner knows about one (model, strategy, ctx, weights, runtime): the one object export writes
+    into the manifest and profile compares against."""
+    model: str
+    strategy: Strategy
+    ctx: int
+    weight_precision: str
+    runtime: str
+    layout: StateLayout
+    weights: dict[str, float]
+    workspace: Item
+    runtime_overhead: float
+    explain: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def bytes(self) -> dict[str, int]:
+        w = int(self.weights["total"])
+        s = self.layout.nbytes
+        ws = int(self.workspace.value)
+        rt = int(self.runtime_overhead)
+        return {"weights": w, "state": s, "workspace": ws, "runtime": rt, "total": w + s + ws + rt}
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "strategy": self.strategy.name, "params": self.strategy.params,
+                "ctx": self.ctx, "weights": self.weight_precision, "runtime": self.runtime, "bytes": self.bytes,
+                "weight_bytes_by_class": {k: int(v) for k, v in self.weights.items()},
+                "state": self.layout.to_json()}

@@ -1,0 +1,318 @@
+"""Rank and explain options: Arch + Strategy + ctx -> Deployment; Deployment + DeviceProfile -> PlanRow / BaselineRow."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from . import memory as M
+from .arch import MLA, SSM, Arch, Attention, Block, Linear, catalog_arch, catalog_entry, catalog_names
+from .devices import DeviceProfile
+from .errors import EdgekvError
+from .quality import RISK_ORDER, quality
+from .strategies import NotApplicable, Strategy, build_layout, build_ring_layout, native_strategy, parse_strategy
+
+DEFAULT_CHUNK = 128
+PHONE_STRATEGIES = ("kv", "kv-int8", "kv-int4", "window", "mla", "ssm", "linear", "hybrid")
+FAMILY_OF = {"ssm": "ssm", "linear": "linear", "hybrid": "hybrid", "mla": "mla"}
+
+
+def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: str, overhead: float,
+               chunk: int = DEFAULT_CHUNK) -> M.Deployment:
+    if weights == "gguf" and not arch.gguf_path:
+        raise EdgekvError(f"--weights gguf needs a GGUF model; {arch.name} was read from {arch.source}")
+    layout = build_ring_layout(arch, strategy, ctx) if strategy.name == "ring" else build_layout(arch, strategy, ctx)
+    wb = M.weight_bytes(arch, weights)
+    ws = M.workspace_bytes(arch, layout, strategy, runtime, min(chunk, ctx))
+    d = M.Deployment(arch.name, strategy, ctx, weights, runtime, layout, wb, ws, overhead)
+    d.explain = {
+        "weights": f"{weights}: " + ", ".join(f"{k} {v:,.0f} B" for k, v in wb.items() if k not in ("total",
+                   "read_per_token")) + f" = {wb['total']:,.0f} B (from {len(arch.weights)} tensor shapes; "
+                   + ("exact GGUF bytes" if weights == "gguf" else
+                      "int4 = 4-bit g32 + fp16 scales for linear layers, int8 rows for embeddings; "
+                      "int8 = 1 B + fp16 scale per row; norms/conv/A/D fp32") + ")",
+        "state": f"{len(layout.tensors)} state tensors, e.g. " + "; ".join(
+            f"{t.name} {list(t.shape)} {t.dtype} = {t.nbytes:,} B" for t in layout.tensors[:3])
+            + f"; total {layout.nbytes:,} B",
+        "workspace": ws.formula,
+    }
+    return d
+
+
+def _is_native(arch: Arch, s: Strategy) -> bool:
+    """True when the state is exactly what the model was trained with (nothing quantized, windowed or converted)."""
+    if s.name != native_strategy(arch) and not (s.name == "ring"):
+        return False
+    if s.name in ("kv", "hybrid", "ring", "mla"):
+        return s.params.get("dtype") in ("fp16", "bf16", "fp32")
+    return s.params.get("dtype") in ("fp32", "fp16", "bf16")
+
+
+@dataclass
+class PlanRow:
+    model: str
+    strategy: Strategy
+    native: bool
+    deployment: M.Deployment
+    budget: int
+    decode: M.Item
+    prefill: M.Item
+    quality: dict
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.deployment.bytes["total"] <= self.budget
+
+    def to_json(self, explain: bool = False) -> dict:
+        d = {"model": self.model, "strategy": self.strategy.name,
+             "params": {**self.strategy.params, "weights": self.deployment.weight_precision,
+                        "runtime": self.deployment.runtime},
+             "native": self.native, "bytes": self.deployment.bytes, "budget_bytes": self.budget, "fits": self.fits,
+             "headroom_bytes": self.budget - self.deployment.bytes["total"],
+             "decode_tokens_per_s": round(self.decode.value, 3), "prefill_seconds": round(self.prefill.value, 3),
+             "quality": self.quality, "notes": self.notes}
+        if explain:
+            d["explain"] = {**self.deployment.explain, "runtime": self._runtime_cite,
+                            "decode_tokens_per_s": self.decode.formula, "prefill_seconds": self.prefill.formula}
+        return d
+
+    _runtime_cite: str = ""
+
+
+def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, weights: str, runtime: str | None = None,
+             budget: int | None = None, chunk: int = DEFAULT_CHUNK) -> PlanRow:
+    rt = runtime or device.runtime
+    ov = device.overhead(rt)
+    if strategy.name == "ring" and not device.is_datacenter:
+        raise NotApplicable("ring attention splits the KV over several datacenter GPUs")
+    dep = deployment(arch, strategy, ctx, weights, rt, ov.value, chunk)
+    read = M.decode_read_bytes(dep.weights["read_per_token"], dep.layout, strategy, rt)
+    fl = M.decode_flops(arch, dep.layout, strategy)
+    dec = M.decode_tokens_per_s(read.value, fl.value, device.bandwidth, device.decode_efficiency, device.flops,
+                                device.prefill_efficiency)
+    dec.formula = read.formula + "; " + fl.formula + "; " + dec.formula
+    pf = M.prefill_flops(arch, strategy, ctx, chunk)
+    pre = M.prefill_seconds(pf.value, dep.weights["total"], ctx, min(chunk, ctx), device.bandwidth,
+                            device.decode_efficiency, device.flops, device.prefill_efficiency)
+    pre.formula = pf.formula + "; " + pre.formula
+    converted = strategy.name == "mla" and "mla" not in arch.kinds
+    q = quality(arch.name, strategy, ctx, _is_native(arch, strategy), converted)
+    notes = []
+    if arch.max_position and ctx > arch.max_position:
+        notes.append(f"ctx {ctx} exceeds the model's max_position_embeddings {arch.max_position}")
+    if converted:
+        notes.append(f"converted from GQA at rank {dep.layout.tensors[0].shape[-1]}: K and V are re-expanded "
+                     f"from the latent every step (compute)")
+    row = PlanRow(arch.name, strategy, _is_native(arch, strategy), dep, budget or device.budget_bytes, dec, pre, q,
+                  notes)
+    row._runtime_cite = f"{rt} overhead {int(ov.value):,} B ({ov.cite})"
+    return row
+
+
+def strategies_for(arch: Arch, device: DeviceProfile, only: list[Strategy] | None) -> list[Strategy]:
+    if only:
+        return only
+    names = PHONE_STRATEGIES + (("ring",) if device.is_datacenter else ())
+    out = [parse_strategy(n) for n in names]
+    if arch.family == "ssm":
+        out.append(parse_strategy("ssm:dtype=int8"))
+    return out
+
+
+def alternatives(family: str, near_params: float, k: int = 3) -> list[str]:
+    """Catalog models of that family with a parameter count closest to near_params."""
+    cands = []
+    for n in catalog_names():
+        a = catalog_arch(n)
+        if a.family == family:
+            cands.append((abs(math.log(a.n_params / near_params)), n))
+    return [n for _, n in sorted(cands)[:k]]
+
+
+def plausible(arch: Arch, device: DeviceProfile) -> bool:
+    """Could this model run on the device at all? Its int4 weights must fit the app budget."""
+    return device.is_datacenter or M.weight_bytes(arch, "int4")["total"] <= device.budget_bytes
+
+
+@dataclass
+class Plan:
+    device: DeviceProfile
+    ctx: int
+    rows: list[PlanRow]
+    not_applicable: list[dict]
+    budget: int
+
+    def ranked(self) -> list[PlanRow]:
+        return sorted(self.rows, key=lambda r: (not r.fits, RISK_ORDER[r.quality["risk"]], -r.decode.value))
+
+    def to_json(self, explain: bool = False) -> dict:
+        return {"device": self.device.to_json(), "ctx": self.ctx, "budget_bytes": self.budget,
+                "options": [r.to_json(explain) for r in self.ranked()], "not_applicable": self.not_applicable}
+
+
+def make_plan(device: DeviceProfile, ctx: int, archs: list[Arch], strategies: list[Strategy] | None = None,
+              weights: str | None = None, runtime: str | None = None, entitled: bool = False,
+              chunk: int = DEFAULT_CHUNK) -> Plan:
+    budget = device.budget_bytes
+    if entitled:
+        if device.entitled_budget_bytes is None:
+            raise EdgekvError(f"device {device.id} has no increased-memory-limit budget (iOS only)")
+        budget = device.entitled_budget_bytes
+    rows, na = [], []
+    alt_cache: dict = {}
+    for arch in archs:
+        w = weights or ("gguf" if arch.gguf_path else ("fp16" if device.is_datacenter else "int4"))
+        for s in strategies_for(arch, device, strategies):
+            try:
+                rows.append(plan_one(arch, s, device, ctx, w, runtime, budget, chunk))
+            except NotApplicable as e:
+                fam = FAMILY_OF.get(s.name)
+                entry = {"model": arch.name, "strategy": s.name, "reason": str(e)}
+                if fam and fam != arch.family:
+                    key = (fam, arch.name)
+                    if key not in alt_cache:
+                        alt_cache[key] = alternatives(fam, arch.n_params)
+                    entry["needs_family"] = fam
+                    entry["alternatives"] = alt_cache[key]
+                na.append(entry)
+    return Plan(device, ctx, rows, na, budget)
+
+
+def default_models(device: DeviceProfile) -> list[Arch]:
+    return [a for a in (catalog_arch(n) for n in catalog_names()) if plausible(a, device)]
+
+
+# ---- datacenter baseline ----
+
+
+@dataclass
+class BaselineRow:
+    strategy: str
+    ctx: int
+    state_bytes_per_user: int
+    pool_bytes: int
+    users: M.Item
+    tok_s_per_user: float
+    usd: M.Item
+    n_gpus: int = 1
+    assumptions: str = ""
+
+    def to_json(self, explain: bool = False) -> dict:
+        d = {"strategy": self.strategy, "ctx": self.ctx, "state_bytes_per_user": self.state_bytes_per_user,
+             "users": int(self.users.value), "usd_per_m_tokens": None if math.isinf(self.usd.value)
+             else round(self.usd.value, 4), "tokens_per_s_per_user": round(self.tok_s_per_user, 3),
+             "pool_bytes": self.pool_bytes, "gpus": self.n_gpus}
+        if explain:
+            d["explain"] = {"users": self.users.formula, "usd_per_m_tokens": self.usd.formula,
+                            "assumptions": self.assumptions}
+        return d
+
+
+def baseline(device: DeviceProfile, arch: Arch, ctxs: list[int], strategies: list[Strategy] | None = None,
+             weights: str = "int4", runtime: str | None = None) -> list[BaselineRow]:
+    """Per strategy and ctx: per-user state, users per GPU (KV pool = HBM - weights - runtime - workspace),
+    per-user decode speed at that batch (bandwidth roofline) and $ per million tokens."""
+    if device.usd_per_hour is None:
+        raise EdgekvError(f"device {device.id} is not a datacenter GPU (no usd_per_hour); try h100, h200 or a100")
+    rt = runtime or device.runtime
+    ov = device.overhead(rt).value
+    rows = []
+    for ctx in ctxs:
+        for s in strategies_for(arch, device, strategies):
+            try:
+                dep = deployment(arch, s, ctx, weights, rt, ov)
+            except NotApplicable:
+                continue
+            per_user = dep.layout.nbytes
+            pool = device.ram_bytes - dep.weights["total"] - ov - dep.workspace.value
+            users = M.users_per_gpu(max(pool, 0), per_user)
+            n = s.params.get("n", 1) if s.name == "ring" else 1
+            u = int(users.value)
+            step = max((dep.weights["read_per_token"] + max(u, 1) * per_user) / (device.bandwidth * device.decode_efficiency),
+                       max(u, 1) * M.decode_flops(arch, dep.layout, s).value / (device.flops * device.prefill_efficiency))
+            if s.name == "ring":
+                step += ring_decode_comm_s(device, arch, ctx, n)
+            tok = 1 / step
+            rows.append(BaselineRow(s.label, ctx, per_user, int(pool), users, tok,
+                                    M.usd_per_m_tokens(device.usd_per_hour, n, u, tok), n,
+                                    f"{weights} weights {dep.weights['total']:,.0f} B, {rt} overhead {ov:,.0f} B, "
+                                    f"HBM {device.ram_bytes:,} B; decode step = max(weights + users x state bytes / "
+                                    f"(bandwidth x {device.decode_efficiency}), compute)"))
+    return rows
+
+
+def ring_decode_comm_s(device: DeviceProfile, arch: Arch, ctx: int, n: int) -> float:
+    """Network time of one ring decode step over the device's fastest interconnect: each layer sends the query to
+    every rank and gathers partial outputs (latency-bound for one token)."""
+    if not device.interconnect:
+        raise EdgekvError(f"device {device.id} has no interconnect: ring needs one")
+    link = max(device.interconnect.values(), key=lambda l: l.bytes_per_s.value)
+    attn = arch.mixers("attention")
+    per_layer = 0.0
+    for _, m in attn:
+        msg = (m.n_heads * m.head_dim * 2 + m.n_heads * 4 * 2)  # query out, partial output + (max, sum) back
+        per_layer += 2 * (link.latency_s.value + msg / link.bytes_per_s.value)
+    return per_layer if n > 1 else 0.0
+
+
+# ---- the published "quadratic tax" analysis, reproduced from its stated assumptions ----
+
+QUADRATIC_TAX = {
+    "source": "https://www.artificialintelligencemadesimple.com/p/how-long-context-inference-is-rewriting "
+              "(numbers via https://promitb.dev/daily/2026-03-09/engineer/; arithmetic reconstructed in "
+              "shared/research/anchors.md section 1.2)",
+    "pool_bytes": 39_000_000_000, "usd_per_hour": 2.00, "tok_s_per_user": 28.0,
+    "layers": 80, "kv_heads": 8, "head_dim": 128, "q_heads": 64, "hidden": 8192,
+}
+
+
+def _tax_archs() -> dict[str, Arch]:
+    q = QUADRATIC_TAX
+    att = Attention(q["q_heads"], q["kv_heads"], q["head_dim"])
+    L = q["layers"]
+    mk = lambda name, fam, blocks: Arch(name, "preset", fam, q["hidden"], 128256, tuple(blocks), ())
+    jamba_ssm = SSM(1, 2 * q["hidden"], 16, 4)  # Jamba's mamba layers: d_inner = 2 x hidden, d_state 16
+    mamba2 = SSM(2, 2 * q["hidden"], 128, 4, n_heads=128, head_dim=128, n_groups=1)
+    return {
+        "kv": mk("llama-3-70b-shape", "transformer", [Block((att,))] * L),
+        "hybrid": mk("jamba-style-70b", "hybrid", [Block((att,)) if i % 8 == 4 else Block((jamba_ssm,))
+                                                     for i in range(L)]),
+        "ssm": mk("mamba2-style-70b", "ssm", [Block((mamba2,))] * L),
+        "linear": mk("linear-attention-70b", "linear", [Block((Linear(q["q_heads"], q["head_dim"],
+                                                                      q["head_dim"]),))] * L),
+    }
+
+
+def quadratic_tax() -> list[BaselineRow]:
+    q = QUADRATIC_TAX
+    archs = _tax_archs()
+    cases = [
+        ("kv", 4000, "kv:dtype=fp8", "KV at 1 byte per value: 2 x 80 layers x 8 KV heads x 128 x 1 B = 163,840 B/token"),
+        ("kv", 128000, "kv:dtype=fp8", "same, 128,000 tokens"),
+        ("kv", 128000, "mla:ratio=0.067,dtype=fp8",
+         "MLA latent = 6.7% of the KV (DeepSeek-V2's -93.3%, applied to the 70B shape as the article does)"),
+        ("hybrid", 128000, "hybrid:dtype=fp8,state_dtype=fp8",
+         "1 attention layer in 8 (10 of 80) keep KV; 70 Jamba-style Mamba layers (d_inner 16384, d_state 16) keep "
+         "an SSM state at 1 B and a conv state in fp32"),
+        ("ssm", 128000, "ssm:dtype=fp8", "assumption: a 70B-class Mamba-2 (80 layers, d_inner 16384, 128 heads x 128, "
+                                         "d_state 128), state at 1 B, conv state fp32; the article's own SSM "
+                                         "config was not recovered"),
+        ("linear", 128000, "linear:dtype=fp8", "assumption: 80 layers of linear attention, 64 heads x 128 x 128 state "
+                                               "at 1 B (feature-map size = head_dim)"),
+        ("kv", 128000, "ring:n=8,dtype=fp8", "ring over 8 GPUs: each GPU holds 1/8 of every user's KV in the same "
+                                             "39 GB pool; cost counts all 8 GPUs; per-user speed kept at 28 tok/s "
+                                             "(optimistic: decode waits on the network, see edgekv ring)"),
+    ]
+    rows = []
+    for arch_key, ctx, spec, why in cases:
+        s = parse_strategy(spec)
+        arch = archs[arch_key]
+        layout = build_ring_layout(arch, s, ctx) if s.name == "ring" else build_layout(arch, s, ctx)
+        per_user = layout.nbytes
+        users = M.users_per_gpu(q["pool_bytes"], per_user)
+        n = s.params.get("n", 1) if s.name == "ring" else 1
+        usd = M.usd_per_m_tokens(q["usd_per_hour"], n, int(users.value), q["tok_s_per_user"])
+        rows.append(BaselineRow(s.name, ctx, per_user, q["pool_bytes"], users, q["tok_s_per_user"], usd, n,
+                                f"{why}. Pool 39 GB (decimal) of an 80 GB H100, ${q['usd_per_hour']:.2f}/GPU-hour, "
+                                f"{q['tok_s_per_user']:.0f} tok/s per user. Source: {q['source']}"))
+    return rows

@@ -1,0 +1,115 @@
+"""Tables, JSON and plots. No arithmetic here: everything shown was computed in memory.py / plan.py."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from .units import fmt_auto, fmt_bytes, fmt_ctx
+
+RISK_STYLE = {"none": "green", "low": "green", "medium": "yellow", "unknown": "magenta", "high": "red"}
+
+
+def console() -> Console:
+    return Console(width=max(Console().width, 150) if not sys.stdout.isatty() else None)
+
+
+def print_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=_default) + "\n")
+
+
+def _default(o):
+    if isinstance(o, float) and math.isinf(o):
+        return None
+    raise TypeError(type(o))
+
+
+def _secs(s: float) -> str:
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
+    c = console()
+    d = plan.device
+    rows = plan.ranked()
+    n_fit = sum(r.fits for r in rows)
+    t = Table(box=box.SIMPLE_HEAD, title=f"edgekv plan — {d.name} ({d.id}), ctx {fmt_ctx(plan.ctx)} = {plan.ctx:,} tokens, "
+                    f"app budget {fmt_bytes(plan.budget)}", title_justify="left", show_lines=False)
+    for col, kw in (("model", {}), ("strategy", {}), ("weights", {}), ("state", {"justify": "right"}),
+                    ("total", {"justify": "right"}), ("fits", {}), ("decode", {"justify": "right"}),
+                    ("prefill", {"justify": "right"}), ("risk", {}), ("evidence", {"no_wrap": True})):
+        t.add_column(col, **kw)
+    shown = rows if limit is None else rows[:limit]
+    for r in shown:
+        b = r.deployment.bytes
+        risk = r.quality["risk"]
+        t.add_row(r.model, r.strategy.short + ("" if r.native else " *"), r.deployment.weight_precision,
+                  fmt_auto(b["state"]), fmt_auto(b["total"]),
+                  "[green]yes[/]" if r.fits else "[red]no[/]", f"{r.decode.value:.1f} tok/s", _secs(r.prefill.value),
+                  f"[{RISK_STYLE[risk]}]{risk}[/]",
+                  r.quality["cite"])
+    c.print(t)
+    c.print(f"{n_fit} of {len(rows)} options fit; GB = 1e9 bytes. '*' = state changed from what the model was trained "
+            f"with (quantized, windowed or converted). decode = tokens/s at ctx; prefill = time to read a "
+            f"{plan.ctx:,}-token prompt.")
+    if limit is not None and len(rows) > limit:
+        c.print(f"{len(rows) - limit} more options: --all shows them, --json gives every number.")
+    fams = {}
+    for e in plan.not_applicable:
+        if "needs_family" in e:
+            fams.setdefault(e["needs_family"], set()).update(e.get("alternatives", []))
+    for fam, alts in sorted(fams.items()):
+        c.print(f"[dim]{fam}: needs a {fam} model — catalog models of that family: {', '.join(sorted(alts))}[/]")
+    if explain:
+        for r in shown:
+            c.print(f"\n[bold]{r.model} / {r.strategy.label}[/]")
+            for k, v in r.to_json(explain=True)["explain"].items():
+                c.print(f"  {k}: {v}")
+
+
+def baseline_table(rows, title: str, explain: bool = False) -> None:
+    c = console()
+    t = Table(title=title, title_justify="left")
+    for col in ("strategy", "ctx", "state / user", "GPUs", "users", "tok/s / user", "$ / M tokens"):
+        t.add_column(col, justify="left" if col == "strategy" else "right")
+    for r in rows:
+        usd = "∞ (no user fits)" if math.isinf(r.usd.value) else f"${r.usd.value:.2f}"
+        t.add_row(r.strategy, f"{r.ctx:,}", fmt_bytes(r.state_bytes_per_user), str(r.n_gpus), str(int(r.users.value)),
+                  f"{r.tok_s_per_user:.1f}", usd)
+    c.print(t)
+    c.print("GB = 1e9 bytes.")
+    if explain:
+        for r in rows:
+            c.print(f"\n[bold]{r.strategy} @ {r.ctx:,}[/]\n  users: {r.users.formula}\n  cost: {r.usd.formula}"
+                    f"\n  assumptions: {r.assumptions}")
+
+
+def plot_plan(curves: dict, budget: int, title: str, out: str) -> None:
+    """Memory against context (log x) per option, with the device budget as a line."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for label, (ctxs, totals) in curves.items():
+        ax.plot(ctxs, [t / 1e9 for t in totals], marker="o", ms=3, label=label)
+    ax.axhline(budget / 1e9, color="red", ls="--", label=f"app budget {budget / 1e9:.2f} GB")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel("total memory (GB = 1e9 B)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,77 @@
+"""Context lengths and byte units: the only place that parses "32k" or prints "GB".
+
+Context: "4000" -> 4000, "4k"/"4K" -> 4096, "128k" -> 131072, "1m" -> 1048576 (binary multipliers, as
+llama.cpp and transformers users mean them). Anything else ("32kk", "0", "-5", "1e9", "1.5k") is an error.
+Bytes: GB = 1e9 and GiB = 2**30; every rendered number says which.
+"""
+from __future__ import annotations
+
+import re
+
+from .errors import EdgekvError
+
+MAX_CTX = 16 * 2**20  # 16M tokens: beyond anything a device in the catalog could hold
+_CTX_RE = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$")
+_MULT = {"": 1, "k": 1024, "m": 1024 * 1024}
+
+GB = 10**9
+GiB = 2**30
+MB = 10**6
+MiB = 2**20
+
+
+def parse_ctx(text: str | int) -> int:
+    """'32k' -> 32768. Raises EdgekvError with a one-line message for anything malformed or out of range."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        m = _CTX_RE.match(str(text))
+        if not m:
+            raise EdgekvError(f"context {text!r} is not a token count: use e.g. 4000, 4k, 32K, 128k or 1m")
+        value = int(m.group(1)) * _MULT[m.group(2).lower()]
+    if value <= 0:
+        raise EdgekvError(f"context {text!r} must be at least 1 token")
+    if value > MAX_CTX:
+        raise EdgekvError(f"context {text!r} is larger than {MAX_CTX:,} tokens")
+    return value
+
+
+def parse_ctx_list(text: str) -> list[int]:
+    """'1k,8k,32k' -> [1024, 8192, 32768]."""
+    parts = [p for p in str(text).split(",") if p.strip()]
+    if not parts:
+        raise EdgekvError(f"context list {text!r} is empty")
+    return [parse_ctx(p) for p in parts]
+
+
+def parse_bytes(text: str) -> int:
+    """'512MB' -> 512e6, '3GiB' -> 3*2**30, '1500' (MB by default) -> 1.5e9."""
+    m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|KiB|MB|MiB|GB|GiB)?\s*$", str(text), re.I)
+    if not m:
+        raise EdgekvError(f"memory size {text!r} is not a size: use e.g. 3500MB or 3.5GB or 3GiB")
+    unit = (m.group(2) or "MB").lower()
+    mult = {"b": 1, "kb": 10**3, "kib": 2**10, "mb": MB, "mib": MiB, "gb": GB, "gib": GiB}[unit]
+    value = int(float(m.group(1)) * mult)
+    if value <= 0:
+        raise EdgekvError(f"memory size {text!r} must be positive")
+    return value
+
+
+def fmt_ctx(tokens: int) -> str:
+    """4096 -> '4k', 4000 -> '4000', 1048576 -> '1m'."""
+    if tokens % (1024 * 1024) == 0:
+        return f"{tokens // (1024 * 1024)}m"
+    if tokens % 1024 == 0:
+        return f"{tokens // 1024}k"
+    return str(tokens)
+
+
+def fmt_bytes(n: float, unit: str = "GB", digits: int = 2) -> str:
+    """Bytes with their unit named: fmt_bytes(3.5e9) -> '3.50 GB'; unit one of GB, GiB, MB, MiB."""
+    div = {"GB": GB, "GiB": GiB, "MB": MB, "MiB": MiB}[unit]
+    return f"{n / div:.{digits}f} {unit}"
+
+
+def fmt_auto(n: float) -> str:
+    """Pick MB or GB (decimal) so the number reads well."""
+    return fmt_bytes(n, "GB") if abs(n) >= 0.1 * GB else fmt_bytes(n, "MB", 1)

@@ -1,0 +1,108 @@
+"""The planner end to end: the published quadratic-tax numbers, JSON field names, ranking, devices."""
+import json
+
+import pytest
+
+from conftest import run_cli
+from edgekv.arch import catalog_arch
+from edgekv.devices import all_devices, load_device, parse_profile
+from edgekv.errors import EdgekvError
+from edgekv.plan import make_plan, quadratic_tax
+from edgekv.strategies import parse_strategy
+
+OPTION_KEYS = {"model", "strategy", "params", "native", "bytes", "budget_bytes", "fits", "decode_tokens_per_s",
+               "prefill_seconds", "quality"}
+
+
+def test_quadratic_tax_reproduces_the_published_numbers():
+    rows = {(r.strategy, r.ctx): r for r in quadratic_tax()}
+    kv4 = rows[("kv", 4000)]
+    assert round(kv4.state_bytes_per_user / 1e9, 2) == 0.66 and kv4.users.value == 59
+    assert round(kv4.usd.value, 2) == 0.34
+    kv128 = rows[("kv", 128000)]
+    assert round(kv128.state_bytes_per_user / 1e9, 2) == 20.97 and kv128.users.value == 1
+    assert round(kv128.usd.value, 2) == 19.84
+    mla = rows[("mla", 128000)]
+    assert mla.users.value == 27 and round(mla.usd.value, 2) == 0.73
+    hyb = rows[("hybrid", 128000)]
+    assert hyb.users.value == 14 and round(hyb.usd.value, 2) == 1.42
+    assert {"ssm", "linear", "ring"} <= {s for s, _ in rows}
+    # cost inflation 4K -> 128K: "58x"
+    assert round(kv128.usd.value / kv4.usd.value) == 58
+
+
+def test_baseline_preset_json_and_explain():
+    p = run_cli("baseline", "--preset", "quadratic-tax", "--json", "--explain", check=True)
+    out = json.loads(p.stdout)
+    for r in out["rows"]:
+        assert {"strategy", "ctx", "state_bytes_per_user", "users", "usd_per_m_tokens"} <= set(r)
+        assert isinstance(r["state_bytes_per_user"], int)
+        assert "39 GB" in r["explain"]["assumptions"]
+
+
+def test_plan_json_has_the_documented_fields():
+    p = run_cli("plan", "--device", "pixel8", "--ctx", "32k", "--json", check=True)
+    out = json.loads(p.stdout)
+    assert out["ctx"] == 32768 and out["device"]["id"] == "pixel8"
+    assert len(out["options"]) > 20
+    for o in out["options"]:
+        assert OPTION_KEYS <= set(o)
+        assert set(o["bytes"]) == {"weights", "state", "workspace", "runtime", "total"}
+        assert all(isinstance(v, int) for v in o["bytes"].values())
+        assert o["bytes"]["total"] == sum(v for k, v in o["bytes"].items() if k != "total")
+        assert o["quality"]["risk"] and o["quality"]["evidence"]
+    # ranked: every option that fits comes before every one that does not
+    fits = [o["fits"] for o in out["options"]]
+    assert fits == sorted(fits, reverse=True)
+    # a transformer's ssm row is not silently dropped: it names catalog models of that family
+    na = [e for e in out["not_applicable"] if e["strategy"] == "ssm" and e["model"] == "llama-3.2-1b"]
+    assert na and all(a.startswith("mamba") for a in na[0]["alternatives"])
+
+
+def test_70b_does_not_fit_a_phone_and_is_not_planned_by_default():
+    names = {o["model"] for o in make_plan(load_device("pixel8"), 32768, [catalog_arch("llama-3.2-1b")]).to_json()["options"]}
+    assert names == {"llama-3.2-1b"}
+    p = make_plan(load_device("pixel8"), 4096, [catalog_arch("llama-3-70b")], [parse_strategy("kv")])
+    assert not p.rows[0].fits
+
+
+def test_phone_prefill_of_32k_takes_minutes_not_milliseconds():
+    p = make_plan(load_device("pixel8"), 32768, [catalog_arch("llama-3.2-1b")], [parse_strategy("kv")])
+    assert p.rows[0].prefill.value > 60
+
+
+def test_ssm_decode_speed_does_not_fall_with_context_but_kv_does():
+    dev = load_device("pixel8")
+    def speed(model, spec, ctx):
+        return make_plan(dev, ctx, [catalog_arch(model)], [parse_strategy(spec)]).rows[0].decode.value
+    assert speed("mamba-1.4b", "ssm", 1024) == pytest.approx(speed("mamba-1.4b", "ssm", 131072))
+    assert speed("llama-3.2-1b", "kv", 131072) < 0.8 * speed("llama-3.2-1b", "kv", 1024)
+
+
+def test_every_device_profile_loads_with_sources():
+    ids = {d.id for d in all_devices()}
+    assert {"pixel8", "pixel8-pro", "pixel9", "galaxy-s24", "galaxy-a15", "midrange-6gb", "iphone15",
+            "iphone15-pro", "iphone16-pro", "h100", "h200", "a100"} <= ids
+    for d in all_devices():
+        for name, f in d.facts.items():
+            assert (f.source is None) != (f.estimate is None), (d.id, name)
+    assert load_device("iphone15-pro").entitled_budget_bytes > load_device("iphone15-pro").budget_bytes
+    h100 = load_device("h100")
+    assert h100.usd_per_hour and "nvlink" in h100.interconnect
+
+
+def test_device_toml_missing_a_field_is_one_clear_error(tmp_path):
+    bad = tmp_path / "phone.toml"
+    bad.write_text('id = "x"\nname = "X"\nclass = "phone"\n[ram_bytes]\nvalue = 1\nsource = "s"\n')
+    with pytest.raises(EdgekvError, match="missing field 'app_budget_bytes'"):
+        load_device(str(bad))
+    p = run_cli("plan", "--device", bad, "--ctx", "4k")
+    assert p.returncode == 2 and "missing field" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_users_own_device_file_works(tmp_path):
+    src = load_device("pixel8").path
+    mine = tmp_path / "myphone.toml"
+    mine.write_text(open(src).read().replace('id = "pixel8"', 'id = "myphone"'))
+    p = run_cli("plan", "--device", mine, "--ctx", "8k", "--model", "qwen2.5-0.5b", "--json", check=True)
+    assert json.loads(p.stdout)["device"]["id"] == "myphone"
