@@ -29,7 +29,8 @@ def main():
         times.append(time.perf_counter() - t)
         out = json.loads(p.stdout)
     probe = ("import sys,runpy,io,contextlib\nsys.argv=" + repr(["edgekv"] + cmd[3:]) +
-             "\nwith contextlib.redirect_stdout(io.StringIO()):\n    runpy.run_module('edgekv.cli', run_name='__main__')\n"
+             "\nwith contextlib.redirect_stdout(io.StringIO()):\n    try:\n        runpy.run_module('edgekv.cli', run_name='__main__')\n"
+             "    except SystemExit:\n        pass\n"
              f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))")
     heavy = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip()
     # in-process: the planning itself, without interpreter start-up

@@ -9,6 +9,7 @@ architecture needs that is missing and has no documented default is an error, ne
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -91,7 +92,7 @@ class Block:
     mixers: tuple[Mixer, ...]
 
 
-@dataclass
+@dataclass(eq=False)  # identity: Archs are cached and hashed by object
 class Arch:
     name: str
     model_type: str
@@ -109,11 +110,11 @@ class Arch:
     def n_layers(self) -> int:
         return len(self.blocks)
 
-    @property
+    @functools.cached_property
     def n_params(self) -> int:
         return sum(w.numel for w in self.weights)
 
-    @property
+    @functools.cached_property
     def n_active_params(self) -> float:
         """Parameters one decode token touches (routed experts weighted by top_k / n_experts)."""
         return sum(w.numel * w.read_fraction for w in self.weights)
@@ -492,7 +493,7 @@ def _zamba2(c: Cfg, mt: str):
         _lin(ws, f"{p}.self_attn.k_proj", attn_hidden, n_kv * hd)
         _lin(ws, f"{p}.self_attn.v_proj", attn_hidden, n_kv * hd)
         _lin(ws, f"{p}.self_attn.o_proj", n_heads * hd, hidden)
-        _lin(ws, f"{p}.feed_forward.gate_up_proj", attn_hidden, 2 * inter, add_bias)
+        _lin(ws, f"{p}.feed_forward.gate_up_proj", hidden, 2 * inter, add_bias)  # the MLP reads hidden, not 2x
         _lin(ws, f"{p}.feed_forward.down_proj", inter, hidden, add_bias)
         _vec(ws, f"{p}.input_layernorm", attn_hidden)
         _vec(ws, f"{p}.pre_ff_layernorm", hidden)
@@ -509,7 +510,7 @@ def _zamba2(c: Cfg, mt: str):
             _lin(ws, f"{p}.linear", hidden, hidden)
             # LoRA adapters live in the shared block's module lists, one per hybrid layer (transformers: the shared
             # block's feed_forward.gate_up_proj_adapter_list and self_attn.linear_{q,k,v}_adapter_list)
-            _lin(ws, f"{p}.ffn_adapter.0", attn_hidden, rank)
+            _lin(ws, f"{p}.ffn_adapter.0", hidden, rank)
             _lin(ws, f"{p}.ffn_adapter.1", rank, 2 * inter)
             if shared_attn_adapter:
                 for t in ("q", "k", "v"):
@@ -693,7 +694,9 @@ def catalog_entry(name: str) -> dict:
     return json.loads(p.read_text())
 
 
+@functools.lru_cache(maxsize=None)
 def catalog_arch(name: str) -> Arch:
+    """Cached: catalog Archs are built once per process and must not be mutated."""
     e = catalog_entry(name)
     a = arch_from_config(e["config"], e["name"], e.get("config_source", str(CATALOG_DIR / f"{name}.json")))
     a.notes.append(f"catalog: {e.get('display_name', e['name'])} ({e.get('hf_repo', '')})")

@@ -206,11 +206,15 @@ def models(as_json):
 
 def _register_optional():
     """Commands that live in their own packages (they import torch lazily, inside the command)."""
-    try:
-        from .ring.cli import ring
-        main.add_command(ring)
-    except ImportError:
-        pass
+    import importlib
+    for module, names in ((".ring.cli", ("ring",)), (".export.cli", ("export", "run"))):
+        try:
+            mod = importlib.import_module(module, __package__)
+        except ImportError:
+            continue
+        for n in names:
+            if hasattr(mod, n):
+                main.add_command(getattr(mod, n))
 
 
 _register_optional()

@@ -68,6 +68,9 @@ def weight_bytes(arch: Arch, precision: str) -> dict[str, float]:
         out[w.cls] = out.get(w.cls, 0) + b
         # a decode step reads one embedding row, not the table; routed experts top_k of n
         read += (b / w.shape[0] if w.cls == "embedding" else b) * w.read_fraction
+    if "lm_head" not in out:  # tied embeddings: the output projection reads the whole table every token
+        read += out.get("embedding", 0) - sum(weight_bytes_one(w, precision) / w.shape[0]
+                                               for w in arch.weights if w.cls == "embedding")
     out["total"] = sum(v for k, v in out.items())
     out["read_per_token"] = read
     return out

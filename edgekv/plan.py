@@ -1,6 +1,7 @@
 """Rank and explain options: Arch + Strategy + ctx -> Deployment; Deployment + DeviceProfile -> PlanRow / BaselineRow."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -119,19 +120,26 @@ def strategies_for(arch: Arch, device: DeviceProfile, only: list[Strategy] | Non
     return out
 
 
-def alternatives(family: str, near_params: float, k: int = 3) -> list[str]:
-    """Catalog models of that family with a parameter count closest to near_params."""
-    cands = []
-    for n in catalog_names():
-        a = catalog_arch(n)
-        if a.family == family:
-            cands.append((abs(math.log(a.n_params / near_params)), n))
-    return [n for _, n in sorted(cands)[:k]]
+@functools.lru_cache(maxsize=None)
+def _family_members(family: str) -> tuple[tuple[int, str], ...]:
+    return tuple((a.n_params, a.name) for a in map(catalog_arch, catalog_names()) if a.family == family)
+
+
+def alternatives(family: str, near_params: float, device: DeviceProfile | None = None, k: int = 3) -> list[str]:
+    """Catalog models of that family that could run on the device, closest in parameter count to near_params."""
+    cands = [(abs(math.log(n / near_params)), name) for n, name in _family_members(family)
+             if device is None or plausible(catalog_arch(name), device)]
+    return [name for _, name in sorted(cands)[:k]]
 
 
 def plausible(arch: Arch, device: DeviceProfile) -> bool:
     """Could this model run on the device at all? Its int4 weights must fit the app budget."""
-    return device.is_datacenter or M.weight_bytes(arch, "int4")["total"] <= device.budget_bytes
+    return device.is_datacenter or _int4_bytes(arch) <= device.budget_bytes
+
+
+@functools.lru_cache(maxsize=None)
+def _int4_bytes(arch: Arch) -> float:
+    return M.weight_bytes(arch, "int4")["total"]
 
 
 @dataclass
@@ -171,7 +179,7 @@ def make_plan(device: DeviceProfile, ctx: int, archs: list[Arch], strategies: li
                 if fam and fam != arch.family:
                     key = (fam, arch.name)
                     if key not in alt_cache:
-                        alt_cache[key] = alternatives(fam, arch.n_params)
+                        alt_cache[key] = alternatives(fam, arch.n_params, device)
                     entry["needs_family"] = fam
                     entry["alternatives"] = alt_cache[key]
                 na.append(entry)
