@@ -95,8 +95,13 @@ def _plot(device, archs, strats, weights, runtime, entitled, chunk, p, out, ctx)
     from .plan import make_plan
 
     ctxs = sorted({2**k for k in range(10, 21)} | {ctx})
-    ranked = [r for r in p.ranked()][:12]
-    keep = {(r.model, r.strategy.label) for r in ranked}
+    # one curve for the best option of each strategy, then the next best overall, 10 at most
+    ranked = p.ranked()
+    picked = {}
+    for r in ranked:
+        picked.setdefault(r.strategy.name, r)
+    extra = [r for r in ranked if r not in picked.values()]
+    keep = {(r.model, r.strategy.label) for r in (list(picked.values()) + extra)[:10]}
     curves: dict = {}
     by_name = {a.name: a for a in archs}
     for c in ctxs:
@@ -104,7 +109,7 @@ def _plot(device, archs, strats, weights, runtime, entitled, chunk, p, out, ctx)
                        chunk)
         for r in pc.rows:
             if (r.model, r.strategy.label) in keep:
-                xs, ys = curves.setdefault(f"{r.model} {r.strategy.label}", ([], []))
+                xs, ys = curves.setdefault(f"{r.model} {r.strategy.short}", ([], []))
                 xs.append(c)
                 ys.append(r.deployment.bytes["total"])
     target, tmp = _atomic_target(out)

@@ -195,7 +195,7 @@ def default_models(device: DeviceProfile) -> list[Arch]:
 
 @dataclass
 class BaselineRow:
-    strategy: str
+    strategy: Strategy
     ctx: int
     state_bytes_per_user: int
     pool_bytes: int
@@ -206,7 +206,7 @@ class BaselineRow:
     assumptions: str = ""
 
     def to_json(self, explain: bool = False) -> dict:
-        d = {"strategy": self.strategy, "ctx": self.ctx, "state_bytes_per_user": self.state_bytes_per_user,
+        d = {"strategy": self.strategy.name, "params": self.strategy.params, "ctx": self.ctx, "state_bytes_per_user": self.state_bytes_per_user,
              "users": int(self.users.value), "usd_per_m_tokens": None if math.isinf(self.usd.value)
              else round(self.usd.value, 4), "tokens_per_s_per_user": round(self.tok_s_per_user, 3),
              "pool_bytes": self.pool_bytes, "gpus": self.n_gpus}
@@ -241,7 +241,7 @@ def baseline(device: DeviceProfile, arch: Arch, ctxs: list[int], strategies: lis
             if s.name == "ring":
                 step += ring_decode_comm_s(device, arch, ctx, n)
             tok = 1 / step
-            rows.append(BaselineRow(s.label, ctx, per_user, int(pool), users, tok,
+            rows.append(BaselineRow(s, ctx, per_user, int(pool), users, tok,
                                     M.usd_per_m_tokens(device.usd_per_hour, n, u, tok), n,
                                     f"{weights} weights {dep.weights['total']:,.0f} B, {rt} overhead {ov:,.0f} B, "
                                     f"HBM {device.ram_bytes:,} B; decode step = max(weights + users x state bytes / "
@@ -320,7 +320,7 @@ def quadratic_tax() -> list[BaselineRow]:
         users = M.users_per_gpu(q["pool_bytes"], per_user)
         n = s.params.get("n", 1) if s.name == "ring" else 1
         usd = M.usd_per_m_tokens(q["usd_per_hour"], n, int(users.value), q["tok_s_per_user"])
-        rows.append(BaselineRow(s.name, ctx, per_user, q["pool_bytes"], users, q["tok_s_per_user"], usd, n,
+        rows.append(BaselineRow(s, ctx, per_user, q["pool_bytes"], users, q["tok_s_per_user"], usd, n,
                                 f"{why}. Pool 39 GB (decimal) of an 80 GB H100, ${q['usd_per_hour']:.2f}/GPU-hour, "
                                 f"{q['tok_s_per_user']:.0f} tok/s per user. Source: {q['source']}"))
     return rows

@@ -84,13 +84,13 @@ def baseline_table(rows, title: str, explain: bool = False) -> None:
         t.add_column(col, justify="left" if col == "strategy" else "right")
     for r in rows:
         usd = "∞ (no user fits)" if math.isinf(r.usd.value) else f"${r.usd.value:.2f}"
-        t.add_row(r.strategy, f"{r.ctx:,}", fmt_bytes(r.state_bytes_per_user), str(r.n_gpus), str(int(r.users.value)),
+        t.add_row(r.strategy.short, f"{r.ctx:,}", fmt_bytes(r.state_bytes_per_user), str(r.n_gpus), str(int(r.users.value)),
                   f"{r.tok_s_per_user:.1f}", usd)
     c.print(t)
     c.print("GB = 1e9 bytes.")
     if explain:
         for r in rows:
-            c.print(f"\n[bold]{r.strategy} @ {r.ctx:,}[/]\n  users: {r.users.formula}\n  cost: {r.usd.formula}"
+            c.print(f"\n[bold]{r.strategy.short} @ {r.ctx:,}[/]\n  users: {r.users.formula}\n  cost: {r.usd.formula}"
                     f"\n  assumptions: {r.assumptions}")
 
 
@@ -102,9 +102,11 @@ def plot_plan(curves: dict, budget: int, title: str, out: str) -> None:
 
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for label, (ctxs, totals) in curves.items():
-        ax.plot(ctxs, [t / 1e9 for t in totals], marker="o", ms=3, label=label)
+        style = "-" if "*" not in label else "--"
+        ax.plot(ctxs, [t / 1e9 for t in totals], style, marker="o", ms=3, label=label)
     ax.axhline(budget / 1e9, color="red", ls="--", label=f"app budget {budget / 1e9:.2f} GB")
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
     ax.set_xlabel("context (tokens)")
     ax.set_ylabel("total memory (GB = 1e9 B)")
     ax.set_title(title)

@@ -15,7 +15,7 @@ OPTION_KEYS = {"model", "strategy", "params", "native", "bytes", "budget_bytes",
 
 
 def test_quadratic_tax_reproduces_the_published_numbers():
-    rows = {(r.strategy, r.ctx): r for r in quadratic_tax()}
+    rows = {(r.strategy.name, r.ctx): r for r in quadratic_tax()}
     kv4 = rows[("kv", 4000)]
     assert round(kv4.state_bytes_per_user / 1e9, 2) == 0.66 and kv4.users.value == 59
     assert round(kv4.usd.value, 2) == 0.34
