@@ -1,0 +1,101 @@
+"""The quantizers for state tensors: the ONE place that turns a KV cache or an SSM state into codes and back.
+
+Export (the cache writes inside the exported program), analyze (the error-propagation runs) and the planner's byte
+counts (strategies.py: the .scale / .zero tensors and the packed last axis) all mean exactly this layout:
+
+  bits 8  symmetric:  codes int8 in [-127, 127],            scale = amax / 127 per group          (no zero)
+  bits 4  asymmetric: codes in [0, 15], two per uint8,      scale = (max - min) / 15, zero = min  per group
+  bits 2  asymmetric: codes in [0, 3], four per uint8,      scale = (max - min) / 3,  zero = min  per group
+
+Groups run along the last axis (head_dim for a KV cache: one group = `group` consecutive channels of one token of one
+head; group 0 means the whole last axis). Scales and zeros are stored in fp16, as the StateLayout says.
+Packing uses integer arithmetic (c0 + 16*c1), not bit operations, so ONNX and ExecuTorch lower it without custom ops.
+
+Rounding: "nearest" (round half to even, torch.round) or "stochastic" (floor(x + u), u ~ U[0,1), unbiased), the
+latter for analyze only (it needs a random generator).
+"""
+from __future__ import annotations
+
+import torch
+
+SCALE_DTYPE = torch.float16
+EPS = 1e-8
+
+
+def _groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, int]:
+    d = x.shape[-1]
+    g = group or d
+    if d % g:
+        raise ValueError(f"last axis {d} is not a multiple of group {g}")
+    return x.reshape(*x.shape[:-1], d // g, g), g
+
+
+def _round(x: torch.Tensor, rounding: str, generator: torch.Generator | None) -> torch.Tensor:
+    if rounding == "nearest":
+        return torch.round(x)
+    if rounding == "stochastic":
+        u = torch.rand(x.shape, generator=generator, dtype=x.dtype, device=x.device)
+        return torch.floor(x + u)
+    raise ValueError(f"rounding must be nearest or stochastic, got {rounding!r}")
+
+
+def quantize(x: torch.Tensor, bits: int, group: int = 0, rounding: str = "nearest",
+             generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """x [..., D] float -> (codes, scale [..., D/g], zero [..., D/g] or None).
+    codes: int8 [..., D] for 8 bits; uint8 [..., D*bits/8] (packed) for 4 and 2 bits."""
+    xg, g = _groups(x.float(), group)
+    if bits == 8:
+        scale = (xg.abs().amax(-1, keepdim=True) / 127).clamp_min(EPS).to(SCALE_DTYPE)
+        q = _round(xg / scale.float(), rounding, generator).clamp(-127, 127)
+        return q.reshape(x.shape).to(torch.int8), scale.squeeze(-1), None
+    if bits not in (4, 2):
+        raise ValueError(f"bits must be 8, 4 or 2, got {bits}")
+    levels = 2**bits - 1
+    lo = xg.amin(-1, keepdim=True)
+    hi = xg.amax(-1, keepdim=True)
+    scale = ((hi - lo) / levels).clamp_min(EPS).to(SCALE_DTYPE)
+    zero = lo.to(SCALE_DTYPE)
+    q = _round((xg - zero.float()) / scale.float(), rounding, generator).clamp(0, levels)
+    return pack(q.reshape(x.shape), bits), scale.squeeze(-1), zero.squeeze(-1)
+
+
+def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bits: int,
+               group: int = 0) -> torch.Tensor:
+    """The inverse of quantize, in fp32: [..., D]."""
+    q = codes.float() if bits == 8 else unpack(codes, bits).float()
+    qg, _ = _groups(q, group)
+    out = qg * scale.float().unsqueeze(-1)
+    if zero is not None:
+        out = out + zero.float().unsqueeze(-1)
+    return out.reshape(q.shape)
+
+
+def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """Codes in [0, 2^bits) along the last axis -> uint8, 8/bits codes per byte, lowest code in the low bits."""
+    per = 8 // bits
+    d = q.shape[-1]
+    if d % per:
+        raise ValueError(f"last axis {d} is not a multiple of {per}")
+    q = q.reshape(*q.shape[:-1], d // per, per).to(torch.int32)
+    weights = torch.tensor([2 ** (bits * i) for i in range(per)], dtype=torch.int32, device=q.device)
+    return (q * weights).sum(-1).to(torch.uint8)
+
+
+def unpack(p: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint8 [..., D*bits/8] -> int32 codes [..., D], with integer division and remainder only."""
+    per = 8 // bits
+    base = 2**bits
+    x = p.to(torch.int32)
+    parts = []
+    for _ in range(per):
+        nxt = torch.div(x, base, rounding_mode="floor")
+        parts.append(x - nxt * base)
+        x = nxt
+    return torch.stack(parts, -1).reshape(*p.shape[:-1], p.shape[-1] * per)
+
+
+def roundtrip(x: torch.Tensor, bits: int, group: int = 0, rounding: str = "nearest",
+              generator: torch.Generator | None = None) -> torch.Tensor:
+    """quantize then dequantize: what a state looks like after one trip through the cache."""
+    codes, scale, zero = quantize(x, bits, group, rounding, generator)
+    return dequantize(codes, scale, zero, bits, group)
