@@ -72,12 +72,16 @@ class PlanRow:
              "headroom_bytes": self.budget - self.deployment.bytes["total"],
              "decode_tokens_per_s": round(self.decode.value, 3), "prefill_seconds": round(self.prefill.value, 3),
              "quality": self.quality, "notes": self.notes}
+        if self.serving is not None:
+            d["users_per_gpu"] = int(self.serving.users.value)
+            d["usd_per_m_tokens"] = None if math.isinf(self.serving.usd.value) else round(self.serving.usd.value, 4)
         if explain:
             d["explain"] = {**self.deployment.explain, "runtime": self._runtime_cite,
                             "decode_tokens_per_s": self.decode.formula, "prefill_seconds": self.prefill.formula}
         return d
 
     _runtime_cite: str = ""
+    serving: "BaselineRow | None" = None
 
 
 def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, weights: str, runtime: str | None = None,
@@ -107,6 +111,8 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     row = PlanRow(arch.name, strategy, _is_native(arch, strategy), dep, budget or device.budget_bytes, dec, pre, q,
                   notes)
     row._runtime_cite = f"{rt} overhead {int(ov.value):,} B ({ov.cite})"
+    if device.is_datacenter:
+        row.serving = serve(device, arch, dep)
     return row
 
 
@@ -231,22 +237,31 @@ def baseline(device: DeviceProfile, arch: Arch, ctxs: list[int], strategies: lis
                 dep = deployment(arch, s, ctx, weights, rt, ov)
             except NotApplicable:
                 continue
-            per_user = dep.layout.nbytes
-            pool = device.ram_bytes - dep.weights["total"] - ov - dep.workspace.value
-            users = M.users_per_gpu(max(pool, 0), per_user)
-            n = s.params.get("n", 1) if s.name == "ring" else 1
-            u = int(users.value)
-            step = max((dep.weights["read_per_token"] + max(u, 1) * per_user) / (device.bandwidth * device.decode_efficiency),
-                       max(u, 1) * M.decode_flops(arch, dep.layout, s).value / (device.flops * device.prefill_efficiency))
-            if s.name == "ring":
-                step += ring_decode_comm_s(device, arch, ctx, n)
-            tok = 1 / step
-            rows.append(BaselineRow(s, ctx, per_user, int(pool), users, tok,
-                                    M.usd_per_m_tokens(device.usd_per_hour, n, u, tok), n,
-                                    f"{weights} weights {dep.weights['total']:,.0f} B, {rt} overhead {ov:,.0f} B, "
-                                    f"HBM {device.ram_bytes:,} B; decode step = max(weights + users x state bytes / "
-                                    f"(bandwidth x {device.decode_efficiency}), compute)"))
+            rows.append(serve(device, arch, dep))
     return rows
+
+
+def serve(device: DeviceProfile, arch: Arch, dep: M.Deployment) -> BaselineRow:
+    """Batch decoding on one datacenter GPU: KV pool = the device budget (HBM x the serving engine's memory
+    utilisation) - weights - runtime - workspace; users = floor(pool / per-user state); every step reads the weights
+    once and every user's state; $ per M tokens from the GPU's hourly price."""
+    s, ctx, ov = dep.strategy, dep.ctx, dep.runtime_overhead
+    per_user = dep.layout.nbytes
+    pool = device.budget_bytes - dep.weights["total"] - ov - dep.workspace.value
+    users = M.users_per_gpu(max(pool, 0), per_user)
+    n = s.params.get("n", 1) if s.name == "ring" else 1
+    u = max(int(users.value), 1)
+    step = max((dep.weights["read_per_token"] + u * per_user) / (device.bandwidth * device.decode_efficiency),
+               u * M.decode_flops(arch, dep.layout, s).value / (device.flops * device.prefill_efficiency))
+    if s.name == "ring":
+        step += ring_decode_comm_s(device, arch, ctx, n)
+    tok = 1 / step
+    return BaselineRow(s, ctx, per_user, int(pool), users, tok,
+                       M.usd_per_m_tokens(device.usd_per_hour, n, int(users.value), tok), n,
+                       f"{dep.weight_precision} weights {dep.weights['total']:,.0f} B, {dep.runtime} overhead "
+                       f"{ov:,.0f} B, budget {device.budget_bytes:,} B of {device.ram_bytes:,} B HBM; decode step = "
+                       f"max((weights + users x state bytes) / (bandwidth x {device.decode_efficiency}), compute)"
+                       + (" + ring network time" if s.name == "ring" else ""))
 
 
 def ring_decode_comm_s(device: DeviceProfile, arch: Arch, ctx: int, n: int) -> float:

@@ -49,6 +49,10 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
                     ("total", {"justify": "right"}), ("fits", {}), ("decode", {"justify": "right"}),
                     ("prefill", {"justify": "right"}), ("risk", {}), ("evidence", {"no_wrap": True})):
         t.add_column(col, **kw)
+    dc = d.is_datacenter
+    if dc:
+        t.add_column("users/GPU", justify="right")
+        t.add_column("$/M tok", justify="right")
     shown = rows if limit is None else rows[:limit]
     for r in shown:
         b = r.deployment.bytes
@@ -57,7 +61,9 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
                   fmt_auto(b["state"]), fmt_auto(b["total"]),
                   "[green]yes[/]" if r.fits else "[red]no[/]", f"{r.decode.value:.1f} tok/s", _secs(r.prefill.value),
                   f"[{RISK_STYLE[risk]}]{risk}[/]",
-                  r.quality["cite"])
+                  r.quality["cite"],
+                  *((str(int(r.serving.users.value)), "-" if math.isinf(r.serving.usd.value)
+                     else f"${r.serving.usd.value:.2f}") if dc else ()))
     c.print(t)
     c.print(f"{n_fit} of {len(rows)} options fit; GB = 1e9 bytes. '*' = state changed from what the model was trained "
             f"with (quantized, windowed or converted). decode = tokens/s at ctx; prefill = time to read a "
