@@ -265,17 +265,20 @@ def serve(device: DeviceProfile, arch: Arch, dep: M.Deployment) -> BaselineRow:
 
 
 def ring_decode_comm_s(device: DeviceProfile, arch: Arch, ctx: int, n: int) -> float:
-    """Network time of one ring decode step over the device's fastest interconnect: each layer sends the query to
-    every rank and gathers partial outputs (latency-bound for one token)."""
+    """Network time of one ring decode step over the device's fastest interconnect, from the ring cost model that
+    `edgekv ring` checks against measurement (edgekv/ring/model.py): the query goes to every rank and partial
+    outputs come back, per attention layer."""
+    from .ring.model import predict_for_device
+
     if not device.interconnect:
         raise EdgekvError(f"device {device.id} has no interconnect: ring needs one")
-    link = max(device.interconnect.values(), key=lambda l: l.bytes_per_s.value)
+    link = max(device.interconnect, key=lambda k: device.interconnect[k].bytes_per_s.value)
     attn = arch.mixers("attention")
-    per_layer = 0.0
-    for _, m in attn:
-        msg = (m.n_heads * m.head_dim * 2 + m.n_heads * 4 * 2)  # query out, partial output + (max, sum) back
-        per_layer += 2 * (link.latency_s.value + msg / link.bytes_per_s.value)
-    return per_layer if n > 1 else 0.0
+    if n <= 1 or not attn:
+        return 0.0
+    m = attn[0][1]
+    return predict_for_device("decode", device, link, n, ctx, m.n_heads, m.n_kv_heads, m.head_dim,
+                              n_layers=len(attn)).comm_s
 
 
 # ---- the published "quadratic tax" analysis, reproduced from its stated assumptions ----
