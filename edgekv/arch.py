@@ -63,7 +63,7 @@ class Linear:
     n_heads: int
     d_k: int
     d_v: int
-    n_vectors: int = 0  # RWKV-4 keeps 5 hidden-sized vectors per layer (x_att, num, den, max, x_ffn)
+    n_vectors: int = 0  # RWKV-4 keeps 5 hidden-sized vectors per layer (transformers order: x_ffn, x_att, num, den, max)
     width: int = 0
     kind: str = "linear"
 

@@ -1,0 +1,289 @@
+"""Llama-family decode step, written for export: forward(tokens, pos, *state) -> (logits, *new_state).
+
+Covers the decoders transformers builds as LlamaForCausalLM, Qwen2ForCausalLM and MistralForCausalLM (Llama-2/3.x,
+SmolLM2, Qwen2/2.5, Mistral): GQA attention with RoPE (default, linear or llama3 scaling, or llama.cpp's per-frequency
+`rope_freqs` factors), RMSNorm, a SwiGLU MLP and optional q/k/v biases.
+
+Shape symbols:
+  C   tokens in this call (chunked prefill: C > 1; decode: C = 1)
+  T   cache slots per layer (the StateLayout's ctx, i.e. max_ctx)
+  d   hidden size          F  MLP width            V  vocabulary
+  H   query heads          Hkv key/value heads      G  = H / Hkv query heads per KV head      D  head dim
+
+The state is exactly the StateLayout (edgekv.strategies.build_layout): for `kv`, per block i, past_key_values.{i}.key
+and past_key_values.{i}.value of shape [1, Hkv, T, D] in the strategy's dtype. Nothing lives in module buffers, so
+the same module traces to a pure function for torch.export / ONNX / ExecuTorch. Where this differs from
+transformers' LlamaModel, and why the numbers are the same:
+  - the cache is a fixed [1, Hkv, T, D] tensor; slot t holds the key/value of position t. A call writes its C
+    positions with a one-hot matrix and torch.where (accepted by both exporters and by XNNPACK; an index_put would not
+    be) and attends over all T slots, masking slots > the query's position. Unwritten or stale slots are always masked,
+    so they contribute exp(-inf) = 0, exactly as if they did not exist.
+  - GQA without repeat_kv: the query is reshaped to [1, Hkv, G*C, D] so each KV head is read once (query head h uses
+    KV head h // G, as repeat_kv does).
+  - cos/sin are computed from the positions on the fly (position * inv_freq in fp32, as LlamaRotaryEmbedding does),
+    not read from a [max_ctx, D] table.
+  - a fp16 cache stores keys/values rounded to fp16 and computes attention in fp32 after reading them back.
+Positions at or past T are not written (the one-hot row is all zero); callers must keep pos + C <= T.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import EdgekvError
+from ..strategies import StateLayout
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
+@dataclass
+class LlamaArgs:
+    """The numbers the forward pass needs, read from a config.json (transformers field names) or a GGUF header."""
+    vocab: int
+    hidden: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate: int
+    rms_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # {"rope_type": "linear"|"llama3", ...} as transformers spells it
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    tied: bool = False
+    max_position: int | None = None
+    model_type: str = "llama"
+    rope_freq_factors: list[float] | None = field(default=None, repr=False)  # llama.cpp rope_freqs.weight (D/2)
+
+    def __post_init__(self):
+        if self.n_heads % self.n_kv_heads:
+            raise EdgekvError(f"{self.n_heads} query heads is not a multiple of {self.n_kv_heads} KV heads")
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.pop("rope_freq_factors")
+        d["rope_freq_factors"] = self.rope_freq_factors is not None
+        return d
+
+
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+
+
+def args_from_hf_config(cfg: dict, where: str = "config.json") -> LlamaArgs:
+    """transformers' config.json -> LlamaArgs, with transformers' defaults for the fields it defaults."""
+    mt = cfg.get("model_type")
+    if mt not in SUPPORTED_TYPES:
+        raise EdgekvError(f"{where}: model_type {mt!r} has no export module yet (supported: {', '.join(SUPPORTED_TYPES)})")
+    act = cfg.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise EdgekvError(f"{where}: hidden_act {act!r} is not supported (the llama module implements SwiGLU/silu)")
+
+    def need(k):
+        if cfg.get(k) is None:
+            raise EdgekvError(f"{where}: config lacks '{k}'")
+        return cfg[k]
+
+    hidden, n_heads = int(need("hidden_size")), int(need("num_attention_heads"))
+    rope = dict(cfg.get("rope_parameters") or {})  # transformers >= 5
+    legacy = cfg.get("rope_scaling") or {}  # transformers 4.x / most checkpoints on the hub
+    if legacy:
+        rope.update(legacy)
+        if "type" in legacy and "rope_type" not in legacy:
+            rope["rope_type"] = legacy["type"]
+    theta = float(rope.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+    rtype = rope.get("rope_type", "default")
+    if rtype not in ("default", "linear", "llama3"):
+        raise EdgekvError(f"{where}: rope type {rtype!r} is not supported yet (default, linear, llama3)")
+    return LlamaArgs(
+        vocab=int(need("vocab_size")), hidden=hidden, n_layers=int(need("num_hidden_layers")), n_heads=n_heads,
+        n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
+        head_dim=int(cfg.get("head_dim") or hidden // n_heads), intermediate=int(need("intermediate_size")),
+        rms_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=theta,
+        rope_scaling=rope if rtype != "default" else None,
+        qkv_bias=True if mt == "qwen2" else bool(cfg.get("attention_bias", False)),
+        o_bias=False if mt == "qwen2" else bool(cfg.get("attention_bias", False)),
+        mlp_bias=bool(cfg.get("mlp_bias", False)), tied=bool(cfg.get("tie_word_embeddings", False)),
+        max_position=cfg.get("max_position_embeddings"), model_type=mt)
+
+
+# ---- building blocks ----
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, in fp32 (transformers' LlamaRMSNorm)."""
+
+    def __init__(self, d: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x):  # [..., d] -> [..., d]
+        x32 = x.float()
+        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+def rope_inv_freq(a: LlamaArgs) -> torch.Tensor:
+    """[D/2] inverse frequencies, computed as transformers' ROPE_INIT_FUNCTIONS do (modeling_rope_utils.py)."""
+    d = a.head_dim
+    inv = 1.0 / (a.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    s = a.rope_scaling or {}
+    kind = s.get("rope_type", "default")
+    if kind == "linear":
+        inv = inv / float(s["factor"])
+    elif kind == "llama3":  # _compute_llama3_parameters
+        factor, lo, hi = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
+        old = float(s.get("original_max_position_embeddings") or a.max_position)
+        lo_wl, hi_wl = old / lo, old / hi
+        wavelen = 2 * math.pi / inv
+        inv_l = torch.where(wavelen > lo_wl, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * inv_l / factor + smooth * inv_l
+        medium = ~(wavelen < hi_wl) * ~(wavelen > lo_wl)
+        inv = torch.where(medium, smoothed, inv_l)
+    if a.rope_freq_factors is not None:  # llama.cpp: theta / freq_factor (llama3 rope as written by convert_hf_to_gguf)
+        inv = inv / torch.tensor(a.rope_freq_factors, dtype=torch.float32)
+    return inv
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, a: LlamaArgs):
+        super().__init__()
+        self.h, self.hkv, self.dh = a.n_heads, a.n_kv_heads, a.head_dim
+        self.q_proj = nn.Linear(a.hidden, a.n_heads * a.head_dim, bias=a.qkv_bias)
+        self.k_proj = nn.Linear(a.hidden, a.n_kv_heads * a.head_dim, bias=a.qkv_bias)
+        self.v_proj = nn.Linear(a.hidden, a.n_kv_heads * a.head_dim, bias=a.qkv_bias)
+        self.o_proj = nn.Linear(a.n_heads * a.head_dim, a.hidden, bias=a.o_bias)
+
+    @staticmethod
+    def _write(cache, new, write, keep):
+        """cache [1, Hkv, T, D] with the C rows of new [1, Hkv, C, D] written at the one-hot slots of write [T, C]."""
+        if isinstance(new.shape[2], int) and new.shape[2] == 1:
+            placed = write * new  # [T, 1] * [1, Hkv, 1, D]: a broadcast multiply, no matmul
+        else:
+            placed = write @ new  # [T, C] @ [1, Hkv, C, D], exact: one non-zero term per written slot
+        return (cache * keep.to(cache.dtype) + placed.to(cache.dtype))
+
+    def forward(self, x, cos, sin, write, keep, mask, k_cache, v_cache):
+        """x [1, C, d]; cos, sin [C, D]; write [T, C] one-hot (slot t <- token c); written [T, 1] bool;
+        allowed [G*C, T] bool; k_cache, v_cache [1, Hkv, T, D]  ->  out [1, C, d], new k_cache, new v_cache."""
+        c = x.shape[1]
+        q = self.q_proj(x).view(1, c, self.h, self.dh).transpose(1, 2)  # [1, H, C, D]
+        k = self.k_proj(x).view(1, c, self.hkv, self.dh).transpose(1, 2)  # [1, Hkv, C, D]
+        v = self.v_proj(x).view(1, c, self.hkv, self.dh).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k_cache = self._write(k_cache, k, write, keep)
+        v_cache = self._write(v_cache, v, write, keep)
+        g = self.h // self.hkv
+        qg = q.contiguous().view(1, self.hkv, g * c, self.dh)  # query head h = kv*G + g -> row g*C + c of KV head kv
+        scores = (qg @ k_cache.float().transpose(-1, -2)) * (1.0 / math.sqrt(self.dh))  # [1, Hkv, G*C, T]
+        scores = scores + mask
+        out = torch.softmax(scores, dim=-1) @ v_cache.float()  # [1, Hkv, G*C, D]
+        out = out.view(1, self.h, c, self.dh).transpose(1, 2).contiguous().view(1, c, self.h * self.dh)
+        return self.o_proj(out), k_cache, v_cache
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, a: LlamaArgs):
+        super().__init__()
+        self.gate_proj = nn.Linear(a.hidden, a.intermediate, bias=a.mlp_bias)
+        self.up_proj = nn.Linear(a.hidden, a.intermediate, bias=a.mlp_bias)
+        self.down_proj = nn.Linear(a.intermediate, a.hidden, bias=a.mlp_bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, a: LlamaArgs):
+        super().__init__()
+        self.self_attn = Attention(a)
+        self.mlp = MLP(a)
+        self.input_layernorm = RMSNorm(a.hidden, a.rms_eps)
+        self.post_attention_layernorm = RMSNorm(a.hidden, a.rms_eps)
+
+
+class Body(nn.Module):
+    """Parameter names as transformers' LlamaModel, so an HF state dict loads with strict=True."""
+
+    def __init__(self, a: LlamaArgs):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(a.vocab, a.hidden)
+        self.layers = nn.ModuleList(Block(a) for _ in range(a.n_layers))
+        self.norm = RMSNorm(a.hidden, a.rms_eps)
+
+
+# ---- the decode step ----
+
+
+def check_layout(a: LlamaArgs, layout: StateLayout) -> torch.dtype:
+    """The layout must be one key and one value [1, Hkv, T, D] per layer, fp32 or fp16; returns the cache dtype."""
+    want = [(i, role) for i in range(a.n_layers) for role in ("key", "value")]
+    got = [(t.layer, t.role) for t in layout.tensors]
+    if got != want:
+        raise EdgekvError(f"strategy {layout.strategy}: the llama export module implements plain kv caches only "
+                          f"(state roles {sorted({t.role for t in layout.tensors})})")
+    dtypes = {t.dtype for t in layout.tensors}
+    if len(dtypes) != 1 or not dtypes <= set(TORCH_DTYPES):
+        raise EdgekvError(f"strategy {layout.strategy}: cache dtype {', '.join(sorted(dtypes))} is not supported "
+                          f"by the export yet (supported: fp32, fp16)")
+    for t in layout.tensors:
+        if t.shape != (1, a.n_kv_heads, layout.ctx, a.head_dim):
+            raise EdgekvError(f"{t.name}: shape {t.shape} is not [1, {a.n_kv_heads}, {layout.ctx}, {a.head_dim}]: "
+                              "sliding-window layers shorter than the context need a rolling cache (not implemented)")
+    return TORCH_DTYPES[dtypes.pop()]
+
+
+class Llama(nn.Module):
+    """forward(tokens [1, C] int64, pos [1] int64, *state) -> (logits [1, C, V] fp32, *new_state).
+
+    pos is the position of tokens[0, 0]; state is the tensors of `layout` in its order (per layer: key, value)."""
+
+    def __init__(self, args: LlamaArgs, layout: StateLayout):
+        super().__init__()
+        self.args, self.layout = args, layout
+        self.cache_dtype = check_layout(args, layout)
+        self.model = Body(args)
+        self.lm_head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
+
+    def empty_state(self) -> list[torch.Tensor]:
+        return [torch.zeros(t.shape, dtype=TORCH_DTYPES[t.dtype]) for t in self.layout.tensors]
+
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor):
+        c, t_slots = tokens.shape[1], self.layout.ctx
+        g = self.args.n_heads // self.args.n_kv_heads
+        positions = pos + torch.arange(c, dtype=torch.int64)  # [C]
+        slots = torch.arange(t_slots, dtype=torch.int64)  # [T]
+        write = (slots[:, None] == positions[None, :]).float()  # [T, C]
+        keep = ((slots < pos) | (slots >= pos + c)).float()[:, None]  # [T, 1]
+        allowed = slots[None, :] <= positions.repeat(g)[:, None]  # [G*C, T]
+        mask = torch.where(allowed, 0.0, float("-inf"))
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [C, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+
+        x = self.model.embed_tokens(tokens)  # [1, C, d]
+        new_state = []
+        for i, blk in enumerate(self.model.layers):
+            h, k, v = blk.self_attn(blk.input_layernorm(x), cos, sin, write, keep, mask,
+                                    state[2 * i], state[2 * i + 1])
+            x = x + h
+            x = x + blk.mlp(blk.post_attention_layernorm(x))
+            new_state += [k, v]
+        x = self.model.norm(x)
+        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return (F.linear(x, w), *new_state)

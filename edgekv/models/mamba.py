@@ -1,0 +1,371 @@
+"""Mamba-1 and Mamba-2 decode steps with explicit state: forward(tokens, pos, *state) -> (logits, *new_state).
+
+Mirrors transformers' MambaForCausalLM (modeling_mamba.py, the torch path: causal_conv1d_fn + mamba_selective_scan /
+mamba_selective_state_update) and Mamba2ForCausalLM (modeling_mamba2.py: mamba2_chunk_scan for prefill,
+mamba2_selective_state_update for decode), which follow the papers' reference code (state-spaces/mamba,
+`selective_state_update` and `ssd_minimal.py`).
+
+Shape symbols:
+  C   tokens in this call (chunked prefill: C > 1; decode: C = 1)
+  d   hidden size        V  vocabulary
+  Di  inner width (expand * d)          N  SSM state size      K  conv kernel      R  dt rank (Mamba-1)
+  H   heads (Mamba-2)   P  head dim (H * P = Di)                G  groups (B and C shared by H / G heads each)
+  Dc  conv channels: Di for Mamba-1, Di + 2 * G * N for Mamba-2 (x, B and C all pass through the conv)
+
+The state is exactly the StateLayout of the `ssm` strategy (edgekv.strategies._ssm_pair), per block i in this order:
+  past_conv.{i}  [1, Dc, K - 1]   the last K - 1 conv INPUTS (pre-activation), oldest first; fp32
+  past_ssm.{i}   [1, Di, N]       Mamba-1: h per channel
+                 [1, H, P, N]     Mamba-2: h per head
+All zeros is the empty state (no tokens seen), exactly as transformers' cache starts.
+
+Where this differs from transformers, and why the numbers are the same:
+  - the causal conv is written as K shifted multiply-adds over [conv_state | new inputs] instead of F.conv1d with
+    padding K - 1: the same sum w_0 x_{t-K+1} + ... + w_{K-1} x_t (+ bias), with zero padding coming from the zero
+    initial state. Identical up to the order of fp32 additions (~1e-7 relative).
+  - prefill runs the recurrence token by token (a python loop over the fixed C; torch.export unrolls it), where
+    transformers' Mamba-2 uses the chunked SSD form (exp of segment sums). The SSD form is an exact re-association
+    of the same recurrence h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t, so the two agree to fp32 rounding (~1e-6).
+  - Mamba-2 B and C are broadcast from G groups to H heads with expand + reshape instead of repeat_interleave (the
+    same mapping: head h reads group h // (H / G)).
+  - a state in fp16/bf16 (strategy dtype) is read into fp32, updated in fp32, and rounded when written back.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import EdgekvError
+from ..strategies import StateLayout
+from .llama import RMSNorm
+
+STATE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+# ---- loading helpers shared by the mamba / mla / recurrent / hybrid modules ----
+
+
+def config_value(v):
+    """transformers writes float('inf') into config.json as {"__float__": "Infinity"}; undo that."""
+    if isinstance(v, dict) and "__float__" in v:
+        return float(v["__float__"])
+    if isinstance(v, list):
+        return [config_value(x) for x in v]
+    return v
+
+
+def load_folder(spec: str, strategy, max_ctx: int):
+    """spec (HF folder or packaged name) -> (path, config, fp32 state dict, Arch, StateLayout). GGUF is refused:
+    only the llama module reads GGUF weights."""
+    from ..arch import read_config_json
+    from ..strategies import NotApplicable, build_layout
+    from .weights import load_hf_folder, resolve_model
+
+    if max_ctx < 1:
+        raise EdgekvError(f"max_ctx must be at least 1, got {max_ctx}")
+    path = resolve_model(spec)
+    if path.suffix.lower() == ".gguf":
+        raise EdgekvError(f"{path}: GGUF weights are read for llama-family models only; pass an HF folder")
+    arch = read_config_json(path)
+    try:
+        layout = build_layout(arch, strategy, max_ctx)
+    except NotApplicable as e:
+        raise EdgekvError(f"{strategy.label} does not apply to {arch.name}: {e}") from None
+    cfg, sd = load_hf_folder(path)
+    return path, {k: config_value(v) for k, v in cfg.items()}, sd, arch, layout
+
+
+def load_strict(module: nn.Module, sd: dict, where: Path, what: str) -> nn.Module:
+    """Load every parameter (nothing missing, nothing left over), then freeze and switch to eval."""
+    missing, unexpected = module.load_state_dict(sd, strict=False)
+    if missing or unexpected:
+        raise EdgekvError(f"{where}: weights do not match a {what} model "
+                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    module.eval()
+    for p in module.parameters():
+        p.requires_grad_(False)
+    return module
+
+
+def state_dtype(layout: StateLayout, t) -> torch.dtype:
+    if t.dtype not in STATE_DTYPES:
+        raise EdgekvError(f"strategy {layout.strategy}: state dtype {t.dtype} ({t.name}) is not supported by the "
+                          f"export module yet (supported: {', '.join(STATE_DTYPES)})")
+    return STATE_DTYPES[t.dtype]
+
+
+def empty_state(layout: StateLayout) -> list[torch.Tensor]:
+    return [torch.zeros(t.shape, dtype=STATE_DTYPES[t.dtype]) for t in layout.tensors]
+
+
+# ---- the pieces ----
+
+
+def causal_conv_step(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """Depthwise causal conv over new inputs, continuing from the previous K - 1 inputs.
+
+    x [1, Dc, C]; conv_state [1, Dc, K-1]; weight [Dc, K]; bias [Dc] or None
+    -> y [1, Dc, C] (before the activation), new conv_state [1, Dc, K-1] (the last K - 1 inputs)."""
+    k, c = weight.shape[-1], x.shape[-1]
+    window = torch.cat([conv_state.to(x.dtype), x], dim=-1)  # [1, Dc, K-1+C]
+    y = window[:, :, 0:c] * weight[:, 0:1]
+    for j in range(1, k):
+        y = y + window[:, :, j:j + c] * weight[:, j:j + 1]
+    if bias is not None:
+        y = y + bias[:, None]
+    return y, window[:, :, c:]
+
+
+class GatedRMSNorm(nn.Module):
+    """transformers' MambaRMSNormGated (norm_before_gate=False): RMSNorm(x * silu(z)) per group of Di / G channels."""
+
+    def __init__(self, d: int, group_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.group_size, self.eps = group_size, eps
+
+    def forward(self, x, z):  # x, z [1, C, Di] -> [1, C, Di]
+        x = x.float() * F.silu(z.float())
+        *pre, last = x.shape
+        g = x.view(*pre, last // self.group_size, self.group_size)
+        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * g.view(*pre, last)
+
+
+class Mamba1Mixer(nn.Module):
+    """Selective scan (Mamba paper, Algorithm 2), one channel per state row: h [Di, N].
+
+    Parameter names as transformers' MambaMixer (and JambaMambaMixer, which adds RMSNorms on dt, B and C: pass
+    bcdt_norm_eps)."""
+
+    def __init__(self, d: int, di: int, n: int, k: int, dt_rank: int, conv_bias: bool = True, proj_bias: bool = False,
+                 bcdt_norm_eps: float | None = None):
+        super().__init__()
+        self.di, self.n, self.dt_rank = di, n, dt_rank
+        self.in_proj = nn.Linear(d, 2 * di, bias=proj_bias)
+        self.conv1d = nn.Conv1d(di, di, k, groups=di, bias=conv_bias, padding=k - 1)  # weights only: [Di, 1, K]
+        self.x_proj = nn.Linear(di, dt_rank + 2 * n, bias=False)
+        self.dt_proj = nn.Linear(dt_rank, di, bias=True)
+        self.A_log = nn.Parameter(torch.zeros(di, n))
+        self.D = nn.Parameter(torch.ones(di))
+        self.out_proj = nn.Linear(di, d, bias=proj_bias)
+        self.norms = bcdt_norm_eps is not None
+        if self.norms:
+            self.dt_layernorm = RMSNorm(dt_rank, bcdt_norm_eps)
+            self.b_layernorm = RMSNorm(n, bcdt_norm_eps)
+            self.c_layernorm = RMSNorm(n, bcdt_norm_eps)
+
+    def forward(self, x, conv_state, ssm_state):
+        """x [1, C, d]; conv_state [1, Di, K-1]; ssm_state [1, Di, N] -> y [1, C, d], conv_state, ssm_state."""
+        c = x.shape[1]
+        xs, z = self.in_proj(x).transpose(1, 2).chunk(2, dim=1)  # [1, Di, C] each
+        xs, conv_state = causal_conv_step(xs, conv_state, self.conv1d.weight[:, 0], self.conv1d.bias)
+        xs = F.silu(xs)
+        dt, b, cm = torch.split(self.x_proj(xs.transpose(1, 2)), [self.dt_rank, self.n, self.n], dim=-1)
+        if self.norms:
+            dt, b, cm = self.dt_layernorm(dt), self.b_layernorm(b), self.c_layernorm(cm)
+        dt = F.softplus(dt @ self.dt_proj.weight.t() + self.dt_proj.bias)  # [1, C, Di]
+        a = -torch.exp(self.A_log.float())  # [Di, N]
+        h = ssm_state.float()  # [1, Di, N]
+        ys = []
+        for t in range(c):
+            d_a = torch.exp(dt[:, t, :, None] * a)  # [1, Di, N]
+            d_bx = dt[:, t, :, None] * b[:, t, None, :] * xs[:, :, t, None]  # [1, Di, N]
+            h = d_a * h + d_bx
+            ys.append((h @ cm[:, t, :, None])[..., 0])  # [1, Di]
+        y = torch.stack(ys, dim=-1) + xs * self.D[None, :, None]  # [1, Di, C]
+        y = y * F.silu(z)
+        return self.out_proj(y.transpose(1, 2)), conv_state, h.to(ssm_state.dtype)
+
+
+class Mamba2Mixer(nn.Module):
+    """SSD (Mamba-2 paper, section 7 / ssd_minimal.py) as its recurrence: per head a scalar decay exp(dt A_h) and
+    h [P, N]; B, C shared by the H / G heads of a group. Parameter names as transformers' Mamba2Mixer."""
+
+    def __init__(self, d: int, n_heads: int, head_dim: int, n_groups: int, n: int, k: int, eps: float,
+                 conv_bias: bool = True, proj_bias: bool = False, dt_limit=(0.0, math.inf)):
+        super().__init__()
+        self.h, self.p, self.g, self.n = n_heads, head_dim, n_groups, n
+        self.di = n_heads * head_dim
+        self.dc = self.di + 2 * n_groups * n
+        self.dt_limit = tuple(float(v) for v in dt_limit)
+        self.in_proj = nn.Linear(d, self.di + self.dc + n_heads, bias=proj_bias)
+        self.conv1d = nn.Conv1d(self.dc, self.dc, k, groups=self.dc, bias=conv_bias, padding=k - 1)
+        self.dt_bias = nn.Parameter(torch.zeros(n_heads))
+        self.A_log = nn.Parameter(torch.zeros(n_heads))
+        self.D = nn.Parameter(torch.ones(n_heads))
+        self.norm = GatedRMSNorm(self.di, self.di // n_groups, eps)
+        self.out_proj = nn.Linear(self.di, d, bias=proj_bias)
+
+    def forward(self, x, conv_state, ssm_state):
+        """x [1, C, d]; conv_state [1, Dc, K-1]; ssm_state [1, H, P, N] -> y [1, C, d], conv_state, ssm_state."""
+        c, hh, p, g, n = x.shape[1], self.h, self.p, self.g, self.n
+        z, xbc, dt = torch.split(self.in_proj(x), [self.di, self.dc, hh], dim=-1)
+        xbc, conv_state = causal_conv_step(xbc.transpose(1, 2), conv_state, self.conv1d.weight[:, 0],
+                                           self.conv1d.bias)
+        xs, b, cm = torch.split(F.silu(xbc).transpose(1, 2), [self.di, g * n, g * n], dim=-1)
+        xs = xs.reshape(1, c, hh, p)
+        b = b.reshape(1, c, g, 1, n).expand(1, c, g, hh // g, n).reshape(1, c, hh, n)  # head h <- group h // (H/G)
+        cm = cm.reshape(1, c, g, 1, n).expand(1, c, g, hh // g, n).reshape(1, c, hh, n)
+        dt = F.softplus(dt + self.dt_bias)  # [1, C, H]
+        if self.dt_limit != (0.0, math.inf):
+            dt = torch.clamp(dt, self.dt_limit[0], self.dt_limit[1])
+        a = -torch.exp(self.A_log.float())  # [H]
+        h = ssm_state.float()  # [1, H, P, N]
+        ys = []
+        for t in range(c):
+            d_a = torch.exp(dt[:, t] * a)[:, :, None, None]  # [1, H, 1, 1]
+            d_bx = (dt[:, t, :, None, None] * b[:, t, :, None, :]) * xs[:, t, :, :, None]  # [1, H, P, N]
+            h = h * d_a + d_bx
+            y_t = (h @ cm[:, t, :, :, None])[..., 0]  # [1, H, P]
+            ys.append(y_t + xs[:, t] * self.D[:, None])
+        y = torch.stack(ys, dim=1).reshape(1, c, self.di)
+        return self.out_proj(self.norm(y, z)), conv_state, h.to(ssm_state.dtype)
+
+
+# ---- the model ----
+
+
+@dataclass
+class MambaArgs:
+    """The numbers the forward pass needs, read from a transformers config.json (model_type mamba or mamba2)."""
+    version: int
+    vocab: int
+    hidden: int
+    n_layers: int
+    d_inner: int
+    d_state: int
+    d_conv: int
+    eps: float = 1e-5
+    dt_rank: int = 0  # Mamba-1
+    n_heads: int = 0  # Mamba-2
+    head_dim: int = 0
+    n_groups: int = 1
+    dt_limit: tuple = (0.0, math.inf)
+    conv_bias: bool = True
+    proj_bias: bool = False
+    tied: bool = True
+    model_type: str = "mamba"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def args_from_hf_config(cfg: dict, where: str = "config.json") -> MambaArgs:
+    mt = cfg.get("model_type")
+    if mt not in ("mamba", "mamba2"):
+        raise EdgekvError(f"{where}: model_type {mt!r} is not a mamba model (mamba, mamba2)")
+    if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
+        raise EdgekvError(f"{where}: hidden_act {cfg['hidden_act']!r} is not supported (Mamba uses silu)")
+
+    def need(k):
+        if cfg.get(k) is None:
+            raise EdgekvError(f"{where}: config lacks '{k}'")
+        return cfg[k]
+
+    hidden = int(need("hidden_size"))
+    common = dict(vocab=int(need("vocab_size")), hidden=hidden, n_layers=int(need("num_hidden_layers")),
+                  eps=float(cfg.get("layer_norm_epsilon", 1e-5)), conv_bias=bool(cfg.get("use_conv_bias", True)),
+                  proj_bias=bool(cfg.get("use_bias", False)), model_type=mt)
+    if mt == "mamba":  # MambaConfig: intermediate_size = expand * hidden, time_step_rank "auto" = ceil(hidden / 16)
+        rank = cfg.get("time_step_rank", "auto")
+        return MambaArgs(version=1, d_inner=int(cfg.get("intermediate_size") or cfg.get("expand", 2) * hidden),
+                         d_state=int(cfg.get("state_size", 16)), d_conv=int(cfg.get("conv_kernel", 4)),
+                         dt_rank=math.ceil(hidden / 16) if rank == "auto" else int(rank),
+                         tied=bool(cfg.get("tie_word_embeddings", True)), **common)
+    heads, hd = int(need("num_heads")), int(cfg.get("head_dim", 64))
+    if heads * hd != int(cfg.get("expand", 2) * hidden):
+        raise EdgekvError(f"{where}: num_heads x head_dim ({heads} x {hd}) != expand x hidden_size")
+    groups = int(cfg.get("n_groups", 8))
+    if heads % groups:
+        raise EdgekvError(f"{where}: num_heads {heads} is not a multiple of n_groups {groups}")
+    return MambaArgs(version=2, d_inner=heads * hd, d_state=int(cfg.get("state_size", 128)),
+                     d_conv=int(cfg.get("conv_kernel", 4)), n_heads=heads, head_dim=hd, n_groups=groups,
+                     dt_limit=tuple(float(v) for v in cfg.get("time_step_limit", (0.0, math.inf))),
+                     tied=bool(cfg.get("tie_word_embeddings", False)), **common)
+
+
+def check_ssm_layout(a: MambaArgs, layout: StateLayout, layers: list[int] | None = None) -> None:
+    """The layout must be (conv, ssm) per SSM block with the shapes this module keeps."""
+    layers = list(range(a.n_layers)) if layers is None else layers
+    dc = a.d_inner if a.version == 1 else a.d_inner + 2 * a.n_groups * a.d_state
+    ssm = (1, a.d_inner, a.d_state) if a.version == 1 else (1, a.n_heads, a.head_dim, a.d_state)
+    by = {(t.layer, t.role): t for t in layout.tensors}
+    for i in layers:
+        for role, shape in (("conv", (1, dc, a.d_conv - 1)), ("ssm", ssm)):
+            t = by.get((i, role))
+            if t is None or t.shape != shape:
+                raise EdgekvError(f"strategy {layout.strategy}: block {i} needs a {role} state {shape}, "
+                                  f"the layout has {t.shape if t else 'none'}")
+            state_dtype(layout, t)
+
+
+class Block(nn.Module):
+    def __init__(self, a: MambaArgs):
+        super().__init__()
+        self.norm = RMSNorm(a.hidden, a.eps)
+        if a.version == 1:
+            self.mixer = Mamba1Mixer(a.hidden, a.d_inner, a.d_state, a.d_conv, a.dt_rank, a.conv_bias, a.proj_bias)
+        else:
+            self.mixer = Mamba2Mixer(a.hidden, a.n_heads, a.head_dim, a.n_groups, a.d_state, a.d_conv, a.eps,
+                                     a.conv_bias, a.proj_bias, a.dt_limit)
+
+
+class Backbone(nn.Module):
+    """Parameter names as transformers' MambaModel / Mamba2Model (prefix `backbone`)."""
+
+    def __init__(self, a: MambaArgs):
+        super().__init__()
+        self.embeddings = nn.Embedding(a.vocab, a.hidden)
+        self.layers = nn.ModuleList(Block(a) for _ in range(a.n_layers))
+        self.norm_f = RMSNorm(a.hidden, a.eps)
+
+
+class MambaLM(nn.Module):
+    """forward(tokens [1, C] int64, pos [1] int64, *state) -> (logits [1, C, V] fp32, *new_state).
+
+    pos is accepted for the common signature and unused: a recurrent state needs no positions. state is the tensors
+    of `layout` in its order (per block: past_conv, past_ssm)."""
+
+    def __init__(self, args: MambaArgs, layout: StateLayout):
+        super().__init__()
+        self.args, self.layout = args, layout
+        if [(t.layer, t.role) for t in layout.tensors] != [(i, r) for i in range(args.n_layers)
+                                                            for r in ("conv", "ssm")]:
+            raise EdgekvError(f"strategy {layout.strategy}: the mamba module keeps (conv, ssm) per block")
+        check_ssm_layout(args, layout)
+        self.backbone = Backbone(args)
+        self.lm_head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
+
+    def empty_state(self) -> list[torch.Tensor]:
+        return empty_state(self.layout)
+
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor):
+        x = self.backbone.embeddings(tokens)  # [1, C, d]
+        new_state = []
+        for i, blk in enumerate(self.backbone.layers):
+            y, conv, ssm = blk.mixer(blk.norm(x), state[2 * i], state[2 * i + 1])
+            x = x + y
+            new_state += [conv, ssm]
+        x = self.backbone.norm_f(x)
+        w = self.backbone.embeddings.weight if self.lm_head is None else self.lm_head.weight
+        return (F.linear(x, w), *new_state)
+
+
+def load_mamba(spec: str, strategy, max_ctx: int):
+    """An HF folder of a mamba / mamba2 model -> Loaded (module, args, arch, layout). max_ctx only names the layout:
+    the state does not grow with the context."""
+    from . import Loaded
+
+    path, cfg, sd, arch, layout = load_folder(spec, strategy, max_ctx)
+    args = args_from_hf_config(cfg, str(path / "config.json"))
+    module = MambaLM(args, layout)
+    sd = {k.replace("backbone.embedding.", "backbone.embeddings."): v for k, v in sd.items()}  # old checkpoints
+    if args.tied:
+        sd.pop("lm_head.weight", None)
+    return Loaded(load_strict(module, sd, path, args.model_type), args, arch, layout, path, "safetensors")
+

@@ -1,0 +1,338 @@
+"""Linear recurrences with a fixed-size state, written for export: forward(tokens, pos, *state) -> (logits, *state).
+
+Two mixers:
+  LinearAttention  decayed linear attention with a matrix state per head (Katharopoulos et al. 2020, "Transformers
+                   are RNNs", with a per-head learned decay as in RetNet / Lightning Attention):
+                       S_t = a S_{t-1} + phi(k_t)^T [v_t | 1],    [num | den] = phi(q_t) S_t,    o_t = num / den
+                   phi = elu + 1 (positive, so den > 0), a = sigmoid(decay) in (0, 1) per head. Written out, this is
+                       o_t = sum_{s<=t} a^(t-s) (phi(q_t) . phi(k_s)) v_s / sum_{s<=t} a^(t-s) (phi(q_t) . phi(k_s))
+                   i.e. causal attention with decayed, non-negative weights that sum to one. No transformers model
+                   exists for it; tests compare it with that O(T^2) formula.
+  RWKV-4           transformers' RwkvForCausalLM (modeling_rwkv.py, the CPU path rwkv_linear_attention_cpu): time-mix
+                   with the numerically safe (num, den, max) WKV recurrence, channel-mix, token shift.
+
+Shape symbols:
+  C   tokens in this call     d  hidden size     V  vocabulary     F  MLP / channel-mix width
+  H   heads                   Dk key dim per head                  Dv value dim per head
+
+State per block i (edgekv.strategies._linear_state):
+  LinearAttention  past_recurrent.{i} [1, H, Dk, Dv + 1]: the last column is the running normaliser
+                   z_t = sum a^(t-s) phi(k_s) (the "| 1" appended to v), so numerator and denominator are one
+                   recurrence and one tensor. The layout's d_v is therefore Dv + 1: see linear_arch().
+  RWKV-4           past_recurrent.{i} [1, 5, d], fp32, rows in transformers' state order:
+                   0 channel-mix token shift (last ln2 output), 1 time-mix token shift (last ln1 output),
+                   2 num, 3 den, 4 max (the WKV exponent offset).
+All zeros is the empty state for both. For RWKV, transformers starts `max` at -1e30; here a den of 0 (which only the
+empty state has: after one token den >= 1 in the shifted-exponent form) reads max as -1e30, so the zeros a runtime
+allocates are a valid start and the numbers are exactly transformers'.
+
+Where RWKV differs from transformers, and why the numbers are the same:
+  - in eval mode transformers rescales the model (rescale_every): block b's attention.output and feed_forward.value
+    weights are divided by 2^(b // rescale_every) and the residual stream is halved after every rescale_every-th
+    block. The loader divides the weights the same way and forward halves the stream at the same places, so this
+    module computes what RwkvForCausalLM computes in eval mode.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import EdgekvError
+from ..strategies import StateLayout
+from .llama import MLP as LlamaMLP
+from .llama import RMSNorm
+from .mamba import empty_state, load_folder, load_strict, state_dtype
+
+# ---- decayed linear attention ----
+
+
+def phi(x):
+    """The feature map: elu(x) + 1 > 0."""
+    return F.elu(x) + 1.0
+
+
+class LinearAttention(nn.Module):
+    """Multi-head decayed linear attention with a [Dk, Dv + 1] state per head.
+
+    forward(x [1, C, d], state [1, H, Dk, Dv+1]) -> (out [1, C, d], new state)."""
+
+    def __init__(self, d: int, n_heads: int, d_k: int, d_v: int):
+        super().__init__()
+        self.h, self.dk, self.dv = n_heads, d_k, d_v
+        self.q_proj = nn.Linear(d, n_heads * d_k, bias=False)
+        self.k_proj = nn.Linear(d, n_heads * d_k, bias=False)
+        self.v_proj = nn.Linear(d, n_heads * d_v, bias=False)
+        self.o_proj = nn.Linear(n_heads * d_v, d, bias=False)
+        self.decay = nn.Parameter(torch.zeros(n_heads))  # a = sigmoid(decay)
+
+    def decays(self) -> torch.Tensor:
+        return torch.sigmoid(self.decay)  # [H]
+
+    def forward(self, x, state):
+        c = x.shape[1]
+        q = phi(self.q_proj(x).view(1, c, self.h, self.dk))  # [1, C, H, Dk]
+        k = phi(self.k_proj(x).view(1, c, self.h, self.dk))
+        v = self.v_proj(x).view(1, c, self.h, self.dv)
+        v1 = torch.cat((v, torch.ones_like(v[..., :1])), dim=-1)  # [1, C, H, Dv+1]
+        a = self.decays()[None, :, None, None]  # [1, H, 1, 1]
+        s = state.float()
+        outs = []
+        for t in range(c):
+            s = a * s + k[:, t, :, :, None] * v1[:, t, :, None, :]  # [1, H, Dk, Dv+1]
+            nd = (q[:, t, :, None, :] @ s)[:, :, 0]  # [1, H, Dv+1]
+            outs.append(nd[..., :self.dv] / nd[..., self.dv:])
+        o = torch.stack(outs, dim=1).reshape(1, c, self.h * self.dv)
+        return self.o_proj(o), s.to(state.dtype)
+
+
+@dataclass
+class LinearArgs:
+    """A small decoder: per block RMSNorm -> LinearAttention -> residual, RMSNorm -> SwiGLU MLP -> residual."""
+    vocab: int
+    hidden: int
+    n_layers: int
+    n_heads: int
+    d_k: int
+    d_v: int
+    intermediate: int
+    rms_eps: float = 1e-6
+    tied: bool = False
+    mlp_bias: bool = False  # read by the SwiGLU MLP (edgekv.models.llama.MLP)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class _LinearBlock(nn.Module):
+    def __init__(self, a: LinearArgs):
+        super().__init__()
+        self.input_layernorm = RMSNorm(a.hidden, a.rms_eps)
+        self.attn = LinearAttention(a.hidden, a.n_heads, a.d_k, a.d_v)
+        self.post_attention_layernorm = RMSNorm(a.hidden, a.rms_eps)
+        self.mlp = LlamaMLP(a)
+
+
+def linear_arch(a: LinearArgs, name: str = "linear-attention"):
+    """The Arch of a LinearLM, so build_layout can size its state: Linear(H, Dk, Dv + 1) per block (the extra value
+    column holds the normaliser)."""
+    from ..arch import Arch, Block, Linear, Weight
+
+    ws = [Weight(n, tuple(p.shape), "embedding" if "embed" in n else "lm_head" if "lm_head" in n else
+                 "small" if p.dim() < 2 else "linear")
+          for n, p in LinearLM._param_shapes(a)]
+    blocks = tuple(Block((Linear(a.n_heads, a.d_k, a.d_v + 1),)) for _ in range(a.n_layers))
+    return Arch(name=name, model_type="linear", family="linear", hidden=a.hidden, vocab=a.vocab, blocks=blocks,
+                weights=tuple(ws), source="edgekv.models.recurrent.linear_arch")
+
+
+class LinearLM(nn.Module):
+    """forward(tokens [1, C] int64, pos [1] int64, *state) -> (logits [1, C, V], *new_state); one
+    past_recurrent.{i} [1, H, Dk, Dv + 1] per block. pos is unused (the state carries no positions)."""
+
+    def __init__(self, args: LinearArgs, layout: StateLayout):
+        super().__init__()
+        self.args, self.layout = args, layout
+        want = [(i, "recurrent", (1, args.n_heads, args.d_k, args.d_v + 1)) for i in range(args.n_layers)]
+        if [(t.layer, t.role, t.shape) for t in layout.tensors] != want:
+            raise EdgekvError(f"strategy {layout.strategy}: the linear-attention module keeps one [1, H, Dk, Dv+1] "
+                              "state per block")
+        for t in layout.tensors:
+            state_dtype(layout, t)
+        self.embed_tokens = nn.Embedding(args.vocab, args.hidden)
+        self.layers = nn.ModuleList(_LinearBlock(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.hidden, args.rms_eps)
+        self.lm_head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
+
+    @staticmethod
+    def _param_shapes(a: LinearArgs):
+        """(name, tensor) for every parameter, on the meta device (no memory)."""
+        with torch.device("meta"):
+            m = nn.Module()
+            m.embed_tokens = nn.Embedding(a.vocab, a.hidden)
+            m.layers = nn.ModuleList(_LinearBlock(a) for _ in range(a.n_layers))
+            m.norm = RMSNorm(a.hidden, a.rms_eps)
+            if not a.tied:
+                m.lm_head = nn.Linear(a.hidden, a.vocab, bias=False)
+        return list(m.named_parameters())
+
+    def empty_state(self) -> list[torch.Tensor]:
+        return empty_state(self.layout)
+
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor):
+        x = self.embed_tokens(tokens)
+        new_state = []
+        for i, blk in enumerate(self.layers):
+            h, s = blk.attn(blk.input_layernorm(x), state[i])
+            x = x + h
+            x = x + blk.mlp(blk.post_attention_layernorm(x))
+            new_state.append(s)
+        x = self.norm(x)
+        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return (F.linear(x, w), *new_state)
+
+
+# ---- RWKV-4 ----
+
+
+@dataclass
+class RwkvArgs:
+    vocab: int
+    hidden: int
+    n_layers: int
+    intermediate: int
+    eps: float = 1e-5
+    rescale_every: int = 6
+    tied: bool = False
+    model_type: str = "rwkv"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def rwkv_args(cfg: dict, where: str = "config.json") -> RwkvArgs:
+    if cfg.get("model_type") != "rwkv":
+        raise EdgekvError(f"{where}: model_type {cfg.get('model_type')!r} is not rwkv")
+    for k in ("vocab_size", "hidden_size", "num_hidden_layers"):
+        if cfg.get(k) is None:
+            raise EdgekvError(f"{where}: config lacks '{k}'")
+    hidden = int(cfg["hidden_size"])
+    att = int(cfg.get("attention_hidden_size") or hidden)
+    if att != hidden:
+        raise EdgekvError(f"{where}: attention_hidden_size {att} != hidden_size {hidden} is not supported "
+                          "(the state layout keeps hidden-sized vectors)")
+    return RwkvArgs(vocab=int(cfg["vocab_size"]), hidden=hidden, n_layers=int(cfg["num_hidden_layers"]),
+                    intermediate=int(cfg.get("intermediate_size") or 4 * hidden),
+                    eps=float(cfg.get("layer_norm_epsilon", 1e-5)), rescale_every=int(cfg.get("rescale_every", 6)),
+                    tied=bool(cfg.get("tie_word_embeddings", False)))
+
+
+class RwkvTimeMix(nn.Module):
+    """transformers' RwkvSelfAttention. forward(x [1, C, d] (after ln1), shift [1, d], num, den, mx [1, d])
+    -> (out [1, C, d], new shift, num, den, mx)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.time_decay = nn.Parameter(torch.zeros(d))
+        self.time_first = nn.Parameter(torch.zeros(d))
+        self.time_mix_key = nn.Parameter(torch.zeros(1, 1, d))
+        self.time_mix_value = nn.Parameter(torch.zeros(1, 1, d))
+        self.time_mix_receptance = nn.Parameter(torch.zeros(1, 1, d))
+        self.key = nn.Linear(d, d, bias=False)
+        self.value = nn.Linear(d, d, bias=False)
+        self.receptance = nn.Linear(d, d, bias=False)
+        self.output = nn.Linear(d, d, bias=False)
+
+    def forward(self, x, shift, num, den, mx):
+        c = x.shape[1]
+        shifted = torch.cat((shift[:, None], x[:, :-1]), dim=1)  # [1, C, d]: the previous token's x
+        k = self.key(x * self.time_mix_key + shifted * (1 - self.time_mix_key))
+        v = self.value(x * self.time_mix_value + shifted * (1 - self.time_mix_value))
+        r = torch.sigmoid(self.receptance(x * self.time_mix_receptance + shifted * (1 - self.time_mix_receptance)))
+        w = -torch.exp(self.time_decay)
+        u = self.time_first
+        mx = torch.where(den == 0, -1e30, mx)  # the empty state: transformers starts max at -1e30
+        outs = []
+        for t in range(c):
+            kt, vt = k[:, t].float(), v[:, t]
+            m_out = torch.maximum(mx, kt + u)
+            e1, e2 = torch.exp(mx - m_out), torch.exp(kt + u - m_out)
+            outs.append((e1 * num + e2 * vt) / (e1 * den + e2))
+            m_st = torch.maximum(mx + w, kt)
+            e1, e2 = torch.exp(mx + w - m_st), torch.exp(kt - m_st)
+            num, den, mx = e1 * num + e2 * vt, e1 * den + e2, m_st
+        return self.output(r * torch.stack(outs, dim=1)), x[:, -1], num, den, mx
+
+
+class RwkvChannelMix(nn.Module):
+    """transformers' RwkvFeedForward. forward(x [1, C, d] (after ln2), shift [1, d]) -> (out [1, C, d], new shift)."""
+
+    def __init__(self, d: int, inter: int):
+        super().__init__()
+        self.time_mix_key = nn.Parameter(torch.zeros(1, 1, d))
+        self.time_mix_receptance = nn.Parameter(torch.zeros(1, 1, d))
+        self.key = nn.Linear(d, inter, bias=False)
+        self.receptance = nn.Linear(d, d, bias=False)
+        self.value = nn.Linear(inter, d, bias=False)
+
+    def forward(self, x, shift):
+        shifted = torch.cat((shift[:, None], x[:, :-1]), dim=1)
+        k = torch.square(torch.relu(self.key(x * self.time_mix_key + shifted * (1 - self.time_mix_key))))
+        r = torch.sigmoid(self.receptance(x * self.time_mix_receptance + shifted * (1 - self.time_mix_receptance)))
+        return r * self.value(k), x[:, -1]
+
+
+class RwkvBlock(nn.Module):
+    def __init__(self, a: RwkvArgs, i: int):
+        super().__init__()
+        if i == 0:
+            self.pre_ln = nn.LayerNorm(a.hidden, eps=a.eps)
+        self.ln1 = nn.LayerNorm(a.hidden, eps=a.eps)
+        self.ln2 = nn.LayerNorm(a.hidden, eps=a.eps)
+        self.attention = RwkvTimeMix(a.hidden)
+        self.feed_forward = RwkvChannelMix(a.hidden, a.intermediate)
+
+
+class _RwkvBody(nn.Module):
+    """Parameter names as transformers' RwkvModel (prefix `rwkv`)."""
+
+    def __init__(self, a: RwkvArgs):
+        super().__init__()
+        self.embeddings = nn.Embedding(a.vocab, a.hidden)
+        self.blocks = nn.ModuleList(RwkvBlock(a, i) for i in range(a.n_layers))
+        self.ln_out = nn.LayerNorm(a.hidden)  # transformers: default eps 1e-5, not layer_norm_epsilon
+
+
+class Rwkv4(nn.Module):
+    """forward(tokens [1, C] int64, pos [1] int64, *state) -> (logits [1, C, V], *new_state); one
+    past_recurrent.{i} [1, 5, d] fp32 per block (rows: ffn shift, att shift, num, den, max). pos is unused."""
+
+    def __init__(self, args: RwkvArgs, layout: StateLayout):
+        super().__init__()
+        self.args, self.layout = args, layout
+        want = [(i, "recurrent", (1, 5, args.hidden), "float32") for i in range(args.n_layers)]
+        if [(t.layer, t.role, t.shape, t.dtype) for t in layout.tensors] != want:
+            raise EdgekvError(f"strategy {layout.strategy}: the RWKV-4 module keeps one fp32 [1, 5, d] state per block")
+        self.rwkv = _RwkvBody(args)
+        self.head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
+
+    def empty_state(self) -> list[torch.Tensor]:
+        return empty_state(self.layout)
+
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor):
+        x = self.rwkv.embeddings(tokens)
+        every = self.args.rescale_every
+        new_state = []
+        for i, blk in enumerate(self.rwkv.blocks):
+            s = state[i]
+            if i == 0:
+                x = blk.pre_ln(x)
+            att, att_shift, num, den, mx = blk.attention(blk.ln1(x), s[:, 1], s[:, 2], s[:, 3], s[:, 4])
+            x = x + att
+            ffn, ffn_shift = blk.feed_forward(blk.ln2(x), s[:, 0])
+            x = x + ffn
+            if every > 0 and (i + 1) % every == 0:
+                x = x / 2
+            new_state.append(torch.stack((ffn_shift, att_shift, num, den, mx), dim=1))
+        x = self.rwkv.ln_out(x)
+        w = self.rwkv.embeddings.weight if self.head is None else self.head.weight
+        return (F.linear(x, w), *new_state)
+
+
+def load_rwkv(spec: str, strategy, max_ctx: int):
+    """An HF folder of a transformers 'rwkv' (RWKV-4) model -> Loaded. strategy: linear (fp32)."""
+    from . import Loaded
+
+    path, cfg, sd, arch, layout = load_folder(spec, strategy, max_ctx)
+    args = rwkv_args(cfg, str(path / "config.json"))
+    module = Rwkv4(args, layout)
+    if args.rescale_every > 0:  # what RwkvModel._rescale_layers does on entering eval mode
+        for b in range(args.n_layers):
+            f = 2 ** (b // args.rescale_every)
+            for k in (f"rwkv.blocks.{b}.attention.output.weight", f"rwkv.blocks.{b}.feed_forward.value.weight"):
+                sd[k] = sd[k] / f
+    if args.tied:
+        sd.pop("head.weight", None)
+    return Loaded(load_strict(module, sd, path, "rwkv"), args, arch, layout, path, "safetensors")

