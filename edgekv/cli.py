@@ -212,7 +212,8 @@ def models(as_json):
 def _register_optional():
     """Commands that live in their own packages (they import torch lazily, inside the command)."""
     import importlib
-    for module, names in ((".ring.cli", ("ring",)), (".export.cli", ("export", "run"))):
+    for module, names in ((".ring.cli", ("ring",)), (".export.cli", ("export", "run")),
+                          (".analyze.cli", ("analyze",))):
         try:
             mod = importlib.import_module(module, __package__)
         except ImportError:

@@ -101,7 +101,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
                             device.decode_efficiency, device.flops, device.prefill_efficiency)
     pre.formula = pf.formula + "; " + pre.formula
     converted = strategy.name == "mla" and "mla" not in arch.kinds
-    q = quality(arch.name, strategy, ctx, _is_native(arch, strategy), converted)
+    q = quality(arch.name, strategy, ctx, _is_native(arch, strategy), converted, arch.family)
     notes = []
     if arch.max_position and ctx > arch.max_position:
         notes.append(f"ctx {ctx} exceeds the model's max_position_embeddings {arch.max_position}")

@@ -5,6 +5,7 @@ Never blank, never invented: where nothing is published the risk is 'unknown' an
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from .strategies import Strategy
@@ -56,23 +57,53 @@ CITE = {
 }
 
 
-def measured(model: str, strategy: Strategy) -> dict | None:
-    """A stored edgekv analyze result for this model x strategy x precision, if one is shipped."""
-    p = MEASURED_DIR / f"{model}__{strategy.label.replace(':', '_').replace(',', '_').replace('=', '-')}.json"
-    if p.is_file():
+def risk_from_kl(kl: float, cls: str) -> str:
+    """KL (nats/token) of the variant against the fp32 reference: < 0.01 low, < 0.1 medium, else high; compounding
+    growth is high whatever its level. (For scale: llama.cpp PR #7412 measures q8_0 KV at KLD 0.00155.)"""
+    if cls == "compounding" or not math.isfinite(kl):
+        return "high"
+    return "low" if kl < 0.01 else "medium" if kl < 0.1 else "high"
+
+
+def kl_at(fit: dict, ctx: int) -> float:
+    """The stored growth law evaluated at ctx."""
+    p = fit["params"]
+    if fit["law"] == "power":
+        return p["a"] * ctx ** p["b"]
+    x = p["k"] * ctx
+    return p["a"] * math.exp(x) if x < 700 else math.inf
+
+
+def measured(model: str, strategy: Strategy, family: str | None = None) -> dict | None:
+    """A stored edgekv analyze result for this model x strategy x precision, else one stored for the model's family
+    (e.g. the trained Mamba fixture for every ssm model), else None."""
+    label = strategy.label.replace(":", "_").replace(",", "_").replace("=", "-")
+    p = MEASURED_DIR / f"{model}__{label}.json"
+    candidates = [p] if p.is_file() else []
+    if not candidates and family and MEASURED_DIR.is_dir():
+        candidates = sorted(MEASURED_DIR.glob(f"*__{label}.json"))
+    for c in candidates:
         try:
-            return json.loads(p.read_text())
-        except json.JSONDecodeError:
-            return None
+            rec = json.loads(c.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if c == p or rec.get("applies_to") == f"family:{family}":
+            return rec
     return None
 
 
-def quality(model: str, strategy: Strategy, ctx: int, native: bool, converted_mla: bool = False) -> dict:
-    """{'risk', 'evidence', 'source'} where source is 'measured' or 'published'."""
-    m = measured(model, strategy)
-    if m and "risk" in m:
-        return {"risk": m["risk"], "evidence": m.get("evidence", "edgekv analyze"), "source": "measured",
-                "cite": "edgekv analyze"}
+def quality(model: str, strategy: Strategy, ctx: int, native: bool, converted_mla: bool = False,
+            family: str | None = None) -> dict:
+    """{'risk', 'evidence', 'source', 'cite'} where source is 'measured' (edgekv analyze) or 'published'."""
+    m = measured(model, strategy, family)
+    if m and m.get("fit"):
+        kl = kl_at(m["fit"], ctx)
+        far = ctx > 4 * m["measured_ctx"]
+        who = "this model" if m.get("applies_to") == f"model:{model}" else f"a trained {family} fixture"
+        return {"risk": risk_from_kl(kl, m["fit"]["class"]), "source": "measured", "cite": "edgekv analyze",
+                "evidence": f"{m['evidence']}; measured on {who}; extrapolated KL at {ctx} tokens = {kl:.3g}"
+                            + (f" ({ctx / m['measured_ctx']:.0f}x beyond the measured {m['measured_ctx']})"
+                               if far else "")}
     s, p = strategy.name, strategy.params
     if s == "kv":
         key = f"kv:{p['dtype']}"

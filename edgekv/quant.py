@@ -40,12 +40,14 @@ def _round(x: torch.Tensor, rounding: str, generator: torch.Generator | None) ->
 
 
 def quantize(x: torch.Tensor, bits: int, group: int = 0, rounding: str = "nearest",
-             generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+             generator: torch.Generator | None = None, scale_dtype: torch.dtype = SCALE_DTYPE
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """x [..., D] float -> (codes, scale [..., D/g], zero [..., D/g] or None).
-    codes: int8 [..., D] for 8 bits; uint8 [..., D*bits/8] (packed) for 4 and 2 bits."""
+    codes: int8 [..., D] for 8 bits; uint8 [..., D*bits/8] (packed) for 4 and 2 bits.
+    scale_dtype: fp16 for KV caches; SSM states keep fp32 scales (vLLM PR #52962's per-(head, dim) scales)."""
     xg, g = _groups(x.float(), group)
     if bits == 8:
-        scale = (xg.abs().amax(-1, keepdim=True) / 127).clamp_min(EPS).to(SCALE_DTYPE)
+        scale = (xg.abs().amax(-1, keepdim=True) / 127).clamp_min(EPS).to(scale_dtype)
         q = _round(xg / scale.float(), rounding, generator).clamp(-127, 127)
         return q.reshape(x.shape).to(torch.int8), scale.squeeze(-1), None
     if bits not in (4, 2):
@@ -53,8 +55,8 @@ def quantize(x: torch.Tensor, bits: int, group: int = 0, rounding: str = "neares
     levels = 2**bits - 1
     lo = xg.amin(-1, keepdim=True)
     hi = xg.amax(-1, keepdim=True)
-    scale = ((hi - lo) / levels).clamp_min(EPS).to(SCALE_DTYPE)
-    zero = lo.to(SCALE_DTYPE)
+    scale = ((hi - lo) / levels).clamp_min(EPS).to(scale_dtype)
+    zero = lo.to(scale_dtype)
     q = _round((xg - zero.float()) / scale.float(), rounding, generator).clamp(0, levels)
     return pack(q.reshape(x.shape), bits), scale.squeeze(-1), zero.squeeze(-1)
 

@@ -61,3 +61,35 @@ def load_model(spec: str, strategy, max_ctx: int) -> Loaded:
     for p in module.parameters():
         p.requires_grad_(False)
     return Loaded(module, args, arch, layout, path, fmt)
+
+
+def load_any(spec: str, strategy, max_ctx: int) -> Loaded:
+    """Pick the module for the model's family and the strategy: Llama family (kv, kv-int*, window), converted MLA
+    (mla on a GQA model), DeepSeek-V2 (native mla), Mamba-1/2 (ssm), RWKV-4 (linear), Jamba (hybrid)."""
+    import json
+
+    from .weights import resolve_model
+
+    path = resolve_model(spec)
+    mt = "gguf"
+    if path.is_dir():
+        try:
+            mt = json.loads((path / "config.json").read_text()).get("model_type")
+        except (OSError, json.JSONDecodeError) as e:
+            raise EdgekvError(f"{path}/config.json: {e}") from None
+    if mt in ("mamba", "mamba2"):
+        from .mamba import load_mamba
+        return load_mamba(spec, strategy, max_ctx)
+    if mt == "rwkv":
+        from .recurrent import load_rwkv
+        return load_rwkv(spec, strategy, max_ctx)
+    if mt == "jamba":
+        from .hybrid import load_jamba
+        return load_jamba(spec, strategy, max_ctx)
+    if mt == "deepseek_v2":
+        from .mla import load_deepseek
+        return load_deepseek(spec, strategy, max_ctx)
+    if strategy.name == "mla":
+        from .mla import load_converted_mla
+        return load_converted_mla(spec, strategy, max_ctx)
+    return load_model(spec, strategy, max_ctx)

@@ -40,10 +40,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import EdgekvError
+from ..quant import dequantize, quantize
 from ..strategies import StateLayout
 from .llama import RMSNorm
 
-STATE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+STATE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int8": torch.int8}
 
 
 # ---- loading helpers shared by the mamba / mla / recurrent / hybrid modules ----
@@ -334,10 +335,13 @@ class MambaLM(nn.Module):
     def __init__(self, args: MambaArgs, layout: StateLayout):
         super().__init__()
         self.args, self.layout = args, layout
-        if [(t.layer, t.role) for t in layout.tensors] != [(i, r) for i in range(args.n_layers)
-                                                            for r in ("conv", "ssm")]:
-            raise EdgekvError(f"strategy {layout.strategy}: the mamba module keeps (conv, ssm) per block")
+        roles = [(t.layer, t.role) for t in layout.tensors]
+        self.quantized = any(r == "ssm.scale" for _, r in roles)
+        per_block = ("conv", "ssm", "ssm.scale") if self.quantized else ("conv", "ssm")
+        if roles != [(i, r) for i in range(args.n_layers) for r in per_block]:
+            raise EdgekvError(f"strategy {layout.strategy}: the mamba module keeps {per_block} per block")
         check_ssm_layout(args, layout)
+        self.rounding, self.generator = "nearest", None  # analyze sets stochastic rounding and a generator
         self.backbone = Backbone(args)
         self.lm_head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
 
@@ -347,10 +351,18 @@ class MambaLM(nn.Module):
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor):
         x = self.backbone.embeddings(tokens)  # [1, C, d]
         new_state = []
+        k = 3 if self.quantized else 2
         for i, blk in enumerate(self.backbone.layers):
-            y, conv, ssm = blk.mixer(blk.norm(x), state[2 * i], state[2 * i + 1])
+            conv, ssm = state[k * i], state[k * i + 1]
+            if self.quantized:  # int8 codes x fp32 scale per (channel|head, dim) row -> fp32 state for this call
+                ssm = dequantize(ssm, state[k * i + 2], None, 8)  # scale [.., 1]: one group per row
+            y, conv, ssm = blk.mixer(blk.norm(x), conv, ssm)
             x = x + y
-            new_state += [conv, ssm]
+            if self.quantized:  # stored back quantized: the error a call leaves is what the next call reads
+                codes, scale, _ = quantize(ssm, 8, 0, self.rounding, self.generator, torch.float32)
+                new_state += [conv, codes, scale]
+            else:
+                new_state += [conv, ssm]
         x = self.backbone.norm_f(x)
         w = self.backbone.embeddings.weight if self.lm_head is None else self.lm_head.weight
         return (F.linear(x, w), *new_state)
