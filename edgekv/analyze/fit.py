@@ -105,7 +105,7 @@ def fit_growth(positions, values) -> Fit:
 
 def extrapolate(fit: Fit, target: int) -> dict:
     mean, lo, hi = fit.interval(target)
-    far = target > 4 * fit.t_max
-    return {"ctx": int(target), "value": mean, "low": lo, "high": hi, "far_beyond_measured": far,
+    far = bool(target > 4 * fit.t_max)
+    return {"ctx": int(target), "value": float(mean), "low": float(lo), "high": float(hi), "far_beyond_measured": far,
             "note": (f"{target / fit.t_max:.0f}x beyond the last measured position ({fit.t_max:.0f}): "
                      f"treat as an order of magnitude" if far else "within 4x of the measured range")}

@@ -1,0 +1,95 @@
+"""edgekv analyze on a small Mamba built by transformers: curves, fits, the analytic prediction, and the plan reading
+the stored result."""
+import json
+
+import pytest
+import torch
+from transformers import MambaConfig, MambaForCausalLM
+
+from conftest import run_cli
+from edgekv import quality
+from edgekv.analyze import report
+from edgekv.analyze.analytic import ssm_prediction
+from edgekv.analyze.run import Runner, default_text, make_variants, tokenize
+from edgekv.strategies import parse_strategy
+
+CTX = 192
+
+
+@pytest.fixture(scope="module")
+def mamba_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("mamba")
+    MambaForCausalLM(MambaConfig(vocab_size=256, hidden_size=48, num_hidden_layers=2, state_size=16)).save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def result(mamba_dir):
+    torch.set_num_threads(1)
+    base = parse_strategy("ssm")
+    variants = make_variants(base, [8], ["nearest", "stochastic"], 4)
+    r = Runner(str(mamba_dir), base, variants, CTX, chunk=1)
+    tokens = tokenize(r.ref, default_text(), CTX)
+    r.run(tokens)
+    an = ssm_prediction(r, tokens, 32768)
+    return r, report.summarise(r, "stdlib", 32768, n_windows=12, analytic=an)
+
+
+def test_every_variant_has_windowed_curves_and_a_classified_fit(result):
+    _, res = result
+    assert [v["source"] for v in res["variants"]] == ["state", "state", "weights"]
+    for v in res["variants"]:
+        assert len(v["positions"]) == len(v["kl"]) == len(v["top1"]) > 5
+        assert v["fit"]["class"] in ("bounded", "accumulating", "compounding")
+        assert v["extrapolated"]["ctx"] == 32768 and v["extrapolated"]["far_beyond_measured"]
+    state = res["variants"][0]
+    assert 0 < state["mean_kl"] < 1e-2 and state["mean_top1"] > 0.95
+    assert len(state["state_rel_err"]) > 5 and all(e > 0 for e in state["state_rel_err"])
+
+
+def test_weight_quantization_changes_the_output_but_not_the_state_precision(result):
+    runner, res = result
+    w = res["variants"][2]
+    assert w["mean_kl"] > res["variants"][0]["mean_kl"]
+    assert runner.loaded[2].layout.tensors[1].dtype == "float32"  # fp32 SSM state in the weights-only variant
+
+
+def test_analytic_prediction_tracks_the_measured_state_error(result):
+    _, res = result
+    an = res["analytic"]
+    # an independent estimate (linear recurrence + rounding noise) against the measured error of the int8 state
+    assert an["measured_at"] > 0 and abs(an["error_pct"]) < 70
+    for layer in an["layers"]:
+        assert 0 < layer["decay_median"] < 1 and layer["saturation_tokens"] >= 1
+        assert layer["bits_needed"] in (4, 6, 8, 10, 12, 16, ">16")
+
+
+def test_stored_result_becomes_the_plans_evidence(result, tmp_path, monkeypatch):
+    _, res = result
+    written = report.store(res, "tiny-mamba", tmp_path)
+    assert [p.name for p in written] == ["tiny-mamba__ssm_dtype-int8.json"]
+    monkeypatch.setattr(quality, "MEASURED_DIR", tmp_path)
+    q = quality.quality("tiny-mamba", parse_strategy("ssm:dtype=int8"), 4096, native=False)
+    assert q["source"] == "measured" and "edgekv measured" in q["evidence"]
+    fit = json.loads(written[0].read_text())["fit"]
+    assert q["risk"] == quality.risk_from_kl(quality.kl_at(fit, 4096), fit["class"])
+    # no measurement for another strategy: the published evidence with its citation
+    assert quality.quality("tiny-mamba", parse_strategy("ssm"), 4096, native=True)["source"] == "published"
+
+
+def test_plot_and_json_from_the_command(mamba_dir, tmp_path):
+    png = tmp_path / "a.png"
+    p = run_cli("analyze", "--model", mamba_dir, "--strategy", "ssm", "--ctx", "64", "--weight-bits", "0",
+                "--json", "--plot", png, "--threads", "1", check=True)
+    out = json.loads(p.stdout)
+    assert {"model", "strategy", "ctx", "variants"} <= set(out)
+    v = out["variants"][0]
+    assert {"bits", "rounding", "source", "positions", "kl", "top1", "state_rel_err", "fit", "extrapolated"} <= set(v)
+    assert {"law", "params", "class"} <= set(v["fit"]) and {"ctx", "kl", "low", "high"} <= set(v["extrapolated"])
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_bits_is_one_line(mamba_dir):
+    p = run_cli("analyze", "--model", mamba_dir, "--strategy", "ssm", "--bits", "3", "--ctx", "32")
+    assert p.returncode == 2 and "--bits 3" in p.stderr and "Traceback" not in p.stderr
