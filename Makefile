@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all install bench clean
+.PHONY: demo test test-all install bench clean android-test
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,8 +20,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/edgekv plan --device pixel8 --ctx 32k
 
-test: $(STAMP)
+test: $(STAMP) android-test
 	$(BIN)/python -m pytest -q
+
+# the Android demo's plain-Java core (JUnit 4 with the JDK; .ci/run installs junit4)
+android-test:
+	android_demo/run_core_tests.sh
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -m ''

@@ -1,0 +1,54 @@
+package org.edgekv.core;
+
+import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertTrue;
+import static org.junit.Assert.fail;
+
+import java.util.List;
+import org.junit.Test;
+
+public class StepPlanTest {
+    @Test
+    public void onnxSplitsAPromptIntoDynamicChunks() {
+        Manifest.Artifact onnx = TestSupport.fixtureManifest().artifact("onnx");
+        List<StepPlan.Call> calls = StepPlan.prefill(onnx, 0, 150, 64, 512);
+        assertEquals(3, calls.size());
+        assertEquals("forward@0+64", calls.get(0).toString());
+        assertEquals("forward@64+64", calls.get(1).toString());
+        assertEquals("forward@128+22", calls.get(2).toString());
+        assertEquals(22, calls.get(2).padded);
+        StepPlan.Call d = StepPlan.decode(onnx, 150, 512);
+        assertEquals("forward@150+1", d.toString());
+    }
+
+    @Test
+    public void ptePadsToItsFixedPrefillAndDecodesOneToken() {
+        Manifest.Artifact pte = TestSupport.fixtureManifest().artifact("pte");
+        List<StepPlan.Call> calls = StepPlan.prefill(pte, 0, 70, 64, 512); // maxChunk does not apply to fixed sizes
+        assertEquals(3, calls.size());
+        assertEquals("prefill@0+32", calls.get(0).toString());
+        assertEquals("prefill@32+32", calls.get(1).toString());
+        assertEquals("prefill@64+6 (padded to 32)", calls.get(2).toString());
+        // a one-token remainder goes to decode, as edgekv/export/runtime.py does
+        List<StepPlan.Call> c33 = StepPlan.prefill(pte, 0, 33, 64, 512);
+        assertEquals("decode@32+1", c33.get(1).toString());
+        assertEquals("decode@447+1", StepPlan.decode(pte, 447, 512).toString());
+    }
+
+    @Test
+    public void refusesToRunPastMaxCtx() {
+        Manifest.Artifact onnx = TestSupport.fixtureManifest().artifact("onnx");
+        try {
+            StepPlan.prefill(onnx, 500, 13, 64, 512);
+            fail();
+        } catch (EdgekvException e) {
+            assertEquals("513 tokens exceed this export's max_ctx 512", e.getMessage());
+        }
+        try {
+            StepPlan.decode(onnx, 512, 512);
+            fail();
+        } catch (EdgekvException e) {
+            assertTrue(e.getMessage().contains("outside this export's max_ctx 512"));
+        }
+    }
+}
