@@ -1,0 +1,120 @@
+"""Planner vs allocator: real state layouts and decode steps of the edgekv modules, on a GPU (or the CPU).
+
+For each model config and context: build the export module (random weights of the catalog config's shapes), allocate
+the StateLayout's tensors, run a few decode steps, and compare what the allocator holds with the planner's bytes for
+the same Deployment (weights at the module's precision + state):
+  cuda: torch.cuda.max_memory_allocated() after the steps vs planner weights + state + workspace
+        (workspace: the planner's activations/scores/logits estimate for a decode step)
+  cpu:  bytes of the parameters and state tensors the module holds vs planner weights + state
+        (the CPU has no allocator statistics; this checks the layout and the weight arithmetic)
+Writes JSON: {"device", "runs": [{"model", "strategy", "ctx", "predicted": {...}, "measured_bytes", "error_pct"}]}.
+
+  python benchmarks/gpu_baseline.py --device cuda --models llama-3.2-1b,mamba2-1.3b --ctx 1k,8k,32k --out gpu.json
+  python benchmarks/gpu_baseline.py --device cpu --models smollm2-135m,mamba-130m --ctx 256,1k     (CI runs this)
+One run fits in a few minutes on an H100/H200 (fp16 weights; a 1B model at 32k is ~3.5 GB).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from edgekv.arch import catalog_arch, catalog_entry  # noqa: E402
+from edgekv.memory import weight_bytes, workspace_bytes  # noqa: E402
+from edgekv.strategies import build_layout, native_strategy, parse_strategy  # noqa: E402
+from edgekv.units import parse_ctx_list  # noqa: E402
+
+
+def build_module(name: str, strategy, ctx: int):
+    """The export module of a catalog model with random weights (shapes from the published config)."""
+    cfg = catalog_entry(name)["config"]
+    arch = catalog_arch(name)
+    layout = build_layout(arch, strategy, ctx)
+    mt = cfg["model_type"]
+    if mt in ("llama", "mistral", "qwen2"):
+        from edgekv.models.llama import Llama, args_from_hf_config
+        return Llama(args_from_hf_config(cfg, name), layout), layout, arch
+    if mt in ("mamba", "mamba2"):
+        from edgekv.models.mamba import MambaLM, args_from_hf_config
+        return MambaLM(args_from_hf_config(cfg, name), layout), layout, arch
+    raise SystemExit(f"{name}: model_type {mt} has no module in this benchmark (llama/qwen2/mistral/mamba/mamba2)")
+
+
+def run_one(name: str, spec: str | None, ctx: int, device: str, dtype: torch.dtype, steps: int) -> dict:
+    arch = catalog_arch(name)
+    strategy = parse_strategy(spec or native_strategy(arch))
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    with torch.device("meta"):
+        module, layout, arch = build_module(name, strategy, ctx)
+    module = module.to_empty(device=device).to(dtype)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, 0.02)
+        for name_b, b in module.named_buffers():  # non-persistent buffers (rope inverse frequencies) rebuilt
+            if "inv_freq" in name_b:
+                from edgekv.models.llama import rope_inv_freq
+                b.copy_(rope_inv_freq(module.args).to(device))
+    state = [s.to(device) for s in module.empty_state()]
+    param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
+    state_bytes = sum(s.numel() * s.element_size() for s in state)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for i in range(steps):
+            pos = min(i, ctx - 1)
+            _, *state = module(torch.tensor([[1]], device=device), torch.tensor([pos], device=device), *state)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    prec = {torch.float16: "fp16", torch.bfloat16: "fp16", torch.float32: "fp32"}[dtype]
+    w = weight_bytes(arch, prec)
+    ws = workspace_bytes(arch, layout, strategy, "vllm", 1)
+    predicted = {"weights": int(w["total"]), "state": layout.nbytes, "workspace": int(ws.value)}
+    if device == "cuda":
+        measured = torch.cuda.max_memory_allocated()
+        pred = predicted["weights"] + predicted["state"] + predicted["workspace"]
+        what = "torch.cuda.max_memory_allocated"
+    else:
+        measured = param_bytes + state_bytes
+        pred = predicted["weights"] + predicted["state"]
+        what = "parameter + state tensor bytes"
+    del module, state
+    return {"model": name, "strategy": strategy.label, "ctx": ctx, "dtype": str(dtype).replace("torch.", ""),
+            "predicted": {**predicted, "compared": pred}, "measured_bytes": int(measured), "measured": what,
+            "param_bytes": int(param_bytes), "state_bytes": int(state_bytes),
+            "error_pct": round(100.0 * (measured - pred) / pred, 2), "decode_s_per_step": dt / steps}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
+    ap.add_argument("--models", default="smollm2-135m,mamba-130m")
+    ap.add_argument("--strategy", default=None, help="one strategy for all (default: each model's native one)")
+    ap.add_argument("--ctx", default="256,1k")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--dtype", default=None, choices=["fp16", "bf16", "fp32"], help="default: fp16 on cuda, fp32 on cpu")
+    ap.add_argument("--out")
+    a = ap.parse_args(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here (use --device cpu)")
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[
+        a.dtype or ("fp16" if a.device == "cuda" else "fp32")]
+    runs = [run_one(m, a.strategy, c, a.device, dtype, a.steps) for m in a.models.split(",")
+            for c in parse_ctx_list(a.ctx)]
+    out = {"device": a.device, "gpu": torch.cuda.get_device_name() if a.device == "cuda" else None, "runs": runs}
+    text = json.dumps(out, indent=2)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+    print(text)
+    return out
+
+
+if __name__ == "__main__":
+    main()
