@@ -213,7 +213,7 @@ def _register_optional():
     """Commands that live in their own packages (they import torch lazily, inside the command)."""
     import importlib
     for module, names in ((".ring.cli", ("ring",)), (".export.cli", ("export", "run")),
-                          (".analyze.cli", ("analyze",))):
+                          (".analyze.cli", ("analyze",)), (".profile.cli", ("profile", "report"))):
         try:
             mod = importlib.import_module(module, __package__)
         except ImportError:

@@ -1,0 +1,79 @@
+"""One profile run, in its own process: `python -m edgekv.profile.child JSON_ARGS`. Prints one JSON line.
+
+Order: the interpreter alone -> import the runtime (its baseline) -> load the artifact (weights + zeroed state) ->
+prefill ctx tokens in the artifact's chunks -> decode `steps` tokens, timing each. A watchdog thread samples VmRSS
+every few ms; above `limit_bytes` it reports how far the run got and exits (status "exceeded"), so a run that does not
+fit is shown, not assumed, and nothing else on the machine is pushed out.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+
+from .procmem import hwm, reset_hwm, rss
+
+PROGRESS = {"phase": "start", "step": 0}
+
+
+def _watchdog(limit: int, out: dict):
+    while True:
+        r = rss()
+        if r > limit:
+            out.update(status="exceeded", reached=dict(PROGRESS), peak_bytes=max(r, hwm()),
+                       limit_bytes=limit)
+            sys.stdout.write(json.dumps(out) + "\n")
+            sys.stdout.flush()
+            os._exit(3)
+        time.sleep(0.002)
+
+
+def main(args: dict) -> dict:
+    out = {"ctx": args["ctx"], "steps": args["steps"], "runtime": args["runtime"], "status": "ok"}
+    out["python_bytes"] = rss()
+    if args.get("threads"):
+        os.environ["OMP_NUM_THREADS"] = str(args["threads"])
+    if args["runtime"] == "ort":
+        import onnxruntime  # noqa: F401
+    else:
+        from executorch.runtime import Runtime  # noqa: F401  (imports torch)
+    from pathlib import Path
+
+    from ..export.manifest import load_export  # our own reading code counts as baseline, not as the model
+    from ..export.runtime import open_stepper
+    out["runtime_baseline_bytes"] = rss()
+    out["hwm_reset"] = reset_hwm()
+    base_hwm = hwm()
+    if args.get("limit_bytes"):
+        threading.Thread(target=_watchdog, args=(args["limit_bytes"], out), daemon=True).start()
+    folder = Path(args["export"])
+    PROGRESS["phase"] = "load"
+    manifest = load_export(folder, check_hashes=False)
+    stepper = open_stepper(folder, manifest, args["runtime"], args.get("threads"))
+    out["after_load_bytes"] = rss()
+    tokens = args["tokens"]
+    PROGRESS["phase"] = "prefill"
+    t0 = time.perf_counter()
+    logits = stepper.prefill(tokens[:args["ctx"]])
+    out["prefill_seconds"] = time.perf_counter() - t0
+    nxt = int(logits[-1].argmax())
+    lat = []
+    PROGRESS["phase"] = "decode"
+    for i in range(args["steps"]):
+        PROGRESS["step"] = i
+        pos = args["ctx"] + i
+        t = time.perf_counter()
+        row = stepper.step([nxt], pos)
+        lat.append(time.perf_counter() - t)
+        nxt = int(row[-1].argmax())
+    out["latencies_s"] = lat
+    out["peak_bytes"] = max(hwm(), base_hwm)
+    out["rss_end_bytes"] = rss()
+    return out
+
+
+if __name__ == "__main__":
+    res = main(json.loads(sys.argv[1]))
+    sys.stdout.write(json.dumps(res) + "\n")

@@ -1,0 +1,155 @@
+"""`edgekv profile` and `edgekv report`. torch and the runtimes are imported inside the commands only."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from ..errors import EdgekvError
+
+APP = "org.edgekv.demo"
+ACTIVITY = f"{APP}/.BenchmarkActivity"
+REMOTE_DIR = "/data/local/tmp/edgekv"
+REMOTE_REPORT = f"/sdcard/Android/data/{APP}/files/report.json"
+
+
+@click.command("profile")
+@click.argument("export_dir", type=click.Path(file_okay=False))
+@click.option("--ctx", "ctx_text", default="256,1k", show_default=True,
+              help="contexts, comma-separated: each run is ctx - steps prompt tokens, then steps decoded")
+@click.option("--steps", default=32, show_default=True, type=click.IntRange(1, 100000), help="decode steps per run")
+@click.option("--runtime", type=click.Choice(["ort", "executorch"]), default=None,
+              help="default: ort when the export has model.onnx")
+@click.option("--limit", "limit_text", default=None, help="memory budget for the run, e.g. 600MB: a run above it is "
+              "stopped and reported with the step it reached")
+@click.option("--device", "device_name", default=None, help="use this device profile's app budget as --limit")
+@click.option("--threads", default=None, type=click.IntRange(1, 256))
+@click.option("--adb", "use_adb", is_flag=True, help="run on an attached Android phone through the demo app")
+@click.option("--serial", default=None, help="adb device serial (with --adb)")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--out", type=click.Path(dir_okay=False), help="also write the report JSON here")
+def profile(export_dir, ctx_text, steps, runtime, limit_text, device_name, threads, use_adb, serial, as_json, out):
+    """Measured peak memory (minus the runtime's baseline) and tokens/s of an export, against the plan."""
+    from ..units import parse_bytes, parse_ctx_list
+
+    ctxs = parse_ctx_list(ctx_text)
+    if use_adb:
+        report = adb_profile(Path(export_dir), ctxs, steps, runtime or "ort", serial)
+    else:
+        from ..devices import load_device
+        from .run import profile as run_profile, validate_report
+        device = load_device(device_name) if device_name else None
+        limit = parse_bytes(limit_text) if limit_text else None
+        err = click.get_text_stream("stderr")
+        report = run_profile(export_dir, ctxs, steps, runtime, limit, threads, device,
+                             progress=lambda c: err.write(f"profile: ctx {c} in a fresh process...\n"))
+        validate_report(report)
+    if out:
+        tmp = Path(out).with_suffix(".tmp")
+        tmp.write_text(json.dumps(report, indent=2) + "\n")
+        os.replace(tmp, out)
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        profile_table(report)
+
+
+def profile_table(report: dict) -> None:
+    from rich.table import Table
+
+    from ..render import console
+    from ..units import fmt_bytes
+    h = report["host"]
+    t = Table(title=f"edgekv profile — {report['artifact']} ({report.get('strategy', '')}) on {h['kind']}, "
+                    f"{report['runtime']}, bandwidth {h.get('bandwidth_bytes_per_s', 0) / 1e9:.1f} GB/s",
+              title_justify="left")
+    for col in ("ctx", "predicted", "measured", "error", "runtime baseline", "tok/s", "roofline", "p50 ms", "p90 ms",
+                "fits", "status"):
+        t.add_column(col, justify="right" if col not in ("fits", "status") else "left")
+    for r in report["runs"]:
+        m = r.get("measured_bytes")
+        t.add_row(str(r["ctx"]), fmt_bytes(r["predicted_bytes"], "MB", 1), fmt_bytes(m, "MB", 1) if m else "-",
+                  f"{r['error_pct']:+.1f}%" if r.get("error_pct") is not None else "-",
+                  fmt_bytes(r["runtime_baseline_bytes"], "MB", 1) if r.get("runtime_baseline_bytes") else "-",
+                  f"{r['tokens_per_s']:.1f}" if r.get("tokens_per_s") else "-",
+                  f"{r['roofline_tokens_per_s']:.1f}" if r.get("roofline_tokens_per_s") else "-",
+                  f"{r['latency_ms']['p50']:.1f}" if r["latency_ms"].get("p50") else "-",
+                  f"{r['latency_ms']['p90']:.1f}" if r["latency_ms"].get("p90") else "-",
+                  "[green]yes[/]" if r["fits"] else "[red]no[/]",
+                  r.get("status", "ok") + (f" at {r.get('reached_phase')} step {r['reached_step']}"
+                                           if r.get("status") == "exceeded" else ""))
+    c = console()
+    c.print(t)
+    c.print("MB = 1e6 bytes. measured = peak RSS (VmHWM) - the runtime's baseline RSS, each run in a fresh process; "
+            "predicted = the planner's weights + state (+ workspace); roofline = bandwidth / (weights + state bytes).")
+
+
+# ---- on a phone, through the demo app ----
+
+
+def _adb(serial: str | None, *args, timeout: float = 120) -> subprocess.CompletedProcess:
+    cmd = ["adb"] + (["-s", serial] if serial else []) + list(args)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def adb_profile(folder: Path, ctxs: list[int], steps: int, runtime: str, serial: str | None) -> dict:
+    if shutil.which("adb") is None:
+        raise EdgekvError("--adb needs the adb tool (apt-get install adb) and a phone with USB debugging on")
+    devs = [ln.split()[0] for ln in _adb(None, "devices").stdout.splitlines()[1:] if ln.strip().endswith("device")]
+    if not devs:
+        raise EdgekvError("no Android device attached (adb devices lists none): connect a phone with USB debugging on")
+    if serial and serial not in devs:
+        raise EdgekvError(f"device {serial} is not attached (attached: {', '.join(devs)})")
+    if _adb(serial, "shell", "pm", "path", APP).returncode != 0:
+        raise EdgekvError(f"the demo app {APP} is not installed on the phone: build android_demo/ in Android Studio "
+                          "and install it (see android_demo/README.md)")
+    from ..export.manifest import load_export
+    load_export(folder)
+    remote = f"{REMOTE_DIR}/{folder.name}"
+    _adb(serial, "shell", "rm", "-rf", remote)
+    p = _adb(serial, "push", str(folder), remote, timeout=1800)
+    if p.returncode != 0:
+        raise EdgekvError(f"adb push failed: {(p.stderr or p.stdout).strip().splitlines()[-1]}")
+    _adb(serial, "logcat", "-c")
+    _adb(serial, "shell", "am", "start", "-S", "-W", "-n", ACTIVITY, "--es", "export_dir", remote, "--es", "runtime",
+         runtime, "--es", "ctx", ",".join(map(str, ctxs)), "--ei", "steps", str(steps))
+    deadline = time.time() + 3600
+    while time.time() < deadline:
+        log = _adb(serial, "logcat", "-d", "-s", "edgekv").stdout
+        if "EDGEKV_DONE" in log:
+            if "EDGEKV_DONE error" in log:
+                raise EdgekvError("the app reported: " + log.split("EDGEKV_DONE error:")[-1].strip().splitlines()[0])
+            break
+        time.sleep(2)
+    else:
+        raise EdgekvError("the app did not finish within an hour (adb logcat -s edgekv shows its progress)")
+    local = folder / "report.android.json"
+    p = _adb(serial, "pull", REMOTE_REPORT, str(local))
+    if p.returncode != 0:
+        raise EdgekvError(f"could not pull {REMOTE_REPORT}: {(p.stderr or p.stdout).strip()}")
+    from .run import validate_report
+    report = json.loads(local.read_text())
+    validate_report(report)
+    return report
+
+
+@click.command("report")
+@click.argument("export_dir", type=click.Path(file_okay=False))
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="report.html (default: EXPORT_DIR/report.html); a .md name writes markdown")
+@click.option("--device", "device_name", default="pixel8", show_default=True, help="the phone to plan for")
+@click.option("--gpu", "gpu_name", default="h100", show_default=True, help="the datacenter baseline")
+@click.option("--ctx", "ctx_text", default=None, help="context for the plan and the baseline (default: max_ctx)")
+@click.option("--profile", "profile_json", type=click.Path(exists=True, dir_okay=False),
+              help="an `edgekv profile --out` JSON to include (default: run a quick profile now)")
+def report(export_dir, out, device_name, gpu_name, ctx_text, profile_json):
+    """One page: the plan, the measured profile, the analyzer's quality curve and the H100 baseline, side by side."""
+    from .page import build_report
+    path = build_report(Path(export_dir), out, device_name, gpu_name, ctx_text, profile_json)
+    click.echo(f"report written to {path}")

@@ -1,0 +1,165 @@
+"""`edgekv profile`: measured peak memory and speed of an export, next to what the planner predicted.
+
+Each (ctx) run is a fresh process (edgekv/profile/child.py) so its peak memory is its own. The parent measures this
+host's memory bandwidth in the same run (a torch reduction over a large fp32 tensor, best of 3; stack.md: np.sum is
+compute-bound here and must not be the roofline) and turns bytes-read-per-token into a roofline tokens/s.
+
+Report (edgekv/profile/report.schema.json; the Android app writes the same):
+  {"artifact", "runtime", "host": {...}, "runs": [{"ctx", "predicted_bytes", "measured_bytes",
+   "runtime_baseline_bytes", "tokens_per_s", "roofline_tokens_per_s", "latency_ms": {"p50", "p90"}, "fits", ...}]}
+measured_bytes = peak (VmHWM) - the runtime's own baseline (RSS after importing it, before loading the artifact).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import EdgekvError
+
+SCHEMA = Path(__file__).resolve().parent / "report.schema.json"
+
+
+def host_info() -> dict:
+    ram = None
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal:"):
+                ram = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return {"kind": f"{platform.system().lower()}-{platform.machine()}", "device": "host", "ram_bytes": ram,
+            "cores": os.cpu_count()}
+
+
+def measure_bandwidth(mib: int = 512, threads: int | None = None) -> float:
+    """Read bandwidth in bytes/s: best of 3 torch.sum over a fresh fp32 tensor of `mib` MiB."""
+    import time
+
+    import torch
+    if threads:
+        torch.set_num_threads(threads)
+    x = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+    best = 0.0
+    for _ in range(4):
+        t = time.perf_counter()
+        float(x.sum())
+        best = max(best, x.numel() * 4 / (time.perf_counter() - t))
+    return best
+
+
+def prompt_tokens(folder: Path, manifest: dict, n: int) -> list[int]:
+    """Real text (the stdlib docs) through the export's own tokenizer, repeated to n tokens."""
+    from ..analyze.run import default_text
+    tok = manifest.get("tokenizer")
+    text = default_text()
+    if tok and tok.get("file") and (folder / tok["file"]).is_file():
+        from tokenizers import Tokenizer
+        ids = Tokenizer.from_file(str(folder / tok["file"])).encode(text[:400_000]).ids
+    else:
+        ids = [b % manifest["model"]["vocab"] for b in text.encode()]
+    reps = n // max(len(ids), 1) + 1
+    return (ids * reps)[:n]
+
+
+def predicted(manifest: dict) -> dict:
+    """The planner's bytes for this artifact: its Deployment when the export recorded one, else weights + state."""
+    dep = manifest.get("deployment")
+    if dep and "bytes" in dep:
+        b = dep["bytes"]
+        return {"weights": int(b["weights"]), "state": int(b["state"]), "workspace": int(b.get("workspace", 0))}
+    return {"weights": int(manifest["weights"]["bytes"]), "state": int(manifest["state"]["bytes"]), "workspace": 0}
+
+
+def run_child(folder: Path, runtime: str, ctx: int, steps: int, tokens: list[int], limit: int | None,
+              threads: int | None, timeout: float = 1800) -> dict:
+    args = {"export": str(folder), "runtime": runtime, "ctx": ctx, "steps": steps, "tokens": tokens,
+            "limit_bytes": limit, "threads": threads}
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    try:
+        p = subprocess.run([sys.executable, "-m", "edgekv.profile.child", json.dumps(args)], capture_output=True,
+                           text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"ctx": ctx, "status": f"timed out after {timeout:.0f} s"}
+    line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("{")), None)
+    if line is None:
+        last = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"ctx": ctx, "status": f"failed (exit {p.returncode}): {last}"}
+    return json.loads(line)
+
+
+def profile(folder: str, ctxs: list[int], steps: int, runtime: str | None, limit: int | None,
+            threads: int | None, device=None, progress=None) -> dict:
+    from ..export.manifest import load_export
+
+    folder = Path(folder)
+    manifest = load_export(folder)  # checks every file's sha256 first
+    formats = [a["format"] for a in manifest["artifacts"]]
+    runtime = runtime or ("ort" if "onnx" in formats else "executorch")
+    max_ctx = int(manifest["max_ctx"])
+    for c in ctxs:  # as the Android app does: a run of ctx positions = ctx - steps prompt tokens + steps decoded
+        if c > max_ctx:
+            raise EdgekvError(f"ctx {c} exceeds this export's max_ctx {max_ctx}: export with --max-ctx {c} or more, "
+                              f"or profile a smaller --ctx")
+        if c <= steps:
+            raise EdgekvError(f"ctx {c} must be larger than --steps {steps} (a run is ctx - steps prompt tokens, "
+                              f"then steps decoded)")
+    budget = limit or (device.budget_bytes if device else None)
+    pred = predicted(manifest)
+    pred_total = sum(pred.values())
+    bw = measure_bandwidth(threads=threads)
+    read_per_token = pred["weights"] + pred["state"]  # every decode step reads the weights and the whole state
+    tokens = prompt_tokens(folder, manifest, max(ctxs))
+    runs = []
+    for c in ctxs:
+        if progress:
+            progress(c)
+        r = run_child(folder, runtime, c - steps, steps, tokens, budget, threads)
+        run = {"ctx": c, "steps": steps, "prompt_tokens": c - steps, "predicted_bytes": pred_total, "status": r.get("status", "ok"),
+               "predicted_components": pred, "roofline_tokens_per_s": bw / read_per_token}
+        base = r.get("runtime_baseline_bytes")
+        peak = r.get("peak_bytes")
+        run["runtime_baseline_bytes"] = base
+        run["peak_bytes"] = peak
+        run["measured_bytes"] = (peak - base) if (peak and base) else None
+        lat = r.get("latencies_s") or []
+        if lat:
+            ms = np.array(lat) * 1000
+            run["latency_ms"] = {"p50": float(np.percentile(ms, 50)), "p90": float(np.percentile(ms, 90))}
+            run["tokens_per_s"] = float(len(lat) / sum(lat))
+        else:
+            run["latency_ms"] = {"p50": None, "p90": None}
+            run["tokens_per_s"] = None
+        if r.get("prefill_seconds"):
+            run["prefill_seconds"] = r["prefill_seconds"]
+            run["prefill_tokens_per_s"] = (c - steps) / r["prefill_seconds"]
+        if r.get("after_load_bytes") and base:
+            run["measured_components"] = {"weights+state": r["after_load_bytes"] - base,
+                                          "workspace": (peak - r["after_load_bytes"]) if peak else None}
+        if run["measured_bytes"]:
+            run["error_pct"] = 100.0 * (run["measured_bytes"] - pred_total) / pred_total
+        if r.get("status") == "exceeded":
+            run["reached_step"] = r.get("reached", {}).get("step", 0)
+            run["reached_phase"] = r.get("reached", {}).get("phase")
+            run["fits"] = False
+        else:
+            run["fits"] = bool(peak is not None and (budget is None or peak <= budget))
+        runs.append(run)
+    host = host_info()
+    host["bandwidth_bytes_per_s"] = bw
+    host["threads"] = threads
+    return {"artifact": str(folder), "runtime": runtime, "host": host, "budget_bytes": budget,
+            "model": manifest["model"]["name"], "strategy": manifest["strategy"]["label"], "max_ctx": max_ctx,
+            "runs": runs}
+
+
+def validate_report(report: dict) -> None:
+    import jsonschema
+    jsonschema.validate(report, json.loads(SCHEMA.read_text()))
