@@ -1,0 +1,418 @@
+#!/usr/bin/env python
+"""Train the tiny byte-level fixtures in fixtures/tiny/: Mamba-1, Mamba-2, RWKV-4 (linear attention) and Llama.
+
+Each is a standard transformers model (MambaForCausalLM, Mamba2ForCausalLM, RwkvForCausalLM, LlamaForCausalLM)
+with a tiny config of about 1.8M parameters, trained from scratch on the bytes of the Python standard library's
+source (every *.py under sysconfig.get_paths()["stdlib"], site-packages excluded; pydoc_data/topics.py, which holds
+the text of the Python reference docs, is among them). Tokens are bytes: vocab_size 256, token id == byte value,
+bos/eos/pad id 0 (the NUL byte, which never occurs in the data); there is no tokenizer.
+
+    python scripts/train_tiny.py --model all                 # reproduces fixtures/tiny/{mamba,mamba2,rwkv,llama}
+    python scripts/train_tiny.py --model mamba2 --steps 50 --out /tmp/tiny   # a quick try
+
+Writes <out>/<model>/ with config.json + model.safetensors (save_pretrained, fp32) and train_log.json (loss curve,
+validation bits/byte, wall time, parameter count, config, data description, versions). Deterministic given the
+same stdlib, torch and thread count (seeded init, seeded windows).
+
+CPU notes. One thread by default (--threads): on a shared 2-core machine two OpenMP threads are often 10-20x slower
+for the recurrent models' small per-time-step ops. transformers' Mamba-1 CPU path (no mamba_ssm kernels) runs its
+selective scan as a Python loop whose backward re-materialises the whole (batch, d_inner, seq, state) tensor at every
+time step; while *training* only, this script swaps in an equivalent scan (same recurrence, unbind instead of
+indexing) that is ~20x faster to backpropagate, after checking on the model itself that it matches the stock path
+(max |logit diff| < 1e-4; measured 7e-6). The saved fixture is an ordinary MambaForCausalLM and every evaluation
+(validation, tests) uses the stock transformers code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import math
+import os
+import platform
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import numpy as np
+
+MODELS = ("mamba", "mamba2", "rwkv", "llama")
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "fixtures" / "tiny"
+
+SEQ_LEN = 256
+BATCH = 8
+VAL_WINDOWS = 32  # fixed validation windows of SEQ_LEN + 1 bytes
+EVAL_SLICE_BYTES = 2048  # the slice tests/test_fixtures.py scores (as 8 rows of 256)
+LONG_EVAL_BYTES = 4096  # one held-out sequence scored past the training length, for the record
+
+# Per-model defaults: the same data for every model (400 steps x 8 x 256 = 819,200 training bytes). Measured on a
+# shared 2-vCPU machine, one thread: llama ~0.5 s/step, mamba2 ~0.8 s, rwkv ~1.1 s, mamba ~3.5 s (with the training
+# scan; its cost is memory traffic on the (batch, 512, 256, 16) scan tensors, so batch 16 is ~4x slower per step,
+# not 2x) -- about 45 min of one core for all four, 27 of them Mamba-1.
+DEFAULTS = {
+    "llama": dict(steps=400, lr=3e-3),
+    "mamba2": dict(steps=400, lr=3e-3),
+    "rwkv": dict(steps=400, lr=3e-3),
+    "mamba": dict(steps=400, lr=3e-3),
+}
+RUN_ORDER = ("llama", "mamba2", "rwkv", "mamba")  # fastest first
+SEED = 1234
+BOS = EOS = PAD = 0  # NUL byte: valid token id, absent from the data
+
+
+# ----------------------------------------------------------------------------------------------------------- data
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_files() -> list[tuple[str, Path]]:
+    root = stdlib_root()
+    out = []
+    for p in root.rglob("*.py"):
+        rel = p.relative_to(root).as_posix()
+        if "site-packages" in p.relative_to(root).parts or "__pycache__" in rel:
+            continue
+        if p.is_file():
+            out.append((rel, p))
+    out.sort(key=lambda t: t[0])
+    return out
+
+
+def is_validation(rel: str) -> bool:
+    """Deterministic ~5% of files by a hash of the path; the docs file always trains."""
+    if rel == "pydoc_data/topics.py":
+        return False
+    return int(hashlib.sha256(rel.encode()).hexdigest(), 16) % 20 == 0
+
+
+def load_data():
+    train, val, val_files = [], [], []
+    n_train = 0
+    for rel, p in stdlib_files():
+        b = p.read_bytes()
+        if is_validation(rel):
+            val.append(b)
+            val_files.append((rel, len(b)))
+        else:
+            train.append(b)
+            n_train += 1
+    tr = np.frombuffer(b"".join(train), dtype=np.uint8)
+    va = np.frombuffer(b"".join(val), dtype=np.uint8)
+    desc = {
+        "source": "Python standard library source: every *.py under sysconfig.get_paths()['stdlib'] "
+        "(site-packages excluded), sorted by relative path, raw bytes, concatenated; includes "
+        "pydoc_data/topics.py (the reference docs' text), which is always in the training split",
+        "stdlib": str(stdlib_root()),
+        "python": platform.python_version(),
+        "split": "validation = files with int(sha256(relative path)) % 20 == 0",
+        "train_files": n_train,
+        "val_files": len(val_files),
+        "train_bytes": int(tr.size),
+        "val_bytes": int(va.size),
+        "train_sha256": hashlib.sha256(tr.tobytes()).hexdigest(),
+        "val_sha256": hashlib.sha256(va.tobytes()).hexdigest(),
+        "tokens": "bytes: token id == byte value, vocab 256; bos/eos/pad = 0 (NUL, absent from the data)",
+    }
+    return tr, va, val_files, desc
+
+
+def eval_slice_spec(val_files) -> dict:
+    """The fixed held-out slice the tests score: bytes [4096, 6144) of the first validation file >= 16 KB."""
+    rel = next(r for r, n in val_files if n >= 16384)
+    b = (stdlib_root() / rel).read_bytes()[4096 : 4096 + EVAL_SLICE_BYTES]
+    return {
+        "file": rel,
+        "offset": 4096,
+        "length": EVAL_SLICE_BYTES,
+        "sha256": hashlib.sha256(b).hexdigest(),
+        "bytes_b64": base64.b64encode(b).decode(),
+        "scored_as": f"{EVAL_SLICE_BYTES // SEQ_LEN} independent rows of {SEQ_LEN} bytes, {SEQ_LEN - 1} predictions each",
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------- models
+def make_config(name: str):
+    from transformers import LlamaConfig, Mamba2Config, MambaConfig, RwkvConfig
+
+    common = dict(vocab_size=256, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD)
+    if name == "mamba":
+        # d_inner 512, state 16, dt_rank 16
+        return MambaConfig(hidden_size=256, state_size=16, num_hidden_layers=4, expand=2, conv_kernel=4,
+                           tie_word_embeddings=True, use_mambapy=False, **common)
+    if name == "mamba2":
+        # hidden*expand = 512 = num_heads 8 * head_dim 64; one group; state 64
+        return Mamba2Config(hidden_size=256, state_size=64, num_hidden_layers=4, expand=2, head_dim=64,
+                            num_heads=8, n_groups=1, conv_kernel=4, chunk_size=64, tie_word_embeddings=True,
+                            **common)
+    if name == "rwkv":
+        # RWKV-4; rescale_every 0 so eval-mode weights equal the trained ones; context_length only sizes the CUDA
+        # kernel (the recurrence itself has no length limit)
+        return RwkvConfig(hidden_size=192, num_hidden_layers=4, attention_hidden_size=192, intermediate_size=640,
+                          context_length=8192, rescale_every=0, tie_word_embeddings=False, **common)
+    if name == "llama":
+        return LlamaConfig(hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                           num_key_value_heads=4, max_position_embeddings=8192,
+                           rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+                           tie_word_embeddings=True, **common)
+    raise ValueError(name)
+
+
+def model_class(name: str):
+    import transformers
+
+    return {
+        "mamba": transformers.MambaForCausalLM,
+        "mamba2": transformers.Mamba2ForCausalLM,
+        "rwkv": transformers.RwkvForCausalLM,
+        "llama": transformers.LlamaForCausalLM,
+    }[name]
+
+
+def count_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def bits_per_byte(model, rows) -> float:
+    """Mean next-byte cross-entropy in bits over rows (int64 tensor [n, L]); stock forward, no grad."""
+    import torch
+    import torch.nn.functional as F
+
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=rows[:, :-1]).logits.float()
+        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1))
+    return float(nll) / math.log(2)
+
+
+def slice_rows(b: bytes):
+    import torch
+
+    a = torch.tensor(list(b), dtype=torch.long)
+    return a.view(-1, SEQ_LEN)
+
+
+# ------------------------------------------------------------------------------------- Mamba-1 training-only scan
+def _train_selective_scan(hidden_states, dt, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+                          return_last_state=False, **kwargs):
+    """Same maths as transformers' mamba_selective_scan recurrent branch; unbind() instead of per-step indexing
+    so that backward is a single stack rather than one full-size zero tensor per time step."""
+    import torch
+    import torch.nn.functional as F
+
+    input_dtype = hidden_states.dtype
+    if delta_bias is not None:
+        dt = dt + delta_bias.to(dt.dtype)[..., None]
+    if delta_softplus:
+        dt = F.softplus(dt)
+    B = B.transpose(1, 2)  # [b, L, n]
+    C = C.transpose(1, 2)
+    dA = torch.exp(A[None, :, None, :] * dt[:, :, :, None])  # [b, d, L, n]
+    dBu = dt[:, :, :, None] * B[:, None, :, :].float() * hidden_states[:, :, :, None].float()
+    h = torch.zeros(hidden_states.shape[0], hidden_states.shape[1], A.shape[-1], dtype=input_dtype,
+                    device=hidden_states.device)
+    hs = []
+    for a_t, b_t in zip(dA.unbind(2), dBu.unbind(2)):
+        h = a_t * h + b_t
+        hs.append(h)
+    states = torch.stack(hs, dim=2)  # [b, d, L, n]
+    y = (states.to(input_dtype) * C[:, None, :, :]).sum(-1)
+    if D is not None:
+        y = y + hidden_states * D[None, :, None]
+    if z is not None:
+        y = y * F.silu(z)
+    if return_last_state:
+        return y, h
+    return y
+
+
+class _patched_mamba_scan:
+    def __enter__(self):
+        import transformers.models.mamba.modeling_mamba as mm
+
+        self.mm, self.orig = mm, mm.mamba_selective_scan
+        mm.mamba_selective_scan = _train_selective_scan
+
+    def __exit__(self, *exc):
+        self.mm.mamba_selective_scan = self.orig
+
+
+# ------------------------------------------------------------------------------------------------------- training
+def lr_at(step: int, steps: int, peak: float) -> float:
+    warm = max(1, steps // 20)
+    if step < warm:
+        return peak * (step + 1) / warm
+    p = (step - warm) / max(1, steps - warm)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+def train_one(name: str, steps: int, lr: float, out: Path, data, threads: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+    import transformers
+
+    tr, va, val_files, desc = data
+    cpu0 = time.process_time()
+    torch.set_num_threads(threads)
+    torch.manual_seed(SEED)
+    cfg = make_config(name)
+    model = model_class(name)(cfg).float()
+    n_params = count_params(model)
+    print(f"[{name}] {n_params:,} parameters, {steps} steps x {BATCH}x{SEQ_LEN} bytes, lr {lr}", flush=True)
+
+    rng = np.random.default_rng(SEED)
+    vrng = np.random.default_rng(SEED + 1)
+    vstarts = vrng.integers(0, va.size - SEQ_LEN - 1, size=VAL_WINDOWS)
+    val_rows = torch.from_numpy(np.stack([va[s : s + SEQ_LEN + 1] for s in vstarts]).astype(np.int64))
+    spec = eval_slice_spec(val_files)
+    slice_b = base64.b64decode(spec["bytes_b64"])
+
+    scan_check = None
+    ctx = _patched_mamba_scan() if name == "mamba" else None
+    if ctx is not None:  # verify the training scan against the stock path on this very model
+        x = val_rows[:4, :128]
+        model.eval()
+        with torch.no_grad():
+            ref = model(input_ids=x).logits
+            with _patched_mamba_scan():
+                alt = model(input_ids=x).logits
+        scan_check = float((ref - alt).abs().max())
+        print(f"[mamba] training scan vs stock path: max |logit diff| {scan_check:.2e}", flush=True)
+        assert scan_check < 1e-4, scan_check
+
+    decay, no_decay = [], []
+    for n, p in model.named_parameters():
+        (decay if p.dim() >= 2 and "embed" not in n else no_decay).append(p)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.95), eps=1e-8)
+
+    log = {
+        "model": name,
+        "class": type(model).__name__,
+        "params": n_params,
+        "config": cfg.to_dict(),
+        "data": desc,
+        "training": {
+            "steps": steps, "batch": BATCH, "seq_len": SEQ_LEN, "optimizer": "AdamW(betas=(0.9,0.95), "
+            "weight_decay=0.1 on matrices, 0 on vectors/embeddings)", "lr_peak": lr,
+            "schedule": "linear warmup 5% of steps, cosine decay to 10% of peak", "grad_clip": 1.0, "seed": SEED,
+            "windows": "uniform random start offsets into the concatenated training bytes",
+            "threads": threads, "dtype": "float32",
+            "mamba_training_scan": None if scan_check is None else
+            f"equivalent unbind-based selective scan while training; max |logit diff| vs stock {scan_check:.2e}",
+        },
+        "validation": f"{VAL_WINDOWS} fixed windows of {SEQ_LEN + 1} bytes from the held-out files "
+                      f"(seed {SEED + 1}); bits/byte = mean next-byte cross-entropy / ln 2",
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "numpy": np.__version__, "python": platform.python_version()},
+        "train_curve": {"step": [], "bits_per_byte": [], "wall_s": []},
+        "val_curve": {"step": [], "bits_per_byte": [], "wall_s": []},
+    }
+    d = out / name
+    d.mkdir(parents=True, exist_ok=True)
+
+    def write_log():
+        (d / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
+
+    init_val = bits_per_byte(model, val_rows)
+    log["val_curve"]["step"].append(0)
+    log["val_curve"]["bits_per_byte"].append(round(init_val, 4))
+    log["val_curve"]["wall_s"].append(0.0)
+    print(f"[{name}] step 0 val {init_val:.3f} bits/byte", flush=True)
+
+    log_every, val_every = 10, max(10, steps // 8)
+    t0 = time.time()
+    acc, nacc = 0.0, 0
+    for step in range(steps):
+        model.train()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, lr)
+        starts = rng.integers(0, tr.size - SEQ_LEN - 1, size=BATCH)
+        xb = torch.from_numpy(np.stack([tr[s : s + SEQ_LEN + 1] for s in starts]).astype(np.int64))
+        if ctx is not None:
+            with ctx:
+                logits = model(input_ids=xb[:, :-1]).logits
+        else:
+            logits = model(input_ids=xb[:, :-1]).logits
+        loss = F.cross_entropy(logits.float().reshape(-1, 256), xb[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        acc += loss.item() / math.log(2)
+        nacc += 1
+        done = step + 1
+        if done % log_every == 0 or done == steps:
+            el = time.time() - t0
+            log["train_curve"]["step"].append(done)
+            log["train_curve"]["bits_per_byte"].append(round(acc / nacc, 4))
+            log["train_curve"]["wall_s"].append(round(el, 1))
+            msg = f"[{name}] step {done}/{steps} train {acc / nacc:.3f} bits/byte"
+            acc, nacc = 0.0, 0
+            if done % val_every == 0 or done == steps:
+                v = bits_per_byte(model, val_rows)
+                log["val_curve"]["step"].append(done)
+                log["val_curve"]["bits_per_byte"].append(round(v, 4))
+                log["val_curve"]["wall_s"].append(round(time.time() - t0, 1))
+                msg += f"  val {v:.3f}"
+                write_log()
+            eta = (time.time() - t0) / done * (steps - done)
+            print(f"{msg}  {el:.0f}s elapsed, ETA {eta:.0f}s", flush=True)
+    wall = time.time() - t0
+
+    # final numbers with the stock forward: held-out windows, the test slice, and a long held-out sequence
+    final_val = log["val_curve"]["bits_per_byte"][-1]
+    slice_bpb = bits_per_byte(model, slice_rows(slice_b))
+    spec["bits_per_byte"] = round(slice_bpb, 4)
+    long_rel = next(r for r, n in val_files if n >= LONG_EVAL_BYTES + 1024 and r != spec["file"])
+    lb = (stdlib_root() / long_rel).read_bytes()[:LONG_EVAL_BYTES + 1]
+    lrow = torch.tensor(list(lb), dtype=torch.long)[None]
+    model.eval()
+    with torch.no_grad():
+        lg = model(input_ids=lrow[:, :-1]).logits.float()[0]
+        nll = F.cross_entropy(lg, lrow[0, 1:], reduction="none") / math.log(2)
+    buckets = [(0, 256), (256, 512), (512, 1024), (1024, 2048), (2048, 4096)]
+    log["long_sequence_eval"] = {
+        "file": long_rel, "bytes": LONG_EVAL_BYTES,
+        "note": f"one sequence, positions past the training length {SEQ_LEN} included",
+        "bits_per_byte_by_position": {f"{a}-{b}": round(float(nll[a:b].mean()), 4) for a, b in buckets},
+    }
+    log["eval_slice"] = spec
+    log["final"] = {"val_bits_per_byte": final_val, "eval_slice_bits_per_byte": round(slice_bpb, 4),
+                    "train_wall_s": round(wall, 1),
+                    "cpu_s": round(time.process_time() - cpu0, 1)}
+    model.save_pretrained(d, safe_serialization=True)
+    write_log()
+    size = sum(f.stat().st_size for f in d.iterdir())
+    print(f"[{name}] done: val {final_val:.3f} bits/byte, test slice {slice_bpb:.3f}, {wall:.0f}s, "
+          f"folder {size / 1e6:.2f} MB, long-seq {log['long_sequence_eval']['bits_per_byte_by_position']}",
+          flush=True)
+    return log
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, choices=MODELS + ("all",))
+    ap.add_argument("--steps", type=int, default=None, help="override the per-model default step count")
+    ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    names = RUN_ORDER if a.model == "all" else (a.model,)
+    t = time.time()
+    data = load_data()
+    print(f"data: {data[3]['train_files']} train files ({data[3]['train_bytes']:,} bytes), "
+          f"{data[3]['val_files']} validation files ({data[3]['val_bytes']:,} bytes), {time.time() - t:.1f}s",
+          flush=True)
+    for n in names:
+        dflt = DEFAULTS[n]
+        train_one(n, a.steps or dflt["steps"], a.lr or dflt["lr"], a.out, data, a.threads)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
