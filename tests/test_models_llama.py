@@ -169,3 +169,36 @@ def test_smollm2_layout_is_the_planners_layout(smollm2, gguf_path):
     ours = smollm2[0]
     assert ours.layout == build_layout(read_gguf(gguf_path), FP32, 128)
     assert ours.args.n_layers == 30 and ours.args.n_kv_heads == 3 and ours.args.tied
+
+
+def test_sharded_safetensors_folder_loads_like_a_single_file(tmp_path):
+    ref = tiny_hf("llama", tmp_path / "one")
+    ref.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    one = load_model(str(tmp_path / "one"), FP32, max_ctx=16).module
+    sharded = load_model(str(tmp_path / "sharded"), FP32, max_ctx=16).module
+    for (n, a), (_, b) in zip(one.state_dict().items(), sharded.state_dict().items()):
+        assert torch.equal(a, b), n
+
+
+def test_llama3_rope_matches_transformers_and_gguf_rope_freqs_factors():
+    """Llama-3.1 rope scaling two ways: the config formula, and llama.cpp's rope_freqs.weight factors (a GGUF stores
+    llama3 scaling as per-frequency divisors of the default inverse frequencies)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from edgekv.models.llama import LlamaArgs, rope_inv_freq
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+    cfg = transformers.LlamaConfig(hidden_size=2048, num_attention_heads=32, head_dim=64, rope_theta=500000.0,
+                                   rope_scaling=scaling, max_position_embeddings=131072)
+    want, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg)
+    base = dict(vocab=8, hidden=2048, n_layers=1, n_heads=32, n_kv_heads=8, head_dim=64, intermediate=8,
+                rope_theta=500000.0, max_position=131072)
+    ours = rope_inv_freq(LlamaArgs(**base, rope_scaling=scaling))
+    assert torch.allclose(ours, want, rtol=1e-6)
+    default = rope_inv_freq(LlamaArgs(**base))
+    factors = (default / want).tolist()  # what convert_hf_to_gguf writes as rope_freqs.weight
+    assert max(factors) == pytest.approx(8.0) and min(factors) == pytest.approx(1.0)
+    via_gguf = rope_inv_freq(LlamaArgs(**base, rope_freq_factors=factors))
+    assert torch.allclose(via_gguf, want, rtol=1e-6)

@@ -23,8 +23,6 @@ class Loaded:
 
 def load_model(spec: str, strategy, max_ctx: int) -> Loaded:
     """Resolve spec (file, folder or packaged name), read Arch + weights, build the StateLayout and the module."""
-    import torch
-
     from ..arch import arch_from_config, read_config_json
     from ..strategies import NotApplicable, build_layout
     from .llama import Llama, args_from_hf_config

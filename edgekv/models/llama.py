@@ -15,11 +15,15 @@ and past_key_values.{i}.value of shape [1, Hkv, T, D] in the strategy's dtype. N
 the same module traces to a pure function for torch.export / ONNX / ExecuTorch. Where this differs from
 transformers' LlamaModel, and why the numbers are the same:
   - the cache is a fixed [1, Hkv, T, D] tensor; slot t holds the key/value of position t. A call writes its C
-    positions with a one-hot matrix and torch.where (accepted by both exporters and by XNNPACK; an index_put would not
-    be) and attends over all T slots, masking slots > the query's position. Unwritten or stale slots are always masked,
-    so they contribute exp(-inf) = 0, exactly as if they did not exist.
-  - GQA without repeat_kv: the query is reshaped to [1, Hkv, G*C, D] so each KV head is read once (query head h uses
+    positions through a one-hot [T, C] matrix (cache * keep + placed; see Attention._write) and attends over all T
+    slots with an additive mask (-inf for slots > the query's position). Unwritten or stale slots are always masked,
+    so they contribute exp(-inf) = 0, exactly as if they did not exist. No index_put, no torch.where, no 4-D
+    broadcast matmul inside a layer: with a fp32 cache every op in a layer is one XNNPACK delegates, so the layers
+    form one partition (with torch.where and 4-D matmuls each layer was cut into 8 partitions with portable-kernel
+    copies of the cache between them). A fp16 cache adds two casts per cache, which XNNPACK does not take.
+  - GQA without repeat_kv: the query is reshaped to [Hkv, G*C, D] so each KV head is read once (query head h uses
     KV head h // G, as repeat_kv does).
+  - RMSNorm's mean over d is taken as a 4-D mean over the two innermost dims (the form XNNPACK delegates).
   - cos/sin are computed from the positions on the fly (position * inv_freq in fp32, as LlamaRotaryEmbedding does),
     not read from a [max_ctx, D] table.
   - a fp16 cache stores keys/values rounded to fp16 and computes attention in fp32 after reading them back.
@@ -79,7 +83,8 @@ def args_from_hf_config(cfg: dict, where: str = "config.json") -> LlamaArgs:
     """transformers' config.json -> LlamaArgs, with transformers' defaults for the fields it defaults."""
     mt = cfg.get("model_type")
     if mt not in SUPPORTED_TYPES:
-        raise EdgekvError(f"{where}: model_type {mt!r} has no export module yet (supported: {', '.join(SUPPORTED_TYPES)})")
+        raise EdgekvError(f"{where}: model_type {mt!r} has no export module yet "
+                          f"(supported: {', '.join(SUPPORTED_TYPES)})")
     act = cfg.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise EdgekvError(f"{where}: hidden_act {act!r} is not supported (the llama module implements SwiGLU/silu)")
@@ -125,7 +130,13 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):  # [..., d] -> [..., d]
         x32 = x.float()
-        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        sq = x32.pow(2)
+        if sq.dim() == 3:  # [1, C, d] -> [1, C, 1, d]: a mean over the two innermost dims of a 4-D tensor is the
+            b, c, d = sq.shape  # only mean XNNPACK delegates
+            ms = sq.view(b, c, 1, d).mean((2, 3), keepdim=True).view(b, c, 1)
+        else:
+            ms = sq.mean(-1, keepdim=True)
+        return self.weight * (x32 * torch.rsqrt(ms + self.eps)).to(x.dtype)
 
 
 def rope_inv_freq(a: LlamaArgs) -> torch.Tensor:
@@ -167,30 +178,42 @@ class Attention(nn.Module):
 
     @staticmethod
     def _write(cache, new, write, keep):
-        """cache [1, Hkv, T, D] with the C rows of new [1, Hkv, C, D] written at the one-hot slots of write [T, C]."""
-        if isinstance(new.shape[2], int) and new.shape[2] == 1:
-            placed = write * new  # [T, 1] * [1, Hkv, 1, D]: a broadcast multiply, no matmul
-        else:
-            placed = write @ new  # [T, C] @ [1, Hkv, C, D], exact: one non-zero term per written slot
-        return (cache * keep.to(cache.dtype) + placed.to(cache.dtype))
+        """cache [1, Hkv, T, D] with the C rows of new [C, Hkv, D] written at the one-hot slots of write [T, C]
+        -> ([1, Hkv, T, D] in the cache dtype, [Hkv, T, D] fp32 as stored, for attention).
+
+        keep [T, 1] (in the cache dtype) is 1 where a slot keeps its value, 0 where this call writes it. Slots are
+        blended arithmetically (cache * keep + placed) rather than with torch.where: XNNPACK delegates mul/add but
+        not where, and a partition break per cache costs a portable-kernel copy per layer per step. Exact: one
+        operand of the sum is always 0 (the cache holds finite values; an inf in a fp16 cache would already be a
+        broken model)."""
+        c, hkv, d = new.shape
+        t = write.shape[0]
+        if isinstance(c, int) and c == 1:  # decode: a broadcast multiply, [T, 1] * [Hkv, 1, D]
+            placed = write * new.permute(1, 0, 2)
+        else:  # prefill: [1, T, C] @ [1, C, Hkv*D], exact (one non-zero term per written slot); a bmm, because
+            # XNNPACK's mm wants a constant weight
+            placed = torch.bmm(write.view(1, t, c), new.reshape(1, c, hkv * d)).view(t, hkv, d).permute(1, 0, 2)
+        stored = cache.view(hkv, t, d) * keep + placed.to(cache.dtype)
+        return stored.view(1, hkv, t, d), stored.float()
 
     def forward(self, x, cos, sin, write, keep, mask, k_cache, v_cache):
-        """x [1, C, d]; cos, sin [C, D]; write [T, C] one-hot (slot t <- token c); written [T, 1] bool;
-        allowed [G*C, T] bool; k_cache, v_cache [1, Hkv, T, D]  ->  out [1, C, d], new k_cache, new v_cache."""
+        """x [1, C, d]; cos, sin [C, 1, D]; write [T, C] one-hot (slot t <- token c); keep [T, 1];
+        mask [G*C, T] additive (0 or -inf); k_cache, v_cache [1, Hkv, T, D]
+        ->  out [1, C, d], new k_cache, new v_cache.   Matmuls are 3-D (bmm): no broadcast expand copies."""
         c = x.shape[1]
-        q = self.q_proj(x).view(1, c, self.h, self.dh).transpose(1, 2)  # [1, H, C, D]
-        k = self.k_proj(x).view(1, c, self.hkv, self.dh).transpose(1, 2)  # [1, Hkv, C, D]
-        v = self.v_proj(x).view(1, c, self.hkv, self.dh).transpose(1, 2)
+        g = self.h // self.hkv
+        q = self.q_proj(x).view(c, self.h, self.dh)
+        k = self.k_proj(x).view(c, self.hkv, self.dh)
+        v = self.v_proj(x).view(c, self.hkv, self.dh)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        k_cache = self._write(k_cache, k, write, keep)
-        v_cache = self._write(v_cache, v, write, keep)
-        g = self.h // self.hkv
-        qg = q.contiguous().view(1, self.hkv, g * c, self.dh)  # query head h = kv*G + g -> row g*C + c of KV head kv
-        scores = (qg @ k_cache.float().transpose(-1, -2)) * (1.0 / math.sqrt(self.dh))  # [1, Hkv, G*C, T]
-        scores = scores + mask
-        out = torch.softmax(scores, dim=-1) @ v_cache.float()  # [1, Hkv, G*C, D]
-        out = out.view(1, self.h, c, self.dh).transpose(1, 2).contiguous().view(1, c, self.h * self.dh)
+        k_cache, kf = self._write(k_cache, k, write, keep)  # kf, vf: [Hkv, T, D]
+        v_cache, vf = self._write(v_cache, v, write, keep)
+        # query head h = kv*G + g (repeat_kv's order) -> row g*C + c of KV head kv
+        qg = q.view(c, self.hkv, g, self.dh).permute(1, 2, 0, 3).reshape(self.hkv, g * c, self.dh)
+        scores = torch.bmm(qg, kf.transpose(1, 2)) * (1.0 / math.sqrt(self.dh)) + mask  # [Hkv, G*C, T]
+        out = torch.bmm(torch.softmax(scores, dim=-1), vf)  # [Hkv, G*C, D]
+        out = out.view(self.hkv, g, c, self.dh).permute(2, 0, 1, 3).reshape(1, c, self.h * self.dh)
         return self.o_proj(out), k_cache, v_cache
 
 
@@ -269,12 +292,12 @@ class Llama(nn.Module):
         positions = pos + torch.arange(c, dtype=torch.int64)  # [C]
         slots = torch.arange(t_slots, dtype=torch.int64)  # [T]
         write = (slots[:, None] == positions[None, :]).float()  # [T, C]
-        keep = ((slots < pos) | (slots >= pos + c)).float()[:, None]  # [T, 1]
+        keep = ((slots < pos) | (slots >= pos + c)).to(self.cache_dtype)[:, None]  # [T, 1]
         allowed = slots[None, :] <= positions.repeat(g)[:, None]  # [G*C, T]
         mask = torch.where(allowed, 0.0, float("-inf"))
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [C, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos(), emb.sin()
+        cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]  # [C, 1, D]
 
         x = self.model.embed_tokens(tokens)  # [1, C, d]
         new_state = []

@@ -161,7 +161,8 @@ def load_gguf(path: str | Path) -> tuple[dict, dict, list[float] | None, list[st
         try:
             a = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
         except Exception as e:
-            raise EdgekvError(f"{p}: cannot dequantize {t.name} ({t.tensor_type.name}: {type(e).__name__}: {e})") from None
+            raise EdgekvError(f"{p}: cannot dequantize {t.name} "
+                              f"({t.tensor_type.name}: {type(e).__name__}: {e})") from None
         a = a.reshape(tuple(int(d) for d in reversed(t.shape.tolist())))
         if t.name == "rope_freqs.weight":
             freq_factors = a.tolist()

@@ -1,0 +1,125 @@
+"""Click commands `export` and `run`; edgekv/cli.py registers them. Imported when `edgekv` starts, so nothing
+heavy at module level: torch, ExecuTorch and ONNX Runtime are imported inside the commands.
+
+Standalone (before the main CLI registers them): python -m edgekv.export.cli export|run ...
+"""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..errors import EdgekvError
+
+
+def _quiet() -> None:
+    """Keep the toolchain's import-time chatter (torchao's optional kernels, torch's pytree deprecations,
+    FutureWarnings) out of the command's output; errors still surface as EdgekvError lines."""
+    import logging
+    import warnings
+
+    for name in ("torchao", "torch.utils._pytree", "torch.onnx", "torch._export", "torch.export", "executorch"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    for cat in (FutureWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", category=cat)
+    warnings.filterwarnings("ignore", module=r"(torch|executorch|onnxscript|torchao)\.")
+
+
+def _need(module: str) -> None:
+    import importlib
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise EdgekvError(f"this command needs {module}: pip install 'edgekv[runtime]'") from None
+
+
+@click.command("export")
+@click.option("--model", required=True, help="a .gguf file, an HF folder (config.json + *.safetensors), "
+              "or a packaged model name: smollm2-135m")
+@click.option("--strategy", default="kv", show_default=True,
+              help="state strategy: kv (fp16 cache) or kv:dtype=fp32; others are not exportable yet")
+@click.option("--format", "formats", default="onnx", show_default=True, help="onnx, pte, or onnx,pte")
+@click.option("--max-ctx", "max_ctx", default="512", show_default=True, help="cache slots: 512, 2k, 8k ...")
+@click.option("--out", required=True, help="export folder to create (e.g. export/smollm2-kv)")
+@click.option("--prefill-chunk", default=32, show_default=True, type=click.IntRange(1),
+              help="tokens per call of the .pte prefill method")
+@click.option("--verify-steps", default=16, show_default=True, type=click.IntRange(0),
+              help="decode steps compared against eager torch after the prompt")
+@click.option("--force", is_flag=True, help="replace --out if it exists")
+@click.option("--threads", type=click.IntRange(1), default=None,
+              help="compute threads for tracing and verification (torch, ONNX Runtime, XNNPACK); on a machine "
+              "shared with other jobs, 1 avoids thread-barrier stalls")
+def export_cmd(model, strategy, formats, max_ctx, out, prefill_chunk, verify_steps, force, threads):
+    """Export a model's decode step (state as explicit inputs/outputs) to ONNX and/or ExecuTorch, verify it
+    against eager PyTorch, and write manifest.json + tokenizer.json beside it."""
+    from pathlib import Path
+
+    from ..units import fmt_bytes, parse_ctx
+
+    _need("torch")  # first: torch configures its loggers on import, _quiet then quiets them
+    _quiet()
+    from .pipeline import ExportOptions, export_model, parse_formats
+
+    opts = ExportOptions(model=model, strategy=strategy, formats=parse_formats(formats), max_ctx=parse_ctx(max_ctx),
+                         out=Path(out), prefill_chunk=prefill_chunk, verify_steps=verify_steps, force=force,
+                         threads=threads)
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    status = (lambda line: console.status(line)) if console.is_terminal else None
+    m = export_model(opts, echo=lambda s: click.echo(s, err=True), status=status)
+    click.echo(f"wrote {out}: " + ", ".join(f"{n} ({fmt_bytes(f['bytes'], 'MB')})" for n, f in m["files"].items()))
+    click.echo(f"state: {m['state']['strategy']} at max_ctx {m['max_ctx']}: {fmt_bytes(m['state']['bytes'], 'MiB')}"
+               f" ({len(m['state']['tensors'])} tensors)")
+    for fmt, v in m["verification"].items():
+        click.echo(f"verified {fmt}: max |logit diff| {v['max_abs_diff']:.2e} (scale {v['logit_scale']:.1f}), "
+                   f"top-1 {v['top1_agreement']:.1%} over {v['positions_compared']} positions")
+
+
+@click.command("run")
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--prompt", required=True)
+@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1))
+@click.option("--runtime", type=click.Choice(["ort", "executorch"]), default=None,
+              help="default: ort when the export has an ONNX model, else executorch")
+@click.option("--threads", type=click.IntRange(1), default=None,
+              help="compute threads (ONNX Runtime intra-op, ExecuTorch XNNPACK threadpool); default: the runtime's")
+def run_cmd(folder, prompt, max_new_tokens, runtime, threads):
+    """Greedy generation from an export folder: its runtime, manifest and tokenizer only (hashes checked)."""
+    from .generate import generate, open_export
+
+    for module in (("torch", "executorch") if runtime == "executorch" else ("onnxruntime",)):
+        _need(module)  # torch first, as in export
+    _quiet()
+    manifest, stepper, tok = open_export(folder, runtime, threads)
+    r = generate(manifest, stepper, tok, prompt, max_new_tokens, emit=lambda s: click.echo(s, nl=False),
+                 after_prefill=lambda: click.echo(prompt, nl=False))
+    click.echo()
+    rate = f", decode {r['decode_tok_s']:.1f} tok/s" if r["decode_tok_s"] else ""
+    click.echo(f"[{r['prompt_tokens']} prompt tokens, prefill {r['prefill_s'] * 1e3:.0f} ms; {r['new_tokens']} new "
+               f"tokens{rate}; stopped at {r['stopped']}]", err=True)
+
+
+class _Group(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except EdgekvError as e:
+            click.echo(f"edgekv: error: {e}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Group)
+def cli():
+    """edgekv export / run, standalone."""
+
+
+cli.add_command(export_cmd)
+cli.add_command(run_cmd)
+
+if __name__ == "__main__":
+    cli()
+
+# the names edgekv/cli.py may import
+export = export_cmd
+run = run_cmd

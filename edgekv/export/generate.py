@@ -1,0 +1,75 @@
+"""`edgekv run`: greedy generation from an export with nothing but its runtime, its manifest and its tokenizer."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import EdgekvError
+
+CONTEXT_TOKENS = 8
+
+
+def open_export(folder: str | Path, runtime: str | None = None, threads: int | None = None):
+    """(manifest, stepper, tokenizer) for an export folder; hashes are checked first."""
+    from tokenizers import Tokenizer
+
+    from .manifest import load_export
+    from .runtime import open_stepper
+
+    d = Path(folder)
+    manifest = load_export(d)
+    formats = [a["format"] for a in manifest["artifacts"]]
+    if runtime is None:
+        runtime = "ort" if "onnx" in formats else "executorch"
+    if manifest["tokenizer"] is None:
+        raise EdgekvError(f"{d}: this export carries no tokenizer (its model folder had no tokenizer.json)")
+    tok = Tokenizer.from_file(str(d / manifest["tokenizer"]["file"]))
+    return manifest, open_stepper(d, manifest, runtime, threads), tok
+
+
+def generate(manifest: dict, stepper, tok, prompt: str, max_new_tokens: int, emit=None, after_prefill=None) -> dict:
+    """Greedy decoding; emit(text) receives each new piece of text as soon as it is complete UTF-8;
+    after_prefill() is called once the prompt is in the state (the runtime's own start-up logging is over by then)."""
+    t_info = manifest["tokenizer"]
+    ids = tok.encode(prompt).ids
+    if t_info["add_bos_token"] and t_info["bos_token_id"] is not None and ids[:1] != [t_info["bos_token_id"]]:
+        ids = [t_info["bos_token_id"]] + ids
+    if not ids:
+        raise EdgekvError("the prompt encodes to no tokens")
+    room = stepper.max_ctx - len(ids)
+    if room < 1:
+        raise EdgekvError(f"the prompt is {len(ids)} tokens; this export holds {stepper.max_ctx} (max_ctx)")
+    n_new = min(max_new_tokens, room)
+    eos = set(t_info["eos_token_ids"])
+    t0 = time.perf_counter()
+    logits = stepper.prefill(ids)
+    t_prefill = time.perf_counter() - t0
+    if after_prefill:
+        after_prefill()
+    out, shown, pos = [], "", len(ids)
+    # decode the new tokens after a little prompt context, so that decoders that join words (WordPiece,
+    # SentencePiece) put the right separator before the first new token
+    ctx = ids[-CONTEXT_TOKENS:]
+    base = tok.decode(ctx, skip_special_tokens=True)
+    nxt = int(np.argmax(logits[-1]))
+    t1 = time.perf_counter()
+    while True:
+        out.append(nxt)
+        full = tok.decode(ctx + out, skip_special_tokens=True)
+        text = full[len(base):] if full.startswith(base) else tok.decode(out, skip_special_tokens=True)
+        if emit and not text.endswith("\ufffd") and len(text) > len(shown):
+            emit(text[len(shown):])
+            shown = text
+        if nxt in eos or len(out) >= n_new:
+            break
+        nxt = int(np.argmax(stepper.step([nxt], pos)[-1]))
+        pos += 1
+    t_decode = time.perf_counter() - t1
+    steps = len(out) - 1  # decode calls made (the first new token came from the prefill)
+    return {"prompt_tokens": len(ids), "new_tokens": len(out), "tokens": out,
+            "text": text, "prefill_s": t_prefill,
+            "prefill_tok_s": len(ids) / t_prefill if t_prefill > 0 else None,
+            "decode_tok_s": steps / t_decode if steps and t_decode > 0 else None,
+            "stopped": "eos" if out[-1] in eos else ("max_ctx" if n_new < max_new_tokens else "max_new_tokens")}

@@ -1,0 +1,89 @@
+"""manifest.json: what an app (and `edgekv run`) reads to run an export, validated against manifest.schema.json.
+
+Pure Python + jsonschema: no torch. Loading an export checks the sha256 of every file the manifest lists, so a
+corrupted or swapped artifact fails in one line before any runtime touches it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from ..errors import EdgekvError
+
+SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
+MANIFEST = "manifest.json"
+
+
+def schema() -> dict:
+    return json.loads(SCHEMA_PATH.read_text())
+
+
+def validate(manifest: dict, where: str = MANIFEST) -> None:
+    try:
+        import jsonschema
+    except ImportError:
+        raise EdgekvError("validating a manifest needs jsonschema (pip install jsonschema)") from None
+    try:
+        jsonschema.validate(manifest, schema())
+    except jsonschema.ValidationError as e:
+        path = "/".join(str(p) for p in e.absolute_path) or "(top level)"
+        raise EdgekvError(f"{where}: does not follow manifest.schema.json at {path}: {e.message}") from None
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_table(folder: Path) -> dict:
+    """{relative name: {sha256, bytes}} for every file in folder except the manifest."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and p.name != MANIFEST:
+            out[p.relative_to(folder).as_posix()] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+    return out
+
+
+def tensor_spec(name: str, dtype: str, shape) -> dict:
+    return {"name": name, "dtype": dtype, "shape": list(shape)}
+
+
+def entry_point(name: str, tokens, layout, vocab: int) -> dict:
+    """The inputs and outputs of one entry point: tokens, pos, then the state (StateLayout order), and back."""
+    state = layout.tensors
+    return {"name": name, "tokens": tokens,
+            "inputs": [tensor_spec("tokens", "int64", [1, tokens]), tensor_spec("pos", "int64", [1])]
+            + [tensor_spec(t.name, t.dtype, t.shape) for t in state],
+            "outputs": [tensor_spec("logits", "float32", [1, tokens, vocab])]
+            + [tensor_spec(t.output, t.dtype, t.shape) for t in state]}
+
+
+def write_manifest(folder: Path, manifest: dict) -> None:
+    validate(manifest, str(folder / MANIFEST))
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def load_export(folder: str | Path, check_hashes: bool = True) -> dict:
+    """Read and validate folder/manifest.json; with check_hashes, every listed file must exist with its sha256."""
+    d = Path(folder)
+    mp = d / MANIFEST
+    if not mp.is_file():
+        raise EdgekvError(f"{d}: no {MANIFEST} there (not an edgekv export?)")
+    try:
+        manifest = json.loads(mp.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise EdgekvError(f"{mp}: not valid JSON ({type(e).__name__}: {e})") from None
+    validate(manifest, str(mp))
+    if check_hashes:
+        for name, want in manifest["files"].items():
+            p = d / name
+            if not p.is_file():
+                raise EdgekvError(f"{p}: listed in the manifest but missing")
+            if p.stat().st_size != want["bytes"] or sha256_file(p) != want["sha256"]:
+                raise EdgekvError(f"{p}: sha256 does not match the manifest (changed or corrupted since export; "
+                                  "export again)")
+    return manifest

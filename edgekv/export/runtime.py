@@ -1,0 +1,181 @@
+"""Run an exported artifact step by step, with the state fed back: what an app does, and what verify compares.
+
+A Stepper holds the state tensors of one sequence and calls the artifact's entry points:
+    step(tokens, pos) -> logits [C, V] (numpy fp32) for the C tokens at positions pos..pos+C-1
+    prefill(tokens)   -> logits for every prompt token, in as many calls as the artifact needs
+Nothing here imports edgekv.models: an artifact runs from its manifest alone. (ExecuTorch's Python runtime imports
+torch itself; ONNX Runtime does not.)
+
+Fixed-size prefill (the .pte `prefill` method takes exactly `chunk` tokens): the last chunk is padded with token 0.
+The padding writes junk K/V into slots past the prompt; they are masked (slot > position) until the decode step at
+that position overwrites them, so the result is the same as an unpadded call.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import EdgekvError
+
+NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64}
+
+
+def entry(manifest: dict, fmt: str) -> dict:
+    for a in manifest["artifacts"]:
+        if a["format"] == fmt:
+            return a
+    have = ", ".join(a["format"] for a in manifest["artifacts"])
+    raise EdgekvError(f"this export has no {fmt} artifact (it has: {have})")
+
+
+class Stepper:
+    """The state of one sequence plus the artifact's step function."""
+
+    chunk: int | None = None  # fixed prefill length, or None when any C in 1..max_ctx works
+    max_chunk: int = 512  # split a longer prompt into calls of at most this many tokens
+
+    def __init__(self, manifest: dict):
+        self.manifest = manifest
+        self.state_specs = manifest["state"]["tensors"]
+        self.max_ctx = int(manifest["max_ctx"])
+        self.reset()
+
+    def reset(self):
+        self.state = [self._zeros(t["shape"], t["dtype"]) for t in self.state_specs]
+
+    def prefill(self, tokens: list[int], pos: int = 0) -> np.ndarray:
+        if pos + len(tokens) > self.max_ctx:
+            raise EdgekvError(f"{pos + len(tokens)} tokens exceed this export's max_ctx {self.max_ctx}")
+        rows, n = [], self.chunk or self.max_chunk
+        for s in range(0, len(tokens), n):
+            part = tokens[s:s + n]
+            rows.append(self.step(part, pos + s))
+        return np.concatenate(rows)
+
+    def step(self, tokens: list[int], pos: int) -> np.ndarray:
+        if not tokens:
+            raise EdgekvError("a step needs at least one token")
+        if pos < 0 or pos + len(tokens) > self.max_ctx:
+            raise EdgekvError(f"positions {pos}..{pos + len(tokens) - 1} are outside this export's max_ctx "
+                              f"{self.max_ctx}")
+        return self._call(tokens, pos)
+
+    def _zeros(self, shape, dtype):
+        raise NotImplementedError
+
+    def _call(self, tokens, pos) -> np.ndarray:
+        raise NotImplementedError
+
+
+class OrtStepper(Stepper):
+    """spin=False stops ORT's worker threads from busy-waiting between calls: needed when another compute library
+    (verify's eager torch) runs in the same process in between, or both slow down by 10-30x on a small machine."""
+
+    def __init__(self, manifest: dict, folder: Path, threads: int | None = None, spin: bool = True):
+        import onnxruntime as ort
+
+        a = entry(manifest, "onnx")
+        opts = ort.SessionOptions()
+        if threads:
+            opts.intra_op_num_threads = threads
+        if not spin:
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        try:
+            self.sess = ort.InferenceSession(str(folder / a["file"]), opts, providers=["CPUExecutionProvider"])
+        except Exception as e:  # ORT raises its own exception types for damaged models
+            raise EdgekvError(f"{folder / a['file']}: ONNX Runtime cannot load it ({type(e).__name__}: {e})") from None
+        ep = a["entry_points"][0]
+        self.in_names = [i["name"] for i in ep["inputs"]]
+        self.out_names = [o["name"] for o in ep["outputs"]]
+        super().__init__(manifest)
+
+    def _zeros(self, shape, dtype):
+        return np.zeros(shape, dtype=NP_DTYPES[dtype])
+
+    def _call(self, tokens, pos):
+        feed = {"tokens": np.asarray([tokens], dtype=np.int64), "pos": np.asarray([pos], dtype=np.int64)}
+        feed.update(zip(self.in_names[2:], self.state))
+        out = self.sess.run(self.out_names, feed)
+        self.state = out[1:]
+        return out[0][0]
+
+
+class PteStepper(Stepper):
+    """ExecuTorch through its pybindings module. Outputs are taken without the runtime's clone (clone_outputs=True
+    made a SmolLM2 decode step 10x slower) and copied at once into our own state tensors: they alias the runtime's
+    planned buffers, which the next call overwrites."""
+
+    def __init__(self, manifest: dict, folder: Path, threads: int | None = None):
+        import torch  # the ExecuTorch Python runtime takes torch tensors
+        from executorch.extension.pybindings import portable_lib
+        from executorch.extension.pybindings.portable_lib import _load_for_executorch
+
+        if threads:
+            portable_lib._unsafe_reset_threadpool(threads)  # XNNPACK's threadpool is process-wide
+        self.torch = torch
+        a = entry(manifest, "pte")
+        try:
+            self.program = _load_for_executorch(str(folder / a["file"]))
+            names = set(self.program.method_names())
+        except Exception as e:  # the runtime raises RuntimeError/ValueError on damaged programs
+            raise EdgekvError(f"{folder / a['file']}: ExecuTorch cannot load it ({type(e).__name__}: {e})") from None
+        shapes = {ep["name"]: ep["inputs"][0]["shape"][1] for ep in a["entry_points"]}
+        if not {"prefill", "decode"} <= names or set(shapes) != {"prefill", "decode"}:
+            raise EdgekvError(f"{folder / a['file']}: needs methods prefill and decode "
+                              f"(has {', '.join(sorted(names))})")
+        self.chunk = int(shapes["prefill"])
+        super().__init__(manifest)
+
+    def _zeros(self, shape, dtype):
+        return self.torch.zeros(shape, dtype=getattr(self.torch, dtype))
+
+    def _call(self, tokens, pos):
+        n = len(tokens)
+        if n == 1:
+            name, padded = "decode", tokens
+        elif n <= self.chunk:
+            name, padded = "prefill", list(tokens) + [0] * (self.chunk - n)
+        else:
+            raise EdgekvError(f"the pte prefill method takes at most {self.chunk} tokens per call, got {n}")
+        t = self.torch
+        out = self.program.run_method(name, [t.tensor([padded], dtype=t.int64), t.tensor([pos], dtype=t.int64),
+                                             *self.state], clone_outputs=False)
+        for mine, theirs in zip(self.state, out[1:]):
+            # numpy's single-threaded memcpy: torch's copy_ of a 0.2 MB tensor goes through an OpenMP parallel region
+            # that stalls for milliseconds whenever another process holds a core
+            np.copyto(mine.numpy(), theirs.numpy())
+        return out[0][0, :n].float().numpy().copy()
+
+
+class EagerStepper(Stepper):
+    """The torch module behind the same interface (verify's reference); `chunk` mirrors the artifact's calls."""
+
+    def __init__(self, manifest: dict, module, chunk: int | None = None):
+        import torch
+
+        self.torch, self.module, self.chunk = torch, module, chunk
+        super().__init__(manifest)
+
+    def _zeros(self, shape, dtype):
+        return self.torch.zeros(shape, dtype=getattr(self.torch, dtype))
+
+    def _call(self, tokens, pos):
+        n, t = len(tokens), self.torch
+        padded = list(tokens) + [0] * ((self.chunk - n) if self.chunk and 1 < n < self.chunk else 0)
+        with t.no_grad():
+            out = self.module(t.tensor([padded], dtype=t.int64), t.tensor([pos], dtype=t.int64), *self.state)
+        self.state = list(out[1:])
+        return out[0][0, :n].float().numpy()
+
+
+def open_stepper(folder: Path, manifest: dict, runtime: str, threads: int | None = None) -> Stepper:
+    if runtime == "ort":
+        return OrtStepper(manifest, folder, threads)
+    if runtime == "executorch":
+        return PteStepper(manifest, folder, threads)
+    raise EdgekvError(f"unknown runtime {runtime!r} (ort, executorch)")
+
+
+def state_as_numpy(stepper: Stepper) -> list[np.ndarray]:
+    return [s if isinstance(s, np.ndarray) else s.float().numpy() for s in stepper.state]

@@ -1,0 +1,58 @@
+"""Stage 2a, lower to ONNX: one graph `forward` with a dynamic token axis named `seq` (chunked prefill and decode).
+
+torch.onnx.export(dynamo=True) from the ExportedProgram, weights inside the file (external_data=False; the protobuf
+limit is 2 GB, so fp32 models above ~500 M parameters need external data: not done yet). The graph's inputs and
+outputs are checked against the manifest's entry point, so the names and shapes an app reads are the graph's own.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+
+from ..errors import EdgekvError
+
+ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16", 7: "int64", 6: "int32", 3: "int8", 2: "uint8"}
+
+
+def lower_onnx(ep, entry: dict):
+    """ExportedProgram + manifest entry point -> onnx.ModelProto with the entry point's input/output names."""
+    import torch
+
+    names_in = [t["name"] for t in entry["inputs"]]
+    names_out = [t["name"] for t in entry["outputs"]]
+    with contextlib.redirect_stdout(io.StringIO()):  # the exporter prints its own progress lines
+        prog = torch.onnx.export(ep, (), input_names=names_in, output_names=names_out, dynamo=True,
+                                 external_data=False, optimize=True, verbose=False)
+    model = prog.model_proto
+    symbol = None if isinstance(entry["tokens"], int) else entry["tokens"]
+    if symbol:  # the exporter names the dynamic axis after its sympy symbol (s27): give it the manifest's name
+        for vi in list(model.graph.input) + list(model.graph.output):
+            for d in vi.type.tensor_type.shape.dim:
+                if d.dim_param:
+                    d.dim_param = symbol
+    check_io(model, entry)
+    return model
+
+
+def io_of(model) -> tuple[list[dict], list[dict]]:
+    def spec(vi):
+        dims = [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+        return {"name": vi.name, "dtype": ONNX_DTYPES.get(vi.type.tensor_type.elem_type, "?"), "shape": dims}
+    return [spec(v) for v in model.graph.input], [spec(v) for v in model.graph.output]
+
+
+def check_io(model, entry: dict) -> None:
+    ins, outs = io_of(model)
+    for kind, got, want in (("input", ins, entry["inputs"]), ("output", outs, entry["outputs"])):
+        if got != want:
+            bad = next((f"{g} != {w}" for g, w in zip(got, want) if g != w), f"{len(got)} vs {len(want)} tensors")
+            raise EdgekvError(f"the ONNX graph's {kind}s differ from the manifest: {bad}")
+
+
+def save_onnx(model, path) -> None:
+    import onnx
+    onnx.save_model(model, str(path))
+
+
+def opset(model) -> int:
+    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))

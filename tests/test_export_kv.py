@@ -1,0 +1,246 @@
+"""edgekv export / run for the `kv` strategy: artifacts that run in ONNX Runtime and ExecuTorch, agree with the
+independent reference (transformers) step by step with the state fed back, and refuse to load when tampered with."""
+import hashlib
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime")
+pytest.importorskip("executorch")
+
+from click.testing import CliRunner  # noqa: E402
+
+from edgekv.errors import EdgekvError  # noqa: E402
+from edgekv.export.cli import cli  # noqa: E402
+from edgekv.export.manifest import load_export, validate  # noqa: E402
+from edgekv.export.pipeline import ExportOptions, export_model  # noqa: E402
+from edgekv.export.runtime import OrtStepper, PteStepper  # noqa: E402
+
+VOCAB = 64
+
+
+def tiny_llama_folder(folder):
+    """A random 2-layer GQA llama saved as an HF folder, with a word-level tokenizer.json over its vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.2,
+                                   max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(1)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    model.save_pretrained(folder)
+    words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(VOCAB - 3)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.save(str(folder / "tokenizer.json"))
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny_export(tmp_path_factory):
+    root = tmp_path_factory.mktemp("export")
+    src = root / "tiny"
+    ref = tiny_llama_folder(src)
+    out = root / "tiny-kv"
+    lines = []
+    manifest = export_model(ExportOptions(model=str(src), strategy="kv:dtype=fp32", formats=("onnx", "pte"),
+                                          max_ctx=64, out=out, prefill_chunk=8, verify_steps=8), echo=lines.append)
+    return ref, out, manifest, lines
+
+
+def run_against_transformers(stepper, ref, prompt, steps):
+    """Prefill + greedy decode steps in the artifact; logits compared with transformers' full forward."""
+    rows = [stepper.prefill(prompt)]
+    tokens, pos = list(prompt), len(prompt)
+    for _ in range(steps):
+        tokens.append(int(rows[-1][-1].argmax()))
+        rows.append(stepper.step([tokens[-1]], pos))
+        pos += 1
+    ours = np.concatenate(rows)
+    with torch.no_grad():
+        want = ref(torch.tensor([tokens])).logits[0].numpy()
+    return ours, want
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "pte"])
+def test_tiny_llama_artifact_matches_transformers_over_prefill_and_10_decode_steps(tiny_export, fmt):
+    ref, out, _, _ = tiny_export
+    manifest = load_export(out)
+    stepper = OrtStepper(manifest, out) if fmt == "onnx" else PteStepper(manifest, out)
+    prompt = [5, 9, 33, 12, 40, 7, 21, 3, 18, 50, 11]  # 11 tokens: the .pte prefill runs 8 + 3 (padded to 8)
+    ours, want = run_against_transformers(stepper, ref, prompt, steps=10)
+    scale = np.abs(want).max()
+    assert scale > 1.0
+    assert np.abs(ours - want).max() <= 2e-5 * scale
+    assert (ours.argmax(-1) == want.argmax(-1)).all()
+
+
+def test_export_verification_is_recorded_and_passed(tiny_export):
+    _, _, manifest, lines = tiny_export
+    for fmt in ("onnx", "pte"):
+        v = manifest["verification"][fmt]
+        assert v["passed"] and v["decode_steps"] == 8 and v["top1_agreement"] == 1.0
+        assert v["max_abs_diff"] < 1e-4 and v["positions_compared"] >= 8 + 1
+    assert any("[3/11] trace" in s for s in lines) and any("verify-pte" in s for s in lines)
+
+
+def test_manifest_declares_the_state_layout_and_every_file_hash(tiny_export):
+    from edgekv.arch import read_config_json
+    from edgekv.strategies import build_layout, parse_strategy
+
+    _, out, _, _ = tiny_export
+    m = json.loads((out / "manifest.json").read_text())
+    validate(m)
+    layout = build_layout(read_config_json(out.parent / "tiny"), parse_strategy("kv:dtype=fp32"), 64)
+    assert m["state"] == layout.to_json()
+    assert sorted(m["files"]) == ["model.onnx", "model.pte", "tokenizer.json"]
+    for name, f in m["files"].items():
+        data = (out / name).read_bytes()
+        assert f == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    onnx_ep = m["artifacts"][0]["entry_points"][0]
+    assert [i["name"] for i in onnx_ep["inputs"]] == ["tokens", "pos"] + [t.name for t in layout.tensors]
+    assert [o["name"] for o in onnx_ep["outputs"]] == ["logits"] + [t.output for t in layout.tensors]
+    assert onnx_ep["inputs"][0]["shape"] == [1, "seq"]
+    pte_eps = {e["name"]: e["tokens"] for e in m["artifacts"][1]["entry_points"]}
+    assert pte_eps == {"prefill": 8, "decode": 1}
+
+
+def test_onnx_graph_io_is_what_the_manifest_says(tiny_export):
+    import onnx
+
+    from edgekv.export.to_onnx import io_of
+
+    _, out, m, _ = tiny_export
+    ins, outs = io_of(onnx.load(str(out / "model.onnx"), load_external_data=False))
+    ep = m["artifacts"][0]["entry_points"][0]
+    assert ins == ep["inputs"] and outs == ep["outputs"]
+
+
+def copy_export(tiny_export, tmp_path):
+    dst = tmp_path / "copy"
+    shutil.copytree(tiny_export[1], dst)
+    return dst
+
+
+@pytest.mark.parametrize("name", ["model.onnx", "model.pte", "tokenizer.json"])
+def test_flipped_bytes_in_any_file_refuse_to_load(tiny_export, tmp_path, name):
+    d = copy_export(tiny_export, tmp_path)
+    data = bytearray((d / name).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (d / name).write_bytes(bytes(data))
+    with pytest.raises(EdgekvError, match="sha256"):
+        load_export(d)
+
+
+def test_manifest_hash_mismatch_and_missing_files_are_user_errors(tiny_export, tmp_path):
+    d = copy_export(tiny_export, tmp_path)
+    m = json.loads((d / "manifest.json").read_text())
+    m["files"]["model.pte"]["sha256"] = "0" * 64
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(EdgekvError, match="model.pte: sha256"):
+        load_export(d)
+    (d / "model.pte").unlink()
+    with pytest.raises(EdgekvError, match="missing"):
+        load_export(d)
+
+
+def test_manifest_breaking_the_schema_is_a_user_error(tiny_export, tmp_path):
+    d = copy_export(tiny_export, tmp_path)
+    m = json.loads((d / "manifest.json").read_text())
+    del m["state"]
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(EdgekvError, match="manifest.schema.json"):
+        load_export(d)
+
+
+def test_run_cli_streams_greedy_tokens_with_either_runtime(tiny_export):
+    ref, out, _, _ = tiny_export
+    texts = {}
+    for rt in ("ort", "executorch"):
+        r = CliRunner().invoke(cli, ["run", str(out), "--prompt", "w5 w9 w33", "--max-new-tokens", "6",
+                                     "--runtime", rt])
+        assert r.exit_code == 0, r.output
+        texts[rt] = r.stdout.strip()
+    assert texts["ort"] == texts["executorch"]
+    # the same greedy continuation transformers generates (word w{i} is token id i + 3)
+    gen = ref.generate(torch.tensor([[8, 12, 36]]), max_new_tokens=6, do_sample=False, eos_token_id=2,
+                       pad_token_id=0)[0, 3:].tolist()
+    words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(VOCAB - 3)]
+    assert texts["ort"].split() == ["w5", "w9", "w33"] + [words[i] for i in gen]
+
+
+def test_run_cli_on_a_corrupted_export_exits_2_in_one_line(tiny_export, tmp_path):
+    d = copy_export(tiny_export, tmp_path)
+    with open(d / "model.onnx", "r+b") as f:
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 0x01]))
+    r = CliRunner().invoke(cli, ["run", str(d), "--prompt", "w1", "--max-new-tokens", "2"])
+    assert r.exit_code == 2
+    assert "sha256" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_failed_export_names_its_stage_and_leaves_nothing_behind(tiny_export, tmp_path):
+    out = tmp_path / "bad"
+    with pytest.raises(EdgekvError, match="stage load.*plain kv caches"):
+        export_model(ExportOptions(model=str(tiny_export[1].parent / "tiny"), strategy="kv-int8",
+                                   formats=("onnx",), max_ctx=16, out=out), echo=lambda s: None)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_refuses_to_overwrite_without_force(tiny_export):
+    r = CliRunner().invoke(cli, ["export", "--model", str(tiny_export[1].parent / "tiny"), "--out",
+                                 str(tiny_export[1]), "--max-ctx", "16"])
+    assert r.exit_code == 2 and "--force" in r.stderr
+
+
+def test_unknown_format_is_a_user_error(tiny_export, tmp_path):
+    r = CliRunner().invoke(cli, ["export", "--model", "smollm2-135m", "--format", "tflite", "--out",
+                                 str(tmp_path / "x")])
+    assert r.exit_code == 2 and "onnx, pte" in r.stderr
+
+
+def test_importing_the_cli_module_does_not_import_torch():
+    import subprocess
+    import sys
+    code = "import sys, edgekv.export.cli; print('torch' in sys.modules, 'onnxruntime' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+# ---- the real model: minutes on 2 cores ----
+
+
+@pytest.mark.slow
+def test_smollm2_exports_to_onnx_and_pte_and_says_paris(tmp_path):
+    out = tmp_path / "smollm2-kv"
+    m = export_model(ExportOptions(model="smollm2-135m", strategy="kv", formats=("onnx", "pte"), max_ctx=512,
+                                   out=out, verify_steps=16), echo=print)
+    for fmt in ("onnx", "pte"):
+        assert m["verification"][fmt]["passed"], m["verification"][fmt]
+    assert m["state"]["bytes"] == 30 * 2 * 3 * 512 * 64 * 2  # fp16 K and V, 30 layers, 3 KV heads, head_dim 64
+    for rt in ("ort", "executorch"):
+        r = CliRunner().invoke(cli, ["run", str(out), "--prompt", "The capital of France is", "--max-new-tokens",
+                                     "8", "--runtime", rt])
+        assert r.exit_code == 0, r.output
+        assert "Paris" in r.stdout
+
+
+def test_running_an_onnx_export_needs_no_torch(tiny_export):
+    """`edgekv run --runtime ort` uses ONNX Runtime, the manifest and the tokenizer only."""
+    import subprocess
+    import sys
+    code = ("import sys\nfrom edgekv.export.generate import open_export, generate\n"
+            f"m, s, t = open_export({str(tiny_export[1])!r}, 'ort')\n"
+            "r = generate(m, s, t, 'w5 w9', 4)\n"
+            "print(len(r['tokens']), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    n, torch_loaded = out.split()
+    assert 1 <= int(n) <= 4 and torch_loaded == "False"

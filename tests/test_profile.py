@@ -1,0 +1,67 @@
+"""edgekv profile / report on a small exported model: fresh-process measurement, the budget demonstrated, the
+report schema shared with the Android app, one page with plan, measurement and baseline."""
+import json
+
+import jsonschema
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from conftest import run_cli
+from edgekv.profile.procmem import status_bytes
+from edgekv.profile.run import SCHEMA
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    src = tmp_path_factory.mktemp("src")
+    LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2,
+                                 max_position_embeddings=4096)).save_pretrained(src)
+    out = tmp_path_factory.mktemp("exp") / "tiny"
+    run_cli("export", "--model", src, "--strategy", "kv", "--format", "onnx", "--max-ctx", "512", "--out", out,
+            check=True)
+    return out
+
+
+def test_proc_status_parsing_by_hand():
+    s = status_bytes("Name:\tpython\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\nThreads:\t1\n")
+    assert s == {"VmHWM": 2048 * 1024, "VmRSS": 1024 * 1024}
+
+
+def test_profile_measures_each_context_in_a_fresh_process(export_dir, tmp_path):
+    p = run_cli("profile", export_dir, "--ctx", "128,512", "--steps", "16", "--threads", "1", "--json",
+                "--out", tmp_path / "r.json", check=True)
+    rep = json.loads(p.stdout)
+    jsonschema.validate(rep, json.loads(SCHEMA.read_text()))
+    assert [r["ctx"] for r in rep["runs"]] == [128, 512]
+    for r in rep["runs"]:
+        assert r["status"] == "ok" and r["fits"]
+        assert r["measured_bytes"] > 0 and r["runtime_baseline_bytes"] > 10e6  # python + onnxruntime
+        assert r["tokens_per_s"] > 0 and r["latency_ms"]["p90"] >= r["latency_ms"]["p50"]
+        assert r["roofline_tokens_per_s"] > 0
+    assert rep["host"]["bandwidth_bytes_per_s"] > 1e9
+    assert json.loads((tmp_path / "r.json").read_text()) == rep
+
+
+def test_a_budget_too_small_is_demonstrated_not_assumed(export_dir):
+    p = run_cli("profile", export_dir, "--ctx", "512", "--steps", "8", "--limit", "30MB", "--json", check=True)
+    run = json.loads(p.stdout)["runs"][0]
+    assert run["status"] == "exceeded" and run["fits"] is False and "reached_step" in run
+
+
+def test_adb_without_a_device_is_one_line(export_dir):
+    p = run_cli("profile", export_dir, "--adb")
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+def test_report_page_has_plan_measurement_and_baseline(export_dir, tmp_path):
+    out = tmp_path / "report.html"
+    run_cli("report", export_dir, "--out", out, check=True)
+    page = out.read_text()
+    assert "Plan on Google Pixel 8" in page or "plan on Google Pixel 8" in page
+    assert "users per GPU" in page and "Measured on this host" in page and "data:image/png;base64" in page
+    md = tmp_path / "report.md"
+    run_cli("report", export_dir, "--out", md, check=True)
+    assert "## Datacenter baseline" in md.read_text()
