@@ -16,6 +16,8 @@ from edgekv.strategies import parse_strategy  # noqa: E402
 
 FP32 = parse_strategy("kv:dtype=fp32")
 FP16 = parse_strategy("kv:dtype=fp16")
+from edgekv.arch import read_config_json  # noqa: E402
+from edgekv.strategies import build_layout  # noqa: E402
 
 
 def greedy_with_state(module, prompt: list[int], steps: int, chunk: int | None = None):
@@ -117,10 +119,39 @@ def test_state_is_exactly_the_strategy_layout(tmp_path):
     assert [t.name for t in layout.tensors][:2] == ["past_key_values.0.key", "past_key_values.0.value"]
 
 
-def test_quantized_cache_strategies_are_refused_in_one_line(tmp_path):
+@pytest.mark.parametrize("spec,bits,group", [("kv-int8", 8, 0), ("kv-int4:group=8", 4, 8), ("kv-int2:group=8", 2, 8)])
+def test_quantized_cache_holds_transformers_keys_rounded_by_the_quantizer(tmp_path, spec, bits, group):
+    """The codes a kv-int* module stores, dequantized, are transformers' own keys and values after one trip through
+    edgekv.quant (itself checked against llama.cpp's q8_0/q4_1), and the state is exactly the planner's layout."""
+    from edgekv.quant import dequantize, roundtrip
+
+    ref = tiny_hf("llama", tmp_path)
+    strategy = parse_strategy(spec)
+    loaded = load_model(str(tmp_path), strategy, max_ctx=32)
+    layout = build_layout(read_config_json(tmp_path), strategy, 32)
+    ids = torch.tensor([[3, 17, 5, 42, 8, 1, 77, 9, 12, 30, 2, 64]])
+    out = loaded.module(ids, torch.tensor([0]), *loaded.module.empty_state())
+    state = out[1:]
+    assert [(tuple(t.shape), str(t.dtype)) for t in state] == [(t.shape, f"torch.{t.dtype}") for t in layout.tensors]
+    with torch.no_grad():
+        hf = ref(ids, use_cache=True).past_key_values
+    n = 2 if bits == 8 else 3
+    for layer in range(1):  # layer 0 only: later layers see the quantized cache's effect on their input
+        for j, hf_t in enumerate((hf.layers[layer].keys, hf.layers[layer].values)):
+            parts = state[2 * n * layer + n * j: 2 * n * layer + n * (j + 1)]
+            ours = dequantize(parts[0], parts[1], parts[2] if bits < 8 else None, bits, group)[:, :, :12]
+            want = roundtrip(hf_t, bits, group)
+            step = (hf_t.abs().max() / 127) if bits == 8 else (hf_t.max() - hf_t.min()) / (2 ** bits - 1)
+            close = (ours - want).abs() <= 1e-4 * hf_t.abs().max()
+            assert close.float().mean() > 0.98 and ((ours - want).abs() <= step * 1.01).all()
+    # the logits still follow transformers' closely (more loosely for fewer bits)
+    want_logits = ref(ids).logits
+    tol = {8: 0.05, 4: 0.5, 2: 2.0}[bits] * want_logits.abs().max()
+    assert 0 < (out[0] - want_logits).abs().max() < tol
+
+
+def test_unsupported_cache_dtypes_are_refused_in_one_line(tmp_path):
     tiny_hf("llama", tmp_path)
-    with pytest.raises(EdgekvError, match="plain kv caches"):
-        load_model(str(tmp_path), parse_strategy("kv-int8"), max_ctx=16)
     with pytest.raises(EdgekvError, match="fp32, fp16"):
         load_model(str(tmp_path), parse_strategy("kv:dtype=bf16"), max_ctx=16)
 

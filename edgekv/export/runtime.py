@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import EdgekvError
 
-NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64}
+NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int8": np.int8, "uint8": np.uint8}
 
 
 def entry(manifest: dict, fmt: str) -> dict:

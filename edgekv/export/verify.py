@@ -16,7 +16,9 @@ import numpy as np
 
 # relative to the logit scale; fp16 caches round K/V to fp16 on both sides, and a 1-ulp flip between two runtimes'
 # fp32 arithmetic moves a value by ~5e-4 relative, which is why they get more room than fp32.
-REL_TOL = {"float32": 1e-4, "float16": 2e-3}
+# quantized caches (int8 codes; uint8 = packed int4/int2): artifact and eager quantize the same values, but a
+# last-bit difference in a runtime kernel can move a value across a rounding boundary: one quantization step
+REL_TOL = {"float32": 1e-4, "float16": 2e-3, "int8": 1e-2, "uint8": 5e-2}
 MIN_TOP1 = 0.95
 
 

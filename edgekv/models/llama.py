@@ -39,9 +39,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import EdgekvError
+from ..quant import dequantize, quantize
 from ..strategies import StateLayout
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+STATE_TORCH = {**TORCH_DTYPES, "int8": torch.int8, "uint8": torch.uint8}
 
 
 @dataclass
@@ -178,28 +180,31 @@ class Attention(nn.Module):
 
     @staticmethod
     def _write(cache, new, write, keep):
-        """cache [1, Hkv, T, D] with the C rows of new [C, Hkv, D] written at the one-hot slots of write [T, C]
-        -> ([1, Hkv, T, D] in the cache dtype, [Hkv, T, D] fp32 as stored, for attention).
+        """cache [1, Hkv, T, X] with the C rows of new [C, Hkv, X] written at the one-hot slots of write [T, C]
+        -> [1, Hkv, T, X] in the cache dtype. X is head_dim for a plain cache; for a quantized one the packed codes,
+        the scales or the zeros (integer codes < 2^24 pass through fp32 exactly).
 
-        keep [T, 1] (in the cache dtype) is 1 where a slot keeps its value, 0 where this call writes it. Slots are
-        blended arithmetically (cache * keep + placed) rather than with torch.where: XNNPACK delegates mul/add but
-        not where, and a partition break per cache costs a portable-kernel copy per layer per step. Exact: one
-        operand of the sum is always 0 (the cache holds finite values; an inf in a fp16 cache would already be a
-        broken model)."""
+        keep [T, 1] is 1 where a slot keeps its value, 0 where this call writes it. Slots are blended
+        arithmetically (cache * keep + placed) rather than with torch.where: XNNPACK delegates mul/add but not
+        where, and a partition break per cache costs a portable-kernel copy per layer per step. Exact: one operand
+        of the sum is always 0 (the cache holds finite values; an inf in a fp16 cache would already be a broken
+        model)."""
         c, hkv, d = new.shape
         t = write.shape[0]
-        if isinstance(c, int) and c == 1:  # decode: a broadcast multiply, [T, 1] * [Hkv, 1, D]
-            placed = write * new.permute(1, 0, 2)
-        else:  # prefill: [1, T, C] @ [1, C, Hkv*D], exact (one non-zero term per written slot); a bmm, because
+        if isinstance(c, int) and c == 1:  # decode: a broadcast multiply, [T, 1] * [Hkv, 1, X]
+            placed = write * new.permute(1, 0, 2).float()
+        else:  # prefill: [1, T, C] @ [1, C, Hkv*X], exact (one non-zero term per written slot); a bmm, because
             # XNNPACK's mm wants a constant weight
-            placed = torch.bmm(write.view(1, t, c), new.reshape(1, c, hkv * d)).view(t, hkv, d).permute(1, 0, 2)
-        stored = cache.view(hkv, t, d) * keep + placed.to(cache.dtype)
-        return stored.view(1, hkv, t, d), stored.float()
+            placed = torch.bmm(write.view(1, t, c), new.float().reshape(1, c, hkv * d)).view(t, hkv, d).permute(1, 0, 2)
+        k = keep if keep.dtype == cache.dtype else keep.to(cache.dtype)
+        stored = cache.view(hkv, t, d) * k + placed.to(cache.dtype)
+        return stored.view(1, hkv, t, d)
 
-    def forward(self, x, cos, sin, write, keep, mask, k_cache, v_cache):
+    def forward(self, x, cos, sin, write, keep, mask, k_state, v_state, kv: "KVFormat"):
         """x [1, C, d]; cos, sin [C, 1, D]; write [T, C] one-hot (slot t <- token c); keep [T, 1];
-        mask [G*C, T] additive (0 or -inf); k_cache, v_cache [1, Hkv, T, D]
-        ->  out [1, C, d], new k_cache, new v_cache.   Matmuls are 3-D (bmm): no broadcast expand copies."""
+        mask [G*C, T] additive (0 or -inf); k_state, v_state: the layer's key / value state tensors as kv describes
+        them ((cache [1, Hkv, T, D],) or (codes, scale[, zero]))  ->  out [1, C, d], new k_state, new v_state.
+        Matmuls are 3-D (bmm): no broadcast expand copies."""
         c = x.shape[1]
         g = self.h // self.hkv
         q = self.q_proj(x).view(c, self.h, self.dh)
@@ -207,14 +212,36 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(c, self.hkv, self.dh)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        k_cache, kf = self._write(k_cache, k, write, keep)  # kf, vf: [Hkv, T, D]
-        v_cache, vf = self._write(v_cache, v, write, keep)
+        k_state, kf = kv.write(self._write, k, k_state, write, keep)  # kf, vf: [Hkv, T, D] fp32
+        v_state, vf = kv.write(self._write, v, v_state, write, keep)
         # query head h = kv*G + g (repeat_kv's order) -> row g*C + c of KV head kv
         qg = q.view(c, self.hkv, g, self.dh).permute(1, 2, 0, 3).reshape(self.hkv, g * c, self.dh)
         scores = torch.bmm(qg, kf.transpose(1, 2)) * (1.0 / math.sqrt(self.dh)) + mask  # [Hkv, G*C, T]
         out = torch.bmm(torch.softmax(scores, dim=-1), vf)  # [Hkv, G*C, D]
         out = out.view(self.hkv, g, c, self.dh).permute(2, 0, 1, 3).reshape(1, c, self.h * self.dh)
-        return self.o_proj(out), k_cache, v_cache
+        return self.o_proj(out), k_state, v_state
+
+
+class KVFormat:
+    """How one key (or value) cache is stored: a plain tensor in a float dtype, or quantized codes + fp16 scale
+    (+ fp16 zero below 8 bits) per group of head_dim channels, exactly as edgekv.quant defines them (the planner's
+    StateLayout counts the same tensors). Each call quantizes only its new tokens and reads the whole cache back
+    dequantized to fp32, one layer at a time: the runtime behaviour the planner's workspace and bytes-read model."""
+
+    def __init__(self, dtype: torch.dtype | None, bits: int | None = None, group: int = 0):
+        self.dtype, self.bits, self.group = dtype, bits, group
+        self.n = 1 if bits is None else (2 if bits == 8 else 3)  # state tensors per key (or value)
+        self.rounding, self.generator = "nearest", None  # edgekv analyze may switch to stochastic rounding
+
+    def write(self, put, x, state, write, keep):
+        """x [C, Hkv, D] fp32 -> (new state tuple, fp32 cache [Hkv, T, D] for attention)."""
+        if self.bits is None:
+            stored = put(state[0], x, write, keep)
+            return (stored,), stored.float()[0]
+        codes, scale, zero = quantize(x, self.bits, self.group, self.rounding, self.generator)
+        parts = (codes, scale) if self.bits == 8 else (codes, scale, zero)
+        new = tuple(put(old, part, write, keep) for old, part in zip(state, parts))
+        return new, dequantize(new[0][0], new[1][0], new[2][0] if self.bits < 8 else None, self.bits, self.group)
 
 
 class MLP(nn.Module):
@@ -252,22 +279,30 @@ class Body(nn.Module):
 # ---- the decode step ----
 
 
-def check_layout(a: LlamaArgs, layout: StateLayout) -> torch.dtype:
-    """The layout must be one key and one value [1, Hkv, T, D] per layer, fp32 or fp16; returns the cache dtype."""
-    want = [(i, role) for i in range(a.n_layers) for role in ("key", "value")]
+def check_layout(a: LlamaArgs, layout: StateLayout) -> KVFormat:
+    """The layout must be, per layer, a key and a value [1, Hkv, T, D] in fp32/fp16, or their quantized codes with
+    .scale (and .zero) tensors as edgekv.quant writes them (kv-int8, kv-int4, kv-int2). Returns how each is stored."""
+    bits = 8 if any(t.dtype == "int8" for t in layout.tensors) else \
+        next((t.packed_bits for t in layout.tensors if t.packed_bits), None)
+    roles = ["key", "value"] if bits is None else (["key", "key.scale", "value", "value.scale"] if bits == 8 else
+                                                   ["key", "key.scale", "key.zero", "value", "value.scale", "value.zero"])
+    want = [(i, role) for i in range(a.n_layers) for role in roles]
     got = [(t.layer, t.role) for t in layout.tensors]
     if got != want:
-        raise EdgekvError(f"strategy {layout.strategy}: the llama export module implements plain kv caches only "
-                          f"(state roles {sorted({t.role for t in layout.tensors})})")
+        raise EdgekvError(f"strategy {layout.strategy}: the llama export module keeps per layer {roles} "
+                          f"(this layout has {sorted({t.role for t in layout.tensors})})")
+    stored_d = a.head_dim if bits in (None, 8) else a.head_dim * bits // 8
+    for t in layout.tensors:
+        if t.role in ("key", "value") and t.shape != (1, a.n_kv_heads, layout.ctx, stored_d):
+            raise EdgekvError(f"{t.name}: shape {t.shape} is not [1, {a.n_kv_heads}, {layout.ctx}, {stored_d}]: "
+                              "sliding-window layers shorter than the context need a rolling cache (not implemented)")
+    if bits is not None:
+        return KVFormat(None, bits, a.head_dim // layout.tensors[1].shape[-1])
     dtypes = {t.dtype for t in layout.tensors}
     if len(dtypes) != 1 or not dtypes <= set(TORCH_DTYPES):
         raise EdgekvError(f"strategy {layout.strategy}: cache dtype {', '.join(sorted(dtypes))} is not supported "
                           f"by the export yet (supported: fp32, fp16)")
-    for t in layout.tensors:
-        if t.shape != (1, a.n_kv_heads, layout.ctx, a.head_dim):
-            raise EdgekvError(f"{t.name}: shape {t.shape} is not [1, {a.n_kv_heads}, {layout.ctx}, {a.head_dim}]: "
-                              "sliding-window layers shorter than the context need a rolling cache (not implemented)")
-    return TORCH_DTYPES[dtypes.pop()]
+    return KVFormat(TORCH_DTYPES[dtypes.pop()])
 
 
 class Llama(nn.Module):
@@ -278,13 +313,14 @@ class Llama(nn.Module):
     def __init__(self, args: LlamaArgs, layout: StateLayout):
         super().__init__()
         self.args, self.layout = args, layout
-        self.cache_dtype = check_layout(args, layout)
+        self.kv = check_layout(args, layout)
+        self.cache_dtype = self.kv.dtype or torch.float32  # quantized caches: keep is cast per tensor
         self.model = Body(args)
         self.lm_head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
 
     def empty_state(self) -> list[torch.Tensor]:
-        return [torch.zeros(t.shape, dtype=TORCH_DTYPES[t.dtype]) for t in self.layout.tensors]
+        return [torch.zeros(t.shape, dtype=STATE_TORCH[t.dtype]) for t in self.layout.tensors]
 
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor):
         c, t_slots = tokens.shape[1], self.layout.ctx
@@ -301,12 +337,14 @@ class Llama(nn.Module):
 
         x = self.model.embed_tokens(tokens)  # [1, C, d]
         new_state = []
+        n = self.kv.n  # state tensors per key (and per value)
         for i, blk in enumerate(self.model.layers):
+            b = 2 * n * i
             h, k, v = blk.self_attn(blk.input_layernorm(x), cos, sin, write, keep, mask,
-                                    state[2 * i], state[2 * i + 1])
+                                    state[b:b + n], state[b + n:b + 2 * n], self.kv)
             x = x + h
             x = x + blk.mlp(blk.post_attention_layernorm(x))
-            new_state += [k, v]
+            new_state += [*k, *v]
         x = self.model.norm(x)
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return (F.linear(x, w), *new_state)
