@@ -85,6 +85,16 @@ def verify_prompt(tokenizer, vocab: int, n_max: int) -> list[int]:
     return ids[:max(1, n_max)]
 
 
+def planned(arch, strategy, max_ctx: int, chunk: int) -> dict:
+    """The planner's Deployment for this artifact (fp32 weights as exported, state at max_ctx, workspace at the
+    prefill chunk): what `edgekv profile` compares its measurement with. Runtime overhead is the device's, not the
+    artifact's, so it is left out (0) here."""
+    from ..plan import deployment
+    d = deployment(arch, strategy, max_ctx, "fp32", "onnxruntime", 0, chunk).to_json()
+    return {"weights": d["weights"], "runtime": d["runtime"], "bytes": d["bytes"],
+            "note": "edgekv plan's arithmetic for this artifact; runtime overhead is per device (device profiles)"}
+
+
 def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
     from .. import __version__
     from ..strategies import parse_strategy
@@ -209,6 +219,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             "weights": {"dtype": "float32", "bytes": int(n_params * 4)},
             "state": layout.to_json(), "artifacts": artifacts, "tokenizer": tok_entry,
             "verification": verification, "timings_s": dict(st.timings),
+            "deployment": planned(loaded.arch, strategy, opts.max_ctx, opts.prefill_chunk),
             "files": mf.file_table(tmp)}
         mf.write_manifest(tmp, manifest)
     return manifest
