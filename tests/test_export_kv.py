@@ -189,8 +189,8 @@ def test_run_cli_on_a_corrupted_export_exits_2_in_one_line(tiny_export, tmp_path
 
 def test_failed_export_names_its_stage_and_leaves_nothing_behind(tiny_export, tmp_path):
     out = tmp_path / "bad"
-    with pytest.raises(EdgekvError, match="stage load.*plain kv caches"):
-        export_model(ExportOptions(model=str(tiny_export[1].parent / "tiny"), strategy="kv-int8",
+    with pytest.raises(EdgekvError, match="stage load.*fp32, fp16"):
+        export_model(ExportOptions(model=str(tiny_export[1].parent / "tiny"), strategy="kv:dtype=bf16",
                                    formats=("onnx",), max_ctx=16, out=out), echo=lambda s: None)
     assert list(tmp_path.iterdir()) == []
 
