@@ -53,6 +53,10 @@ def test_weight_quantization_changes_the_output_but_not_the_state_precision(resu
     w = res["variants"][2]
     assert w["mean_kl"] > res["variants"][0]["mean_kl"]
     assert runner.loaded[2].layout.tensors[1].dtype == "float32"  # fp32 SSM state in the weights-only variant
+    # the reference keeps its fp32 weights (loaders may share tensors: fake quantization must not write through)
+    ref_w = runner.ref.module.backbone.layers[0].mixer.x_proj.weight  # input 96: quantized in groups of 32
+    var_w = runner.loaded[2].module.backbone.layers[0].mixer.x_proj.weight
+    assert not torch.equal(ref_w, var_w) and ref_w.data_ptr() != var_w.data_ptr()
 
 
 def test_analytic_prediction_tracks_the_measured_state_error(result):

@@ -85,7 +85,8 @@ def fake_quantize_weights(module: torch.nn.Module, bits: int, group: int = 32) -
     with torch.no_grad():
         for m in module.modules():
             if isinstance(m, torch.nn.Linear) and m.weight.shape[-1] % group == 0:
-                m.weight.copy_(roundtrip(m.weight, bits, group))
+                # a new tensor, never in place: loaders may share weight tensors between the reference and variants
+                m.weight = torch.nn.Parameter(roundtrip(m.weight, bits, group), requires_grad=False)
 
 
 def _set_rounding(module, rounding: str, seed: int) -> None:
