@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from conftest import greedy_with_state  # noqa: E402
 from edgekv.errors import EdgekvError  # noqa: E402
 from edgekv.models import load_model  # noqa: E402
 from edgekv.strategies import parse_strategy  # noqa: E402
@@ -18,27 +19,6 @@ FP32 = parse_strategy("kv:dtype=fp32")
 FP16 = parse_strategy("kv:dtype=fp16")
 from edgekv.arch import read_config_json  # noqa: E402
 from edgekv.strategies import build_layout  # noqa: E402
-
-
-def greedy_with_state(module, prompt: list[int], steps: int, chunk: int | None = None):
-    """Prefill `prompt` (in chunks of `chunk` tokens, default all at once), then `steps` greedy decode steps feeding
-    the state back. Returns (all tokens, logits [len(prompt) + steps, V] one row per position)."""
-    state = module.empty_state()
-    rows, pos = [], 0
-    chunk = chunk or len(prompt)
-    for s in range(0, len(prompt), chunk):
-        part = prompt[s:s + chunk]
-        logits, *state = module(torch.tensor([part]), torch.tensor([pos]), *state)
-        rows.append(logits[0])
-        pos += len(part)
-    tokens = list(prompt)
-    for _ in range(steps):
-        nxt = int(rows[-1][-1].argmax())
-        tokens.append(nxt)
-        logits, *state = module(torch.tensor([[nxt]]), torch.tensor([pos]), *state)
-        rows.append(logits[0])
-        pos += 1
-    return tokens, torch.cat(rows)[: len(tokens)]
 
 
 def hf_logits(model, tokens: list[int]) -> torch.Tensor:
@@ -77,7 +57,7 @@ def test_tiny_random_model_matches_transformers_over_prefill_and_32_decode_steps
     ref = tiny_hf(kind, tmp_path)
     ours = load_model(str(tmp_path), FP32, max_ctx=64).module
     prompt = [3, 17, 42, 5, 8, 60, 11]
-    tokens, logits = greedy_with_state(ours, prompt, steps=32)
+    tokens, logits, _ = greedy_with_state(ours, prompt, steps=32)
     want = hf_logits(ref, tokens)
     scale = want.abs().max().item()
     assert scale > 1.0  # random weights with a large init: attention and RoPE really matter
@@ -90,7 +70,7 @@ def test_fp16_cache_stays_close_to_the_fp32_reference(tmp_path):
     ref = tiny_hf("llama", tmp_path)
     ours = load_model(str(tmp_path), FP16, max_ctx=64).module
     assert all(s.dtype == torch.float16 for s in ours.empty_state())
-    tokens, logits = greedy_with_state(ours, [3, 17, 42, 5], steps=32)
+    tokens, logits, _ = greedy_with_state(ours, [3, 17, 42, 5], steps=32)
     want = hf_logits(ref, tokens)
     diff = (logits - want).abs().max().item()
     assert diff <= 5e-3 * want.abs().max().item()  # fp16 rounds K/V to ~5e-4 relative
@@ -100,8 +80,8 @@ def test_chunked_prefill_equals_one_shot_prefill(tmp_path):
     tiny_hf("qwen2", tmp_path)
     ours = load_model(str(tmp_path), FP32, max_ctx=32).module
     prompt = [4, 9, 33, 2, 71, 15, 60, 8, 1, 99, 23]
-    _, one = greedy_with_state(ours, prompt, steps=8)
-    _, chunked = greedy_with_state(ours, prompt, steps=8, chunk=4)
+    _, one, _ = greedy_with_state(ours, prompt, steps=8)
+    _, chunked, _ = greedy_with_state(ours, prompt, steps=8, chunk=4)
     assert (one - chunked).abs().max().item() < 1e-5
 
 
@@ -185,7 +165,7 @@ def test_smollm2_matches_transformers_on_a_real_sentence_and_32_decode_steps(smo
     ours, ref, tok = smollm2
     prompt = tok("The Python standard library contains modules for reading files, parsing")["input_ids"]
     assert len(prompt) >= 8
-    tokens, logits = greedy_with_state(ours.module, prompt, steps=32)
+    tokens, logits, _ = greedy_with_state(ours.module, prompt, steps=32)
     want = hf_logits(ref, tokens)
     diff = (logits - want).abs().max().item()
     scale = want.abs().max().item()

@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from conftest import greedy_with_state  # noqa: E402
 from edgekv.arch import Arch, arch_from_config, read_config_json  # noqa: E402
 from edgekv.errors import EdgekvError  # noqa: E402
 from edgekv.models.hybrid import load_jamba  # noqa: E402
@@ -99,27 +100,6 @@ def saved(tmp_path_factory):
 def load(kind, folder, max_ctx=64, strategy=None):
     _, loader, spec = TINY[kind]
     return loader(str(folder), parse_strategy(strategy or spec), max_ctx)
-
-
-def greedy_with_state(module, prompt, steps, chunk=None):
-    """Prefill `prompt` (in chunks of `chunk` tokens, default all at once), then `steps` greedy decode steps feeding
-    the state back. Returns (tokens, logits [len(tokens), V] one row per position, final state)."""
-    state = module.empty_state()
-    rows, pos = [], 0
-    chunk = chunk or len(prompt)
-    for s in range(0, len(prompt), chunk):
-        part = prompt[s:s + chunk]
-        logits, *state = module(torch.tensor([part]), torch.tensor([pos]), *state)
-        rows.append(logits[0])
-        pos += len(part)
-    tokens = list(prompt)
-    for _ in range(steps):
-        nxt = int(rows[-1][-1].argmax())
-        tokens.append(nxt)
-        logits, *state = module(torch.tensor([[nxt]]), torch.tensor([pos]), *state)
-        rows.append(logits[0])
-        pos += 1
-    return tokens, torch.cat(rows)[: len(tokens)], state
 
 
 def hf_logits(model, tokens):

@@ -5,10 +5,10 @@ Standalone (before the main CLI registers them): python -m edgekv.export.cli exp
 """
 from __future__ import annotations
 
-import sys
 
 import click
 
+from ..clibase import Group
 from ..errors import EdgekvError
 
 
@@ -100,16 +100,7 @@ def run_cmd(folder, prompt, max_new_tokens, runtime, threads):
                f"tokens{rate}; stopped at {r['stopped']}]", err=True)
 
 
-class _Group(click.Group):
-    def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except EdgekvError as e:
-            click.echo(f"edgekv: error: {e}", err=True)
-            sys.exit(2)
-
-
-@click.group(cls=_Group)
+@click.group(cls=Group)
 def cli():
     """edgekv export / run, standalone."""
 
