@@ -26,7 +26,7 @@ def load_model(spec: str, strategy, max_ctx: int) -> Loaded:
     from ..arch import arch_from_config, read_config_json
     from ..strategies import NotApplicable, build_layout
     from .llama import Llama, args_from_hf_config
-    from .weights import load_gguf, load_hf_folder, resolve_model
+    from .weights import load_gguf, load_hf_folder, load_strict, resolve_model
 
     if max_ctx < 1:
         raise EdgekvError(f"max_ctx must be at least 1, got {max_ctx}")
@@ -51,14 +51,7 @@ def load_model(spec: str, strategy, max_ctx: int) -> Loaded:
     module = Llama(args, layout)
     if args.tied:
         sd.pop("lm_head.weight", None)  # some tied checkpoints still store the (identical) head
-    missing, unexpected = module.load_state_dict(sd, strict=False)
-    if missing or unexpected:
-        raise EdgekvError(f"{path}: weights do not match a {args.model_type} model "
-                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    module.eval()
-    for p in module.parameters():
-        p.requires_grad_(False)
-    return Loaded(module, args, arch, layout, path, fmt)
+    return Loaded(load_strict(module, sd, path, args.model_type), args, arch, layout, path, fmt)
 
 
 def load_any(spec: str, strategy, max_ctx: int) -> Loaded:

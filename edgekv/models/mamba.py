@@ -41,6 +41,7 @@ from torch import nn
 
 from ..errors import EdgekvError
 from ..quant import dequantize, quantize
+from .weights import load_strict  # noqa: F401  (re-exported for the other modules)
 from ..strategies import StateLayout
 from .llama import RMSNorm
 
@@ -78,18 +79,6 @@ def load_folder(spec: str, strategy, max_ctx: int):
         raise EdgekvError(f"{strategy.label} does not apply to {arch.name}: {e}") from None
     cfg, sd = load_hf_folder(path)
     return path, {k: config_value(v) for k, v in cfg.items()}, sd, arch, layout
-
-
-def load_strict(module: nn.Module, sd: dict, where: Path, what: str) -> nn.Module:
-    """Load every parameter (nothing missing, nothing left over), then freeze and switch to eval."""
-    missing, unexpected = module.load_state_dict(sd, strict=False)
-    if missing or unexpected:
-        raise EdgekvError(f"{where}: weights do not match a {what} model "
-                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    module.eval()
-    for p in module.parameters():
-        p.requires_grad_(False)
-    return module
 
 
 def state_dtype(layout: StateLayout, t) -> torch.dtype:

@@ -178,3 +178,15 @@ def load_gguf(path: str | Path) -> tuple[dict, dict, list[float] | None, list[st
             a = unpermute_qk(a, cfg["num_attention_heads"] if part == "attn_q" else cfg["num_key_value_heads"])
         sd[f"model.layers.{i}.{_GGUF_BLOCK[part]}.{kind}"] = torch.from_numpy(np.array(a))
     return cfg, sd, freq_factors, sorted({t.tensor_type.name for t in reader.tensors})
+
+
+def load_strict(module, sd: dict, where: Path, what: str):
+    """Load every parameter (nothing missing, nothing left over), then freeze and switch to eval."""
+    missing, unexpected = module.load_state_dict(sd, strict=False)
+    if missing or unexpected:
+        raise EdgekvError(f"{where}: weights do not match a {what} model "
+                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    module.eval()
+    for p in module.parameters():
+        p.requires_grad_(False)
+    return module
