@@ -14,7 +14,7 @@ from .strategies import NotApplicable, Strategy, build_layout, build_ring_layout
 
 DEFAULT_CHUNK = 128
 PHONE_STRATEGIES = ("kv", "kv-int8", "kv-int4", "window", "mla", "ssm", "linear", "hybrid")
-FAMILY_OF = {"ssm": "ssm", "linear": "linear", "hybrid": "hybrid", "mla": "mla"}
+FAMILY_OF = {"ssm": "ssm", "linear": "linear", "hybrid": "hybrid"}  # mla converts from any GQA model
 
 
 def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: str, overhead: float,

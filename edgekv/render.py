@@ -75,7 +75,8 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
         if "needs_family" in e:
             fams.setdefault(e["needs_family"], set()).update(e.get("alternatives", []))
     for fam, alts in sorted(fams.items()):
-        c.print(f"[dim]{fam}: needs a {fam} model — catalog models of that family: {', '.join(sorted(alts))}[/]")
+        models = ", ".join(sorted(alts)) if alts else "none in the catalog could run on this device"
+        c.print(f"[dim]{fam}: needs a model built that way ({fam} family) — catalog models: {models}[/]")
     if explain:
         for r in shown:
             c.print(f"\n[bold]{r.model} / {r.strategy.label}[/]")
