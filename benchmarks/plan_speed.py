@@ -22,12 +22,12 @@ def main():
     ap.add_argument("--out")
     a = ap.parse_args()
     cmd = [sys.executable, "-m", "edgekv.cli", "plan", "--device", a.device, "--ctx", a.ctx, "--json"]
-    times, out = [], None
+    times = []
     for _ in range(a.runs):
         t = time.perf_counter()
         p = subprocess.run(cmd, capture_output=True, text=True, check=True)
         times.append(time.perf_counter() - t)
-        out = json.loads(p.stdout)
+        json.loads(p.stdout)  # each run must print valid JSON
     probe = ("import sys,runpy,io,contextlib\nsys.argv=" + repr(["edgekv"] + cmd[3:]) +
              "\nwith contextlib.redirect_stdout(io.StringIO()):\n    try:\n        runpy.run_module('edgekv.cli', run_name='__main__')\n"
              "    except SystemExit:\n        pass\n"

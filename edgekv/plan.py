@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from . import memory as M
-from .arch import MLA, SSM, Arch, Attention, Block, Linear, catalog_arch, catalog_entry, catalog_names
+from .arch import SSM, Arch, Attention, Block, Linear, catalog_arch, catalog_names
 from .devices import DeviceProfile
 from .errors import EdgekvError
 from .quality import RISK_ORDER, quality

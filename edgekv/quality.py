@@ -74,14 +74,22 @@ def kl_at(fit: dict, ctx: int) -> float:
     return p["a"] * math.exp(x) if x < 700 else math.inf
 
 
+def measurement_path(model: str, label: str, folder: Path | None = None) -> Path:
+    """Where edgekv analyze stores one model x strategy x precision: <model>__<label, ':'/',' -> '_', '=' -> '-'>.json"""
+    return (folder or MEASURED_DIR) / f"{model}__{_safe(label)}.json"
+
+
+def _safe(label: str) -> str:
+    return label.replace(":", "_").replace(",", "_").replace("=", "-")
+
+
 def measured(model: str, strategy: Strategy, family: str | None = None) -> dict | None:
     """A stored edgekv analyze result for this model x strategy x precision, else one stored for the model's family
     (e.g. the trained Mamba fixture for every ssm model), else None."""
-    label = strategy.label.replace(":", "_").replace(",", "_").replace("=", "-")
-    p = MEASURED_DIR / f"{model}__{label}.json"
+    p = measurement_path(model, strategy.label)
     candidates = [p] if p.is_file() else []
     if not candidates and family and MEASURED_DIR.is_dir():
-        candidates = sorted(MEASURED_DIR.glob(f"*__{label}.json"))
+        candidates = sorted(MEASURED_DIR.glob(f"*__{_safe(strategy.label)}.json"))
     for c in candidates:
         try:
             rec = json.loads(c.read_text())

@@ -123,11 +123,12 @@ def parse_strategy(spec: str) -> Strategy:
     if name not in DEFAULTS:
         raise EdgekvError(f"unknown strategy {spec!r}; strategies: {', '.join(NAMES)}")
     params = dict(DEFAULTS[name])
+    known = set(DEFAULTS[name]) | ({"rank", "ratio"} if name == "mla" else set())
     for item in filter(None, (s.strip() for s in rest.split(","))):
         k, eq, v = item.partition("=")
-        if not eq or k not in (set(DEFAULTS[name]) | {"rank", "ratio"} if name == "mla" else set(DEFAULTS[name])):
-            raise EdgekvError(f"strategy {spec!r}: unknown parameter {item!r} "
-                              f"(known for {name}: {', '.join(sorted(set(DEFAULTS[name]) | ({'rank', 'ratio'} if name == 'mla' else set())))})")
+        if not eq or k not in known:
+            raise EdgekvError(f"strategy {spec!r}: unknown parameter {item!r} (known for {name}: "
+                              f"{', '.join(sorted(known))})")
         if k in _NUMERIC:
             if not v.isdigit():
                 raise EdgekvError(f"strategy {spec!r}: {k} must be a non-negative integer")

@@ -1,6 +1,5 @@
 """Reading architectures: parameter counts from shapes vs published counts, GGUF headers, and bad input."""
 import json
-import shutil
 
 import pytest
 

@@ -5,7 +5,7 @@ import pytest
 
 from conftest import run_cli
 from edgekv.arch import catalog_arch
-from edgekv.devices import all_devices, load_device, parse_profile
+from edgekv.devices import all_devices, load_device
 from edgekv.errors import EdgekvError
 from edgekv.plan import make_plan, quadratic_tax
 from edgekv.strategies import parse_strategy

@@ -1,5 +1,4 @@
 """KV / state bytes of published configs against hand arithmetic, and against numbers other tools print."""
-import pytest
 
 from edgekv.arch import catalog_arch, read_gguf
 from edgekv.strategies import build_layout, build_ring_layout, parse_strategy

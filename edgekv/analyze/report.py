@@ -16,16 +16,15 @@ The planner (edgekv/quality.py) evaluates the fitted law at the plan's context a
 from __future__ import annotations
 
 import json
-import math
 import os
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
+from ..quality import MEASURED_DIR, measurement_path
 from .fit import extrapolate, fit_growth, windowed
 
-MEASURED_DIR = Path(__file__).resolve().parent.parent / "measurements"
 
 
 def _w(pos, vals, n_windows):
@@ -68,15 +67,15 @@ def summarise(runner, tokens_text: str, target_ctx: int, n_windows: int = 24, an
     return out
 
 
-def store(result: dict, model_name: str, out_dir: Path = MEASURED_DIR, applies_to: str | None = None) -> list[Path]:
+def store(result: dict, model_name: str, out_dir: Path | None = None, applies_to: str | None = None) -> list[Path]:
     """One file per model x strategy x precision (state variants only, nearest rounding)."""
+    out_dir = out_dir or MEASURED_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for v in result["variants"]:
         if v["source"] != "state" or v["rounding"] != "nearest" or not v["fit"]:
             continue
         label = v["strategy"]
-        name = f"{model_name}__{label.replace(':', '_').replace(',', '_').replace('=', '-')}.json"
         rec = {"model": model_name, "strategy": label, "measured_ctx": result["ctx"], "fit": v["fit"],
                "kl_at_measured": v["kl"][-1] if v["kl"] else None, "mean_top1": v["mean_top1"],
                "applies_to": applies_to or f"model:{model_name}",
@@ -84,7 +83,7 @@ def store(result: dict, model_name: str, out_dir: Path = MEASURED_DIR, applies_t
                "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
                "evidence": (f"edgekv measured KL vs fp32 over {result['ctx']} tokens: {v['fit']['class']} "
                             f"({v['fit']['law']} law), top-1 agreement {v['mean_top1']:.3f}")}
-        p = out_dir / name
+        p = measurement_path(model_name, label, out_dir)
         tmp = p.with_suffix(".tmp")
         tmp.write_text(json.dumps(rec, indent=2) + "\n")
         os.replace(tmp, p)

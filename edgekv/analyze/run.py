@@ -12,7 +12,6 @@ the relative error of the state itself (dequantized, vs the reference's).
 """
 from __future__ import annotations
 
-import math
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -21,14 +21,24 @@ class Loaded:
     source_format: str  # "gguf Q4_1" | "safetensors"
 
 
-def load_model(spec: str, strategy, max_ctx: int) -> Loaded:
-    """Resolve spec (file, folder or packaged name), read Arch + weights, build the StateLayout and the module."""
-    from ..arch import arch_from_config, read_config_json
-    from ..strategies import NotApplicable, build_layout
-    from .llama import Llama, args_from_hf_config
-    from .weights import load_gguf, load_hf_folder, load_strict, resolve_model
+@dataclass
+class LlamaSource:
+    """A Llama-family checkpoint read once: weights, config, the args the modules take, and its Arch."""
+    path: Path
+    fmt: str  # "gguf <stored tensor types>" | "safetensors"
+    cfg: dict
+    sd: dict
+    args: "object"  # LlamaArgs, llama.cpp rope factors applied
+    arch: "object"  # edgekv.arch.Arch
 
-    if max_ctx < 1:
+
+def read_llama(spec: str, max_ctx: int | None = None) -> LlamaSource:
+    """Resolve spec (file, folder or packaged name) and read it; max_ctx is checked against the trained context."""
+    from ..arch import arch_from_config, read_config_json
+    from .llama import args_from_hf_config
+    from .weights import load_gguf, load_hf_folder, resolve_model
+
+    if max_ctx is not None and max_ctx < 1:
         raise EdgekvError(f"max_ctx must be at least 1, got {max_ctx}")
     path = resolve_model(spec)
     if path.suffix.lower() == ".gguf":
@@ -40,18 +50,34 @@ def load_model(spec: str, strategy, max_ctx: int) -> Loaded:
         cfg, sd = load_hf_folder(path)
         factors, fmt = None, "safetensors"
         arch = read_config_json(path)
-    try:
-        layout = build_layout(arch, strategy, max_ctx)
-    except NotApplicable as e:
-        raise EdgekvError(f"{strategy.label} does not apply to {arch.name}: {e}") from None
     args = args_from_hf_config(cfg, str(path))
     args.rope_freq_factors = factors
-    if args.max_position and max_ctx > args.max_position:
+    if max_ctx is not None and args.max_position and max_ctx > args.max_position:
         raise EdgekvError(f"max_ctx {max_ctx} exceeds the model's trained context {args.max_position}")
-    module = Llama(args, layout)
     if args.tied:
         sd.pop("lm_head.weight", None)  # some tied checkpoints still store the (identical) head
-    return Loaded(load_strict(module, sd, path, args.model_type), args, arch, layout, path, fmt)
+    return LlamaSource(path, fmt, cfg, sd, args, arch)
+
+
+def layout_for(arch, strategy, max_ctx: int):
+    """The StateLayout, or one clear line when the strategy does not apply to this model."""
+    from ..strategies import NotApplicable, build_layout
+    try:
+        return build_layout(arch, strategy, max_ctx)
+    except NotApplicable as e:
+        raise EdgekvError(f"{strategy.label} does not apply to {arch.name}: {e}") from None
+
+
+def load_model(spec: str, strategy, max_ctx: int) -> Loaded:
+    """The Llama-family export module for spec with the strategy's state at max_ctx."""
+    from .llama import Llama
+    from .weights import load_strict
+
+    src = read_llama(spec, max_ctx)
+    layout = layout_for(src.arch, strategy, max_ctx)
+    module = Llama(src.args, layout)
+    return Loaded(load_strict(module, src.sd, src.path, src.args.model_type), src.args, src.arch, layout, src.path,
+                  src.fmt)
 
 
 def load_any(spec: str, strategy, max_ctx: int) -> Loaded:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -64,7 +63,7 @@ def load_folder(spec: str, strategy, max_ctx: int):
     """spec (HF folder or packaged name) -> (path, config, fp32 state dict, Arch, StateLayout). GGUF is refused:
     only the llama module reads GGUF weights."""
     from ..arch import read_config_json
-    from ..strategies import NotApplicable, build_layout
+    from . import layout_for
     from .weights import load_hf_folder, resolve_model
 
     if max_ctx < 1:
@@ -73,10 +72,7 @@ def load_folder(spec: str, strategy, max_ctx: int):
     if path.suffix.lower() == ".gguf":
         raise EdgekvError(f"{path}: GGUF weights are read for llama-family models only; pass an HF folder")
     arch = read_config_json(path)
-    try:
-        layout = build_layout(arch, strategy, max_ctx)
-    except NotApplicable as e:
-        raise EdgekvError(f"{strategy.label} does not apply to {arch.name}: {e}") from None
+    layout = layout_for(arch, strategy, max_ctx)
     cfg, sd = load_hf_folder(path)
     return path, {k: config_value(v) for k, v in cfg.items()}, sd, arch, layout
 

@@ -52,7 +52,6 @@ from ..errors import EdgekvError
 from ..strategies import StateLayout
 from .llama import MLP as LlamaMLP
 from .llama import RMSNorm, rope_inv_freq, rotate_half
-from .llama import args_from_hf_config as llama_args
 from .mamba import STATE_DTYPES, empty_state, load_folder, load_strict
 
 # ---- RoPE for DeepSeek: default or YaRN, on interleaved pairs ----
@@ -534,46 +533,24 @@ def convert_state_dict(sd: dict, n_layers: int, rank: int) -> tuple[dict, list[f
 
 def factorisation_errors(spec: str, rank: int) -> list[float]:
     """Per layer ||W - W_up W_down||_F / ||W||_F for W = [W_k; W_v] of a llama-family model at rank r."""
-    cfg, sd, _ = _llama_weights(spec)
-    args = llama_args(cfg)
-    return [factorise_kv(sd[f"model.layers.{i}.self_attn.k_proj.weight"],
-                         sd[f"model.layers.{i}.self_attn.v_proj.weight"], rank)[2] for i in range(args.n_layers)]
+    from . import read_llama
 
-
-def _llama_weights(spec: str):
-    from .weights import load_gguf, load_hf_folder, resolve_model
-
-    path = resolve_model(spec)
-    if path.suffix.lower() == ".gguf":
-        got = load_gguf(path)  # (config, state dict, rope factors[, stored tensor types])
-        types = got[3] if len(got) > 3 else []
-        return got[0], got[1], (path, got[2], " ".join(["gguf", "+".join(types)]).strip())
-    cfg, sd = load_hf_folder(path)
-    return cfg, sd, (path, None, "safetensors")
+    src = read_llama(spec)
+    return [factorise_kv(src.sd[f"model.layers.{i}.self_attn.k_proj.weight"],
+                         src.sd[f"model.layers.{i}.self_attn.v_proj.weight"], rank)[2]
+            for i in range(src.args.n_layers)]
 
 
 def load_converted_mla(spec: str, strategy, max_ctx: int):
     """A llama-family model (HF folder, GGUF or packaged name) -> Loaded with a ConvertedMLA module at the strategy's
     rank (mla:rank=r or mla:ratio=x; default Hkv*D, half the KV). module.errors: per-layer factorisation error."""
-    from ..arch import load_arch
-    from ..strategies import NotApplicable, build_layout, mla_rank
-    from . import Loaded
+    from ..strategies import mla_rank
+    from . import Loaded, layout_for, read_llama
 
-    if max_ctx < 1:
-        raise EdgekvError(f"max_ctx must be at least 1, got {max_ctx}")
-    cfg, sd, (path, factors, fmt) = _llama_weights(spec)
-    arch = load_arch(str(path))
-    try:
-        layout = build_layout(arch, strategy, max_ctx)
-        rank = mla_rank(arch, strategy)
-    except NotApplicable as e:
-        raise EdgekvError(f"{strategy.label} does not apply to {arch.name}: {e}") from None
-    args = llama_args(cfg, str(path))
-    args.rope_freq_factors = factors
-    if args.max_position and max_ctx > args.max_position:
-        raise EdgekvError(f"max_ctx {max_ctx} exceeds the model's trained context {args.max_position}")
+    src = read_llama(spec, max_ctx)
+    layout = layout_for(src.arch, strategy, max_ctx)
+    rank = mla_rank(src.arch, strategy)  # layout_for already refused a model without attention layers
+    args, arch, path, fmt = src.args, src.arch, src.path, src.fmt
     module = ConvertedMLA(args, layout, rank)
-    if args.tied:
-        sd.pop("lm_head.weight", None)
-    sd, module.errors = convert_state_dict(sd, args.n_layers, rank)
+    sd, module.errors = convert_state_dict(src.sd, args.n_layers, rank)
     return Loaded(load_strict(module, sd, path, f"converted-MLA {args.model_type}"), args, arch, layout, path, fmt)

@@ -216,7 +216,7 @@ def ring_decode_step(shard: KVShard, length: int, timeout: timedelta, q: torch.T
     leader = decode_leader(length, world)
     stats = StepStats()
     t_start = time.perf_counter()
-    g, d = shard.kv.shape[2], shard.kv.shape[3]
+    d = shard.kv.shape[3]
     if rank == leader:
         if q is None or kv_new is None:
             raise ValueError(f"rank {rank} leads the step at position {length}: it needs q and kv_new")
