@@ -13,17 +13,54 @@ from .strategies import StateLayout, Strategy, mla_rank
 
 WEIGHT_PRECISIONS = ("fp32", "fp16", "int8", "int4", "gguf")
 
-# What a runtime does with attention and with a quantized KV cache. Sources: anchors.md section 2.
+# What a runtime does with attention, with a quantized KV cache, with the state and with the weights while loading.
+# Sources: anchors.md section 2 (scores, kv_dequant); the numeric fields were measured on this host (2 vCPU Zen 4,
+# onnxruntime 1.32.0, executorch 1.5.1 pybindings, 2026-11-30) with edgekv's own exports, each in a fresh process,
+# RSS (VmRSS/VmHWM) minus the RSS right after importing the runtime; the probe scripts and numbers are in
+# benchmarks/plan_accuracy.py's docstring.
+#   session_bytes: memory the runtime adds for any model beyond its weights (graph, kernel registry, code pages
+#     touched on the first call, thread pool), measured with the tiny Llama fixture (7.28 MB fp32 weights).
+#   score_copies: fp32 [H, chunk, T] score-sized tensors alive at once in a prefill call (scores, masked scores,
+#     softmax), from the slope of the peak over the chunk length.
+#   state_copies: copies of the whole state alive at the peak of a call (the caller's inputs + the runtime's outputs,
+#     + the runtime's own input buffers where it copies inputs in).
+#   tied_copy: a tied lm_head costs a second embedding-sized table (ORT constant-folds Transpose(embedding) into a new
+#     initializer; the ExecuTorch export stores the delegate's lm_head next to the embedding the gather reads).
+#   load_transient_tied: ORT holds one more embedding-sized buffer while it folds that transpose (load peak).
+#   packs_per_method: XNNPACK packs the delegated weights (linear + lm_head) once per method it initialises.
 RUNTIMES = {
-    "executorch": {"scores": True, "kv_dequant": "layer",
+    "executorch": {"scores": True, "kv_dequant": "layer", "session_bytes": 8_000_000, "score_copies": 2,
+                   "state_copies": 3, "tied_copy": True, "load_transient_tied": False, "packs_per_method": True,
                    "why": "ExecuTorch quantized_kv_cache.py dequantizes the cache to fp32 on every update (anchors.md "
                           "section 2); edgekv's exported attention is matmul-softmax-matmul, which materialises scores"},
-    "onnxruntime": {"scores": True, "kv_dequant": "layer",
+    "onnxruntime": {"scores": True, "kv_dequant": "layer", "session_bytes": 19_000_000, "score_copies": 3,
+                    "state_copies": 2, "tied_copy": True, "load_transient_tied": True, "packs_per_method": False,
                     "why": "edgekv's ONNX graphs dequantize a layer's cache, then run matmul-softmax-matmul"},
     "llama.cpp": {"scores": False, "kv_dequant": "fused",
                   "why": "flash attention on (stack.md); quantized K/V read by the attention kernel"},
     "vllm": {"scores": False, "kv_dequant": "fused", "why": "paged flash attention kernels read the cache in place"},
 }
+MEASURED = {  # how each numeric field above was measured; shown by --explain next to the number
+    "onnxruntime": "session 19 MB = tiny Llama after InferenceSession 15.2 MB + first call 3.9 MB beyond weights and "
+                   "state; 3 score copies = prefill peak slope 62 KB/token at H=4, T=1024 (16 KB per copy + 11 KB "
+                   "activations); 2 state copies = feed + outputs; tied copy = SmolLM2 after load 694 MB = 538 weights "
+                   "+ 113 folded transpose + 43, load peak 807 MB = +113 more",
+    "executorch": "session 8 MB, 2 score copies, 1 + 2 state copies per method (the caller's + each method's "
+                  "planned input and output buffers: tiny Llama kv 32k, state 100.7 MB: decode method 375 MB, + prefill "
+                  "method 643 MB); packs per method: SmolLM2 decode method 698 MB, + prefill method "
+                  "570 MB (XNNPACK packs the 425 MB linear + 113 MB lm_head again); tied copy: model.pte 652 MB = "
+                  "538 MB weights + the 113 MB lm_head",
+}
+
+
+# fp32 [chunk, d_inner, d_state] tensors alive in a prefill call of edgekv's Mamba export (exp(dt A), dt B x and the
+# scan's own copies): measured here, tiny Mamba fixture (d_inner 512, d_state 16) in ONNX Runtime, prefill peak 31.3 MB
+# at 32 tokens per call and 118.0 MB at 512: 181 KB per token, less ~20 KB of activations = 5.0 x 32 KB -> 5.
+SCAN_COPIES = 5
+
+
+def _rt(runtime: str) -> dict:
+    return RUNTIMES.get(runtime, RUNTIMES["executorch"])
 
 
 @dataclass
@@ -155,16 +192,19 @@ def prefill_flops(arch: Arch, strategy: Strategy, ctx: int, chunk: int) -> Item:
 # ---- workspace ----
 
 
-def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, chunk: int) -> Item:
+def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, chunk: int,
+                    precision: str = "fp32", methods: int = 1) -> Item:
     """Transient memory at the worst moment of a prefill chunk or a decode step (fp32 activations):
-    chunk activations + attention scores (if the runtime materialises them) + logits + dequant/reconstruction scratch
-    for one layer at a time."""
-    rt = RUNTIMES.get(runtime, RUNTIMES["executorch"])
+    chunk activations + attention scores (x the copies the runtime keeps alive, if it materialises them) + logits
+    + dequant/reconstruction scratch for one layer + the extra state copies alive during a call; or, where larger, the
+    runtime's load-time transient (ORT folding a tied lm_head's transpose)."""
+    rt = _rt(runtime)
     inter = max((w.shape[0] for w in arch.weights if w.name.endswith("up_proj.weight")), default=4 * arch.hidden)
     qkv = 0
     ssm_w = 0
     scores = 0
     scratch = 0
+    scan = 0
     kept = {}
     for t in layout.tensors:
         if t.role in ("key", "latent"):
@@ -176,8 +216,8 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
                 t = kept.get(i, 0)
                 if rt["scores"]:
                     scores = max(scores, m.n_heads * chunk * (t + chunk) * 4)
-                if strategy.kv_bits and rt["kv_dequant"] == "layer":
-                    scratch = max(scratch, 2 * m.n_kv_heads * t * m.head_dim * 4)
+                if (strategy.kv_bits or strategy.params.get("dtype", "fp32") != "fp32") and rt["kv_dequant"] == "layer":
+                    scratch = max(scratch, 2 * m.n_kv_heads * t * m.head_dim * 4)  # K, V read back as fp32
                 if strategy.name == "mla":
                     scratch = max(scratch, 2 * m.n_kv_heads * t * m.head_dim * 4)
             elif isinstance(m, MLA):
@@ -186,16 +226,60 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
                     scores = max(scores, m.n_heads * chunk * (kept.get(i, 0) + chunk) * 4)
             elif isinstance(m, SSM):
                 ssm_w = max(ssm_w, 2 * m.d_inner + m.conv_dim)
+                scan = max(scan, SCAN_COPIES * chunk * m.d_inner * m.d_state * 4)
+    copies = rt.get("score_copies", 1)
+    n_state = rt.get("state_copies", 1)
+    if rt.get("packs_per_method"):  # every method has its own planned buffers: state in + state out, dequant scratch
+        n_state, scratch = 1 + 2 * methods, scratch * methods
+    extra_state = (n_state - 1) * layout.nbytes
     act = chunk * (4 * arch.hidden + qkv + 3 * inter + ssm_w) * 4
-    logits = arch.vocab * 4
-    total = act + scores + logits + scratch
+    logits = chunk * arch.vocab * 4  # the exported step returns logits for every token of the call
+    step = act + copies * scores + logits + scratch + extra_state + scan
+    load = _tied_bytes(arch, precision) if rt.get("load_transient_tied") else 0
+    total = max(step, load)
     parts = [f"activations {chunk} tok x (4*hidden + qkv + 3*inter{' + ssm' if ssm_w else ''}) x 4 B = {act:,.0f}",
-             f"scores {'H x chunk x (T+chunk) x 4 B = ' + format(scores, ',') if rt['scores'] else 'not materialised'}",
-             f"logits vocab x 4 B = {logits:,}"]
+             (f"scores {copies} x H x chunk x (T+chunk) x 4 B = {copies * scores:,}" if rt["scores"]
+              else "scores not materialised"),
+             f"logits chunk x vocab x 4 B = {logits:,}"]
     if scratch:
-        parts.append(f"one layer's K,V in fp32 ({'dequantized' if strategy.kv_bits else 'reconstructed from the latent'})"
+        how = ("dequantized" if strategy.kv_bits else "reconstructed from the latent" if strategy.name == "mla"
+               else "cast from " + strategy.params.get("dtype", ""))
+        parts.append(f"one layer's K,V in fp32 ({how})"
                      f" = {scratch:,}")
-    return Item(total, " + ".join(parts) + f" [{runtime}: {rt['why']}]")
+    if scan:
+        parts.append(f"selective-scan inputs {SCAN_COPIES} x chunk x d_inner x d_state x 4 B = {scan:,}")
+    if extra_state:
+        parts.append(f"{n_state - 1} more state copies during a call = {extra_state:,}")
+    f = " + ".join(parts) + f" = {step:,.0f}"
+    if load:
+        f = f"max(step: {f}, load: transposed tied embedding being folded {load:,.0f}) = {total:,.0f}"
+    return Item(total, f + f" [{runtime}: {rt['why']}" + (f"; measured: {MEASURED[runtime]}" if runtime in MEASURED
+                                                           else "") + "]")
+
+
+def _tied_bytes(arch: Arch, precision: str) -> float:
+    """The embedding table's bytes when the lm_head is tied to it (no lm_head tensor), else 0."""
+    if any(w.cls == "lm_head" for w in arch.weights):
+        return 0
+    return sum(weight_bytes_one(w, precision) for w in arch.weights if w.cls == "embedding")
+
+
+def runtime_load_bytes(arch: Arch, precision: str, runtime: str, methods: int = 1) -> Item:
+    """Resident bytes the runtime adds to the stored weights once the model is loaded and has run: its per-session
+    cost, a second table for a tied lm_head, and (XNNPACK) one more packed copy of the delegated weights for every
+    method beyond the first (edgekv's .pte has two: prefill and decode)."""
+    rt = _rt(runtime)
+    sess = rt.get("session_bytes", 0)
+    tied = _tied_bytes(arch, precision) if rt.get("tied_copy") else 0
+    packs = 0.0
+    if rt.get("packs_per_method") and methods > 1:
+        delegated = sum(weight_bytes_one(w, precision) for w in arch.weights if w.cls in ("linear", "lm_head"))
+        packs = (methods - 1) * (delegated + tied)
+    total = sess + tied + packs
+    f = f"session {sess:,}" + (f" + tied lm_head's own table {tied:,.0f}" if tied else "") \
+        + (f" + {methods - 1} more XNNPACK-packed copy of linear + lm_head {packs:,.0f}" if packs else "") \
+        + f" = {total:,.0f} B [{runtime}" + (f"; measured: {MEASURED[runtime]}" if runtime in MEASURED else "") + "]"
+    return Item(total, f)
 
 
 # ---- speed ----
@@ -204,7 +288,7 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
 def decode_read_bytes(weights_read: float, layout: StateLayout, strategy: Strategy, runtime: str) -> Item:
     """Bytes one decode step moves: active weights + the whole state (+ writing and reading a dequantized fp32
     copy of the cache when the runtime dequantizes whole layers)."""
-    rt = RUNTIMES.get(runtime, RUNTIMES["executorch"])
+    rt = _rt(runtime)
     state = layout.nbytes
     extra = 0
     if strategy.kv_bits and rt["kv_dequant"] == "layer":
@@ -264,6 +348,7 @@ class Deployment:
     weights: dict[str, float]
     workspace: Item
     runtime_overhead: float
+    load: Item = field(default_factory=lambda: Item(0, "not modelled"))
     explain: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -272,7 +357,8 @@ class Deployment:
         s = self.layout.nbytes
         ws = int(self.workspace.value)
         rt = int(self.runtime_overhead)
-        return {"weights": w, "state": s, "workspace": ws, "runtime": rt, "total": w + s + ws + rt}
+        ld = int(self.load.value)
+        return {"weights": w, "state": s, "workspace": ws, "load": ld, "runtime": rt, "total": w + s + ws + ld + rt}
 
     def to_json(self) -> dict:
         return {"model": self.model, "strategy": self.strategy.name, "params": self.strategy.params,

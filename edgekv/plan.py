@@ -18,13 +18,15 @@ FAMILY_OF = {"ssm": "ssm", "linear": "linear", "hybrid": "hybrid"}  # mla conver
 
 
 def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: str, overhead: float,
-               chunk: int = DEFAULT_CHUNK) -> M.Deployment:
+               chunk: int = DEFAULT_CHUNK, methods: int = 1) -> M.Deployment:
+    """methods: entry points the runtime initialises (edgekv's .pte has prefill + decode: XNNPACK packs twice)."""
     if weights == "gguf" and not arch.gguf_path:
         raise EdgekvError(f"--weights gguf needs a GGUF model; {arch.name} was read from {arch.source}")
     layout = build_ring_layout(arch, strategy, ctx) if strategy.name == "ring" else build_layout(arch, strategy, ctx)
     wb = M.weight_bytes(arch, weights)
-    ws = M.workspace_bytes(arch, layout, strategy, runtime, min(chunk, ctx))
-    d = M.Deployment(arch.name, strategy, ctx, weights, runtime, layout, wb, ws, overhead)
+    ws = M.workspace_bytes(arch, layout, strategy, runtime, min(chunk, ctx), weights, methods)
+    load = M.runtime_load_bytes(arch, weights, runtime, methods)
+    d = M.Deployment(arch.name, strategy, ctx, weights, runtime, layout, wb, ws, overhead, load)
     d.explain = {
         "weights": f"{weights}: " + ", ".join(f"{k} {v:,.0f} B" for k, v in wb.items() if k not in ("total",
                    "read_per_token")) + f" = {wb['total']:,.0f} B (from {len(arch.weights)} tensor shapes; "
@@ -35,6 +37,7 @@ def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: 
             f"{t.name} {list(t.shape)} {t.dtype} = {t.nbytes:,} B" for t in layout.tensors[:3])
             + f"; total {layout.nbytes:,} B",
         "workspace": ws.formula,
+        "load": load.formula,
     }
     return d
 

@@ -46,3 +46,40 @@ def test_weight_precisions_order_and_int4_group_scales():
     # int4 linear layers: 0.5 B + an fp16 scale per 32 weights = 0.5625 B per weight
     lin = sum(w.numel for w in LLAMA.weights if w.cls == "linear")
     assert weight_bytes(LLAMA, "int4")["linear"] == lin * 0.5625
+
+
+# Runtime load terms and workspace, by hand from SmolLM2-135M's published config (30 layers, hidden 576, 9 query /
+# 3 KV heads of 64, intermediate 1536, vocab 49152, tied embeddings) and the measured constants documented in
+# edgekv/memory.py (ORT session 19 MB, ExecuTorch session 8 MB, 3 ORT score copies, 2 ORT state copies).
+SMOL = catalog_arch("smollm2-135m")
+SMOL_EMB = 49152 * 576 * 4  # fp32 table: 113,246,208 B
+SMOL_LINEAR = 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536) * 4  # q,o + k,v + gate,up,down: 424,673,280 B
+
+
+def test_ort_load_is_session_plus_the_folded_transpose_of_a_tied_head():
+    from edgekv.memory import runtime_load_bytes
+    assert runtime_load_bytes(SMOL, "fp32", "onnxruntime").value == 19_000_000 + SMOL_EMB
+    assert runtime_load_bytes(LLAMA, "fp32", "vllm").value == 0  # datacenter overheads live in the device profile
+
+
+def test_executorch_packs_the_delegated_weights_once_per_method():
+    from edgekv.memory import runtime_load_bytes
+    one = runtime_load_bytes(SMOL, "fp32", "executorch", methods=1).value
+    two = runtime_load_bytes(SMOL, "fp32", "executorch", methods=2).value
+    assert one == 8_000_000 + SMOL_EMB
+    assert two - one == SMOL_LINEAR + SMOL_EMB  # linear layers + the delegate's own lm_head table
+
+
+def test_ort_workspace_counts_score_copies_state_copies_and_the_load_transient():
+    from edgekv.memory import workspace_bytes
+    s = parse_strategy("kv")  # fp16 cache
+    lay = build_layout(SMOL, s, 8192)
+    state = 2 * 30 * 3 * 64 * 8192 * 2
+    assert lay.nbytes == state
+    chunk = 512
+    act = chunk * (4 * 576 + (9 + 2 * 3) * 64 + 3 * 1536) * 4
+    scores = 3 * 9 * chunk * (8192 + chunk) * 4
+    step = act + scores + chunk * 49152 * 4 + 2 * 3 * 8192 * 64 * 4 + state  # + fp32 K,V of one layer + the output state
+    assert workspace_bytes(SMOL, lay, s, "onnxruntime", chunk).value == step
+    small = build_layout(SMOL, s, 256)  # a short context: folding the tied head's transpose at load is the peak
+    assert workspace_bytes(SMOL, small, s, "onnxruntime", 32).value == SMOL_EMB

@@ -47,7 +47,7 @@ def test_plan_json_has_the_documented_fields():
     assert len(out["options"]) > 20
     for o in out["options"]:
         assert OPTION_KEYS <= set(o)
-        assert set(o["bytes"]) == {"weights", "state", "workspace", "runtime", "total"}
+        assert set(o["bytes"]) == {"weights", "state", "workspace", "load", "runtime", "total"}
         assert all(isinstance(v, int) for v in o["bytes"].values())
         assert o["bytes"]["total"] == sum(v for k, v in o["bytes"].items() if k != "total")
         assert o["quality"]["risk"] and o["quality"]["evidence"]

@@ -36,8 +36,13 @@ def _need(module: str) -> None:
 @click.command("export")
 @click.option("--model", required=True, help="a .gguf file, an HF folder (config.json + *.safetensors), "
               "or a packaged model name: smollm2-135m")
-@click.option("--strategy", default="kv", show_default=True,
-              help="state strategy: kv (fp16 cache) or kv:dtype=fp32; others are not exportable yet")
+@click.option("--strategy", default=None,
+              help="state strategy [default: kv]: kv[:dtype=fp32|fp16], kv-int8, kv-int4[:group=G], kv-int2 (GQA "
+              "models); window[:w=W,sinks=S] (GQA); mla[:rank=r|ratio=x] (DeepSeek-V2 native, or converted from a "
+              "GQA model); ssm[:dtype=fp32|fp16|int8] (Mamba-1/2); linear (RWKV-4); hybrid[:dtype=..,state_dtype=..] "
+              "(Jamba)")
+@click.option("--rank", type=click.IntRange(1), default=None, help="MLA latent width r: shortcut for mla:rank=r")
+@click.option("--window", type=click.IntRange(1), default=None, help="window size W: shortcut for window:w=W")
 @click.option("--format", "formats", default="onnx", show_default=True, help="onnx, pte, or onnx,pte")
 @click.option("--max-ctx", "max_ctx", default="512", show_default=True, help="cache slots: 512, 2k, 8k ...")
 @click.option("--out", required=True, help="export folder to create (e.g. export/smollm2-kv)")
@@ -49,7 +54,7 @@ def _need(module: str) -> None:
 @click.option("--threads", type=click.IntRange(1), default=None,
               help="compute threads for tracing and verification (torch, ONNX Runtime, XNNPACK); on a machine "
               "shared with other jobs, 1 avoids thread-barrier stalls")
-def export_cmd(model, strategy, formats, max_ctx, out, prefill_chunk, verify_steps, force, threads):
+def export_cmd(model, strategy, rank, window, formats, max_ctx, out, prefill_chunk, verify_steps, force, threads):
     """Export a model's decode step (state as explicit inputs/outputs) to ONNX and/or ExecuTorch, verify it
     against eager PyTorch, and write manifest.json + tokenizer.json beside it."""
     from pathlib import Path
@@ -58,9 +63,9 @@ def export_cmd(model, strategy, formats, max_ctx, out, prefill_chunk, verify_ste
 
     _need("torch")  # first: torch configures its loggers on import, _quiet then quiets them
     _quiet()
-    from .pipeline import ExportOptions, export_model, parse_formats
+    from .pipeline import ExportOptions, export_model, parse_formats, strategy_spec
 
-    opts = ExportOptions(model=model, strategy=strategy, formats=parse_formats(formats), max_ctx=parse_ctx(max_ctx),
+    opts = ExportOptions(model=model, strategy=strategy_spec(strategy, rank, window), formats=parse_formats(formats), max_ctx=parse_ctx(max_ctx),
                          out=Path(out), prefill_chunk=prefill_chunk, verify_steps=verify_steps, force=force,
                          threads=threads)
     from rich.console import Console

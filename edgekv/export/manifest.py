@@ -52,10 +52,13 @@ def tensor_spec(name: str, dtype: str, shape) -> dict:
     return {"name": name, "dtype": dtype, "shape": list(shape)}
 
 
-def entry_point(name: str, tokens, layout, vocab: int) -> dict:
-    """The inputs and outputs of one entry point: tokens, pos, then the state (StateLayout order), and back."""
+def entry_point(name: str, tokens, layout, vocab: int, tail: str | None = None) -> dict:
+    """The inputs and outputs of one entry point: tokens, pos, then the state (StateLayout order), and back.
+    tail (fixed-size prefill only): how a last chunk shorter than `tokens` runs: "pad" (pad it with token 0: the
+    padded slots stay masked) or "decode" (token by token through `decode`: a recurrent state must not see padding)."""
     state = layout.tensors
-    return {"name": name, "tokens": tokens,
+    extra = {"tail": tail} if tail else {}
+    return {"name": name, "tokens": tokens, **extra,
             "inputs": [tensor_spec("tokens", "int64", [1, tokens]), tensor_spec("pos", "int64", [1])]
             + [tensor_spec(t.name, t.dtype, t.shape) for t in state],
             "outputs": [tensor_spec("logits", "float32", [1, tokens, vocab])]

@@ -19,7 +19,11 @@ from pathlib import Path
 from ..errors import EdgekvError
 
 FORMATS = ("onnx", "pte")
-ONNX_SINGLE_FILE = 2**31 - 2**26  # protobuf's 2 GiB limit, less room for the graph itself
+# what `edgekv export --strategy` takes (ring splits a datacenter KV over GPUs: planned, never exported)
+EXPORTABLE = ("kv", "kv-int8", "kv-int4", "kv-int2", "window", "mla", "ssm", "linear", "hybrid")
+# above this many bytes of fp32 weights, model.onnx keeps its weights in model.onnx.data (ONNX external data):
+# protobuf's 2 GiB limit, less room for the graph itself. Read at export time, so tests can lower it.
+ONNX_SINGLE_FILE = 2**31 - 2**26
 VERIFY_TEXT = ("The Python standard library is very extensive, offering a wide range of facilities. It contains "
                "built-in modules that provide access to system functionality such as file I/O.")
 
@@ -76,6 +80,40 @@ def parse_formats(text: str) -> tuple[str, ...]:
     return fs
 
 
+def strategy_spec(strategy: str | None, rank: int | None = None, window: int | None = None) -> str:
+    """--strategy with the --rank / --window shortcuts folded in: --rank r is mla:rank=r, --window W is window:w=W
+    (added to an mla / window --strategy, or standing in for the default kv)."""
+    spec = strategy or ("mla" if rank else "window" if window else "kv")
+    name, _, params = spec.partition(":")
+    for flag, value, wants, key in (("--rank", rank, "mla", "rank"), ("--window", window, "window", "w")):
+        if value is None:
+            continue
+        if name.strip().lower() != wants:
+            raise EdgekvError(f"{flag} applies to the {wants} strategy, not {spec!r}")
+        if any(p.strip().startswith(key + "=") for p in params.split(",")):
+            raise EdgekvError(f"{flag} and {spec!r} both set {key}: give it once")
+        params = ",".join(filter(None, (params, f"{key}={value}")))
+    return f"{name}:{params}" if params else name
+
+
+def pads_safely(layout) -> bool:
+    """Can a short last prefill chunk be padded with junk tokens? Only when every state tensor is a cache with one
+    slot per position (key/value/latent and their scales): the junk lands in slots past the prompt, masked until a
+    decode step overwrites them. A recurrent state (ssm, conv, recurrent) would absorb the junk tokens, and a
+    rolling window (fewer slots than max_ctx) would overwrite live slots; those run a short tail through `decode`."""
+    for t in layout.tensors:
+        role = t.role.split(".")[0]
+        if role in ("key", "value"):
+            slots = t.shape[2]
+        elif role == "latent":
+            slots = t.shape[1]
+        else:
+            return False
+        if slots != layout.ctx:
+            return False
+    return True
+
+
 def verify_prompt(tokenizer, vocab: int, n_max: int) -> list[int]:
     if tokenizer is not None:
         ids = tokenizer.encode(VERIFY_TEXT).ids
@@ -95,6 +133,52 @@ def planned(arch, strategy, max_ctx: int, chunk: int) -> dict:
             "note": "edgekv plan's arithmetic for this artifact; runtime overhead is per device (device profiles)"}
 
 
+def strategy_entry(strategy, module) -> dict:
+    """The manifest's strategy: name, params, label; a converted MLA adds its rank and per-layer relative
+    factorisation error ||W - W_up W_down||_F / ||W||_F of W = [W_k; W_v] (edgekv.models.mla.factorise_kv)."""
+    out = {"name": strategy.name, "params": strategy.params, "label": strategy.label}
+    errors = getattr(module, "errors", None)
+    if errors:
+        out["rank"] = int(module.rank)
+        out["factorisation_error"] = [float(e) for e in errors]
+    return out
+
+
+def write_byte_tokenizer(source: Path, out_dir: Path) -> dict:
+    """A byte-level model (vocab 256, token id = byte value, no tokenizer of its own: fixtures/README.md) ships a
+    tokenizer.json that encodes text to its UTF-8 bytes and decodes bytes back: a BPE over the 256 byte symbols of
+    the ByteLevel pre-tokenizer's alphabet (GPT-2's bytes_to_unicode) with no merges, so any app's `tokenizers`
+    runs it as is."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    rest = [b for b in range(256) if b not in printable]
+    symbol = {b: chr(b) for b in printable} | {b: chr(256 + n) for n, b in enumerate(rest)}
+    tok = Tokenizer(models.BPE({symbol[b]: b for b in range(256)}, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(out_dir / "tokenizer.json"))
+    cfg = json.loads((source / "config.json").read_text()) if (source / "config.json").is_file() else {}
+    eos = cfg.get("eos_token_id")
+    return {"file": "tokenizer.json", "source": "bytes: token id = UTF-8 byte value (vocab 256, the model folder "
+            "has no tokenizer)", "kind": "bytes", "bos_token_id": cfg.get("bos_token_id"),
+            "eos_token_ids": eos if isinstance(eos, list) else ([eos] if eos is not None else []),
+            "add_bos_token": False}
+
+
+def check_applies(spec: str, strategy, max_ctx: int) -> None:
+    """One clear line before any stage runs when the strategy does not fit the model (ssm on a transformer, kv on
+    Mamba): the model's Arch from its config.json or GGUF header, no weights read."""
+    from ..arch import read_config_json, read_gguf
+    from ..models import layout_for
+    from ..models.weights import resolve_model
+
+    path = resolve_model(spec)
+    layout_for(read_gguf(path) if path.suffix.lower() == ".gguf" else read_config_json(path), strategy, max_ctx)
+
+
 def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
     from .. import __version__
     from ..strategies import parse_strategy
@@ -106,6 +190,9 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
     if not out.parent.exists():
         raise EdgekvError(f"cannot write {out}: folder {out.parent} does not exist")
     strategy = parse_strategy(opts.strategy)
+    if strategy.name not in EXPORTABLE:
+        raise EdgekvError(f"strategy {strategy.name} is planned but not exported (exportable: {', '.join(EXPORTABLE)})")
+    check_applies(opts.model, strategy, opts.max_ctx)
     names = ["load", "tokenizer", "trace"] + [f"{s}-{f}" for f in opts.formats for s in ("lower", "serialize")] \
         + [f"verify-{f}" for f in opts.formats] + ["manifest", "publish"]
     st = Stages(names, echo, status)
@@ -126,7 +213,7 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
 
 
 def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str) -> dict:
-    from ..models import load_model
+    from ..models import load_any
     from .runtime import EagerStepper, OrtStepper, PteStepper
     from .trace import trace
     from .verify import describe, verify
@@ -135,12 +222,13 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
         if opts.threads:
             import torch
             torch.set_num_threads(opts.threads)
-        loaded = load_model(opts.model, strategy, opts.max_ctx)
+        loaded = load_any(opts.model, strategy, opts.max_ctx)
         module, layout, args = loaded.module, loaded.layout, loaded.args
-        cache_dtype = layout.tensors[0].dtype
     with st.stage("tokenizer"):
         from .tokenizer import write_tokenizer
         tok_entry = write_tokenizer(loaded.source, tmp)
+        if tok_entry is None and args.vocab == 256:
+            tok_entry = write_byte_tokenizer(loaded.source, tmp)
         tokenizer = None
         if tok_entry:
             from tokenizers import Tokenizer
@@ -148,7 +236,8 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
 
     chunk = max(1, min(opts.prefill_chunk, opts.max_ctx))
     entries = {"onnx": [mf.entry_point("forward", "seq", layout, args.vocab)],
-               "pte": [mf.entry_point("prefill", chunk, layout, args.vocab),
+               "pte": [mf.entry_point("prefill", chunk, layout, args.vocab,
+                                      tail="pad" if pads_safely(layout) else "decode"),
                        mf.entry_point("decode", 1, layout, args.vocab)]}
     with st.stage("trace", ", ".join(f"{f}:{e['name']}" for f in opts.formats for e in entries[f])):
         want = {}
@@ -161,17 +250,17 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
     artifacts = []
     if "onnx" in opts.formats:
         from . import to_onnx
+        external = args_bytes(module) > ONNX_SINGLE_FILE
         with st.stage("lower-onnx", "torch.onnx.export(dynamo=True)"):
-            if args_bytes(module) > ONNX_SINGLE_FILE:
-                raise EdgekvError(f"{args_bytes(module) / 1e9:.2f} GB of fp32 weights exceed ONNX's 2 GB single-file "
-                                  "limit (external data is not implemented yet); use --format pte")
             model = to_onnx.lower_onnx(eps["onnx:forward"], entries["onnx"][0])
-        with st.stage("serialize-onnx", "model.onnx"):
-            to_onnx.save_onnx(model, tmp / "model.onnx")
+        with st.stage("serialize-onnx", "model.onnx" + (f" + {to_onnx.EXTERNAL_DATA}" if external else "")):
+            to_onnx.save_onnx(model, tmp / "model.onnx", external)
             import onnxruntime
-            artifacts.append({"format": "onnx", "file": "model.onnx",
-                              "runtime": f"onnxruntime {onnxruntime.__version__}", "opset": to_onnx.opset(model),
-                              "entry_points": entries["onnx"]})
+            art = {"format": "onnx", "file": "model.onnx", "runtime": f"onnxruntime {onnxruntime.__version__}",
+                   "opset": to_onnx.opset(model), "entry_points": entries["onnx"]}
+            if external:
+                art["external_data"] = to_onnx.EXTERNAL_DATA
+            artifacts.append(art)
             del model
     if "pte" in opts.formats:
         from . import to_pte
@@ -192,13 +281,15 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
     prompt = verify_prompt(tokenizer, args.vocab, n_max if n_max > 0 else opts.max_ctx - 1)
     steps = max(0, min(opts.verify_steps, opts.max_ctx - len(prompt)))
     verification = {}
+    from .verify import tolerance_dtype
+    cache_dtype = tolerance_dtype(layout)
     for fmt in opts.formats:
         with st.stage(f"verify-{fmt}", f"{len(prompt)} prompt tokens + {steps} decode steps vs eager torch"):
             if fmt == "onnx":
                 art, ref = OrtStepper(partial, tmp, opts.threads, spin=False), EagerStepper(partial, module)
             else:
                 art = PteStepper(partial, tmp, opts.threads)
-                ref = EagerStepper(partial, module, chunk=art.chunk)
+                ref = EagerStepper(partial, module, chunk=art.chunk, tail=art.tail)
             v = verify(art, ref, prompt, steps, cache_dtype, artifacts[[a["format"] for a in artifacts].index(fmt)]
                        ["runtime"])
             verification[fmt] = v
@@ -214,7 +305,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             "model": {"name": loaded.arch.name, "source": str(loaded.source), "source_format": loaded.source_format,
                       "model_type": args.model_type, "n_params": int(n_params), "vocab": args.vocab,
                       "n_layers": args.n_layers, "config": args.to_json()},
-            "strategy": {"name": strategy.name, "params": strategy.params, "label": strategy.label},
+            "strategy": strategy_entry(strategy, module),
             "max_ctx": opts.max_ctx,
             "weights": {"dtype": "float32", "bytes": int(n_params * 4)},
             "state": layout.to_json(), "artifacts": artifacts, "tokenizer": tok_entry,

@@ -6,9 +6,11 @@ A Stepper holds the state tensors of one sequence and calls the artifact's entry
 Nothing here imports edgekv.models: an artifact runs from its manifest alone. (ExecuTorch's Python runtime imports
 torch itself; ONNX Runtime does not.)
 
-Fixed-size prefill (the .pte `prefill` method takes exactly `chunk` tokens): the last chunk is padded with token 0.
-The padding writes junk K/V into slots past the prompt; they are masked (slot > position) until the decode step at
-that position overwrites them, so the result is the same as an unpadded call.
+Fixed-size prefill (the .pte `prefill` method takes exactly `chunk` tokens): a shorter last chunk runs as the entry
+point's `tail` says. "pad": padded with token 0; the padding writes junk K/V into slots past the prompt, masked
+(slot > position) until the decode step at that position overwrites them, so the result is the same as an unpadded
+call. "decode": token by token through `decode`, for states that padding would corrupt (a recurrent state absorbs
+every token it sees; a rolling window would overwrite live slots).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ class Stepper:
     """The state of one sequence plus the artifact's step function."""
 
     chunk: int | None = None  # fixed prefill length, or None when any C in 1..max_ctx works
+    tail: str = "pad"  # how a call of 1 < C < chunk tokens runs: "pad" to chunk, or "decode" token by token
     max_chunk: int = 512  # split a longer prompt into calls of at most this many tokens
 
     def __init__(self, manifest: dict):
@@ -59,6 +62,8 @@ class Stepper:
         if pos < 0 or pos + len(tokens) > self.max_ctx:
             raise EdgekvError(f"positions {pos}..{pos + len(tokens) - 1} are outside this export's max_ctx "
                               f"{self.max_ctx}")
+        if self.chunk and self.tail == "decode" and 1 < len(tokens) < self.chunk:
+            return np.concatenate([self._call([t], pos + i) for i, t in enumerate(tokens)])
         return self._call(tokens, pos)
 
     def _zeros(self, shape, dtype):
@@ -121,6 +126,7 @@ class PteStepper(Stepper):
         except Exception as e:  # the runtime raises RuntimeError/ValueError on damaged programs
             raise EdgekvError(f"{folder / a['file']}: ExecuTorch cannot load it ({type(e).__name__}: {e})") from None
         shapes = {ep["name"]: ep["inputs"][0]["shape"][1] for ep in a["entry_points"]}
+        self.tail = next((ep.get("tail", "pad") for ep in a["entry_points"] if ep["name"] == "prefill"), "pad")
         if not {"prefill", "decode"} <= names or set(shapes) != {"prefill", "decode"}:
             raise EdgekvError(f"{folder / a['file']}: needs methods prefill and decode "
                               f"(has {', '.join(sorted(names))})")
@@ -151,10 +157,10 @@ class PteStepper(Stepper):
 class EagerStepper(Stepper):
     """The torch module behind the same interface (verify's reference); `chunk` mirrors the artifact's calls."""
 
-    def __init__(self, manifest: dict, module, chunk: int | None = None):
+    def __init__(self, manifest: dict, module, chunk: int | None = None, tail: str = "pad"):
         import torch
 
-        self.torch, self.module, self.chunk = torch, module, chunk
+        self.torch, self.module, self.chunk, self.tail = torch, module, chunk, tail
         super().__init__(manifest)
 
     def _zeros(self, shape, dtype):

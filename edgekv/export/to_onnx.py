@@ -1,8 +1,9 @@
 """Stage 2a, lower to ONNX: one graph `forward` with a dynamic token axis named `seq` (chunked prefill and decode).
 
-torch.onnx.export(dynamo=True) from the ExportedProgram, weights inside the file (external_data=False; the protobuf
-limit is 2 GB, so fp32 models above ~500 M parameters need external data: not done yet). The graph's inputs and
-outputs are checked against the manifest's entry point, so the names and shapes an app reads are the graph's own.
+torch.onnx.export(dynamo=True) from the ExportedProgram. Weights go inside model.onnx, or, above protobuf's 2 GB
+limit (fp32 models above ~500 M parameters; pipeline.ONNX_SINGLE_FILE), into one external-data file beside it,
+model.onnx.data, which ONNX Runtime reads from the same folder. The graph's inputs and outputs are checked against
+the manifest's entry point, so the names and shapes an app reads are the graph's own.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import io
 
 from ..errors import EdgekvError
 
+EXTERNAL_DATA = "model.onnx.data"  # the weights of a model.onnx saved with external data, beside it
 ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16", 7: "int64", 6: "int32", 3: "int8", 2: "uint8"}
 
 
@@ -49,9 +51,14 @@ def check_io(model, entry: dict) -> None:
             raise EdgekvError(f"the ONNX graph's {kind}s differ from the manifest: {bad}")
 
 
-def save_onnx(model, path) -> None:
+def save_onnx(model, path, external: bool = False) -> None:
+    """model.onnx alone, or model.onnx + EXTERNAL_DATA (every initializer of 1 KiB or more, one file)."""
     import onnx
-    onnx.save_model(model, str(path))
+    if external:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=EXTERNAL_DATA, size_threshold=1024)
+    else:
+        onnx.save_model(model, str(path))
 
 
 def opset(model) -> int:

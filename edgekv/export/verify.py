@@ -22,6 +22,13 @@ REL_TOL = {"float32": 1e-4, "float16": 2e-3, "int8": 1e-2, "uint8": 5e-2}
 MIN_TOP1 = 0.95
 
 
+def tolerance_dtype(layout) -> str:
+    """The state dtype that sets the tolerance: the coarsest one the layout stores (a hybrid's fp16 KV next to its
+    fp32 SSM state, an int8 SSM state next to its fp32 conv state and scales), since its rounding bounds the
+    agreement of the whole step."""
+    return max((t.dtype for t in layout.tensors), key=lambda d: REL_TOL[d])
+
+
 def verify(artifact, reference, prompt: list[int], steps: int, cache_dtype: str, runtime: str) -> dict:
     t0 = time.perf_counter()
     a, r = artifact.prefill(prompt), reference.prefill(prompt)

@@ -28,6 +28,15 @@ transformers' LlamaModel, and why the numbers are the same:
     not read from a [max_ctx, D] table.
   - a fp16 cache stores keys/values rounded to fp16 and computes attention in fp32 after reading them back.
 Positions at or past T are not written (the one-hot row is all zero); callers must keep pos + C <= T.
+
+Rolling layers (T < ctx): the `window:w=W,sinks=S` strategy, and native sliding-window layers (Mistral's
+sliding_window, Qwen2's windowed layers; S = 0, W = window). See Ring: position p lives in slot p if p < S, else in
+S + (p - S) mod W, and query q sees key k iff k <= q and (q - k < W or k < S) -- transformers' sliding_window_overlay
+(kv_idx > q_idx - sliding_window) for S = 0. A call attends over [the cache as it was before the call, this call's own
+C keys] ([Hkv, T + C, D]), because its later tokens may overwrite ring slots its earlier queries still need; then only
+the survivors (the sinks, and the call's last W ring positions) are written. Keys are stored after RoPE at their true
+absolute positions: no StreamingLLM re-indexing of positions inside the cache, so a window layer computes exactly the
+masked attention of the full model, and positions stay bounded by max_ctx (the model's RoPE range), not by T.
 """
 from __future__ import annotations
 
@@ -38,9 +47,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..arch import Cfg, _layer_windows
 from ..errors import EdgekvError
 from ..quant import dequantize, quantize
-from ..strategies import StateLayout
+from ..strategies import StateLayout, parse_strategy
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 STATE_TORCH = {**TORCH_DTYPES, "int8": torch.int8, "uint8": torch.uint8}
@@ -65,6 +75,7 @@ class LlamaArgs:
     tied: bool = False
     max_position: int | None = None
     model_type: str = "llama"
+    windows: list[int | None] | None = None  # per layer: native sliding window in tokens, None = global
     rope_freq_factors: list[float] | None = field(default=None, repr=False)  # llama.cpp rope_freqs.weight (D/2)
 
     def __post_init__(self):
@@ -116,7 +127,9 @@ def args_from_hf_config(cfg: dict, where: str = "config.json") -> LlamaArgs:
         qkv_bias=True if mt == "qwen2" else bool(cfg.get("attention_bias", False)),
         o_bias=False if mt == "qwen2" else bool(cfg.get("attention_bias", False)),
         mlp_bias=bool(cfg.get("mlp_bias", False)), tied=bool(cfg.get("tie_word_embeddings", False)),
-        max_position=cfg.get("max_position_embeddings"), model_type=mt)
+        max_position=cfg.get("max_position_embeddings"), model_type=mt,
+        # the planner's own reading of which layers slide (edgekv.arch), so this module and its StateLayout agree
+        windows=_layer_windows(Cfg(cfg, where), mt, int(need("num_hidden_layers"))))
 
 
 # ---- building blocks ----
@@ -200,10 +213,11 @@ class Attention(nn.Module):
         stored = cache.view(hkv, t, d) * k + placed.to(cache.dtype)
         return stored.view(1, hkv, t, d)
 
-    def forward(self, x, cos, sin, write, keep, mask, k_state, v_state, kv: "KVFormat"):
+    def forward(self, x, cos, sin, write, keep, mask, k_state, v_state, kv: "KVFormat", rolling: bool = False):
         """x [1, C, d]; cos, sin [C, 1, D]; write [T, C] one-hot (slot t <- token c); keep [T, 1];
         mask [G*C, T] additive (0 or -inf); k_state, v_state: the layer's key / value state tensors as kv describes
         them ((cache [1, Hkv, T, D],) or (codes, scale[, zero]))  ->  out [1, C, d], new k_state, new v_state.
+        rolling (a Ring layer): attend over the old cache and this call's keys, mask [G*C, T + C] (Ring.plan).
         Matmuls are 3-D (bmm): no broadcast expand copies."""
         c = x.shape[1]
         g = self.h // self.hkv
@@ -212,11 +226,12 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(c, self.hkv, self.dh)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        k_state, kf = kv.write(self._write, k, k_state, write, keep)  # kf, vf: [Hkv, T, D] fp32
-        v_state, vf = kv.write(self._write, v, v_state, write, keep)
+        put = kv.roll if rolling else kv.write
+        k_state, kf = put(self._write, k, k_state, write, keep)  # kf, vf: [Hkv, T, D] fp32 ([Hkv, T + C, D] rolling)
+        v_state, vf = put(self._write, v, v_state, write, keep)
         # query head h = kv*G + g (repeat_kv's order) -> row g*C + c of KV head kv
         qg = q.view(c, self.hkv, g, self.dh).permute(1, 2, 0, 3).reshape(self.hkv, g * c, self.dh)
-        scores = torch.bmm(qg, kf.transpose(1, 2)) * (1.0 / math.sqrt(self.dh)) + mask  # [Hkv, G*C, T]
+        scores = torch.bmm(qg, kf.transpose(1, 2)) * (1.0 / math.sqrt(self.dh)) + mask  # [Hkv, G*C, T (+C)]
         out = torch.bmm(torch.softmax(scores, dim=-1), vf)  # [Hkv, G*C, D]
         out = out.view(self.hkv, g, c, self.dh).permute(2, 0, 1, 3).reshape(1, c, self.h * self.dh)
         return self.o_proj(out), k_state, v_state
@@ -242,6 +257,19 @@ class KVFormat:
         parts = (codes, scale) if self.bits == 8 else (codes, scale, zero)
         new = tuple(put(old, part, write, keep) for old, part in zip(state, parts))
         return new, dequantize(new[0][0], new[1][0], new[2][0] if self.bits < 8 else None, self.bits, self.group)
+
+    def roll(self, put, x, state, write, keep):
+        """A rolling layer: x [C, Hkv, D] fp32 -> (new state, fp32 [Hkv, T + C, D]: the cache as it was before this
+        call, then this call's C tokens as the cache stores them, i.e. rounded to its dtype or its quantizer)."""
+        if self.bits is None:
+            old, new = state[0].float()[0], x.to(self.dtype).float().permute(1, 0, 2)
+            return (put(state[0], x, write, keep),), torch.cat((old, new), 1)
+        codes, scale, zero = quantize(x, self.bits, self.group, self.rounding, self.generator)
+        parts = (codes, scale) if self.bits == 8 else (codes, scale, zero)
+        z = self.bits < 8
+        old = dequantize(state[0][0], state[1][0], state[2][0] if z else None, self.bits, self.group)
+        new = dequantize(codes, scale, zero if z else None, self.bits, self.group).permute(1, 0, 2)
+        return tuple(put(o, part, write, keep) for o, part in zip(state, parts)), torch.cat((old, new), 1)
 
 
 class MLP(nn.Module):
@@ -276,12 +304,86 @@ class Body(nn.Module):
         self.norm = RMSNorm(a.hidden, a.rms_eps)
 
 
+# ---- rolling (ring-buffer) layers ----
+
+
+@dataclass(frozen=True)
+class Ring:
+    """A layer whose cache keeps T = sinks + size slots of a longer context (mlx-lm's RotatingKVCache(size, keep)).
+
+    Position p lives in slot p if p < sinks, else in sinks + (p - sinks) mod size. Query q sees key k iff
+    k <= q and (q - k < window or k < keep_first) [the window strategy; none if window is None] and q - k < native
+    [the model's own sliding window; none if None]. transformers' sliding_window_overlay is kv_idx > q_idx - W, i.e.
+    q - k < W. Every key some query can still see is in the cache: see layer_rings for why."""
+    sinks: int
+    size: int
+    window: int | None
+    keep_first: int
+    native: int | None
+
+    def sees(self, q, k):
+        """Broadcastable int64 positions -> bool: may query q attend to key k."""
+        ok = k <= q
+        if self.window is not None:
+            ok = ok & ((q - k < self.window) | (k < self.keep_first))
+        if self.native is not None:
+            ok = ok & (q - k < self.native)
+        return ok
+
+    def plan(self, pos, positions, g: int, cache_dtype):
+        """pos [1], positions [C] -> write [T, C] one-hot fp32, keep [T, 1], mask [G*C, T + C] additive (over the
+        slots as they were before this call, then this call's C keys; rows g*C + c as in the plain mask).
+
+        Before the call, sink slot s holds position s if s < pos; ring slot j holds the latest p' < pos with
+        slot(p') = j: with m = pos - 1 - sinks, p' = sinks + m - ((m - j) mod size), valid if p' >= sinks.
+        The call writes only its survivors: its sinks and its last `size` ring positions (distinct slots)."""
+        s, r, c = self.sinks, self.size, positions.shape[0]
+        slots = torch.arange(s + r, dtype=torch.int64)  # [T]
+        m = pos - 1 - s
+        held = torch.where(slots < s, slots, s + m - torch.remainder(m - (slots - s), r))  # [T]
+        valid = (held < pos) & ((slots < s) | (held >= s))  # no bool torch.where: ONNX Runtime lacks it
+        q = positions.repeat(g)[:, None]  # [G*C, 1]
+        allowed = torch.cat((valid[None, :] & self.sees(q, held[None, :]), self.sees(q, positions[None, :])), 1)
+        mask = torch.where(allowed, 0.0, float("-inf"))
+        dest = torch.where(positions < s, positions, s + torch.remainder(positions - s, r))  # [C]
+        survives = (positions < s) | (positions >= pos + c - r)
+        write = ((slots[:, None] == dest[None, :]) & survives[None, :]).float()  # [T, C]
+        keep = (write.sum(1, keepdim=True) == 0).to(cache_dtype)  # [T, 1]
+        return write, keep, mask
+
+
+def layer_rings(a: LlamaArgs, layout: StateLayout) -> list[Ring | None]:
+    """Per layer: None where the cache has a slot per position (T == ctx: the plain path), else its Ring.
+
+    T = min(ctx, native window Wn, W + S) (edgekv.strategies.build_layout). With the window strategy and
+    W + S < Wn, the cache keeps S sinks and a ring of W: every visible key is a sink or one of the last W positions.
+    Otherwise (a native window Wn <= W + S, or no window strategy) a ring of T = Wn with no pinned slots holds every
+    visible key, since q - k < Wn; the strategy's rule (q - k < W or k < S) still applies on top. With T == ctx
+    every rule is vacuous for positions < ctx, so those layers keep the plain cache exactly."""
+    w = s = None
+    if layout.strategy.startswith("window"):
+        p = parse_strategy(layout.strategy).params
+        w, s = p["w"], p["sinks"]
+    out = []
+    for i in range(a.n_layers):
+        native = a.windows[i] if a.windows else None
+        t = min(layout.ctx, native or layout.ctx, (w + s) if w is not None else layout.ctx)
+        if t == layout.ctx:
+            out.append(None)
+        elif w is not None and (native is None or w + s < native):
+            out.append(Ring(s, w, w, s, native))
+        else:
+            out.append(Ring(0, t, w, s or 0, native))
+    return out
+
+
 # ---- the decode step ----
 
 
-def check_layout(a: LlamaArgs, layout: StateLayout) -> KVFormat:
+def check_layout(a: LlamaArgs, layout: StateLayout) -> tuple[KVFormat, list[Ring | None]]:
     """The layout must be, per layer, a key and a value [1, Hkv, T, D] in fp32/fp16, or their quantized codes with
-    .scale (and .zero) tensors as edgekv.quant writes them (kv-int8, kv-int4, kv-int2). Returns how each is stored."""
+    .scale (and .zero) tensors as edgekv.quant writes them (kv-int8, kv-int4, kv-int2), with T = ctx or the
+    layer's rolling size. Returns how each is stored and each layer's Ring (None: one slot per position)."""
     bits = 8 if any(t.dtype == "int8" for t in layout.tensors) else \
         next((t.packed_bits for t in layout.tensors if t.packed_bits), None)
     roles = ["key", "value"] if bits is None else (["key", "key.scale", "value", "value.scale"] if bits == 8 else
@@ -292,28 +394,33 @@ def check_layout(a: LlamaArgs, layout: StateLayout) -> KVFormat:
         raise EdgekvError(f"strategy {layout.strategy}: the llama export module keeps per layer {roles} "
                           f"(this layout has {sorted({t.role for t in layout.tensors})})")
     stored_d = a.head_dim if bits in (None, 8) else a.head_dim * bits // 8
+    rings = layer_rings(a, layout)
     for t in layout.tensors:
-        if t.role in ("key", "value") and t.shape != (1, a.n_kv_heads, layout.ctx, stored_d):
-            raise EdgekvError(f"{t.name}: shape {t.shape} is not [1, {a.n_kv_heads}, {layout.ctx}, {stored_d}]: "
-                              "sliding-window layers shorter than the context need a rolling cache (not implemented)")
+        ring = rings[t.layer]
+        want_t = layout.ctx if ring is None else ring.sinks + ring.size
+        if t.role in ("key", "value") and t.shape != (1, a.n_kv_heads, want_t, stored_d):
+            raise EdgekvError(f"{t.name}: shape {t.shape} is not [1, {a.n_kv_heads}, {want_t}, {stored_d}] "
+                              f"(layer {t.layer}: {'ctx slots' if ring is None else ring})")
     if bits is not None:
-        return KVFormat(None, bits, a.head_dim // layout.tensors[1].shape[-1])
+        return KVFormat(None, bits, a.head_dim // layout.tensors[1].shape[-1]), rings
     dtypes = {t.dtype for t in layout.tensors}
     if len(dtypes) != 1 or not dtypes <= set(TORCH_DTYPES):
         raise EdgekvError(f"strategy {layout.strategy}: cache dtype {', '.join(sorted(dtypes))} is not supported "
                           f"by the export yet (supported: fp32, fp16)")
-    return KVFormat(TORCH_DTYPES[dtypes.pop()])
+    return KVFormat(TORCH_DTYPES[dtypes.pop()]), rings
 
 
 class Llama(nn.Module):
     """forward(tokens [1, C] int64, pos [1] int64, *state) -> (logits [1, C, V] fp32, *new_state).
 
-    pos is the position of tokens[0, 0]; state is the tensors of `layout` in its order (per layer: key, value)."""
+    pos is the position of tokens[0, 0]; state is the tensors of `layout` in its order (per layer: key, value).
+    Layers with a Ring (window strategy, native sliding windows) keep a rolling cache; the others one slot per
+    position, computed exactly as before rolling layers existed (the plain kv graph is unchanged)."""
 
     def __init__(self, args: LlamaArgs, layout: StateLayout):
         super().__init__()
         self.args, self.layout = args, layout
-        self.kv = check_layout(args, layout)
+        self.kv, self.rings = check_layout(args, layout)
         self.cache_dtype = self.kv.dtype or torch.float32  # quantized caches: keep is cast per tensor
         self.model = Body(args)
         self.lm_head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
@@ -326,11 +433,15 @@ class Llama(nn.Module):
         c, t_slots = tokens.shape[1], self.layout.ctx
         g = self.args.n_heads // self.args.n_kv_heads
         positions = pos + torch.arange(c, dtype=torch.int64)  # [C]
-        slots = torch.arange(t_slots, dtype=torch.int64)  # [T]
-        write = (slots[:, None] == positions[None, :]).float()  # [T, C]
-        keep = ((slots < pos) | (slots >= pos + c)).to(self.cache_dtype)[:, None]  # [T, 1]
-        allowed = slots[None, :] <= positions.repeat(g)[:, None]  # [G*C, T]
-        mask = torch.where(allowed, 0.0, float("-inf"))
+        plans = {}  # Ring (None: plain) -> (write, keep, mask), computed once per call for all layers alike
+        if None in self.rings:
+            slots = torch.arange(t_slots, dtype=torch.int64)  # [T]
+            write = (slots[:, None] == positions[None, :]).float()  # [T, C]
+            keep = ((slots < pos) | (slots >= pos + c)).to(self.cache_dtype)[:, None]  # [T, 1]
+            allowed = slots[None, :] <= positions.repeat(g)[:, None]  # [G*C, T]
+            plans[None] = write, keep, torch.where(allowed, 0.0, float("-inf"))
+        for ring in dict.fromkeys(r for r in self.rings if r is not None):
+            plans[ring] = ring.plan(pos, positions, g, self.cache_dtype)
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [C, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]  # [C, 1, D]
@@ -340,8 +451,9 @@ class Llama(nn.Module):
         n = self.kv.n  # state tensors per key (and per value)
         for i, blk in enumerate(self.model.layers):
             b = 2 * n * i
-            h, k, v = blk.self_attn(blk.input_layernorm(x), cos, sin, write, keep, mask,
-                                    state[b:b + n], state[b + n:b + 2 * n], self.kv)
+            ring = self.rings[i]
+            h, k, v = blk.self_attn(blk.input_layernorm(x), cos, sin, *plans[ring],
+                                    state[b:b + n], state[b + n:b + 2 * n], self.kv, ring is not None)
             x = x + h
             x = x + blk.mlp(blk.post_attention_layernorm(x))
             new_state += [*k, *v]

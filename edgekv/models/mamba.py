@@ -22,9 +22,10 @@ Where this differs from transformers, and why the numbers are the same:
   - the causal conv is written as K shifted multiply-adds over [conv_state | new inputs] instead of F.conv1d with
     padding K - 1: the same sum w_0 x_{t-K+1} + ... + w_{K-1} x_t (+ bias), with zero padding coming from the zero
     initial state. Identical up to the order of fp32 additions (~1e-7 relative).
-  - prefill runs the recurrence token by token (a python loop over the fixed C; torch.export unrolls it), where
-    transformers' Mamba-2 uses the chunked SSD form (exp of segment sums). The SSD form is an exact re-association
-    of the same recurrence h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t, so the two agree to fp32 rounding (~1e-6).
+  - prefill runs the recurrence token by token (scan_tokens: a python loop over a fixed C, which torch.export
+    unrolls; torch's scan, i.e. an ONNX Scan node, over the ONNX graph's dynamic token axis), where transformers'
+    Mamba-2 uses the chunked SSD form (exp of segment sums). The SSD form is an exact re-association of the same
+    recurrence h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t, so the two agree to fp32 rounding (~1e-6).
   - Mamba-2 B and C are broadcast from G groups to H heads with expand + reshape instead of repeat_interleave (the
     same mapping: head h reads group h // (H / G)).
   - a state in fp16/bf16 (strategy dtype) is read into fp32, updated in fp32, and rounded when written back.
@@ -91,6 +92,31 @@ def empty_state(layout: StateLayout) -> list[torch.Tensor]:
 # ---- the pieces ----
 
 
+def scan_tokens(step, carry: tuple, xs: tuple) -> tuple[tuple, tuple]:
+    """Run step(carry, x_t) -> (carry, y_t) over the token axis (dim 0) of every tensor in xs; stack the y_t.
+
+    carry: tuple of tensors; xs: tuple of [C, ...] tensors -> (final carry, tuple of [C, ...] stacked outputs).
+    With a concrete C (eager, and the fixed-shape .pte methods) this is a Python loop, which torch.export unrolls.
+    With a symbolic C (the ONNX graph's dynamic token axis, which no unrolled loop can serve) it is torch's scan
+    operator, exported as one ONNX Scan node. Both run the same step on the same values in the same order."""
+    c = xs[0].shape[0]
+    if isinstance(c, int):
+        ys = []
+        for t in range(c):
+            carry, y = step(carry, tuple(x[t] for x in xs))
+            ys.append(y)
+        return carry, tuple(torch.stack(parts) for parts in zip(*ys))
+    from torch._higher_order_ops.scan import scan
+
+    def body(cr, x):  # scan wants outputs that alias neither its inputs nor each other
+        cr, y = step(tuple(cr), tuple(x))
+        return [t.clone() for t in cr], [t.clone() for t in y]
+
+    init = [t.clone(memory_format=torch.contiguous_format) for t in carry]  # its strides must be the body's
+    carry, ys = scan(body, init, list(xs))
+    return tuple(carry), tuple(ys)
+
+
 def causal_conv_step(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
     """Depthwise causal conv over new inputs, continuing from the previous K - 1 inputs.
 
@@ -147,7 +173,6 @@ class Mamba1Mixer(nn.Module):
 
     def forward(self, x, conv_state, ssm_state):
         """x [1, C, d]; conv_state [1, Di, K-1]; ssm_state [1, Di, N] -> y [1, C, d], conv_state, ssm_state."""
-        c = x.shape[1]
         xs, z = self.in_proj(x).transpose(1, 2).chunk(2, dim=1)  # [1, Di, C] each
         xs, conv_state = causal_conv_step(xs, conv_state, self.conv1d.weight[:, 0], self.conv1d.bias)
         xs = F.silu(xs)
@@ -156,14 +181,17 @@ class Mamba1Mixer(nn.Module):
             dt, b, cm = self.dt_layernorm(dt), self.b_layernorm(b), self.c_layernorm(cm)
         dt = F.softplus(dt @ self.dt_proj.weight.t() + self.dt_proj.bias)  # [1, C, Di]
         a = -torch.exp(self.A_log.float())  # [Di, N]
-        h = ssm_state.float()  # [1, Di, N]
-        ys = []
-        for t in range(c):
-            d_a = torch.exp(dt[:, t, :, None] * a)  # [1, Di, N]
-            d_bx = dt[:, t, :, None] * b[:, t, None, :] * xs[:, :, t, None]  # [1, Di, N]
-            h = d_a * h + d_bx
-            ys.append((h @ cm[:, t, :, None])[..., 0])  # [1, Di]
-        y = torch.stack(ys, dim=-1) + xs * self.D[None, :, None]  # [1, Di, C]
+        dt0, x0 = dt[0], xs[0].t()  # [C, Di]
+        d_a = torch.exp(dt0[:, :, None] * a)  # [C, Di, N]: everything but the recurrence, for all C at once
+        d_bx = dt0[:, :, None] * b[0][:, None, :] * x0[:, :, None]  # [C, Di, N]
+
+        def step(carry, inp):  # h [1, Di, N]; d_a_t, d_bx_t [Di, N]
+            h = inp[0] * carry[0] + inp[1]
+            return (h,), (h,)
+
+        (h,), (hs,) = scan_tokens(step, (ssm_state.float(),), (d_a, d_bx))  # hs [C, 1, Di, N]
+        y = (hs[:, 0] * cm[0][:, None, :]).sum(-1)  # [C, Di]: y_t = h_t C_t
+        y = y.t()[None] + xs * self.D[None, :, None]  # [1, Di, C]
         y = y * F.silu(z)
         return self.out_proj(y.transpose(1, 2)), conv_state, h.to(ssm_state.dtype)
 
@@ -201,15 +229,17 @@ class Mamba2Mixer(nn.Module):
         if self.dt_limit != (0.0, math.inf):
             dt = torch.clamp(dt, self.dt_limit[0], self.dt_limit[1])
         a = -torch.exp(self.A_log.float())  # [H]
-        h = ssm_state.float()  # [1, H, P, N]
-        ys = []
-        for t in range(c):
-            d_a = torch.exp(dt[:, t] * a)[:, :, None, None]  # [1, H, 1, 1]
-            d_bx = (dt[:, t, :, None, None] * b[:, t, :, None, :]) * xs[:, t, :, :, None]  # [1, H, P, N]
-            h = h * d_a + d_bx
-            y_t = (h @ cm[:, t, :, :, None])[..., 0]  # [1, H, P]
-            ys.append(y_t + xs[:, t] * self.D[:, None])
-        y = torch.stack(ys, dim=1).reshape(1, c, self.di)
+        x0 = xs[0]  # [C, H, P]
+        d_a = torch.exp(dt[0] * a)[:, None, :, None, None]  # [C, 1, H, 1, 1]: all but the recurrence, at once
+        d_bx = ((dt[0][:, :, None, None] * b[0][:, :, None, :]) * x0[:, :, :, None])[:, None]  # [C, 1, H, P, N]
+
+        def step(carry, inp):  # h [1, H, P, N]; d_a_t [1, H, 1, 1]; d_bx_t [1, H, P, N]
+            h = carry[0] * inp[0] + inp[1]
+            return (h,), (h,)
+
+        (h,), (hs,) = scan_tokens(step, (ssm_state.float(),), (d_a, d_bx))  # hs [C, 1, H, P, N]
+        y = (hs[:, 0] * cm[0][:, :, None, :]).sum(-1) + x0 * self.D[:, None]  # [C, H, P]: C_t h_t + D x_t
+        y = y.reshape(1, c, self.di)
         return self.out_proj(self.norm(y, z)), conv_state, h.to(ssm_state.dtype)
 
 

@@ -120,7 +120,8 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.zeros(n_experts, d, inter))
 
     def forward(self, x, dense_w, idx, topw):
-        if x.shape[0] == 1:  # decode: read only the k chosen experts
+        if isinstance(x.shape[0], int) and x.shape[0] == 1:  # decode: read only the k chosen experts (a symbolic
+            # token count, the ONNX graph's dynamic axis, takes the dense path, which is right for every C)
             g, u, dn = self.gate_proj[idx[0]], self.up_proj[idx[0]], self.down_proj[idx[0]]  # [k, I, d] / [k, d, I]
             h = F.silu(torch.einsum("kid,d->ki", g, x[0])) * torch.einsum("kid,d->ki", u, x[0])  # [k, I]
             return (torch.einsum("kdi,ki->kd", dn, h) * topw[0, :, None]).sum(0, keepdim=True)

@@ -44,7 +44,7 @@ from ..errors import EdgekvError
 from ..strategies import StateLayout
 from .llama import MLP as LlamaMLP
 from .llama import RMSNorm
-from .mamba import empty_state, load_folder, load_strict, state_dtype
+from .mamba import empty_state, load_folder, load_strict, scan_tokens, state_dtype
 
 # ---- decayed linear attention ----
 
@@ -78,13 +78,16 @@ class LinearAttention(nn.Module):
         v = self.v_proj(x).view(1, c, self.h, self.dv)
         v1 = torch.cat((v, torch.ones_like(v[..., :1])), dim=-1)  # [1, C, H, Dv+1]
         a = self.decays()[None, :, None, None]  # [1, H, 1, 1]
-        s = state.float()
-        outs = []
-        for t in range(c):
-            s = a * s + k[:, t, :, :, None] * v1[:, t, :, None, :]  # [1, H, Dk, Dv+1]
-            nd = (q[:, t, :, None, :] @ s)[:, :, 0]  # [1, H, Dv+1]
-            outs.append(nd[..., :self.dv] / nd[..., self.dv:])
-        o = torch.stack(outs, dim=1).reshape(1, c, self.h * self.dv)
+        dv = self.dv
+
+        def step(carry, inp):  # s [1, H, Dk, Dv+1]; q_t, k_t [H, Dk]; v_t [H, Dv+1]
+            (s,), (q_t, k_t, v_t) = carry, inp
+            s = a * s + k_t[:, :, None] * v_t[:, None, :]  # [1, H, Dk, Dv+1]
+            nd = (q_t[:, None, :] @ s)[:, :, 0]  # [1, H, Dv+1]
+            return (s,), (nd[..., :dv] / nd[..., dv:],)
+
+        (s,), (outs,) = scan_tokens(step, (state.float(),), (q[0], k[0], v1[0]))  # outs [C, 1, H, Dv]
+        o = outs.transpose(0, 1).reshape(1, c, self.h * self.dv)
         return self.o_proj(o), s.to(state.dtype)
 
 
@@ -226,24 +229,26 @@ class RwkvTimeMix(nn.Module):
         self.output = nn.Linear(d, d, bias=False)
 
     def forward(self, x, shift, num, den, mx):
-        c = x.shape[1]
-        shifted = torch.cat((shift[:, None], x[:, :-1]), dim=1)  # [1, C, d]: the previous token's x
+        # [1, C, d]: the previous token's x (the slice after the cat: x[:, :-1] made torch.export specialize C = 2)
+        shifted = torch.cat((shift[:, None], x), dim=1)[:, :-1]
         k = self.key(x * self.time_mix_key + shifted * (1 - self.time_mix_key))
         v = self.value(x * self.time_mix_value + shifted * (1 - self.time_mix_value))
         r = torch.sigmoid(self.receptance(x * self.time_mix_receptance + shifted * (1 - self.time_mix_receptance)))
         w = -torch.exp(self.time_decay)
         u = self.time_first
         mx = torch.where(den == 0, -1e30, mx)  # the empty state: transformers starts max at -1e30
-        outs = []
-        for t in range(c):
-            kt, vt = k[:, t].float(), v[:, t]
+
+        def step(carry, inp):  # num, den, mx [1, d]; kt, vt [d]
+            (num, den, mx), (kt, vt) = carry, inp
             m_out = torch.maximum(mx, kt + u)
             e1, e2 = torch.exp(mx - m_out), torch.exp(kt + u - m_out)
-            outs.append((e1 * num + e2 * vt) / (e1 * den + e2))
+            out = (e1 * num + e2 * vt) / (e1 * den + e2)
             m_st = torch.maximum(mx + w, kt)
             e1, e2 = torch.exp(mx + w - m_st), torch.exp(kt - m_st)
-            num, den, mx = e1 * num + e2 * vt, e1 * den + e2, m_st
-        return self.output(r * torch.stack(outs, dim=1)), x[:, -1], num, den, mx
+            return (e1 * num + e2 * vt, e1 * den + e2, m_st), (out,)
+
+        (num, den, mx), (outs,) = scan_tokens(step, (num, den, mx), (k[0].float(), v[0]))  # outs [C, 1, d]
+        return self.output(r * outs.transpose(0, 1)), x[:, -1], num, den, mx
 
 
 class RwkvChannelMix(nn.Module):
@@ -258,7 +263,7 @@ class RwkvChannelMix(nn.Module):
         self.value = nn.Linear(inter, d, bias=False)
 
     def forward(self, x, shift):
-        shifted = torch.cat((shift[:, None], x[:, :-1]), dim=1)
+        shifted = torch.cat((shift[:, None], x), dim=1)[:, :-1]
         k = torch.square(torch.relu(self.key(x * self.time_mix_key + shifted * (1 - self.time_mix_key))))
         r = torch.sigmoid(self.receptance(x * self.time_mix_receptance + shifted * (1 - self.time_mix_receptance)))
         return r * self.value(k), x[:, -1]

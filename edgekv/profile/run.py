@@ -67,13 +67,50 @@ def prompt_tokens(folder: Path, manifest: dict, n: int) -> list[int]:
     return (ids * reps)[:n]
 
 
-def predicted(manifest: dict) -> dict:
-    """The planner's bytes for this artifact: its Deployment when the export recorded one, else weights + state."""
+RUNTIME_NAMES = {"ort": "onnxruntime", "executorch": "executorch"}
+
+
+def prefill_chunk(manifest: dict, runtime: str) -> int:
+    """Tokens per prefill call the child really makes: the .pte prefill method's fixed length, or the ORT stepper's
+    max_chunk (edgekv/export/runtime.py)."""
+    from ..export.runtime import Stepper, entry
+    if runtime == "executorch":
+        return int(next(ep for ep in entry(manifest, "pte")["entry_points"] if ep["name"] == "prefill")
+                   ["inputs"][0]["shape"][1])
+    return min(Stepper.max_chunk, int(manifest["max_ctx"]))
+
+
+def predicted(manifest: dict, runtime: str | None = None) -> dict:
+    """The planner's bytes for this artifact on this runtime, comparable to peak - runtime baseline: weights + state +
+    workspace (at the chunk the run really uses) + the runtime's load-time copies. Rebuilt with edgekv.plan from the
+    model the export came from when it is still there; else the manifest's recorded Deployment (the export's chunk
+    and ORT's terms), else weights + state."""
+    from ..arch import load_arch
+    from ..plan import deployment
+    from ..strategies import parse_strategy
+    rt = runtime or "ort"
+    src = manifest["model"].get("source")
+    try:
+        arch = load_arch(src)
+        n_methods = len(entry_points(manifest, rt))
+        d = deployment(arch, parse_strategy(manifest["strategy"]["label"]), int(manifest["max_ctx"]), "fp32",
+                       RUNTIME_NAMES[rt], 0, prefill_chunk(manifest, rt), methods=n_methods)
+        b = d.bytes
+        return {"weights": b["weights"], "state": b["state"], "workspace": b["workspace"], "load": b["load"],
+                "explain": {k: d.explain[k] for k in ("workspace", "load")}}
+    except (EdgekvError, OSError, ValueError, KeyError, TypeError):
+        pass
     dep = manifest.get("deployment")
     if dep and "bytes" in dep:
         b = dep["bytes"]
-        return {"weights": int(b["weights"]), "state": int(b["state"]), "workspace": int(b.get("workspace", 0))}
+        return {"weights": int(b["weights"]), "state": int(b["state"]), "workspace": int(b.get("workspace", 0)),
+                "load": int(b.get("load", 0))}
     return {"weights": int(manifest["weights"]["bytes"]), "state": int(manifest["state"]["bytes"]), "workspace": 0}
+
+
+def entry_points(manifest: dict, runtime: str) -> list:
+    from ..export.runtime import entry
+    return entry(manifest, "onnx" if runtime == "ort" else "pte")["entry_points"]
 
 
 def run_child(folder: Path, runtime: str, ctx: int, steps: int, tokens: list[int], limit: int | None,
@@ -84,8 +121,9 @@ def run_child(folder: Path, runtime: str, ctx: int, steps: int, tokens: list[int
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     try:
-        p = subprocess.run([sys.executable, "-m", "edgekv.profile.child", json.dumps(args)], capture_output=True,
-                           text=True, timeout=timeout, env=env)
+        # the arguments go through stdin: 32k token ids exceed the kernel's 128 KiB limit on one argv string
+        p = subprocess.run([sys.executable, "-m", "edgekv.profile.child"], input=json.dumps(args),
+                           capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"ctx": ctx, "status": f"timed out after {timeout:.0f} s"}
     line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("{")), None)
@@ -112,7 +150,8 @@ def profile(folder: str, ctxs: list[int], steps: int, runtime: str | None, limit
             raise EdgekvError(f"ctx {c} must be larger than --steps {steps} (a run is ctx - steps prompt tokens, "
                               f"then steps decoded)")
     budget = limit or (device.budget_bytes if device else None)
-    pred = predicted(manifest)
+    pred = predicted(manifest, runtime)
+    explain = pred.pop("explain", None)
     pred_total = sum(pred.values())
     bw = measure_bandwidth(threads=threads)
     read_per_token = pred["weights"] + pred["state"]  # every decode step reads the weights and the whole state
@@ -157,7 +196,7 @@ def profile(folder: str, ctxs: list[int], steps: int, runtime: str | None, limit
     host["threads"] = threads
     return {"artifact": str(folder), "runtime": runtime, "host": host, "budget_bytes": budget,
             "model": manifest["model"]["name"], "strategy": manifest["strategy"]["label"], "max_ctx": max_ctx,
-            "runs": runs}
+            "prefill_chunk": prefill_chunk(manifest, runtime), "predicted_explain": explain, "runs": runs}
 
 
 def validate_report(report: dict) -> None:

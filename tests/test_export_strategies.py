@@ -1,0 +1,252 @@
+"""Every exportable strategy through `edgekv export`, in both formats (ONNX with a dynamic token axis; .pte with a
+`prefill` of C tokens and a `decode` of 1), on tiny models of each family.
+
+For each export: the recorded verification passed (the artifact in its runtime against the eager module, state fed
+back); the manifest's state pairs are the planner's StateLayout, built here from the model's config.json; and the
+ONNX artifact, stepped by OrtStepper, matches transformers' own full-sequence forward (an independent reference)
+where the state is fp32. Then `edgekv run` on the trained Mamba fixture prints the text transformers generates, and a
+strategy that does not fit the model is one line and exit code 2.
+"""
+import json
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime")
+pytest.importorskip("executorch")
+
+from click.testing import CliRunner  # noqa: E402
+from conftest import ROOT  # noqa: E402
+from edgekv.arch import read_config_json  # noqa: E402
+from edgekv.export import pipeline  # noqa: E402
+from edgekv.export.cli import cli  # noqa: E402
+from edgekv.export.manifest import load_export  # noqa: E402
+from edgekv.export.pipeline import ExportOptions, export_model  # noqa: E402
+from edgekv.export.runtime import OrtStepper, PteStepper  # noqa: E402
+from edgekv.strategies import build_layout, parse_strategy  # noqa: E402
+
+MAX_CTX, CHUNK, STEPS = 128, 6, 8  # the 40-token verify prompt runs as 6 chunks of 6 + a tail of 4 in the .pte
+
+# two-block random models of each family (transformers config classes and field names)
+MODELS = {
+    "llama": dict(cls="LlamaConfig", vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                  initializer_range=0.2),
+    "mamba": dict(cls="MambaConfig", vocab_size=96, hidden_size=32, num_hidden_layers=2, state_size=8,
+                  initializer_range=0.5),
+    "mamba2": dict(cls="Mamba2Config", vocab_size=96, hidden_size=32, num_hidden_layers=2, state_size=8, num_heads=8,
+                   head_dim=8, n_groups=2, chunk_size=8, initializer_range=0.5),
+    "rwkv": dict(cls="RwkvConfig", vocab_size=96, hidden_size=32, num_hidden_layers=2, rescale_every=1),
+    "jamba": dict(cls="JambaConfig", vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                  attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=0,
+                  mamba_d_state=8, mamba_dt_rank=4, initializer_range=0.3),
+    "deepseek_v2": dict(cls="DeepseekV2Config", vocab_size=96, hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=2, num_attention_heads=4, kv_lora_rank=16, q_lora_rank=None,
+                        qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, n_routed_experts=4,
+                        n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1, moe_intermediate_size=16,
+                        initializer_range=0.3, max_position_embeddings=256),
+}
+
+# (model, strategy, fp32 state: compare with transformers too); the converted MLA keeps rank 32 of a full 64
+CASES = [
+    ("llama", "kv:dtype=fp32", True),
+    ("llama", "kv", False),
+    ("llama", "kv-int8", False),
+    ("llama", "kv-int4:group=16", False),  # head_dim 16
+    ("llama", "mla:rank=32,dtype=fp32", False),
+    ("mamba", "ssm", True),
+    ("mamba", "ssm:dtype=int8", False),
+    ("mamba2", "ssm", True),
+    ("rwkv", "linear", True),
+    ("jamba", "hybrid:dtype=fp32", True),
+    ("deepseek_v2", "mla:dtype=fp32", True),
+]
+FAST = {("mamba", "ssm")}  # the rest: 1-2 minutes each on a shared 2-core machine, in the slow run
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_hf(kind, folder):
+    spec = dict(MODELS[kind])
+    cfg = getattr(transformers, spec.pop("cls"))(**spec)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    if kind == "rwkv":  # its init is near-degenerate (logits ~1): shake every parameter, as test_models_mixers does
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.3)
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    cache = {}
+
+    def get(kind):
+        if kind not in cache:
+            folder = tmp_path_factory.mktemp(kind)
+            cache[kind] = (tiny_hf(kind, folder), folder)
+        return cache[kind]
+
+    return get
+
+
+def export(folder, strategy, out, formats=("onnx", "pte"), max_ctx=MAX_CTX):
+    return export_model(ExportOptions(model=str(folder), strategy=strategy, formats=formats, max_ctx=max_ctx,
+                                      out=out, prefill_chunk=CHUNK, verify_steps=STEPS, threads=1),
+                        echo=lambda s: None)
+
+
+def case_params():
+    for kind, strategy, fp32 in CASES:
+        marks = () if (kind, strategy) in FAST else (pytest.mark.slow,)
+        yield pytest.param(kind, strategy, fp32, marks=marks, id=f"{kind}-{strategy}")
+
+
+@pytest.mark.parametrize("kind,strategy,fp32", list(case_params()))
+def test_strategy_exports_and_verifies_in_both_formats(kind, strategy, fp32, models, tmp_path):
+    ref, folder = models(kind)
+    out = tmp_path / "export"
+    m = export(folder, strategy, out)
+
+    # the state pairs are the planner's StateLayout for this model, strategy and max_ctx
+    layout = build_layout(read_config_json(folder), parse_strategy(strategy), MAX_CTX)
+    assert m["state"] == layout.to_json()
+    for art in m["artifacts"]:
+        for ep in art["entry_points"]:
+            assert [i["name"] for i in ep["inputs"]] == ["tokens", "pos"] + [t.name for t in layout.tensors]
+            assert [o["name"] for o in ep["outputs"]] == ["logits"] + [t.output for t in layout.tensors]
+    pte_eps = {e["name"]: e for e in next(a for a in m["artifacts"] if a["format"] == "pte")["entry_points"]}
+    assert pte_eps["prefill"]["tokens"] == CHUNK and pte_eps["decode"]["tokens"] == 1
+    recurrent = kind in ("mamba", "mamba2", "rwkv", "jamba")
+    assert pte_eps["prefill"]["tail"] == ("decode" if recurrent else "pad")
+
+    # verify ran both runtimes against the eager module over the prompt + STEPS decode steps, and passed
+    for fmt in ("onnx", "pte"):
+        v = m["verification"][fmt]
+        assert v["passed"], v
+        assert v["decode_steps"] == STEPS and v["positions_compared"] == v["prompt_tokens"] + STEPS
+        assert v["prompt_tokens"] % CHUNK > 1  # the pte prefill ran a short tail
+        assert v["top1_agreement"] >= 0.95
+        assert v["max_abs_diff"] <= v["tolerance"]["max_abs_diff_over_logit_scale"] * max(v["logit_scale"], 1.0)
+
+    if fp32:  # the artifact against transformers' own forward over the same tokens (teacher-forced, greedy)
+        manifest = load_export(out)
+        for stepper in (OrtStepper(manifest, out, 1), PteStepper(manifest, out, 1)):
+            prompt = np.random.default_rng(1).integers(0, MODELS[kind]["vocab_size"], 15).tolist()
+            rows = [stepper.prefill(prompt)]
+            tokens = list(prompt)
+            for _ in range(6):
+                tokens.append(int(rows[-1][-1].argmax()))
+                rows.append(stepper.step([tokens[-1]], len(tokens) - 1))
+            with torch.no_grad():
+                want = ref(torch.tensor([tokens])).logits[0].numpy()
+            ours = np.concatenate(rows)
+            assert np.abs(ours - want).max() <= 1e-4 * max(np.abs(want).max(), 1.0), type(stepper).__name__
+
+
+def test_converted_mla_records_its_factorisation_error(models, tmp_path):
+    """The manifest's per-layer error is Eckart-Young's: the discarded singular values of [W_k; W_v], over all."""
+    from safetensors.torch import load_file
+
+    _, folder = models("llama")
+    m = export(folder, "mla:rank=20,dtype=fp32", tmp_path / "mla", formats=("onnx",))
+    sd = load_file(str(folder / "model.safetensors"))
+    want = []
+    for i in range(MODELS["llama"]["num_hidden_layers"]):
+        w = torch.cat([sd[f"model.layers.{i}.self_attn.{p}_proj.weight"] for p in "kv"]).double().numpy()
+        s = np.linalg.svd(w, compute_uv=False)
+        want.append(math.sqrt((s[20:] ** 2).sum() / (s ** 2).sum()))
+    assert m["strategy"]["rank"] == 20
+    assert np.allclose(m["strategy"]["factorisation_error"], want, rtol=1e-4)
+    assert 0 < min(want) and max(want) < 1
+    assert m["verification"]["onnx"]["passed"]
+
+
+def test_onnx_over_the_single_file_limit_goes_to_external_data(models, tmp_path, monkeypatch):
+    _, folder = models("llama")
+    monkeypatch.setattr(pipeline, "ONNX_SINGLE_FILE", 1000)  # every model is "over 2 GB" now
+    out = tmp_path / "ext"
+    m = export(folder, "kv:dtype=fp32", out, formats=("onnx",))
+    assert sorted(m["files"]) == ["model.onnx", "model.onnx.data"]
+    assert m["artifacts"][0]["external_data"] == "model.onnx.data"
+    assert m["files"]["model.onnx.data"]["bytes"] >= 0.9 * m["weights"]["bytes"]
+    import onnx
+    graph = onnx.load(str(out / "model.onnx"), load_external_data=False).graph
+    inline = [t.name for t in graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL and t.ByteSize() > 4096]
+    assert inline == []  # model.onnx holds the graph; every weight matrix is in model.onnx.data
+    assert m["verification"]["onnx"]["passed"]
+    manifest = load_export(out)  # hashes of both files checked
+    logits = OrtStepper(manifest, out, 1).prefill([3, 5, 7])
+    assert logits.shape == (3, MODELS["llama"]["vocab_size"]) and np.isfinite(logits).all()
+
+
+def test_run_prints_the_mamba_fixtures_text_as_transformers_generates_it(tmp_path):
+    fixture = ROOT / "fixtures" / "tiny" / "mamba"
+    out = tmp_path / "mamba"
+    m = export(fixture, "ssm", out, formats=("onnx",), max_ctx=256)
+    assert m["tokenizer"]["kind"] == "bytes" and m["verification"]["onnx"]["passed"]
+    tok = json.loads((out / "tokenizer.json").read_text())
+    assert len(tok["model"]["vocab"]) == 256 and tok["model"]["merges"] == []
+    r = CliRunner().invoke(cli, ["run", str(out), "--prompt", "def ", "--max-new-tokens", "32", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    ref = transformers.AutoModelForCausalLM.from_pretrained(fixture, local_files_only=True).eval()
+    with torch.no_grad():
+        gen = ref.generate(torch.tensor([list(b"def ")]), max_new_tokens=32, do_sample=False, eos_token_id=0,
+                           pad_token_id=0)[0, 4:].tolist()
+    text = bytes(gen).decode("utf-8", errors="replace").rstrip("\ufffd")
+    assert r.stdout == "def " + text + "\n"
+    assert sum(ch.isalpha() for ch in text) >= 8  # real text, not padding or one repeated byte
+
+
+@pytest.mark.parametrize("model,strategy,flags", [
+    ("llama", "ssm", []),
+    ("mamba", "kv", []),
+    ("mamba", "hybrid", []),
+    ("llama", "kv-int8", ["--rank", "16"]),
+    ("llama", "ring", []),
+])
+def test_a_strategy_that_does_not_fit_the_model_is_one_line_and_exit_2(tmp_path, model, strategy, flags):
+    folder = ROOT / "fixtures" / "tiny" / model
+    r = CliRunner().invoke(cli, ["export", "--model", str(folder), "--strategy", strategy, *flags, "--out",
+                                 str(tmp_path / "x"), "--max-ctx", "64"])
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and strategy.split(":")[0] in lines[0], lines
+    if not flags and strategy != "ring":
+        assert model in lines[0], lines
+    assert not (tmp_path / "x").exists()
+
+
+def test_rank_and_window_flags_are_strategy_shortcuts():
+    from edgekv.errors import EdgekvError
+    from edgekv.export.pipeline import strategy_spec
+
+    assert strategy_spec(None, rank=64) == "mla:rank=64"
+    assert strategy_spec("mla:dtype=fp32", rank=64) == "mla:dtype=fp32,rank=64"
+    assert strategy_spec(None, window=512) == "window:w=512"
+    assert strategy_spec("window:sinks=0", window=512) == "window:sinks=0,w=512"
+    assert parse_strategy(strategy_spec(None, rank=64)).params["rank"] == 64
+    for args in (("kv", 64, None), ("mla:rank=8", 64, None), (None, 8, 64)):
+        with pytest.raises(EdgekvError):
+            strategy_spec(*args)
+
+
+def test_export_help_lists_every_exportable_strategy():
+    r = CliRunner().invoke(cli, ["export", "--help"], terminal_width=200)
+    assert r.exit_code == 0
+    for name in pipeline.EXPORTABLE:
+        assert name in r.output
+    assert "--rank" in r.output and "--window" in r.output
