@@ -51,10 +51,15 @@ def _need(module: str) -> None:
 @click.option("--verify-steps", default=16, show_default=True, type=click.IntRange(0),
               help="decode steps compared against eager torch after the prompt")
 @click.option("--force", is_flag=True, help="replace --out if it exists")
+@click.option("--weights", default="fp32", show_default=True,
+              help="weight precision, through each runtime's own tooling: fp32, int8, int4 (torchao 8da4w for "
+              ".pte, ONNX Runtime MatMulNBits for ONNX), fp16 (ONNX only); a quantized artifact is checked "
+              "against fp32 over real text (top-1, KL) and refused beyond edgekv.export.wquant's thresholds")
 @click.option("--threads", type=click.IntRange(1), default=None,
               help="compute threads for tracing and verification (torch, ONNX Runtime, XNNPACK); on a machine "
               "shared with other jobs, 1 avoids thread-barrier stalls")
-def export_cmd(model, strategy, rank, window, formats, max_ctx, out, prefill_chunk, verify_steps, force, threads):
+def export_cmd(model, strategy, rank, window, formats, max_ctx, out, prefill_chunk, verify_steps, force, weights,
+               threads):
     """Export a model's decode step (state as explicit inputs/outputs) to ONNX and/or ExecuTorch, verify it
     against eager PyTorch, and write manifest.json + tokenizer.json beside it."""
     from pathlib import Path
@@ -65,9 +70,10 @@ def export_cmd(model, strategy, rank, window, formats, max_ctx, out, prefill_chu
     _quiet()
     from .pipeline import ExportOptions, export_model, parse_formats, strategy_spec
 
-    opts = ExportOptions(model=model, strategy=strategy_spec(strategy, rank, window), formats=parse_formats(formats), max_ctx=parse_ctx(max_ctx),
+    opts = ExportOptions(model=model, strategy=strategy_spec(strategy, rank, window), formats=parse_formats(formats),
+                         max_ctx=parse_ctx(max_ctx),
                          out=Path(out), prefill_chunk=prefill_chunk, verify_steps=verify_steps, force=force,
-                         threads=threads)
+                         threads=threads, weights=weights)
     from rich.console import Console
 
     console = Console(stderr=True)
@@ -79,6 +85,9 @@ def export_cmd(model, strategy, rank, window, formats, max_ctx, out, prefill_chu
     for fmt, v in m["verification"].items():
         click.echo(f"verified {fmt}: max |logit diff| {v['max_abs_diff']:.2e} (scale {v['logit_scale']:.1f}), "
                    f"top-1 {v['top1_agreement']:.1%} over {v['positions_compared']} positions")
+    for fmt, v in m.get("weight_quality", {}).items():
+        click.echo(f"{v['weights']} weights ({fmt}) vs fp32 over {v['positions']} positions of real text: top-1 "
+                   f"{v['top1_agreement']:.1%}, KL mean {v['kl_mean']:.3g} nats")
 
 
 @click.command("run")

@@ -1,7 +1,13 @@
 """`edgekv export`: the stages in order, each a small function returning a value you can inspect.
 
-    load -> tokenizer -> trace -> lower-onnx -> serialize-onnx -> lower-pte -> serialize-pte
-         -> verify-onnx -> verify-pte -> manifest -> publish
+    load -> tokenizer [-> quantize] -> trace -> lower-onnx -> serialize-onnx [-> quantize-onnx] -> lower-pte
+         -> serialize-pte -> verify-onnx -> verify-pte [-> verify-quant-onnx -> verify-quant-pte] -> manifest -> publish
+
+--weights int8|int4|fp16 (edgekv.export.wquant) adds the bracketed stages: the .pte path quantizes a copy of the eager
+module with torchao before tracing, the ONNX path post-processes model.onnx with ONNX Runtime's quantizer. verify-pte
+then compares the .pte with that quantized eager module (catches lowering bugs); an ONNX graph quantized after export
+has no eager twin, so verify-onnx is replaced by verify-quant-onnx; verify-quant-* compares each quantized artifact with
+the fp32 eager model over real text (top-1, KL) and refuses it beyond wquant.THRESHOLDS.
 
 Everything is written into a temporary sibling folder and renamed into place at the end (publish), so a failure at
 any stage leaves nothing half-written at --out. Each failure is one EdgekvError naming its stage.
@@ -19,11 +25,13 @@ from pathlib import Path
 from ..errors import EdgekvError
 
 FORMATS = ("onnx", "pte")
+WEIGHT_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8", "int4": "int4"}
 # what `edgekv export --strategy` takes (ring splits a datacenter KV over GPUs: planned, never exported)
 EXPORTABLE = ("kv", "kv-int8", "kv-int4", "kv-int2", "window", "mla", "ssm", "linear", "hybrid")
 # above this many bytes of fp32 weights, model.onnx keeps its weights in model.onnx.data (ONNX external data):
 # protobuf's 2 GiB limit, less room for the graph itself. Read at export time, so tests can lower it.
 ONNX_SINGLE_FILE = 2**31 - 2**26
+QUALITY_TOKENS = 256  # tokens of real text a quantized artifact is compared with fp32 over (verify-quant)
 VERIFY_TEXT = ("The Python standard library is very extensive, offering a wide range of facilities. It contains "
                "built-in modules that provide access to system functionality such as file I/O.")
 
@@ -39,6 +47,7 @@ class ExportOptions:
     verify_steps: int = 16
     force: bool = False
     threads: int | None = None  # torch / ONNX Runtime / XNNPACK threads while exporting and verifying
+    weights: str = "fp32"  # fp32 | fp16 | int8 | int4 (edgekv.export.wquant)
 
 
 @dataclass
@@ -123,13 +132,22 @@ def verify_prompt(tokenizer, vocab: int, n_max: int) -> list[int]:
     return ids[:max(1, n_max)]
 
 
-def planned(arch, strategy, max_ctx: int, chunk: int) -> dict:
-    """The planner's Deployment for this artifact (fp32 weights as exported, state at max_ctx, workspace at the
-    prefill chunk): what `edgekv profile` compares its measurement with. Runtime overhead is the device's, not the
-    artifact's, so it is left out (0) here."""
+def planned(arch, strategy, max_ctx: int, formats, pte_chunk: int) -> dict:
+    """The planner's Deployment for each artifact, at the prefill call size and on the runtime it is planned for
+    (fp32 weights as exported, state at max_ctx): what `edgekv profile` compares its measurement with. onnx: ONNX
+    Runtime, calls of OrtStepper's size (OrtStepper reads it back from here); pte: ExecuTorch, the prefill method's
+    fixed length, two methods (prefill + decode). The top-level bytes are the first format's. Runtime overhead is the
+    device's, not the artifact's, so it is left out (0) here."""
     from ..plan import deployment
-    d = deployment(arch, strategy, max_ctx, "fp32", "onnxruntime", 0, chunk).to_json()
-    return {"weights": d["weights"], "runtime": d["runtime"], "bytes": d["bytes"],
+    from .runtime import Stepper
+    plans = {"onnx": ("onnxruntime", min(Stepper.max_chunk, max_ctx), 1), "pte": ("executorch", pte_chunk, 2)}
+    out = {}
+    for fmt in formats:
+        runtime, chunk, methods = plans[fmt]
+        d = deployment(arch, strategy, max_ctx, "fp32", runtime, 0, chunk, methods=methods).to_json()
+        out[fmt] = {"runtime": runtime, "prefill_chunk": chunk, "methods": methods, "bytes": d["bytes"]}
+    first = out[formats[0]]
+    return {"weights": "fp32", "runtime": first["runtime"], "bytes": first["bytes"], "formats": out,
             "note": "edgekv plan's arithmetic for this artifact; runtime overhead is per device (device profiles)"}
 
 
@@ -193,8 +211,19 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
     if strategy.name not in EXPORTABLE:
         raise EdgekvError(f"strategy {strategy.name} is planned but not exported (exportable: {', '.join(EXPORTABLE)})")
     check_applies(opts.model, strategy, opts.max_ctx)
-    names = ["load", "tokenizer", "trace"] + [f"{s}-{f}" for f in opts.formats for s in ("lower", "serialize")] \
-        + [f"verify-{f}" for f in opts.formats] + ["manifest", "publish"]
+    from .wquant import PTE_FP16, parse_weights
+    opts.weights = parse_weights(opts.weights)
+    quantized = opts.weights != "fp32"
+    if quantized and "pte" in opts.formats and opts.weights == "fp16":
+        raise EdgekvError(PTE_FP16)
+    if quantized and opts.max_ctx < QUALITY_TOKENS:
+        raise EdgekvError(f"--weights {opts.weights} is checked against fp32 over {QUALITY_TOKENS} tokens of real "
+                          f"text: use --max-ctx {QUALITY_TOKENS} or more")
+    names = ["load", "tokenizer"] + (["quantize"] if quantized and "pte" in opts.formats else []) + ["trace"]
+    for f in opts.formats:
+        names += [f"lower-{f}", f"serialize-{f}"] + (["quantize-onnx"] if quantized and f == "onnx" else [])
+    names += [f"verify-{f}" for f in opts.formats if not (quantized and f == "onnx")]
+    names += [f"verify-quant-{f}" for f in opts.formats if quantized] + ["manifest", "publish"]
     st = Stages(names, echo, status)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -234,18 +263,25 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             from tokenizers import Tokenizer
             tokenizer = Tokenizer.from_file(str(tmp / tok_entry["file"]))
 
+    qmodule, quantization = module, {}
+    if "quantize" in st.names:
+        from .wquant import quantize_module
+        with st.stage("quantize", f"{opts.weights} weights for the .pte (torchao, on a copy of the eager module)"):
+            import copy
+            qmodule = copy.deepcopy(module)
+            quantization["pte"] = quantize_module(qmodule, opts.weights)
+
     chunk = max(1, min(opts.prefill_chunk, opts.max_ctx))
     entries = {"onnx": [mf.entry_point("forward", "seq", layout, args.vocab)],
                "pte": [mf.entry_point("prefill", chunk, layout, args.vocab,
                                       tail="pad" if pads_safely(layout) else "decode"),
                        mf.entry_point("decode", 1, layout, args.vocab)]}
     with st.stage("trace", ", ".join(f"{f}:{e['name']}" for f in opts.formats for e in entries[f])):
-        want = {}
+        eps = {}
         if "onnx" in opts.formats:
-            want["onnx:forward"] = None
+            eps.update(trace(module, {"onnx:forward": None}))
         if "pte" in opts.formats:
-            want.update({"pte:prefill": chunk, "pte:decode": 1})
-        eps = trace(module, want)
+            eps.update(trace(qmodule, {"pte:prefill": chunk, "pte:decode": 1}))
 
     artifacts = []
     if "onnx" in opts.formats:
@@ -262,6 +298,11 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
                 art["external_data"] = to_onnx.EXTERNAL_DATA
             artifacts.append(art)
             del model
+        if "quantize-onnx" in st.names:
+            from .wquant import quantize_onnx
+            with st.stage("quantize-onnx", f"{opts.weights} weights (ONNX Runtime quantization tools)"):
+                quantization["onnx"] = quantize_onnx(tmp / "model.onnx", tmp / "model.onnx", opts.weights,
+                                                     entries["onnx"][0])
     if "pte" in opts.formats:
         from . import to_pte
         with st.stage("lower-pte", "to_edge_transform_and_lower + XnnpackPartitioner"):
@@ -284,21 +325,37 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
     from .verify import tolerance_dtype
     cache_dtype = tolerance_dtype(layout)
     for fmt in opts.formats:
+        if f"verify-{fmt}" not in st.names:
+            continue
         with st.stage(f"verify-{fmt}", f"{len(prompt)} prompt tokens + {steps} decode steps vs eager torch"):
             if fmt == "onnx":
                 art, ref = OrtStepper(partial, tmp, opts.threads, spin=False), EagerStepper(partial, module)
             else:
                 art = PteStepper(partial, tmp, opts.threads)
-                ref = EagerStepper(partial, module, chunk=art.chunk, tail=art.tail)
-            v = verify(art, ref, prompt, steps, cache_dtype, artifacts[[a["format"] for a in artifacts].index(fmt)]
-                       ["runtime"])
+                ref = EagerStepper(partial, qmodule, chunk=art.chunk, tail=art.tail)
+            v = verify(art, ref, prompt, steps, "quantized-weights" if opts.weights != "fp32" else cache_dtype,
+                       artifacts[[a["format"] for a in artifacts].index(fmt)]["runtime"])
             verification[fmt] = v
             st.echo(f"      {describe(v)}")
             if not v["passed"]:
                 raise EdgekvError(f"{fmt} artifact disagrees with eager torch beyond tolerance ({describe(v)})")
 
+    weight_quality = {}
+    for fmt in opts.formats:
+        if f"verify-quant-{fmt}" not in st.names:
+            continue
+        from .wquant import describe_quality, quality_tokens, verify_quant
+        with st.stage(f"verify-quant-{fmt}", f"{opts.weights} artifact vs fp32 eager, {QUALITY_TOKENS} tokens of "
+                      "real text (top-1, KL)"):
+            tokens = quality_tokens(tokenizer, args.vocab, QUALITY_TOKENS)
+            art = OrtStepper(partial, tmp, opts.threads, spin=False) if fmt == "onnx" else \
+                PteStepper(partial, tmp, opts.threads)
+            weight_quality[fmt] = verify_quant(EagerStepper(partial, module), art, tokens, opts.weights, fmt)
+            st.echo(f"      {describe_quality(weight_quality[fmt])}")
+
     with st.stage("manifest", "manifest.json (sha256 of every file)"):
         n_params = sum(p.numel() for p in module.parameters())
+        from .wquant import BITS
         manifest = {
             "schema_version": 1, "edgekv_version": version,
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -307,10 +364,12 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
                       "n_layers": args.n_layers, "config": args.to_json()},
             "strategy": strategy_entry(strategy, module),
             "max_ctx": opts.max_ctx,
-            "weights": {"dtype": "float32", "bytes": int(n_params * 4)},
+            "weights": {"dtype": WEIGHT_DTYPES[opts.weights], "bytes": int(n_params * BITS[opts.weights] // 8),
+                        **({"quantization": quantization} if quantization else {})},
             "state": layout.to_json(), "artifacts": artifacts, "tokenizer": tok_entry,
-            "verification": verification, "timings_s": dict(st.timings),
-            "deployment": planned(loaded.arch, strategy, opts.max_ctx, opts.prefill_chunk),
+            "verification": verification, **({"weight_quality": weight_quality} if weight_quality else {}),
+            "timings_s": dict(st.timings),
+            "deployment": planned(loaded.arch, strategy, opts.max_ctx, opts.formats, chunk),
             "files": mf.file_table(tmp)}
         mf.write_manifest(tmp, manifest)
     return manifest

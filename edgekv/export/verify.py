@@ -18,7 +18,11 @@ import numpy as np
 # fp32 arithmetic moves a value by ~5e-4 relative, which is why they get more room than fp32.
 # quantized caches (int8 codes; uint8 = packed int4/int2): artifact and eager quantize the same values, but a
 # last-bit difference in a runtime kernel can move a value across a rounding boundary: one quantization step
-REL_TOL = {"float32": 1e-4, "float16": 2e-3, "int8": 1e-2, "uint8": 5e-2}
+REL_TOL = {"float32": 1e-4, "float16": 2e-3, "int8": 1e-2, "uint8": 5e-2,
+           # a .pte with torchao-quantized weights against the same quantized eager module: both quantize the
+           # activations dynamically per token, and a one-step difference in a rounded activation moves a logit
+           # by about one weight step; how far the quantized model is from fp32 is verify-quant's job (wquant)
+           "quantized-weights": 5e-2}
 MIN_TOP1 = 0.95
 
 

@@ -1,0 +1,306 @@
+"""Weight quantization through each runtime's own tooling, and the check that the result is still the model.
+
+    --weights fp32 | fp16 | int8 | int4
+
+.pte  (before torch.export, on the eager module): torchao `quantize_` on every nn.Linear, the output matrix included
+      int8 = Int8DynamicActivationIntxWeightConfig(int8, PerAxis(0))    dynamic int8 activations, int8 weights per
+                                                                         output channel
+      int4 = Int8DynamicActivationIntxWeightConfig(int4, PerGroup(32))   "8da4w": ExecuTorch's own llama recipe
+      fp16 = refused (see PTE_FP16)
+      XnnpackPartitioner takes each quantized linear as a dynamically quantized (qd8) GEMM.
+.onnx (after export, on the fp32 model.onnx): ONNX Runtime's quantization tools
+      int8 = MatMulNBitsQuantizer(bits 8, block 32, symmetric, accuracy_level 4) -> MatMulNBits (int8 blocks)
+      int4 = MatMulNBitsQuantizer(bits 4, block 32, symmetric, accuracy_level 4) -> MatMulNBits (int4 blocks)
+             fp32 scales; accuracy_level 4 = activations quantized to int8 per block at run time, as ONNX Runtime
+             GenAI does on CPU. Not quantize_dynamic: its per-tensor uint8 activations (and 7-bit weights) gave
+             SmolLM2 top-1 73 %, KL 0.28 nats vs fp32 (verify-quant rejects that); accuracy_level 0 (fp32
+             activations) made int8 decode 16x slower than fp32 here.
+      fp16 = onnxruntime.transformers.float16 with keep_io_types: weights and arithmetic fp16, the graph's inputs and
+             outputs stay exactly what the manifest lists
+
+The tied output matrix: our modules compute logits as F.linear(x, embed_tokens.weight), which is no nn.Linear and, in
+ONNX, a MatMul on Transpose(embedding). Both paths untie it first (a separate copy of the matrix), so the output
+projection (V x d, 21 % of SmolLM2's weights, read in full every step) is quantized like every other linear, while the
+embedding table stays fp32 (a gather reads one row per token). ExecuTorch's own llama export does the same (its output
+layer is an untied linear; embedding quantization is a separate option, not done here).
+
+The trap (stack.md): torchao IntxWeightOnlyConfig int8 lowered to XNNPACK gave errors of 1e3 with no error raised.
+So a quantized artifact is never trusted: compare_to_fp32 runs it against fp32 teacher-forced over real text, and
+check_quality rejects it (stage verify-quant) when top-1 agreement or KL divergence is outside THRESHOLDS.
+"""
+from __future__ import annotations
+
+import ast
+import sysconfig
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import EdgekvError
+
+WEIGHTS = ("fp32", "fp16", "int8", "int4")
+BITS = {"fp32": 32, "fp16": 16, "int8": 8, "int4": 4}
+ORT_ACCURACY_LEVEL = 4  # MatMulNBits computes with int8 activations quantized per block (ORT GenAI's CPU setting)
+GROUP = 32  # int4 block / group size (the runtimes' kernels and ExecuTorch's 8da4w recipe use 32..256)
+PTE_FP16 = ("fp16 weights are not supported for the pte format: XNNPACK's fp16 kernels need ARMv8.2 fp16 "
+            "arithmetic, which this export cannot run and verify on x86; use --weights int8 or int4 (or fp32)")
+
+# Quality thresholds vs fp32, teacher-forced over quality_text (compare_to_fp32). Measured on SmolLM2-135M (kv fp16
+# cache, 256 tokens: 128 prefilled + 127 decode steps, vs the fp32 ONNX artifact): int8 top-1 95.7 %, KL mean 0.0046;
+# int4 top-1 71.4 %, KL mean 0.33 nats (its weights come from a Q4_1 GGUF: requantizing to symmetric int4 compounds
+# two roundings, and a 135M model is sensitive). The limits keep a ~2x margin on KL over those, and still reject
+# what broken quantizations measure (tiny llama: the XNNPACK weight-only trap top-1 29 %, KL 0.59; ORT
+# quantize_dynamic's per-tensor activations on SmolLM2 top-1 73 %, KL 0.28 for int8).
+THRESHOLDS = {
+    "fp16": {"min_top1": 0.95, "max_kl_mean": 0.02},
+    "int8": {"min_top1": 0.90, "max_kl_mean": 0.10},
+    "int4": {"min_top1": 0.60, "max_kl_mean": 0.60},
+}
+
+
+def parse_weights(text: str) -> str:
+    w = str(text).strip().lower()
+    if w not in WEIGHTS:
+        raise EdgekvError(f"--weights {text!r}: choose one of {', '.join(WEIGHTS)}")
+    return w
+
+
+# ---- .pte: torchao on the eager module, before torch.export ----
+
+
+def untie_head(module) -> bool:
+    """Give a tied-embedding module its own nn.Linear output layer holding a copy of the embedding matrix [V, d], so
+    quantize_ sees it. Our modules read `self.lm_head.weight` when lm_head is set, else the embedding's weight:
+    the logits are unchanged. Returns whether it untied."""
+    import torch
+    from torch import nn
+
+    if not hasattr(module, "lm_head") or module.lm_head is not None:
+        return False
+    vocab = module.args.vocab
+    emb = next(m for m in module.modules() if isinstance(m, nn.Embedding) and m.num_embeddings == vocab)
+    head = nn.Linear(emb.embedding_dim, vocab, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(emb.weight)
+    module.lm_head = head
+    return True
+
+
+def torchao_config(weights: str):
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig
+    from torchao.quantization.granularity import PerAxis, PerGroup
+    import torch
+
+    if weights == "int8":
+        return Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
+    if weights == "int4":
+        return Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(GROUP))
+    raise EdgekvError(PTE_FP16 if weights == "fp16" else f"no torchao recipe for weights {weights!r}")
+
+
+def quantize_module(module, weights: str) -> dict:
+    """Quantize the eager module in place for the .pte path (call it on a copy: the fp32 module stays the reference).
+    Every nn.Linear whose input width is a multiple of GROUP, the untied output layer included. Returns what was
+    done, for the manifest."""
+    import contextlib
+    import io
+
+    from torch import nn
+
+    if weights == "fp32":
+        return {"dtype": "float32"}
+    with contextlib.redirect_stderr(io.StringIO()):  # torchao lists its optional CUDA kernels on first import
+        from torchao.quantization import quantize_
+    config = torchao_config(weights)
+    untied = untie_head(module)
+    linears = {n: m for n, m in module.named_modules() if isinstance(m, nn.Linear)}
+    take = {n for n, m in linears.items() if m.in_features % GROUP == 0}
+    quantize_(module, config, filter_fn=lambda m, fqn: fqn in take)
+    return {"dtype": weights, "tool": f"torchao {_version('torchao')} quantize_",
+            "scheme": type(config).__name__ + _describe_config(config),
+            "linears_quantized": len(take), "linears_kept_fp32": sorted(set(linears) - take),
+            "output_layer": "untied copy, quantized" if untied else "own linear, quantized",
+            "embedding": "float32"}
+
+
+def _describe_config(config) -> str:
+    keys = ("weight_dtype", "weight_granularity", "granularity")
+    parts = [f"{k}={getattr(config, k)}" for k in keys if hasattr(config, k)]
+    return "(" + ", ".join(parts).replace("torch.", "") + ")"
+
+
+def _version(pkg: str) -> str:
+    from importlib.metadata import version
+    return version(pkg)
+
+
+# ---- .onnx: ONNX Runtime's tools on the exported fp32 graph ----
+
+
+def untie_onnx_head(model) -> list[str]:
+    """MatMul(x, Transpose(W)) with W an initializer (the tied output layer) -> MatMul(x, W^T) with W^T a new
+    initializer, so ORT's weight quantizers (which need a constant B) take it. W itself stays for the Gather.
+    Returns the untied MatMul nodes' names."""
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    untied, dead = [], set()
+    for n in model.graph.node:
+        if n.op_type != "MatMul" or n.input[1] not in producer:
+            continue
+        t = producer[n.input[1]]
+        perm = next((list(a.ints) for a in t.attribute if a.name == "perm"), None)
+        if t.op_type == "Transpose" and t.input[0] in inits and perm in (None, [1, 0]):
+            w = numpy_helper.to_array(inits[t.input[0]])
+            name = t.input[0] + ".T"
+            if name not in inits:
+                model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(w.T), name))
+                inits[name] = model.graph.initializer[-1]
+            n.input[1] = name
+            untied.append(n.name)
+            dead.add(t.output[0])
+    still_used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+    keep = [n for n in model.graph.node if not (n.op_type == "Transpose" and n.output[0] in dead - still_used)]
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+    return untied
+
+
+def quantize_onnx(src: Path, dst: Path, weights: str, entry: dict) -> dict:
+    """Quantize the fp32 model at src into dst (may be the same path). The graph's inputs and outputs are checked
+    against the manifest entry point afterwards. Returns what was done, for the manifest."""
+    import contextlib
+    import io
+    import logging
+
+    import onnx
+
+    from .to_onnx import check_io
+
+    if weights == "fp32":
+        return {"dtype": "float32"}
+    model = onnx.load(str(src))
+    untied = untie_onnx_head(model) if weights in ("int8", "int4") else []  # fp16 needs no second copy
+    before = Counter(n.op_type for n in model.graph.node)
+    # ORT's quantizers log every node at INFO on their own module loggers
+    quiet = [logging.getLogger(), logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")]
+    levels = [lg.level for lg in quiet]
+    for lg in quiet:
+        lg.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            if weights in ("int8", "int4"):
+                from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+                bits = BITS[weights]
+                q = MatMulNBitsQuantizer(model, bits=bits, block_size=GROUP, is_symmetric=True,
+                                         accuracy_level=ORT_ACCURACY_LEVEL, op_types_to_quantize=("MatMul",))
+                q.process()
+                onnx.save_model(q.model.model, str(dst))
+                tool = (f"onnxruntime.quantization.MatMulNBitsQuantizer(bits {bits}, block {GROUP}, symmetric, "
+                        f"accuracy_level {ORT_ACCURACY_LEVEL})")
+            elif weights == "fp16":
+                from onnxruntime.transformers.float16 import convert_float_to_float16
+                onnx.save_model(convert_float_to_float16(model, keep_io_types=True), str(dst))
+                tool = "onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types)"
+            else:
+                raise EdgekvError(f"no ONNX Runtime recipe for weights {weights!r}")
+    finally:
+        for lg, level in zip(quiet, levels):
+            lg.setLevel(level)
+    out = onnx.load(str(dst))
+    check_io(out, entry)
+    after = Counter(n.op_type for n in out.graph.node)
+    new_ops = {k: v for k, v in sorted(after.items()) if v > before.get(k, 0)}
+    return {"dtype": weights, "tool": f"onnxruntime {_version('onnxruntime')}: {tool}", "new_ops": new_ops,
+            "matmuls_left_float": after.get("MatMul", 0),
+            "output_layer": "untied copy, quantized" if untied else "tied" if weights == "fp16" else "own MatMul",
+            "embedding": "float32" if weights != "fp16" else "float16"}
+
+
+# ---- verify-quant: the quantized artifact against fp32 over real text ----
+
+
+def quality_text() -> str:
+    """Real English prose about Python on every machine: the docstrings of the standard library's textwrap and
+    argparse modules and their classes, read from the source files."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    docs = []
+    for rel in ("textwrap.py", "argparse.py"):
+        tree = ast.parse((stdlib / rel).read_text(errors="replace"))
+        docs += [ast.get_docstring(n) for n in [tree] + [c for c in tree.body if isinstance(c, ast.ClassDef)]]
+    return "\n\n".join(d for d in docs if d)
+
+
+def quality_tokens(tokenizer, vocab: int, n: int) -> list[int]:
+    """The first n tokens of quality_text: bytes for byte-level models (vocab 256), else the model's tokenizer
+    (a tokenizers.Tokenizer)."""
+    text = quality_text()
+    if vocab == 256:
+        ids = list(text.encode("utf-8"))
+    elif tokenizer is None:
+        raise EdgekvError("checking quantized weights needs the model's tokenizer to read real text")
+    else:
+        ids = tokenizer.encode(text).ids
+    if len(ids) < n:
+        raise EdgekvError(f"the quality text has {len(ids)} tokens, {n} wanted")
+    return ids[:n]
+
+
+def _log_softmax(z: np.ndarray) -> np.ndarray:
+    z = z.astype(np.float64)
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def compare_to_fp32(fp32_stepper, quant_stepper, tokens: list[int], n_prefill: int | None = None) -> dict:
+    """Teacher-forced over `tokens` (real text): both steppers prefill tokens[:n_prefill] (default half) and then
+    step one token at a time through the rest, so the artifact's prefill and decode paths are both compared.
+    Position i's logits predict tokens[i + 1]; over those len(tokens) - 1 positions:
+        top1_agreement  fraction where both argmaxes agree
+        kl_mean/kl_max  KL(p_fp32 || p_quant) in nats
+        nll_fp32/quant  mean negative log-likelihood of the text (nats/token): the quality cost in absolute terms"""
+    if len(tokens) < 3:
+        raise EdgekvError("compare_to_fp32 needs at least 3 tokens")
+    n_prefill = max(1, min(len(tokens) - 1, n_prefill or len(tokens) // 2))
+    rows = {}
+    for key, s in (("fp32", fp32_stepper), ("quant", quant_stepper)):
+        s.reset()
+        got = [s.prefill(tokens[:n_prefill])]
+        got += [s.step([t], p) for p, t in enumerate(tokens[n_prefill:-1], start=n_prefill)]
+        rows[key] = np.concatenate(got)  # [len(tokens) - 1, V]
+    lp, lq = _log_softmax(rows["fp32"]), _log_softmax(rows["quant"])
+    if not np.isfinite(lq).all():
+        kl = np.full(len(lp), np.inf)
+    else:
+        kl = (np.exp(lp) * (lp - lq)).sum(-1)
+    target = np.asarray(tokens[1:])
+    at = np.arange(len(target))
+    return {"top1_agreement": float(np.mean(lp.argmax(-1) == lq.argmax(-1))),
+            "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
+            "nll_fp32": float(-lp[at, target].mean()), "nll_quant": float(-lq[at, target].mean()),
+            "positions": int(len(target)), "prefill_tokens": n_prefill}
+
+
+def check_quality(result: dict, weights: str, fmt: str) -> dict:
+    """result (compare_to_fp32) -> the same with thresholds and passed; an EdgekvError naming verify-quant when it
+    fails. NaN/inf compare as failures."""
+    t = THRESHOLDS[weights]
+    ok = result["top1_agreement"] >= t["min_top1"] and result["kl_mean"] <= t["max_kl_mean"]
+    out = {**result, "weights": weights, "thresholds": t, "passed": bool(ok)}
+    if not ok:
+        raise EdgekvError(f"{weights} weights ({fmt}) failed verify-quant against fp32 over {result['positions']} "
+                          f"positions of real text: {describe_quality(out)} (needs top-1 >= {t['min_top1']:.0%}, "
+                          f"KL mean <= {t['max_kl_mean']})")
+    return out
+
+
+def verify_quant(fp32_stepper, quant_stepper, tokens: list[int], weights: str, fmt: str) -> dict:
+    """compare_to_fp32 + check_quality: the record for manifest["verification"][f"{fmt}-quant"]."""
+    return check_quality(compare_to_fp32(fp32_stepper, quant_stepper, tokens), weights, fmt)
+
+
+def describe_quality(v: dict) -> str:
+    return (f"top-1 {v['top1_agreement']:.1%}, KL mean {v['kl_mean']:.3g} max {v['kl_max']:.3g} nats, "
+            f"NLL {v['nll_quant']:.3f} vs fp32 {v['nll_fp32']:.3f} nats/token")
