@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all install bench clean android-test
+.PHONY: demo test test-all install bench bench-speed clean android-test
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,6 +32,12 @@ test-all: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/plan_speed.py
+
+# benchmarks/decode_speed.py: edgekv's artifacts vs transformers, llama.cpp, ONNX Runtime GenAI (JSON in
+# benchmarks/results/). llama-cpp-python compiles llama.cpp on first install (~4 min on 2 cores).
+bench-speed: $(STAMP)
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/python -m pip install -q -r requirements-bench.lock
+	$(BIN)/python benchmarks/decode_speed.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

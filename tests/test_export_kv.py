@@ -218,14 +218,26 @@ def test_importing_the_cli_module_does_not_import_torch():
 # ---- the real model: minutes on 2 cores ----
 
 
+# state bytes by hand from SmolLM2's config: 30 layers, 3 KV heads, head_dim 64, max_ctx 512
+SMOLLM2_STATE = {
+    "kv": 30 * 2 * 3 * 512 * 64 * 2,  # fp16 K and V
+    "kv-int8": 30 * 2 * 3 * 512 * (64 * 1 + 2),  # int8 codes + one fp16 scale per token and head (group = head_dim)
+    "window:w=64,sinks=4": 30 * 2 * 3 * (64 + 4) * 64 * 2,  # fp16 ring of 64 + 4 sinks, whatever max_ctx is
+    "mla:rank=256": 30 * 512 * 256 * 2,  # one fp16 latent of width 256 per token and layer
+}
+
+
 @pytest.mark.slow
-def test_smollm2_exports_to_onnx_and_pte_and_says_paris(tmp_path):
-    out = tmp_path / "smollm2-kv"
-    m = export_model(ExportOptions(model="smollm2-135m", strategy="kv", formats=("onnx", "pte"), max_ctx=512,
+@pytest.mark.parametrize("strategy", list(SMOLLM2_STATE))
+def test_smollm2_exports_to_onnx_and_pte_and_says_paris(tmp_path, strategy):
+    """The real model with each state strategy the issue names, in both runtimes. Converted MLA at rank 256 (2/3 of
+    the 384 K+V rows; the default rank 192 still writes fluent text but misses the fact)."""
+    out = tmp_path / "smollm2"
+    m = export_model(ExportOptions(model="smollm2-135m", strategy=strategy, formats=("onnx", "pte"), max_ctx=512,
                                    out=out, verify_steps=16), echo=print)
     for fmt in ("onnx", "pte"):
         assert m["verification"][fmt]["passed"], m["verification"][fmt]
-    assert m["state"]["bytes"] == 30 * 2 * 3 * 512 * 64 * 2  # fp16 K and V, 30 layers, 3 KV heads, head_dim 64
+    assert m["state"]["bytes"] == SMOLLM2_STATE[strategy]
     for rt in ("ort", "executorch"):
         r = CliRunner().invoke(cli, ["run", str(out), "--prompt", "The capital of France is", "--max-new-tokens",
                                      "8", "--runtime", rt])
