@@ -101,3 +101,61 @@ def test_plot_and_json_from_the_command(mamba_dir, tmp_path):
 def test_bad_bits_is_one_line(mamba_dir):
     p = run_cli("analyze", "--model", mamba_dir, "--strategy", "ssm", "--bits", "3", "--ctx", "32")
     assert p.returncode == 2 and "--bits 3" in p.stderr and "Traceback" not in p.stderr
+
+
+def _by_role(layout, state):
+    return {(t.layer, t.role): x for t, x in zip(layout.tensors, state)}
+
+
+def test_state_error_is_the_relative_error_of_the_dequantized_state(result, mamba_dir):
+    """The runner's state error at position 20 against the two modules stepped here, dequantized by hand."""
+    from edgekv.models import load_any
+    from edgekv.quant import dequantize
+    runner, _ = result
+    tokens = tokenize(runner.ref, default_text(), CTX)[:20]
+    ref = load_any(str(mamba_dir), parse_strategy("ssm:dtype=fp32"), CTX)
+    var = load_any(str(mamba_dir), parse_strategy("ssm:dtype=int8"), CTX)  # nearest rounding, as variant 0
+    states = []
+    for lv in (ref, var):
+        s = lv.module.empty_state()
+        with torch.no_grad():
+            for t, tok in enumerate(tokens):
+                _, *s = lv.module(torch.tensor([[tok]]), torch.tensor([t]), *s)
+        states.append(_by_role(lv.layout, s))
+    r, v = states
+    errs = [float((dequantize(v[(i, "ssm")], v[(i, "ssm.scale")], None, 8) - r[(i, "ssm")]).norm()
+                  / r[(i, "ssm")].norm()) for i in range(2)]
+    cv = runner.curves[0]
+    assert cv.state_rel_err[cv.state_positions.index(20)] == pytest.approx(sum(errs) / 2, rel=1e-5)
+
+
+def test_cache_state_error_compares_only_the_slots_a_call_wrote():
+    """kv-int4 with group 16 (the tiny llama's head_dim is 48): the error of the second 64-token call, by hand."""
+    from edgekv.models import load_any
+    from edgekv.quant import dequantize
+    base = parse_strategy("kv-int4:group=16")
+    variants = make_variants(base, [4], ["nearest"], None)
+    assert [v.strategy.label for v in variants] == ["kv-int4:group=16"]  # the group asked for, not the default 32
+    r = Runner("fixtures/tiny/llama", base, variants, 128, chunk=64)
+    tokens = tokenize(r.ref, default_text(), 128)
+    r.run(tokens)
+    states = []
+    for strategy in (parse_strategy("kv:dtype=fp32"), base):
+        fresh = load_any("fixtures/tiny/llama", strategy, 128)
+        s = fresh.module.empty_state()
+        with torch.no_grad():
+            for start in (0, 64):
+                _, *s = fresh.module(torch.tensor([tokens[start:start + 64]]), torch.tensor([start]), *s)
+        states.append(_by_role(fresh.layout, s))
+    ref, var = states
+    errs = []
+    for i in range(4):
+        for role in ("key", "value"):
+            cut = slice(64, 128)
+            got = dequantize(var[(i, role)][:, :, cut], var[(i, role + ".scale")][:, :, cut],
+                             var[(i, role + ".zero")][:, :, cut], 4, 16)
+            want = ref[(i, role)][:, :, cut]
+            errs.append(float((got - want).norm() / want.norm()))
+    cv = r.curves[0]
+    assert cv.state_positions == [64, 128]
+    assert cv.state_rel_err[1] == pytest.approx(sum(errs) / len(errs), rel=1e-5)

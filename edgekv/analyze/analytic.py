@@ -115,9 +115,11 @@ def ssm_prediction(runner, tokens: list[int], target: int) -> dict | None:
     compare_at, measured_at, predicted_at, err = int(positions[-1]), float("nan"), float(pred[-1]), float("nan")
     if measured and measured[1].state_rel_err:
         cv = measured[1]
-        compare_at = int(cv.state_positions[-1])
-        measured_at = float(np.mean(cv.state_rel_err[-max(1, len(cv.state_rel_err) // 10):]))
-        predicted_at = float(np.mean(pred[compare_at - max(1, len(cv.state_rel_err) // 10):compare_at]))
+        k = max(1, len(cv.state_rel_err) // 10)  # the last 10 % of the samples, and the prediction at their positions
+        at = np.asarray(cv.state_positions[-k:])
+        compare_at = int(at[-1])
+        measured_at = float(np.mean(cv.state_rel_err[-k:]))
+        predicted_at = float(np.mean(pred[at - 1]))  # pred[i] is the error after position i + 1
         err = 100.0 * (predicted_at - measured_at) / measured_at if measured_at else float("nan")
     sel = np.unique(np.geomspace(1, len(pred), 40).astype(int)) - 1
     return {"model": "independent rounding errors through the linear recurrence, Var E_t = a^2 Var E_t-1 + "

@@ -1,4 +1,10 @@
-"""`edgekv analyze`: how quantization error in a KV cache or a recurrent state grows with position.
+"""`edgekv analyze`: how quantization error in a KV cache or a recurrent state grows with position (--probe error),
+and whether the model can still recall a value it read d tokens ago (--probe recall).
+
+The recall probe is an option of analyze, not a command of its own: it asks the same question of the same variants
+(the export module with the state at each precision, built by make_variants, stepped in the same calls) and shares
+--model, --strategy, --bits, --rounding, --ctx, --chunk, --text, --json, --plot and --threads; only what is scored
+differs. Options that only mean something for the error curves (--save, --rank, --window, ...) are refused with it.
 
 Imports torch lazily, inside the command: `edgekv plan` must stay torch-free.
 """
@@ -26,13 +32,18 @@ def _ints(text: str | None, what: str) -> list[int] | None:
 @click.option("--model", required=True, help="smollm2-135m, a .gguf, or an HF folder (e.g. fixtures/tiny/mamba)")
 @click.option("--strategy", "strategy_spec", required=True,
               help="kv | kv-int8 | kv-int4 | kv-int2 | mla | window | ssm | linear | hybrid")
-@click.option("--bits", default=None, help="state bits to compare, comma-separated (kv: 16,8,4,2; ssm: 16,8)")
+@click.option("--probe", type=click.Choice(["error", "recall"]), default="error", show_default=True,
+              help="error: error vs position against fp32; recall: needle retrieval accuracy vs distance")
+@click.option("--bits", default=None, help="state bits to compare, comma-separated (kv: 16,8,4,2; ssm: 16,8; "
+              "recall: 32 is the fp32 reference, always included)")
 @click.option("--rounding", default="nearest", show_default=True, help="nearest, stochastic, or both: nearest,stochastic")
 @click.option("--weight-bits", default=4, show_default=True, type=click.IntRange(0, 8),
-              help="also measure weights-only and weights+state error at this weight precision (0: skip)")
+              help="also measure weights-only and weights+state error at this weight precision (0: skip; "
+              "recall: only when given)")
 @click.option("--rank", "ranks", default=None, help="mla: converted ranks to compare, e.g. 64,128,192")
 @click.option("--window", "windows", default=None, help="window: sizes to compare, e.g. 256,512")
-@click.option("--ctx", "ctx_text", default="2k", show_default=True, help="tokens of text to measure over")
+@click.option("--ctx", "ctx_text", default="2k", show_default=True,
+              help="tokens of text to measure over (recall: the longest needle distance)")
 @click.option("--target-ctx", "target_text", default="32k", show_default=True, help="context to extrapolate to")
 @click.option("--chunk", default=None, type=click.IntRange(1, 4096),
               help="tokens per call (default: 64 for caches, as chunked prefill; 1 for recurrent states, as decode)")
@@ -43,11 +54,17 @@ def _ints(text: str | None, what: str) -> list[int] | None:
 @click.option("--name", default=None, help="model name to store the measurement under (default: from --model)")
 @click.option("--applies-to", default=None, help="store as evidence for a whole family, e.g. family:ssm")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
-@click.option("--plot", type=click.Path(dir_okay=False), help="write error vs position (PNG), fitted laws dashed")
+@click.option("--plot", type=click.Path(dir_okay=False),
+              help="write error vs position (PNG), fitted laws dashed; recall: accuracy vs distance")
+@click.option("--trials", default=8, show_default=True, type=click.IntRange(1, 10000),
+              help="recall: needles per distance (the same needles at every distance and precision)")
+@click.option("--seed", default=0, show_default=True, help="recall: seed of the needles and filler offsets")
 @click.option("--threads", default=None, type=click.IntRange(1, 256), help="torch threads (default: torch's)")
-def analyze(model, strategy_spec, bits, rounding, weight_bits, ranks, windows, ctx_text, target_text, chunk,
-            text_file, analytic, save, name, applies_to, as_json, plot, threads):
-    """Measure error vs position for quantized/compressed state on real weights, fit a growth law, extrapolate."""
+@click.pass_context
+def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, ranks, windows, ctx_text, target_text,
+            chunk, text_file, analytic, save, name, applies_to, as_json, plot, trials, seed, threads):
+    """Measure error vs position for quantized/compressed state on real weights, fit a growth law, extrapolate;
+    or (--probe recall) needle-retrieval accuracy vs distance at each state precision."""
     from ..strategies import parse_strategy
     from ..units import parse_ctx
 
@@ -65,6 +82,17 @@ def analyze(model, strategy_spec, bits, rounding, weight_bits, ranks, windows, c
 
     if threads:
         torch.set_num_threads(threads)
+    if probe == "recall":
+        from click.core import ParameterSource
+        explicit = {p for p in cctx.params if cctx.get_parameter_source(p) != ParameterSource.DEFAULT}
+        for opt in ("save", "name", "applies_to", "ranks", "windows", "target_text", "analytic"):
+            if opt in explicit:
+                flag = {"ranks": "rank", "windows": "window", "target_text": "target-ctx"}.get(opt, opt)
+                raise EdgekvError(f"--{flag.replace('_', '-')} belongs to the error probe (--probe error), not to "
+                                  "--probe recall")
+        return _recall(model, base, _ints(bits, "--bits"), roundings,
+                       weight_bits if "weight_bits" in explicit else None, ctx, chunk, text_file, trials, seed,
+                       as_json, plot)
     variants = make_variants(base, _ints(bits, "--bits"), roundings, weight_bits or None, _ints(ranks, "--rank"),
                              _ints(windows, "--window"))
     recurrent = base.name in ("ssm", "linear", "hybrid")
@@ -99,6 +127,61 @@ def analyze(model, strategy_spec, bits, rounding, weight_bits, ranks, windows, c
         _table(result, plot)
     if result["interrupted"]:
         click.echo("stopped early: the curves above cover what was measured", err=True)
+
+
+def _recall(model, base, bits, roundings, weight_bits, max_distance, chunk, text_file, trials, seed, as_json, plot):
+    from .recall import RecallProbe, distances, make_trials
+    from .recall import plot as recall_plot
+    from .run import Encoder, default_text, make_variants
+
+    state_bits = [b for b in bits or [] if b != 32]
+    variants = [] if bits and not state_bits else make_variants(base, state_bits or None, roundings, weight_bits)
+    recurrent = base.name in ("ssm", "linear", "hybrid")
+    chunk = chunk or (1 if recurrent else 64)
+    dists = distances(max_distance)
+    probe = RecallProbe(model, base, variants, max(dists), chunk, seed)
+    text = open(text_file, errors="replace").read() if text_file else default_text()
+    rows = make_trials(Encoder.for_model(probe.loaded), text, dists, trials, seed)
+    total = sum(t.value_at + len(t.value) - 1 for row in rows for t in row) * len(probe.modules)
+
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    t0 = time.perf_counter()
+    with Progress(TextColumn("recall {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} tok"),
+                  TimeElapsedColumn(), TimeRemainingColumn(), transient=True, console=Console(stderr=True)) as bar:
+        task = bar.add_task(f"{len(probe.modules)} variants x {len(dists)} distances x {trials} trials", total=total)
+        tallies = probe.run(rows, on_step=lambda n: bar.advance(task, n))
+    result = probe.summarise(rows, tallies, text_file or "Python docs topics + stdlib source")
+    result["seconds"] = round(time.perf_counter() - t0, 2)
+    if plot:
+        recall_plot(result, plot)
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    else:
+        _recall_table(result, plot)
+    if result["interrupted"]:
+        click.echo("stopped early: the table above covers the trials scored", err=True)
+
+
+def _recall_table(result: dict, plot: str | None) -> None:
+    from rich.table import Table
+
+    from ..render import console
+    t = Table(title=f"edgekv analyze --probe recall — {result['model']}, chunk {result['chunk']}: top-1 accuracy of "
+                    f"the {result['value_len']} value tokens (mean log-prob)", title_justify="left")
+    t.add_column("variant")
+    for d in result["distances"]:
+        t.add_column(f"d={d}", justify="right")
+    for v in result["variants"]:
+        t.add_row(v["label"], *[("-" if a is None else f"{a:.2f} ({lp:.2f})")
+                                for a, lp in zip(v["accuracy"], v["logprob"])])
+    c = console()
+    c.print(t)
+    n = max((max(v["trials"]) for v in result["variants"]), default=0)
+    c.print(f"{n} trials per distance; chance {result['chance']:.3f} (log-prob {result['chance_logprob']:.2f}). "
+            f"{result['seconds']} s on this machine.")
+    if plot:
+        c.print(f"plot written to {plot}")
 
 
 def _model_name(spec: str) -> str:

@@ -7,8 +7,10 @@ calls of `chunk` tokens (chunked prefill for caches, C = 1 decode stepping for r
 and the reference pass is computed once per chunk and shared by every variant.
 
 Per position t (the prediction of token t+1): KL(reference || variant) of the next-token distribution, top-1
-agreement, NLL difference on the true next token, relative error of the final hidden state; at every call boundary
-the relative error of the state itself (dequantized, vs the reference's).
+agreement, NLL difference on the true next token, relative error of the final hidden state; at call boundaries the
+relative error of the state itself (dequantized, vs the reference's): after every call up to position 16, then on a
+log schedule (STATE_PER_DOUBLING samples per doubling of the position, and after the last call). Curves are windowed
+on a log scale anyway, and at C = 1 comparing the whole state after every token was a sizeable share of the cost.
 """
 from __future__ import annotations
 
@@ -16,13 +18,12 @@ import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..errors import EdgekvError
 from ..quant import roundtrip
-from ..strategies import Strategy, parse_strategy
+from ..strategies import DEFAULTS, Strategy, parse_strategy
 
 
 @dataclass
@@ -58,12 +59,17 @@ def default_text() -> str:
     return "\n".join(parts)
 
 
-def tokenize(loaded, text: str, n: int) -> list[int]:
-    """Byte-level models (vocab 256) read bytes; others the tokenizer edgekv exports with them."""
-    vocab = loaded.arch.vocab
-    if vocab == 256:
-        ids = list(text.encode("utf-8"))
-    else:
+class Encoder:
+    """str -> token ids: bytes when tokenizer is None (the byte-level fixtures), else a `tokenizers.Tokenizer`."""
+
+    def __init__(self, tokenizer=None):
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def for_model(cls, loaded) -> "Encoder":
+        """Byte-level models (vocab 256) read bytes; others the tokenizer edgekv exports with them."""
+        if loaded.arch.vocab == 256:
+            return cls()
         import tempfile
 
         from tokenizers import Tokenizer
@@ -72,7 +78,18 @@ def tokenize(loaded, text: str, n: int) -> list[int]:
         with tempfile.TemporaryDirectory() as d:
             if write_tokenizer(Path(loaded.source), Path(d)) is None:
                 raise EdgekvError(f"{loaded.source}: no tokenizer to read the text with")
-            ids = Tokenizer.from_file(str(Path(d) / "tokenizer.json")).encode(text).ids
+            return cls(Tokenizer.from_file(str(Path(d) / "tokenizer.json")))
+
+    def __call__(self, text: str) -> list[int]:
+        return list(text.encode("utf-8")) if self.tokenizer is None else self.tokenizer.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(ids).decode("utf-8", "replace") if self.tokenizer is None else self.tokenizer.decode(ids)
+
+
+def tokenize(loaded, text: str, n: int) -> list[int]:
+    """The first n + 1 tokens of text (see Encoder.for_model)."""
+    ids = Encoder.for_model(loaded)(text)
     if len(ids) < n + 1:
         raise EdgekvError(f"the text has {len(ids)} tokens; --ctx {n} needs {n + 1}")
     return ids[:n + 1]
@@ -86,6 +103,16 @@ def fake_quantize_weights(module: torch.nn.Module, bits: int, group: int = 32) -
             if isinstance(m, torch.nn.Linear) and m.weight.shape[-1] % group == 0:
                 # a new tensor, never in place: loaders may share weight tensors between the reference and variants
                 m.weight = torch.nn.Parameter(roundtrip(m.weight, bits, group), requires_grad=False)
+
+
+def check_variant_changes_something(model: str, ref, variant: Variant, loaded) -> None:
+    """A state variant whose module keeps exactly the reference's state (e.g. linear:dtype=int8 on RWKV-4, whose
+    layout stays fp32) would be measured as a perfect int8 state: refuse it in one line instead."""
+    same = [(t.role, t.shape, t.dtype) for t in loaded.layout.tensors] == \
+        [(t.role, t.shape, t.dtype) for t in ref.layout.tensors]
+    if same and not variant.weight_bits:
+        raise EdgekvError(f"{variant.strategy.label} on {model} keeps the same state as the fp32 reference "
+                          f"({loaded.layout.tensors[0].dtype}): this model's module has no such state precision yet")
 
 
 def _set_rounding(module, rounding: str, seed: int) -> None:
@@ -107,40 +134,76 @@ def _final_norm(module):
     return None
 
 
-def _dequant_state(layout, state: list[torch.Tensor]) -> dict[tuple[int, str], torch.Tensor]:
-    """(layer, role) -> fp32 tensor of what the state holds (quantized tensors dequantized)."""
-    from ..quant import dequantize
-    out, by = {}, {}
-    for t, x in zip(layout.tensors, state):
-        by[(t.layer, t.role)] = (t, x)
-    for (layer, role), (t, x) in by.items():
-        if "." in role:
-            continue
-        if t.dtype in ("int8", "uint8") and (layer, role + ".scale") in by:
-            sc = by[(layer, role + ".scale")][1]
-            z = by.get((layer, role + ".zero"), (None, None))[1]
-            bits = 8 if t.dtype == "int8" else t.packed_bits
-            group = 0 if sc.shape[-1] == 1 else x.shape[-1] * (8 // bits if bits < 8 else 1) // sc.shape[-1]
-            out[(layer, role)] = dequantize(x, sc, z, bits, group)
-        else:
-            out[(layer, role)] = x.float()
-    return out
+class StateDiff:
+    """||variant - reference|| / ||reference|| of the state roles both keep, paired once per (reference, variant).
+
+    Built from the two layouts, so each call does a few batched tensor ops and no python bookkeeping: tensors of the
+    same shape and precision (the per-layer states of one role) are stacked and dequantized together. Caches compare
+    only the slots a call wrote (`slots`); conv windows are skipped (they hold inputs, not state)."""
+
+    def __init__(self, layout_ref, layout_var):
+        ref = {(t.layer, t.role): (i, t) for i, t in enumerate(layout_ref.tensors)}
+        var = {(t.layer, t.role): (i, t) for i, t in enumerate(layout_var.tensors)}
+        groups: dict = {}
+        for (layer, role), (ri, rt) in ref.items():
+            if "." in role or role == "conv" or (layer, role) not in var:
+                continue
+            vi, vt = var[(layer, role)]
+            sc, z = var.get((layer, role + ".scale")), var.get((layer, role + ".zero"))
+            if vt.dtype in ("int8", "uint8") and sc is not None:
+                bits = 8 if vt.dtype == "int8" else vt.packed_bits
+                d = vt.shape[-1] * (8 // bits if bits < 8 else 1)
+                group = 0 if sc[1].shape[-1] == 1 else d // sc[1].shape[-1]
+                spec, idx = (bits, group), (ri, vi, sc[0], z[0] if z else None)
+                if vt.shape[:-1] + (d,) != rt.shape:
+                    continue
+            else:
+                spec, idx = None, (ri, vi, None, None)
+                if vt.shape != rt.shape:
+                    continue
+            key = (rt.shape, role in ("key", "value"), spec)
+            groups.setdefault(key, []).append(idx)
+        self.groups = list(groups.items())
+
+    def needs(self) -> dict[int, bool]:
+        """reference state index -> whether it is a cache (compared on the call's slots only)."""
+        return {i[0]: cache for (_, cache, _), idx in self.groups for i in idx}
+
+    @staticmethod
+    def snapshot(ref_state, needs: dict[int, bool], slots: slice) -> dict[int, torch.Tensor]:
+        """What the comparison reads of the reference state after a call: a copy of a cache's slots (a view would
+        keep the whole cache alive); a recurrent state as it is (every module returns new state tensors)."""
+        return {i: ref_state[i][:, :, slots].float().clone() if cache else ref_state[i].float()
+                for i, cache in needs.items()}
+
+    def __call__(self, ref_snap: dict, var_state, slots: slice) -> torch.Tensor | None:
+        """ref_snap from snapshot() after the same call -> [2, L]: per compared tensor (||var - ref||, ||ref||);
+        None when nothing is comparable."""
+        from ..quant import dequantize
+        nums, dens = [], []
+        for (_, cache, spec), idx in self.groups:
+            cut = (lambda x: x[:, :, slots]) if cache else (lambda x: x)
+            r = torch.stack([ref_snap[i[0]] for i in idx])
+            v = torch.stack([cut(var_state[i[1]]) for i in idx])
+            if spec is None:
+                v = v.float()
+            else:
+                sc = torch.stack([cut(var_state[i[2]]) for i in idx])
+                z = torch.stack([cut(var_state[i[3]]) for i in idx]) if idx[0][3] is not None else None
+                v = dequantize(v, sc, z, *spec)
+            nums.append(torch.linalg.vector_norm((v - r).flatten(1), dim=1))
+            dens.append(torch.linalg.vector_norm(r.flatten(1), dim=1))
+        return torch.stack((torch.cat(nums), torch.cat(dens))) if nums else None
 
 
-def state_rel_err(layout_ref, ref_state, layout_var, var_state, slots: slice | None) -> float | None:
-    """Mean over layers of ||var - ref|| / ||ref|| for the state roles both keep (for caches: only `slots`)."""
-    a, b = _dequant_state(layout_ref, ref_state), _dequant_state(layout_var, var_state)
-    errs = []
-    for k, r in a.items():
-        if k not in b or b[k].shape != r.shape or k[1] == "conv":
-            continue
-        v = b[k]
-        if k[1] in ("key", "value") and slots is not None:
-            r, v = r[:, :, slots], v[:, :, slots]
-        n = r.norm()
-        if n > 0:
-            errs.append(float((v - r).norm() / n))
-    return float(np.mean(errs)) if errs else None
+def _mean_ratio(nd: torch.Tensor) -> float | None:
+    """Mean over the tensors with a non-zero reference of num / den (nd [2, L] from StateDiff)."""
+    keep = nd[1] > 0
+    return float((nd[0][keep] / nd[1][keep]).mean()) if bool(keep.any()) else None
+
+
+STATE_DENSE = 16  # positions up to which the state error is measured after every call
+STATE_PER_DOUBLING = 16  # beyond: one sample per 2^(1/16) (~4.4 %) growth of the position
 
 
 class Runner:
@@ -156,6 +219,7 @@ class Runner:
         self.loaded = []
         for i, v in enumerate(variants):
             lv = load_any(model, v.strategy, ctx)
+            check_variant_changes_something(model, self.ref, v, lv)
             if v.weight_bits:
                 fake_quantize_weights(lv.module, v.weight_bits)
             _set_rounding(lv.module, v.rounding, seed + i)
@@ -172,51 +236,81 @@ class Runner:
             return None
         return norm.register_forward_hook(lambda m, i, o: self._hidden.__setitem__(key, o.detach()))
 
-    @torch.no_grad()
-    def run(self, tokens: list[int], on_step=None) -> None:
+    @torch.inference_mode()
+    def run(self, tokens: list[int], on_step=None, block: int = 512) -> None:
         """Feed tokens[:-1] in calls of `chunk`; metrics predict tokens[1:]. on_step(done_tokens) for progress;
-        KeyboardInterrupt stops cleanly with the curves measured so far."""
+        KeyboardInterrupt stops cleanly with the curves measured so far.
+
+        Lockstep by blocks of `block` positions: the reference runs a block of calls first (its logits, final hidden
+        states and the state the comparison reads are kept), then each variant runs the same calls. Stepping the
+        modules token-interleaved evicted each one's weights from the CPU caches at every token (about half a plain
+        pass at C = 1). The per-position metrics are computed for the whole block at once; a stopped run keeps the
+        blocks it finished."""
         ids = torch.tensor(tokens, dtype=torch.int64)[None]
         n = ids.shape[1] - 1
         hooks = [self._capture("ref", self.ref.module)] + [self._capture(i, lv.module)
                                                              for i, lv in enumerate(self.loaded)]
+        diffs = [StateDiff(self.ref.layout, lv.layout) for lv in self.loaded]
+        needs = {k: c for d in diffs for k, c in d.needs().items()}
         ref_state = self.ref.module.empty_state()
         var_states = [lv.module.empty_state() for lv in self.loaded]
+        # a block is a whole number of calls, and holds at most ~16 MB of logits per module (a 49k vocabulary: 1 call)
+        step = max(self.chunk, min(block, 2**22 // self.ref.arch.vocab) // self.chunk * self.chunk)
+        due = 0  # the next position whose state error is measured (see STATE_PER_DOUBLING)
         try:
-            for start in range(0, n, self.chunk):
-                c = min(self.chunk, n - start)
-                x = ids[:, start:start + c]
-                pos = torch.tensor([start], dtype=torch.int64)
-                target = ids[0, start + 1:start + c + 1]
-                ref_logits, *ref_state = self.ref.module(x, pos, *ref_state)
-                ref_lp = F.log_softmax(ref_logits[0].float(), -1)  # [C, V]
-                ref_top = ref_lp.argmax(-1)
-                ref_nll = -ref_lp.gather(-1, target[:, None])[:, 0]
-                ref_h = self._hidden.get("ref")
+            for first in range(0, n, step):
+                # (start, c, ref logits, ref hidden, ref snapshot or None, [(logits, hidden, state diff)])
+                pending = []
+                for start in range(first, min(first + step, n), self.chunk):
+                    c = min(self.chunk, n - start)
+                    end = start + c
+                    measure = end <= STATE_DENSE or end >= due or end == n
+                    if measure:
+                        due = end * 2 ** (1 / STATE_PER_DOUBLING)
+                    logits, *ref_state = self.ref.module(ids[:, start:end], torch.tensor([start]), *ref_state)
+                    snap = StateDiff.snapshot(ref_state, needs, slice(start, end)) if measure else None
+                    pending.append((start, c, logits[0], self._hidden.get("ref"), snap, []))
                 for i, lv in enumerate(self.loaded):
-                    logits, *var_states[i] = lv.module(x, pos, *var_states[i])
-                    lp = F.log_softmax(logits[0].float(), -1)
-                    cv = self.curves[i]
-                    kl = (ref_lp.exp() * (ref_lp - lp)).sum(-1).clamp_min(0)
-                    cv.positions += list(range(start + 1, start + c + 1))
-                    cv.kl += kl.tolist()
-                    cv.top1 += (lp.argmax(-1) == ref_top).float().tolist()
-                    cv.nll_diff += (-lp.gather(-1, target[:, None])[:, 0] - ref_nll).tolist()
-                    h = self._hidden.get(i)
-                    if ref_h is not None and h is not None:
-                        cv.hidden_rel_err += ((h[0] - ref_h[0]).norm(dim=-1) / ref_h[0].norm(dim=-1)).tolist()
-                    e = state_rel_err(self.ref.layout, ref_state, lv.layout, var_states[i], slice(start, start + c))
-                    if e is not None:
-                        cv.state_positions.append(start + c)
-                        cv.state_rel_err.append(e)
+                    for start, c, _, _, snap, out in pending:
+                        end = start + c
+                        logits, *var_states[i] = lv.module(ids[:, start:end], torch.tensor([start]), *var_states[i])
+                        out.append((logits[0], self._hidden.get(i),
+                                    None if snap is None else diffs[i](snap, var_states[i], slice(start, end))))
+                self._flush(pending, ids[0])
                 if on_step:
-                    on_step(start + c)
+                    on_step(pending[-1][0] + pending[-1][1])
         except KeyboardInterrupt:
             self.interrupted = True
         finally:
             for h in hooks:
                 if h is not None:
                     h.remove()
+
+    def _flush(self, pending: list, ids: torch.Tensor) -> None:
+        """Per-position metrics of a block of calls every module has run, appended to the curves."""
+        if not pending:
+            return
+        first, last = pending[0][0], pending[-1][0] + pending[-1][1]
+        target = ids[first + 1:last + 1]
+        ref_lp = F.log_softmax(torch.cat([p[2] for p in pending]).float(), -1)  # [T, V]
+        ref_top = ref_lp.argmax(-1)
+        ref_nll = -ref_lp.gather(-1, target[:, None])[:, 0]
+        ref_p = ref_lp.exp()
+        ref_h = None if pending[0][3] is None else torch.cat([p[3][0] for p in pending])  # [T, d]
+        for i, cv in enumerate(self.curves):
+            lp = F.log_softmax(torch.cat([p[5][i][0] for p in pending]).float(), -1)
+            cv.positions += list(range(first + 1, last + 1))
+            cv.kl += (ref_p * (ref_lp - lp)).sum(-1).clamp_min(0).tolist()
+            cv.top1 += (lp.argmax(-1) == ref_top).float().tolist()
+            cv.nll_diff += (-lp.gather(-1, target[:, None])[:, 0] - ref_nll).tolist()
+            if ref_h is not None and pending[0][5][i][1] is not None:
+                h = torch.cat([p[5][i][1][0] for p in pending])
+                cv.hidden_rel_err += ((h - ref_h).norm(dim=-1) / ref_h.norm(dim=-1)).tolist()
+            for start, c, _, _, _, out in pending:
+                e = None if out[i][2] is None else _mean_ratio(out[i][2])
+                if e is not None:
+                    cv.state_positions.append(start + c)
+                    cv.state_rel_err.append(e)
 
 
 def reference_strategy(base: Strategy) -> Strategy:
@@ -241,6 +335,9 @@ def make_variants(base: Strategy, bits: list[int] | None, roundings: list[str], 
             if b not in (8, 4, 2, 16):
                 raise EdgekvError(f"--bits {b}: a KV cache is stored in 16 (fp16), 8, 4 or 2 bits")
             spec = "kv:dtype=fp16" if b == 16 else f"kv-int{b}"
+            group = base.params.get("group") if base.kv_bits and base.kv_bits < 8 else None
+            if b < 8 and group not in (None, DEFAULTS[spec]["group"]):  # the group the user asked for, e.g. 16
+                spec += f":group={group}"
             for r in (roundings if b != 16 else ["nearest"]):
                 out.append(Variant(f"state {spec} {r}", "state", parse_strategy(spec), b, r))
         if weight_bits:
@@ -248,8 +345,9 @@ def make_variants(base: Strategy, bits: list[int] | None, roundings: list[str], 
                                "nearest", weight_bits))
             for b in bits or [base.kv_bits or 4]:
                 if b != 16:
-                    out.append(Variant(f"both int{weight_bits} weights + kv-int{b}", "both",
-                                       parse_strategy(f"kv-int{b}"), b, "nearest", weight_bits))
+                    state = next(v.strategy for v in out if v.source == "state" and v.bits == b)
+                    out.append(Variant(f"both int{weight_bits} weights + kv-int{b}", "both", state, b, "nearest",
+                                       weight_bits))
     elif base.name in ("ssm", "linear", "hybrid"):
         key = "state_dtype" if base.name == "hybrid" else "dtype"
         for b in bits or [8]:
