@@ -45,10 +45,18 @@ def summarise(runner, tokens_text: str, target_ctx: int, n_windows: int = 24, an
         _, hid = _w(cv.positions, cv.hidden_rel_err, n_windows)
         spos, serr = _w(cv.state_positions, cv.state_rel_err, n_windows)
         fit = ext = sfit = None
+        fpos, fkl, fit_from = pos, kl, None
+        if v.strategy.name == "window":
+            # a window keeps the first W + S positions exactly (KL = 0 there) and starts dropping tokens after: a
+            # step, not a growth law over the whole range. Fit the law to the positions past the window only.
+            fit_from = v.strategy.params["w"] + v.strategy.params["sinks"]
+            # and in tokens past the window (t - W - S), the number of tokens it has dropped
+            past = [i for i, t in enumerate(cv.positions) if t > fit_from]
+            fpos, fkl = _w([cv.positions[i] - fit_from for i in past], [cv.kl[i] for i in past], n_windows)
         try:
-            f = fit_growth(pos, kl)
+            f = fit_growth(fpos, fkl)
             fit = f.to_json()
-            e = extrapolate(f, target_ctx)
+            e = extrapolate(f, target_ctx - (fit_from or 0))
             ext = {"ctx": target_ctx, "kl": e["value"], "low": e["low"], "high": e["high"],
                    "far_beyond_measured": e["far_beyond_measured"], "note": e["note"]}
         except ValueError:
@@ -62,6 +70,7 @@ def summarise(runner, tokens_text: str, target_ctx: int, n_windows: int = 24, an
             "strategy": v.strategy.label, "weight_bits": v.weight_bits, **v.extra,
             "positions": pos, "kl": kl, "top1": top1, "nll_diff": nll, "hidden_rel_err": hid,
             "state_positions": spos, "state_rel_err": serr, "fit": fit, "state_fit": sfit, "extrapolated": ext,
+            **({"fit_from_position": fit_from} if fit_from is not None else {}),
             "mean_kl": float(np.mean(cv.kl)) if cv.kl else None,
             "mean_top1": float(np.mean(cv.top1)) if cv.top1 else None})
     return out
