@@ -69,7 +69,8 @@ class StateLayout:
 @dataclass(frozen=True)
 class Strategy:
     """A parsed strategy spec: 'kv', 'kv:dtype=fp8', 'kv-int4:group=64', 'window:w=4096,sinks=4', 'mla:rank=128',
-    'mla:ratio=0.067', 'ssm:dtype=int8', 'ring:n=8'."""
+    'mla:ratio=0.067', 'ssm:dtype=int8', 'linear:dtype=int8' (ssm/linear also take state_dtype= for dtype=),
+    'ring:n=8'."""
     name: str
     params: dict = field(default_factory=dict)
 
@@ -124,11 +125,15 @@ def parse_strategy(spec: str) -> Strategy:
         raise EdgekvError(f"unknown strategy {spec!r}; strategies: {', '.join(NAMES)}")
     params = dict(DEFAULTS[name])
     known = set(DEFAULTS[name]) | ({"rank", "ratio"} if name == "mla" else set())
+    if name in ("ssm", "linear"):  # their recurrent state is the only state: state_dtype (hybrid's word) = dtype
+        known.add("state_dtype")
     for item in filter(None, (s.strip() for s in rest.split(","))):
         k, eq, v = item.partition("=")
         if not eq or k not in known:
             raise EdgekvError(f"strategy {spec!r}: unknown parameter {item!r} (known for {name}: "
                               f"{', '.join(sorted(known))})")
+        if k == "state_dtype" and name in ("ssm", "linear"):
+            k = "dtype"
         if k in _NUMERIC:
             if not v.isdigit():
                 raise EdgekvError(f"strategy {spec!r}: {k} must be a non-negative integer")
@@ -194,9 +199,30 @@ def _ssm_pair(i: int, m: SSM, dtype: str) -> list[StateTensor]:
 
 
 def _linear_state(i: int, m: Linear, dtype: str) -> list[StateTensor]:
-    shape = (1, m.n_vectors, m.width) if m.n_vectors else (1, m.n_heads, m.d_k, m.d_v)
-    dt = "float32" if m.n_vectors else ("int8" if dtype == "int8" else KV_DTYPES[dtype])  # RWKV-4 needs fp32 (exp sums)
-    return [StateTensor(f"past_recurrent.{i}", f"present_recurrent.{i}", shape, dt, i, "recurrent")]
+    """One block's recurrent state. Linear attention: [1, H, Dk, Dv] in the strategy's dtype.
+
+    RWKV-4 (n_vectors rows of width d, rows: ffn shift, att shift, num, den, max) is fp32 unless dtype is int8 (the
+    module has no fp16/bf16 path, so those stay fp32). int8 splits the rows:
+      past_recurrent.{i}        [1, 4, d] int8   ffn shift, att shift, num, den (symmetric codes, edgekv.quant)
+      past_recurrent.{i}.scale  [1, 4, 1] fp32   one scale per row (fp32 as the int8 SSM state's scales)
+      past_recurrent.{i}.max    [1, 1, d] fp32   the WKV exponent offset, kept exact
+    The shifts are last-token LayerNorm outputs and num/den are decayed sums with den >= 1: bounded rows that a
+    per-row scale covers. max is a log-domain offset: an absolute error e in it scales the whole history's num and
+    den by exp(e) against the new token, and its range is that of the keys, not of anything a per-row grid fits;
+    it is 1/5 of the state, so it stays fp32 (the edgekv.models.recurrent docstring says more)."""
+    if not m.n_vectors:
+        dt = "int8" if dtype == "int8" else KV_DTYPES[dtype]
+        return [StateTensor(f"past_recurrent.{i}", f"present_recurrent.{i}", (1, m.n_heads, m.d_k, m.d_v), dt, i,
+                            "recurrent")]
+    if dtype != "int8":  # RWKV-4's exp sums in fp32
+        return [StateTensor(f"past_recurrent.{i}", f"present_recurrent.{i}", (1, m.n_vectors, m.width), "float32", i,
+                            "recurrent")]
+    rows = m.n_vectors - 1  # every row but max
+    return [StateTensor(f"past_recurrent.{i}", f"present_recurrent.{i}", (1, rows, m.width), "int8", i, "recurrent"),
+            StateTensor(f"past_recurrent.{i}.scale", f"present_recurrent.{i}.scale", (1, rows, 1), "float32", i,
+                        "recurrent.scale"),
+            StateTensor(f"past_recurrent.{i}.max", f"present_recurrent.{i}.max", (1, 1, m.width), "float32", i,
+                        "recurrent.max")]
 
 
 def mla_rank(arch: Arch, strategy: Strategy) -> int:

@@ -108,7 +108,7 @@ def test_the_command_prints_the_recall_json_and_plot(tmp_path):
     (["--ctx", "8"], "at least 16"),
     (["--save"], "--save belongs to the error probe"),
     (["--target-ctx", "8k"], "--target-ctx belongs to the error probe"),
-    (["--strategy", "linear", "--model", "fixtures/tiny/rwkv"], "keeps the same state as the fp32 reference"),
+    (["--strategy", "linear", "--model", "fixtures/tiny/rwkv", "--bits", "16"], "keeps the same state as the fp32 reference"),
 ])
 def test_bad_recall_requests_are_one_line(args, says):
     base = ["analyze", "--model", "fixtures/tiny/mamba", "--strategy", "ssm", "--probe", "recall", "--ctx", "16"]

@@ -22,9 +22,30 @@ State per block i (edgekv.strategies._linear_state):
   RWKV-4           past_recurrent.{i} [1, 5, d], fp32, rows in transformers' state order:
                    0 channel-mix token shift (last ln2 output), 1 time-mix token shift (last ln1 output),
                    2 num, 3 den, 4 max (the WKV exponent offset).
+                   With linear:dtype=int8, three tensors per block instead:
+                     past_recurrent.{i}        [1, 4, d] int8  rows 0-3 as above, symmetric codes (edgekv.quant)
+                     past_recurrent.{i}.scale  [1, 4, 1] fp32  one scale per row (as the int8 SSM state's scales)
+                     past_recurrent.{i}.max    [1, 1, d] fp32  row 4, exact
+                   read as fp32 for the call (dequantize), updated in fp32, quantized again when written back.
 All zeros is the empty state for both. For RWKV, transformers starts `max` at -1e30; here a den of 0 (which only the
 empty state has: after one token den >= 1 in the shifted-exponent form) reads max as -1e30, so the zeros a runtime
 allocates are a valid start and the numbers are exactly transformers'.
+
+Which RWKV rows are int8, and why (measured on fixtures/tiny/rwkv over 1,000 bytes of stdlib source):
+  - the two token shifts are LayerNorm outputs of the last token (|x| <= ~4, row max / median ~4-7) and are replaced
+    every token: their rounding is a one-token input error, like int8 activations, and cannot pile up by itself.
+  - num and den are the decayed sums sum_s e^(w (t-s) + k_s - max) [v_s | 1]. max is the largest exponent, so every
+    term is <= 1 and one is exactly 1: den >= 1, and the decay w < 0 keeps it small; num / den is a weighted mean
+    of v, so |num| <= den * max|v|. Both stay in a modest range (den 1..47, |num| <= 38 at 1k bytes), which a per-row
+    scale covers; its step den_max / 127 leaves den = 1 channels a few % to ~20 % error, and those are the
+    fast-decaying channels, which forget it quickly. This is the error that accumulates: the analyzer measures how.
+    A den code that rounds to 0 (only when a row's den spread exceeds 254x) reads as that channel's empty state:
+    the channel restarts instead of dividing by ~0.
+  - max is a log-domain offset (a gauge: (num, den, max) and (num e^c, den e^c, max - c) are the same state). An
+    absolute error e in it multiplies the channel's whole history against the new token by e^e, with a per-row
+    step set by the largest |max| in the row, which follows the keys' range and has no bound the grid knows. It is
+    1/5 of the state, so it stays fp32: per block the int8 state is 4d (codes) + 16 (scales) + 4d (max) = 8d + 16
+    bytes against 20d in fp32 (0.40x; all five rows in int8 would be 5d + 20, 0.25x).
 
 Where RWKV differs from transformers, and why the numbers are the same:
   - in eval mode transformers rescales the model (rescale_every): block b's attention.output and feed_forward.value
@@ -41,6 +62,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import EdgekvError
+from ..quant import dequantize, quantize
 from ..strategies import StateLayout
 from .llama import MLP as LlamaMLP
 from .llama import RMSNorm
@@ -291,15 +313,24 @@ class _RwkvBody(nn.Module):
 
 
 class Rwkv4(nn.Module):
-    """forward(tokens [1, C] int64, pos [1] int64, *state) -> (logits [1, C, V], *new_state); one
-    past_recurrent.{i} [1, 5, d] fp32 per block (rows: ffn shift, att shift, num, den, max). pos is unused."""
+    """forward(tokens [1, C] int64, pos [1] int64, *state) -> (logits [1, C, V], *new_state); per block one
+    past_recurrent.{i} [1, 5, d] fp32 (rows: ffn shift, att shift, num, den, max), or with an int8 layout
+    (past_recurrent.{i} [1, 4, d] int8, .scale [1, 4, 1] fp32, .max [1, 1, d] fp32): see the module docstring.
+    pos is unused. rounding / generator: how the int8 writes round (analyze sets stochastic and a generator)."""
 
     def __init__(self, args: RwkvArgs, layout: StateLayout):
         super().__init__()
         self.args, self.layout = args, layout
-        want = [(i, "recurrent", (1, 5, args.hidden), "float32") for i in range(args.n_layers)]
-        if [(t.layer, t.role, t.shape, t.dtype) for t in layout.tensors] != want:
-            raise EdgekvError(f"strategy {layout.strategy}: the RWKV-4 module keeps one fp32 [1, 5, d] state per block")
+        d = args.hidden
+        got = [(t.layer, t.role, t.shape, t.dtype) for t in layout.tensors]
+        self.quantized = any(t.dtype == "int8" for t in layout.tensors)
+        per_block = ([("recurrent", (1, 4, d), "int8"), ("recurrent.scale", (1, 4, 1), "float32"),
+                      ("recurrent.max", (1, 1, d), "float32")] if self.quantized else
+                     [("recurrent", (1, 5, d), "float32")])
+        if got != [(i, *t) for i in range(args.n_layers) for t in per_block]:
+            raise EdgekvError(f"strategy {layout.strategy}: the RWKV-4 module keeps per block one fp32 [1, 5, d] "
+                              "state, or an int8 [1, 4, d] state with its [1, 4, 1] scales and an fp32 [1, 1, d] max")
+        self.rounding, self.generator = "nearest", None
         self.rwkv = _RwkvBody(args)
         self.head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
 
@@ -310,8 +341,11 @@ class Rwkv4(nn.Module):
         x = self.rwkv.embeddings(tokens)
         every = self.args.rescale_every
         new_state = []
+        k = 3 if self.quantized else 1
         for i, blk in enumerate(self.rwkv.blocks):
-            s = state[i]
+            s = state[k * i]
+            if self.quantized:  # int8 rows x fp32 scale per row, and the exact max -> the fp32 [1, 5, d] state
+                s = torch.cat((dequantize(s, state[k * i + 1], None, 8), state[k * i + 2]), dim=1)
             if i == 0:
                 x = blk.pre_ln(x)
             att, att_shift, num, den, mx = blk.attention(blk.ln1(x), s[:, 1], s[:, 2], s[:, 3], s[:, 4])
@@ -320,14 +354,19 @@ class Rwkv4(nn.Module):
             x = x + ffn
             if every > 0 and (i + 1) % every == 0:
                 x = x / 2
-            new_state.append(torch.stack((ffn_shift, att_shift, num, den, mx), dim=1))
+            if self.quantized:  # stored back quantized: the error a call leaves is what the next call reads
+                codes, scale, _ = quantize(torch.stack((ffn_shift, att_shift, num, den), dim=1), 8, 0, self.rounding,
+                                           self.generator, torch.float32)
+                new_state += [codes, scale, mx[:, None]]
+            else:
+                new_state.append(torch.stack((ffn_shift, att_shift, num, den, mx), dim=1))
         x = self.rwkv.ln_out(x)
         w = self.rwkv.embeddings.weight if self.head is None else self.head.weight
         return (F.linear(x, w), *new_state)
 
 
 def load_rwkv(spec: str, strategy, max_ctx: int):
-    """An HF folder of a transformers 'rwkv' (RWKV-4) model -> Loaded. strategy: linear (fp32)."""
+    """An HF folder of a transformers 'rwkv' (RWKV-4) model -> Loaded. strategy: linear (fp32) or linear:dtype=int8."""
     from . import Loaded
 
     path, cfg, sd, arch, layout = load_folder(spec, strategy, max_ctx)
