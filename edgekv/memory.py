@@ -20,8 +20,12 @@ WEIGHT_PRECISIONS = ("fp32", "fp16", "int8", "int4", "gguf")
 # benchmarks/plan_accuracy.py's docstring.
 #   session_bytes: memory the runtime adds for any model beyond its weights (graph, kernel registry, code pages
 #     touched on the first call, thread pool), measured with the tiny Llama fixture (7.28 MB fp32 weights).
-#   score_copies: fp32 [H, chunk, T] score-sized tensors alive at once in a prefill call (scores, masked scores,
-#     softmax), from the slope of the peak over the chunk length.
+#   score_copies: fp32 [H, chunk, T] score-sized tensors alive at once in a prefill call (a producer and its consumer:
+#     scores -> masked -> softmax, each freed after its one use), from the slope of the peak over the chunk length.
+#     T is every slot of a static cache (edgekv's graphs write the chunk into the max_ctx slots, then attend over all
+#     of them, masked); a rolling window attends over its slots + the chunk.
+#   mask_copies: fp32 [chunk, T] tensors shared by all layers and alive for the whole call (the additive attention
+#     mask and the one-hot slot-write matrix, Cast(Equal(...)) in the ONNX graph).
 #   state_copies: copies of the whole state alive at the peak of a call (the caller's inputs + the runtime's outputs,
 #     + the runtime's own input buffers where it copies inputs in).
 #   tied_copy: a tied lm_head costs a second embedding-sized table (ORT constant-folds Transpose(embedding) into a new
@@ -33,8 +37,8 @@ RUNTIMES = {
                    "state_copies": 3, "tied_copy": True, "load_transient_tied": False, "packs_per_method": True,
                    "why": "ExecuTorch quantized_kv_cache.py dequantizes the cache to fp32 on every update (anchors.md "
                           "section 2); edgekv's exported attention is matmul-softmax-matmul, which materialises scores"},
-    "onnxruntime": {"scores": True, "kv_dequant": "layer", "session_bytes": 19_000_000, "score_copies": 3,
-                    "state_copies": 2, "tied_copy": True, "load_transient_tied": True, "packs_per_method": False,
+    "onnxruntime": {"scores": True, "kv_dequant": "layer", "session_bytes": 19_000_000, "score_copies": 2,
+                    "mask_copies": 2, "state_copies": 3, "tied_copy": True, "load_transient_tied": True, "packs_per_method": False,
                     "why": "edgekv's ONNX graphs dequantize a layer's cache, then run matmul-softmax-matmul"},
     "llama.cpp": {"scores": False, "kv_dequant": "fused",
                   "why": "flash attention on (stack.md); quantized K/V read by the attention kernel"},
@@ -42,8 +46,13 @@ RUNTIMES = {
 }
 MEASURED = {  # how each numeric field above was measured; shown by --explain next to the number
     "onnxruntime": "session 19 MB = tiny Llama after InferenceSession 15.2 MB + first call 3.9 MB beyond weights and "
-                   "state; 3 score copies = prefill peak slope 62 KB/token at H=4, T=1024 (16 KB per copy + 11 KB "
-                   "activations); 2 state copies = feed + outputs; tied copy = SmolLM2 after load 694 MB = 538 weights "
+                   "state; 2 score copies + 2 [C, T] masks = steady-state prefill peak with the arena and memory "
+                   "patterns off, tiny Llama kv fp16 (H=4): 32768 slots C=128 / 512: 575.5 / 1048.8 MB (slope 1.23 "
+                   "MB/token = 2 x 16 B x T + 2 x 4 B x T + 12 KB activations), 1024 slots C=128 / 512: 45.3 / 66.6 MB; "
+                   "3 state copies = the feed + ORT's outputs + the numpy arrays run() copies them into (decode at "
+                   "32768 slots: 382 MB steady state, 256 MB on a first call whose zeroed feed is not yet resident); "
+                   "not modelled: ORT's default arena and memory patterns keep blocks of earlier calls (+211 MB at "
+                   "32768 slots C=128 over a 64-call prefill, +12.6 MB at 1024); tied copy = SmolLM2 after load 694 MB = 538 weights "
                    "+ 113 folded transpose + 43, load peak 807 MB = +113 more",
     "executorch": "session 8 MB, 2 score copies, 1 + 2 state copies per method (the caller's + each method's "
                   "planned input and output buffers: tiny Llama kv 32k, state 100.7 MB: decode method 375 MB, + prefill "
@@ -54,9 +63,11 @@ MEASURED = {  # how each numeric field above was measured; shown by --explain ne
 
 
 # fp32 [chunk, d_inner, d_state] tensors alive in a prefill call of edgekv's Mamba export (exp(dt A), dt B x and the
-# scan's own copies): measured here, tiny Mamba fixture (d_inner 512, d_state 16) in ONNX Runtime, prefill peak 31.3 MB
-# at 32 tokens per call and 118.0 MB at 512: 181 KB per token, less ~20 KB of activations = 5.0 x 32 KB -> 5.
-SCAN_COPIES = 5
+# scan's own copies): measured here, tiny Mamba fixture (d_inner 512, d_state 16) in ONNX Runtime with its arena and
+# memory patterns off (so blocks kept from earlier calls do not count), steady-state peak over 3 calls of C tokens:
+# C = 32 / 128 / 320: 34.9 / 55.7 / 93.5 MB: 197-217 KB per token, less ~18 KB of activations and logits
+# = 5.5-6.1 x 32.8 KB -> 6. (An earlier 5 came from the slope with the arena on, which mixes in kept blocks.)
+SCAN_COPIES = 6
 
 
 def _rt(runtime: str) -> dict:
@@ -205,6 +216,7 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     scores = 0
     scratch = 0
     scan = 0
+    masks = 0
     kept = {}
     for t in layout.tensors:
         if t.role in ("key", "latent"):
@@ -215,7 +227,9 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
                 qkv = max(qkv, (m.n_heads + 2 * m.n_kv_heads) * m.head_dim)
                 t = kept.get(i, 0)
                 if rt["scores"]:
-                    scores = max(scores, m.n_heads * chunk * (t + chunk) * 4)
+                    seen = t if t == layout.ctx else t + chunk  # a static cache already holds the chunk
+                    scores = max(scores, m.n_heads * chunk * seen * 4)
+                    masks = max(masks, chunk * seen * 4)
                 if (strategy.kv_bits or strategy.params.get("dtype", "fp32") != "fp32") and rt["kv_dequant"] == "layer":
                     scratch = max(scratch, 2 * m.n_kv_heads * t * m.head_dim * 4)  # K, V read back as fp32
                 if strategy.name == "mla":
@@ -234,12 +248,14 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     extra_state = (n_state - 1) * layout.nbytes
     act = chunk * (4 * arch.hidden + qkv + 3 * inter + ssm_w) * 4
     logits = chunk * arch.vocab * 4  # the exported step returns logits for every token of the call
-    step = act + copies * scores + logits + scratch + extra_state + scan
+    masks *= rt.get("mask_copies", 0)
+    step = act + copies * scores + masks + logits + scratch + extra_state + scan
     load = _tied_bytes(arch, precision) if rt.get("load_transient_tied") else 0
     total = max(step, load)
     parts = [f"activations {chunk} tok x (4*hidden + qkv + 3*inter{' + ssm' if ssm_w else ''}) x 4 B = {act:,.0f}",
-             (f"scores {copies} x H x chunk x (T+chunk) x 4 B = {copies * scores:,}" if rt["scores"]
+             (f"scores {copies} x H x chunk x T x 4 B = {copies * scores:,}" if rt["scores"]
               else "scores not materialised"),
+             *([f"masks {rt['mask_copies']} x chunk x T x 4 B = {masks:,}"] if masks else []),
              f"logits chunk x vocab x 4 B = {logits:,}"]
     if scratch:
         how = ("dequantized" if strategy.kv_bits else "reconstructed from the latent" if strategy.name == "mla"

@@ -9,6 +9,15 @@ bos/eos/pad id 0 (the NUL byte, which never occurs in the data); there is no tok
 
     python scripts/train_tiny.py --model all                 # reproduces fixtures/tiny/{mamba,mamba2,rwkv,llama}
     python scripts/train_tiny.py --model mamba2 --steps 50 --out /tmp/tiny   # a quick try
+    python scripts/train_tiny.py --model llama --recall-mix 0.5 --seq 512 --out fixtures/tiny-recall   # recall fixtures
+
+--recall-mix F (default 0: the fixtures in fixtures/tiny/, unchanged) makes a fraction F of the training windows
+associative-recall windows (recall_window below): stdlib text with a few `name = "value"` lines inserted, each later
+repeated, so that the value can only be predicted by copying it from the earlier line. The format deliberately differs
+from the recall probe's (edgekv/analyze/recall.py: `key_` + 4 hex digits, 6 values of [a-z0-9], double quotes):
+names are random identifiers never starting with `key_`, values 3-10 characters of [A-Za-z0-9], quoted with ' or "
+or written `name: value`. --seq sets the training window length (default 256) so the copy distance can grow; the
+validation windows and the test slice stay 256 bytes so bits/byte stay comparable with fixtures/tiny/.
 
 Writes <out>/<model>/ with config.json + model.safetensors (save_pretrained, fp32) and train_log.json (loss curve,
 validation bits/byte, wall time, parameter count, config, data description, versions). Deterministic given the
@@ -62,6 +71,12 @@ DEFAULTS = {
 RUN_ORDER = ("llama", "mamba2", "rwkv", "mamba")  # fastest first
 SEED = 1234
 BOS = EOS = PAD = 0  # NUL byte: valid token id, absent from the data
+
+RECALL_NAME_HEAD = b"abcdefghijklmnopqrstuvwxyz"
+RECALL_NAME_TAIL = b"abcdefghijklmnopqrstuvwxyz0123456789_"
+RECALL_VALUE = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+RECALL_FORMATS = ('{k} = "{v}"\n', "{k} = '{v}'\n", "{k}: {v}\n")
+RECALL_VAL_WINDOWS = 16  # fixed recall windows (seed SEED + 2) whose copied-value accuracy is logged
 
 
 # ----------------------------------------------------------------------------------------------------------- data
@@ -195,6 +210,62 @@ def slice_rows(b: bytes):
     return a.view(-1, SEQ_LEN)
 
 
+def recall_window(tr: np.ndarray, seq: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """One associative-recall training window -> (bytes uint8 [seq + 1], mask bool [seq]: True where target byte
+    i + 1 is a value byte of a repeated line, i.e. only predictable by copying).
+
+    k = 1..6 lines `name = "value"` (format drawn from RECALL_FORMATS per line; name: 1 letter + 2-7 of
+    [a-z0-9_], never `key_...`; value: 3-10 of RECALL_VALUE) are inserted at line starts of a run of stdlib text,
+    then every line is repeated once, in shuffled order, at later line starts: the distance from a line to its
+    repeat runs from 0 to about seq bytes."""
+    k = int(rng.integers(1, 7))
+    lines, spans = [], []
+    for _ in range(k):
+        while True:
+            name = bytes([rng.choice(list(RECALL_NAME_HEAD))]) + bytes(
+                rng.choice(list(RECALL_NAME_TAIL), size=int(rng.integers(2, 8))).tolist())
+            if not name.startswith(b"key_"):
+                break
+        value = bytes(rng.choice(list(RECALL_VALUE), size=int(rng.integers(3, 11))).tolist()).decode()
+        line = RECALL_FORMATS[int(rng.integers(len(RECALL_FORMATS)))].format(k=name.decode(), v=value).encode()
+        lines.append(line)
+        spans.append(len(line) - len(value) - (1 if line.endswith(b": " + value.encode() + b"\n") else 2))
+    budget = max(16, seq + 1 - 2 * sum(len(x) for x in lines))
+    st = int(rng.integers(0, tr.size - budget - 1))
+    text = tr[st:st + budget]
+    nls = np.flatnonzero(text == 10) + 1
+    cuts = np.sort(rng.choice(nls, 2 * k, replace=nls.size < 2 * k) if nls.size else rng.integers(0, budget, 2 * k))
+    order = list(range(k)) + [int(i) for i in rng.permutation(k)]  # all lines, then their repeats
+    out, mask, prev = [], [], 0
+    for j, (c, i) in enumerate(zip(cuts.tolist(), order)):
+        out.append(text[prev:c])
+        mask.append(np.zeros(c - prev, bool))
+        line = np.frombuffer(lines[i], np.uint8)
+        m = np.zeros(line.size, bool)
+        if j >= k:  # a repeat: its value bytes (not the closing quote / line break) are the copy targets
+            m[spans[i]:spans[i] + len(lines[i]) - spans[i] - (2 if lines[i].endswith((b'"\n', b"'\n")) else 1)] = True
+        out.append(line)
+        mask.append(m)
+        prev = c
+    out.append(text[prev:])
+    mask.append(np.zeros(budget - prev, bool))
+    w, m = np.concatenate(out)[:seq + 1], np.concatenate(mask)[:seq + 1]
+    if w.size < seq + 1:  # only when the inserted lines overflow a tiny budget: pad with more text
+        w = np.concatenate([w, tr[st + budget:st + budget + seq + 1 - w.size]])
+        m = np.concatenate([m, np.zeros(seq + 1 - m.size, bool)])
+    return w, m[1:]
+
+
+def recall_accuracy(model, rows, masks) -> float:
+    """Top-1 accuracy on the copied value bytes of recall windows (rows int64 [n, L + 1], masks bool [n, L])."""
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        pred = model(input_ids=rows[:, :-1]).logits.argmax(-1)
+    return float((pred == rows[:, 1:])[masks].float().mean())
+
+
 # ------------------------------------------------------------------------------------- Mamba-1 training-only scan
 def _train_selective_scan(hidden_states, dt, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
                           return_last_state=False, **kwargs):
@@ -249,7 +320,8 @@ def lr_at(step: int, steps: int, peak: float) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
 
 
-def train_one(name: str, steps: int, lr: float, out: Path, data, threads: int) -> dict:
+def train_one(name: str, steps: int, lr: float, out: Path, data, threads: int, seq: int = SEQ_LEN,
+              recall_mix: float = 0.0) -> dict:
     import torch
     import torch.nn.functional as F
     import transformers
@@ -261,7 +333,8 @@ def train_one(name: str, steps: int, lr: float, out: Path, data, threads: int) -
     cfg = make_config(name)
     model = model_class(name)(cfg).float()
     n_params = count_params(model)
-    print(f"[{name}] {n_params:,} parameters, {steps} steps x {BATCH}x{SEQ_LEN} bytes, lr {lr}", flush=True)
+    print(f"[{name}] {n_params:,} parameters, {steps} steps x {BATCH}x{seq} bytes, lr {lr}"
+          + (f", recall mix {recall_mix}" if recall_mix else ""), flush=True)
 
     rng = np.random.default_rng(SEED)
     vrng = np.random.default_rng(SEED + 1)
@@ -269,6 +342,12 @@ def train_one(name: str, steps: int, lr: float, out: Path, data, threads: int) -
     val_rows = torch.from_numpy(np.stack([va[s : s + SEQ_LEN + 1] for s in vstarts]).astype(np.int64))
     spec = eval_slice_spec(val_files)
     slice_b = base64.b64decode(spec["bytes_b64"])
+    if recall_mix:  # a separate generator, so the text windows' stream is the one recall_mix 0 draws
+        mrng = np.random.default_rng(SEED + 3)
+        rvrng = np.random.default_rng(SEED + 2)
+        rv = [recall_window(va, seq, rvrng) for _ in range(RECALL_VAL_WINDOWS)]  # held-out text, fresh lines
+        rv_rows = torch.from_numpy(np.stack([w for w, _ in rv]).astype(np.int64))
+        rv_masks = torch.from_numpy(np.stack([m for _, m in rv]))
 
     scan_check = None
     ctx = _patched_mamba_scan() if name == "mamba" else None
@@ -296,7 +375,7 @@ def train_one(name: str, steps: int, lr: float, out: Path, data, threads: int) -
         "config": cfg.to_dict(),
         "data": desc,
         "training": {
-            "steps": steps, "batch": BATCH, "seq_len": SEQ_LEN, "optimizer": "AdamW(betas=(0.9,0.95), "
+            "steps": steps, "batch": BATCH, "seq_len": seq, "optimizer": "AdamW(betas=(0.9,0.95), "
             "weight_decay=0.1 on matrices, 0 on vectors/embeddings)", "lr_peak": lr,
             "schedule": "linear warmup 5% of steps, cosine decay to 10% of peak", "grad_clip": 1.0, "seed": SEED,
             "windows": "uniform random start offsets into the concatenated training bytes",
@@ -311,6 +390,20 @@ def train_one(name: str, steps: int, lr: float, out: Path, data, threads: int) -
         "train_curve": {"step": [], "bits_per_byte": [], "wall_s": []},
         "val_curve": {"step": [], "bits_per_byte": [], "wall_s": []},
     }
+    if recall_mix:
+        log["training"]["recall_mix"] = {
+            "fraction": recall_mix,
+            "windows": "per batch row, with probability fraction (own generator, seed SEED + 3) the row is a "
+                       "recall window instead of a text window; see recall_window in scripts/train_tiny.py",
+            "format": "k = 1..6 lines inserted at line starts of stdlib text, each repeated once later in shuffled "
+                      "order; line formats " + ", ".join(repr(f) for f in RECALL_FORMATS) + "; name: one of [a-z] then "
+                      "2-7 of [a-z0-9_], never 'key_...'; value: 3-10 of [A-Za-z0-9]",
+            "differs_from_probe": "the recall probe (edgekv/analyze/recall.py) uses key_ + 4 hex digits, exactly 6 "
+                                  "value characters of [a-z0-9] and double quotes; none of its needles can occur here",
+        }
+        log["recall_val"] = (f"{RECALL_VAL_WINDOWS} fixed recall windows of {seq + 1} bytes built on the held-out "
+                             f"text (seed {SEED + 2}); accuracy = top-1 on the repeated lines' value bytes")
+        log["recall_val_curve"] = {"step": [], "accuracy": [], "wall_s": []}
     d = out / name
     d.mkdir(parents=True, exist_ok=True)
 
@@ -322,6 +415,10 @@ def train_one(name: str, steps: int, lr: float, out: Path, data, threads: int) -
     log["val_curve"]["bits_per_byte"].append(round(init_val, 4))
     log["val_curve"]["wall_s"].append(0.0)
     print(f"[{name}] step 0 val {init_val:.3f} bits/byte", flush=True)
+    if recall_mix:
+        log["recall_val_curve"]["step"].append(0)
+        log["recall_val_curve"]["accuracy"].append(round(recall_accuracy(model, rv_rows, rv_masks), 4))
+        log["recall_val_curve"]["wall_s"].append(0.0)
 
     log_every, val_every = 10, max(10, steps // 8)
     t0 = time.time()
@@ -330,8 +427,11 @@ def train_one(name: str, steps: int, lr: float, out: Path, data, threads: int) -
         model.train()
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr)
-        starts = rng.integers(0, tr.size - SEQ_LEN - 1, size=BATCH)
-        xb = torch.from_numpy(np.stack([tr[s : s + SEQ_LEN + 1] for s in starts]).astype(np.int64))
+        starts = rng.integers(0, tr.size - seq - 1, size=BATCH)
+        rows = [tr[s : s + seq + 1] for s in starts]
+        if recall_mix:
+            rows = [recall_window(tr, seq, mrng)[0] if mrng.random() < recall_mix else r for r in rows]
+        xb = torch.from_numpy(np.stack(rows).astype(np.int64))
         if ctx is not None:
             with ctx:
                 logits = model(input_ids=xb[:, :-1]).logits
@@ -358,6 +458,12 @@ def train_one(name: str, steps: int, lr: float, out: Path, data, threads: int) -
                 log["val_curve"]["bits_per_byte"].append(round(v, 4))
                 log["val_curve"]["wall_s"].append(round(time.time() - t0, 1))
                 msg += f"  val {v:.3f}"
+                if recall_mix:
+                    ra = recall_accuracy(model, rv_rows, rv_masks)
+                    log["recall_val_curve"]["step"].append(done)
+                    log["recall_val_curve"]["accuracy"].append(round(ra, 4))
+                    log["recall_val_curve"]["wall_s"].append(round(time.time() - t0, 1))
+                    msg += f"  recall {ra:.3f}"
                 write_log()
             eta = (time.time() - t0) / done * (steps - done)
             print(f"{msg}  {el:.0f}s elapsed, ETA {eta:.0f}s", flush=True)
@@ -377,11 +483,12 @@ def train_one(name: str, steps: int, lr: float, out: Path, data, threads: int) -
     buckets = [(0, 256), (256, 512), (512, 1024), (1024, 2048), (2048, 4096)]
     log["long_sequence_eval"] = {
         "file": long_rel, "bytes": LONG_EVAL_BYTES,
-        "note": f"one sequence, positions past the training length {SEQ_LEN} included",
+        "note": f"one sequence, positions past the training length {seq} included",
         "bits_per_byte_by_position": {f"{a}-{b}": round(float(nll[a:b].mean()), 4) for a, b in buckets},
     }
     log["eval_slice"] = spec
     log["final"] = {"val_bits_per_byte": final_val, "eval_slice_bits_per_byte": round(slice_bpb, 4),
+                    **({"recall_val_accuracy": log["recall_val_curve"]["accuracy"][-1]} if recall_mix else {}),
                     "train_wall_s": round(wall, 1),
                     "cpu_s": round(time.process_time() - cpu0, 1)}
     model.save_pretrained(d, safe_serialization=True)
@@ -400,7 +507,12 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=SEQ_LEN, help=f"training window length in bytes (default {SEQ_LEN})")
+    ap.add_argument("--recall-mix", type=float, default=0.0, metavar="F",
+                    help="fraction of training windows that are associative-recall windows (default 0)")
     a = ap.parse_args(argv)
+    if not 0.0 <= a.recall_mix <= 1.0 or a.seq < 64:
+        ap.error("--recall-mix must be in [0, 1] and --seq at least 64")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     names = RUN_ORDER if a.model == "all" else (a.model,)
     t = time.time()
@@ -410,7 +522,7 @@ def main(argv=None) -> int:
           flush=True)
     for n in names:
         dflt = DEFAULTS[n]
-        train_one(n, a.steps or dflt["steps"], a.lr or dflt["lr"], a.out, data, a.threads)
+        train_one(n, a.steps or dflt["steps"], a.lr or dflt["lr"], a.out, data, a.threads, a.seq, a.recall_mix)
     return 0
 
 

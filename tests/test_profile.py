@@ -65,3 +65,30 @@ def test_report_page_has_plan_measurement_and_baseline(export_dir, tmp_path):
     md = tmp_path / "report.md"
     run_cli("report", export_dir, "--out", md, check=True)
     assert "## Datacenter baseline" in md.read_text()
+
+
+def test_the_ort_prefill_call_size_is_the_one_the_export_recorded(export_dir):
+    """The export plans each format for a call size and records it; OrtStepper calls with that size (an older
+    manifest without one falls back to Stepper.max_chunk), and profile reports and predicts with the same size."""
+    from edgekv.export.manifest import load_export
+    from edgekv.export.runtime import OrtStepper, Stepper
+    m = load_export(export_dir)
+    dep = m["deployment"]["formats"]["onnx"]
+    assert dep["runtime"] == "onnxruntime" and dep["prefill_chunk"] == min(Stepper.max_chunk, 512)
+    calls = []
+    for recorded, want in ((48, 48), (None, Stepper.max_chunk)):
+        mm = json.loads(json.dumps(m))
+        if recorded:
+            mm["deployment"]["formats"]["onnx"]["prefill_chunk"] = recorded
+        else:
+            del mm["deployment"]
+        st = OrtStepper(mm, export_dir, threads=1)
+        sizes = []
+        call = st._call
+        st._call = lambda toks, pos: sizes.append(len(toks)) or call(toks, pos)
+        st.prefill(list(range(1, 301)))
+        calls.append(sizes)
+        assert st.max_chunk == want and max(sizes) == want and sum(sizes) == 300
+    assert calls[0] == [48] * 6 + [12]
+    p = run_cli("profile", export_dir, "--ctx", "300", "--steps", "4", "--threads", "1", "--json", check=True)
+    assert json.loads(p.stdout)["prefill_chunk"] == dep["prefill_chunk"]

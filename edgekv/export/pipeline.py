@@ -132,9 +132,9 @@ def verify_prompt(tokenizer, vocab: int, n_max: int) -> list[int]:
     return ids[:max(1, n_max)]
 
 
-def planned(arch, strategy, max_ctx: int, formats, pte_chunk: int) -> dict:
+def planned(arch, strategy, max_ctx: int, formats, pte_chunk: int, weights: str = "fp32") -> dict:
     """The planner's Deployment for each artifact, at the prefill call size and on the runtime it is planned for
-    (fp32 weights as exported, state at max_ctx): what `edgekv profile` compares its measurement with. onnx: ONNX
+    (weights at the export's precision, state at max_ctx): what `edgekv profile` compares its measurement with. onnx: ONNX
     Runtime, calls of OrtStepper's size (OrtStepper reads it back from here); pte: ExecuTorch, the prefill method's
     fixed length, two methods (prefill + decode). The top-level bytes are the first format's. Runtime overhead is the
     device's, not the artifact's, so it is left out (0) here."""
@@ -144,10 +144,12 @@ def planned(arch, strategy, max_ctx: int, formats, pte_chunk: int) -> dict:
     out = {}
     for fmt in formats:
         runtime, chunk, methods = plans[fmt]
-        d = deployment(arch, strategy, max_ctx, "fp32", runtime, 0, chunk, methods=methods).to_json()
+        d = deployment(arch, strategy, max_ctx, weights, runtime, 0, chunk, methods=methods).to_json()
         out[fmt] = {"runtime": runtime, "prefill_chunk": chunk, "methods": methods, "bytes": d["bytes"]}
+        if fmt == "onnx":  # what OrtStepper sets (lean=True): without it ORT keeps earlier calls' blocks
+            out[fmt]["session_options"] = {"enable_cpu_mem_arena": False, "enable_mem_pattern": False}
     first = out[formats[0]]
-    return {"weights": "fp32", "runtime": first["runtime"], "bytes": first["bytes"], "formats": out,
+    return {"weights": weights, "runtime": first["runtime"], "bytes": first["bytes"], "formats": out,
             "note": "edgekv plan's arithmetic for this artifact; runtime overhead is per device (device profiles)"}
 
 
@@ -369,7 +371,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             "state": layout.to_json(), "artifacts": artifacts, "tokenizer": tok_entry,
             "verification": verification, **({"weight_quality": weight_quality} if weight_quality else {}),
             "timings_s": dict(st.timings),
-            "deployment": planned(loaded.arch, strategy, opts.max_ctx, opts.formats, chunk),
+            "deployment": planned(loaded.arch, strategy, opts.max_ctx, opts.formats, chunk, opts.weights),
             "files": mf.file_table(tmp)}
         mf.write_manifest(tmp, manifest)
     return manifest

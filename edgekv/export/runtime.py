@@ -31,12 +31,24 @@ def entry(manifest: dict, fmt: str) -> dict:
     raise EdgekvError(f"this export has no {fmt} artifact (it has: {have})")
 
 
+def recorded_chunk(manifest: dict, fmt: str) -> int | None:
+    """The prefill call size the export planned this format for (manifest deployment.formats.FMT.prefill_chunk)."""
+    c = ((manifest.get("deployment") or {}).get("formats") or {}).get(fmt, {}).get("prefill_chunk")
+    return int(c) if c else None
+
+
 class Stepper:
     """The state of one sequence plus the artifact's step function."""
 
     chunk: int | None = None  # fixed prefill length, or None when any C in 1..max_ctx works
     tail: str = "pad"  # how a call of 1 < C < chunk tokens runs: "pad" to chunk, or "decode" token by token
-    max_chunk: int = 512  # split a longer prompt into calls of at most this many tokens
+    # split a longer prompt into calls of at most this many tokens. ORT takes any C, so this is ORT's prefill call
+    # size: an export records it in its manifest (deployment.formats.onnx.prefill_chunk; the planner predicts with
+    # it) and OrtStepper uses the recorded one. 128 is the knee, measured here (tiny Llama kv fp16, 32k slots, 8k
+    # prompt, 1 thread; benchmarks/plan_accuracy.py): C = 32 / 128 / 512: peak 512 / 792 / 2080 MB, prefill 137 / 53
+    # / 35 s. A call's scores are H x C x max_ctx fp32, so memory grows with C; every call also handles the whole
+    # state, so speed grows with C too, but 512 buys 1.5x for +1.3 GB where 128 buys 2.6x over 32 for +0.28 GB
+    max_chunk: int = 128
 
     def __init__(self, manifest: dict):
         self.manifest = manifest
@@ -75,13 +87,23 @@ class Stepper:
 
 class OrtStepper(Stepper):
     """spin=False stops ORT's worker threads from busy-waiting between calls: needed when another compute library
-    (verify's eager torch) runs in the same process in between, or both slow down by 10-30x on a small machine."""
+    (verify's eager torch) runs in the same process in between, or both slow down by 10-30x on a small machine.
 
-    def __init__(self, manifest: dict, folder: Path, threads: int | None = None, spin: bool = True):
+    lean=True (the default) turns off ORT's CPU memory arena and memory-pattern planning: with them on, ORT keeps the
+    blocks of earlier calls (measured here: tiny llama kv fp16 at 32k slots, 792 MB peak with the defaults vs 581 MB
+    with both off; SmolLM2 decode speed unchanged within noise, 7.0 vs 7.2 tok/s at 1 thread), so memory is what one
+    call needs, which is what the planner predicts (benchmarks/plan_accuracy.py). An app should set the same two
+    options (SessionOptions.enable_cpu_mem_arena / enable_mem_pattern = false); the manifest's deployment says so."""
+
+    def __init__(self, manifest: dict, folder: Path, threads: int | None = None, spin: bool = True,
+                 lean: bool = True):
         import onnxruntime as ort
 
         a = entry(manifest, "onnx")
         opts = ort.SessionOptions()
+        if lean:
+            opts.enable_cpu_mem_arena = False
+            opts.enable_mem_pattern = False
         if threads:
             opts.intra_op_num_threads = threads
         if not spin:
@@ -91,6 +113,7 @@ class OrtStepper(Stepper):
         except Exception as e:  # ORT raises its own exception types for damaged models
             raise EdgekvError(f"{folder / a['file']}: ONNX Runtime cannot load it ({type(e).__name__}: {e})") from None
         ep = a["entry_points"][0]
+        self.max_chunk = recorded_chunk(manifest, "onnx") or Stepper.max_chunk  # an old manifest records none
         self.in_names = [i["name"] for i in ep["inputs"]]
         self.out_names = [o["name"] for o in ep["outputs"]]
         super().__init__(manifest)

@@ -71,13 +71,13 @@ RUNTIME_NAMES = {"ort": "onnxruntime", "executorch": "executorch"}
 
 
 def prefill_chunk(manifest: dict, runtime: str) -> int:
-    """Tokens per prefill call the child really makes: the .pte prefill method's fixed length, or the ORT stepper's
-    max_chunk (edgekv/export/runtime.py)."""
-    from ..export.runtime import Stepper, entry
+    """Tokens per prefill call the child really makes: the .pte prefill method's fixed length, or the call size the
+    export recorded for ORT (OrtStepper uses it; an older manifest without one: Stepper.max_chunk)."""
+    from ..export.runtime import Stepper, entry, recorded_chunk
     if runtime == "executorch":
         return int(next(ep for ep in entry(manifest, "pte")["entry_points"] if ep["name"] == "prefill")
                    ["inputs"][0]["shape"][1])
-    return min(Stepper.max_chunk, int(manifest["max_ctx"]))
+    return recorded_chunk(manifest, "onnx") or min(Stepper.max_chunk, int(manifest["max_ctx"]))
 
 
 def predicted(manifest: dict, runtime: str | None = None) -> dict:
@@ -100,8 +100,9 @@ def predicted(manifest: dict, runtime: str | None = None) -> dict:
                 "explain": {k: d.explain[k] for k in ("workspace", "load")}}
     except (EdgekvError, OSError, ValueError, KeyError, TypeError):
         pass
-    dep = manifest.get("deployment")
-    if dep and "bytes" in dep:
+    dep = manifest.get("deployment") or {}
+    dep = dep.get("formats", {}).get("onnx" if rt == "ort" else "pte", dep)  # older manifests: one (ORT) plan
+    if "bytes" in dep:
         b = dep["bytes"]
         return {"weights": int(b["weights"]), "state": int(b["state"]), "workspace": int(b.get("workspace", 0)),
                 "load": int(b.get("load", 0))}
