@@ -52,3 +52,50 @@ def greedy_with_state(module, prompt, steps, chunk=None):
         rows.append(logits[0])
         pos += 1
     return tokens, torch.cat(rows)[: len(tokens)], state
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matrices and per-time-step recurrent ops: one thread is faster, and with other jobs sharing the two
+    cores, 2-thread OpenMP barriers made each decode step ~100x slower (150 ms instead of 2 ms). Use with
+    pytestmark = pytest.mark.usefixtures("one_thread")."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_hf(spec: dict, folder, shake_rwkv: bool = True):
+    """A random transformers model from spec ({"cls": "MambaConfig", **config kwargs}), eager attention, seed 0,
+    saved as an HF folder (config.json + model.safetensors). RWKV's init is near-degenerate (tiny embeddings,
+    logits ~1): every parameter is shaken so the comparisons mean something."""
+    import torch
+    import transformers
+
+    spec = dict(spec)
+    cls = spec.pop("cls")
+    cfg = getattr(transformers, cls)(**spec)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    if shake_rwkv and cls == "RwkvConfig":
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.3)
+    model.save_pretrained(folder)
+    return model
+
+
+def tiny_models(tmp_path_factory, specs: dict):
+    """kind -> (transformers model, folder), each built once: the body of a module-scoped fixture."""
+    cache = {}
+
+    def get(kind):
+        if kind not in cache:
+            folder = tmp_path_factory.mktemp(kind)
+            cache[kind] = (tiny_hf(specs[kind], folder), folder)
+        return cache[kind]
+
+    return get

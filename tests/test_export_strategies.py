@@ -19,7 +19,8 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("executorch")
 
 from click.testing import CliRunner  # noqa: E402
-from conftest import ROOT  # noqa: E402
+from conftest import ROOT, tiny_models  # noqa: E402
+from conftest import tiny_hf as conftest_tiny_hf  # noqa: E402
 from edgekv.arch import read_config_json  # noqa: E402
 from edgekv.export import pipeline  # noqa: E402
 from edgekv.export.cli import cli  # noqa: E402
@@ -68,39 +69,16 @@ CASES = [
 FAST = {("mamba", "ssm")}  # the rest: 1-2 minutes each on a shared 2-core machine, in the slow run
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_hf(kind, folder):
-    spec = dict(MODELS[kind])
-    cfg = getattr(transformers, spec.pop("cls"))(**spec)
-    cfg._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
-    if kind == "rwkv":  # its init is near-degenerate (logits ~1): shake every parameter, as test_models_mixers does
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(torch.randn_like(p) * 0.3)
-    model.save_pretrained(folder)
-    return model
+    return conftest_tiny_hf(MODELS[kind], folder)
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    cache = {}
-
-    def get(kind):
-        if kind not in cache:
-            folder = tmp_path_factory.mktemp(kind)
-            cache[kind] = (tiny_hf(kind, folder), folder)
-        return cache[kind]
-
-    return get
+    return tiny_models(tmp_path_factory, MODELS)
 
 
 def export(folder, strategy, out, formats=("onnx", "pte"), max_ctx=MAX_CTX):

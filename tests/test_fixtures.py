@@ -32,13 +32,7 @@ SLICE_TOL = 0.02  # this test vs the number the training script logged for the s
 VAL_TOL = 0.75  # 2 KB slice vs the script's 32 held-out windows (different text, same model)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # the recurrent models' per-time-step ops are 10-20x slower with 2 OpenMP threads on a busy 2-core machine
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def load_log(name: str) -> dict:

@@ -12,7 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from conftest import greedy_with_state  # noqa: E402
+from conftest import greedy_with_state, tiny_models  # noqa: E402
+from conftest import tiny_hf as conftest_tiny_hf  # noqa: E402
 from edgekv.arch import Arch, arch_from_config, read_config_json  # noqa: E402
 from edgekv.errors import EdgekvError  # noqa: E402
 from edgekv.models.hybrid import load_jamba  # noqa: E402
@@ -58,43 +59,18 @@ TINY = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: one thread is faster, and with other test runs sharing the cores, 2-thread OpenMP barriers
-    made each decode step ~100x slower (150 ms instead of 2 ms)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_hf(kind: str, folder):
     """A random transformers model of that family, saved as an HF folder (config.json + model.safetensors)."""
-    spec = dict(TINY[kind][0])
-    cfg = getattr(transformers, spec.pop("cls"))(**spec)
-    cfg._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
-    if kind == "rwkv":  # its init is near-degenerate (tiny embeddings, logits ~1): shake every parameter
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(torch.randn_like(p) * 0.3)
-    model.save_pretrained(folder)
-    return model
+    return conftest_tiny_hf(TINY[kind][0], folder)
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """kind -> (transformers model, folder); each tiny model is built once per test module."""
-    cache = {}
-
-    def get(kind):
-        if kind not in cache:
-            folder = tmp_path_factory.mktemp(kind)
-            cache[kind] = (tiny_hf(kind, folder), folder)
-        return cache[kind]
-
-    return get
+    return tiny_models(tmp_path_factory, {k: v[0] for k, v in TINY.items()})
 
 
 def load(kind, folder, max_ctx=64, strategy=None):

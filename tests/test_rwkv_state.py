@@ -20,12 +20,7 @@ from edgekv.strategies import build_layout, parse_strategy  # noqa: E402
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "tiny" / "rwkv"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def stdlib_bytes(n: int) -> list[int]:

@@ -211,8 +211,6 @@ class RecallProbe:
 
 def plot(result: dict, out: str) -> None:
     """Accuracy and mean log-prob of the value tokens against distance (log x), chance dashed."""
-    import os
-    from pathlib import Path
 
     import matplotlib
     matplotlib.use("Agg")
@@ -234,9 +232,5 @@ def plot(result: dict, out: str) -> None:
     n = max((max(v["trials"]) for v in result["variants"]), default=0)
     fig.suptitle(f"{result['model']} ({result['strategy']}): recall at distance, {n} trials x "
                  f"{result['value_len']} value tokens per point")
-    fig.tight_layout()
-    p = Path(out)
-    tmp = p.with_name(f".{p.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, p)
+    from .report import save_png
+    save_png(fig, out)

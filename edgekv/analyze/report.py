@@ -143,6 +143,13 @@ def plot(result: dict, out: str) -> None:
         ax2.set_title("recurrent state: analytic prediction vs measured")
         ax2.grid(True, which="both", alpha=0.3)
         ax2.legend(fontsize=7)
+    save_png(fig, out)
+
+
+def save_png(fig, out) -> None:
+    """tight_layout, write the figure to a hidden sibling and rename it into place (never a half-written PNG)."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     p = Path(out)
     tmp = p.with_name(f".{p.name}.tmp.png")
