@@ -381,6 +381,8 @@ class Work:
         def build():
             if (folder / "genai_config.json").is_file():
                 return
+            if self.model_path.suffix != ".gguf":  # checked first: it does not depend on what is installed
+                raise RuntimeError("GenAI rows are built from a GGUF model (through an HF folder of its weights)")
             import importlib.util
             if importlib.util.find_spec("onnxruntime_genai") is None:
                 raise RuntimeError("onnxruntime-genai is not installed (pip install -r requirements-bench.lock)")
