@@ -47,6 +47,10 @@ final class OrtBackend implements Backend<OnnxTensor> {
             options.setIntraOpNumThreads(args.threads);
         }
         options.setOptimizationLevel(OrtSession.SessionOptions.OptLevel.ALL_OPT);
+        // as edgekv's OrtStepper (lean) and the manifest's deployment.formats.onnx.session_options: without these
+        // ORT keeps the blocks of earlier calls and peak memory drifts above the plan (benchmarks/plan_accuracy.py)
+        options.setCPUArenaAllocator(false);
+        options.setMemoryPatternOptimization(false);
     }
 
     @Override

@@ -128,7 +128,7 @@ public final class Benchmark {
         try {
             long[] ids = promptIds(args.seed, prompt, m.vocab, m.bosTokenId);
             float[] logits = null;
-            for (StepPlan.Call c : StepPlan.prefill(art, 0, prompt, args.prefillChunk, m.maxCtx)) {
+            for (StepPlan.Call c : StepPlan.prefill(art, 0, prompt, prefillChunk(args, m), m.maxCtx)) {
                 long[] tokens = new long[c.padded];
                 System.arraycopy(ids, c.pos, tokens, 0, c.n); // the rest is padding (token 0)
                 long t = System.nanoTime();
@@ -276,5 +276,14 @@ public final class Benchmark {
         }
         String line = s.split("\n", 2)[0];
         return line.length() > 300 ? line.substring(0, 300) + "..." : line;
+    }
+
+    /** Tokens per ONNX prefill call: the run's own setting, else what the export's plan assumed (edgekv's
+     * OrtStepper does the same), else 128. A .pte's prefill size is fixed by its method. */
+    static int prefillChunk(BenchmarkArgs args, Manifest m) {
+        if (args.prefillChunk != null) {
+            return args.prefillChunk;
+        }
+        return m.onnxPrefillChunk != null ? m.onnxPrefillChunk : 128;
     }
 }

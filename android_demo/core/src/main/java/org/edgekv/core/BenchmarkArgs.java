@@ -17,7 +17,7 @@ import java.util.Map;
  * ctx                    context length(s), "512" or "128,512"   default: the export's max_ctx
  * steps                  decode steps per run             default 64 (the prompt is ctx - steps tokens)
  * threads                runtime threads, 0 = its default default 0
- * prefill_chunk          most tokens per ONNX call        default 64 (a .pte's prefill size is fixed)
+ * prefill_chunk          most tokens per ONNX call        default: the export's recorded size, else 128
  * verify                 check every file's sha256 first  default true
  * seed                   prompt token seed                default 0
  * load_mode              executorch: mmap | file          default mmap
@@ -42,7 +42,8 @@ public final class BenchmarkArgs {
     public List<Integer> ctxs = new ArrayList<>();
     public int steps = 64;
     public int threads = 0;
-    public int prefillChunk = 64;
+    /** null: the export's recorded ONNX call size (deployment.formats.onnx.prefill_chunk), else 128. */
+    public Integer prefillChunk = null;
     public boolean verify = true;
     public long seed = 0;
     public String loadMode = "mmap";

@@ -96,10 +96,15 @@ public final class Manifest {
         public final String tokensAxis;
         public final List<TensorSpec> inputs;
         public final List<TensorSpec> outputs;
+        /** Fixed-size prefill only: how a shorter last chunk runs: "pad" (pad with token 0; only for caches with a
+         * slot per position) or "decode" (one token at a time through decode: recurrent states and rolling
+         * windows, which padding would corrupt). */
+        public final String tail;
 
         EntryPoint(String name, Long fixedTokens, String tokensAxis, List<TensorSpec> inputs,
-                   List<TensorSpec> outputs) {
+                   List<TensorSpec> outputs, String tail) {
             this.name = name;
+            this.tail = tail;
             this.fixedTokens = fixedTokens;
             this.tokensAxis = tokensAxis;
             this.inputs = Collections.unmodifiableList(inputs);
@@ -165,6 +170,9 @@ public final class Manifest {
     public final Map<String, FileEntry> files;
     public final Long bosTokenId;
     public final List<Long> eosTokenIds;
+    /** Tokens per ONNX prefill call the planner's prediction assumes (deployment.formats.onnx.prefill_chunk);
+     * null for an export that records none. */
+    public final Integer onnxPrefillChunk;
 
     private Manifest(Json.Node root) {
         where = root.where();
@@ -217,6 +225,14 @@ public final class Manifest {
             throw st.get("bytes").error("is " + stateBytes + " but the state tensors add up to " + sum);
         }
         state = Collections.unmodifiableList(sts);
+
+        Integer chunk = null;
+        Json.Node dep = root.opt("deployment");
+        if (!dep.isNull() && dep.has("formats") && dep.get("formats").has("onnx")
+                && dep.get("formats").get("onnx").has("prefill_chunk")) {
+            chunk = (int) positive(dep.get("formats").get("onnx").get("prefill_chunk"));
+        }
+        onnxPrefillChunk = chunk;
 
         Json.Node arts = root.get("artifacts");
         if (arts.size() == 0) {
@@ -308,8 +324,13 @@ public final class Manifest {
             } else {
                 fixed = positive(tokens);
             }
+            Json.Node tail = e.opt("tail");
+            String tailRule = tail.isNull() ? "pad" : tail.str();
+            if (!tailRule.equals("pad") && !tailRule.equals("decode")) {
+                throw tail.error("is " + tailRule + ", not pad or decode");
+            }
             EntryPoint ep = new EntryPoint(e.get("name").str(), fixed, axis, specs(e.get("inputs")),
-                    specs(e.get("outputs")));
+                    specs(e.get("outputs")), tailRule);
             checkStateIo(e, ep);
             list.add(ep);
         }

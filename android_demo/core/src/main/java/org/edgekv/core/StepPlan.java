@@ -74,6 +74,12 @@ public final class StepPlan {
             if (e == null) {
                 throw new EdgekvException("artifact " + a.file + " has no entry point that takes " + n + " tokens");
             }
+            if (!e.isDynamic() && n < e.fixedTokens && "decode".equals(e.tail)) {
+                for (int k = 0; k < n; k++) { // padding would corrupt a recurrent state or a rolling window
+                    calls.add(decode(a, start + s + k, maxCtx));
+                }
+                continue;
+            }
             calls.add(new Call(e, start + s, n, e.isDynamic() ? n : (int) (long) e.fixedTokens));
         }
         return calls;

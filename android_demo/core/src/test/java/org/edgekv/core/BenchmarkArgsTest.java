@@ -48,7 +48,7 @@ public class BenchmarkArgsTest {
         assertEquals(Arrays.asList(128, 512), a.ctxs);
         assertEquals(32, a.steps);
         assertEquals(4, a.threads);
-        assertEquals(16, a.prefillChunk);
+        assertEquals(Integer.valueOf(16), a.prefillChunk);
         assertEquals(false, a.verify);
         assertEquals(7, a.seed);
         assertEquals("file", a.loadMode);

@@ -4,6 +4,9 @@ import static org.junit.Assert.assertEquals;
 import static org.junit.Assert.assertTrue;
 import static org.junit.Assert.fail;
 
+import java.io.File;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
 import java.util.List;
 import org.junit.Test;
 
@@ -50,5 +53,45 @@ public class StepPlanTest {
         } catch (EdgekvException e) {
             assertTrue(e.getMessage().contains("outside this export's max_ctx 512"));
         }
+    }
+
+    /** The fixture manifest's text with edits (the same export as written by a newer edgekv). */
+    private static Manifest edited(String from, String to) throws Exception {
+        File f = new File(TestSupport.fixtureExport(), Manifest.FILE);
+        String text = new String(Files.readAllBytes(f.toPath()), StandardCharsets.UTF_8);
+        assertTrue("fixture text changed: " + from, text.contains(from));
+        return Manifest.parse(text.replace(from, to), f.getPath());
+    }
+
+    @Test
+    public void aDecodeTailRunsTheShortLastChunkOneTokenAtATime() throws Exception {
+        // edgekv/export/pipeline.py pads_safely: a recurrent state or a rolling window must not see padding tokens
+        Manifest m = edited("\"name\": \"prefill\",\n          \"tokens\": 32,",
+                "\"name\": \"prefill\",\n          \"tokens\": 32,\n          \"tail\": \"decode\",");
+        List<StepPlan.Call> calls = StepPlan.prefill(m.artifact("pte"), 0, 35, 64, 512);
+        assertEquals(4, calls.size());
+        assertEquals("prefill@0+32", calls.get(0).toString());
+        assertEquals("decode@32+1", calls.get(1).toString());
+        assertEquals("decode@34+1", calls.get(3).toString());
+        try {
+            edited("\"name\": \"prefill\",\n          \"tokens\": 32,",
+                    "\"name\": \"prefill\",\n          \"tokens\": 32,\n          \"tail\": \"skip\",");
+            fail();
+        } catch (EdgekvException e) {
+            assertTrue(e.getMessage(), e.getMessage().contains("not pad or decode"));
+        }
+    }
+
+    @Test
+    public void theOnnxCallSizeComesFromTheRunThenTheExportThenDefaults() throws Exception {
+        Manifest recorded = edited("\"max_ctx\": 512,",
+                "\"max_ctx\": 512,\n  \"deployment\": {\"formats\": {\"onnx\": {\"prefill_chunk\": 48}}},");
+        BenchmarkArgs args = new BenchmarkArgs();
+        assertEquals(48, Benchmark.prefillChunk(args, recorded));
+        assertEquals(128, Benchmark.prefillChunk(args, TestSupport.fixtureManifest())); // an older export
+        args.prefillChunk = 16;
+        assertEquals(16, Benchmark.prefillChunk(args, recorded));
+        List<StepPlan.Call> calls = StepPlan.prefill(recorded.artifact("onnx"), 0, 100, 48, 512);
+        assertEquals("forward@96+4", calls.get(2).toString());
     }
 }
