@@ -18,7 +18,10 @@ import numpy as np
 # fp32 arithmetic moves a value by ~5e-4 relative, which is why they get more room than fp32.
 # quantized caches (int8 codes; uint8 = packed int4/int2): artifact and eager quantize the same values, but a
 # last-bit difference in a runtime kernel can move a value across a rounding boundary: one quantization step
-REL_TOL = {"float32": 1e-4, "float16": 2e-3, "int8": 1e-2, "uint8": 5e-2,
+# int8 codes: on a 30-layer real model a last-bit difference upstream moves K/V codes by a few steps by the last layers
+# (SmolLM2-135M kv-int8, max_ctx 512: ORT 6.4e-3, ExecuTorch 1.17e-2 of the logit scale, top-1 100 % / 98 %; codes
+# differing by up to 5 steps), which is why int8 gets 2e-2, not one step's 1e-2
+REL_TOL = {"float32": 1e-4, "float16": 2e-3, "int8": 2e-2, "uint8": 5e-2,
            # a .pte with torchao-quantized weights against the same quantized eager module: both quantize the
            # activations dynamically per token, and a one-step difference in a rounded activation moves a logit
            # by about one weight step; how far the quantized model is from fp32 is verify-quant's job (wquant)
