@@ -603,10 +603,8 @@ def read_config_json(path: str | Path) -> Arch:
         p = p / "config.json"
     if not p.is_file():
         raise EdgekvError(f"{path}: no config.json there")
-    try:
-        config = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise EdgekvError(f"{p}: not valid JSON ({e.__class__.__name__}: {e})") from None
+    from .jsonfile import read_json
+    config = read_json(p)
     name = p.parent.name if p.name == "config.json" else p.stem
     return arch_from_config(config, name or "model", str(p))
 

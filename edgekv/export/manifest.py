@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from ..errors import EdgekvError
+from ..jsonfile import read_json
 
 SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
 MANIFEST = "manifest.json"
@@ -76,10 +77,7 @@ def load_export(folder: str | Path, check_hashes: bool = True) -> dict:
     mp = d / MANIFEST
     if not mp.is_file():
         raise EdgekvError(f"{d}: no {MANIFEST} there (not an edgekv export?)")
-    try:
-        manifest = json.loads(mp.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise EdgekvError(f"{mp}: not valid JSON ({type(e).__name__}: {e})") from None
+    manifest = read_json(mp)
     validate(manifest, str(mp))
     if check_hashes:
         for name, want in manifest["files"].items():

