@@ -74,6 +74,25 @@ def _rt(runtime: str) -> dict:
     return RUNTIMES.get(runtime, RUNTIMES["executorch"])
 
 
+# edgekv's ONNX export runs a Llama-family float cache through ONNX Runtime's GroupQueryAttention (com.microsoft;
+# edgekv/models/llama.py Attention.fused) with present.* bound to past.*'s buffers (OrtStepper, manifest
+# state_in_place): the state exists once, there is no mask or one-hot write, and the op's own scratch is one fp32
+# [H, C, T] probability buffer (T = the present buffer's slots; onnxruntime contrib_ops/cpu/bert/gqa_attention_base.h
+# ApplyAttention) plus, for a fp16 cache, one head's K or V converted to fp32 per thread. Measured: benchmarks/
+# plan_accuracy.py ("kv fp16" ORT rows).
+GQA_TYPES = ("llama", "mistral", "qwen2")  # the model types edgekv.models.llama exports
+GQA = {"score_copies": 1, "mask_copies": 0, "state_copies": 1, "kv_dequant": "head",
+       "why": "edgekv's ONNX kv graph: GroupQueryAttention over the written slots, state updated in place"}
+
+
+def fused_gqa(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str) -> bool:
+    """Whether edgekv's ONNX export of this (model, strategy) attends through GroupQueryAttention in place: a plain
+    float `kv` cache (no quantized codes, no window) of a Llama-family model with no rolling (native sliding) layer."""
+    if runtime != "onnxruntime" or strategy.name != "kv" or strategy.kv_bits or arch.model_type not in GQA_TYPES:
+        return False
+    return all(t.shape[2] == layout.ctx for t in layout.tensors if t.role == "key")
+
+
 @dataclass
 class Item:
     """A number and how it was computed."""
@@ -210,6 +229,8 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     + dequant/reconstruction scratch for one layer + the extra state copies alive during a call; or, where larger, the
     runtime's load-time transient (ORT folding a tied lm_head's transpose)."""
     rt = _rt(runtime)
+    if fused_gqa(arch, layout, strategy, runtime):
+        rt = {**rt, **GQA}
     inter = max((w.shape[0] for w in arch.weights if w.name.endswith("up_proj.weight")), default=4 * arch.hidden)
     qkv = 0
     ssm_w = 0
@@ -232,6 +253,8 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
                     masks = max(masks, chunk * seen * 4)
                 if (strategy.kv_bits or strategy.params.get("dtype", "fp32") != "fp32") and rt["kv_dequant"] == "layer":
                     scratch = max(scratch, 2 * m.n_kv_heads * t * m.head_dim * 4)  # K, V read back as fp32
+                elif strategy.params.get("dtype", "fp32") != "fp32" and rt["kv_dequant"] == "head":
+                    scratch = max(scratch, 2 * (t + chunk) * m.head_dim * 4)  # one head's K (then V) as fp32
                 if strategy.name == "mla":
                     scratch = max(scratch, 2 * m.n_kv_heads * t * m.head_dim * 4)
             elif isinstance(m, MLA):
@@ -260,7 +283,7 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     if scratch:
         how = ("dequantized" if strategy.kv_bits else "reconstructed from the latent" if strategy.name == "mla"
                else "cast from " + strategy.params.get("dtype", ""))
-        parts.append(f"one layer's K,V in fp32 ({how})"
+        parts.append(f"{'one head' if rt['kv_dequant'] == 'head' else 'one layer'}'s K,V in fp32 ({how})"
                      f" = {scratch:,}")
     if scan:
         parts.append(f"selective-scan inputs {SCAN_COPIES} x chunk x d_inner x d_state x 4 B = {scan:,}")

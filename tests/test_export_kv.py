@@ -122,6 +122,37 @@ def test_onnx_graph_io_is_what_the_manifest_says(tiny_export):
     assert ins == ep["inputs"] and outs == ep["outputs"]
 
 
+def test_kv_graph_attends_through_gqa_and_updates_the_state_in_place(tiny_export):
+    """The ONNX kv graph runs each layer's attention as ORT's GroupQueryAttention. Bound in place (present.* on
+    past.*'s buffers, what OrtStepper and an app do) and run the plain way (ORT returns new present tensors), it
+    gives the same logits and state bit for bit; the state holds the written positions and nothing past them."""
+    import onnx
+
+    _, out, m, _ = tiny_export
+    graph = onnx.load(str(out / "model.onnx"), load_external_data=False).graph
+    assert [n.op_type for n in graph.node].count("GroupQueryAttention") == 2  # one per layer
+    art = m["artifacts"][0]
+    assert art["state_in_place"] and art["attention"] == "com.microsoft.GroupQueryAttention"
+    manifest = load_export(out)
+    bound, plain = OrtStepper(manifest, out, 1), OrtStepper(manifest, out, 1)
+    plain.in_place = False
+    assert bound.in_place
+    first = bound.state[0]
+    prompt = [5, 9, 33, 12, 40, 7, 21, 3, 18, 50, 11]
+    rows = [(bound.prefill(prompt), plain.prefill(prompt))]
+    for i in range(4):
+        tok = int(rows[-1][0][-1].argmax())
+        rows.append((bound.step([tok], len(prompt) + i), plain.step([tok], len(prompt) + i)))
+    for a, b in rows:
+        np.testing.assert_array_equal(a, b)
+    assert bound.state[0] is first  # the same buffer, written by the graph
+    for a, b in zip(bound.state, plain.state):
+        np.testing.assert_array_equal(a, b)
+    n = len(prompt) + 4
+    assert (np.abs(first[0, :, :n]).max(axis=-1) > 0).all()
+    assert not first[0, :, n:].any()
+
+
 def copy_export(tiny_export, tmp_path):
     dst = tmp_path / "copy"
     shutil.copytree(tiny_export[1], dst)

@@ -110,6 +110,10 @@ def test_strategy_exports_and_verifies_in_both_formats(kind, strategy, fp32, mod
     assert pte_eps["prefill"]["tokens"] == CHUNK and pte_eps["decode"]["tokens"] == 1
     recurrent = kind in ("mamba", "mamba2", "rwkv", "jamba")
     assert pte_eps["prefill"]["tail"] == ("decode" if recurrent else "pad")
+    # only a Llama-family float cache runs as ORT's GroupQueryAttention with its state updated in place
+    onnx_art = next(a for a in m["artifacts"] if a["format"] == "onnx")
+    fused = kind == "llama" and (strategy == "kv" or strategy.startswith("kv:"))
+    assert onnx_art.get("state_in_place", False) == fused
 
     # verify ran both runtimes against the eager module over the prompt + STEPS decode steps, and passed
     for fmt in ("onnx", "pte"):

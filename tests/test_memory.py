@@ -72,9 +72,9 @@ def test_executorch_packs_the_delegated_weights_once_per_method():
 
 def test_ort_workspace_counts_score_copies_state_copies_and_the_load_transient():
     from edgekv.memory import workspace_bytes
-    s = parse_strategy("kv")  # fp16 cache
+    s = parse_strategy("kv-int8")  # a quantized cache: the explicit graph (no GroupQueryAttention)
     lay = build_layout(SMOL, s, 8192)
-    state = 2 * 30 * 3 * 64 * 8192 * 2
+    state = 2 * 30 * 3 * (64 + 2) * 8192  # int8 codes + a fp16 scale per head_dim group
     assert lay.nbytes == state
     chunk = 512
     act = chunk * (4 * 576 + (9 + 2 * 3) * 64 + 3 * 1536) * 4
@@ -84,5 +84,20 @@ def test_ort_workspace_counts_score_copies_state_copies_and_the_load_transient()
     # + logits + fp32 K,V of one layer + 2 more state copies (ORT's outputs and the numpy copies run() returns)
     step = act + scores + chunk * 49152 * 4 + 2 * 3 * 8192 * 64 * 4 + 2 * state
     assert workspace_bytes(SMOL, lay, s, "onnxruntime", chunk).value == step
+
+
+def test_ort_workspace_of_a_fused_float_cache_is_one_probability_buffer_and_no_state_copy():
+    from edgekv.memory import fused_gqa, workspace_bytes
+    s = parse_strategy("kv")  # fp16 cache: GroupQueryAttention, present bound to past
+    lay = build_layout(SMOL, s, 8192)
+    assert fused_gqa(SMOL, lay, s, "onnxruntime") and not fused_gqa(SMOL, lay, s, "executorch")
+    chunk = 512
+    act = chunk * (4 * 576 + (9 + 2 * 3) * 64 + 3 * 1536) * 4
+    # one fp32 [9 heads, chunk, 8192 slots] probability buffer, logits, one head's K (or V) converted to fp32
+    step = act + 9 * chunk * 8192 * 4 + chunk * 49152 * 4 + 2 * (8192 + chunk) * 64 * 4
+    assert workspace_bytes(SMOL, lay, s, "onnxruntime", chunk).value == step
+    win = parse_strategy("window:w=256,sinks=4")
+    assert not fused_gqa(SMOL, build_layout(SMOL, win, 8192), win, "onnxruntime")
+    s = parse_strategy("kv")
     small = build_layout(SMOL, s, 256)  # a short context: folding the tied head's transpose at load is the peak
     assert workspace_bytes(SMOL, small, s, "onnxruntime", 32).value == SMOL_EMB

@@ -14,6 +14,8 @@ any stage leaves nothing half-written at --out. Each failure is one EdgekvError 
 """
 from __future__ import annotations
 
+import contextlib
+
 import os
 import shutil
 import time
@@ -254,8 +256,11 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
                        mf.entry_point("decode", 1, layout, args.vocab)]}
     with st.stage("trace", ", ".join(f"{f}:{e['name']}" for f in opts.formats for e in entries[f])):
         eps = {}
+        fused = False
         if "onnx" in opts.formats:
-            eps.update(trace(module, {"onnx:forward": None}))
+            gqa = getattr(module, "onnx_gqa", None)  # Llama-family plain caches: ORT's GroupQueryAttention
+            with gqa() if gqa else nullcontext(False) as fused:
+                eps.update(trace(module, {"onnx:forward": None}))
         if "pte" in opts.formats:
             eps.update(trace(qmodule, {"pte:prefill": chunk, "pte:decode": 1}))
 
@@ -270,6 +275,9 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             import onnxruntime
             art = {"format": "onnx", "file": "model.onnx", "runtime": f"onnxruntime {onnxruntime.__version__}",
                    "opset": to_onnx.opset(model), "entry_points": entries["onnx"]}
+            if fused:  # present.* may be bound to past.*'s buffers: the node writes the new rows in place
+                art["attention"] = "com.microsoft.GroupQueryAttention"
+                art["state_in_place"] = True
             if external:
                 art["external_data"] = to_onnx.EXTERNAL_DATA
             artifacts.append(art)

@@ -116,13 +116,32 @@ class OrtStepper(Stepper):
         self.max_chunk = recorded_chunk(manifest, "onnx") or Stepper.max_chunk  # an old manifest records none
         self.in_names = [i["name"] for i in ep["inputs"]]
         self.out_names = [o["name"] for o in ep["outputs"]]
+        self.ort, self.in_place = ort, bool(a.get("state_in_place"))
         super().__init__(manifest)
 
     def _zeros(self, shape, dtype):
         return np.zeros(shape, dtype=NP_DTYPES[dtype])
 
+    def reset(self):
+        super().reset()
+        if self.in_place:  # OrtValues over our numpy arrays (no copy): bound as both past.* and present.*
+            self.values = [self.ort.OrtValue.ortvalue_from_numpy(s) for s in self.state]
+
     def _call(self, tokens, pos):
-        feed = {"tokens": np.asarray([tokens], dtype=np.int64), "pos": np.asarray([pos], dtype=np.int64)}
+        ids, at = np.asarray([tokens], dtype=np.int64), np.asarray([pos], dtype=np.int64)
+        if self.in_place:
+            # the graph's attention nodes write their new rows into the bound present buffer, which is the past
+            # buffer: the state is updated where it lies, with no per-step copy of the cache
+            b = self.sess.io_binding()
+            b.bind_cpu_input("tokens", ids)
+            b.bind_cpu_input("pos", at)
+            b.bind_output(self.out_names[0])
+            for i_name, o_name, v in zip(self.in_names[2:], self.out_names[1:], self.values):
+                b.bind_ortvalue_input(i_name, v)
+                b.bind_ortvalue_output(o_name, v)
+            self.sess.run_with_iobinding(b)
+            return b.get_outputs()[0].numpy()[0]
+        feed = {"tokens": ids, "pos": at}
         feed.update(zip(self.in_names[2:], self.state))
         out = self.sess.run(self.out_names, feed)
         self.state = out[1:]

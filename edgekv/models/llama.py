@@ -40,6 +40,7 @@ masked attention of the full model, and positions stay bounded by max_ctx (the m
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -213,6 +214,39 @@ class Attention(nn.Module):
         stored = cache.view(hkv, t, d) * k + placed.to(cache.dtype)
         return stored.view(1, hkv, t, d)
 
+    def _qkv(self, x, cos, sin):
+        """x [1, C, d] -> q [C, H, D], k, v [C, Hkv, D], q and k rotated (RoPE at their absolute positions)."""
+        c = x.shape[1]
+        q = self.q_proj(x).view(c, self.h, self.dh)
+        k = self.k_proj(x).view(c, self.hkv, self.dh)
+        v = self.v_proj(x).view(c, self.hkv, self.dh)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+
+    def fused(self, x, cos, sin, lens, k_cache, v_cache):
+        """The same step as forward() on a plain cache, as one ONNX Runtime GroupQueryAttention node (com.microsoft,
+        the attention op ONNX Runtime GenAI's models use). For the ONNX trace only: eager torch has no such op.
+
+        x [1, C, d]; lens (seqlens_k [1] int32 = pos + C - 1, total_sequence_length [] int32 = pos + C);
+        k_cache, v_cache [1, Hkv, T, D] fp32 or fp16 -> out [1, C, d], (new key cache,), (new value cache,).
+        The node writes the C new keys/values at slots pos..pos+C-1 and attends causally over slots 0..pos+C-1
+        only, not over all T: the cost of a step grows with the position, not with max_ctx. Its present outputs
+        have the past inputs' shape, and when the caller binds each present to its past's buffer ORT writes the
+        C rows in place (past_present_share_buffer): no copy of the cache per step (OrtStepper does this).
+        q/k/v go in as the cache dtype (the op takes one dtype), so a fp16 cache also rounds q and the attention
+        output to fp16: within verify's fp16 tolerance (benchmarks and tests compare it with eager)."""
+        import torch.onnx.ops  # noqa: F401 (torch.onnx loads its submodules lazily)
+
+        c = x.shape[1]
+        q, k, v = self._qkv(x, cos, sin)
+        dt = k_cache.dtype
+        q, k, v = (t.reshape(1, c, -1).to(dt) for t in (q, k, v))
+        out, nk, nv = torch.onnx.ops.symbolic_multi_out(
+            "com.microsoft::GroupQueryAttention", [q, k, v, k_cache, v_cache, *lens],
+            {"num_heads": self.h, "kv_num_heads": self.hkv, "scale": 1.0 / math.sqrt(self.dh)},
+            dtypes=[dt, dt, dt], shapes=[[1, c, self.h * self.dh], list(k_cache.shape), list(v_cache.shape)],
+            version=1)
+        return self.o_proj(out.float()), (nk,), (nv,)
+
     def forward(self, x, cos, sin, write, keep, mask, k_state, v_state, kv: "KVFormat", rolling: bool = False):
         """x [1, C, d]; cos, sin [C, 1, D]; write [T, C] one-hot (slot t <- token c); keep [T, 1];
         mask [G*C, T] additive (0 or -inf); k_state, v_state: the layer's key / value state tensors as kv describes
@@ -221,11 +255,7 @@ class Attention(nn.Module):
         Matmuls are 3-D (bmm): no broadcast expand copies."""
         c = x.shape[1]
         g = self.h // self.hkv
-        q = self.q_proj(x).view(c, self.h, self.dh)
-        k = self.k_proj(x).view(c, self.hkv, self.dh)
-        v = self.v_proj(x).view(c, self.hkv, self.dh)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q, k, v = self._qkv(x, cos, sin)
         put = kv.roll if rolling else kv.write
         k_state, kf = put(self._write, k, k_state, write, keep)  # kf, vf: [Hkv, T, D] fp32 ([Hkv, T + C, D] rolling)
         v_state, vf = put(self._write, v, v_state, write, keep)
@@ -425,6 +455,21 @@ class Llama(nn.Module):
         self.model = Body(args)
         self.lm_head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
+        self.gqa = False  # set only while tracing for ONNX (onnx_gqa): plain-cache layers become GroupQueryAttention
+
+    def fusable(self) -> bool:
+        """Whether ONNX Runtime's GroupQueryAttention can run this module's plain-cache layers: a float cache (the
+        op has no quantized cache); rolling layers keep the explicit graph either way."""
+        return self.kv.bits is None and None in self.rings
+
+    @contextlib.contextmanager
+    def onnx_gqa(self):
+        """Within: forward() traces its plain-cache layers as GroupQueryAttention nodes (Attention.fused)."""
+        self.gqa = self.fusable()
+        try:
+            yield self.gqa
+        finally:
+            self.gqa = False
 
     def empty_state(self) -> list[torch.Tensor]:
         return [torch.zeros(t.shape, dtype=STATE_TORCH[t.dtype]) for t in self.layout.tensors]
@@ -434,7 +479,9 @@ class Llama(nn.Module):
         g = self.args.n_heads // self.args.n_kv_heads
         positions = pos + torch.arange(c, dtype=torch.int64)  # [C]
         plans = {}  # Ring (None: plain) -> (write, keep, mask), computed once per call for all layers alike
-        if None in self.rings:
+        if self.gqa:
+            lens = (pos + c - 1).to(torch.int32), (pos + c).to(torch.int32).reshape(())
+        elif None in self.rings:
             slots = torch.arange(t_slots, dtype=torch.int64)  # [T]
             write = (slots[:, None] == positions[None, :]).float()  # [T, C]
             keep = ((slots < pos) | (slots >= pos + c)).to(self.cache_dtype)[:, None]  # [T, 1]
@@ -452,8 +499,11 @@ class Llama(nn.Module):
         for i, blk in enumerate(self.model.layers):
             b = 2 * n * i
             ring = self.rings[i]
-            h, k, v = blk.self_attn(blk.input_layernorm(x), cos, sin, *plans[ring],
-                                    state[b:b + n], state[b + n:b + 2 * n], self.kv, ring is not None)
+            if self.gqa and ring is None:
+                h, k, v = blk.self_attn.fused(blk.input_layernorm(x), cos, sin, lens, state[b], state[b + n])
+            else:
+                h, k, v = blk.self_attn(blk.input_layernorm(x), cos, sin, *plans[ring],
+                                        state[b:b + n], state[b + n:b + 2 * n], self.kv, ring is not None)
             x = x + h
             x = x + blk.mlp(blk.post_attention_layernorm(x))
             new_state += [*k, *v]
