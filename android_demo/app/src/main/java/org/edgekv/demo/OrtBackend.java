@@ -11,6 +11,7 @@ import java.io.File;
 import java.nio.ByteBuffer;
 import java.nio.FloatBuffer;
 import java.nio.LongBuffer;
+import java.util.Collections;
 import java.util.HashMap;
 import java.util.LinkedHashSet;
 import java.util.List;
@@ -37,6 +38,7 @@ final class OrtBackend implements Backend<OnnxTensor> {
     private OrtSession.SessionOptions options;
     private OrtSession session;
     private Manifest manifest;
+    private boolean inPlace;
     private final Set<String> outputNames = new LinkedHashSet<>();
 
     @Override
@@ -61,6 +63,7 @@ final class OrtBackend implements Backend<OnnxTensor> {
     @Override
     public void load(Manifest m, Manifest.Artifact a, File dir) throws OrtException {
         manifest = m;
+        inPlace = a.stateInPlace;
         File model = new File(dir, a.file);
         try {
             session = env.createSession(model.getPath(), options);
@@ -146,7 +149,18 @@ final class OrtBackend implements Backend<OnnxTensor> {
         }
         OrtSession.Result r;
         try {
-            r = session.run(in, outputNames);
+            if (inPlace) {
+                // the manifest's state_in_place: each present.* is pinned to its past.* tensor, so ORT's
+                // GroupQueryAttention writes the new rows into the state where it lies (as edgekv's OrtStepper
+                // binds them); only the logits come back as a new tensor
+                Map<String, OnnxTensor> pinned = new HashMap<>();
+                for (int i = 0; i < book.size(); i++) {
+                    pinned.put(book.spec(i).output, book.past(i));
+                }
+                r = session.run(in, Collections.singleton("logits"), pinned);
+            } else {
+                r = session.run(in, outputNames);
+            }
         } finally {
             tok.close();
             pos.close();
@@ -163,7 +177,7 @@ final class OrtBackend implements Backend<OnnxTensor> {
             logits.close();
         }
         for (int i = 0; i < book.size(); i++) {
-            book.putPresent(i, (OnnxTensor) value(r, book.spec(i).output));
+            book.putPresent(i, inPlace ? book.past(i) : (OnnxTensor) value(r, book.spec(i).output));
         }
         return last;
     }
@@ -179,7 +193,9 @@ final class OrtBackend implements Backend<OnnxTensor> {
     @Override
     public void recycle(List<OnnxTensor> old) {
         for (OnnxTensor t : old) {
-            t.close(); // the previous step's state: ORT's memory (or the zero buffers) goes back
+            if (t != null) { // null: a state updated in place, still live
+                t.close(); // the previous step's state: ORT's memory (or the zero buffers) goes back
+            }
         }
     }
 

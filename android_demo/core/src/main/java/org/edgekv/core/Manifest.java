@@ -122,13 +122,20 @@ public final class Manifest {
         public final String runtime;
         public final String backend;
         public final List<EntryPoint> entryPoints;
+        /**
+         * ONNX: each present.* output may be bound to its past.* input's buffer (the graph's attention writes the
+         * new rows in place), so the state exists once. False for older exports and for graphs without it.
+         */
+        public final boolean stateInPlace;
 
-        Artifact(String format, String file, String runtime, String backend, List<EntryPoint> entryPoints) {
+        Artifact(String format, String file, String runtime, String backend, List<EntryPoint> entryPoints,
+                 boolean stateInPlace) {
             this.format = format;
             this.file = file;
             this.runtime = runtime;
             this.backend = backend;
             this.entryPoints = Collections.unmodifiableList(entryPoints);
+            this.stateInPlace = stateInPlace;
         }
 
         public EntryPoint entryPoint(String name) {
@@ -335,8 +342,9 @@ public final class Manifest {
             list.add(ep);
         }
         Json.Node backend = a.opt("backend");
+        Json.Node inPlace = a.opt("state_in_place");
         return new Artifact(format, a.get("file").str(), a.get("runtime").str(),
-                backend.isNull() ? null : backend.str(), list);
+                backend.isNull() ? null : backend.str(), list, !inPlace.isNull() && inPlace.bool());
     }
 
     private static List<TensorSpec> specs(Json.Node arr) {

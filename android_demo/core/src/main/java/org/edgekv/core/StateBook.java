@@ -138,7 +138,8 @@ public final class StateBook<T> {
 
     /**
      * Ends a step: every present must have been put; they become the pasts. Returns the previous pasts (same order)
-     * for the caller to recycle as the next step's present buffers, or to free.
+     * for the caller to recycle as the next step's present buffers, or to free; null where the present is the past
+     * itself (a state the runtime updated in place: it stays, nothing to free).
      */
     public List<T> swap() {
         List<String> missing = new ArrayList<>();
@@ -153,6 +154,9 @@ public final class StateBook<T> {
         }
         List<T> old = new ArrayList<>(past);
         for (int i = 0; i < specs.size(); i++) {
+            if (present.get(i) == past.get(i)) {
+                old.set(i, null);
+            }
             past.set(i, present.get(i));
             present.set(i, null);
         }

@@ -181,6 +181,17 @@ public class ManifestTest {
     }
 
     @Test
+    public void readsWhetherTheStateMayBeUpdatedInPlace() throws IOException {
+        String t = fixtureText();
+        assertFalse(Manifest.parse(t, "manifest.json").artifact("onnx").stateInPlace); // an export from before it
+        Manifest m = Manifest.parse(t.replace("\"opset\": 18,", "\"opset\": 18, \"state_in_place\": true,"),
+                "manifest.json");
+        assertTrue(m.artifact("onnx").stateInPlace);
+        assertFalse(m.artifact("pte").stateInPlace);
+        assertRejected(t.replace("\"opset\": 18,", "\"opset\": 18, \"state_in_place\": \"yes\","), "state_in_place");
+    }
+
+    @Test
     public void namesTheFormatsAnExportHas() {
         Manifest m = TestSupport.fixtureManifest();
         try {

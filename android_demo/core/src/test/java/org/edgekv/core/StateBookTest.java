@@ -2,6 +2,7 @@ package org.edgekv.core;
 
 import static org.junit.Assert.assertEquals;
 import static org.junit.Assert.assertNotSame;
+import static org.junit.Assert.assertNull;
 import static org.junit.Assert.assertSame;
 import static org.junit.Assert.assertTrue;
 import static org.junit.Assert.fail;
@@ -64,6 +65,24 @@ public class StateBookTest {
         assertEquals("past_key_values.0.key", book.spec(0).input);
         assertEquals("past_key_values.0.value", book.spec(1).input);
         assertEquals("present.29.value", book.spec(59).output);
+    }
+
+    @Test
+    public void aStateUpdatedInPlaceStaysAndIsNotHandedBackForFreeing() {
+        Manifest m = TestSupport.fixtureManifest();
+        StateBook<ByteBuffer> book = new StateBook<>(m, StateBook.DIRECT_BUFFERS);
+        List<ByteBuffer> zeros = book.pasts();
+        for (int i = 0; i < book.size(); i++) {
+            // tensor 0 comes back as a new buffer; the others are the pasts themselves (present bound to past)
+            book.putPresent(i, i == 0 ? marked(book.spec(i), 7L) : book.past(i));
+        }
+        List<ByteBuffer> old = book.swap();
+        assertSame(zeros.get(0), old.get(0));
+        assertEquals(7L, book.past(0).getLong(0));
+        for (int i = 1; i < book.size(); i++) {
+            assertNull(old.get(i));
+            assertSame(zeros.get(i), book.past(i));
+        }
     }
 
     @Test
