@@ -77,7 +77,8 @@ def peer_bytes(arch, weights: str, kv: str, ctx: int, pos: float) -> dict:
 
 def edgekv_bytes(manifest: dict, pos: float) -> dict:
     """The same numbers from an export's manifest. Its KV state grows linearly with the slots, so the state up to
-    `pos` is state bytes x pos / max_ctx. The artifact itself touches all max_ctx slots every step (masked
+    `pos` is state bytes x pos / max_ctx. A float `kv` ONNX graph reads just those (GroupQueryAttention over the
+    written slots, state updated in place); the other graphs attend over all max_ctx slots every step (masked
     attention over a fixed cache): state_full says how much that is."""
     w = manifest["weights"]["bytes"]
     full = manifest["state"]["bytes"]

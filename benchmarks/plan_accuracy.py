@@ -24,6 +24,13 @@ process, RSS minus the RSS after importing the runtime):
     then the prefill method +570 MB (XNNPACK packs the weights once per method).
   ExecuTorch tiny Llama kv: 1k decode 25.6 / prefill 43.1 MB; 32k decode 375 (peak 400) / prefill 643 (peak 677) MB.
 
+Since 2026-11-30 (evening) a float kv cache runs as ORT's GroupQueryAttention with the state bound in place
+(memory.GQA): tiny Llama kv fp16, 1k / 8k / 32k: 35.9 / 71.5 / 206.0 MB measured for 33.8 / 73.2 / 208.5 predicted
+(the older graph below needed 3 state copies, masks and 2 score copies over every slot). The profile children run
+with a fixed glibc mmap threshold (edgekv/profile/run.py MALLOC_ENV): with glibc's sliding threshold, freed
+per-call buffers of a few MB stay resident (tiny Llama kv at 8k: +22 % over the prediction; the Mamba state grew
+~6 MB over a 64-call prefill). The notes below describe the earlier graph and default malloc.
+
 ORT prefill call size (Stepper.max_chunk = 128, recorded per export in deployment.formats.onnx.prefill_chunk):
 tiny Llama kv fp16, 32k slots, 8192-token prompt, 1 thread, peak above the ORT baseline / prefill time:
   C=32: 512 MB / 137 s; C=128: 792 MB / 53 s; C=512: 2080 MB / 35 s. Every call carries the whole 32k-slot state

@@ -14,8 +14,6 @@ any stage leaves nothing half-written at --out. Each failure is one EdgekvError 
 """
 from __future__ import annotations
 
-import contextlib
-
 import os
 import shutil
 import time
