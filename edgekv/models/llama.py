@@ -143,9 +143,14 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(d))
         self.eps = eps
+        # the ONNX trace (Llama.onnx_gqa): x / sqrt(mean(x^2) + eps) * weight over the last dim, the pattern ONNX
+        # Runtime fuses into (Skip)SimplifiedLayerNormalization (one node with the residual add, instead of eight)
+        self.onnx_form = False
 
     def forward(self, x):  # [..., d] -> [..., d]
         x32 = x.float()
+        if self.onnx_form:
+            return self.weight * (x32 / torch.sqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
         sq = x32.pow(2)
         if sq.dim() == 3:  # [1, C, d] -> [1, C, 1, d]: a mean over the two innermost dims of a 4-D tensor is the
             b, c, d = sq.shape  # only mean XNNPACK delegates
@@ -222,7 +227,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(c, self.hkv, self.dh)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
-    def fused(self, x, cos, sin, lens, k_cache, v_cache):
+    def fused(self, x, cos, sin, lens, k_cache, v_cache, rope=None):
         """The same step as forward() on a plain cache, as one ONNX Runtime GroupQueryAttention node (com.microsoft,
         the attention op ONNX Runtime GenAI's models use). For the ONNX trace only: eager torch has no such op.
 
@@ -237,12 +242,23 @@ class Attention(nn.Module):
         import torch.onnx.ops  # noqa: F401 (torch.onnx loads its submodules lazily)
 
         c = x.shape[1]
-        q, k, v = self._qkv(x, cos, sin)
+        # one matmul for q, k and v (qkv_proj: their weights stacked, made by Llama.onnx_gqa for the trace), as
+        # ONNX Runtime GenAI's models have it: one weight read and one kernel call instead of three
+        qkv = self.qkv_proj(x)
         dt = k_cache.dtype
-        q, k, v = (t.reshape(1, c, -1).to(dt) for t in (q, k, v))
+        attrs = {"num_heads": self.h, "kv_num_heads": self.hkv, "scale": 1.0 / math.sqrt(self.dh)}
+        if rope is not None:
+            # fp32 cache: the packed q/k/v go in as they are and the op rotates q and k itself (do_rotary, from
+            # rope = (cos, sin) tables [max_ctx, D/2] of the same inv_freq, at positions pos..pos+C-1)
+            inputs = [qkv, None, None, k_cache, v_cache, *lens, *rope]
+            attrs["do_rotary"] = 1
+        else:  # fp16 cache: rotate in fp32 here, then round q, k, v to the cache dtype (the op takes one dtype)
+            q, k, v = qkv.split([self.h * self.dh, self.hkv * self.dh, self.hkv * self.dh], dim=-1)
+            q, k = q.reshape(c, self.h, self.dh), k.reshape(c, self.hkv, self.dh)
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+            inputs = [*(t.reshape(1, c, -1).to(dt) for t in (q, k, v)), k_cache, v_cache, *lens]
         out, nk, nv = torch.onnx.ops.symbolic_multi_out(
-            "com.microsoft::GroupQueryAttention", [q, k, v, k_cache, v_cache, *lens],
-            {"num_heads": self.h, "kv_num_heads": self.hkv, "scale": 1.0 / math.sqrt(self.dh)},
+            "com.microsoft::GroupQueryAttention", inputs, attrs,
             dtypes=[dt, dt, dt], shapes=[[1, c, self.h * self.dh], list(k_cache.shape), list(v_cache.shape)],
             version=1)
         return self.o_proj(out.float()), (nk,), (nv,)
@@ -464,12 +480,38 @@ class Llama(nn.Module):
 
     @contextlib.contextmanager
     def onnx_gqa(self):
-        """Within: forward() traces its plain-cache layers as GroupQueryAttention nodes (Attention.fused)."""
+        """Within: forward() traces its plain-cache layers as GroupQueryAttention nodes (Attention.fused) fed by
+        one stacked q/k/v projection each, and every RMSNorm in the form ONNX Runtime fuses. The stacked
+        projections exist only inside (they share no storage with q/k/v_proj; the eager module is unchanged)."""
         self.gqa = self.fusable()
+        norms = [m for m in self.modules() if isinstance(m, RMSNorm)]
+        fused = [blk.self_attn for blk, r in zip(self.model.layers, self.rings) if r is None] if self.gqa else []
         try:
+            for n in norms:
+                n.onnx_form = self.gqa
+            for at in fused:
+                parts = (at.q_proj, at.k_proj, at.v_proj)
+                qkv = nn.Linear(at.q_proj.in_features, sum(p.out_features for p in parts),
+                                bias=at.q_proj.bias is not None)
+                with torch.no_grad():
+                    qkv.weight.copy_(torch.cat([p.weight for p in parts]))
+                    if qkv.bias is not None:
+                        qkv.bias.copy_(torch.cat([p.bias for p in parts]))
+                at.qkv_proj = qkv
+            if fused and self.kv.dtype == torch.float32:  # the op's rotary tables, [max_ctx, D/2], initializers
+                freqs = torch.arange(self.layout.ctx, dtype=torch.int64).float()[:, None] * self.inv_freq[None, :]
+                self.register_buffer("gqa_cos", freqs.cos(), persistent=False)
+                self.register_buffer("gqa_sin", freqs.sin(), persistent=False)
             yield self.gqa
         finally:
             self.gqa = False
+            for n in norms:
+                n.onnx_form = False
+            for at in fused:
+                del at.qkv_proj
+            for name in ("gqa_cos", "gqa_sin"):
+                if hasattr(self, name):
+                    delattr(self, name)
 
     def empty_state(self) -> list[torch.Tensor]:
         return [torch.zeros(t.shape, dtype=STATE_TORCH[t.dtype]) for t in self.layout.tensors]
@@ -500,7 +542,8 @@ class Llama(nn.Module):
             b = 2 * n * i
             ring = self.rings[i]
             if self.gqa and ring is None:
-                h, k, v = blk.self_attn.fused(blk.input_layernorm(x), cos, sin, lens, state[b], state[b + n])
+                h, k, v = blk.self_attn.fused(blk.input_layernorm(x), cos, sin, lens, state[b], state[b + n],
+                                              (self.gqa_cos, self.gqa_sin) if hasattr(self, "gqa_cos") else None)
             else:
                 h, k, v = blk.self_attn(blk.input_layernorm(x), cos, sin, *plans[ring],
                                         state[b:b + n], state[b + n:b + 2 * n], self.kv, ring is not None)
