@@ -130,7 +130,14 @@ def test_kv_graph_attends_through_gqa_and_updates_the_state_in_place(tiny_export
 
     _, out, m, _ = tiny_export
     graph = onnx.load(str(out / "model.onnx"), load_external_data=False).graph
-    assert [n.op_type for n in graph.node].count("GroupQueryAttention") == 2  # one per layer
+    ops = [n.op_type for n in graph.node]
+    assert ops.count("GroupQueryAttention") == 2  # one per layer
+    # fed by one stacked q/k/v matmul (q, k, v, o, gate, up, down were 7 per layer), rotating q and k itself
+    # (a fp32 cache: the export's rotary tables go in as cos_cache / sin_cache)
+    assert ops.count("MatMul") == 2 * 5 + 1
+    for n in graph.node:
+        if n.op_type == "GroupQueryAttention":
+            assert {a.name: a.i for a in n.attribute}["do_rotary"] == 1 and n.input[1] == n.input[2] == ""
     art = m["artifacts"][0]
     assert art["state_in_place"] and art["attention"] == "com.microsoft.GroupQueryAttention"
     manifest = load_export(out)
@@ -151,6 +158,21 @@ def test_kv_graph_attends_through_gqa_and_updates_the_state_in_place(tiny_export
     n = len(prompt) + 4
     assert (np.abs(first[0, :, :n]).max(axis=-1) > 0).all()
     assert not first[0, :, n:].any()
+
+
+def test_onnx_runtime_fuses_every_rmsnorm_of_the_kv_graph(tiny_export, tmp_path):
+    """RMSNorm is traced as x / sqrt(mean(x^2) + eps) * w, the pattern ORT's optimizer turns into one
+    SimplifiedLayerNormalization node (2 per layer + the final norm), not eight elementwise nodes each."""
+    import onnx
+    import onnxruntime as ort
+
+    _, out, _, _ = tiny_export
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(out / "model.onnx"), opts, providers=["CPUExecutionProvider"])
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+    assert ops.count("SimplifiedLayerNormalization") + ops.count("SkipSimplifiedLayerNormalization") == 2 * 2 + 1
+    assert "ReduceMean" not in ops and "Pow" not in ops
 
 
 def copy_export(tiny_export, tmp_path):
