@@ -25,7 +25,12 @@ REL_TOL = {"float32": 1e-4, "float16": 2e-3, "int8": 2e-2, "uint8": 5e-2,
            # a .pte with torchao-quantized weights against the same quantized eager module: both quantize the
            # activations dynamically per token, and a one-step difference in a rounded activation moves a logit
            # by about one weight step; how far the quantized model is from fp32 is verify-quant's job (wquant)
-           "quantized-weights": 5e-2}
+           "quantized-weights": 5e-2,
+           # an ONNX kv graph with a fp16 cache attends through ORT's GroupQueryAttention, which takes q, k, v in
+           # the cache dtype and returns its output in it too: q and the attention output are rounded to fp16 as
+           # well as K/V (eager keeps them fp32). Measured: SmolLM2-135M 5.7e-4, a random tiny Llama with large
+           # activations (initializer_range 0.2) 2.3e-3 of the logit scale, top-1 100 % both
+           "float16-attention": 5e-3}
 MIN_TOP1 = 0.95
 
 
