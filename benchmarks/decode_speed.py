@@ -143,7 +143,7 @@ def child_edgekv(spec: dict) -> dict:
     baseline = _status_bytes("VmRSS")
     manifest = load_export(folder, check_hashes=False)
     stepper = Stepper(manifest, folder, spec["threads"])
-    r = _greedy(lambda ids: stepper.prefill(ids)[-1], lambda t, pos: stepper.step([t], pos)[-1], spec["ids"],
+    r = _greedy(lambda ids: stepper.prefill(ids, last=True)[-1], lambda t, pos: stepper.step([t], pos)[-1], spec["ids"],
                 spec["new_tokens"])
     return {"baseline": baseline, **r}
 

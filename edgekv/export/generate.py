@@ -44,7 +44,7 @@ def generate(manifest: dict, stepper, tok, prompt: str, max_new_tokens: int, emi
     n_new = min(max_new_tokens, room)
     eos = set(t_info["eos_token_ids"])
     t0 = time.perf_counter()
-    logits = stepper.prefill(ids)
+    logits = stepper.prefill(ids, last=True)
     t_prefill = time.perf_counter() - t0
     if after_prefill:
         after_prefill()

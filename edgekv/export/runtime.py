@@ -59,13 +59,17 @@ class Stepper:
     def reset(self):
         self.state = [self._zeros(t["shape"], t["dtype"]) for t in self.state_specs]
 
-    def prefill(self, tokens: list[int], pos: int = 0) -> np.ndarray:
+    def prefill(self, tokens: list[int], pos: int = 0, last: bool = False) -> np.ndarray:
+        """Logits [len(tokens), V], or with last=True only the last token's [1, V] (what generation needs, as an
+        app keeps it: every row costs len x vocab x 4 B, 200 MB for SmolLM2 at 1k, which is the caller's memory,
+        not the model's)."""
         if pos + len(tokens) > self.max_ctx:
             raise EdgekvError(f"{pos + len(tokens)} tokens exceed this export's max_ctx {self.max_ctx}")
         rows, n = [], self.chunk or self.max_chunk
         for s in range(0, len(tokens), n):
             part = tokens[s:s + n]
-            rows.append(self.step(part, pos + s))
+            out = self.step(part, pos + s)
+            rows = [out[-1:].copy()] if last else rows + [out]
         return np.concatenate(rows)
 
     def step(self, tokens: list[int], pos: int) -> np.ndarray:

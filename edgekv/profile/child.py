@@ -57,11 +57,9 @@ def main(args: dict) -> dict:
     tokens = args["tokens"]
     PROGRESS["phase"] = "prefill"
     t0 = time.perf_counter()
-    # chunk by chunk as Stepper.prefill does, but keeping only the last row of logits (as an app does): prefill()
-    # returns every prompt row, ctx x vocab x 4 B (200 MB for SmolLM2 at 1k), which is the profiler's, not the model's
-    prompt, n = tokens[:args["ctx"]], stepper.chunk or stepper.max_chunk
-    for s in range(0, len(prompt), n):
-        last = stepper.step(prompt[s:s + n], s)[-1].copy()
+    # keeping only the last row of logits, as an app does (Stepper.prefill's last=True)
+    n = stepper.chunk or stepper.max_chunk
+    last = stepper.prefill(tokens[:args["ctx"]], last=True)[-1]
     out["prefill_seconds"] = time.perf_counter() - t0
     out["prefill_chunk"] = n
     nxt = int(last.argmax())
