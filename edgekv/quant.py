@@ -84,15 +84,13 @@ def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def unpack(p: torch.Tensor, bits: int) -> torch.Tensor:
-    """uint8 [..., D*bits/8] -> int32 codes [..., D], with integer division and remainder only."""
+    """uint8 [..., D*bits/8] -> fp32 codes [..., D] (exact small integers). Each code is masked out of its byte
+    (bitwise_and on uint8) and scaled down by its bit offset in fp32: no integer division, which the ONNX export
+    turns into Cast-Div-Floor-Cast through fp32 and int32 planes (about 3 layer-sized temporaries per unpacked
+    cache in ONNX Runtime), and no shift, which is not in the Core ATen opset ExecuTorch lowers."""
     per = 8 // bits
-    base = 2**bits
-    x = p.to(torch.int32)
-    parts = []
-    for _ in range(per):
-        nxt = torch.div(x, base, rounding_mode="floor")
-        parts.append(x - nxt * base)
-        x = nxt
+    mask = 2**bits - 1
+    parts = [torch.bitwise_and(p, mask << (bits * i)).float() * (1.0 / 2 ** (bits * i)) for i in range(per)]
     return torch.stack(parts, -1).reshape(*p.shape[:-1], p.shape[-1] * per)
 
 
