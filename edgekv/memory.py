@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .arch import MLA, SSM, Arch, Attention, Linear, Weight
+from .arch import LLAMA_EXPORT_TYPES, MLA, SSM, Arch, Attention, Linear, Weight
 from .strategies import StateLayout, Strategy, mla_rank
 
 WEIGHT_PRECISIONS = ("fp32", "fp16", "int8", "int4", "gguf")
@@ -80,7 +80,6 @@ def _rt(runtime: str) -> dict:
 # [H, C, T] probability buffer (T = the present buffer's slots; onnxruntime contrib_ops/cpu/bert/gqa_attention_base.h
 # ApplyAttention) plus, for a fp16 cache, one head's K or V converted to fp32 per thread. Measured: benchmarks/
 # plan_accuracy.py ("kv fp16" ORT rows).
-GQA_TYPES = ("llama", "mistral", "qwen2")  # the model types edgekv.models.llama exports
 GQA = {"score_copies": 1, "mask_copies": 0, "state_copies": 1, "kv_dequant": "head",
        "why": "edgekv's ONNX kv graph: GroupQueryAttention over the written slots, state updated in place"}
 
@@ -88,7 +87,7 @@ GQA = {"score_copies": 1, "mask_copies": 0, "state_copies": 1, "kv_dequant": "he
 def fused_gqa(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str) -> bool:
     """Whether edgekv's ONNX export of this (model, strategy) attends through GroupQueryAttention in place: a plain
     float `kv` cache (no quantized codes, no window) of a Llama-family model with no rolling (native sliding) layer."""
-    if runtime != "onnxruntime" or strategy.name != "kv" or strategy.kv_bits or arch.model_type not in GQA_TYPES:
+    if runtime != "onnxruntime" or strategy.name != "kv" or strategy.kv_bits or arch.model_type not in LLAMA_EXPORT_TYPES:
         return False
     return all(t.shape[2] == layout.ctx for t in layout.tensors if t.role == "key")
 

@@ -45,6 +45,21 @@ def test_profile_measures_each_context_in_a_fresh_process(export_dir, tmp_path):
     assert json.loads((tmp_path / "r.json").read_text()) == rep
 
 
+def test_the_prediction_counts_the_weights_the_export_stored(export_dir):
+    """fp32 weights are 4 B per parameter (the export's own parameter count); an int4 export's are half a byte per
+    parameter plus block scales and what the planner keeps wider: under a byte per parameter, not the fp32 size."""
+    import copy
+
+    from edgekv.profile.run import predicted
+
+    m = json.loads((export_dir / "manifest.json").read_text())
+    n = m["model"]["n_params"]
+    assert predicted(m, "ort")["weights"] == 4 * n
+    q = copy.deepcopy(m)
+    q["weights"]["dtype"] = "int4"
+    assert 0.5 * n < predicted(q, "ort")["weights"] < n
+
+
 def test_a_budget_too_small_is_demonstrated_not_assumed(export_dir):
     p = run_cli("profile", export_dir, "--ctx", "512", "--steps", "8", "--limit", "30MB", "--json", check=True)
     run = json.loads(p.stdout)["runs"][0]

@@ -210,3 +210,24 @@ def test_smollm2_window_64_plus_4_follows_transformers_with_the_mask_over_200_to
     assert top1 >= 0.97
     full = masked_logits(ref, tokens, rule())
     assert (full - want)[100:].abs().max() > 10 * diff  # past W + S the window is another computation
+
+
+@pytest.mark.parametrize("kind,sliding_window,strategy,want", [
+    ("llama", None, "kv", True),  # every layer one slot per position, float cache
+    ("llama", None, "kv:dtype=fp32", True),
+    ("llama", None, "kv-int8", False),  # the op has no quantized cache
+    ("llama", None, "window:w=16,sinks=4", False),  # rolling layers
+    ("qwen2", 16, "kv", False),  # layer 1 slides, layer 0 does not: not fused at all (state_in_place is all or none)
+    ("mistral", 16, "kv", False),
+])
+def test_the_export_module_and_the_planner_agree_on_which_caches_run_through_gqa(tmp_path, kind, sliding_window,
+                                                                                strategy, want):
+    """Llama.fusable() decides the ONNX graph (and the manifest's state_in_place); memory.fused_gqa decides what the
+    planner predicts for it. The cases are written out by hand from the rule: a float cache with one slot per
+    position in every layer."""
+    from edgekv.memory import fused_gqa
+
+    tiny_hf(tmp_path, kind, sliding_window=sliding_window)
+    loaded = load_model(str(tmp_path), parse_strategy(strategy), 64)
+    assert loaded.module.fusable() == want
+    assert fused_gqa(loaded.arch, loaded.layout, parse_strategy(strategy), "onnxruntime") == want

@@ -119,14 +119,7 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
     if save:
         written = report.store(result, name or _model_name(model), applies_to=applies_to)
         result["stored"] = [str(p) for p in written]
-    if plot:
-        report.plot(result, plot)
-    if as_json:
-        sys.stdout.write(json.dumps(result, indent=2) + "\n")
-    else:
-        _table(result, plot)
-    if result["interrupted"]:
-        click.echo("stopped early: the curves above cover what was measured", err=True)
+    _emit(result, as_json, plot, report.plot, _table, "the curves above cover what was measured")
 
 
 def _recall(model, base, bits, roundings, weight_bits, max_distance, chunk, text_file, trials, seed, as_json, plot):
@@ -153,14 +146,19 @@ def _recall(model, base, bits, roundings, weight_bits, max_distance, chunk, text
         tallies = probe.run(rows, on_step=lambda n: bar.advance(task, n))
     result = probe.summarise(rows, tallies, text_file or "Python docs topics + stdlib source")
     result["seconds"] = round(time.perf_counter() - t0, 2)
+    _emit(result, as_json, plot, recall_plot, _recall_table, "the table above covers the trials scored")
+
+
+def _emit(result: dict, as_json: bool, plot: str | None, plotter, table, covered: str) -> None:
+    """The plot if asked, then JSON on stdout or the table, then a note on stderr if the run was interrupted."""
     if plot:
-        recall_plot(result, plot)
+        plotter(result, plot)
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:
-        _recall_table(result, plot)
+        table(result, plot)
     if result["interrupted"]:
-        click.echo("stopped early: the table above covers the trials scored", err=True)
+        click.echo(f"stopped early: {covered}", err=True)
 
 
 def _recall_table(result: dict, plot: str | None) -> None:

@@ -305,7 +305,6 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
     steps = max(0, min(opts.verify_steps, opts.max_ctx - len(prompt)))
     verification = {}
     from .verify import tolerance_dtype
-    cache_dtype = tolerance_dtype(layout)
     for fmt in opts.formats:
         if f"verify-{fmt}" not in st.names:
             continue
@@ -315,8 +314,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             else:
                 art = PteStepper(partial, tmp, opts.threads)
                 ref = EagerStepper(partial, qmodule, chunk=art.chunk, tail=art.tail)
-            tol = "quantized-weights" if opts.weights != "fp32" else \
-                "float16-attention" if fmt == "onnx" and fused and cache_dtype == "float16" else cache_dtype
+            tol = "quantized-weights" if opts.weights != "fp32" else tolerance_dtype(layout, fmt == "onnx" and fused)
             v = verify(art, ref, prompt, steps, tol,
                        artifacts[[a["format"] for a in artifacts].index(fmt)]["runtime"])
             verification[fmt] = v

@@ -69,7 +69,10 @@ class Stepper:
         for s in range(0, len(tokens), n):
             part = tokens[s:s + n]
             out = self.step(part, pos + s)
-            rows = [out[-1:].copy()] if last else rows + [out]
+            if last:
+                rows = [out[-1:].copy()]
+            else:
+                rows.append(out)
         return np.concatenate(rows)
 
     def step(self, tokens: list[int], pos: int) -> np.ndarray:

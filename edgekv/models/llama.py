@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..arch import Cfg, _layer_windows
+from ..arch import LLAMA_EXPORT_TYPES, Cfg, _layer_windows
 from ..errors import EdgekvError
 from ..quant import dequantize, quantize
 from ..strategies import StateLayout, parse_strategy
@@ -90,7 +90,7 @@ class LlamaArgs:
         return d
 
 
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_TYPES = LLAMA_EXPORT_TYPES
 
 
 def args_from_hf_config(cfg: dict, where: str = "config.json") -> LlamaArgs:
@@ -219,13 +219,15 @@ class Attention(nn.Module):
         stored = cache.view(hkv, t, d) * k + placed.to(cache.dtype)
         return stored.view(1, hkv, t, d)
 
-    def _qkv(self, x, cos, sin):
-        """x [1, C, d] -> q [C, H, D], k, v [C, Hkv, D], q and k rotated (RoPE at their absolute positions)."""
-        c = x.shape[1]
-        q = self.q_proj(x).view(c, self.h, self.dh)
-        k = self.k_proj(x).view(c, self.hkv, self.dh)
-        v = self.v_proj(x).view(c, self.hkv, self.dh)
+    def _rotated(self, q, k, v, cos, sin):
+        """q [1, C, H*D], k, v [1, C, Hkv*D] -> q [C, H, D], k, v [C, Hkv, D], q and k rotated (RoPE at their
+        absolute positions)."""
+        c = q.shape[1]
+        q, k, v = q.reshape(c, self.h, self.dh), k.reshape(c, self.hkv, self.dh), v.reshape(c, self.hkv, self.dh)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+
+    def _qkv(self, x, cos, sin):
+        return self._rotated(self.q_proj(x), self.k_proj(x), self.v_proj(x), cos, sin)
 
     def fused(self, x, cos, sin, lens, k_cache, v_cache, rope=None):
         """The same step as forward() on a plain cache, as one ONNX Runtime GroupQueryAttention node (com.microsoft,
@@ -253,9 +255,8 @@ class Attention(nn.Module):
             inputs = [qkv, None, None, k_cache, v_cache, *lens, *rope]
             attrs["do_rotary"] = 1
         else:  # fp16 cache: rotate in fp32 here, then round q, k, v to the cache dtype (the op takes one dtype)
-            q, k, v = qkv.split([self.h * self.dh, self.hkv * self.dh, self.hkv * self.dh], dim=-1)
-            q, k = q.reshape(c, self.h, self.dh), k.reshape(c, self.hkv, self.dh)
-            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+            parts = qkv.split([self.h * self.dh, self.hkv * self.dh, self.hkv * self.dh], dim=-1)
+            q, k, v = self._rotated(*parts, cos, sin)
             inputs = [*(t.reshape(1, c, -1).to(dt) for t in (q, k, v)), k_cache, v_cache, *lens]
         out, nk, nv = torch.onnx.ops.symbolic_multi_out(
             "com.microsoft::GroupQueryAttention", inputs, attrs,
@@ -471,21 +472,24 @@ class Llama(nn.Module):
         self.model = Body(args)
         self.lm_head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
-        self.gqa = False  # set only while tracing for ONNX (onnx_gqa): plain-cache layers become GroupQueryAttention
+        self.gqa = False  # set only while tracing for ONNX (onnx_gqa): every layer becomes GroupQueryAttention
 
     def fusable(self) -> bool:
-        """Whether ONNX Runtime's GroupQueryAttention can run this module's plain-cache layers: a float cache (the
-        op has no quantized cache); rolling layers keep the explicit graph either way."""
-        return self.kv.bits is None and None in self.rings
+        """Whether ONNX Runtime's GroupQueryAttention runs this module's attention: a float cache (the op has no
+        quantized cache) with one slot per position in every layer. A rolling layer keeps the explicit graph, whose
+        outputs are computed from its inputs and must not be bound to the same buffers, so a model with any rolling
+        layer is not fused at all (the manifest's state_in_place covers the whole state). The planner's rule,
+        edgekv.memory.fused_gqa, is the same; tests/test_export_strategies.py checks that they agree."""
+        return self.kv.bits is None and all(r is None for r in self.rings)
 
     @contextlib.contextmanager
     def onnx_gqa(self):
-        """Within: forward() traces its plain-cache layers as GroupQueryAttention nodes (Attention.fused) fed by
-        one stacked q/k/v projection each, and every RMSNorm in the form ONNX Runtime fuses. The stacked
-        projections exist only inside (they share no storage with q/k/v_proj; the eager module is unchanged)."""
+        """Within, when fusable(): forward() traces every layer's attention as a GroupQueryAttention node
+        (Attention.fused) fed by one stacked q/k/v projection, and every RMSNorm in the form ONNX Runtime fuses. The
+        stacked projections exist only inside (they share no storage with q/k/v_proj; the eager module is unchanged)."""
         self.gqa = self.fusable()
         norms = [m for m in self.modules() if isinstance(m, RMSNorm)]
-        fused = [blk.self_attn for blk, r in zip(self.model.layers, self.rings) if r is None] if self.gqa else []
+        fused = [blk.self_attn for blk in self.model.layers] if self.gqa else []
         try:
             for n in norms:
                 n.onnx_form = self.gqa
@@ -541,7 +545,7 @@ class Llama(nn.Module):
         for i, blk in enumerate(self.model.layers):
             b = 2 * n * i
             ring = self.rings[i]
-            if self.gqa and ring is None:
+            if self.gqa:
                 h, k, v = blk.self_attn.fused(blk.input_layernorm(x), cos, sin, lens, state[b], state[b + n],
                                               (self.gqa_cos, self.gqa_sin) if hasattr(self, "gqa_cos") else None)
             else:

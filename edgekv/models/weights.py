@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..arch import LLAMA_EXPORT_TYPES
 from ..errors import EdgekvError
 from ..jsonfile import read_json
 
@@ -109,8 +110,9 @@ def gguf_config(reader, where: str) -> dict:
         return f.contents()
 
     arch = field("general.architecture")
-    if arch not in ("llama", "mistral", "qwen2"):
-        raise EdgekvError(f"{where}: GGUF architecture {arch!r} has no export module yet (llama, mistral, qwen2)")
+    if arch not in LLAMA_EXPORT_TYPES:
+        raise EdgekvError(f"{where}: GGUF architecture {arch!r} has no export module yet "
+                          f"({', '.join(LLAMA_EXPORT_TYPES)})")
     names = {t.name for t in reader.tensors}
     heads = int(field(f"{arch}.attention.head_count"))
     hidden = int(field(f"{arch}.embedding_length"))

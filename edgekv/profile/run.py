@@ -34,7 +34,7 @@ def host_info() -> dict:
     except OSError:
         pass
     return {"kind": f"{platform.system().lower()}-{platform.machine()}", "device": "host", "ram_bytes": ram,
-            "cores": os.cpu_count(), "malloc": {**MALLOC_ENV, **{k: v for k, v in os.environ.items() if k in MALLOC_ENV}}}
+            "cores": os.cpu_count(), "malloc": {k: v for k, v in child_env().items() if k in MALLOC_ENV}}
 
 
 def measure_bandwidth(mib: int = 512, threads: int | None = None) -> float:
@@ -80,6 +80,13 @@ def prefill_chunk(manifest: dict, runtime: str) -> int:
     return recorded_chunk(manifest, "onnx") or min(Stepper.max_chunk, int(manifest["max_ctx"]))
 
 
+def weight_precision(manifest: dict) -> str:
+    """The planner's name (fp32, fp16, int8, int4) for the weights the export stored (manifest weights.dtype)."""
+    from ..export.pipeline import WEIGHT_DTYPES
+    stored = manifest["weights"]["dtype"]
+    return next((k for k, v in WEIGHT_DTYPES.items() if v == stored), "fp32")
+
+
 def predicted(manifest: dict, runtime: str | None = None) -> dict:
     """The planner's bytes for this artifact on this runtime, comparable to peak - runtime baseline: weights + state +
     workspace (at the chunk the run really uses) + the runtime's load-time copies. Rebuilt with edgekv.plan from the
@@ -93,8 +100,8 @@ def predicted(manifest: dict, runtime: str | None = None) -> dict:
     try:
         arch = load_arch(src)
         n_methods = len(entry_points(manifest, rt))
-        d = deployment(arch, parse_strategy(manifest["strategy"]["label"]), int(manifest["max_ctx"]), "fp32",
-                       RUNTIME_NAMES[rt], 0, prefill_chunk(manifest, rt), methods=n_methods)
+        d = deployment(arch, parse_strategy(manifest["strategy"]["label"]), int(manifest["max_ctx"]),
+                       weight_precision(manifest), RUNTIME_NAMES[rt], 0, prefill_chunk(manifest, rt), methods=n_methods)
         b = d.bytes
         return {"weights": b["weights"], "state": b["state"], "workspace": b["workspace"], "load": b["load"],
                 "explain": {k: d.explain[k] for k in ("workspace", "load")}}
@@ -127,11 +134,16 @@ def entry_points(manifest: dict, runtime: str) -> list:
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**20), "MALLOC_TRIM_THRESHOLD_": str(8 * 2**20)}
 
 
+def child_env() -> dict:
+    """The environment a profile child runs in: this one, with MALLOC_ENV where the caller set no MALLOC_* own."""
+    return {**MALLOC_ENV, **os.environ}
+
+
 def run_child(folder: Path, runtime: str, ctx: int, steps: int, tokens: list[int], limit: int | None,
               threads: int | None, timeout: float = 1800) -> dict:
     args = {"export": str(folder), "runtime": runtime, "ctx": ctx, "steps": steps, "tokens": tokens,
             "limit_bytes": limit, "threads": threads}
-    env = {**MALLOC_ENV, **os.environ}  # a caller's own MALLOC_* settings win
+    env = child_env()
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     try:
