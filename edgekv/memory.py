@@ -69,6 +69,28 @@ MEASURED = {  # how each numeric field above was measured; shown by --explain ne
 # = 5.5-6.1 x 32.8 KB -> 6. (An earlier 5 came from the slope with the arena on, which mixes in kept blocks.)
 SCAN_COPIES = 6
 
+# fp32 [T, Hkv*D] tensors (one layer's keys for every slot) alive at once while a converted-MLA layer rebuilds its
+# keys (edgekv.models.mla.ConvertedAttention): RoPE needs each slot's own position, so every call multiplies the
+# whole latent out again and rotates it. ONNX Runtime's optimized graph runs MatMul -> Split -> Neg -> Concat ->
+# Mul(sin), Mul(cos) -> Add -> Transpose per layer, with the fp32 latent (T x r) alive until the softmax-weighted
+# sum. Measured here (tiny Llama converted at r = Hkv*D = 192, fp16 latent, 8192 slots, arena and memory patterns
+# off): a decode call peaks 81.8 MB above the resident state = 2 state copies (25.2 MB) + 56.6 MB = 9.0 x 6.29 MB,
+# i.e. the fp32 latent + 8 key-sized tensors; a 128-token call 128 MB = that + 2 score copies + the masks.
+MLA_REBUILD_COPIES = 8
+
+# fp32 [Hkv, T, D] tensors a sub-byte (int4/int2) cache adds to the layer's fp32 K and V while it is unpacked:
+# quant.unpack's per-nibble planes (each [.., D/per] fp32, masked then scaled), their stack, then the scale multiply
+# and the zero add each make one more. Measured here: tiny Llama kv-int4 g16 at 8192 slots, first 128-token call
+# 91.6 MB above weights + state + session where 2 fp32 K,V (12.6 MB) + the rest predicted 75.0 MB: +16.6 MB =
+# 2.6 x 6.29 MB. int8 (codes.float() * scale, no planes) stays at 2: its rows are within 9 % without it.
+UNPACK_EXTRA_COPIES = 2.6
+
+# Model types whose export writes a float cache with torch.where (edgekv.models.hybrid.NoPEAttention): ONNX Runtime's
+# CPU Where has no fp16 kernel, so for a fp16 cache it inserts casts (InsertedPrecisionFreeCast_past.* /
+# _present.* in its optimized graph): the past K and V and the written present K and V of one layer exist in fp32,
+# 4 layer-sized fp32 tensors where Llama's arithmetic blend (computed in the cache dtype) reads back 2.
+WHERE_WRITTEN_TYPES = ("jamba",)
+
 
 def _rt(runtime: str) -> dict:
     return RUNTIMES.get(runtime, RUNTIMES["executorch"])
@@ -237,25 +259,32 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     scratch = 0
     scan = 0
     masks = 0
-    kept = {}
+    kept, width = {}, {}
     for t in layout.tensors:
         if t.role in ("key", "latent"):
             kept[t.layer] = t.shape[2] if t.role == "key" else t.shape[1]
+            width[t.layer] = t.shape[-1]
+    rolling = False  # a rolling (window) layer's attention reads the old cache + the chunk, not the state it writes
     for i, b in enumerate(arch.blocks):
         for m in b.mixers:
             if isinstance(m, Attention):
                 qkv = max(qkv, (m.n_heads + 2 * m.n_kv_heads) * m.head_dim)
                 t = kept.get(i, 0)
+                rolling |= 0 < t < layout.ctx and runtime == "onnxruntime"  # measured there only
                 if rt["scores"]:
                     seen = t if t == layout.ctx else t + chunk  # a static cache already holds the chunk
                     scores = max(scores, m.n_heads * chunk * seen * 4)
                     masks = max(masks, chunk * seen * 4)
+                unit = m.n_kv_heads * t * m.head_dim * 4  # one layer's K (or V) for every slot, fp32
                 if (strategy.kv_bits or strategy.params.get("dtype", "fp32") != "fp32") and rt["kv_dequant"] == "layer":
-                    scratch = max(scratch, 2 * m.n_kv_heads * t * m.head_dim * 4)  # K, V read back as fp32
+                    extra = UNPACK_EXTRA_COPIES if (strategy.kv_bits or 8) < 8 else 0
+                    scratch = max(scratch, (2 + extra) * unit)  # K, V read back as fp32 (+ the unpack's planes)
+                    if arch.model_type in WHERE_WRITTEN_TYPES and not strategy.kv_bits and runtime == "onnxruntime":
+                        scratch = max(scratch, 4 * unit)  # past and present K, V cast to fp32 around Where
                 elif strategy.params.get("dtype", "fp32") != "fp32" and rt["kv_dequant"] == "head":
                     scratch = max(scratch, 2 * (t + chunk) * m.head_dim * 4)  # one head's K (then V) as fp32
-                if strategy.name == "mla":
-                    scratch = max(scratch, 2 * m.n_kv_heads * t * m.head_dim * 4)
+                if strategy.name == "mla":  # the fp32 latent + the keys rebuilt and rotated for every slot
+                    scratch = max(scratch, t * width.get(i, 0) * 4 + MLA_REBUILD_COPIES * unit)
             elif isinstance(m, MLA):
                 qkv = max(qkv, m.n_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim) + m.kv_lora_rank)
                 if rt["scores"]:
@@ -271,7 +300,13 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     act = chunk * (4 * arch.hidden + qkv + 3 * inter + ssm_w) * 4
     logits = chunk * arch.vocab * 4  # the exported step returns logits for every token of the call
     masks *= rt.get("mask_copies", 0)
-    step = act + copies * scores + masks + logits + scratch + extra_state + scan
+    attend = act + copies * scores + masks + logits + scratch + scan
+    # static caches: attention reads the state the call writes, so the written copies are alive with its scratch;
+    # rolling layers: the written state is an output no node reads, and ORT's order runs the attention first, so the
+    # call peaks at the larger of the two. Measured (tiny Llama window w=4096 + 4 sinks, fp16, 8192-token context,
+    # peak above the resident state): 128-token calls 28.8 MB (attention 29.7 predicted, 2 copies 25.2), 256-token
+    # calls 50.0 MB (54.5), decode 20-23 MB (25.2); the sum over-predicted by 19 %.
+    step = max(attend, extra_state + logits) if rolling else attend + extra_state
     load = _tied_bytes(arch, precision) if rt.get("load_transient_tied") else 0
     total = max(step, load)
     parts = [f"activations {chunk} tok x (4*hidden + qkv + 3*inter{' + ssm' if ssm_w else ''}) x 4 B = {act:,.0f}",
@@ -280,15 +315,26 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
              *([f"masks {rt['mask_copies']} x chunk x T x 4 B = {masks:,}"] if masks else []),
              f"logits chunk x vocab x 4 B = {logits:,}"]
     if scratch:
-        how = ("dequantized" if strategy.kv_bits else "reconstructed from the latent" if strategy.name == "mla"
-               else "cast from " + strategy.params.get("dtype", ""))
-        parts.append(f"{'one head' if rt['kv_dequant'] == 'head' else 'one layer'}'s K,V in fp32 ({how})"
-                     f" = {scratch:,}")
+        if strategy.name == "mla":
+            parts.append(f"one layer's latent in fp32 + {MLA_REBUILD_COPIES} key-sized fp32 tensors while its keys "
+                         f"are rebuilt and rotated for every slot = {scratch:,.0f}")
+        else:
+            how = ("dequantized" if strategy.kv_bits else "cast from " + strategy.params.get("dtype", ""))
+            if arch.model_type in WHERE_WRITTEN_TYPES and not strategy.kv_bits and runtime == "onnxruntime":
+                how += ", past and present: ONNX Runtime's Where has no fp16 kernel"
+            if (strategy.kv_bits or 8) < 8 and rt["kv_dequant"] == "layer":
+                how += f", + {UNPACK_EXTRA_COPIES} K-sized unpacking planes"
+            parts.append(f"{'one head' if rt['kv_dequant'] == 'head' else 'one layer'}'s K,V in fp32 ({how})"
+                         f" = {scratch:,.0f}")
     if scan:
         parts.append(f"selective-scan inputs {SCAN_COPIES} x chunk x d_inner x d_state x 4 B = {scan:,}")
-    if extra_state:
-        parts.append(f"{n_state - 1} more state copies during a call = {extra_state:,}")
-    f = " + ".join(parts) + f" = {step:,.0f}"
+    if rolling:
+        f = (f"max(attention: {' + '.join(parts)} = {attend:,.0f}, end of the call: {n_state - 1} more state copies"
+             f" {extra_state:,} + logits) = {step:,.0f} (rolling layers attend before they write)")
+    else:
+        if extra_state:
+            parts.append(f"{n_state - 1} more state copies during a call = {extra_state:,}")
+        f = " + ".join(parts) + f" = {step:,.0f}"
     if load:
         f = f"max(step: {f}, load: transposed tied embedding being folded {load:,.0f}) = {total:,.0f}"
     return Item(total, f + f" [{runtime}: {rt['why']}" + (f"; measured: {MEASURED[runtime]}" if runtime in MEASURED

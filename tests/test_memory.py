@@ -101,3 +101,38 @@ def test_ort_workspace_of_a_fused_float_cache_is_one_probability_buffer_and_no_s
     s = parse_strategy("kv")
     small = build_layout(SMOL, s, 256)  # a short context: folding the tied head's transpose at load is the peak
     assert workspace_bytes(SMOL, small, s, "onnxruntime", 32).value == SMOL_EMB
+
+
+SMOL_ACT = lambda chunk: chunk * (4 * 576 + (9 + 2 * 3) * 64 + 3 * 1536) * 4  # noqa: E731
+
+
+def test_ort_workspace_of_a_rolling_window_is_the_larger_of_its_attention_and_the_written_copies():
+    from edgekv.memory import workspace_bytes
+    s = parse_strategy("window:w=4096,sinks=4")  # fp16 ring of 4100 slots at a 32k context
+    lay = build_layout(SMOL, s, 32768)
+    state = 2 * 30 * 3 * 4100 * 64 * 2
+    assert lay.nbytes == state
+    chunk, seen = 128, 4100 + 128  # a rolling layer attends over its old slots + this call's tokens
+    attend = (SMOL_ACT(chunk) + 2 * 9 * chunk * seen * 4 + 2 * chunk * seen * 4 + chunk * 49152 * 4
+              + 2 * 3 * 4100 * 64 * 4)  # + one layer's K,V cast to fp32
+    copies = 2 * state + chunk * 49152 * 4  # ORT's outputs + the numpy copies, at the end of the call
+    assert workspace_bytes(SMOL, lay, s, "onnxruntime", chunk).value == max(attend, copies)
+    assert workspace_bytes(SMOL, lay, s, "onnxruntime", 512).value == max(  # long chunks: the attention wins
+        SMOL_ACT(512) + 2 * 9 * 512 * 4612 * 4 + 2 * 512 * 4612 * 4 + 512 * 49152 * 4 + 2 * 3 * 4100 * 64 * 4,
+        copies - chunk * 49152 * 4 + 512 * 49152 * 4)
+
+
+def test_ort_workspace_counts_the_rebuilt_keys_of_converted_mla_and_the_planes_of_an_int4_cache():
+    from edgekv.memory import MLA_REBUILD_COPIES, UNPACK_EXTRA_COPIES, workspace_bytes
+    chunk, t = 128, 8192
+    base = SMOL_ACT(chunk) + 2 * 9 * chunk * t * 4 + 2 * chunk * t * 4 + chunk * 49152 * 4
+    s = parse_strategy("mla:rank=96")
+    lay = build_layout(SMOL, s, t)
+    assert lay.nbytes == 30 * t * 96 * 2  # one fp16 latent of width 96 per layer
+    key = t * 3 * 64 * 4  # one layer's keys for every slot, fp32
+    assert workspace_bytes(SMOL, lay, s, "onnxruntime", chunk).value == \
+        base + t * 96 * 4 + MLA_REBUILD_COPIES * key + 2 * lay.nbytes
+    s = parse_strategy("kv-int4")
+    lay = build_layout(SMOL, s, t)
+    assert workspace_bytes(SMOL, lay, s, "onnxruntime", chunk).value == \
+        base + (2 + UNPACK_EXTRA_COPIES) * key + 2 * lay.nbytes

@@ -44,14 +44,16 @@ def main(args: dict) -> dict:
 
     from ..export.manifest import load_export  # our own reading code counts as baseline, not as the model
     from ..export.runtime import open_stepper
+    folder = Path(args["export"])
+    # read (and schema-check) the manifest before the baseline: the check imports jsonschema and its dependencies
+    # (5 MB here), which are edgekv's own reading code, not the runtime's or the model's memory
+    manifest = load_export(folder, check_hashes=False)
     out["runtime_baseline_bytes"] = rss()
     out["hwm_reset"] = reset_hwm()
     base_hwm = hwm()
     if args.get("limit_bytes"):
         threading.Thread(target=_watchdog, args=(args["limit_bytes"], out), daemon=True).start()
-    folder = Path(args["export"])
     PROGRESS["phase"] = "load"
-    manifest = load_export(folder, check_hashes=False)
     stepper = open_stepper(folder, manifest, args["runtime"], args.get("threads"))
     out["after_load_bytes"] = rss()
     tokens = args["tokens"]
