@@ -34,7 +34,8 @@ def host_info() -> dict:
     except OSError:
         pass
     return {"kind": f"{platform.system().lower()}-{platform.machine()}", "device": "host", "ram_bytes": ram,
-            "cores": os.cpu_count(), "malloc": {k: v for k, v in child_env().items() if k in MALLOC_ENV}}
+            "cores": os.cpu_count(), "malloc": {**{k: v for k, v in child_env().items() if k in MALLOC_ENV},
+                                                "trim_after_each_prefill_call": True}}
 
 
 def measure_bandwidth(mib: int = 512, threads: int | None = None) -> float:
