@@ -24,6 +24,27 @@ process, RSS minus the RSS after importing the runtime):
     then the prefill method +570 MB (XNNPACK packs the weights once per method).
   ExecuTorch tiny Llama kv: 1k decode 25.6 / prefill 43.1 MB; 32k decode 375 (peak 400) / prefill 643 (peak 677) MB.
 
+Since 2026-11-30 (night), each mechanism measured with /tmp probes like the ones above (fresh process, manifest read
+before the baseline, peak of a call above the RSS before it):
+  - converted MLA rebuilds and rotates every slot's keys each call: 9 fp32 [T, Hkv*D] tensors at a decode call's
+    peak (the fp32 latent + 8 of the MatMul/Split/Neg/Concat/Mul/Add/Transpose chain), not the 2 of a cast cache
+    (memory.MLA_REBUILD_COPIES): mla rows +57 / +52 / +173 % -> +5 / +6 / +8 %;
+  - an int4 cache's unpack planes: 2.6 more K-sized fp32 tensors than int8 (memory.UNPACK_EXTRA_COPIES); its many
+    sub-MiB state tensors (scales, zeros), returned anew each call, fragmented glibc's heap: RSS between calls grew
+    79 -> 117 MB over 5 calls at 32k; the profile now hands the heap's holes back (malloc_trim) after a prefill call
+    that grew the resident set (kv-int4 rows +21 / +21 / +22 % -> -2 / -3 / -6 %);
+  - Jamba's torch.where cache write: ORT's CPU Where has no fp16 kernel, so it casts the past and present K and V to
+    fp32 (memory.WHERE_WRITTEN_TYPES; hybrid 32k +66 % -> +1 %);
+  - a rolling window layer attends before its written state exists: 128-token calls at 8k peak 28.8 MB above the
+    resident state, the attention's 29.7 predicted, not attention + 2 state copies (54.7); window 8k / 32k -19 / -17 %
+    -> +1 / +2 %;
+  - the profile read (and schema-checked) the manifest after taking the runtime baseline: jsonschema's import,
+    5 MB, was counted as the model's. Moved before the baseline; every tiny-model row dropped by 5 MB.
+What is left at 1k on the tiny fixtures (30-55 MB in all) is ORT's session, 15-31 MB by graph (after the first call,
+minus weights and state: Mamba 15, Jamba 17-20, Llama kv 18-20, RWKV 21, kv-int8 21, window 20-23, kv-int4 23-29,
+converted MLA 26-31; no link to node or initializer counts), against the one 19 MB constant, and glibc keeping up
+to 8 MiB of freed heap that a small call's tensors reuse. On SmolLM2-135M both are a few % of the total.
+
 Since 2026-11-30 (evening) a float kv cache runs as ORT's GroupQueryAttention with the state bound in place
 (memory.GQA): tiny Llama kv fp16, 1k / 8k / 32k: 35.9 / 71.5 / 206.0 MB measured for 33.8 / 73.2 / 208.5 predicted
 (the older graph below needed 3 state copies, masks and 2 score copies over every slot). The profile children run
@@ -75,6 +96,12 @@ CASES = [
     ("linear", "rwkv", "linear", "ort", (1024, 8192, 32768)),
     ("hybrid", "jamba", "hybrid", "ort", (1024, 8192, 32768)),
     ("kv fp16 SmolLM2-135M", "smollm2-135m", "kv", "ort", (1024, 8192)),
+    # the same strategies on the real model, where the ORT session (~20 MB, 15-31 MB by graph) and glibc's heap
+    # slack (up to 8 MiB) are a few % of the total instead of half of it
+    ("kv-int8 SmolLM2-135M", "smollm2-135m", "kv-int8", "ort", (1024, 8192)),
+    ("kv-int4 SmolLM2-135M", "smollm2-135m", "kv-int4", "ort", (1024, 8192)),
+    ("window SmolLM2-135M", "smollm2-135m", "window:w=512,sinks=4", "ort", (1024, 8192)),
+    ("mla SmolLM2-135M", "smollm2-135m", "mla", "ort", (1024, 8192)),
 ]
 QUICK_CTX = (1024, 8192)
 

@@ -21,7 +21,12 @@ import numpy as np
 # int8 codes: on a 30-layer real model a last-bit difference upstream moves K/V codes by a few steps by the last layers
 # (SmolLM2-135M kv-int8, max_ctx 512: ORT 6.4e-3, ExecuTorch 1.17e-2 of the logit scale, top-1 100 % / 98 %; codes
 # differing by up to 5 steps), which is why int8 gets 2e-2, not one step's 1e-2
-REL_TOL = {"float32": 1e-4, "float16": 2e-3, "int8": 2e-2, "uint8": 5e-2,
+# packed int4/int2 codes: one step is 1/15 (1/3) of a group's range, and on a real model a group's range is set by
+# an outlier channel, so a flipped code is a large move that the next 29 layers carry on. Measured on SmolLM2-135M
+# kv-int4 g32, a 34-token prompt: ORT vs eager 6.4e-2 of the logit scale, top-1 94.1 %; eager against itself with
+# every k_proj weight perturbed by 1e-7 relative (a different kernel's last bit) 3.7e-2, top-1 97.1 %. A wrong
+# unpack or scale gives errors of the order of the logit scale, far outside 1e-1.
+REL_TOL = {"float32": 1e-4, "float16": 2e-3, "int8": 2e-2, "uint8": 1e-1,
            # a .pte with torchao-quantized weights against the same quantized eager module: both quantize the
            # activations dynamically per token, and a one-step difference in a rounded activation moves a logit
            # by about one weight step; how far the quantized model is from fp32 is verify-quant's job (wquant)
@@ -31,7 +36,11 @@ REL_TOL = {"float32": 1e-4, "float16": 2e-3, "int8": 2e-2, "uint8": 5e-2,
            # well as K/V (eager keeps them fp32). Measured: SmolLM2-135M 5.7e-4, a random tiny Llama with large
            # activations (initializer_range 0.2) 2.3e-3 of the logit scale, top-1 100 % both
            "float16-attention": 5e-3}
-MIN_TOP1 = 0.95
+MIN_TOP1 = {"uint8": 0.9}  # by tolerance dtype; 0.95 for the others (near-tie flips, as above)
+
+
+def min_top1(cache_dtype: str) -> float:
+    return MIN_TOP1.get(cache_dtype, 0.95)
 
 
 def tolerance_dtype(layout, fused_attention: bool = False) -> str:
@@ -62,12 +71,12 @@ def verify(artifact, reference, prompt: list[int], steps: int, cache_dtype: str,
     from .runtime import state_as_numpy
     sdiff = max(float(np.abs(x.astype(np.float32) - y.astype(np.float32)).max())
                 for x, y in zip(state_as_numpy(artifact), state_as_numpy(reference)))
-    rel = REL_TOL[cache_dtype]
+    rel, need = REL_TOL[cache_dtype], min_top1(cache_dtype)
     top1 = float(np.mean(agree))
     out = {"runtime": runtime, "prompt_tokens": len(prompt), "decode_steps": steps, "positions_compared": len(agree),
            "max_abs_diff": max(diffs), "logit_scale": scale, "top1_agreement": top1, "state_max_abs_diff": sdiff,
-           "tolerance": {"max_abs_diff_over_logit_scale": rel, "min_top1_agreement": MIN_TOP1},
-           "passed": bool(max(diffs) <= rel * max(scale, 1.0) and top1 >= MIN_TOP1),
+           "tolerance": {"max_abs_diff_over_logit_scale": rel, "min_top1_agreement": need},
+           "passed": bool(max(diffs) <= rel * max(scale, 1.0) and top1 >= need),
            "seconds": round(time.perf_counter() - t0, 3)}
     if times:
         out["decode_ms_median"] = round(1e3 * statistics.median(times), 3)
