@@ -321,8 +321,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             else:
                 art = PteStepper(partial, tmp, opts.threads)
                 ref = EagerStepper(partial, qmodule, chunk=art.chunk, tail=art.tail)
-            tol = "quantized-weights" if opts.weights != "fp32" else \
-                tolerance_dtype(layout, fused if fmt == "onnx" else in_place)
+            tol = "quantized-weights" if opts.weights != "fp32" else tolerance_dtype(layout, fmt == "onnx" and fused)
             v = verify(art, ref, prompt, steps, tol,
                        artifacts[[a["format"] for a in artifacts].index(fmt)]["runtime"])
             verification[fmt] = v

@@ -275,17 +275,23 @@ class Attention(nn.Module):
         a [1, Hkv, T, D] cache is exactly a contiguous [Hkv, T, 1, D] tensor, i.e. a batch of Hkv one-head caches,
         and a query [Hkv, C, G, D] attends each KV head with its G query heads (repeat_kv's order), so the state
         keeps its shape. custom_sdpa attends causally over slots 0..start+C-1 only: a step costs what its
-        position needs, not what max_ctx reserves. A fp16 cache also rounds q and the attention output to fp16
-        (the op takes one dtype), as the ONNX GroupQueryAttention path does."""
+        position needs, not what max_ctx reserves. A fp16 cache is read back as fp32 rows 0..start+C-1 (a slice
+        of dynamic length) and attended in fp32, as forward() does: the op's own fp16 path computes in fp16 (q
+        rounded too) and on x86, without fp16 arithmetic, took 97 of a 168 ms SmolLM2 decode step at position 500
+        (fp32: 11 ms)."""
         c, t, g = x.shape[1], k_cache.shape[2], self.h // self.hkv
         q, k, v = self._qkv(x, cos, sin)  # [C, H, D], [C, Hkv, D], [C, Hkv, D]
         dt = k_cache.dtype
         k_cache = torch.ops.aten.index_put(k_cache, [None, None, positions], k.permute(1, 0, 2)[None].to(dt))
         v_cache = torch.ops.aten.index_put(v_cache, [None, None, positions], v.permute(1, 0, 2)[None].to(dt))
-        kc, vc = k_cache.view(self.hkv, t, 1, self.dh), v_cache.view(self.hkv, t, 1, self.dh)
-        qg = q.view(c, self.hkv, g, self.dh).permute(1, 0, 2, 3).to(dt)  # [Hkv, C, G, D]
+        if dt == torch.float32:
+            kc, vc = k_cache.view(self.hkv, t, 1, self.dh), v_cache.view(self.hkv, t, 1, self.dh)
+        else:  # the written rows read back in fp32 (as eager does): the op's fp16 path is 9x slower on x86
+            n = start + c
+            kc, vc = (cache[:, :, :n].float().view(self.hkv, n, 1, self.dh) for cache in (k_cache, v_cache))
+        qg = q.view(c, self.hkv, g, self.dh).permute(1, 0, 2, 3)  # [Hkv, C, G, D]
         out = torch.ops.llama.custom_sdpa(qg, kc, vc, start, None, 0.0, True, 1.0 / math.sqrt(self.dh))
-        out = out.permute(1, 0, 2, 3).reshape(1, c, self.h * self.dh).float()
+        out = out.permute(1, 0, 2, 3).reshape(1, c, self.h * self.dh)
         return self.o_proj(out), (k_cache,), (v_cache,)
 
     def forward(self, x, cos, sin, write, keep, mask, k_state, v_state, kv: "KVFormat", rolling: bool = False):
