@@ -265,20 +265,21 @@ class Attention(nn.Module):
         return self.o_proj(out.float()), (nk,), (nv,)
 
     def custom(self, x, cos, sin, start, positions, k_cache, v_cache):
-        """The same step as forward() on a plain cache, with ExecuTorch's LLM kernels (llama::update_cache and
-        llama::custom_sdpa, executorch/extension/llm/custom_ops, the ops ExecuTorch's own Llama export runs). For
-        the .pte trace only (Llama.executorch_ops); eager torch runs them too once the AOT library is loaded.
+        """The same step as forward() on a plain cache, attended by ExecuTorch's llama::custom_sdpa (its LLM custom
+        ops, executorch/extension/llm/custom_ops, as in ExecuTorch's own Llama export). For the .pte trace only
+        (Llama.executorch_ops); eager torch runs it too once the ops' AOT library is loaded.
 
-        x [1, C, d]; start: pos as a SymInt; k_cache, v_cache [1, Hkv, T, D] fp32 or fp16 -> out [1, C, d],
-        (k_cache,), (v_cache,): the caches are written IN PLACE (C rows at slots start..start+C-1) and returned as
-        they are, so each present.* output is its past.* input. The ops want [B, T, heads, D] (sequence at dim 1):
-        a [1, Hkv, T, D] cache is exactly a contiguous [Hkv, T, 1, D] tensor, i.e. a batch of Hkv one-head caches,
-        and a query [Hkv, C, G, D] attends each KV head with its G query heads (repeat_kv's order), so the state
-        keeps its shape. custom_sdpa attends causally over slots 0..start+C-1 only: a step costs what its
-        position needs, not what max_ctx reserves. A fp16 cache is read back as fp32 rows 0..start+C-1 (a slice
-        of dynamic length) and attended in fp32, as forward() does: the op's own fp16 path computes in fp16 (q
-        rounded too) and on x86, without fp16 arithmetic, took 97 of a 168 ms SmolLM2 decode step at position 500
-        (fp32: 11 ms)."""
+        x [1, C, d]; start: pos as a SymInt; positions [C]; k_cache, v_cache [1, Hkv, T, D] fp32 or fp16 -> out
+        [1, C, d], (new key cache,), (new value cache,). The C rows are written with an index_put at slots
+        positions (the graph stays functional; edgekv.export.to_pte turns it into index_put_ on the past.* input,
+        so the .pte writes the caller's cache in place and returns it as present.*). The op wants [B, T, heads, D]
+        (sequence at dim 1): a [1, Hkv, T, D] cache is exactly a contiguous [Hkv, T, 1, D] tensor, i.e. a batch of
+        Hkv one-head caches, and a query [Hkv, C, G, D] attends each KV head with its G query heads (repeat_kv's
+        order), so the state keeps its shape. custom_sdpa attends causally over slots 0..start+C-1 only: a step
+        costs what its position needs, not what max_ctx reserves. A fp16 cache is read back as fp32 rows
+        0..start+C-1 (a slice of dynamic length) and attended in fp32, as forward() does: the op's own fp16 path
+        computes in fp16 (q rounded too) and on x86, without fp16 arithmetic, took 97 of a 168 ms SmolLM2 decode
+        step at position 500 (fp32: 11 ms)."""
         c, t, g = x.shape[1], k_cache.shape[2], self.h // self.hkv
         q, k, v = self._qkv(x, cos, sin)  # [C, H, D], [C, Hkv, D], [C, Hkv, D]
         dt = k_cache.dtype
@@ -503,7 +504,7 @@ class Llama(nn.Module):
         self.lm_head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
         self.gqa = False  # set only while tracing for ONNX (onnx_gqa): every layer becomes GroupQueryAttention
-        self.et_ops = False  # set only while tracing for ExecuTorch (executorch_ops): update_cache + custom_sdpa
+        self.et_ops = False  # set only while tracing for ExecuTorch (executorch_ops): custom_sdpa, in place
 
     def fusable(self) -> bool:
         """Whether ONNX Runtime's GroupQueryAttention runs this module's attention: a float cache (the op has no
@@ -550,10 +551,10 @@ class Llama(nn.Module):
 
     @contextlib.contextmanager
     def executorch_ops(self):
-        """Within, when fusable(): forward() traces every layer's attention as ExecuTorch's llama::update_cache +
-        llama::custom_sdpa (Attention.custom), which write each call's rows into the cache inputs in place and
-        attend over the written slots only. Yields whether it applies. Registers the ops' AOT library (importing
-        executorch.extension.llm.custom_ops.custom_ops), which a runtime also needs loaded to run the program."""
+        """Within, when fusable(): forward() traces every layer's attention as Attention.custom (an index_put of
+        the call's rows, which edgekv.export.to_pte makes an in-place write of the cache input, and ExecuTorch's
+        llama::custom_sdpa over the written slots only). Yields whether it applies. Registers the op's AOT library
+        (importing executorch.extension.llm.custom_ops.custom_ops); a runtime needs its kernels to run the .pte."""
         self.et_ops = self.fusable()
         if self.et_ops:
             import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (registers torch.ops.llama.*)
@@ -595,7 +596,8 @@ class Llama(nn.Module):
             b = 2 * n * i
             ring = self.rings[i]
             if self.et_ops:
-                h, k, v = blk.self_attn.custom(blk.input_layernorm(x), cos, sin, start, positions, state[b], state[b + n])
+                h, k, v = blk.self_attn.custom(blk.input_layernorm(x), cos, sin, start, positions, state[b],
+                                               state[b + n])
             elif self.gqa:
                 h, k, v = blk.self_attn.fused(blk.input_layernorm(x), cos, sin, lens, state[b], state[b + n],
                                               (self.gqa_cos, self.gqa_sin) if hasattr(self, "gqa_cos") else None)

@@ -85,7 +85,8 @@ public class StepPlanTest {
     @Test
     public void anInPlacePteRunsAChunkWhosePaddingWouldPassMaxCtxOneTokenAtATime() throws Exception {
         Manifest plain = TestSupport.fixtureManifest();
-        assertEquals("prefill@500+6 (padded to 32)", StepPlan.prefill(plain.artifact("pte"), 500, 6, 64, 512).get(0).toString());
+        assertEquals("prefill@500+6 (padded to 32)",
+                StepPlan.prefill(plain.artifact("pte"), 500, 6, 64, 512).get(0).toString());
         Manifest inPlace = edited("\"format\": \"pte\",", "\"format\": \"pte\",\n      \"state_in_place\": true,");
         List<StepPlan.Call> calls = StepPlan.prefill(inPlace.artifact("pte"), 500, 6, 64, 512);
         assertEquals(6, calls.size());
