@@ -160,6 +160,47 @@ def test_kv_graph_attends_through_gqa_and_updates_the_state_in_place(tiny_export
     assert not first[0, :, n:].any()
 
 
+def test_pte_methods_write_the_state_in_place_through_executorch_llm_kernels(tiny_export):
+    """The .pte's plain-cache layers write each call's rows into the past.* input tensors themselves (index_put_)
+    and attend through ExecuTorch's llama::custom_sdpa over the written slots only: no blend of the whole cache, and
+    each present.* output is its past.* tensor (PteStepper copies nothing). Slots past a call's positions keep
+    whatever they held, which is what lets a step cost its position, not max_ctx."""
+    _, out, m, _ = tiny_export
+    art = m["artifacts"][1]
+    assert art["state_in_place"] and art["attention"] == "llama.custom_sdpa"
+    for method in ("prefill", "decode"):
+        ops = art["delegation"][method]["portable_ops"]
+        assert ops["llama.custom_sdpa"] == 2 and ops["index_put_"] == 4  # per layer: one sdpa, key + value writes
+        assert not any(k.startswith(("where", "copy", "index_put.")) or k == "index_put" for k in ops)
+    manifest = load_export(out)
+    st = PteStepper(manifest, out, 1)
+    assert st.in_place
+    mine = list(st.state)
+    for s in mine:
+        s[0, :, 16:] = 7.0  # sentinels past what the calls below write
+    prompt = [5, 9, 33, 12, 40, 7, 21, 3, 18, 50, 11]
+    st.prefill(prompt)  # 8 + 3 padded to 8: slots 0..15 (12..15 padding, masked until overwritten)
+    st.step([4], len(prompt))
+    assert all(a is b for a, b in zip(st.state, mine))
+    for s in st.state:
+        assert (s[0, :, 16:] == 7.0).all()
+        assert (s[0, :, :12].abs().amax(-1) > 0).all()
+
+
+def test_pte_prefill_whose_padding_would_pass_max_ctx_runs_token_by_token(tiny_export):
+    """An in-place .pte method cannot write rows at or past max_ctx, so a short last chunk whose padding would reach
+    past it (here 3 tokens at position 59 of 64, chunk 8) runs through `decode` one token at a time; the logits are
+    still transformers' own."""
+    ref, out, _, _ = tiny_export
+    stepper = PteStepper(load_export(out), out)
+    tokens = [int(t) for t in np.random.default_rng(3).integers(3, VOCAB, 62)]
+    ours = np.concatenate([stepper.prefill(tokens[:59]), stepper.prefill(tokens[59:], pos=59)])
+    with torch.no_grad():
+        want = ref(torch.tensor([tokens])).logits[0].numpy()
+    assert np.abs(ours - want).max() <= 2e-5 * np.abs(want).max()
+    assert (ours.argmax(-1) == want.argmax(-1)).all()
+
+
 def test_onnx_runtime_fuses_every_rmsnorm_of_the_kv_graph(tiny_export, tmp_path):
     """RMSNorm is traced as x / sqrt(mean(x^2) + eps) * w, the pattern ORT's optimizer turns into one
     SimplifiedLayerNormalization node (2 per layer + the final norm), not eight elementwise nodes each."""

@@ -259,8 +259,11 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             gqa = getattr(module, "onnx_gqa", None)  # Llama-family plain caches: ORT's GroupQueryAttention
             with gqa() if gqa else nullcontext(False) as fused:
                 eps.update(trace(module, {"onnx:forward": None}))
+        in_place = False
         if "pte" in opts.formats:
-            eps.update(trace(qmodule, {"pte:prefill": chunk, "pte:decode": 1}))
+            et_ops = getattr(qmodule, "executorch_ops", None)  # plain caches: ExecuTorch's LLM kernels, in place
+            with et_ops() if et_ops else nullcontext(False) as in_place:
+                eps.update(trace(qmodule, {"pte:prefill": chunk, "pte:decode": 1}))
 
     artifacts = []
     if "onnx" in opts.formats:
@@ -288,14 +291,18 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
     if "pte" in opts.formats:
         from . import to_pte
         with st.stage("lower-pte", "to_edge_transform_and_lower + XnnpackPartitioner"):
-            edge = to_pte.lower_pte({"prefill": eps["pte:prefill"], "decode": eps["pte:decode"]})
+            edge = to_pte.lower_pte({"prefill": eps["pte:prefill"], "decode": eps["pte:decode"]},
+                                    len(layout.tensors) if in_place else 0)
         with st.stage("serialize-pte", "model.pte"):
             delegation = to_pte.delegation_summary(edge)  # before to_executorch, which rewrites the graphs
-            (tmp / "model.pte").write_bytes(to_pte.to_buffer(edge))
+            (tmp / "model.pte").write_bytes(to_pte.to_buffer(edge, in_place))
             from importlib.metadata import version as pkg_version
-            artifacts.append({"format": "pte", "file": "model.pte",
-                              "runtime": f"executorch {pkg_version('executorch')}", "backend": "xnnpack",
-                              "entry_points": entries["pte"], "delegation": delegation})
+            art = {"format": "pte", "file": "model.pte", "runtime": f"executorch {pkg_version('executorch')}",
+                   "backend": "xnnpack", "entry_points": entries["pte"], "delegation": delegation}
+            if in_place:  # each method writes its rows into the past.* inputs and returns them as present.*
+                art["attention"] = to_pte.LLM_KERNELS
+                art["state_in_place"] = True
+            artifacts.append(art)
             del edge
     del eps
 

@@ -158,7 +158,12 @@ class OrtStepper(Stepper):
 class PteStepper(Stepper):
     """ExecuTorch through its pybindings module. Outputs are taken without the runtime's clone (clone_outputs=True
     made a SmolLM2 decode step 10x slower) and copied at once into our own state tensors: they alias the runtime's
-    planned buffers, which the next call overwrites."""
+    planned buffers, which the next call overwrites.
+
+    A .pte whose manifest says state_in_place (Llama.executorch_ops) writes each call's rows into our state tensors
+    themselves and returns them as present.*: nothing is copied. Its methods run ExecuTorch's LLM kernels
+    (llama::custom_sdpa), registered by importing their library before loading. Such a method cannot take rows
+    past max_ctx, so a padded prefill that would reach past it runs token by token through `decode` instead."""
 
     def __init__(self, manifest: dict, folder: Path, threads: int | None = None):
         import torch  # the ExecuTorch Python runtime takes torch tensors
@@ -169,6 +174,13 @@ class PteStepper(Stepper):
             portable_lib._unsafe_reset_threadpool(threads)  # XNNPACK's threadpool is process-wide
         self.torch = torch
         a = entry(manifest, "pte")
+        self.in_place = bool(a.get("state_in_place"))
+        if a.get("attention", "").startswith("llama."):
+            import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (registers the llama:: kernels)
+            # in this Python build the llama:: kernels parallelise with torch's OpenMP pool, not XNNPACK's: two pools
+            # of 2 threads on 2 busy cores made a 32-token prefill 5-30x slower (0.57 s -> 4-17 s, SmolLM2, 1
+            # XNNPACK thread, OMP_NUM_THREADS=2 vs 1), so torch gets as many threads as XNNPACK
+            torch.set_num_threads(threads or portable_lib._threadpool_get_thread_count())
         try:
             self.program = _load_for_executorch(str(folder / a["file"]))
             names = set(self.program.method_names())
@@ -190,6 +202,8 @@ class PteStepper(Stepper):
         if n == 1:
             name, padded = "decode", tokens
         elif n <= self.chunk:
+            if self.in_place and pos + self.chunk > self.max_ctx:
+                return np.concatenate([self._call([tk], pos + i) for i, tk in enumerate(tokens)])
             name, padded = "prefill", list(tokens) + [0] * (self.chunk - n)
         else:
             raise EdgekvError(f"the pte prefill method takes at most {self.chunk} tokens per call, got {n}")
@@ -197,6 +211,8 @@ class PteStepper(Stepper):
         out = self.program.run_method(name, [t.tensor([padded], dtype=t.int64), t.tensor([pos], dtype=t.int64),
                                              *self.state], clone_outputs=False)
         for mine, theirs in zip(self.state, out[1:]):
+            if theirs.data_ptr() == mine.data_ptr():  # written in place
+                continue
             # numpy's single-threaded memcpy: torch's copy_ of a 0.2 MB tensor goes through an OpenMP parallel region
             # that stalls for milliseconds whenever another process holds a core
             np.copyto(mine.numpy(), theirs.numpy())

@@ -1,19 +1,81 @@
 """Stage 2b, lower to ExecuTorch: methods `prefill` (fixed chunk of tokens) and `decode` (one token) in one .pte,
 XNNPACK-delegated (to_edge_transform_and_lower + XnnpackPartitioner, then to_executorch). Weights are stored once
-and shared by both methods. Ops XNNPACK does not take (the cache torch.where, embedding, RoPE cos/sin) run on
-ExecuTorch's portable kernels.
+and shared by both methods. Ops XNNPACK does not take (embedding, RoPE cos/sin, and either the cache blend or the
+in-place cache writes and ExecuTorch's attention kernel) run on ExecuTorch's portable / LLM kernels.
+
+State in place (a module traced under Llama.executorch_ops): each cache is written by an index_put of this call's
+rows and read by llama::custom_sdpa. Here that index_put becomes index_put_ on the method's own past.* input, the
+graph output present.* is that input (ExecuTorch aliases an in-place op's result with its argument), and inputs are
+not memory-planned (the runtime uses the caller's tensors instead of copying them into its arena): the method writes
+C rows into the caller's cache and returns it, with no copy of the state per call.
 """
 from __future__ import annotations
 
 from collections import Counter
 
+# the manifest's `attention` for a .pte traced under Llama.executorch_ops: the runtime must have ExecuTorch's LLM
+# custom-op kernels linked (extension/llm/custom_ops; in Python, import executorch.extension.llm.custom_ops.custom_ops)
+LLM_KERNELS = "llama.custom_sdpa"
 
-def lower_pte(eps: dict):
-    """{method: ExportedProgram} -> EdgeProgramManager (inspect it with delegation_summary)."""
+
+def _partitioner(in_place: bool):
+    from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
+    from executorch.backends.xnnpack.partition.config.generic_node_configs import ViewCopyConfig
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    if not in_place:
+        return XnnpackPartitioner()
+
+    class NoCacheViewConfig(ViewCopyConfig):
+        """Leaves the view of a written cache ([1, Hkv, T, D] -> [Hkv, T, 1, D], custom_sdpa's layout) outside
+        XNNPACK: there it is a zero-copy view (executorch_prim::et_view); inside, a copy of the whole cache."""
+
+        def check_constraints(self, node, ep) -> bool:
+            src = node.args[0]
+            if getattr(src, "target", None) is not None and "index_put" in str(src.target):
+                return False
+            return super().check_constraints(node, ep)
+
+    configs = [NoCacheViewConfig if c is ViewCopyConfig else c for c in ALL_PARTITIONER_CONFIGS]
+    return XnnpackPartitioner(configs=configs)
+
+
+def lower_pte(eps: dict, in_place: int = 0):
+    """{method: ExportedProgram} -> EdgeProgramManager (inspect it with delegation_summary). in_place: the number of
+    state inputs (the last ones) written in place, from a module traced under Llama.executorch_ops; 0 for none."""
     from executorch.exir import to_edge_transform_and_lower
 
-    return to_edge_transform_and_lower(eps, partitioner=[XnnpackPartitioner()])
+    edge = to_edge_transform_and_lower(eps, partitioner=[_partitioner(bool(in_place))])
+    if in_place:
+        for method in edge.methods:
+            write_state_in_place(edge.exported_program(method), in_place)
+    return edge
+
+
+def write_state_in_place(ep, n_state: int) -> None:
+    """Every index_put whose target is one of the last n_state user inputs -> index_put_ on that input. Refuses
+    (AssertionError: a tracing bug, not a user error) unless each state input is written exactly once and read by
+    nothing else: another reader would see the written cache where the traced graph meant the old one."""
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    states = set(user[len(user) - n_state:])
+    written = set()
+    for node in list(ep.graph.nodes):
+        if node.op != "call_function" or node.target != exir_ops.edge.aten.index_put.default:
+            continue
+        base = node.args[0]
+        if base.op != "placeholder" or base.name not in states:
+            continue
+        assert len(base.users) == 1 and base.name not in written, f"{base.name} is read or written elsewhere"
+        with ep.graph.inserting_before(node):
+            new = ep.graph.call_function(exir_ops.edge.aten.index_put_.default, node.args, node.kwargs)
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        ep.graph.erase_node(node)
+        written.add(base.name)
+    assert written == states, f"state inputs not written in place: {sorted(states - written)}"
+    ep.graph_module.recompile()
 
 
 def delegation_summary(edge) -> dict:
@@ -30,5 +92,41 @@ def delegation_summary(edge) -> dict:
     return out
 
 
-def to_buffer(edge) -> bytes:
-    return edge.to_executorch().buffer
+def _in_place_planning():
+    """A MemoryPlanningPass that leaves graph inputs unplanned (the runtime uses the caller's tensors, so the
+    in-place cache writes land in the caller's state) and points each view of an in-place result at its input.
+
+    Why the second part (ExecuTorch 1.5.1): ReplaceViewCopyWithViewPass gives a view a _ViewSpec over its base
+    node's spec; the planner later re-aliases an in-place op's result spec onto its mutated input, but the view keeps
+    the old spec, which then gets its own arena slot: with an unplanned input the view (custom_sdpa's [Hkv, T, 1, D]
+    cache) read that slot, not the caller's cache. Aliasing first makes the view share the input's (unplanned) spec,
+    so it is emitted as executorch_prim::et_view, which takes the input's data pointer at run time."""
+    import torch
+    from executorch.exir import memory
+    from executorch.exir.memory_planning import _alias_inplace_result_specs, _is_inplace_node
+    from executorch.exir.passes import MemoryPlanningPass
+
+    class InPlaceStatePlanning(MemoryPlanningPass):
+        def run(self, graph_module, graph_signature=None):
+            graph = graph_module.graph
+            for node in graph.nodes:
+                if _is_inplace_node(node):
+                    _alias_inplace_result_specs(node)
+                elif node.op == "call_function" and node.target == memory.view and _is_inplace_node(node.args[0]):
+                    node.meta["spec"]._base = node.args[0].meta["spec"]
+            out = graph.output_node()  # its spec list still holds the results' old specs: they would get slots too
+            out.meta["spec"] = [a.meta["spec"] if isinstance(a, torch.fx.Node) else s
+                                for a, s in zip(out.args[0], out.meta["spec"])]
+            return super().run(graph_module, graph_signature)
+
+    return InPlaceStatePlanning(alloc_graph_input=False)
+
+
+def to_buffer(edge, in_place: bool = False) -> bytes:
+    """in_place: a program lowered with in_place (its state inputs are written in place): inputs are not
+    memory-planned, so the runtime works on the caller's state tensors (_in_place_planning)."""
+    if not in_place:
+        return edge.to_executorch().buffer
+    from executorch.exir import ExecutorchBackendConfig
+
+    return edge.to_executorch(ExecutorchBackendConfig(memory_planning_pass=_in_place_planning())).buffer

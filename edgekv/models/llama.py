@@ -264,6 +264,37 @@ class Attention(nn.Module):
             version=1)
         return self.o_proj(out.float()), (nk,), (nv,)
 
+    def custom(self, x, cos, sin, start, positions, k_cache, v_cache):
+        """The same step as forward() on a plain cache, attended by ExecuTorch's llama::custom_sdpa (its LLM custom
+        ops, executorch/extension/llm/custom_ops, as in ExecuTorch's own Llama export). For the .pte trace only
+        (Llama.executorch_ops); eager torch runs it too once the ops' AOT library is loaded.
+
+        x [1, C, d]; start: pos as a SymInt; positions [C]; k_cache, v_cache [1, Hkv, T, D] fp32 or fp16 -> out
+        [1, C, d], (new key cache,), (new value cache,). The C rows are written with an index_put at slots
+        positions (the graph stays functional; edgekv.export.to_pte turns it into index_put_ on the past.* input,
+        so the .pte writes the caller's cache in place and returns it as present.*). The op wants [B, T, heads, D]
+        (sequence at dim 1): a [1, Hkv, T, D] cache is exactly a contiguous [Hkv, T, 1, D] tensor, i.e. a batch of
+        Hkv one-head caches, and a query [Hkv, C, G, D] attends each KV head with its G query heads (repeat_kv's
+        order), so the state keeps its shape. custom_sdpa attends causally over slots 0..start+C-1 only: a step
+        costs what its position needs, not what max_ctx reserves. A fp16 cache is read back as fp32 rows
+        0..start+C-1 (a slice of dynamic length) and attended in fp32, as forward() does: the op's own fp16 path
+        computes in fp16 (q rounded too) and on x86, without fp16 arithmetic, took 97 of a 168 ms SmolLM2 decode
+        step at position 500 (fp32: 11 ms)."""
+        c, t, g = x.shape[1], k_cache.shape[2], self.h // self.hkv
+        q, k, v = self._qkv(x, cos, sin)  # [C, H, D], [C, Hkv, D], [C, Hkv, D]
+        dt = k_cache.dtype
+        k_cache = torch.ops.aten.index_put(k_cache, [None, None, positions], k.permute(1, 0, 2)[None].to(dt))
+        v_cache = torch.ops.aten.index_put(v_cache, [None, None, positions], v.permute(1, 0, 2)[None].to(dt))
+        if dt == torch.float32:
+            kc, vc = k_cache.view(self.hkv, t, 1, self.dh), v_cache.view(self.hkv, t, 1, self.dh)
+        else:  # the written rows read back in fp32 (as eager does): the op's fp16 path is 9x slower on x86
+            n = start + c
+            kc, vc = (cache[:, :, :n].float().view(self.hkv, n, 1, self.dh) for cache in (k_cache, v_cache))
+        qg = q.view(c, self.hkv, g, self.dh).permute(1, 0, 2, 3)  # [Hkv, C, G, D]
+        out = torch.ops.llama.custom_sdpa(qg, kc, vc, start, None, 0.0, True, 1.0 / math.sqrt(self.dh))
+        out = out.permute(1, 0, 2, 3).reshape(1, c, self.h * self.dh)
+        return self.o_proj(out), (k_cache,), (v_cache,)
+
     def forward(self, x, cos, sin, write, keep, mask, k_state, v_state, kv: "KVFormat", rolling: bool = False):
         """x [1, C, d]; cos, sin [C, 1, D]; write [T, C] one-hot (slot t <- token c); keep [T, 1];
         mask [G*C, T] additive (0 or -inf); k_state, v_state: the layer's key / value state tensors as kv describes
@@ -473,6 +504,7 @@ class Llama(nn.Module):
         self.lm_head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
         self.gqa = False  # set only while tracing for ONNX (onnx_gqa): every layer becomes GroupQueryAttention
+        self.et_ops = False  # set only while tracing for ExecuTorch (executorch_ops): custom_sdpa, in place
 
     def fusable(self) -> bool:
         """Whether ONNX Runtime's GroupQueryAttention runs this module's attention: a float cache (the op has no
@@ -517,6 +549,20 @@ class Llama(nn.Module):
                 if hasattr(self, name):
                     delattr(self, name)
 
+    @contextlib.contextmanager
+    def executorch_ops(self):
+        """Within, when fusable(): forward() traces every layer's attention as Attention.custom (an index_put of
+        the call's rows, which edgekv.export.to_pte makes an in-place write of the cache input, and ExecuTorch's
+        llama::custom_sdpa over the written slots only). Yields whether it applies. Registers the op's AOT library
+        (importing executorch.extension.llm.custom_ops.custom_ops); a runtime needs its kernels to run the .pte."""
+        self.et_ops = self.fusable()
+        if self.et_ops:
+            import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (registers torch.ops.llama.*)
+        try:
+            yield self.et_ops
+        finally:
+            self.et_ops = False
+
     def empty_state(self) -> list[torch.Tensor]:
         return [torch.zeros(t.shape, dtype=STATE_TORCH[t.dtype]) for t in self.layout.tensors]
 
@@ -527,6 +573,10 @@ class Llama(nn.Module):
         plans = {}  # Ring (None: plain) -> (write, keep, mask), computed once per call for all layers alike
         if self.gqa:
             lens = (pos + c - 1).to(torch.int32), (pos + c).to(torch.int32).reshape(())
+        elif self.et_ops:
+            start = pos[0].item()
+            torch._check(start >= 0)
+            torch._check(start + c <= t_slots)
         elif None in self.rings:
             slots = torch.arange(t_slots, dtype=torch.int64)  # [T]
             write = (slots[:, None] == positions[None, :]).float()  # [T, C]
@@ -545,7 +595,10 @@ class Llama(nn.Module):
         for i, blk in enumerate(self.model.layers):
             b = 2 * n * i
             ring = self.rings[i]
-            if self.gqa:
+            if self.et_ops:
+                h, k, v = blk.self_attn.custom(blk.input_layernorm(x), cos, sin, start, positions, state[b],
+                                               state[b + n])
+            elif self.gqa:
                 h, k, v = blk.self_attn.fused(blk.input_layernorm(x), cos, sin, lens, state[b], state[b + n],
                                               (self.gqa_cos, self.gqa_sin) if hasattr(self, "gqa_cos") else None)
             else:

@@ -74,7 +74,10 @@ public final class StepPlan {
             if (e == null) {
                 throw new EdgekvException("artifact " + a.file + " has no entry point that takes " + n + " tokens");
             }
-            if (!e.isDynamic() && n < e.fixedTokens && "decode".equals(e.tail)) {
+            // a .pte whose methods write the state in place (state_in_place) cannot take rows at or past max_ctx:
+            // a short chunk whose padding would reach there runs token by token too (edgekv's PteStepper does)
+            boolean pastEnd = a.stateInPlace && !e.isDynamic() && start + s + e.fixedTokens > maxCtx;
+            if (!e.isDynamic() && n < e.fixedTokens && ("decode".equals(e.tail) || pastEnd)) {
                 for (int k = 0; k < n; k++) { // padding would corrupt a recurrent state or a rolling window
                     calls.add(decode(a, start + s + k, maxCtx));
                 }

@@ -83,6 +83,21 @@ public class StepPlanTest {
     }
 
     @Test
+    public void anInPlacePteRunsAChunkWhosePaddingWouldPassMaxCtxOneTokenAtATime() throws Exception {
+        Manifest plain = TestSupport.fixtureManifest();
+        assertEquals("prefill@500+6 (padded to 32)",
+                StepPlan.prefill(plain.artifact("pte"), 500, 6, 64, 512).get(0).toString());
+        Manifest inPlace = edited("\"format\": \"pte\",", "\"format\": \"pte\",\n      \"state_in_place\": true,");
+        List<StepPlan.Call> calls = StepPlan.prefill(inPlace.artifact("pte"), 500, 6, 64, 512);
+        assertEquals(6, calls.size());
+        assertEquals("decode@500+1", calls.get(0).toString());
+        assertEquals("decode@505+1", calls.get(5).toString());
+        // padding that stays inside max_ctx is still one padded call
+        assertEquals("prefill@470+6 (padded to 32)",
+                StepPlan.prefill(inPlace.artifact("pte"), 470, 6, 64, 512).get(0).toString());
+    }
+
+    @Test
     public void theOnnxCallSizeComesFromTheRunThenTheExportThenDefaults() throws Exception {
         Manifest recorded = edited("\"max_ctx\": 512,",
                 "\"max_ctx\": 512,\n  \"deployment\": {\"formats\": {\"onnx\": {\"prefill_chunk\": 48}}},");
