@@ -87,7 +87,7 @@ TINY = ROOT / "fixtures" / "tiny"
 # (label, model, strategy, runtime, contexts in the full run); "llama32k" = the tiny Llama with a 32k position limit
 CASES = [
     ("kv fp16", "llama", "kv", "ort", (1024, 8192, 32768)),
-    ("kv fp16", "llama", "kv", "executorch", (1024, 8192)),
+    ("kv fp16", "llama", "kv", "executorch", (1024, 8192, 32768)),
     ("kv-int8", "llama", "kv-int8", "ort", (1024, 8192, 32768)),
     ("kv-int4 g16", "llama", "kv-int4:group=16", "ort", (1024, 8192, 32768)),  # head_dim 48: not a multiple of 32
     ("window", "llama", "window", "ort", (1024, 8192, 32768)),

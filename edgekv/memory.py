@@ -106,10 +106,24 @@ GQA = {"score_copies": 1, "mask_copies": 0, "state_copies": 1, "kv_dequant": "he
        "why": "edgekv's ONNX kv graph: GroupQueryAttention over the written slots, state updated in place"}
 
 
+# edgekv's .pte runs the same plain float cache through ExecuTorch's LLM kernels (edgekv/models/llama.py
+# Attention.custom: index_put_ on the caller's past.* tensor, llama::custom_sdpa over the written rows): the state is
+# not memory-planned and exists once, the op tiles its scores (none materialised), and there is no mask. A fp16
+# cache is read back as fp32 rows 0..pos+C-1 for the op; ExecuTorch plans that upper-bound [Hkv, T, D] buffer per
+# method. Measured (tiny Llama kv fp16, chunk 32, decode + prefill methods, peak above the runtime baseline): 1k /
+# 8k slots 35.5 / 107.2 MB; above weights, state and load, 9.0 K-sized fp32 tensors across the two methods' plans
+# (slope 1k -> 8k), i.e. 4.5 per method: the K and V read-backs of about two layers.
+ET_SDPA = {"scores": False, "mask_copies": 0, "state_copies": 1, "kv_dequant": "layer", "in_place": True,
+           "readback_copies": 4.5,
+           "why": "edgekv's .pte kv graph: custom_sdpa over the written rows, state written in place"}
+
+
 def fused_gqa(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str) -> bool:
-    """Whether edgekv's ONNX export of this (model, strategy) attends through GroupQueryAttention in place: a plain
-    float `kv` cache (no quantized codes, no window) of a Llama-family model with no rolling (native sliding) layer."""
-    if runtime != "onnxruntime" or strategy.name != "kv" or strategy.kv_bits or arch.model_type not in LLAMA_EXPORT_TYPES:
+    """Whether edgekv's export of this (model, strategy) for this runtime attends through a fused op in place
+    (ONNX Runtime's GroupQueryAttention, ExecuTorch's custom_sdpa): a plain float `kv` cache (no quantized codes, no
+    window) of a Llama-family model with no rolling (native sliding) layer."""
+    if runtime not in ("onnxruntime", "executorch") or strategy.name != "kv" or strategy.kv_bits \
+            or arch.model_type not in LLAMA_EXPORT_TYPES:
         return False
     return all(t.shape[2] == layout.ctx for t in layout.tensors if t.role == "key")
 
@@ -251,7 +265,7 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     runtime's load-time transient (ORT folding a tied lm_head's transpose)."""
     rt = _rt(runtime)
     if fused_gqa(arch, layout, strategy, runtime):
-        rt = {**rt, **GQA}
+        rt = {**rt, **(GQA if runtime == "onnxruntime" else ET_SDPA)}
     inter = max((w.shape[0] for w in arch.weights if w.name.endswith("up_proj.weight")), default=4 * arch.hidden)
     qkv = 0
     ssm_w = 0
@@ -278,7 +292,8 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
                 unit = m.n_kv_heads * t * m.head_dim * 4  # one layer's K (or V) for every slot, fp32
                 if (strategy.kv_bits or strategy.params.get("dtype", "fp32") != "fp32") and rt["kv_dequant"] == "layer":
                     extra = UNPACK_EXTRA_COPIES if (strategy.kv_bits or 8) < 8 else 0
-                    scratch = max(scratch, (2 + extra) * unit)  # K, V read back as fp32 (+ the unpack's planes)
+                    copies = rt.get("readback_copies", 2 + extra)  # K, V read back as fp32 (+ unpack planes)
+                    scratch = max(scratch, copies * unit)
                     if arch.model_type in WHERE_WRITTEN_TYPES and not strategy.kv_bits and runtime == "onnxruntime":
                         scratch = max(scratch, 4 * unit)  # past and present K, V cast to fp32 around Where
                 elif strategy.params.get("dtype", "fp32") != "fp32" and rt["kv_dequant"] == "head":
@@ -295,7 +310,7 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     copies = rt.get("score_copies", 1)
     n_state = rt.get("state_copies", 1)
     if rt.get("packs_per_method"):  # every method has its own planned buffers: state in + state out, dequant scratch
-        n_state, scratch = 1 + 2 * methods, scratch * methods
+        n_state, scratch = (1 if rt.get("in_place") else 1 + 2 * methods), scratch * methods
     extra_state = (n_state - 1) * layout.nbytes
     act = chunk * (4 * arch.hidden + qkv + 3 * inter + ssm_w) * 4
     logits = chunk * arch.vocab * 4  # the exported step returns logits for every token of the call
@@ -322,6 +337,8 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
             how = ("dequantized" if strategy.kv_bits else "cast from " + strategy.params.get("dtype", ""))
             if arch.model_type in WHERE_WRITTEN_TYPES and not strategy.kv_bits and runtime == "onnxruntime":
                 how += ", past and present: ONNX Runtime's Where has no fp16 kernel"
+            if "readback_copies" in rt:
+                how += f"; {rt['readback_copies']} K-sized fp32 tensors in each method's memory plan"
             if (strategy.kv_bits or 8) < 8 and rt["kv_dequant"] == "layer":
                 how += f", + {UNPACK_EXTRA_COPIES} K-sized unpacking planes"
             parts.append(f"{'one head' if rt['kv_dequant'] == 'head' else 'one layer'}'s K,V in fp32 ({how})"

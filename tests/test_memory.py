@@ -90,7 +90,7 @@ def test_ort_workspace_of_a_fused_float_cache_is_one_probability_buffer_and_no_s
     from edgekv.memory import fused_gqa, workspace_bytes
     s = parse_strategy("kv")  # fp16 cache: GroupQueryAttention, present bound to past
     lay = build_layout(SMOL, s, 8192)
-    assert fused_gqa(SMOL, lay, s, "onnxruntime") and not fused_gqa(SMOL, lay, s, "executorch")
+    assert fused_gqa(SMOL, lay, s, "onnxruntime") and not fused_gqa(SMOL, lay, s, "llama.cpp")
     chunk = 512
     act = chunk * (4 * 576 + (9 + 2 * 3) * 64 + 3 * 1536) * 4
     # one fp32 [9 heads, chunk, 8192 slots] probability buffer, logits, one head's K (or V) converted to fp32
@@ -136,3 +136,16 @@ def test_ort_workspace_counts_the_rebuilt_keys_of_converted_mla_and_the_planes_o
     lay = build_layout(SMOL, s, t)
     assert workspace_bytes(SMOL, lay, s, "onnxruntime", chunk).value == \
         base + (2 + UNPACK_EXTRA_COPIES) * key + 2 * lay.nbytes
+
+
+def test_executorch_workspace_of_a_plain_cache_is_the_fp32_read_back_in_each_methods_plan():
+    from edgekv.memory import ET_SDPA, fused_gqa, workspace_bytes
+    s = parse_strategy("kv")  # fp16 cache: custom_sdpa over the written rows, state written in place
+    lay = build_layout(SMOL, s, 8192)
+    assert fused_gqa(SMOL, lay, s, "executorch")
+    chunk = 32
+    # no scores, no masks, no state copy; per method (prefill + decode) 4.5 fp32 [3 heads, 8192, 64] read-backs
+    step = SMOL_ACT(chunk) + chunk * 49152 * 4 + 2 * ET_SDPA["readback_copies"] * 3 * 8192 * 64 * 4
+    assert workspace_bytes(SMOL, lay, s, "executorch", chunk, methods=2).value == step
+    q = parse_strategy("kv-int8")  # a quantized cache keeps the explicit graph: state copies per method, scores
+    assert not fused_gqa(SMOL, build_layout(SMOL, q, 8192), q, "executorch")
