@@ -22,6 +22,11 @@ import org.pytorch.executorch.Tensor;
  * are the next spares. The copy is deliberate: an output Tensor views the method's planned memory, which the next
  * execute reuses (feeding it straight back could overwrite one state input while another is being read). float16
  * state needs executorch-android 1.1.0 or later (Tensor.fromBlob(ShortBuffer)).
+ *
+ * <p>When the manifest says {@code state_in_place} (a plain kv cache: the methods write their rows into the past
+ * tensors with index_put_ and attend with llama::custom_sdpa, whose kernels the app's ExecuTorch library must
+ * include), the inputs are not planned memory: the method writes into the direct buffers wrapped above, and each
+ * state stays where it is, with no copy and no spare.
  */
 final class ExecuTorchBackend implements Backend<ByteBuffer> {
     private Module module;
@@ -29,6 +34,7 @@ final class ExecuTorchBackend implements Backend<ByteBuffer> {
     private int threads;
     private String loadMode;
     private final List<ByteBuffer> spare = new ArrayList<>();
+    private boolean inPlace;
 
     @Override
     public void init(BenchmarkArgs args) throws ClassNotFoundException {
@@ -46,6 +52,7 @@ final class ExecuTorchBackend implements Backend<ByteBuffer> {
     @Override
     public void load(Manifest m, Manifest.Artifact a, File dir) {
         manifest = m;
+        inPlace = a.stateInPlace;
         File program = new File(dir, a.file);
         int mode = loadMode.equals("file") ? Module.LOAD_MODE_FILE : Module.LOAD_MODE_MMAP;
         try {
@@ -111,6 +118,10 @@ final class ExecuTorchBackend implements Backend<ByteBuffer> {
         float[] last = new float[vocab];
         System.arraycopy(all, (call.n - 1) * vocab, last, 0, vocab);
         for (int i = 0; i < n; i++) {
+            if (inPlace) { // the method wrote its rows into the past buffer: the present is the past
+                book.putPresent(i, book.past(i));
+                continue;
+            }
             Manifest.StateTensor s = book.spec(i);
             ByteBuffer dst = spare.get(i);
             if (dst == null) {
