@@ -32,6 +32,9 @@ WEIGHT_PRECISIONS = ("fp32", "fp16", "int8", "int4", "gguf")
 #     initializer; the ExecuTorch export stores the delegate's lm_head next to the embedding the gather reads).
 #   load_transient_tied: ORT holds one more embedding-sized buffer while it folds that transpose (load peak).
 #   packs_per_method: XNNPACK packs the delegated weights (linear + lm_head) once per method it initialises.
+#   rolling_attends_first: a rolling (window) layer's attention runs before the state it writes exists, so a call
+#     peaks at the larger of the two, not their sum (workspace_bytes).
+#   where_casts_fp16: no fp16 Where kernel, so a Where-written fp16 cache is cast to fp32 (WHERE_WRITTEN_TYPES).
 RUNTIMES = {
     "executorch": {"scores": True, "kv_dequant": "layer", "session_bytes": 8_000_000, "score_copies": 2,
                    "state_copies": 3, "tied_copy": True, "load_transient_tied": False, "packs_per_method": True,
@@ -39,6 +42,7 @@ RUNTIMES = {
                           "section 2); edgekv's exported attention is matmul-softmax-matmul, which materialises scores"},
     "onnxruntime": {"scores": True, "kv_dequant": "layer", "session_bytes": 19_000_000, "score_copies": 2,
                     "mask_copies": 2, "state_copies": 3, "tied_copy": True, "load_transient_tied": True, "packs_per_method": False,
+                    "rolling_attends_first": True, "where_casts_fp16": True,
                     "why": "edgekv's ONNX graphs dequantize a layer's cache, then run matmul-softmax-matmul"},
     "llama.cpp": {"scores": False, "kv_dequant": "fused",
                   "why": "flash attention on (stack.md); quantized K/V read by the attention kernel"},
@@ -273,6 +277,7 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     scratch = 0
     scan = 0
     masks = 0
+    scratch_how = ""
     kept, width = {}, {}
     for t in layout.tensors:
         if t.role in ("key", "latent"):
@@ -284,22 +289,14 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
             if isinstance(m, Attention):
                 qkv = max(qkv, (m.n_heads + 2 * m.n_kv_heads) * m.head_dim)
                 t = kept.get(i, 0)
-                rolling |= 0 < t < layout.ctx and runtime == "onnxruntime"  # measured there only
+                rolling |= 0 < t < layout.ctx and rt.get("rolling_attends_first", False)
                 if rt["scores"]:
                     seen = t if t == layout.ctx else t + chunk  # a static cache already holds the chunk
                     scores = max(scores, m.n_heads * chunk * seen * 4)
                     masks = max(masks, chunk * seen * 4)
-                unit = m.n_kv_heads * t * m.head_dim * 4  # one layer's K (or V) for every slot, fp32
-                if (strategy.kv_bits or strategy.params.get("dtype", "fp32") != "fp32") and rt["kv_dequant"] == "layer":
-                    extra = UNPACK_EXTRA_COPIES if (strategy.kv_bits or 8) < 8 else 0
-                    copies = rt.get("readback_copies", 2 + extra)  # K, V read back as fp32 (+ unpack planes)
-                    scratch = max(scratch, copies * unit)
-                    if arch.model_type in WHERE_WRITTEN_TYPES and not strategy.kv_bits and runtime == "onnxruntime":
-                        scratch = max(scratch, 4 * unit)  # past and present K, V cast to fp32 around Where
-                elif strategy.params.get("dtype", "fp32") != "fp32" and rt["kv_dequant"] == "head":
-                    scratch = max(scratch, 2 * (t + chunk) * m.head_dim * 4)  # one head's K (then V) as fp32
-                if strategy.name == "mla":  # the fp32 latent + the keys rebuilt and rotated for every slot
-                    scratch = max(scratch, t * width.get(i, 0) * 4 + MLA_REBUILD_COPIES * unit)
+                layer, how = _layer_scratch(arch, m, t, width.get(i, 0), strategy, rt, chunk)
+                if layer > scratch:
+                    scratch, scratch_how = layer, how
             elif isinstance(m, MLA):
                 qkv = max(qkv, m.n_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim) + m.kv_lora_rank)
                 if rt["scores"]:
@@ -330,19 +327,7 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
              *([f"masks {rt['mask_copies']} x chunk x T x 4 B = {masks:,}"] if masks else []),
              f"logits chunk x vocab x 4 B = {logits:,}"]
     if scratch:
-        if strategy.name == "mla":
-            parts.append(f"one layer's latent in fp32 + {MLA_REBUILD_COPIES} key-sized fp32 tensors while its keys "
-                         f"are rebuilt and rotated for every slot = {scratch:,.0f}")
-        else:
-            how = ("dequantized" if strategy.kv_bits else "cast from " + strategy.params.get("dtype", ""))
-            if arch.model_type in WHERE_WRITTEN_TYPES and not strategy.kv_bits and runtime == "onnxruntime":
-                how += ", past and present: ONNX Runtime's Where has no fp16 kernel"
-            if "readback_copies" in rt:
-                how += f"; {rt['readback_copies']} K-sized fp32 tensors in each method's memory plan"
-            if (strategy.kv_bits or 8) < 8 and rt["kv_dequant"] == "layer":
-                how += f", + {UNPACK_EXTRA_COPIES} K-sized unpacking planes"
-            parts.append(f"{'one head' if rt['kv_dequant'] == 'head' else 'one layer'}'s K,V in fp32 ({how})"
-                         f" = {scratch:,.0f}")
+        parts.append(f"{scratch_how} = {scratch:,.0f}")
     if scan:
         parts.append(f"selective-scan inputs {SCAN_COPIES} x chunk x d_inner x d_state x 4 B = {scan:,}")
     if rolling:
@@ -356,6 +341,35 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
         f = f"max(step: {f}, load: transposed tied embedding being folded {load:,.0f}) = {total:,.0f}"
     return Item(total, f + f" [{runtime}: {rt['why']}" + (f"; measured: {MEASURED[runtime]}" if runtime in MEASURED
                                                            else "") + "]")
+
+
+def _layer_scratch(arch: Arch, m: Attention, t: int, width: int, strategy: Strategy, rt: dict, chunk: int
+                   ) -> tuple[float, str]:
+    """fp32 scratch one attention layer of t slots needs beside its scores, and what it is (for --explain)."""
+    unit = m.n_kv_heads * t * m.head_dim * 4  # one layer's K (or V) for every slot, fp32
+    dtype = strategy.params.get("dtype", "fp32")
+    if strategy.name == "mla":  # converted: the fp32 latent + the keys rebuilt and rotated for every slot
+        return (t * width * 4 + MLA_REBUILD_COPIES * unit,
+                f"one layer's latent in fp32 + {MLA_REBUILD_COPIES} key-sized fp32 tensors while its keys are "
+                "rebuilt and rotated for every slot")
+    if rt["kv_dequant"] == "head":
+        if dtype == "fp32":
+            return 0, ""
+        return 2 * (t + chunk) * m.head_dim * 4, f"one head's K,V in fp32 (cast from {dtype})"
+    if rt["kv_dequant"] != "layer" or not (strategy.kv_bits or dtype != "fp32"):
+        return 0, ""
+    if "readback_copies" in rt:
+        copies = rt["readback_copies"]
+        how = f"cast from {dtype}; {copies} K-sized fp32 tensors in each method's memory plan"
+    elif strategy.kv_bits:
+        sub = strategy.kv_bits < 8
+        copies = 2 + (UNPACK_EXTRA_COPIES if sub else 0)
+        how = "dequantized" + (f", + {UNPACK_EXTRA_COPIES} K-sized unpacking planes" if sub else "")
+    elif arch.model_type in WHERE_WRITTEN_TYPES and rt.get("where_casts_fp16"):
+        copies, how = 4, f"cast from {dtype}, past and present: ONNX Runtime's Where has no fp16 kernel"
+    else:
+        copies, how = 2, f"cast from {dtype}"
+    return copies * unit, f"one layer's K,V in fp32 ({how})"
 
 
 def _tied_bytes(arch: Arch, precision: str) -> float:

@@ -64,7 +64,7 @@ def quantize(x: torch.Tensor, bits: int, group: int = 0, rounding: str = "neares
 def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bits: int,
                group: int = 0) -> torch.Tensor:
     """The inverse of quantize, in fp32: [..., D]."""
-    q = codes.float() if bits == 8 else unpack(codes, bits).float()
+    q = codes.float() if bits == 8 else unpack(codes, bits)
     qg, _ = _groups(q, group)
     out = qg * scale.float().unsqueeze(-1)
     if zero is not None:

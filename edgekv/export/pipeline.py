@@ -291,8 +291,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
     if "pte" in opts.formats:
         from . import to_pte
         with st.stage("lower-pte", "to_edge_transform_and_lower + XnnpackPartitioner"):
-            edge = to_pte.lower_pte({"prefill": eps["pte:prefill"], "decode": eps["pte:decode"]},
-                                    len(layout.tensors) if in_place else 0)
+            edge = to_pte.lower_pte({"prefill": eps["pte:prefill"], "decode": eps["pte:decode"]}, in_place)
         with st.stage("serialize-pte", "model.pte"):
             delegation = to_pte.delegation_summary(edge)  # before to_executorch, which rewrites the graphs
             (tmp / "model.pte").write_bytes(to_pte.to_buffer(edge, in_place))

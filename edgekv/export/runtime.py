@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EdgekvError
+from .to_pte import LLM_KERNELS
 
 NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int8": np.int8, "uint8": np.uint8}
 
@@ -42,6 +43,7 @@ class Stepper:
 
     chunk: int | None = None  # fixed prefill length, or None when any C in 1..max_ctx works
     tail: str = "pad"  # how a call of 1 < C < chunk tokens runs: "pad" to chunk, or "decode" token by token
+    in_place: bool = False  # the artifact writes its state where it lies (manifest state_in_place)
     # split a longer prompt into calls of at most this many tokens. ORT takes any C, so this is ORT's prefill call
     # size: an export records it in its manifest (deployment.formats.onnx.prefill_chunk; the planner predicts with
     # it) and OrtStepper uses the recorded one. 128 is the knee, measured here (tiny Llama kv fp16, 32k slots, 8k
@@ -59,16 +61,18 @@ class Stepper:
     def reset(self):
         self.state = [self._zeros(t["shape"], t["dtype"]) for t in self.state_specs]
 
-    def prefill(self, tokens: list[int], pos: int = 0, last: bool = False) -> np.ndarray:
+    def prefill(self, tokens: list[int], pos: int = 0, last: bool = False, after_call=None) -> np.ndarray:
         """Logits [len(tokens), V], or with last=True only the last token's [1, V] (what generation needs, as an
         app keeps it: every row costs len x vocab x 4 B, 200 MB for SmolLM2 at 1k, which is the caller's memory,
-        not the model's)."""
+        not the model's). after_call: called with no arguments after each chunk (the profile trims the heap)."""
         if pos + len(tokens) > self.max_ctx:
             raise EdgekvError(f"{pos + len(tokens)} tokens exceed this export's max_ctx {self.max_ctx}")
         rows, n = [], self.chunk or self.max_chunk
         for s in range(0, len(tokens), n):
             part = tokens[s:s + n]
             out = self.step(part, pos + s)
+            if after_call:
+                after_call()
             if last:
                 rows = [out[-1:].copy()]
             else:
@@ -81,7 +85,11 @@ class Stepper:
         if pos < 0 or pos + len(tokens) > self.max_ctx:
             raise EdgekvError(f"positions {pos}..{pos + len(tokens) - 1} are outside this export's max_ctx "
                               f"{self.max_ctx}")
-        if self.chunk and self.tail == "decode" and 1 < len(tokens) < self.chunk:
+        # a short chunk goes token by token where padding would corrupt the state: a recurrent state or a rolling
+        # window (tail "decode"), or rows at or past max_ctx, which an in-place method cannot write (the Android
+        # app's StepPlan has the same rule)
+        if self.chunk and 1 < len(tokens) < self.chunk and (
+                self.tail == "decode" or (self.in_place and pos + self.chunk > self.max_ctx)):
             return np.concatenate([self._call([t], pos + i) for i, t in enumerate(tokens)])
         return self._call(tokens, pos)
 
@@ -163,7 +171,7 @@ class PteStepper(Stepper):
     A .pte whose manifest says state_in_place (Llama.executorch_ops) writes each call's rows into our state tensors
     themselves and returns them as present.*: nothing is copied. Its methods run ExecuTorch's LLM kernels
     (llama::custom_sdpa), registered by importing their library before loading. Such a method cannot take rows
-    past max_ctx, so a padded prefill that would reach past it runs token by token through `decode` instead."""
+    past max_ctx, so a padded prefill that would reach past it runs token by token through `decode` (Stepper.step)."""
 
     def __init__(self, manifest: dict, folder: Path, threads: int | None = None):
         import torch  # the ExecuTorch Python runtime takes torch tensors
@@ -175,7 +183,7 @@ class PteStepper(Stepper):
         self.torch = torch
         a = entry(manifest, "pte")
         self.in_place = bool(a.get("state_in_place"))
-        if a.get("attention", "").startswith("llama."):
+        if a.get("attention") == LLM_KERNELS:
             import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (registers the llama:: kernels)
             # in this Python build the llama:: kernels parallelise with torch's OpenMP pool, not XNNPACK's: two pools
             # of 2 threads on 2 busy cores made a 32-token prefill 5-30x slower (0.57 s -> 4-17 s, SmolLM2, 1
@@ -202,8 +210,6 @@ class PteStepper(Stepper):
         if n == 1:
             name, padded = "decode", tokens
         elif n <= self.chunk:
-            if self.in_place and pos + self.chunk > self.max_ctx:
-                return np.concatenate([self._call([tk], pos + i) for i, tk in enumerate(tokens)])
             name, padded = "prefill", list(tokens) + [0] * (self.chunk - n)
         else:
             raise EdgekvError(f"the pte prefill method takes at most {self.chunk} tokens per call, got {n}")

@@ -40,26 +40,27 @@ def _partitioner(in_place: bool):
     return XnnpackPartitioner(configs=configs)
 
 
-def lower_pte(eps: dict, in_place: int = 0):
-    """{method: ExportedProgram} -> EdgeProgramManager (inspect it with delegation_summary). in_place: the number of
-    state inputs (the last ones) written in place, from a module traced under Llama.executorch_ops; 0 for none."""
+def lower_pte(eps: dict, in_place: bool = False):
+    """{method: ExportedProgram} -> EdgeProgramManager (inspect it with delegation_summary). in_place: the programs
+    were traced under Llama.executorch_ops, and every state input is written in place."""
     from executorch.exir import to_edge_transform_and_lower
 
-    edge = to_edge_transform_and_lower(eps, partitioner=[_partitioner(bool(in_place))])
+    edge = to_edge_transform_and_lower(eps, partitioner=[_partitioner(in_place)])
     if in_place:
         for method in edge.methods:
-            write_state_in_place(edge.exported_program(method), in_place)
+            write_state_in_place(edge.exported_program(method))
     return edge
 
 
-def write_state_in_place(ep, n_state: int) -> None:
-    """Every index_put whose target is one of the last n_state user inputs -> index_put_ on that input. Refuses
-    (AssertionError: a tracing bug, not a user error) unless each state input is written exactly once and read by
-    nothing else: another reader would see the written cache where the traced graph meant the old one."""
+def write_state_in_place(ep) -> None:
+    """Every index_put whose target is a state input (the user inputs after tokens and pos: trace.example_inputs)
+    -> index_put_ on that input. Refuses (AssertionError: a tracing bug, not a user error) unless each state input
+    is written exactly once and read by nothing else: another reader would see the written cache where the traced
+    graph meant the old one."""
     from executorch.exir.dialects._ops import ops as exir_ops
 
     user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    states = set(user[len(user) - n_state:])
+    states = set(user[2:])
     written = set()
     for node in list(ep.graph.nodes):
         if node.op != "call_function" or node.target != exir_ops.edge.aten.index_put.default:

@@ -19,23 +19,33 @@ from .procmem import hwm, reset_hwm, rss
 PROGRESS = {"phase": "start", "step": 0}
 
 
-def heap_trimmer():
-    """glibc's malloc_trim(0), or a no-op where the C library has none (musl, macOS).
+# when the profile hands glibc's free heap pages back (host.malloc records it)
+TRIM_RULE = "malloc_trim(0) after a prefill call that left the resident set over 1 MiB above the last trim"
 
-    Called after a prefill call that left the resident set more than 1 MiB above the last one: it hands the free pages inside glibc's heap back to the system. Without it, a
-    state of many sub-MiB tensors that the runtime returns anew each call (int4 codes' scales and zeros) leaves
-    holes the next call's tensors do not fit, and the heap grows call after call (tiny Llama kv-int4 g16 at 32768
-    slots: RSS between calls 79 -> 117 MB over 5 calls; at 8192 slots 71 vs 40 MB after 16 calls, same call peak).
-    Not between decode steps: the pages it returns fault back in on the next call, which is what the timed decode
-    loop would then measure (tiny Llama kv-int8 at 1k: 117 -> 70 tok/s). Phones do not run glibc (Android's scudo
-    releases free pages itself)."""
+
+def heap_trimmer():
+    """-> a function to call after each prefill call: glibc's malloc_trim(0) when the resident set grew by over
+    1 MiB since the last trim (TRIM_RULE), a no-op where the C library has none (musl, macOS).
+
+    It hands the free pages inside glibc's heap back to the system. Without it, a state of many sub-MiB tensors that
+    the runtime returns anew each call (int4 codes' scales and zeros) leaves holes the next call's tensors do not
+    fit, and the heap grows call after call (tiny Llama kv-int4 g16 at 32768 slots: RSS between calls 79 -> 117 MB
+    over 5 calls; at 8192 slots 71 vs 40 MB after 16 calls, same call peak). Not between decode steps: the pages it
+    returns fault back in on the next call, which the timed decode loop would then measure (tiny Llama kv-int8 at
+    1k: 117 -> 70 tok/s). Phones do not run glibc (Android's scudo releases free pages itself)."""
     import ctypes
 
     try:
         fn = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return lambda: None
-    return lambda: fn(0)
+    kept = [rss()]
+
+    def trim():
+        if rss() > kept[0] + 2**20:
+            fn(0)
+            kept[0] = rss()
+    return trim
 
 
 def _watchdog(limit: int, out: dict):
@@ -75,27 +85,16 @@ def main(args: dict) -> dict:
     PROGRESS["phase"] = "load"
     stepper = open_stepper(folder, manifest, args["runtime"], args.get("threads"))
     out["after_load_bytes"] = rss()
-    trim, call, kept = heap_trimmer(), stepper._call, [rss()]
-
-    def trimmed(*a):
-        r = call(*a)
-        if rss() > kept[0] + 2**20:  # the heap grew by more than the call left behind last time: hand back its holes
-            trim()
-            kept[0] = rss()
-        return r
-
-    stepper._call = trimmed  # prefill only: put back before the decode loop
     tokens = args["tokens"]
     PROGRESS["phase"] = "prefill"
     t0 = time.perf_counter()
     # keeping only the last row of logits, as an app does (Stepper.prefill's last=True)
     n = stepper.chunk or stepper.max_chunk
-    last = stepper.prefill(tokens[:args["ctx"]], last=True)[-1]
+    last = stepper.prefill(tokens[:args["ctx"]], last=True, after_call=heap_trimmer())[-1]
     out["prefill_seconds"] = time.perf_counter() - t0
     out["prefill_chunk"] = n
     nxt = int(last.argmax())
     lat = []
-    stepper._call = call
     PROGRESS["phase"] = "decode"
     for i in range(args["steps"]):
         PROGRESS["step"] = i

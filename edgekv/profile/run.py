@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EdgekvError
+from .child import TRIM_RULE
 
 SCHEMA = Path(__file__).resolve().parent / "report.schema.json"
 
@@ -35,7 +36,7 @@ def host_info() -> dict:
         pass
     return {"kind": f"{platform.system().lower()}-{platform.machine()}", "device": "host", "ram_bytes": ram,
             "cores": os.cpu_count(), "malloc": {**{k: v for k, v in child_env().items() if k in MALLOC_ENV},
-                                                "trim_after_each_prefill_call": True}}
+                                                "trim": TRIM_RULE}}
 
 
 def measure_bandwidth(mib: int = 512, threads: int | None = None) -> float:
