@@ -96,6 +96,7 @@ CASES = [
     ("linear", "rwkv", "linear", "ort", (1024, 8192, 32768)),
     ("hybrid", "jamba", "hybrid", "ort", (1024, 8192, 32768)),
     ("kv fp16 SmolLM2-135M", "smollm2-135m", "kv", "ort", (1024, 8192)),
+    ("kv fp16 SmolLM2-135M", "smollm2-135m", "kv", "executorch", (1024, 8192)),
     # the same strategies on the real model, where the ORT session (~20 MB, 15-31 MB by graph) and glibc's heap
     # slack (up to 8 MiB) are a few % of the total instead of half of it
     ("kv-int8 SmolLM2-135M", "smollm2-135m", "kv-int8", "ort", (1024, 8192)),

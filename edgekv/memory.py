@@ -382,7 +382,8 @@ def _tied_bytes(arch: Arch, precision: str) -> float:
 def runtime_load_bytes(arch: Arch, precision: str, runtime: str, methods: int = 1) -> Item:
     """Resident bytes the runtime adds to the stored weights once the model is loaded and has run: its per-session
     cost, a second table for a tied lm_head, and (XNNPACK) one more packed copy of the delegated weights for every
-    method beyond the first (edgekv's .pte has two: prefill and decode)."""
+    method beyond the first (a .pte of a recurrent or blended state has two, prefill and decode; a plain kv cache's
+    .pte has one, forward)."""
     rt = _rt(runtime)
     sess = rt.get("session_bytes", 0)
     tied = _tied_bytes(arch, precision) if rt.get("tied_copy") else 0

@@ -19,7 +19,8 @@ FAMILY_OF = {"ssm": "ssm", "linear": "linear", "hybrid": "hybrid"}  # mla conver
 
 def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: str, overhead: float,
                chunk: int = DEFAULT_CHUNK, methods: int = 1) -> M.Deployment:
-    """methods: entry points the runtime initialises (edgekv's .pte has prefill + decode: XNNPACK packs twice)."""
+    """methods: entry points the runtime initialises (a .pte of a recurrent or blended state has prefill + decode:
+    XNNPACK packs the weights twice; a plain kv cache's .pte has one `forward`)."""
     if weights == "gguf" and not arch.gguf_path:
         raise EdgekvError(f"--weights gguf needs a GGUF model; {arch.name} was read from {arch.source}")
     layout = build_ring_layout(arch, strategy, ctx) if strategy.name == "ring" else build_layout(arch, strategy, ctx)

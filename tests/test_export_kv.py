@@ -73,7 +73,7 @@ def test_tiny_llama_artifact_matches_transformers_over_prefill_and_10_decode_ste
     ref, out, _, _ = tiny_export
     manifest = load_export(out)
     stepper = OrtStepper(manifest, out) if fmt == "onnx" else PteStepper(manifest, out)
-    prompt = [5, 9, 33, 12, 40, 7, 21, 3, 18, 50, 11]  # 11 tokens: the .pte prefill runs 8 + 3 (padded to 8)
+    prompt = [5, 9, 33, 12, 40, 7, 21, 3, 18, 50, 11]  # 11 tokens: the .pte runs calls of 8 and 3
     ours, want = run_against_transformers(stepper, ref, prompt, steps=10)
     scale = np.abs(want).max()
     assert scale > 1.0
@@ -107,8 +107,10 @@ def test_manifest_declares_the_state_layout_and_every_file_hash(tiny_export):
     assert [i["name"] for i in onnx_ep["inputs"]] == ["tokens", "pos"] + [t.name for t in layout.tensors]
     assert [o["name"] for o in onnx_ep["outputs"]] == ["logits"] + [t.output for t in layout.tensors]
     assert onnx_ep["inputs"][0]["shape"] == [1, "seq"]
-    pte_eps = {e["name"]: e["tokens"] for e in m["artifacts"][1]["entry_points"]}
-    assert pte_eps == {"prefill": 8, "decode": 1}
+    pte_eps = {e["name"]: (e["tokens"], e.get("max_tokens")) for e in m["artifacts"][1]["entry_points"]}
+    assert pte_eps == {"forward": ("seq", 8)}  # one method, 1..8 tokens per call (--prefill-chunk 8)
+    assert m["artifacts"][1]["entry_points"][0]["inputs"][0]["shape"] == [1, "seq"]
+    assert m["deployment"]["formats"]["pte"]["methods"] == 1
 
 
 def test_onnx_graph_io_is_what_the_manifest_says(tiny_export):
@@ -160,18 +162,19 @@ def test_kv_graph_attends_through_gqa_and_updates_the_state_in_place(tiny_export
     assert not first[0, :, n:].any()
 
 
-def test_pte_methods_write_the_state_in_place_through_executorch_llm_kernels(tiny_export):
+def test_pte_forward_writes_the_state_in_place_through_executorch_llm_kernels(tiny_export):
     """The .pte's plain-cache layers write each call's rows into the past.* input tensors themselves (index_put_)
     and attend through ExecuTorch's llama::custom_sdpa over the written slots only: no blend of the whole cache, and
     each present.* output is its past.* tensor (PteStepper copies nothing). Slots past a call's positions keep
-    whatever they held, which is what lets a step cost its position, not max_ctx."""
+    whatever they held, which is what lets a step cost its position, not max_ctx; and no call is padded (the one
+    method takes 1..8 tokens), so no slot past the last token is written."""
     _, out, m, _ = tiny_export
     art = m["artifacts"][1]
     assert art["state_in_place"] and art["attention"] == "llama.custom_sdpa"
-    for method in ("prefill", "decode"):
-        ops = art["delegation"][method]["portable_ops"]
-        assert ops["llama.custom_sdpa"] == 2 and ops["index_put_"] == 4  # per layer: one sdpa, key + value writes
-        assert not any(k.startswith(("where", "copy", "index_put.")) or k == "index_put" for k in ops)
+    assert list(art["delegation"]) == ["forward"]
+    ops = art["delegation"]["forward"]["portable_ops"]
+    assert ops["llama.custom_sdpa"] == 2 and ops["index_put_"] == 4  # per layer: one sdpa, key + value writes
+    assert not any(k.startswith(("where", "copy", "index_put.")) or k == "index_put" for k in ops)
     manifest = load_export(out)
     st = PteStepper(manifest, out, 1)
     assert st.in_place
@@ -179,21 +182,21 @@ def test_pte_methods_write_the_state_in_place_through_executorch_llm_kernels(tin
     for s in mine:
         s[0, :, 16:] = 7.0  # sentinels past what the calls below write
     prompt = [5, 9, 33, 12, 40, 7, 21, 3, 18, 50, 11]
-    st.prefill(prompt)  # 8 + 3 padded to 8: slots 0..15 (12..15 padding, masked until overwritten)
+    st.prefill(prompt)  # calls of 8 and 3: slots 0..10
     st.step([4], len(prompt))
     assert all(a is b for a, b in zip(st.state, mine))
     for s in st.state:
         assert (s[0, :, 16:] == 7.0).all()
         assert (s[0, :, :12].abs().amax(-1) > 0).all()
+        assert (s[0, :, 12:16] == 0).all()  # nothing padded
 
 
-def test_pte_prefill_whose_padding_would_pass_max_ctx_runs_token_by_token(tiny_export):
-    """An in-place .pte method cannot write rows at or past max_ctx, so a short last chunk whose padding would reach
-    past it (here 3 tokens at position 59 of 64, chunk 8) runs through `decode` one token at a time; the logits are
-    still transformers' own."""
+def test_pte_fills_the_context_to_max_ctx_with_a_short_last_call(tiny_export):
+    """The in-place .pte takes any 1..8 tokens per call, so a prompt that ends exactly at max_ctx (59 + 5 of 64
+    tokens, the last call shorter than 8) runs unpadded, with no row past max_ctx; the logits are transformers'."""
     ref, out, _, _ = tiny_export
     stepper = PteStepper(load_export(out), out)
-    tokens = [int(t) for t in np.random.default_rng(3).integers(3, VOCAB, 62)]
+    tokens = [int(t) for t in np.random.default_rng(3).integers(3, VOCAB, 64)]
     ours = np.concatenate([stepper.prefill(tokens[:59]), stepper.prefill(tokens[59:], pos=59)])
     with torch.no_grad():
         want = ref(torch.tensor([tokens])).logits[0].numpy()

@@ -1,5 +1,6 @@
-"""Every exportable strategy through `edgekv export`, in both formats (ONNX with a dynamic token axis; .pte with a
-`prefill` of C tokens and a `decode` of 1), on tiny models of each family.
+"""Every exportable strategy through `edgekv export`, in both formats (ONNX with a dynamic token axis; .pte with one
+`forward` of 1..C tokens for a plain kv cache, else a `prefill` of C tokens and a `decode` of 1), on tiny models of
+each family.
 
 For each export: the recorded verification passed (the artifact in its runtime against the eager module, state fed
 back); the manifest's state pairs are the planner's StateLayout, built here from the model's config.json; and the
@@ -106,21 +107,27 @@ def test_strategy_exports_and_verifies_in_both_formats(kind, strategy, fp32, mod
         for ep in art["entry_points"]:
             assert [i["name"] for i in ep["inputs"]] == ["tokens", "pos"] + [t.name for t in layout.tensors]
             assert [o["name"] for o in ep["outputs"]] == ["logits"] + [t.output for t in layout.tensors]
-    pte_eps = {e["name"]: e for e in next(a for a in m["artifacts"] if a["format"] == "pte")["entry_points"]}
-    assert pte_eps["prefill"]["tokens"] == CHUNK and pte_eps["decode"]["tokens"] == 1
-    recurrent = kind in ("mamba", "mamba2", "rwkv", "jamba")
-    assert pte_eps["prefill"]["tail"] == ("decode" if recurrent else "pad")
-    # only a Llama-family float cache runs as ORT's GroupQueryAttention with its state updated in place
-    onnx_art = next(a for a in m["artifacts"] if a["format"] == "onnx")
+    # only a Llama-family float cache runs as ORT's GroupQueryAttention / ExecuTorch's custom_sdpa with its state
+    # updated in place; its .pte is one method with a dynamic token axis
     fused = kind == "llama" and (strategy == "kv" or strategy.startswith("kv:"))
-    assert onnx_art.get("state_in_place", False) == fused
+    onnx_art, pte_art = (next(a for a in m["artifacts"] if a["format"] == f) for f in ("onnx", "pte"))
+    assert onnx_art.get("state_in_place", False) == fused and pte_art.get("state_in_place", False) == fused
+    pte_eps = {e["name"]: e for e in pte_art["entry_points"]}
+    if fused:
+        assert list(pte_eps) == ["forward"] and pte_eps["forward"]["tokens"] == "seq"
+        assert pte_eps["forward"]["max_tokens"] == CHUNK
+    else:
+        assert pte_eps["prefill"]["tokens"] == CHUNK and pte_eps["decode"]["tokens"] == 1
+        recurrent = kind in ("mamba", "mamba2", "rwkv", "jamba")
+        assert pte_eps["prefill"]["tail"] == ("decode" if recurrent else "pad")
+    assert m["deployment"]["formats"]["pte"]["methods"] == len(pte_eps)
 
     # verify ran both runtimes against the eager module over the prompt + STEPS decode steps, and passed
     for fmt in ("onnx", "pte"):
         v = m["verification"][fmt]
         assert v["passed"], v
         assert v["decode_steps"] == STEPS and v["positions_compared"] == v["prompt_tokens"] + STEPS
-        assert v["prompt_tokens"] % CHUNK > 1  # the pte prefill ran a short tail
+        assert v["prompt_tokens"] % CHUNK > 1  # the pte prefill ran a short last call
         assert v["top1_agreement"] >= 0.95
         assert v["max_abs_diff"] <= v["tolerance"]["max_abs_diff_over_logit_scale"] * max(v["logit_scale"], 1.0)
 

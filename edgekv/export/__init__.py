@@ -3,7 +3,8 @@
 Stages (each a module, each returning a value you can inspect), in the order pipeline.export_model runs them:
   trace.py      eager module -> torch.export ExportedPrograms (one per entry point)
   to_onnx.py    -> onnx.ModelProto: one graph `forward`, dynamic token axis `seq`
-  to_pte.py     -> ExecuTorch EdgeProgramManager: methods `prefill` (fixed chunk) and `decode`, XNNPACK
+  to_pte.py     -> ExecuTorch EdgeProgramManager, XNNPACK: `forward` (1..C tokens; a plain kv cache written in
+                   place) or `prefill` (fixed chunk) and `decode`
   verify.py     artifact in its runtime vs the eager module, same calls, state fed back
   manifest.py   manifest.json + manifest.schema.json; sha256 of every file, checked on load
   tokenizer.py  tokenizer.json from the GGUF vocabulary (or the HF folder's own)

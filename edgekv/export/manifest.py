@@ -53,12 +53,17 @@ def tensor_spec(name: str, dtype: str, shape) -> dict:
     return {"name": name, "dtype": dtype, "shape": list(shape)}
 
 
-def entry_point(name: str, tokens, layout, vocab: int, tail: str | None = None) -> dict:
+def entry_point(name: str, tokens, layout, vocab: int, tail: str | None = None, max_tokens: int | None = None
+                ) -> dict:
     """The inputs and outputs of one entry point: tokens, pos, then the state (StateLayout order), and back.
+    tokens: an int (fixed) or the name of a dynamic axis, which takes 1..max_tokens tokens per call (max_tokens:
+    written when it is less than max_ctx, as for the .pte `forward` method).
     tail (fixed-size prefill only): how a last chunk shorter than `tokens` runs: "pad" (pad it with token 0: the
     padded slots stay masked) or "decode" (token by token through `decode`: a recurrent state must not see padding)."""
     state = layout.tensors
     extra = {"tail": tail} if tail else {}
+    if max_tokens:
+        extra["max_tokens"] = max_tokens
     return {"name": name, "tokens": tokens, **extra,
             "inputs": [tensor_spec("tokens", "int64", [1, tokens]), tensor_spec("pos", "int64", [1])]
             + [tensor_spec(t.name, t.dtype, t.shape) for t in state],

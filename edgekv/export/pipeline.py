@@ -132,15 +132,17 @@ def verify_prompt(tokenizer, vocab: int, n_max: int) -> list[int]:
     return ids[:max(1, n_max)]
 
 
-def planned(arch, strategy, max_ctx: int, formats, pte_chunk: int, weights: str = "fp32") -> dict:
+def planned(arch, strategy, max_ctx: int, formats, pte_chunk: int, weights: str = "fp32", pte_methods: int = 2
+            ) -> dict:
     """The planner's Deployment for each artifact, at the prefill call size and on the runtime it is planned for
     (weights at the export's precision, state at max_ctx): what `edgekv profile` compares its measurement with. onnx: ONNX
-    Runtime, calls of OrtStepper's size (OrtStepper reads it back from here); pte: ExecuTorch, the prefill method's
-    fixed length, two methods (prefill + decode). The top-level bytes are the first format's. Runtime overhead is the
-    device's, not the artifact's, so it is left out (0) here."""
+    Runtime, calls of OrtStepper's size (OrtStepper reads it back from here); pte: ExecuTorch, calls of at most
+    pte_chunk tokens, pte_methods methods (1: `forward`; 2: `prefill` + `decode`, XNNPACK packs the weights twice).
+    The top-level bytes are the first format's. Runtime overhead is the device's, not the artifact's, so it is left
+    out (0) here."""
     from ..plan import deployment
     from .runtime import Stepper
-    plans = {"onnx": ("onnxruntime", min(Stepper.max_chunk, max_ctx), 1), "pte": ("executorch", pte_chunk, 2)}
+    plans = {"onnx": ("onnxruntime", min(Stepper.max_chunk, max_ctx), 1), "pte": ("executorch", pte_chunk, pte_methods)}
     out = {}
     for fmt in formats:
         runtime, chunk, methods = plans[fmt]
@@ -248,10 +250,17 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             quantization["pte"] = quantize_module(qmodule, opts.weights)
 
     chunk = max(1, min(opts.prefill_chunk, opts.max_ctx))
+    # a .pte whose state is written in place (plain caches: ExecuTorch's LLM kernels) is one method with a dynamic
+    # token axis: XNNPACK packs the weights once per method, and no call is padded. The others keep a fixed-size
+    # `prefill` and a one-token `decode`: a recurrent scan traces as an unrolled loop, which needs a fixed length.
+    in_place = "pte" in opts.formats and bool(getattr(qmodule, "fusable", lambda: False)())
+    if in_place and chunk < 2:
+        raise EdgekvError(f"a .pte of this strategy takes 2 or more tokens per call: use --prefill-chunk 2 or more "
+                          f"(and --max-ctx 2 or more), not {chunk}")
     entries = {"onnx": [mf.entry_point("forward", "seq", layout, args.vocab)],
-               "pte": [mf.entry_point("prefill", chunk, layout, args.vocab,
-                                      tail="pad" if pads_safely(layout) else "decode"),
-                       mf.entry_point("decode", 1, layout, args.vocab)]}
+               "pte": [mf.entry_point("forward", "seq", layout, args.vocab, max_tokens=chunk)] if in_place else
+               [mf.entry_point("prefill", chunk, layout, args.vocab, tail="pad" if pads_safely(layout) else "decode"),
+                mf.entry_point("decode", 1, layout, args.vocab)]}
     with st.stage("trace", ", ".join(f"{f}:{e['name']}" for f in opts.formats for e in entries[f])):
         eps = {}
         fused = False
@@ -259,11 +268,11 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             gqa = getattr(module, "onnx_gqa", None)  # Llama-family plain caches: ORT's GroupQueryAttention
             with gqa() if gqa else nullcontext(False) as fused:
                 eps.update(trace(module, {"onnx:forward": None}))
-        in_place = False
-        if "pte" in opts.formats:
-            et_ops = getattr(qmodule, "executorch_ops", None)  # plain caches: ExecuTorch's LLM kernels, in place
-            with et_ops() if et_ops else nullcontext(False) as in_place:
-                eps.update(trace(qmodule, {"pte:prefill": chunk, "pte:decode": 1}))
+        if in_place:
+            with qmodule.executorch_ops():
+                eps.update(trace(qmodule, {"pte:forward": None}, max_tokens=chunk))
+        elif "pte" in opts.formats:
+            eps.update(trace(qmodule, {"pte:prefill": chunk, "pte:decode": 1}))
 
     artifacts = []
     if "onnx" in opts.formats:
@@ -291,14 +300,14 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
     if "pte" in opts.formats:
         from . import to_pte
         with st.stage("lower-pte", "to_edge_transform_and_lower + XnnpackPartitioner"):
-            edge = to_pte.lower_pte({"prefill": eps["pte:prefill"], "decode": eps["pte:decode"]}, in_place)
+            edge = to_pte.lower_pte({e["name"]: eps[f"pte:{e['name']}"] for e in entries["pte"]}, in_place)
         with st.stage("serialize-pte", "model.pte"):
             delegation = to_pte.delegation_summary(edge)  # before to_executorch, which rewrites the graphs
             (tmp / "model.pte").write_bytes(to_pte.to_buffer(edge, in_place))
             from importlib.metadata import version as pkg_version
             art = {"format": "pte", "file": "model.pte", "runtime": f"executorch {pkg_version('executorch')}",
                    "backend": "xnnpack", "entry_points": entries["pte"], "delegation": delegation}
-            if in_place:  # each method writes its rows into the past.* inputs and returns them as present.*
+            if in_place:  # `forward` writes its rows into the past.* inputs and returns them as present.*
                 art["attention"] = to_pte.LLM_KERNELS
                 art["state_in_place"] = True
             artifacts.append(art)
@@ -319,7 +328,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
                 art, ref = OrtStepper(partial, tmp, opts.threads, spin=False), EagerStepper(partial, module)
             else:
                 art = PteStepper(partial, tmp, opts.threads)
-                ref = EagerStepper(partial, qmodule, chunk=art.chunk, tail=art.tail)
+                ref = EagerStepper(partial, qmodule, chunk=art.chunk, tail=art.tail, max_chunk=art.max_chunk)
             tol = "quantized-weights" if opts.weights != "fp32" else tolerance_dtype(layout, fmt == "onnx" and fused)
             v = verify(art, ref, prompt, steps, tol,
                        artifacts[[a["format"] for a in artifacts].index(fmt)]["runtime"])
@@ -357,7 +366,8 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             "state": layout.to_json(), "artifacts": artifacts, "tokenizer": tok_entry,
             "verification": verification, **({"weight_quality": weight_quality} if weight_quality else {}),
             "timings_s": dict(st.timings),
-            "deployment": planned(loaded.arch, strategy, opts.max_ctx, opts.formats, chunk, opts.weights),
+            "deployment": planned(loaded.arch, strategy, opts.max_ctx, opts.formats, chunk, opts.weights,
+                                  pte_methods=len(entries["pte"])),
             "files": mf.file_table(tmp)}
         mf.write_manifest(tmp, manifest)
     return manifest

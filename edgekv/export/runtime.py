@@ -6,8 +6,9 @@ A Stepper holds the state tensors of one sequence and calls the artifact's entry
 Nothing here imports edgekv.models: an artifact runs from its manifest alone. (ExecuTorch's Python runtime imports
 torch itself; ONNX Runtime does not.)
 
-Fixed-size prefill (the .pte `prefill` method takes exactly `chunk` tokens): a shorter last chunk runs as the entry
-point's `tail` says. "pad": padded with token 0; the padding writes junk K/V into slots past the prompt, masked
+A dynamic token axis (the ONNX graph; the .pte `forward` method of a state written in place) takes any 1..max_chunk
+tokens per call, unpadded. Fixed-size prefill (the .pte `prefill` method of the other states takes exactly `chunk`
+tokens): a shorter last chunk runs as the entry point's `tail` says. "pad": padded with token 0; the padding writes junk K/V into slots past the prompt, masked
 (slot > position) until the decode step at that position overwrites them, so the result is the same as an unpadded
 call. "decode": token by token through `decode`, for states that padding would corrupt (a recurrent state absorbs
 every token it sees; a rolling window would overwrite live slots).
@@ -86,10 +87,8 @@ class Stepper:
             raise EdgekvError(f"positions {pos}..{pos + len(tokens) - 1} are outside this export's max_ctx "
                               f"{self.max_ctx}")
         # a short chunk goes token by token where padding would corrupt the state: a recurrent state or a rolling
-        # window (tail "decode"), or rows at or past max_ctx, which an in-place method cannot write (the Android
-        # app's StepPlan has the same rule)
-        if self.chunk and 1 < len(tokens) < self.chunk and (
-                self.tail == "decode" or (self.in_place and pos + self.chunk > self.max_ctx)):
+        # window (tail "decode"; the Android app's StepPlan has the same rule)
+        if self.chunk and 1 < len(tokens) < self.chunk and self.tail == "decode":
             return np.concatenate([self._call([t], pos + i) for i, t in enumerate(tokens)])
         return self._call(tokens, pos)
 
@@ -164,14 +163,14 @@ class OrtStepper(Stepper):
 
 
 class PteStepper(Stepper):
-    """ExecuTorch through its pybindings module. Outputs are taken without the runtime's clone (clone_outputs=True
+    """ExecuTorch through its pybindings module: a `forward` method with a dynamic token axis (1..max_tokens), or a
+    fixed-size `prefill` and a one-token `decode`. Outputs are taken without the runtime's clone (clone_outputs=True
     made a SmolLM2 decode step 10x slower) and copied at once into our own state tensors: they alias the runtime's
     planned buffers, which the next call overwrites.
 
-    A .pte whose manifest says state_in_place (Llama.executorch_ops) writes each call's rows into our state tensors
-    themselves and returns them as present.*: nothing is copied. Its methods run ExecuTorch's LLM kernels
-    (llama::custom_sdpa), registered by importing their library before loading. Such a method cannot take rows
-    past max_ctx, so a padded prefill that would reach past it runs token by token through `decode` (Stepper.step)."""
+    A .pte whose manifest says state_in_place (Llama.executorch_ops; always the one `forward` method) writes each
+    call's rows into our state tensors themselves and returns them as present.*: nothing is copied. It runs
+    ExecuTorch's LLM kernels (llama::custom_sdpa), registered by importing their library before loading."""
 
     def __init__(self, manifest: dict, folder: Path, threads: int | None = None):
         import torch  # the ExecuTorch Python runtime takes torch tensors
@@ -182,7 +181,19 @@ class PteStepper(Stepper):
             portable_lib._unsafe_reset_threadpool(threads)  # XNNPACK's threadpool is process-wide
         self.torch = torch
         a = entry(manifest, "pte")
+        where = folder / a["file"]
         self.in_place = bool(a.get("state_in_place"))
+        eps = {ep["name"]: ep for ep in a["entry_points"]}
+        if set(eps) == {"forward"} and isinstance(eps["forward"]["tokens"], str):
+            self.methods = {"prefill": "forward", "decode": "forward"}
+            self.max_chunk = int(eps["forward"].get("max_tokens") or manifest["max_ctx"])
+        elif set(eps) == {"prefill", "decode"} and not self.in_place:
+            self.methods = {"prefill": "prefill", "decode": "decode"}
+            self.chunk, self.tail = int(eps["prefill"]["tokens"]), eps["prefill"].get("tail", "pad")
+        else:
+            raise EdgekvError(f"{where}: the manifest lists methods {', '.join(sorted(eps))}"
+                              f"{' with the state in place' if self.in_place else ''}; this edgekv runs `forward` "
+                              "(dynamic tokens) or `prefill` + `decode` (export it again with this edgekv)")
         if a.get("attention") == LLM_KERNELS:
             import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (registers the llama:: kernels)
             # in this Python build the llama:: kernels parallelise with torch's OpenMP pool, not XNNPACK's: two pools
@@ -190,16 +201,13 @@ class PteStepper(Stepper):
             # XNNPACK thread, OMP_NUM_THREADS=2 vs 1), so torch gets as many threads as XNNPACK
             torch.set_num_threads(threads or portable_lib._threadpool_get_thread_count())
         try:
-            self.program = _load_for_executorch(str(folder / a["file"]))
+            self.program = _load_for_executorch(str(where))
             names = set(self.program.method_names())
         except Exception as e:  # the runtime raises RuntimeError/ValueError on damaged programs
-            raise EdgekvError(f"{folder / a['file']}: ExecuTorch cannot load it ({type(e).__name__}: {e})") from None
-        shapes = {ep["name"]: ep["inputs"][0]["shape"][1] for ep in a["entry_points"]}
-        self.tail = next((ep.get("tail", "pad") for ep in a["entry_points"] if ep["name"] == "prefill"), "pad")
-        if not {"prefill", "decode"} <= names or set(shapes) != {"prefill", "decode"}:
-            raise EdgekvError(f"{folder / a['file']}: needs methods prefill and decode "
+            raise EdgekvError(f"{where}: ExecuTorch cannot load it ({type(e).__name__}: {e})") from None
+        if not set(self.methods.values()) <= names:
+            raise EdgekvError(f"{where}: needs method(s) {', '.join(sorted(set(self.methods.values())))} "
                               f"(has {', '.join(sorted(names))})")
-        self.chunk = int(shapes["prefill"])
         super().__init__(manifest)
 
     def _zeros(self, shape, dtype):
@@ -207,12 +215,11 @@ class PteStepper(Stepper):
 
     def _call(self, tokens, pos):
         n = len(tokens)
-        if n == 1:
-            name, padded = "decode", tokens
-        elif n <= self.chunk:
-            name, padded = "prefill", list(tokens) + [0] * (self.chunk - n)
-        else:
-            raise EdgekvError(f"the pte prefill method takes at most {self.chunk} tokens per call, got {n}")
+        most = self.chunk or self.max_chunk
+        if n > most:
+            raise EdgekvError(f"the pte takes at most {most} tokens per call, got {n}")
+        name = self.methods["decode" if n == 1 else "prefill"]
+        padded = list(tokens) + [0] * ((self.chunk - n) if self.chunk and n > 1 else 0)
         t = self.torch
         out = self.program.run_method(name, [t.tensor([padded], dtype=t.int64), t.tensor([pos], dtype=t.int64),
                                              *self.state], clone_outputs=False)
@@ -228,10 +235,12 @@ class PteStepper(Stepper):
 class EagerStepper(Stepper):
     """The torch module behind the same interface (verify's reference); `chunk` mirrors the artifact's calls."""
 
-    def __init__(self, manifest: dict, module, chunk: int | None = None, tail: str = "pad"):
+    def __init__(self, manifest: dict, module, chunk: int | None = None, tail: str = "pad",
+                 max_chunk: int | None = None):
         import torch
 
         self.torch, self.module, self.chunk, self.tail = torch, module, chunk, tail
+        self.max_chunk = max_chunk or Stepper.max_chunk
         super().__init__(manifest)
 
     def _zeros(self, shape, dtype):

@@ -1,13 +1,15 @@
-"""Stage 2b, lower to ExecuTorch: methods `prefill` (fixed chunk of tokens) and `decode` (one token) in one .pte,
-XNNPACK-delegated (to_edge_transform_and_lower + XnnpackPartitioner, then to_executorch). Weights are stored once
-and shared by both methods. Ops XNNPACK does not take (embedding, RoPE cos/sin, and either the cache blend or the
+"""Stage 2b, lower to ExecuTorch: one .pte, XNNPACK-delegated (to_edge_transform_and_lower + XnnpackPartitioner,
+then to_executorch), with one method `forward` (a dynamic token axis, 1..C) when the state is written in place (below),
+else methods `prefill` (fixed chunk of tokens) and `decode` (one token): a recurrent scan traces as an unrolled loop.
+Weights are stored once in the file and shared by the methods, but XNNPACK packs them once per method at load. Ops XNNPACK does not take (embedding, RoPE cos/sin, and either the cache blend or the
 in-place cache writes and ExecuTorch's attention kernel) run on ExecuTorch's portable / LLM kernels.
 
 State in place (a module traced under Llama.executorch_ops): each cache is written by an index_put of this call's
 rows and read by llama::custom_sdpa. Here that index_put becomes index_put_ on the method's own past.* input, the
 graph output present.* is that input (ExecuTorch aliases an in-place op's result with its argument), and inputs are
 not memory-planned (the runtime uses the caller's tensors instead of copying them into its arena): the method writes
-C rows into the caller's cache and returns it, with no copy of the state per call.
+C rows into the caller's cache and returns it, with no copy of the state per call. ExecuTorch plans the method's
+other buffers for its largest call (C tokens).
 """
 from __future__ import annotations
 

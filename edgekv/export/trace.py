@@ -1,7 +1,9 @@
 """Stage 1, trace: the eager decode-step module -> torch.export ExportedPrograms, one per entry point.
 
 An entry point is a name and a token count per call: an int for a fixed shape (the .pte `prefill` chunk and the
-one-token `decode`), or None for a dynamic axis 1..max_ctx (the single ONNX graph serves prefill and decode).
+one-token `decode` of a recurrent or blended state), or None for a dynamic axis 1..max_tokens (the single ONNX graph,
+max_tokens = max_ctx, and the single `forward` method of a .pte whose state is written in place, max_tokens = its
+prefill chunk: ExecuTorch plans its memory for the largest call).
 """
 from __future__ import annotations
 
@@ -12,17 +14,21 @@ def example_inputs(module, n_tokens: int) -> tuple:
     return (torch.zeros(1, n_tokens, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), *module.empty_state())
 
 
-def trace(module, entry_points: dict[str, int | None]) -> dict[str, torch.export.ExportedProgram]:
-    """{name: tokens per call or None} -> {name: ExportedProgram}. The state inputs are always static."""
-    max_ctx = module.layout.ctx
+def trace(module, entry_points: dict[str, int | None], max_tokens: int | None = None
+          ) -> dict[str, torch.export.ExportedProgram]:
+    """{name: tokens per call, or None for 1..max_tokens (default max_ctx)} -> {name: ExportedProgram}. The state
+    inputs are always static. A dynamic axis needs max_tokens >= 2 (torch.export specialises a range of one)."""
+    most = max_tokens or module.layout.ctx
     out = {}
     for name, n in entry_points.items():
-        args = example_inputs(module, n or min(2, max_ctx))
+        if n is None and most < 2:
+            raise ValueError(f"a dynamic token axis needs at least 2 tokens per call, not {most}")
+        args = example_inputs(module, n or 2)
         shapes = None
         if n is None:
             # Dim.DYNAMIC, not a named Dim: the matmul/view stride guards (s*Min(D, k*s) == D*s) hold for every
             # s >= 1 but the symbolic solver cannot prove them for a strict named Dim.
-            seq = torch.export.Dim.DYNAMIC(min=1, max=max_ctx)
+            seq = torch.export.Dim.DYNAMIC(min=1, max=most)
             shapes = ({1: seq}, None, tuple(None for _ in args[2:]))
         out[name] = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
     return out

@@ -279,7 +279,8 @@ public final class Benchmark {
     }
 
     /** Tokens per ONNX prefill call: the run's own setting, else what the export's plan assumed (edgekv's
-     * OrtStepper does the same), else 128. A .pte's prefill size is fixed by its method. */
+     * OrtStepper does the same), else 128. A .pte's calls are capped by its method: its fixed prefill size, or its
+     * dynamic {@code forward}'s max_tokens (StepPlan.maxTokensPerCall). */
     static int prefillChunk(BenchmarkArgs args, Manifest m) {
         if (args.prefillChunk != null) {
             return args.prefillChunk;

@@ -92,8 +92,11 @@ public final class Manifest {
         public final String name;
         /** Tokens per call when fixed; null when dynamic. */
         public final Long fixedTokens;
-        /** The dynamic axis name when the token count is dynamic (1..max_ctx); null when fixed. */
+        /** The dynamic axis name when the token count is dynamic; null when fixed. */
         public final String tokensAxis;
+        /** A dynamic axis's most tokens per call (max_tokens; the .pte {@code forward} method's memory is planned
+         * for it); null: max_ctx. */
+        public final Long maxTokens;
         public final List<TensorSpec> inputs;
         public final List<TensorSpec> outputs;
         /** Fixed-size prefill only: how a shorter last chunk runs: "pad" (pad with token 0; only for caches with a
@@ -101,12 +104,13 @@ public final class Manifest {
          * windows, which padding would corrupt). */
         public final String tail;
 
-        EntryPoint(String name, Long fixedTokens, String tokensAxis, List<TensorSpec> inputs,
+        EntryPoint(String name, Long fixedTokens, String tokensAxis, Long maxTokens, List<TensorSpec> inputs,
                    List<TensorSpec> outputs, String tail) {
             this.name = name;
             this.tail = tail;
             this.fixedTokens = fixedTokens;
             this.tokensAxis = tokensAxis;
+            this.maxTokens = maxTokens;
             this.inputs = Collections.unmodifiableList(inputs);
             this.outputs = Collections.unmodifiableList(outputs);
         }
@@ -336,7 +340,9 @@ public final class Manifest {
             if (!tailRule.equals("pad") && !tailRule.equals("decode")) {
                 throw tail.error("is " + tailRule + ", not pad or decode");
             }
-            EntryPoint ep = new EntryPoint(e.get("name").str(), fixed, axis, specs(e.get("inputs")),
+            Json.Node most = e.opt("max_tokens");
+            Long maxTokens = most.isNull() ? null : positive(most);
+            EntryPoint ep = new EntryPoint(e.get("name").str(), fixed, axis, maxTokens, specs(e.get("inputs")),
                     specs(e.get("outputs")), tailRule);
             checkStateIo(e, ep);
             list.add(ep);

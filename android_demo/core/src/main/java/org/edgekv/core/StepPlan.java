@@ -6,8 +6,10 @@ import java.util.List;
 /**
  * Which entry point each call uses and how many tokens it carries, the way edgekv/export/runtime.py calls an
  * artifact: ONNX has one graph with a dynamic token axis (a prompt goes in calls of at most maxChunk tokens); a .pte
- * has a fixed-size {@code prefill} method (the last chunk is padded with token 0: the padded slots lie past the
- * prompt, stay masked, and are overwritten by the decode steps) and a one-token {@code decode} method.
+ * of a plain kv cache has one {@code forward} method with a dynamic token axis of at most max_tokens per call; a .pte
+ * of any other state has a fixed-size {@code prefill} method (the last chunk is padded with token 0: the padded slots
+ * lie past the prompt, stay masked, and are overwritten by the decode steps, or, for a tail "decode", runs token by
+ * token) and a one-token {@code decode} method.
  */
 public final class StepPlan {
     private StepPlan() {}
@@ -49,11 +51,16 @@ public final class StepPlan {
         return best;
     }
 
-    /** The most tokens one call can take: the largest fixed size, or maxChunk for a dynamic axis. */
+    /** The most tokens one call can take: the largest fixed size, or for a dynamic axis maxChunk, capped by the
+     * axis's max_tokens. */
     public static int maxTokensPerCall(Manifest.Artifact a, int maxChunk) {
         int most = 0;
         for (Manifest.EntryPoint e : a.entryPoints) {
-            most = Math.max(most, e.isDynamic() ? maxChunk : (int) (long) e.fixedTokens);
+            int n = e.isDynamic() ? maxChunk : (int) (long) e.fixedTokens;
+            if (e.isDynamic() && e.maxTokens != null) {
+                n = (int) Math.min(n, e.maxTokens);
+            }
+            most = Math.max(most, n);
         }
         return most;
     }
@@ -74,10 +81,7 @@ public final class StepPlan {
             if (e == null) {
                 throw new EdgekvException("artifact " + a.file + " has no entry point that takes " + n + " tokens");
             }
-            // a .pte whose methods write the state in place (state_in_place) cannot take rows at or past max_ctx:
-            // a short chunk whose padding would reach there runs token by token too (edgekv's PteStepper does)
-            boolean pastEnd = a.stateInPlace && !e.isDynamic() && start + s + e.fixedTokens > maxCtx;
-            if (!e.isDynamic() && n < e.fixedTokens && ("decode".equals(e.tail) || pastEnd)) {
+            if (!e.isDynamic() && n < e.fixedTokens && "decode".equals(e.tail)) {
                 for (int k = 0; k < n; k++) { // padding would corrupt a recurrent state or a rolling window
                     calls.add(decode(a, start + s + k, maxCtx));
                 }

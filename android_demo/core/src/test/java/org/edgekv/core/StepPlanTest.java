@@ -83,18 +83,18 @@ public class StepPlanTest {
     }
 
     @Test
-    public void anInPlacePteRunsAChunkWhosePaddingWouldPassMaxCtxOneTokenAtATime() throws Exception {
-        Manifest plain = TestSupport.fixtureManifest();
-        assertEquals("prefill@500+6 (padded to 32)",
-                StepPlan.prefill(plain.artifact("pte"), 500, 6, 64, 512).get(0).toString());
-        Manifest inPlace = edited("\"format\": \"pte\",", "\"format\": \"pte\",\n      \"state_in_place\": true,");
-        List<StepPlan.Call> calls = StepPlan.prefill(inPlace.artifact("pte"), 500, 6, 64, 512);
-        assertEquals(6, calls.size());
-        assertEquals("decode@500+1", calls.get(0).toString());
-        assertEquals("decode@505+1", calls.get(5).toString());
-        // padding that stays inside max_ctx is still one padded call
-        assertEquals("prefill@470+6 (padded to 32)",
-                StepPlan.prefill(inPlace.artifact("pte"), 470, 6, 64, 512).get(0).toString());
+    public void anInPlacePteForwardTakesUnpaddedCallsOfAtMostItsMaxTokens() throws Exception {
+        // edgekv's .pte of a plain kv cache: one method, a dynamic token axis of 1..max_tokens, the state in place
+        String pte = "\"name\": \"prefill\",\n          \"tokens\": 32,";
+        Manifest m = edited(pte, "\"name\": \"forward\",\n          \"tokens\": \"seq\",\n"
+                + "          \"max_tokens\": 24,");
+        Manifest.Artifact a = m.artifact("pte");
+        assertEquals(Long.valueOf(24), a.entryPoint("forward").maxTokens);
+        List<StepPlan.Call> calls = StepPlan.prefill(a, 466, 46, 64, 512); // ends at max_ctx, no padding past it
+        assertEquals(2, calls.size());
+        assertEquals("forward@466+24", calls.get(0).toString()); // max_tokens caps the run's 64
+        assertEquals("forward@490+22", calls.get(1).toString());
+        assertEquals(22, calls.get(1).padded);
     }
 
     @Test
