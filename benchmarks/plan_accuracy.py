@@ -157,9 +157,10 @@ def export(model: str, strategy: str, fmt: str, ctx: int, out: Path) -> str | No
     return None if p.returncode == 0 else last_line(p.stderr or p.stdout)
 
 
-def profile(out: Path, runtime: str, ctx: int, steps: int) -> dict:
+def profile(out: Path, runtime: str, ctx: int, steps: int, repeats: int = 1) -> dict:
     p = subprocess.run(EDGEKV + ["profile", str(out), "--ctx", str(ctx), "--steps", str(steps), "--threads", "1",
-                                 "--runtime", runtime, "--json"], capture_output=True, text=True, cwd=ROOT)
+                                 "--runtime", runtime, "--repeats", str(repeats), "--json"],
+                       capture_output=True, text=True, cwd=ROOT)
     if p.returncode != 0:
         return {"error": last_line(p.stderr)}
     rep = json.loads(p.stdout)
@@ -170,7 +171,8 @@ def profile(out: Path, runtime: str, ctx: int, steps: int) -> dict:
             "predicted_components": r["predicted_components"], "measured_components": r.get("measured_components"),
             "runtime_baseline_bytes": r["runtime_baseline_bytes"], "prefill_chunk": rep.get("prefill_chunk"),
             "prefill_seconds": r.get("prefill_seconds"), "tokens_per_s": r.get("tokens_per_s"),
-            "error_pct": r["error_pct"], "within_target": abs(r["error_pct"]) <= 10.0}
+            "error_pct": r["error_pct"], "within_target": abs(r["error_pct"]) <= 10.0,
+            **({"measured_bytes_runs": r["measured_bytes_runs"]} if "measured_bytes_runs" in r else {})}
 
 
 STEADY_CHILD = """
@@ -233,6 +235,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=8, help="decode steps per profile run")
     ap.add_argument("--ctx", default=None, help="comma-separated contexts to run, e.g. 1024 (default: all)")
     ap.add_argument("--only", default=None, help="comma-separated strategy labels to run (e.g. 'kv fp16,ssm')")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="fresh processes per row; each row is the run with the median memory (edgekv profile --repeats)")
     ap.add_argument("--export-only", action="store_true", help="make the exports, profile nothing (rows kept)")
     ap.add_argument("--steady", action="store_true", help="measure nothing else: add each stored ORT row's "
                     "steady-state call peak with the arena and memory patterns off (steady_bytes)")
@@ -262,7 +266,7 @@ def main(argv=None) -> int:
                 print(f"  {label} {runtime} {ctx}: export " + (err or "ok"), file=sys.stderr, flush=True)
                 continue
             if err is None:
-                res = profile(out, runtime, ctx, a.steps)
+                res = profile(out, runtime, ctx, a.steps, a.repeats)
                 err = res.pop("error", None)
                 row.update(res)
             if err is not None:

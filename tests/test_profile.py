@@ -45,6 +45,32 @@ def test_profile_measures_each_context_in_a_fresh_process(export_dir, tmp_path):
     assert json.loads((tmp_path / "r.json").read_text()) == rep
 
 
+def test_repeats_report_the_median_run_with_every_runs_memory(export_dir):
+    p = run_cli("profile", export_dir, "--ctx", "128", "--steps", "8", "--threads", "1", "--repeats", "3", "--json",
+                check=True)
+    assert p.stderr.count("in a fresh process") == 3 and "(3 of 3)" in p.stderr
+    run = json.loads(p.stdout)["runs"][0]
+    m = run["measured_bytes_runs"]
+    assert len(m) == 3 and run["measured_bytes"] == sorted(m)[1]
+    assert run["peak_bytes"] - run["runtime_baseline_bytes"] == run["measured_bytes"]  # one real run's numbers
+
+
+def test_median_run_picks_a_real_run_and_never_hides_a_failed_one():
+    from edgekv.profile.run import median_run
+
+    runs = [{"peak_bytes": 100 + m, "runtime_baseline_bytes": 100, "tag": t} for m, t in ((30, "a"), (10, "b"),
+                                                                                           (20, "c"), (40, "d"))]
+    assert median_run(runs)["tag"] == "c" and median_run(runs)["measured_bytes_runs"] == [30, 10, 20, 40]
+    assert median_run(runs[:3])["tag"] == "c" and "measured_bytes_runs" not in median_run(runs[:1])
+    over = {"status": "exceeded", "peak_bytes": 500, "runtime_baseline_bytes": 100, "tag": "x"}
+    assert median_run(runs[:2] + [over])["tag"] == "x"
+
+
+def test_repeats_with_adb_is_one_line(export_dir):
+    p = run_cli("profile", export_dir, "--adb", "--repeats", "2")
+    assert p.returncode == 2 and "--repeats" in p.stderr and "Traceback" not in p.stderr
+
+
 def test_the_prediction_counts_the_weights_the_export_stored(export_dir):
     """fp32 weights are 4 B per parameter (the export's own parameter count); an int4 export's are half a byte per
     parameter plus block scales and what the planner keeps wider: under a byte per parameter, not the fp32 size."""

@@ -30,16 +30,22 @@ REMOTE_REPORT = f"/sdcard/Android/data/{APP}/files/report.json"
               "stopped and reported with the step it reached")
 @click.option("--device", "device_name", default=None, help="use this device profile's app budget as --limit")
 @click.option("--threads", default=None, type=click.IntRange(1, 256))
+@click.option("--repeats", default=1, show_default=True, type=click.IntRange(1, 50),
+              help="fresh processes per context; the run with the median memory is reported, with every run's "
+                   "measured bytes (measured_bytes_runs)")
 @click.option("--adb", "use_adb", is_flag=True, help="run on an attached Android phone through the demo app")
 @click.option("--serial", default=None, help="adb device serial (with --adb)")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--out", type=click.Path(dir_okay=False), help="also write the report JSON here")
-def profile(export_dir, ctx_text, steps, runtime, limit_text, device_name, threads, use_adb, serial, as_json, out):
+def profile(export_dir, ctx_text, steps, runtime, limit_text, device_name, threads, repeats, use_adb, serial, as_json,
+            out):
     """Measured peak memory (minus the runtime's baseline) and tokens/s of an export, against the plan."""
     from ..units import parse_bytes, parse_ctx_list
 
     ctxs = parse_ctx_list(ctx_text)
     if use_adb:
+        if repeats > 1:
+            raise EdgekvError("--repeats is for runs on this machine; with --adb the app runs each context once")
         report = adb_profile(Path(export_dir), ctxs, steps, runtime or "ort", serial)
     else:
         from ..devices import load_device
@@ -47,8 +53,10 @@ def profile(export_dir, ctx_text, steps, runtime, limit_text, device_name, threa
         device = load_device(device_name) if device_name else None
         limit = parse_bytes(limit_text) if limit_text else None
         err = click.get_text_stream("stderr")
-        report = run_profile(export_dir, ctxs, steps, runtime, limit, threads, device,
-                             progress=lambda c: err.write(f"profile: ctx {c} in a fresh process...\n"))
+        def progress(c, i, n):
+            err.write(f"profile: ctx {c} in a fresh process" + (f" ({i + 1} of {n})" if n > 1 else "") + "...\n")
+        report = run_profile(export_dir, ctxs, steps, runtime, limit, threads, device, progress=progress,
+                             repeats=repeats)
         validate_report(report)
     if out:
         tmp = Path(out).with_suffix(".tmp")
@@ -86,6 +94,11 @@ def profile_table(report: dict) -> None:
                                            if r.get("status") == "exceeded" else ""))
     c = console()
     c.print(t)
+    for r in report["runs"]:
+        if r.get("measured_bytes_runs"):
+            m = r["measured_bytes_runs"]
+            c.print(f"ctx {r['ctx']}: the median of {len(m)} fresh processes (measured {fmt_bytes(min(m), 'MB', 1)} "
+                    f"to {fmt_bytes(max(m), 'MB', 1)})")
     c.print("MB = 1e6 bytes. measured = peak RSS (VmHWM) - the runtime's baseline RSS, each run in a fresh process; "
             "predicted = the planner's weights + state (+ workspace); roofline = bandwidth / (weights + state bytes).")
 
