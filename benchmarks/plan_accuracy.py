@@ -11,7 +11,7 @@ Models: the trained tiny fixtures (fixtures/tiny/: Llama for kv/window/mla, Mamb
 7 MB of weights make the state and the runtime's own costs dominate at long contexts -- a check of the state and
 workspace arithmetic more than of weight loading; the tiny Llama's config says max_position_embeddings 8192, so a copy
 with 32768 (same trained weights; positions past 8k are untrained, which memory does not care about) is used at 32k.
-Real-model row: SmolLM2-135M kv fp16 in ONNX at 1k (and 8k in the full run).
+Real-model rows: SmolLM2-135M at 1k and 8k, kv fp16 in ONNX and ExecuTorch, kv-int8, kv-int4, window, mla in ONNX.
 
 Where the runtime constants in edgekv/memory.py come from (probe scripts run here, 2026-11-30, each in a fresh
 process, RSS minus the RSS after importing the runtime):
@@ -21,7 +21,8 @@ process, RSS minus the RSS after importing the runtime):
   ORT tiny Llama kv 1k: after load 22.5 MB (weights 7.3); peak at prefill chunk 1 / 32 / 128 / 512: 38.1 / 38.8 /
     44.9 / 68.7 MB; 32k: decode call 261 MB (state 100.7 MB, in + out), chunk 32 / 128: 428 / 577 MB.
   ExecuTorch SmolLM2 .pte (652 MB: weights + a second lm_head): load 0.1 MB (mmap), first decode 698 MB,
-    then the prefill method +570 MB (XNNPACK packs the weights once per method).
+    then the prefill method +570 MB (XNNPACK packs the weights once per method; the .pte of a plain kv cache has
+    one method since 2026-12-01, below).
   ExecuTorch tiny Llama kv: 1k decode 25.6 / prefill 43.1 MB; 32k decode 375 (peak 400) / prefill 643 (peak 677) MB.
 
 Since 2026-11-30 (night), each mechanism measured with /tmp probes like the ones above (fresh process, manifest read
@@ -40,6 +41,16 @@ before the baseline, peak of a call above the RSS before it):
     -> +1 / +2 %;
   - the profile read (and schema-checked) the manifest after taking the runtime baseline: jsonschema's import,
     5 MB, was counted as the model's. Moved before the baseline; every tiny-model row dropped by 5 MB.
+Since 2026-12-01 a plain kv cache's .pte is one method `forward` with a dynamic token axis (1..32) instead of a
+32-token `prefill` and a one-token `decode`: XNNPACK packs the weights once. Tiny Llama kv fp16 1k / 8k / 32k: 35.4 /
+107.1 / 352.3 MB with the two methods, 25.0 / 82.9 / 280.9 MB with one. Probed (RSS and VmHWM after each call,
+planned buffer sizes read from the .pte): the SmolLM2 .pte touches its 108 MiB embedding table at load (mmapped
+file pages), packs on the first call (+546 MiB anonymous) with a 108.5 MB transient while the tied lm_head is packed
+(memory RUNTIMES pack_transient: the largest delegated matrix); a fp16 cache's read-back is 2.5 K-sized fp32 tensors
+in the method's plan (15.9 / 16.0 MB planned at 8k, tiny / SmolLM2) + 1 per attention layer outside it (slope over
+the state: 6.5 K-sized per slot on the 4-layer tiny Llama, 31.8 on the 30-layer SmolLM2; memory.ET_SDPA).
+New rows: ExecuTorch SmolLM2 kv fp16 at 1k / 8k (before the two terms: +19 / +32 %; with them -0.4 / -0.6 %).
+
 What is left at 1k on the tiny fixtures (30-55 MB in all) is ORT's session, 15-31 MB by graph (after the first call,
 minus weights and state: Mamba 15, Jamba 17-20, Llama kv 18-20, RWKV 21, kv-int8 21, window 20-23, kv-int4 23-29,
 converted MLA 26-31; no link to node or initializer counts), against the one 19 MB constant, and glibc keeping up

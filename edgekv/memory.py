@@ -32,12 +32,15 @@ WEIGHT_PRECISIONS = ("fp32", "fp16", "int8", "int4", "gguf")
 #     initializer; the ExecuTorch export stores the delegate's lm_head next to the embedding the gather reads).
 #   load_transient_tied: ORT holds one more embedding-sized buffer while it folds that transpose (load peak).
 #   packs_per_method: XNNPACK packs the delegated weights (linear + lm_head) once per method it initialises.
+#   pack_transient: while XNNPACK packs (on a method's first call) it holds one delegate's unpacked weights beside the
+#     packed ones: the largest delegated matrix more, alive with that call's own buffers (workspace_bytes).
 #   rolling_attends_first: a rolling (window) layer's attention runs before the state it writes exists, so a call
 #     peaks at the larger of the two, not their sum (workspace_bytes).
 #   where_casts_fp16: no fp16 Where kernel, so a Where-written fp16 cache is cast to fp32 (WHERE_WRITTEN_TYPES).
 RUNTIMES = {
     "executorch": {"scores": True, "kv_dequant": "layer", "session_bytes": 8_000_000, "score_copies": 2,
                    "state_copies": 3, "tied_copy": True, "load_transient_tied": False, "packs_per_method": True,
+                   "pack_transient": True,
                    "why": "ExecuTorch quantized_kv_cache.py dequantizes the cache to fp32 on every update (anchors.md "
                           "section 2); edgekv's exported attention is matmul-softmax-matmul, which materialises scores"},
     "onnxruntime": {"scores": True, "kv_dequant": "layer", "session_bytes": 19_000_000, "score_copies": 2,
@@ -62,7 +65,9 @@ MEASURED = {  # how each numeric field above was measured; shown by --explain ne
                   "planned input and output buffers: tiny Llama kv 32k, state 100.7 MB: decode method 375 MB, + prefill "
                   "method 643 MB); packs per method: SmolLM2 decode method 698 MB, + prefill method "
                   "570 MB (XNNPACK packs the 425 MB linear + 113 MB lm_head again); tied copy: model.pte 652 MB = "
-                  "538 MB weights + the 113 MB lm_head",
+                  "538 MB weights + the 113 MB lm_head; pack transient: SmolLM2 .pte (one method, kv fp16, 1k "
+                  "slots): steady RSS after the first call 684 MiB above the baseline, peak 787 MiB (+108.5 MB, the "
+                  "113 MB lm_head being packed)",
 }
 
 
@@ -111,14 +116,16 @@ GQA = {"score_copies": 1, "mask_copies": 0, "state_copies": 1, "kv_dequant": "he
 
 
 # edgekv's .pte runs the same plain float cache through ExecuTorch's LLM kernels (edgekv/models/llama.py
-# Attention.custom: index_put_ on the caller's past.* tensor, llama::custom_sdpa over the written rows): the state is
-# not memory-planned and exists once, the op tiles its scores (none materialised), and there is no mask. A fp16
-# cache is read back as fp32 rows 0..pos+C-1 for the op; ExecuTorch plans that upper-bound [Hkv, T, D] buffer per
-# method. Measured (tiny Llama kv fp16, chunk 32, decode + prefill methods, peak above the runtime baseline): 1k /
-# 8k slots 35.5 / 107.2 MB; above weights, state and load, 9.0 K-sized fp32 tensors across the two methods' plans
-# (slope 1k -> 8k), i.e. 4.5 per method: the K and V read-backs of about two layers.
+# Attention.custom: index_put_ on the caller's past.* tensor, llama::custom_sdpa over the written rows) in one method
+# with a dynamic token axis: the state is not memory-planned and exists once, the op tiles its scores (none
+# materialised), and there is no mask. A fp16 cache is read back as fp32 rows 0..pos+C-1 for the op (a slice of the
+# fp16 rows, then a cast). Measured (tiny Llama, 4 layers, and SmolLM2, 30 layers, kv fp16, chunk 32; peak above the
+# runtime baseline at 1k / 8k / 32k slots): 2.5 K-sized fp32 tensors in the method's memory plan (its planned buffer:
+# 15.9 / 16.0 MB at 8k, read from the .pte) plus one more for every attention layer (its fp16 K and V rows), sized
+# for max_ctx and resident from the first call: slope over the state 6.5 K-sized per slot for the tiny Llama, 31.8
+# for SmolLM2 (2.5 + 30 = 32.5 predicted). (The earlier prefill + decode pair measured 9.0 across its two plans.)
 ET_SDPA = {"scores": False, "mask_copies": 0, "state_copies": 1, "kv_dequant": "layer", "in_place": True,
-           "readback_copies": 4.5,
+           "readback_copies": 2.5, "readback_per_layer": 1.0,
            "why": "edgekv's .pte kv graph: custom_sdpa over the written rows, state written in place"}
 
 
@@ -278,6 +285,7 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     scan = 0
     masks = 0
     scratch_how = ""
+    held = 0  # read-back rows every attention layer keeps for itself (ET_SDPA readback_per_layer)
     kept, width = {}, {}
     for t in layout.tensors:
         if t.role in ("key", "latent"):
@@ -297,6 +305,8 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
                 layer, how = _layer_scratch(arch, m, t, width.get(i, 0), strategy, rt, chunk)
                 if layer > scratch:
                     scratch, scratch_how = layer, how
+                if layer and "readback_per_layer" in rt:  # each layer's own rows, held beside the shared plan
+                    held += rt["readback_per_layer"] * m.n_kv_heads * t * m.head_dim * 4
             elif isinstance(m, MLA):
                 qkv = max(qkv, m.n_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim) + m.kv_lora_rank)
                 if rt["scores"]:
@@ -312,7 +322,8 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     act = chunk * (4 * arch.hidden + qkv + 3 * inter + ssm_w) * 4
     logits = chunk * arch.vocab * 4  # the exported step returns logits for every token of the call
     masks *= rt.get("mask_copies", 0)
-    attend = act + copies * scores + masks + logits + scratch + scan
+    pack = _largest_packed(arch, precision) if rt.get("pack_transient") else 0
+    attend = act + copies * scores + masks + logits + scratch + held + scan + pack
     # static caches: attention reads the state the call writes, so the written copies are alive with its scratch;
     # rolling layers: the written state is an output no node reads, and ORT's order runs the attention first, so the
     # call peaks at the larger of the two. Measured (tiny Llama window w=4096 + 4 sinks, fp16, 8192-token context,
@@ -328,6 +339,12 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
              f"logits chunk x vocab x 4 B = {logits:,}"]
     if scratch:
         parts.append(f"{scratch_how} = {scratch:,.0f}")
+    if held:
+        parts.append(f"each attention layer's own fp16 rows read back ({rt['readback_per_layer']} K-sized fp32 "
+                     f"tensor per layer) = {held:,.0f}")
+    if pack:
+        parts.append(f"the largest delegated weight matrix, unpacked while XNNPACK packs it on the first call "
+                     f"= {pack:,.0f}")
     if scan:
         parts.append(f"selective-scan inputs {SCAN_COPIES} x chunk x d_inner x d_state x 4 B = {scan:,}")
     if rolling:
@@ -360,7 +377,7 @@ def _layer_scratch(arch: Arch, m: Attention, t: int, width: int, strategy: Strat
         return 0, ""
     if "readback_copies" in rt:
         copies = rt["readback_copies"]
-        how = f"cast from {dtype}; {copies} K-sized fp32 tensors in each method's memory plan"
+        how = f"cast from {dtype}; {copies} K-sized fp32 tensors in each method's memory plan, shared by the layers"
     elif strategy.kv_bits:
         sub = strategy.kv_bits < 8
         copies = 2 + (UNPACK_EXTRA_COPIES if sub else 0)
@@ -370,6 +387,12 @@ def _layer_scratch(arch: Arch, m: Attention, t: int, width: int, strategy: Strat
     else:
         copies, how = 2, f"cast from {dtype}"
     return copies * unit, f"one layer's K,V in fp32 ({how})"
+
+
+def _largest_packed(arch: Arch, precision: str) -> float:
+    """Bytes of the largest matrix XNNPACK packs: a linear, the lm_head, or the embedding a tied lm_head reads."""
+    sizes = [weight_bytes_one(w, precision) for w in arch.weights if w.cls in ("linear", "lm_head")]
+    return max(sizes + [_tied_bytes(arch, precision)])
 
 
 def _tied_bytes(arch: Arch, precision: str) -> float:
