@@ -29,14 +29,18 @@ import numpy as np
 REL_TOL = {"float32": 1e-4, "float16": 2e-3, "int8": 2e-2, "uint8": 1e-1,
            # a .pte with torchao-quantized weights against the same quantized eager module: both quantize the
            # activations dynamically per token, and a one-step difference in a rounded activation moves a logit
-           # by about one weight step; how far the quantized model is from fp32 is verify-quant's job (wquant)
-           "quantized-weights": 5e-2,
+           # by about one weight step, which 30 layers carry on. Measured on SmolLM2-135M, the 34-token verify
+           # prompt: the .pte 6.3e-2 (int8) / 9.5e-2 (int4) of the logit scale, top-1 94.1 / 97.1 %; eager against
+           # itself with the embedding perturbed by 1e-7 relative 7.9e-2 / 8.1e-2, top-1 97.1 / 94.1 %. A lowering
+           # bug moves logits by the order of their scale; how far the quantized model is from fp32 is
+           # verify-quant's job (wquant: top-1 and KL over real text)
+           "quantized-weights": 1.5e-1,
            # an ONNX kv graph with a fp16 cache attends through ORT's GroupQueryAttention, which takes q, k, v in
            # the cache dtype and returns its output in it too: q and the attention output are rounded to fp16 as
            # well as K/V (eager keeps them fp32). Measured: SmolLM2-135M 5.7e-4, a random tiny Llama with large
            # activations (initializer_range 0.2) 2.3e-3 of the logit scale, top-1 100 % both
            "float16-attention": 5e-3}
-MIN_TOP1 = {"uint8": 0.9}  # by tolerance dtype; 0.95 for the others (near-tie flips, as above)
+MIN_TOP1 = {"uint8": 0.9, "quantized-weights": 0.9}  # by tolerance dtype; 0.95 for the others (near-tie flips)
 
 
 def min_top1(cache_dtype: str) -> float:
