@@ -51,10 +51,14 @@ in the method's plan (15.9 / 16.0 MB planned at 8k, tiny / SmolLM2) + 1 per atte
 the state: 6.5 K-sized per slot on the 4-layer tiny Llama, 31.8 on the 30-layer SmolLM2; memory.ET_SDPA).
 New rows: ExecuTorch SmolLM2 kv fp16 at 1k / 8k (before the two terms: +19 / +32 %; with them -0.4 / -0.6 %).
 
-What is left at 1k on the tiny fixtures (30-55 MB in all) is ORT's session, 15-31 MB by graph (after the first call,
-minus weights and state: Mamba 15, Jamba 17-20, Llama kv 18-20, RWKV 21, kv-int8 21, window 20-23, kv-int4 23-29,
-converted MLA 26-31; no link to node or initializer counts), against the one 19 MB constant, and glibc keeping up
-to 8 MiB of freed heap that a small call's tensors reuse. On SmolLM2-135M both are a few % of the total.
+What is left on the tiny fixtures (30-55 MB in all at 1k) is ORT's session: after loading a graph, beyond weights
+and state, 14.6 (window) - 14.7 (kv) - 15.4 (Mamba) - 17.5 (kv-int8) - 18.3 (RWKV) - 19.2 (converted MLA) - 19.3 MB
+(kv-int4), against one 17 MB constant (the middle of that range, since 2026-12-01; it was 19 MB, which added a first
+call's 3.9 MB that the workspace terms already count). With it, and the Mamba scan's 5 copies (memory.SCAN_COPIES,
+measured with the profile's malloc settings), kv fp16 at 1k is -10.6 % (its session 14.7 MB) and RWKV +10.2 % at 8k
+and 32k (20.3 MB); every other row is within 10 %. The ssm rows are the median of 3 fresh processes each
+(--repeats 3): 32k vs 1k +0.2 %, where single runs differed by up to 1.3 MB (2.9 %). On SmolLM2-135M the session is
+a few % of the total.
 
 Since 2026-11-30 (evening) a float kv cache runs as ORT's GroupQueryAttention with the state bound in place
 (memory.GQA): tiny Llama kv fp16, 1k / 8k / 32k: 35.9 / 71.5 / 206.0 MB measured for 33.8 / 73.2 / 208.5 predicted

@@ -43,7 +43,7 @@ RUNTIMES = {
                    "pack_transient": True,
                    "why": "ExecuTorch quantized_kv_cache.py dequantizes the cache to fp32 on every update (anchors.md "
                           "section 2); edgekv's exported attention is matmul-softmax-matmul, which materialises scores"},
-    "onnxruntime": {"scores": True, "kv_dequant": "layer", "session_bytes": 19_000_000, "score_copies": 2,
+    "onnxruntime": {"scores": True, "kv_dequant": "layer", "session_bytes": 17_000_000, "score_copies": 2,
                     "mask_copies": 2, "state_copies": 3, "tied_copy": True, "load_transient_tied": True, "packs_per_method": False,
                     "rolling_attends_first": True, "where_casts_fp16": True,
                     "why": "edgekv's ONNX graphs dequantize a layer's cache, then run matmul-softmax-matmul"},
@@ -52,8 +52,10 @@ RUNTIMES = {
     "vllm": {"scores": False, "kv_dequant": "fused", "why": "paged flash attention kernels read the cache in place"},
 }
 MEASURED = {  # how each numeric field above was measured; shown by --explain next to the number
-    "onnxruntime": "session 19 MB = tiny Llama after InferenceSession 15.2 MB + first call 3.9 MB beyond weights and "
-                   "state; 2 score copies + 2 [C, T] masks = steady-state prefill peak with the arena and memory "
+    "onnxruntime": "session 17 MB = the middle of what ONNX Runtime holds after loading edgekv's tiny graphs, beyond "
+                   "weights and state: 14.6 (window) - 14.7 (kv) - 15.4 (Mamba) - 17.5 (kv-int8) - 18.3 (RWKV) - 19.2 "
+                   "(converted MLA) - 19.3 MB (kv-int4), +-3.4 MB by graph (a call's own tensors are the workspace; the "
+                   "earlier 19 MB added a first call's 3.9 MB); 2 score copies + 2 [C, T] masks = steady-state prefill peak with the arena and memory "
                    "patterns off, tiny Llama kv fp16 (H=4): 32768 slots C=128 / 512: 575.5 / 1048.8 MB (slope 1.23 "
                    "MB/token = 2 x 16 B x T + 2 x 4 B x T + 12 KB activations), 1024 slots C=128 / 512: 45.3 / 66.6 MB; "
                    "3 state copies = the feed + ORT's outputs + the numpy arrays run() copies them into (decode at "
@@ -71,12 +73,14 @@ MEASURED = {  # how each numeric field above was measured; shown by --explain ne
 }
 
 
-# fp32 [chunk, d_inner, d_state] tensors alive in a prefill call of edgekv's Mamba export (exp(dt A), dt B x and the
-# scan's own copies): measured here, tiny Mamba fixture (d_inner 512, d_state 16) in ONNX Runtime with its arena and
-# memory patterns off (so blocks kept from earlier calls do not count), steady-state peak over 3 calls of C tokens:
-# C = 32 / 128 / 320: 34.9 / 55.7 / 93.5 MB: 197-217 KB per token, less ~18 KB of activations and logits
-# = 5.5-6.1 x 32.8 KB -> 6. (An earlier 5 came from the slope with the arena on, which mixes in kept blocks.)
-SCAN_COPIES = 6
+# fp32 [chunk, d_inner, d_state] tensors in a prefill call of edgekv's Mamba export (exp(dt A), dt B x and the scan's
+# own copies). Measured here, tiny Mamba fixture (d_inner 512, d_state 16: 32.8 KB per token and copy) in ONNX Runtime
+# with its arena and memory patterns off and the profile's malloc settings (edgekv/profile/run.py MALLOC_ENV), calls
+# of C = 32 / 128 / 320 tokens: a call's own peak above the resident set 4.1 / 17.8 / 45.2 MB (142.7 KB per token,
+# less 25.9 KB of activations and logits: 3.6 copies alive at once), and the first call leaves 47.7 KB per token more
+# resident (1.4 copies), which every later peak sits on: 5 in all, the slope of the profile's peak (188.5 KB per
+# token). (The earlier 6 was measured with glibc's sliding mmap threshold, which kept freed per-call blocks.)
+SCAN_COPIES = 5.0
 
 # fp32 [T, Hkv*D] tensors (one layer's keys for every slot) alive at once while a converted-MLA layer rebuilds its
 # keys (edgekv.models.mla.ConvertedAttention): RoPE needs each slot's own position, so every call multiplies the
