@@ -154,7 +154,8 @@ class RMSNorm(nn.Module):
         sq = x32.pow(2)
         if sq.dim() == 3:  # [1, C, d] -> [1, C, 1, d]: a mean over the two innermost dims of a 4-D tensor is the
             b, c, d = sq.shape  # only mean XNNPACK delegates
-            ms = sq.view(b, c, 1, d).mean((2, 3), keepdim=True).view(b, c, 1)
+            # -1, not c: XNNPACK delegates a reshape with one inferred dim, not one with a symbolic (dynamic) dim
+            ms = sq.view(b, -1, 1, d).mean((2, 3), keepdim=True).view(b, -1, 1)
         else:
             ms = sq.mean(-1, keepdim=True)
         return self.weight * (x32 * torch.rsqrt(ms + self.eps)).to(x.dtype)
@@ -219,15 +220,22 @@ class Attention(nn.Module):
         stored = cache.view(hkv, t, d) * k + placed.to(cache.dtype)
         return stored.view(1, hkv, t, d)
 
-    def _rotated(self, q, k, v, cos, sin):
+    def _rotated(self, q, k, v, cos, sin, rot=None):
         """q [1, C, H*D], k, v [1, C, Hkv*D] -> q [C, H, D], k, v [C, Hkv, D], q and k rotated (RoPE at their
         absolute positions)."""
-        c = q.shape[1]
-        q, k, v = q.reshape(c, self.h, self.dh), k.reshape(c, self.hkv, self.dh), v.reshape(c, self.hkv, self.dh)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+        q, k, v = q.reshape(-1, self.h, self.dh), k.reshape(-1, self.hkv, self.dh), v.reshape(-1, self.hkv, self.dh)
+        return q * cos + self._half(q, rot) * sin, k * cos + self._half(k, rot) * sin, v
 
-    def _qkv(self, x, cos, sin):
-        return self._rotated(self.q_proj(x), self.k_proj(x), self.v_proj(x), cos, sin)
+    def _half(self, x, rot=None):
+        """rotate_half(x) for x [C, heads, D]; with rot (the .pte trace, Llama.executorch_ops) as a matmul by that
+        constant [D, D] signed permutation: exact (one nonzero term per output), and XNNPACK takes it with a dynamic
+        token count, where the two slices of rotate_half would each leave XNNPACK for a portable kernel."""
+        if rot is None:
+            return rotate_half(x)
+        return (x.reshape(-1, self.dh) @ rot).reshape(-1, x.shape[1], self.dh)
+
+    def _qkv(self, x, cos, sin, rot=None):
+        return self._rotated(self.q_proj(x), self.k_proj(x), self.v_proj(x), cos, sin, rot)
 
     def fused(self, x, cos, sin, lens, k_cache, v_cache, rope=None):
         """The same step as forward() on a plain cache, as one ONNX Runtime GroupQueryAttention node (com.microsoft,
@@ -264,7 +272,7 @@ class Attention(nn.Module):
             version=1)
         return self.o_proj(out.float()), (nk,), (nv,)
 
-    def custom(self, x, cos, sin, start, positions, k_cache, v_cache):
+    def custom(self, x, cos, sin, start, positions, k_cache, v_cache, rot=None):
         """The same step as forward() on a plain cache, attended by ExecuTorch's llama::custom_sdpa (its LLM custom
         ops, executorch/extension/llm/custom_ops, as in ExecuTorch's own Llama export). For the .pte trace only
         (Llama.executorch_ops); eager torch runs it too once the ops' AOT library is loaded.
@@ -281,7 +289,7 @@ class Attention(nn.Module):
         computes in fp16 (q rounded too) and on x86, without fp16 arithmetic, took 97 of a 168 ms SmolLM2 decode
         step at position 500 (fp32: 11 ms)."""
         c, t, g = x.shape[1], k_cache.shape[2], self.h // self.hkv
-        q, k, v = self._qkv(x, cos, sin)  # [C, H, D], [C, Hkv, D], [C, Hkv, D]
+        q, k, v = self._qkv(x, cos, sin, rot)  # [C, H, D], [C, Hkv, D], [C, Hkv, D]
         dt = k_cache.dtype
         k_cache = torch.ops.aten.index_put(k_cache, [None, None, positions], k.permute(1, 0, 2)[None].to(dt))
         v_cache = torch.ops.aten.index_put(v_cache, [None, None, positions], v.permute(1, 0, 2)[None].to(dt))
@@ -290,9 +298,9 @@ class Attention(nn.Module):
         else:  # the written rows read back in fp32 (as eager does): the op's fp16 path is 9x slower on x86
             n = start + c
             kc, vc = (cache[:, :, :n].float().view(self.hkv, n, 1, self.dh) for cache in (k_cache, v_cache))
-        qg = q.view(c, self.hkv, g, self.dh).permute(1, 0, 2, 3)  # [Hkv, C, G, D]
+        qg = q.view(-1, self.hkv, g, self.dh).permute(1, 0, 2, 3)  # [Hkv, C, G, D]
         out = torch.ops.llama.custom_sdpa(qg, kc, vc, start, None, 0.0, True, 1.0 / math.sqrt(self.dh))
-        out = out.permute(1, 0, 2, 3).reshape(1, c, self.h * self.dh)
+        out = out.permute(1, 0, 2, 3).reshape(1, -1, self.h * self.dh)
         return self.o_proj(out), (k_cache,), (v_cache,)
 
     def forward(self, x, cos, sin, write, keep, mask, k_state, v_state, kv: "KVFormat", rolling: bool = False):
@@ -558,9 +566,16 @@ class Llama(nn.Module):
         self.et_ops = self.fusable()
         if self.et_ops:
             import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (registers torch.ops.llama.*)
+            d, h = self.args.head_dim, self.args.head_dim // 2
+            rot = torch.zeros(d, d)  # x @ rot = cat(-x[h:], x[:h]) = rotate_half(x) (Attention._half)
+            rot[torch.arange(h, d), torch.arange(h)] = -1.0
+            rot[torch.arange(h), torch.arange(h, d)] = 1.0
+            self.register_buffer("rope_rot", rot, persistent=False)
         try:
             yield self.et_ops
         finally:
+            if self.et_ops:
+                del self.rope_rot
             self.et_ops = False
 
     def empty_state(self) -> list[torch.Tensor]:
@@ -597,7 +612,7 @@ class Llama(nn.Module):
             ring = self.rings[i]
             if self.et_ops:
                 h, k, v = blk.self_attn.custom(blk.input_layernorm(x), cos, sin, start, positions, state[b],
-                                               state[b + n])
+                                               state[b + n], self.rope_rot)
             elif self.gqa:
                 h, k, v = blk.self_attn.fused(blk.input_layernorm(x), cos, sin, lens, state[b], state[b + n],
                                               (self.gqa_cos, self.gqa_sin) if hasattr(self, "gqa_cos") else None)
