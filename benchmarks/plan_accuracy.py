@@ -55,8 +55,8 @@ What is left on the tiny fixtures (30-55 MB in all at 1k) is ORT's session: afte
 and state, 14.6 (window) - 14.7 (kv) - 15.4 (Mamba) - 17.5 (kv-int8) - 18.3 (RWKV) - 19.2 (converted MLA) - 19.3 MB
 (kv-int4), against one 17 MB constant (the middle of that range, since 2026-12-01; it was 19 MB, which added a first
 call's 3.9 MB that the workspace terms already count). With it, and the Mamba scan's 5 copies (memory.SCAN_COPIES,
-measured with the profile's malloc settings), kv fp16 at 1k is -10.6 % (its session 14.7 MB) and RWKV +10.2 % at 8k
-and 32k (20.3 MB); every other row is within 10 %. The ssm rows are the median of 3 fresh processes each
+measured with the profile's malloc settings), RWKV is +10.2 % at 8k and 32k (its session 20.3 MB) and kv fp16 at
+1k -8.5 to -10.6 % between runs (14.7 MB); every other row is within 10 %. The ssm rows are the median of 3 fresh processes each
 (--repeats 3): 32k vs 1k +0.2 %, where single runs differed by up to 1.3 MB (2.9 %). On SmolLM2-135M the session is
 a few % of the total.
 
