@@ -209,6 +209,16 @@ class PteStepper(Stepper):
             raise EdgekvError(f"{where}: needs method(s) {', '.join(sorted(set(self.methods.values())))} "
                               f"(has {', '.join(sorted(names))})")
         super().__init__(manifest)
+        self.warm_up()
+
+    def warm_up(self):
+        """One call of each method, then a zeroed state: XNNPACK packs a method's weights on its first call (SmolLM2
+        fp32: ~1 s, 513 MiB), which belongs to loading, as ONNX Runtime's prepacking does, not to the first
+        prompt's prefill time."""
+        self.step([0], 0)
+        if self.chunk:
+            self.step([0] * self.chunk, 0)
+        self.reset()
 
     def _zeros(self, shape, dtype):
         return self.torch.zeros(shape, dtype=getattr(self.torch, dtype))
