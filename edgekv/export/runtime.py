@@ -218,7 +218,8 @@ class PteStepper(Stepper):
         self.step([0], 0)
         if self.chunk:
             self.step([0] * self.chunk, 0)
-        self.reset()
+        for s in self.state:  # zeroed where they lie: a fresh set (reset) would briefly hold the state twice
+            s.zero_()
 
     def _zeros(self, shape, dtype):
         return self.torch.zeros(shape, dtype=getattr(self.torch, dtype))
