@@ -162,6 +162,24 @@ class OrtStepper(Stepper):
         return out[0][0]
 
 
+def pte_calls(manifest: dict, where="model.pte") -> tuple[dict, int | None, str, int]:
+    """How the .pte's methods are called, from its manifest entry points: ({"prefill": method, "decode": method},
+    fixed prefill length or None, tail rule, most tokens per call). One `forward` with a dynamic token axis (1..its
+    max_tokens, else max_ctx), or a fixed-size `prefill` + a one-token `decode` of a state not written in place."""
+    a = entry(manifest, "pte")
+    eps = {ep["name"]: ep for ep in a["entry_points"]}
+    in_place = bool(a.get("state_in_place"))
+    if set(eps) == {"forward"} and isinstance(eps["forward"]["tokens"], str):
+        most = int(eps["forward"].get("max_tokens") or manifest["max_ctx"])
+        return {"prefill": "forward", "decode": "forward"}, None, "pad", most
+    if set(eps) == {"prefill", "decode"} and not in_place:
+        chunk = int(eps["prefill"]["tokens"])
+        return {"prefill": "prefill", "decode": "decode"}, chunk, eps["prefill"].get("tail", "pad"), chunk
+    raise EdgekvError(f"{where}: the manifest lists methods {', '.join(sorted(eps))}"
+                      f"{' with the state in place' if in_place else ''}; this edgekv runs `forward` (dynamic tokens) "
+                      "or `prefill` + `decode` (export it again with this edgekv)")
+
+
 class PteStepper(Stepper):
     """ExecuTorch through its pybindings module: a `forward` method with a dynamic token axis (1..max_tokens), or a
     fixed-size `prefill` and a one-token `decode`. Outputs are taken without the runtime's clone (clone_outputs=True
@@ -183,17 +201,8 @@ class PteStepper(Stepper):
         a = entry(manifest, "pte")
         where = folder / a["file"]
         self.in_place = bool(a.get("state_in_place"))
-        eps = {ep["name"]: ep for ep in a["entry_points"]}
-        if set(eps) == {"forward"} and isinstance(eps["forward"]["tokens"], str):
-            self.methods = {"prefill": "forward", "decode": "forward"}
-            self.max_chunk = int(eps["forward"].get("max_tokens") or manifest["max_ctx"])
-        elif set(eps) == {"prefill", "decode"} and not self.in_place:
-            self.methods = {"prefill": "prefill", "decode": "decode"}
-            self.chunk, self.tail = int(eps["prefill"]["tokens"]), eps["prefill"].get("tail", "pad")
-        else:
-            raise EdgekvError(f"{where}: the manifest lists methods {', '.join(sorted(eps))}"
-                              f"{' with the state in place' if self.in_place else ''}; this edgekv runs `forward` "
-                              "(dynamic tokens) or `prefill` + `decode` (export it again with this edgekv)")
+        self.methods, self.chunk, self.tail, most = pte_calls(manifest, where)
+        self.max_chunk = most
         if a.get("attention") == LLM_KERNELS:
             import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (registers the llama:: kernels)
             # in this Python build the llama:: kernels parallelise with torch's OpenMP pool, not XNNPACK's: two pools

@@ -76,10 +76,9 @@ def prefill_chunk(manifest: dict, runtime: str) -> int:
     """Tokens per prefill call the child really makes: the .pte's most tokens per call (its `forward` method's
     max_tokens, or its `prefill` method's fixed length), or the call size the export recorded for ORT (OrtStepper
     uses it; an older manifest without one: Stepper.max_chunk)."""
-    from ..export.runtime import Stepper, entry, recorded_chunk
+    from ..export.runtime import Stepper, pte_calls, recorded_chunk
     if runtime == "executorch":
-        ep = next(ep for ep in entry(manifest, "pte")["entry_points"] if ep["name"] in ("forward", "prefill"))
-        return int(ep.get("max_tokens") or ep["tokens"])
+        return pte_calls(manifest)[3]
     return recorded_chunk(manifest, "onnx") or min(Stepper.max_chunk, int(manifest["max_ctx"]))
 
 
