@@ -181,19 +181,27 @@ def pte_calls(manifest: dict, where="model.pte") -> tuple[dict, int | None, str,
 
 
 class PteStepper(Stepper):
-    """ExecuTorch through its pybindings module: a `forward` method with a dynamic token axis (1..max_tokens), or a
-    fixed-size `prefill` and a one-token `decode`. Outputs are taken without the runtime's clone (clone_outputs=True
-    made a SmolLM2 decode step 10x slower) and copied at once into our own state tensors: they alias the runtime's
-    planned buffers, which the next call overwrites.
+    """ExecuTorch through its pybindings' Program / Method objects: a `forward` method with a dynamic token axis
+    (1..max_tokens), or a fixed-size `prefill` and a one-token `decode`. Outputs are taken without the runtime's
+    clone (clone_outputs=True made a SmolLM2 decode step 10x slower).
+
+    Not the pybindings' Module.run_method: on every call it allocates (and zero-fills) a fresh buffer for each output
+    the method's memory plan does not hold, which for a state written in place is every present.*: a transient copy
+    of the whole state per step (SmolLM2 int4 .pte, ctx 2048: 94 MB, 5.4 of an 11.8 ms decode step, measured with
+    ETDump: Method::execute 6.4 ms). A loaded Method allocates those buffers once, on its first call, and points the
+    in-place outputs at them; the method then reads and writes its state there, so after each call this stepper
+    takes the returned present.* as its state (no copy) wherever they lie. Its own first state is numpy's lazily
+    zeroed memory, which costs nothing resident if the method never touches it.
 
     A .pte whose manifest says state_in_place (Llama.executorch_ops; always the one `forward` method) writes each
-    call's rows into our state tensors themselves and returns them as present.*: nothing is copied. It runs
-    ExecuTorch's LLM kernels (llama::custom_sdpa), registered by importing their library before loading."""
+    call's rows into the state and returns it as present.*. Otherwise present.* alias the method's planned
+    buffers, which the next call overwrites: they are copied at once into this stepper's state tensors. The
+    in-place graph runs ExecuTorch's LLM kernels (llama::custom_sdpa), registered by importing their library before
+    loading. etdump=True records ExecuTorch's per-operator profile (write_etdump; benchmarks/profile_pte.py)."""
 
-    def __init__(self, manifest: dict, folder: Path, threads: int | None = None):
+    def __init__(self, manifest: dict, folder: Path, threads: int | None = None, etdump: bool = False):
         import torch  # the ExecuTorch Python runtime takes torch tensors
         from executorch.extension.pybindings import portable_lib
-        from executorch.extension.pybindings.portable_lib import _load_for_executorch
 
         if threads:
             portable_lib._unsafe_reset_threadpool(threads)  # XNNPACK's threadpool is process-wide
@@ -210,13 +218,19 @@ class PteStepper(Stepper):
             # XNNPACK thread, OMP_NUM_THREADS=2 vs 1), so torch gets as many threads as XNNPACK
             torch.set_num_threads(threads or portable_lib._threadpool_get_thread_count())
         try:
-            self.program = _load_for_executorch(str(where))
-            names = set(self.program.method_names())
+            self.program = portable_lib._load_program(
+                str(where), enable_etdump=etdump,
+                program_verification=portable_lib.Verification.InternalConsistency)
+            names = {self.program.get_method_name(i) for i in range(self.program.num_methods())}
         except Exception as e:  # the runtime raises RuntimeError/ValueError on damaged programs
             raise EdgekvError(f"{where}: ExecuTorch cannot load it ({type(e).__name__}: {e})") from None
         if not set(self.methods.values()) <= names:
             raise EdgekvError(f"{where}: needs method(s) {', '.join(sorted(set(self.methods.values())))} "
                               f"(has {', '.join(sorted(names))})")
+        try:
+            self.loaded = {m: self.program.load_method(m) for m in set(self.methods.values())}
+        except Exception as e:
+            raise EdgekvError(f"{where}: ExecuTorch cannot load its methods ({type(e).__name__}: {e})") from None
         super().__init__(manifest)
         self.warm_up()
 
@@ -227,28 +241,42 @@ class PteStepper(Stepper):
         self.step([0], 0)
         if self.chunk:
             self.step([0] * self.chunk, 0)
-        for s in self.state:  # zeroed where they lie: a fresh set (reset) would briefly hold the state twice
-            s.zero_()
+        self.reset()
+
+    def reset(self):
+        if getattr(self, "state", None) is not None and self.in_place:
+            for s in self.state:  # zeroed where the method keeps them: a fresh set would not be what it reads
+                s.zero_()
+        else:
+            super().reset()
 
     def _zeros(self, shape, dtype):
+        if dtype in NP_DTYPES:  # calloc'd: no page is resident until something writes it
+            return self.torch.from_numpy(np.zeros(shape, dtype=NP_DTYPES[dtype]))
         return self.torch.zeros(shape, dtype=getattr(self.torch, dtype))
+
+    def write_etdump(self, path: Path) -> None:
+        self.program.write_etdump_result_to_file(str(path))
 
     def _call(self, tokens, pos):
         n = len(tokens)
         most = self.chunk or self.max_chunk
         if n > most:
             raise EdgekvError(f"the pte takes at most {most} tokens per call, got {n}")
-        name = self.methods["decode" if n == 1 else "prefill"]
+        method = self.loaded[self.methods["decode" if n == 1 else "prefill"]]
         padded = list(tokens) + [0] * ((self.chunk - n) if self.chunk and n > 1 else 0)
         t = self.torch
-        out = self.program.run_method(name, [t.tensor([padded], dtype=t.int64), t.tensor([pos], dtype=t.int64),
-                                             *self.state], clone_outputs=False)
-        for mine, theirs in zip(self.state, out[1:]):
-            if theirs.data_ptr() == mine.data_ptr():  # written in place
-                continue
-            # numpy's single-threaded memcpy: torch's copy_ of a 0.2 MB tensor goes through an OpenMP parallel region
-            # that stalls for milliseconds whenever another process holds a core
-            np.copyto(mine.numpy(), theirs.numpy())
+        inputs = [t.tensor([padded], dtype=t.int64), t.tensor([pos], dtype=t.int64), *self.state]
+        method.set_inputs(inputs)  # the method keeps pointers into inputs (unplanned ones): alive until execute ends
+        method.execute()
+        out = method.get_outputs(clone_outputs=False)
+        if self.in_place:
+            self.state = list(out[1:])
+        else:
+            for mine, theirs in zip(self.state, out[1:]):
+                # numpy's single-threaded memcpy: torch's copy_ of a 0.2 MB tensor goes through an OpenMP parallel
+                # region that stalls for milliseconds whenever another process holds a core
+                np.copyto(mine.numpy(), theirs.numpy())
         return out[0][0, :n].float().numpy().copy()
 
 

@@ -1,0 +1,197 @@
+"""Where a .pte's prefill and decode time goes, operator by operator: ExecuTorch's own profiler (ETDump) on an
+edgekv export, the same prompt and greedy loop as benchmarks/decode_speed.py.
+
+    python benchmarks/profile_pte.py out/decode_speed/exports/smollm2-135m-kv_dtype_fp32-wint4-c2048 [--threads 1,2]
+
+For each thread count, in one process: a timed run without the profiler (wall ms per decode step and per prefill
+call), then the same run with ETDump on, whose events are summed per call into
+  xnnpack gemm        XNNPACK's fully-connected / batched matmul kernels (the linears, the lm_head)
+  xnnpack other       every other op inside the XNNPACK delegate (norms, elementwise, reshapes)
+  xnnpack dispatch    the delegate calls' time beyond the ops inside them
+  custom_sdpa         ExecuTorch's LLM attention kernel (llama::custom_sdpa)
+  cache write         index_put_ of this call's rows into the caller's state
+  portable other      the remaining portable kernels (embedding, RoPE tables, casts)
+  operator dispatch   the runtime's per-operator wrapper beyond the kernels
+  method rest         Method::execute beyond its delegate and operator calls
+  outside execute     the clean run's wall time per call minus Method::execute (the Python binding: inputs,
+                      outputs, this loop)
+The sum is the clean run's wall time. The profiler adds its own cost to each event, so the categories are read
+as shares of Method::execute, scaled to the clean run's execute time (wall minus what the binding costs with the
+profiler on). Output: a table and JSON (--out, merged by artifact and thread count).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+CATEGORIES = ("xnnpack gemm", "xnnpack other", "xnnpack dispatch", "custom_sdpa", "cache write", "portable other",
+              "operator dispatch", "method rest", "outside execute")
+
+
+def category_of(name: str, delegated: bool) -> str | None:
+    """An ETDump event -> its category; None for the wrappers summed separately (DELEGATE_CALL, OPERATOR_CALL,
+    Method::execute)."""
+    if name in ("DELEGATE_CALL", "OPERATOR_CALL", "Method::execute"):
+        return None
+    if delegated:
+        return "xnnpack gemm" if re.search(r"Fully Connected|Batch Matrix Multiply|GEMM", name) else "xnnpack other"
+    if "custom_sdpa" in name:
+        return "custom_sdpa"
+    if "index_put" in name:
+        return "cache write"
+    return "portable other"
+
+
+def per_call(events, calls: slice) -> dict:
+    """Summed ms per call of each category over the calls in `calls` (ETDump keeps one sample per call of the
+    method for every event; events = [(name, delegated, [ms per call])])."""
+    sums = defaultdict(float)
+    for name, delegated, raw in events:
+        part = raw[calls]
+        if not part:
+            continue
+        ms = sum(part) / len(part)
+        cat = category_of(name, delegated)
+        if cat:
+            sums[cat] += ms
+        else:
+            sums[name] += ms
+    inner_delegated = sums["xnnpack gemm"] + sums["xnnpack other"]
+    kernels = sums["custom_sdpa"] + sums["cache write"] + sums["portable other"]
+    out = {c: sums[c] for c in ("xnnpack gemm", "xnnpack other", "custom_sdpa", "cache write", "portable other")}
+    out["xnnpack dispatch"] = max(0.0, sums["DELEGATE_CALL"] - inner_delegated)
+    out["operator dispatch"] = max(0.0, sums["OPERATOR_CALL"] - kernels)
+    out["method rest"] = max(0.0, sums["Method::execute"] - sums["DELEGATE_CALL"] - sums["OPERATOR_CALL"])
+    out["execute"] = sums["Method::execute"]
+    return out
+
+
+def scaled(profile: dict, wall_ms: float, profiled_wall_ms: float) -> dict:
+    """Categories of a profiled call rescaled so they add up to the clean run's wall time: the binding's cost
+    (profiled wall - execute) is kept as measured, execute's categories share the rest in their profiled ratios."""
+    outside = max(0.0, profiled_wall_ms - profile["execute"])
+    execute = max(0.0, wall_ms - outside)
+    k = execute / profile["execute"] if profile["execute"] else 0.0
+    out = {c: round(profile[c] * k, 4) for c in CATEGORIES if c != "outside execute"}
+    out["outside execute"] = round(outside, 4)
+    out["wall"] = round(wall_ms, 4)
+    return out
+
+
+def _run(folder: Path, manifest: dict, threads: int, ids: list[int], new: int, etdump: Path | None) -> dict:
+    import numpy as np
+
+    from edgekv.export.runtime import PteStepper
+
+    st = PteStepper(manifest, folder, threads, etdump=etdump is not None)
+    warm = 1 + (1 if st.chunk else 0)
+    n = st.chunk or st.max_chunk
+    pre_calls = math.ceil(len(ids) / n)
+    t0 = time.perf_counter()
+    nxt = int(np.argmax(st.prefill(ids, last=True)[-1]))
+    t1 = time.perf_counter()
+    pos, steps = len(ids), []
+    for _ in range(new - 1):
+        s = time.perf_counter()
+        nxt = int(np.argmax(st.step([nxt], pos)[-1]))
+        steps.append(time.perf_counter() - s)
+        pos += 1
+    if etdump is not None:
+        st.write_etdump(etdump)
+    return {"warm_calls": warm, "prefill_calls": pre_calls, "prefill_ms_per_call": (t1 - t0) / pre_calls * 1e3,
+            "decode_ms_per_step": float(np.median(steps)) * 1e3, "decode_steps": len(steps),
+            "prefill_tok_s": len(ids) / (t1 - t0), "decode_tok_s": len(steps) / sum(steps)}
+
+
+def _events(path: Path) -> list:
+    import contextlib
+    import io
+    import warnings
+
+    from executorch.devtools import Inspector
+
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        ins = Inspector(etdump_path=str(path))
+    out = []
+    for block in ins.event_blocks:
+        if block.name != "Execute":
+            continue
+        for e in block.events:
+            if e.perf_data is not None:
+                out.append((e.name, bool(e.is_delegated_op), list(e.perf_data.raw)))
+    return out
+
+
+def profile(folder: Path, threads: int, prompt_tokens: int, new: int) -> dict:
+    from tokenizers import Tokenizer
+
+    from edgekv.analyze.run import default_text
+    from edgekv.export.manifest import load_export
+
+    manifest = load_export(folder, check_hashes=False)
+    ids = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(default_text()).ids[:prompt_tokens]
+    clean = _run(folder, manifest, threads, ids, new, None)
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "etdump.etdp"
+        prof = _run(folder, manifest, threads, ids, new, path)
+        events = _events(path)
+    w, p = prof["warm_calls"], prof["prefill_calls"]
+    pre = per_call(events, slice(w, w + p))
+    dec = per_call(events, slice(w + p, None))
+    return {"artifact": str(folder), "threads": threads, "prompt_tokens": len(ids), "new_tokens": new,
+            "weights": manifest["weights"]["dtype"], "strategy": manifest["strategy"]["label"],
+            "decode_tok_s": round(clean["decode_tok_s"], 2), "prefill_tok_s": round(clean["prefill_tok_s"], 1),
+            "decode_ms": scaled(dec, clean["decode_ms_per_step"], prof["decode_ms_per_step"]),
+            "prefill_ms_per_call": scaled(pre, clean["prefill_ms_per_call"], prof["prefill_ms_per_call"]),
+            "profiled": {"decode_execute_ms": round(dec["execute"], 4), "decode_wall_ms": round(prof["decode_ms_per_step"], 4),
+                         "prefill_execute_ms": round(pre["execute"], 4),
+                         "prefill_wall_ms": round(prof["prefill_ms_per_call"], 4)}}
+
+
+def table(rows: list[dict]) -> str:
+    lines = []
+    for r in rows:
+        lines.append(f"{Path(r['artifact']).name}, {r['threads']} thread(s): decode {r['decode_tok_s']} tok/s, "
+                     f"prefill {r['prefill_tok_s']} tok/s")
+        lines.append(f"  {'ms':>20}  {'decode step':>11}  {'prefill call':>12}")
+        for c in CATEGORIES + ("wall",):
+            d, pf = r["decode_ms"][c], r["prefill_ms_per_call"][c]
+            lines.append(f"  {c:>20}  {d:8.3f} {d / r['decode_ms']['wall']:4.0%}  {pf:8.2f} "
+                         f"{pf / r['prefill_ms_per_call']['wall']:4.0%}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", help="an edgekv export folder with a model.pte")
+    ap.add_argument("--threads", default="1", help="comma-separated thread counts (default 1)")
+    ap.add_argument("--prompt-tokens", type=int, default=500)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "profile_pte.json"))
+    a = ap.parse_args(argv)
+    folder = Path(a.folder)
+    rows = [profile(folder, int(t), a.prompt_tokens, a.new_tokens) for t in a.threads.split(",")]
+    print(table(rows))
+    out = Path(a.out)
+    old = json.loads(out.read_text())["runs"] if out.exists() else []
+    keep = [r for r in old if (Path(r["artifact"]).name, r["threads"]) not in
+            {(Path(n["artifact"]).name, n["threads"]) for n in rows}]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"runs": keep + rows}, indent=1) + "\n")
+    tmp.replace(out)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
