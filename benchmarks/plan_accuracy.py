@@ -50,6 +50,17 @@ file pages), packs on the first call (+546 MiB anonymous) with a 108.5 MB transi
 in the method's plan (15.9 / 16.0 MB planned at 8k, tiny / SmolLM2) + 1 per attention layer outside it (slope over
 the state: 6.5 K-sized per slot on the 4-layer tiny Llama, 31.8 on the 30-layer SmolLM2; memory.ET_SDPA).
 New rows: ExecuTorch SmolLM2 kv fp16 at 1k / 8k (before the two terms: +19 / +32 %; with them -0.4 / -0.6 %).
+Later on 2026-12-01 the "1 per attention layer" turned out to be the runner, not the model: the pybindings'
+Module.run_method allocated and zero-filled a fresh buffer for every in-place output (present.*) on each call, one
+more fp16 state, which is exactly one K-sized fp32 tensor per layer. PteStepper now calls a loaded Method, which
+allocates those buffers once (the state lives in them), and loads (so packs) every method before the first call,
+when the state is not resident yet: the pack transient is a load-time peak beside the weights, not beside the
+state. It also releases the loader's mlocked constant segment (the embedding table) before packing; the gather then
+maps back 64 KiB around every row it reads (fault-around), so over real text the table returns (+98 MiB at 8k
+tokens; memory.RUNTIMES tied_copy). The session constant, re-measured on the tiny rows with the loaded Method: 10.8 /
+10.2 / 10.1 MB (was 8). Re-measured (--runtime executorch): tiny kv fp16 1k / 8k / 32k 23.6 / 58.8 / 181.4 MB,
+SmolLM2 1k / 8k 664.6 / 861.6 MB (883.2 at 8k with run_method); predicted +2.6 / -0.0 / -0.0 %, SmolLM2 -4.3 /
+-1.3 %.
 
 What is left on the tiny fixtures (30-55 MB in all at 1k) is ORT's session: after loading a graph, beyond weights
 and state, 14.6 (window) - 14.7 (kv) - 15.4 (Mamba) - 17.5 (kv-int8) - 18.3 (RWKV) - 19.2 (converted MLA) - 19.3 MB
@@ -250,6 +261,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=8, help="decode steps per profile run")
     ap.add_argument("--ctx", default=None, help="comma-separated contexts to run, e.g. 1024 (default: all)")
     ap.add_argument("--only", default=None, help="comma-separated strategy labels to run (e.g. 'kv fp16,ssm')")
+    ap.add_argument("--runtime", choices=("ort", "executorch"), default=None, help="only the rows of this runtime")
     ap.add_argument("--repeats", type=int, default=1,
                     help="fresh processes per row; each row is the run with the median memory (edgekv profile --repeats)")
     ap.add_argument("--export-only", action="store_true", help="make the exports, profile nothing (rows kept)")
@@ -264,7 +276,7 @@ def main(argv=None) -> int:
     rows, failed = [], []
     t0 = time.perf_counter()
     for label, model, strategy, runtime, ctxs in ([] if a.repredict or a.steady else CASES):
-        if only and label not in only:
+        if (only and label not in only) or (a.runtime and runtime != a.runtime):
             continue
         want = {int(c) for c in a.ctx.split(",")} if a.ctx else None
         for ctx in (c for c in ctxs if (not a.quick or c in QUICK_CTX) and (want is None or c in want)):

@@ -15,7 +15,11 @@ call), then the same run with ETDump on, whose events are summed per call into
   method rest         Method::execute beyond its delegate and operator calls
   outside execute     the clean run's wall time per call minus Method::execute (the Python binding: inputs,
                       outputs, this loop)
-The sum is the clean run's wall time. The profiler adds its own cost to each event, so the categories are read
+The sum is the clean run's wall time.
+
+--attention also times one layer's decode attention at a few positions, ExecuTorch's llama::custom_sdpa (the
+kernel the .pte calls, in its eager form) next to torch's own bmm-softmax-bmm over the same written rows: if they
+cost the same, the attention time is what CPU attention at that size costs, not a slow path of the export. The profiler adds its own cost to each event, so the categories are read
 as shares of Method::execute, scaled to the clean run's execute time (wall minus what the binding costs with the
 profiler on). Output: a table and JSON (--out, merged by artifact and thread count).
 """
@@ -148,14 +152,52 @@ def profile(folder: Path, threads: int, prompt_tokens: int, new: int) -> dict:
     w, p = prof["warm_calls"], prof["prefill_calls"]
     pre = per_call(events, slice(w, w + p))
     dec = per_call(events, slice(w + p, None))
+    counts = defaultdict(int)  # events of each kind in one call (every event has one sample per call)
+    for name, delegated, _ in events:
+        counts[category_of(name, delegated) or name] += 1
     return {"artifact": str(folder), "threads": threads, "prompt_tokens": len(ids), "new_tokens": new,
             "weights": manifest["weights"]["dtype"], "strategy": manifest["strategy"]["label"],
             "decode_tok_s": round(clean["decode_tok_s"], 2), "prefill_tok_s": round(clean["prefill_tok_s"], 1),
             "decode_ms": scaled(dec, clean["decode_ms_per_step"], prof["decode_ms_per_step"]),
             "prefill_ms_per_call": scaled(pre, clean["prefill_ms_per_call"], prof["prefill_ms_per_call"]),
+            "events_per_call": dict(sorted(counts.items())),
             "profiled": {"decode_execute_ms": round(dec["execute"], 4), "decode_wall_ms": round(prof["decode_ms_per_step"], 4),
                          "prefill_execute_ms": round(pre["execute"], 4),
                          "prefill_wall_ms": round(prof["prefill_ms_per_call"], 4)}}
+
+
+def attention_probe(manifest: dict, threads: int, positions=(64, 560, 2000), runs: int = 200) -> list[dict]:
+    """µs per decode-step attention of one layer (the export's cache layout [Hkv, T, 1, D], G query heads per KV
+    head), custom_sdpa vs bmm at each position, and their max abs difference."""
+    import torch
+
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (registers llama::custom_sdpa)
+
+    torch.set_num_threads(threads)
+    key = next(t for t in manifest["state"]["tensors"] if t["role"] == "key")
+    _, hkv, slots, d = key["shape"]
+    g = manifest["model"]["config"]["n_heads"] // hkv
+    kc, vc = torch.randn(hkv, slots, 1, d), torch.randn(hkv, slots, 1, d)
+    q = torch.randn(hkv, 1, g, d)
+    scale = 1 / math.sqrt(d)
+
+    def timed(f):
+        f()
+        t0 = time.perf_counter()
+        for _ in range(runs):
+            f()
+        return (time.perf_counter() - t0) / runs * 1e6
+
+    out = []
+    for pos in (p for p in positions if p < slots):
+        n = pos + 1
+        k3, v3, q3 = kc.view(hkv, slots, d)[:, :n], vc.view(hkv, slots, d)[:, :n], q.view(hkv, g, d)
+        sdpa = lambda: torch.ops.llama.custom_sdpa(q, kc, vc, pos, None, 0.0, True, scale)  # noqa: E731
+        bmm = lambda: torch.bmm(torch.softmax(torch.bmm(q3, k3.transpose(1, 2)) * scale, -1), v3)  # noqa: E731
+        diff = float((sdpa().reshape(hkv, g, d) - bmm()).abs().max())
+        out.append({"position": pos, "custom_sdpa_us": round(timed(sdpa), 1), "torch_bmm_us": round(timed(bmm), 1),
+                    "max_abs_diff": diff})
+    return out
 
 
 def table(rows: list[dict]) -> str:
@@ -168,6 +210,9 @@ def table(rows: list[dict]) -> str:
             d, pf = r["decode_ms"][c], r["prefill_ms_per_call"][c]
             lines.append(f"  {c:>20}  {d:8.3f} {d / r['decode_ms']['wall']:4.0%}  {pf:8.2f} "
                          f"{pf / r['prefill_ms_per_call']['wall']:4.0%}")
+        for a in r.get("attention_probe", []):
+            lines.append(f"  one layer's decode attention at position {a['position']}: custom_sdpa "
+                         f"{a['custom_sdpa_us']} us, torch bmm {a['torch_bmm_us']} us (max diff {a['max_abs_diff']:.1e})")
     return "\n".join(lines)
 
 
@@ -177,10 +222,18 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--threads", default="1", help="comma-separated thread counts (default 1)")
     ap.add_argument("--prompt-tokens", type=int, default=500)
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--attention", action="store_true", help="also time one layer's decode attention: "
+                    "custom_sdpa vs torch bmm")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "profile_pte.json"))
     a = ap.parse_args(argv)
     folder = Path(a.folder)
     rows = [profile(folder, int(t), a.prompt_tokens, a.new_tokens) for t in a.threads.split(",")]
+    if a.attention:
+        from edgekv.export.manifest import load_export
+
+        manifest = load_export(folder, check_hashes=False)
+        for r in rows:
+            r["attention_probe"] = attention_probe(manifest, r["threads"])
     print(table(rows))
     out = Path(a.out)
     old = json.loads(out.read_text())["runs"] if out.exists() else []

@@ -29,16 +29,22 @@ WEIGHT_PRECISIONS = ("fp32", "fp16", "int8", "int4", "gguf")
 #   state_copies: copies of the whole state alive at the peak of a call (the caller's inputs + the runtime's outputs,
 #     + the runtime's own input buffers where it copies inputs in).
 #   tied_copy: a tied lm_head costs a second embedding-sized table (ORT constant-folds Transpose(embedding) into a new
-#     initializer; the ExecuTorch export stores the delegate's lm_head next to the embedding the gather reads).
+#     initializer; ExecuTorch packs the lm_head for XNNPACK, and the gather reads the embedding from the .pte's
+#     mapped constant segment: edgekv releases the loader's mlocked pages before the methods load
+#     (edgekv.export.runtime.release_file_pages), but every row the gather reads maps back the 64 KiB around it
+#     (the kernel's fault-around), so real text brings back most of the table: SmolLM2 .pte, kv fp16, 8k slots,
+#     +77 MiB over a 2048-token prompt of 448 distinct tokens, +98 MiB at 8184 tokens (1154 distinct), vs +10 MiB for
+#     2048 tokens of 2048 ids in 6.9 MB of consecutive rows).
 #   load_transient_tied: ORT holds one more embedding-sized buffer while it folds that transpose (load peak).
 #   packs_per_method: XNNPACK packs the delegated weights (linear + lm_head) once per method it initialises.
-#   pack_transient: while XNNPACK packs (on a method's first call) it holds one delegate's unpacked weights beside the
-#     packed ones: the largest delegated matrix more, alive with that call's own buffers (workspace_bytes).
+#   pack_transient: while XNNPACK packs (as a method loads) it holds one delegate's unpacked weights beside the
+#     packed ones: the largest delegated matrix more, with the methods' planned buffers but before the caller's
+#     state is resident (workspace_bytes).
 #   rolling_attends_first: a rolling (window) layer's attention runs before the state it writes exists, so a call
 #     peaks at the larger of the two, not their sum (workspace_bytes).
 #   where_casts_fp16: no fp16 Where kernel, so a Where-written fp16 cache is cast to fp32 (WHERE_WRITTEN_TYPES).
 RUNTIMES = {
-    "executorch": {"scores": True, "kv_dequant": "layer", "session_bytes": 8_000_000, "score_copies": 2,
+    "executorch": {"scores": True, "kv_dequant": "layer", "session_bytes": 10_000_000, "score_copies": 2,
                    "state_copies": 3, "tied_copy": True, "load_transient_tied": False, "packs_per_method": True,
                    "pack_transient": True,
                    "why": "ExecuTorch quantized_kv_cache.py dequantizes the cache to fp32 on every update (anchors.md "
@@ -63,11 +69,15 @@ MEASURED = {  # how each numeric field above was measured; shown by --explain ne
                    "not modelled: ORT's default arena and memory patterns keep blocks of earlier calls (+211 MB at "
                    "32768 slots C=128 over a 64-call prefill, +12.6 MB at 1024); tied copy = SmolLM2 after load 694 MB = 538 weights "
                    "+ 113 folded transpose + 43, load peak 807 MB = +113 more",
-    "executorch": "session 8 MB, 2 score copies, 1 + 2 state copies per method (the caller's + each method's "
+    "executorch": "session 10 MB (tiny Llama .pte, kv fp16, loaded Method: peak above the baseline minus weights, "
+                  "state and the call's planned buffers = 10.8 / 10.2 / 10.1 MB at 1k / 8k / 32k slots; 8 MB with "
+                  "Module.run_method, before the LLM custom ops were imported after the baseline), 2 score copies, 1 + 2 state copies per method (the caller's + each method's "
                   "planned input and output buffers: tiny Llama kv 32k, state 100.7 MB: decode method 375 MB, + prefill "
                   "method 643 MB); packs per method: SmolLM2 decode method 698 MB, + prefill method "
-                  "570 MB (XNNPACK packs the 425 MB linear + 113 MB lm_head again); tied copy: model.pte 652 MB = "
-                  "538 MB weights + the 113 MB lm_head; pack transient: SmolLM2 .pte (one method, kv fp16, 1k "
+                  "570 MB (XNNPACK packs the 425 MB linear + 113 MB lm_head again); tied copy: SmolLM2 fp32 .pte "
+                  "after loading the program 115 MiB (the mlocked embedding table), 113.5 MB of it released, "
+                  "525 MiB after packing (538 MB weights), then the gather's fault-around maps the table back over "
+                  "real text (+98 MiB at 8k tokens); pack transient: SmolLM2 .pte (one method, kv fp16, 1k "
                   "slots): steady RSS after the first call 684 MiB above the baseline, peak 787 MiB (+108.5 MB, the "
                   "113 MB lm_head being packed)",
 }
@@ -120,16 +130,17 @@ GQA = {"score_copies": 1, "mask_copies": 0, "state_copies": 1, "kv_dequant": "he
 
 
 # edgekv's .pte runs the same plain float cache through ExecuTorch's LLM kernels (edgekv/models/llama.py
-# Attention.custom: index_put_ on the caller's past.* tensor, llama::custom_sdpa over the written rows) in one method
-# with a dynamic token axis: the state is not memory-planned and exists once, the op tiles its scores (none
-# materialised), and there is no mask. A fp16 cache is read back as fp32 rows 0..pos+C-1 for the op (a slice of the
-# fp16 rows, then a cast). Measured (tiny Llama, 4 layers, and SmolLM2, 30 layers, kv fp16, chunk 32; peak above the
-# runtime baseline at 1k / 8k / 32k slots): 2.5 K-sized fp32 tensors in the method's memory plan (its planned buffer:
-# 15.9 / 16.0 MB at 8k, read from the .pte) plus one more for every attention layer (its fp16 K and V rows), sized
-# for max_ctx and resident from the first call: slope over the state 6.5 K-sized per slot for the tiny Llama, 31.8
-# for SmolLM2 (2.5 + 30 = 32.5 predicted). (The earlier prefill + decode pair measured 9.0 across its two plans.)
+# Attention.custom: index_put_ on the past.* tensor, llama::custom_sdpa over the written rows) in one method with a
+# dynamic token axis: the state is not memory-planned and exists once, the op tiles its scores (none materialised),
+# and there is no mask. A fp16 cache is read back as fp32 rows 0..pos+C-1 for the op (a slice of the fp16 rows, then
+# a cast): 2.5 K-sized fp32 tensors in the method's memory plan (its planned buffer: 15.9 / 16.0 MB at 8k for the
+# tiny Llama / SmolLM2, read from the .pte). Measured, peak above the runtime baseline (tiny Llama, 4 layers, and
+# SmolLM2, 30 layers, kv fp16, chunk 32, 1k / 8k / 32k slots): see benchmarks/plan_accuracy.py. (Until 2026-12-01
+# the runner called the pybindings' Module.run_method, which allocated a fresh buffer for every in-place output on
+# each call: one more state, once modelled here as "one K-sized read-back per layer". A loaded Method keeps those
+# buffers, and the state lives in them.)
 ET_SDPA = {"scores": False, "mask_copies": 0, "state_copies": 1, "kv_dequant": "layer", "in_place": True,
-           "readback_copies": 2.5, "readback_per_layer": 1.0,
+           "readback_copies": 2.5,
            "why": "edgekv's .pte kv graph: custom_sdpa over the written rows, state written in place"}
 
 
@@ -289,7 +300,6 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     scan = 0
     masks = 0
     scratch_how = ""
-    held = 0  # read-back rows every attention layer keeps for itself (ET_SDPA readback_per_layer)
     kept, width = {}, {}
     for t in layout.tensors:
         if t.role in ("key", "latent"):
@@ -309,8 +319,6 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
                 layer, how = _layer_scratch(arch, m, t, width.get(i, 0), strategy, rt, chunk)
                 if layer > scratch:
                     scratch, scratch_how = layer, how
-                if layer and "readback_per_layer" in rt:  # each layer's own rows, held beside the shared plan
-                    held += rt["readback_per_layer"] * m.n_kv_heads * t * m.head_dim * 4
             elif isinstance(m, MLA):
                 qkv = max(qkv, m.n_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim) + m.kv_lora_rank)
                 if rt["scores"]:
@@ -327,7 +335,7 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     logits = chunk * arch.vocab * 4  # the exported step returns logits for every token of the call
     masks *= rt.get("mask_copies", 0)
     pack = _largest_packed(arch, precision) if rt.get("pack_transient") else 0
-    attend = act + copies * scores + masks + logits + scratch + held + scan + pack
+    attend = act + copies * scores + masks + logits + scratch + scan
     # static caches: attention reads the state the call writes, so the written copies are alive with its scratch;
     # rolling layers: the written state is an output no node reads, and ORT's order runs the attention first, so the
     # call peaks at the larger of the two. Measured (tiny Llama window w=4096 + 4 sinks, fp16, 8192-token context,
@@ -335,7 +343,12 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     # calls 50.0 MB (54.5), decode 20-23 MB (25.2); the sum over-predicted by 19 %.
     step = max(attend, extra_state + logits) if rolling else attend + extra_state
     load = _tied_bytes(arch, precision) if rt.get("load_transient_tied") else 0
-    total = max(step, load)
+    # XNNPACK packs while the methods load: their planned buffers exist, the caller's state does not yet (a loaded
+    # ExecuTorch method allocates the buffers of its in-place outputs, where the state then lives, on its first
+    # call), nor the tied embedding's pages (released before loading; the gather maps them back later)
+    packing = pack + extra_state - layout.nbytes - (_tied_bytes(arch, precision) if rt.get("tied_copy") else 0) \
+        if pack else 0
+    total = max(step, load, packing)
     parts = [f"activations {chunk} tok x (4*hidden + qkv + 3*inter{' + ssm' if ssm_w else ''}) x 4 B = {act:,.0f}",
              (f"scores {copies} x H x chunk x T x 4 B = {copies * scores:,}" if rt["scores"]
               else "scores not materialised"),
@@ -343,12 +356,6 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
              f"logits chunk x vocab x 4 B = {logits:,}"]
     if scratch:
         parts.append(f"{scratch_how} = {scratch:,.0f}")
-    if held:
-        parts.append(f"each attention layer's own fp16 rows read back ({rt['readback_per_layer']} K-sized fp32 "
-                     f"tensor per layer) = {held:,.0f}")
-    if pack:
-        parts.append(f"the largest delegated weight matrix, unpacked while XNNPACK packs it on the first call "
-                     f"= {pack:,.0f}")
     if scan:
         parts.append(f"selective-scan inputs {SCAN_COPIES} x chunk x d_inner x d_state x 4 B = {scan:,}")
     if rolling:
@@ -360,6 +367,10 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
         f = " + ".join(parts) + f" = {step:,.0f}"
     if load:
         f = f"max(step: {f}, load: transposed tied embedding being folded {load:,.0f}) = {total:,.0f}"
+    if packing:
+        f = (f"max(step: {f}, load: the largest delegated weight matrix unpacked while XNNPACK packs it {pack:,.0f}"
+             + (f" + {n_state - 1} planned state copies" if extra_state else "")
+             + f" - the state and the tied table, not yet resident = {packing:,.0f}) = {total:,.0f}")
     return Item(total, f + f" [{runtime}: {rt['why']}" + (f"; measured: {MEASURED[runtime]}" if runtime in MEASURED
                                                            else "") + "]")
 
@@ -417,7 +428,7 @@ def runtime_load_bytes(arch: Arch, precision: str, runtime: str, methods: int = 
     packs = 0.0
     if rt.get("packs_per_method") and methods > 1:
         delegated = sum(weight_bytes_one(w, precision) for w in arch.weights if w.cls in ("linear", "lm_head"))
-        packs = (methods - 1) * (delegated + tied)
+        packs = (methods - 1) * (delegated + _tied_bytes(arch, precision))  # a tied lm_head is packed too
     total = sess + tied + packs
     f = f"session {sess:,}" + (f" + tied lm_head's own table {tied:,.0f}" if tied else "") \
         + (f" + {methods - 1} more XNNPACK-packed copy of linear + lm_head {packs:,.0f}" if packs else "") \

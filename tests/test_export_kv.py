@@ -3,6 +3,7 @@ independent reference (transformers) step by step with the state fed back, and r
 import hashlib
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -354,3 +355,43 @@ def test_running_an_onnx_export_needs_no_torch(tiny_export):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     n, torch_loaded = out.split()
     assert 1 <= int(n) <= 4 and torch_loaded == "False"
+
+
+def _profile_pte():
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("profile_pte", root / "benchmarks" / "profile_pte.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_profile_pte_sums_etdump_events_per_call_into_categories():
+    """Hand-made events of two calls: the wrappers' time beyond the kernels inside them is dispatch."""
+    pp = _profile_pte()
+    events = [("Method::execute", False, [9.0, 5.0]), ("DELEGATE_CALL", False, [6.0, 3.0]),
+              ("Fully Connected (NC, F32) GEMM #1", True, [4.0, 2.0]), ("Add (ND) #1", True, [1.0, 0.5]),
+              ("OPERATOR_CALL", False, [2.5, 1.5]), ("llama::custom_sdpa.out", False, [2.0, 1.0]),
+              ("native_call_index_put_", False, [0.2, 0.2])]
+    second = pp.per_call(events, slice(1, None))
+    assert second == pytest.approx({"xnnpack gemm": 2.0, "xnnpack other": 0.5, "custom_sdpa": 1.0,
+                                    "cache write": 0.2, "portable other": 0.0, "xnnpack dispatch": 0.5,
+                                    "operator dispatch": 0.3, "method rest": 0.5, "execute": 5.0})
+    both = pp.scaled(pp.per_call(events, slice(0, None)), wall_ms=8.0, profiled_wall_ms=7.5)
+    # execute 7 ms profiled, 0.5 ms outside it; the clean 8 ms run keeps the 0.5 and scales the rest by 7.5 / 7
+    assert both["outside execute"] == 0.5 and both["xnnpack gemm"] == pytest.approx(3.0 * 7.5 / 7, abs=1e-4)
+    assert sum(v for k, v in both.items() if k != "wall") == pytest.approx(8.0, abs=1e-3)
+
+
+def test_profile_pte_breaks_a_real_run_of_the_tiny_pte_down(tiny_export):
+    """ExecuTorch's own profiler on the tiny .pte: every call runs the 2-layer graph's XNNPACK GEMMs, 2 custom_sdpa
+    and 4 cache writes, inside a Method::execute no longer than the step's wall time, and the categories add up."""
+    _, out, _, _ = tiny_export
+    r = _profile_pte().profile(out, 1, 20, 6)
+    n = r["events_per_call"]
+    assert n["custom_sdpa"] == 2 and n["cache write"] == 4 and n["xnnpack gemm"] >= 2 * 7  # q,k,v,o + 3 MLP per layer
+    assert n["Method::execute"] == 1 and n["DELEGATE_CALL"] >= 3
+    assert sum(v for k, v in r["decode_ms"].items() if k != "wall") == pytest.approx(r["decode_ms"]["wall"], abs=1e-3)
+    assert r["profiled"]["decode_execute_ms"] <= r["profiled"]["decode_wall_ms"]
+    assert r["prompt_tokens"] == 20 and r["decode_tok_s"] > 0
