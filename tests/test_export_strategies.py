@@ -108,18 +108,17 @@ def test_strategy_exports_and_verifies_in_both_formats(kind, strategy, fp32, mod
             assert [i["name"] for i in ep["inputs"]] == ["tokens", "pos"] + [t.name for t in layout.tensors]
             assert [o["name"] for o in ep["outputs"]] == ["logits"] + [t.output for t in layout.tensors]
     # only a Llama-family float cache runs as ORT's GroupQueryAttention / ExecuTorch's custom_sdpa with its state
-    # updated in place; its .pte is one method with a dynamic token axis
+    # updated in place; every state without a recurrence makes a .pte of one method with a dynamic token axis
     fused = kind == "llama" and (strategy == "kv" or strategy.startswith("kv:"))
     onnx_art, pte_art = (next(a for a in m["artifacts"] if a["format"] == f) for f in ("onnx", "pte"))
     assert onnx_art.get("state_in_place", False) == fused and pte_art.get("state_in_place", False) == fused
     pte_eps = {e["name"]: e for e in pte_art["entry_points"]}
-    if fused:
+    if kind not in ("mamba", "mamba2", "rwkv", "jamba"):
         assert list(pte_eps) == ["forward"] and pte_eps["forward"]["tokens"] == "seq"
         assert pte_eps["forward"]["max_tokens"] == CHUNK
-    else:
+    else:  # a recurrent scan traces unrolled over a fixed number of tokens
         assert pte_eps["prefill"]["tokens"] == CHUNK and pte_eps["decode"]["tokens"] == 1
-        recurrent = kind in ("mamba", "mamba2", "rwkv", "jamba")
-        assert pte_eps["prefill"]["tail"] == ("decode" if recurrent else "pad")
+        assert pte_eps["prefill"]["tail"] == "decode"
     assert m["deployment"]["formats"]["pte"]["methods"] == len(pte_eps)
 
     # verify ran both runtimes against the eager module over the prompt + STEPS decode steps, and passed

@@ -105,6 +105,13 @@ def strategy_spec(strategy: str | None, rank: int | None = None, window: int | N
     return f"{name}:{params}" if params else name
 
 
+def attends_only(layout) -> bool:
+    """Is every state tensor a cache read by attention (key / value / latent and their quantization parameters)?
+    Such a state's step traces with a dynamic token axis; a recurrent state's (ssm, conv, recurrent) unrolls its scan
+    over a fixed number of tokens."""
+    return all(t.role.split(".")[0] in ("key", "value", "latent") for t in layout.tensors)
+
+
 def pads_safely(layout) -> bool:
     """Can a short last prefill chunk be padded with junk tokens? Only when every state tensor is a cache with one
     slot per position (key/value/latent and their scales): the junk lands in slots past the prompt, masked until a
@@ -251,14 +258,17 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
 
     chunk = max(1, min(opts.prefill_chunk, opts.max_ctx))
     # a .pte whose state is written in place (plain caches: ExecuTorch's LLM kernels) is one method with a dynamic
-    # token axis: XNNPACK packs the weights once per method, and no call is padded. The others keep a fixed-size
-    # `prefill` and a one-token `decode`: a recurrent scan traces as an unrolled loop, which needs a fixed length.
+    # token axis: XNNPACK packs the weights once per method, and no call is padded. A recurrent state keeps a
+    # fixed-size `prefill` and a one-token `decode`: its scan traces as an unrolled loop, which needs a fixed length.
     in_place = "pte" in opts.formats and bool(getattr(qmodule, "fusable", lambda: False)())
-    if in_place and chunk < 2:
+    # any other state made of caches only (quantized, rolling window, MLA latent) traces with a dynamic token axis
+    # too, as its ONNX graph does: one method, its state copied in and out of the method's planned buffers
+    dynamic = in_place or ("pte" in opts.formats and attends_only(layout))
+    if dynamic and chunk < 2:
         raise EdgekvError(f"a .pte of this strategy takes 2 or more tokens per call: use --prefill-chunk 2 or more "
                           f"(and --max-ctx 2 or more), not {chunk}")
     entries = {"onnx": [mf.entry_point("forward", "seq", layout, args.vocab)],
-               "pte": [mf.entry_point("forward", "seq", layout, args.vocab, max_tokens=chunk)] if in_place else
+               "pte": [mf.entry_point("forward", "seq", layout, args.vocab, max_tokens=chunk)] if dynamic else
                [mf.entry_point("prefill", chunk, layout, args.vocab, tail="pad" if pads_safely(layout) else "decode"),
                 mf.entry_point("decode", 1, layout, args.vocab)]}
     with st.stage("trace", ", ".join(f"{f}:{e['name']}" for f in opts.formats for e in entries[f])):
@@ -271,6 +281,8 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
         if in_place:
             with qmodule.executorch_ops():
                 eps.update(trace(qmodule, {"pte:forward": None}, max_tokens=chunk))
+        elif dynamic:
+            eps.update(trace(qmodule, {"pte:forward": None}, max_tokens=chunk))
         elif "pte" in opts.formats:
             eps.update(trace(qmodule, {"pte:prefill": chunk, "pte:decode": 1}))
 

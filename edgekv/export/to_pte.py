@@ -1,6 +1,7 @@
 """Stage 2b, lower to ExecuTorch: one .pte, XNNPACK-delegated (to_edge_transform_and_lower + XnnpackPartitioner,
-then to_executorch), with one method `forward` (a dynamic token axis, 1..C) when the state is written in place (below),
-else methods `prefill` (fixed chunk of tokens) and `decode` (one token): a recurrent scan traces as an unrolled loop.
+then to_executorch), with one method `forward` (a dynamic token axis, 1..C) when the state is caches only (written in
+place for a plain cache, below; else copied in and out of the method's planned buffers), else methods `prefill`
+(fixed chunk of tokens) and `decode` (one token): a recurrent scan traces as an unrolled loop.
 Weights are stored once in the file and shared by the methods, but XNNPACK packs them once per method at load. Ops XNNPACK does not take (embedding, RoPE cos/sin, and either the cache blend or the
 in-place cache writes and ExecuTorch's attention kernel) run on ExecuTorch's portable / LLM kernels.
 
