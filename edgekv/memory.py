@@ -346,8 +346,7 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     # XNNPACK packs while the methods load: their planned buffers exist, the caller's state does not yet (a loaded
     # ExecuTorch method allocates the buffers of its in-place outputs, where the state then lives, on its first
     # call), nor the tied embedding's pages (released before loading; the gather maps them back later)
-    packing = pack + extra_state - layout.nbytes - (_tied_bytes(arch, precision) if rt.get("tied_copy") else 0) \
-        if pack else 0
+    packing = pack + extra_state - layout.nbytes - _tied_copy(arch, precision, rt) if pack else 0
     total = max(step, load, packing)
     parts = [f"activations {chunk} tok x (4*hidden + qkv + 3*inter{' + ssm' if ssm_w else ''}) x 4 B = {act:,.0f}",
              (f"scores {copies} x H x chunk x T x 4 B = {copies * scores:,}" if rt["scores"]
@@ -417,6 +416,11 @@ def _tied_bytes(arch: Arch, precision: str) -> float:
     return sum(weight_bytes_one(w, precision) for w in arch.weights if w.cls == "embedding")
 
 
+def _tied_copy(arch: Arch, precision: str, rt: dict) -> float:
+    """The second embedding-sized table a runtime with tied_copy holds for a tied lm_head, else 0."""
+    return _tied_bytes(arch, precision) if rt.get("tied_copy") else 0
+
+
 def runtime_load_bytes(arch: Arch, precision: str, runtime: str, methods: int = 1) -> Item:
     """Resident bytes the runtime adds to the stored weights once the model is loaded and has run: its per-session
     cost, a second table for a tied lm_head, and (XNNPACK) one more packed copy of the delegated weights for every
@@ -424,7 +428,7 @@ def runtime_load_bytes(arch: Arch, precision: str, runtime: str, methods: int = 
     .pte has one, forward)."""
     rt = _rt(runtime)
     sess = rt.get("session_bytes", 0)
-    tied = _tied_bytes(arch, precision) if rt.get("tied_copy") else 0
+    tied = _tied_copy(arch, precision, rt)
     packs = 0.0
     if rt.get("packs_per_method") and methods > 1:
         delegated = sum(weight_bytes_one(w, precision) for w in arch.weights if w.cls in ("linear", "lm_head"))

@@ -108,26 +108,9 @@ def strategy_spec(strategy: str | None, rank: int | None = None, window: int | N
 def attends_only(layout) -> bool:
     """Is every state tensor a cache read by attention (key / value / latent and their quantization parameters)?
     Such a state's step traces with a dynamic token axis; a recurrent state's (ssm, conv, recurrent) unrolls its scan
-    over a fixed number of tokens."""
+    over a fixed number of tokens, and a short last prefill chunk cannot be padded (the state would absorb the junk
+    tokens): its `prefill` method's tail runs through `decode`."""
     return all(t.role.split(".")[0] in ("key", "value", "latent") for t in layout.tensors)
-
-
-def pads_safely(layout) -> bool:
-    """Can a short last prefill chunk be padded with junk tokens? Only when every state tensor is a cache with one
-    slot per position (key/value/latent and their scales): the junk lands in slots past the prompt, masked until a
-    decode step overwrites them. A recurrent state (ssm, conv, recurrent) would absorb the junk tokens, and a
-    rolling window (fewer slots than max_ctx) would overwrite live slots; those run a short tail through `decode`."""
-    for t in layout.tensors:
-        role = t.role.split(".")[0]
-        if role in ("key", "value"):
-            slots = t.shape[2]
-        elif role == "latent":
-            slots = t.shape[1]
-        else:
-            return False
-        if slots != layout.ctx:
-            return False
-    return True
 
 
 def verify_prompt(tokenizer, vocab: int, n_max: int) -> list[int]:
@@ -269,7 +252,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
                           f"(and --max-ctx 2 or more), not {chunk}")
     entries = {"onnx": [mf.entry_point("forward", "seq", layout, args.vocab)],
                "pte": [mf.entry_point("forward", "seq", layout, args.vocab, max_tokens=chunk)] if dynamic else
-               [mf.entry_point("prefill", chunk, layout, args.vocab, tail="pad" if pads_safely(layout) else "decode"),
+               [mf.entry_point("prefill", chunk, layout, args.vocab, tail="decode"),
                 mf.entry_point("decode", 1, layout, args.vocab)]}
     with st.stage("trace", ", ".join(f"{f}:{e['name']}" for f in opts.formats for e in entries[f])):
         eps = {}
@@ -278,11 +261,9 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             gqa = getattr(module, "onnx_gqa", None)  # Llama-family plain caches: ORT's GroupQueryAttention
             with gqa() if gqa else nullcontext(False) as fused:
                 eps.update(trace(module, {"onnx:forward": None}))
-        if in_place:
-            with qmodule.executorch_ops():
+        if dynamic:
+            with qmodule.executorch_ops() if in_place else nullcontext():
                 eps.update(trace(qmodule, {"pte:forward": None}, max_tokens=chunk))
-        elif dynamic:
-            eps.update(trace(qmodule, {"pte:forward": None}, max_tokens=chunk))
         elif "pte" in opts.formats:
             eps.update(trace(qmodule, {"pte:prefill": chunk, "pte:decode": 1}))
 

@@ -256,7 +256,7 @@ class PteStepper(Stepper):
             names = {self.program.get_method_name(i) for i in range(self.program.num_methods())}
         except Exception as e:  # the runtime raises RuntimeError/ValueError on damaged programs
             raise EdgekvError(f"{where}: ExecuTorch cannot load it ({type(e).__name__}: {e})") from None
-        self.released_bytes = release_file_pages(where)  # before packing, so the two do not add up
+        release_file_pages(where)  # before packing, so the table and XNNPACK's unpacked weights do not add up
         if not set(self.methods.values()) <= names:
             raise EdgekvError(f"{where}: needs method(s) {', '.join(sorted(set(self.methods.values())))} "
                               f"(has {', '.join(sorted(names))})")
@@ -264,7 +264,6 @@ class PteStepper(Stepper):
             self.loaded = {m: self.program.load_method(m) for m in set(self.methods.values())}
         except Exception as e:
             raise EdgekvError(f"{where}: ExecuTorch cannot load its methods ({type(e).__name__}: {e})") from None
-        self.released_bytes += release_file_pages(where)
         super().__init__(manifest)
         self.warm_up()
 

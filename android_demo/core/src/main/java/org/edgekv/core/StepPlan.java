@@ -7,10 +7,10 @@ import java.util.List;
  * Which entry point each call uses and how many tokens it carries, the way edgekv/export/runtime.py calls an
  * artifact: ONNX has one graph with a dynamic token axis (a prompt goes in calls of at most maxChunk tokens); a .pte
  * of a state made of caches (plain, quantized, windowed or MLA) has one {@code forward} method with a dynamic token
- * axis of at most max_tokens per call; a .pte
- * of a recurrent state (ssm, linear, hybrid) has a fixed-size {@code prefill} method (the last chunk is padded with token 0: the padded slots
- * lie past the prompt, stay masked, and are overwritten by the decode steps, or, for a tail "decode", runs token by
- * token) and a one-token {@code decode} method.
+ * axis of at most max_tokens per call; a .pte of a recurrent state (ssm, linear, hybrid) has a fixed-size
+ * {@code prefill} method (the last chunk is padded with token 0: the padded slots lie past the prompt, stay masked,
+ * and are overwritten by the decode steps, or, for a tail "decode", runs token by token) and a one-token
+ * {@code decode} method.
  */
 public final class StepPlan {
     private StepPlan() {}
