@@ -152,6 +152,12 @@ def profile(folder: Path, threads: int, prompt_tokens: int, new: int) -> dict:
     w, p = prof["warm_calls"], prof["prefill_calls"]
     pre = per_call(events, slice(w, w + p))
     dec = per_call(events, slice(w + p, None))
+    portable = defaultdict(float)  # the portable kernels by operator name, ms per decode step
+    for name, delegated, raw in events:
+        part = raw[w + p:]
+        if part and not delegated and category_of(name, delegated) in ("portable other", "cache write"):
+            portable[name] += sum(part) / len(part)
+    top = dict(sorted(((k, round(v, 4)) for k, v in portable.items()), key=lambda kv: -kv[1])[:8])
     counts = defaultdict(int)  # events of each kind in one call (every event has one sample per call)
     for name, delegated, _ in events:
         counts[category_of(name, delegated) or name] += 1
@@ -161,6 +167,7 @@ def profile(folder: Path, threads: int, prompt_tokens: int, new: int) -> dict:
             "decode_ms": scaled(dec, clean["decode_ms_per_step"], prof["decode_ms_per_step"]),
             "prefill_ms_per_call": scaled(pre, clean["prefill_ms_per_call"], prof["prefill_ms_per_call"]),
             "events_per_call": dict(sorted(counts.items())),
+            "portable_decode_ms_by_op": top,  # as profiled (not scaled to the clean wall time), the 8 largest
             "profiled": {"decode_execute_ms": round(dec["execute"], 4), "decode_wall_ms": round(prof["decode_ms_per_step"], 4),
                          "prefill_execute_ms": round(pre["execute"], 4),
                          "prefill_wall_ms": round(prof["prefill_ms_per_call"], 4)}}
@@ -210,6 +217,9 @@ def table(rows: list[dict]) -> str:
             d, pf = r["decode_ms"][c], r["prefill_ms_per_call"][c]
             lines.append(f"  {c:>20}  {d:8.3f} {d / r['decode_ms']['wall']:4.0%}  {pf:8.2f} "
                          f"{pf / r['prefill_ms_per_call']['wall']:4.0%}")
+        if r.get("portable_decode_ms_by_op"):
+            lines.append("  portable kernels of a decode step (ms, profiled): " + ", ".join(
+                f"{k} {v:.2f}" for k, v in r["portable_decode_ms_by_op"].items()))
         for a in r.get("attention_probe", []):
             lines.append(f"  one layer's decode attention at position {a['position']}: custom_sdpa "
                          f"{a['custom_sdpa_us']} us, torch bmm {a['torch_bmm_us']} us (max diff {a['max_abs_diff']:.1e})")

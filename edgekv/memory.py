@@ -139,17 +139,24 @@ GQA = {"score_copies": 1, "mask_copies": 0, "state_copies": 1, "kv_dequant": "he
 # the runner called the pybindings' Module.run_method, which allocated a fresh buffer for every in-place output on
 # each call: one more state, once modelled here as "one K-sized read-back per layer". A loaded Method keeps those
 # buffers, and the state lives in them.)
+# An int8 cache (kv-int8, one scale per token and head) is read back the same way, its rows' codes dequantized to
+# fp32 in one op (dequantize_per_token): K's and V's fp32 rows alive at once, + their int8 slices (0.25 each): 2.5.
 ET_SDPA = {"scores": False, "mask_copies": 0, "state_copies": 1, "kv_dequant": "layer", "in_place": True,
-           "readback_copies": 2.5,
+           "readback_copies": {"fp16": 2.5, "int8": 2.5},
            "why": "edgekv's .pte kv graph: custom_sdpa over the written rows, state written in place"}
 
 
 def fused_gqa(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str) -> bool:
     """Whether edgekv's export of this (model, strategy) for this runtime attends through a fused op in place
     (ONNX Runtime's GroupQueryAttention, ExecuTorch's custom_sdpa): a plain float `kv` cache (no quantized codes, no
-    window) of a Llama-family model with no rolling (native sliding) layer."""
-    if runtime not in ("onnxruntime", "executorch") or strategy.name != "kv" or strategy.kv_bits \
-            or arch.model_type not in LLAMA_EXPORT_TYPES:
+    window) of a Llama-family model with no rolling (native sliding) layer; for ExecuTorch also a `kv-int8` cache
+    with one scale per token and head (edgekv.models.llama Llama.pte_in_place, the same rule)."""
+    if runtime not in ("onnxruntime", "executorch") or arch.model_type not in LLAMA_EXPORT_TYPES:
+        return False
+    if strategy.name == "kv-int8" and runtime == "executorch":
+        if any(t.shape[-1] != 1 for t in layout.tensors if t.role == "key.scale"):
+            return False
+    elif strategy.name != "kv" or strategy.kv_bits:
         return False
     return all(t.shape[2] == layout.ctx for t in layout.tensors if t.role == "key")
 
@@ -390,8 +397,10 @@ def _layer_scratch(arch: Arch, m: Attention, t: int, width: int, strategy: Strat
     if rt["kv_dequant"] != "layer" or not (strategy.kv_bits or dtype != "fp32"):
         return 0, ""
     if "readback_copies" in rt:
-        copies = rt["readback_copies"]
-        how = f"cast from {dtype}; {copies} K-sized fp32 tensors in each method's memory plan, shared by the layers"
+        src = "int8" if strategy.kv_bits == 8 else dtype
+        copies = rt["readback_copies"][src]
+        how = (f"{'dequantized' if strategy.kv_bits else 'cast'} from {src}; {copies} K-sized fp32 tensors in each "
+               "method's memory plan, shared by the layers")
     elif strategy.kv_bits:
         sub = strategy.kv_bits < 8
         copies = 2 + (UNPACK_EXTRA_COPIES if sub else 0)

@@ -193,6 +193,46 @@ def test_pte_forward_writes_the_state_in_place_through_executorch_llm_kernels(ti
         assert (s[0, :, 12:16] == 0).all()  # nothing padded
 
 
+def test_an_int8_cache_pte_is_written_in_place_and_reads_back_only_its_written_rows(tiny_export, tmp_path):
+    """kv-int8 (one fp16 scale per token and head) in the .pte: each call quantizes its rows and writes codes and
+    scales into the caller's tensors (index_put_, 4 per layer), and only rows 0..pos+C-1 are dequantized for
+    custom_sdpa (dequantize_per_token, one per K and V per layer), not every layer's whole cache. The same module's
+    explicit eager graph (KVFormat: quantize, one-hot blend, dequantize every slot, bmm-softmax-bmm) is the
+    reference: the codes must be the same and the logits within fp32 rounding."""
+    from edgekv.models import load_model
+    from edgekv.strategies import parse_strategy
+
+    src = Path(tiny_export[1]).parent / "tiny"
+    out = tmp_path / "int8"
+    m = export_model(ExportOptions(model=str(src), strategy="kv-int8", formats=("pte",), max_ctx=64, out=out,
+                                   prefill_chunk=8, verify_steps=4), echo=lambda s: None)
+    art = m["artifacts"][0]
+    assert art["state_in_place"] and art["attention"] == "llama.custom_sdpa"
+    ops = art["delegation"]["forward"]["portable_ops"]
+    assert ops["index_put_"] == 8 and ops["llama.custom_sdpa"] == 2
+    assert ops["quantized_decomposed.dequantize_per_token"] == 4
+    assert m["verification"]["pte"]["passed"]
+
+    st = PteStepper(load_export(out), out, 1)
+    assert st.in_place
+    for s in st.state:
+        s[0, :, 16:] = 3  # sentinels past what the calls below write (codes and scales alike)
+    prompt = [5, 9, 33, 12, 40, 7, 21, 3, 18, 50, 11]
+    rows = [st.prefill(prompt), st.step([4], len(prompt))]
+    ref = load_model(str(src), parse_strategy("kv-int8"), 64).module.eval()
+    state = ref.empty_state()
+    want = []
+    with torch.no_grad():
+        for toks, pos in ((prompt[:8], 0), (prompt[8:], 8), ([4], 11)):
+            logits, *state = ref(torch.tensor([toks]), torch.tensor([pos]), *state)
+            want.append(logits[0].numpy())
+    ours, want = np.concatenate(rows), np.concatenate(want)
+    assert np.abs(ours - want).max() <= 1e-4 * np.abs(want).max()
+    for a, b in zip(st.state, state):
+        assert (a[0, :, 16:] == 3).all()
+        np.testing.assert_array_equal(a[0, :, :12].numpy(), b[0, :, :12].numpy())
+
+
 def test_pte_fills_the_context_to_max_ctx_with_a_short_last_call(tiny_export):
     """The in-place .pte takes any 1..8 tokens per call, so a prompt that ends exactly at max_ctx (59 + 5 of 64
     tokens, the last call shorter than 8) runs unpadded, with no row past max_ctx; the logits are transformers'."""

@@ -160,5 +160,13 @@ def test_executorch_workspace_of_a_plain_cache_is_its_read_back_or_the_pack_tran
     assert small.nbytes == 30 * 2 * 3 * 64 * 2 * 1024
     assert workspace_bytes(SMOL, small, s, "executorch", chunk).value == SMOL_ACT(chunk) + chunk * 49152 * 4 \
         + 2.5 * 3 * 1024 * 64 * 4
-    q = parse_strategy("kv-int8")  # a quantized cache keeps the explicit graph: state copies per method, scores
-    assert not fused_gqa(SMOL, build_layout(SMOL, q, 8192), q, "executorch")
+    # an int8 cache with one scale per token and head is written in place too, its rows read back dequantized:
+    # K's and V's fp32 rows and their int8 slices, 2.5 K-sized (ONNX: the explicit graph)
+    q = parse_strategy("kv-int8")
+    qlay = build_layout(SMOL, q, 8192)
+    assert fused_gqa(SMOL, qlay, q, "executorch") and not fused_gqa(SMOL, qlay, q, "onnxruntime")
+    assert workspace_bytes(SMOL, qlay, q, "executorch", chunk).value == SMOL_ACT(chunk) + chunk * 49152 * 4 \
+        + 2.5 * unit
+    # a finer group is not what the op's layout reads: the explicit graph
+    g = parse_strategy("kv-int8:group=32")
+    assert not fused_gqa(SMOL, build_layout(SMOL, g, 8192), g, "executorch")

@@ -228,7 +228,7 @@ class PteStepper(Stepper):
     A .pte whose manifest says state_in_place (Llama.executorch_ops; always the one `forward` method) writes each
     call's rows into the state and returns it as present.*. Otherwise present.* alias the method's planned
     buffers, which the next call overwrites: they are copied at once into this stepper's state tensors. The
-    in-place graph runs ExecuTorch's LLM kernels (llama::custom_sdpa), registered by importing their library before
+    in-place graph runs ExecuTorch's LLM kernels (llama::custom_sdpa; an int8 cache's read-back: its quantized kernels), registered by importing their library before
     loading. etdump=True records ExecuTorch's per-operator profile (write_etdump; benchmarks/profile_pte.py)."""
 
     def __init__(self, manifest: dict, folder: Path, threads: int | None = None, etdump: bool = False):
@@ -245,6 +245,7 @@ class PteStepper(Stepper):
         self.max_chunk = most
         if a.get("attention") == LLM_KERNELS:
             import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (registers the llama:: kernels)
+            import executorch.kernels.quantized  # noqa: F401 (an int8 cache's read-back: dequantize_per_token)
             # in this Python build the llama:: kernels parallelise with torch's OpenMP pool, not XNNPACK's: two pools
             # of 2 threads on 2 busy cores made a 32-token prefill 5-30x slower (0.57 s -> 4-17 s, SmolLM2, 1
             # XNNPACK thread, OMP_NUM_THREADS=2 vs 1), so torch gets as many threads as XNNPACK

@@ -1,13 +1,14 @@
 """Stage 2b, lower to ExecuTorch: one .pte, XNNPACK-delegated (to_edge_transform_and_lower + XnnpackPartitioner,
 then to_executorch), with one method `forward` (a dynamic token axis, 1..C) when the state is caches only (written in
-place for a plain cache, below; else copied in and out of the method's planned buffers), else methods `prefill`
-(fixed chunk of tokens) and `decode` (one token): a recurrent scan traces as an unrolled loop.
-Weights are stored once in the file and shared by the methods, but XNNPACK packs them once per method at load. Ops XNNPACK does not take (embedding, RoPE cos/sin, and either the cache blend or the
-in-place cache writes and ExecuTorch's attention kernel) run on ExecuTorch's portable / LLM kernels.
+place for a plain or int8 cache, below; else copied in and out of the method's planned buffers), else methods
+`prefill` (fixed chunk of tokens) and `decode` (one token): a recurrent scan traces as an unrolled loop.
+Weights are stored once in the file and shared by the methods, but XNNPACK packs them once per method at load. Ops
+XNNPACK does not take (embedding, RoPE cos/sin, and either the cache blend or the in-place cache writes and
+ExecuTorch's attention kernel) run on ExecuTorch's portable / LLM kernels.
 
-State in place (a module traced under Llama.executorch_ops): each cache is written by an index_put of this call's
-rows and read by llama::custom_sdpa. Here that index_put becomes index_put_ on the method's own past.* input, the
-graph output present.* is that input (ExecuTorch aliases an in-place op's result with its argument), and inputs are
+State in place (a module traced under Llama.executorch_ops): each state tensor (a cache; an int8 cache's codes and
+scales) is written by an index_put of this call's rows and read by llama::custom_sdpa. Here
+that index_put becomes index_put_ on the method's own past.* input, the graph output present.* is that input (ExecuTorch aliases an in-place op's result with its argument), and inputs are
 not memory-planned (the runtime uses the caller's tensors instead of copying them into its arena): the method writes
 C rows into the caller's cache and returns it, with no copy of the state per call. ExecuTorch plans the method's
 other buffers for its largest call (C tokens).
@@ -21,25 +22,76 @@ from collections import Counter
 LLM_KERNELS = "llama.custom_sdpa"
 
 
+# ops that read a written state in the in-place graph: the view of a cache ([1, Hkv, T, D] -> [Hkv, T, 1, D],
+# custom_sdpa's layout) and, for a fp16 or int8 cache, the slice of the written rows, its cast and the scale multiply
+_STATE_READS = ("view", "slice", "_to_copy", "dim_order", "mul")
+# ops between a new key / value and its index_put: an int8 cache's quantizer (edgekv.quant.quantize), shape changes
+_STATE_WRITES = ("abs", "amax", "div", "clamp", "round", "_to_copy", "dim_order", "view", "reshape", "squeeze",
+                 "permute", "unsqueeze")
+
+
+def _is_index_put(n) -> bool:
+    return n.op == "call_function" and "index_put" in str(n.target)
+
+
+def _reads_written_state(node, depth: int = 4) -> bool:
+    """Whether node reads an index_put's result directly or through other _STATE_READS ops."""
+    import torch
+
+    for a in node.args:
+        for src in (a if isinstance(a, (list, tuple)) else (a,)):
+            if not isinstance(src, torch.fx.Node) or src.op != "call_function":
+                continue
+            name = str(src.target)
+            if _is_index_put(src) or (depth > 1 and any(k in name for k in _STATE_READS)
+                                      and _reads_written_state(src, depth - 1)):
+                return True
+    return False
+
+
+def _feeds_state_write(node, depth: int = 12) -> bool:
+    """Whether node's result reaches an index_put only through _STATE_WRITES ops."""
+    for u in node.users:
+        if _is_index_put(u) or (depth > 1 and u.op == "call_function"
+                                and any(k in str(u.target) for k in _STATE_WRITES)
+                                and _feeds_state_write(u, depth - 1)):
+            return True
+    return False
+
+
 def _partitioner(in_place: bool):
     from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
-    from executorch.backends.xnnpack.partition.config.generic_node_configs import ViewCopyConfig
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
     if not in_place:
         return XnnpackPartitioner()
 
-    class NoCacheViewConfig(ViewCopyConfig):
-        """Leaves the view of a written cache ([1, Hkv, T, D] -> [Hkv, T, 1, D], custom_sdpa's layout) outside
-        XNNPACK: there it is a zero-copy view (executorch_prim::et_view); inside, a copy of the whole cache."""
+    def leaves_state_io(config, rule):
+        """config, except for a node that rule picks: that stays on ExecuTorch's kernels.
+        Reads (_reads_written_state): a view there is a zero-copy view (executorch_prim::et_view), inside XNNPACK a
+        copy of the whole cache; and a partition that took the read-back of a fp16 or int8 cache (slice, cast,
+        scale multiply) would both read the state that a portable index_put_ writes and feed custom_sdpa.
+        Writes (_feeds_state_write): an int8 cache's quantizer of the new rows alternates XNNPACK ops (abs, div,
+        clamp, casts) with portable ones (amax, round) on its way to the portable index_put_. In either case the
+        partitioner refuses the dependency cycle between partitions ("Invalid partition, found dependency
+        cycles"); the rows are C x Hkv x D values, so their portable kernels cost little."""
 
-        def check_constraints(self, node, ep) -> bool:
-            src = node.args[0]
-            if getattr(src, "target", None) is not None and "index_put" in str(src.target):
-                return False
-            return super().check_constraints(node, ep)
+        class Leaves(config):
+            def check_constraints(self, node, ep) -> bool:
+                return not rule(node) and super().check_constraints(node, ep)
 
-    configs = [NoCacheViewConfig if c is ViewCopyConfig else c for c in ALL_PARTITIONER_CONFIGS]
+        Leaves.__name__ = config.__name__
+        return Leaves
+
+    reads = {"ViewCopyConfig", "SliceCopyConfig", "ToDimOrderCopyConfig", "MulConfig"}
+    writes = {"AbsConfig", "DivConfig", "ClampConfig", "ToDimOrderCopyConfig"}
+    configs = []
+    for c in ALL_PARTITIONER_CONFIGS:
+        if c.__name__ in reads:
+            c = leaves_state_io(c, _reads_written_state)
+        if c.__name__ in writes:
+            c = leaves_state_io(c, _feeds_state_write)
+        configs.append(c)
     return XnnpackPartitioner(configs=configs)
 
 

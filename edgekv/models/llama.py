@@ -272,36 +272,61 @@ class Attention(nn.Module):
             version=1)
         return self.o_proj(out.float()), (nk,), (nv,)
 
-    def custom(self, x, cos, sin, start, positions, k_cache, v_cache, rot=None):
-        """The same step as forward() on a plain cache, attended by ExecuTorch's llama::custom_sdpa (its LLM custom
-        ops, executorch/extension/llm/custom_ops, as in ExecuTorch's own Llama export). For the .pte trace only
-        (Llama.executorch_ops); eager torch runs it too once the ops' AOT library is loaded.
+    def custom(self, x, cos, sin, start, positions, k_state, v_state, rot=None, zero=None):
+        """The same step as forward() on a plain or int8 cache, attended by ExecuTorch's llama::custom_sdpa (its LLM
+        custom ops, executorch/extension/llm/custom_ops, as in ExecuTorch's own Llama export). For the .pte trace
+        only (Llama.executorch_ops); eager torch runs it too once the ops' AOT library is loaded.
 
-        x [1, C, d]; start: pos as a SymInt; positions [C]; k_cache, v_cache [1, Hkv, T, D] fp32 or fp16 -> out
-        [1, C, d], (new key cache,), (new value cache,). The C rows are written with an index_put at slots
-        positions (the graph stays functional; edgekv.export.to_pte turns it into index_put_ on the past.* input,
-        so the .pte writes the caller's cache in place and returns it as present.*). The op wants [B, T, heads, D]
-        (sequence at dim 1): a [1, Hkv, T, D] cache is exactly a contiguous [Hkv, T, 1, D] tensor, i.e. a batch of
-        Hkv one-head caches, and a query [Hkv, C, G, D] attends each KV head with its G query heads (repeat_kv's
-        order), so the state keeps its shape. custom_sdpa attends causally over slots 0..start+C-1 only: a step
-        costs what its position needs, not what max_ctx reserves. A fp16 cache is read back as fp32 rows
-        0..start+C-1 (a slice of dynamic length) and attended in fp32, as forward() does: the op's own fp16 path
-        computes in fp16 (q rounded too) and on x86, without fp16 arithmetic, took 97 of a 168 ms SmolLM2 decode
-        step at position 500 (fp32: 11 ms)."""
-        c, t, g = x.shape[1], k_cache.shape[2], self.h // self.hkv
+        x [1, C, d]; start: pos as a SymInt; positions [C]; k_state, v_state: (cache [1, Hkv, T, D] fp32 or fp16,)
+        or (codes [1, Hkv, T, D] int8, scale [1, Hkv, T, 1] fp16) with zero [1, Hkv, start+C, 1] int64 zeros ->
+        out [1, C, d], new k_state, new v_state. Each
+        state tensor gets the C rows with an index_put at slots positions (the graph stays functional;
+        edgekv.export.to_pte turns it into index_put_ on the past.* input, so the .pte writes the caller's state in
+        place and returns it as present.*). The op wants [B, T, heads, D] (sequence at dim 1): a [1, Hkv, T, D]
+        cache is exactly a contiguous [Hkv, T, 1, D] tensor, i.e. a batch of Hkv one-head caches, and a query
+        [Hkv, C, G, D] attends each KV head with its G query heads (repeat_kv's order), so the state keeps its
+        shape. custom_sdpa attends causally over slots 0..start+C-1 only: a step costs what its position needs, not
+        what max_ctx reserves.
+        A fp16 or int8 cache is read back as fp32 rows 0..start+C-1 (a slice of dynamic length) and attended in
+        fp32, as forward() does. int8 codes times their scales, as edgekv.quant.dequantize computes them, in one
+        pass: quantized_decomposed::dequantize_per_token (ExecuTorch's quantized kernels; zero points 0, exact).
+        On SmolLM2 at position 560 a cast to fp32 and a multiply took 12.7 ms of a 42 ms decode step (portable
+        _to_dim_order_copy alone 11.1 ms); the one op is 2.4x faster than the two (1.2 vs 3.0 ns a value). Not the
+        ops' own paths: custom_sdpa's fp16 path computes in fp16 (q rounded too) and on x86, without fp16
+        arithmetic, took 97 of a 168 ms SmolLM2 decode step at position 500 (fp32: 11 ms); custom_quantized_sdpa
+        takes the query as int8 codes too (its attention equals fp32 attention over the dequantized query and cache to
+        4e-6), and that rounding alone (one scale per token and head) moved the logits by 2.5e-2 of their scale on
+        SmolLM2 and 3.0e-2 on the tiny test Llama (teacher-forced, a 34-token prompt + 14 steps), beyond an int8
+        cache's verify tolerance of 2e-2; reading the rows back in fp32 moves them by 8.0e-3 and 7e-7."""
+        c, t, g = x.shape[1], k_state[0].shape[2], self.h // self.hkv
         q, k, v = self._qkv(x, cos, sin, rot)  # [C, H, D], [C, Hkv, D], [C, Hkv, D]
-        dt = k_cache.dtype
-        k_cache = torch.ops.aten.index_put(k_cache, [None, None, positions], k.permute(1, 0, 2)[None].to(dt))
-        v_cache = torch.ops.aten.index_put(v_cache, [None, None, positions], v.permute(1, 0, 2)[None].to(dt))
-        if dt == torch.float32:
-            kc, vc = k_cache.view(self.hkv, t, 1, self.dh), v_cache.view(self.hkv, t, 1, self.dh)
-        else:  # the written rows read back in fp32 (as eager does): the op's fp16 path is 9x slower on x86
+
+        def put(state, rows):  # rows [C, Hkv, X] -> the state tensor with them at slots positions
+            return torch.ops.aten.index_put(state, [None, None, positions], rows.permute(1, 0, 2)[None])
+
+        if len(k_state) == 2:  # int8 codes [C, Hkv, D] and fp16 scales [C, Hkv, 1], as forward() stores them
+            k_state, v_state = (tuple(put(s, r) for s, r in zip(st, quantize(z, 8)[:2]))
+                                for st, z in ((k_state, k), (v_state, v)))
+        else:
+            dt = k_state[0].dtype
+            k_state, v_state = (put(k_state[0], k.to(dt)),), (put(v_state[0], v.to(dt)),)
+        if len(k_state) == 1 and k_state[0].dtype == torch.float32:
+            kc, vc = (st[0].view(self.hkv, t, 1, self.dh) for st in (k_state, v_state))
+        else:  # the written rows read back in fp32, as forward() reads them
             n = start + c
-            kc, vc = (cache[:, :, :n].float().view(self.hkv, n, 1, self.dh) for cache in (k_cache, v_cache))
+
+            def rows(st):
+                if len(st) == 1:
+                    return st[0][:, :, :n].float().view(self.hkv, n, 1, self.dh)
+                r = torch.ops.quantized_decomposed.dequantize_per_token(
+                    st[0][:, :, :n], st[1][:, :, :n].float(), zero, -128, 127, torch.int8, torch.float32)
+                return r.view(self.hkv, n, 1, self.dh)
+
+            kc, vc = rows(k_state), rows(v_state)
         qg = q.view(-1, self.hkv, g, self.dh).permute(1, 0, 2, 3)  # [Hkv, C, G, D]
         out = torch.ops.llama.custom_sdpa(qg, kc, vc, start, None, 0.0, True, 1.0 / math.sqrt(self.dh))
         out = out.permute(1, 0, 2, 3).reshape(1, -1, self.h * self.dh)
-        return self.o_proj(out), (k_cache,), (v_cache,)
+        return self.o_proj(out), k_state, v_state
 
     def forward(self, x, cos, sin, write, keep, mask, k_state, v_state, kv: "KVFormat", rolling: bool = False):
         """x [1, C, d]; cos, sin [C, 1, D]; write [T, C] one-hot (slot t <- token c); keep [T, 1];
@@ -512,7 +537,7 @@ class Llama(nn.Module):
         self.lm_head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
         self.gqa = False  # set only while tracing for ONNX (onnx_gqa): every layer becomes GroupQueryAttention
-        self.et_ops = False  # set only while tracing for ExecuTorch (executorch_ops): custom_sdpa, in place
+        self.et_ops = False  # set only while tracing for ExecuTorch (executorch_ops): LLM kernels, in place
 
     def fusable(self) -> bool:
         """Whether ONNX Runtime's GroupQueryAttention runs this module's attention: a float cache (the op has no
@@ -521,6 +546,14 @@ class Llama(nn.Module):
         layer is not fused at all (the manifest's state_in_place covers the whole state). The planner's rule,
         edgekv.memory.fused_gqa, is the same; tests/test_export_strategies.py checks that they agree."""
         return self.kv.bits is None and all(r is None for r in self.rings)
+
+    def pte_in_place(self) -> bool:
+        """Whether the .pte attends through ExecuTorch's LLM kernels with its state written in place
+        (executorch_ops): what fusable() says, or an int8 cache with one scale per token and head (group 0 or
+        head_dim), whose written rows are read back in fp32 for custom_sdpa (Attention.custom). The planner's rule,
+        edgekv.memory.fused_gqa, is the same."""
+        return all(r is None for r in self.rings) and (
+            self.kv.bits is None or (self.kv.bits == 8 and self.kv.group in (0, self.args.head_dim)))
 
     @contextlib.contextmanager
     def onnx_gqa(self):
@@ -559,13 +592,15 @@ class Llama(nn.Module):
 
     @contextlib.contextmanager
     def executorch_ops(self):
-        """Within, when fusable(): forward() traces every layer's attention as Attention.custom (an index_put of
-        the call's rows, which edgekv.export.to_pte makes an in-place write of the cache input, and ExecuTorch's
-        llama::custom_sdpa over the written slots only). Yields whether it applies. Registers the op's AOT library
-        (importing executorch.extension.llm.custom_ops.custom_ops); a runtime needs its kernels to run the .pte."""
-        self.et_ops = self.fusable()
+        """Within, when pte_in_place(): forward() traces every layer's attention as Attention.custom (an index_put
+        of the call's rows into each state tensor, which edgekv.export.to_pte makes an in-place write of that input,
+        and ExecuTorch's llama::custom_sdpa over the written slots only). Yields whether it applies. Registers the ops' AOT library (importing
+        executorch.extension.llm.custom_ops.custom_ops); a runtime needs their kernels to run the .pte."""
+        self.et_ops = self.pte_in_place()
         if self.et_ops:
             import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (registers torch.ops.llama.*)
+            import executorch.kernels.quantized  # noqa: F401 (dequantize_per_token's out variant, for an int8 cache)
+            from torch.ao.quantization.fx._decomposed import quantized_decomposed_lib  # noqa: F401 (the op itself)
             d, h = self.args.head_dim, self.args.head_dim // 2
             rot = torch.zeros(d, d)  # x @ rot = cat(-x[h:], x[:h]) = rotate_half(x) (Attention._half)
             rot[torch.arange(h, d), torch.arange(h)] = -1.0
@@ -592,6 +627,8 @@ class Llama(nn.Module):
             start = pos[0].item()
             torch._check(start >= 0)
             torch._check(start + c <= t_slots)
+            # an int8 cache's zero points for its read-back (Attention.custom), one tensor for every layer
+            zero = torch.zeros(1, self.args.n_kv_heads, start + c, 1, dtype=torch.int64) if self.kv.bits else None
         elif None in self.rings:
             slots = torch.arange(t_slots, dtype=torch.int64)  # [T]
             write = (slots[:, None] == positions[None, :]).float()  # [T, C]
@@ -611,8 +648,8 @@ class Llama(nn.Module):
             b = 2 * n * i
             ring = self.rings[i]
             if self.et_ops:
-                h, k, v = blk.self_attn.custom(blk.input_layernorm(x), cos, sin, start, positions, state[b],
-                                               state[b + n], self.rope_rot)
+                h, k, v = blk.self_attn.custom(blk.input_layernorm(x), cos, sin, start, positions,
+                                               state[b:b + n], state[b + n:b + 2 * n], self.rope_rot, zero)
             elif self.gqa:
                 h, k, v = blk.self_attn.fused(blk.input_layernorm(x), cos, sin, lens, state[b], state[b + n],
                                               (self.gqa_cos, self.gqa_sin) if hasattr(self, "gqa_cos") else None)
