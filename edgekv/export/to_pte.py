@@ -23,8 +23,9 @@ LLM_KERNELS = "llama.custom_sdpa"
 
 
 # ops that read a written state in the in-place graph: the view of a cache ([1, Hkv, T, D] -> [Hkv, T, 1, D],
-# custom_sdpa's layout) and, for a fp16 or int8 cache, the slice of the written rows, its cast and the scale multiply
-_STATE_READS = ("view", "slice", "_to_copy", "dim_order", "mul")
+# custom_sdpa's layout) and, for a fp16 or int8 cache, the slice of the written rows and its cast (an int8 cache's
+# scales; its codes go to dequantize_per_token, which XNNPACK does not take)
+_STATE_READS = ("view", "slice", "_to_copy", "dim_order")
 # ops between a new key / value and its index_put: an int8 cache's quantizer (edgekv.quant.quantize), shape changes
 _STATE_WRITES = ("abs", "amax", "div", "clamp", "round", "_to_copy", "dim_order", "view", "reshape", "squeeze",
                  "permute", "unsqueeze")
@@ -69,8 +70,8 @@ def _partitioner(in_place: bool):
     def leaves_state_io(config, rule):
         """config, except for a node that rule picks: that stays on ExecuTorch's kernels.
         Reads (_reads_written_state): a view there is a zero-copy view (executorch_prim::et_view), inside XNNPACK a
-        copy of the whole cache; and a partition that took the read-back of a fp16 or int8 cache (slice, cast,
-        scale multiply) would both read the state that a portable index_put_ writes and feed custom_sdpa.
+        copy of the whole cache; and a partition that took the read-back of a fp16 or int8 cache (slice, cast)
+        would both read the state that a portable index_put_ writes and feed custom_sdpa.
         Writes (_feeds_state_write): an int8 cache's quantizer of the new rows alternates XNNPACK ops (abs, div,
         clamp, casts) with portable ones (amax, round) on its way to the portable index_put_. In either case the
         partitioner refuses the dependency cycle between partitions ("Invalid partition, found dependency
@@ -83,7 +84,7 @@ def _partitioner(in_place: bool):
         Leaves.__name__ = config.__name__
         return Leaves
 
-    reads = {"ViewCopyConfig", "SliceCopyConfig", "ToDimOrderCopyConfig", "MulConfig"}
+    reads = {"ViewCopyConfig", "SliceCopyConfig", "ToDimOrderCopyConfig"}
     writes = {"AbsConfig", "DivConfig", "ClampConfig", "ToDimOrderCopyConfig"}
     configs = []
     for c in ALL_PARTITIONER_CONFIGS:
