@@ -279,8 +279,8 @@ class Attention(nn.Module):
 
         x [1, C, d]; start: pos as a SymInt; positions [C]; k_state, v_state: (cache [1, Hkv, T, D] fp32 or fp16,)
         or (codes [1, Hkv, T, D] int8, scale [1, Hkv, T, 1] fp16) with zero [1, Hkv, start+C, 1] int64 zeros ->
-        out [1, C, d], new k_state, new v_state. Each
-        state tensor gets the C rows with an index_put at slots positions (the graph stays functional;
+        out [1, C, d], new k_state, new v_state. Each state tensor gets the C rows with an index_put at slots
+        positions (the graph stays functional;
         edgekv.export.to_pte turns it into index_put_ on the past.* input, so the .pte writes the caller's state in
         place and returns it as present.*). The op wants [B, T, heads, D] (sequence at dim 1): a [1, Hkv, T, D]
         cache is exactly a contiguous [Hkv, T, 1, D] tensor, i.e. a batch of Hkv one-head caches, and a query
