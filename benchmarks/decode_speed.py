@@ -39,8 +39,8 @@ MIB = 2**20
 # (KV strategy, weight precision) of the edgekv exports; the quick run keeps the first only. kv:dtype=fp32 with
 # int8/int4 weights is the like-for-like row for GenAI, whose models keep a fp32 cache (ORT's GroupQueryAttention
 # converts every head's fp16 K and V to fp32 on each call, which a fp16 cache pays for in speed)
-EDGEKV_COMBOS = (("kv", "fp32"), ("kv:dtype=fp32", "fp32"), ("kv-int8", "fp32"), ("kv", "int8"), ("kv", "int4"),
-                 ("kv:dtype=fp32", "int8"), ("kv:dtype=fp32", "int4"), ("kv:dtype=fp32", "fp16"))
+EDGEKV_COMBOS = (("kv", "fp32"), ("kv:dtype=fp32", "fp32"), ("kv-int8", "fp32"), ("kv-int4", "fp32"), ("kv", "int8"),
+                 ("kv", "int4"), ("kv:dtype=fp32", "int8"), ("kv:dtype=fp32", "int4"), ("kv:dtype=fp32", "fp16"))
 PEERS = ("hf:dynamic", "hf:static", "llamacpp:f16", "llamacpp:q8_0", "genai:int4", "genai:fp32")
 QUICK_PEERS = ("hf:dynamic", "llamacpp:f16", "genai:int4")
 # llama.cpp KV types as planner strategies: q8_0 stores blocks of 32 int8 codes + one fp16 scale (34 B per 32

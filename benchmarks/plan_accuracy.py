@@ -121,6 +121,8 @@ CASES = [
     ("kv-int8", "llama", "kv-int8", "ort", (1024, 8192, 32768)),
     ("kv-int8", "llama", "kv-int8", "executorch", (1024, 8192, 32768)),
     ("kv-int4 g16", "llama", "kv-int4:group=16", "ort", (1024, 8192, 32768)),  # head_dim 48: not a multiple of 32
+    ("kv-int4 g16", "llama", "kv-int4:group=16", "executorch", (1024, 8192, 32768)),
+    ("kv-int8 g16", "llama", "kv-int8:group=16", "executorch", (1024, 8192, 32768)),  # the .pte's cast + multiply
     ("window", "llama", "window", "ort", (1024, 8192, 32768)),
     ("mla", "llama", "mla", "ort", (1024, 8192, 32768)),
     ("ssm", "mamba", "ssm", "ort", (1024, 8192, 32768)),
@@ -133,6 +135,7 @@ CASES = [
     ("kv-int8 SmolLM2-135M", "smollm2-135m", "kv-int8", "ort", (1024, 8192)),
     ("kv-int8 SmolLM2-135M", "smollm2-135m", "kv-int8", "executorch", (1024, 8192)),
     ("kv-int4 SmolLM2-135M", "smollm2-135m", "kv-int4", "ort", (1024, 8192)),
+    ("kv-int4 SmolLM2-135M", "smollm2-135m", "kv-int4", "executorch", (1024, 8192)),
     ("window SmolLM2-135M", "smollm2-135m", "window:w=512,sinks=4", "ort", (1024, 8192)),
     ("mla SmolLM2-135M", "smollm2-135m", "mla", "ort", (1024, 8192)),
 ]

@@ -139,24 +139,24 @@ GQA = {"score_copies": 1, "mask_copies": 0, "state_copies": 1, "kv_dequant": "he
 # the runner called the pybindings' Module.run_method, which allocated a fresh buffer for every in-place output on
 # each call: one more state, once modelled here as "one K-sized read-back per layer". A loaded Method keeps those
 # buffers, and the state lives in them.)
-# An int8 cache (kv-int8, one scale per token and head) is read back the same way, its rows' codes dequantized to
-# fp32 in one op (dequantize_per_token): K's and V's fp32 rows alive at once, + their int8 slices (0.25 each): 2.5.
+# A quantized cache is read back the same way, its rows dequantized (edgekv.quant.dequantize on the slice). int8 with
+# one scale per token and head in one op (dequantize_per_token): K's and V's fp32 rows alive at once, + their int8
+# slices (0.25 each): 2.5. int8 with finer groups: a cast and a scale multiply, one more. Packed int4/int2: the
+# unpacking planes, their stack, the scale multiply and the zero add (measured: benchmarks/plan_accuracy.py).
 ET_SDPA = {"scores": False, "mask_copies": 0, "state_copies": 1, "kv_dequant": "layer", "in_place": True,
-           "readback_copies": {"fp16": 2.5, "int8": 2.5},
+           "readback_copies": {"fp16": 2.5, "int8": 2.5, "int8 groups": 3.5, "packed": 4.0},
            "why": "edgekv's .pte kv graph: custom_sdpa over the written rows, state written in place"}
 
 
 def fused_gqa(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str) -> bool:
     """Whether edgekv's export of this (model, strategy) for this runtime attends through a fused op in place
     (ONNX Runtime's GroupQueryAttention, ExecuTorch's custom_sdpa): a plain float `kv` cache (no quantized codes, no
-    window) of a Llama-family model with no rolling (native sliding) layer; for ExecuTorch also a `kv-int8` cache
-    with one scale per token and head (edgekv.models.llama Llama.pte_in_place, the same rule)."""
+    window) of a Llama-family model with no rolling (native sliding) layer; for ExecuTorch also a quantized cache
+    (kv-int8/int4/int2), whose written rows it dequantizes for custom_sdpa (edgekv.models.llama
+    Llama.pte_in_place, the same rule)."""
     if runtime not in ("onnxruntime", "executorch") or arch.model_type not in LLAMA_EXPORT_TYPES:
         return False
-    if strategy.name == "kv-int8" and runtime == "executorch":
-        if any(t.shape[-1] != 1 for t in layout.tensors if t.role == "key.scale"):
-            return False
-    elif strategy.name != "kv" or strategy.kv_bits:
+    if strategy.name != "kv" and not (runtime == "executorch" and strategy.kv_bits):
         return False
     return all(t.shape[2] == layout.ctx for t in layout.tensors if t.role == "key")
 
@@ -397,9 +397,11 @@ def _layer_scratch(arch: Arch, m: Attention, t: int, width: int, strategy: Strat
     if rt["kv_dequant"] != "layer" or not (strategy.kv_bits or dtype != "fp32"):
         return 0, ""
     if "readback_copies" in rt:
-        src = "int8" if strategy.kv_bits == 8 else dtype
+        bits = strategy.kv_bits
+        src = dtype if not bits else "packed" if bits < 8 else \
+            "int8" if strategy.params.get("group") in (0, m.head_dim) else "int8 groups"
         copies = rt["readback_copies"][src]
-        how = (f"{'dequantized' if strategy.kv_bits else 'cast'} from {src}; {copies} K-sized fp32 tensors in each "
+        how = (f"{'dequantized' if bits else 'cast'} from {src}; {copies} K-sized fp32 tensors in each "
                "method's memory plan, shared by the layers")
     elif strategy.kv_bits:
         sub = strategy.kv_bits < 8

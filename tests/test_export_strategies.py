@@ -108,13 +108,14 @@ def test_strategy_exports_and_verifies_in_both_formats(kind, strategy, fp32, mod
             assert [i["name"] for i in ep["inputs"]] == ["tokens", "pos"] + [t.name for t in layout.tensors]
             assert [o["name"] for o in ep["outputs"]] == ["logits"] + [t.output for t in layout.tensors]
     # only a Llama-family float cache runs as ORT's GroupQueryAttention / ExecuTorch's custom_sdpa with its state
-    # updated in place, and in the .pte an int8 cache too (read back in fp32 for custom_sdpa); every state without a
-    # recurrence makes a .pte of one method with a dynamic token axis
+    # updated in place, and in the .pte a quantized cache too (its written rows read back dequantized for
+    # custom_sdpa); every state without a recurrence makes a .pte of one method with a dynamic token axis
     fused = kind == "llama" and (strategy == "kv" or strategy.startswith("kv:"))
     onnx_art, pte_art = (next(a for a in m["artifacts"] if a["format"] == f) for f in ("onnx", "pte"))
     assert onnx_art.get("state_in_place", False) == fused
-    assert pte_art.get("state_in_place", False) == (fused or (kind, strategy) == ("llama", "kv-int8"))
-    if (kind, strategy) == ("llama", "kv-int8"):
+    quantized = kind == "llama" and strategy.startswith("kv-int")
+    assert pte_art.get("state_in_place", False) == (fused or quantized)
+    if quantized:
         assert pte_art["attention"] == "llama.custom_sdpa"
     pte_eps = {e["name"]: e for e in pte_art["entry_points"]}
     if kind not in ("mamba", "mamba2", "rwkv", "jamba"):

@@ -167,6 +167,10 @@ def test_executorch_workspace_of_a_plain_cache_is_its_read_back_or_the_pack_tran
     assert fused_gqa(SMOL, qlay, q, "executorch") and not fused_gqa(SMOL, qlay, q, "onnxruntime")
     assert workspace_bytes(SMOL, qlay, q, "executorch", chunk).value == SMOL_ACT(chunk) + chunk * 49152 * 4 \
         + 2.5 * unit
-    # a finer group is not what the op's layout reads: the explicit graph
-    g = parse_strategy("kv-int8:group=32")
-    assert not fused_gqa(SMOL, build_layout(SMOL, g, 8192), g, "executorch")
+    # finer groups: a cast and a scale multiply, one more; packed int4: unpacking planes, stack, scale and zero
+    for label, copies in (("kv-int8:group=32", 3.5), ("kv-int4", 4.0)):
+        g = parse_strategy(label)
+        glay = build_layout(SMOL, g, 8192)
+        assert fused_gqa(SMOL, glay, g, "executorch") and not fused_gqa(SMOL, glay, g, "onnxruntime")
+        assert workspace_bytes(SMOL, glay, g, "executorch", chunk).value == SMOL_ACT(chunk) + chunk * 49152 * 4 \
+            + copies * unit

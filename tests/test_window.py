@@ -216,7 +216,7 @@ def test_smollm2_window_64_plus_4_follows_transformers_with_the_mask_over_200_to
     ("llama", None, "kv", True),  # every layer one slot per position, float cache
     ("llama", None, "kv:dtype=fp32", True),
     ("llama", None, "kv-int8", False),  # GroupQueryAttention has no quantized cache (the .pte reads it back)
-    ("llama", None, "kv-int8:group=4", False),  # two scales per token and head: not the read-back's layout
+    ("llama", None, "kv-int4:group=4", False),
     ("llama", None, "window:w=16,sinks=4", False),  # rolling layers
     ("qwen2", 16, "kv", False),  # layer 1 slides, layer 0 does not: not fused at all (state_in_place is all or none)
     ("mistral", 16, "kv", False),
@@ -232,7 +232,7 @@ def test_the_export_module_and_the_planner_agree_on_which_caches_run_through_gqa
     loaded = load_model(str(tmp_path), parse_strategy(strategy), 64)
     assert loaded.module.fusable() == want
     assert fused_gqa(loaded.arch, loaded.layout, parse_strategy(strategy), "onnxruntime") == want
-    # the .pte's rule (Llama.pte_in_place): also an int8 cache with one scale per token and head
-    want_pte = want or strategy == "kv-int8"
+    # the .pte's rule (Llama.pte_in_place): also a quantized cache, its written rows read back dequantized
+    want_pte = want or strategy.startswith("kv-int")
     assert loaded.module.pte_in_place() == want_pte
     assert fused_gqa(loaded.arch, loaded.layout, parse_strategy(strategy), "executorch") == want_pte

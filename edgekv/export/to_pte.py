@@ -23,19 +23,20 @@ LLM_KERNELS = "llama.custom_sdpa"
 
 
 # ops that read a written state in the in-place graph: the view of a cache ([1, Hkv, T, D] -> [Hkv, T, 1, D],
-# custom_sdpa's layout) and, for a fp16 or int8 cache, the slice of the written rows and its cast (an int8 cache's
-# scales; its codes go to dequantize_per_token, which XNNPACK does not take)
-_STATE_READS = ("view", "slice", "_to_copy", "dim_order")
-# ops between a new key / value and its index_put: an int8 cache's quantizer (edgekv.quant.quantize), shape changes
-_STATE_WRITES = ("abs", "amax", "div", "clamp", "round", "_to_copy", "dim_order", "view", "reshape", "squeeze",
-                 "permute", "unsqueeze")
+# custom_sdpa's layout) and, for a fp16 or quantized cache, the read-back of the written rows (edgekv.quant.dequantize
+# on a slice: casts, a packed cache's unpacking planes and their stack, the scale multiply and the zero add)
+_STATE_READS = ("view", "slice", "_to_copy", "dim_order", "bitwise", "mul", "add", "unsqueeze", "cat")
+# ops between a new key / value and its index_put: a quantized cache's quantizer and packer
+# (edgekv.quant.quantize), shape changes
+_STATE_WRITES = ("abs", "amax", "amin", "sub", "div", "clamp", "round", "mul", "sum", "_to_copy", "dim_order",
+                 "view", "reshape", "squeeze", "permute", "unsqueeze")
 
 
 def _is_index_put(n) -> bool:
     return n.op == "call_function" and "index_put" in str(n.target)
 
 
-def _reads_written_state(node, depth: int = 4) -> bool:
+def _reads_written_state(node, depth: int = 10) -> bool:
     """Whether node reads an index_put's result directly or through other _STATE_READS ops."""
     import torch
 
@@ -70,10 +71,11 @@ def _partitioner(in_place: bool):
     def leaves_state_io(config, rule):
         """config, except for a node that rule picks: that stays on ExecuTorch's kernels.
         Reads (_reads_written_state): a view there is a zero-copy view (executorch_prim::et_view), inside XNNPACK a
-        copy of the whole cache; and a partition that took the read-back of a fp16 or int8 cache (slice, cast)
-        would both read the state that a portable index_put_ writes and feed custom_sdpa.
-        Writes (_feeds_state_write): an int8 cache's quantizer of the new rows alternates XNNPACK ops (abs, div,
-        clamp, casts) with portable ones (amax, round) on its way to the portable index_put_. In either case the
+        copy of the whole cache; and a partition that took the read-back of a fp16 or quantized cache (casts,
+        unpacking, scale and zero) would both read the state that a portable index_put_ writes and feed custom_sdpa.
+        Writes (_feeds_state_write): a quantized cache's quantizer of the new rows alternates XNNPACK ops (abs,
+        sub, div, clamp, mul, casts) with portable ones (amax, amin, round, sum) on its way to the portable
+        index_put_. In either case the
         partitioner refuses the dependency cycle between partitions ("Invalid partition, found dependency
         cycles"); the rows are C x Hkv x D values, so their portable kernels cost little."""
 
@@ -84,8 +86,9 @@ def _partitioner(in_place: bool):
         Leaves.__name__ = config.__name__
         return Leaves
 
-    reads = {"ViewCopyConfig", "SliceCopyConfig", "ToDimOrderCopyConfig"}
-    writes = {"AbsConfig", "DivConfig", "ClampConfig", "ToDimOrderCopyConfig"}
+    reads = {"ViewCopyConfig", "SliceCopyConfig", "ToDimOrderCopyConfig", "MulConfig", "AddConfig",
+             "UnsqueezeCopyConfig", "CatConfig"}
+    writes = {"AbsConfig", "SubConfig", "DivConfig", "ClampConfig", "MulConfig", "ToDimOrderCopyConfig"}
     configs = []
     for c in ALL_PARTITIONER_CONFIGS:
         if c.__name__ in reads:

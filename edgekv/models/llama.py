@@ -272,13 +272,14 @@ class Attention(nn.Module):
             version=1)
         return self.o_proj(out.float()), (nk,), (nv,)
 
-    def custom(self, x, cos, sin, start, positions, k_state, v_state, rot=None, zero=None):
-        """The same step as forward() on a plain or int8 cache, attended by ExecuTorch's llama::custom_sdpa (its LLM
+    def custom(self, x, cos, sin, start, positions, k_state, v_state, kv: "KVFormat", rot=None, zero=None):
+        """The same step as forward() on a plain or quantized cache, attended by ExecuTorch's llama::custom_sdpa (its LLM
         custom ops, executorch/extension/llm/custom_ops, as in ExecuTorch's own Llama export). For the .pte trace
         only (Llama.executorch_ops); eager torch runs it too once the ops' AOT library is loaded.
 
-        x [1, C, d]; start: pos as a SymInt; positions [C]; k_state, v_state: (cache [1, Hkv, T, D] fp32 or fp16,)
-        or (codes [1, Hkv, T, D] int8, scale [1, Hkv, T, 1] fp16) with zero [1, Hkv, start+C, 1] int64 zeros ->
+        x [1, C, d]; start: pos as a SymInt; positions [C]; k_state, v_state: the layer's key / value state tensors
+        as kv describes them ((cache [1, Hkv, T, D] fp32 or fp16,) or (codes, scale[, zero]), edgekv.quant's
+        layout); zero: [1, Hkv, start+C, 1] int64 zeros for an int8 cache with one scale per token and head ->
         out [1, C, d], new k_state, new v_state. Each state tensor gets the C rows with an index_put at slots
         positions (the graph stays functional;
         edgekv.export.to_pte turns it into index_put_ on the past.* input, so the .pte writes the caller's state in
@@ -287,9 +288,10 @@ class Attention(nn.Module):
         [Hkv, C, G, D] attends each KV head with its G query heads (repeat_kv's order), so the state keeps its
         shape. custom_sdpa attends causally over slots 0..start+C-1 only: a step costs what its position needs, not
         what max_ctx reserves.
-        A fp16 or int8 cache is read back as fp32 rows 0..start+C-1 (a slice of dynamic length) and attended in
-        fp32, as forward() does. int8 codes times their scales, as edgekv.quant.dequantize computes them, in one
-        pass: quantized_decomposed::dequantize_per_token (ExecuTorch's quantized kernels; zero points 0, exact).
+        A fp16 or quantized cache is read back as fp32 rows 0..start+C-1 (a slice of dynamic length) and attended
+        in fp32, as forward() does, dequantized by edgekv.quant.dequantize on those rows only; an int8 cache with one
+        scale per token and head in one pass: quantized_decomposed::dequantize_per_token (ExecuTorch's quantized
+        kernels; zero points 0, exact: the same products).
         On SmolLM2 at position 560 a cast to fp32 and a multiply took 12.7 ms of a 42 ms decode step (portable
         _to_dim_order_copy alone 11.1 ms); the one op is 2.4x faster than the two (1.2 vs 3.0 ns a value). Not the
         ops' own paths: custom_sdpa's fp16 path computes in fp16 (q rounded too) and on x86, without fp16
@@ -304,8 +306,8 @@ class Attention(nn.Module):
         def put(state, rows):  # rows [C, Hkv, X] -> the state tensor with them at slots positions
             return torch.ops.aten.index_put(state, [None, None, positions], rows.permute(1, 0, 2)[None])
 
-        if len(k_state) == 2:  # int8 codes [C, Hkv, D] and fp16 scales [C, Hkv, 1], as forward() stores them
-            k_state, v_state = (tuple(put(s, r) for s, r in zip(st, quantize(z, 8)[:2]))
+        if kv.bits:  # codes, fp16 scales (and zeros below 8 bits) of the C rows, as forward() stores them
+            k_state, v_state = (tuple(put(s, r) for s, r in zip(st, quantize(z, kv.bits, kv.group)[:kv.n]))
                                 for st, z in ((k_state, k), (v_state, v)))
         else:
             dt = k_state[0].dtype
@@ -316,10 +318,14 @@ class Attention(nn.Module):
             n = start + c
 
             def rows(st):
-                if len(st) == 1:
-                    return st[0][:, :, :n].float().view(self.hkv, n, 1, self.dh)
-                r = torch.ops.quantized_decomposed.dequantize_per_token(
-                    st[0][:, :, :n], st[1][:, :, :n].float(), zero, -128, 127, torch.int8, torch.float32)
+                part = [t[:, :, :n] for t in st]
+                if not kv.bits:
+                    r = part[0].float()
+                elif zero is not None:
+                    r = torch.ops.quantized_decomposed.dequantize_per_token(
+                        part[0], part[1].float(), zero, -128, 127, torch.int8, torch.float32)
+                else:
+                    r = dequantize(part[0], part[1], part[2] if kv.bits < 8 else None, kv.bits, kv.group)
                 return r.view(self.hkv, n, 1, self.dh)
 
             kc, vc = rows(k_state), rows(v_state)
@@ -549,11 +555,10 @@ class Llama(nn.Module):
 
     def pte_in_place(self) -> bool:
         """Whether the .pte attends through ExecuTorch's LLM kernels with its state written in place
-        (executorch_ops): what fusable() says, or an int8 cache with one scale per token and head (group 0 or
-        head_dim), whose written rows are read back in fp32 for custom_sdpa (Attention.custom). The planner's rule,
-        edgekv.memory.fused_gqa, is the same."""
-        return all(r is None for r in self.rings) and (
-            self.kv.bits is None or (self.kv.bits == 8 and self.kv.group in (0, self.args.head_dim)))
+        (executorch_ops): every cache with one slot per position in every layer (no rolling layer), float or
+        quantized; a fp16 or quantized cache's written rows are read back in fp32 for custom_sdpa
+        (Attention.custom). The planner's rule, edgekv.memory.fused_gqa, is the same."""
+        return all(r is None for r in self.rings)
 
     @contextlib.contextmanager
     def onnx_gqa(self):
@@ -628,7 +633,9 @@ class Llama(nn.Module):
             torch._check(start >= 0)
             torch._check(start + c <= t_slots)
             # an int8 cache's zero points for its read-back (Attention.custom), one tensor for every layer
-            zero = torch.zeros(1, self.args.n_kv_heads, start + c, 1, dtype=torch.int64) if self.kv.bits else None
+            zero = None
+            if self.kv.bits == 8 and self.kv.group in (0, self.args.head_dim):
+                zero = torch.zeros(1, self.args.n_kv_heads, start + c, 1, dtype=torch.int64)
         elif None in self.rings:
             slots = torch.arange(t_slots, dtype=torch.int64)  # [T]
             write = (slots[:, None] == positions[None, :]).float()  # [T, C]
@@ -649,7 +656,7 @@ class Llama(nn.Module):
             ring = self.rings[i]
             if self.et_ops:
                 h, k, v = blk.self_attn.custom(blk.input_layernorm(x), cos, sin, start, positions,
-                                               state[b:b + n], state[b + n:b + 2 * n], self.rope_rot, zero)
+                                               state[b:b + n], state[b + n:b + 2 * n], self.kv, self.rope_rot, zero)
             elif self.gqa:
                 h, k, v = blk.self_attn.fused(blk.input_layernorm(x), cos, sin, lens, state[b], state[b + n],
                                               (self.gqa_cos, self.gqa_sin) if hasattr(self, "gqa_cos") else None)

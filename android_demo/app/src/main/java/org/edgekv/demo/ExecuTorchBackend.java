@@ -23,11 +23,11 @@ import org.pytorch.executorch.Tensor;
  * execute reuses (feeding it straight back could overwrite one state input while another is being read). float16
  * state needs executorch-android 1.1.0 or later (Tensor.fromBlob(ShortBuffer)).
  *
- * <p>When the manifest says {@code state_in_place} (a plain or int8 kv cache: one {@code forward} method with a
- * dynamic token axis writes its rows into the past tensors, an int8 cache's codes and scales alike, with index_put_
- * and attends with llama::custom_sdpa, whose kernels the app's ExecuTorch library must include, as it must
- * quantized_decomposed::dequantize_per_token for an int8 cache), the inputs are not planned memory: the method writes into the direct
- * buffers wrapped above, and each state stays where it is, with no copy and no spare.
+ * <p>When the manifest says {@code state_in_place} (a plain or quantized kv cache: one {@code forward} method with
+ * a dynamic token axis writes its rows into the past tensors, a quantized cache's codes, scales and zeros alike,
+ * with index_put_, and attends with llama::custom_sdpa; the app's ExecuTorch library must include those kernels and,
+ * for an int8 cache, quantized_decomposed::dequantize_per_token), the inputs are not planned memory: the method
+ * writes into the direct buffers wrapped above, and each state stays where it is, with no copy and no spare.
  */
 final class ExecuTorchBackend implements Backend<ByteBuffer> {
     private Module module;
