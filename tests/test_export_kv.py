@@ -193,24 +193,27 @@ def test_pte_forward_writes_the_state_in_place_through_executorch_llm_kernels(ti
         assert (s[0, :, 12:16] == 0).all()  # nothing padded
 
 
-def test_an_int8_cache_pte_is_written_in_place_and_reads_back_only_its_written_rows(tiny_export, tmp_path):
-    """kv-int8 (one fp16 scale per token and head) in the .pte: each call quantizes its rows and writes codes and
-    scales into the caller's tensors (index_put_, 4 per layer), and only rows 0..pos+C-1 are dequantized for
-    custom_sdpa (dequantize_per_token, one per K and V per layer), not every layer's whole cache. The same module's
-    explicit eager graph (KVFormat: quantize, one-hot blend, dequantize every slot, bmm-softmax-bmm) is the
-    reference: the codes must be the same and the logits within fp32 rounding."""
+@pytest.mark.parametrize("strategy,tensors", [("kv-int8", 2), ("kv-int4:group=8", 3)])
+def test_a_quantized_cache_pte_is_written_in_place_and_reads_back_only_its_written_rows(tiny_export, tmp_path,
+                                                                                        strategy, tensors):
+    """kv-int8 (one fp16 scale per token and head) and kv-int4 (packed codes, fp16 scale and zero per group of 8)
+    in the .pte: each call quantizes its rows and writes codes, scales (and zeros) into the caller's tensors
+    (index_put_, one per state tensor), and only rows 0..pos+C-1 are dequantized for custom_sdpa (int8: one
+    dequantize_per_token per K and V per layer), not every layer's whole cache. The same module's explicit eager
+    graph (KVFormat: quantize, one-hot blend, dequantize every slot, bmm-softmax-bmm) is the reference: the stored
+    codes must be the same and the logits within fp32 rounding."""
     from edgekv.models import load_model
     from edgekv.strategies import parse_strategy
 
     src = Path(tiny_export[1]).parent / "tiny"
-    out = tmp_path / "int8"
-    m = export_model(ExportOptions(model=str(src), strategy="kv-int8", formats=("pte",), max_ctx=64, out=out,
+    out = tmp_path / "q"
+    m = export_model(ExportOptions(model=str(src), strategy=strategy, formats=("pte",), max_ctx=64, out=out,
                                    prefill_chunk=8, verify_steps=4), echo=lambda s: None)
     art = m["artifacts"][0]
     assert art["state_in_place"] and art["attention"] == "llama.custom_sdpa"
     ops = art["delegation"]["forward"]["portable_ops"]
-    assert ops["index_put_"] == 8 and ops["llama.custom_sdpa"] == 2
-    assert ops["quantized_decomposed.dequantize_per_token"] == 4
+    assert ops["index_put_"] == 2 * 2 * tensors and ops["llama.custom_sdpa"] == 2  # 2 layers, K and V
+    assert ops.get("quantized_decomposed.dequantize_per_token", 0) == (4 if strategy == "kv-int8" else 0)
     assert m["verification"]["pte"]["passed"]
 
     st = PteStepper(load_export(out), out, 1)
@@ -219,7 +222,7 @@ def test_an_int8_cache_pte_is_written_in_place_and_reads_back_only_its_written_r
         s[0, :, 16:] = 3  # sentinels past what the calls below write (codes and scales alike)
     prompt = [5, 9, 33, 12, 40, 7, 21, 3, 18, 50, 11]
     rows = [st.prefill(prompt), st.step([4], len(prompt))]
-    ref = load_model(str(src), parse_strategy("kv-int8"), 64).module.eval()
+    ref = load_model(str(src), parse_strategy(strategy), 64).module.eval()
     state = ref.empty_state()
     want = []
     with torch.no_grad():
