@@ -141,8 +141,9 @@ GQA = {"score_copies": 1, "mask_copies": 0, "state_copies": 1, "kv_dequant": "he
 # buffers, and the state lives in them.)
 # A quantized cache is read back the same way, its rows dequantized (edgekv.quant.dequantize on the slice). int8 with
 # one scale per token and head in one op (dequantize_per_token): K's and V's fp32 rows alive at once, + their int8
-# slices (0.25 each): 2.5. int8 with finer groups: a cast and a scale multiply, one more. Packed int4/int2: the
-# unpacking planes, their stack, the scale multiply and the zero add (measured: benchmarks/plan_accuracy.py).
+# slices (0.25 each): 2.5. int8 with finer groups: a cast and a scale multiply, one more. Packed int4/int2: each
+# nibble plane masked, cast, scaled and offset, then the planes concatenated (planar channel order; measured:
+# benchmarks/plan_accuracy.py).
 ET_SDPA = {"scores": False, "mask_copies": 0, "state_copies": 1, "kv_dequant": "layer", "in_place": True,
            "readback_copies": {"fp16": 2.5, "int8": 2.5, "int8 groups": 3.5, "packed": 4.0},
            "why": "edgekv's .pte kv graph: custom_sdpa over the written rows, state written in place"}

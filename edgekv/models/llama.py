@@ -272,14 +272,16 @@ class Attention(nn.Module):
             version=1)
         return self.o_proj(out.float()), (nk,), (nv,)
 
-    def custom(self, x, cos, sin, start, positions, k_state, v_state, kv: "KVFormat", rot=None, zero=None):
+    def custom(self, x, cos, sin, start, positions, k_state, v_state, kv: "KVFormat", rot=None, zero=None,
+               perm=None):
         """The same step as forward() on a plain or quantized cache, attended by ExecuTorch's llama::custom_sdpa (its LLM
         custom ops, executorch/extension/llm/custom_ops, as in ExecuTorch's own Llama export). For the .pte trace
         only (Llama.executorch_ops); eager torch runs it too once the ops' AOT library is loaded.
 
         x [1, C, d]; start: pos as a SymInt; positions [C]; k_state, v_state: the layer's key / value state tensors
         as kv describes them ((cache [1, Hkv, T, D] fp32 or fp16,) or (codes, scale[, zero]), edgekv.quant's
-        layout); zero: [1, Hkv, start+C, 1] int64 zeros for an int8 cache with one scale per token and head ->
+        layout); zero: [1, Hkv, start+C, 1] int64 zeros for an int8 cache with one scale per token and head;
+        perm: for a packed (int4/int2) cache, the [D, D] permutation matrix of planar channel order (below) ->
         out [1, C, d], new k_state, new v_state. Each state tensor gets the C rows with an index_put at slots
         positions (the graph stays functional;
         edgekv.export.to_pte turns it into index_put_ on the past.* input, so the .pte writes the caller's state in
@@ -291,7 +293,12 @@ class Attention(nn.Module):
         A fp16 or quantized cache is read back as fp32 rows 0..start+C-1 (a slice of dynamic length) and attended
         in fp32, as forward() does, dequantized by edgekv.quant.dequantize on those rows only; an int8 cache with one
         scale per token and head in one pass: quantized_decomposed::dequantize_per_token (ExecuTorch's quantized
-        kernels; zero points 0, exact: the same products).
+        kernels; zero points 0, exact: the same products). A packed int4/int2 cache is unpacked plane by plane
+        (bits*i..bits*i+bits-1 of every byte: channels i, i+per, ...), each plane dequantized with its groups'
+        scales and zeros, and the planes concatenated whole: K and V in planar channel order, not interleaved (the
+        interleave, quant.unpack's stack, was a portable per-value cat: 27 of a 71 ms SmolLM2 kv-int4 step). q is
+        permuted into the same order (q @ perm, exact: q.k is invariant to one permutation of both) and the output,
+        which comes in V's order, back (@ perm^T) before o_proj.
         On SmolLM2 at position 560 a cast to fp32 and a multiply took 12.7 ms of a 42 ms decode step (portable
         _to_dim_order_copy alone 11.1 ms); the one op is 2.4x faster than the two (1.2 vs 3.0 ns a value). Not the
         ops' own paths: custom_sdpa's fp16 path computes in fp16 (q rounded too) and on x86, without fp16
@@ -324,13 +331,27 @@ class Attention(nn.Module):
                 elif zero is not None:
                     r = torch.ops.quantized_decomposed.dequantize_per_token(
                         part[0], part[1].float(), zero, -128, 127, torch.int8, torch.float32)
+                elif perm is not None:  # packed: planes whole, planar channel order
+                    per, g = 8 // kv.bits, kv.group or self.dh
+                    sc, zp = part[1].float()[..., None], part[2].float()[..., None]  # [1, Hkv, n, D/g, 1]
+                    planes = []
+                    for i in range(per):
+                        codes = torch.bitwise_and(part[0], (2**kv.bits - 1) << (kv.bits * i)).float() * (
+                            1.0 / 2 ** (kv.bits * i))  # [1, Hkv, n, D/per]: channels i, i+per, ...
+                        planes.append((codes.view(1, self.hkv, n, self.dh // g, g // per) * sc + zp)
+                                      .view(1, self.hkv, n, self.dh // per))
+                    r = torch.cat(planes, -1)
                 else:
                     r = dequantize(part[0], part[1], part[2] if kv.bits < 8 else None, kv.bits, kv.group)
                 return r.view(self.hkv, n, 1, self.dh)
 
             kc, vc = rows(k_state), rows(v_state)
+        if perm is not None:
+            q = (q.reshape(-1, self.dh) @ perm).reshape(-1, self.h, self.dh)
         qg = q.view(-1, self.hkv, g, self.dh).permute(1, 0, 2, 3)  # [Hkv, C, G, D]
         out = torch.ops.llama.custom_sdpa(qg, kc, vc, start, None, 0.0, True, 1.0 / math.sqrt(self.dh))
+        if perm is not None:
+            out = (out.reshape(-1, self.dh) @ perm.t()).reshape(out.shape)
         out = out.permute(1, 0, 2, 3).reshape(1, -1, self.h * self.dh)
         return self.o_proj(out), k_state, v_state
 
@@ -611,11 +632,18 @@ class Llama(nn.Module):
             rot[torch.arange(h, d), torch.arange(h)] = -1.0
             rot[torch.arange(h), torch.arange(h, d)] = 1.0
             self.register_buffer("rope_rot", rot, persistent=False)
+            per, grp = 8 // (self.kv.bits or 8), self.kv.group or d
+            if per > 1 and grp % per == 0:  # a packed cache read back in planar order (Attention.custom)
+                order = torch.arange(d).view(d // per, per).t().reshape(-1)  # planar position p <- channel order[p]
+                planar = torch.zeros(d, d)
+                planar[order, torch.arange(d)] = 1.0  # (x @ planar)[p] = x[order[p]]
+                self.register_buffer("planar", planar, persistent=False)
         try:
             yield self.et_ops
         finally:
-            if self.et_ops:
-                del self.rope_rot
+            for name in ("rope_rot", "planar"):
+                if hasattr(self, name):
+                    delattr(self, name)
             self.et_ops = False
 
     def empty_state(self) -> list[torch.Tensor]:
@@ -656,7 +684,8 @@ class Llama(nn.Module):
             ring = self.rings[i]
             if self.et_ops:
                 h, k, v = blk.self_attn.custom(blk.input_layernorm(x), cos, sin, start, positions,
-                                               state[b:b + n], state[b + n:b + 2 * n], self.kv, self.rope_rot, zero)
+                                               state[b:b + n], state[b + n:b + 2 * n], self.kv, self.rope_rot, zero,
+                                               getattr(self, "planar", None))
             elif self.gqa:
                 h, k, v = blk.self_attn.fused(blk.input_layernorm(x), cos, sin, lens, state[b], state[b + n],
                                               (self.gqa_cos, self.gqa_sin) if hasattr(self, "gqa_cos") else None)
