@@ -65,7 +65,7 @@ SmolLM2 1k / 8k 664.6 / 861.6 MB (883.2 at 8k with run_method); predicted +2.6 /
 Since 2026-12-01 (evening) a kv-int8 cache's .pte is written in place too and reads only its written rows back,
 dequantized in one op (memory.ET_SDPA readback_copies["int8"]: K's and V's fp32 rows + their int8 slices, 2.5
 K-sized): tiny Llama 1k / 8k / 32k +8.7 / +0.8 / -2.1 %, SmolLM2 1k / 8k -0.7 / +1.5 % (new rows). Then every
-quantized cache: kv-int8 g16 (a cast and a multiply, 3.5 K-sized) tiny +7.6 / -0.9 / -4.6 %; packed kv-int4 (its
+quantized cache: kv-int8 g16 (a cast and a multiply, 3.5 K-sized) tiny +7.3 / -0.6 / -4.7 %; packed kv-int4 (its
 nibble planes dequantized whole and concatenated, 4 K-sized) tiny g16 +11.5 / +1.3 / -9.2 %, SmolLM2 g32 1k / 8k
 +0.6 / +1.4 %.
 
