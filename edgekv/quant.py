@@ -83,15 +83,42 @@ def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
     return (q * weights).sum(-1).to(torch.uint8)
 
 
-def unpack(p: torch.Tensor, bits: int) -> torch.Tensor:
-    """uint8 [..., D*bits/8] -> fp32 codes [..., D] (exact small integers). Each code is masked out of its byte
-    (bitwise_and on uint8) and scaled down by its bit offset in fp32: no integer division, which the ONNX export
-    turns into Cast-Div-Floor-Cast through fp32 and int32 planes (about 3 layer-sized temporaries per unpacked
-    cache in ONNX Runtime), and no shift, which is not in the Core ATen opset ExecuTorch lowers."""
-    per = 8 // bits
+def _planes(p: torch.Tensor, bits: int) -> list[torch.Tensor]:
+    """uint8 [..., D*bits/8] -> 8/bits fp32 planes [..., D*bits/8]; plane i holds the codes of channels i, i + 8/bits,
+    ... (exact small integers). Each code is masked out of its byte (bitwise_and on uint8) and scaled down by its bit
+    offset in fp32: no integer division, which the ONNX export turns into Cast-Div-Floor-Cast through fp32 and int32
+    planes (about 3 layer-sized temporaries per unpacked cache in ONNX Runtime), and no shift, which is not in the
+    Core ATen opset ExecuTorch lowers."""
     mask = 2**bits - 1
-    parts = [torch.bitwise_and(p, mask << (bits * i)).float() * (1.0 / 2 ** (bits * i)) for i in range(per)]
-    return torch.stack(parts, -1).reshape(*p.shape[:-1], p.shape[-1] * per)
+    return [torch.bitwise_and(p, mask << (bits * i)).float() * (1.0 / 2 ** (bits * i)) for i in range(8 // bits)]
+
+
+def unpack(p: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint8 [..., D*bits/8] -> fp32 codes [..., D], in channel order (the planes interleaved)."""
+    return torch.stack(_planes(p, bits), -1).reshape(*p.shape[:-1], p.shape[-1] * (8 // bits))
+
+
+def planar_order(d: int, bits: int) -> torch.Tensor:
+    """[D] int64: the channel at each position of dequantize_planar's last axis (0, per, 2*per, ..., 1, per+1, ...,
+    per = 8/bits)."""
+    per = 8 // bits
+    return torch.arange(d).view(d // per, per).t().reshape(-1)
+
+
+def dequantize_planar(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int,
+                      group: int = 0) -> torch.Tensor:
+    """dequantize() of packed codes with the last axis in planar_order: each plane is dequantized whole and the
+    planes are concatenated, with no interleave (unpack's stack is a per-value copy: in ExecuTorch's portable cat,
+    27 of a 71 ms SmolLM2 kv-int4 decode step). The same products as dequantize(). group must be a multiple of
+    8/bits (a group then spans the same positions of every plane)."""
+    per = 8 // bits
+    lead, d = codes.shape[:-1], codes.shape[-1] * per
+    g = group or d
+    if g % per:
+        raise ValueError(f"group {g} is not a multiple of {per} codes per byte")
+    sc, zp = scale.float()[..., None], zero.float()[..., None]  # [..., D/g, 1]
+    return torch.cat([(plane.reshape(*lead, d // g, g // per) * sc + zp).reshape(*lead, d // per)
+                      for plane in _planes(codes, bits)], -1)
 
 
 def roundtrip(x: torch.Tensor, bits: int, group: int = 0, rounding: str = "nearest",

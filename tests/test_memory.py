@@ -167,7 +167,7 @@ def test_executorch_workspace_of_a_plain_cache_is_its_read_back_or_the_pack_tran
     assert fused_gqa(SMOL, qlay, q, "executorch") and not fused_gqa(SMOL, qlay, q, "onnxruntime")
     assert workspace_bytes(SMOL, qlay, q, "executorch", chunk).value == SMOL_ACT(chunk) + chunk * 49152 * 4 \
         + 2.5 * unit
-    # finer groups: a cast and a scale multiply, one more; packed int4: unpacking planes, stack, scale and zero
+    # finer groups: a cast and a scale multiply, one more; packed int4: its planes dequantized and concatenated
     for label, copies in (("kv-int8:group=32", 3.5), ("kv-int4", 4.0)):
         g = parse_strategy(label)
         glay = build_layout(SMOL, g, 8192)

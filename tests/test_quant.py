@@ -6,7 +6,7 @@ from gguf import GGMLQuantizationType as GT
 from gguf.quants import dequantize as gg_dequantize, quantize as gg_quantize
 
 from edgekv.arch import catalog_arch
-from edgekv.quant import dequantize, pack, quantize, roundtrip, unpack
+from edgekv.quant import dequantize, dequantize_planar, pack, planar_order, quantize, roundtrip, unpack
 from edgekv.strategies import build_layout, parse_strategy
 
 X = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
@@ -37,6 +37,23 @@ def test_packing_by_hand():
     assert pack(torch.tensor([[0, 1, 2, 3]]), 2).tolist() == [[228]]
     assert pack(torch.tensor([[5, 12]]), 4).tolist() == [[197]]
     assert unpack(torch.tensor([[228]], dtype=torch.uint8), 2).tolist() == [[0, 1, 2, 3]]
+
+
+def test_planar_dequantize_is_dequantize_in_planar_channel_order():
+    """The .pte's packed read-back (planes whole, no interleave): by hand, 4-bit bytes 197 = codes (5, 12) and 33 =
+    (1, 2) with one group (scale 0.5, zero -1) give channels 0..3 = 1.5, 5, -0.5, 0 and planar order 0, 2, 1, 3; then
+    on real-sized groups it equals dequantize() (llama.cpp-checked above) permuted, bit for bit."""
+    by_hand = dequantize_planar(torch.tensor([[197, 33]], dtype=torch.uint8), torch.tensor([[0.5]]).half(),
+                                torch.tensor([[-1.0]]).half(), 4)
+    assert planar_order(4, 4).tolist() == [0, 2, 1, 3]
+    assert by_hand.tolist() == [[1.5, -0.5, 5.0, 0.0]]
+    x = torch.from_numpy(X).reshape(8, 8, 64)
+    for bits, group in ((4, 32), (4, 8), (2, 16), (2, 4)):
+        codes, scale, zero = quantize(x, bits, group)
+        want = dequantize(codes, scale, zero, bits, group)[..., planar_order(64, bits)]
+        assert torch.equal(dequantize_planar(codes, scale, zero, bits, group), want)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        dequantize_planar(codes, scale, zero, 2, 2)
 
 
 def test_values_on_the_grid_survive_exactly():

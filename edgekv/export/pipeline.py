@@ -240,11 +240,12 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             quantization["pte"] = quantize_module(qmodule, opts.weights)
 
     chunk = max(1, min(opts.prefill_chunk, opts.max_ctx))
-    # a .pte whose state is written in place (plain and int8 caches: ExecuTorch's LLM kernels) is one method with a
-    # dynamic token axis: XNNPACK packs the weights once per method, and no call is padded. A recurrent state keeps a
-    # fixed-size `prefill` and a one-token `decode`: its scan traces as an unrolled loop, which needs a fixed length.
+    # a .pte whose state is written in place (plain and quantized caches: ExecuTorch's LLM kernels) is one method
+    # with a dynamic token axis: XNNPACK packs the weights once per method, and no call is padded. A recurrent state
+    # keeps a fixed-size `prefill` and a one-token `decode`: its scan traces as an unrolled loop, which needs a fixed
+    # length.
     in_place = "pte" in opts.formats and bool(getattr(qmodule, "pte_in_place", lambda: False)())
-    # any other state made of caches only (quantized, rolling window, MLA latent) traces with a dynamic token axis
+    # any other state made of caches only (rolling window, MLA latent) traces with a dynamic token axis
     # too, as its ONNX graph does: one method, its state copied in and out of the method's planned buffers
     dynamic = in_place or ("pte" in opts.formats and attends_only(layout))
     if dynamic and chunk < 2:

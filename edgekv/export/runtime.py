@@ -227,9 +227,10 @@ class PteStepper(Stepper):
 
     A .pte whose manifest says state_in_place (Llama.executorch_ops; always the one `forward` method) writes each
     call's rows into the state and returns it as present.*. Otherwise present.* alias the method's planned
-    buffers, which the next call overwrites: they are copied at once into this stepper's state tensors. The
-    in-place graph runs ExecuTorch's LLM kernels (llama::custom_sdpa; an int8 cache's read-back: its quantized kernels), registered by importing their library before
-    loading. etdump=True records ExecuTorch's per-operator profile (write_etdump; benchmarks/profile_pte.py)."""
+    buffers, which the next call overwrites: they are copied at once into this stepper's state tensors. The in-place
+    graph runs ExecuTorch's LLM kernels (llama::custom_sdpa) and, for an int8 cache's read-back, its quantized kernels,
+    registered by importing their libraries before loading. etdump=True records ExecuTorch's per-operator profile
+    (write_etdump; benchmarks/profile_pte.py)."""
 
     def __init__(self, manifest: dict, folder: Path, threads: int | None = None, etdump: bool = False):
         import torch  # the ExecuTorch Python runtime takes torch tensors

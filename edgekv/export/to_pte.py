@@ -1,17 +1,17 @@
 """Stage 2b, lower to ExecuTorch: one .pte, XNNPACK-delegated (to_edge_transform_and_lower + XnnpackPartitioner,
 then to_executorch), with one method `forward` (a dynamic token axis, 1..C) when the state is caches only (written in
-place for a plain or int8 cache, below; else copied in and out of the method's planned buffers), else methods
+place for a plain or quantized cache, below; else copied in and out of the method's planned buffers), else methods
 `prefill` (fixed chunk of tokens) and `decode` (one token): a recurrent scan traces as an unrolled loop.
 Weights are stored once in the file and shared by the methods, but XNNPACK packs them once per method at load. Ops
 XNNPACK does not take (embedding, RoPE cos/sin, and either the cache blend or the in-place cache writes and
 ExecuTorch's attention kernel) run on ExecuTorch's portable / LLM kernels.
 
-State in place (a module traced under Llama.executorch_ops): each state tensor (a cache; an int8 cache's codes and
-scales) is written by an index_put of this call's rows and read by llama::custom_sdpa. Here
-that index_put becomes index_put_ on the method's own past.* input, the graph output present.* is that input (ExecuTorch aliases an in-place op's result with its argument), and inputs are
-not memory-planned (the runtime uses the caller's tensors instead of copying them into its arena): the method writes
-C rows into the caller's cache and returns it, with no copy of the state per call. ExecuTorch plans the method's
-other buffers for its largest call (C tokens).
+State in place (a module traced under Llama.executorch_ops): each state tensor (a cache; a quantized cache's codes,
+scales and zeros) is written by an index_put of this call's rows and read by llama::custom_sdpa. Here that index_put
+becomes index_put_ on the method's own past.* input, the graph output present.* is that input (ExecuTorch aliases an
+in-place op's result with its argument), and inputs are not memory-planned (the runtime uses the caller's tensors
+instead of copying them into its arena): the method writes C rows into the caller's cache and returns it, with no copy
+of the state per call. ExecuTorch plans the method's other buffers for its largest call (C tokens).
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ LLM_KERNELS = "llama.custom_sdpa"
 
 
 # ops that read a written state in the in-place graph: the view of a cache ([1, Hkv, T, D] -> [Hkv, T, 1, D],
-# custom_sdpa's layout) and, for a fp16 or quantized cache, the read-back of the written rows (edgekv.quant.dequantize
-# on a slice: casts, a packed cache's unpacking planes and their stack, the scale multiply and the zero add)
+# custom_sdpa's layout) and, for a fp16 or quantized cache, the read-back of the written rows (edgekv.quant's
+# dequantizers on a slice: casts, a packed cache's planes and their concatenation, the scale multiply, the zero add)
 _STATE_READS = ("view", "slice", "_to_copy", "dim_order", "bitwise", "mul", "add", "unsqueeze", "cat")
 # ops between a new key / value and its index_put: a quantized cache's quantizer and packer
 # (edgekv.quant.quantize), shape changes
@@ -75,9 +75,9 @@ def _partitioner(in_place: bool):
         unpacking, scale and zero) would both read the state that a portable index_put_ writes and feed custom_sdpa.
         Writes (_feeds_state_write): a quantized cache's quantizer of the new rows alternates XNNPACK ops (abs,
         sub, div, clamp, mul, casts) with portable ones (amax, amin, round, sum) on its way to the portable
-        index_put_. In either case the
-        partitioner refuses the dependency cycle between partitions ("Invalid partition, found dependency
-        cycles"); the rows are C x Hkv x D values, so their portable kernels cost little."""
+        index_put_. In either case the partitioner refuses the dependency cycle between partitions ("Invalid
+        partition, found dependency cycles"); the rows are C x Hkv x D values, so their portable kernels cost
+        little."""
 
         class Leaves(config):
             def check_constraints(self, node, ep) -> bool:

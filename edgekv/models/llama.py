@@ -50,7 +50,7 @@ from torch import nn
 
 from ..arch import LLAMA_EXPORT_TYPES, Cfg, _layer_windows
 from ..errors import EdgekvError
-from ..quant import dequantize, quantize
+from ..quant import dequantize, dequantize_planar, planar_order, quantize
 from ..strategies import StateLayout, parse_strategy
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
@@ -274,31 +274,28 @@ class Attention(nn.Module):
 
     def custom(self, x, cos, sin, start, positions, k_state, v_state, kv: "KVFormat", rot=None, zero=None,
                perm=None):
-        """The same step as forward() on a plain or quantized cache, attended by ExecuTorch's llama::custom_sdpa (its LLM
-        custom ops, executorch/extension/llm/custom_ops, as in ExecuTorch's own Llama export). For the .pte trace
+        """The same step as forward() on a plain or quantized cache, attended by ExecuTorch's llama::custom_sdpa (its
+        LLM custom ops, executorch/extension/llm/custom_ops, as in ExecuTorch's own Llama export). For the .pte trace
         only (Llama.executorch_ops); eager torch runs it too once the ops' AOT library is loaded.
 
         x [1, C, d]; start: pos as a SymInt; positions [C]; k_state, v_state: the layer's key / value state tensors
         as kv describes them ((cache [1, Hkv, T, D] fp32 or fp16,) or (codes, scale[, zero]), edgekv.quant's
         layout); zero: [1, Hkv, start+C, 1] int64 zeros for an int8 cache with one scale per token and head;
-        perm: for a packed (int4/int2) cache, the [D, D] permutation matrix of planar channel order (below) ->
-        out [1, C, d], new k_state, new v_state. Each state tensor gets the C rows with an index_put at slots
-        positions (the graph stays functional;
-        edgekv.export.to_pte turns it into index_put_ on the past.* input, so the .pte writes the caller's state in
-        place and returns it as present.*). The op wants [B, T, heads, D] (sequence at dim 1): a [1, Hkv, T, D]
-        cache is exactly a contiguous [Hkv, T, 1, D] tensor, i.e. a batch of Hkv one-head caches, and a query
-        [Hkv, C, G, D] attends each KV head with its G query heads (repeat_kv's order), so the state keeps its
-        shape. custom_sdpa attends causally over slots 0..start+C-1 only: a step costs what its position needs, not
-        what max_ctx reserves.
-        A fp16 or quantized cache is read back as fp32 rows 0..start+C-1 (a slice of dynamic length) and attended
-        in fp32, as forward() does, dequantized by edgekv.quant.dequantize on those rows only; an int8 cache with one
-        scale per token and head in one pass: quantized_decomposed::dequantize_per_token (ExecuTorch's quantized
-        kernels; zero points 0, exact: the same products). A packed int4/int2 cache is unpacked plane by plane
-        (bits*i..bits*i+bits-1 of every byte: channels i, i+per, ...), each plane dequantized with its groups'
-        scales and zeros, and the planes concatenated whole: K and V in planar channel order, not interleaved (the
-        interleave, quant.unpack's stack, was a portable per-value cat: 27 of a 71 ms SmolLM2 kv-int4 step). q is
-        permuted into the same order (q @ perm, exact: q.k is invariant to one permutation of both) and the output,
-        which comes in V's order, back (@ perm^T) before o_proj.
+        perm: for a packed (int4/int2) cache, the [D, D] permutation matrix of edgekv.quant's planar channel order
+        (below) -> out [1, C, d], new k_state, new v_state. Each state tensor gets the C rows with an index_put at slots
+        positions (the graph stays functional; edgekv.export.to_pte turns it into index_put_ on the past.* input, so the
+        .pte writes the caller's state in place and returns it as present.*). The op wants [B, T, heads, D] (sequence at
+        dim 1): a [1, Hkv, T, D] cache is exactly a contiguous [Hkv, T, 1, D] tensor, i.e. a batch of Hkv one-head
+        caches, and a query [Hkv, C, G, D] attends each KV head with its G query heads (repeat_kv's order), so the state
+        keeps its shape. custom_sdpa attends causally over slots 0..start+C-1 only: a step costs what its position
+        needs, not what max_ctx reserves.
+        A fp16 or quantized cache is read back as fp32 rows 0..start+C-1 (a slice of dynamic length) and attended in
+        fp32, as forward() does, dequantized by edgekv.quant.dequantize on those rows only; an int8 cache with one scale
+        per token and head in one pass: quantized_decomposed::dequantize_per_token (ExecuTorch's quantized kernels; zero
+        points 0, exact: the same products). A packed int4/int2 cache is read back by edgekv.quant.dequantize_planar: K
+        and V in planar channel order, not interleaved (the interleave was a portable per-value cat: 27 of a 71 ms
+        SmolLM2 kv-int4 step). q is permuted into the same order (q @ perm, exact: q.k is invariant to one permutation
+        of both) and the output, which comes in V's order, back (@ perm^T) before o_proj.
         On SmolLM2 at position 560 a cast to fp32 and a multiply took 12.7 ms of a 42 ms decode step (portable
         _to_dim_order_copy alone 11.1 ms); the one op is 2.4x faster than the two (1.2 vs 3.0 ns a value). Not the
         ops' own paths: custom_sdpa's fp16 path computes in fp16 (q rounded too) and on x86, without fp16
@@ -325,22 +322,14 @@ class Attention(nn.Module):
             n = start + c
 
             def rows(st):
-                part = [t[:, :, :n] for t in st]
+                part = [s[:, :, :n] for s in st]
                 if not kv.bits:
                     r = part[0].float()
                 elif zero is not None:
                     r = torch.ops.quantized_decomposed.dequantize_per_token(
                         part[0], part[1].float(), zero, -128, 127, torch.int8, torch.float32)
-                elif perm is not None:  # packed: planes whole, planar channel order
-                    per, g = 8 // kv.bits, kv.group or self.dh
-                    sc, zp = part[1].float()[..., None], part[2].float()[..., None]  # [1, Hkv, n, D/g, 1]
-                    planes = []
-                    for i in range(per):
-                        codes = torch.bitwise_and(part[0], (2**kv.bits - 1) << (kv.bits * i)).float() * (
-                            1.0 / 2 ** (kv.bits * i))  # [1, Hkv, n, D/per]: channels i, i+per, ...
-                        planes.append((codes.view(1, self.hkv, n, self.dh // g, g // per) * sc + zp)
-                                      .view(1, self.hkv, n, self.dh // per))
-                    r = torch.cat(planes, -1)
+                elif perm is not None:
+                    r = dequantize_planar(*part, kv.bits, kv.group)
                 else:
                     r = dequantize(part[0], part[1], part[2] if kv.bits < 8 else None, kv.bits, kv.group)
                 return r.view(self.hkv, n, 1, self.dh)
@@ -620,8 +609,9 @@ class Llama(nn.Module):
     def executorch_ops(self):
         """Within, when pte_in_place(): forward() traces every layer's attention as Attention.custom (an index_put
         of the call's rows into each state tensor, which edgekv.export.to_pte makes an in-place write of that input,
-        and ExecuTorch's llama::custom_sdpa over the written slots only). Yields whether it applies. Registers the ops' AOT library (importing
-        executorch.extension.llm.custom_ops.custom_ops); a runtime needs their kernels to run the .pte."""
+        and ExecuTorch's llama::custom_sdpa over the written slots only). Yields whether it applies. Registers the
+        ops' AOT libraries (ExecuTorch's LLM custom ops and quantized kernels); a runtime needs their kernels to run
+        the .pte."""
         self.et_ops = self.pte_in_place()
         if self.et_ops:
             import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (registers torch.ops.llama.*)
@@ -632,11 +622,10 @@ class Llama(nn.Module):
             rot[torch.arange(h, d), torch.arange(h)] = -1.0
             rot[torch.arange(h), torch.arange(h, d)] = 1.0
             self.register_buffer("rope_rot", rot, persistent=False)
-            per, grp = 8 // (self.kv.bits or 8), self.kv.group or d
-            if per > 1 and grp % per == 0:  # a packed cache read back in planar order (Attention.custom)
-                order = torch.arange(d).view(d // per, per).t().reshape(-1)  # planar position p <- channel order[p]
+            bits = self.kv.bits or 8
+            if bits < 8 and (self.kv.group or d) % (8 // bits) == 0:  # packed: read back in planar order
                 planar = torch.zeros(d, d)
-                planar[order, torch.arange(d)] = 1.0  # (x @ planar)[p] = x[order[p]]
+                planar[planar_order(d, bits), torch.arange(d)] = 1.0  # (x @ planar)[p] = x[planar_order[p]]
                 self.register_buffer("planar", planar, persistent=False)
         try:
             yield self.et_ops
