@@ -139,13 +139,25 @@ GQA = {"score_copies": 1, "mask_copies": 0, "state_copies": 1, "kv_dequant": "he
 # the runner called the pybindings' Module.run_method, which allocated a fresh buffer for every in-place output on
 # each call: one more state, once modelled here as "one K-sized read-back per layer". A loaded Method keeps those
 # buffers, and the state lives in them.)
-# A quantized cache is read back the same way, its rows dequantized (edgekv.quant.dequantize on the slice). int8 with
-# one scale per token and head in one op (dequantize_per_token): K's and V's fp32 rows alive at once, + their int8
-# slices (0.25 each): 2.5. int8 with finer groups: a cast and a scale multiply, one more. Packed int4/int2: each
-# nibble plane masked, cast, scaled and offset, then the planes concatenated (planar channel order; measured:
-# benchmarks/plan_accuracy.py).
+# A quantized cache is read back the same way, its rows dequantized (edgekv.quant.dequantize on the slice): int8
+# with one scale per token and head in one op (dequantize_per_token), int8 with finer groups a cast and a scale
+# multiply, packed int4/int2 each nibble plane masked, cast, scaled and offset, then the planes concatenated
+# (planar channel order). The copies are the slope of the method's planned buffer (non_const_buffer_sizes, read
+# from the .pte) over the context, in K-sized fp32 tensors: tiny Llama 8k -> 32k fp16 2.50, int8 2.31, int8
+# group 16 3.13, int4 group 16 3.25; SmolLM2 at 8k (buffer / K-size) 2.55, 2.34, -, 3.18.
+# The logits come after the last layer's attention, so the plan lays them over the read-back (SmolLM2 at 1k: the
+# buffer, 6.07 MB, is the 6.0 MB of a 32-token chunk's logits; the read-back, 1.9 MB, hides under them).
+# A quantized cache's read-back also runs ExecuTorch kernels a float cache's graph does not (13 more operators for
+# packed int4): their code is paged in from the kernel library, file-backed memory the process holds from its first
+# call on. Measured with /proc/self/smaps (the .so mappings' Rss after loading and a 200-token call, minus the fp16
+# cache's; the same on the tiny Llama and on SmolLM2-135M, 1k slots): int8 +1088 KiB, int8 groups +1160 KiB, packed
+# +2000 KiB, nearly all libexecutorch_kernels_optimized.so. The fp16 graph's own code pages (6.3 MiB) are part of
+# the measured session cost (MEASURED["executorch"]).
 ET_SDPA = {"scores": False, "mask_copies": 0, "state_copies": 1, "kv_dequant": "layer", "in_place": True,
-           "readback_copies": {"fp16": 2.5, "int8": 2.5, "int8 groups": 3.5, "packed": 4.0},
+           "readback_copies": {"fp16": 2.5, "int8": 2.3, "int8 groups": 3.1, "packed": 3.25},
+           "kernel_code": {"fp16": 0, "fp32": 0, "int8": 1088 * 1024, "int8 groups": 1160 * 1024,
+                           "packed": 2000 * 1024},
+           "logits_over_scratch": True,
            "why": "edgekv's .pte kv graph: custom_sdpa over the written rows, state written in place"}
 
 
@@ -343,7 +355,9 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     logits = chunk * arch.vocab * 4  # the exported step returns logits for every token of the call
     masks *= rt.get("mask_copies", 0)
     pack = _largest_packed(arch, precision) if rt.get("pack_transient") else 0
-    attend = act + copies * scores + masks + logits + scratch + scan
+    # a memory plan that lays the logits over the attention's scratch: the larger of the two
+    attend = act + copies * scores + masks + scan + (max(logits, scratch) if rt.get("logits_over_scratch")
+                                                     else logits + scratch)
     # static caches: attention reads the state the call writes, so the written copies are alive with its scratch;
     # rolling layers: the written state is an output no node reads, and ORT's order runs the attention first, so the
     # call peaks at the larger of the two. Measured (tiny Llama window w=4096 + 4 sinks, fp16, 8192-token context,
@@ -361,7 +375,10 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
               else "scores not materialised"),
              *([f"masks {rt['mask_copies']} x chunk x T x 4 B = {masks:,}"] if masks else []),
              f"logits chunk x vocab x 4 B = {logits:,}"]
-    if scratch:
+    if scratch and rt.get("logits_over_scratch"):
+        parts[-1] = (f"max({parts[-1]}, {scratch_how} = {scratch:,.0f}) (the plan lays the logits over the "
+                     "attention's scratch)")
+    elif scratch:
         parts.append(f"{scratch_how} = {scratch:,.0f}")
     if scan:
         parts.append(f"selective-scan inputs {SCAN_COPIES} x chunk x d_inner x d_state x 4 B = {scan:,}")
@@ -399,8 +416,7 @@ def _layer_scratch(arch: Arch, m: Attention, t: int, width: int, strategy: Strat
         return 0, ""
     if "readback_copies" in rt:
         bits = strategy.kv_bits
-        src = dtype if not bits else "packed" if bits < 8 else \
-            "int8" if strategy.params.get("group") in (0, m.head_dim) else "int8 groups"
+        src = _readback_source(m, strategy)
         copies = rt["readback_copies"][src]
         how = (f"{'dequantized' if bits else 'cast'} from {src}; {copies} K-sized fp32 tensors in each "
                "method's memory plan, shared by the layers")
@@ -413,6 +429,26 @@ def _layer_scratch(arch: Arch, m: Attention, t: int, width: int, strategy: Strat
     else:
         copies, how = 2, f"cast from {dtype}"
     return copies * unit, f"one layer's K,V in fp32 ({how})"
+
+
+def _readback_source(m: Attention, strategy: Strategy) -> str:
+    """What a fused .pte reads its cache rows back from (ET_SDPA's keys): the float dtype, int8 with one scale per
+    token and head, int8 with finer groups, or packed sub-byte codes."""
+    bits = strategy.kv_bits
+    if not bits:
+        return strategy.params.get("dtype", "fp32")
+    if bits < 8:
+        return "packed"
+    return "int8" if strategy.params.get("group") in (0, m.head_dim) else "int8 groups"
+
+
+def _kernel_code(arch: Arch, layout: StateLayout | None, strategy: Strategy | None, runtime: str) -> float:
+    """Code pages of the extra kernels a fused .pte's quantized read-back runs (ET_SDPA kernel_code), else 0."""
+    if layout is None or strategy is None or not fused_gqa(arch, layout, strategy, runtime) \
+            or runtime != "executorch":
+        return 0
+    att = next((m for b in arch.blocks for m in b.mixers if isinstance(m, Attention)), None)
+    return ET_SDPA["kernel_code"].get(_readback_source(att, strategy), 0) if att else 0
 
 
 def _largest_packed(arch: Arch, precision: str) -> float:
@@ -433,11 +469,13 @@ def _tied_copy(arch: Arch, precision: str, rt: dict) -> float:
     return _tied_bytes(arch, precision) if rt.get("tied_copy") else 0
 
 
-def runtime_load_bytes(arch: Arch, precision: str, runtime: str, methods: int = 1) -> Item:
+def runtime_load_bytes(arch: Arch, precision: str, runtime: str, methods: int = 1,
+                       layout: StateLayout | None = None, strategy: Strategy | None = None) -> Item:
     """Resident bytes the runtime adds to the stored weights once the model is loaded and has run: its per-session
     cost, a second table for a tied lm_head, and (XNNPACK) one more packed copy of the delegated weights for every
     method beyond the first (a .pte of a recurrent or blended state has two, prefill and decode; a plain kv cache's
-    .pte has one, forward)."""
+    .pte has one, forward), and with the layout and strategy given, the code pages of the kernels a fused .pte's
+    quantized read-back adds."""
     rt = _rt(runtime)
     sess = rt.get("session_bytes", 0)
     tied = _tied_copy(arch, precision, rt)
@@ -445,9 +483,11 @@ def runtime_load_bytes(arch: Arch, precision: str, runtime: str, methods: int = 
     if rt.get("packs_per_method") and methods > 1:
         delegated = sum(weight_bytes_one(w, precision) for w in arch.weights if w.cls in ("linear", "lm_head"))
         packs = (methods - 1) * (delegated + _tied_bytes(arch, precision))  # a tied lm_head is packed too
-    total = sess + tied + packs
+    code = _kernel_code(arch, layout, strategy, runtime)
+    total = sess + tied + packs + code
     f = f"session {sess:,}" + (f" + tied lm_head's own table {tied:,.0f}" if tied else "") \
         + (f" + {methods - 1} more XNNPACK-packed copy of linear + lm_head {packs:,.0f}" if packs else "") \
+        + (f" + code of the quantized read-back's kernels {code:,.0f}" if code else "") \
         + f" = {total:,.0f} B [{runtime}" + (f"; measured: {MEASURED[runtime]}" if runtime in MEASURED else "") + "]"
     return Item(total, f)
 

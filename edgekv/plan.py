@@ -26,7 +26,7 @@ def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: 
     layout = build_ring_layout(arch, strategy, ctx) if strategy.name == "ring" else build_layout(arch, strategy, ctx)
     wb = M.weight_bytes(arch, weights)
     ws = M.workspace_bytes(arch, layout, strategy, runtime, min(chunk, ctx), weights, methods)
-    load = M.runtime_load_bytes(arch, weights, runtime, methods)
+    load = M.runtime_load_bytes(arch, weights, runtime, methods, layout, strategy)
     d = M.Deployment(arch.name, strategy, ctx, weights, runtime, layout, wb, ws, overhead, load)
     d.explain = {
         "weights": f"{weights}: " + ", ".join(f"{k} {v:,.0f} B" for k, v in wb.items() if k not in ("total",
