@@ -46,7 +46,7 @@ WEIGHT_PRECISIONS = ("fp32", "fp16", "int8", "int4", "gguf")
 RUNTIMES = {
     "executorch": {"scores": True, "kv_dequant": "layer", "session_bytes": 10_000_000, "score_copies": 2,
                    "state_copies": 3, "tied_copy": True, "load_transient_tied": False, "packs_per_method": True,
-                   "pack_transient": True,
+                   "pack_transient": True, "logits_planned": True,
                    "why": "ExecuTorch quantized_kv_cache.py dequantizes the cache to fp32 on every update (anchors.md "
                           "section 2); edgekv's exported attention is matmul-softmax-matmul, which materialises scores"},
     "onnxruntime": {"scores": True, "kv_dequant": "layer", "session_bytes": 17_000_000, "score_copies": 2,
@@ -352,7 +352,10 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
         n_state, scratch = (1 if rt.get("in_place") else 1 + 2 * methods), scratch * methods
     extra_state = (n_state - 1) * layout.nbytes
     act = chunk * (4 * arch.hidden + qkv + 3 * inter + ssm_w) * 4
-    logits = chunk * arch.vocab * 4  # the exported step returns logits for every token of the call
+    # the exported step returns the logits of the rows the caller asks for (edgekv.models.head): one in generation
+    # and prefill. A memory-planned runtime (ExecuTorch) holds a slot for the most rows a call can ask for, the chunk
+    logits_rows = chunk if rt.get("logits_planned") else 1
+    logits = logits_rows * arch.vocab * 4
     masks *= rt.get("mask_copies", 0)
     pack = _largest_packed(arch, precision) if rt.get("pack_transient") else 0
     # a memory plan that lays the logits over the attention's scratch: the larger of the two
@@ -374,7 +377,7 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
              (f"scores {copies} x H x chunk x T x 4 B = {copies * scores:,}" if rt["scores"]
               else "scores not materialised"),
              *([f"masks {rt['mask_copies']} x chunk x T x 4 B = {masks:,}"] if masks else []),
-             f"logits chunk x vocab x 4 B = {logits:,}"]
+             f"logits {'chunk' if logits_rows > 1 else '1 row'} x vocab x 4 B = {logits:,}"]
     if scratch and rt.get("logits_over_scratch"):
         parts[-1] = (f"max({parts[-1]}, {scratch_how} = {scratch:,.0f}) (the plan lays the logits over the "
                      "attention's scratch)")

@@ -105,13 +105,43 @@ def test_manifest_declares_the_state_layout_and_every_file_hash(tiny_export):
         data = (out / name).read_bytes()
         assert f == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     onnx_ep = m["artifacts"][0]["entry_points"][0]
-    assert [i["name"] for i in onnx_ep["inputs"]] == ["tokens", "pos"] + [t.name for t in layout.tensors]
+    assert [i["name"] for i in onnx_ep["inputs"]] == ["tokens", "pos"] + [t.name for t in layout.tensors] + ["rows"]
     assert [o["name"] for o in onnx_ep["outputs"]] == ["logits"] + [t.output for t in layout.tensors]
     assert onnx_ep["inputs"][0]["shape"] == [1, "seq"]
+    # the rows whose logits come back: their own axis, and the logits' (edgekv.models.head)
+    assert onnx_ep["inputs"][-1] == {"name": "rows", "dtype": "int64", "shape": ["rows"]}
+    assert onnx_ep["outputs"][0]["shape"] == [1, "rows", 64]  # the tiny fixture's vocabulary
     pte_eps = {e["name"]: (e["tokens"], e.get("max_tokens")) for e in m["artifacts"][1]["entry_points"]}
     assert pte_eps == {"forward": ("seq", 8)}  # one method, 1..8 tokens per call (--prefill-chunk 8)
     assert m["artifacts"][1]["entry_points"][0]["inputs"][0]["shape"] == [1, "seq"]
     assert m["deployment"]["formats"]["pte"]["methods"] == 1
+
+
+def test_a_call_returns_the_logits_of_the_rows_it_asks_for(tiny_export):
+    """Every row, the last row only (what generation asks for: the head runs over that row), or any rows: the same
+    numbers, in both runtimes; ONNX Runtime is also fed a rows input directly."""
+    import onnxruntime as ort
+
+    from edgekv.export.runtime import open_stepper
+    _, out, manifest, _ = tiny_export
+    toks = [3, 1, 4, 1, 5, 9, 2]
+    every = {}
+    for rt in ("ort", "executorch"):
+        st = open_stepper(out, manifest, rt, 1)
+        every[rt] = st.step(toks, 0)
+        st.reset()
+        last = st.step(toks, 0, last=True)
+        assert every[rt].shape == (7, 64) and last.shape == (1, 64)
+        np.testing.assert_allclose(last[0], every[rt][-1], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(every["executorch"], every["ort"], rtol=0, atol=1e-4)
+    sess = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    ep = manifest["artifacts"][0]["entry_points"][0]
+    feed = {i["name"]: np.zeros(i["shape"], dtype=np.float32) for i in ep["inputs"][2:-1]}
+    feed.update(tokens=np.asarray([toks], dtype=np.int64), pos=np.zeros(1, dtype=np.int64),
+                rows=np.asarray([4, 0, 6], dtype=np.int64))
+    logits = sess.run(["logits"], feed)[0]
+    assert logits.shape == (1, 3, 64)
+    np.testing.assert_allclose(logits[0], every["ort"][[4, 0, 6]], rtol=0, atol=1e-5)
 
 
 def test_onnx_graph_io_is_what_the_manifest_says(tiny_export):

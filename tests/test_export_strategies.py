@@ -105,8 +105,11 @@ def test_strategy_exports_and_verifies_in_both_formats(kind, strategy, fp32, mod
     assert m["state"] == layout.to_json()
     for art in m["artifacts"]:
         for ep in art["entry_points"]:
-            assert [i["name"] for i in ep["inputs"]] == ["tokens", "pos"] + [t.name for t in layout.tensors]
+            assert [i["name"] for i in ep["inputs"]] == ["tokens", "pos"] + [t.name for t in layout.tensors] + ["rows"]
             assert [o["name"] for o in ep["outputs"]] == ["logits"] + [t.output for t in layout.tensors]
+            # the rows whose logits come back: [1] for a one-token method, else a dynamic axis (1..its tokens)
+            rows = 1 if ep["tokens"] == 1 else "rows"
+            assert ep["inputs"][-1]["shape"] == [rows] and ep["outputs"][0]["shape"][:2] == [1, rows]
     # only a Llama-family float cache runs as ORT's GroupQueryAttention / ExecuTorch's custom_sdpa with its state
     # updated in place, and in the .pte a quantized cache too (its written rows read back dequantized for
     # custom_sdpa); every state without a recurrence makes a .pte of one method with a dynamic token axis

@@ -81,8 +81,9 @@ def test_ort_workspace_counts_score_copies_state_copies_and_the_load_transient()
     # the graph writes the chunk into the 8192 slots first, then attends over all of them: 2 live fp32 score tensors
     # [9 heads, chunk, 8192] per layer + 2 fp32 [chunk, 8192] masks shared by the layers (measured: memory.MEASURED)
     scores = 2 * 9 * chunk * 8192 * 4 + 2 * chunk * 8192 * 4
-    # + logits + fp32 K,V of one layer + 2 more state copies (ORT's outputs and the numpy copies run() returns)
-    step = act + scores + chunk * 49152 * 4 + 2 * 3 * 8192 * 64 * 4 + 2 * state
+    # + one row of logits (the call asks for its last row: edgekv.models.head; ORT allocates what a call returns)
+    # + fp32 K,V of one layer + 2 more state copies (ORT's outputs and the numpy copies run() returns)
+    step = act + scores + 49152 * 4 + 2 * 3 * 8192 * 64 * 4 + 2 * state
     assert workspace_bytes(SMOL, lay, s, "onnxruntime", chunk).value == step
 
 
@@ -93,8 +94,8 @@ def test_ort_workspace_of_a_fused_float_cache_is_one_probability_buffer_and_no_s
     assert fused_gqa(SMOL, lay, s, "onnxruntime") and not fused_gqa(SMOL, lay, s, "llama.cpp")
     chunk = 512
     act = chunk * (4 * 576 + (9 + 2 * 3) * 64 + 3 * 1536) * 4
-    # one fp32 [9 heads, chunk, 8192 slots] probability buffer, logits, one head's K (or V) converted to fp32
-    step = act + 9 * chunk * 8192 * 4 + chunk * 49152 * 4 + 2 * (8192 + chunk) * 64 * 4
+    # one fp32 [9 heads, chunk, 8192 slots] probability buffer, a row of logits, one head's K (or V) in fp32
+    step = act + 9 * chunk * 8192 * 4 + 49152 * 4 + 2 * (8192 + chunk) * 64 * 4
     assert workspace_bytes(SMOL, lay, s, "onnxruntime", chunk).value == step
     win = parse_strategy("window:w=256,sinks=4")
     assert not fused_gqa(SMOL, build_layout(SMOL, win, 8192), win, "onnxruntime")
@@ -113,13 +114,12 @@ def test_ort_workspace_of_a_rolling_window_is_the_larger_of_its_attention_and_th
     state = 2 * 30 * 3 * 4100 * 64 * 2
     assert lay.nbytes == state
     chunk, seen = 128, 4100 + 128  # a rolling layer attends over its old slots + this call's tokens
-    attend = (SMOL_ACT(chunk) + 2 * 9 * chunk * seen * 4 + 2 * chunk * seen * 4 + chunk * 49152 * 4
+    attend = (SMOL_ACT(chunk) + 2 * 9 * chunk * seen * 4 + 2 * chunk * seen * 4 + 49152 * 4
               + 2 * 3 * 4100 * 64 * 4)  # + one layer's K,V cast to fp32
-    copies = 2 * state + chunk * 49152 * 4  # ORT's outputs + the numpy copies, at the end of the call
+    copies = 2 * state + 49152 * 4  # ORT's outputs + the numpy copies, at the end of the call
     assert workspace_bytes(SMOL, lay, s, "onnxruntime", chunk).value == max(attend, copies)
     assert workspace_bytes(SMOL, lay, s, "onnxruntime", 512).value == max(  # long chunks: the attention wins
-        SMOL_ACT(512) + 2 * 9 * 512 * 4612 * 4 + 2 * 512 * 4612 * 4 + 512 * 49152 * 4 + 2 * 3 * 4100 * 64 * 4,
-        copies - chunk * 49152 * 4 + 512 * 49152 * 4)
+        SMOL_ACT(512) + 2 * 9 * 512 * 4612 * 4 + 2 * 512 * 4612 * 4 + 49152 * 4 + 2 * 3 * 4100 * 64 * 4, copies)
 
 
 def test_ort_workspace_counts_the_rebuilt_keys_of_converted_mla_and_the_planes_of_an_int4_cache():
@@ -128,7 +128,7 @@ def test_ort_workspace_counts_the_rebuilt_keys_of_converted_mla_and_the_planes_o
     # rebuilds its keys (decode at 8192 slots: 9.0 x 6.29 MB), 2.6 unpacking planes beside an int4 cache's K and V
     rebuild, planes = 8, 2.6
     chunk, t = 128, 8192
-    base = SMOL_ACT(chunk) + 2 * 9 * chunk * t * 4 + 2 * chunk * t * 4 + chunk * 49152 * 4
+    base = SMOL_ACT(chunk) + 2 * 9 * chunk * t * 4 + 2 * chunk * t * 4 + 49152 * 4
     s = parse_strategy("mla:rank=96")
     lay = build_layout(SMOL, s, t)
     assert lay.nbytes == 30 * t * 96 * 2  # one fp16 latent of width 96 per layer

@@ -126,7 +126,7 @@ def test_the_ort_prefill_call_size_is_the_one_the_export_recorded(export_dir):
         st = OrtStepper(mm, export_dir, threads=1)
         sizes = []
         call = st._call
-        st._call = lambda toks, pos: sizes.append(len(toks)) or call(toks, pos)
+        st._call = lambda toks, pos, rows: sizes.append(len(toks)) or call(toks, pos, rows)
         st.prefill(list(range(1, 301)))
         calls.append(sizes)
         assert st.max_chunk == want and max(sizes) == want and sum(sizes) == 300

@@ -49,25 +49,32 @@ def file_table(folder: Path) -> dict:
     return out
 
 
+ROWS, ROWS_AXIS = "rows", "rows"  # the input naming the logits rows a call returns, and its dynamic axis
+
+
 def tensor_spec(name: str, dtype: str, shape) -> dict:
     return {"name": name, "dtype": dtype, "shape": list(shape)}
 
 
 def entry_point(name: str, tokens, layout, vocab: int, tail: str | None = None, max_tokens: int | None = None
                 ) -> dict:
-    """The inputs and outputs of one entry point: tokens, pos, then the state (StateLayout order), and back.
-    tokens: an int (fixed) or the name of a dynamic axis, which takes 1..max_tokens tokens per call (max_tokens:
-    written when it is less than max_ctx, as for the .pte `forward` method).
+    """The inputs and outputs of one entry point: tokens, pos, the state (StateLayout order), then `rows`; and
+    logits, the state back. tokens: an int (fixed) or the name of a dynamic axis, which takes 1..max_tokens tokens
+    per call (max_tokens: written when it is less than max_ctx, as for the .pte `forward` method).
+    rows: int64 [R], the indices (into this call's tokens, 1 <= R <= tokens) of the rows whose logits come back as
+    logits [1, R, V]: the last one to generate or prefill, all of them to verify (edgekv.models.head). A one-token
+    entry point takes [1] (rows = [0]); any other a dynamic axis ROWS_AXIS.
     tail (fixed-size prefill only): how a last chunk shorter than `tokens` runs: "pad" (pad it with token 0: the
     padded slots stay masked) or "decode" (token by token through `decode`: a recurrent state must not see padding)."""
     state = layout.tensors
     extra = {"tail": tail} if tail else {}
     if max_tokens:
         extra["max_tokens"] = max_tokens
+    rows = 1 if tokens == 1 else ROWS_AXIS
     return {"name": name, "tokens": tokens, **extra,
             "inputs": [tensor_spec("tokens", "int64", [1, tokens]), tensor_spec("pos", "int64", [1])]
-            + [tensor_spec(t.name, t.dtype, t.shape) for t in state],
-            "outputs": [tensor_spec("logits", "float32", [1, tokens, vocab])]
+            + [tensor_spec(t.name, t.dtype, t.shape) for t in state] + [tensor_spec(ROWS, "int64", [rows])],
+            "outputs": [tensor_spec("logits", "float32", [1, rows, vocab])]
             + [tensor_spec(t.output, t.dtype, t.shape) for t in state]}
 
 

@@ -3,6 +3,8 @@
 A Stepper holds the state tensors of one sequence and calls the artifact's entry points:
     step(tokens, pos) -> logits [C, V] (numpy fp32) for the C tokens at positions pos..pos+C-1
     prefill(tokens)   -> logits for every prompt token, in as many calls as the artifact needs
+With last=True both ask the artifact for the last token's row only (its `rows` input, edgekv.models.head): the
+output matrix then runs over one row per call, as generation needs.
 Nothing here imports edgekv.models: an artifact runs from its manifest alone. (ExecuTorch's Python runtime imports
 torch itself; ONNX Runtime does not.)
 
@@ -20,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EdgekvError
+from .manifest import ROWS
 from .to_pte import LLM_KERNELS
 
 NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int8": np.int8, "uint8": np.uint8}
@@ -56,6 +59,9 @@ class Stepper:
     def __init__(self, manifest: dict):
         self.manifest = manifest
         self.state_specs = manifest["state"]["tensors"]
+        # an export made before `rows` existed returns every row; the rows asked for are then picked here
+        self.rows_input = any(i["name"] == ROWS for a in manifest["artifacts"] for e in a["entry_points"]
+                              for i in e["inputs"])
         self.max_ctx = int(manifest["max_ctx"])
         self.reset()
 
@@ -71,7 +77,7 @@ class Stepper:
         rows, n = [], self.chunk or self.max_chunk
         for s in range(0, len(tokens), n):
             part = tokens[s:s + n]
-            out = self.step(part, pos + s)
+            out = self.step(part, pos + s, last=last)
             if after_call:
                 after_call()
             if last:
@@ -80,7 +86,8 @@ class Stepper:
                 rows.append(out)
         return np.concatenate(rows)
 
-    def step(self, tokens: list[int], pos: int) -> np.ndarray:
+    def step(self, tokens: list[int], pos: int, last: bool = False) -> np.ndarray:
+        """logits [C, V] of the C tokens, or with last=True [1, V] of the last one."""
         if not tokens:
             raise EdgekvError("a step needs at least one token")
         if pos < 0 or pos + len(tokens) > self.max_ctx:
@@ -89,13 +96,20 @@ class Stepper:
         # a short chunk goes token by token where padding would corrupt the state: a recurrent state or a rolling
         # window (tail "decode"; the Android app's StepPlan has the same rule)
         if self.chunk and 1 < len(tokens) < self.chunk and self.tail == "decode":
-            return np.concatenate([self._call([t], pos + i) for i, t in enumerate(tokens)])
-        return self._call(tokens, pos)
+            outs = [self._call([t], pos + i, [0]) for i, t in enumerate(tokens)]
+            return outs[-1] if last else np.concatenate(outs)
+        n = len(tokens)
+        return self._call(tokens, pos, [n - 1] if last else list(range(n)))
+
+    def _pick(self, logits: np.ndarray, rows: list[int]) -> np.ndarray:
+        """The artifact's logits [R, V] for `rows`; an export without the rows input gave every row: pick them."""
+        return logits if self.rows_input else logits[rows]
 
     def _zeros(self, shape, dtype):
         raise NotImplementedError
 
-    def _call(self, tokens, pos) -> np.ndarray:
+    def _call(self, tokens, pos, rows: list[int]) -> np.ndarray:
+        """One call of the artifact: logits [len(rows), V] of those rows of the call."""
         raise NotImplementedError
 
 
@@ -141,25 +155,29 @@ class OrtStepper(Stepper):
         if self.in_place:  # OrtValues over our numpy arrays (no copy): bound as both past.* and present.*
             self.values = [self.ort.OrtValue.ortvalue_from_numpy(s) for s in self.state]
 
-    def _call(self, tokens, pos):
+    def _call(self, tokens, pos, rows):
         ids, at = np.asarray([tokens], dtype=np.int64), np.asarray([pos], dtype=np.int64)
+        sel = {ROWS: np.asarray(rows, dtype=np.int64)} if self.rows_input else {}
+        names_in = self.in_names[2:2 + len(self.state_specs)]
         if self.in_place:
             # the graph's attention nodes write their new rows into the bound present buffer, which is the past
             # buffer: the state is updated where it lies, with no per-step copy of the cache
             b = self.sess.io_binding()
             b.bind_cpu_input("tokens", ids)
             b.bind_cpu_input("pos", at)
+            for name, value in sel.items():
+                b.bind_cpu_input(name, value)
             b.bind_output(self.out_names[0])
-            for i_name, o_name, v in zip(self.in_names[2:], self.out_names[1:], self.values):
+            for i_name, o_name, v in zip(names_in, self.out_names[1:], self.values):
                 b.bind_ortvalue_input(i_name, v)
                 b.bind_ortvalue_output(o_name, v)
             self.sess.run_with_iobinding(b)
-            return b.get_outputs()[0].numpy()[0]
-        feed = {"tokens": ids, "pos": at}
-        feed.update(zip(self.in_names[2:], self.state))
+            return self._pick(b.get_outputs()[0].numpy()[0], rows)
+        feed = {"tokens": ids, "pos": at, **sel}
+        feed.update(zip(names_in, self.state))
         out = self.sess.run(self.out_names, feed)
         self.state = out[1:]
-        return out[0][0]
+        return self._pick(out[0][0], rows)
 
 
 def pte_calls(manifest: dict, where="model.pte") -> tuple[dict, int | None, str, int]:
@@ -293,7 +311,7 @@ class PteStepper(Stepper):
     def write_etdump(self, path: Path) -> None:
         self.program.write_etdump_result_to_file(str(path))
 
-    def _call(self, tokens, pos):
+    def _call(self, tokens, pos, rows):
         n = len(tokens)
         most = self.chunk or self.max_chunk
         if n > most:
@@ -302,6 +320,8 @@ class PteStepper(Stepper):
         padded = list(tokens) + [0] * ((self.chunk - n) if self.chunk and n > 1 else 0)
         t = self.torch
         inputs = [t.tensor([padded], dtype=t.int64), t.tensor([pos], dtype=t.int64), *self.state]
+        if self.rows_input:
+            inputs.append(t.tensor(rows, dtype=t.int64))
         method.set_inputs(inputs)  # the method keeps pointers into inputs (unplanned ones): alive until execute ends
         method.execute()
         out = method.get_outputs(clone_outputs=False)
@@ -312,7 +332,9 @@ class PteStepper(Stepper):
                 # numpy's single-threaded memcpy: torch's copy_ of a 0.2 MB tensor goes through an OpenMP parallel
                 # region that stalls for milliseconds whenever another process holds a core
                 np.copyto(mine.numpy(), theirs.numpy())
-        return out[0][0, :n].float().numpy().copy()
+        if self.rows_input:
+            return out[0][0].float().numpy().copy()
+        return out[0][0, :n].float().numpy()[rows]
 
 
 class EagerStepper(Stepper):
@@ -329,13 +351,14 @@ class EagerStepper(Stepper):
     def _zeros(self, shape, dtype):
         return self.torch.zeros(shape, dtype=getattr(self.torch, dtype))
 
-    def _call(self, tokens, pos):
+    def _call(self, tokens, pos, rows):
         n, t = len(tokens), self.torch
         padded = list(tokens) + [0] * ((self.chunk - n) if self.chunk and 1 < n < self.chunk else 0)
         with t.no_grad():
-            out = self.module(t.tensor([padded], dtype=t.int64), t.tensor([pos], dtype=t.int64), *self.state)
+            out = self.module(t.tensor([padded], dtype=t.int64), t.tensor([pos], dtype=t.int64), *self.state,
+                              rows=t.tensor(rows, dtype=t.int64))
         self.state = list(out[1:])
-        return out[0][0, :n].float().numpy()
+        return out[0][0].float().numpy()
 
 
 def open_stepper(folder: Path, manifest: dict, runtime: str, threads: int | None = None) -> Stepper:

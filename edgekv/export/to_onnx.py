@@ -26,12 +26,12 @@ def lower_onnx(ep, entry: dict):
         prog = torch.onnx.export(ep, (), input_names=names_in, output_names=names_out, dynamo=True,
                                  external_data=False, optimize=True, verbose=False)
     model = prog.model_proto
-    symbol = None if isinstance(entry["tokens"], int) else entry["tokens"]
-    if symbol:  # the exporter names the dynamic axis after its sympy symbol (s27): give it the manifest's name
-        for vi in list(model.graph.input) + list(model.graph.output):
-            for d in vi.type.tensor_type.shape.dim:
-                if d.dim_param:
-                    d.dim_param = symbol
+    # the exporter names each dynamic axis after its sympy symbol (s27): give it the manifest's name (tokens', rows')
+    want = {t["name"]: t["shape"] for t in entry["inputs"] + entry["outputs"]}
+    for vi in list(model.graph.input) + list(model.graph.output):
+        for d, w in zip(vi.type.tensor_type.shape.dim, want.get(vi.name, [])):
+            if d.dim_param and isinstance(w, str):
+                d.dim_param = w
     check_io(model, entry)
     return model
 

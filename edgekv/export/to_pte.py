@@ -112,14 +112,14 @@ def lower_pte(eps: dict, in_place: bool = False):
 
 
 def write_state_in_place(ep) -> None:
-    """Every index_put whose target is a state input (the user inputs after tokens and pos: trace.example_inputs)
+    """Every index_put whose target is a state input (the user inputs between tokens, pos and rows: trace.trace)
     -> index_put_ on that input. Refuses (AssertionError: a tracing bug, not a user error) unless each state input
     is written exactly once and read by nothing else: another reader would see the written cache where the traced
     graph meant the old one."""
     from executorch.exir.dialects._ops import ops as exir_ops
 
     user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    states = set(user[2:])
+    states = set(user[2:]) - {"rows"}  # tokens, pos, *state, rows (trace.trace)
     written = set()
     for node in list(ep.graph.nodes):
         if node.op != "call_function" or node.target != exir_ops.edge.aten.index_put.default:

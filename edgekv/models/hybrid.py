@@ -30,11 +30,11 @@ import math
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..errors import EdgekvError
 from ..strategies import StateLayout
+from .head import head
 from .llama import RMSNorm
 from .mamba import Mamba1Mixer, MambaArgs, check_ssm_layout, empty_state, load_folder, load_strict, state_dtype
 from .mla import MoE, _slots, _SwiGLU, stack_experts
@@ -173,7 +173,8 @@ class Jamba(nn.Module):
     def empty_state(self) -> list[torch.Tensor]:
         return empty_state(self.layout)
 
-    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor):
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor,
+                rows: torch.Tensor | None = None):
         c = tokens.shape[1]
         _, write, written, allowed = _slots(pos, c, self.layout.ctx, repeat=self.args.n_heads // self.args.n_kv_heads)
         x = self.model.embed_tokens(tokens)
@@ -188,9 +189,8 @@ class Jamba(nn.Module):
             x = x + h
             x = x + blk.feed_forward(blk.pre_ff_layernorm(x))
             new_state += [s0, s1]
-        x = self.model.final_layernorm(x)
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return (F.linear(x, w), *new_state)
+        return (head(x, self.model.final_layernorm, w, rows), *new_state)
 
 
 def load_jamba(spec: str, strategy, max_ctx: int):

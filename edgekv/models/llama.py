@@ -52,6 +52,7 @@ from ..arch import LLAMA_EXPORT_TYPES, Cfg, _layer_windows
 from ..errors import EdgekvError
 from ..quant import dequantize, dequantize_planar, planar_order, quantize
 from ..strategies import StateLayout, parse_strategy
+from .head import head
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 STATE_TORCH = {**TORCH_DTYPES, "int8": torch.int8, "uint8": torch.uint8}
@@ -638,7 +639,8 @@ class Llama(nn.Module):
     def empty_state(self) -> list[torch.Tensor]:
         return [torch.zeros(t.shape, dtype=STATE_TORCH[t.dtype]) for t in self.layout.tensors]
 
-    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor):
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor,
+                rows: torch.Tensor | None = None):
         c, t_slots = tokens.shape[1], self.layout.ctx
         g = self.args.n_heads // self.args.n_kv_heads
         positions = pos + torch.arange(c, dtype=torch.int64)  # [C]
@@ -684,6 +686,5 @@ class Llama(nn.Module):
             x = x + h
             x = x + blk.mlp(blk.post_attention_layernorm(x))
             new_state += [*k, *v]
-        x = self.model.norm(x)
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return (F.linear(x, w), *new_state)
+        return (head(x, self.model.norm, w, rows), *new_state)

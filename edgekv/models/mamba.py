@@ -43,6 +43,7 @@ from ..errors import EdgekvError
 from ..quant import dequantize, quantize
 from .weights import load_strict  # noqa: F401  (re-exported for the other modules)
 from ..strategies import StateLayout
+from .head import head
 from .llama import RMSNorm
 
 STATE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int8": torch.int8}
@@ -363,7 +364,8 @@ class MambaLM(nn.Module):
     def empty_state(self) -> list[torch.Tensor]:
         return empty_state(self.layout)
 
-    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor):
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor,
+                rows: torch.Tensor | None = None):
         x = self.backbone.embeddings(tokens)  # [1, C, d]
         new_state = []
         k = 3 if self.quantized else 2
@@ -378,9 +380,8 @@ class MambaLM(nn.Module):
                 new_state += [conv, codes, scale]
             else:
                 new_state += [conv, ssm]
-        x = self.backbone.norm_f(x)
         w = self.backbone.embeddings.weight if self.lm_head is None else self.lm_head.weight
-        return (F.linear(x, w), *new_state)
+        return (head(x, self.backbone.norm_f, w, rows), *new_state)
 
 
 def load_mamba(spec: str, strategy, max_ctx: int):

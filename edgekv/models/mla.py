@@ -50,6 +50,7 @@ from torch import nn
 
 from ..errors import EdgekvError
 from ..strategies import StateLayout
+from .head import head
 from .llama import MLP as LlamaMLP
 from .llama import RMSNorm, rope_inv_freq, rotate_half
 from .mamba import STATE_DTYPES, empty_state, load_folder, load_strict
@@ -374,7 +375,8 @@ class DeepseekV2(nn.Module):
     def empty_state(self) -> list[torch.Tensor]:
         return empty_state(self.layout)
 
-    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor):
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor,
+                rows: torch.Tensor | None = None):
         c = tokens.shape[1]
         positions, write, written, allowed = _slots(pos, c, self.layout.ctx)
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [C, R/2]
@@ -386,9 +388,8 @@ class DeepseekV2(nn.Module):
             x = x + h
             x = x + blk.mlp(blk.post_attention_layernorm(x))
             new_state.append(lat)
-        x = self.model.norm(x)
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return (F.linear(x, w), *new_state)
+        return (head(x, self.model.norm, w, rows), *new_state)
 
 
 def load_deepseek(spec: str, strategy, max_ctx: int):
@@ -493,7 +494,8 @@ class ConvertedMLA(nn.Module):
     def empty_state(self) -> list[torch.Tensor]:
         return empty_state(self.layout)
 
-    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor):
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor,
+                rows: torch.Tensor | None = None):
         c, t_slots = tokens.shape[1], self.layout.ctx
         g = self.args.n_heads // self.args.n_kv_heads
         positions, write, written, allowed = _slots(pos, c, t_slots, repeat=g)
@@ -513,9 +515,8 @@ class ConvertedMLA(nn.Module):
             x = x + h
             x = x + blk.mlp(blk.post_attention_layernorm(x))
             new_state.append(lat)
-        x = self.model.norm(x)
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return (F.linear(x, w), *new_state)
+        return (head(x, self.model.norm, w, rows), *new_state)
 
 
 def convert_state_dict(sd: dict, n_layers: int, rank: int) -> tuple[dict, list[float]]:

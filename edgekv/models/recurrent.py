@@ -64,6 +64,7 @@ from torch import nn
 from ..errors import EdgekvError
 from ..quant import dequantize, quantize
 from ..strategies import StateLayout
+from .head import head
 from .llama import MLP as LlamaMLP
 from .llama import RMSNorm
 from .mamba import empty_state, load_folder, load_strict, scan_tokens, state_dtype
@@ -186,7 +187,8 @@ class LinearLM(nn.Module):
     def empty_state(self) -> list[torch.Tensor]:
         return empty_state(self.layout)
 
-    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor):
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor,
+                rows: torch.Tensor | None = None):
         x = self.embed_tokens(tokens)
         new_state = []
         for i, blk in enumerate(self.layers):
@@ -194,9 +196,8 @@ class LinearLM(nn.Module):
             x = x + h
             x = x + blk.mlp(blk.post_attention_layernorm(x))
             new_state.append(s)
-        x = self.norm(x)
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return (F.linear(x, w), *new_state)
+        return (head(x, self.norm, w, rows), *new_state)
 
 
 # ---- RWKV-4 ----
@@ -337,7 +338,8 @@ class Rwkv4(nn.Module):
     def empty_state(self) -> list[torch.Tensor]:
         return empty_state(self.layout)
 
-    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor):
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor,
+                rows: torch.Tensor | None = None):
         x = self.rwkv.embeddings(tokens)
         every = self.args.rescale_every
         new_state = []
@@ -360,9 +362,8 @@ class Rwkv4(nn.Module):
                 new_state += [codes, scale, mx[:, None]]
             else:
                 new_state.append(torch.stack((ffn_shift, att_shift, num, den, mx), dim=1))
-        x = self.rwkv.ln_out(x)
         w = self.rwkv.embeddings.weight if self.head is None else self.head.weight
-        return (F.linear(x, w), *new_state)
+        return (head(x, self.rwkv.ln_out, w, rows), *new_state)
 
 
 def load_rwkv(spec: str, strategy, max_ctx: int):

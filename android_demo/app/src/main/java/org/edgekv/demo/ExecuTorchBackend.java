@@ -103,21 +103,25 @@ final class ExecuTorchBackend implements Backend<ByteBuffer> {
     @Override
     public float[] call(StepPlan.Call call, long[] tokens, StateBook<ByteBuffer> book) {
         int n = book.size();
-        EValue[] in = new EValue[n + 2];
+        boolean rows = call.entry.takesRows;
+        EValue[] in = new EValue[n + 2 + (rows ? 1 : 0)];
         in[0] = EValue.from(Tensor.fromBlob(tokens, new long[] {1, call.padded}));
         in[1] = EValue.from(Tensor.fromBlob(new long[] {call.pos}, new long[] {1}));
         for (int i = 0; i < n; i++) {
             in[i + 2] = EValue.from(wrap(book.past(i), book.spec(i)));
+        }
+        if (rows) { // the last real token's logits only: the output matrix runs over one row
+            in[n + 2] = EValue.from(Tensor.fromBlob(call.entry.lastRow(call), new long[] {1}));
         }
         EValue[] out = module.execute(call.entry.name, in);
         if (out.length != n + 1) {
             throw new EdgekvException("method '" + call.entry.name + "' returned " + out.length + " values; the "
                     + "manifest lists " + (n + 1) + " (logits and " + n + " state tensors)");
         }
-        float[] all = out[0].toTensor().getDataAsFloatArray(); // [1, padded, vocab]
+        float[] all = out[0].toTensor().getDataAsFloatArray(); // [1, 1, vocab], or [1, padded, vocab] without rows
         int vocab = manifest.vocab;
         float[] last = new float[vocab];
-        System.arraycopy(all, (call.n - 1) * vocab, last, 0, vocab);
+        System.arraycopy(all, call.entry.lastRowIndex(call) * vocab, last, 0, vocab);
         for (int i = 0; i < n; i++) {
             if (inPlace) { // the method wrote its rows into the past buffer: the present is the past
                 book.putPresent(i, book.past(i));

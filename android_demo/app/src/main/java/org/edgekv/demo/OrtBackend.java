@@ -144,6 +144,11 @@ final class OrtBackend implements Backend<OnnxTensor> {
         OnnxTensor pos = OnnxTensor.createTensor(env, LongBuffer.wrap(new long[] {call.pos}), new long[] {1});
         in.put("tokens", tok);
         in.put("pos", pos);
+        OnnxTensor rows = null;
+        if (call.entry.takesRows) { // the last real token's logits only: the output matrix runs over one row
+            rows = OnnxTensor.createTensor(env, LongBuffer.wrap(call.entry.lastRow(call)), new long[] {1});
+            in.put(Manifest.ROWS, rows);
+        }
         for (int i = 0; i < book.size(); i++) {
             in.put(book.spec(i).input, book.past(i));
         }
@@ -164,6 +169,9 @@ final class OrtBackend implements Backend<OnnxTensor> {
         } finally {
             tok.close();
             pos.close();
+            if (rows != null) {
+                rows.close();
+            }
         }
         float[] last;
         OnnxTensor logits = (OnnxTensor) value(r, "logits");
@@ -171,7 +179,7 @@ final class OrtBackend implements Backend<OnnxTensor> {
             FloatBuffer all = logits.getFloatBuffer(); // a copy of [1, padded, vocab]
             int vocab = manifest.vocab;
             last = new float[vocab];
-            all.position((call.n - 1) * vocab);
+            all.position(call.entry.lastRowIndex(call) * vocab); // [1, 1, vocab], or [1, padded, vocab]
             all.get(last);
         } finally {
             logits.close();

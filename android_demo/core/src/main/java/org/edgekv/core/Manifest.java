@@ -24,6 +24,8 @@ import java.util.Map;
  */
 public final class Manifest {
     public static final String FILE = "manifest.json";
+    /** The input naming the rows of a call whose logits come back (edgekv.export.manifest ROWS). */
+    public static final String ROWS = "rows";
 
     /** One program input or output: a name, a dtype and a shape whose entries are Long or String (a dynamic axis). */
     public static final class TensorSpec {
@@ -103,11 +105,16 @@ public final class Manifest {
          * slot per position) or "decode" (one token at a time through decode: recurrent states and rolling
          * windows, which padding would corrupt). */
         public final String tail;
+        /** Whether the entry point takes {@code rows} after the state (exports since 2026-12-01): the indices of
+         * the call's tokens whose logits come back ([R] int64; logits [1, R, vocab]). Without it every row comes
+         * back. */
+        public final boolean takesRows;
 
         EntryPoint(String name, Long fixedTokens, String tokensAxis, Long maxTokens, List<TensorSpec> inputs,
                    List<TensorSpec> outputs, String tail) {
             this.name = name;
             this.tail = tail;
+            this.takesRows = !inputs.isEmpty() && inputs.get(inputs.size() - 1).name.equals(ROWS);
             this.fixedTokens = fixedTokens;
             this.tokensAxis = tokensAxis;
             this.maxTokens = maxTokens;
@@ -117,6 +124,17 @@ public final class Manifest {
 
         public boolean isDynamic() {
             return fixedTokens == null;
+        }
+
+        /** The {@code rows} input of a call that wants its last real token's logits only: {call.n - 1}. */
+        public long[] lastRow(StepPlan.Call call) {
+            return new long[] {call.n - 1};
+        }
+
+        /** Where that token's logits are in the returned logits: row 0 of [1, 1, vocab] when the entry point takes
+         * rows, else row call.n - 1 of [1, padded, vocab]. */
+        public int lastRowIndex(StepPlan.Call call) {
+            return takesRows ? 0 : call.n - 1;
         }
     }
 
@@ -368,12 +386,18 @@ public final class Manifest {
         return out;
     }
 
-    /** inputs = tokens, pos, state inputs in order; outputs = logits, state outputs in order; same dtypes/shapes. */
+    /** inputs = tokens, pos, state inputs in order (then rows, if it takes them); outputs = logits, state outputs
+     * in order; same dtypes/shapes. */
     private void checkStateIo(Json.Node e, EntryPoint ep) {
         int n = state.size();
-        if (ep.inputs.size() != n + 2 || ep.outputs.size() != n + 1) {
+        int rows = ep.takesRows ? 1 : 0;
+        if (ep.inputs.size() != n + 2 + rows || ep.outputs.size() != n + 1) {
             throw e.error("has " + ep.inputs.size() + " inputs and " + ep.outputs.size() + " outputs; expected "
-                    + (n + 2) + " (tokens, pos, " + n + " state) and " + (n + 1) + " (logits, " + n + " state)");
+                    + (n + 2 + rows) + " (tokens, pos, " + n + " state" + (rows == 1 ? ", rows" : "") + ") and "
+                    + (n + 1) + " (logits, " + n + " state)");
+        }
+        if (ep.takesRows && ep.inputs.get(n + 2).dtype != DType.INT64) {
+            throw e.get("inputs").error("rows must be int64, not " + ep.inputs.get(n + 2).dtype);
         }
         if (!ep.inputs.get(0).name.equals("tokens") || !ep.inputs.get(1).name.equals("pos")) {
             throw e.get("inputs").error("must start with 'tokens' and 'pos', got '" + ep.inputs.get(0).name

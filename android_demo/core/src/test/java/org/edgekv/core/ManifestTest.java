@@ -73,6 +73,40 @@ public class ManifestTest {
     }
 
     @Test
+    public void anExportWithRowsReturnsTheLastRowOnly() throws IOException {
+        // the manifest of a real export made by edgekv export (tiny Llama, kv fp16, onnx + pte) since 2026-12-01
+        File dir = new File(TestSupport.resources(), "tiny-llama-kv-rows");
+        Manifest m = Manifest.load(dir);
+        for (String fmt : new String[] {"onnx", "pte"}) {
+            Manifest.EntryPoint fwd = m.artifact(fmt).entryPoint("forward");
+            assertTrue(fwd.takesRows);
+            assertEquals(m.state.size() + 3, fwd.inputs.size());
+            Manifest.TensorSpec rows = fwd.inputs.get(fwd.inputs.size() - 1);
+            assertEquals(Manifest.ROWS, rows.name);
+            assertEquals(DType.INT64, rows.dtype);
+            assertArrayEquals(new long[] {1}, rows.concreteShape(1));
+            StepPlan.Call call = new StepPlan.Call(fwd, 16, 5, 5);
+            assertArrayEquals(new long[] {4}, fwd.lastRow(call));
+            assertEquals(0, fwd.lastRowIndex(call)); // logits [1, 1, vocab]
+        }
+        // an export from before rows: every row comes back, the last real one at n - 1
+        Manifest.EntryPoint old = TestSupport.fixtureManifest().artifact("onnx").entryPoint("forward");
+        assertFalse(old.takesRows);
+        assertEquals(4, old.lastRowIndex(new StepPlan.Call(old, 16, 5, 5)));
+
+        String text = new String(IO.readAll(new File(dir, Manifest.FILE)), StandardCharsets.UTF_8);
+        String bad = text.replaceFirst("\"name\": \"rows\",\\s*\"dtype\": \"int64\"",
+                "\"name\": \"rows\", \"dtype\": \"float32\"");
+        assertFalse(bad.equals(text));
+        try {
+            Manifest.parse(bad, "m.json");
+            fail("a float rows input was accepted");
+        } catch (EdgekvException e) {
+            assertTrue(e.getMessage(), e.getMessage().contains("rows must be int64"));
+        }
+    }
+
+    @Test
     public void verifiesTheFixtureFiles() {
         Manifest m = TestSupport.fixtureManifest();
         assertEquals(3, m.files.size());
