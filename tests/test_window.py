@@ -218,6 +218,7 @@ def test_smollm2_window_64_plus_4_follows_transformers_with_the_mask_over_200_to
     ("llama", None, "kv-int8", False),  # GroupQueryAttention has no quantized cache (the .pte reads it back)
     ("llama", None, "kv-int4:group=4", False),
     ("llama", None, "window:w=16,sinks=4", False),  # rolling layers
+    ("llama", None, "window:w=64,sinks=4", True),  # W + S covers max_ctx 64: a slot per position, a plain cache
     ("qwen2", 16, "kv", False),  # layer 1 slides, layer 0 does not: not fused at all (state_in_place is all or none)
     ("mistral", 16, "kv", False),
 ])
