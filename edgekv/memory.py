@@ -125,7 +125,10 @@ def _rt(runtime: str) -> dict:
 # [H, C, T] probability buffer (T = the present buffer's slots; onnxruntime contrib_ops/cpu/bert/gqa_attention_base.h
 # ApplyAttention) plus, for a fp16 cache, one head's K or V converted to fp32 per thread. Measured: benchmarks/
 # plan_accuracy.py ("kv fp16" ORT rows).
-GQA = {"score_copies": 1, "mask_copies": 0, "state_copies": 1, "kv_dequant": "head",
+# Its session, beyond weights and state after loading, is the smallest of edgekv's graphs: 14.6-14.7 MB (tiny Llama
+# kv fp16, and a window that covers the context, which is the same graph), where the 17 MB of RUNTIMES is the middle
+# of every graph's (MEASURED["onnxruntime"]).
+GQA = {"score_copies": 1, "mask_copies": 0, "state_copies": 1, "kv_dequant": "head", "session_bytes": 14_700_000,
        "why": "edgekv's ONNX kv graph: GroupQueryAttention over the written slots, state updated in place"}
 
 
@@ -483,6 +486,10 @@ def runtime_load_bytes(arch: Arch, precision: str, runtime: str, methods: int = 
     quantized read-back adds."""
     rt = _rt(runtime)
     sess = rt.get("session_bytes", 0)
+    fused = runtime == "onnxruntime" and layout is not None and strategy is not None \
+        and fused_gqa(arch, layout, strategy, runtime)
+    if fused:
+        sess = GQA["session_bytes"]
     tied = _tied_copy(arch, precision, rt)
     packs = 0.0
     if rt.get("packs_per_method") and methods > 1:
@@ -490,7 +497,8 @@ def runtime_load_bytes(arch: Arch, precision: str, runtime: str, methods: int = 
         packs = (methods - 1) * (delegated + _tied_bytes(arch, precision))  # a tied lm_head is packed too
     code = _kernel_code(arch, layout, strategy, runtime)
     total = sess + tied + packs + code
-    f = f"session {sess:,}" + (f" + tied lm_head's own table {tied:,.0f}" if tied else "") \
+    f = f"session {sess:,}" + (" (GroupQueryAttention graph)" if fused else "") \
+        + (f" + tied lm_head's own table {tied:,.0f}" if tied else "") \
         + (f" + {methods - 1} more XNNPACK-packed copy of linear + lm_head {packs:,.0f}" if packs else "") \
         + (f" + code of the quantized read-back's kernels {code:,.0f}" if code else "") \
         + f" = {total:,.0f} B [{runtime}" + (f"; measured: {MEASURED[runtime]}" if runtime in MEASURED else "") + "]"

@@ -176,3 +176,6 @@ def test_executorch_workspace_of_a_plain_cache_is_its_read_back_or_the_pack_tran
         assert runtime_load_bytes(SMOL, "fp32", "executorch", 1, glay, g).value == fp16_load + code * 1024
         assert runtime_load_bytes(SMOL, "fp32", "onnxruntime", 1, glay, g).value == \
             runtime_load_bytes(SMOL, "fp32", "onnxruntime").value
+    # ONNX Runtime's session: the GroupQueryAttention graph of a float cache holds 14.7 MB, the others 17 (the middle)
+    assert runtime_load_bytes(SMOL, "fp32", "onnxruntime", 1, lay, s).value == 14_700_000 + SMOL_EMB
+    assert runtime_load_bytes(SMOL, "fp32", "onnxruntime").value == 17_000_000 + SMOL_EMB
