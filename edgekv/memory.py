@@ -166,8 +166,9 @@ ET_SDPA = {"scores": False, "mask_copies": 0, "state_copies": 1, "kv_dequant": "
 
 def fused_gqa(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str) -> bool:
     """Whether edgekv's export of this (model, strategy) for this runtime attends through a fused op in place
-    (ONNX Runtime's GroupQueryAttention, ExecuTorch's custom_sdpa): a plain float `kv` cache (no quantized codes, no
-    window) of a Llama-family model with no rolling (native sliding) layer; for ExecuTorch also a quantized cache
+    (ONNX Runtime's GroupQueryAttention, ExecuTorch's custom_sdpa): a float cache with one slot per position in
+    every layer (`kv`, or a window that covers the context) of a Llama-family model with no rolling (native sliding)
+    layer; for ExecuTorch also a quantized cache
     (kv-int8/int4/int2), whose written rows it dequantizes for custom_sdpa (edgekv.models.llama
     Llama.pte_in_place, the same rule). A window whose W + S covers the context keeps a slot per position: a plain
     cache (tiny Llama window w=4096 at 1k: measured 27.7 MiB above the baseline, as kv fp16, not the explicit
@@ -177,6 +178,15 @@ def fused_gqa(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str)
     if strategy.name not in ("kv", "window") and not (runtime == "executorch" and strategy.kv_bits):
         return False
     return all(t.shape[2] == layout.ctx for t in layout.tensors if t.role == "key")
+
+
+def _traits(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str) -> dict:
+    """The runtime's RUNTIMES entry, with the fused graph's own traits over it (GQA for ONNX Runtime, ET_SDPA for
+    ExecuTorch) where edgekv's export of this model and strategy attends through the fused op (fused_gqa)."""
+    rt = _rt(runtime)
+    if fused_gqa(arch, layout, strategy, runtime):
+        rt = {**rt, **(GQA if runtime == "onnxruntime" else ET_SDPA)}
+    return rt
 
 
 @dataclass
@@ -314,9 +324,7 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     chunk activations + attention scores (x the copies the runtime keeps alive, if it materialises them) + logits
     + dequant/reconstruction scratch for one layer + the extra state copies alive during a call; or, where larger, the
     runtime's load-time transient (ORT folding a tied lm_head's transpose)."""
-    rt = _rt(runtime)
-    if fused_gqa(arch, layout, strategy, runtime):
-        rt = {**rt, **(GQA if runtime == "onnxruntime" else ET_SDPA)}
+    rt = _traits(arch, layout, strategy, runtime)
     inter = max((w.shape[0] for w in arch.weights if w.name.endswith("up_proj.weight")), default=4 * arch.hidden)
     qkv = 0
     ssm_w = 0
@@ -450,13 +458,10 @@ def _readback_source(m: Attention, strategy: Strategy) -> str:
     return "int8" if strategy.params.get("group") in (0, m.head_dim) else "int8 groups"
 
 
-def _kernel_code(arch: Arch, layout: StateLayout | None, strategy: Strategy | None, runtime: str) -> float:
+def _kernel_code(arch: Arch, strategy: Strategy, rt: dict) -> float:
     """Code pages of the extra kernels a fused .pte's quantized read-back runs (ET_SDPA kernel_code), else 0."""
-    if layout is None or strategy is None or not fused_gqa(arch, layout, strategy, runtime) \
-            or runtime != "executorch":
-        return 0
     att = next((m for b in arch.blocks for m in b.mixers if isinstance(m, Attention)), None)
-    return ET_SDPA["kernel_code"].get(_readback_source(att, strategy), 0) if att else 0
+    return rt["kernel_code"].get(_readback_source(att, strategy), 0) if "kernel_code" in rt and att else 0
 
 
 def _largest_packed(arch: Arch, precision: str) -> float:
@@ -482,22 +487,21 @@ def runtime_load_bytes(arch: Arch, precision: str, runtime: str, methods: int = 
     """Resident bytes the runtime adds to the stored weights once the model is loaded and has run: its per-session
     cost, a second table for a tied lm_head, and (XNNPACK) one more packed copy of the delegated weights for every
     method beyond the first (a .pte of a recurrent or blended state has two, prefill and decode; a plain kv cache's
-    .pte has one, forward), and with the layout and strategy given, the code pages of the kernels a fused .pte's
-    quantized read-back adds."""
-    rt = _rt(runtime)
+    .pte has one, forward). With the layout and strategy given, a fused graph's traits apply (_traits): its own
+    session (ONNX Runtime's GroupQueryAttention graph) and the code pages of the kernels a fused .pte's quantized
+    read-back adds."""
+    given = layout is not None and strategy is not None
+    rt = _traits(arch, layout, strategy, runtime) if given else _rt(runtime)
     sess = rt.get("session_bytes", 0)
-    fused = runtime == "onnxruntime" and layout is not None and strategy is not None \
-        and fused_gqa(arch, layout, strategy, runtime)
-    if fused:
-        sess = GQA["session_bytes"]
+    own = sess != _rt(runtime).get("session_bytes", 0)  # the fused graph's own session (GQA)
     tied = _tied_copy(arch, precision, rt)
     packs = 0.0
     if rt.get("packs_per_method") and methods > 1:
         delegated = sum(weight_bytes_one(w, precision) for w in arch.weights if w.cls in ("linear", "lm_head"))
         packs = (methods - 1) * (delegated + _tied_bytes(arch, precision))  # a tied lm_head is packed too
-    code = _kernel_code(arch, layout, strategy, runtime)
+    code = _kernel_code(arch, strategy, rt) if given else 0
     total = sess + tied + packs + code
-    f = f"session {sess:,}" + (" (GroupQueryAttention graph)" if fused else "") \
+    f = f"session {sess:,}" + (" (the fused graph's)" if own else "") \
         + (f" + tied lm_head's own table {tied:,.0f}" if tied else "") \
         + (f" + {methods - 1} more XNNPACK-packed copy of linear + lm_head {packs:,.0f}" if packs else "") \
         + (f" + code of the quantized read-back's kernels {code:,.0f}" if code else "") \

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from .manifest import ROWS
+
 # the manifest's `attention` for a .pte traced under Llama.executorch_ops: the runtime must have ExecuTorch's LLM
 # custom-op kernels linked (extension/llm/custom_ops; in Python, import executorch.extension.llm.custom_ops.custom_ops)
 LLM_KERNELS = "llama.custom_sdpa"
@@ -119,7 +121,7 @@ def write_state_in_place(ep) -> None:
     from executorch.exir.dialects._ops import ops as exir_ops
 
     user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    states = set(user[2:]) - {"rows"}  # tokens, pos, *state, rows (trace.trace)
+    states = set(user[2:]) - {ROWS}  # tokens, pos, *state, rows (trace.trace)
     written = set()
     for node in list(ep.graph.nodes):
         if node.op != "call_function" or node.target != exir_ops.edge.aten.index_put.default:

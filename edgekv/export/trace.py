@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import torch
 
+from .manifest import ROWS
+
 
 def example_inputs(module, n_tokens: int) -> tuple:
     return (torch.zeros(1, n_tokens, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), *module.empty_state())
 
 
 def example_rows(n_tokens: int) -> torch.Tensor:
-    """The `rows` input (edgekv.models.head) of a traced call: every row (2 for a dynamic axis: torch.export
-    specialises a size of 1)."""
-    return torch.arange(max(n_tokens, 1), dtype=torch.int64)
+    """The `rows` input (edgekv.models.head; the modules' keyword is the manifest's input name, ROWS) of a traced
+    call: every row (2 for a dynamic axis: torch.export specialises a size of 1)."""
+    return torch.arange(n_tokens, dtype=torch.int64)
 
 
 def trace(module, entry_points: dict[str, int | None], max_tokens: int | None = None
@@ -37,6 +39,6 @@ def trace(module, entry_points: dict[str, int | None], max_tokens: int | None = 
         # one-token call's is [1]).
         seq = None if n else {1: torch.export.Dim.DYNAMIC(min=1, max=most)}
         shapes = {"tokens": seq, "pos": None, "state": tuple(None for _ in args[2:]),
-                  "rows": None if n == 1 else {0: torch.export.Dim.DYNAMIC(min=1, max=n or most)}}
-        out[name] = torch.export.export(module, args, {"rows": rows}, dynamic_shapes=shapes, strict=False)
+                  ROWS: None if n == 1 else {0: torch.export.Dim.DYNAMIC(min=1, max=n or most)}}
+        out[name] = torch.export.export(module, args, {ROWS: rows}, dynamic_shapes=shapes, strict=False)
     return out
