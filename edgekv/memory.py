@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 
 from .arch import LLAMA_EXPORT_TYPES, MLA, SSM, Arch, Attention, Linear, Weight
-from .strategies import StateLayout, Strategy, mla_rank
+from .strategies import StateLayout, Strategy, mla_rank, per_token_int8
 
 WEIGHT_PRECISIONS = ("fp32", "fp16", "int8", "int4", "gguf")
 
@@ -28,14 +28,15 @@ WEIGHT_PRECISIONS = ("fp32", "fp16", "int8", "int4", "gguf")
 #     mask and the one-hot slot-write matrix, Cast(Equal(...)) in the ONNX graph).
 #   state_copies: copies of the whole state alive at the peak of a call (the caller's inputs + the runtime's outputs,
 #     + the runtime's own input buffers where it copies inputs in).
-#   tied_copy: a tied lm_head costs a second embedding-sized table (ORT constant-folds Transpose(embedding) into a new
-#     initializer; ExecuTorch packs the lm_head for XNNPACK, and the gather reads the embedding from the .pte's
-#     mapped constant segment: edgekv releases the loader's mlocked pages before the methods load
+#   tied_copy: a tied lm_head costs a second embedding-sized table: the runtime packs the lm_head for its GEMM
+#     (ORT's FusedMatMul(transB) over the table, edgekv.export.wquant.fuse_tied_head; XNNPACK), and the gather reads
+#     the table from the mapped file (model.onnx.data; the .pte's constant segment): edgekv releases the loader's mlocked pages before the methods load
 #     (edgekv.export.runtime.release_file_pages), but every row the gather reads maps back the 64 KiB around it
 #     (the kernel's fault-around), so real text brings back most of the table: SmolLM2 .pte, kv fp16, 8k slots,
 #     +77 MiB over a 2048-token prompt of 448 distinct tokens, +98 MiB at 8184 tokens (1154 distinct), vs +10 MiB for
 #     2048 tokens of 2048 ids in 6.9 MB of consecutive rows).
-#   load_transient_tied: ORT holds one more embedding-sized buffer while it folds that transpose (load peak).
+#   load_transient_tied: the runtime holds one more embedding-sized buffer at the load peak (ORT did, while it folded
+#     the Transpose(embedding) of a tied head into an initializer, before edgekv's exports fused it into FusedMatMul).
 #   packs_per_method: XNNPACK packs the delegated weights (linear + lm_head) once per method it initialises.
 #   pack_transient: while XNNPACK packs (as a method loads) it holds one delegate's unpacked weights beside the
 #     packed ones: the largest delegated matrix more, with the methods' planned buffers but before the caller's
@@ -50,7 +51,7 @@ RUNTIMES = {
                    "why": "ExecuTorch quantized_kv_cache.py dequantizes the cache to fp32 on every update (anchors.md "
                           "section 2); edgekv's exported attention is matmul-softmax-matmul, which materialises scores"},
     "onnxruntime": {"scores": True, "kv_dequant": "layer", "session_bytes": 17_000_000, "score_copies": 2,
-                    "mask_copies": 2, "state_copies": 3, "tied_copy": True, "load_transient_tied": True, "packs_per_method": False,
+                    "mask_copies": 2, "state_copies": 3, "tied_copy": True, "load_transient_tied": False, "packs_per_method": False,
                     "rolling_attends_first": True, "where_casts_fp16": True,
                     "why": "edgekv's ONNX graphs dequantize a layer's cache, then run matmul-softmax-matmul"},
     "llama.cpp": {"scores": False, "kv_dequant": "fused",
@@ -67,8 +68,11 @@ MEASURED = {  # how each numeric field above was measured; shown by --explain ne
                    "3 state copies = the feed + ORT's outputs + the numpy arrays run() copies them into (decode at "
                    "32768 slots: 382 MB steady state, 256 MB on a first call whose zeroed feed is not yet resident); "
                    "not modelled: ORT's default arena and memory patterns keep blocks of earlier calls (+211 MB at "
-                   "32768 slots C=128 over a 64-call prefill, +12.6 MB at 1024); tied copy = SmolLM2 after load 694 MB = 538 weights "
-                   "+ 113 folded transpose + 43, load peak 807 MB = +113 more",
+                   "32768 slots C=128 over a 64-call prefill, +12.6 MB at 1024); tied copy = SmolLM2 fp32 after creating the session "
+                   "(weights mapped from model.onnx.data, the head a FusedMatMul over the table) 637 MiB = 520 packed "
+                   "weights and session + 116 MiB of the table's mapped pages, which the packing read (given back; "
+                   "the gather maps rows back as it reads them), load peak the same 637 MiB (was 774 MiB resident "
+                   "and an 882 MiB peak with the table's transpose folded, in a single-file model.onnx)",
     "executorch": "session 10 MB (tiny Llama .pte, kv fp16, loaded Method: peak above the baseline minus weights, "
                   "state and the call's planned buffers = 10.8 / 10.2 / 10.1 MB at 1k / 8k / 32k slots; 8 MB with "
                   "Module.run_method, before the LLM custom ops were imported after the baseline), 2 score copies, 1 + 2 state copies per method (the caller's + each method's "
@@ -455,7 +459,7 @@ def _readback_source(m: Attention, strategy: Strategy) -> str:
         return strategy.params.get("dtype", "fp32")
     if bits < 8:
         return "packed"
-    return "int8" if strategy.params.get("group") in (0, m.head_dim) else "int8 groups"
+    return "int8" if per_token_int8(bits, strategy.params.get("group"), m.head_dim) else "int8 groups"
 
 
 def _kernel_code(arch: Arch, strategy: Strategy, rt: dict) -> float:

@@ -10,6 +10,7 @@ strategy that does not fit the model is one line and exit code 2.
 """
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -171,9 +172,9 @@ def test_converted_mla_records_its_factorisation_error(models, tmp_path):
     assert m["verification"]["onnx"]["passed"]
 
 
-def test_onnx_over_the_single_file_limit_goes_to_external_data(models, tmp_path, monkeypatch):
-    _, folder = models("llama")
-    monkeypatch.setattr(pipeline, "ONNX_SINGLE_FILE", 1000)  # every model is "over 2 GB" now
+def test_onnx_weights_live_in_external_data_and_a_tied_head_packs_from_the_table(tmp_path):
+    folder = tmp_path / "tied"
+    ref = conftest_tiny_hf(dict(MODELS["llama"], tie_word_embeddings=True), folder)
     out = tmp_path / "ext"
     m = export(folder, "kv:dtype=fp32", out, formats=("onnx",))
     assert sorted(m["files"]) == ["model.onnx", "model.onnx.data"]
@@ -183,10 +184,42 @@ def test_onnx_over_the_single_file_limit_goes_to_external_data(models, tmp_path,
     graph = onnx.load(str(out / "model.onnx"), load_external_data=False).graph
     inline = [t.name for t in graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL and t.ByteSize() > 4096]
     assert inline == []  # model.onnx holds the graph; every weight matrix is in model.onnx.data
+    # the tied output layer multiplies by the table the Gather reads, transposed by the kernel (no folded copy)
+    gather = next(n for n in graph.node if n.op_type == "Gather" and n.input[1] == "tokens")
+    head = [n for n in graph.node if n.op_type == "FusedMatMul"]
+    assert [n.input[1] for n in head] == [gather.input[0]] and head[0].domain == "com.microsoft"
+    assert onnx.helper.get_attribute_value(next(a for a in head[0].attribute if a.name == "transB")) == 1
+    assert not [n for n in graph.node if n.op_type == "Transpose"]
     assert m["verification"]["onnx"]["passed"]
     manifest = load_export(out)  # hashes of both files checked
-    logits = OrtStepper(manifest, out, 1).prefill([3, 5, 7])
-    assert logits.shape == (3, MODELS["llama"]["vocab_size"]) and np.isfinite(logits).all()
+    stepper = OrtStepper(manifest, out, 1)
+    ids = [3, 5, 7, 11]
+    logits = stepper.prefill(ids)
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0].numpy()
+    np.testing.assert_allclose(logits, want, atol=1e-4, rtol=1e-4)
+    # the mapped weights the session read while packing are given back: no resident page of model.onnx.data
+    # before the first call's gather reads its rows
+    smaps = Path("/proc/self/smaps")
+    if smaps.exists():
+        fresh = OrtStepper(manifest, out, 1)
+        assert mapped_rss(smaps, out / "model.onnx.data") == 0
+        lean = OrtStepper(manifest, out, 1, lean=False)  # without it the packing's reads stay resident
+        assert mapped_rss(smaps, out / "model.onnx.data") > 0
+        del fresh, lean
+
+
+def mapped_rss(smaps, path) -> int:
+    """Resident bytes of this process's mappings of `path` (/proc/self/smaps)."""
+    import re
+    target, total, on = str(path.resolve()), 0, False
+    for line in smaps.read_text().splitlines():
+        head = re.match(r"^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \S+\s*(.*)$", line)
+        if head:
+            on = head[1] == target
+        elif on and line.startswith("Rss:"):
+            total += int(line.split()[1]) * 1024
+    return total
 
 
 def test_run_prints_the_mamba_fixtures_text_as_transformers_generates_it(tmp_path):

@@ -150,11 +150,15 @@ def test_quality_text_is_real_english_from_the_standard_library():
 # ---- ONNX Runtime's tools ----
 
 
+def onnx_bytes(folder) -> int:
+    """model.onnx (the graph) + model.onnx.data (its weights) in folder."""
+    return sum((folder / f).stat().st_size for f in ("model.onnx", "model.onnx.data"))
+
+
 @pytest.mark.parametrize("w", ["int8", "int4"])
 def test_onnx_quantized_file_shrinks_by_the_factor_the_parameter_counts_predict(tiny, tiny_onnx, w):
     root, _, rec = tiny_onnx
-    fp32 = (root / "fp32" / "model.onnx").stat().st_size
-    got = (root / w / "model.onnx").stat().st_size
+    fp32, got = onnx_bytes(root / "fp32"), onnx_bytes(root / w)
     want = expected_bytes(fp32, tiny, wquant.BITS[w], "onnx")
     assert abs(got - want) <= 0.05 * want, (got, want)
     assert fp32 / got > 2.5  # the tiny model's fp32 embedding table limits the factor to ~3 (int8) / ~4.5 (int4)
@@ -183,7 +187,7 @@ def test_onnx_fp16_weights_halve_the_file_and_keep_the_manifest_io(tiny, tiny_on
     root, m, _ = tiny_onnx
     rec = wquant.quantize_onnx(root / "fp32" / "model.onnx", tmp_path / "model.onnx", "fp16",
                                m["artifacts"][0]["entry_points"][0])
-    ratio = (root / "fp32" / "model.onnx").stat().st_size / (tmp_path / "model.onnx").stat().st_size
+    ratio = onnx_bytes(root / "fp32") / onnx_bytes(tmp_path)
     assert 1.8 < ratio < 2.1 and rec["output_layer"] == "tied"
     v = wquant.verify_quant(EagerStepper(m, tiny), OrtStepper(m, tmp_path, 1, spin=False), tokens, "fp16", "onnx")
     assert v["passed"]
@@ -324,7 +328,7 @@ def test_export_cli_int4_onnx_writes_a_checked_smaller_artifact(tmp_path):
     assert q["top1_agreement"] >= wquant.THRESHOLDS["int4"]["min_top1"]
     assert "onnx" not in m["verification"]  # no eager twin for a graph quantized after export: verify-quant instead
     loaded = load_model(TINY, parse_strategy("kv"), 320)
-    fp32, int4 = outs["fp32"]["files"]["model.onnx"]["bytes"], m["files"]["model.onnx"]["bytes"]
+    fp32, int4 = (sum(o["files"][f]["bytes"] for f in ("model.onnx", "model.onnx.data")) for o in (outs["fp32"], m))
     want = expected_bytes(fp32, loaded.module, 4, "onnx")
     assert abs(int4 - want) <= 0.05 * want, (int4, want, fp32)
 

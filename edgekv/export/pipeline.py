@@ -28,9 +28,6 @@ FORMATS = ("onnx", "pte")
 WEIGHT_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8", "int4": "int4"}
 # what `edgekv export --strategy` takes (ring splits a datacenter KV over GPUs: planned, never exported)
 EXPORTABLE = ("kv", "kv-int8", "kv-int4", "kv-int2", "window", "mla", "ssm", "linear", "hybrid")
-# above this many bytes of fp32 weights, model.onnx keeps its weights in model.onnx.data (ONNX external data):
-# protobuf's 2 GiB limit, less room for the graph itself. Read at export time, so tests can lower it.
-ONNX_SINGLE_FILE = 2**31 - 2**26
 QUALITY_TOKENS = 256  # tokens of real text a quantized artifact is compared with fp32 over (verify-quant)
 VERIFY_TEXT = ("The Python standard library is very extensive, offering a wide range of facilities. It contains "
                "built-in modules that provide access to system functionality such as file I/O.")
@@ -75,10 +72,6 @@ class Stages:
             raise EdgekvError(f"export failed at stage {name}: {type(e).__name__}: {first}") from e
         self.timings[name] = round(time.perf_counter() - t0, 2)
         self.echo(f"      {name} done in {self.timings[name]:.1f} s")
-
-
-def args_bytes(module) -> int:
-    return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
 def parse_formats(text: str) -> tuple[str, ...]:
@@ -271,19 +264,20 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
     artifacts = []
     if "onnx" in opts.formats:
         from . import to_onnx
-        external = args_bytes(module) > ONNX_SINGLE_FILE
         with st.stage("lower-onnx", "torch.onnx.export(dynamo=True)"):
             model = to_onnx.lower_onnx(eps["onnx:forward"], entries["onnx"][0])
-        with st.stage("serialize-onnx", "model.onnx" + (f" + {to_onnx.EXTERNAL_DATA}" if external else "")):
-            to_onnx.save_onnx(model, tmp / "model.onnx", external)
+            if opts.weights == "fp32":  # the quantized recipes untie the head instead (wquant.quantize_onnx)
+                from .wquant import fuse_tied_head
+                fuse_tied_head(model)
+        with st.stage("serialize-onnx", f"model.onnx + {to_onnx.EXTERNAL_DATA}"):
+            to_onnx.save_onnx(model, tmp / "model.onnx")
             import onnxruntime
             art = {"format": "onnx", "file": "model.onnx", "runtime": f"onnxruntime {onnxruntime.__version__}",
                    "opset": to_onnx.opset(model), "entry_points": entries["onnx"]}
             if fused:  # present.* may be bound to past.*'s buffers: the node writes the new rows in place
                 art["attention"] = "com.microsoft.GroupQueryAttention"
                 art["state_in_place"] = True
-            if external:
-                art["external_data"] = to_onnx.EXTERNAL_DATA
+            art["external_data"] = to_onnx.EXTERNAL_DATA
             artifacts.append(art)
             del model
         if "quantize-onnx" in st.names:

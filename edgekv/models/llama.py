@@ -51,7 +51,7 @@ from torch import nn
 from ..arch import LLAMA_EXPORT_TYPES, Cfg, _layer_windows
 from ..errors import EdgekvError
 from ..quant import dequantize, dequantize_planar, planar_order, quantize
-from ..strategies import StateLayout, parse_strategy
+from ..strategies import StateLayout, parse_strategy, per_token_int8
 from .head import head
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
@@ -653,7 +653,7 @@ class Llama(nn.Module):
             torch._check(start + c <= t_slots)
             # an int8 cache's zero points for its read-back (Attention.custom), one tensor for every layer
             zero = None
-            if self.kv.bits == 8 and self.kv.group in (0, self.args.head_dim):
+            if per_token_int8(self.kv.bits, self.kv.group, self.args.head_dim):
                 zero = torch.zeros(1, self.args.n_kv_heads, start + c, 1, dtype=torch.int64)
         elif None in self.rings:
             slots = torch.arange(t_slots, dtype=torch.int64)  # [T]
