@@ -111,7 +111,7 @@ final class ExecuTorchBackend implements Backend<ByteBuffer> {
             in[i + 2] = EValue.from(wrap(book.past(i), book.spec(i)));
         }
         if (rows) { // the last real token's logits only: the output matrix runs over one row
-            in[n + 2] = EValue.from(Tensor.fromBlob(call.entry.lastRow(call), new long[] {1}));
+            in[n + 2] = EValue.from(Tensor.fromBlob(call.lastRow(), new long[] {1}));
         }
         EValue[] out = module.execute(call.entry.name, in);
         if (out.length != n + 1) {
@@ -121,7 +121,7 @@ final class ExecuTorchBackend implements Backend<ByteBuffer> {
         float[] all = out[0].toTensor().getDataAsFloatArray(); // [1, 1, vocab], or [1, padded, vocab] without rows
         int vocab = manifest.vocab;
         float[] last = new float[vocab];
-        System.arraycopy(all, call.entry.lastRowIndex(call) * vocab, last, 0, vocab);
+        System.arraycopy(all, call.lastRowIndex() * vocab, last, 0, vocab);
         for (int i = 0; i < n; i++) {
             if (inPlace) { // the method wrote its rows into the past buffer: the present is the past
                 book.putPresent(i, book.past(i));

@@ -146,7 +146,7 @@ final class OrtBackend implements Backend<OnnxTensor> {
         in.put("pos", pos);
         OnnxTensor rows = null;
         if (call.entry.takesRows) { // the last real token's logits only: the output matrix runs over one row
-            rows = OnnxTensor.createTensor(env, LongBuffer.wrap(call.entry.lastRow(call)), new long[] {1});
+            rows = OnnxTensor.createTensor(env, LongBuffer.wrap(call.lastRow()), new long[] {1});
             in.put(Manifest.ROWS, rows);
         }
         for (int i = 0; i < book.size(); i++) {
@@ -179,7 +179,7 @@ final class OrtBackend implements Backend<OnnxTensor> {
             FloatBuffer all = logits.getFloatBuffer(); // a copy of [1, padded, vocab]
             int vocab = manifest.vocab;
             last = new float[vocab];
-            all.position(call.entry.lastRowIndex(call) * vocab); // [1, 1, vocab], or [1, padded, vocab]
+            all.position(call.lastRowIndex() * vocab); // [1, 1, vocab], or [1, padded, vocab]
             all.get(last);
         } finally {
             logits.close();

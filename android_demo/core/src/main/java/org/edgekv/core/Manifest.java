@@ -125,17 +125,6 @@ public final class Manifest {
         public boolean isDynamic() {
             return fixedTokens == null;
         }
-
-        /** The {@code rows} input of a call that wants its last real token's logits only: {call.n - 1}. */
-        public long[] lastRow(StepPlan.Call call) {
-            return new long[] {call.n - 1};
-        }
-
-        /** Where that token's logits are in the returned logits: row 0 of [1, 1, vocab] when the entry point takes
-         * rows, else row call.n - 1 of [1, padded, vocab]. */
-        public int lastRowIndex(StepPlan.Call call) {
-            return takesRows ? 0 : call.n - 1;
-        }
     }
 
     public static final class Artifact {

@@ -31,6 +31,17 @@ public final class StepPlan {
             this.padded = padded;
         }
 
+        /** The {@code rows} input of this call when it wants its last real token's logits only: {n - 1}. */
+        public long[] lastRow() {
+            return new long[] {n - 1};
+        }
+
+        /** Where that token's logits are in the returned logits: row 0 of [1, 1, vocab] when the entry point takes
+         * rows, else row n - 1 of [1, padded, vocab]. */
+        public int lastRowIndex() {
+            return entry.takesRows ? 0 : n - 1;
+        }
+
         @Override
         public String toString() {
             return entry.name + "@" + pos + "+" + n + (padded != n ? " (padded to " + padded + ")" : "");

@@ -86,13 +86,13 @@ public class ManifestTest {
             assertEquals(DType.INT64, rows.dtype);
             assertArrayEquals(new long[] {1}, rows.concreteShape(1));
             StepPlan.Call call = new StepPlan.Call(fwd, 16, 5, 5);
-            assertArrayEquals(new long[] {4}, fwd.lastRow(call));
-            assertEquals(0, fwd.lastRowIndex(call)); // logits [1, 1, vocab]
+            assertArrayEquals(new long[] {4}, call.lastRow());
+            assertEquals(0, call.lastRowIndex()); // logits [1, 1, vocab]
         }
         // an export from before rows: every row comes back, the last real one at n - 1
         Manifest.EntryPoint old = TestSupport.fixtureManifest().artifact("onnx").entryPoint("forward");
         assertFalse(old.takesRows);
-        assertEquals(4, old.lastRowIndex(new StepPlan.Call(old, 16, 5, 5)));
+        assertEquals(4, new StepPlan.Call(old, 16, 5, 5).lastRowIndex());
 
         String text = new String(IO.readAll(new File(dir, Manifest.FILE)), StandardCharsets.UTF_8);
         String bad = text.replaceFirst("\"name\": \"rows\",\\s*\"dtype\": \"int64\"",
