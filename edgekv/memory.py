@@ -28,15 +28,16 @@ WEIGHT_PRECISIONS = ("fp32", "fp16", "int8", "int4", "gguf")
 #     mask and the one-hot slot-write matrix, Cast(Equal(...)) in the ONNX graph).
 #   state_copies: copies of the whole state alive at the peak of a call (the caller's inputs + the runtime's outputs,
 #     + the runtime's own input buffers where it copies inputs in).
-#   tied_copy: a tied lm_head costs a second embedding-sized table: the runtime packs the lm_head for its GEMM
-#     (ORT's FusedMatMul(transB) over the table, edgekv.export.wquant.fuse_tied_head; XNNPACK), and the gather reads
-#     the table from the mapped file (model.onnx.data; the .pte's constant segment): edgekv releases the loader's mlocked pages before the methods load
-#     (edgekv.export.runtime.release_file_pages), but every row the gather reads maps back the 64 KiB around it
-#     (the kernel's fault-around), so real text brings back most of the table: SmolLM2 .pte, kv fp16, 8k slots,
-#     +77 MiB over a 2048-token prompt of 448 distinct tokens, +98 MiB at 8184 tokens (1154 distinct), vs +10 MiB for
-#     2048 tokens of 2048 ids in 6.9 MB of consecutive rows).
-#   load_transient_tied: the runtime holds one more embedding-sized buffer at the load peak (ORT did, while it folded
-#     the Transpose(embedding) of a tied head into an initializer, before edgekv's exports fused it into FusedMatMul).
+#   load_transient_tied: the runtime holds the tied table beside the packed weights while it loads, before the
+#     state exists (ORT packs the head from the table's mapped pages; workspace_bytes). Once loaded, a tied head
+#     costs no second table in either runtime: the runtime packs the lm_head for its GEMM (ORT's
+#     FusedMatMul(transB) over the table, edgekv.export.wquant.fuse_tied_head; XNNPACK's own copy in its
+#     delegate), and the gather reads the table from the mapped file (model.onnx.data; the .pte's constant segment),
+#     whose pages edgekv gives back once loading is done and then reads page by page
+#     (edgekv.export.runtime.release_file_pages, sparse): the table costs the rows a run reads. Before that, each
+#     row the gather read mapped back the 64 KiB around it (the kernel's fault-around), so real text brought back
+#     most of the table (SmolLM2 .pte, kv fp16, 8k slots: +77 MiB over a 2048-token prompt of 448 distinct tokens,
+#     +98 MiB at 8184 tokens), which the planner counted as a second table.
 #   packs_per_method: XNNPACK packs the delegated weights (linear + lm_head) once per method it initialises.
 #   pack_transient: while XNNPACK packs (as a method loads) it holds one delegate's unpacked weights beside the
 #     packed ones: the largest delegated matrix more, with the methods' planned buffers but before the caller's
@@ -46,12 +47,12 @@ WEIGHT_PRECISIONS = ("fp32", "fp16", "int8", "int4", "gguf")
 #   where_casts_fp16: no fp16 Where kernel, so a Where-written fp16 cache is cast to fp32 (WHERE_WRITTEN_TYPES).
 RUNTIMES = {
     "executorch": {"scores": True, "kv_dequant": "layer", "session_bytes": 10_000_000, "score_copies": 2,
-                   "state_copies": 3, "tied_copy": True, "load_transient_tied": False, "packs_per_method": True,
+                   "state_copies": 3, "load_transient_tied": False, "packs_per_method": True,
                    "pack_transient": True, "logits_planned": True,
                    "why": "ExecuTorch quantized_kv_cache.py dequantizes the cache to fp32 on every update (anchors.md "
                           "section 2); edgekv's exported attention is matmul-softmax-matmul, which materialises scores"},
     "onnxruntime": {"scores": True, "kv_dequant": "layer", "session_bytes": 17_000_000, "score_copies": 2,
-                    "mask_copies": 2, "state_copies": 3, "tied_copy": True, "load_transient_tied": False, "packs_per_method": False,
+                    "mask_copies": 2, "state_copies": 3, "load_transient_tied": True, "packs_per_method": False,
                     "rolling_attends_first": True, "where_casts_fp16": True,
                     "why": "edgekv's ONNX graphs dequantize a layer's cache, then run matmul-softmax-matmul"},
     "llama.cpp": {"scores": False, "kv_dequant": "fused",
@@ -68,20 +69,21 @@ MEASURED = {  # how each numeric field above was measured; shown by --explain ne
                    "3 state copies = the feed + ORT's outputs + the numpy arrays run() copies them into (decode at "
                    "32768 slots: 382 MB steady state, 256 MB on a first call whose zeroed feed is not yet resident); "
                    "not modelled: ORT's default arena and memory patterns keep blocks of earlier calls (+211 MB at "
-                   "32768 slots C=128 over a 64-call prefill, +12.6 MB at 1024); tied copy = SmolLM2 fp32 after creating the session "
-                   "(weights mapped from model.onnx.data, the head a FusedMatMul over the table) 637 MiB = 520 packed "
-                   "weights and session + 116 MiB of the table's mapped pages, which the packing read (given back; "
-                   "the gather maps rows back as it reads them), load peak the same 637 MiB (was 774 MiB resident "
-                   "and an 882 MiB peak with the table's transpose folded, in a single-file model.onnx)",
+                   "32768 slots C=128 over a 64-call prefill, +12.6 MB at 1024); load transient = SmolLM2 fp32 after creating the "
+                   "session (weights mapped from model.onnx.data, the head a FusedMatMul over the table) 637 MiB = "
+                   "520 packed weights and session + 116 MiB of the table's mapped pages, which the packing read; "
+                   "given back (sparse), a 1900-token prompt of 431 distinct tokens + 64 steps ends at 590 MiB "
+                   "(state 90 MiB; 664 MiB when fault-around mapped the rows' neighbours back; 774 MiB resident "
+                   "and an 882 MiB load peak with the table's transpose folded, in a single-file model.onnx)",
     "executorch": "session 10 MB (tiny Llama .pte, kv fp16, loaded Method: peak above the baseline minus weights, "
                   "state and the call's planned buffers = 10.8 / 10.2 / 10.1 MB at 1k / 8k / 32k slots; 8 MB with "
                   "Module.run_method, before the LLM custom ops were imported after the baseline), 2 score copies, 1 + 2 state copies per method (the caller's + each method's "
                   "planned input and output buffers: tiny Llama kv 32k, state 100.7 MB: decode method 375 MB, + prefill "
                   "method 643 MB); packs per method: SmolLM2 decode method 698 MB, + prefill method "
-                  "570 MB (XNNPACK packs the 425 MB linear + 113 MB lm_head again); tied copy: SmolLM2 fp32 .pte "
+                  "570 MB (XNNPACK packs the 425 MB linear + 113 MB lm_head again); tied head: SmolLM2 fp32 .pte "
                   "after loading the program 115 MiB (the mlocked embedding table), 113.5 MB of it released, "
-                  "525 MiB after packing (538 MB weights), then the gather's fault-around maps the table back over "
-                  "real text (+98 MiB at 8k tokens); pack transient: SmolLM2 .pte (one method, kv fp16, 1k "
+                  "525 MiB after packing (538 MB weights), the table's rows read page by page after loading "
+                  "(fault-around mapped back +98 MiB of it over 8k tokens of real text before); pack transient: SmolLM2 .pte (one method, kv fp16, 1k "
                   "slots): steady RSS after the first call 684 MiB above the baseline, peak 787 MiB (+108.5 MB, the "
                   "113 MB lm_head being packed)",
 }
@@ -327,7 +329,7 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     """Transient memory at the worst moment of a prefill chunk or a decode step (fp32 activations):
     chunk activations + attention scores (x the copies the runtime keeps alive, if it materialises them) + logits
     + dequant/reconstruction scratch for one layer + the extra state copies alive during a call; or, where larger, the
-    runtime's load-time transient (ORT folding a tied lm_head's transpose)."""
+    runtime's load-time transient (ORT packing a tied lm_head from the table's mapped pages)."""
     rt = _traits(arch, layout, strategy, runtime)
     inter = max((w.shape[0] for w in arch.weights if w.name.endswith("up_proj.weight")), default=4 * arch.hidden)
     qkv = 0
@@ -384,11 +386,12 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     # peak above the resident state): 128-token calls 28.8 MB (attention 29.7 predicted, 2 copies 25.2), 256-token
     # calls 50.0 MB (54.5), decode 20-23 MB (25.2); the sum over-predicted by 19 %.
     step = max(attend, extra_state + logits) if rolling else attend + extra_state
-    load = _tied_bytes(arch, precision) if rt.get("load_transient_tied") else 0
+    # loading packs a tied head from the table's mapped pages (given back after), before the state is resident
+    load = _tied_bytes(arch, precision) - layout.nbytes if rt.get("load_transient_tied") else 0
     # XNNPACK packs while the methods load: their planned buffers exist, the caller's state does not yet (a loaded
     # ExecuTorch method allocates the buffers of its in-place outputs, where the state then lives, on its first
-    # call), nor the tied embedding's pages (released before loading; the gather maps them back later)
-    packing = pack + extra_state - layout.nbytes - _tied_copy(arch, precision, rt) if pack else 0
+    # call); the embedding's pages were given back before loading
+    packing = pack + extra_state - layout.nbytes if pack else 0
     total = max(step, load, packing)
     parts = [f"activations {chunk} tok x (4*hidden + qkv + 3*inter{' + ssm' if ssm_w else ''}) x 4 B = {act:,.0f}",
              (f"scores {copies} x H x chunk x T x 4 B = {copies * scores:,}" if rt["scores"]
@@ -410,11 +413,12 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
             parts.append(f"{n_state - 1} more state copies during a call = {extra_state:,}")
         f = " + ".join(parts) + f" = {step:,.0f}"
     if load:
-        f = f"max(step: {f}, load: transposed tied embedding being folded {load:,.0f}) = {total:,.0f}"
+        f = (f"max(step: {f}, load: the tied table's pages read while packing the head, before the state is "
+             f"resident {load:,.0f}) = {total:,.0f}")
     if packing:
         f = (f"max(step: {f}, load: the largest delegated weight matrix unpacked while XNNPACK packs it {pack:,.0f}"
              + (f" + {n_state - 1} planned state copies" if extra_state else "")
-             + f" - the state and the tied table, not yet resident = {packing:,.0f}) = {total:,.0f}")
+             + f" - the state, not yet resident = {packing:,.0f}) = {total:,.0f}")
     return Item(total, f + f" [{runtime}: {rt['why']}" + (f"; measured: {MEASURED[runtime]}" if runtime in MEASURED
                                                            else "") + "]")
 
@@ -481,15 +485,10 @@ def _tied_bytes(arch: Arch, precision: str) -> float:
     return sum(weight_bytes_one(w, precision) for w in arch.weights if w.cls == "embedding")
 
 
-def _tied_copy(arch: Arch, precision: str, rt: dict) -> float:
-    """The second embedding-sized table a runtime with tied_copy holds for a tied lm_head, else 0."""
-    return _tied_bytes(arch, precision) if rt.get("tied_copy") else 0
-
-
 def runtime_load_bytes(arch: Arch, precision: str, runtime: str, methods: int = 1,
                        layout: StateLayout | None = None, strategy: Strategy | None = None) -> Item:
     """Resident bytes the runtime adds to the stored weights once the model is loaded and has run: its per-session
-    cost, a second table for a tied lm_head, and (XNNPACK) one more packed copy of the delegated weights for every
+    cost and (XNNPACK) one more packed copy of the delegated weights for every
     method beyond the first (a .pte of a recurrent or blended state has two, prefill and decode; a plain kv cache's
     .pte has one, forward). With the layout and strategy given, a fused graph's traits apply (_traits): its own
     session (ONNX Runtime's GroupQueryAttention graph) and the code pages of the kernels a fused .pte's quantized
@@ -498,15 +497,13 @@ def runtime_load_bytes(arch: Arch, precision: str, runtime: str, methods: int = 
     rt = _traits(arch, layout, strategy, runtime) if given else _rt(runtime)
     sess = rt.get("session_bytes", 0)
     own = sess != _rt(runtime).get("session_bytes", 0)  # the fused graph's own session (GQA)
-    tied = _tied_copy(arch, precision, rt)
     packs = 0.0
     if rt.get("packs_per_method") and methods > 1:
         delegated = sum(weight_bytes_one(w, precision) for w in arch.weights if w.cls in ("linear", "lm_head"))
         packs = (methods - 1) * (delegated + _tied_bytes(arch, precision))  # a tied lm_head is packed too
     code = _kernel_code(arch, strategy, rt) if given else 0
-    total = sess + tied + packs + code
+    total = sess + packs + code
     f = f"session {sess:,}" + (" (the fused graph's)" if own else "") \
-        + (f" + tied lm_head's own table {tied:,.0f}" if tied else "") \
         + (f" + {methods - 1} more XNNPACK-packed copy of linear + lm_head {packs:,.0f}" if packs else "") \
         + (f" + code of the quantized read-back's kernels {code:,.0f}" if code else "") \
         + f" = {total:,.0f} B [{runtime}" + (f"; measured: {MEASURED[runtime]}" if runtime in MEASURED else "") + "]"

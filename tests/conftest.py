@@ -99,3 +99,16 @@ def tiny_models(tmp_path_factory, specs: dict):
         return cache[kind]
 
     return get
+
+
+def mapped_rss(path) -> int:
+    """Resident bytes of this process's mappings of `path` (/proc/self/smaps; Linux)."""
+    import re
+    target, total, mine = str(Path(path).resolve()), 0, False
+    for line in open("/proc/self/smaps"):
+        head = re.match(r"^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \S+\s*(.*)$", line)
+        if head:
+            mine = head[1] == target
+        elif mine and line.startswith("Rss:"):
+            total += int(line.split()[1]) * 1024
+    return total

@@ -21,7 +21,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("executorch")
 
 from click.testing import CliRunner  # noqa: E402
-from conftest import ROOT, tiny_models  # noqa: E402
+from conftest import ROOT, mapped_rss, tiny_models  # noqa: E402
 from conftest import tiny_hf as conftest_tiny_hf  # noqa: E402
 from edgekv.arch import read_config_json  # noqa: E402
 from edgekv.export import pipeline  # noqa: E402
@@ -200,26 +200,13 @@ def test_onnx_weights_live_in_external_data_and_a_tied_head_packs_from_the_table
     np.testing.assert_allclose(logits, want, atol=1e-4, rtol=1e-4)
     # the mapped weights the session read while packing are given back: no resident page of model.onnx.data
     # before the first call's gather reads its rows
-    smaps = Path("/proc/self/smaps")
-    if smaps.exists():
+    if Path("/proc/self/smaps").exists():
         fresh = OrtStepper(manifest, out, 1)
-        assert mapped_rss(smaps, out / "model.onnx.data") == 0
+        assert mapped_rss(out / "model.onnx.data") == 0
         lean = OrtStepper(manifest, out, 1, lean=False)  # without it the packing's reads stay resident
-        assert mapped_rss(smaps, out / "model.onnx.data") > 0
+        assert mapped_rss(out / "model.onnx.data") > 0
         del fresh, lean
 
-
-def mapped_rss(smaps, path) -> int:
-    """Resident bytes of this process's mappings of `path` (/proc/self/smaps)."""
-    import re
-    target, total, on = str(path.resolve()), 0, False
-    for line in smaps.read_text().splitlines():
-        head = re.match(r"^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \S+\s*(.*)$", line)
-        if head:
-            on = head[1] == target
-        elif on and line.startswith("Rss:"):
-            total += int(line.split()[1]) * 1024
-    return total
 
 
 def test_run_prints_the_mamba_fixtures_text_as_transformers_generates_it(tmp_path):

@@ -1,25 +1,14 @@
 """edgekv.export.runtime.release_file_pages against the kernel's own accounting (/proc/self/smaps): the resident
 pages of a mapped file are given back and the mapping still reads the same bytes."""
 import mmap
-import re
 import sys
 
 import pytest
+from conftest import mapped_rss as _resident
 
 from edgekv.export.runtime import release_file_pages
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps is Linux's")
-
-
-def _resident(path) -> int:
-    total, mine = 0, False
-    for line in open("/proc/self/smaps"):
-        head = re.match(r"^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \S+\s*(.*)$", line)
-        if head:
-            mine = head[1] == str(path)
-        elif mine and line.startswith("Rss:"):
-            total += int(line.split()[1]) * 1024
-    return total
 
 
 def test_resident_pages_of_a_mapped_file_are_given_back_and_still_read_the_same(tmp_path):
@@ -34,3 +23,24 @@ def test_resident_pages_of_a_mapped_file_are_given_back_and_still_read_the_same(
         assert _resident(path.resolve()) == 0
         assert m[12345] == data[12345] and m[len(data) - 1] == data[-1]  # faulted back in from the page cache
         assert release_file_pages(tmp_path / "not-mapped.bin") == 0
+
+
+def test_after_a_sparse_release_a_read_brings_back_its_own_page_not_the_64_KiB_around_it(tmp_path):
+    path = tmp_path / "table.bin"
+    data = bytes(range(256)) * (4 * 4096)  # 4 MiB: 64 windows of 64 KiB (the kernel's fault-around)
+    path.write_bytes(data)
+    page, window = 4096, 64 * 1024
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        def read_one_byte_per_window():
+            return sum(m[i + 100] for i in range(0, len(data), window))
+
+        want = sum(data[i + 100] for i in range(0, len(data), window))
+        assert read_one_byte_per_window() == want
+        release_file_pages(path)  # plain: the pages stay in the page cache, and a read maps its neighbours too
+        assert read_one_byte_per_window() == want
+        around = _resident(path.resolve())
+        assert release_file_pages(path, sparse=True) == around
+        assert read_one_byte_per_window() == want  # the same bytes, now from storage page by page
+        own = _resident(path.resolve())
+        assert own <= 2 * (len(data) // window) * page  # a page per read (a second one at most)
+        assert around >= 4 * own  # what fault-around mapped beside them (16 pages per read where the kernel does)

@@ -17,6 +17,7 @@ every token it sees; a rolling window would overwrite live slots).
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -143,9 +144,9 @@ class OrtStepper(Stepper):
             raise EdgekvError(f"{folder / a['file']}: ONNX Runtime cannot load it ({type(e).__name__}: {e})") from None
         if lean and a.get("external_data"):
             # ORT maps model.onnx.data; packing the weights read all of it, but the packed copies are what the
-            # kernels read, except for tables a Gather reads a row at a time (the embedding): give the pages back
-            # (the kernel keeps them in its page cache) so such a table costs the rows a run reads
-            release_file_pages(folder / a["external_data"])
+            # kernels read, except for tables a Gather reads a row at a time (the embedding): give the pages back,
+            # and read later rows page by page, so such a table costs the rows a run reads
+            release_file_pages(folder / a["external_data"], sparse=True)
         ep = a["entry_points"][0]
         self.max_chunk = recorded_chunk(manifest, "onnx") or Stepper.max_chunk  # an old manifest records none
         self.in_names = [i["name"] for i in ep["inputs"]]
@@ -204,7 +205,7 @@ def pte_calls(manifest: dict, where="model.pte") -> tuple[dict, int | None, str,
                       "or `prefill` + `decode` (export it again with this edgekv)")
 
 
-def release_file_pages(path: Path) -> int:
+def release_file_pages(path: Path, sparse: bool = False) -> int:
     """Drop this process's resident pages of every mapping of `path` (Linux; elsewhere a no-op returning 0) and
     return how many bytes were resident. For a .pte: ExecuTorch's Python loader maps the program's constant
     segment and mlocks it (which succeeds for root, whatever RLIMIT_MEMLOCK says). Only the embedding gather reads
@@ -212,7 +213,15 @@ def release_file_pages(path: Path) -> int:
     give the pages back (the kernel keeps them in its page cache; a read faults a row back in), so the table costs
     what the gather touches, as in an app that maps the .pte without mlock (ExecuTorch Android's LOAD_MODE_MMAP).
     Measured on SmolLM2 fp32 (RSS above the runtime baseline): 115 MiB after loading the program, of which 113.5 MB
-    released; the method's load (XNNPACK packing) then peaks at 632 MiB instead of 740 and settles at 525."""
+    released; the method's load (XNNPACK packing) then peaks at 632 MiB instead of 740 and settles at 525.
+
+    sparse=True (once loading has read what it packs) also makes later reads cost their own page: a read fault maps
+    the cached pages around it too (the kernel's fault-around, 64 KiB), so over real text the gather brought most of
+    a table back (SmolLM2, 448 distinct tokens in 2048: +77 MiB). MADV_RANDOM on the mappings (no read-ahead) and
+    the file's clean pages dropped from the page cache (POSIX_FADV_DONTNEED, after an fsync so that a file just
+    written is clean) leave no neighbour to map: SmolLM2 fp32 ONNX, a 1900-token prompt of 431 distinct tokens + 64
+    steps: 664 -> 590 MiB above the baseline at the end. The cost is a read from storage the first time a row is
+    read."""
     import ctypes
     import re
 
@@ -223,16 +232,26 @@ def release_file_pages(path: Path) -> int:
         return 0
     libc.munlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    target, released, span = str(Path(path).resolve()), 0, None
+    target, released, span, mapped = str(Path(path).resolve()), 0, None, False
     for line in smaps:
         head = re.match(r"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ \S+ \S+\s*(.*)$", line)
         if head:
             span = (int(head[1], 16), int(head[2], 16)) if head[3] == target else None
+            if span and sparse:
+                libc.madvise(span[0], span[1] - span[0], 1)  # MADV_RANDOM
+            mapped |= span is not None
         elif span and line.startswith("Rss:"):
             lo, hi = span
             libc.munlock(lo, hi - lo)
             if libc.madvise(lo, hi - lo, 4) == 0:  # MADV_DONTNEED
                 released += int(line.split()[1]) * 1024
+    if mapped and sparse and hasattr(os, "posix_fadvise"):
+        fd = os.open(target, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
     return released
 
 
@@ -292,6 +311,7 @@ class PteStepper(Stepper):
             raise EdgekvError(f"{where}: ExecuTorch cannot load its methods ({type(e).__name__}: {e})") from None
         super().__init__(manifest)
         self.warm_up()
+        release_file_pages(where, sparse=True)  # packed: the gather reads its table's rows page by page from now on
 
     def warm_up(self):
         """One call of each method, then a zeroed state: XNNPACK packs a method's weights on its first call (SmolLM2
