@@ -91,6 +91,17 @@ measured 14.7 MB, not the 17 MB middle (tiny kv fp16 1k / 8k / 32k: -10.1 / -7.2
 The .pte rows stand (a new kv-int4 g16 export at 8k plans the same 19.7 MiB buffer). RWKV (--repeats 3): +10.0 /
 +8.0 / +9.1 %: 51 of 52 rows within 10 %.
 
+Then (2026-12-01, afternoon) the ONNX exports moved their weights into model.onnx.data, which ORT maps (no heap
+original beside a packed weight), a tied head became a FusedMatMul over the gathered table (no folded transposed
+copy), and both runners read a mapped table page by page once loaded (release_file_pages sparse: no fault-around).
+The planner keeps no second table for a tied head in either runtime; ORT's load peak holds the table's pages before
+the state exists (memory load_transient_tied). Every ORT row re-exported and re-measured (--repeats 3), the SmolLM2
+.pte rows re-measured, the tiny .pte rows repredicted: **52 of 52 rows within 10 %**. RWKV +10.0 / +8.0 / +9.1 ->
+-7.1 / -6.0 / -6.3 % (the prepacked copies it kept beside their heap originals are gone); SmolLM2 ORT kv fp16 +1.0 /
++1.7, kv-int8 +3.5 / -4.7, kv-int4 +5.3 / -0.2, window +2.1 / +2.1, mla +1.5 / +8.3; SmolLM2 .pte kv fp16 +0.6 /
++1.5 (measured 664.6 / 861.6 -> 665.0 / 765.5 MB: at 8k the gather's fault-around no longer maps the table back),
+kv-int8 +0.5 / +1.8, kv-int4 +0.9 / +2.8; ssm 32k vs 1k +0.9 %.
+
 What is left on the tiny fixtures (30-55 MB in all at 1k) is ORT's session: after loading a graph, beyond weights
 and state, 14.6 (window) - 14.7 (kv) - 15.4 (Mamba) - 17.5 (kv-int8) - 18.3 (RWKV) - 19.2 (converted MLA) - 19.3 MB
 (kv-int4), against one 17 MB constant (the middle of that range, since 2026-12-01; it was 19 MB, which added a first
