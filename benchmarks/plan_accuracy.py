@@ -57,10 +57,10 @@ allocates those buffers once (the state lives in them), and loads (so packs) eve
 when the state is not resident yet: the pack transient is a load-time peak beside the weights, not beside the
 state. It also releases the loader's mlocked constant segment (the embedding table) before packing; the gather then
 maps back 64 KiB around every row it reads (fault-around), so over real text the table returns (+98 MiB at 8k
-tokens; memory.RUNTIMES tied_copy). The session constant, re-measured on the tiny rows with the loaded Method: 10.8 /
-10.2 / 10.1 MB (was 8). Re-measured (--runtime executorch): tiny kv fp16 1k / 8k / 32k 23.6 / 58.8 / 181.4 MB,
-SmolLM2 1k / 8k 664.6 / 861.6 MB (883.2 at 8k with run_method); predicted +2.6 / -0.0 / -0.0 %, SmolLM2 -4.3 /
--1.3 %.
+tokens; counted then as memory.RUNTIMES tied_copy, a second table, removed once the table is read page by page).
+The session constant, re-measured on the tiny rows with the loaded Method: 10.8 / 10.2 / 10.1 MB (was 8).
+Re-measured (--runtime executorch): tiny kv fp16 1k / 8k / 32k 23.6 / 58.8 / 181.4 MB, SmolLM2 1k / 8k 664.6 /
+861.6 MB (883.2 at 8k with run_method); predicted +2.6 / -0.0 / -0.0 %, SmolLM2 -4.3 / -1.3 %.
 
 Since 2026-12-01 (evening) a kv-int8 cache's .pte is written in place too and reads only its written rows back,
 dequantized in one op (memory.ET_SDPA readback_copies["int8"]: K's and V's fp32 rows + their int8 slices, 2.5

@@ -328,7 +328,7 @@ def test_export_cli_int4_onnx_writes_a_checked_smaller_artifact(tmp_path):
     assert q["top1_agreement"] >= wquant.THRESHOLDS["int4"]["min_top1"]
     assert "onnx" not in m["verification"]  # no eager twin for a graph quantized after export: verify-quant instead
     loaded = load_model(TINY, parse_strategy("kv"), 320)
-    fp32, int4 = (sum(o["files"][f]["bytes"] for f in ("model.onnx", "model.onnx.data")) for o in (outs["fp32"], m))
+    fp32, int4 = onnx_bytes(tmp_path / "fp32"), onnx_bytes(tmp_path / "int4")
     want = expected_bytes(fp32, loaded.module, 4, "onnx")
     assert abs(int4 - want) <= 0.05 * want, (int4, want, fp32)
 

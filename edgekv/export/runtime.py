@@ -118,10 +118,10 @@ class OrtStepper(Stepper):
     """spin=False stops ORT's worker threads from busy-waiting between calls: needed when another compute library
     (verify's eager torch) runs in the same process in between, or both slow down by 10-30x on a small machine.
 
-    lean=True (the default) gives back the pages of model.onnx.data that loading read (release_file_pages), and turns
-    off ORT's CPU memory arena and memory-pattern planning: with them on, ORT keeps the
-    blocks of earlier calls (measured here: tiny llama kv fp16 at 32k slots, 792 MB peak with the defaults vs 581 MB
-    with both off; SmolLM2 decode speed unchanged within noise, 7.0 vs 7.2 tok/s at 1 thread), so memory is what one
+    lean=True (the default) gives back the pages of model.onnx.data that loading read (release_file_pages, sparse),
+    and turns off ORT's CPU memory arena and memory-pattern planning: with them on, ORT keeps the blocks of earlier
+    calls (measured here: tiny llama kv fp16 at 32k slots, 792 MB peak with the defaults vs 581 MB with both off;
+    SmolLM2 decode speed unchanged within noise, 7.0 vs 7.2 tok/s at 1 thread), so memory is what one
     call needs, which is what the planner predicts (benchmarks/plan_accuracy.py). An app should set the same two
     options (SessionOptions.enable_cpu_mem_arena / enable_mem_pattern = false); the manifest's deployment says so."""
 

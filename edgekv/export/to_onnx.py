@@ -5,8 +5,9 @@ more goes into one external-data file beside it, model.onnx.data (ONNX external 
 ONNX Runtime maps that file instead of reading the weights into its heap: a packed weight's original is never a heap
 copy, and the pages of a table only a Gather reads are paged in as rows are read (OrtStepper gives back those the
 packing read). Measured, SmolLM2 after creating the session, above the baseline: fp32 730 -> 637 MiB (peak 730 ->
-637; 116 of it the mapped embedding table, given back), int4 205 -> 146 MiB (peak); decode speed unchanged. The graph's inputs and outputs are checked against
-the manifest's entry point, so the names and shapes an app reads are the graph's own.
+637; 116 of it the mapped embedding table, given back), int4 205 -> 146 MiB (peak); decode speed unchanged.
+The graph's inputs and outputs are checked against the manifest's entry point, so the names and shapes an app reads
+are the graph's own.
 """
 from __future__ import annotations
 
