@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from ..arch import Cfg
 from ..errors import EdgekvError
 from ..strategies import StateLayout
 from .head import head
@@ -75,17 +76,18 @@ def jamba_args(cfg: dict, where: str = "config.json") -> JambaArgs:
         raise EdgekvError(f"{where}: model_type {cfg.get('model_type')!r} is not jamba")
     if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
         raise EdgekvError(f"{where}: hidden_act {cfg['hidden_act']!r} is not supported (silu)")
-    hidden, n = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
+    need = Cfg(cfg, where).int  # a required non-negative integer, one line naming it if missing
+    hidden, n = need("hidden_size"), need("num_hidden_layers")
     period, off = int(cfg.get("attn_layer_period", 8)), int(cfg.get("attn_layer_offset", 4))
     kinds = cfg.get("layers_block_type") or ["attention" if i % period == off else "mamba" for i in range(n)]
     e_period, e_off = int(cfg.get("expert_layer_period", 2)), int(cfg.get("expert_layer_offset", 1))
     n_exp = int(cfg.get("num_experts", 16))
-    heads = int(cfg["num_attention_heads"])
+    heads = need("num_attention_heads")
     rank = cfg.get("mamba_dt_rank", "auto")
     return JambaArgs(
-        vocab=int(cfg["vocab_size"]), hidden=hidden, n_layers=n, kinds=list(kinds),
+        vocab=need("vocab_size"), hidden=hidden, n_layers=n, kinds=list(kinds),
         n_experts_per_block=[n_exp if i % e_period == e_off else 1 for i in range(n)], n_heads=heads,
-        n_kv_heads=int(cfg.get("num_key_value_heads") or heads), intermediate=int(cfg["intermediate_size"]),
+        n_kv_heads=int(cfg.get("num_key_value_heads") or heads), intermediate=need("intermediate_size"),
         top_k=int(cfg.get("num_experts_per_tok", 2)), d_inner=int(cfg.get("mamba_expand", 2) * hidden),
         d_state=int(cfg.get("mamba_d_state", 16)), d_conv=int(cfg.get("mamba_d_conv", 4)),
         dt_rank=math.ceil(hidden / 16) if rank == "auto" else int(rank),

@@ -104,12 +104,9 @@ def args_from_hf_config(cfg: dict, where: str = "config.json") -> LlamaArgs:
     if act not in ("silu", "swish"):
         raise EdgekvError(f"{where}: hidden_act {act!r} is not supported (the llama module implements SwiGLU/silu)")
 
-    def need(k):
-        if cfg.get(k) is None:
-            raise EdgekvError(f"{where}: config lacks '{k}'")
-        return cfg[k]
+    need = Cfg(cfg, where).int  # a required non-negative integer, one line naming it if missing
 
-    hidden, n_heads = int(need("hidden_size")), int(need("num_attention_heads"))
+    hidden, n_heads = need("hidden_size"), need("num_attention_heads")
     rope = dict(cfg.get("rope_parameters") or {})  # transformers >= 5
     legacy = cfg.get("rope_scaling") or {}  # transformers 4.x / most checkpoints on the hub
     if legacy:
@@ -121,9 +118,9 @@ def args_from_hf_config(cfg: dict, where: str = "config.json") -> LlamaArgs:
     if rtype not in ("default", "linear", "llama3"):
         raise EdgekvError(f"{where}: rope type {rtype!r} is not supported yet (default, linear, llama3)")
     return LlamaArgs(
-        vocab=int(need("vocab_size")), hidden=hidden, n_layers=int(need("num_hidden_layers")), n_heads=n_heads,
+        vocab=need("vocab_size"), hidden=hidden, n_layers=need("num_hidden_layers"), n_heads=n_heads,
         n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
-        head_dim=int(cfg.get("head_dim") or hidden // n_heads), intermediate=int(need("intermediate_size")),
+        head_dim=int(cfg.get("head_dim") or hidden // n_heads), intermediate=need("intermediate_size"),
         rms_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=theta,
         rope_scaling=rope if rtype != "default" else None,
         qkv_bias=True if mt == "qwen2" else bool(cfg.get("attention_bias", False)),
@@ -131,7 +128,7 @@ def args_from_hf_config(cfg: dict, where: str = "config.json") -> LlamaArgs:
         mlp_bias=bool(cfg.get("mlp_bias", False)), tied=bool(cfg.get("tie_word_embeddings", False)),
         max_position=cfg.get("max_position_embeddings"), model_type=mt,
         # the planner's own reading of which layers slide (edgekv.arch), so this module and its StateLayout agree
-        windows=_layer_windows(Cfg(cfg, where), mt, int(need("num_hidden_layers"))))
+        windows=_layer_windows(Cfg(cfg, where), mt, need("num_hidden_layers")))
 
 
 # ---- building blocks ----

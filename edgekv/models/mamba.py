@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..arch import Cfg
 from ..errors import EdgekvError
 from ..quant import dequantize, quantize
 from .weights import load_strict  # noqa: F401  (re-exported for the other modules)
@@ -279,13 +280,10 @@ def args_from_hf_config(cfg: dict, where: str = "config.json") -> MambaArgs:
     if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
         raise EdgekvError(f"{where}: hidden_act {cfg['hidden_act']!r} is not supported (Mamba uses silu)")
 
-    def need(k):
-        if cfg.get(k) is None:
-            raise EdgekvError(f"{where}: config lacks '{k}'")
-        return cfg[k]
+    need = Cfg(cfg, where).int  # a required non-negative integer, one line naming it if missing
 
-    hidden = int(need("hidden_size"))
-    common = dict(vocab=int(need("vocab_size")), hidden=hidden, n_layers=int(need("num_hidden_layers")),
+    hidden = need("hidden_size")
+    common = dict(vocab=need("vocab_size"), hidden=hidden, n_layers=need("num_hidden_layers"),
                   eps=float(cfg.get("layer_norm_epsilon", 1e-5)), conv_bias=bool(cfg.get("use_conv_bias", True)),
                   proj_bias=bool(cfg.get("use_bias", False)), model_type=mt)
     if mt == "mamba":  # MambaConfig: intermediate_size = expand * hidden, time_step_rank "auto" = ceil(hidden / 16)
@@ -294,7 +292,7 @@ def args_from_hf_config(cfg: dict, where: str = "config.json") -> MambaArgs:
                          d_state=int(cfg.get("state_size", 16)), d_conv=int(cfg.get("conv_kernel", 4)),
                          dt_rank=math.ceil(hidden / 16) if rank == "auto" else int(rank),
                          tied=bool(cfg.get("tie_word_embeddings", True)), **common)
-    heads, hd = int(need("num_heads")), int(cfg.get("head_dim", 64))
+    heads, hd = need("num_heads"), int(cfg.get("head_dim", 64))
     if heads * hd != int(cfg.get("expand", 2) * hidden):
         raise EdgekvError(f"{where}: num_heads x head_dim ({heads} x {hd}) != expand x hidden_size")
     groups = int(cfg.get("n_groups", 8))

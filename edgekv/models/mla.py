@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..arch import Cfg
 from ..errors import EdgekvError
 from ..strategies import StateLayout
 from .head import head
@@ -246,18 +247,15 @@ def deepseek_args(cfg: dict, where: str = "config.json") -> DeepseekArgs:
     if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
         raise EdgekvError(f"{where}: hidden_act {cfg['hidden_act']!r} is not supported (SwiGLU/silu)")
 
-    def need(k):
-        if cfg.get(k) is None:
-            raise EdgekvError(f"{where}: config lacks '{k}'")
-        return cfg[k]
+    need = Cfg(cfg, where).int  # a required non-negative integer, one line naming it if missing
 
     n_routed = int(cfg.get("n_routed_experts") or 0)
     return DeepseekArgs(
-        vocab=int(need("vocab_size")), hidden=int(need("hidden_size")), n_layers=int(need("num_hidden_layers")),
-        n_heads=int(need("num_attention_heads")), kv_lora_rank=int(need("kv_lora_rank")),
+        vocab=need("vocab_size"), hidden=need("hidden_size"), n_layers=need("num_hidden_layers"),
+        n_heads=need("num_attention_heads"), kv_lora_rank=need("kv_lora_rank"),
         q_lora_rank=int(cfg["q_lora_rank"]) if cfg.get("q_lora_rank") else None,
-        qk_nope_head_dim=int(need("qk_nope_head_dim")), qk_rope_head_dim=int(need("qk_rope_head_dim")),
-        v_head_dim=int(need("v_head_dim")), intermediate=int(need("intermediate_size")),
+        qk_nope_head_dim=need("qk_nope_head_dim"), qk_rope_head_dim=need("qk_rope_head_dim"),
+        v_head_dim=need("v_head_dim"), intermediate=need("intermediate_size"),
         moe_intermediate=int(cfg.get("moe_intermediate_size") or 0), n_routed_experts=n_routed,
         n_shared_experts=int(cfg.get("n_shared_experts") or 0),
         top_k=int(cfg.get("num_experts_per_tok") or 0) if n_routed else 0,

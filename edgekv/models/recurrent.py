@@ -61,6 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..arch import Cfg
 from ..errors import EdgekvError
 from ..quant import dequantize, quantize
 from ..strategies import StateLayout
@@ -221,15 +222,13 @@ class RwkvArgs:
 def rwkv_args(cfg: dict, where: str = "config.json") -> RwkvArgs:
     if cfg.get("model_type") != "rwkv":
         raise EdgekvError(f"{where}: model_type {cfg.get('model_type')!r} is not rwkv")
-    for k in ("vocab_size", "hidden_size", "num_hidden_layers"):
-        if cfg.get(k) is None:
-            raise EdgekvError(f"{where}: config lacks '{k}'")
-    hidden = int(cfg["hidden_size"])
+    need = Cfg(cfg, where).int  # a required non-negative integer, one line naming it if missing
+    hidden = need("hidden_size")
     att = int(cfg.get("attention_hidden_size") or hidden)
     if att != hidden:
         raise EdgekvError(f"{where}: attention_hidden_size {att} != hidden_size {hidden} is not supported "
                           "(the state layout keeps hidden-sized vectors)")
-    return RwkvArgs(vocab=int(cfg["vocab_size"]), hidden=hidden, n_layers=int(cfg["num_hidden_layers"]),
+    return RwkvArgs(vocab=need("vocab_size"), hidden=hidden, n_layers=need("num_hidden_layers"),
                     intermediate=int(cfg.get("intermediate_size") or 4 * hidden),
                     eps=float(cfg.get("layer_norm_epsilon", 1e-5)), rescale_every=int(cfg.get("rescale_every", 6)),
                     tied=bool(cfg.get("tie_word_embeddings", False)))
