@@ -34,9 +34,13 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/plan_speed.py
 
 # benchmarks/decode_speed.py: edgekv's artifacts vs transformers, llama.cpp, ONNX Runtime GenAI (JSON in
-# benchmarks/results/). llama-cpp-python compiles llama.cpp on first install (~4 min on 2 cores).
+# benchmarks/results/). llama-cpp-python compiles llama.cpp on first install (~4 min on 2 cores), for this CPU but
+# without AMX: on a VM whose kernel does not grant the AMX tile state (a Sapphire Rapids KVM guest here), -march=native
+# alone builds kernels that die on their first `tilezero` (SIGILL).
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 bench-speed: $(STAMP)
-	CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/python -m pip install -q -r requirements-bench.lock
+	CMAKE_ARGS="-DGGML_NATIVE=ON -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'" \
+	  $(BIN)/python -m pip install -q -r requirements-bench.lock
 	$(BIN)/python benchmarks/decode_speed.py
 
 clean:

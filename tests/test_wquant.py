@@ -232,6 +232,56 @@ def test_torchao_recipe_quantizes_every_linear_and_the_untied_output_layer(tiny,
     assert 0 < v["kl_mean"]
 
 
+
+@pytest.mark.parametrize("w", ["int8", "int4"])
+def test_verify_of_quantized_weights_passes_rounding_noise_and_refuses_a_layout_bug(tiny, tokens, w):
+    """A quantized .pte is verified against the same quantized eager module, with limits that widen to the module's
+    own rounding noise (verify.FLOOR_*: the module against a copy quantized from weights one ulp away, measured in the
+    same export). Another sample of that noise (weights one ulp down) must pass; a layer whose weight rows were laid
+    out in reverse before quantization (a lowering bug) must not; and a chaotic model's floor widens the limits by
+    the stated rule."""
+    from edgekv.export.pipeline import nudged_quantized
+    from edgekv.export.verify import FLOOR_DIFF, FLOOR_TOP1, REL_TOL, verify
+
+    m = manifest_for(tiny.layout, 256)
+    prompt, steps = tokens[:34], 16  # an export's verify: a 34-token prompt and 16 decode steps
+
+    def eager(q):
+        return EagerStepper(m, q, chunk=CHUNK)
+
+    def quantized(edit=None):
+        q = copy.deepcopy(tiny)
+        if edit:
+            with torch.no_grad():
+                edit(q)
+        wquant.quantize_module(q, w)
+        return q
+
+    def one_ulp_down(q):
+        for p in q.parameters():
+            p.copy_(torch.nextafter(p, torch.full_like(p, -torch.inf)))
+
+    def reversed_rows(q):
+        d = q.model.layers[1].mlp.down_proj.weight
+        d.copy_(d.flip(0))
+
+    ref = quantized()
+    floor = verify(eager(nudged_quantized(tiny, w)), eager(ref), prompt, steps, "quantized-weights", "eager")
+    noise = verify(eager(quantized(one_ulp_down)), eager(ref), prompt, steps, "quantized-weights", "eager", floor)
+    bug = verify(eager(quantized(reversed_rows)), eager(ref), prompt, steps, "quantized-weights", "eager", floor)
+    assert 0 < floor["max_abs_diff"] < 0.05 * floor["logit_scale"] and floor["top1_agreement"] >= 0.95
+    assert noise["passed"] and noise["noise_floor"]["max_abs_diff"] == floor["max_abs_diff"]
+    assert not bug["passed"] and bug["max_abs_diff"] > 0.15 * bug["logit_scale"]
+    # a chaotic model's floor (SmolLM2-135M int4 here: 1.4e-1 of the scale, top-1 88 %) widens the limits to
+    # 2 x 1.4e-1 and 83 %: by hand, the same layout bug then passes
+    chaotic = {"max_abs_diff": 0.14 * floor["logit_scale"], "logit_scale": floor["logit_scale"], "top1_agreement": 0.88}
+    wide = verify(eager(quantized(reversed_rows)), eager(ref), prompt, steps, "quantized-weights", "eager", chaotic)
+    assert wide["tolerance"] == {"max_abs_diff_over_logit_scale": pytest.approx(FLOOR_DIFF * 0.14),
+                                 "min_top1_agreement": pytest.approx(0.88 - FLOOR_TOP1)}
+    assert FLOOR_DIFF * 0.14 > REL_TOL["quantized-weights"]
+    assert wide["passed"] == (bug["max_abs_diff"] <= 0.28 * max(bug["logit_scale"], 1.0)
+                              and bug["top1_agreement"] >= 0.83)
+
 # ---- ExecuTorch / XNNPACK: minutes per lowering on 2 cores ----
 
 

@@ -204,6 +204,18 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def nudged_quantized(module, weights: str):
+    """A copy of the fp32 eager module one ulp away (verify.nudge_one_ulp), quantized as the .pte's module is."""
+    import copy
+
+    from .verify import nudge_one_ulp
+    from .wquant import quantize_module
+    m = copy.deepcopy(module)
+    nudge_one_ulp(m)
+    quantize_module(m, weights)
+    return m
+
+
 def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str) -> dict:
     from ..models import load_any
     from .runtime import EagerStepper, OrtStepper, PteStepper
@@ -312,14 +324,21 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
         if f"verify-{fmt}" not in st.names:
             continue
         with st.stage(f"verify-{fmt}", f"{len(prompt)} prompt tokens + {steps} decode steps vs eager torch"):
+            floor = None
             if fmt == "onnx":
                 art, ref = OrtStepper(partial, tmp, opts.threads, spin=False), EagerStepper(partial, module)
             else:
                 art = PteStepper(partial, tmp, opts.threads)
-                ref = EagerStepper(partial, qmodule, chunk=art.chunk, tail=art.tail, max_chunk=art.max_chunk)
+
+                def eager(m):
+                    return EagerStepper(partial, m, chunk=art.chunk, tail=art.tail, max_chunk=art.max_chunk)
+                ref = eager(qmodule)
+                if quantization.get("pte"):  # the quantized module's own rounding noise (verify.FLOOR_*)
+                    floor = verify(eager(nudged_quantized(module, opts.weights)), eager(qmodule), prompt, steps,
+                                   "quantized-weights", "eager")
             tol = "quantized-weights" if opts.weights != "fp32" else tolerance_dtype(layout, fmt == "onnx" and fused)
             v = verify(art, ref, prompt, steps, tol,
-                       artifacts[[a["format"] for a in artifacts].index(fmt)]["runtime"])
+                       artifacts[[a["format"] for a in artifacts].index(fmt)]["runtime"], floor)
             verification[fmt] = v
             st.echo(f"      {describe(v)}")
             if not v["passed"]:

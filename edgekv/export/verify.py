@@ -31,9 +31,11 @@ REL_TOL = {"float32": 1e-4, "float16": 2e-3, "int8": 2e-2, "uint8": 1e-1,
            # activations dynamically per token, and a one-step difference in a rounded activation moves a logit
            # by about one weight step, which 30 layers carry on. Measured on SmolLM2-135M, the 34-token verify
            # prompt: the .pte 6.3e-2 (int8) / 9.5e-2 (int4) of the logit scale, top-1 94.1 / 97.1 %; eager against
-           # itself with the embedding perturbed by 1e-7 relative 7.9e-2 / 8.1e-2, top-1 97.1 / 94.1 %. A lowering
-           # bug moves logits by the order of their scale; how far the quantized model is from fp32 is
-           # verify-quant's job (wquant: top-1 and KL over real text)
+           # itself with the embedding perturbed by 1e-7 relative 7.9e-2 / 8.1e-2, top-1 97.1 / 94.1 %. How far
+           # a model's own rounding noise reaches depends on the model and the host's kernels, so the .pte is also
+           # held to a noise floor measured in the same export (noise_floor, FLOOR_*). A lowering bug moves logits
+           # by the order of their scale; how far the quantized model is from fp32 is verify-quant's job (wquant:
+           # top-1 and KL over real text)
            "quantized-weights": 1.5e-1,
            # an ONNX kv graph with a fp16 cache attends through ORT's GroupQueryAttention, which takes q, k, v in
            # the cache dtype and returns its output in it too: q and the attention output are rounded to fp16 as
@@ -47,6 +49,28 @@ def min_top1(cache_dtype: str) -> float:
     return MIN_TOP1.get(cache_dtype, 0.95)
 
 
+# A quantized-weights .pte is compared with the quantized eager module, and both quantize their activations per
+# token at run time: a last-bit difference upstream moves a rounded activation by a step, and a chaotic model carries
+# that on. How far is measured in the same export: the eager module against a copy quantized from weights one ulp
+# away (nudge_one_ulp), over the same prompt and steps. The limits widen to FLOOR_DIFF x that floor's difference and
+# to its top-1 less FLOOR_TOP1 where those are looser than the fixed ones. Measured: SmolLM2-135M int4 on a Sapphire
+# Rapids VM, floor 1.4e-1 of the logit scale and top-1 88.0 % over 50 positions (1.8e-1 and 84 % at 1e-6 relative),
+# where the .pte measured 8.7e-2 and 92.0 % (88.2 % over the 34 positions of --verify-steps 0: 4 near-ties); the
+# tiny test Llama's floor 1.7e-2 and 98 % (int4), 5e-4 and 100 % (int8), where a layer's weight rows laid out in
+# reverse measure 2.2e-1 / 86 % and 1.9e-1 / 78 % (tests/test_wquant.py).
+FLOOR_DIFF, FLOOR_TOP1 = 2.0, 0.05
+
+
+def nudge_one_ulp(module) -> None:
+    """Move every floating-point parameter of module one ulp up, in place: what another kernel's last bit does."""
+    import torch
+
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.is_floating_point():
+                p.copy_(torch.nextafter(p, torch.full_like(p, torch.inf)))
+
+
 def tolerance_dtype(layout, fused_attention: bool = False) -> str:
     """The state dtype that sets the tolerance: the coarsest one the layout stores (a hybrid's fp16 KV next to its
     fp32 SSM state, an int8 SSM state next to its fp32 conv state and scales), since its rounding bounds the
@@ -56,7 +80,10 @@ def tolerance_dtype(layout, fused_attention: bool = False) -> str:
     return "float16-attention" if fused_attention and dtype == "float16" else dtype
 
 
-def verify(artifact, reference, prompt: list[int], steps: int, cache_dtype: str, runtime: str) -> dict:
+def verify(artifact, reference, prompt: list[int], steps: int, cache_dtype: str, runtime: str,
+           floor: dict | None = None) -> dict:
+    """floor: a verify() of the reference against a copy of itself one ulp away (nudge_one_ulp); where that noise
+    reaches further than the fixed limits, the limits widen to it (FLOOR_DIFF, FLOOR_TOP1)."""
     t0 = time.perf_counter()
     a, r = artifact.prefill(prompt), reference.prefill(prompt)
     diffs, agree = [float(np.abs(a - r).max())], list(a.argmax(-1) == r.argmax(-1))
@@ -76,12 +103,17 @@ def verify(artifact, reference, prompt: list[int], steps: int, cache_dtype: str,
     sdiff = max(float(np.abs(x.astype(np.float32) - y.astype(np.float32)).max())
                 for x, y in zip(state_as_numpy(artifact), state_as_numpy(reference)))
     rel, need = REL_TOL[cache_dtype], min_top1(cache_dtype)
+    if floor:
+        rel = max(rel, FLOOR_DIFF * floor["max_abs_diff"] / max(floor["logit_scale"], 1.0))
+        need = min(need, floor["top1_agreement"] - FLOOR_TOP1)
     top1 = float(np.mean(agree))
     out = {"runtime": runtime, "prompt_tokens": len(prompt), "decode_steps": steps, "positions_compared": len(agree),
            "max_abs_diff": max(diffs), "logit_scale": scale, "top1_agreement": top1, "state_max_abs_diff": sdiff,
            "tolerance": {"max_abs_diff_over_logit_scale": rel, "min_top1_agreement": need},
            "passed": bool(max(diffs) <= rel * max(scale, 1.0) and top1 >= need),
            "seconds": round(time.perf_counter() - t0, 3)}
+    if floor:
+        out["noise_floor"] = {k: floor[k] for k in ("max_abs_diff", "logit_scale", "top1_agreement")}
     if times:
         out["decode_ms_median"] = round(1e3 * statistics.median(times), 3)
     return out
@@ -90,4 +122,8 @@ def verify(artifact, reference, prompt: list[int], steps: int, cache_dtype: str,
 def describe(v: dict) -> str:
     return (f"{v['runtime']}: max |diff| {v['max_abs_diff']:.2e} (logit scale {v['logit_scale']:.1f}), "
             f"top-1 {v['top1_agreement']:.1%} over {v['positions_compared']} positions, "
-            f"state |diff| {v['state_max_abs_diff']:.2e}")
+            f"state |diff| {v['state_max_abs_diff']:.2e}"
+            + (f"; limits {v['tolerance']['max_abs_diff_over_logit_scale']:.2e} of the scale, top-1 "
+               f"{v['tolerance']['min_top1_agreement']:.0%} (eager against itself one ulp away: max |diff| "
+               f"{v['noise_floor']['max_abs_diff']:.2e}, top-1 {v['noise_floor']['top1_agreement']:.1%})"
+               if "noise_floor" in v else ""))
