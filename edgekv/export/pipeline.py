@@ -205,14 +205,15 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
 
 
 def nudged_quantized(module, weights: str):
-    """A copy of the fp32 eager module one ulp away (verify.nudge_one_ulp), quantized as the .pte's module is."""
+    """A copy of the fp32 eager module quantized as the .pte's module is, then its float parameters moved one ulp
+    (verify.nudge_one_ulp): the same codes, last bits upstream of the quantized activations different."""
     import copy
 
     from .verify import nudge_one_ulp
     from .wquant import quantize_module
     m = copy.deepcopy(module)
-    nudge_one_ulp(m)
     quantize_module(m, weights)
+    nudge_one_ulp(m)
     return m
 
 

@@ -51,23 +51,29 @@ def min_top1(cache_dtype: str) -> float:
 
 # A quantized-weights .pte is compared with the quantized eager module, and both quantize their activations per
 # token at run time: a last-bit difference upstream moves a rounded activation by a step, and a chaotic model carries
-# that on. How far is measured in the same export: the eager module against a copy quantized from weights one ulp
-# away (nudge_one_ulp), over the same prompt and steps. The limits widen to FLOOR_DIFF x that floor's difference and
-# to its top-1 less FLOOR_TOP1 where those are looser than the fixed ones. Measured: SmolLM2-135M int4 on a Sapphire
-# Rapids VM, floor 1.4e-1 of the logit scale and top-1 88.0 % over 50 positions (1.8e-1 and 84 % at 1e-6 relative),
-# where the .pte measured 8.7e-2 and 92.0 % (88.2 % over the 34 positions of --verify-steps 0: 4 near-ties); the
-# tiny test Llama's floor 1.7e-2 and 98 % (int4), 5e-4 and 100 % (int8), where a layer's weight rows laid out in
-# reverse measure 2.2e-1 / 86 % and 1.9e-1 / 78 % (tests/test_wquant.py).
-FLOOR_DIFF, FLOOR_TOP1 = 2.0, 0.05
+# that on. How far is measured in the same export: the eager module against a copy of itself one ulp away
+# (nudge_one_ulp), over the same prompt and steps. Where that noise reaches further than the fixed limits, the
+# artifact may differ by up to FLOOR_FACTOR x the floor's max difference, and disagree on top-1 up to FLOOR_FACTOR x
+# as often as the floor does, plus one position (a count of a few near-ties over some 34-50 positions is itself
+# noisy). Measured: SmolLM2-135M int4 on a Sapphire Rapids VM, 34 positions (--verify-steps 0): the .pte 8.7e-2 of the
+# logit scale, top-1 88.2 % (4 near-ties), where the floor measured 7.2e-2 and 94.1 % (limits 1.5e-1 and 85.3 %);
+# with default steps (50 positions) the .pte 92.0 %. The tiny test Llama's floor 2.3e-2 / 97 % (int4), where a
+# layer's weight rows laid out in reverse measure 2.2e-1 / 86 % (int4) and 1.9e-1 / 78 % (int8): refused
+# (tests/test_wquant.py).
+FLOOR_FACTOR = 2.0
 
 
 def nudge_one_ulp(module) -> None:
-    """Move every floating-point parameter of module one ulp up, in place: what another kernel's last bit does."""
+    """Move every plain floating-point parameter of module one ulp up, in place (norms, the embedding table; not a
+    quantized linear's weight, a tensor subclass whose codes stay as they are): what another kernel's last bit does
+    upstream of the dynamically quantized activations. Nudging the fp32 weights before quantizing instead moves
+    codes that sit on a rounding boundary (SmolLM2's come from a Q4_1 GGUF) by a whole step: that measured 2.4e-1
+    of the logit scale and top-1 79 % on SmolLM2 int4, a different model rather than noise."""
     import torch
 
     with torch.no_grad():
         for p in module.parameters():
-            if p.is_floating_point():
+            if type(p.data) is torch.Tensor and p.is_floating_point():
                 p.copy_(torch.nextafter(p, torch.full_like(p, torch.inf)))
 
 
@@ -83,7 +89,7 @@ def tolerance_dtype(layout, fused_attention: bool = False) -> str:
 def verify(artifact, reference, prompt: list[int], steps: int, cache_dtype: str, runtime: str,
            floor: dict | None = None) -> dict:
     """floor: a verify() of the reference against a copy of itself one ulp away (nudge_one_ulp); where that noise
-    reaches further than the fixed limits, the limits widen to it (FLOOR_DIFF, FLOOR_TOP1)."""
+    reaches further than the fixed limits, the limits widen to it (FLOOR_FACTOR)."""
     t0 = time.perf_counter()
     a, r = artifact.prefill(prompt), reference.prefill(prompt)
     diffs, agree = [float(np.abs(a - r).max())], list(a.argmax(-1) == r.argmax(-1))
@@ -104,8 +110,8 @@ def verify(artifact, reference, prompt: list[int], steps: int, cache_dtype: str,
                 for x, y in zip(state_as_numpy(artifact), state_as_numpy(reference)))
     rel, need = REL_TOL[cache_dtype], min_top1(cache_dtype)
     if floor:
-        rel = max(rel, FLOOR_DIFF * floor["max_abs_diff"] / max(floor["logit_scale"], 1.0))
-        need = min(need, floor["top1_agreement"] - FLOOR_TOP1)
+        rel = max(rel, FLOOR_FACTOR * floor["max_abs_diff"] / max(floor["logit_scale"], 1.0))
+        need = min(need, 1.0 - FLOOR_FACTOR * (1.0 - floor["top1_agreement"]) - 1.0 / len(agree))
     top1 = float(np.mean(agree))
     out = {"runtime": runtime, "prompt_tokens": len(prompt), "decode_steps": steps, "positions_compared": len(agree),
            "max_abs_diff": max(diffs), "logit_scale": scale, "top1_agreement": top1, "state_max_abs_diff": sdiff,
