@@ -334,7 +334,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
                 def eager(m):
                     return EagerStepper(partial, m, chunk=art.chunk, tail=art.tail, max_chunk=art.max_chunk)
                 ref = eager(qmodule)
-                if quantization.get("pte"):  # the quantized module's own rounding noise (verify.FLOOR_*)
+                if quantization.get("pte"):  # the quantized module's own rounding noise (verify.FLOOR_FACTOR)
                     floor = verify(eager(nudged_quantized(module, opts.weights)), eager(qmodule), prompt, steps,
                                    "quantized-weights", "eager")
             tol = "quantized-weights" if opts.weights != "fp32" else tolerance_dtype(layout, fmt == "onnx" and fused)

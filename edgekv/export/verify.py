@@ -33,7 +33,7 @@ REL_TOL = {"float32": 1e-4, "float16": 2e-3, "int8": 2e-2, "uint8": 1e-1,
            # prompt: the .pte 6.3e-2 (int8) / 9.5e-2 (int4) of the logit scale, top-1 94.1 / 97.1 %; eager against
            # itself with the embedding perturbed by 1e-7 relative 7.9e-2 / 8.1e-2, top-1 97.1 / 94.1 %. How far
            # a model's own rounding noise reaches depends on the model and the host's kernels, so the .pte is also
-           # held to a noise floor measured in the same export (noise_floor, FLOOR_*). A lowering bug moves logits
+           # held to a noise floor measured in the same export (noise_floor, FLOOR_FACTOR). A lowering bug moves logits
            # by the order of their scale; how far the quantized model is from fp32 is verify-quant's job (wquant:
            # top-1 and KL over real text)
            "quantized-weights": 1.5e-1,
@@ -57,9 +57,9 @@ def min_top1(cache_dtype: str) -> float:
 # as often as the floor does, plus one position (a count of a few near-ties over some 34-50 positions is itself
 # noisy). Measured: SmolLM2-135M int4 on a Sapphire Rapids VM, 34 positions (--verify-steps 0): the .pte 8.7e-2 of the
 # logit scale, top-1 88.2 % (4 near-ties), where the floor measured 7.2e-2 and 94.1 % (limits 1.5e-1 and 85.3 %);
-# with default steps (50 positions) the .pte 92.0 %. The tiny test Llama's floor 2.3e-2 / 97 % (int4), where a
-# layer's weight rows laid out in reverse measure 2.2e-1 / 86 % (int4) and 1.9e-1 / 78 % (int8): refused
-# (tests/test_wquant.py).
+# with default steps (50 positions) the .pte 92.0 %. The tiny test Llama's floor 3.4e-4 (int8) / 3e-7 (int4) of the
+# scale, top-1 100 %, so the fixed limits hold, and a layer's weight rows laid out in reverse (1.9e-1 / 78 % int8,
+# 2.2e-1 / 86 % int4) is refused (tests/test_wquant.py).
 FLOOR_FACTOR = 2.0
 
 
