@@ -325,7 +325,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
         if f"verify-{fmt}" not in st.names:
             continue
         with st.stage(f"verify-{fmt}", f"{len(prompt)} prompt tokens + {steps} decode steps vs eager torch"):
-            floor = None
+            noise = None
             if fmt == "onnx":
                 art, ref = OrtStepper(partial, tmp, opts.threads, spin=False), EagerStepper(partial, module)
             else:
@@ -334,12 +334,11 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
                 def eager(m):
                     return EagerStepper(partial, m, chunk=art.chunk, tail=art.tail, max_chunk=art.max_chunk)
                 ref = eager(qmodule)
-                if quantization.get("pte"):  # the quantized module's own rounding noise (verify.FLOOR_FACTOR)
-                    floor = verify(eager(nudged_quantized(module, opts.weights)), eager(qmodule), prompt, steps,
-                                   "quantized-weights", "eager")
+                if quantization.get("pte"):  # the quantized module's own rounding noise (verify.limits)
+                    noise = eager(nudged_quantized(module, opts.weights))
             tol = "quantized-weights" if opts.weights != "fp32" else tolerance_dtype(layout, fmt == "onnx" and fused)
             v = verify(art, ref, prompt, steps, tol,
-                       artifacts[[a["format"] for a in artifacts].index(fmt)]["runtime"], floor)
+                       artifacts[[a["format"] for a in artifacts].index(fmt)]["runtime"], noise)
             verification[fmt] = v
             st.echo(f"      {describe(v)}")
             if not v["passed"]:

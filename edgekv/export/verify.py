@@ -63,8 +63,8 @@ def min_top1(cache_dtype: str) -> float:
 FLOOR_FACTOR = 2.0
 
 
-def nudge_one_ulp(module) -> None:
-    """Move every plain floating-point parameter of module one ulp up, in place (norms, the embedding table; not a
+def nudge_one_ulp(module, up: bool = True) -> None:
+    """Move every plain floating-point parameter of module one ulp up (or down), in place (norms, the embedding table; not a
     quantized linear's weight, a tensor subclass whose codes stay as they are): what another kernel's last bit does
     upstream of the dynamically quantized activations. Nudging the fp32 weights before quantizing instead moves
     codes that sit on a rounding boundary (SmolLM2's come from a Q4_1 GGUF) by a whole step: that measured 2.4e-1
@@ -74,7 +74,7 @@ def nudge_one_ulp(module) -> None:
     with torch.no_grad():
         for p in module.parameters():
             if type(p.data) is torch.Tensor and p.is_floating_point():
-                p.copy_(torch.nextafter(p, torch.full_like(p, torch.inf)))
+                p.copy_(torch.nextafter(p, torch.full_like(p, torch.inf if up else -torch.inf)))
 
 
 def tolerance_dtype(layout, fused_attention: bool = False) -> str:
@@ -86,13 +86,31 @@ def tolerance_dtype(layout, fused_attention: bool = False) -> str:
     return "float16-attention" if fused_attention and dtype == "float16" else dtype
 
 
+def limits(cache_dtype: str, floor: dict | None, positions: int) -> tuple[float, float]:
+    """(max |diff| over the logit scale, min top-1 agreement): the fixed ones, widened to a noise floor where it
+    reaches further (FLOOR_FACTOR; positions: how many the artifact is compared over)."""
+    rel, need = REL_TOL[cache_dtype], min_top1(cache_dtype)
+    if floor:
+        rel = max(rel, FLOOR_FACTOR * floor["max_abs_diff"] / max(floor["logit_scale"], 1.0))
+        need = min(need, 1.0 - FLOOR_FACTOR * (1.0 - floor["top1_agreement"]) - 1.0 / positions)
+    return rel, need
+
+
 def verify(artifact, reference, prompt: list[int], steps: int, cache_dtype: str, runtime: str,
-           floor: dict | None = None) -> dict:
-    """floor: a verify() of the reference against a copy of itself one ulp away (nudge_one_ulp); where that noise
-    reaches further than the fixed limits, the limits widen to it (FLOOR_FACTOR)."""
+           noise=None) -> dict:
+    """noise: a stepper of the reference one ulp away (nudge_one_ulp), compared with the reference in the same pass
+    (the reference runs once); where its noise reaches further than the fixed limits, they widen to it (limits)."""
     t0 = time.perf_counter()
-    a, r = artifact.prefill(prompt), reference.prefill(prompt)
-    diffs, agree = [float(np.abs(a - r).max())], list(a.argmax(-1) == r.argmax(-1))
+    sides = [artifact] + ([noise] if noise is not None else [])
+    diffs, agree = [[] for _ in sides], [[] for _ in sides]
+
+    def compare(outs, r):
+        for i, a in enumerate(outs):
+            diffs[i].append(float(np.abs(a - r).max()))
+            agree[i] += list(a.argmax(-1) == r.argmax(-1))
+
+    outs, r = [s.prefill(prompt) for s in sides], reference.prefill(prompt)
+    compare(outs, r)
     scale = float(np.abs(r).max())
     pos, times = len(prompt), []
     for _ in range(steps):
@@ -100,26 +118,26 @@ def verify(artifact, reference, prompt: list[int], steps: int, cache_dtype: str,
         t = time.perf_counter()
         a = artifact.step([nxt], pos)
         times.append(time.perf_counter() - t)
+        outs = [a] + [s.step([nxt], pos) for s in sides[1:]]
         r = reference.step([nxt], pos)
-        diffs.append(float(np.abs(a - r).max()))
-        agree += list(a.argmax(-1) == r.argmax(-1))
+        compare(outs, r)
         scale = max(scale, float(np.abs(r).max()))
         pos += 1
     from .runtime import state_as_numpy
     sdiff = max(float(np.abs(x.astype(np.float32) - y.astype(np.float32)).max())
                 for x, y in zip(state_as_numpy(artifact), state_as_numpy(reference)))
-    rel, need = REL_TOL[cache_dtype], min_top1(cache_dtype)
-    if floor:
-        rel = max(rel, FLOOR_FACTOR * floor["max_abs_diff"] / max(floor["logit_scale"], 1.0))
-        need = min(need, 1.0 - FLOOR_FACTOR * (1.0 - floor["top1_agreement"]) - 1.0 / len(agree))
-    top1 = float(np.mean(agree))
-    out = {"runtime": runtime, "prompt_tokens": len(prompt), "decode_steps": steps, "positions_compared": len(agree),
-           "max_abs_diff": max(diffs), "logit_scale": scale, "top1_agreement": top1, "state_max_abs_diff": sdiff,
+    floor = ({"max_abs_diff": max(diffs[1]), "logit_scale": scale, "top1_agreement": float(np.mean(agree[1]))}
+             if noise is not None else None)
+    rel, need = limits(cache_dtype, floor, len(agree[0]))
+    top1 = float(np.mean(agree[0]))
+    out = {"runtime": runtime, "prompt_tokens": len(prompt), "decode_steps": steps,
+           "positions_compared": len(agree[0]), "max_abs_diff": max(diffs[0]), "logit_scale": scale,
+           "top1_agreement": top1, "state_max_abs_diff": sdiff,
            "tolerance": {"max_abs_diff_over_logit_scale": rel, "min_top1_agreement": need},
-           "passed": bool(max(diffs) <= rel * max(scale, 1.0) and top1 >= need),
+           "passed": bool(max(diffs[0]) <= rel * max(scale, 1.0) and top1 >= need),
            "seconds": round(time.perf_counter() - t0, 3)}
     if floor:
-        out["noise_floor"] = {k: floor[k] for k in ("max_abs_diff", "logit_scale", "top1_agreement")}
+        out["noise_floor"] = floor
     if times:
         out["decode_ms_median"] = round(1e3 * statistics.median(times), 3)
     return out

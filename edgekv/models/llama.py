@@ -104,7 +104,8 @@ def args_from_hf_config(cfg: dict, where: str = "config.json") -> LlamaArgs:
     if act not in ("silu", "swish"):
         raise EdgekvError(f"{where}: hidden_act {act!r} is not supported (the llama module implements SwiGLU/silu)")
 
-    need = Cfg(cfg, where).int  # a required non-negative integer, one line naming it if missing
+    c = Cfg(cfg, where)
+    need = c.int  # a required non-negative integer, one line naming it if missing
 
     hidden, n_heads = need("hidden_size"), need("num_attention_heads")
     rope = dict(cfg.get("rope_parameters") or {})  # transformers >= 5
@@ -128,7 +129,7 @@ def args_from_hf_config(cfg: dict, where: str = "config.json") -> LlamaArgs:
         mlp_bias=bool(cfg.get("mlp_bias", False)), tied=bool(cfg.get("tie_word_embeddings", False)),
         max_position=cfg.get("max_position_embeddings"), model_type=mt,
         # the planner's own reading of which layers slide (edgekv.arch), so this module and its StateLayout agree
-        windows=_layer_windows(Cfg(cfg, where), mt, need("num_hidden_layers")))
+        windows=_layer_windows(c, mt, need("num_hidden_layers")))
 
 
 # ---- building blocks ----
