@@ -583,6 +583,7 @@ def main(argv=None) -> dict:
                            "prompt": "first tokens of edgekv.analyze.run.default_text() (Python docs)",
                            "new_tokens": a.new_tokens, "ctx": ctxs, "threads": threads, "repeats": a.repeats,
                            "quick": a.quick, "only": a.only, "mean_decode_position": pos,
+                           "order": "the repeats go round the rows",
                            "bandwidth_probe": f"torch.sum over {a.bw_mib} MiB fp32, best of {a.bw_runs}"},
               "bandwidth": {}, "rows": []}
 
@@ -594,25 +595,35 @@ def main(argv=None) -> dict:
             formats.setdefault(tuple(variant.rsplit("/", 1)), set()).add("onnx" if fam == "edgekv-ort" else "pte")
 
     base = {"model_path": str(model_path), "ids": ids, "new_tokens": a.new_tokens}
-    done = []  # (row, bytes): the roofline waits for the second bandwidth probe
+    done = []  # (row, nbytes, spec, runs): the roofline waits for the second bandwidth probe
     for ctx in ctxs:
         for name in names:
             for t in threads:
                 row = {"name": name, "ctx": ctx, "threads": t}
-                log(f"{name} ctx {ctx} threads {t} ...")
-                nbytes = None
                 try:
                     spec, nbytes = plan_row(name, work, ctx, t, base, arch, pos, formats)
-                    runs = [run_child(spec, a.timeout) for _ in range(a.repeats)]
-                    row.update(summarize(runs, len(ids), a.new_tokens))
                 except Exception as e:  # a peer that cannot be prepared: its row carries the error
                     row["error"] = f"{type(e).__name__}: {e}" if not isinstance(e, RuntimeError) else str(e)
-                done.append((row, nbytes))
-                log("  " + (f"error: {row['error']}" if row.get("error") else
-                            f"prefill {row['prefill_tok_s']} tok/s, decode {row['decode_tok_s']} tok/s, "
-                            f"peak {row['peak_rss_bytes'] / MIB:.0f} MiB"))
+                    spec, nbytes = None, None
+                    log(f"{name} ctx {ctx} threads {t}: error: {row['error']}")
+                done.append((row, nbytes, spec, []))
+    # the repeats go round the rows (row 1, row 2, ..., row 1, ...), so a machine that drifts during the run
+    # (another tenant, its thermal state) weighs on every row alike, not on the rows measured at that moment
+    for rep in range(a.repeats):
+        for row, _, spec, runs in done:
+            if spec is None:
+                continue
+            log(f"{row['name']} ctx {row['ctx']} threads {row['threads']} (run {rep + 1} of {a.repeats}) ...")
+            runs.append(run_child(spec, a.timeout))
+            r = runs[-1]
+            log("  " + (f"error: {r['error']}" if "error" in r else
+                        f"prefill {len(ids) / r['prefill_s']:.1f} tok/s, decode "
+                        f"{(a.new_tokens - 1) / r['decode_s']:.1f} tok/s, peak {r['peak_rss'] / MIB:.0f} MiB"))
+    for row, _, spec, runs in done:
+        if spec is not None:
+            row.update(summarize(runs, len(ids), a.new_tokens))
     probe(result["bandwidth"], threads, a, log)
-    result["rows"] = [finish_row(row, nbytes, result["bandwidth"]) for row, nbytes in done]
+    result["rows"] = [finish_row(row, nbytes, result["bandwidth"]) for row, nbytes, _, _ in done]
     result["machine"]["loadavg_end"] = list(os.getloadavg())
     result["seconds"] = round(time.perf_counter() - t_start, 1)
     out = Path(a.out)

@@ -54,8 +54,11 @@ def run_one(name: str, spec: str | None, ctx: int, device: str, dtype: torch.dty
         torch.cuda.reset_peak_memory_stats()
     with torch.device("meta"):
         module, layout, arch = build_module(name, strategy, ctx)
-    module = module.to_empty(device=device).to(dtype)
+    module = module.to_empty(device=device)
     with torch.no_grad():
+        for m in module.modules():  # matrices at the precision asked; norms, conv, A, D, biases stay fp32 (planner)
+            if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
+                m.weight.data = m.weight.data.to(dtype)
         for p in module.parameters():
             p.normal_(0, 0.02)
         for name_b, b in module.named_buffers():  # non-persistent buffers (rope inverse frequencies) rebuilt
@@ -66,7 +69,10 @@ def run_one(name: str, spec: str | None, ctx: int, device: str, dtype: torch.dty
     param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
     state_bytes = sum(s.numel() * s.element_size() for s in state)
     t0 = time.perf_counter()
-    with torch.no_grad():
+    # the modules compute in fp32 where precision matters (norms, softmax, the cache read back) and hand fp32
+    # activations to their linears: autocast runs those at the weights' precision, as a GPU serving stack does
+    lowp = torch.autocast(device_type=device, dtype=dtype, enabled=dtype != torch.float32)
+    with torch.no_grad(), lowp:
         for i in range(steps):
             pos = min(i, ctx - 1)
             _, *state = module(torch.tensor([[1]], device=device), torch.tensor([pos], device=device), *state)
@@ -117,4 +123,9 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from edgekv.errors import EdgekvError
+
+    try:
+        main()
+    except EdgekvError as e:  # an unknown model, a bad --ctx: one line
+        raise SystemExit(f"error: {e}") from None

@@ -3,6 +3,9 @@ counts for the same config and layout (on a GPU the same script compares torch.c
 import importlib.util
 from pathlib import Path
 
+import pytest
+import torch
+
 spec = importlib.util.spec_from_file_location("gpu_baseline", Path(__file__).parent.parent / "benchmarks" / "gpu_baseline.py")
 gpu_baseline = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_baseline)
@@ -18,3 +21,35 @@ def test_planner_bytes_equal_the_tensors_the_modules_allocate(tmp_path):
     assert kv[1]["state_bytes"] > kv[0]["state_bytes"]  # the cache grows with ctx
     ssm = [r for r in out["runs"] if r["model"] == "mamba-130m"]
     assert ssm[0]["state_bytes"] == ssm[1]["state_bytes"]  # the SSM state does not
+
+
+def test_at_half_precision_the_matrices_are_fp16_and_the_planner_still_counts_every_byte(tmp_path):
+    """--dtype fp16, the CUDA default: linear and embedding weights at fp16, norms / conv / A / D / biases at fp32
+    (the planner's rule), the linears run under autocast; the bytes still equal the planner's exactly."""
+    out = gpu_baseline.main(["--device", "cpu", "--dtype", "fp16", "--models", "smollm2-135m,mamba-130m",
+                             "--ctx", "64", "--steps", "2"])
+    for r in out["runs"]:
+        assert r["dtype"] == "float16"
+        assert r["measured_bytes"] == r["predicted"]["compared"], r
+    fp32 = gpu_baseline.main(["--device", "cpu", "--models", "smollm2-135m", "--ctx", "64", "--steps", "1"])["runs"][0]
+    assert out["runs"][0]["param_bytes"] < 0.51 * fp32["param_bytes"]  # the matrices are the bulk, now halved
+
+
+@pytest.mark.parametrize("model,strategy", [("smollm2-135m", None), ("smollm2-135m", "window:w=32,sinks=4"),
+                                            ("smollm2-135m", "kv-int4"), ("mamba-130m", None),
+                                            ("mamba2-1.3b", None)])
+def test_the_modules_keep_every_tensor_on_the_device_of_their_inputs(model, strategy):
+    """On a GPU every tensor a call makes must be on the GPU (a CPU arange added to a CUDA position fails). The meta
+    device stands in for it here: a module and its state on `meta`, one decode call and one 8-token call."""
+    from edgekv.arch import catalog_arch
+    from edgekv.strategies import native_strategy, parse_strategy
+
+    st = parse_strategy(strategy or native_strategy(catalog_arch(model)))
+    with torch.device("meta"):
+        module, _, _ = gpu_baseline.build_module(model, st, 128)
+    state = [s.to("meta") for s in module.empty_state()]
+    with torch.no_grad():
+        for c in (1, 8):
+            logits, *new = module(torch.ones((1, c), dtype=torch.int64, device="meta"),
+                                  torch.tensor([5], device="meta"), *state)
+            assert logits.device.type == "meta" and all(s.device.type == "meta" for s in new)

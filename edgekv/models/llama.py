@@ -464,7 +464,7 @@ class Ring:
         slot(p') = j: with m = pos - 1 - sinks, p' = sinks + m - ((m - j) mod size), valid if p' >= sinks.
         The call writes only its survivors: its sinks and its last `size` ring positions (distinct slots)."""
         s, r, c = self.sinks, self.size, positions.shape[0]
-        slots = torch.arange(s + r, dtype=torch.int64)  # [T]
+        slots = torch.arange(s + r, dtype=torch.int64, device=pos.device)  # [T]
         m = pos - 1 - s
         held = torch.where(slots < s, slots, s + m - torch.remainder(m - (slots - s), r))  # [T]
         valid = (held < pos) & ((slots < s) | (held >= s))  # no bool torch.where: ONNX Runtime lacks it
@@ -641,7 +641,7 @@ class Llama(nn.Module):
                 rows: torch.Tensor | None = None):
         c, t_slots = tokens.shape[1], self.layout.ctx
         g = self.args.n_heads // self.args.n_kv_heads
-        positions = pos + torch.arange(c, dtype=torch.int64)  # [C]
+        positions = pos + torch.arange(c, dtype=torch.int64, device=pos.device)  # [C]
         plans = {}  # Ring (None: plain) -> (write, keep, mask), computed once per call for all layers alike
         if self.gqa:
             lens = (pos + c - 1).to(torch.int32), (pos + c).to(torch.int32).reshape(())
@@ -654,7 +654,7 @@ class Llama(nn.Module):
             if per_token_int8(self.kv.bits, self.kv.group, self.args.head_dim):
                 zero = torch.zeros(1, self.args.n_kv_heads, start + c, 1, dtype=torch.int64)
         elif None in self.rings:
-            slots = torch.arange(t_slots, dtype=torch.int64)  # [T]
+            slots = torch.arange(t_slots, dtype=torch.int64, device=pos.device)  # [T]
             write = (slots[:, None] == positions[None, :]).float()  # [T, C]
             keep = ((slots < pos) | (slots >= pos + c)).to(self.cache_dtype)[:, None]  # [T, 1]
             allowed = slots[None, :] <= positions.repeat(g)[:, None]  # [G*C, T]

@@ -155,11 +155,13 @@ class MoE(nn.Module):
         if self.topk_method == "group_limited_greedy":
             grp = scores.view(c, self.n_group, self.e // self.n_group).amax(-1)  # [C, n_group]
             keep = torch.topk(grp, self.topk_group, dim=-1).indices
-            gmask = (torch.arange(self.n_group)[None, :, None] == keep[:, None, :]).any(-1)  # [C, n_group]
+            group = torch.arange(self.n_group, device=x.device)
+            gmask = (group[None, :, None] == keep[:, None, :]).any(-1)  # [C, n_group]
             scores = torch.where(gmask.repeat_interleave(self.e // self.n_group, dim=-1), scores, 0.0)
         topw, idx = torch.topk(scores, self.k, dim=-1)  # [C, k]
         topw = topw * self.scaling
-        dense = ((torch.arange(self.e)[None, None, :] == idx[:, :, None]) * topw[:, :, None]).sum(1)  # [C, E]
+        expert = torch.arange(self.e, device=x.device)
+        dense = ((expert[None, None, :] == idx[:, :, None]) * topw[:, :, None]).sum(1)  # [C, E]
         out = self.experts(flat, dense, idx, topw).reshape(1, c, d)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
@@ -332,8 +334,8 @@ class _Body(nn.Module):
 
 def _slots(pos, c: int, t_slots: int, repeat: int = 1):
     """positions [C]; write [T, C] one-hot (slot t <- token c); written [T, 1]; allowed [repeat*C, T]."""
-    positions = pos + torch.arange(c, dtype=torch.int64)
-    slots = torch.arange(t_slots, dtype=torch.int64)
+    positions = pos + torch.arange(c, dtype=torch.int64, device=pos.device)
+    slots = torch.arange(t_slots, dtype=torch.int64, device=pos.device)
     write = (slots[:, None] == positions[None, :]).float()
     written = ((slots >= pos) & (slots < pos + c))[:, None]
     allowed = slots[None, :] <= positions.repeat(repeat)[:, None]
@@ -497,7 +499,7 @@ class ConvertedMLA(nn.Module):
         c, t_slots = tokens.shape[1], self.layout.ctx
         g = self.args.n_heads // self.args.n_kv_heads
         positions, write, written, allowed = _slots(pos, c, t_slots, repeat=g)
-        slots = torch.arange(t_slots, dtype=torch.int64)
+        slots = torch.arange(t_slots, dtype=torch.int64, device=pos.device)
 
         def cos_sin(p):
             f = p.float()[:, None] * self.inv_freq[None, :]
