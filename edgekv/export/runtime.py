@@ -161,27 +161,31 @@ class OrtStepper(Stepper):
         super().reset()
         if self.in_place:  # OrtValues over our numpy arrays (no copy): bound as both past.* and present.*
             self.values = [self.ort.OrtValue.ortvalue_from_numpy(s) for s in self.state]
+            # bound once per sequence: making the binding and binding 2 x layers values cost 0.39 ms of a SmolLM2
+            # int4 step at 2 threads (13.5 ms) against 0.07 ms for the three small inputs alone
+            self.binding = self.sess.io_binding()
+            self.binding.bind_output(self.out_names[0])  # first: get_outputs()[0] is the logits
+            names_in = self.in_names[2:2 + len(self.state_specs)]
+            for i_name, o_name, v in zip(names_in, self.out_names[1:], self.values):
+                self.binding.bind_ortvalue_input(i_name, v)
+                self.binding.bind_ortvalue_output(o_name, v)
 
     def _call(self, tokens, pos, rows):
         ids, at = np.asarray([tokens], dtype=np.int64), np.asarray([pos], dtype=np.int64)
         sel = {ROWS: np.asarray(rows, dtype=np.int64)} if self.rows_input else {}
-        names_in = self.in_names[2:2 + len(self.state_specs)]
         if self.in_place:
             # the graph's attention nodes write their new rows into the bound present buffer, which is the past
             # buffer: the state is updated where it lies, with no per-step copy of the cache
-            b = self.sess.io_binding()
+            b = self.binding
             b.bind_cpu_input("tokens", ids)
             b.bind_cpu_input("pos", at)
             for name, value in sel.items():
                 b.bind_cpu_input(name, value)
-            b.bind_output(self.out_names[0])
-            for i_name, o_name, v in zip(names_in, self.out_names[1:], self.values):
-                b.bind_ortvalue_input(i_name, v)
-                b.bind_ortvalue_output(o_name, v)
+            b.bind_output(self.out_names[0])  # rebound in its place: ORT allocates logits of this call's shape
             self.sess.run_with_iobinding(b)
             return self._pick(b.get_outputs()[0].numpy()[0], rows)
         feed = {"tokens": ids, "pos": at, **sel}
-        feed.update(zip(names_in, self.state))
+        feed.update(zip(self.in_names[2:2 + len(self.state_specs)], self.state))
         out = self.sess.run(self.out_names, feed)
         self.state = out[1:]
         return self._pick(out[0][0], rows)
