@@ -7,7 +7,13 @@ the same Deployment (weights at the module's precision + state):
         (workspace: the planner's activations/scores/logits estimate for a decode step)
   cpu:  bytes of the parameters and state tensors the module holds vs planner weights + state
         (the CPU has no allocator statistics; this checks the layout and the weight arithmetic)
-Writes JSON: {"device", "runs": [{"model", "strategy", "ctx", "predicted": {...}, "measured_bytes", "error_pct"}]}.
+A Llama model with a plain float cache steps through serving_step (the cache written in place, attention over a
+view of the written slots, as the planner's `vllm` runtime assumes); other layouts through the module's forward(),
+which returns a new state each step (export-first), so on a GPU their peak holds a second state ("step" says which).
+Fp16 / bf16 (the CUDA default): the linear and embedding matrices at that precision, run under autocast; norms, conv,
+A, D and biases fp32, as the planner counts them.
+Writes JSON: {"device", "runs": [{"model", "strategy", "ctx", "predicted": {...}, "measured_bytes", "error_pct",
+"loaded_bytes" (cuda: allocated before the steps), "step"}]}.
 
   python benchmarks/gpu_baseline.py --device cuda --models llama-3.2-1b,mamba2-1.3b --ctx 1k,8k,32k --out gpu.json
   python benchmarks/gpu_baseline.py --device cpu --models smollm2-135m,mamba-130m --ctx 256,1k     (CI runs this)
@@ -46,6 +52,37 @@ def build_module(name: str, strategy, ctx: int):
     raise SystemExit(f"{name}: model_type {mt} has no module in this benchmark (llama/qwen2/mistral/mamba/mamba2)")
 
 
+def serving_step(module, token: int, pos: int, state: list) -> torch.Tensor:
+    """One decode step of a Llama module with a plain float cache, run the way a GPU serving stack runs it (the
+    planner's `vllm` runtime): the new key and value are written into the module's own state tensors in place, and
+    attention reads the written slots through a view, with torch's fused attention. No second cache exists during
+    the step. The module's forward() is export-first: it returns a new cache, blended from the old one, and reads it
+    back in fp32, so a GPU running it would hold a second state per step. Same weights, same result
+    (tests/test_gpu_baseline.py compares the logits and the state after several steps)."""
+    import torch.nn.functional as F
+
+    from edgekv.models.head import head
+
+    dev = state[0].device
+    p = torch.tensor([pos], device=dev)
+    freqs = p.float()[:, None] * module.inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]  # [1, 1, D]
+    x = module.model.embed_tokens(torch.tensor([[token]], device=dev))
+    for i, blk in enumerate(module.model.layers):
+        at = blk.self_attn
+        q, k, v = at._qkv(blk.input_layernorm(x), cos, sin)  # [1, H, D], [1, Hkv, D]
+        kc, vc = state[2 * i], state[2 * i + 1]  # [1, Hkv, T, D]
+        kc[0, :, pos] = k[0].to(kc.dtype)
+        vc[0, :, pos] = v[0].to(vc.dtype)
+        o = F.scaled_dot_product_attention(q.permute(1, 0, 2)[None].to(kc.dtype), kc[:, :, :pos + 1],
+                                           vc[:, :, :pos + 1], enable_gqa=True).to(q.dtype)  # [1, H, 1, D]
+        x = x + at.o_proj(o.permute(0, 2, 1, 3).reshape(1, 1, -1))
+        x = x + blk.mlp(blk.post_attention_layernorm(x))
+    w = module.model.embed_tokens.weight if module.lm_head is None else module.lm_head.weight
+    return head(x, module.model.norm, w)[0, -1]
+
+
 def run_one(name: str, spec: str | None, ctx: int, device: str, dtype: torch.dtype, steps: int) -> dict:
     arch = catalog_arch(name)
     strategy = parse_strategy(spec or native_strategy(arch))
@@ -66,6 +103,9 @@ def run_one(name: str, spec: str | None, ctx: int, device: str, dtype: torch.dty
                 from edgekv.models.llama import rope_inv_freq
                 b.copy_(rope_inv_freq(module.args).to(device))
     state = [s.to(device) for s in module.empty_state()]
+    from edgekv.models.llama import Llama
+    in_place = isinstance(module, Llama) and module.fusable()  # a plain float cache in every layer
+    loaded = torch.cuda.memory_allocated() if device == "cuda" else None
     param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
     state_bytes = sum(s.numel() * s.element_size() for s in state)
     t0 = time.perf_counter()
@@ -75,7 +115,10 @@ def run_one(name: str, spec: str | None, ctx: int, device: str, dtype: torch.dty
     with torch.no_grad(), lowp:
         for i in range(steps):
             pos = min(i, ctx - 1)
-            _, *state = module(torch.tensor([[1]], device=device), torch.tensor([pos], device=device), *state)
+            if in_place:
+                serving_step(module, 1, pos, state)
+            else:
+                _, *state = module(torch.tensor([[1]], device=device), torch.tensor([pos], device=device), *state)
     if device == "cuda":
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
@@ -94,7 +137,8 @@ def run_one(name: str, spec: str | None, ctx: int, device: str, dtype: torch.dty
     del module, state
     return {"model": name, "strategy": strategy.label, "ctx": ctx, "dtype": str(dtype).replace("torch.", ""),
             "predicted": {**predicted, "compared": pred}, "measured_bytes": int(measured), "measured": what,
-            "param_bytes": int(param_bytes), "state_bytes": int(state_bytes),
+            "param_bytes": int(param_bytes), "state_bytes": int(state_bytes), "loaded_bytes": loaded,
+            "step": "in place (serving_step)" if in_place else "module forward (returns a new state)",
             "error_pct": round(100.0 * (measured - pred) / pred, 2), "decode_s_per_step": dt / steps}
 
 

@@ -53,3 +53,30 @@ def test_the_modules_keep_every_tensor_on_the_device_of_their_inputs(model, stra
             logits, *new = module(torch.ones((1, c), dtype=torch.int64, device="meta"),
                                   torch.tensor([5], device="meta"), *state)
             assert logits.device.type == "meta" and all(s.device.type == "meta" for s in new)
+        if getattr(module, "fusable", lambda: False)():  # a GPU run steps a plain cache through serving_step
+            assert gpu_baseline.serving_step(module, 1, 5, state).device.type == "meta"
+
+
+def test_the_serving_step_writes_the_cache_in_place_and_computes_what_the_module_computes():
+    """serving_step (what a GPU run uses for a plain cache) against the module's own forward (checked against
+    transformers in tests/test_models_llama.py): same logits over 6 steps, the same cache, and the cache tensors
+    are the ones the caller holds (written in place, no new state)."""
+    from edgekv.arch import catalog_arch
+    from edgekv.strategies import native_strategy, parse_strategy
+
+    torch.manual_seed(0)
+    st = parse_strategy("kv:dtype=fp32")
+    module, _, _ = gpu_baseline.build_module("smollm2-135m", st, 64)
+    assert module.fusable() and native_strategy(catalog_arch("smollm2-135m"))
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, 0.05)
+        ref, mine = module.empty_state(), module.empty_state()
+        ids = id(mine[0]), id(mine[-1])
+        for pos, tok in enumerate([5, 17, 3, 99, 42, 7]):
+            logits, *ref = module(torch.tensor([[tok]]), torch.tensor([pos]), *ref)
+            got = gpu_baseline.serving_step(module, tok, pos, mine)
+            torch.testing.assert_close(got, logits[0, -1], rtol=1e-4, atol=1e-4)
+        assert (id(mine[0]), id(mine[-1])) == ids
+        for a, b in zip(mine, ref):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
