@@ -276,12 +276,13 @@ CHILDREN = {"edgekv": child_edgekv, "hf": child_hf, "llamacpp": child_llamacpp, 
             "bandwidth": child_bandwidth, "hf_folder": child_hf_folder}
 
 
-def run_child(spec: dict, timeout: int) -> dict:
-    """Run one spec in a fresh process; returns its result plus peak RSS, or {"error": one line}."""
+def run_child(spec: dict, timeout: int, script: str = __file__) -> dict:
+    """Run one spec in a fresh process (`script --child SPEC`, which prints `RESULT {json}`); returns its result
+    (here plus peak RSS), or {"error": one line}. benchmarks/profile_ort.py runs its children through it too."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                OMP_NUM_THREADS=str(spec.get("threads", 1)), PYTHONPATH=str(ROOT))
     try:
-        p = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
+        p = subprocess.run([sys.executable, script, "--child", json.dumps(spec)], capture_output=True, text=True,
                            timeout=timeout, env=env, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -30,6 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import decode_speed  # noqa: E402  (its fresh-process runner)
 
 
 def kernel_ms_by_op(events: list[dict], steps: int) -> dict:
@@ -142,17 +143,7 @@ def _generator_loop(spec: dict) -> dict:
 
 
 def run_child(spec: dict, timeout: int = 900) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]), PYTHONPATH=str(ROOT))
-    try:
-        p = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
-                           timeout=timeout, env=env, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout} s"}
-    for line in reversed(p.stdout.splitlines()):
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    lines = [s for s in p.stderr.splitlines() if s.strip()]
-    return {"error": lines[-1][:400] if lines else f"exit code {p.returncode}"}
+    return decode_speed.run_child(spec, timeout, script=__file__)
 
 
 def child_main(spec_json: str) -> None:
