@@ -61,13 +61,11 @@ def test_the_serving_step_writes_the_cache_in_place_and_computes_what_the_module
     """serving_step (what a GPU run uses for a plain cache) against the module's own forward (checked against
     transformers in tests/test_models_llama.py): same logits over 6 steps, the same cache, and the cache tensors
     are the ones the caller holds (written in place, no new state)."""
-    from edgekv.arch import catalog_arch
-    from edgekv.strategies import native_strategy, parse_strategy
+    from edgekv.strategies import parse_strategy
 
     torch.manual_seed(0)
-    st = parse_strategy("kv:dtype=fp32")
-    module, _, _ = gpu_baseline.build_module("smollm2-135m", st, 64)
-    assert module.fusable() and native_strategy(catalog_arch("smollm2-135m"))
+    module, _, _ = gpu_baseline.build_module("smollm2-135m", parse_strategy("kv:dtype=fp32"), 64)
+    assert module.fusable()  # the layouts run_one steps through serving_step
     with torch.no_grad():
         for p in module.parameters():
             p.normal_(0, 0.05)
