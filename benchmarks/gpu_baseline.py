@@ -33,6 +33,8 @@ import torch  # noqa: E402
 
 from edgekv.arch import catalog_arch, catalog_entry  # noqa: E402
 from edgekv.memory import weight_bytes, workspace_bytes  # noqa: E402
+from edgekv.models.head import head, output_weight  # noqa: E402
+from edgekv.models.llama import Llama, rope_cos_sin, rope_inv_freq  # noqa: E402
 from edgekv.strategies import build_layout, native_strategy, parse_strategy  # noqa: E402
 from edgekv.units import parse_ctx_list  # noqa: E402
 
@@ -44,7 +46,7 @@ def build_module(name: str, strategy, ctx: int):
     layout = build_layout(arch, strategy, ctx)
     mt = cfg["model_type"]
     if mt in ("llama", "mistral", "qwen2"):
-        from edgekv.models.llama import Llama, args_from_hf_config
+        from edgekv.models.llama import args_from_hf_config
         return Llama(args_from_hf_config(cfg, name), layout), layout, arch
     if mt in ("mamba", "mamba2"):
         from edgekv.models.mamba import MambaLM, args_from_hf_config
@@ -61,13 +63,9 @@ def serving_step(module, token: int, pos: int, state: list) -> torch.Tensor:
     (tests/test_gpu_baseline.py compares the logits and the state after several steps)."""
     import torch.nn.functional as F
 
-    from edgekv.models.head import head
-
     dev = state[0].device
-    p = torch.tensor([pos], device=dev)
-    freqs = p.float()[:, None] * module.inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]  # [1, 1, D]
+    cos, sin = rope_cos_sin(torch.tensor([pos], device=dev), module.inv_freq)
+    cos, sin = cos[:, None, :], sin[:, None, :]  # [1, 1, D]
     x = module.model.embed_tokens(torch.tensor([[token]], device=dev))
     for i, blk in enumerate(module.model.layers):
         at = blk.self_attn
@@ -79,8 +77,7 @@ def serving_step(module, token: int, pos: int, state: list) -> torch.Tensor:
                                            vc[:, :, :pos + 1], enable_gqa=True).to(q.dtype)  # [1, H, 1, D]
         x = x + at.o_proj(o.permute(0, 2, 1, 3).reshape(1, 1, -1))
         x = x + blk.mlp(blk.post_attention_layernorm(x))
-    w = module.model.embed_tokens.weight if module.lm_head is None else module.lm_head.weight
-    return head(x, module.model.norm, w)[0, -1]
+    return head(x, module.model.norm, output_weight(module.model.embed_tokens, module.lm_head))[0, -1]
 
 
 def run_one(name: str, spec: str | None, ctx: int, device: str, dtype: torch.dtype, steps: int) -> dict:
@@ -100,10 +97,8 @@ def run_one(name: str, spec: str | None, ctx: int, device: str, dtype: torch.dty
             p.normal_(0, 0.02)
         for name_b, b in module.named_buffers():  # non-persistent buffers (rope inverse frequencies) rebuilt
             if "inv_freq" in name_b:
-                from edgekv.models.llama import rope_inv_freq
                 b.copy_(rope_inv_freq(module.args).to(device))
     state = [s.to(device) for s in module.empty_state()]
-    from edgekv.models.llama import Llama
     in_place = isinstance(module, Llama) and module.fusable()  # a plain float cache in every layer
     loaded = torch.cuda.memory_allocated() if device == "cuda" else None
     param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())

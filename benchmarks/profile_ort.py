@@ -50,11 +50,10 @@ def kernel_ms_by_op(events: list[dict], steps: int) -> dict:
 
 def attention_slope(points: list[tuple[int, float]]) -> float:
     """Least-squares slope (ms per cached token) of step ms over position."""
-    n = len(points)
-    mx = sum(p for p, _ in points) / n
-    my = sum(t for _, t in points) / n
-    den = sum((p - mx) ** 2 for p, _ in points)
-    return sum((p - mx) * (t - my) for p, t in points) / den if den else 0.0
+    import numpy as np
+
+    pos, ms = zip(*points)
+    return float(np.polyfit(pos, ms, 1)[0])
 
 
 # ---- the child process: one configuration, fresh ----

@@ -17,3 +17,9 @@ def head(x: torch.Tensor, norm, w: torch.Tensor, rows: torch.Tensor | None = Non
     if rows is not None:
         x = x.index_select(1, rows)
     return F.linear(norm(x), w)
+
+
+def output_weight(embed_tokens, lm_head) -> torch.Tensor:
+    """The output matrix [V, d]: the embedding table when the model ties them (lm_head None), else lm_head's."""
+    return embed_tokens.weight if lm_head is None else lm_head.weight
+

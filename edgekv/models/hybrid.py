@@ -35,7 +35,7 @@ from torch import nn
 from ..arch import Cfg
 from ..errors import EdgekvError
 from ..strategies import StateLayout
-from .head import head
+from .head import head, output_weight
 from .llama import RMSNorm
 from .mamba import Mamba1Mixer, MambaArgs, check_ssm_layout, empty_state, load_folder, load_strict, state_dtype
 from .mla import MoE, _slots, _SwiGLU, stack_experts
@@ -191,7 +191,7 @@ class Jamba(nn.Module):
             x = x + h
             x = x + blk.feed_forward(blk.pre_ff_layernorm(x))
             new_state += [s0, s1]
-        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        w = output_weight(self.model.embed_tokens, self.lm_head)
         return (head(x, self.model.final_layernorm, w, rows), *new_state)
 
 

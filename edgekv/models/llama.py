@@ -52,7 +52,7 @@ from ..arch import LLAMA_EXPORT_TYPES, Cfg, _layer_windows
 from ..errors import EdgekvError
 from ..quant import dequantize, dequantize_planar, planar_order, quantize
 from ..strategies import StateLayout, parse_strategy, per_token_int8
-from .head import head
+from .head import head, output_weight
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 STATE_TORCH = {**TORCH_DTYPES, "int8": torch.int8, "uint8": torch.uint8}
@@ -158,6 +158,13 @@ class RMSNorm(nn.Module):
         else:
             ms = sq.mean(-1, keepdim=True)
         return self.weight * (x32 * torch.rsqrt(ms + self.eps)).to(x.dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [C] -> cos, sin [C, D] for rotate_half RoPE (each frequency twice: the first and second halves)."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # [C, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
 
 
 def rope_inv_freq(a: LlamaArgs) -> torch.Tensor:
@@ -661,9 +668,8 @@ class Llama(nn.Module):
             plans[None] = write, keep, torch.where(allowed, 0.0, float("-inf"))
         for ring in dict.fromkeys(r for r in self.rings if r is not None):
             plans[ring] = ring.plan(pos, positions, g, self.cache_dtype)
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [C, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]  # [C, 1, D]
+        cos, sin = rope_cos_sin(positions, self.inv_freq)
+        cos, sin = cos[:, None, :], sin[:, None, :]  # [C, 1, D]
 
         x = self.model.embed_tokens(tokens)  # [1, C, d]
         new_state = []
@@ -684,5 +690,5 @@ class Llama(nn.Module):
             x = x + h
             x = x + blk.mlp(blk.post_attention_layernorm(x))
             new_state += [*k, *v]
-        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        w = output_weight(self.model.embed_tokens, self.lm_head)
         return (head(x, self.model.norm, w, rows), *new_state)

@@ -51,9 +51,9 @@ from torch import nn
 from ..arch import Cfg
 from ..errors import EdgekvError
 from ..strategies import StateLayout
-from .head import head
+from .head import head, output_weight
 from .llama import MLP as LlamaMLP
-from .llama import RMSNorm, rope_inv_freq, rotate_half
+from .llama import RMSNorm, rope_cos_sin, rope_inv_freq, rotate_half
 from .mamba import STATE_DTYPES, empty_state, load_folder, load_strict
 
 # ---- RoPE for DeepSeek: default or YaRN, on interleaved pairs ----
@@ -388,7 +388,7 @@ class DeepseekV2(nn.Module):
             x = x + h
             x = x + blk.mlp(blk.post_attention_layernorm(x))
             new_state.append(lat)
-        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        w = output_weight(self.model.embed_tokens, self.lm_head)
         return (head(x, self.model.norm, w, rows), *new_state)
 
 
@@ -500,14 +500,8 @@ class ConvertedMLA(nn.Module):
         g = self.args.n_heads // self.args.n_kv_heads
         positions, write, written, allowed = _slots(pos, c, t_slots, repeat=g)
         slots = torch.arange(t_slots, dtype=torch.int64, device=pos.device)
-
-        def cos_sin(p):
-            f = p.float()[:, None] * self.inv_freq[None, :]
-            e = torch.cat((f, f), dim=-1)
-            return e.cos(), e.sin()
-
-        cos, sin = cos_sin(positions)
-        cos_t, sin_t = cos_sin(slots)
+        cos, sin = rope_cos_sin(positions, self.inv_freq)
+        cos_t, sin_t = rope_cos_sin(slots, self.inv_freq)
         x = self.model.embed_tokens(tokens)
         new_state = []
         for i, blk in enumerate(self.model.layers):
@@ -515,7 +509,7 @@ class ConvertedMLA(nn.Module):
             x = x + h
             x = x + blk.mlp(blk.post_attention_layernorm(x))
             new_state.append(lat)
-        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        w = output_weight(self.model.embed_tokens, self.lm_head)
         return (head(x, self.model.norm, w, rows), *new_state)
 
 

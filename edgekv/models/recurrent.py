@@ -65,7 +65,7 @@ from ..arch import Cfg
 from ..errors import EdgekvError
 from ..quant import dequantize, quantize
 from ..strategies import StateLayout
-from .head import head
+from .head import head, output_weight
 from .llama import MLP as LlamaMLP
 from .llama import RMSNorm
 from .mamba import empty_state, load_folder, load_strict, scan_tokens, state_dtype
@@ -197,7 +197,7 @@ class LinearLM(nn.Module):
             x = x + h
             x = x + blk.mlp(blk.post_attention_layernorm(x))
             new_state.append(s)
-        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        w = output_weight(self.embed_tokens, self.lm_head)
         return (head(x, self.norm, w, rows), *new_state)
 
 
