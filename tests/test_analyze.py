@@ -55,9 +55,10 @@ def test_weight_quantization_changes_the_output_but_not_the_state_precision(resu
     assert w["mean_kl"] > res["variants"][0]["mean_kl"]
     assert runner.loaded[2].layout.tensors[1].dtype == "float32"  # fp32 SSM state in the weights-only variant
     # the reference keeps its fp32 weights (loaders may share tensors: fake quantization must not write through)
-    ref_w = runner.ref.module.backbone.layers[0].mixer.x_proj.weight  # input 96: quantized in groups of 32
+    ref_w = runner.ref.module.backbone.layers[0].mixer.x_proj.weight
     var_w = runner.loaded[2].module.backbone.layers[0].mixer.x_proj.weight
-    assert not torch.equal(ref_w, var_w) and ref_w.data_ptr() != var_w.data_ptr()
+    assert type(ref_w) is torch.nn.Parameter and ref_w.dtype == torch.float32
+    assert not torch.equal(ref_w, var_w.dequantize())
 
 
 def test_analytic_prediction_tracks_the_measured_state_error(result):
@@ -101,6 +102,35 @@ def test_plot_and_json_from_the_command(mamba_dir, tmp_path):
 def test_bad_bits_is_one_line(mamba_dir):
     p = run_cli("analyze", "--model", mamba_dir, "--strategy", "ssm", "--bits", "3", "--ctx", "32")
     assert p.returncode == 2 and "--bits 3" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_weight_bits_other_than_an_exports_are_one_line(mamba_dir):
+    p = run_cli("analyze", "--model", mamba_dir, "--strategy", "ssm", "--weight-bits", "3", "--ctx", "32")
+    assert p.returncode == 2 and "--weight-bits" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_the_weights_line_quantizes_as_the_export_does_even_where_the_weights_are_already_int4(gguf_path):
+    """SmolLM2's GGUF is Q4_1: its linears already lie on an asymmetric int4 grid in groups of 32, so rounding them
+    to that grid again changes none of them (what the weights line once did: KL 0 on this model). The export's
+    recipe is symmetric, quantizes the tied output matrix too and rounds activations to int8: the logits move."""
+    from edgekv.analyze.run import fake_quantize_weights
+    from edgekv.models import load_any
+    from edgekv.quant import roundtrip
+
+    ref = load_any(str(gguf_path), parse_strategy("kv:dtype=fp32"), 64)
+    var = load_any(str(gguf_path), parse_strategy("kv:dtype=fp32"), 64)
+    w = ref.module.model.layers[0].self_attn.q_proj.weight
+    assert torch.equal(roundtrip(w, 4, 32), w)  # the trap: asymmetric int4 in groups of 32 is this model's grid
+    fake_quantize_weights(var.module, 4)
+    q = var.module.model.layers[0].self_attn.q_proj.weight.dequantize()
+    assert (q != w).float().mean() > 0.5
+    assert ref.module.lm_head is None and var.module.lm_head is not None  # the output matrix untied and quantized
+    tokens = torch.tensor([list(range(100, 132))])
+    with torch.no_grad():
+        a = ref.module(tokens, torch.tensor([0]), *ref.module.empty_state())[0].log_softmax(-1)
+        b = var.module(tokens, torch.tensor([0]), *var.module.empty_state())[0].log_softmax(-1)
+    kl = (a.exp() * (a - b)).sum(-1).mean().item()
+    assert 1e-3 < kl < 2.0
 
 
 def _by_role(layout, state):

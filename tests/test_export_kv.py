@@ -347,6 +347,19 @@ def test_run_cli_streams_greedy_tokens_with_either_runtime(tiny_export):
     assert texts["ort"].split() == ["w5", "w9", "w33"] + [words[i] for i in gen]
 
 
+def test_run_with_executorch_shows_the_text_and_one_summary_line_only(tiny_export):
+    """A fresh process, as a user runs it: ExecuTorch's C++ log lines from starting its threadpool (cpuinfo's
+    probes of ARM /sys files, the thread count) stay off the terminal; the text goes to stdout, the summary to
+    stderr."""
+    from conftest import run_cli
+
+    for threads in ([], ["--threads", "1"]):
+        p = run_cli("run", tiny_export[1], "--prompt", "w5 w9 w33", "--max-new-tokens", "4", "--runtime",
+                    "executorch", *threads, check=True)
+        assert p.stdout.split()[:3] == ["w5", "w9", "w33"]
+        assert p.stderr.strip().count("\n") == 0 and p.stderr.startswith("[3 prompt tokens"), p.stderr
+
+
 def test_run_cli_on_a_corrupted_export_exits_2_in_one_line(tiny_export, tmp_path):
     d = copy_export(tiny_export, tmp_path)
     with open(d / "model.onnx", "r+b") as f:
@@ -359,12 +372,22 @@ def test_run_cli_on_a_corrupted_export_exits_2_in_one_line(tiny_export, tmp_path
     assert "sha256" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_failed_export_names_its_stage_and_leaves_nothing_behind(tiny_export, tmp_path):
-    out = tmp_path / "bad"
+@pytest.mark.parametrize("name", ["bad", "new/folders/bad"])
+def test_failed_export_names_its_stage_and_leaves_nothing_behind(tiny_export, tmp_path, name):
+    out = tmp_path / name  # folders the export made for --out go again too
     with pytest.raises(EdgekvError, match="stage load.*fp32, fp16"):
         export_model(ExportOptions(model=str(tiny_export[1].parent / "tiny"), strategy="kv:dtype=bf16",
                                    formats=("onnx",), max_ctx=16, out=out), echo=lambda s: None)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_export_makes_the_folders_above_its_out(tiny_export, tmp_path):
+    out = tmp_path / "new" / "folders" / "tiny"
+    manifest = export_model(ExportOptions(model=str(tiny_export[1].parent / "tiny"), strategy="kv:dtype=fp32",
+                                          formats=("onnx",), max_ctx=16, out=out, prefill_chunk=8, verify_steps=4),
+                            echo=lambda s: None)
+    assert load_export(out)["files"] == manifest["files"]
+    assert [p.name for p in out.parent.iterdir()] == ["tiny"]  # no temporary sibling left
 
 
 def test_export_refuses_to_overwrite_without_force(tiny_export):

@@ -37,9 +37,9 @@ def _ints(text: str | None, what: str) -> list[int] | None:
 @click.option("--bits", default=None, help="state bits to compare, comma-separated (kv: 16,8,4,2; ssm: 16,8; "
               "recall: 32 is the fp32 reference, always included)")
 @click.option("--rounding", default="nearest", show_default=True, help="nearest, stochastic, or both: nearest,stochastic")
-@click.option("--weight-bits", default=4, show_default=True, type=click.IntRange(0, 8),
-              help="also measure weights-only and weights+state error at this weight precision (0: skip; "
-              "recall: only when given)")
+@click.option("--weight-bits", default="4", show_default=True, type=click.Choice(["0", "4", "8"]),
+              help="also measure weights-only and weights+state error with the weights quantized as `edgekv export "
+              "--weights int4/int8` quantizes them for the .pte (0: skip; recall: only when given)")
 @click.option("--rank", "ranks", default=None, help="mla: converted ranks to compare, e.g. 64,128,192")
 @click.option("--window", "windows", default=None, help="window: sizes to compare, e.g. 256,512")
 @click.option("--ctx", "ctx_text", default="2k", show_default=True,
@@ -69,6 +69,7 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
     from ..units import parse_ctx
 
     base = parse_strategy(strategy_spec)
+    weight_bits = int(weight_bits)
     ctx, target = parse_ctx(ctx_text), parse_ctx(target_text)
     roundings = [r.strip() for r in rounding.split(",") if r.strip()]
     for r in roundings:

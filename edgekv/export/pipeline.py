@@ -168,8 +168,6 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
     out = Path(opts.out)
     if out.exists() and not opts.force:
         raise EdgekvError(f"{out} already exists (pass --force to replace it)")
-    if not out.parent.exists():
-        raise EdgekvError(f"cannot write {out}: folder {out.parent} does not exist")
     strategy = parse_strategy(opts.strategy)
     if strategy.name not in EXPORTABLE:
         raise EdgekvError(f"strategy {strategy.name} is planned but not exported (exportable: {', '.join(EXPORTABLE)})")
@@ -188,9 +186,11 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
     names += [f"verify-{f}" for f in opts.formats if not (quantized and f == "onnx")]
     names += [f"verify-quant-{f}" for f in opts.formats if quantized] + ["manifest", "publish"]
     st = Stages(names, echo, status)
+    made = _make_parents(out)  # --out export/NAME from any folder, as other exporters do; removed again on failure
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
+    published = False
     try:
         manifest = _run(opts, strategy, st, tmp, mf, __version__)
         with st.stage("publish", str(out)):
@@ -199,9 +199,30 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
                 out.rename(old)
             tmp.rename(out)
             shutil.rmtree(old, ignore_errors=True)
+        published = True
         return manifest
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if not published:
+            for d in made:  # innermost first; only folders this call made, and only while empty
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
+
+
+def _make_parents(out: Path) -> list[Path]:
+    """Create out's missing parent folders; return the ones made, innermost first."""
+    made = []
+    p = out.parent
+    while not p.exists():
+        made.append(p)
+        p = p.parent
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise EdgekvError(f"cannot write {out}: {e.strerror or e}") from None
+    return made
 
 
 def nudged_quantized(module, weights: str):

@@ -262,6 +262,28 @@ def release_file_pages(path: Path, sparse: bool = False) -> int:
     return released
 
 
+class quiet_native_stderr:
+    """Discard what native code writes to file descriptor 2 inside the block. ExecuTorch's runtime logs from C++
+    (ET_LOG) when its threadpool starts: cpuinfo's probes of ARM-only /sys files on x86 and the thread count, five
+    lines on a user's terminal between generated tokens that say nothing about the run."""
+
+    def __enter__(self):
+        import sys
+        import tempfile
+
+        sys.stderr.flush()
+        self._saved = os.dup(2)
+        self._sink = tempfile.TemporaryFile()
+        os.dup2(self._sink.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._sink.close()
+        return False
+
+
 class PteStepper(Stepper):
     """ExecuTorch through its pybindings' Program / Method objects: a `forward` method with a dynamic token axis
     (1..max_tokens), or a fixed-size `prefill` and a one-token `decode`. Outputs are taken without the runtime's
@@ -286,8 +308,10 @@ class PteStepper(Stepper):
         import torch  # the ExecuTorch Python runtime takes torch tensors
         from executorch.extension.pybindings import portable_lib
 
-        if threads:
-            portable_lib._unsafe_reset_threadpool(threads)  # XNNPACK's threadpool is process-wide
+        with quiet_native_stderr():
+            if threads:
+                portable_lib._unsafe_reset_threadpool(threads)  # XNNPACK's threadpool is process-wide
+            pool_threads = portable_lib._threadpool_get_thread_count()
         self.torch = torch
         a = entry(manifest, "pte")
         where = folder / a["file"]
@@ -300,7 +324,7 @@ class PteStepper(Stepper):
             # in this Python build the llama:: kernels parallelise with torch's OpenMP pool, not XNNPACK's: two pools
             # of 2 threads on 2 busy cores made a 32-token prefill 5-30x slower (0.57 s -> 4-17 s, SmolLM2, 1
             # XNNPACK thread, OMP_NUM_THREADS=2 vs 1), so torch gets as many threads as XNNPACK
-            torch.set_num_threads(threads or portable_lib._threadpool_get_thread_count())
+            torch.set_num_threads(threads or pool_threads)
         try:
             self.program = portable_lib._load_program(
                 str(where), enable_etdump=etdump,

@@ -105,18 +105,28 @@ def quantize_module(module, weights: str) -> dict:
     done, for the manifest."""
     import contextlib
     import io
+    import logging
 
     from torch import nn
 
     if weights == "fp32":
         return {"dtype": "float32"}
-    with contextlib.redirect_stderr(io.StringIO()):  # torchao lists its optional CUDA kernels on first import
-        from torchao.quantization import quantize_
-    config = torchao_config(weights)
-    untied = untie_head(module)
-    linears = {n: m for n, m in module.named_modules() if isinstance(m, nn.Linear)}
-    take = {n for n, m in linears.items() if m.in_features % GROUP == 0}
-    quantize_(module, config, filter_fn=lambda m, fqn: fqn in take)
+    # torchao lists its optional CUDA kernels on first import (stderr), and registering its KernelPreference enum
+    # makes torch's pytree log a deprecation warning (torch.utils._pytree, a logger whose handler kept the original
+    # stderr): neither concerns the user
+    pytree_log = logging.getLogger("torch.utils._pytree")
+    level = pytree_log.level
+    pytree_log.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            from torchao.quantization import quantize_
+        config = torchao_config(weights)
+        untied = untie_head(module)
+        linears = {n: m for n, m in module.named_modules() if isinstance(m, nn.Linear)}
+        take = {n for n, m in linears.items() if m.in_features % GROUP == 0}
+        quantize_(module, config, filter_fn=lambda m, fqn: fqn in take)
+    finally:
+        pytree_log.setLevel(level)
     return {"dtype": weights, "tool": f"torchao {_version('torchao')} quantize_",
             "scheme": type(config).__name__ + _describe_config(config),
             "linears_quantized": len(take), "linears_kept_fp32": sorted(set(linears) - take),
