@@ -159,7 +159,11 @@ def test_converted_mla_records_its_factorisation_error(models, tmp_path):
     from safetensors.torch import load_file
 
     _, folder = models("llama")
-    m = export(folder, "mla:rank=20,dtype=fp32", tmp_path / "mla", formats=("onnx",))
+    r = CliRunner().invoke(cli, ["export", "--model", str(folder), "--strategy", "mla:rank=20,dtype=fp32", "--format",
+                                 "onnx", "--max-ctx", str(MAX_CTX), "--prefill-chunk", str(CHUNK), "--verify-steps",
+                                 str(STEPS), "--threads", "1", "--out", str(tmp_path / "mla")])
+    assert r.exit_code == 0, r.output
+    m = load_export(tmp_path / "mla")
     sd = load_file(str(folder / "model.safetensors"))
     want = []
     for i in range(MODELS["llama"]["num_hidden_layers"]):
@@ -170,6 +174,8 @@ def test_converted_mla_records_its_factorisation_error(models, tmp_path):
     assert np.allclose(m["strategy"]["factorisation_error"], want, rtol=1e-4)
     assert 0 < min(want) and max(want) < 1
     assert m["verification"]["onnx"]["passed"]
+    hi = int(np.argmax(want))  # and the command says so
+    assert f"highest {want[hi]:.3f} (layer {hi})" in r.stdout, r.stdout
 
 
 def test_onnx_weights_live_in_external_data_and_a_tied_head_packs_from_the_table(tmp_path):
