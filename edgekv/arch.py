@@ -690,6 +690,9 @@ def catalog_names() -> list[str]:
 
 def catalog_entry(name: str) -> dict:
     p = CATALOG_DIR / f"{name.lower()}.json"
+    if not p.is_file() and ("/" in name or "\\" in name or name.lower().endswith((".json", ".gguf"))):
+        raise EdgekvError(f"{name}: no such file or folder (a model is a catalog name, a config.json, an HF model "
+                          "folder or a .gguf file, on this machine: nothing is downloaded; `edgekv models` lists the catalog)")
     if not p.is_file():
         raise EdgekvError(f"unknown model {name!r}; catalog models: {', '.join(catalog_names())} "
                           f"(or pass a config.json, an HF model folder or a .gguf file)")

@@ -19,6 +19,8 @@ def test_demo_command_prints_the_pixel8_table():
     (["plan", "--device", "pixel8", "--ctx", "-5"], "not a token count"),
     (["plan", "--device", "pixel8", "--ctx", "1e9"], "not a token count"),
     (["plan", "--device", "pixel8", "--ctx", "4k", "--model", "gpt-5"], "unknown model"),
+    (["plan", "--device", "pixel8", "--ctx", "4k", "--model", "./my-model/"], "./my-model/: no such file or folder"),
+    (["plan", "--device", "pixel8", "--ctx", "4k", "--model", "HuggingFaceTB/SmolLM2-135M"], "nothing is downloaded"),
     (["plan", "--device", "pixel8", "--ctx", "4k", "--strategy", "magic"], "unknown strategy"),
     (["plan", "--device", "pixel8", "--ctx", "4k", "--strategy", "window:w=x"], "must be a non-negative integer"),
     (["baseline", "--device", "pixel8"], "not a datacenter GPU"),
