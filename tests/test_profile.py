@@ -92,6 +92,35 @@ def test_a_budget_too_small_is_demonstrated_not_assumed(export_dir):
     assert run["status"] == "exceeded" and run["fits"] is False and "reached_step" in run
 
 
+def test_a_peak_inside_one_call_that_holds_the_gil_is_still_caught():
+    """The watchdog thread cannot sample while one C call holds the GIL (as ExecuTorch's load and method calls do);
+    the check after each call reads the kernel's high-water mark, which saw the peak. Here the call is CPython's
+    bytes repetition: 300 MB written and freed under the GIL, with the watchdog running and a limit 150 MB above."""
+    import subprocess
+    import sys
+
+    code = """
+import threading, time
+from edgekv.profile import child
+from edgekv.profile.procmem import hwm, reset_hwm, rss
+reset_hwm()
+out = {"status": "ok"}
+limit = max(rss(), hwm()) + 150_000_000
+threading.Thread(target=child._watchdog, args=(limit, out), daemon=True).start()
+time.sleep(0.05)
+x = b"x" * 300_000_000
+del x
+time.sleep(0.05)
+seen_by_watchdog = out["status"] != "ok"
+child._check_peak(limit, out)
+print("not caught", seen_by_watchdog)
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 3, p.stdout + p.stderr
+    rep = json.loads(p.stdout.strip().splitlines()[-1])
+    assert rep["status"] == "exceeded" and rep["peak_bytes"] > rep["limit_bytes"]
+
+
 def test_adb_without_a_device_is_one_line(export_dir):
     p = run_cli("profile", export_dir, "--adb")
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr

@@ -82,8 +82,10 @@ def profile_table(report: dict) -> None:
         t.add_column(col, justify="right" if col not in ("fits", "status") else "left")
     for r in report["runs"]:
         m = r.get("measured_bytes")
-        t.add_row(str(r["ctx"]), fmt_bytes(r["predicted_bytes"], "MB", 1), fmt_bytes(m, "MB", 1) if m else "-",
-                  f"{r['error_pct']:+.1f}%" if r.get("error_pct") is not None else "-",
+        stopped = r.get("status") == "exceeded"  # its peak is where it was stopped: a lower bound, no error to show
+        t.add_row(str(r["ctx"]), fmt_bytes(r["predicted_bytes"], "MB", 1),
+                  (">= " if stopped else "") + fmt_bytes(m, "MB", 1) if m else "-",
+                  f"{r['error_pct']:+.1f}%" if r.get("error_pct") is not None and not stopped else "-",
                   fmt_bytes(r["runtime_baseline_bytes"], "MB", 1) if r.get("runtime_baseline_bytes") else "-",
                   f"{r['tokens_per_s']:.1f}" if r.get("tokens_per_s") else "-",
                   f"{r['roofline_tokens_per_s']:.1f}" if r.get("roofline_tokens_per_s") else "-",
@@ -100,7 +102,9 @@ def profile_table(report: dict) -> None:
             c.print(f"ctx {r['ctx']}: the median of {len(m)} fresh processes (measured {fmt_bytes(min(m), 'MB', 1)} "
                     f"to {fmt_bytes(max(m), 'MB', 1)})")
     c.print("MB = 1e6 bytes. measured = peak RSS (VmHWM) - the runtime's baseline RSS, each run in a fresh process; "
-            "predicted = the planner's weights + state (+ workspace); roofline = bandwidth / (weights + state bytes).")
+            "predicted = the planner's weights + state (+ workspace); roofline = bandwidth / (weights + state bytes)."
+            + (" >= : the run was stopped there, over its budget (the step it reached is in status)."
+               if any(r.get("status") == "exceeded" for r in report["runs"]) else ""))
 
 
 # ---- on a phone, through the demo app ----
