@@ -62,10 +62,13 @@ final class ExecuTorchBackend implements Backend<ByteBuffer> {
             throw new EdgekvException(program + ": ExecuTorch cannot load it (" + e.getMessage() + ")", e);
         }
         for (Manifest.EntryPoint ep : a.entryPoints) {
-            int err = module.loadMethod(ep.name);
-            if (err != 0) {
-                throw new EdgekvException(program + ": method '" + ep.name + "' failed to load (ExecuTorch error 0x"
-                        + Integer.toHexString(err) + ")");
+            // executorch-android 1.5 (Module.kt): loadMethod returns nothing and throws ExecutorchRuntimeException
+            // (a RuntimeException carrying the error code in its message) where older releases returned the code
+            try {
+                module.loadMethod(ep.name);
+            } catch (RuntimeException e) {
+                throw new EdgekvException(program + ": method '" + ep.name + "' failed to load (" + e.getMessage()
+                        + ")", e);
             }
         }
         for (int i = 0; i < m.state.size(); i++) {

@@ -179,7 +179,9 @@ final class OrtBackend implements Backend<OnnxTensor> {
             FloatBuffer all = logits.getFloatBuffer(); // a copy of [1, padded, vocab]
             int vocab = manifest.vocab;
             last = new float[vocab];
-            all.position(call.lastRowIndex() * vocab); // [1, 1, vocab], or [1, padded, vocab]
+            // [1, 1, vocab], or [1, padded, vocab]; through Buffer: JDK 9+ declares a covariant FloatBuffer.position,
+            // a method older Android releases do not have
+            ((java.nio.Buffer) all).position(call.lastRowIndex() * vocab);
             all.get(last);
         } finally {
             logits.close();
