@@ -104,7 +104,7 @@ def test_a_tiny_run_writes_rows_for_every_selection_even_failing_ones(tmp_path):
 @pytest.mark.slow
 def test_edgekv_onnx_artifact_and_transformers_pick_the_same_greedy_tokens(tmp_path):
     # exports the tiny fixture (about a minute on 2 cores), then both runtimes decode the same prompt
-    r = ds.main(["--model", str(TINY), "--only", "edgekv-ort:kv:dtype=fp32,hf:dynamic", "--ctx", "128",
+    r = ds.main(["--model", str(TINY), "--only", "edgekv-ort:kv:dtype=fp32/fp32,hf:dynamic", "--ctx", "128",
                  "--threads", "1", "--prompt-tokens", "40", "--new-tokens", "16", "--bw-mib", "8", "--bw-runs", "2",
                  "--work", str(tmp_path / "work"), "--out", str(tmp_path / "speed.json")])
     ort, hf = r["rows"]

@@ -67,8 +67,9 @@ def _watchdog(limit: int, out: dict):
 
 def _check_peak(limit: int | None, out: dict):
     """After each runtime call: the kernel's high-water mark. A peak inside a call that holds the GIL is invisible
-    to the watchdog thread (SmolLM2 kv fp16 .pte at 1k under a 1 GB budget: 966 MB after loading, 1040 MB at
-    the peak of its calls, and the run was once reported "ok" beside fits "no"); VmHWM still records it."""
+    to the watchdog thread (SmolLM2 kv fp16 .pte at 1k under a 1 GB budget: 966 MB after loading, 1040 MB while
+    XNNPACK packed its weights during the load, and the run was once reported "ok" beside fits "no"); VmHWM still
+    records it."""
     if limit:
         peak = hwm()
         if peak > limit:
