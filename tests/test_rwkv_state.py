@@ -119,10 +119,13 @@ def test_the_module_refuses_a_layout_it_does_not_keep():
 @pytest.mark.parametrize("fmt", ["onnx", pytest.param("pte", marks=pytest.mark.slow)])  # pte: ~4 min on 2 cores
 def test_int8_state_round_trips_through_the_export(fmt, tmp_path):
     """The exported program reads and writes the int8 state; verify steps it against the eager module (ONNX
-    measured: logit diff 1.2e-5 at scale 14.9, state diff 3e-6; pte: 2.0e-4, 4e-6)."""
+    measured: logit diff 1.2e-5 at scale 14.9, state diff 3e-6; pte: 1.0e-2)."""
     pytest.importorskip("onnxruntime" if fmt == "onnx" else "executorch")
+    import numpy as np
     from click.testing import CliRunner
     from edgekv.export.cli import cli
+    from edgekv.export.runtime import EagerStepper, open_stepper, state_as_numpy
+    from edgekv.models import load_any
 
     out = tmp_path / "rwkv-int8"
     r = CliRunner().invoke(cli, ["export", "--model", str(FIXTURE), "--strategy", "linear:state_dtype=int8",
@@ -134,5 +137,28 @@ def test_int8_state_round_trips_through_the_export(fmt, tmp_path):
     v = m["verification"][fmt]
     assert v["passed"], v
     assert v["top1_agreement"] >= 0.95
-    # the int8 codes the runtime wrote are the eager module's (a code off by one would differ by a whole scale step)
-    assert v["state_max_abs_diff"] < 1e-3, v
+
+    # the int8 codes the runtime wrote are the eager module's, value by value. Not all of them, bit for bit: the
+    # state is rounded again at every call, so where the eager value lies within a runtime's last bit of a rounding
+    # boundary the two round apart, and a channel that hardly decays (den, an integrator) keeps that step and may
+    # gain another later. Measured on a Sapphire Rapids host (XNNPACK): layer 3's den channel 70 read 79.49992
+    # steps in eager after the 4th 32-token call, the .pte rounded it to 80, eager to 79, 22 token calls later 71
+    # against 69: 1 code of 3,072 off, by 2 steps (ONNX: none). A wrong write (scale, rounding rule, row order)
+    # moves most codes by many steps.
+    art = open_stepper(out, m, "ort" if fmt == "onnx" else "executorch", threads=1)
+    ref = EagerStepper(m, load_any(str(FIXTURE), parse_strategy("linear:dtype=int8"), 256).module,
+                       chunk=art.chunk, tail=art.tail, max_chunk=art.max_chunk)
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, 100, 150)]
+    a, e = art.prefill(prompt), ref.prefill(prompt)
+    for pos in range(len(prompt), len(prompt) + 40):  # teacher-forced by eager, as verify does
+        nxt = int(e[-1].argmax())
+        a, e = art.step([nxt], pos), ref.step([nxt], pos)
+    codes, off = 0, []
+    for spec, x, y in zip(m["state"]["tensors"], state_as_numpy(art), state_as_numpy(ref)):
+        x, y = x.astype(np.float32), y.astype(np.float32)
+        if spec["dtype"] == "int8":
+            codes += x.size
+            off += list(np.abs(x - y)[x != y])
+        else:  # the scales and the fp32 max row
+            np.testing.assert_allclose(x, y, rtol=1e-3, atol=1e-4, err_msg=spec["input"])
+    assert len(off) <= codes // 100 and max(off, default=0) <= 4, (len(off), codes, off)
