@@ -76,3 +76,16 @@ def test_explain_shows_formulas_and_sources():
     p = run_cli("plan", "--device", "pixel8", "--ctx", "32k", "--model", "llama-3.2-1b", "--strategy", "kv",
                 "--explain", check=True)
     assert "state tensors" in p.stdout and "FLOP" in p.stdout and "overhead" in p.stdout
+
+
+def test_every_command_takes_json_and_help():
+    """The README: every command takes --json and --help (the options click registered, not the help text)."""
+    from edgekv.cli import main
+
+    assert set(main.commands) >= {"plan", "baseline", "devices", "models", "export", "run", "analyze", "profile",
+                                  "report", "ring"}
+    for name, cmd in main.commands.items():
+        opts = {o for p in cmd.params for o in getattr(p, "opts", [])}
+        assert "--json" in opts, name
+    p = run_cli("report", "--help", check=True)
+    assert "--json" in p.stdout

@@ -340,6 +340,11 @@ def test_run_cli_streams_greedy_tokens_with_either_runtime(tiny_export):
         assert r.exit_code == 0, r.output
         texts[rt] = r.stdout.strip()
     assert texts["ort"] == texts["executorch"]
+    # --json: one object when done, the same text and the token ids
+    r = CliRunner().invoke(cli, ["run", str(out), "--prompt", "w5 w9 w33", "--max-new-tokens", "6", "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["runtime"] == "ort" and data["prompt"] + data["text"] == texts["ort"] and data["new_tokens"] == 6
     # the same greedy continuation transformers generates (word w{i} is token id i + 3)
     gen = ref.generate(torch.tensor([[8, 12, 36]]), max_new_tokens=6, do_sample=False, eos_token_id=2,
                        pad_token_id=0)[0, 3:].tolist()

@@ -20,9 +20,17 @@ def export_dir(tmp_path_factory):
                                  num_attention_heads=4, num_key_value_heads=2,
                                  max_position_embeddings=4096)).save_pretrained(src)
     out = tmp_path_factory.mktemp("exp") / "tiny"
-    run_cli("export", "--model", src, "--strategy", "kv", "--format", "onnx", "--max-ctx", "512", "--out", out,
-            check=True)
+    p = run_cli("export", "--model", src, "--strategy", "kv", "--format", "onnx", "--max-ctx", "512", "--out", out,
+                "--json", check=True)
+    (out.parent / "export.stdout").write_text(p.stdout)
     return out
+
+
+def test_export_json_is_the_manifest_it_wrote(export_dir):
+    """`export --json`: stdout is one JSON object (progress on stderr), the manifest as written to the folder."""
+    printed = json.loads((export_dir.parent / "export.stdout").read_text())
+    assert printed["out"] == str(export_dir)
+    assert printed["manifest"] == json.loads((export_dir / "manifest.json").read_text())
 
 
 def test_proc_status_parsing_by_hand():
@@ -133,8 +141,18 @@ def test_report_page_has_plan_measurement_and_baseline(export_dir, tmp_path):
     assert "Plan on Google Pixel 8" in page or "plan on Google Pixel 8" in page
     assert "users per GPU" in page and "Measured on this host" in page and "data:image/png;base64" in page
     md = tmp_path / "report.md"
-    run_cli("report", export_dir, "--out", md, check=True)
+    p = run_cli("report", export_dir, "--out", md, "--json", check=True)
     assert "## Datacenter baseline" in md.read_text()
+    # --json: what the page shows, as data; its plan row is the one `edgekv plan` computes for that deployment
+    data = json.loads(p.stdout)
+    assert data["out"] == str(md) and data["ctx"] == 512
+    assert data["baseline"]["gpu"] == "NVIDIA H100 SXM5 80 GB" and data["baseline"]["users"] >= 1
+    assert [r["ctx"] for r in data["profile"]["runs"]] == [256, 512]
+    src = json.loads((export_dir / "manifest.json").read_text())["model"]["source"]
+    plan = json.loads(run_cli("plan", "--device", "pixel8", "--ctx", "512", "--model", src, "--strategy",
+                              data["strategy"], "--weights", "fp32", "--runtime", "onnxruntime", "--json",
+                              check=True).stdout)["options"]
+    assert len(plan) == 1 and {**plan[0], "device": "Google Pixel 8"} == data["plan"]
 
 
 def test_the_ort_prefill_call_size_is_the_one_the_export_recorded(export_dir):

@@ -58,8 +58,11 @@ def _need(module: str) -> None:
 @click.option("--threads", type=click.IntRange(1), default=None,
               help="compute threads for tracing and verification (torch, ONNX Runtime, XNNPACK); on a machine "
               "shared with other jobs, 1 avoids thread-barrier stalls")
+@click.option("--json", "as_json", is_flag=True,
+              help="print one JSON object, {\"out\", \"manifest\"} (the manifest as written), instead of the summary; "
+              "progress stays on stderr")
 def export_cmd(model, strategy, rank, window, formats, max_ctx, out, prefill_chunk, verify_steps, force, weights,
-               threads):
+               threads, as_json):
     """Export a model's decode step (state as explicit inputs/outputs) to ONNX and/or ExecuTorch, verify it
     against eager PyTorch, and write manifest.json + tokenizer.json beside it."""
     from pathlib import Path
@@ -79,6 +82,10 @@ def export_cmd(model, strategy, rank, window, formats, max_ctx, out, prefill_chu
     console = Console(stderr=True)
     status = (lambda line: console.status(line)) if console.is_terminal else None
     m = export_model(opts, echo=lambda s: click.echo(s, err=True), status=status)
+    if as_json:
+        from ..render import print_json
+        print_json({"out": str(opts.out), "manifest": m})
+        return
     click.echo(f"wrote {out}: " + ", ".join(f"{n} ({fmt_bytes(f['bytes'], 'MB')})" for n, f in m["files"].items()))
     click.echo(f"state: {m['state']['strategy']} at max_ctx {m['max_ctx']}: {fmt_bytes(m['state']['bytes'], 'MiB')}"
                f" ({len(m['state']['tensors'])} tensors)")
@@ -105,7 +112,9 @@ def export_cmd(model, strategy, rank, window, formats, max_ctx, out, prefill_chu
               help="default: ort when the export has an ONNX model, else executorch")
 @click.option("--threads", type=click.IntRange(1), default=None,
               help="compute threads (ONNX Runtime intra-op, ExecuTorch XNNPACK threadpool); default: the runtime's")
-def run_cmd(folder, prompt, max_new_tokens, runtime, threads):
+@click.option("--json", "as_json", is_flag=True,
+              help="print one JSON object when done (text, token ids, prefill / decode speed) instead of streaming")
+def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json):
     """Greedy generation from an export folder: its runtime, manifest and tokenizer only (hashes checked)."""
     from .generate import generate, open_export
 
@@ -113,6 +122,11 @@ def run_cmd(folder, prompt, max_new_tokens, runtime, threads):
         _need(module)  # torch first, as in export
     _quiet()
     manifest, stepper, tok = open_export(folder, runtime, threads)
+    if as_json:
+        from ..render import print_json
+        r = generate(manifest, stepper, tok, prompt, max_new_tokens)
+        print_json({"folder": str(folder), "runtime": stepper.runtime, "threads": threads, "prompt": prompt, **r})
+        return
     r = generate(manifest, stepper, tok, prompt, max_new_tokens, emit=lambda s: click.echo(s, nl=False),
                  after_prefill=lambda: click.echo(prompt, nl=False))
     click.echo()

@@ -56,6 +56,7 @@ class Stepper:
     # / 35 s. A call's scores are H x C x max_ctx fp32, so memory grows with C; every call also handles the whole
     # state, so speed grows with C too, but 512 buys 1.5x for +1.3 GB where 128 buys 2.6x over 32 for +0.28 GB
     max_chunk: int = 128
+    runtime: str = ""  # what `edgekv run --runtime` calls it
 
     def __init__(self, manifest: dict):
         self.manifest = manifest
@@ -124,6 +125,8 @@ class OrtStepper(Stepper):
     SmolLM2 decode speed unchanged within noise, 7.0 vs 7.2 tok/s at 1 thread), so memory is what one
     call needs, which is what the planner predicts (benchmarks/plan_accuracy.py). An app should set the same two
     options (SessionOptions.enable_cpu_mem_arena / enable_mem_pattern = false); the manifest's deployment says so."""
+
+    runtime = "ort"
 
     def __init__(self, manifest: dict, folder: Path, threads: int | None = None, spin: bool = True,
                  lean: bool = True):
@@ -304,6 +307,8 @@ class PteStepper(Stepper):
     registered by importing their libraries before loading. etdump=True records ExecuTorch's per-operator profile
     (write_etdump; benchmarks/profile_pte.py)."""
 
+    runtime = "executorch"
+
     def __init__(self, manifest: dict, folder: Path, threads: int | None = None, etdump: bool = False):
         import torch  # the ExecuTorch Python runtime takes torch tensors
         from executorch.extension.pybindings import portable_lib
@@ -396,6 +401,8 @@ class PteStepper(Stepper):
 
 class EagerStepper(Stepper):
     """The torch module behind the same interface (verify's reference); `chunk` mirrors the artifact's calls."""
+
+    runtime = "torch"
 
     def __init__(self, manifest: dict, module, chunk: int | None = None, tail: str = "pad",
                  max_chunk: int | None = None):

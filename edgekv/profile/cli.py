@@ -165,8 +165,15 @@ def adb_profile(folder: Path, ctxs: list[int], steps: int, runtime: str, serial:
 @click.option("--ctx", "ctx_text", default=None, help="context for the plan and the baseline (default: max_ctx)")
 @click.option("--profile", "profile_json", type=click.Path(exists=True, dir_okay=False),
               help="an `edgekv profile --out` JSON to include (default: run a quick profile now)")
-def report(export_dir, out, device_name, gpu_name, ctx_text, profile_json):
+@click.option("--json", "as_json", is_flag=True,
+              help="also print what the page shows as one JSON object: {\"out\", \"plan\", \"profile\", \"analyzer\", "
+              "\"baseline\", ...}")
+def report(export_dir, out, device_name, gpu_name, ctx_text, profile_json, as_json):
     """One page: the plan, the measured profile, the analyzer's quality curve and the H100 baseline, side by side."""
     from .page import build_report
-    path = build_report(Path(export_dir), out, device_name, gpu_name, ctx_text, profile_json)
-    click.echo(f"report written to {path}")
+    path, data = build_report(Path(export_dir), out, device_name, gpu_name, ctx_text, profile_json)
+    if as_json:
+        from ..render import print_json
+        print_json(data)
+    else:
+        click.echo(f"report written to {path}")

@@ -82,7 +82,8 @@ def _figures(prof: dict, fit: dict | None, measured_ctx: int | None) -> dict[str
 
 
 def build_report(folder: Path, out: str | None, device_name: str, gpu_name: str, ctx_text: str | None,
-                 profile_json: str | None) -> Path:
+                 profile_json: str | None) -> tuple[Path, dict]:
+    """Writes the page; returns its path and what it shows, as data (`edgekv report --json`)."""
     from ..devices import load_device
     from ..export.manifest import load_export
     from ..plan import deployment, plan_one, serve
@@ -137,7 +138,10 @@ def build_report(folder: Path, out: str | None, device_name: str, gpu_name: str,
     tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, target)
-    return target
+    data = {"out": str(target), "artifact": str(folder), "model": arch.name, "strategy": strategy.label, "ctx": ctx,
+            "plan": {"device": phone.name, **row.to_json()}, "profile": prof, "analyzer": meas,
+            "baseline": {"gpu": gpu.name, **base.to_json(), "assumptions": base.assumptions}}
+    return target, data
 
 
 PROFILE_COLS = ("ctx", "predicted", "measured", "error", "tok/s", "roofline tok/s", "fits")
