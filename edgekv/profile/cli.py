@@ -29,13 +29,15 @@ REMOTE_REPORT = f"/sdcard/Android/data/{APP}/files/report.json"
 @click.option("--limit", "limit_text", default=None, help="memory budget for the run, e.g. 600MB: a run above it is "
               "stopped and reported with the step it reached")
 @click.option("--device", "device_name", default=None, help="use this device profile's app budget as --limit")
-@click.option("--threads", default=None, type=click.IntRange(1, 256))
+@click.option("--threads", default=None, type=click.IntRange(1, 256),
+              help="compute threads (ONNX Runtime intra-op, ExecuTorch XNNPACK threadpool); default: the runtime's")
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(1, 50),
               help="fresh processes per context; the run with the median memory is reported, with every run's "
                    "measured bytes (measured_bytes_runs)")
 @click.option("--adb", "use_adb", is_flag=True, help="run on an attached Android phone through the demo app")
 @click.option("--serial", default=None, help="adb device serial (with --adb)")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="print the report as JSON (the schema the Android app writes too: edgekv/profile/report.schema.json)")
 @click.option("--out", type=click.Path(dir_okay=False), help="also write the report JSON here")
 def profile(export_dir, ctx_text, steps, runtime, limit_text, device_name, threads, repeats, use_adb, serial, as_json,
             out):
