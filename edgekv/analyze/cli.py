@@ -17,6 +17,7 @@ import time
 import click
 
 from ..errors import EdgekvError
+from . import WEIGHT_BITS
 
 
 def _ints(text: str | None, what: str) -> list[int] | None:
@@ -37,7 +38,7 @@ def _ints(text: str | None, what: str) -> list[int] | None:
 @click.option("--bits", default=None, help="state bits to compare, comma-separated (kv: 16,8,4,2; ssm: 16,8; "
               "recall: 32 is the fp32 reference, always included)")
 @click.option("--rounding", default="nearest", show_default=True, help="nearest, stochastic, or both: nearest,stochastic")
-@click.option("--weight-bits", default="4", show_default=True, type=click.Choice(["0", "4", "8"]),
+@click.option("--weight-bits", default="4", show_default=True, type=click.Choice(["0", *map(str, WEIGHT_BITS)]),
               help="also measure weights-only and weights+state error with the weights quantized as `edgekv export "
               "--weights int4/int8` quantizes them for the .pte (0: skip; recall: only when given)")
 @click.option("--rank", "ranks", default=None, help="mla: converted ranks to compare, e.g. 64,128,192")

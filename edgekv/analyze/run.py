@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import EdgekvError
+from . import WEIGHT_BITS
 from ..strategies import DEFAULTS, Strategy, parse_strategy
 
 
@@ -109,9 +110,6 @@ def fake_quantize_weights(module: torch.nn.Module, bits: int) -> None:
     # quantize_ swaps each weight for a new quantized tensor (never writes into the old one): loaders may share
     # weight tensors between the reference and the variants
     quantize_module(module, f"int{bits}")
-
-
-WEIGHT_BITS = (8, 4)  # the integer precisions of `edgekv export --weights`
 
 
 def check_variant_changes_something(model: str, ref, variant: Variant, loaded) -> None:
