@@ -176,6 +176,7 @@ def test_converted_mla_records_its_factorisation_error(models, tmp_path):
     assert m["verification"]["onnx"]["passed"]
     hi = int(np.argmax(want))  # and the command says so
     assert f"highest {want[hi]:.3f} (layer {hi})" in r.stdout, r.stdout
+    assert f"median {np.median(want):.3f}," in r.stdout, r.stdout
 
 
 def test_onnx_weights_live_in_external_data_and_a_tied_head_packs_from_the_table(tmp_path):

@@ -91,10 +91,11 @@ def export_cmd(model, strategy, rank, window, formats, max_ctx, out, prefill_chu
                f" ({len(m['state']['tensors'])} tensors)")
     errors = m["strategy"].get("factorisation_error")
     if errors:  # a GQA model converted to MLA: how much of each layer's [W_k; W_v] the rank keeps
+        import statistics
         order = sorted(range(len(errors)), key=errors.__getitem__)
         lo, hi = order[0], order[-1]
         click.echo(f"factorisation error ||W - W_up W_down|| / ||W|| of [W_k; W_v] at rank {m['strategy']['rank']}: "
-                   f"median {sorted(errors)[len(errors) // 2]:.3f}, lowest {errors[lo]:.3f} (layer {lo}), highest "
+                   f"median {statistics.median(errors):.3f}, lowest {errors[lo]:.3f} (layer {lo}), highest "
                    f"{errors[hi]:.3f} (layer {hi}); every layer's in manifest.json strategy.factorisation_error")
     for fmt, v in m["verification"].items():
         click.echo(f"verified {fmt}: max |logit diff| {v['max_abs_diff']:.2e} (scale {v['logit_scale']:.1f}), "
