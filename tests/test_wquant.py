@@ -352,8 +352,8 @@ def test_smollm2_int8_and_int4_pass_verify_quant_in_both_runtimes(tmp_path):
     # SmolLM2's weights come from a Q4_1 GGUF, and symmetric int4 rounds them a second time. The int4 bound is
     # THRESHOLDS' KL limit: were the text drawn from the fp32 model, the NLL cost would be the mean KL to fp32 exactly,
     # and on this text it stays just under it (0.29 vs 0.345, 0.45 vs 0.51). A broken quantization costs nats (the
-    # XNNPACK weight-only trap: top-1 29 %). (Until this date the bound was 0.25 for both, from before the ONNX
-    # int4 embedding table; this slow test had not been run since.)
+    # XNNPACK weight-only trap: top-1 29 %). (The bound was 0.25 for both, set before the ONNX int4 embedding
+    # table; both int4 artifacts measured above it on 2026-12-02.)
     for (fmt, w), v in results.items():
         assert v["passed"], (fmt, w, v)
         assert v["nll_quant"] - v["nll_fp32"] < {"int8": 0.05, "int4": wquant.THRESHOLDS["int4"]["max_kl_mean"]}[w]
