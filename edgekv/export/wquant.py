@@ -95,7 +95,13 @@ def torchao_config(weights: str):
     if weights == "int8":
         return Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
     if weights == "int4":
-        return Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(GROUP))
+        # symmetric codes -8..7 with the scale that clips neither end (max(-min / 8, max / 7)), not torchao's default
+        # max|w| / 7.5, which clips a group's positive extreme to 7 steps. Measured on SmolLM2-135M, eager vs fp32
+        # over quality_text (192 tokens): KL mean 0.509 -> 0.394 nats, top-1 61.8 -> 67.5 %, NLL cost 0.44 -> 0.28
+        # nats/token; same codes, same kernels. (int8 per channel measured no better that way: KL 0.022 vs 0.026.)
+        from torchao.quantization.quant_primitives import MappingType
+        return Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(GROUP),
+                                                     weight_mapping_type=MappingType.SYMMETRIC_NO_CLIPPING_ERR)
     raise EdgekvError(PTE_FP16 if weights == "fp16" else f"no torchao recipe for weights {weights!r}")
 
 
@@ -135,7 +141,7 @@ def quantize_module(module, weights: str) -> dict:
 
 
 def _describe_config(config) -> str:
-    keys = ("weight_dtype", "weight_granularity", "granularity")
+    keys = ("weight_dtype", "weight_granularity", "weight_mapping_type", "granularity")
     parts = [f"{k}={getattr(config, k)}" for k in keys if hasattr(config, k)]
     return "(" + ", ".join(parts).replace("torch.", "") + ")"
 
