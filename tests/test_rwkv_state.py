@@ -125,6 +125,7 @@ def test_int8_state_round_trips_through_the_export(fmt, tmp_path):
     from click.testing import CliRunner
     from edgekv.export.cli import cli
     from edgekv.export.runtime import EagerStepper, open_stepper, state_as_numpy
+    from edgekv.export.verify import verify
     from edgekv.models import load_any
 
     out = tmp_path / "rwkv-int8"
@@ -149,12 +150,7 @@ def test_int8_state_round_trips_through_the_export(fmt, tmp_path):
     ref = EagerStepper(m, load_any(str(FIXTURE), parse_strategy("linear:dtype=int8"), 256).module,
                        chunk=art.chunk, tail=art.tail, max_chunk=art.max_chunk)
     prompt = [int(t) for t in np.random.default_rng(0).integers(0, 100, 150)]
-    art.prefill(prompt)
-    e = ref.prefill(prompt)
-    for pos in range(len(prompt), len(prompt) + 40):  # teacher-forced by eager, as verify does
-        nxt = int(e[-1].argmax())
-        art.step([nxt], pos)
-        e = ref.step([nxt], pos)
+    verify(art, ref, prompt, 40, "int8", fmt)  # drives both: the prompt, then 40 steps teacher-forced by eager
     codes, off = 0, []
     for spec, x, y in zip(m["state"]["tensors"], state_as_numpy(art), state_as_numpy(ref)):
         x, y = x.astype(np.float32), y.astype(np.float32)

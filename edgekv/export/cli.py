@@ -123,13 +123,14 @@ def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json):
         _need(module)  # torch first, as in export
     _quiet()
     manifest, stepper, tok = open_export(folder, runtime, threads)
+    stream = not as_json  # --json: one object when done, nothing streamed
+    r = generate(manifest, stepper, tok, prompt, max_new_tokens,
+                 emit=(lambda s: click.echo(s, nl=False)) if stream else None,
+                 after_prefill=(lambda: click.echo(prompt, nl=False)) if stream else None)
     if as_json:
         from ..render import print_json
-        r = generate(manifest, stepper, tok, prompt, max_new_tokens)
         print_json({"folder": str(folder), "runtime": stepper.runtime, "threads": threads, "prompt": prompt, **r})
         return
-    r = generate(manifest, stepper, tok, prompt, max_new_tokens, emit=lambda s: click.echo(s, nl=False),
-                 after_prefill=lambda: click.echo(prompt, nl=False))
     click.echo()
     rate = f", decode {r['decode_tok_s']:.1f} tok/s" if r["decode_tok_s"] else ""
     click.echo(f"[{r['prompt_tokens']} prompt tokens, prefill {r['prefill_s'] * 1e3:.0f} ms; {r['new_tokens']} new "

@@ -425,12 +425,14 @@ class EagerStepper(Stepper):
         return out[0][0].float().numpy()
 
 
+ARTIFACT_STEPPERS = (OrtStepper, PteStepper)  # by their `runtime` name: the --runtime choices
+
+
 def open_stepper(folder: Path, manifest: dict, runtime: str, threads: int | None = None) -> Stepper:
-    if runtime == "ort":
-        return OrtStepper(manifest, folder, threads)
-    if runtime == "executorch":
-        return PteStepper(manifest, folder, threads)
-    raise EdgekvError(f"unknown runtime {runtime!r} (ort, executorch)")
+    for cls in ARTIFACT_STEPPERS:
+        if cls.runtime == runtime:
+            return cls(manifest, folder, threads)
+    raise EdgekvError(f"unknown runtime {runtime!r} ({', '.join(c.runtime for c in ARTIFACT_STEPPERS)})")
 
 
 def state_as_numpy(stepper: Stepper) -> list[np.ndarray]:
