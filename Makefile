@@ -45,3 +45,9 @@ bench-speed: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+# an arm64 Debian root under .arm64/ (qemu-user, binfmt_misc) with the pinned aarch64 runtimes, for
+# `edgekv profile EXPORT --arch arm64`; as root, idempotent, ~15 min the first time (scripts/arm64_env.sh)
+.PHONY: arm64-env
+arm64-env:
+	sh scripts/arm64_env.sh

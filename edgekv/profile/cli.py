@@ -39,12 +39,21 @@ REMOTE_REPORT = f"/sdcard/Android/data/{APP}/files/report.json"
 @click.option("--json", "as_json", is_flag=True,
               help="print the report as JSON (the schema the Android app writes too: edgekv/profile/report.schema.json)")
 @click.option("--out", type=click.Path(dir_okay=False), help="also write the report JSON here")
+@click.option("--arch", default="host", show_default=True,
+              help="arm64: run the export in the arm64 root under qemu (make arm64-env, as root) and compare it with "
+                   "this host's run: greedy tokens, logits, state, memory above the baseline (no speed); --ctx and "
+                   "--steps default to 40 and 8 there")
 def profile(export_dir, ctx_text, steps, runtime, limit_text, device_name, threads, repeats, use_adb, serial, as_json,
-            out):
+            out, arch):
     """Measured peak memory (minus the runtime's baseline) and tokens/s of an export, against the plan."""
     from ..units import parse_bytes, parse_ctx_list
 
     ctxs = parse_ctx_list(ctx_text)
+    from .arm64 import check_arch
+    if check_arch(arch) != "host":
+        from .arm64 import arch_command
+        return arch_command(click.get_current_context(), export_dir, arch, ctxs, steps, runtime, threads, as_json,
+                            out)
     if use_adb:
         if repeats > 1:
             raise EdgekvError("--repeats is for runs on this machine; with --adb the app runs each context once")
