@@ -301,7 +301,7 @@ def compare(host: dict, arm: dict, host_npz, arm_npz, tol: dict) -> dict:
     first = next((i for i, (a, b) in enumerate(zip(ht, at)) if a != b), None)
     rel = float(tol["max_abs_diff_over_logit_scale"])
     states = []
-    for k in sorted((k for k in host_npz.files if k.startswith("state")), key=lambda s: int(s[5:])):
+    for k in sorted((k for k in host_npz.keys() if k.startswith("state")), key=lambda s: int(s[5:])):
         x, y = host_npz[k], arm_npz[k]
         if x.dtype.kind == "f":
             d = float(np.abs(x.astype(np.float32) - y.astype(np.float32)).max()) if x.size else 0.0
@@ -387,6 +387,7 @@ def profile_arch(folder: str, arch: str, ctx: int | None, steps: int | None, run
             with np.load(Path(hd) / "result.npz") as hn, np.load(Path(ad) / "result.npz") as an:
                 run.update(compare(h, a, hn, an, tol))
         run["runtime_version"] = {"host": h.get("runtime_version"), "arm64": a.get("runtime_version")}
+        run["machine"] = {"host": h["machine"], "arm64": a["machine"]}
         run["host"] = {"runtime_baseline_bytes": h["runtime_baseline_bytes"], "peak_bytes": h["peak_bytes"],
                        "measured_bytes": h["peak_bytes"] - h["runtime_baseline_bytes"]}
         run["arm64"] = arm64_memory(a)
