@@ -10,9 +10,13 @@ ARM=${EDGEKV_ARM64_DIR:-$HERE/.arm64}
 ROOT=$ARM/root
 VENV=/opt/venv                       # inside ROOT
 LOCK=$HERE/requirements.lock
-# what the runner imports (edgekv/profile/arm64_child.py): both runtimes, their tensor libraries, the tokenizer;
-# every other package pip pulls in is pinned by requirements.lock given as constraints
-PKGS="numpy onnxruntime tokenizers safetensors torch torchao executorch"
+# what the runner (python -m edgekv.profile.arm64) imports: both runtimes and their tensor libraries, plus the
+# tokenizer and safetensors; every package pip pulls in is pinned by requirements.lock, given as constraints.
+# executorch goes in without its dependency list (NODEPS): that list names coremltools (Apple Core ML lowering, not
+# the runtime), which publishes no aarch64 Linux wheel; the runtime's own imports (torch, flatbuffers, tabulate,
+# ruamel.yaml, PyYAML, packaging, as `import executorch.runtime` and its LLM/quantized kernels need) are in PKGS.
+PKGS="numpy onnxruntime tokenizers safetensors torch torchao flatbuffers tabulate ruamel.yaml PyYAML packaging"
+NODEPS="executorch"
 
 die() { echo "make arm64-env: $*" >&2; exit 2; }
 
@@ -90,12 +94,15 @@ in_root() {
 }
 STAMP=$ROOT$VENV/.installed
 if [ ! -f "$STAMP" ] || ! cmp -s "$LOCK" "$ROOT$VENV/.lock"; then
-    echo "arm64-env: venv with $PKGS (aarch64 wheels, pinned by requirements.lock; ~10 min under emulation)"
+    echo "arm64-env: venv with $PKGS $NODEPS (aarch64 wheels, pinned by requirements.lock; ~10 min under emulation)"
     [ -x "$ROOT$VENV/bin/python" ] || in_root python3 -m venv "$VENV"
-    pins=$(for p in $PKGS; do grep -i -E "^$p==" "$LOCK" || die "requirements.lock has no pin for $p"; done)
-    # shellcheck disable=SC2086
-    in_root "$VENV/bin/python" -m pip install -q --only-binary=:all: -c /opt/requirements.lock $pins \
+    pin() { for p in "$@"; do grep -i -E "^$p==" "$LOCK" || { echo "requirements.lock has no pin for $p" >&2; echo "$p==?"; }; done; }
+    # shellcheck disable=SC2046
+    in_root "$VENV/bin/python" -m pip install -q --only-binary=:all: -c /opt/requirements.lock $(pin $PKGS) \
         || die "pip install in the arm64 root failed (see above)"
+    # shellcheck disable=SC2046
+    in_root "$VENV/bin/python" -m pip install -q --only-binary=:all: --no-deps $(pin $NODEPS) \
+        || die "pip install --no-deps $NODEPS in the arm64 root failed (see above)"
     in_root "$VENV/bin/python" -c 'import onnxruntime, numpy, tokenizers; print("arm64-env: onnxruntime", onnxruntime.__version__)'
     in_root "$VENV/bin/python" -c 'from executorch.extension.pybindings import portable_lib; print("arm64-env: executorch runtime ok")'
     cp "$LOCK" "$ROOT$VENV/.lock"
