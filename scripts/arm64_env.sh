@@ -10,12 +10,17 @@ ARM=${EDGEKV_ARM64_DIR:-$HERE/.arm64}
 ROOT=$ARM/root
 VENV=/opt/venv                       # inside ROOT
 LOCK=$HERE/requirements.lock
-# what the runner (python -m edgekv.profile.arm64) imports: both runtimes and their tensor libraries, plus the
-# tokenizer and safetensors; every package pip pulls in is pinned by requirements.lock, given as constraints.
-# executorch goes in without its dependency list (NODEPS): that list names coremltools (Apple Core ML lowering, not
-# the runtime), which publishes no aarch64 Linux wheel; the runtime's own imports (torch, flatbuffers, tabulate,
-# ruamel.yaml, PyYAML, packaging, as `import executorch.runtime` and its LLM/quantized kernels need) are in PKGS.
-PKGS="numpy onnxruntime tokenizers safetensors torch torchao flatbuffers tabulate ruamel.yaml PyYAML packaging"
+# What the runner (python -m edgekv.profile.arm64) imports, in two stages, each with its own stamp, so that ONNX
+# Runtime runs even where the second cannot be installed. Every package pip pulls in is pinned by requirements.lock,
+# given as constraints.
+# 1. ONNX Runtime and the tensor libraries (~50 MB).
+ORT_PKGS="numpy onnxruntime tokenizers safetensors"
+# 2. ExecuTorch's runtime. PyPI's torch aarch64 wheel is the CUDA build: with it pip pulls ~3 GB of nvidia-* wheels,
+# which `import torch` loads though a CPU run never uses them. executorch goes in without its dependency list
+# (NODEPS): that list names coremltools (Apple Core ML lowering, not the runtime), which publishes no aarch64 Linux
+# wheel; the runtime's own imports (torch, flatbuffers, tabulate, ruamel.yaml, PyYAML, packaging, as `import
+# executorch.runtime` and its LLM/quantized kernels need) are listed instead.
+ET_PKGS="torch torchao flatbuffers tabulate ruamel.yaml PyYAML packaging"
 NODEPS="executorch"
 
 die() { echo "make arm64-env: $*" >&2; exit 2; }
@@ -92,20 +97,28 @@ in_root() {
         unshare --mount --propagation private sh -c \
         'mount --bind /proc "$0/proc" && mount --rbind /dev "$0/dev" && exec chroot "$0" "$@"' "$ROOT" "$@"
 }
+pin() { for p in "$@"; do grep -i -E "^$p==" "$LOCK" || { echo "requirements.lock has no pin for $p" >&2; echo "$p==?"; }; done; }
+pip_in_root() { in_root "$VENV/bin/python" -m pip install -q --only-binary=:all: -c /opt/requirements.lock "$@"; }
+[ -x "$ROOT$VENV/bin/python" ] || in_root python3 -m venv "$VENV"
 STAMP=$ROOT$VENV/.installed
 if [ ! -f "$STAMP" ] || ! cmp -s "$LOCK" "$ROOT$VENV/.lock"; then
-    echo "arm64-env: venv with $PKGS $NODEPS (aarch64 wheels, pinned by requirements.lock; ~10 min under emulation)"
-    [ -x "$ROOT$VENV/bin/python" ] || in_root python3 -m venv "$VENV"
-    pin() { for p in "$@"; do grep -i -E "^$p==" "$LOCK" || { echo "requirements.lock has no pin for $p" >&2; echo "$p==?"; }; done; }
+    rm -f "$STAMP" "$ROOT$VENV/.installed-executorch"
+    echo "arm64-env: venv, stage 1: $ORT_PKGS (aarch64 wheels pinned by requirements.lock)"
     # shellcheck disable=SC2046
-    in_root "$VENV/bin/python" -m pip install -q --only-binary=:all: -c /opt/requirements.lock $(pin $PKGS) \
-        || die "pip install in the arm64 root failed (see above)"
-    # shellcheck disable=SC2046
-    in_root "$VENV/bin/python" -m pip install -q --only-binary=:all: --no-deps $(pin $NODEPS) \
-        || die "pip install --no-deps $NODEPS in the arm64 root failed (see above)"
-    in_root "$VENV/bin/python" -c 'import onnxruntime, numpy, tokenizers; print("arm64-env: onnxruntime", onnxruntime.__version__)'
-    in_root "$VENV/bin/python" -c 'from executorch.extension.pybindings import portable_lib; print("arm64-env: executorch runtime ok")'
+    pip_in_root $(pin $ORT_PKGS) || die "pip install in the arm64 root failed (see above)"
+    in_root "$VENV/bin/python" -c 'import onnxruntime; print("arm64-env: onnxruntime", onnxruntime.__version__)' \
+        || die "onnxruntime does not import in the arm64 root"
     cp "$LOCK" "$ROOT$VENV/.lock"
     touch "$STAMP"
+fi
+if [ ! -f "$ROOT$VENV/.installed-executorch" ]; then
+    echo "arm64-env: venv, stage 2: $ET_PKGS $NODEPS (PyPI's aarch64 torch is the CUDA build: ~3 GB to fetch)"
+    # shellcheck disable=SC2046
+    pip_in_root $(pin $ET_PKGS) || die "pip install of ExecuTorch's runtime in the arm64 root failed (see above)"
+    # shellcheck disable=SC2046
+    pip_in_root --no-deps $(pin $NODEPS) || die "pip install --no-deps $NODEPS in the arm64 root failed (see above)"
+    in_root "$VENV/bin/python" -c 'from executorch.extension.pybindings import portable_lib; print("arm64-env: executorch runtime ok")' \
+        || die "the ExecuTorch runtime does not import in the arm64 root"
+    touch "$ROOT$VENV/.installed-executorch"
 fi
 echo "arm64-env: ready: $ROOT (python $(in_root "$VENV/bin/python" -c 'import platform; print(platform.machine(), platform.python_version())'))"
