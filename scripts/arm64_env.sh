@@ -112,11 +112,33 @@ if [ ! -f "$STAMP" ] || ! cmp -s "$LOCK" "$ROOT$VENV/.lock"; then
     touch "$STAMP"
 fi
 if [ ! -f "$ROOT$VENV/.installed-executorch" ]; then
+    # fetched and unpacked by the host's own pip for the root's platform (--platform/--target): under emulation pip's
+    # TLS and unzip ran at ~1 MB/s on a busy 2-core host, 45+ min for these 3 GB
+    HOSTPY=""
+    for py in /usr/bin/python3 python3; do
+        command -v "$py" >/dev/null && "$py" -m pip --version >/dev/null 2>&1 && { HOSTPY=$py; break; }
+    done
+    if [ -z "$HOSTPY" ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -q --no-install-recommends \
+            python3-pip >/dev/null || die "apt-get install python3-pip failed"
+        HOSTPY=/usr/bin/python3
+    fi
+    SITE=$(ls -d "$ROOT$VENV"/lib/python3.*/site-packages | head -n 1)
+    PYV=$(basename "$(dirname "$SITE")" | sed 's/^python//')
+    ABI=cp$(echo "$PYV" | tr -d .)
     echo "arm64-env: venv, stage 2: $ET_PKGS $NODEPS (PyPI's aarch64 torch is the CUDA build: ~3 GB to fetch)"
+    GLIBC=$(ls "$ROOT"/usr/lib/aarch64-linux-gnu/libc.so.6 >/dev/null && in_root ldd --version | head -n 1 | sed 's/.* 2\.//')
+    PLATFORMS="--platform manylinux2014_aarch64 --platform linux_aarch64"
+    for v in $(seq 17 "${GLIBC:-36}"); do PLATFORMS="$PLATFORMS --platform manylinux_2_${v}_aarch64"; done
+    host_pip() {
+        "$HOSTPY" -m pip install -q --upgrade --only-binary=:all: --implementation cp --python-version "$PYV" \
+            --abi "$ABI" --abi abi3 --abi none $PLATFORMS --target "$SITE" -c "$LOCK" "$@"
+    }
     # shellcheck disable=SC2046
-    pip_in_root $(pin $ET_PKGS) || die "pip install of ExecuTorch's runtime in the arm64 root failed (see above)"
+    host_pip $(pin $ET_PKGS) || die "pip install of ExecuTorch's runtime into the arm64 root failed (see above)"
     # shellcheck disable=SC2046
-    pip_in_root --no-deps $(pin $NODEPS) || die "pip install --no-deps $NODEPS in the arm64 root failed (see above)"
+    host_pip --no-deps $(pin $NODEPS) || die "pip install --no-deps $NODEPS into the arm64 root failed (see above)"
+    rm -rf "$SITE/bin"  # console scripts written for the host's python: nothing here runs them
     in_root "$VENV/bin/python" -c 'from executorch.extension.pybindings import portable_lib; print("arm64-env: executorch runtime ok")' \
         || die "the ExecuTorch runtime does not import in the arm64 root"
     touch "$ROOT$VENV/.installed-executorch"

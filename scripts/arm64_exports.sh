@@ -16,10 +16,12 @@ ex arm64-tiny-llama --model fixtures/tiny/llama --strategy kv
 ex arm64-tiny-mamba --model fixtures/tiny/mamba --strategy ssm
 ex arm64-tiny-mamba2 --model fixtures/tiny/mamba2 --strategy ssm
 ex arm64-tiny-rwkv --model fixtures/tiny/rwkv --strategy linear
-for w in fp32 int4; do
-    ex arm64-smollm2-kv-$w --model smollm2-135m --strategy kv --weights $w
-    ex arm64-smollm2-kv-int8-$w --model smollm2-135m --strategy kv-int8 --weights $w
-    ex arm64-smollm2-kv-int4-$w --model smollm2-135m --strategy kv-int4 --weights $w
-    ex arm64-smollm2-window-$w --model smollm2-135m --strategy window:w=64,sinks=4 --weights $w
-    ex arm64-smollm2-mla-$w --model smollm2-135m --rank 256 --weights $w
+for s in kv kv-int4 kv-int8 window mla; do
+    for w in fp32 int4; do
+        case $s in
+            window) ex arm64-smollm2-$s-$w --model smollm2-135m --strategy window:w=64,sinks=4 --weights $w ;;
+            mla) ex arm64-smollm2-$s-$w --model smollm2-135m --rank 256 --weights $w ;;
+            *) ex arm64-smollm2-$s-$w --model smollm2-135m --strategy $s --weights $w ;;
+        esac
+    done
 done
