@@ -13,9 +13,9 @@ LOCK=$HERE/requirements.lock
 # What the runner (python -m edgekv.profile.arm64) imports, in two stages, each with its own stamp, so that ONNX
 # Runtime runs even where the second cannot be installed. Every package pip pulls in is pinned by requirements.lock,
 # given as constraints.
-# 1. ONNX Runtime and the tensor libraries (~50 MB).
+# Stage 1: ONNX Runtime and the tensor libraries (~50 MB).
 ORT_PKGS="numpy onnxruntime tokenizers safetensors"
-# 2. ExecuTorch's runtime. PyPI's torch aarch64 wheel is the CUDA build: with it pip pulls ~3 GB of nvidia-* wheels,
+# Stage 2: ExecuTorch's runtime. PyPI's torch aarch64 wheel is the CUDA build: with it pip pulls ~3 GB of nvidia-* wheels,
 # which `import torch` loads though a CPU run never uses them. executorch goes in without its dependency list
 # (NODEPS): that list names coremltools (Apple Core ML lowering, not the runtime), which publishes no aarch64 Linux
 # wheel; the runtime's own imports (torch, flatbuffers, tabulate, ruamel.yaml, PyYAML, packaging, as `import
@@ -88,7 +88,20 @@ for v in ${PIP_CERT:-} ${REQUESTS_CA_BUNDLE:-} ${SSL_CERT_FILE:-}; do
 done
 cp "$LOCK" "$ROOT/opt/requirements.lock"
 
-# 5. the venv with the pinned aarch64 wheels; /proc and /dev bound in a private mount namespace (they vanish with it);
+# 5. the CPU list that cpuinfo (ONNX Runtime, XNNPACK) reads: /sys/devices/system/cpu/{possible,present,online}
+# and one cpuN folder per core, written into the root's own /sys (the host's /sys is never bound: its x86 entries
+# crash ONNX Runtime's cpuinfo at import). Without it cpuinfo fails, ONNX Runtime falls back to its baseline
+# kernels and XNNPACK refuses to start (status 5, unsupported hardware), so no .pte runs. The CPU features
+# themselves come from the HWCAP bits of the core qemu emulates.
+CPUS=$ROOT/sys/devices/system/cpu
+mkdir -p "$CPUS"
+N=$(nproc)
+echo "0-$((N - 1))" > "$CPUS/possible"
+cp "$CPUS/possible" "$CPUS/present"
+cp "$CPUS/possible" "$CPUS/online"
+for i in $(seq 0 $((N - 1))); do mkdir -p "$CPUS/cpu$i"; done
+
+# 6. the venv with the pinned aarch64 wheels; /proc and /dev bound in a private mount namespace (they vanish with it);
 # the host's /sys is NOT bound: ONNX Runtime's cpuinfo reads the x86 host's /sys/devices/system/cpu and crashes.
 in_root() {
     env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \

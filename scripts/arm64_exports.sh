@@ -5,23 +5,25 @@
 # Usage: scripts/arm64_exports.sh [PYTHON]   (from the repository root; PYTHON defaults to .venv/bin/python)
 set -u
 PY=${1:-.venv/bin/python}
-ex() {  # OUT ARGS...
-    out=export/$1; shift
+ex() {  # OUT FORMATS ARGS...
+    out=export/$1; fmt=$2; shift 2
     [ -f "$out/manifest.json" ] && return 0
     echo "== $out" >&2
-    nice -n 10 "$PY" -m edgekv.cli export --format onnx,pte --max-ctx 128 --verify-steps 4 --threads 1 --out "$out" "$@" \
+    nice -n 10 "$PY" -m edgekv.cli export --format "$fmt" --max-ctx 128 --verify-steps 4 --threads 1 --out "$out" "$@" \
         >/dev/null || echo "FAILED: $out" >&2
 }
-ex arm64-tiny-llama --model fixtures/tiny/llama --strategy kv
-ex arm64-tiny-mamba --model fixtures/tiny/mamba --strategy ssm
-ex arm64-tiny-mamba2 --model fixtures/tiny/mamba2 --strategy ssm
-ex arm64-tiny-rwkv --model fixtures/tiny/rwkv --strategy linear
-for s in kv kv-int4 kv-int8 window mla; do
-    for w in fp32 int4; do
-        case $s in
-            window) ex arm64-smollm2-$s-$w --model smollm2-135m --strategy window:w=64,sinks=4 --weights $w ;;
-            mla) ex arm64-smollm2-$s-$w --model smollm2-135m --rank 256 --weights $w ;;
-            *) ex arm64-smollm2-$s-$w --model smollm2-135m --strategy $s --weights $w ;;
-        esac
-    done
+ex arm64-tiny-llama onnx,pte --model fixtures/tiny/llama --strategy kv
+ex arm64-tiny-llama-fp32 onnx,pte --model fixtures/tiny/llama --strategy kv:dtype=fp32
+ex arm64-tiny-mamba onnx,pte --model fixtures/tiny/mamba --strategy ssm
+ex arm64-tiny-mamba2 onnx,pte --model fixtures/tiny/mamba2 --strategy ssm
+ex arm64-tiny-rwkv onnx,pte --model fixtures/tiny/rwkv --strategy linear
+# SmolLM2: the plain cache in both formats; the other strategies in ONNX only (lowering a .pte of SmolLM2 took ~10
+# min each on the shared 2-core host)
+ex arm64-smollm2-kv-fp32 onnx,pte --model smollm2-135m --strategy kv --weights fp32
+ex arm64-smollm2-kv-int4 onnx,pte --model smollm2-135m --strategy kv --weights int4
+for w in fp32 int4; do
+    ex arm64-smollm2-kv-int4-$w onnx --model smollm2-135m --strategy kv-int4 --weights $w
+    ex arm64-smollm2-kv-int8-$w onnx --model smollm2-135m --strategy kv-int8 --weights $w
+    ex arm64-smollm2-window-$w onnx --model smollm2-135m --strategy window:w=64,sinks=4 --weights $w
+    ex arm64-smollm2-mla-$w onnx --model smollm2-135m --rank 256 --weights $w
 done
