@@ -33,7 +33,8 @@ The child (`python -m edgekv.profile.arm64`, run by both sides) needs only numpy
 light modules (edgekv.export.runtime and what it imports: no torch model code, no jsonschema): the parent binds the
 edgekv package read-only into the root at /opt/edgekv/edgekv, the artifact folder read-only at /mnt/artifact and a
 fresh output folder at /mnt/out, in a private mount namespace (unshare) that vanishes with the child, so nothing is
-left mounted. The host's /sys is not bound (ONNX Runtime's cpuinfo crashes at import on the x86 host's /sys).
+left mounted. The host's /sys is not bound (ONNX Runtime's cpuinfo crashes at import on the x86 host's /sys); the
+root's own /sys holds the CPU list cpuinfo needs (scripts/arm64_env.sh), without which XNNPACK refuses to start.
 """
 from __future__ import annotations
 
