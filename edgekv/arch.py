@@ -105,6 +105,8 @@ class Arch:
     source: str = ""
     gguf_path: str | None = None
     notes: list[str] = field(default_factory=list)
+    # the context the model was trained at and where that number comes from (trained_ctx_of); None = unknown
+    trained_ctx: tuple[int, str] | None = None
 
     @property
     def n_layers(self) -> int:
@@ -594,7 +596,41 @@ def arch_from_config(config: dict, name: str, source: str) -> Arch:
         raise EdgekvError(f"{source}: config has no layers")
     max_pos = c.get("max_position_embeddings", "n_positions", "context_length", default=None)
     return Arch(name=name, model_type=mt, family=_family(blocks), hidden=hidden, vocab=vocab, blocks=tuple(blocks),
-                weights=tuple(ws), max_position=int(max_pos) if max_pos else None, source=source)
+                weights=tuple(ws), max_position=int(max_pos) if max_pos else None, source=source,
+                trained_ctx=trained_ctx_of(c))
+
+
+# RoPE scalings that stretch a model trained at original_max_position_embeddings to a longer max_position_embeddings
+# at inference (transformers modeling_rope_utils: linear, dynamic NTK, YaRN); llama3 and longrope are the scalings
+# Llama 3.1/3.2 and Phi-3 were trained to their max_position_embeddings with (Llama 3 herd paper section 3.4.2
+# "long-context pre-training"; Phi-3 report section 2), so there max_position_embeddings is the trained length.
+STRETCHING_ROPE = ("linear", "dynamic", "yarn")
+TRAINED_ROPE = ("default", "llama3", "longrope", "su", None)
+
+
+def trained_ctx_of(c: Cfg) -> tuple[int, str] | None:
+    """(tokens, source) of the context the model was trained at, read from its config: the rope scaling's
+    original_max_position_embeddings where the scaling stretches it at inference, else max_position_embeddings
+    (n_positions, context_length: the older and RWKV names); None where the config names none (a bare recurrent
+    config: Mamba's has no length field). A rope type it does not know is refused: the trained length depends on it."""
+    rope = c.get("rope_scaling", default=None) or c.get("rope_parameters", default=None) or {}
+    if not isinstance(rope, dict):
+        raise EdgekvError(f"{c.where}: 'rope_scaling' must be an object, got {rope!r}")
+    if rope and all(isinstance(v, dict) for v in rope.values()):  # transformers 5: per layer type (Gemma 3)
+        rope = rope.get("full_attention") or next(iter(rope.values()))
+    kind = rope.get("rope_type", rope.get("type"))
+    orig = rope.get("original_max_position_embeddings") or c.get("original_max_position_embeddings", default=None)
+    if kind in STRETCHING_ROPE and orig:
+        return int(orig), f"config rope_scaling.original_max_position_embeddings ({kind} stretches it at inference)"
+    if kind not in TRAINED_ROPE:
+        raise EdgekvError(f"{c.where}: rope_scaling type {kind!r} is not one edgekv reads (known: "
+                          f"{', '.join(k for k in STRETCHING_ROPE + TRAINED_ROPE if k)}): the trained context "
+                          "depends on it")
+    for f in ("max_position_embeddings", "n_positions", "context_length"):
+        v = c.get(f, default=None)
+        if v:
+            return int(v), f"config {f}"
+    return None
 
 
 def read_config_json(path: str | Path) -> Arch:
@@ -704,6 +740,8 @@ def catalog_arch(name: str) -> Arch:
     """Cached: catalog Archs are built once per process and must not be mutated."""
     e = catalog_entry(name)
     a = arch_from_config(e["config"], e["name"], e.get("config_source", str(CATALOG_DIR / f"{name}.json")))
+    if e.get("trained_ctx"):  # the catalog's cited training length overrides what the config implies
+        a.trained_ctx = (int(e["trained_ctx"]["value"]), e["trained_ctx"]["source"])
     a.notes.append(f"catalog: {e.get('display_name', e['name'])} ({e.get('hf_repo', '')})")
     return a
 
