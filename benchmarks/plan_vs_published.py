@@ -130,6 +130,31 @@ def measure_host(work: Path, ctxs=(1024, 2048, 4096, 8192)) -> Path:
     return work
 
 
+# benchmarks/results/plan_accuracy.json's SmolLM2 rows: the same `edgekv profile --threads 1` at filled 1k / 8k
+# contexts, run earlier for memory; their decode tok/s is set beside the plan here too
+ACCURACY_STRATEGIES = {"kv fp16": "kv", "kv-int8": "kv-int8", "kv-int4": "kv-int4", "window": "window:w=512,sinks=4",
+                       "mla": "mla"}
+ACCURACY_RUNTIMES = {"ort": "onnxruntime", "executorch": "edgekv-pte"}
+
+
+def accuracy_rows() -> list[dict]:
+    f = ROOT / "benchmarks" / "results" / "plan_accuracy.json"
+    rows = []
+    for r in json.loads(f.read_text())["rows"] if f.is_file() else []:
+        name = r.get("strategy", "")
+        if not name.endswith(" SmolLM2-135M") or not r.get("tokens_per_s"):
+            continue
+        spec = ACCURACY_STRATEGIES[name.removesuffix(" SmolLM2-135M")]
+        rt = ACCURACY_RUNTIMES[r["runtime"]]
+        plan = predict("smollm2-135m", spec, "fp32", rt, r["ctx"], "decode_tok_s", "host")
+        rows.append({"model": "smollm2-135m", "strategy": spec, "weights": "fp32", "runtime": rt, "ctx": r["ctx"],
+                     "filled_tokens": r["ctx"], "threads": 1, "measured_decode_tok_s": round(r["tokens_per_s"], 2),
+                     "plan_decode_tok_s": round(plan, 2), "ratio": round(plan / r["tokens_per_s"], 3),
+                     "prefill_seconds": r.get("prefill_seconds"),
+                     "source": "benchmarks/results/plan_accuracy.json (edgekv profile --threads 1, an earlier run)"})
+    return rows
+
+
 def host_rows(folder: Path | None) -> list[dict]:
     rows = []
     files = sorted(folder.glob("prof_*.json"), key=lambda f: int(f.stem.split("_")[1])) if folder else []
@@ -146,8 +171,8 @@ def host_rows(folder: Path | None) -> list[dict]:
                      "ctx": ctx, "filled_tokens": ctx, "threads": 1, "measured_decode_tok_s": round(tok, 2),
                      "plan_decode_tok_s": round(plan, 2), "ratio": round(plan / tok, 3),
                      "prefill_seconds": run.get("prefill_seconds"),
-                     "source": "edgekv profile --threads 1 (this host, fresh process)"})
-    return rows
+                     "source": f"edgekv profile --threads 1 (this host, fresh process; {f.name})"})
+    return rows + accuracy_rows()
 
 
 def summary(rows: list[dict]) -> dict:
@@ -168,9 +193,10 @@ def table(rows: list[dict], host: list[dict]) -> str:
                      f"{r['device_profile']} | {r['published']:g} {r['unit']} | {r['plan']:g} | {r['ratio']:.2f} | "
                      f"{'yes' if r['circular'] else 'no'} | {'yes' if r['comparable'] else 'no'} |")
     if host:
-        lines += ["", "| host: filled ctx | measured decode tok/s (1 thread) | plan tok/s | ratio |", "|---:|---:|---:|---:|"]
-        lines += [f"| {h['ctx']} | {h['measured_decode_tok_s']} | {h['plan_decode_tok_s']} | {h['ratio']:.2f} |"
-                  for h in host]
+        lines += ["", "| host: strategy | runtime | filled ctx | measured decode tok/s (1 thread) | plan tok/s | ratio | "
+                      "source |", "|---|---|---:|---:|---:|---:|---|"]
+        lines += [f"| {h['strategy']} | {h['runtime']} | {h['ctx']} | {h['measured_decode_tok_s']} | "
+                  f"{h['plan_decode_tok_s']} | {h['ratio']:.2f} | {h['source'].split(' (')[0]} |" for h in host]
     return "\n".join(lines)
 
 

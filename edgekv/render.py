@@ -45,7 +45,8 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
     n_fit = sum(r.fits for r in rows)
     from .memory import PLAN_RUNTIMES
     t = Table(box=box.SIMPLE_HEAD, title=f"edgekv plan — {d.name} ({d.id}), ctx {fmt_ctx(plan.ctx)} = {plan.ctx:,} tokens, "
-                    f"app budget {fmt_bytes(plan.budget)}, runtime {PLAN_RUNTIMES[plan.runtime]['label']}",
+                    f"app budget {fmt_bytes(plan.budget)}, runtime {PLAN_RUNTIMES[plan.runtime]['label']} "
+                    f"(overhead {fmt_bytes(d.overhead(PLAN_RUNTIMES[plan.runtime]['overhead']).value)})",
               title_justify="left", show_lines=False)
     for col, kw in (("model", {}), ("strategy", {}), ("weights", {}), ("state", {"justify": "right"}),
                     ("total", {"justify": "right"}), ("fits", {}), ("headroom", {"justify": "right"}),

@@ -7,8 +7,6 @@ import pytest
 
 from conftest import run_cli
 from edgekv.arch import arch_from_config, catalog_arch
-from edgekv.devices import load_device
-from edgekv.plan import make_plan
 from edgekv.strategies import parse_strategy
 
 MiB = 2**20
@@ -99,18 +97,21 @@ def test_rope_scaling_that_stretches_reads_the_original_length():
 
 # ---- costs as each runtime runs them ----
 
-def _row(device, ctx, model, spec, runtime=None, weights=None):
-    return make_plan(load_device(device), ctx, [catalog_arch(model)], [parse_strategy(spec)], weights,
-                     runtime).rows[0]
+def _row(device, ctx, model, spec, runtime=None, *extra):
+    """The one option `edgekv plan --json` gives for this model and strategy."""
+    args = ["--device", device, "--ctx", str(ctx), "--model", model, "--strategy", spec, *extra]
+    out = plan_json(*args, *(("--runtime", runtime) if runtime else ()))
+    assert len(out["options"]) == 1, out["options"]
+    return out["options"][0]
 
 
 def test_executorch_weights_match_the_published_pte_sizes():
     # examples/models/llama/README.md: 1B SpinQuant .pte 1,083 MiB, 3B SpinQuant .pte 2,435 MiB
     for model, pte in (("llama-3.2-1b", 1083), ("llama-3.2-3b", 2435)):
-        w = _row("galaxy-s24", 2048, model, "kv").deployment.bytes["weights"] / MiB
+        w = _row("galaxy-s24", 2048, model, "kv")["bytes"]["weights"] / MiB
         assert w == pytest.approx(pte, rel=0.01), (model, w)
     # RSS at max_seq_length 2048 (fp32 cache): 1,921 MiB for 1B SpinQuant
-    r = _row("galaxy-s24", 2048, "llama-3.2-1b", "kv:dtype=fp32").deployment.bytes["total"] / MiB
+    r = _row("galaxy-s24", 2048, "llama-3.2-1b", "kv:dtype=fp32")["bytes"]["total"] / MiB
     assert r == pytest.approx(1921, rel=0.03)
 
 
@@ -123,22 +124,22 @@ def test_llama_3_2_3b_at_2k_does_not_fit_a_galaxy_s24():
 @pytest.mark.parametrize("runtime", ["executorch", "llama.cpp"])
 def test_kv_int8_is_not_slower_than_fp16_where_the_runtime_reads_int8_in_place(runtime):
     dev = "pixel8"
-    fp16 = _row(dev, 32768, "llama-3.2-1b", "kv", runtime).decode.value
-    int8 = _row(dev, 32768, "llama-3.2-1b", "kv-int8", runtime).decode.value
+    fp16 = _row(dev, 32768, "llama-3.2-1b", "kv", runtime)["decode_tokens_per_s"]
+    int8 = _row(dev, 32768, "llama-3.2-1b", "kv-int8", runtime)["decode_tokens_per_s"]
     assert int8 >= fp16, (runtime, int8, fp16)
     # edgekv's own .pte dequantizes the rows it reads back: that copy stays charged
-    assert _row(dev, 32768, "llama-3.2-1b", "kv-int8", "edgekv-pte").decode.value < int8
+    assert _row(dev, 32768, "llama-3.2-1b", "kv-int8", "edgekv-pte")["decode_tokens_per_s"] < int8
 
 
 def test_qwen3_and_gemma3_run_fused_attention_under_executorch():
     for model in ("qwen3-0.6b", "gemma-3-1b"):
-        r = _row("pixel8", 32768, model, "kv")
-        b = r.deployment.bytes
+        r = _row("pixel8", 32768, model, "kv", None, "--explain")
+        b = r["bytes"]
         # no [H, C, T] fp32 scores (qwen3: 16 heads x 128 x 32768 x 4 B = 268 MB each), no extra state copies:
         # activations and one row of logits (gemma: 262,144 x 4 B) only
         assert b["workspace"] < 20e6, (model, b)
-        assert "scores not materialised" in r.deployment.workspace.formula
-    assert _row("pixel8", 32768, "qwen3-0.6b", "kv").deployment.bytes["total"] < 6e9  # was 13.3 GB unfused
+        assert "scores not materialised" in r["explain"]["workspace"]
+    assert _row("pixel8", 32768, "qwen3-0.6b", "kv")["bytes"]["total"] < 6e9  # was 13.3 GB unfused
 
 
 def test_the_title_names_the_runtime_and_help_lists_them():
