@@ -16,7 +16,8 @@ fresh process, 1 thread) of SmolLM2-135M exported by edgekv (ONNX, kv fp16, fp32
 `edgekv plan --device host --runtime onnxruntime --weights fp32`. SmolLM2 is trained to 8,192 tokens and export refuses
 a longer max_ctx, so the host rows stop at 8k; no model trained longer is stored on this machine (nothing is
 downloaded). --measure-host WORK exports it to WORK and profiles 1k/2k/4k/8k (about 10 minutes on 2 cores);
---host-profiles DIR reads `prof_<ctx>.json` files written by the same `edgekv profile --json` command.
+--host-profiles DIR reads `prof_<ctx>.json` files written by the same `edgekv profile --json` command (default: the
+ones stored in benchmarks/results/plan_vs_published_host/).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 MIB = 2**20
 EDGEKV = [sys.executable, "-m", "edgekv.cli"]
+HOST_DIR = ROOT / "benchmarks" / "results" / "plan_vs_published_host"  # the stored profiles (default --host-profiles)
 
 ET_README = ("pytorch/executorch examples/models/llama/README.md (commit 007485696ccb), OnePlus 12, XNNPACK + "
              "KleidiAI, prompt 64, max_seq_length 2048 (shared/research/devices.md)")
@@ -206,7 +208,7 @@ def main(argv=None) -> int:
     ap.add_argument("--measure-host", type=Path, default=None, help="export + profile SmolLM2 here first (~10 min)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "plan_vs_published.json"))
     a = ap.parse_args(argv)
-    folder = measure_host(a.measure_host) if a.measure_host else a.host_profiles
+    folder = measure_host(a.measure_host) if a.measure_host else (a.host_profiles or HOST_DIR)
     rows = published_rows()
     host = host_rows(folder)
     doc = {"benchmark": "plan_vs_published", "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
