@@ -94,14 +94,23 @@ ROWS = [
 ]
 
 
+def tiny_llama_32k():
+    """The trained tiny Llama fixture with max_position_embeddings 32768 (as benchmarks/plan_accuracy.py makes it:
+    same weights; positions past 8k are untrained, which speed does not care about)."""
+    from edgekv.arch import arch_from_config
+
+    cfg = json.loads((ROOT / "fixtures" / "tiny" / "llama" / "config.json").read_text())
+    return arch_from_config({**cfg, "max_position_embeddings": 32768}, "tiny-llama-32k", "fixtures/tiny/llama")
+
+
 def predict(model, strategy, weights, runtime, ctx, metric, device):
     from edgekv.arch import catalog_arch
     from edgekv.devices import load_device
     from edgekv.plan import make_plan
     from edgekv.strategies import parse_strategy
 
-    r = make_plan(load_device(device), ctx, [catalog_arch(model)], [parse_strategy(strategy)], weights,
-                  runtime).rows[0]
+    arch = tiny_llama_32k() if model == "tiny-llama-32k" else catalog_arch(model)
+    r = make_plan(load_device(device), ctx, [arch], [parse_strategy(strategy)], weights, runtime).rows[0]
     b = r.deployment.bytes
     return {"pte_mib": b["weights"] / MIB, "rss_mib": b["total"] / MIB, "rss_gb": b["total"] / 1e9,
             "rss_mb": b["total"] / 1e6, "decode_tok_s": r.decode.value}[metric]
@@ -158,6 +167,14 @@ def accuracy_rows() -> list[dict]:
 
 
 def host_rows(folder: Path | None) -> list[dict]:
+    """SmolLM2 profiles in folder, the tiny Llama's in folder/tiny, then plan_accuracy.json's SmolLM2 rows."""
+    rows = []
+    for model, sub in (("smollm2-135m", folder), ("tiny-llama-32k", folder / "tiny" if folder else None)):
+        rows += _profile_rows(model, sub)
+    return rows + accuracy_rows()
+
+
+def _profile_rows(model: str, folder: Path | None) -> list[dict]:
     rows = []
     files = sorted(folder.glob("prof_*.json"), key=lambda f: int(f.stem.split("_")[1])) if folder else []
     for f in files:
@@ -168,13 +185,15 @@ def host_rows(folder: Path | None) -> list[dict]:
         ctx, tok = run.get("ctx"), run.get("tokens_per_s")
         if not ctx or not tok:
             continue
-        plan = predict("smollm2-135m", "kv", "fp32", "onnxruntime", ctx, "decode_tok_s", "host")
-        rows.append({"model": "smollm2-135m", "strategy": "kv", "weights": "fp32", "runtime": "onnxruntime",
+        plan = predict(model, "kv", "fp32", "onnxruntime", ctx, "decode_tok_s", "host")
+        load = f.with_name(f"load_{ctx}.txt")
+        rows.append({"model": model, "strategy": "kv", "weights": "fp32", "runtime": "onnxruntime",
                      "ctx": ctx, "filled_tokens": ctx, "threads": 1, "measured_decode_tok_s": round(tok, 2),
                      "plan_decode_tok_s": round(plan, 2), "ratio": round(plan / tok, 3),
                      "prefill_seconds": run.get("prefill_seconds"),
-                     "source": f"edgekv profile --threads 1 (this host, fresh process; {f.name})"})
-    return rows + accuracy_rows()
+                     "source": f"edgekv profile --threads 1 (this host, fresh process; {f.name})",
+                     **({"loadavg_before_after": load.read_text().split()[::5][:2]} if load.is_file() else {})})
+    return rows
 
 
 def summary(rows: list[dict]) -> dict:
@@ -195,9 +214,9 @@ def table(rows: list[dict], host: list[dict]) -> str:
                      f"{r['device_profile']} | {r['published']:g} {r['unit']} | {r['plan']:g} | {r['ratio']:.2f} | "
                      f"{'yes' if r['circular'] else 'no'} | {'yes' if r['comparable'] else 'no'} |")
     if host:
-        lines += ["", "| host: strategy | runtime | filled ctx | measured decode tok/s (1 thread) | plan tok/s | ratio | "
-                      "source |", "|---|---|---:|---:|---:|---:|---|"]
-        lines += [f"| {h['strategy']} | {h['runtime']} | {h['ctx']} | {h['measured_decode_tok_s']} | "
+        lines += ["", "| host: model | strategy | runtime | filled ctx | measured decode tok/s (1 thread) | plan tok/s | "
+                      "ratio | source |", "|---|---|---|---:|---:|---:|---:|---|"]
+        lines += [f"| {h['model']} | {h['strategy']} | {h['runtime']} | {h['ctx']} | {h['measured_decode_tok_s']} | "
                   f"{h['plan_decode_tok_s']} | {h['ratio']:.2f} | {h['source'].split(' (')[0]} |" for h in host]
     return "\n".join(lines)
 
