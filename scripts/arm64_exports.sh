@@ -1,15 +1,17 @@
 #!/bin/sh
 # The exports benchmarks/results/arm64_vs_x86.json compares on arm64 (under qemu) and x86: SmolLM2-135M in every
 # cache strategy that exports, with fp32 and int4 weights, and the tiny recurrent/attention fixtures, both formats,
-# at a small max_ctx (emulation is 10-50x slower). Skips a folder that already holds a manifest.json.
+# at a small max_ctx (emulation is 10-50x slower; 256 for quantized weights, which export checks over 256 tokens).
+# Skips a folder that already holds a manifest.json.
 # Usage: scripts/arm64_exports.sh [PYTHON]   (from the repository root; PYTHON defaults to .venv/bin/python)
 set -u
 PY=${1:-.venv/bin/python}
 ex() {  # OUT FORMATS ARGS...
     out=export/$1; fmt=$2; shift 2
+    case "$*" in *"--weights int"*) ctx=256 ;; *) ctx=128 ;; esac  # quantized weights are checked over 256 tokens
     [ -f "$out/manifest.json" ] && return 0
     echo "== $out" >&2
-    nice -n 10 "$PY" -m edgekv.cli export --format "$fmt" --max-ctx 128 --verify-steps 4 --threads 1 --out "$out" "$@" \
+    nice -n 5 "$PY" -m edgekv.cli export --format "$fmt" --max-ctx $ctx --verify-steps 4 --threads 1 --out "$out" "$@" \
         >/dev/null || echo "FAILED: $out" >&2
 }
 ex arm64-tiny-llama onnx,pte --model fixtures/tiny/llama --strategy kv
