@@ -16,13 +16,14 @@ ex() {  # OUT FORMATS ARGS...
 }
 ex arm64-tiny-llama onnx,pte --model fixtures/tiny/llama --strategy kv
 ex arm64-tiny-llama-fp32 onnx,pte --model fixtures/tiny/llama --strategy kv:dtype=fp32
+ex arm64-tiny-llama-w4 onnx --model fixtures/tiny/llama --strategy kv:dtype=fp32 --weights int4
 ex arm64-tiny-mamba onnx,pte --model fixtures/tiny/mamba --strategy ssm
 ex arm64-tiny-mamba2 onnx,pte --model fixtures/tiny/mamba2 --strategy ssm
 ex arm64-tiny-rwkv onnx,pte --model fixtures/tiny/rwkv --strategy linear
-# SmolLM2: the plain cache in both formats; the other strategies in ONNX only (lowering a .pte of SmolLM2 took ~10
+# SmolLM2: the plain fp32 cache in both formats; the rest in ONNX only (lowering a .pte of SmolLM2 took ~10
 # min each on the shared 2-core host)
 ex arm64-smollm2-kv-fp32 onnx,pte --model smollm2-135m --strategy kv --weights fp32
-ex arm64-smollm2-kv-int4 onnx,pte --model smollm2-135m --strategy kv --weights int4
+ex arm64-smollm2-kv-int4 onnx --model smollm2-135m --strategy kv --weights int4
 for w in fp32 int4; do
     ex arm64-smollm2-kv-int4-$w onnx --model smollm2-135m --strategy kv-int4 --weights $w
     ex arm64-smollm2-kv-int8-$w onnx --model smollm2-135m --strategy kv-int8 --weights $w
