@@ -15,7 +15,7 @@ ex() {  # OUT FORMATS ARGS...
         >/dev/null || echo "FAILED: $out" >&2
 }
 ex arm64-tiny-llama onnx,pte --model fixtures/tiny/llama --strategy kv
-ex arm64-tiny-llama-fp32 onnx,pte --model fixtures/tiny/llama --strategy kv:dtype=fp32
+ex arm64-tiny-llama-fp32 onnx --model fixtures/tiny/llama --strategy kv:dtype=fp32
 ex arm64-tiny-llama-w4 onnx --model fixtures/tiny/llama --strategy kv:dtype=fp32 --weights int4
 ex arm64-tiny-mamba onnx,pte --model fixtures/tiny/mamba --strategy ssm
 ex arm64-tiny-mamba2 onnx,pte --model fixtures/tiny/mamba2 --strategy ssm
