@@ -124,3 +124,11 @@ def test_tiny_fixtures_on_arm64_match_this_host(tmp_path, fixture, strategy, cpu
         assert r["machine"] == {"host": platform.machine(), "arm64": "aarch64"}
         assert r["tokens_equal"] and r["logits_within_tolerance"] and r["state"]["float_within_tolerance"], r
         assert 0 < r["arm64"]["measured_bytes"] < r["arm64"]["process_rss_bytes"]["end"], r["arm64"]
+
+
+def test_the_logits_limit_is_the_exports_own_else_verifys_quantized_weights_limit():
+    from edgekv.export.verify import REL_TOL
+    from edgekv.profile.arm64 import limit_for
+    m = {"verification": {"pte": {"tolerance": {"max_abs_diff_over_logit_scale": 2e-3}}}}
+    assert limit_for(m, "pte")["max_abs_diff_over_logit_scale"] == 2e-3
+    assert limit_for(m, "onnx")["max_abs_diff_over_logit_scale"] == REL_TOL["quantized-weights"]

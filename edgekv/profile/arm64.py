@@ -296,6 +296,19 @@ def arm64_memory(r: dict) -> dict:
             "process_rss_bytes": {k: v["total"] for k, v in m.items()}}
 
 
+def limit_for(manifest: dict, fmt: str) -> dict:
+    """The logits limit: the one the export's own verification held this artifact to against eager torch; an
+    artifact without one (ONNX with quantized weights: export checks it against fp32 over real text, top-1 and KL,
+    not against a parity limit) gets verify.py's limit for quantized weights, the one a quantized .pte is held to."""
+    v = (manifest.get("verification") or {}).get(fmt)
+    if v and "tolerance" in v:
+        return {"max_abs_diff_over_logit_scale": float(v["tolerance"]["max_abs_diff_over_logit_scale"]),
+                "source": f"manifest verification.{fmt}.tolerance"}
+    from ..export.verify import REL_TOL
+    return {"max_abs_diff_over_logit_scale": REL_TOL["quantized-weights"],
+            "source": "edgekv/export/verify.py REL_TOL['quantized-weights'] (the export has no parity limit for it)"}
+
+
 def compare(host: dict, arm: dict, host_npz, arm_npz, tol: dict) -> dict:
     import numpy as np
     lh, la = host_npz["logits"], arm_npz["logits"]
@@ -320,7 +333,8 @@ def compare(host: dict, arm: dict, host_npz, arm_npz, tol: dict) -> dict:
     return {"positions": len(ht), "tokens_equal": ht == at, "first_token_difference": first,
             "top1_agreement": float(np.mean([a == b for a, b in zip(ht, at)])),
             "max_abs_diff": diff, "logit_scale": scale, "max_abs_diff_over_logit_scale": diff / max(scale, 1.0),
-            "tolerance": {"max_abs_diff_over_logit_scale": rel, "source": "manifest verification tolerance"},
+            "tolerance": {"max_abs_diff_over_logit_scale": rel,
+                          "source": tol.get("source", "manifest verification tolerance")},
             "logits_within_tolerance": diff <= rel * max(scale, 1.0),
             "state": {"float_max_abs_diff_over_scale": st_rel, "codes_differ_fraction": st_codes,
                       "float_within_tolerance": st_rel <= rel, "tensors": len(states)}}
@@ -372,7 +386,7 @@ def profile_arch(folder: str, arch: str, ctx: int | None, steps: int | None, run
         fmt = "onnx" if rt == "ort" else "pte"
         if fmt not in formats:
             raise EdgekvError(f"this export has no {fmt} artifact (it has: {', '.join(formats)})")
-        tol = manifest["verification"][fmt]["tolerance"]
+        tol = limit_for(manifest, fmt)
         pred = predicted(manifest, rt)
         pred.pop("explain", None)
         run = {"runtime": rt, "format": fmt, "predicted_bytes": int(sum(pred.values())), "status": "ok"}
