@@ -193,7 +193,8 @@ def explain_rows(c: Console, plan, rows) -> None:
     d = plan.device
     f = d.facts
     budget_fact = f["app_budget_bytes"] if plan.budget == d.budget_bytes else f.get("app_budget_entitled_bytes")
-    c.print(f"\n[bold]Shared by every row[/] ({d.id}, {d.path or 'device_profiles/'}):")
+    where = os.path.relpath(d.path) if d.path and not os.path.relpath(d.path).startswith("..") else d.path
+    c.print(f"\n[bold]Shared by every row[/] ({d.id}, {where or 'device_profiles/'}):")
     shared = [("app budget", fmt_mem(plan.budget), budget_fact),
               ("memory bandwidth", f"{d.bandwidth / 1e9:.1f} GB/s", f["mem_bandwidth_bytes_per_s"]),
               ("decode efficiency", f"{d.decode_efficiency:g}", f["decode_efficiency"]),
@@ -252,15 +253,17 @@ def baseline_table(rows, title: str, explain: bool = False) -> None:
 
 
 def devices_table(ds) -> None:
-    cols = [Col("id", keep=True), Col("name", give=3), Col("class", give=5), Col("RAM\nGB", "right", give=4),
-            Col("app budget\nGB", "right", give=1), Col("bandwidth\nGB/s", "right", give=2),
-            Col("compute\nTFLOP/s", "right", give=2), Col("$/h", "right", give=6)]
-    cells = [[d.id, d.name, d.device_class, fmt_gb(d.ram_bytes), fmt_gb(d.budget_bytes)
-              + (f" ({fmt_gb(d.entitled_budget_bytes)} entitled)" if d.entitled_budget_bytes else ""),
+    cols = [Col("id", keep=True), Col("name", give=2), Col("class", give=5), Col("RAM\nGB", "right", give=4),
+            Col("app budget\nGB", "right"), Col("entitled\nGB", "right", give=3),
+            Col("bandwidth\nGB/s", "right", give=1), Col("compute\nTFLOP/s", "right", give=1),
+            Col("$/h", "right", give=6)]
+    cells = [[d.id, d.name, d.device_class, fmt_gb(d.ram_bytes), fmt_gb(d.budget_bytes),
+              fmt_gb(d.entitled_budget_bytes) if d.entitled_budget_bytes else "",
               fmt_sig(d.bandwidth / 1e9), fmt_sig(d.flops / 1e12), f"{d.usd_per_hour:.2f}" if d.usd_per_hour else ""]
              for d in ds]
     print_table(console(), "device profiles (device_profiles/*.toml)", cols, cells,
-                f"{GB_NOTE}. Use the id with --device, or pass your own .toml.")
+                f"{GB_NOTE}. entitled = iOS increased-memory-limit budget (plan --entitled). Use the id with "
+                "--device, or pass your own .toml.")
 
 
 def models_table(out: list[dict]) -> None:
