@@ -96,7 +96,7 @@ def fit_table(cols: list[Col], rows: list[list], max_width: int) -> tuple[Table,
     idx = list(range(len(cols)))
     use_short = False
     t = _table(cols, idx, rows, use_short)
-    dropped: list[str] = []
+    out: list[int] = []
     while table_width(t) > max_width:
         if not use_short and any(c.short for c in cols):
             use_short = True
@@ -106,13 +106,17 @@ def fit_table(cols: list[Col], rows: list[list], max_width: int) -> tuple[Table,
                 break
             worst = max(cand, key=lambda i: (cols[i].give, i))
             idx.remove(worst)
-            dropped.append(cols[worst].header.replace("\n", " "))
+            out.append(worst)
         t = _table(cols, idx, rows, use_short)
-    if use_short:  # the full headers may fit now that columns dropped out
-        full = _table(cols, idx, rows, False)
-        if table_width(full) <= max_width:
-            t = full
-    return t, dropped
+    for i in sorted(out, key=lambda i: (cols[i].give, i)):  # a narrow column dropped early may fit again
+        trial = sorted(idx + [i])
+        if table_width(_table(cols, trial, rows, use_short)) <= max_width:
+            idx = trial
+            out.remove(i)
+    if use_short and table_width(_table(cols, idx, rows, False)) <= max_width:
+        use_short = False  # the full headers fit now that columns dropped out
+    t = _table(cols, idx, rows, use_short)
+    return t, [cols[i].header.replace("\n", " ") for i in sorted(out)]
 
 
 def print_table(c: Console, title: str, cols: list[Col], rows: list[list], footer: str) -> None:

@@ -22,10 +22,10 @@ DATACENTER = (("h100", "nvlink"), ("h100", "infiniband"))
 
 @click.command("ring")
 @click.option("--world", default=4, show_default=True, type=int, help="ranks (processes), one shard of the sequence each")
-@click.option("--ctx", "ctx_text", default="2k", show_default=True, help="prompt length: 1001, 4k (=4096), 16k")
+@click.option("-c", "--ctx", "ctx_text", default="2k", show_default=True, help="prompt length: 1001, 4k (=4096), 16k")
 @click.option("--heads", default=32, show_default=True, type=int, help="query heads")
 @click.option("--kv-heads", default=8, show_default=True, type=int, help="KV heads (GQA when fewer than --heads)")
-@click.option("--head-dim", default=128, show_default=True, type=int)
+@click.option("--head-dim", default=128, show_default=True, type=int, help="dimension of each attention head")
 @click.option("--layers", default=1, show_default=True, type=int, help="attention layers run one after another")
 @click.option("--decode-steps", default=8, show_default=True, type=int, help="tokens decoded after the prefill")
 @click.option("--dtype", default="float32", show_default=True,
@@ -39,7 +39,7 @@ DATACENTER = (("h100", "nvlink"), ("h100", "infiniband"))
 @click.option("--port", default=0, show_default=True, type=int, help="rendezvous port on 127.0.0.1 (0: a free one)")
 @click.option("--timeout", "timeout_s", default=120.0, show_default=True, type=float,
               help="seconds any rank may wait on another (init, barrier, each message)")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int, help="seed of the random q, k, v every rank draws")
 @click.option("--predict-only", is_flag=True, help="print the prediction without starting any rank")
 @click.option("--explain", is_flag=True, help="print the assumptions behind the prediction and the datacenter "
               "decode comm/compute ratio (Llama-3-70B on H100)")
