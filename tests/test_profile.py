@@ -104,12 +104,15 @@ def test_a_budget_too_small_is_demonstrated_not_assumed(export_dir):
     m = free["measured_bytes"]
     assert free["runtime_baseline_bytes"] > 3 * m  # so a whole-process limit of 3 m could not pass
     p = run_cli("profile", export_dir, "--ctx", "512", "--steps", "8", "--threads", "1", "--limit", f"{m // 2}B",
-                "--json")
+                "--json", env={"EDGEKV_PROGRESS": "1"})
     assert p.returncode == 3, p.stderr[-2000:]
+    assert "elapsed" not in p.stderr  # --json: no progress bar
     run = json.loads(p.stdout)["runs"][0]
     assert run["status"] == "exceeded" and run["fits"] is False and "reached_step" in run
-    p = run_cli("profile", export_dir, "--ctx", "512", "--steps", "8", "--threads", "1", "--limit", f"{3 * m}B")
+    p = run_cli("profile", export_dir, "--ctx", "512", "--steps", "8", "--threads", "1", "--limit", f"{3 * m}B",
+                env={"EDGEKV_PROGRESS": "1"})
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "1/1" in p.stderr and "runs" in p.stderr and "elapsed" in p.stderr  # the bar, on stderr
     assert "yes" in p.stdout and "GB = 1e9 bytes" in p.stdout and not re.search(r"\bMi?B\b", p.stdout)
 
 

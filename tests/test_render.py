@@ -260,3 +260,32 @@ def test_plan_plot_from_the_cli(tmp_path):
     out = tmp_path / "mem.png"
     p = cli("plan", "-d", "pixel8", "-c", "32k", "-m", "qwen2.5-0.5b", "--plot", out)
     assert out.stat().st_size > 10_000 and f"plot written to {out}" in p.stdout
+
+
+def test_progress_bar_on_stderr_with_an_estimate_and_off_when_asked():
+    """edgekv.progress: the export's "[i/N] stage" lines drive one bar (stages done, elapsed, time left) on stderr;
+    stdout stays clean; enabled=False (--json) or EDGEKV_PROGRESS=0 shows nothing."""
+    code = """
+import time
+from edgekv.progress import stage_status
+bar, status = stage_status("export", enabled={enabled})
+with bar:
+    for i, name in enumerate(("load", "trace", "lower-pte"), 1):
+        with status(f"[{{i}}/3] {{name}}: detail"):
+            time.sleep(0.05)
+print("stdout")
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "EDGEKV_PROGRESS": "1"}
+    p = subprocess.run([sys.executable, "-c", code.format(enabled=True)], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "stdout\n"
+    assert "3/3" in p.stderr and "stages" in p.stderr and "elapsed" in p.stderr and "left" in p.stderr
+    assert "lower-pte" in p.stderr
+    p = subprocess.run([sys.executable, "-c", code.format(enabled=False)], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=60)
+    assert p.stdout == "stdout\n" and p.stderr == ""
+    env["EDGEKV_PROGRESS"] = "0"
+    p = subprocess.run([sys.executable, "-c", code.format(enabled=True)], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=60)
+    assert p.stderr == ""
