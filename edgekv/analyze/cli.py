@@ -167,19 +167,14 @@ def _emit(result: dict, as_json: bool, plot: str | None, plotter, table, covered
 
 
 def _recall_table(result: dict, plot: str | None) -> None:
-    from rich.table import Table
-
-    from ..render import console
-    t = Table(title=f"edgekv analyze --probe recall — {result['model']}, chunk {result['chunk']}: top-1 accuracy of "
-                    f"the {result['value_len']} value tokens (mean log-prob)", title_justify="left")
-    t.add_column("variant")
-    for d in result["distances"]:
-        t.add_column(f"d={d}", justify="right")
-    for v in result["variants"]:
-        t.add_row(v["label"], *[("-" if a is None else f"{a:.2f} ({lp:.2f})")
-                                for a, lp in zip(v["accuracy"], v["logprob"])])
+    from ..render import Col, console, print_table
+    title = (f"edgekv analyze --probe recall — {result['model']}, chunk {result['chunk']}: top-1 accuracy of the "
+             f"{result['value_len']} value tokens (mean log-prob) by needle distance d")
+    cols = [Col("variant", keep=True)] + [Col(f"d={d}", "right", give=i) for i, d in enumerate(result["distances"])]
+    cells = [[v["label"], *[("-" if a is None else f"{a:.2f} ({lp:.2f})") for a, lp in zip(v["accuracy"], v["logprob"])]]
+             for v in result["variants"]]
     c = console()
-    c.print(t)
+    print_table(c, title, cols, cells, "")
     n = max((max(v["trials"]) for v in result["variants"]), default=0)
     c.print(f"{n} trials per distance; chance {result['chance']:.3f} (log-prob {result['chance_logprob']:.2f}). "
             f"{result['seconds']} s on this machine.")
@@ -194,26 +189,24 @@ def _model_name(spec: str) -> str:
 
 
 def _table(result: dict, plot: str | None) -> None:
-    from rich.table import Table
-
-    from ..render import console
-    t = Table(title=f"edgekv analyze — {result['model']}, {result['ctx']} tokens measured, chunk {result['chunk']}, "
-                    f"extrapolated to {result['target_ctx']}", title_justify="left")
-    for col in ("variant", "source", "mean KL", "KL (last window)", "top-1", "growth", "law",
-                f"KL @ {result['target_ctx']} [95%]"):
-        t.add_column(col)
+    from ..render import Col, console, print_table
+    title = (f"edgekv analyze — {result['model']}, {result['ctx']} tokens measured, chunk {result['chunk']}, "
+             f"extrapolated to {result['target_ctx']}")
+    cols = [Col("variant", keep=True), Col("source", give=3), Col("mean\nKL", "right", give=1),
+            Col("KL (last\nwindow)", "right", give=4), Col("top-1", "right", give=2), Col("growth", give=2),
+            Col("law", give=5), Col(f"KL @ {result['target_ctx']}\n[95%]", "right")]
+    cells = []
     for v in result["variants"]:
         f, e = v["fit"], v["extrapolated"]
         law = "-" if not f else (f"{f['params']['a']:.2g} t^{f['params']['b']:.2f}" if f["law"] == "power"
                                  else f"{f['params']['a']:.2g} e^({f['params']['k']:.2g} t)")
-        t.add_row(v["label"], v["source"], f"{v['mean_kl']:.3g}", f"{v['kl'][-1]:.3g}" if v["kl"] else "-",
-                  f"{v['mean_top1']:.3f}", f["class"] if f else "-", law,
-                  (f"{e['kl']:.3g} [{e['low']:.2g}, {e['high']:.2g}]" + (" far" if e["far_beyond_measured"] else ""))
-                  if e else "-")
+        cells.append([v["label"], v["source"], f"{v['mean_kl']:.3g}", f"{v['kl'][-1]:.3g}" if v["kl"] else "-",
+                      f"{v['mean_top1']:.3f}", f["class"] if f else "-", law,
+                      (f"{e['kl']:.3g} [{e['low']:.2g}, {e['high']:.2g}]" + (" far" if e["far_beyond_measured"] else ""))
+                      if e else "-"])
     c = console()
-    c.print(t)
-    c.print(f"{result['seconds']} s on this machine. KL in nats/token against the fp32 reference; 'far' = more than "
-            f"4x beyond the measured range.")
+    print_table(c, title, cols, cells, f"{result['seconds']} s on this machine. KL in nats/token against the fp32 "
+                f"reference; 'far' = more than 4x beyond the measured range.")
     an = result.get("analytic")
     if an:
         c.print(f"analytic ({an['model']}): predicted vs measured state error at {an['compare_at']} tokens: "
