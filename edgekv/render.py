@@ -171,8 +171,9 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
     footer = (f"{n_fit} of {len(rows)} options fit. {GB_NOTE}. total = weights + state + workspace + runtime; "
               f"decode = tokens/s at ctx; prefill = time to read a {plan.ctx:,}-token prompt. "
               "'*' = state changed from what the model was trained with (quantized, windowed or converted). "
-              "A catalog model is a shape (its published config): the weights come from you, e.g. "
-              "`edgekv export --model ./hf-folder-or.gguf`.")
+              "A catalog model is a shape (its published config); the weights come from you: "
+              f"`edgekv export -m ./hf-folder-or.gguf --strategy S --from-plan {d.id} -c {fmt_ctx(plan.ctx)} -o OUT` "
+              "exports a row as planned.")
     print_table(c, title, plan_columns(dc, head), cells, footer)
     if limit is not None and len(rows) > limit:
         c.print(f"{len(rows) - limit} more options: --all shows them, --json gives every number.")
