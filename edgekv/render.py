@@ -142,8 +142,9 @@ def time_column(name: str, seconds: list[float | None]) -> tuple[str, list[str]]
 def plan_columns(dc: bool, time_head: str) -> list[Col]:
     cols = [Col("model", keep=True), Col("strategy", keep=True), Col("weights", give=7, short="wts"),
             Col("state\nGB", "right", give=4), Col("total\nGB", "right", give=1), Col("fits", give=1),
-            Col("decode\ntok/s", "right", give=2), Col(time_head, "right", give=5, short=time_head.replace(
-                "prefill", "pf")), Col("risk", give=3), Col("evidence", give=9)]
+            Col("head-\nroom GB", "right", give=6), Col("decode\ntok/s", "right", give=2),
+            Col(time_head, "right", give=5, short=time_head.replace("prefill", "pf")),
+            Col("trained\nctx", "right", give=3), Col("risk", give=3), Col("evidence", give=9)]
     if dc:
         cols += [Col("users\n/GPU", "right", give=6), Col("$/M tok", "right", give=6)]
     return cols
@@ -161,16 +162,27 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
     for r, p in zip(shown, pre):
         b = r.deployment.bytes
         risk = r.quality["risk"]
-        cells.append([r.model, r.strategy.short + ("" if r.native else " *"), r.deployment.weight_precision,
-                      fmt_gb(b["state"]), fmt_gb(b["total"]), "[green]yes[/]" if r.fits else "[red]no[/]",
-                      fmt_sig(r.decode.value), p, f"[{RISK_STYLE[risk]}]{risk}[/]", r.quality["cite"],
+        tc = r.trained_ctx[0] if r.trained_ctx else None
+        cells.append([r.model + ("" if r.exportable[0] else " †"), r.strategy.short + ("" if r.native else " *"),
+                      r.deployment.weight_precision, fmt_gb(b["state"]), fmt_gb(b["total"]),
+                      "[green]yes[/]" if r.fits else "[red]no[/]", ("" if r.fits else "-") + fmt_gb(abs(r.headroom)),
+                      fmt_sig(r.decode.value), p,
+                      "?" if tc is None else ("[red]" + fmt_ctx(tc) + " ![/]" if plan.ctx > tc else fmt_ctx(tc)),
+                      f"[{RISK_STYLE[risk]}]{risk}[/]", r.quality["cite"],
                       *((str(int(r.serving.users.value)), "-" if math.isinf(r.serving.usd.value)
                          else f"{r.serving.usd.value:.2f}") if dc else ())])
+    from .memory import PLAN_RUNTIMES
+    rt = PLAN_RUNTIMES[plan.runtime]
     title = (f"edgekv plan: {d.name} ({d.id}), ctx {fmt_ctx(plan.ctx)} = {plan.ctx:,} tokens, budget "
-             f"{fmt_mem(plan.budget)}")
+             f"{fmt_mem(plan.budget)}, runtime {rt['label']} (overhead {fmt_mem(d.overhead(rt['overhead']).value)})")
     footer = (f"{n_fit} of {len(rows)} options fit. {GB_NOTE}. total = weights + state + workspace + runtime; "
+              "headroom = budget - total ('-' = over by); "
               f"decode = tokens/s at ctx; prefill = time to read a {plan.ctx:,}-token prompt. "
               "'*' = state changed from what the model was trained with (quantized, windowed or converted). "
+              "'†' = edgekv export cannot build this row today (another tool may; --json: exportable_reason). "
+              "trained = the context the model was trained at ('!' = ctx is past it: risk high unless edgekv analyze "
+              "measured this model that far; '?' = unknown: risk at least 'unknown'). risk 'unknown' = no published "
+              "or measured result covers this option. "
               "A catalog model is a shape (its published config); the weights come from you: "
               f"`edgekv export -m ./hf-folder-or.gguf --strategy S --from-plan {d.id} -c {fmt_ctx(plan.ctx)} -o OUT` "
               "exports a row as planned.")

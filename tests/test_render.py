@@ -61,7 +61,7 @@ def test_plan_table_fits_and_never_cuts_model_or_strategy(columns, device, ctx):
     want = sorted((o["model"], strategy_short(o)) for o in opts)
     got = []
     for ln in rows:
-        m = re.match(r"^(\S+)\s+(.+?)\s{2,}", ln)
+        m = re.match(r"^(\S+)(?: †)?\s+(.+?)\s{2,}", ln)  # † = edgekv cannot export this row (issue 23)
         assert m, ln
         got.append((m.group(1), m.group(2).strip()))
     assert sorted(got) == want
@@ -118,7 +118,7 @@ def test_one_memory_unit_with_significant_digits():
     opts = json.loads(cli("plan", "--device", "pixel8", "--ctx", "32k", "--json").stdout)["options"]
     by_key = {(o["model"], strategy_short(o)): o for o in opts}
     for ln in body_lines(outs["plan"]):
-        m = re.match(r"^(\S+)\s+(.+?)\s{2,}(\S+)\s+(\S+)\s+(\S+)\s", ln)
+        m = re.match(r"^(\S+)(?: †)?\s+(.+?)\s{2,}(\S+)\s+(\S+)\s+(\S+)\s", ln)
         state, total = m.group(4), m.group(5)
         o = by_key[(m.group(1), m.group(2).strip())]
         for cell, b in ((state, o["bytes"]["state"]), (total, o["bytes"]["total"])):
@@ -134,12 +134,12 @@ def test_one_time_unit_per_column():
     out = cli("plan", "--device", "pixel8", "--ctx", "32k", "--all").stdout
     head = out.splitlines()[1:3]
     assert "prefill" in head[0]
-    unit = re.search(r"tok/s\s+(\S+)\s+risk", head[1]).group(1)
+    unit = re.search(r"tok/s\s+(\S+)\s+ctx\s+risk", head[1]).group(1)
     per = {"ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}[unit]
     opts = json.loads(cli("plan", "--device", "pixel8", "--ctx", "32k", "--json").stdout)["options"]
     by_key = {(o["model"], strategy_short(o)): o for o in opts}
     for ln in body_lines(out):
-        m = re.match(r"^(\S+)\s+(.+?)\s{2,}", ln)
+        m = re.match(r"^(\S+)(?: †)?\s+(.+?)\s{2,}", ln)
         cells = ln.split()
         o = by_key[(m.group(1), m.group(2).strip())]
         idx = cells.index(o["quality"]["risk"], 3)

@@ -150,7 +150,8 @@ def _from_plan(cctx, device_name, model, strategy, formats, weights, prefill_chu
         weights = "fp16" if device.is_datacenter else "int4"
     if not given("prefill_chunk"):
         prefill_chunk = DEFAULT_CHUNK
-    runtime = "executorch" if "pte" in formats.split(",") else "onnxruntime"
+    # edgekv's own .pte is the plan's edgekv-pte runtime (executorch there is ExecuTorch's own Llama export)
+    runtime = "edgekv-pte" if "pte" in formats.split(",") else "onnxruntime"
     cmd = (f"edgekv plan --device {device.id} --ctx {max_ctx} --model {model} --strategy {strategy} "
            f"--weights {weights} --runtime {runtime} --chunk {prefill_chunk}")
     return formats, weights, prefill_chunk, cmd
