@@ -217,8 +217,10 @@ def explain_rows(c: Console, plan, rows) -> None:
               ("decode efficiency", f"{d.decode_efficiency:g}", f["decode_efficiency"]),
               ("compute", f"{d.flops / 1e9:,.0f} GFLOP/s", f["compute_flops"]),
               ("prefill efficiency", f"{d.prefill_efficiency:g}", f["prefill_efficiency"])]
-    for rt in sorted({r.deployment.runtime for r in rows}):
-        shared.append((f"{rt} runtime overhead", fmt_mem(d.overhead(rt).value), d.overhead(rt)))
+    from .memory import PLAN_RUNTIMES
+    rt = PLAN_RUNTIMES[plan.runtime]
+    shared.append((f"{rt['label']} runtime overhead", fmt_mem(d.overhead(rt["overhead"]).value),
+                   d.overhead(rt["overhead"])))
     for name, value, fact in shared:
         c.print(f"  {name} {value} — " + (_first_sentence(fact.cite) if fact is not None else ""))
     for r in rows:
@@ -231,8 +233,7 @@ def explain_rows(c: Console, plan, rows) -> None:
         head = plan.budget - b["total"]
         verdict = (f"fits, {fmt_gb(head)} GB to spare" if r.fits else f"does not fit, {fmt_gb(-head)} GB over")
         read = r.deployment.weights.get("read_per_token", b["weights"]) + b["state"]
-        c.print(f"\n[bold]{r.model} / {r.strategy.short}[/] ({r.deployment.weight_precision} weights, "
-                f"{r.deployment.runtime})")
+        c.print(f"\n[bold]{r.model} / {r.strategy.short}[/] ({r.deployment.weight_precision} weights)")
         c.print(f"  memory   {mem} = {fmt_gb(b['total'])} GB vs budget {fmt_gb(plan.budget)} GB: {verdict}")
         bound = "bandwidth-bound" if "bandwidth-bound" in r.decode.formula else (
             "compute-bound" if "compute-bound" in r.decode.formula else "")
