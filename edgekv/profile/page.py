@@ -15,9 +15,21 @@ WEIGHT_PRECISION = {"float32": "fp32", "float16": "fp16", "bfloat16": "fp16", "i
 RUNTIME_NAME = {"ort": "onnxruntime", "executorch": "executorch"}
 
 
+def _packaged_name(manifest: dict) -> str | None:
+    """The packaged model name (smollm2-135m) an export's weights came from, else None."""
+    from ..models.weights import PACKAGED
+    src = Path(manifest["model"]["source"])
+    return next((k for k, (pkg, f) in PACKAGED.items() if src.name == f and src.parent.name == pkg), None)
+
+
 def _arch(manifest: dict):
+    """The model to plan: the catalog entry of a packaged model (so the page's plan row is `edgekv plan -m NAME`'s,
+    with its stored analyzer measurements), else the export's source re-read."""
     from ..arch import catalog_names, catalog_arch, load_arch
     src = manifest["model"]["source"]
+    packaged = _packaged_name(manifest)
+    if packaged and packaged in catalog_names():
+        return catalog_arch(packaged)
     try:
         return load_arch(src)
     except EdgekvError:
@@ -194,9 +206,10 @@ def build_report(folder: Path, out: str | None, device_name: str, gpu_name: str,
                   f"{r['roofline_tokens_per_s']:.1f}" if r.get("roofline_tokens_per_s") else "-",
                   "yes" if r["fits"] else "no") for r in prof["runs"]]
     title = f"edgekv report — {arch.name}, {strategy.label}"
+    spec = _packaged_name(manifest) or manifest["model"]["source"]
     hint = (f"no edgekv analyze measurement is stored for {arch.name} with {strategy.label}; the plan cites published "
-            f"results. To draw the curve here: edgekv analyze --model {manifest['model']['source']} --strategy "
-            f"{strategy.label} --save, then run edgekv report again.")
+            f"results. To draw the curve here: edgekv analyze --model {spec} --strategy {strategy.label} --save, "
+            "then run edgekv report again.")
     target = Path(out) if out else folder / "report.html"
     if target.suffix.lower() == ".md":
         text = _markdown(title, plan_rows, prof, prof_rows, gpu_name, gpu_rows, meas, phone.name, hint)
