@@ -293,3 +293,29 @@ print("stdout")
     p = subprocess.run([sys.executable, "-c", code.format(enabled=True)], capture_output=True, text=True, env=env,
                        cwd=ROOT, timeout=60)
     assert p.stderr == ""
+
+
+def test_export_from_plan_takes_the_plans_options_where_none_are_given():
+    """--from-plan pixel8: int4 weights, .pte (ExecuTorch), chunk 128, and the plan command of that row (runtime
+    edgekv-pte: edgekv's own .pte); an option the user gives wins; a device without an export format is one line."""
+    from edgekv.errors import EdgekvError
+    from edgekv.export.cli import _from_plan, export_cmd
+
+    def resolve(*args):
+        ctx = export_cmd.make_context("export", ["-m", "smollm2-135m", "-o", "x", *args])
+        p = ctx.params
+        return _from_plan(ctx, p["from_plan"], p["model"], "kv", p["formats"], p["weights"], p["prefill_chunk"],
+                          p["max_ctx"])
+
+    fmt, w, chunk, cmd = resolve("--from-plan", "pixel8", "-c", "2k")
+    assert (fmt, w, chunk) == ("pte", "int4", 128)  # README: the plan's --chunk default
+    assert cmd == ("edgekv plan --device pixel8 --ctx 2k --model smollm2-135m --strategy kv --weights int4 "
+                   "--runtime edgekv-pte --chunk 128")
+    assert resolve("--from-plan", "pixel8", "-f", "onnx", "--weights", "int8", "--chunk", "64")[:3] == \
+        ("onnx", "int8", 64)
+    with pytest.raises(EdgekvError, match="no export format"):
+        resolve("--from-plan", "h100")
+    # the printed command plans: it runs and names the same row
+    out = json.loads(cli(*cmd.split()[1:], "--json").stdout)
+    (row,) = out["options"]
+    assert row["params"]["weights"] == "int4" and out["runtime"]["name"] == "edgekv-pte"
