@@ -22,6 +22,7 @@ from ..jsonfile import dumps, encode_nonfinite, read_json
 
 SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
 MANIFEST = "manifest.json"
+PARTIAL = ".edgekv-partial"  # marks an export folder still being written (edgekv.export.pipeline); never listed
 
 
 def schema() -> dict:
@@ -52,7 +53,7 @@ def file_table(folder: Path) -> dict:
     """{relative name: {sha256, bytes}} for every file in folder except the manifest."""
     out = {}
     for p in sorted(folder.rglob("*")):
-        if p.is_file() and p.name != MANIFEST:
+        if p.is_file() and p.name not in (MANIFEST, PARTIAL):
             out[p.relative_to(folder).as_posix()] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
     return out
 
