@@ -74,6 +74,23 @@ def dumps(obj, indent: int | None = 2) -> str:
     return json.dumps(obj, indent=indent, allow_nan=False)
 
 
+def nonfinite_to_null(obj):
+    """obj with every NaN / infinite float replaced by None: a number that does not exist (e.g. $ per token when no
+    user fits) is null in edgekv's JSON output, never NaN or Infinity, which are not JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: nonfinite_to_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [nonfinite_to_null(v) for v in obj]
+    return obj
+
+
+def output_json(obj, indent: int | None = 2, default=None) -> str:
+    """What `--json` prints and `--out` writes: strict JSON, non-finite numbers as null."""
+    return json.dumps(nonfinite_to_null(obj), indent=indent, allow_nan=False, default=default)
+
+
 def encode_nonfinite(obj):
     """obj with every NaN / infinite float written as transformers writes them into config.json,
     {"__float__": "Infinity"}, so that the text is strict JSON."""

@@ -19,7 +19,8 @@ def console() -> Console:
 
 
 def print_json(obj) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=_default) + "\n")
+    from .jsonfile import output_json
+    sys.stdout.write(output_json(obj, default=_default) + "\n")  # NaN / infinity as null: never non-JSON
 
 
 def _default(o):
