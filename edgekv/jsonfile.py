@@ -126,8 +126,12 @@ def check_writable(path: str | Path, option: str, suffixes: tuple[str, ...] | No
         raise EdgekvError(f"{option} {path}: folder {parent} does not exist")
     if p.is_dir():
         raise EdgekvError(f"{option} {path}: that is a folder; give a file name")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise EdgekvError(f"{option} {path}: folder {parent} is not writable")
+    try:  # a real file, removed at once: permission bits alone do not say it (root, read-only mounts, /proc)
+        fd, probe = tempfile.mkstemp(prefix=f".{p.name}.probe-{os.getpid()}-", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise EdgekvError(f"{option} {path}: cannot write in folder {parent} ({e.strerror or e})") from None
     if p.exists() and not os.access(p, os.W_OK):
         raise EdgekvError(f"{option} {path}: the file exists and is not writable")
     return p
