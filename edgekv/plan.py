@@ -193,6 +193,10 @@ def make_plan(device: DeviceProfile, ctx: int, archs: list[Arch], strategies: li
                     entry["needs_family"] = fam
                     entry["alternatives"] = alt_cache[key]
                 na.append(entry)
+            except EdgekvError as e:  # a default strategy whose parameters do not fit this model (kv-int4's group
+                if strategies:  # 32 and a head_dim of 48): listed with its reason; one the user asked for is an error
+                    raise
+                na.append({"model": arch.name, "strategy": s.label, "reason": str(e)})
     return Plan(device, ctx, rows, na, budget)
 
 

@@ -135,7 +135,7 @@ def parse_strategy(spec: str) -> Strategy:
         if k == "state_dtype" and name in ("ssm", "linear"):
             k = "dtype"
         if k in _NUMERIC:
-            if not v.isdigit():
+            if not (v.isascii() and v.isdigit()):  # '²'.isdigit() is True and int('²') fails
                 raise EdgekvError(f"strategy {spec!r}: {k} must be a non-negative integer")
             params[k] = int(v)
         elif k == "ratio":

@@ -10,7 +10,6 @@ Imports torch lazily, inside the command: `edgekv plan` must stay torch-free.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 
@@ -76,6 +75,12 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
     for r in roundings:
         if r not in ("nearest", "stochastic"):
             raise EdgekvError(f"--rounding {r!r}: use nearest, stochastic or nearest,stochastic")
+    # where the results go, checked before the measurement starts (minutes of work are not lost to a bad path)
+    if plot:
+        from ..jsonfile import PLOT_FORMATS, check_writable
+        check_writable(plot, "--plot", PLOT_FORMATS)
+    if save and probe == "error":
+        save_target(name or _model_name(model), "--name" if name else "--model")
 
     import torch
 
@@ -134,6 +139,9 @@ def _recall(model, base, bits, roundings, weight_bits, max_distance, chunk, text
     recurrent = base.name in ("ssm", "linear", "hybrid")
     chunk = chunk or (1 if recurrent else 64)
     dists = distances(max_distance)
+    if plot:
+        from ..jsonfile import PLOT_FORMATS, check_writable
+        check_writable(plot, "--plot", PLOT_FORMATS)
     probe = RecallProbe(model, base, variants, max(dists), chunk, seed)
     text = open(text_file, errors="replace").read() if text_file else default_text()
     rows = make_trials(Encoder.for_model(probe.loaded), text, dists, trials, seed)
@@ -156,7 +164,8 @@ def _emit(result: dict, as_json: bool, plot: str | None, plotter, table, covered
     if plot:
         plotter(result, plot)
     if as_json:
-        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        from ..jsonfile import output_json
+        sys.stdout.write(output_json(result) + "\n")
     else:
         table(result, plot)
     if result["interrupted"]:
@@ -182,6 +191,22 @@ def _recall_table(result: dict, plot: str | None) -> None:
             f"{result['seconds']} s on this machine.")
     if plot:
         c.print(f"plot written to {plot}")
+
+
+NAME_RE = r"[A-Za-z0-9][A-Za-z0-9._-]*"  # a stored measurement's model name: one plain file name part
+
+
+def save_target(name: str, option: str):
+    """Check, before any work, that --save can store under `name`: a plain name ([A-Za-z0-9._-], not starting with
+    a dot) whose files stay in edgekv/measurements/, a folder that can be written."""
+    import re
+
+    from ..jsonfile import check_writable
+    from ..quality import MEASURED_DIR
+    if not re.fullmatch(NAME_RE, name) or len(name) > 128:
+        raise EdgekvError(f"{option}: {name!r} cannot name a stored measurement: use letters, digits, '.', '_' and "
+                          "'-' (e.g. --name my-model)")
+    check_writable(MEASURED_DIR / f"{name}__probe.json", "--save")
 
 
 def _model_name(spec: str) -> str:

@@ -119,6 +119,10 @@ def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json):
     """Greedy generation from an export folder: its runtime, manifest and tokenizer only (hashes checked)."""
     from .generate import generate, open_export
 
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8 reach Python as lone surrogates
+        raise EdgekvError("--prompt is not valid UTF-8 text") from None
     for module in (("torch", "executorch") if runtime == "executorch" else ("onnxruntime",)):
         _need(module)  # torch first, as in export
     _quiet()
