@@ -174,7 +174,7 @@ LIMITS = {"num_hidden_layers": (1, 512), "hidden_size": (1, 131072), "intermedia
           "num_experts": (1, 512), "n_routed_experts": (0, 512), "n_shared_experts": (0, 512),
           "num_experts_per_tok": (0, 512), "attention_hidden_size": (1, 131072), "mamba_d_ssm": (1, 2**20),
           "n_groups": (1, 4096), "mamba_n_groups": (1, 4096), "mamba_ngroups": (1, 4096), "num_mem_blocks": (1, 512),
-          "sliding_window": (1, 2**24), "adapter_rank": (0, 65536)}
+          "sliding_window": (1, 2**24), "adapter_rank": (0, 65536), "max_position_embeddings": (1, 2**32)}
 
 
 class Cfg:
@@ -251,6 +251,7 @@ def _decoder(c: Cfg, mt: str) -> tuple[int, int, list[Block], list[Weight]]:
 def _layer_windows(c: Cfg, mt: str, n_layers: int) -> list[int | None]:
     """Which layers use a native sliding window, following each config class's conventions."""
     sw = c.get("sliding_window", default=None)
+    sw = c.int("sliding_window") if sw else None  # 0 / null: no window, as the config classes read it
     types = c.get("layer_types", default=None)
     if types is not None:
         if len(types) != n_layers:
@@ -606,7 +607,7 @@ def arch_from_config(config: dict, name: str, source: str) -> Arch:
     if mt == "gemma3" and isinstance(config.get("text_config"), dict):  # the multimodal wrapper: plan the text model
         config = {**config["text_config"], "model_type": "gemma3_text"}
         mt = "gemma3_text"
-    if mt not in READERS:
+    if not isinstance(mt, str) or mt not in READERS:
         raise EdgekvError(f"{source}: model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED)}")
     c = Cfg(config, source)
     try:

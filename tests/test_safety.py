@@ -61,14 +61,9 @@ def edit_manifest(folder: Path, fn) -> None:
     (folder / "manifest.json").write_text(json.dumps(m))
 
 
-@pytest.fixture(scope="module")
-def export_dir(tmp_path_factory) -> Path:
-    """A real export of the tiny trained Llama (ONNX, 64 slots)."""
-    out = tmp_path_factory.mktemp("exp") / "tiny"
-    code, _, err = cli("export", "--model", TINY_LLAMA, "--format", "onnx", "--max-ctx", "64", "--verify-steps", "1",
-                       "--threads", "1", "--out", out)
-    assert code == 0, err
-    return out
+@pytest.fixture
+def export_dir(tiny_onnx_export) -> Path:
+    return tiny_onnx_export
 
 
 @pytest.fixture

@@ -22,10 +22,10 @@ from . import WEIGHT_BITS
 def _ints(text: str | None, what: str) -> list[int] | None:
     if not text:
         return None
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise EdgekvError(f"{what} {text!r}: use comma-separated integers, e.g. 8,4,2") from None
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    if not parts or not all(x.isascii() and x.isdigit() for x in parts):  # not '٣' nor '-1'
+        raise EdgekvError(f"{what} {text!r}: use comma-separated integers, e.g. 8,4,2")
+    return [int(x) for x in parts]
 
 
 @click.command("analyze")
@@ -72,6 +72,8 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
     weight_bits = int(weight_bits)
     ctx, target = parse_ctx(ctx_text), parse_ctx(target_text)
     roundings = [r.strip() for r in rounding.split(",") if r.strip()]
+    if not roundings:
+        raise EdgekvError(f"--rounding {rounding!r}: use nearest, stochastic or nearest,stochastic")
     for r in roundings:
         if r not in ("nearest", "stochastic"):
             raise EdgekvError(f"--rounding {r!r}: use nearest, stochastic or nearest,stochastic")

@@ -212,6 +212,7 @@ def profile(folder: str, ctxs: list[int], steps: int, runtime: str | None, limit
     manifest = load_export(folder)  # checks every file's sha256 first
     formats = [a["format"] for a in manifest["artifacts"]]
     runtime = runtime or ("ort" if "onnx" in formats else "executorch")
+    entry_points(manifest, runtime)  # the export has an artifact for that runtime: one line now, not from a child
     max_ctx = int(manifest["max_ctx"])
     for c in ctxs:  # as the Android app does: a run of ctx positions = ctx - steps prompt tokens + steps decoded
         if c > max_ctx:
