@@ -163,7 +163,8 @@ def _embed_and_head(ws: list, vocab: int, hidden: int, tied: bool, head_name: st
 # num_hidden_layers of 1e9 would otherwise list 1e10 weight tensors). Each maximum is several times the largest
 # published config.json value known here: layers 126 and hidden 16384, intermediate 53248 (Llama-3.1-405B),
 # attention heads 128 (Llama-3.1-405B, DeepSeek-V3), vocab 262,208 (Gemma 3), routed experts 384 (Kimi K2),
-# head_dim 256 (Gemma), Mamba d_state 128 (Mamba-2), conv kernel 4. A minimum of 1: a size that cannot be 0.
+# head_dim 256 (Gemma), Mamba d_state 128 (Mamba-2), conv kernel 4, max_position_embeddings 10,485,760 (Llama 4
+# Scout). A minimum of 1: a size that cannot be 0.
 _HEADS, _DIM = (1, 4096), (1, 4096)
 LIMITS = {"num_hidden_layers": (1, 512), "hidden_size": (1, 131072), "intermediate_size": (1, 2**20),
           "moe_intermediate_size": (1, 2**20), "vocab_size": (1, 2**22), "num_attention_heads": _HEADS,
@@ -174,7 +175,7 @@ LIMITS = {"num_hidden_layers": (1, 512), "hidden_size": (1, 131072), "intermedia
           "num_experts": (1, 512), "n_routed_experts": (0, 512), "n_shared_experts": (0, 512),
           "num_experts_per_tok": (0, 512), "attention_hidden_size": (1, 131072), "mamba_d_ssm": (1, 2**20),
           "n_groups": (1, 4096), "mamba_n_groups": (1, 4096), "mamba_ngroups": (1, 4096), "num_mem_blocks": (1, 512),
-          "sliding_window": (1, 2**24), "adapter_rank": (0, 65536), "max_position_embeddings": (1, 2**32)}
+          "sliding_window": (1, 2**24), "adapter_rank": (0, 65536), "max_position_embeddings": (1, 2**27)}
 
 
 class Cfg:

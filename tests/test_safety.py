@@ -334,7 +334,8 @@ def test_profile_keeps_the_runs_when_children_die(copy_of, tmp_path):
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("edgekv: 2 of 2 runs failed")
     rep = json.loads(out.read_text())
     assert [r["ctx"] for r in rep["runs"]] == [48, 64]
-    assert all(r["status"].startswith("failed: exit 1") and "cannot load it" in r["status"] and not r["fits"]
+    assert all(r["status"].startswith("failed: exit 1: edgekv.errors.EdgekvError: ") and "model.onnx" in r["status"]
+               and not r["fits"]
                for r in rep["runs"])
 
 
@@ -491,3 +492,18 @@ def test_an_inapplicable_default_strategy_does_not_stop_the_plan():
     assert na and "head_dim 48 is not a multiple of group 32" in na[0]["reason"]
     code, _, err = cli("plan", "--device", "pixel8", "--ctx", "4k", "--model", TINY_LLAMA, "--strategy", "kv-int4")
     one_line_exit_2(code, err, "head_dim 48")
+
+
+def test_external_data_the_graph_names_must_be_listed(copy_of):
+    """ONNX Runtime opens what the graph names, whatever the manifest's external_data says: dropping both the
+    manifest's external_data and its `files` entry must not let an unlisted (here: changed) file load."""
+    def drop(m):
+        m["artifacts"][0].pop("external_data")
+        m["files"].pop("model.onnx.data")
+    edit_manifest(copy_of, drop)
+    data = copy_of / "model.onnx.data"
+    b = bytearray(data.read_bytes())
+    b[:64] = bytes(64)
+    data.write_bytes(bytes(b))
+    code, _, err = cli("run", copy_of, "--prompt", "def ", "--max-new-tokens", "2")
+    one_line_exit_2(code, err, "external data model.onnx.data is not listed")

@@ -82,7 +82,7 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
         from ..jsonfile import PLOT_FORMATS, check_writable
         check_writable(plot, "--plot", PLOT_FORMATS)
     if save and probe == "error":
-        save_target(name or _model_name(model), "--name" if name else "--model")
+        save_target(_model_name(model) if name is None else name, "--model" if name is None else "--name")
 
     import torch
 
@@ -126,7 +126,7 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
     result = report.summarise(runner, label, target, analytic=an)
     result["seconds"] = round(seconds, 2)
     if save:
-        written = report.store(result, name or _model_name(model), applies_to=applies_to)
+        written = report.store(result, _model_name(model) if name is None else name, applies_to=applies_to)
         result["stored"] = [str(p) for p in written]
     _emit(result, as_json, plot, report.plot, _table, "the curves above cover what was measured")
 

@@ -55,7 +55,7 @@ def profile(export_dir, ctx_text, steps, runtime, limit_text, device_name, threa
         from ..devices import load_device
         from .run import profile as run_profile, validate_report
         device = load_device(device_name) if device_name else None
-        limit = parse_bytes(limit_text) if limit_text else None
+        limit = parse_bytes(limit_text) if limit_text is not None else None
         err = click.get_text_stream("stderr")
         def progress(c, i, n):
             err.write(f"profile: ctx {c} in a fresh process" + (f" ({i + 1} of {n})" if n > 1 else "") + "...\n")
@@ -192,6 +192,9 @@ def report(export_dir, out, device_name, gpu_name, ctx_text, profile_json, as_js
         raise EdgekvError(f"--device {device_name}: a datacenter GPU; --device is the phone to plan for (e.g. pixel8)")
     if profile_json:
         validate_report(read_json(profile_json), f"--profile {profile_json}")
+    if ctx_text is not None:
+        from ..units import parse_ctx
+        parse_ctx(ctx_text)
     path, data = build_report(Path(export_dir), out, device_name, gpu_name, ctx_text, profile_json)
     if as_json:
         from ..render import print_json
