@@ -507,3 +507,57 @@ def test_external_data_the_graph_names_must_be_listed(copy_of):
     data.write_bytes(bytes(b))
     code, _, err = cli("run", copy_of, "--prompt", "def ", "--max-new-tokens", "2")
     one_line_exit_2(code, err, "external data model.onnx.data is not listed")
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", pytest.param("SIGKILL", marks=pytest.mark.slow)])
+def test_a_killed_export_leaves_nothing_the_next_run_does_not_remove(sig, tmp_path):
+    """SIGTERM unwinds (the temporary folder goes at once); SIGKILL cannot be caught, and the next export to the same
+    --out removes the marked folder the dead process left."""
+    import signal
+    import time
+
+    from edgekv.export.pipeline import clean_leftovers
+
+    out = tmp_path / "out"
+    p = subprocess.Popen(EDGEKV + ["export", "--model", str(TINY_LLAMA), "--max-ctx", "64", "--out", str(out)],
+                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    tmp = tmp_path / f".out.tmp-{p.pid}"
+    deadline = time.time() + 120
+    while not (tmp / ".edgekv-partial").exists() and time.time() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    assert (tmp / ".edgekv-partial").exists()
+    p.send_signal(getattr(signal, sig))
+    _, err = p.communicate(timeout=60)
+    assert not out.exists()
+    if sig == "SIGTERM":
+        assert p.returncode == 143 and "export stopped" in err and "Traceback" not in err
+        assert sorted(os.listdir(tmp_path)) == []
+    else:
+        assert tmp.exists()
+        assert clean_leftovers(out) == [tmp] and sorted(os.listdir(tmp_path)) == []
+
+
+def test_graph_io_check_reads_a_pte_methods_sizes_as_bounds_of_its_dynamic_axes():
+    """check_graph_io on .pte-style metadata: a dynamic axis ('seq', 'rows') takes the method's upper bound, a state
+    tensor must match exactly, a dtype must match."""
+    from edgekv.errors import EdgekvError
+    from edgekv.export.runtime import check_graph_io
+
+    state = [{"input": "past.0", "output": "present.0", "shape": [1, 2, 64, 8], "dtype": "float16"}]
+    ep = {"name": "forward", "tokens": "seq",
+          "inputs": [{"name": "tokens", "dtype": "int64", "shape": [1, "seq"]},
+                     {"name": "pos", "dtype": "int64", "shape": [1]},
+                     {"name": "past.0", "dtype": "float16", "shape": [1, 2, 64, 8]},
+                     {"name": "rows", "dtype": "int64", "shape": ["rows"]}],
+          "outputs": [{"name": "logits", "dtype": "float32", "shape": [1, "rows", 256]},
+                      {"name": "present.0", "dtype": "float16", "shape": [1, 2, 64, 8]}]}
+    m = {"state": {"tensors": state}, "artifacts": [{"format": "pte", "entry_points": [ep]}]}
+
+    def graph(past=(1, 2, 64, 8), dtype="float16"):
+        return {"forward": ([(None, "int64", [1, 32]), (None, "int64", [1]), (None, dtype, list(past)),
+                             (None, "int64", [32])],
+                            [(None, "float32", [1, 32, 256]), (None, dtype, list(past))])}
+    check_graph_io(m, "pte", "model.pte", graph())
+    for bad in (graph(past=(1, 2, 2**20, 8)), graph(dtype="float32"), {"prefill": graph()["forward"]}):
+        with pytest.raises(EdgekvError):
+            check_graph_io(m, "pte", "model.pte", bad)

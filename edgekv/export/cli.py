@@ -25,6 +25,21 @@ def _quiet() -> None:
     warnings.filterwarnings("ignore", module=r"(torch|executorch|onnxscript|torchao)\.")
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM (kill, a job scheduler) unwinds like Ctrl-C: the export's temporary folder is removed on the way out.
+    (SIGKILL cannot be caught: the next export to the same --out removes what it left.)"""
+    import signal
+    import sys
+
+    def stop(signum, frame):
+        click.echo("edgekv: export stopped (SIGTERM); nothing was published", err=True)
+        sys.exit(143)
+    try:
+        signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread (an export called from a library's worker thread)
+        pass
+
+
 def _need(module: str) -> None:
     import importlib
     try:
@@ -79,6 +94,7 @@ def export_cmd(model, strategy, rank, window, formats, max_ctx, out, prefill_chu
                          threads=threads, weights=weights)
     from rich.console import Console
 
+    _stop_on_sigterm()
     console = Console(stderr=True)
     status = (lambda line: console.status(line)) if console.is_terminal else None
     m = export_model(opts, echo=lambda s: click.echo(s, err=True), status=status)
