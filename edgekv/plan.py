@@ -397,8 +397,8 @@ def ring_decode_comm_s(device: DeviceProfile, arch: Arch, ctx: int, n: int) -> f
 
 QUADRATIC_TAX = {
     "source": "https://www.artificialintelligencemadesimple.com/p/how-long-context-inference-is-rewriting "
-              "(numbers via https://promitb.dev/daily/2026-03-09/engineer/; arithmetic reconstructed in "
-              "shared/research/anchors.md section 1.2)",
+              "(numbers via https://promitb.dev/daily/2026-03-09/engineer/; the arithmetic behind each row is "
+              "its users and cost formulas above)",
     "pool_bytes": 39_000_000_000, "usd_per_hour": 2.00, "tok_s_per_user": 28.0,
     "layers": 80, "kv_heads": 8, "head_dim": 128, "q_heads": 64, "hidden": 8192,
 }
