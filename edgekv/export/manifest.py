@@ -1,13 +1,14 @@
 """manifest.json: what an app (and `edgekv run`) reads to run an export, validated against manifest.schema.json.
 
-Pure Python + jsonschema: no torch. What loading an export guarantees before any runtime touches a file:
+Pure Python + jsonschema (+ onnx for an ONNX artifact's graph): no torch. What loading an export guarantees before any runtime touches a file:
 - every path the manifest names (`files`, artifacts[].file and .external_data, tokenizer.file) is a plain relative
   path that resolves inside the export folder (no `..`, no absolute path, no symlink leading out);
 - every file a runtime opens (the artifact, its ONNX external data, the tokenizer) is listed in `files`, and (with
   check_hashes) every listed file exists with its size and sha256, so a corrupted, swapped or unlisted file fails in
   one line;
 - the manifest agrees with itself: each entry point's state inputs / outputs are the state's tensors (name, dtype,
-  shape), the state was laid out for max_ctx, and a cache's slots hold max_ctx tokens (a window's at most that).
+  shape), the state was laid out for max_ctx, and a cache's slots hold max_ctx tokens (a window's at most that);
+- the ONNX graph's own external-data locations (read from model.onnx without its weights) are listed files too.
 The runtimes then check the manifest against the graph's own inputs and outputs (runtime.check_graph_io).
 Nothing in an export folder is executed or unpickled: ONNX and .pte are data for their runtimes, JSON is parsed.
 """
@@ -184,6 +185,49 @@ def owned_export(folder: Path) -> str | None:
     return None
 
 
+def onnx_external_files(path: Path) -> list[str]:
+    """Every external-data file an ONNX model names (the `location` of its external tensors: initializers and
+    attribute tensors, subgraphs included), read from the graph without loading any weights."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    found = []
+
+    def tensors(g):
+        yield from g.initializer
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    yield attr.t
+                yield from attr.tensors
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    yield from tensors(sub)
+
+    for t in tensors(model.graph):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            loc = next((e.value for e in t.external_data if e.key == "location"), None)
+            if loc not in found:
+                found.append(loc)
+    return found
+
+
+def check_onnx_external(manifest: dict, folder: Path, graph_file: str) -> None:
+    """The files ONNX Runtime will open for this graph's external data: each must be listed in the manifest's
+    `files` (so hashed) and lie inside the folder (manifest.member). One EdgekvError line otherwise."""
+    where = folder / graph_file
+    try:
+        names = onnx_external_files(where)
+    except ImportError:
+        raise EdgekvError("loading an ONNX export needs onnx: pip install 'edgekv[runtime]'") from None
+    except Exception as e:  # onnx raises DecodeError and others on a damaged file
+        raise EdgekvError(f"{where}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+    for name in names:
+        member(folder, name, f"{graph_file}'s external data")
+        if name not in manifest["files"]:
+            raise EdgekvError(f"{where}: its external data {name} is not listed in the manifest's `files`; refusing "
+                              "to load a file the manifest does not vouch for")
+
+
 def load_export(folder: str | Path, check_hashes: bool = True) -> dict:
     """Read and validate folder/manifest.json (schema, paths inside the folder, every opened file listed, the
     manifest consistent with itself); with check_hashes, every listed file must exist with its size and sha256."""
@@ -210,4 +254,9 @@ def load_export(folder: str | Path, check_hashes: bool = True) -> dict:
             if p.stat().st_size != want["bytes"] or sha256_file(p) != want["sha256"]:
                 raise EdgekvError(f"{p}: sha256 does not match the manifest (changed or corrupted since export; "
                                   "export again)")
+    for a in manifest["artifacts"]:
+        if a["format"] == "onnx" and (d / a["file"]).is_file():
+            # here, not in OrtStepper: a profile child reads the manifest before its memory baseline, so the onnx
+            # import and the graph's parse are not counted as the model's memory
+            check_onnx_external(manifest, d, a["file"])
     return manifest

@@ -71,50 +71,6 @@ def check_graph_io(manifest: dict, fmt: str, where, graph: dict) -> None:
                                       f"{list(g_shape)}: the manifest does not describe this graph")
 
 
-def onnx_external_files(path: Path) -> list[str]:
-    """Every external-data file an ONNX model names (the `location` of its external tensors: initializers and
-    attribute tensors, subgraphs included), read from the graph without loading any weights."""
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    found = []
-
-    def tensors(g):
-        yield from g.initializer
-        for node in g.node:
-            for attr in node.attribute:
-                if attr.HasField("t"):
-                    yield attr.t
-                yield from attr.tensors
-                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                    yield from tensors(sub)
-
-    for t in tensors(model.graph):
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            loc = next((e.value for e in t.external_data if e.key == "location"), None)
-            if loc not in found:
-                found.append(loc)
-    return found
-
-
-def check_onnx_external(manifest: dict, folder: Path, graph_file: str) -> None:
-    """The files ONNX Runtime will open for this graph's external data: each must be listed in the manifest's
-    `files` (so hashed) and lie inside the folder (manifest.member). One EdgekvError line otherwise."""
-    from .manifest import member
-    where = folder / graph_file
-    try:
-        names = onnx_external_files(where)
-    except ImportError:
-        raise EdgekvError("loading an ONNX export needs onnx: pip install 'edgekv[runtime]'") from None
-    except Exception as e:  # onnx raises DecodeError and others on a damaged file
-        raise EdgekvError(f"{where}: not a readable ONNX model ({type(e).__name__}: {e})") from None
-    for name in names:
-        member(folder, name, f"{graph_file}'s external data")
-        if name not in manifest["files"]:
-            raise EdgekvError(f"{where}: its external data {name} is not listed in the manifest's `files`; refusing "
-                              "to load a file the manifest does not vouch for")
-
-
 def recorded_chunk(manifest: dict, fmt: str) -> int | None:
     """The prefill call size the export planned this format for (manifest deployment.formats.FMT.prefill_chunk)."""
     c = ((manifest.get("deployment") or {}).get("formats") or {}).get(fmt, {}).get("prefill_chunk")
@@ -219,8 +175,6 @@ class OrtStepper(Stepper):
             opts.intra_op_num_threads = threads
         if not spin:
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if "files" in manifest:  # a published export (export's own verify runs before the file table exists)
-            check_onnx_external(manifest, folder, a["file"])
         try:
             self.sess = ort.InferenceSession(str(folder / a["file"]), opts, providers=["CPUExecutionProvider"])
         except Exception as e:  # ORT raises its own exception types for damaged models
