@@ -21,7 +21,7 @@ from click.testing import CliRunner  # noqa: E402
 from edgekv.export.cli import cli  # noqa: E402
 from edgekv.export.pipeline import ExportOptions, export_model  # noqa: E402
 
-P, Q = "the cat sat on the ", "mat and the dog "
+P, Q = "foo_bar_baz = 1\nfoo_", "bar"  # Q's continuation depends on P: a zeroed state gives another
 MAX_CTX = 64
 
 
