@@ -137,21 +137,23 @@ def test_verification_refuses_an_artifact_off_by_3_percent_of_the_logit_scale(ti
 
 
 def test_manifest_declares_the_state_layout_and_every_file_hash(tiny_export):
-    from edgekv.arch import read_config_json
-    from edgekv.strategies import build_layout, parse_strategy
-
     _, out, _, _ = tiny_export
     m = json.loads((out / "manifest.json").read_text())
     validate(m)
-    layout = build_layout(read_config_json(out.parent / "tiny"), parse_strategy("kv:dtype=fp32"), 64)
-    assert m["state"] == layout.to_json()
+    # by hand from the fixture's config: 2 layers x (K, V), each [1, 2 KV heads, 64 slots, head_dim 16] fp32
+    # = 2 * 64 * 16 * 4 = 8,192 B; 4 tensors = 32,768 B
+    assert m["state"]["bytes"] == 32_768 and m["state"]["ctx"] == 64
+    assert [(t["input"], t["output"], t["shape"], t["dtype"], t["bytes"]) for t in m["state"]["tensors"]] == [
+        (f"past_key_values.{i}.{r}", f"present.{i}.{r}", [1, 2, 64, 16], "float32", 8192)
+        for i in range(2) for r in ("key", "value")]
+    state = [(t["input"], t["output"]) for t in m["state"]["tensors"]]
     assert sorted(m["files"]) == ["model.onnx", "model.onnx.data", "model.pte", "tokenizer.json"]
     for name, f in m["files"].items():
         data = (out / name).read_bytes()
         assert f == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     onnx_ep = m["artifacts"][0]["entry_points"][0]
-    assert [i["name"] for i in onnx_ep["inputs"]] == ["tokens", "pos"] + [t.name for t in layout.tensors] + ["rows"]
-    assert [o["name"] for o in onnx_ep["outputs"]] == ["logits"] + [t.output for t in layout.tensors]
+    assert [i["name"] for i in onnx_ep["inputs"]] == ["tokens", "pos"] + [i for i, _ in state] + ["rows"]
+    assert [o["name"] for o in onnx_ep["outputs"]] == ["logits"] + [o for _, o in state]
     assert onnx_ep["inputs"][0]["shape"] == [1, "seq"]
     # the rows whose logits come back: their own axis, and the logits' (edgekv.models.head)
     assert onnx_ep["inputs"][-1] == {"name": "rows", "dtype": "int64", "shape": ["rows"]}
