@@ -41,3 +41,25 @@ def test_extrapolation_interval_contains_the_truth_and_flags_distance():
 def test_windowed_means_are_log_spaced():
     xs, ys = windowed(T, np.ones_like(T, dtype=float), 10)
     assert np.all(np.diff(np.log(xs)) > 0) and np.allclose(ys, 1)
+
+
+def test_extrapolation_interval_has_the_width_least_squares_gives_by_hand():
+    """Four points of y = 1e-3 t^0.7 at log t = 0, 1, 2, 3, with log-residuals (+d, -d, -d, +d), which are orthogonal
+    to [1, log t]: least squares recovers the law exactly, RSS = 4 d^2, s^2 = RSS / (n - 2) = 2 d^2, mean log t 1.5,
+    Sxx = 5. The predicted log y at x* = log t* has variance s^2 (1/n + (x* - 1.5)^2 / Sxx); the interval is the
+    prediction times exp(+-1.96 sd). Not wider, not narrower."""
+    d = 0.1
+    x = np.arange(4.0)
+    y = 1e-3 * np.exp(0.7 * x + d * np.array([1, -1, -1, 1]))
+    f = fit_growth(np.exp(x), y)
+    assert f.law == "power" and f.params["b"] == pytest.approx(0.7, rel=1e-9)
+    assert f.params["a"] == pytest.approx(1e-3, rel=1e-9)
+    target = 98304
+    xs = np.log(target)
+    sd = np.sqrt(2 * d**2 * (1 / 4 + (xs - 1.5) ** 2 / 5))
+    e = extrapolate(f, target)
+    assert e["value"] == pytest.approx(1e-3 * target**0.7, rel=1e-9)
+    assert e["high"] / e["value"] == pytest.approx(np.exp(1.96 * sd), rel=1e-9)
+    assert e["value"] / e["low"] == pytest.approx(np.exp(1.96 * sd), rel=1e-9)
+    assert f.stderr["b"] == pytest.approx(np.sqrt(2 * d**2 / 5), rel=1e-9)
+    assert e["far_beyond_measured"]
