@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 DOCS = ["README.md", "benchmarks/README.md"]
 
-CITE = re.compile(r"(?:benchmarks/)?results/([\w{},.-]+?)\.json|`([\w{},-]+_[\w{},-]+)\.json`")
-NUM = r"\d+(?:\.\d+)?"
+CITE = re.compile(r"(?:benchmarks/)?results/([\w{},./-]+?)\.json|`([\w{},-]+_[\w{},-]+)\.json`")
+NUM = r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)"  # 1,083 or 18.7
 # a run of numbers joined by /, -, to, vs, and, then a unit: "30 / 36 tok/s", "3-8 GB/s", "8.98 / 14.08 / 17.33 ms"
 FIGURE = re.compile(rf"(?<![\w.])({NUM}(?:\s*(?:/|-|to|vs\.?|and)\s*{NUM})*)\s*(tok/s|GB/s|MiB|MB|ms|us)\b")
 CELL_NUM = re.compile(rf"(?<![\w.+-])({NUM})(?![\w.%]|\s*x\b)")
@@ -34,8 +34,17 @@ def expand(name: str) -> list[str]:
     return [x for part in m.group(1).split(",") for x in expand(name[:m.start()] + part + name[m.end():])]
 
 
+PROFILE = re.compile(r"device_profiles/([\w.-]+)\.toml")
+DIR = re.compile(r"(?:benchmarks/)?results/([\w-]+)/")
+
+
 def cited(text: str) -> list[str]:
-    return [n for m in CITE.finditer(text) for n in expand(m.group(1) or m.group(2))]
+    """The JSON files a block cites (names under benchmarks/results/, without .json; a folder: every JSON in it),
+    and the device profiles (device_profiles/NAME.toml, for the facts a profile holds)."""
+    out = [n for m in CITE.finditer(text) for n in expand(m.group(1) or m.group(2))]
+    for m in DIR.finditer(text):
+        out += sorted(p.relative_to(RESULTS).with_suffix("").as_posix() for p in (RESULTS / m.group(1)).rglob("*.json"))
+    return out + [f"../../device_profiles/{m.group(1)}.toml" for m in PROFILE.finditer(text)]
 
 
 def blocks(text: str):
@@ -73,11 +82,19 @@ def json_numbers(name: str) -> list[float]:
             for v in x:
                 walk(v)
 
+    if name.endswith(".toml"):  # a device profile: every number in it, its sources' words included
+        text = (RESULTS / name).read_text()
+        return [float(n.replace(",", "").replace("_", "")) for n in re.findall(r"\d[\d,_]*(?:\.\d+)?", text)]
     walk(json.loads((RESULTS / f"{name}.json").read_text()))
     return out
 
 
+def exists(name: str) -> bool:
+    return (RESULTS / (name if name.endswith(".toml") else f"{name}.json")).is_file()
+
+
 def holds(values: list[float], figure: str, unit: str | None) -> bool:
+    figure = figure.replace(",", "")
     x = float(figure)
     half = 0.5 * 10.0 ** -(len(figure.split(".")[1]) if "." in figure else 0) * 1.0001
     return any(abs(v * s - x) <= half for v in values for s in SCALE[unit])
@@ -107,13 +124,13 @@ def check(doc: str) -> list[str]:
     for kind, block in blocks(text):
         names = own = cited(block)
         for n in names:
-            if not (RESULTS / f"{n}.json").is_file():
-                problems.append(f"{doc}: cites {n}.json, which benchmarks/results/ does not have")
+            if not exists(n):
+                problems.append(f"{doc}: cites {n}, which is not there")
         if block.startswith("#"):
             previous = paragraph = []
             continue
-        if kind == "table" and not names:
-            names = previous  # a table takes the paragraph's before it
+        if kind == "table":
+            names = names + previous  # a table takes the paragraph's before it, and what its rows cite
         elif kind == "prose" and block.startswith("- "):
             names = names or paragraph  # a list item goes on from the paragraph that opens the list
             previous = names
@@ -121,7 +138,7 @@ def check(doc: str) -> list[str]:
             previous = paragraph = names
         if kind == "table" and not names:
             kind = "uncited table"  # not a benchmark table: only its figures with units are checked
-        names = [n for n in names if (RESULTS / f"{n}.json").is_file()]
+        names = [n for n in names if exists(n)]
         values = [v for n in names for v in json_numbers(n)]
         where = block.splitlines()[0][:70]
         for fig, unit in figures(kind, block):
