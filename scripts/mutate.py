@@ -41,7 +41,8 @@ MODULES = {
                    "tests/test_state_bytes.py tests/test_memory.py tests/test_verify.py", 120),
     "costs": ("edgekv/memory.py", ["weight_bytes_one", "weight_bytes", "workspace_bytes", "_layer_scratch",
                                    "runtime_load_bytes"],
-              "tests/test_memory.py tests/test_state_bytes.py tests/test_arch.py -k 'not truncated'", 120),
+              "tests/test_memory.py tests/test_state_bytes.py tests/test_arch.py -k 'memory or state or catalog_config'",
+              180),
     "quant": ("edgekv/quant.py", None, "tests/test_quant.py", 120),
     "verify": ("edgekv/export/verify.py", ["tolerance_dtype", "limits", "verify", "min_top1"],
                "tests/test_verify.py", 120),
@@ -139,26 +140,39 @@ def run_module(name: str, work: Path, python: str, max_n: int | None, seed: int,
             sampled = max_n
     log(f"{name}: {generated} mutants generated, {sampled} to run ({tests})")
     subprocess.run([bin_dir / "cosmic-ray", "exec", cfg, db], cwd=work, check=True)
-    killed, survivors, incompetent = 0, [], 0
-    with use_db(str(db), WorkDB.Mode.open) as wdb:
+    return summarize(name, work)
+
+
+def summarize(name: str, work: Path) -> dict:
+    """The module's result from its session database in the scratch copy: generated, run, killed, survivors."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome
+
+    module_path, funcs, tests, _ = MODULES[name]
+    killed, survivors, incompetent, pending, filtered = 0, [], 0, 0, 0
+    with use_db(str(work / f"mutate-{name}.sqlite"), WorkDB.Mode.open) as wdb:
+        generated = wdb.num_work_items
+        pending = len(wdb.pending_work_items)
         for item, result in wdb.completed_work_items:
             if result.worker_outcome == WorkerOutcome.SKIPPED:
+                filtered += result.output != "not sampled"
                 continue
             if result.worker_outcome != WorkerOutcome.NORMAL:
                 incompetent += 1
-                continue
-            if result.test_outcome.value == "killed":
+            elif result.test_outcome.value == "killed":
                 killed += 1
             elif result.test_outcome.value == "survived":
                 m = item.mutations[0]
                 line = (work / m.module_path).read_text().splitlines()[m.start_pos[0] - 1].strip()
-                survivors.append({"line": m.start_pos[0], "operator": m.operator_name, "occurrence": m.occurrence,
-                                  "code": line, "diff": (result.diff or "").strip()[-600:]})
+                plus = [x[1:].strip() for x in (result.diff or "").splitlines()
+                        if x.startswith("+") and not x.startswith("+++")]
+                survivors.append({"line": m.start_pos[0], "operator": m.operator_name, "code": line,
+                                  "mutant": plus[0] if plus else ""})
             else:
                 incompetent += 1
     run = killed + len(survivors)
     return {"module": module_path, "functions": funcs or "all", "tests": tests, "generated": generated,
-            "in_scope": sampled if max_n is None else None, "run": run, "killed": killed,
+            "in_scope": generated - filtered, "run": run, "not_run": pending, "killed": killed,
             "survived": len(survivors), "incompetent": incompetent,
             "score": round(killed / run, 3) if run else None, "survivors": survivors}
 
@@ -171,14 +185,19 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write (merge by module) the results here")
     ap.add_argument("--keep", action="store_true", help="keep the scratch copy (its path is printed)")
+    ap.add_argument("--collect", default=None, help="summarize the session databases of a kept scratch copy")
     a = ap.parse_args(argv)
     names = a.only.split(",") if a.only else list(MODULES)
     unknown = [n for n in names if n not in MODULES]
     if unknown:
         print(f"unknown module(s): {', '.join(unknown)} (have: {', '.join(MODULES)})", file=sys.stderr)
         return 2
-    work = Path(tempfile.mkdtemp(prefix="edgekv-mutate-"))
-    scratch_copy(work)
+    if a.collect:
+        work = Path(a.collect)
+        names = [n for n in names if (work / f"mutate-{n}.sqlite").is_file()]
+    else:
+        work = Path(tempfile.mkdtemp(prefix="edgekv-mutate-"))
+        scratch_copy(work)
     os.environ["PYTHONPATH"] = str(work)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     results = []
@@ -188,13 +207,15 @@ def main(argv=None) -> int:
 
     try:
         for n in names:
-            r = run_module(n, work, a.python, a.max_per_module, a.seed, log)
+            r = summarize(n, work) if a.collect else run_module(n, work, a.python, a.max_per_module, a.seed, log)
             r["name"] = n
+            if not a.collect:
+                r["sample"], r["seed"] = a.max_per_module, a.seed
             results.append(r)
             if "score" in r:
                 log(f"{n}: killed {r['killed']} of {r['run']} (score {r['score']}), {r['survived']} survived")
     finally:
-        if a.keep:
+        if a.keep or a.collect:
             log(f"scratch copy kept: {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)

@@ -48,6 +48,13 @@ def test_weight_precisions_order_and_int4_group_scales():
     # int4 linear layers: 0.5 B + an fp16 scale per 32 weights = 0.5625 B per weight
     lin = sum(w.numel for w in LLAMA.weights if w.cls == "linear")
     assert weight_bytes(LLAMA, "int4")["linear"] == lin * 0.5625
+    # the embedding stays int8 under int4 (ExecuTorch's 8da4w recipe): 1 B + a fp16 scale per row of Llama 3.2 1B's
+    # 128,256 x 2,048 table; int8 everything likewise; fp16 2 B; norms stay fp32 (4 B) at every precision
+    emb = 128_256 * 2_048
+    assert weight_bytes(LLAMA, "int4")["embedding"] == weight_bytes(LLAMA, "int8")["embedding"] == emb + 2 * 128_256
+    assert weight_bytes(LLAMA, "fp16")["embedding"] == 2 * emb
+    small = sum(w.numel for w in LLAMA.weights if w.cls == "small")
+    assert {weight_bytes(LLAMA, p)["small"] for p in ("fp32", "fp16", "int8", "int4")} == {4 * small}
 
 
 # Runtime load terms and workspace, by hand from SmolLM2-135M's published config (30 layers, hidden 576, 9 query /
