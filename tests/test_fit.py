@@ -63,3 +63,13 @@ def test_extrapolation_interval_has_the_width_least_squares_gives_by_hand():
     assert e["value"] / e["low"] == pytest.approx(np.exp(1.96 * sd), rel=1e-9)
     assert f.stderr["b"] == pytest.approx(np.sqrt(2 * d**2 / 5), rel=1e-9)
     assert e["far_beyond_measured"]
+
+
+def test_an_exponential_that_grows_less_than_e_fold_is_not_compounding():
+    """y = 1e-3 exp(k t) with k x span = 0.5: the exponential law fits it exactly, but it grows less than e-fold
+    over the measured range, so the curve is not called compounding (the power law is kept)."""
+    k = 0.5 / (T.max() - T.min())
+    f = fit_growth(*windowed(T, 1e-3 * np.exp(k * T)))
+    assert f.law == "power" and f.cls != "compounding"
+    g = fit_growth(*windowed(T, 1e-3 * np.exp(3 * k * T)))  # 1.5-fold in the exponent: e^1.5 growth
+    assert g.law == "exponential" and g.cls == "compounding" and g.params["k"] == pytest.approx(3 * k, rel=0.02)
