@@ -73,3 +73,41 @@ def test_an_exponential_that_grows_less_than_e_fold_is_not_compounding():
     assert f.law == "power" and f.cls != "compounding"
     g = fit_growth(*windowed(T, 1e-3 * np.exp(3 * k * T)))  # 1.5-fold in the exponent: e^1.5 growth
     assert g.law == "exponential" and g.cls == "compounding" and g.params["k"] == pytest.approx(3 * k, rel=0.02)
+
+
+def test_fit_statistics_against_numpy_polyfit_and_by_hand():
+    """r2, both laws' standard errors: the four hand points above (power law; stderr of log a by hand,
+    s^2 (1/n + mean^2 / Sxx)), and an exponential curve against numpy.polyfit's own covariance."""
+    d = 0.1
+    x = np.arange(4.0)
+    ly = np.log(1e-3) + 0.7 * x + d * np.array([1, -1, -1, 1])
+    f = fit_growth(np.exp(x), np.exp(ly))
+    assert f.r2 == pytest.approx(1 - 4 * d**2 / ((ly - ly.mean()) ** 2).sum(), rel=1e-9)
+    assert f.stderr["log_a"] == pytest.approx(np.sqrt(2 * d**2 * (1 / 4 + 1.5**2 / 5)), rel=1e-9)
+    t = T[::64].astype(float)
+    y = 1e-4 * np.exp(t / 1000) * np.exp(np.random.default_rng(1).normal(0, 0.05, t.shape))
+    g = fit_growth(t, y)
+    coef, cov = np.polyfit(t, np.log(y), 1, cov=True)
+    assert g.law == "exponential" and g.params["k"] == pytest.approx(coef[0], rel=1e-9)
+    assert g.stderr["k"] == pytest.approx(np.sqrt(cov[0, 0]), rel=1e-6)
+    assert g.stderr["log_a"] == pytest.approx(np.sqrt(cov[1, 1]), rel=1e-6)
+
+
+def test_growth_within_its_own_noise_is_bounded():
+    """b = 0.1 (above the 0.05 flat line) with a standard error of 0.1 / 1.5: the 95 % interval of b includes 0, so
+    the curve is bounded; with a tenth of the noise it is accumulating. Four hand points as above."""
+    x = np.arange(4.0)
+    r = np.array([1, -1, -1, 1])
+    sb = 0.1 / 1.5
+    d = sb * np.sqrt(5 / 2)  # stderr of b = sqrt(2 d^2 / 5)
+    noisy = fit_growth(np.exp(x), np.exp(0.1 * x + d * r))
+    assert noisy.law == "power" and noisy.stderr["b"] == pytest.approx(sb, rel=1e-9) and noisy.cls == "bounded"
+    quiet = fit_growth(np.exp(x), np.exp(0.1 * x + d / 10 * r))
+    assert quiet.cls == "accumulating"
+
+
+def test_positions_at_zero_are_left_out():
+    x = np.arange(4.0)
+    y = 1e-3 * np.exp(0.7 * x)
+    a, b = fit_growth(np.exp(x), y), fit_growth(np.r_[0.0, np.exp(x)], np.r_[5.0, y])
+    assert a.params == pytest.approx(b.params) and a.law == b.law
