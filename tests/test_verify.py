@@ -189,3 +189,25 @@ def test_a_manifest_off_its_schema_or_absent_is_one_error(export_folder, tmp_pat
     with pytest.raises(EdgekvError, match="no manifest.json"):
         load_export(empty)
     shutil.rmtree(empty)
+
+
+def test_logits_under_one_are_held_to_an_absolute_floor_of_one():
+    """The limit is rel x max(logit scale, 1): logits all under 1 in size (a model that barely commits) may differ by
+    rel in absolute terms, not by rel x their own small scale. Here the scale is ~0.14 and the artifact is off by 5e-5
+    everywhere: inside float32's 1e-4 x 1, outside 1e-4 x 0.14."""
+    small = TABLE[:20] / 100
+    scale = float(np.abs(small).max())
+    assert scale < 0.5
+
+    class Small(Table):
+        def __init__(self, off=0.0):
+            super().__init__()
+            self.off = off
+
+        def rows(self, start, n):
+            return TABLE[start:start + n] / 100 + np.float32(self.off)
+
+    v = verify(Small(5e-5), Small(), PROMPT, STEPS, "float32", "test")
+    assert v["logit_scale"] == pytest.approx(scale) and v["max_abs_diff"] == pytest.approx(5e-5, rel=1e-2)
+    assert v["passed"]
+    assert not verify(Small(2e-4), Small(), PROMPT, STEPS, "float32", "test")["passed"]
