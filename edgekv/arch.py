@@ -613,7 +613,7 @@ def read_config_json(path: str | Path) -> Arch:
 
 # the model types edgekv.models.llama exports (GQA + RoPE + RMSNorm + SwiGLU decoders), here so that torch-free code
 # (the planner's memory model) and the export module read the same list
-LLAMA_EXPORT_TYPES = ("llama", "mistral", "qwen2")
+LLAMA_EXPORT_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
 GGUF_ARCH = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
              "gemma3": "gemma3_text", "phi3": "phi3", "mamba": "mamba", "mamba2": "mamba2"}

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..arch import LLAMA_EXPORT_TYPES
 from ..errors import EdgekvError
 from ..jsonfile import read_json
 
@@ -90,6 +89,8 @@ _GGUF_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weig
 # convert_hf_to_gguf.py permutes q/k rows (LlamaModel.modify_tensors) for llama.cpp's interleaved RoPE; the NEOX-rope
 # architectures (qwen2) are stored as HF has them. transformers undoes it the same way (LlamaTensorProcessor).
 _PERMUTED_ARCHS = {"llama", "mistral"}
+# the GGUF architectures gguf_config reads (the llama family's gguf_archs in edgekv.models.FAMILIES)
+GGUF_EXPORT_ARCHS = ("llama", "mistral", "qwen2")
 
 
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -110,9 +111,9 @@ def gguf_config(reader, where: str) -> dict:
         return f.contents()
 
     arch = field("general.architecture")
-    if arch not in LLAMA_EXPORT_TYPES:
+    if arch not in GGUF_EXPORT_ARCHS:
         raise EdgekvError(f"{where}: GGUF architecture {arch!r} has no export module yet "
-                          f"({', '.join(LLAMA_EXPORT_TYPES)})")
+                          f"({', '.join(GGUF_EXPORT_ARCHS)})")
     names = {t.name for t in reader.tensors}
     heads = int(field(f"{arch}.attention.head_count"))
     hidden = int(field(f"{arch}.embedding_length"))
