@@ -39,7 +39,7 @@ class Family:
 
 FAMILIES = (
     Family("llama", ("llama", "mistral", "qwen2", "qwen3", "gemma3_text"), KV_STRATEGIES + ("mla",),
-           "edgekv.models:read_llama", "edgekv.models.llama:build", gguf_archs=("llama", "mistral", "qwen2"),
+           "edgekv.models:read_llama", "edgekv.models.llama:build", gguf_archs=("llama", "mistral", "qwen2", "gemma3"),
            routes=(("mla", "converted-mla"),),
            what="GQA + RoPE decoders: Llama-2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3 (qk-norm), Gemma 3 "
                 "(sliding + global layers)"),
