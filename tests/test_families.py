@@ -1,8 +1,8 @@
-"""The family registry (edgekv.models.FAMILIES) and the families added through it: Qwen3 and Gemma 3 against
-transformers as the independent reference.
+"""The family registry (edgekv.models.FAMILIES) and the families added through it: Qwen3, Gemma 3 and SmolLM3
+against transformers as the independent reference.
 
 Tiny random models are built with transformers' own classes (fixed seed, odd shapes: 6 or 3 query heads, GQA ratio
-3, a Gemma sliding window shorter than the sequence so its ring buffers really roll), saved as safetensors, exported
+3, a Gemma sliding window shorter than the sequence so its ring buffers really roll, SmolLM3 NoPE layers), saved as safetensors, exported
 by `edgekv export` to ONNX and .pte, and driven by ONNX Runtime / the ExecuTorch runtime alone; their logits follow
 transformers' full-sequence forward step by step.
 """
@@ -38,6 +38,11 @@ TINY = {
                    sliding_window=WINDOW, query_pre_attn_scalar=24, final_logit_softcapping=30.0,
                    layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
                    initializer_range=0.2, rope_theta=1e5, rope_local_base_freq=1e3),
+    # NoPE in layers 1 and 3 (no_rope_layers 0), RoPE in 0 and 2; 6 query heads on 2 KV heads
+    "smollm3": dict(cls="SmolLM3Config", vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=4,
+                    num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256,
+                    no_rope_layers=[1, 0, 1, 0], tie_word_embeddings=True, initializer_range=0.2, rope_theta=5e4,
+                    pad_token_id=0, bos_token_id=1, eos_token_id=2),
 }
 
 
@@ -122,6 +127,7 @@ def test_gemma3_native_state_is_a_ring_per_sliding_layer_and_full_kv_for_global_
 
 CASES = {  # name -> (family, max_ctx, config overrides)
     "qwen3": ("qwen3", 64, {}),  # plain cache: ONNX GroupQueryAttention, ExecuTorch custom_sdpa, qk-norm before both
+    "smollm3": ("smollm3", 64, {}),  # the same fused ops, rotation skipped in its NoPE layers
     "gemma3": ("gemma3", 64, {}),  # rings of 8 slots roll: the explicit graph
     # every layer's window covers max_ctx: no ring, so the fused ops run Gemma's two RoPEs, scale and norms
     "gemma3-fused": ("gemma3", 32, {"sliding_window": 40}),

@@ -38,11 +38,11 @@ class Family:
 
 
 FAMILIES = (
-    Family("llama", ("llama", "mistral", "qwen2", "qwen3", "gemma3_text"), KV_STRATEGIES + ("mla",),
+    Family("llama", ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "smollm3"), KV_STRATEGIES + ("mla",),
            "edgekv.models:read_llama", "edgekv.models.llama:build", gguf_archs=("llama", "mistral", "qwen2", "gemma3"),
            routes=(("mla", "converted-mla"),),
            what="GQA + RoPE decoders: Llama-2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3 (qk-norm), Gemma 3 "
-                "(sliding + global layers)"),
+                "(sliding + global layers), SmolLM3 (NoPE layers)"),
     Family("converted-mla", (), ("mla",), "edgekv.models:read_llama", "edgekv.models.mla:build_converted",
            what="a llama-family model with its KV converted to a low-rank latent (mla on a GQA model)"),
     Family("deepseek-v2", ("deepseek_v2",), ("mla",), "edgekv.models.mla:read_deepseek",

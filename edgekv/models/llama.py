@@ -11,6 +11,7 @@ and optional q/k/v biases; and the parts Qwen3 and Gemma 3 add (LlamaArgs):
     sliding layers (rope_local_base_freq, 10k) and the global ones (rope_theta, 1M), the final logits soft-capped
     (tanh(x / cap) * cap) when final_logit_softcapping is set. Its sliding layers are Ring layers (below): W slots
     each, the global layers one slot per position -- the model's native state.
+  - SmolLM3: NoPE layers (no_rope_layers[i] == 0: every 4th layer) attend without any rotary embedding.
 
 Shape symbols:
   C   tokens in this call (chunked prefill: C > 1; decode: C = 1)
@@ -92,6 +93,7 @@ class LlamaArgs:
     attn_scale: float | None = None  # the scores' scale; None: 1 / sqrt(head_dim)
     final_softcap: float | None = None  # logits -> tanh(logits / cap) * cap
     local_rope_theta: float | None = None  # RoPE base of the sliding-window layers (Gemma 3); None: rope_theta
+    rope_layers: list[bool] | None = None  # per layer: False = NoPE, no rotation at all (SmolLM3); None: all rotate
     rope_freq_factors: list[float] | None = field(default=None, repr=False)  # llama.cpp rope_freqs.weight (D/2)
 
     def __post_init__(self):
@@ -159,7 +161,8 @@ def args_from_hf_config(cfg: dict, where: str = "config.json") -> LlamaArgs:
         rope.update(legacy)
         if "type" in legacy and "rope_type" not in legacy:
             rope["rope_type"] = legacy["type"]
-    theta = float(rope.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+    # SmolLM3Config.default_theta 2e6 where the config names none; the others' 1e4
+    theta = float(rope.pop("rope_theta", cfg.get("rope_theta", 2e6 if mt == "smollm3" else 10000.0)))
     rtype = rope.get("rope_type", "default")
     if rtype not in ("default", "linear", "llama3"):
         raise EdgekvError(f"{where}: rope type {rtype!r} is not supported yet (default, linear, llama3)")
@@ -178,7 +181,21 @@ def args_from_hf_config(cfg: dict, where: str = "config.json") -> LlamaArgs:
         qk_norm=mt in ("qwen3", "gemma3_text"), gemma=gemma, act=ACTIVATIONS[act],
         attn_scale=float(cfg.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma else None,
         final_softcap=float(cfg["final_logit_softcapping"]) if gemma and cfg.get("final_logit_softcapping") else None,
-        local_rope_theta=local_theta)
+        local_rope_theta=local_theta, rope_layers=_rope_layers(cfg, mt, need("num_hidden_layers"), where))
+
+
+def _rope_layers(cfg: dict, mt: str, n: int, where: str) -> list[bool] | None:
+    """SmolLM3's no_rope_layers (1 = RoPE, 0 = NoPE; SmolLM3Config derives it from no_rope_layer_interval, default 4:
+    layer i rotates iff (i + 1) % 4 != 0) -> per layer whether it rotates; None for every other model type."""
+    if mt != "smollm3":
+        return None
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        every = int(cfg.get("no_rope_layer_interval", 4))
+        flags = [int((i + 1) % every != 0) for i in range(n)]
+    if len(flags) < n:
+        raise EdgekvError(f"{where}: no_rope_layers has {len(flags)} entries for {n} layers")
+    return [bool(f) for f in flags[:n]]
 
 
 # ---- building blocks ----
@@ -290,6 +307,8 @@ class Attention(nn.Module):
         q, k, v = q.reshape(-1, self.h, self.dh), k.reshape(-1, self.hkv, self.dh), v.reshape(-1, self.hkv, self.dh)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if cos is None:  # a NoPE layer (SmolLM3)
+            return q, k, v
         return q * cos + self._half(q, rot) * sin, k * cos + self._half(k, rot) * sin, v
 
     def _half(self, x, rot=None):
@@ -690,7 +709,8 @@ class Llama(nn.Module):
                 at.qkv_proj = qkv
             # the op's rotary tables, [max_ctx, D/2], initializers (one RoPE for every layer, none between the
             # projection and the rotation: a qk-norm or a second RoPE base rotates in the graph instead)
-            if fused and self.kv.dtype == torch.float32 and not self.args.qk_norm and not self.local_rope:
+            if fused and self.kv.dtype == torch.float32 and not self.args.qk_norm and not self.local_rope \
+                    and self.args.rope_layers is None:
                 freqs = torch.arange(self.layout.ctx, dtype=torch.int64).float()[:, None] * self.inv_freq[None, :]
                 self.register_buffer("gqa_cos", freqs.cos(), persistent=False)
                 self.register_buffer("gqa_sin", freqs.sin(), persistent=False)
@@ -779,6 +799,8 @@ class Llama(nn.Module):
             b = 2 * n * i
             ring = self.rings[i]
             cos, sin = (lcos, lsin) if self.local_rope and windows[i] is not None else (g_cos, g_sin)
+            if self.args.rope_layers is not None and not self.args.rope_layers[i]:
+                cos = sin = None  # NoPE
             if self.et_ops:
                 h, k, v = blk.self_attn.custom(blk.input_layernorm(x), cos, sin, start, positions,
                                                state[b:b + n], state[b + n:b + 2 * n], self.kv, self.rope_rot, zero,
