@@ -134,7 +134,10 @@ CASES = {  # name -> (family, max_ctx, config overrides)
 }
 
 
-@pytest.fixture(scope="module", params=[pytest.param(c, marks=pytest.mark.slow) if c == "gemma3-fused" else c
+SLOW_CASES = ("gemma3-fused", "smollm3")  # minutes on 2 cores each; `make test-all` runs them
+
+
+@pytest.fixture(scope="module", params=[pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CASES else c
                                         for c in sorted(CASES)])
 def exported(request, tmp_path_factory):
     from click.testing import CliRunner
