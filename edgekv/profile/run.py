@@ -176,6 +176,9 @@ def median_run(results: list[dict]) -> dict:
     return pick
 
 
+BUDGET_BASIS = "measured_bytes: peak resident bytes above the runtime's baseline (the same number as measured)"
+
+
 def profile(folder: str, ctxs: list[int], steps: int, runtime: str | None, limit: int | None,
             threads: int | None, device=None, progress=None, repeats: int = 1) -> dict:
     """repeats: fresh processes per context; the run with the median measured bytes is reported (median_run), with
@@ -242,12 +245,14 @@ def profile(folder: str, ctxs: list[int], steps: int, runtime: str | None, limit
             run["reached_phase"] = r.get("reached", {}).get("phase")
             run["fits"] = False
         else:
-            run["fits"] = bool(peak is not None and (budget is None or peak <= budget))
+            run["fits"] = bool(run["measured_bytes"] is not None
+                               and (budget is None or run["measured_bytes"] <= budget))
         runs.append(run)
     host = host_info()
     host["bandwidth_bytes_per_s"] = bw
     host["threads"] = threads
     return {"artifact": str(folder), "runtime": runtime, "host": host, "budget_bytes": budget,
+            "budget_basis": BUDGET_BASIS,
             "model": manifest["model"]["name"], "strategy": manifest["strategy"]["label"], "max_ctx": max_ctx,
             "prefill_chunk": prefill_chunk(manifest, runtime), "predicted_explain": explain, "runs": runs}
 
