@@ -205,6 +205,8 @@ def _decoder(c: Cfg, mt: str) -> tuple[int, int, list[Block], list[Weight]]:
     qkv_bias = {"qwen2": True}.get(mt, bool(c.get("attention_bias", default=False)))
     mlp_bias = bool(c.get("mlp_bias", default=False))
     for f in ("attention_chunk_size", "no_rope_layers", "moe_layers", "num_local_experts"):
+        if f == "no_rope_layers" and mt == "smollm3":  # SmolLM3's NoPE layers: the same weights and state
+            continue
         if c.get(f, default=None):  # Llama 4-style chunked attention / MoE fields: another layer pattern
             raise EdgekvError(f"{c.where}: '{f}' is set: edgekv's {mt} reader has dense, full or sliding attention "
                               "layers only and cannot read this layer pattern")

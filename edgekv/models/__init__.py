@@ -22,6 +22,9 @@ from ..errors import EdgekvError
 from ..jsonfile import read_json
 
 KV_STRATEGIES = ("kv", "kv-int8", "kv-int4", "kv-int2", "window")
+# the llama-family model types whose attention edgekv.models.mla.ConvertedMLA reproduces (no qk-norm, one RoPE base,
+# Llama's norms and MLP): mla on these converts the GQA cache to a latent
+MLA_CONVERTIBLE = ("llama", "mistral", "qwen2")
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ from torch import nn
 from ..arch import Cfg
 from ..errors import EdgekvError
 from ..strategies import StateLayout
+from . import MLA_CONVERTIBLE as CONVERTIBLE_TYPES  # the registry's list (the planner reads it without torch)
 from .head import head, output_weight
 from .llama import MLP as LlamaMLP
 from .llama import RMSNorm, rope_cos_sin, rope_inv_freq, rotate_half
@@ -548,8 +549,6 @@ def factorisation_errors(spec: str, rank: int) -> list[float]:
             for i in range(src.args.n_layers)]
 
 
-# the model types ConvertedMLA's attention reproduces (no qk-norm, one RoPE base, Llama's norms and MLP)
-CONVERTIBLE_TYPES = ("llama", "mistral", "qwen2")
 
 
 def build_converted(src, layout: StateLayout) -> "ConvertedMLA":
