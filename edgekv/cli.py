@@ -1,14 +1,10 @@
 """The `edgekv` command: parse, call, render. No arithmetic here."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import click
 
 from . import __version__
 from .clibase import Group
-from .errors import EdgekvError
 
 
 EXIT_NO_FIT = 3  # ran, but what was asked for does not fit its budget (plan, profile --limit / --device)
@@ -17,13 +13,6 @@ EXIT_NO_FIT = 3  # ran, but what was asked for does not fit its budget (plan, pr
 def _ctx(value: str) -> int:
     from .units import parse_ctx
     return parse_ctx(value)
-
-
-def _atomic_target(out: str) -> tuple[Path, Path]:
-    p = Path(out)
-    if p.parent and not p.parent.exists():
-        raise EdgekvError(f"cannot write {out}: folder {p.parent} does not exist")
-    return p, p.with_name(f".{p.name}.tmp{os.getpid()}{p.suffix}")
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -83,6 +72,9 @@ def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, ent
     from .strategies import parse_strategy
 
     ctx = _ctx(ctx_text)
+    if plot:
+        from .jsonfile import PLOT_FORMATS, check_writable
+        check_writable(plot, "--plot", PLOT_FORMATS)
     device = load_device(device_name)
     archs = [load_arch(m) for m in models] if models else default_models(device)
     strats = [parse_strategy(s) for s in strategies] or None
@@ -123,10 +115,9 @@ def _plot(device, archs, strats, weights, runtime, entitled, chunk, p, out, ctx)
                 xs.append(c)
                 ys.append(r.deployment.bytes["total"])
     fits = {f"{r.model} {r.strategy.short}": r.fits for r in ranked}
-    target, tmp = _atomic_target(out)
-    render.plot_plan(curves, p.budget, f"{device.name}: total memory vs context (requested {fmt_ctx(ctx)})", str(tmp),
-                     ctx=ctx, fits=fits)
-    os.replace(tmp, target)
+    from .jsonfile import write_atomic
+    write_atomic(out, b"", writer=lambda tmp: render.plot_plan(  # the format follows the name's suffix
+        curves, p.budget, f"{device.name}: total memory vs context (requested {fmt_ctx(ctx)})", tmp, ctx=ctx, fits=fits))
 
 
 @main.command()

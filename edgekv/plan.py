@@ -11,7 +11,8 @@ from .models import MLA_CONVERTIBLE  # the export registry's own list (edgekv.mo
 from .devices import DeviceProfile
 from .errors import EdgekvError
 from .quality import RISK_ORDER, past_trained, quality
-from .strategies import NotApplicable, Strategy, build_layout, build_ring_layout, native_strategy, parse_strategy
+from .strategies import (NotApplicable, ParamsDoNotFit, Strategy, build_layout, build_ring_layout, native_strategy,
+                         parse_strategy)
 
 DEFAULT_CHUNK = 128
 PHONE_STRATEGIES = ("kv", "kv-int8", "kv-int4", "window", "mla", "ssm", "linear", "hybrid")
@@ -277,6 +278,10 @@ def make_plan(device: DeviceProfile, ctx: int, archs: list[Arch], strategies: li
                     entry["needs_family"] = fam
                     entry["alternatives"] = alt_cache[key]
                 na.append(entry)
+            except ParamsDoNotFit as e:  # a default strategy whose parameters do not fit this model (kv-int4's group
+                if strategies:  # 32 and a head_dim of 48): listed with its reason; one the user asked for is an error
+                    raise
+                na.append({"model": arch.name, "strategy": s.label, "reason": str(e)})
     rows, same = _drop_windows_equal_to_kv(rows)
     na += same
     p = Plan(device, ctx, rows, na, budget)

@@ -41,7 +41,8 @@ def console(stderr: bool = False) -> Console:
 
 
 def print_json(obj) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=_default) + "\n")
+    from .jsonfile import output_json
+    sys.stdout.write(output_json(obj, default=_default) + "\n")  # NaN / infinity as null: never non-JSON
 
 
 def _default(o):
@@ -196,6 +197,10 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
     for fam, alts in sorted(fams.items()):
         models = ", ".join(sorted(alts)) if alts else "none in the catalog could run on this device"
         c.print(f"[dim]{fam}: needs a model built that way ({fam} family) — catalog models: {models}[/]")
+    for e in plan.not_applicable:  # a strategy of the right family whose parameters do not fit the model
+        if "needs_family" not in e:
+            from rich.markup import escape
+            c.print(f"[dim]{escape(e['model'])} / {escape(e['strategy'])}: not applicable — {escape(e['reason'])}[/]")
     if explain:
         explain_rows(c, plan, shown)
 

@@ -14,7 +14,7 @@ import re
 from .errors import EdgekvError
 
 MAX_CTX = 16 * 2**20  # 16M tokens: beyond anything a device in the catalog could hold
-_CTX_RE = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$")
+_CTX_RE = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$", re.ASCII)  # ASCII digits only, not '٣' or '３'
 _MULT = {"": 1, "k": 1024, "m": 1024 * 1024}
 
 GB = 10**9
@@ -49,7 +49,7 @@ def parse_ctx_list(text: str) -> list[int]:
 
 def parse_bytes(text: str) -> int:
     """'512MB' -> 512e6, '3GiB' -> 3*2**30, '1500' (MB by default) -> 1.5e9."""
-    m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|KiB|MB|MiB|GB|GiB)?\s*$", str(text), re.I)
+    m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|KiB|MB|MiB|GB|GiB)?\s*$", str(text), re.I | re.A)
     if not m:
         raise EdgekvError(f"memory size {text!r} is not a size: use e.g. 3500MB or 3.5GB or 3GiB")
     unit = (m.group(2) or "MB").lower()

@@ -10,7 +10,6 @@ Imports torch lazily, inside the command: `edgekv plan` must stay torch-free.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 
@@ -23,10 +22,10 @@ from . import WEIGHT_BITS
 def _ints(text: str | None, what: str) -> list[int] | None:
     if not text:
         return None
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise EdgekvError(f"{what} {text!r}: use comma-separated integers, e.g. 8,4,2") from None
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    if not parts or not all(x.isascii() and x.isdigit() for x in parts):  # not '٣' nor '-1'
+        raise EdgekvError(f"{what} {text!r}: use comma-separated integers, e.g. 8,4,2")
+    return [int(x) for x in parts]
 
 
 @click.command("analyze")
@@ -78,9 +77,17 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
     weight_bits = int(weight_bits)
     ctx, target = parse_ctx(ctx_text), parse_ctx(target_text)
     roundings = [r.strip() for r in rounding.split(",") if r.strip()]
+    if not roundings:
+        raise EdgekvError(f"--rounding {rounding!r}: use nearest, stochastic or nearest,stochastic")
     for r in roundings:
         if r not in ("nearest", "stochastic"):
             raise EdgekvError(f"--rounding {r!r}: use nearest, stochastic or nearest,stochastic")
+    # where the results go, checked before the measurement starts (minutes of work are not lost to a bad path)
+    if plot:
+        from ..jsonfile import PLOT_FORMATS, check_writable
+        check_writable(plot, "--plot", PLOT_FORMATS)
+    if save and probe == "error":
+        save_target(_model_name(model) if name is None else name, "--model" if name is None else "--name")
 
     import torch
 
@@ -122,7 +129,7 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
     result = report.summarise(runner, label, target, analytic=an)
     result["seconds"] = round(seconds, 2)
     if save:
-        written = report.store(result, name or _model_name(model), applies_to=applies_to)
+        written = report.store(result, _model_name(model) if name is None else name, applies_to=applies_to)
         result["stored"] = [str(p) for p in written]
     _emit(result, as_json, plot, report.plot, _table, "the curves above cover what was measured")
 
@@ -137,6 +144,9 @@ def _recall(model, base, bits, roundings, weight_bits, max_distance, chunk, text
     recurrent = base.name in ("ssm", "linear", "hybrid")
     chunk = chunk or (1 if recurrent else 64)
     dists = distances(max_distance)
+    if plot:
+        from ..jsonfile import PLOT_FORMATS, check_writable
+        check_writable(plot, "--plot", PLOT_FORMATS)
     probe = RecallProbe(model, base, variants, max(dists), chunk, seed)
     text = open(text_file, errors="replace").read() if text_file else default_text()
     rows = make_trials(Encoder.for_model(probe.loaded), text, dists, trials, seed)
@@ -159,7 +169,8 @@ def _emit(result: dict, as_json: bool, plot: str | None, plotter, table, covered
     if plot:
         plotter(result, plot)
     if as_json:
-        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        from ..jsonfile import output_json
+        sys.stdout.write(output_json(result) + "\n")
     else:
         table(result, plot)
     if result["interrupted"]:
@@ -180,6 +191,22 @@ def _recall_table(result: dict, plot: str | None) -> None:
             f"{result['seconds']} s on this machine.")
     if plot:
         c.print(f"plot written to {plot}")
+
+
+NAME_RE = r"[A-Za-z0-9][A-Za-z0-9._-]*"  # a stored measurement's model name: one plain file name part
+
+
+def save_target(name: str, option: str):
+    """Check, before any work, that --save can store under `name`: a plain name ([A-Za-z0-9._-], not starting with
+    a dot) whose files stay in edgekv/measurements/, a folder that can be written."""
+    import re
+
+    from ..jsonfile import check_writable
+    from ..quality import MEASURED_DIR
+    if not re.fullmatch(NAME_RE, name) or len(name) > 128:
+        raise EdgekvError(f"{option}: {name!r} cannot name a stored measurement: use letters, digits, '.', '_' and "
+                          "'-' (e.g. --name my-model)")
+    check_writable(MEASURED_DIR / f"{name}__probe.json", "--save")
 
 
 def _model_name(spec: str) -> str:

@@ -25,6 +25,21 @@ def _quiet() -> None:
     warnings.filterwarnings("ignore", module=r"(torch|executorch|onnxscript|torchao)\.")
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM (kill, a job scheduler) unwinds like Ctrl-C: the export's temporary folder is removed on the way out.
+    (SIGKILL cannot be caught: the next export to the same --out removes what it left.)"""
+    import signal
+    import sys
+
+    def stop(signum, frame):
+        click.echo("edgekv: export stopped (SIGTERM); nothing was published", err=True)
+        sys.exit(143)
+    try:
+        signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread (an export called from a library's worker thread)
+        pass
+
+
 def _need(module: str) -> None:
     import importlib
     try:
@@ -94,6 +109,7 @@ def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefi
                          out=Path(out), prefill_chunk=prefill_chunk, verify_steps=verify_steps, force=force,
                          threads=threads, weights=weights)
     from ..progress import stage_status
+    _stop_on_sigterm()
     bar, status = stage_status("export", enabled=not as_json)
     with bar:
         m = export_model(opts, echo=lambda s: click.echo(s, err=True), status=status if bar.on else None)
@@ -172,6 +188,10 @@ def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json):
     """Greedy generation from an export folder: its runtime, manifest and tokenizer only (hashes checked)."""
     from .generate import generate, open_export
 
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8 reach Python as lone surrogates
+        raise EdgekvError("--prompt is not valid UTF-8 text") from None
     for module in (("torch", "executorch") if runtime == "executorch" else ("onnxruntime",)):
         _need(module)  # torch first, as in export
     _quiet()

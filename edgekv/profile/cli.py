@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -48,9 +47,12 @@ def profile(export_dir, ctx_text, steps, runtime, limit_text, device_name, threa
 
     Exit codes: 0 every run finished within the budget (or no budget was given); 2 bad input; 3 a run went over
     --limit / the --device budget or did not finish."""
+    from ..jsonfile import check_writable, output_json, write_atomic
     from ..units import parse_bytes, parse_ctx_list
 
     ctxs = parse_ctx_list(ctx_text)
+    if out:  # before the runs: a finished profile is not lost to an unwritable path
+        check_writable(out, "--out")
     if use_adb:
         if repeats > 1:
             raise EdgekvError("--repeats is for runs on this machine; with --adb the app runs each context once")
@@ -59,18 +61,22 @@ def profile(export_dir, ctx_text, steps, runtime, limit_text, device_name, threa
         from ..devices import load_device
         from .run import validate_report
         device = load_device(device_name) if device_name else None
-        limit = parse_bytes(limit_text) if limit_text else None
+        limit = parse_bytes(limit_text) if limit_text is not None else None
         report = profile_with_progress(export_dir, ctxs, steps, runtime, limit, threads, device, repeats,
                                        enabled=not as_json)
         validate_report(report)
+    text = output_json(report)
     if out:
-        tmp = Path(out).with_suffix(".tmp")
-        tmp.write_text(json.dumps(report, indent=2) + "\n")
-        os.replace(tmp, out)
+        write_atomic(out, text + "\n")
     if as_json:
-        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        sys.stdout.write(text + "\n")
     else:
         profile_table(report)
+    from .run import failed_runs
+    failed = failed_runs(report)
+    if failed:  # the other runs are reported above; one line says which did not finish and why
+        click.echo(f"edgekv: {len(failed)} of {len(report['runs'])} runs failed: "
+                   + "; ".join(f"ctx {r['ctx']}: {r['status']}" for r in failed), err=True)
     if not all(r.get("fits") for r in report["runs"]):  # over the budget, or did not finish
         from ..cli import EXIT_NO_FIT
         raise SystemExit(EXIT_NO_FIT)
@@ -205,7 +211,22 @@ def adb_profile(folder: Path, ctxs: list[int], steps: int, runtime: str, serial:
               "\"baseline\", ...}")
 def report(export_dir, out, device_name, gpu_name, ctx_text, profile_json, as_json):
     """One page: the plan, the measured profile, the analyzer's quality curve and the H100 baseline, side by side."""
+    from ..devices import load_device
+    from ..jsonfile import check_writable, read_json
     from .page import build_report
+    from .run import validate_report
+
+    # every input checked before the profile runs: its minutes are not lost to a bad flag
+    check_writable(out or Path(export_dir) / "report.html", "--out")
+    if not load_device(gpu_name).is_datacenter:
+        raise EdgekvError(f"--gpu {gpu_name}: not a datacenter GPU profile (try h100, h200, a100)")
+    if load_device(device_name).is_datacenter:
+        raise EdgekvError(f"--device {device_name}: a datacenter GPU; --device is the phone to plan for (e.g. pixel8)")
+    if profile_json:
+        validate_report(read_json(profile_json), f"--profile {profile_json}")
+    if ctx_text is not None:
+        from ..units import parse_ctx
+        parse_ctx(ctx_text)
     path, data = build_report(Path(export_dir), out, device_name, gpu_name, ctx_text, profile_json,
                               progress=not as_json)
     if as_json:

@@ -6,7 +6,6 @@ import base64
 import html
 import io
 import json
-import os
 from pathlib import Path
 
 from ..errors import EdgekvError
@@ -215,9 +214,8 @@ def build_report(folder: Path, out: str | None, device_name: str, gpu_name: str,
         text = _markdown(title, plan_rows, prof, prof_rows, gpu_name, gpu_rows, meas, phone.name, hint)
     else:
         text = _html(title, plan_rows, prof, prof_rows, gpu.name, gpu_rows, meas, figs, phone.name, hint)
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, target)
+    from ..jsonfile import write_atomic
+    write_atomic(target, text)
     data = {"out": str(target), "artifact": str(folder), "model": arch.name, "strategy": strategy.label, "ctx": ctx,
             "plan": {"device": phone.name, **row.to_json()}, "profile": prof, "analyzer": meas,
             "baseline": {"gpu": gpu.name, **base.to_json(), "assumptions": base.assumptions}}

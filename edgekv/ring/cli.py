@@ -9,7 +9,6 @@ No torch at import time (the main CLI imports this module for every command): la
 """
 from __future__ import annotations
 
-import json
 import sys
 
 import click
@@ -113,7 +112,8 @@ def _print_json(cfg, device_id, link, predicted, measured, errors, result, datac
         "device": device_id, "link": link, "elapsed_s": result.elapsed_s if result else None,
         "datacenter_decode": [d.to_json() for d in datacenter],
     }
-    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+    from ..jsonfile import output_json
+    sys.stdout.write(output_json(obj) + "\n")
 
 
 def _secs(s: float | None) -> str:
