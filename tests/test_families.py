@@ -2,9 +2,9 @@
 against transformers as the independent reference.
 
 Tiny random models are built with transformers' own classes (fixed seed, odd shapes: 6 or 3 query heads, GQA ratio
-3, a Gemma sliding window shorter than the sequence so its ring buffers really roll, SmolLM3 NoPE layers), saved as safetensors, exported
-by `edgekv export` to ONNX and .pte, and driven by ONNX Runtime / the ExecuTorch runtime alone; their logits follow
-transformers' full-sequence forward step by step.
+3, a Gemma sliding window shorter than the sequence so its ring buffers really roll, SmolLM3 NoPE layers), saved as
+safetensors, exported by `edgekv export` to ONNX and .pte, and driven by ONNX Runtime / the ExecuTorch runtime alone;
+their logits follow transformers' full-sequence forward step by step.
 """
 import json
 import subprocess
@@ -150,8 +150,8 @@ def exported(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     ref = tiny_hf(kind, root / "hf", **over)
     out = root / "export"
-    r = CliRunner().invoke(cli, ["export", "--model", str(root / "hf"), "--strategy", "kv:dtype=fp32", "--format", "onnx,pte",
-                                 "--max-ctx", str(ctx), "--prefill-chunk", "8", "--out", str(out)])
+    r = CliRunner().invoke(cli, ["export", "--model", str(root / "hf"), "--strategy", "kv:dtype=fp32", "--format",
+                                 "onnx,pte", "--max-ctx", str(ctx), "--prefill-chunk", "8", "--out", str(out)])
     assert r.exit_code == 0, r.output
     return request.param, ref, out, ctx
 
