@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all test-deps install bench bench-speed clean android-test
+.PHONY: demo test test-all test-deps install bench bench-speed clean android-test mutate
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -62,5 +62,18 @@ bench-speed: $(STAMP)
 	  $(BIN)/python -m pip install -q -r requirements-bench.lock
 	$(BIN)/python benchmarks/decode_speed.py
 
+# mutation testing (cosmic-ray, its own venv; minutes to hours: not part of `make test`) of the modules whose numbers
+# users act on, each against its own fast tests; the score goes to benchmarks/results/mutation.json and
+# tests/README.md says which survivors are accepted. MUTATE_ARGS e.g. "--only fit,verify --max-per-module 30".
+MUTATE_VENV := .venv-mutate
+MUTATE_ARGS ?=
+$(MUTATE_VENV)/.installed: requirements-mutate.lock
+	test -x $(MUTATE_VENV)/bin/python || $(PY) -m venv $(MUTATE_VENV)
+	$(MUTATE_VENV)/bin/python -m pip install -q -r requirements-mutate.lock
+	touch $@
+
+mutate: $(STAMP) $(MUTATE_VENV)/.installed
+	$(MUTATE_VENV)/bin/python scripts/mutate.py --python $(BIN)/python --json benchmarks/results/mutation.json $(MUTATE_ARGS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis test-artifacts
+	rm -rf $(VENV) $(MUTATE_VENV) .pytest_cache .hypothesis test-artifacts

@@ -133,6 +133,17 @@ class Arch:
     def kinds(self) -> set[str]:
         return {m.kind for b in self.blocks for m in b.mixers}
 
+    @property
+    def mlp_width(self) -> int:
+        """The widest MLP up projection's output width: transformers names it `*up_proj.weight`, GGUF
+        `blk.N.ffn_up.weight`; 4 x hidden when there is none."""
+        ups = [w.shape[0] for w in self.weights if w.name.endswith(UP_PROJ_NAMES)]
+        return max(ups, default=4 * self.hidden)
+
+
+# the names of an MLP's up projection: transformers' `up_proj` / `gate_up_proj`, GGUF's `ffn_up`
+UP_PROJ_NAMES = ("up_proj.weight", "ffn_up.weight")
+
 
 # ---- helpers that build weight lists like transformers' modules do ----
 
