@@ -55,6 +55,11 @@ def _need(module: str) -> None:
               help="weight precision, through each runtime's own tooling: fp32, int8, int4 (torchao 8da4w for "
               ".pte, ONNX Runtime MatMulNBits for ONNX), fp16 (ONNX only); a quantized artifact is checked "
               "against fp32 over real text (top-1, KL) and refused beyond edgekv.export.wquant's thresholds")
+@click.option("--runner", "runners", default=None,
+              help="also make the artifact a runtime's own LLM API loads: genai (the ONNX folder for ONNX Runtime "
+              "GenAI: genai_config.json, tokenizer_config.json, a graph fed input_ids / attention_mask; plain float "
+              "kv), executorch (a .pte for ExecuTorch's LLM runner / LlmModule: the cache in the program's buffers, "
+              "its metadata methods; kv and kv-int8/int4/int2); comma-separated")
 @click.option("--threads", type=click.IntRange(1), default=None,
               help="compute threads for tracing and verification (torch, ONNX Runtime, XNNPACK); on a machine "
               "shared with other jobs, 1 avoids thread-barrier stalls")
@@ -62,7 +67,7 @@ def _need(module: str) -> None:
               help="print one JSON object, {\"out\", \"manifest\"} (the manifest as written), instead of the summary; "
               "progress stays on stderr")
 def export_cmd(model, strategy, rank, window, formats, max_ctx, out, prefill_chunk, verify_steps, force, weights,
-               threads, as_json):
+               runners, threads, as_json):
     """Export a model's decode step (state as explicit inputs/outputs) to ONNX and/or ExecuTorch, verify it
     against eager PyTorch, and write manifest.json + tokenizer.json beside it."""
     from pathlib import Path
@@ -72,11 +77,15 @@ def export_cmd(model, strategy, rank, window, formats, max_ctx, out, prefill_chu
     _need("torch")  # first: torch configures its loggers on import, _quiet then quiets them
     _quiet()
     from .pipeline import ExportOptions, export_model, parse_formats, strategy_spec
+    from .runners import parse_runners
 
-    opts = ExportOptions(model=model, strategy=strategy_spec(strategy, rank, window), formats=parse_formats(formats),
+    fmts = parse_formats(formats)
+    opts = ExportOptions(model=model, strategy=strategy_spec(strategy, rank, window), formats=fmts,
                          max_ctx=parse_ctx(max_ctx),
                          out=Path(out), prefill_chunk=prefill_chunk, verify_steps=verify_steps, force=force,
-                         threads=threads, weights=weights)
+                         threads=threads, weights=weights, runners=parse_runners(runners, fmts))
+    if "genai" in opts.runners:
+        _need("onnxruntime_genai")
     from rich.console import Console
 
     console = Console(stderr=True)
@@ -103,33 +112,46 @@ def export_cmd(model, strategy, rank, window, formats, max_ctx, out, prefill_chu
     for fmt, v in m.get("weight_quality", {}).items():
         click.echo(f"{v['weights']} weights ({fmt}) vs fp32 over {v['positions']} positions of real text: top-1 "
                    f"{v['top1_agreement']:.1%}, KL mean {v['kl_mean']:.3g} nats")
+    click.echo("loaded by: " + "; ".join(f"{a['file']}: {', '.join(a.get('runners', ['edgekv']))}"
+                                         for a in m["artifacts"]))
+    for runner, why in m.get("runners_unsupported", {}).items():
+        click.echo(f"not for {runner}: {why}")
 
 
 @click.command("run")
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("--prompt", required=True)
 @click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1))
-@click.option("--runtime", type=click.Choice(["ort", "executorch"]), default=None,
-              help="default: ort when the export has an ONNX model, else executorch")
+@click.option("--runtime", type=click.Choice(["ort", "executorch", "genai", "executorch-runner"]), default=None,
+              help="ort / executorch: edgekv's own loop over the explicit-state artifact; genai: ONNX Runtime GenAI's "
+              "own loop and tokenizer (an export made with --runner genai); executorch-runner: ExecuTorch's LLM "
+              "runner, TextLLMRunner (--runner executorch). Default: ort when the export has an ONNX model, else "
+              "executorch")
 @click.option("--threads", type=click.IntRange(1), default=None,
               help="compute threads (ONNX Runtime intra-op, ExecuTorch XNNPACK threadpool); default: the runtime's")
 @click.option("--json", "as_json", is_flag=True,
               help="print one JSON object when done (text, token ids, prefill / decode speed) instead of streaming")
 def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json):
     """Greedy generation from an export folder: its runtime, manifest and tokenizer only (hashes checked)."""
-    from .generate import generate, open_export
+    from .generate import generate, generate_with_runner, open_export
 
-    for module in (("torch", "executorch") if runtime == "executorch" else ("onnxruntime",)):
+    needs = {"executorch": ("torch", "executorch"), "executorch-runner": ("torch", "executorch"),
+             "genai": ("onnxruntime_genai",)}
+    for module in needs.get(runtime, ("onnxruntime",)):
         _need(module)  # torch first, as in export
     _quiet()
-    manifest, stepper, tok = open_export(folder, runtime, threads)
     stream = not as_json  # --json: one object when done, nothing streamed
-    r = generate(manifest, stepper, tok, prompt, max_new_tokens,
-                 emit=(lambda s: click.echo(s, nl=False)) if stream else None,
-                 after_prefill=(lambda: click.echo(prompt, nl=False)) if stream else None)
+    emit = (lambda s: click.echo(s, nl=False)) if stream else None
+    after_prefill = (lambda: click.echo(prompt, nl=False)) if stream else None
+    if runtime in ("genai", "executorch-runner"):  # the runtime's own generation loop and tokenizer
+        r = generate_with_runner(folder, runtime, prompt, max_new_tokens, threads, emit, after_prefill)
+    else:
+        manifest, stepper, tok = open_export(folder, runtime, threads)
+        runtime = stepper.runtime
+        r = generate(manifest, stepper, tok, prompt, max_new_tokens, emit=emit, after_prefill=after_prefill)
     if as_json:
         from ..render import print_json
-        print_json({"folder": str(folder), "runtime": stepper.runtime, "threads": threads, "prompt": prompt, **r})
+        print_json({"folder": str(folder), "runtime": runtime, "threads": threads, "prompt": prompt, **r})
         return
     click.echo()
     rate = f", decode {r['decode_tok_s']:.1f} tok/s" if r["decode_tok_s"] else ""
