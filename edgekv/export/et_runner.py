@@ -187,7 +187,7 @@ def generate(folder: Path, manifest: dict, prompt: str, max_new_tokens: int, emi
     import torch  # noqa: F401 (the runner's extension links libtorch)
     _kernels()
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
-    with quiet_native_stdout():
+    with quiet_native_stdout(), quiet_native_stderr():  # its load logs the metadata it read, line by line
         try:
             runner = TextLLMRunner(str(Path(folder) / a["file"]), str(Path(folder) / tok["file"]))
         except Exception as e:
