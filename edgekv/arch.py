@@ -105,6 +105,8 @@ class Arch:
     source: str = ""
     gguf_path: str | None = None
     notes: list[str] = field(default_factory=list)
+    # the context the model was trained at and where that number comes from (trained_ctx_of); None = unknown
+    trained_ctx: tuple[int, str] | None = None
 
     @property
     def n_layers(self) -> int:
@@ -201,6 +203,10 @@ def _decoder(c: Cfg, mt: str) -> tuple[int, int, list[Block], list[Weight]]:
     tied = bool(c.get("tie_word_embeddings", default=gemma))  # transformers: True for Gemma, False for the others
     qkv_bias = {"qwen2": True}.get(mt, bool(c.get("attention_bias", default=False)))
     mlp_bias = bool(c.get("mlp_bias", default=False))
+    for f in ("attention_chunk_size", "no_rope_layers", "moe_layers", "num_local_experts"):
+        if c.get(f, default=None):  # Llama 4-style chunked attention / MoE fields: another layer pattern
+            raise EdgekvError(f"{c.where}: '{f}' is set: edgekv's {mt} reader has dense, full or sliding attention "
+                              "layers only and cannot read this layer pattern")
     windows = _layer_windows(c, mt, n_layers)
     ws: list[Weight] = []
     blocks = []
@@ -230,8 +236,13 @@ def _layer_windows(c: Cfg, mt: str, n_layers: int) -> list[int | None]:
     sw = c.get("sliding_window", default=None)
     types = c.get("layer_types", default=None)
     if types is not None:
-        if len(types) != n_layers:
-            raise EdgekvError(f"{c.where}: layer_types has {len(types)} entries for {n_layers} layers")
+        if not isinstance(types, list) or len(types) != n_layers:
+            raise EdgekvError(f"{c.where}: layer_types has {len(types) if isinstance(types, list) else 'no list of'} "
+                              f"entries for {n_layers} layers")
+        odd = sorted({str(t) for t in types} - {"full_attention", "sliding_attention"})
+        if odd:  # chunked / linear / recurrent layer kinds this reader would otherwise plan as full attention
+            raise EdgekvError(f"{c.where}: layer_types names {', '.join(map(repr, odd))}: edgekv reads "
+                              f"full_attention and sliding_attention layers of {mt}, nothing else")
         if any(t == "sliding_attention" for t in types) and not sw:
             raise EdgekvError(f"{c.where}: layer_types names sliding_attention layers but sliding_window is not set")
         return [int(sw) if t == "sliding_attention" else None for t in types]
@@ -249,6 +260,9 @@ def _layer_windows(c: Cfg, mt: str, n_layers: int) -> list[int | None]:
         return [int(sw) if i >= first else None for i in range(n_layers)]
     if mt in ("mistral", "phi3") and sw:
         return [int(sw)] * n_layers
+    if sw and mt == "llama":  # transformers' Llama has no sliding window: a config naming one is a fork's
+        raise EdgekvError(f"{c.where}: sliding_window {sw!r} in a llama config (transformers' Llama attends to every "
+                          "token; which layers slide cannot be read): remove it, or give layer_types")
     return [None] * n_layers
 
 
@@ -347,6 +361,9 @@ def _mamba2_mixer(ws: list, p: str, hidden: int, d_inner: int, n_heads: int, hea
 
 
 def _mamba(c: Cfg, mt: str):
+    layer = (c.get("ssm_cfg", default=None) or {}).get("layer")
+    if layer and {"Mamba1": "mamba", "Mamba2": "mamba2"}.get(layer) != mt:
+        raise EdgekvError(f"{c.where}: ssm_cfg.layer {layer!r} does not match model_type {mt!r}")
     hidden = c.int("hidden_size", "d_model")
     n_layers = c.int("num_hidden_layers", "n_layer")
     vocab = c.int("vocab_size")
@@ -398,6 +415,7 @@ def _jamba(c: Cfg, mt: str):
     if kinds is None:
         period, off = c.int("attn_layer_period", default=8), c.int("attn_layer_offset", default=4)
         kinds = ["attention" if i % period == off else "mamba" for i in range(n_layers)]
+    _check_kinds(c, "layers_block_type", kinds, n_layers, ("attention", "mamba"))
     eperiod, eoff = c.int("expert_layer_period", default=2), c.int("expert_layer_offset", default=1)
     ws, blocks = [], []
     for i in range(n_layers):
@@ -424,6 +442,16 @@ def _jamba(c: Cfg, mt: str):
     _vec(ws, "model.final_layernorm", hidden)
     _embed_and_head(ws, vocab, hidden, bool(c.get("tie_word_embeddings", default=False)))
     return hidden, vocab, blocks, ws
+
+
+def _check_kinds(c: Cfg, field_name: str, kinds, n_layers: int, known: tuple[str, ...]) -> None:
+    """A per-layer kind list must name every layer with a kind the reader builds (one line naming the field)."""
+    if not isinstance(kinds, list) or len(kinds) != n_layers:
+        raise EdgekvError(f"{c.where}: {field_name} must list one kind per layer ({n_layers} layers)")
+    odd = sorted({str(k) for k in kinds} - set(known))
+    if odd:
+        raise EdgekvError(f"{c.where}: {field_name} names {', '.join(map(repr, odd))}: edgekv reads "
+                          f"{', '.join(known)} layers of {c.d.get('model_type')}")
 
 
 def _falcon_h1(c: Cfg, mt: str):
@@ -469,8 +497,7 @@ def _zamba2(c: Cfg, mt: str):
     n_layers = c.int("num_hidden_layers")
     vocab = c.int("vocab_size")
     kinds = c.get("layers_block_type")
-    if len(kinds) != n_layers:
-        raise EdgekvError(f"{c.where}: layers_block_type has {len(kinds)} entries for {n_layers} layers")
+    _check_kinds(c, "layers_block_type", kinds, n_layers, ("mamba", "hybrid"))
     n_heads = c.int("num_attention_heads")
     n_kv = c.int("num_key_value_heads", default=n_heads)
     attn_hidden = c.int("attention_hidden_size", default=2 * hidden)
@@ -576,9 +603,39 @@ def _family(blocks: list[Block]) -> str:
     return {"attention": "transformer", "mla": "mla", "ssm": "ssm", "linear": "linear"}[kinds.pop()]
 
 
+def _from_mamba_ssm(config: dict, source: str) -> dict:
+    """The original state-spaces/mamba config.json (mamba_ssm MambaConfig: d_model, n_layer, ssm_cfg, no model_type)
+    in transformers' field names: the vocabulary padded to pad_vocab_size_multiple as mamba_ssm pads it, ssm_cfg's
+    d_state / d_conv / expand / headdim / ngroups, tied embeddings as MambaConfig's default. A config with attention
+    layers (attn_layer_idx) is a hybrid this translation does not read."""
+    ssm = config["ssm_cfg"]
+    layer = ssm.get("layer", "Mamba1")
+    if layer not in ("Mamba1", "Mamba2"):
+        raise EdgekvError(f"{source}: ssm_cfg.layer {layer!r} is not Mamba1 or Mamba2")
+    if config.get("attn_layer_idx"):
+        raise EdgekvError(f"{source}: attn_layer_idx is set: a mamba_ssm hybrid with attention layers, which "
+                          "edgekv does not read")
+    mt = "mamba" if layer == "Mamba1" else "mamba2"
+    d = config["d_model"]
+    vocab, pad = config.get("vocab_size"), config.get("pad_vocab_size_multiple", 8)
+    if not isinstance(vocab, int) or not isinstance(pad, int) or pad < 1:
+        raise EdgekvError(f"{source}: config lacks an integer 'vocab_size' / 'pad_vocab_size_multiple'")
+    expand = ssm.get("expand", 2)
+    out = {"model_type": mt, "hidden_size": d, "num_hidden_layers": config.get("n_layer"),
+           "vocab_size": vocab + (-vocab) % pad, "expand": expand, "intermediate_size": int(expand * d),
+           "tie_word_embeddings": config.get("tie_embeddings", True),
+           "state_size": ssm.get("d_state", 16 if mt == "mamba" else 128), "conv_kernel": ssm.get("d_conv", 4)}
+    if mt == "mamba2":
+        hd = ssm.get("headdim", 64)
+        out.update(head_dim=hd, num_heads=int(expand * d) // hd, n_groups=ssm.get("ngroups", 1))
+    return out
+
+
 def arch_from_config(config: dict, name: str, source: str) -> Arch:
     if not isinstance(config, dict):
         raise EdgekvError(f"{source}: config must be a JSON object")
+    if "model_type" not in config and isinstance(config.get("ssm_cfg"), dict) and "d_model" in config:
+        config = _from_mamba_ssm(config, source)
     mt = config.get("model_type")
     if mt == "gemma3" and isinstance(config.get("text_config"), dict):  # the multimodal wrapper: plan the text model
         config = {**config["text_config"], "model_type": "gemma3_text"}
@@ -594,7 +651,41 @@ def arch_from_config(config: dict, name: str, source: str) -> Arch:
         raise EdgekvError(f"{source}: config has no layers")
     max_pos = c.get("max_position_embeddings", "n_positions", "context_length", default=None)
     return Arch(name=name, model_type=mt, family=_family(blocks), hidden=hidden, vocab=vocab, blocks=tuple(blocks),
-                weights=tuple(ws), max_position=int(max_pos) if max_pos else None, source=source)
+                weights=tuple(ws), max_position=int(max_pos) if max_pos else None, source=source,
+                trained_ctx=trained_ctx_of(c))
+
+
+# RoPE scalings that stretch a model trained at original_max_position_embeddings to a longer max_position_embeddings
+# at inference (transformers modeling_rope_utils: linear, dynamic NTK, YaRN); llama3 and longrope are the scalings
+# Llama 3.1/3.2 and Phi-3 were trained to their max_position_embeddings with (Llama 3 herd paper section 3.4.2
+# "long-context pre-training"; Phi-3 report section 2), so there max_position_embeddings is the trained length.
+STRETCHING_ROPE = ("linear", "dynamic", "yarn")
+TRAINED_ROPE = ("default", "llama3", "longrope", "su", None)
+
+
+def trained_ctx_of(c: Cfg) -> tuple[int, str] | None:
+    """(tokens, source) of the context the model was trained at, read from its config: the rope scaling's
+    original_max_position_embeddings where the scaling stretches it at inference, else max_position_embeddings
+    (n_positions, context_length: the older and RWKV names); None where the config names none (a bare recurrent
+    config: Mamba's has no length field). A rope type it does not know is refused: the trained length depends on it."""
+    rope = c.get("rope_scaling", default=None) or c.get("rope_parameters", default=None) or {}
+    if not isinstance(rope, dict):
+        raise EdgekvError(f"{c.where}: 'rope_scaling' must be an object, got {rope!r}")
+    if rope and all(isinstance(v, dict) for v in rope.values()):  # transformers 5: per layer type (Gemma 3)
+        rope = rope.get("full_attention") or next(iter(rope.values()))
+    kind = rope.get("rope_type", rope.get("type"))
+    orig = rope.get("original_max_position_embeddings") or c.get("original_max_position_embeddings", default=None)
+    if kind in STRETCHING_ROPE and orig:
+        return int(orig), f"config rope_scaling.original_max_position_embeddings ({kind} stretches it at inference)"
+    if kind not in TRAINED_ROPE:
+        raise EdgekvError(f"{c.where}: rope_scaling type {kind!r} is not one edgekv reads (known: "
+                          f"{', '.join(k for k in STRETCHING_ROPE + TRAINED_ROPE if k)}): the trained context "
+                          "depends on it")
+    for f in ("max_position_embeddings", "n_positions", "context_length"):
+        v = c.get(f, default=None)
+        if v:
+            return int(v), f"config {f}"
+    return None
 
 
 def read_config_json(path: str | Path) -> Arch:
@@ -704,6 +795,8 @@ def catalog_arch(name: str) -> Arch:
     """Cached: catalog Archs are built once per process and must not be mutated."""
     e = catalog_entry(name)
     a = arch_from_config(e["config"], e["name"], e.get("config_source", str(CATALOG_DIR / f"{name}.json")))
+    if e.get("trained_ctx"):  # the catalog's cited training length overrides what the config implies
+        a.trained_ctx = (int(e["trained_ctx"]["value"]), e["trained_ctx"]["source"])
     a.notes.append(f"catalog: {e.get('display_name', e['name'])} ({e.get('hf_repo', '')})")
     return a
 

@@ -37,6 +37,14 @@ STRATEGY_HELP = ("strategy spec, repeatable: kv, kv:dtype=fp8, kv-int8, kv-int4[
                  "window[:w=4096,sinks=4], mla[:rank=R|ratio=F], ssm[:dtype=int8], linear, hybrid, ring[:n=8]")
 
 
+def _plan_runtimes() -> list[str]:
+    """The runtimes `plan --runtime` takes, read from the data file the planner reads (no planner import at startup)."""
+    import json
+    from pathlib import Path
+    data = json.loads((Path(__file__).resolve().parent / "costs" / "runtimes.json").read_text())
+    return [k for k in data if not k.startswith("_")]
+
+
 @main.command()
 @click.option("--device", "device_name", required=True, help="device id (see `edgekv devices`) or a .toml profile")
 @click.option("--ctx", "ctx_text", required=True, help="context length: 4000, 4k (=4096), 32K, 128k, 1m")
@@ -45,7 +53,9 @@ STRATEGY_HELP = ("strategy spec, repeatable: kv, kv:dtype=fp8, kv-int8, kv-int4[
 @click.option("--strategy", "strategies", multiple=True, help=STRATEGY_HELP)
 @click.option("--weights", type=click.Choice(["fp32", "fp16", "int8", "int4", "gguf"]), default=None,
               help="weight precision (default: int4 on phones, fp16 on GPUs, as stored for a GGUF)")
-@click.option("--runtime", default=None, help="runtime whose overhead to count (default: the device's)")
+@click.option("--runtime", default=None, type=click.Choice(_plan_runtimes()),
+              help="runtime whose costs to plan with (edgekv/costs/runtimes.json: executorch = ExecuTorch's own Llama "
+                   "export, edgekv-pte / onnxruntime = edgekv's artifacts, llama.cpp, vllm; default: the device's)")
 @click.option("--chunk", default=128, show_default=True, type=click.IntRange(1, 65536), help="prefill chunk (tokens)")
 @click.option("--entitled", is_flag=True, help="iOS: use the increased-memory-limit entitlement's budget")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object (bytes as integers)")

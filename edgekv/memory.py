@@ -5,8 +5,10 @@ exactly what the planner computed. Units: bytes (int), seconds, FLOP, FLOP/s, by
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .arch import LLAMA_EXPORT_TYPES, MLA, SSM, Arch, Attention, Linear, Weight
 from .strategies import StateLayout, Strategy, mla_rank, per_token_int8
@@ -55,6 +57,10 @@ RUNTIMES = {
                     "mask_copies": 2, "state_copies": 3, "load_transient_tied": True, "packs_per_method": False,
                     "rolling_attends_first": True, "where_casts_fp16": True,
                     "why": "edgekv's ONNX graphs dequantize a layer's cache, then run matmul-softmax-matmul"},
+    "executorch-llama": {"scores": False, "kv_dequant": "fused", "state_copies": 1, "score_copies": 0,
+                         "why": "ExecuTorch's Llama export: llama::custom_sdpa / custom_quantized_sdpa read the cache "
+                                "in place and tile their scores (edgekv/costs/runtimes.json); its session and "
+                                "activations are in the device profile's runtime overhead, derived from its RSS"},
     "llama.cpp": {"scores": False, "kv_dequant": "fused",
                   "why": "flash attention on (stack.md); quantized K/V read by the attention kernel"},
     "vllm": {"scores": False, "kv_dequant": "fused", "why": "paged flash attention kernels read the cache in place"},
@@ -125,6 +131,21 @@ def _rt(runtime: str) -> dict:
     return RUNTIMES.get(runtime, RUNTIMES["executorch"])
 
 
+# What `edgekv plan --runtime R` assumes R does, each fact with its source: edgekv/costs/runtimes.json. Keyed by the
+# name users pass; `cost_model` is the RUNTIMES entry above that models it ("executorch" and "onnxruntime" there are
+# edgekv's own artifacts, which export and profile plan with).
+PLAN_RUNTIMES = {k: v for k, v in json.loads((Path(__file__).resolve().parent / "costs" / "runtimes.json")
+                                               .read_text()).items() if not k.startswith("_")}
+KV_READ = {v["cost_model"]: v["kv_read"]["value"] for v in PLAN_RUNTIMES.values()}
+
+
+def kv_read(runtime: str, strategy: Strategy) -> str:
+    """How the runtime's attention reads this strategy's cache: 'in place', 'cast' or 'dequantized copy'
+    (edgekv/costs/runtimes.json kv_read; a runtime not listed there dequantizes whole layers)."""
+    key = {8: "int8", 4: "int4", 2: "int2"}.get(strategy.kv_bits or 0) or strategy.params.get("dtype", "fp32")
+    return KV_READ.get(runtime, {}).get(key, "dequantized copy" if strategy.kv_bits else "cast")
+
+
 # edgekv's ONNX export runs a Llama-family float cache through ONNX Runtime's GroupQueryAttention (com.microsoft;
 # edgekv/models/llama.py Attention.fused) with present.* bound to past.*'s buffers (OrtStepper, manifest
 # state_in_place): the state exists once, there is no mask or one-hot write, and the op's own scratch is one fp32
@@ -192,6 +213,8 @@ def _traits(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str) -
     rt = _rt(runtime)
     if fused_gqa(arch, layout, strategy, runtime):
         rt = {**rt, **(GQA if runtime == "onnxruntime" else ET_SDPA)}
+    if runtime == "executorch-llama" and strategy is not None and kv_read(runtime, strategy) == "dequantized copy":
+        rt = {**rt, "kv_dequant": "layer"}  # a cache the recipe has no kernel for: rows dequantized to fp32 first
     return rt
 
 
@@ -228,16 +251,33 @@ def weight_bytes_one(w: Weight, precision: str) -> float:
     raise ValueError(f"unknown weight precision {precision!r}")
 
 
-def weight_bytes(arch: Arch, precision: str) -> dict[str, float]:
-    """Bytes by tensor class (embedding, linear, lm_head, small), stored, and 'read' per decode token."""
+def _scheme_bytes(w: Weight, spec: dict) -> float:
+    """Stored bytes of one tensor under a runtime's quantization scheme ({bits, group (0 = per row), scale_bytes})."""
+    n, rows = w.numel, w.shape[0]
+    groups = n / spec["group"] if spec.get("group") else rows
+    return n * spec["bits"] / 8 + groups * spec["scale_bytes"]
+
+
+def weight_bytes(arch: Arch, precision: str, scheme: dict | None = None) -> dict[str, float]:
+    """Bytes by tensor class (embedding, linear, lm_head, small), stored, and 'read' per decode token. scheme: a
+    runtime's own layout for this precision (edgekv/costs/runtimes.json weights: ExecuTorch's Llama export keeps
+    fp32 group scales, an int8 embedding and its own int8 output layer, tied or not); None = edgekv's layout."""
     out: dict[str, float] = {}
     read = 0.0
     for w in arch.weights:
-        b = weight_bytes_one(w, precision)
+        if scheme and w.cls in ("linear", "embedding", "lm_head"):
+            b = _scheme_bytes(w, scheme["output" if w.cls == "lm_head" else w.cls])
+        else:
+            b = weight_bytes_one(w, precision)
         out[w.cls] = out.get(w.cls, 0) + b
         # a decode step reads one embedding row, not the table; routed experts top_k of n
         read += (b / w.shape[0] if w.cls == "embedding" else b) * w.read_fraction
-    if "lm_head" not in out:  # tied embeddings: the output projection reads the whole table every token
+    if "lm_head" not in out and scheme and "output" in scheme:  # the runtime stores its own output layer
+        head = sum(_scheme_bytes(Weight("output", w.shape, "lm_head"), scheme["output"])
+                   for w in arch.weights if w.cls == "embedding")
+        out["lm_head"] = head
+        read += head
+    elif "lm_head" not in out:  # tied embeddings: the output projection reads the whole table every token
         read += out.get("embedding", 0) - sum(weight_bytes_one(w, precision) / w.shape[0]
                                                for w in arch.weights if w.cls == "embedding")
     out["total"] = sum(v for k, v in out.items())
@@ -516,10 +556,9 @@ def runtime_load_bytes(arch: Arch, precision: str, runtime: str, methods: int = 
 def decode_read_bytes(weights_read: float, layout: StateLayout, strategy: Strategy, runtime: str) -> Item:
     """Bytes one decode step moves: active weights + the whole state (+ writing and reading a dequantized fp32
     copy of the cache when the runtime dequantizes whole layers)."""
-    rt = _rt(runtime)
     state = layout.nbytes
     extra = 0
-    if strategy.kv_bits and rt["kv_dequant"] == "layer":
+    if strategy.kv_bits and kv_read(runtime, strategy) == "dequantized copy":
         extra = 2 * sum(math.prod(t.shape[:3]) * (t.shape[3] * (8 // t.packed_bits if t.packed_bits else 1)) * 4
                         for t in layout.tensors if t.role in ("key", "value"))
     total = weights_read + state + extra

@@ -6,10 +6,10 @@ import math
 from dataclasses import dataclass, field
 
 from . import memory as M
-from .arch import SSM, Arch, Attention, Block, Linear, catalog_arch, catalog_names
+from .arch import LLAMA_EXPORT_TYPES, SSM, Arch, Attention, Block, Linear, catalog_arch, catalog_names
 from .devices import DeviceProfile
 from .errors import EdgekvError
-from .quality import RISK_ORDER, quality
+from .quality import RISK_ORDER, past_trained, quality
 from .strategies import NotApplicable, Strategy, build_layout, build_ring_layout, native_strategy, parse_strategy
 
 DEFAULT_CHUNK = 128
@@ -18,13 +18,14 @@ FAMILY_OF = {"ssm": "ssm", "linear": "linear", "hybrid": "hybrid"}  # mla conver
 
 
 def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: str, overhead: float,
-               chunk: int = DEFAULT_CHUNK, methods: int = 1) -> M.Deployment:
+               chunk: int = DEFAULT_CHUNK, methods: int = 1, scheme: dict | None = None) -> M.Deployment:
     """methods: entry points the runtime initialises (a .pte of a recurrent or blended state has prefill + decode:
-    XNNPACK packs the weights twice; a plain kv cache's .pte has one `forward`)."""
+    XNNPACK packs the weights twice; a plain kv cache's .pte has one `forward`). scheme: the runtime's own weight
+    layout for this precision (memory.weight_bytes), None = edgekv's."""
     if weights == "gguf" and not arch.gguf_path:
         raise EdgekvError(f"--weights gguf needs a GGUF model; {arch.name} was read from {arch.source}")
     layout = build_ring_layout(arch, strategy, ctx) if strategy.name == "ring" else build_layout(arch, strategy, ctx)
-    wb = M.weight_bytes(arch, weights)
+    wb = M.weight_bytes(arch, weights, scheme)
     ws = M.workspace_bytes(arch, layout, strategy, runtime, min(chunk, ctx), weights, methods)
     load = M.runtime_load_bytes(arch, weights, runtime, methods, layout, strategy)
     d = M.Deployment(arch.name, strategy, ctx, weights, runtime, layout, wb, ws, overhead, load)
@@ -32,6 +33,7 @@ def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: 
         "weights": f"{weights}: " + ", ".join(f"{k} {v:,.0f} B" for k, v in wb.items() if k not in ("total",
                    "read_per_token")) + f" = {wb['total']:,.0f} B (from {len(arch.weights)} tensor shapes; "
                    + ("exact GGUF bytes" if weights == "gguf" else
+                      f"the runtime's layout: {scheme}" if scheme else
                       "int4 = 4-bit g32 + fp16 scales for linear layers, int8 rows for embeddings; "
                       "int8 = 1 B + fp16 scale per row; norms/conv/A/D fp32") + ")",
         "state": f"{len(layout.tensors)} state tensors, e.g. " + "; ".join(
@@ -63,10 +65,17 @@ class PlanRow:
     prefill: M.Item
     quality: dict
     notes: list[str] = field(default_factory=list)
+    trained_ctx: tuple[int, str] | None = None
+    exportable: tuple[bool, str] = (False, "")
+    runtime: str = ""
 
     @property
     def fits(self) -> bool:
         return self.deployment.bytes["total"] <= self.budget
+
+    @property
+    def headroom(self) -> int:
+        return self.budget - self.deployment.bytes["total"]
 
     def to_json(self, explain: bool = False) -> dict:
         d = {"model": self.model, "strategy": self.strategy.name,
@@ -75,7 +84,10 @@ class PlanRow:
              "native": self.native, "bytes": self.deployment.bytes, "budget_bytes": self.budget, "fits": self.fits,
              "headroom_bytes": self.budget - self.deployment.bytes["total"],
              "decode_tokens_per_s": round(self.decode.value, 3), "prefill_seconds": round(self.prefill.value, 3),
-             "quality": self.quality, "notes": self.notes}
+             "quality": self.quality, "notes": self.notes,
+             "trained_ctx": ({"value": self.trained_ctx[0], "source": self.trained_ctx[1]} if self.trained_ctx
+                             else {"value": None, "source": "unknown: the config names no trained length"}),
+             "exportable": self.exportable[0], "exportable_reason": self.exportable[1]}
         if self.serving is not None:
             d["users_per_gpu"] = int(self.serving.users.value)
             d["usd_per_m_tokens"] = None if math.isinf(self.serving.usd.value) else round(self.serving.usd.value, 4)
@@ -90,11 +102,14 @@ class PlanRow:
 
 def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, weights: str, runtime: str | None = None,
              budget: int | None = None, chunk: int = DEFAULT_CHUNK) -> PlanRow:
-    rt = runtime or device.runtime
-    ov = device.overhead(rt)
+    name = runtime or device.runtime
+    cost, scheme, how = runtime_cost(name, arch, weights)
+    ov = device.overhead(M.PLAN_RUNTIMES[name]["overhead"])
     if strategy.name == "ring" and not device.is_datacenter:
         raise NotApplicable("ring attention splits the KV over several datacenter GPUs")
-    dep = deployment(arch, strategy, ctx, weights, rt, ov.value, chunk)
+    dep = deployment(arch, strategy, ctx, weights, cost, ov.value, chunk, scheme=scheme)
+    dep.explain["runtime model"] = how
+    rt = cost
     read = M.decode_read_bytes(dep.weights["read_per_token"], dep.layout, strategy, rt)
     fl = M.decode_flops(arch, dep.layout, strategy)
     dec = M.decode_tokens_per_s(read.value, fl.value, device.bandwidth, device.decode_efficiency, device.flops,
@@ -105,7 +120,8 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
                             device.decode_efficiency, device.flops, device.prefill_efficiency)
     pre.formula = pf.formula + "; " + pre.formula
     converted = strategy.name == "mla" and "mla" not in arch.kinds
-    q = quality(arch.name, strategy, ctx, _is_native(arch, strategy), converted, arch.family)
+    q = past_trained(quality(arch.name, strategy, ctx, _is_native(arch, strategy), converted, arch.family),
+                     arch.name, strategy, ctx, arch.trained_ctx, arch.family)
     notes = []
     if arch.max_position and ctx > arch.max_position:
         notes.append(f"ctx {ctx} exceeds the model's max_position_embeddings {arch.max_position}")
@@ -113,11 +129,65 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
         notes.append(f"converted from GQA at rank {dep.layout.tensors[0].shape[-1]}: K and V are re-expanded "
                      f"from the latent every step (compute)")
     row = PlanRow(arch.name, strategy, _is_native(arch, strategy), dep, budget or device.budget_bytes, dec, pre, q,
-                  notes)
-    row._runtime_cite = f"{rt} overhead {int(ov.value):,} B ({ov.cite})"
+                  notes, arch.trained_ctx, export_support(arch, strategy, ctx), name)
+    row._runtime_cite = f"{name} overhead {int(ov.value):,} B ({ov.cite})"
     if device.is_datacenter:
         row.serving = serve(device, arch, dep)
     return row
+
+
+def runtime_cost(name: str, arch: Arch, weights: str) -> tuple[str, dict | None, str]:
+    """The memory.RUNTIMES cost model, the runtime's own weight layout (None = edgekv's) and a sentence saying
+    which, for `--runtime name` and this model (edgekv/costs/runtimes.json). A model type the runtime's own export
+    does not define (fused_types) runs as its fallback does (ExecuTorch: edgekv's own .pte)."""
+    spec = M.PLAN_RUNTIMES.get(name)
+    if spec is None:
+        raise EdgekvError(f"unknown runtime {name!r}; runtimes: {', '.join(M.PLAN_RUNTIMES)}")
+    fused = spec.get("fused_types")
+    if fused and arch.model_type not in fused["value"]:
+        fb = M.PLAN_RUNTIMES[spec["fallback"]["value"]]
+        return fb["cost_model"], None, (f"{spec['label']}: {arch.model_type} is not one of its model types, so "
+                                        f"planned as {fb['label']} ({spec['fallback']['source']})")
+    scheme = (spec.get("weights") or {}).get("value", {}).get(weights)
+    return spec["cost_model"], scheme, (f"{spec['label']}; attention over {', '.join(fused['value'])}: fused "
+                                        f"({fused['source']})" if fused else spec["label"]) \
+        + (f"; weights: {spec['weights']['source']}" if scheme else "")
+
+
+# What `edgekv export` builds, read from the code that decides it: the strategies it takes
+# (edgekv/export/pipeline.py EXPORTABLE), the module edgekv.models.load_any picks per model_type, the cache dtypes each
+# module stores (edgekv/models/llama.py TORCH_DTYPES; mla.py fp32/fp16 latents; mamba.py STATE_DTYPES) and the
+# context limit read_llama / load_deepseek enforce (max_ctx <= max_position_embeddings).
+EXPORT_MODULES = {  # model_type -> (strategies its module takes, state dtypes it stores, refuses ctx > max_position)
+    **{t: (("kv", "kv-int8", "kv-int4", "kv-int2", "window", "mla"), ("fp32", "fp16"), True)
+       for t in LLAMA_EXPORT_TYPES},
+    "deepseek_v2": (("mla",), ("fp32", "fp16"), True),
+    "mamba": (("ssm",), ("fp32", "fp16", "bf16", "int8"), False),
+    "mamba2": (("ssm",), ("fp32", "fp16", "bf16", "int8"), False),
+    "rwkv": (("linear",), ("fp32", "fp16", "bf16", "int8"), False),
+    "jamba": (("hybrid",), ("fp32", "fp16", "bf16"), False),
+}
+
+
+def export_support(arch: Arch, strategy: Strategy, ctx: int) -> tuple[bool, str]:
+    """(whether `edgekv export --model M --strategy S --max-ctx ctx` builds this row today, why not)."""
+    from .export.pipeline import EXPORTABLE  # torch-free at import
+
+    if strategy.name not in EXPORTABLE:
+        return False, f"edgekv export does not build {strategy.name} (exportable: {', '.join(EXPORTABLE)})"
+    mod = EXPORT_MODULES.get(arch.model_type)
+    if mod is None:
+        return False, f"edgekv export has no module for model_type {arch.model_type}"
+    names, dtypes, capped = mod
+    if strategy.name not in names:
+        return False, f"edgekv's {arch.model_type} module takes {', '.join(names)}, not {strategy.name}"
+    for k in ("dtype", "state_dtype"):
+        d = strategy.params.get(k)
+        if d and d not in dtypes:
+            return False, f"edgekv's {arch.model_type} module stores {', '.join(dtypes)}, not {d}"
+    if capped and arch.max_position and ctx > arch.max_position:
+        return False, f"export refuses max_ctx {ctx} > max_position_embeddings {arch.max_position}"
+    return True, ""
 
 
 def strategies_for(arch: Arch, device: DeviceProfile, only: list[Strategy] | None) -> list[Strategy]:
@@ -161,10 +231,18 @@ class Plan:
     budget: int
 
     def ranked(self) -> list[PlanRow]:
-        return sorted(self.rows, key=lambda r: (not r.fits, RISK_ORDER[r.quality["risk"]], -r.decode.value))
+        return sorted(self.rows, key=lambda r: (not r.fits, RISK_ORDER[r.quality["risk"]], not r.exportable[0],
+                                                -r.decode.value))
+
+    @property
+    def runtime(self) -> str:
+        return self.rows[0].runtime if self.rows else (self._runtime or self.device.runtime)
+
+    _runtime: str | None = None
 
     def to_json(self, explain: bool = False) -> dict:
         return {"device": self.device.to_json(), "ctx": self.ctx, "budget_bytes": self.budget,
+                "runtime": {"name": self.runtime, "label": M.PLAN_RUNTIMES[self.runtime]["label"]},
                 "options": [r.to_json(explain) for r in self.ranked()], "not_applicable": self.not_applicable}
 
 
@@ -176,6 +254,11 @@ def make_plan(device: DeviceProfile, ctx: int, archs: list[Arch], strategies: li
         if device.entitled_budget_bytes is None:
             raise EdgekvError(f"device {device.id} has no increased-memory-limit budget (iOS only)")
         budget = device.entitled_budget_bytes
+    name = runtime or device.runtime
+    if name not in M.PLAN_RUNTIMES:
+        raise EdgekvError(f"unknown runtime {name!r}; runtimes: {', '.join(M.PLAN_RUNTIMES)}")
+    if M.PLAN_RUNTIMES[name]["overhead"] not in device.runtime_overhead:
+        device.overhead(M.PLAN_RUNTIMES[name]["overhead"])  # one line naming the runtimes the profile has
     rows, na = [], []
     alt_cache: dict = {}
     for arch in archs:
@@ -193,7 +276,27 @@ def make_plan(device: DeviceProfile, ctx: int, archs: list[Arch], strategies: li
                     entry["needs_family"] = fam
                     entry["alternatives"] = alt_cache[key]
                 na.append(entry)
-    return Plan(device, ctx, rows, na, budget)
+    rows, same = _drop_windows_equal_to_kv(rows)
+    na += same
+    p = Plan(device, ctx, rows, na, budget)
+    p._runtime = name
+    return p
+
+
+def _drop_windows_equal_to_kv(rows: list[PlanRow]) -> tuple[list[PlanRow], list[dict]]:
+    """A window whose W + sinks cover the context keeps every token: the same state as plain kv in that dtype, so it
+    is not a separate option (it is listed in not_applicable with that reason)."""
+    kv = {(r.model, r.strategy.params.get("dtype"), r.deployment.layout.nbytes) for r in rows if r.strategy.name == "kv"}
+    keep, dropped = [], []
+    for r in rows:
+        p = r.strategy.params
+        if (r.strategy.name == "window" and r.deployment.ctx <= p["w"] + p["sinks"]
+                and (r.model, p["dtype"], r.deployment.layout.nbytes) in kv):
+            dropped.append({"model": r.model, "strategy": "window", "reason": f"{r.strategy.short} covers the whole "
+                            f"context ({r.deployment.ctx:,} tokens): the same state as kv {p['dtype']}"})
+        else:
+            keep.append(r)
+    return keep, dropped
 
 
 def default_models(device: DeviceProfile) -> list[Arch]:

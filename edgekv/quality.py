@@ -127,3 +127,31 @@ def quality(model: str, strategy: Strategy, ctx: int, native: bool, converted_ml
         key = s
     risk, ev = PUBLISHED[key]
     return {"risk": risk, "evidence": ev, "source": "published", "cite": CITE[key]}
+
+
+def past_trained(q: dict, model: str, strategy: Strategy, ctx: int, trained: tuple[int, str] | None,
+                 family: str | None) -> dict:
+    """The strategy's risk combined with the context's: past the length the model was trained at the risk is high
+    (with that evidence) unless a stored edgekv analyze measurement of this very model reached ctx; where the trained
+    length is unknown (a bare recurrent config) the risk is at least 'unknown', never none or low. q is quality()'s
+    answer; the worse of the two is kept."""
+    if trained is None:
+        if RISK_ORDER[q["risk"]] < RISK_ORDER["unknown"]:
+            return {**q, "risk": "unknown", "cite": "trained length unknown",
+                    "evidence": f"the config names no trained context length, so nothing is known about {ctx:,} "
+                                f"tokens; {q['evidence']}"}
+        return q
+    t, src = trained
+    if ctx <= t:
+        return q
+    m = measured(model, strategy, family)
+    if m and m.get("applies_to") == f"model:{model}" and m.get("measured_ctx", 0) >= ctx:
+        return q
+    return {**q, "risk": "high", "source": "published", "cite": f"past trained {_k(t)}",
+            "evidence": f"ctx {ctx:,} is past the {t:,} tokens the model was trained at ({src}); no edgekv analyze "
+                        f"measurement of {model} reaches {ctx:,} tokens; the strategy alone: {q['risk']} "
+                        f"({q['evidence']})"}
+
+
+def _k(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else f"{n:,}"

@@ -43,11 +43,15 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
     d = plan.device
     rows = plan.ranked()
     n_fit = sum(r.fits for r in rows)
+    from .memory import PLAN_RUNTIMES
     t = Table(box=box.SIMPLE_HEAD, title=f"edgekv plan — {d.name} ({d.id}), ctx {fmt_ctx(plan.ctx)} = {plan.ctx:,} tokens, "
-                    f"app budget {fmt_bytes(plan.budget)}", title_justify="left", show_lines=False)
+                    f"app budget {fmt_bytes(plan.budget)}, runtime {PLAN_RUNTIMES[plan.runtime]['label']} "
+                    f"(overhead {fmt_bytes(d.overhead(PLAN_RUNTIMES[plan.runtime]['overhead']).value)})",
+              title_justify="left", show_lines=False)
     for col, kw in (("model", {}), ("strategy", {}), ("weights", {}), ("state", {"justify": "right"}),
-                    ("total", {"justify": "right"}), ("fits", {}), ("decode", {"justify": "right"}),
-                    ("prefill", {"justify": "right"}), ("risk", {}), ("evidence", {"no_wrap": True})):
+                    ("total", {"justify": "right"}), ("fits", {}), ("headroom", {"justify": "right"}),
+                    ("decode", {"justify": "right"}), ("prefill", {"justify": "right"}),
+                    ("trained", {"justify": "right"}), ("risk", {}), ("evidence", {"no_wrap": True})):
         t.add_column(col, **kw)
     dc = d.is_datacenter
     if dc:
@@ -57,17 +61,24 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
     for r in shown:
         b = r.deployment.bytes
         risk = r.quality["risk"]
-        t.add_row(r.model, r.strategy.short + ("" if r.native else " *"), r.deployment.weight_precision,
-                  fmt_auto(b["state"]), fmt_auto(b["total"]),
-                  "[green]yes[/]" if r.fits else "[red]no[/]", f"{r.decode.value:.1f} tok/s", _secs(r.prefill.value),
+        tc = r.trained_ctx[0] if r.trained_ctx else None
+        t.add_row(r.model + ("" if r.exportable[0] else " †"), r.strategy.short + ("" if r.native else " *"),
+                  r.deployment.weight_precision, fmt_auto(b["state"]), fmt_auto(b["total"]),
+                  "[green]yes[/]" if r.fits else "[red]no[/]",
+                  ("" if r.fits else "-") + fmt_auto(abs(r.headroom)), f"{r.decode.value:.1f} tok/s",
+                  _secs(r.prefill.value),
+                  "?" if tc is None else ("[red]" + fmt_ctx(tc) + " ![/]" if plan.ctx > tc else fmt_ctx(tc)),
                   f"[{RISK_STYLE[risk]}]{risk}[/]",
                   r.quality["cite"],
                   *((str(int(r.serving.users.value)), "-" if math.isinf(r.serving.usd.value)
                      else f"${r.serving.usd.value:.2f}") if dc else ()))
     c.print(t)
     c.print(f"{n_fit} of {len(rows)} options fit; GB = 1e9 bytes. '*' = state changed from what the model was trained "
-            f"with (quantized, windowed or converted). decode = tokens/s at ctx; prefill = time to read a "
-            f"{plan.ctx:,}-token prompt.")
+            f"with (quantized, windowed or converted). '†' = edgekv export cannot build this row today (another tool "
+            f"may; --json: exportable_reason). headroom = app budget - total ('-' = over by). decode = tokens/s at "
+            f"ctx; prefill = time to read a {plan.ctx:,}-token prompt. trained = the context the model was trained "
+            f"at ('!' = ctx is past it: risk high unless edgekv analyze measured this model that far; '?' = unknown: "
+            f"risk at least 'unknown'). risk 'unknown' = no published or measured result covers this option.")
     if limit is not None and len(rows) > limit:
         c.print(f"{len(rows) - limit} more options: --all shows them, --json gives every number.")
     fams = {}

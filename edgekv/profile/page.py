@@ -99,8 +99,9 @@ def build_report(folder: Path, out: str | None, device_name: str, gpu_name: str,
     weights = WEIGHT_PRECISION.get(manifest["weights"]["dtype"], "fp16")
     phone, gpu = load_device(device_name), load_device(gpu_name)
     fmt = manifest["artifacts"][0]["format"]
-    runtime = "onnxruntime" if fmt == "onnx" else "executorch"
-    row = plan_one(arch, strategy, phone, ctx, weights, runtime if runtime in phone.runtime_overhead else None)
+    runtime = "onnxruntime" if fmt == "onnx" else "edgekv-pte"  # edgekv's own artifact (edgekv/costs/runtimes.json)
+    row = plan_one(arch, strategy, phone, ctx, weights, runtime if runtime in phone.runtime_overhead
+                   or runtime == "edgekv-pte" and "executorch" in phone.runtime_overhead else None)
     base = serve(gpu, arch, deployment(arch, strategy, ctx, "fp16", gpu.runtime, gpu.overhead().value))
     if profile_json:
         prof = json.loads(Path(profile_json).read_text())

@@ -1,0 +1,234 @@
+"""`edgekv plan` at long context: the trained context, the costs each runtime really has, and what edgekv export can
+build. Independent sources: the models' published training lengths (catalog citations), ExecuTorch's Llama README
+(.pte sizes and RSS, examples/models/llama/README.md), the configs' own fields, and export's own refusals."""
+import json
+
+import pytest
+
+from conftest import run_cli
+from edgekv.arch import arch_from_config, catalog_arch
+from edgekv.strategies import parse_strategy
+
+MiB = 2**20
+
+
+def plan_json(*args):
+    return json.loads(run_cli("plan", *args, "--json", check=True).stdout)
+
+
+def rows(out, model, strategy=None):
+    return [o for o in out["options"] if o["model"] == model and (strategy is None or o["strategy"] == strategy)]
+
+
+# ---- trained context ----
+
+def test_past_the_trained_context_the_risk_is_high_and_ranked_below(tmp_path):
+    out = plan_json("--device", "pixel8", "--ctx", "32k")
+    for m in ("smollm2-135m", "smollm2-360m"):  # SmolLM2 was trained to 8,192 tokens
+        for o in rows(out, m):
+            assert o["trained_ctx"]["value"] == 8192 and "max_position_embeddings" in o["trained_ctx"]["source"]
+            assert o["quality"]["risk"] == "high" and "8,192" in o["quality"]["evidence"]
+    kv = rows(out, "qwen2.5-0.5b", "kv")[0]  # trained to 32,768: at 32k it is within
+    assert kv["quality"]["risk"] == "none" and kv["trained_ctx"]["value"] == 32768
+    fitting = [o for o in out["options"] if o["fits"]]
+    first_high = next(i for i, o in enumerate(fitting) if o["quality"]["risk"] == "high")
+    assert all(o["quality"]["risk"] != "high" for o in fitting[:first_high])
+    assert all(o["model"] not in ("smollm2-135m", "smollm2-360m") for o in fitting[:first_high])
+
+
+def test_at_128k_nothing_trained_shorter_is_called_safe():
+    out = plan_json("--device", "pixel8", "--ctx", "128k")
+    for o in out["options"]:
+        t = o["trained_ctx"]["value"]
+        if t is None or t < 131072:
+            assert o["quality"]["risk"] in ("high", "unknown"), (o["model"], o["strategy"], o["quality"])
+    assert rows(out, "qwen2.5-0.5b", "kv")[0]["quality"]["risk"] == "high"
+
+
+@pytest.mark.parametrize("model, trained, cite", [("mamba-130m", 2048, "2410.07145"),
+                                                  ("mamba2-1.3b", 2048, "2410.07145"),
+                                                  ("rwkv-4-169m-pile", 1024, "1024")])
+def test_recurrent_checkpoints_are_high_risk_past_their_training_length(model, trained, cite):
+    for ctx in ("8k", "32k"):
+        out = plan_json("--device", "pixel8", "--ctx", ctx, "--model", model)
+        for o in out["options"]:
+            assert o["trained_ctx"]["value"] == trained and cite in o["trained_ctx"]["source"]
+            assert o["quality"]["risk"] == "high", o
+    within = plan_json("--device", "pixel8", "--ctx", str(trained), "--model", model)
+    assert any(o["quality"]["risk"] == "low" for o in within["options"])
+
+
+def test_a_bare_recurrent_config_says_unknown_never_low(tmp_path):
+    from edgekv.arch import catalog_entry
+    cfg = catalog_entry("mamba-130m")["config"]  # transformers' MambaConfig has no length field
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    out = plan_json("--device", "pixel8", "--ctx", "1k", "--model", tmp_path / "config.json")
+    assert out["options"]
+    for o in out["options"]:
+        assert o["trained_ctx"]["value"] is None
+        assert o["quality"]["risk"] in ("unknown", "high") and o["quality"]["risk"] != "low"
+    p = run_cli("plan", "--device", "pixel8", "--ctx", "1k", "--model", tmp_path / "config.json", check=True)
+    assert "'?' = unknown" in p.stdout
+
+
+def test_a_measurement_that_reaches_the_context_overrides_the_trained_length(tmp_path, monkeypatch):
+    from edgekv import quality as Q
+    s = parse_strategy("kv")
+    base = {"risk": "none", "evidence": "reference", "source": "published", "cite": "reference"}
+    assert Q.past_trained(base, "m", s, 16384, (8192, "config"), "transformer")["risk"] == "high"
+    rec = {"model": "m", "strategy": s.label, "measured_ctx": 16384, "applies_to": "model:m",
+           "fit": {"law": "power", "params": {"a": 1e-6, "b": 0.01}, "class": "bounded"}, "evidence": "e"}
+    (tmp_path / Q.measurement_path("m", s.label, tmp_path).name).write_text(json.dumps(rec))
+    monkeypatch.setattr(Q, "MEASURED_DIR", tmp_path)
+    assert Q.past_trained(base, "m", s, 16384, (8192, "config"), "transformer")["risk"] == "none"
+    assert Q.past_trained(base, "m", s, 32768, (8192, "config"), "transformer")["risk"] == "high"
+
+
+def test_rope_scaling_that_stretches_reads_the_original_length():
+    from edgekv.arch import catalog_entry
+    cfg = dict(catalog_entry("qwen2.5-0.5b")["config"])
+    cfg.update(max_position_embeddings=131072, rope_scaling={"type": "yarn", "factor": 4.0,
+                                                             "original_max_position_embeddings": 32768})
+    assert arch_from_config(cfg, "q", "cfg").trained_ctx[0] == 32768
+    cfg["rope_scaling"] = {"rope_type": "made-up", "factor": 2.0}
+    with pytest.raises(Exception, match="rope_scaling type 'made-up'"):
+        arch_from_config(cfg, "q", "cfg")
+
+
+# ---- costs as each runtime runs them ----
+
+def _row(device, ctx, model, spec, runtime=None, *extra):
+    """The one option `edgekv plan --json` gives for this model and strategy."""
+    args = ["--device", device, "--ctx", str(ctx), "--model", model, "--strategy", spec, *extra]
+    out = plan_json(*args, *(("--runtime", runtime) if runtime else ()))
+    assert len(out["options"]) == 1, out["options"]
+    return out["options"][0]
+
+
+def test_executorch_weights_match_the_published_pte_sizes():
+    # examples/models/llama/README.md: 1B SpinQuant .pte 1,083 MiB, 3B SpinQuant .pte 2,435 MiB
+    for model, pte in (("llama-3.2-1b", 1083), ("llama-3.2-3b", 2435)):
+        w = _row("galaxy-s24", 2048, model, "kv")["bytes"]["weights"] / MiB
+        assert w == pytest.approx(pte, rel=0.01), (model, w)
+    # RSS at max_seq_length 2048 (fp32 cache): 1,921 MiB for 1B SpinQuant
+    r = _row("galaxy-s24", 2048, "llama-3.2-1b", "kv:dtype=fp32")["bytes"]["total"] / MiB
+    assert r == pytest.approx(1921, rel=0.03)
+
+
+def test_llama_3_2_3b_at_2k_does_not_fit_a_galaxy_s24():
+    # published RSS 3,726 MiB (3.91 GB) against the S24 profile's 3.5 GB app budget
+    out = plan_json("--device", "galaxy-s24", "--ctx", "2k", "--model", "llama-3.2-3b", "--strategy", "kv")
+    assert out["options"][0]["fits"] is False and out["options"][0]["bytes"]["total"] > 3.5e9
+
+
+@pytest.mark.parametrize("runtime", ["executorch", "llama.cpp"])
+def test_kv_int8_is_not_slower_than_fp16_where_the_runtime_reads_int8_in_place(runtime):
+    dev = "pixel8"
+    fp16 = _row(dev, 32768, "llama-3.2-1b", "kv", runtime)["decode_tokens_per_s"]
+    int8 = _row(dev, 32768, "llama-3.2-1b", "kv-int8", runtime)["decode_tokens_per_s"]
+    assert int8 >= fp16, (runtime, int8, fp16)
+    # edgekv's own .pte dequantizes the rows it reads back: that copy stays charged
+    assert _row(dev, 32768, "llama-3.2-1b", "kv-int8", "edgekv-pte")["decode_tokens_per_s"] < int8
+
+
+def test_qwen3_and_gemma3_run_fused_attention_under_executorch():
+    for model in ("qwen3-0.6b", "gemma-3-1b"):
+        r = _row("pixel8", 32768, model, "kv", None, "--explain")
+        b = r["bytes"]
+        # no [H, C, T] fp32 scores (qwen3: 16 heads x 128 x 32768 x 4 B = 268 MB each), no extra state copies:
+        # activations and one row of logits (gemma: 262,144 x 4 B) only
+        assert b["workspace"] < 20e6, (model, b)
+        assert "scores not materialised" in r["explain"]["workspace"]
+    assert _row("pixel8", 32768, "qwen3-0.6b", "kv")["bytes"]["total"] < 6e9  # was 13.3 GB unfused
+
+
+def test_the_title_names_the_runtime_and_help_lists_them():
+    p = run_cli("plan", "--device", "pixel8", "--ctx", "4k", "--model", "qwen2.5-0.5b", check=True)
+    assert "runtime ExecuTorch" in p.stdout.replace("\n", " ")
+    p = run_cli("plan", "--device", "pixel8", "--ctx", "4k", "--model", "qwen2.5-0.5b", "--runtime", "llama.cpp",
+                check=True)
+    assert "runtime llama.cpp" in p.stdout.replace("\n", " ")
+    h = run_cli("plan", "--help", check=True).stdout
+    for name in ("executorch", "edgekv-pte", "onnxruntime", "llama.cpp"):
+        assert name in h
+    bad = run_cli("plan", "--device", "pixel8", "--ctx", "4k", "--runtime", "tflite")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+# ---- what edgekv export can build ----
+
+def test_exportable_follows_what_export_builds():
+    out = plan_json("--device", "pixel8", "--ctx", "4k")
+    by = {(o["model"], o["strategy"]): o for o in out["options"]}
+    assert by[("llama-3.2-1b", "kv")]["exportable"] is True
+    assert by[("mamba-130m", "ssm")]["exportable"] is True
+    for m in ("gemma-3-1b", "qwen3-0.6b", "falcon-h1-0.5b", "zamba2-1.2b"):
+        o = next(o for (mm, _), o in by.items() if mm == m)
+        assert o["exportable"] is False and o["exportable_reason"], m
+    # export refuses a max_ctx past max_position_embeddings: so does the plan's exportable
+    past = plan_json("--device", "pixel8", "--ctx", "16k", "--model", "smollm2-135m", "--strategy", "kv")
+    assert past["options"][0]["exportable"] is False and "8192" in past["options"][0]["exportable_reason"]
+
+
+def test_exportable_types_are_the_ones_the_export_modules_accept():
+    from edgekv.arch import catalog_entry
+    from edgekv.errors import EdgekvError
+    from edgekv.models.llama import args_from_hf_config
+    from edgekv.plan import export_support
+    for name in ("llama-3.2-1b", "qwen2.5-0.5b", "mistral-7b-v0.3", "gemma-3-1b", "qwen3-0.6b", "phi-3-mini",
+                 "gemma-2-2b"):
+        cfg = catalog_entry(name)["config"]
+        try:
+            args_from_hf_config(cfg)
+            accepted = True
+        except EdgekvError:
+            accepted = False
+        assert export_support(catalog_arch(name), parse_strategy("kv"), 1024)[0] == accepted, name
+
+
+# ---- readable table ----
+
+def test_a_window_that_covers_the_context_is_not_a_separate_option():
+    out = plan_json("--device", "pixel8", "--ctx", "2k", "--model", "llama-3.2-1b")
+    assert not rows(out, "llama-3.2-1b", "window")
+    assert any(e["strategy"] == "window" and "same state as kv" in e["reason"] for e in out["not_applicable"])
+    out = plan_json("--device", "pixel8", "--ctx", "32k", "--model", "llama-3.2-1b")
+    assert rows(out, "llama-3.2-1b", "window")
+
+
+def test_the_table_shows_headroom_trained_context_and_export_markers():
+    p = run_cli("plan", "--device", "pixel8", "--ctx", "32k", "--all", check=True)
+    text = p.stdout
+    assert "headroom" in text and "trained" in text and "†" in text and "risk 'unknown'" in text
+
+
+# ---- configs it cannot read with certainty ----
+
+@pytest.mark.parametrize("model, change, field", [
+    ("qwen2.5-0.5b", {"layer_types": ["chunked_attention"] * 24}, "layer_types"),
+    ("llama-3.2-1b", {"sliding_window": 4096}, "sliding_window"),
+    ("llama-3.2-1b", {"attention_chunk_size": 8192}, "attention_chunk_size"),
+    ("jamba-v0.1", {"layers_block_type": ["mamba"] * 31 + ["moe_attention"]}, "layers_block_type"),
+    ("zamba2-1.2b", {"layers_block_type": ["mamba"] * 37 + ["attention"]}, "layers_block_type"),
+    ("mamba-130m", {"ssm_cfg": {"layer": "Mamba2"}}, "ssm_cfg"),
+])
+def test_a_config_it_cannot_read_with_certainty_is_one_line_naming_the_field(tmp_path, model, change, field):
+    from edgekv.arch import catalog_entry
+    cfg = {**catalog_entry(model)["config"], **change}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    p = run_cli("plan", "--device", "pixel8", "--ctx", "4k", "--model", tmp_path / "config.json")
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and field in p.stderr, p.stderr
+
+
+def test_the_original_mamba_ssm_config_reads_as_its_hf_conversion(tmp_path):
+    # state-spaces/mamba-130m config.json (mamba_ssm MambaConfig field names, vocab padded to a multiple of 8)
+    orig = {"d_model": 768, "n_layer": 24, "vocab_size": 50277, "ssm_cfg": {}, "rms_norm": True,
+            "residual_in_fp32": True, "fused_add_norm": True, "pad_vocab_size_multiple": 8}
+    assert arch_from_config(orig, "m", "x").n_params == catalog_arch("mamba-130m").n_params == 129_135_360
+    m2 = {"d_model": 2048, "n_layer": 48, "vocab_size": 50277, "ssm_cfg": {"layer": "Mamba2"},
+          "pad_vocab_size_multiple": 16}
+    assert arch_from_config(m2, "m", "x").n_params == catalog_arch("mamba2-1.3b").n_params
+    (tmp_path / "config.json").write_text(json.dumps({**orig, "attn_layer_idx": [3]}))
+    p = run_cli("plan", "--device", "pixel8", "--ctx", "4k", "--model", tmp_path / "config.json")
+    assert p.returncode == 2 and "attn_layer_idx" in p.stderr and "Traceback" not in p.stderr
