@@ -174,7 +174,8 @@ class RunnerPteStepper:
         return self.method.get_outputs(clone_outputs=False)[0].float().numpy().copy()
 
 
-def generate(folder: Path, manifest: dict, prompt: str, max_new_tokens: int, emit=None, after_prefill=None) -> dict:
+def generate(folder: Path, manifest: dict, prompt: str, max_new_tokens: int, emit=None, after_prefill=None,
+             threads: int | None = None) -> dict:
     """Greedy generation with ExecuTorch's TextLLMRunner (its tokenizer, its prefill and decode loop, its stop on the
     .pte's eos ids); the same dict as edgekv.export.generate.generate, with the runner's text pieces (one per new
     token) where that has token ids: the Python runner hands back text only."""
@@ -184,8 +185,13 @@ def generate(folder: Path, manifest: dict, prompt: str, max_new_tokens: int, emi
     tok = manifest["tokenizer"]
     if tok is None:
         raise EdgekvError(f"{folder}: ExecuTorch's runner needs a tokenizer file; this export carries none")
-    import torch  # noqa: F401 (the runner's extension links libtorch)
+    import torch  # the runner's extension links libtorch
     _kernels()
+    if threads:  # the llama:: kernels run on torch's pool, XNNPACK on ExecuTorch's (PteStepper says why both)
+        from executorch.extension.pybindings import portable_lib
+        with quiet_native_stderr():
+            portable_lib._unsafe_reset_threadpool(threads)
+        torch.set_num_threads(threads)
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
     with quiet_native_stdout(), quiet_native_stderr():  # its load logs the metadata it read, line by line
         try:

@@ -115,10 +115,14 @@ def write_config(folder: Path, args, layout, tok: dict, max_ctx: int, fused: boo
     return [CONFIG, TOKENIZER_CONFIG]
 
 
-def _load(folder: Path):
+def _load(folder: Path, threads: int | None = None):
+    """og.Model of the folder; threads: ORT's intra-op threads, overlaid on genai_config.json's session options."""
     import onnxruntime_genai as og
     try:
-        return og, og.Model(str(folder))
+        cfg = og.Config(str(folder))
+        if threads:
+            cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
+        return og, og.Model(cfg)
     except Exception as e:  # GenAI raises RuntimeError with its own message
         first = (str(e).strip().splitlines() or [""])[0][:300]
         raise EdgekvError(f"{folder}: ONNX Runtime GenAI cannot load it ({first})") from None
@@ -135,7 +139,7 @@ class GenaiStepper:
     def __init__(self, manifest: dict, folder: Path, threads: int | None = None):
         from .runners import GENAI, require
         require(manifest, folder, GENAI)
-        self.og, self.model = _load(folder)
+        self.og, self.model = _load(folder, threads)
         self.manifest, self.threads = manifest, threads
         self.max_ctx = int(manifest["max_ctx"])
         self.max_chunk = self.max_ctx
@@ -169,12 +173,13 @@ class GenaiStepper:
         return self.gen.get_logits()[0, -1:].astype(np.float32)
 
 
-def generate(folder: Path, manifest: dict, prompt: str, max_new_tokens: int, emit=None, after_prefill=None) -> dict:
+def generate(folder: Path, manifest: dict, prompt: str, max_new_tokens: int, emit=None, after_prefill=None,
+             threads: int | None = None) -> dict:
     """Greedy generation with GenAI's own loop and tokenizer (og.Tokenizer, og.Generator.generate_next_token), as an
     app calls it; the same dict as edgekv.export.generate.generate."""
     from .runners import GENAI, require
     require(manifest, folder, GENAI)
-    og, model = _load(folder)
+    og, model = _load(folder, threads)
     tok = og.Tokenizer(model)
     ids = [int(i) for i in tok.encode(prompt)]
     if not ids:

@@ -40,10 +40,7 @@ def generate_with_runner(folder: str | Path, runtime: str, prompt: str, max_new_
         from .genai import generate as run
     else:
         from .et_runner import generate as run
-    if threads:
-        import os
-        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    return run(d, manifest, prompt, max_new_tokens, emit=emit, after_prefill=after_prefill)
+    return run(d, manifest, prompt, max_new_tokens, emit=emit, after_prefill=after_prefill, threads=threads)
 
 
 def generate(manifest: dict, stepper, tok, prompt: str, max_new_tokens: int, emit=None, after_prefill=None) -> dict:
