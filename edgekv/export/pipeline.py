@@ -395,7 +395,8 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
                     noise = eager(nudged_quantized(module, opts.weights))
             tol = "quantized-weights" if opts.weights != "fp32" else tolerance_dtype(layout, fmt == "onnx" and fused)
             v = verify(art, ref, prompt, steps, tol,
-                       artifacts[[a["format"] for a in artifacts].index(fmt)]["runtime"], noise)
+                       artifacts[[a["format"] for a in artifacts].index(fmt)]["runtime"], noise,
+                       last_rows=et_run and fmt == "pte")
             verification[fmt] = v
             st.echo(f"      {describe(v)}")
             if not v["passed"]:
@@ -407,7 +408,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             art = genai.GenaiStepper(partial, tmp, opts.threads)
             v = verify(art, EagerStepper(partial, module), prompt, steps,
                        "quantized-weights" if opts.weights != "fp32" else tolerance_dtype(layout, fused),
-                       f"onnxruntime-genai {onnxruntime_genai.__version__}")
+                       f"onnxruntime-genai {onnxruntime_genai.__version__}", last_rows=True)
             del art
             verification["genai"] = v
             st.echo(f"      {describe(v)}")

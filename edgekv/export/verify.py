@@ -97,9 +97,12 @@ def limits(cache_dtype: str, floor: dict | None, positions: int) -> tuple[float,
 
 
 def verify(artifact, reference, prompt: list[int], steps: int, cache_dtype: str, runtime: str,
-           noise=None) -> dict:
+           noise=None, last_rows: bool = False) -> dict:
     """noise: a stepper of the reference one ulp away (nudge_one_ulp), compared with the reference in the same pass
-    (the reference runs once); where its noise reaches further than the fixed limits, they widen to it (limits)."""
+    (the reference runs once); where its noise reaches further than the fixed limits, they widen to it (limits).
+    last_rows: the artifact returns the last token's logits only (GenAI, the ExecuTorch runner .pte), so its prefill
+    above ran one token per call to give every row; the prompt is then prefilled again from a fresh state in the
+    calls its runtime makes (chunks), and that last row is compared too."""
     t0 = time.perf_counter()
     sides = [artifact] + ([noise] if noise is not None else [])
     diffs, agree = [[] for _ in sides], [[] for _ in sides]
@@ -128,6 +131,11 @@ def verify(artifact, reference, prompt: list[int], steps: int, cache_dtype: str,
     sdiff = None if getattr(artifact, "state", None) is None else \
         max(float(np.abs(x.astype(np.float32) - y.astype(np.float32)).max())
             for x, y in zip(state_as_numpy(artifact), state_as_numpy(reference)))
+    if last_rows:
+        for s in [*sides, reference]:
+            s.reset()
+        outs = [s.prefill(prompt, last=True) for s in sides]
+        compare(outs, reference.prefill(prompt, last=True))
     floor = ({"max_abs_diff": max(diffs[1]), "logit_scale": scale, "top1_agreement": float(np.mean(agree[1]))}
              if noise is not None else None)
     rel, need = limits(cache_dtype, floor, len(agree[0]))
