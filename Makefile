@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all install bench bench-speed clean android-test
+.PHONY: demo test test-all test-deps install bench bench-speed clean android-test
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,14 +20,30 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/edgekv plan --device pixel8 --ctx 32k
 
-test: $(STAMP) android-test
+test: $(STAMP) test-deps android-test
 	$(BIN)/python -m pytest -q
 
-# the Android demo's plain-Java core (JUnit 4 with the JDK; .ci/run installs junit4)
+# Debian packages the tests use: a JDK and junit4 (the Android core's JUnit tests), chromium (the report page is
+# rendered headless and its screenshot kept in test-artifacts/). Installed when missing, as root through apt-get;
+# otherwise one line says what is missing and the tests that need it skip or stop with their own one line.
+test-deps:
+	@missing=""; \
+	command -v javac >/dev/null 2>&1 || missing="$$missing default-jdk-headless"; \
+	[ -f /usr/share/java/junit4.jar ] || missing="$$missing junit4"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing$$missing (apt-get)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	else \
+	  echo "test-deps: missing$$missing; not root or no apt-get: install them to run every test"; \
+	fi
+
+# the Android demo's plain-Java core (JUnit 4 with the JDK; `make test-deps` installs them)
 android-test:
 	android_demo/run_core_tests.sh
 
-test-all: $(STAMP)
+test-all: $(STAMP) test-deps
 	$(BIN)/python -m pytest -q -m ''
 
 bench: $(STAMP)
@@ -44,4 +60,4 @@ bench-speed: $(STAMP)
 	$(BIN)/python benchmarks/decode_speed.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis test-artifacts

@@ -161,6 +161,25 @@ def _embed_and_head(ws: list, vocab: int, hidden: int, tied: bool, head_name: st
         ws.append(Weight(f"{head_name}.weight", (vocab, hidden), "lm_head"))
 
 
+# Sizes no real model has: a config beyond these is refused in one line before anything is built from it (a
+# num_hidden_layers of 1e9 would otherwise list 1e10 weight tensors). Each maximum is several times the largest
+# published config.json value known here: layers 126 and hidden 16384, intermediate 53248 (Llama-3.1-405B),
+# attention heads 128 (Llama-3.1-405B, DeepSeek-V3), vocab 262,208 (Gemma 3), routed experts 384 (Kimi K2),
+# head_dim 256 (Gemma), Mamba d_state 128 (Mamba-2), conv kernel 4, max_position_embeddings 10,485,760 (Llama 4
+# Scout). A minimum of 1: a size that cannot be 0.
+_HEADS, _DIM = (1, 4096), (1, 4096)
+LIMITS = {"num_hidden_layers": (1, 512), "hidden_size": (1, 131072), "intermediate_size": (1, 2**20),
+          "moe_intermediate_size": (1, 2**20), "vocab_size": (1, 2**22), "num_attention_heads": _HEADS,
+          "num_key_value_heads": _HEADS, "num_heads": _HEADS, "mamba_n_heads": _HEADS, "n_mamba_heads": _HEADS,
+          "head_dim": _DIM, "attention_head_dim": _DIM, "v_head_dim": _DIM, "qk_rope_head_dim": _DIM,
+          "qk_nope_head_dim": (0, 4096), "mamba_headdim": _DIM, "mamba_d_head": _DIM, "kv_lora_rank": (1, 65536),
+          "state_size": (1, 4096), "mamba_d_state": (1, 4096), "conv_kernel": (1, 64), "mamba_d_conv": (1, 64),
+          "num_experts": (1, 512), "n_routed_experts": (0, 512), "n_shared_experts": (0, 512),
+          "num_experts_per_tok": (0, 512), "attention_hidden_size": (1, 131072), "mamba_d_ssm": (1, 2**20),
+          "n_groups": (1, 4096), "mamba_n_groups": (1, 4096), "mamba_ngroups": (1, 4096), "num_mem_blocks": (1, 512),
+          "sliding_window": (1, 2**24), "adapter_rank": (0, 65536), "max_position_embeddings": (1, 2**27)}
+
+
 class Cfg:
     """A config dict with the reader's manners: defaults only where transformers documents them, aliases for
     legacy names, and a one-line error naming the missing field otherwise."""
@@ -180,8 +199,13 @@ class Cfg:
         v = self.get(*names, default=default)
         if v is None:
             return v
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < 0:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or int(v) != v or v < 0:
             raise EdgekvError(f"{self.where}: '{names[0]}' must be a non-negative integer, got {v!r}")
+        lo, hi = LIMITS.get(names[0], (0, 2**40))
+        if not lo <= v <= hi:
+            shown = f"{int(v):,}" if v < 1e15 else f"{v:.3g}"
+            raise EdgekvError(f"{self.where}: '{names[0]}' {shown} cannot be a real model's (expected "
+                              f"{lo} to {hi:,})")
         return int(v)
 
 
@@ -234,6 +258,7 @@ def _decoder(c: Cfg, mt: str) -> tuple[int, int, list[Block], list[Weight]]:
 def _layer_windows(c: Cfg, mt: str, n_layers: int) -> list[int | None]:
     """Which layers use a native sliding window, following each config class's conventions."""
     sw = c.get("sliding_window", default=None)
+    sw = c.int("sliding_window") if sw else None  # 0 / null: no window, as the config classes read it
     types = c.get("layer_types", default=None)
     if types is not None:
         if not isinstance(types, list) or len(types) != n_layers:
@@ -640,16 +665,16 @@ def arch_from_config(config: dict, name: str, source: str) -> Arch:
     if mt == "gemma3" and isinstance(config.get("text_config"), dict):  # the multimodal wrapper: plan the text model
         config = {**config["text_config"], "model_type": "gemma3_text"}
         mt = "gemma3_text"
-    if mt not in READERS:
+    if not isinstance(mt, str) or mt not in READERS:
         raise EdgekvError(f"{source}: model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED)}")
     c = Cfg(config, source)
     try:
         hidden, vocab, blocks, ws = READERS[mt](c, mt)
-    except (TypeError, ValueError, KeyError, IndexError) as e:
+    except (TypeError, ValueError, KeyError, IndexError, ArithmeticError, AttributeError) as e:
         raise EdgekvError(f"{source}: malformed {mt} config ({type(e).__name__}: {e})") from None
     if not blocks:
         raise EdgekvError(f"{source}: config has no layers")
-    max_pos = c.get("max_position_embeddings", "n_positions", "context_length", default=None)
+    max_pos = c.int("max_position_embeddings", "n_positions", "context_length", default=None)
     return Arch(name=name, model_type=mt, family=_family(blocks), hidden=hidden, vocab=vocab, blocks=tuple(blocks),
                 weights=tuple(ws), max_position=int(max_pos) if max_pos else None, source=source,
                 trained_ctx=trained_ctx_of(c))
@@ -746,6 +771,22 @@ def read_gguf(path: str | Path) -> Arch:
     if arch not in GGUF_ARCH:
         raise EdgekvError(f"{p}: GGUF architecture {arch!r} is not supported; supported: {', '.join(sorted(GGUF_ARCH))}")
     tensors = {t.name: t for t in reader.tensors}
+    try:
+        cfg = _gguf_config(arch, field, reader, tensors)
+    except (TypeError, ValueError, KeyError, IndexError, ArithmeticError, AttributeError) as e:
+        raise EdgekvError(f"{p}: malformed GGUF metadata ({type(e).__name__}: {e})") from None
+    base = arch_from_config(cfg, p.stem, str(p))
+    weights = tuple(Weight(t.name, tuple(int(d) for d in reversed(t.shape.tolist())), _gguf_class(t.name),
+                           gguf_type=t.tensor_type.name, gguf_bytes=int(t.n_bytes)) for t in reader.tensors)
+    ftype = field("general.file_type", None)
+    base.weights = weights
+    base.gguf_path = str(p)
+    base.notes.append(f"weights as stored in the GGUF (file_type {ftype}): exact bytes per tensor")
+    return base
+
+
+def _gguf_config(arch: str, field, reader, tensors) -> dict:
+    """A config.json-style dict from a GGUF's metadata (llama.cpp's key names)."""
     vocab = field(f"{arch}.vocab_size", None) or len(reader.fields["tokenizer.ggml.tokens"].data)
     cfg = {"model_type": GGUF_ARCH[arch], "vocab_size": int(vocab),
            "hidden_size": field(f"{arch}.embedding_length"), "num_hidden_layers": field(f"{arch}.block_count"),
@@ -756,18 +797,13 @@ def read_gguf(path: str | Path) -> Arch:
                    conv_kernel=field(f"{arch}.ssm.conv_kernel"), time_step_rank=field(f"{arch}.ssm.time_step_rank"))
     else:
         heads = field(f"{arch}.attention.head_count")
+        if not heads:
+            raise ValueError(f"{arch}.attention.head_count is {heads!r}")
         cfg.update(num_attention_heads=heads, num_key_value_heads=field(f"{arch}.attention.head_count_kv", heads),
                    intermediate_size=field(f"{arch}.feed_forward_length"),
                    head_dim=field(f"{arch}.attention.key_length", cfg["hidden_size"] // heads),
                    sliding_window=field(f"{arch}.attention.sliding_window", None))
-    base = arch_from_config(cfg, p.stem, str(p))
-    weights = tuple(Weight(t.name, tuple(int(d) for d in reversed(t.shape.tolist())), _gguf_class(t.name),
-                           gguf_type=t.tensor_type.name, gguf_bytes=int(t.n_bytes)) for t in reader.tensors)
-    ftype = field("general.file_type", None)
-    base.weights = weights
-    base.gguf_path = str(p)
-    base.notes.append(f"weights as stored in the GGUF (file_type {ftype}): exact bytes per tensor")
-    return base
+    return cfg
 
 
 # ---- the built-in catalog ----

@@ -1,26 +1,18 @@
 """The `edgekv` command: parse, call, render. No arithmetic here."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import click
 
 from . import __version__
 from .clibase import Group
-from .errors import EdgekvError
+
+
+EXIT_NO_FIT = 3  # ran, but what was asked for does not fit its budget (plan, profile --limit / --device)
 
 
 def _ctx(value: str) -> int:
     from .units import parse_ctx
     return parse_ctx(value)
-
-
-def _atomic_target(out: str) -> tuple[Path, Path]:
-    p = Path(out)
-    if p.parent and not p.parent.exists():
-        raise EdgekvError(f"cannot write {out}: folder {p.parent} does not exist")
-    return p, p.with_name(f".{p.name}.tmp{os.getpid()}{p.suffix}")
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -46,25 +38,33 @@ def _plan_runtimes() -> list[str]:
 
 
 @main.command()
-@click.option("--device", "device_name", required=True, help="device id (see `edgekv devices`) or a .toml profile")
-@click.option("--ctx", "ctx_text", required=True, help="context length: 4000, 4k (=4096), 32K, 128k, 1m")
-@click.option("--model", "models", multiple=True, help="catalog name, HF folder, config.json or .gguf (repeatable); "
+@click.option("-d", "--device", "device_name", required=True, help="device id (see `edgekv devices`) or a .toml profile")
+@click.option("-c", "--ctx", "--max-ctx", "ctx_text", required=True,
+              help="context length: 4000, 4k (=4096), 32K, 128k, 1m")
+@click.option("-m", "--model", "models", multiple=True, help="catalog name, HF folder, config.json or .gguf (repeatable); "
               "default: every catalog model that could plausibly run on the device")
-@click.option("--strategy", "strategies", multiple=True, help=STRATEGY_HELP)
+@click.option("--strategy", "strategies", multiple=True, help=STRATEGY_HELP + " [default: every strategy that applies]")
 @click.option("--weights", type=click.Choice(["fp32", "fp16", "int8", "int4", "gguf"]), default=None,
               help="weight precision (default: int4 on phones, fp16 on GPUs, as stored for a GGUF)")
 @click.option("--runtime", default=None, type=click.Choice(_plan_runtimes()),
               help="runtime whose costs to plan with (edgekv/costs/runtimes.json: executorch = ExecuTorch's own Llama "
                    "export, edgekv-pte / onnxruntime = edgekv's artifacts, llama.cpp, vllm; default: the device's)")
-@click.option("--chunk", default=128, show_default=True, type=click.IntRange(1, 65536), help="prefill chunk (tokens)")
+@click.option("--chunk", "--prefill-chunk", "chunk", default=128, show_default=True, type=click.IntRange(1, 65536),
+              help="prefill chunk (tokens per call)")
 @click.option("--entitled", is_flag=True, help="iOS: use the increased-memory-limit entitlement's budget")
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object (bytes as integers)")
-@click.option("--plot", type=click.Path(dir_okay=False), help="write memory vs context (PNG) with the budget line")
-@click.option("--explain", is_flag=True, help="print the formula and inputs behind every number")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object (bytes as integers) instead of the table")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="write memory vs context (PNG) with the budget line and the requested context (default: no plot)")
+@click.option("--explain", is_flag=True, help="a short derivation per row (memory sum vs budget, decode, prefill, "
+              "risk), the shared device facts once; with --json every formula and input")
 @click.option("--all", "show_all", is_flag=True, help="show every option in the table, not the top 30")
 def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, entitled, as_json, plot, explain,
          show_all):
-    """Which model and long-context strategy fits a device at a context, how fast, at what quality risk."""
+    """Which model and long-context strategy fits a device at a context, how fast, at what quality risk.
+
+    A catalog model is a shape (its published config.json): enough to plan; `edgekv export` needs its weights (an
+    HF folder or a .gguf). Exit codes: 0 done; 2 bad input; 3 --model and --strategy were both given and no option
+    fits the budget (so a script can gate on it)."""
     from . import render
     from .arch import load_arch
     from .devices import load_device
@@ -72,6 +72,9 @@ def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, ent
     from .strategies import parse_strategy
 
     ctx = _ctx(ctx_text)
+    if plot:
+        from .jsonfile import PLOT_FORMATS, check_writable
+        check_writable(plot, "--plot", PLOT_FORMATS)
     device = load_device(device_name)
     archs = [load_arch(m) for m in models] if models else default_models(device)
     strats = [parse_strategy(s) for s in strategies] or None
@@ -84,11 +87,14 @@ def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, ent
         render.plan_table(p, None if show_all else 30, explain)
         if plot:
             click.echo(f"plot written to {plot}")
+    if models and strategies and p.rows and not any(r.fits for r in p.rows):
+        raise SystemExit(EXIT_NO_FIT)
 
 
 def _plot(device, archs, strats, weights, runtime, entitled, chunk, p, out, ctx):
     from . import render
     from .plan import make_plan
+    from .units import fmt_ctx
 
     ctxs = sorted({2**k for k in range(10, 21)} | {ctx})
     # one curve for the best option of each strategy, then the next best overall, 10 at most
@@ -108,20 +114,23 @@ def _plot(device, archs, strats, weights, runtime, entitled, chunk, p, out, ctx)
                 xs, ys = curves.setdefault(f"{r.model} {r.strategy.short}", ([], []))
                 xs.append(c)
                 ys.append(r.deployment.bytes["total"])
-    target, tmp = _atomic_target(out)
-    render.plot_plan(curves, p.budget, f"{device.name}: memory vs context", str(tmp))
-    os.replace(tmp, target)
+    fits = {f"{r.model} {r.strategy.short}": r.fits for r in ranked}
+    from .jsonfile import write_atomic
+    write_atomic(out, b"", writer=lambda tmp: render.plot_plan(  # the format follows the name's suffix
+        curves, p.budget, f"{device.name}: total memory vs context (requested {fmt_ctx(ctx)})", tmp, ctx=ctx, fits=fits))
 
 
 @main.command()
-@click.option("--device", "device_name", default="h100", show_default=True, help="datacenter GPU profile")
-@click.option("--model", "model", default="llama-3-70b", show_default=True, help="catalog name or path")
-@click.option("--ctx", "ctx_text", default="4000,32k,128000", show_default=True, help="context(s), comma-separated")
-@click.option("--strategy", "strategies", multiple=True, help=STRATEGY_HELP)
-@click.option("--weights", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default="int4", show_default=True)
+@click.option("-d", "--device", "device_name", default="h100", show_default=True, help="datacenter GPU profile")
+@click.option("-m", "--model", "model", default="llama-3-70b", show_default=True, help="catalog name or path")
+@click.option("-c", "--ctx", "ctx_text", default="4000,32k,128000", show_default=True, help="context(s), comma-separated")
+@click.option("--strategy", "strategies", multiple=True, help=STRATEGY_HELP + " [default: every strategy that applies]")
+@click.option("--weights", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default="int4", show_default=True,
+              help="weight precision")
 @click.option("--preset", type=click.Choice(["quadratic-tax"]), default=None,
-              help="reproduce a published analysis from its stated assumptions")
-@click.option("--json", "as_json", is_flag=True, help="print JSON rows")
+              help="reproduce a published analysis from its stated assumptions (default: none; --device, --model, "
+              "--ctx, --strategy, --weights are then ignored)")
+@click.option("--json", "as_json", is_flag=True, help="print JSON rows instead of the table")
 @click.option("--explain", is_flag=True, help="print the formula and assumptions behind every number")
 def baseline(device_name, model, ctx_text, strategies, weights, preset, as_json, explain):
     """The same model on a datacenter GPU: per-user state, users per GPU, $ per million tokens."""
@@ -156,31 +165,21 @@ def baseline(device_name, model, ctx_text, strategies, weights, preset, as_json,
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="print the profiles as JSON (every fact with its source)")
 def devices(as_json):
     """List the built-in device profiles."""
     from . import render
     from .devices import all_devices
-    from .units import fmt_bytes
 
     ds = all_devices()
     if as_json:
         render.print_json([d.to_json() for d in ds])
         return
-    from rich.table import Table
-    t = Table(title="device profiles (device_profiles/*.toml); GB = 1e9 B")
-    for col in ("id", "name", "class", "RAM", "app budget", "bandwidth", "compute", "$/h"):
-        t.add_column(col)
-    for d in ds:
-        t.add_row(d.id, d.name, d.device_class, fmt_bytes(d.ram_bytes), fmt_bytes(d.budget_bytes)
-                  + (f" ({fmt_bytes(d.entitled_budget_bytes)} entitled)" if d.entitled_budget_bytes else ""),
-                  f"{d.bandwidth / 1e9:.0f} GB/s", f"{d.flops / 1e12:.2f} TFLOP/s",
-                  f"{d.usd_per_hour:.2f}" if d.usd_per_hour else "")
-    render.console().print(t)
+    render.devices_table(ds)
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="print the catalog as JSON")
 def models(as_json):
     """List the built-in model catalog."""
     from . import render
@@ -195,14 +194,7 @@ def models(as_json):
     if as_json:
         render.print_json(out)
         return
-    from rich.table import Table
-    t = Table(title="model catalog (edgekv/catalog/*.json)")
-    for col in ("name", "type", "family", "params", "layers", "hf repo"):
-        t.add_column(col)
-    for m in out:
-        t.add_row(m["name"], m["model_type"], m["family"], f"{m['params'] / 1e9:.3f} B", str(m["layers"]),
-                  m["hf_repo"] or "")
-    render.console().print(t)
+    render.models_table(out)
 
 
 def _register_optional():

@@ -1,22 +1,78 @@
-"""The click group every edgekv command line uses: an EdgekvError becomes one line on stderr and exit code 2."""
+"""The click group every edgekv command line uses: whatever goes wrong ends in one line on stderr, never a traceback.
+
+- EdgekvError (bad input: a file, a flag, a name) and click's usage errors (a missing option, a bad choice, an
+  unknown flag): `edgekv: error: ...`, exit code 2.
+- Ctrl-C: `edgekv: interrupted`, exit code 130.
+- Anything else is a bug in edgekv or in a library it calls: `edgekv: internal error: TYPE: first line`, exit code
+  1; EDGEKV_TRACEBACK=1 shows the traceback instead.
+"""
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
 from .errors import EdgekvError
 
+TRACEBACK_ENV = "EDGEKV_TRACEBACK"
+
+
+def one_line(text, limit: int | None = 400) -> str:
+    """The first non-empty line of text, at most `limit` characters (None: no limit)."""
+    first = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    return first if limit is None or len(first) <= limit else first[:limit - 3] + "..."
+
+
+def joined(text) -> str:
+    """Every non-empty line of text, joined into one."""
+    return "; ".join(ln.strip() for ln in str(text).splitlines() if ln.strip())
+
+
+def _usage_line(e: click.ClickException) -> str:
+    msg = one_line(e.format_message())
+    ctx = getattr(e, "ctx", None)
+    if isinstance(e, click.UsageError) and ctx is not None:
+        msg += f" (see: {ctx.command_path} --help)"
+    return msg
+
 
 class Group(click.Group):
-    """Every EdgekvError becomes one line on stderr and exit code 2, never a traceback."""
+    """Every EdgekvError and usage error becomes one line on stderr and exit code 2, never a traceback."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as e:  # `edgekv` alone: the help is the answer
+            click.echo(e.ctx.get_help() if e.ctx else e.format_message(), err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:  # usage errors (2), a bad file argument (click.FileError, 1)
+            click.echo(f"edgekv: error: {_usage_line(e)}", err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:  # click's own Ctrl-C / end of input at a prompt
+            click.echo("edgekv: interrupted", err=True)
+            sys.exit(130)
+        sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except EdgekvError as e:
-            click.echo(f"edgekv: error: {e}", err=True)
+            click.echo(f"edgekv: error: {joined(e)}", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
             click.echo("edgekv: interrupted", err=True)
             sys.exit(130)
+        except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
+            raise
+        except BrokenPipeError:  # `edgekv plan | head`: the reader left, nothing to say
+            sys.stderr.close()
+            sys.exit(1)
+        except Exception as e:  # noqa: BLE001 - a bug, still one line
+            if os.environ.get(TRACEBACK_ENV):
+                raise
+            click.echo(f"edgekv: internal error: {type(e).__name__}: {one_line(e) or '(no message)'} "
+                       f"(set {TRACEBACK_ENV}=1 for the traceback)", err=True)
+            sys.exit(1)

@@ -5,6 +5,7 @@ source/estimate). `load_device("pixel8")` reads device_profiles/pixel8.toml; `lo
 """
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,8 @@ CLASSES = ("phone", "datacenter", "host")
 REQUIRED = ("ram_bytes", "app_budget_bytes", "mem_bandwidth_bytes_per_s", "compute_flops",
             "decode_efficiency", "prefill_efficiency")
 REQUIRED_DATACENTER = ("usd_per_hour",)
+POSITIVE = ("ram_bytes", "app_budget_bytes", "app_budget_entitled_bytes", "mem_bandwidth_bytes_per_s",
+            "compute_flops")
 
 
 @dataclass(frozen=True)
@@ -115,8 +118,8 @@ def _fact(where: str, key: str, raw) -> Fact:
     if not isinstance(raw, dict) or "value" not in raw:
         raise EdgekvError(f"{where}: '{key}' must be a table with 'value' and 'source' or 'estimate'")
     value = raw["value"]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise EdgekvError(f"{where}: '{key}.value' must be a non-negative number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise EdgekvError(f"{where}: '{key}.value' must be a finite non-negative number, got {value!r}")
     src, est = raw.get("source"), raw.get("estimate")
     if bool(src) == bool(est):
         raise EdgekvError(f"{where}: '{key}' needs exactly one of 'source' or 'estimate'")
@@ -155,6 +158,17 @@ def parse_profile(data: dict, where: str) -> DeviceProfile:
     for k in ("decode_efficiency", "prefill_efficiency"):
         if not 0 < facts[k].value <= 1:
             raise EdgekvError(f"{where}: '{k}.value' must be in (0, 1]")
+    # what the planner divides by, or what cannot be nothing: a device with 0 of it cannot run a model
+    for k in POSITIVE + ((REQUIRED_DATACENTER if cls == "datacenter" else ())):
+        if k in facts and not facts[k].value > 0:
+            raise EdgekvError(f"{where}: '{k}.value' must be larger than 0")
+    for name, link in links.items():
+        if not link.bytes_per_s.value > 0:
+            raise EdgekvError(f"{where}: 'interconnect.{name}.bytes_per_s.value' must be larger than 0")
+    for k in ("app_budget_bytes", "app_budget_entitled_bytes"):
+        if k in facts and facts[k].value > facts["ram_bytes"].value:
+            raise EdgekvError(f"{where}: '{k}.value' {facts[k].value:.4g} is more than ram_bytes "
+                              f"{facts['ram_bytes'].value:.4g}")
     return DeviceProfile(id=str(data["id"]), name=str(data["name"]), device_class=cls, os=str(data.get("os", "")),
                          soc=str(data.get("soc", "")), runtime=runtime, facts=facts, runtime_overhead=overhead,
                          interconnect=links, path=where)

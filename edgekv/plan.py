@@ -10,7 +10,8 @@ from .arch import LLAMA_EXPORT_TYPES, SSM, Arch, Attention, Block, Linear, catal
 from .devices import DeviceProfile
 from .errors import EdgekvError
 from .quality import RISK_ORDER, past_trained, quality
-from .strategies import NotApplicable, Strategy, build_layout, build_ring_layout, native_strategy, parse_strategy
+from .strategies import (NotApplicable, ParamsDoNotFit, Strategy, build_layout, build_ring_layout, native_strategy,
+                         parse_strategy)
 
 DEFAULT_CHUNK = 128
 PHONE_STRATEGIES = ("kv", "kv-int8", "kv-int4", "window", "mla", "ssm", "linear", "hybrid")
@@ -276,6 +277,10 @@ def make_plan(device: DeviceProfile, ctx: int, archs: list[Arch], strategies: li
                     entry["needs_family"] = fam
                     entry["alternatives"] = alt_cache[key]
                 na.append(entry)
+            except ParamsDoNotFit as e:  # a default strategy whose parameters do not fit this model (kv-int4's group
+                if strategies:  # 32 and a head_dim of 48): listed with its reason; one the user asked for is an error
+                    raise
+                na.append({"model": arch.name, "strategy": s.label, "reason": str(e)})
     rows, same = _drop_windows_equal_to_kv(rows)
     na += same
     p = Plan(device, ctx, rows, na, budget)
@@ -392,8 +397,8 @@ def ring_decode_comm_s(device: DeviceProfile, arch: Arch, ctx: int, n: int) -> f
 
 QUADRATIC_TAX = {
     "source": "https://www.artificialintelligencemadesimple.com/p/how-long-context-inference-is-rewriting "
-              "(numbers via https://promitb.dev/daily/2026-03-09/engineer/; arithmetic reconstructed in "
-              "shared/research/anchors.md section 1.2)",
+              "(numbers via https://promitb.dev/daily/2026-03-09/engineer/; the arithmetic behind each row is "
+              "its users and cost formulas above)",
     "pool_bytes": 39_000_000_000, "usd_per_hour": 2.00, "tok_s_per_user": 28.0,
     "layers": 80, "kv_heads": 8, "head_dim": 128, "q_heads": 64, "hidden": 8192,
 }

@@ -135,11 +135,13 @@ def parse_strategy(spec: str) -> Strategy:
         if k == "state_dtype" and name in ("ssm", "linear"):
             k = "dtype"
         if k in _NUMERIC:
-            if not v.isdigit():
+            if not (v.isascii() and v.isdigit()):  # '²'.isdigit() is True and int('²') fails
                 raise EdgekvError(f"strategy {spec!r}: {k} must be a non-negative integer")
             params[k] = int(v)
         elif k == "ratio":
             try:
+                if not v.isascii():  # float() reads '٠.٥' as 0.5
+                    raise ValueError(v)
                 params[k] = float(v)
             except ValueError:
                 raise EdgekvError(f"strategy {spec!r}: ratio must be a number") from None
@@ -168,6 +170,11 @@ class NotApplicable(Exception):
     """The strategy needs another kind of model (ssm on a transformer) or another kind of device."""
 
 
+class ParamsDoNotFit(EdgekvError):
+    """The strategy applies to this kind of model, but not with these parameters (a quantization group that does not
+    divide head_dim, a latent rank beyond the KV width)."""
+
+
 # ---- building the layout ----
 
 
@@ -182,7 +189,7 @@ def _kv_pair(i: int, hkv: int, t: int, d: int, strategy: Strategy) -> list[State
             continue
         g = strategy.params["group"] or d
         if d % g:
-            raise EdgekvError(f"{strategy.label}: head_dim {d} is not a multiple of group {g}")
+            raise ParamsDoNotFit(f"{strategy.label}: head_dim {d} is not a multiple of group {g}")
         if bits == 8:
             out.append(StateTensor(inp, outp, (1, hkv, t, d), "int8", i, role))
         else:
@@ -246,7 +253,7 @@ def mla_rank(arch: Arch, strategy: Strategy) -> int:
     else:
         r = m.n_kv_heads * m.head_dim
     if not 1 <= r <= full:
-        raise EdgekvError(f"{strategy.label}: rank must be between 1 and {full} (2 x kv_heads x head_dim)")
+        raise ParamsDoNotFit(f"{strategy.label}: rank must be between 1 and {full} (2 x kv_heads x head_dim)")
     return r
 
 

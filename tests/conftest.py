@@ -112,3 +112,17 @@ def mapped_rss(path) -> int:
         elif mine and line.startswith("Rss:"):
             total += int(line.split()[1]) * 1024
     return total
+
+
+@pytest.fixture(scope="session")
+def tiny_onnx_export(tmp_path_factory) -> Path:
+    """A real export of the tiny trained Llama (fixtures/tiny/llama): ONNX, 64 slots, one verify step. Shared by
+    the safety tests; copy it before changing it."""
+    from click.testing import CliRunner
+
+    from edgekv.cli import main
+    out = tmp_path_factory.mktemp("tiny-onnx") / "tiny"
+    r = CliRunner().invoke(main, ["export", "--model", str(ROOT / "fixtures" / "tiny" / "llama"), "--format", "onnx",
+                                  "--max-ctx", "64", "--verify-steps", "1", "--threads", "1", "--out", str(out)])
+    assert r.exit_code == 0, r.stderr
+    return out

@@ -1,6 +1,8 @@
 """edgekv profile / report on a small exported model: fresh-process measurement, the budget demonstrated, the
 report schema shared with the Android app, one page with plan, measurement and baseline."""
 import json
+import re
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -95,9 +97,23 @@ def test_the_prediction_counts_the_weights_the_export_stored(export_dir):
 
 
 def test_a_budget_too_small_is_demonstrated_not_assumed(export_dir):
-    p = run_cli("profile", export_dir, "--ctx", "512", "--steps", "8", "--limit", "30MB", "--json", check=True)
+    """--limit counts what the measured column counts (peak above the runtime's baseline), and a run over it exits 3:
+    half the measured bytes stops the run; three times them fits, though the whole process is far larger."""
+    free = json.loads(run_cli("profile", export_dir, "--ctx", "512", "--steps", "8", "--threads", "1", "--json",
+                              check=True).stdout)["runs"][0]
+    m = free["measured_bytes"]
+    assert free["runtime_baseline_bytes"] > 3 * m  # so a whole-process limit of 3 m could not pass
+    p = run_cli("profile", export_dir, "--ctx", "512", "--steps", "8", "--threads", "1", "--limit", f"{m // 2}B",
+                "--json", env={"EDGEKV_PROGRESS": "1"})
+    assert p.returncode == 3, p.stderr[-2000:]
+    assert "elapsed" not in p.stderr  # --json: no progress bar
     run = json.loads(p.stdout)["runs"][0]
     assert run["status"] == "exceeded" and run["fits"] is False and "reached_step" in run
+    p = run_cli("profile", export_dir, "--ctx", "512", "--steps", "8", "--threads", "1", "--limit", f"{3 * m}B",
+                env={"EDGEKV_PROGRESS": "1"})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "1/1" in p.stderr and "runs" in p.stderr and "elapsed" in p.stderr  # the bar, on stderr
+    assert "yes" in p.stdout and "GB = 1e9 bytes" in p.stdout and not re.search(r"\bMi?B\b", p.stdout)
 
 
 def test_a_peak_inside_one_call_that_holds_the_gil_is_still_caught():
@@ -180,3 +196,75 @@ def test_the_ort_prefill_call_size_is_the_one_the_export_recorded(export_dir):
     assert calls[0] == [48] * 6 + [12]
     p = run_cli("profile", export_dir, "--ctx", "300", "--steps", "4", "--threads", "1", "--json", check=True)
     assert json.loads(p.stdout)["prefill_chunk"] == dep["prefill_chunk"]
+
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"  # git-ignored; kept after the run to look at
+
+
+def _chromium() -> str | None:
+    import shutil
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def test_report_figures_put_legends_beside_bars_and_draw_the_budget():
+    """The memory chart: a linear GB axis, the budget as a line when on the scale, each legend's box clear of every
+    bar (compared in the rendered figure's pixels)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.patches import Rectangle
+
+    from edgekv.profile.page import memory_figure, quality_figure, speed_figure
+    runs = [{"ctx": 256, "predicted_bytes": 40_000_000, "measured_bytes": 42_000_000, "tokens_per_s": 300.0,
+             "roofline_tokens_per_s": 900.0},
+            {"ctx": 1024, "predicted_bytes": 60_000_000, "measured_bytes": 58_000_000, "tokens_per_s": 250.0,
+             "roofline_tokens_per_s": 700.0}]
+    for fig in (memory_figure(runs, 100_000_000, "budget"), speed_figure(runs)):
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        leg = ax.get_legend().get_window_extent()
+        bars = [p.get_window_extent() for p in ax.patches if isinstance(p, Rectangle)]
+        assert len(bars) == 4 and not any(leg.overlaps(b) for b in bars)
+        assert ax.get_yscale() == "linear" and ax.get_ylabel()
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["256", "1k"]
+    mem = memory_figure(runs, 100_000_000, "budget").axes[0]
+    assert "GB" in mem.get_ylabel() and any(list(ln.get_ydata()) == [0.1, 0.1] for ln in mem.get_lines())
+    far = memory_figure(runs, 3_000_000_000, "Pixel 8 budget").axes[0]  # 50x the bars: said, not drawn
+    assert "off this scale" in far.get_title() and far.get_ylim()[1] < 0.1
+    fit = {"law": "power", "params": {"a": 0.02, "b": 0.2}, "class": "bounded"}
+    q = quality_figure(fit, 2048, 8192, "smollm2-135m").axes[0]
+    assert {"end of measurement (2k)", "this report's context (8k)"} <= {ln.get_label() for ln in q.get_lines()}
+
+
+def test_report_page_in_headless_chromium(export_dir, monkeypatch):
+    """The page as a browser shows it: the analyzer's curve (a stored measurement), the basis note, units; the
+    screenshot is kept in test-artifacts/report.png."""
+    exe = _chromium()
+    if exe is None:
+        pytest.skip("chromium not installed (make test installs Debian's chromium as root)")
+    import subprocess
+
+    import edgekv.quality
+    from edgekv.profile.page import build_report
+    stored = json.loads((Path(edgekv.quality.__file__).parent / "measurements"
+                         / "smollm2-135m__kv-int4_group-32.json").read_text())
+    monkeypatch.setattr(edgekv.quality, "measured", lambda *a, **k: stored)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page = ARTIFACTS / "report.html"
+    prof = run_cli("profile", export_dir, "--ctx", "128,512", "--steps", "8", "--threads", "1", "--json",
+                   check=True).stdout
+    (ARTIFACTS / "profile.json").write_text(prof)
+    _, data = build_report(export_dir, str(page), "pixel8", "h100", None, str(ARTIFACTS / "profile.json"))
+    text = page.read_text()
+    for alt in ("memory", "speed", "quality"):
+        assert f'alt="{alt}"' in text
+    words = re.sub(r"data:image/png;base64,[^\"]*", "", text)
+    assert "count different things" in words and "GB = 1e9 bytes" in words and not re.search(r"\bMi?B\b", words)
+    shot = ARTIFACTS / "report.png"
+    shot.unlink(missing_ok=True)
+    p = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                        f"--screenshot={shot}", "--window-size=1280,2600", page.as_uri()],
+                       capture_output=True, text=True, timeout=120)
+    assert shot.is_file() and shot.stat().st_size > 50_000, p.stderr[-2000:]
+    import matplotlib.image
+    img = matplotlib.image.imread(shot)
+    assert img.shape[1] == 1280 and img.std() > 0.05  # a page with content, not a blank canvas

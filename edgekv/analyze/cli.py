@@ -10,7 +10,6 @@ Imports torch lazily, inside the command: `edgekv plan` must stay torch-free.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 
@@ -23,44 +22,49 @@ from . import WEIGHT_BITS
 def _ints(text: str | None, what: str) -> list[int] | None:
     if not text:
         return None
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise EdgekvError(f"{what} {text!r}: use comma-separated integers, e.g. 8,4,2") from None
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    if not parts or not all(x.isascii() and x.isdigit() for x in parts):  # not '٣' nor '-1'
+        raise EdgekvError(f"{what} {text!r}: use comma-separated integers, e.g. 8,4,2")
+    return [int(x) for x in parts]
 
 
 @click.command("analyze")
-@click.option("--model", required=True, help="smollm2-135m, a .gguf, or an HF folder (e.g. fixtures/tiny/mamba)")
+@click.option("-m", "--model", required=True, help="smollm2-135m, a .gguf, or an HF folder (e.g. fixtures/tiny/mamba)")
 @click.option("--strategy", "strategy_spec", required=True,
               help="kv | kv-int8 | kv-int4 | kv-int2 | mla | window | ssm | linear | hybrid")
 @click.option("--probe", type=click.Choice(["error", "recall"]), default="error", show_default=True,
               help="error: error vs position against fp32; recall: needle retrieval accuracy vs distance")
 @click.option("--bits", default=None, help="state bits to compare, comma-separated (kv: 16,8,4,2; ssm: 16,8; "
-              "recall: 32 is the fp32 reference, always included)")
+              "recall: 32 is the fp32 reference, always included; default: the strategy's own bits, 8 for a "
+              "recurrent state)")
 @click.option("--rounding", default="nearest", show_default=True, help="nearest, stochastic, or both: nearest,stochastic")
 @click.option("--weight-bits", default="4", show_default=True, type=click.Choice(["0", *map(str, WEIGHT_BITS)]),
               help="also measure weights-only and weights+state error with the weights quantized as `edgekv export "
               "--weights int4/int8` quantizes them for the .pte (0: skip; recall: only when given)")
-@click.option("--rank", "ranks", default=None, help="mla: converted ranks to compare, e.g. 64,128,192")
-@click.option("--window", "windows", default=None, help="window: sizes to compare, e.g. 256,512")
-@click.option("--ctx", "ctx_text", default="2k", show_default=True,
+@click.option("--rank", "ranks", default=None, help="mla: converted ranks to compare, a comma-separated list, e.g. "
+              "64,128,192 (export --rank takes one; default: the strategy's rank)")
+@click.option("--window", "windows", default=None,
+              help="window: sizes to compare, e.g. 256,512 (default: the strategy's w)")
+@click.option("-c", "--ctx", "ctx_text", default="2k", show_default=True,
               help="tokens of text to measure over (recall: the longest needle distance)")
 @click.option("--target-ctx", "target_text", default="32k", show_default=True, help="context to extrapolate to")
-@click.option("--chunk", default=None, type=click.IntRange(1, 4096),
+@click.option("--chunk", "--prefill-chunk", "chunk", default=None, type=click.IntRange(1, 4096),
               help="tokens per call (default: 64 for caches, as chunked prefill; 1 for recurrent states, as decode)")
 @click.option("--text", "text_file", type=click.Path(exists=True, dir_okay=False),
               help="text file (default: the Python docs' topic pages and stdlib source on this machine)")
 @click.option("--analytic/--no-analytic", default=True, help="recurrent layers: the analytic error prediction")
 @click.option("--save", is_flag=True, help="store the fitted laws where `edgekv plan` reads them (edgekv/measurements)")
 @click.option("--name", default=None, help="model name to store the measurement under (default: from --model)")
-@click.option("--applies-to", default=None, help="store as evidence for a whole family, e.g. family:ssm")
-@click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
+@click.option("--applies-to", default=None,
+              help="store as evidence for a whole family, e.g. family:ssm (default: this model only)")
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON (no progress bar)")
 @click.option("--plot", type=click.Path(dir_okay=False),
-              help="write error vs position (PNG), fitted laws dashed; recall: accuracy vs distance")
+              help="write error vs position (PNG), fitted laws dashed; recall: accuracy vs distance "
+              "(default: no plot)")
 @click.option("--trials", default=8, show_default=True, type=click.IntRange(1, 10000),
               help="recall: needles per distance (the same needles at every distance and precision)")
 @click.option("--seed", default=0, show_default=True, help="recall: seed of the needles and filler offsets")
-@click.option("--threads", default=None, type=click.IntRange(1, 256), help="torch threads (default: torch's)")
+@click.option("-t", "--threads", default=None, type=click.IntRange(1, 256), help="torch threads (default: torch's)")
 @click.pass_context
 def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, ranks, windows, ctx_text, target_text,
             chunk, text_file, analytic, save, name, applies_to, as_json, plot, trials, seed, threads):
@@ -73,9 +77,17 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
     weight_bits = int(weight_bits)
     ctx, target = parse_ctx(ctx_text), parse_ctx(target_text)
     roundings = [r.strip() for r in rounding.split(",") if r.strip()]
+    if not roundings:
+        raise EdgekvError(f"--rounding {rounding!r}: use nearest, stochastic or nearest,stochastic")
     for r in roundings:
         if r not in ("nearest", "stochastic"):
             raise EdgekvError(f"--rounding {r!r}: use nearest, stochastic or nearest,stochastic")
+    # where the results go, checked before the measurement starts (minutes of work are not lost to a bad path)
+    if plot:
+        from ..jsonfile import PLOT_FORMATS, check_writable
+        check_writable(plot, "--plot", PLOT_FORMATS)
+    if save and probe == "error":
+        save_target(_model_name(model) if name is None else name, "--model" if name is None else "--name")
 
     import torch
 
@@ -99,18 +111,16 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
                              _ints(windows, "--window"))
     recurrent = base.name in ("ssm", "linear", "hybrid")
     chunk = chunk or (1 if recurrent else 64)
-    runner = Runner(model, base, variants, ctx, chunk)
+    from ..progress import Bar
+    with Bar(f"analyze: loading {model} and its variants", None, not as_json):
+        runner = Runner(model, base, variants, ctx, chunk)
     text = open(text_file, errors="replace").read() if text_file else default_text()
     tokens = tokenize(runner.ref, text, ctx)
     label = text_file or "Python docs topics + stdlib source"
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     t0 = time.perf_counter()
-    with Progress(TextColumn("analyze {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} tok"),
-                  TimeElapsedColumn(), TimeRemainingColumn(), transient=True,
-                  console=__import__("rich.console", fromlist=["Console"]).Console(stderr=True)) as bar:
-        task = bar.add_task(f"{len(variants)} variants x {ctx} tokens", total=ctx)
-        runner.run(tokens, on_step=lambda done: bar.update(task, completed=done))
+    with Bar(f"analyze {len(variants)} variants", ctx, not as_json, "tokens") as bar:
+        runner.run(tokens, on_step=lambda done: bar.update(completed=done))
     seconds = time.perf_counter() - t0
     an = None
     if analytic and base.name == "ssm":
@@ -119,7 +129,7 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
     result = report.summarise(runner, label, target, analytic=an)
     result["seconds"] = round(seconds, 2)
     if save:
-        written = report.store(result, name or _model_name(model), applies_to=applies_to)
+        written = report.store(result, _model_name(model) if name is None else name, applies_to=applies_to)
         result["stored"] = [str(p) for p in written]
     _emit(result, as_json, plot, report.plot, _table, "the curves above cover what was measured")
 
@@ -134,6 +144,9 @@ def _recall(model, base, bits, roundings, weight_bits, max_distance, chunk, text
     recurrent = base.name in ("ssm", "linear", "hybrid")
     chunk = chunk or (1 if recurrent else 64)
     dists = distances(max_distance)
+    if plot:
+        from ..jsonfile import PLOT_FORMATS, check_writable
+        check_writable(plot, "--plot", PLOT_FORMATS)
     probe = RecallProbe(model, base, variants, max(dists), chunk, seed)
     text = open(text_file, errors="replace").read() if text_file else default_text()
     rows = make_trials(Encoder.for_model(probe.loaded), text, dists, trials, seed)
@@ -156,7 +169,8 @@ def _emit(result: dict, as_json: bool, plot: str | None, plotter, table, covered
     if plot:
         plotter(result, plot)
     if as_json:
-        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        from ..jsonfile import output_json
+        sys.stdout.write(output_json(result) + "\n")
     else:
         table(result, plot)
     if result["interrupted"]:
@@ -164,24 +178,35 @@ def _emit(result: dict, as_json: bool, plot: str | None, plotter, table, covered
 
 
 def _recall_table(result: dict, plot: str | None) -> None:
-    from rich.table import Table
-
-    from ..render import console
-    t = Table(title=f"edgekv analyze --probe recall — {result['model']}, chunk {result['chunk']}: top-1 accuracy of "
-                    f"the {result['value_len']} value tokens (mean log-prob)", title_justify="left")
-    t.add_column("variant")
-    for d in result["distances"]:
-        t.add_column(f"d={d}", justify="right")
-    for v in result["variants"]:
-        t.add_row(v["label"], *[("-" if a is None else f"{a:.2f} ({lp:.2f})")
-                                for a, lp in zip(v["accuracy"], v["logprob"])])
+    from ..render import Col, console, print_table
+    title = (f"edgekv analyze --probe recall — {result['model']}, chunk {result['chunk']}: top-1 accuracy of the "
+             f"{result['value_len']} value tokens (mean log-prob) by needle distance d")
+    cols = [Col("variant", keep=True)] + [Col(f"d={d}", "right", give=i) for i, d in enumerate(result["distances"])]
+    cells = [[v["label"], *[("-" if a is None else f"{a:.2f} ({lp:.2f})") for a, lp in zip(v["accuracy"], v["logprob"])]]
+             for v in result["variants"]]
     c = console()
-    c.print(t)
+    print_table(c, title, cols, cells, "")
     n = max((max(v["trials"]) for v in result["variants"]), default=0)
     c.print(f"{n} trials per distance; chance {result['chance']:.3f} (log-prob {result['chance_logprob']:.2f}). "
             f"{result['seconds']} s on this machine.")
     if plot:
         c.print(f"plot written to {plot}")
+
+
+NAME_RE = r"[A-Za-z0-9][A-Za-z0-9._-]*"  # a stored measurement's model name: one plain file name part
+
+
+def save_target(name: str, option: str):
+    """Check, before any work, that --save can store under `name`: a plain name ([A-Za-z0-9._-], not starting with
+    a dot) whose files stay in edgekv/measurements/, a folder that can be written."""
+    import re
+
+    from ..jsonfile import check_writable
+    from ..quality import MEASURED_DIR
+    if not re.fullmatch(NAME_RE, name) or len(name) > 128:
+        raise EdgekvError(f"{option}: {name!r} cannot name a stored measurement: use letters, digits, '.', '_' and "
+                          "'-' (e.g. --name my-model)")
+    check_writable(MEASURED_DIR / f"{name}__probe.json", "--save")
 
 
 def _model_name(spec: str) -> str:
@@ -191,26 +216,24 @@ def _model_name(spec: str) -> str:
 
 
 def _table(result: dict, plot: str | None) -> None:
-    from rich.table import Table
-
-    from ..render import console
-    t = Table(title=f"edgekv analyze — {result['model']}, {result['ctx']} tokens measured, chunk {result['chunk']}, "
-                    f"extrapolated to {result['target_ctx']}", title_justify="left")
-    for col in ("variant", "source", "mean KL", "KL (last window)", "top-1", "growth", "law",
-                f"KL @ {result['target_ctx']} [95%]"):
-        t.add_column(col)
+    from ..render import Col, console, print_table
+    title = (f"edgekv analyze — {result['model']}, {result['ctx']} tokens measured, chunk {result['chunk']}, "
+             f"extrapolated to {result['target_ctx']}")
+    cols = [Col("variant", keep=True), Col("source", give=3), Col("mean\nKL", "right", give=1),
+            Col("KL (last\nwindow)", "right", give=4), Col("top-1", "right", give=2), Col("growth", give=2),
+            Col("law", give=5), Col(f"KL @ {result['target_ctx']}\n[95%]", "right")]
+    cells = []
     for v in result["variants"]:
         f, e = v["fit"], v["extrapolated"]
         law = "-" if not f else (f"{f['params']['a']:.2g} t^{f['params']['b']:.2f}" if f["law"] == "power"
                                  else f"{f['params']['a']:.2g} e^({f['params']['k']:.2g} t)")
-        t.add_row(v["label"], v["source"], f"{v['mean_kl']:.3g}", f"{v['kl'][-1]:.3g}" if v["kl"] else "-",
-                  f"{v['mean_top1']:.3f}", f["class"] if f else "-", law,
-                  (f"{e['kl']:.3g} [{e['low']:.2g}, {e['high']:.2g}]" + (" far" if e["far_beyond_measured"] else ""))
-                  if e else "-")
+        cells.append([v["label"], v["source"], f"{v['mean_kl']:.3g}", f"{v['kl'][-1]:.3g}" if v["kl"] else "-",
+                      f"{v['mean_top1']:.3f}", f["class"] if f else "-", law,
+                      (f"{e['kl']:.3g} [{e['low']:.2g}, {e['high']:.2g}]" + (" far" if e["far_beyond_measured"] else ""))
+                      if e else "-"])
     c = console()
-    c.print(t)
-    c.print(f"{result['seconds']} s on this machine. KL in nats/token against the fp32 reference; 'far' = more than "
-            f"4x beyond the measured range.")
+    print_table(c, title, cols, cells, f"{result['seconds']} s on this machine. KL in nats/token against the fp32 "
+                f"reference; 'far' = more than 4x beyond the measured range.")
     an = result.get("analytic")
     if an:
         c.print(f"analytic ({an['model']}): predicted vs measured state error at {an['compare_at']} tokens: "

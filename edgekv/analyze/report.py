@@ -15,13 +15,13 @@ The planner (edgekv/quality.py) evaluates the fitted law at the plan's context a
 """
 from __future__ import annotations
 
-import json
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
+from ..errors import EdgekvError
+from ..jsonfile import output_json, write_atomic
 from ..quality import MEASURED_DIR, measurement_path
 from .fit import extrapolate, fit_growth, windowed
 
@@ -93,9 +93,9 @@ def store(result: dict, model_name: str, out_dir: Path | None = None, applies_to
                "evidence": (f"edgekv measured KL vs fp32 over {result['ctx']} tokens: {v['fit']['class']} "
                             f"({v['fit']['law']} law), top-1 agreement {v['mean_top1']:.3f}")}
         p = measurement_path(model_name, label, out_dir)
-        tmp = p.with_suffix(".tmp")
-        tmp.write_text(json.dumps(rec, indent=2) + "\n")
-        os.replace(tmp, p)
+        if p.resolve().parent != out_dir.resolve():  # a model name is one file name part (analyze.cli.save_target)
+            raise EdgekvError(f"{model_name!r}: a stored measurement must stay in {out_dir}")
+        write_atomic(p, output_json(rec) + "\n")
         written.append(p)
     return written
 
@@ -151,8 +151,7 @@ def save_png(fig, out) -> None:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    p = Path(out)
-    tmp = p.with_name(f".{p.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, p)
+    try:
+        write_atomic(out, b"", writer=lambda tmp: fig.savefig(tmp, dpi=110))  # the format follows out's suffix
+    finally:
+        plt.close(fig)

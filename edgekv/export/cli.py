@@ -25,6 +25,21 @@ def _quiet() -> None:
     warnings.filterwarnings("ignore", module=r"(torch|executorch|onnxscript|torchao)\.")
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM (kill, a job scheduler) unwinds like Ctrl-C: the export's temporary folder is removed on the way out.
+    (SIGKILL cannot be caught: the next export to the same --out removes what it left.)"""
+    import signal
+    import sys
+
+    def stop(signum, frame):
+        click.echo("edgekv: export stopped (SIGTERM); nothing was published", err=True)
+        sys.exit(143)
+    try:
+        signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread (an export called from a library's worker thread)
+        pass
+
+
 def _need(module: str) -> None:
     import importlib
     try:
@@ -34,46 +49,62 @@ def _need(module: str) -> None:
 
 
 @click.command("export")
-@click.option("--model", required=True, help="a .gguf file, an HF folder (config.json + *.safetensors), "
-              "or a packaged model name: smollm2-135m")
+@click.option("-m", "--model", required=True, help="the weights: a .gguf file, an HF folder (config.json + "
+              "*.safetensors), or the packaged smollm2-135m (a catalog name alone is a shape, not weights)")
 @click.option("--strategy", default=None,
               help="state strategy [default: kv]: kv[:dtype=fp32|fp16], kv-int8, kv-int4[:group=G], kv-int2 (GQA "
               "models); window[:w=W,sinks=S] (GQA); mla[:rank=r|ratio=x] (DeepSeek-V2 native, or converted from a "
               "GQA model); ssm[:dtype=fp32|fp16|int8] (Mamba-1/2); linear (RWKV-4); hybrid[:dtype=..,state_dtype=..] "
               "(Jamba)")
-@click.option("--rank", type=click.IntRange(1), default=None, help="MLA latent width r: shortcut for mla:rank=r")
-@click.option("--window", type=click.IntRange(1), default=None, help="window size W: shortcut for window:w=W")
-@click.option("--format", "formats", default="onnx", show_default=True, help="onnx, pte, or onnx,pte")
-@click.option("--max-ctx", "max_ctx", default="512", show_default=True, help="cache slots: 512, 2k, 8k ...")
-@click.option("--out", required=True, help="export folder to create (e.g. export/smollm2-kv)")
-@click.option("--prefill-chunk", default=32, show_default=True, type=click.IntRange(1),
-              help="tokens per call of the .pte prefill method")
+@click.option("--rank", type=click.IntRange(1), default=None,
+              help="MLA latent width r (one number; analyze --rank takes a list): shortcut for mla:rank=r "
+              "(default: none)")
+@click.option("--window", type=click.IntRange(1), default=None,
+              help="window size W: shortcut for window:w=W (default: none)")
+@click.option("-f", "--format", "formats", default="onnx", show_default=True,
+              help="onnx, pte, or onnx,pte (with --from-plan: the device runtime's)")
+@click.option("-c", "--max-ctx", "--ctx", "max_ctx", default="512", show_default=True,
+              help="context the artifact holds (cache slots): 512, 2k, 8k ...")
+@click.option("-o", "--out", required=True, help="export folder to create (e.g. export/smollm2-kv)")
+@click.option("--prefill-chunk", "--chunk", "prefill_chunk", default=32, show_default=True, type=click.IntRange(1),
+              help="tokens per call of the .pte prefill method (with --from-plan: the plan's 128)")
 @click.option("--verify-steps", default=16, show_default=True, type=click.IntRange(0),
               help="decode steps compared against eager torch after the prompt")
-@click.option("--force", is_flag=True, help="replace --out if it exists")
+@click.option("--force", is_flag=True, help="replace --out if it exists (default: refuse)")
 @click.option("--weights", default="fp32", show_default=True,
               help="weight precision, through each runtime's own tooling: fp32, int8, int4 (torchao 8da4w for "
               ".pte, ONNX Runtime MatMulNBits for ONNX), fp16 (ONNX only); a quantized artifact is checked "
-              "against fp32 over real text (top-1, KL) and refused beyond edgekv.export.wquant's thresholds")
+              "against fp32 over real text (top-1, KL) and refused beyond edgekv.export.wquant's thresholds "
+              "(with --from-plan: the plan's, int4 on phones)")
+@click.option("--from-plan", "from_plan", default=None, metavar="DEVICE",
+              help="export what `edgekv plan --device DEVICE` assumes for this model: its weight precision (int4 on "
+              "phones), its runtime's format (pte for executorch, onnx for onnxruntime) and prefill chunk (128), "
+              "wherever the option is not given; prints the plan command whose row the artifact is "
+              "(default: none, the defaults shown here)")
 @click.option("--runner", "runners", default=None,
               help="also make the artifact a runtime's own LLM API loads: genai (the ONNX folder for ONNX Runtime "
               "GenAI: genai_config.json, tokenizer_config.json, a graph fed input_ids / attention_mask; plain float "
               "kv), executorch (a .pte for ExecuTorch's LLM runner / LlmModule: the cache in the program's buffers, "
-              "its metadata methods; kv and kv-int8/int4/int2); comma-separated")
-@click.option("--threads", type=click.IntRange(1), default=None,
+              "its metadata methods; kv and kv-int8/int4/int2); comma-separated (default: none)")
+@click.option("-t", "--threads", type=click.IntRange(1), default=None,
               help="compute threads for tracing and verification (torch, ONNX Runtime, XNNPACK); on a machine "
-              "shared with other jobs, 1 avoids thread-barrier stalls")
+              "shared with other jobs, 1 avoids thread-barrier stalls (default: the libraries' own)")
 @click.option("--json", "as_json", is_flag=True,
               help="print one JSON object, {\"out\", \"manifest\"} (the manifest as written), instead of the summary; "
-              "progress stays on stderr")
-def export_cmd(model, strategy, rank, window, formats, max_ctx, out, prefill_chunk, verify_steps, force, weights,
-               runners, threads, as_json):
+              "the stage lines stay on stderr, the progress bar is off")
+@click.pass_context
+def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefill_chunk, verify_steps, force, weights,
+               from_plan, runners, threads, as_json):
     """Export a model's decode step (state as explicit inputs/outputs) to ONNX and/or ExecuTorch, verify it
     against eager PyTorch, and write manifest.json + tokenizer.json beside it."""
     from pathlib import Path
 
-    from ..units import fmt_bytes, parse_ctx
+    from ..units import fmt_mem, parse_ctx
 
+    plan_cmd = None
+    if from_plan:
+        formats, weights, prefill_chunk, plan_cmd = _from_plan(cctx, from_plan, model, strategy_spec_text(
+            strategy, rank, window), formats, weights, prefill_chunk, max_ctx)
     _need("torch")  # first: torch configures its loggers on import, _quiet then quiets them
     _quiet()
     from .pipeline import ExportOptions, export_model, parse_formats, strategy_spec
@@ -86,17 +117,18 @@ def export_cmd(model, strategy, rank, window, formats, max_ctx, out, prefill_chu
                          threads=threads, weights=weights, runners=parse_runners(runners, fmts))
     if "genai" in opts.runners:
         _need("onnxruntime_genai")
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    status = (lambda line: console.status(line)) if console.is_terminal else None
-    m = export_model(opts, echo=lambda s: click.echo(s, err=True), status=status)
+    from ..progress import stage_status
+    _stop_on_sigterm()
+    bar, status = stage_status("export", enabled=not as_json)
+    with bar:
+        m = export_model(opts, echo=lambda s: click.echo(s, err=True), status=status if bar.on else None)
     if as_json:
         from ..render import print_json
         print_json({"out": str(opts.out), "manifest": m})
         return
-    click.echo(f"wrote {out}: " + ", ".join(f"{n} ({fmt_bytes(f['bytes'], 'MB')})" for n, f in m["files"].items()))
-    click.echo(f"state: {m['state']['strategy']} at max_ctx {m['max_ctx']}: {fmt_bytes(m['state']['bytes'], 'MiB')}"
+    click.echo(f"wrote {out}: " + ", ".join(f"{n} ({fmt_mem(f['bytes'])})" for n, f in m["files"].items())
+               + " (GB = 1e9 bytes)")
+    click.echo(f"state: {m['state']['strategy']} at max_ctx {m['max_ctx']}: {fmt_mem(m['state']['bytes'])}"
                f" ({len(m['state']['tensors'])} tensors)")
     errors = m["strategy"].get("factorisation_error")
     if errors:  # a GQA model converted to MLA: how much of each layer's [W_k; W_v] the rank keeps
@@ -116,18 +148,55 @@ def export_cmd(model, strategy, rank, window, formats, max_ctx, out, prefill_chu
                                          for a in m["artifacts"]))
     for runner, why in m.get("runners_unsupported", {}).items():
         click.echo(f"not for {runner}: {why}")
+    if plan_cmd:
+        click.echo(f"the plan row this artifact is: {plan_cmd}")
+
+
+def strategy_spec_text(strategy, rank, window) -> str:
+    from .pipeline import strategy_spec
+    return strategy_spec(strategy, rank, window)
+
+
+PLAN_FORMAT = {"executorch": "pte", "onnxruntime": "onnx"}
+
+
+def _from_plan(cctx, device_name, model, strategy, formats, weights, prefill_chunk, max_ctx):
+    """--from-plan DEVICE: the options the plan assumes for that device, where the user gave none. -> (formats,
+    weights, prefill_chunk, the `edgekv plan` command whose row the artifact is)."""
+    from click.core import ParameterSource
+
+    from ..devices import load_device
+    from ..plan import DEFAULT_CHUNK
+
+    device = load_device(device_name)
+    given = lambda name: cctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)
+    if device.runtime not in PLAN_FORMAT:
+        raise EdgekvError(f"--from-plan {device_name}: its runtime {device.runtime!r} has no export format "
+                          f"(exports: {', '.join(f'{k} -> {v}' for k, v in PLAN_FORMAT.items())})")
+    if not given("formats"):
+        formats = PLAN_FORMAT[device.runtime]
+    if not given("weights"):
+        weights = "fp16" if device.is_datacenter else "int4"
+    if not given("prefill_chunk"):
+        prefill_chunk = DEFAULT_CHUNK
+    # edgekv's own .pte is the plan's edgekv-pte runtime (executorch there is ExecuTorch's own Llama export)
+    runtime = "edgekv-pte" if "pte" in formats.split(",") else "onnxruntime"
+    cmd = (f"edgekv plan --device {device.id} --ctx {max_ctx} --model {model} --strategy {strategy} "
+           f"--weights {weights} --runtime {runtime} --chunk {prefill_chunk}")
+    return formats, weights, prefill_chunk, cmd
 
 
 @click.command("run")
 @click.argument("folder", type=click.Path(file_okay=False))
-@click.option("--prompt", required=True)
-@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1))
+@click.option("-p", "--prompt", required=True, help="text to continue (tokenized with the export's tokenizer.json)")
+@click.option("-n", "--max-new-tokens", default=32, show_default=True, type=click.IntRange(1),
+              help="tokens to generate at most (greedy; stops early at the end-of-text token)")
 @click.option("--runtime", type=click.Choice(["ort", "executorch", "genai", "executorch-runner"]), default=None,
-              help="ort / executorch: edgekv's own loop over the explicit-state artifact; genai: ONNX Runtime GenAI's "
-              "own loop and tokenizer (an export made with --runner genai); executorch-runner: ExecuTorch's LLM "
-              "runner, TextLLMRunner (--runner executorch). Default: ort when the export has an ONNX model, else "
-              "executorch")
-@click.option("--threads", type=click.IntRange(1), default=None,
+              help="runtime to run in (default: ort when the export has an ONNX model, else executorch). ort / "
+              "executorch: edgekv's own loop over the explicit-state artifact; genai: ONNX Runtime GenAI's own loop "
+              "and tokenizer (an export made with --runner genai); executorch-runner: ExecuTorch's LLM runner, "
+              "TextLLMRunner (--runner executorch)")
+@click.option("-t", "--threads", type=click.IntRange(1), default=None,
               help="compute threads (ONNX Runtime intra-op, ExecuTorch XNNPACK threadpool); default: the runtime's")
 @click.option("--json", "as_json", is_flag=True,
               help="print one JSON object when done (text, token ids, prefill / decode speed) instead of streaming")
@@ -135,6 +204,10 @@ def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json):
     """Greedy generation from an export folder: its runtime, manifest and tokenizer only (hashes checked)."""
     from .generate import generate, generate_with_runner, open_export
 
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8 reach Python as lone surrogates
+        raise EdgekvError("--prompt is not valid UTF-8 text") from None
     needs = {"executorch": ("torch", "executorch"), "executorch-runner": ("torch", "executorch"),
              "genai": ("onnxruntime_genai",)}
     for module in needs.get(runtime, ("onnxruntime",)):

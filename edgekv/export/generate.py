@@ -13,8 +13,6 @@ CONTEXT_TOKENS = 8
 
 def open_export(folder: str | Path, runtime: str | None = None, threads: int | None = None):
     """(manifest, stepper, tokenizer) for an export folder; hashes are checked first."""
-    from tokenizers import Tokenizer
-
     from .manifest import load_export
     from .runtime import open_stepper
 
@@ -25,7 +23,7 @@ def open_export(folder: str | Path, runtime: str | None = None, threads: int | N
         runtime = "ort" if "onnx" in formats else "executorch"
     if manifest["tokenizer"] is None:
         raise EdgekvError(f"{d}: this export carries no tokenizer (its model folder had no tokenizer.json)")
-    tok = Tokenizer.from_file(str(d / manifest["tokenizer"]["file"]))
+    tok = load_tokenizer(d / manifest["tokenizer"]["file"])
     return manifest, open_stepper(d, manifest, runtime, threads), tok
 
 
@@ -41,6 +39,16 @@ def generate_with_runner(folder: str | Path, runtime: str, prompt: str, max_new_
     else:
         from .et_runner import generate as run
     return run(d, manifest, prompt, max_new_tokens, emit=emit, after_prefill=after_prefill, threads=threads)
+
+
+def load_tokenizer(path: Path):
+    """A `tokenizers` Tokenizer from its tokenizer.json; one EdgekvError line when the library cannot read it."""
+    from tokenizers import Tokenizer
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises its own Exception for a malformed file
+        raise EdgekvError(f"{path}: not a tokenizer the tokenizers library can read ({type(e).__name__}: "
+                          f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''})") from None
 
 
 def generate(manifest: dict, stepper, tok, prompt: str, max_new_tokens: int, emit=None, after_prefill=None) -> dict:

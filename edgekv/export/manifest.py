@@ -1,7 +1,16 @@
 """manifest.json: what an app (and `edgekv run`) reads to run an export, validated against manifest.schema.json.
 
-Pure Python + jsonschema: no torch. Loading an export checks the sha256 of every file the manifest lists, so a
-corrupted or swapped artifact fails in one line before any runtime touches it.
+Pure Python + jsonschema (+ onnx for an ONNX artifact's graph): no torch. What loading an export guarantees before any runtime touches a file:
+- every path the manifest names (`files`, artifacts[].file and .external_data, tokenizer.file) is a plain relative
+  path that resolves inside the export folder (no `..`, no absolute path, no symlink leading out);
+- every file a runtime opens (the artifact, its ONNX external data, the tokenizer) is listed in `files`, and (with
+  check_hashes) every listed file exists with its size and sha256, so a corrupted, swapped or unlisted file fails in
+  one line;
+- the manifest agrees with itself: each entry point's state inputs / outputs are the state's tensors (name, dtype,
+  shape), the state was laid out for max_ctx, and a cache's slots hold max_ctx tokens (a window's at most that);
+- the ONNX graph's own external-data locations (read from model.onnx without its weights) are listed files too.
+The runtimes then check the manifest against the graph's own inputs and outputs (runtime.check_graph_io).
+Nothing in an export folder is executed or unpickled: ONNX and .pte are data for their runtimes, JSON is parsed.
 """
 from __future__ import annotations
 
@@ -10,10 +19,11 @@ import json
 from pathlib import Path
 
 from ..errors import EdgekvError
-from ..jsonfile import read_json
+from ..jsonfile import dumps, encode_nonfinite, read_json
 
 SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
 MANIFEST = "manifest.json"
+PARTIAL = ".edgekv-partial"  # marks an export folder still being written (edgekv.export.pipeline); never listed
 
 
 def schema() -> dict:
@@ -44,7 +54,7 @@ def file_table(folder: Path) -> dict:
     """{relative name: {sha256, bytes}} for every file in folder except the manifest."""
     out = {}
     for p in sorted(folder.rglob("*")):
-        if p.is_file() and p.name != MANIFEST:
+        if p.is_file() and p.name not in (MANIFEST, PARTIAL):
             out[p.relative_to(folder).as_posix()] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
     return out
 
@@ -79,24 +89,178 @@ def entry_point(name: str, tokens, layout, vocab: int, tail: str | None = None, 
 
 
 def write_manifest(folder: Path, manifest: dict) -> None:
+    """folder/manifest.json, strict JSON (a non-finite float in the model's config, e.g. a Mamba's dt_limit, is
+    written {"__float__": "Infinity"}, as transformers writes it into config.json)."""
     validate(manifest, str(folder / MANIFEST))
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    (folder / MANIFEST).write_text(dumps(encode_nonfinite(manifest)) + "\n")
+
+
+# files edgekv itself may write into an export folder after the export: `edgekv report`'s page (its default --out),
+# `edgekv profile --adb`'s pulled report. --force may replace a folder holding these beside what `files` lists.
+AFTERWARDS = ("report.html", "report.md", "report.android.json")
+SLOT_ROLES = ("key", "value", "latent")  # state tensors with one row per cached token: [1, heads, slots, d], [1, slots, r]
+CACHE_STRATEGIES = ("kv", "kv-int8", "kv-int4", "kv-int2", "mla")  # a cache of every position up to max_ctx
+
+
+def member(folder: Path, name, what: str) -> Path:
+    """folder/name for a path read from a manifest, refused unless it is a plain relative path (no `..`, not
+    absolute, no backslash or NUL) that stays inside folder once symlinks are resolved."""
+    if not isinstance(name, str) or not name or "\\" in name or "\0" in name:
+        raise EdgekvError(f"{folder / MANIFEST}: {what} {name!r} is not a file name")
+    parts = Path(name).parts
+    if Path(name).is_absolute() or ".." in parts or name.startswith("/"):
+        raise EdgekvError(f"{folder / MANIFEST}: {what} {name!r} points outside the export folder")
+    p = folder / name
+    try:
+        inside = p.resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError) as e:  # a symlink loop
+        raise EdgekvError(f"{p}: cannot resolve it ({type(e).__name__}: {e})") from None
+    if not inside:
+        raise EdgekvError(f"{p}: a symlink leading outside the export folder")
+    return p
+
+
+def opened_files(manifest: dict) -> list[tuple[str, str]]:
+    """(what, relative path) of every file a runtime opens: the artifacts, their ONNX external data, the tokenizer."""
+    out = []
+    for a in manifest["artifacts"]:
+        out.append((f"artifacts[{a['format']}].file", a["file"]))
+        if a.get("external_data"):
+            out.append((f"artifacts[{a['format']}].external_data", a["external_data"]))
+        for name in a.get("runner_files", []):  # genai_config.json, tokenizer_config.json: what a runner opens
+            out.append((f"artifacts[{a['format']}].runner_files", name))
+    tok = manifest.get("tokenizer")
+    if tok and tok.get("file"):
+        out.append(("tokenizer.file", tok["file"]))
+    return out
+
+
+def check_consistent(manifest: dict, where: str) -> None:
+    """The manifest against itself: every entry point's state inputs/outputs are the state's tensors, the state was
+    laid out for max_ctx, and a cache holds max_ctx slots (a window at most that)."""
+    max_ctx = manifest["max_ctx"]
+    state = manifest["state"]
+    if state.get("ctx") is not None and state["ctx"] != max_ctx:
+        raise EdgekvError(f"{where}: state laid out for {state['ctx']} tokens but max_ctx is {max_ctx}")
+    tensors = state["tensors"]
+    n = len(tensors)
+    for a in manifest["artifacts"]:
+        if a.get("state_location") == "mutable_buffers":  # the runner .pte: the state is the program's buffers
+            continue
+        for ep in a["entry_points"]:
+            ins, outs = ep["inputs"][2:2 + n], ep["outputs"][1:1 + n]
+            for t, i, o in zip(tensors, ins, outs):
+                for side, spec, name in (("input", i, t["input"]), ("output", o, t["output"])):
+                    if (spec["name"], spec["dtype"], spec["shape"]) != (name, t["dtype"], t["shape"]):
+                        raise EdgekvError(f"{where}: {a['format']} {ep['name']} {side} {spec['name']} "
+                                          f"{spec['dtype']}{spec['shape']} is not the state's {name} "
+                                          f"{t['dtype']}{t['shape']}")
+            if len(ins) != n or len(outs) != n:
+                raise EdgekvError(f"{where}: {a['format']} {ep['name']} does not carry the state's {n} tensors")
+    slots = [t["shape"][1 if t["role"].startswith("latent") else 2] for t in tensors
+             if t["role"].split(".")[0] in SLOT_ROLES and len(t["shape"]) >= 3]
+    if slots and max(slots) > max_ctx:
+        raise EdgekvError(f"{where}: a cache of {max(slots)} slots is larger than max_ctx {max_ctx}")
+    if slots and manifest["strategy"]["name"] in CACHE_STRATEGIES and max(slots) != max_ctx:
+        raise EdgekvError(f"{where}: max_ctx is {max_ctx} but the cache holds {max(slots)} tokens")
+
+
+def owned_export(folder: Path) -> str | None:
+    """None when folder is an edgekv export and holds nothing else (its manifest, the files it lists, and what
+    edgekv writes there afterwards: AFTERWARDS); else why not, in words. What `export --force` may replace."""
+    if folder.is_symlink() or not folder.is_dir():
+        return "it is not a folder"
+    mp = folder / MANIFEST
+    if not mp.is_file():
+        return f"it has no {MANIFEST}"
+    try:
+        m = read_json(mp, nonfinite=True)
+    except EdgekvError as e:
+        return str(e)
+    if not (isinstance(m, dict) and "edgekv_version" in m and isinstance(m.get("files"), dict)):
+        return f"its {MANIFEST} was not written by edgekv"
+    known = {MANIFEST, *AFTERWARDS, *m["files"]}
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder).as_posix()
+        if p.is_dir() and not p.is_symlink() and any(k.startswith(rel + "/") for k in known):
+            continue
+        if rel not in known:
+            return f"it holds {rel}, which edgekv did not write"
+    return None
+
+
+def onnx_external_files(path: Path) -> list[str]:
+    """Every external-data file an ONNX model names (the `location` of its external tensors: initializers and
+    attribute tensors, subgraphs included), read from the graph without loading any weights."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    found = []
+
+    def tensors(g):
+        yield from g.initializer
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    yield attr.t
+                yield from attr.tensors
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    yield from tensors(sub)
+
+    for t in tensors(model.graph):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            loc = next((e.value for e in t.external_data if e.key == "location"), None)
+            if loc not in found:
+                found.append(loc)
+    return found
+
+
+def check_onnx_external(manifest: dict, folder: Path, graph_file: str) -> None:
+    """The files ONNX Runtime will open for this graph's external data: each must be listed in the manifest's
+    `files` (so hashed) and lie inside the folder (manifest.member). One EdgekvError line otherwise."""
+    where = folder / graph_file
+    try:
+        names = onnx_external_files(where)
+    except ImportError:
+        raise EdgekvError("loading an ONNX export needs onnx: pip install 'edgekv[runtime]'") from None
+    except Exception as e:  # onnx raises DecodeError and others on a damaged file
+        raise EdgekvError(f"{where}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+    for name in names:
+        member(folder, name, f"{graph_file}'s external data")
+        if name not in manifest["files"]:
+            raise EdgekvError(f"{where}: its external data {name} is not listed in the manifest's `files`; refusing "
+                              "to load a file the manifest does not vouch for")
 
 
 def load_export(folder: str | Path, check_hashes: bool = True) -> dict:
-    """Read and validate folder/manifest.json; with check_hashes, every listed file must exist with its sha256."""
+    """Read and validate folder/manifest.json (schema, paths inside the folder, every opened file listed, the
+    manifest consistent with itself); with check_hashes, every listed file must exist with its size and sha256."""
     d = Path(folder)
     mp = d / MANIFEST
     if not mp.is_file():
         raise EdgekvError(f"{d}: no {MANIFEST} there (not an edgekv export?)")
-    manifest = read_json(mp)
+    manifest = read_json(mp, nonfinite=True)
     validate(manifest, str(mp))
+    files = manifest["files"]
+    for name in files:
+        member(d, name, "file")
+    for what, name in opened_files(manifest):
+        member(d, name, what)
+        if name not in files:
+            raise EdgekvError(f"{mp}: {what} {name} is not listed in `files` with its sha256; refusing to load a "
+                              "file the manifest does not vouch for (export again)")
+    check_consistent(manifest, str(mp))
     if check_hashes:
-        for name, want in manifest["files"].items():
+        for name, want in files.items():
             p = d / name
             if not p.is_file():
                 raise EdgekvError(f"{p}: listed in the manifest but missing")
             if p.stat().st_size != want["bytes"] or sha256_file(p) != want["sha256"]:
                 raise EdgekvError(f"{p}: sha256 does not match the manifest (changed or corrupted since export; "
                                   "export again)")
+    for a in manifest["artifacts"]:
+        if a["format"] == "onnx" and (d / a["file"]).is_file():
+            # here, not in OrtStepper: a profile child reads the manifest before its memory baseline, so the onnx
+            # import and the graph's parse are not counted as the model's memory
+            check_onnx_external(manifest, d, a["file"])
     return manifest

@@ -9,8 +9,10 @@ then compares the .pte with that quantized eager module (catches lowering bugs);
 has no eager twin, so verify-onnx is replaced by verify-quant-onnx; verify-quant-* compares each quantized artifact with
 the fp32 eager model over real text (top-1, KL) and refuses it beyond wquant.THRESHOLDS.
 
-Everything is written into a temporary sibling folder and renamed into place at the end (publish), so a failure at
-any stage leaves nothing half-written at --out. Each failure is one EdgekvError naming its stage.
+Everything is written into a temporary sibling folder (`.NAME.tmp-PID`) and renamed into place at the end (publish),
+so a failure at any stage leaves nothing half-written at --out; what a killed run left is removed by the next export
+to the same --out. --force replaces only an earlier edgekv export (check_out), checked again right before the
+rename. Each failure is one EdgekvError naming its stage.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import EdgekvError
+from .manifest import PARTIAL  # inside a `.NAME.tmp-PID` folder while it is being written
 
 FORMATS = ("onnx", "pte")
 WEIGHT_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8", "int4": "int4"}
@@ -167,8 +170,7 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
     from . import manifest as mf
 
     out = Path(opts.out)
-    if out.exists() and not opts.force:
-        raise EdgekvError(f"{out} already exists (pass --force to replace it)")
+    check_out(out, opts.model, opts.force)
     strategy = parse_strategy(opts.strategy)
     if strategy.name not in EXPORTABLE:
         raise EdgekvError(f"strategy {strategy.name} is planned but not exported (exportable: {', '.join(EXPORTABLE)})")
@@ -190,28 +192,170 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
     names += [f"verify-quant-{f}" for f in opts.formats if quantized] + ["manifest", "publish"]
     st = Stages(names, echo, status)
     made = _make_parents(out)  # --out export/NAME from any folder, as other exporters do; removed again on failure
+    cleaned = clean_leftovers(out)
+    if cleaned:
+        echo(f"removed {len(cleaned)} leftover(s) of earlier exports to {out} that did not finish: "
+             + ", ".join(p.name for p in cleaned))
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        tmp.mkdir()
+        (tmp / PARTIAL).touch()  # marks the folder as this export's own work until publish
+    except OSError as e:
+        raise EdgekvError(f"cannot write beside {out}: {e.strerror or e}") from None
     published = False
     try:
         manifest = _run(opts, strategy, st, tmp, mf, __version__)
         with st.stage("publish", str(out)):
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            if out.exists():
-                out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
+            publish(tmp, out, opts.model, opts.force, echo)
         published = True
         return manifest
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
         if not published:
+            _remove_partial(tmp)
             for d in made:  # innermost first; only folders this call made, and only while empty
                 try:
                     d.rmdir()
                 except OSError:
                     break
+
+
+# ---- where the export goes: never over what edgekv did not write, never half-written ----
+
+
+
+def _resolved(p: Path) -> Path:
+    return Path(os.path.abspath(p)).resolve()
+
+
+def check_out(out: Path, model: str, force: bool) -> None:
+    """Refuse an --out that is, or holds, the model being exported or the working folder, and an existing --out
+    unless --force and it is an edgekv export holding nothing else (manifest.owned_export). One line each."""
+    from .manifest import owned_export
+
+    target = _resolved(out)
+    src = Path(model)
+    if src.exists():
+        s = _resolved(src)
+        if target == s or s.is_relative_to(target):
+            raise EdgekvError(f"--out {out} is {'the model' if target == s else 'a folder holding the model'} "
+                              f"{model}: choose a new folder for the export")
+    if Path.cwd().resolve().is_relative_to(target):
+        raise EdgekvError(f"--out {out} is the working folder or one above it: choose a new folder for the export")
+    if not os.path.lexists(out):
+        return
+    if not force:
+        raise EdgekvError(f"{out} already exists (pass --force to replace an earlier edgekv export)")
+    why = owned_export(out)
+    if why:
+        raise EdgekvError(f"--force replaces only an earlier edgekv export, and {out} is not one ({why}); "
+                          "nothing was changed")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def clean_leftovers(out: Path) -> list[Path]:
+    """Remove what an earlier export to `out` left when it was killed: `.NAME.tmp-PID` folders still marked as
+    partial (PARTIAL) and `.NAME.old-PID` folders that are edgekv exports, of processes no longer alive. Returns
+    what was removed; anything else of that name is left alone."""
+    import re
+
+    from .manifest import owned_export
+
+    removed = []
+    pat = re.compile(rf"^\.{re.escape(out.name)}\.(tmp|old)-(\d+)$")
+    try:
+        siblings = list(out.parent.iterdir())
+    except OSError:
+        return removed
+    for p in siblings:
+        m = pat.match(p.name)
+        pid = int(m[2]) if m else 0  # this process's own pid: left by an earlier export in this process
+        if not m or (pid != os.getpid() and _pid_alive(pid)) or p.is_symlink() or not p.is_dir():
+            continue
+        ours = (p / PARTIAL).is_file() if m[1] == "tmp" else owned_export(p) is None
+        if ours:
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+def _remove_partial(tmp: Path) -> None:
+    """Remove this run's own temporary folder (it carries PARTIAL until publish)."""
+    if tmp.is_dir() and not tmp.is_symlink() and (tmp / PARTIAL).is_file():
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _rename_noreplace(src: Path, dst: Path) -> None:
+    """rename(src, dst) that fails if dst exists, atomically where the kernel offers it (Linux renameat2 with
+    RENAME_NOREPLACE); elsewhere a check right before the rename."""
+    import ctypes
+    import errno
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        fn = None
+    if fn is not None:
+        at_fdcwd, noreplace = -100, 1
+        if fn(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), noreplace) == 0:
+            return
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            raise FileExistsError(errno.EEXIST, "exists", str(dst))
+        if err not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+            raise OSError(err, os.strerror(err), str(dst))
+    if os.path.lexists(dst):
+        raise FileExistsError(errno.EEXIST, "exists", str(dst))
+    os.rename(src, dst)
+
+
+def publish(tmp: Path, out: Path, model: str, force: bool, echo=print) -> None:
+    """Move the finished folder tmp to out. Right before, --out is checked again as at the start (check_out): a
+    folder that appeared meanwhile is refused, and with --force only an edgekv export is replaced: moved aside
+    (`.NAME.old-PID`), the new one renamed into place (never over anything), the old one removed once it is seen to
+    be still only an edgekv export. Every file gets the mode open() gives (0644 under umask 022)."""
+    from ..jsonfile import file_mode
+
+    try:
+        check_out(out, model, force)
+    except EdgekvError as e:
+        raise EdgekvError(f"checked again before publishing: {e}") from None
+    mode = file_mode()
+    for p in tmp.rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            os.chmod(p, mode)
+    old = None
+    if os.path.lexists(out):  # --force, and check_out saw an edgekv export
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.rename(out, old)
+    try:
+        _rename_noreplace(tmp, out)
+    except FileExistsError:
+        if old is not None and not os.path.lexists(out):
+            os.rename(old, out)
+        raise EdgekvError(f"{out} appeared while exporting (another export or program wrote it); it was left as "
+                          "it is and nothing was published") from None
+    except OSError:
+        if old is not None and not os.path.lexists(out):
+            os.rename(old, out)
+        raise
+    (out / PARTIAL).unlink()
+    if old is not None:
+        from .manifest import owned_export
+        why = owned_export(old)
+        if why is None:
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            echo(f"kept the replaced export at {old}: {why}")
 
 
 def _make_parents(out: Path) -> list[Path]:

@@ -37,6 +37,40 @@ def entry(manifest: dict, fmt: str) -> dict:
     raise EdgekvError(f"this export has no {fmt} artifact (it has: {have})")
 
 
+ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16",
+              "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int8)": "int8", "tensor(uint8)": "uint8"}
+ET_DTYPES = {0: "uint8", 1: "int8", 3: "int32", 4: "int64", 5: "float16", 6: "float32", 15: "bfloat16"}  # ScalarType
+
+
+def check_graph_io(manifest: dict, fmt: str, where, graph: dict) -> None:
+    """The manifest's entry points against the graph's own inputs and outputs, before any state is allocated.
+    graph: {entry point name: (inputs, outputs)}, each a list of (name or None, dtype, shape), a shape's dynamic
+    axis None (ONNX) or its upper bound (a .pte method's sizes). Names, dtypes and ranks must agree, and every fixed
+    axis the manifest states; the state's tensors (which the stepper allocates from the manifest) must be fixed in
+    the graph and equal. A mismatch is one EdgekvError line."""
+    a = entry(manifest, fmt)
+    n_state = len(manifest["state"]["tensors"])
+    for ep in a["entry_points"]:
+        if ep["name"] not in graph:
+            raise EdgekvError(f"{where}: the graph has no entry point {ep['name']!r} that the manifest lists")
+        g_ins, g_outs = graph[ep["name"]]
+        for kind, want, got in (("input", ep["inputs"], g_ins), ("output", ep["outputs"], g_outs)):
+            if len(want) != len(got):
+                raise EdgekvError(f"{where}: {ep['name']} has {len(got)} {kind}s, the manifest lists {len(want)}")
+            first, last = (2, 2 + n_state) if kind == "input" else (1, 1 + n_state)
+            for k, (w, (g_name, g_dtype, g_shape)) in enumerate(zip(want, got)):
+                state = first <= k < last
+                bad = ((g_name is not None and g_name != w["name"]) or g_dtype != w["dtype"]
+                       or len(g_shape) != len(w["shape"])
+                       or any(isinstance(wd, int) and isinstance(gd, int) and gd != wd
+                              for wd, gd in zip(w["shape"], g_shape))
+                       or (state and any(not isinstance(gd, int) for gd in g_shape)))
+                if bad:
+                    raise EdgekvError(f"{where}: the manifest's {ep['name']} {kind} {w['name']} {w['dtype']}"
+                                      f"{w['shape']} is not the graph's {g_name or '#' + str(k)} {g_dtype}"
+                                      f"{list(g_shape)}: the manifest does not describe this graph")
+
+
 def recorded_chunk(manifest: dict, fmt: str) -> int | None:
     """The prefill call size the export planned this format for (manifest deployment.formats.FMT.prefill_chunk)."""
     c = ((manifest.get("deployment") or {}).get("formats") or {}).get(fmt, {}).get("prefill_chunk")
@@ -145,6 +179,13 @@ class OrtStepper(Stepper):
             self.sess = ort.InferenceSession(str(folder / a["file"]), opts, providers=["CPUExecutionProvider"])
         except Exception as e:  # ORT raises its own exception types for damaged models
             raise EdgekvError(f"{folder / a['file']}: ONNX Runtime cannot load it ({type(e).__name__}: {e})") from None
+
+        def io(values):
+            return [(v.name, ORT_DTYPES.get(v.type, v.type), [d if isinstance(d, int) else None for d in v.shape])
+                    for v in values]
+        check_graph_io(manifest, "onnx", folder / a["file"],
+                       {ep["name"]: (io(self.sess.get_inputs()), io(self.sess.get_outputs()))
+                        for ep in a["entry_points"]})
         if lean and a.get("external_data"):
             # ORT maps model.onnx.data; packing the weights read all of it, but the packed copies are what the
             # kernels read, except for tables a Gather reads a row at a time (the embedding): give the pages back,
@@ -346,6 +387,19 @@ class PteStepper(Stepper):
             names = {self.program.get_method_name(i) for i in range(self.program.num_methods())}
         except Exception as e:  # the runtime raises RuntimeError/ValueError on damaged programs
             raise EdgekvError(f"{where}: ExecuTorch cannot load it ({type(e).__name__}: {e})") from None
+        def io(n, get):
+            return [(None, ET_DTYPES.get(int(get(i).dtype()), str(get(i).dtype())), [int(d) for d in get(i).sizes()])
+                    for i in range(n)]
+        graph = {}
+        try:
+            for m in names & {ep["name"] for ep in a["entry_points"]}:
+                meta = self.program.method_meta(m)
+                graph[m] = (io(meta.num_inputs(), meta.input_tensor_meta),
+                            io(meta.num_outputs(), meta.output_tensor_meta))
+        except Exception as e:  # a method whose inputs are not all tensors
+            raise EdgekvError(f"{where}: cannot read its methods' inputs and outputs ({type(e).__name__}: {e})"
+                              ) from None
+        check_graph_io(manifest, "pte", where, graph)
         release_file_pages(where)  # before packing, so the table and XNNPACK's unpacked weights do not add up
         if not set(self.methods.values()) <= names:
             raise EdgekvError(f"{where}: needs method(s) {', '.join(sorted(set(self.methods.values())))} "

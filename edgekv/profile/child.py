@@ -3,7 +3,7 @@ Prints one JSON line.
 
 Order: the interpreter alone -> import the runtime (its baseline) -> load the artifact (weights + zeroed state) ->
 prefill ctx tokens in the artifact's chunks -> decode `steps` tokens, timing each. A watchdog thread samples VmRSS
-every few ms; above `limit_bytes` it reports how far the run got and exits (status "exceeded"), so a run that does not
+every few ms; above the runtime baseline + `limit_bytes` it reports how far the run got and exits (status "exceeded"), so a run that does not
 fit is shown, not assumed, and nothing else on the machine is pushed out.
 """
 from __future__ import annotations
@@ -103,10 +103,12 @@ def main(args: dict) -> dict:
     out["runtime_baseline_bytes"] = rss()
     out["hwm_reset"] = reset_hwm()
     base_hwm = hwm()
-    if args.get("limit_bytes"):
-        threading.Thread(target=_watchdog, args=(args["limit_bytes"], out), daemon=True).start()
+    # limit_bytes counts what the model adds above the runtime's baseline, as measured_bytes does: the process may
+    # hold the baseline plus the limit
+    limit = (args["limit_bytes"] + out["runtime_baseline_bytes"]) if args.get("limit_bytes") else None
+    if limit:
+        threading.Thread(target=_watchdog, args=(limit, out), daemon=True).start()
     PROGRESS["phase"] = "load"
-    limit = args.get("limit_bytes")
     stepper = open_stepper(folder, manifest, args["runtime"], args.get("threads"))
     _check_peak(limit, out)
     out["after_load_bytes"] = rss()

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -21,32 +20,41 @@ REMOTE_REPORT = f"/sdcard/Android/data/{APP}/files/report.json"
 
 @click.command("profile")
 @click.argument("export_dir", type=click.Path(file_okay=False))
-@click.option("--ctx", "ctx_text", default="256,1k", show_default=True,
+@click.option("-c", "--ctx", "ctx_text", default="256,1k", show_default=True,
               help="contexts, comma-separated: each run is ctx - steps prompt tokens, then steps decoded")
-@click.option("--steps", default=32, show_default=True, type=click.IntRange(1, 100000), help="decode steps per run")
+@click.option("-n", "--steps", default=32, show_default=True, type=click.IntRange(1, 100000), help="decode steps per run")
 @click.option("--runtime", type=click.Choice(["ort", "executorch", "genai", "executorch-runner"]), default=None,
-              help="default: ort when the export has model.onnx. genai / executorch-runner: through ONNX Runtime GenAI's "
-              "Generator / the ExecuTorch runner .pte's forward(tokens, input_pos), as those APIs run it (an export "
-              "made with --runner)")
-@click.option("--limit", "limit_text", default=None, help="memory budget for the run, e.g. 600MB: a run above it is "
-              "stopped and reported with the step it reached")
-@click.option("--device", "device_name", default=None, help="use this device profile's app budget as --limit")
-@click.option("--threads", default=None, type=click.IntRange(1, 256),
+              help="runtime to run in (default: ort when the export has model.onnx, else executorch); genai / "
+              "executorch-runner: through ONNX Runtime GenAI's Generator / the ExecuTorch runner .pte's "
+              "forward(tokens, input_pos), as those APIs run it (an export made with --runner)")
+@click.option("--limit", "limit_text", default=None, help="memory budget for the run, e.g. 600MB, counted as the "
+              "measured column counts (peak above the runtime's baseline): a run above it is stopped, reported with "
+              "the step it reached, and the command exits 3 (default: no limit)")
+@click.option("-d", "--device", "device_name", default=None,
+              help="use this device profile's app budget as --limit (default: none)")
+@click.option("-t", "--threads", default=None, type=click.IntRange(1, 256),
               help="compute threads (ONNX Runtime intra-op, ExecuTorch XNNPACK threadpool); default: the runtime's")
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(1, 50),
               help="fresh processes per context; the run with the median memory is reported, with every run's "
                    "measured bytes (measured_bytes_runs)")
 @click.option("--adb", "use_adb", is_flag=True, help="run on an attached Android phone through the demo app")
-@click.option("--serial", default=None, help="adb device serial (with --adb)")
+@click.option("--serial", default=None, help="adb device serial (with --adb; default: the one attached)")
 @click.option("--json", "as_json", is_flag=True,
               help="print the report as JSON (the schema the Android app writes too: edgekv/profile/report.schema.json)")
-@click.option("--out", type=click.Path(dir_okay=False), help="also write the report JSON here")
+@click.option("-o", "--out", type=click.Path(dir_okay=False), default=None,
+              help="also write the report JSON here (default: not written)")
 def profile(export_dir, ctx_text, steps, runtime, limit_text, device_name, threads, repeats, use_adb, serial, as_json,
             out):
-    """Measured peak memory (minus the runtime's baseline) and tokens/s of an export, against the plan."""
+    """Measured peak memory (minus the runtime's baseline) and tokens/s of an export, against the plan.
+
+    Exit codes: 0 every run finished within the budget (or no budget was given); 2 bad input; 3 a run went over
+    --limit / the --device budget or did not finish."""
+    from ..jsonfile import check_writable, output_json, write_atomic
     from ..units import parse_bytes, parse_ctx_list
 
     ctxs = parse_ctx_list(ctx_text)
+    if out:  # before the runs: a finished profile is not lost to an unwritable path
+        check_writable(out, "--out")
     if use_adb:
         if repeats > 1:
             raise EdgekvError("--repeats is for runs on this machine; with --adb the app runs each context once")
@@ -56,62 +64,91 @@ def profile(export_dir, ctx_text, steps, runtime, limit_text, device_name, threa
         report = adb_profile(Path(export_dir), ctxs, steps, runtime or "ort", serial)
     else:
         from ..devices import load_device
-        from .run import profile as run_profile, validate_report
+        from .run import validate_report
         device = load_device(device_name) if device_name else None
-        limit = parse_bytes(limit_text) if limit_text else None
-        err = click.get_text_stream("stderr")
-        def progress(c, i, n):
-            err.write(f"profile: ctx {c} in a fresh process" + (f" ({i + 1} of {n})" if n > 1 else "") + "...\n")
-        report = run_profile(export_dir, ctxs, steps, runtime, limit, threads, device, progress=progress,
-                             repeats=repeats)
+        limit = parse_bytes(limit_text) if limit_text is not None else None
+        report = profile_with_progress(export_dir, ctxs, steps, runtime, limit, threads, device, repeats,
+                                       enabled=not as_json)
         validate_report(report)
+    text = output_json(report)
     if out:
-        tmp = Path(out).with_suffix(".tmp")
-        tmp.write_text(json.dumps(report, indent=2) + "\n")
-        os.replace(tmp, out)
+        write_atomic(out, text + "\n")
     if as_json:
-        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        sys.stdout.write(text + "\n")
     else:
         profile_table(report)
+    from .run import failed_runs
+    failed = failed_runs(report)
+    if failed:  # the other runs are reported above; one line says which did not finish and why
+        click.echo(f"edgekv: {len(failed)} of {len(report['runs'])} runs failed: "
+                   + "; ".join(f"ctx {r['ctx']}: {r['status']}" for r in failed), err=True)
+    if not all(r.get("fits") for r in report["runs"]):  # over the budget, or did not finish
+        from ..cli import EXIT_NO_FIT
+        raise SystemExit(EXIT_NO_FIT)
+
+
+def profile_with_progress(export_dir, ctxs, steps, runtime, limit, threads, device, repeats, enabled=True):
+    """run.profile with one line per fresh process on stderr and a bar over the processes with an estimate."""
+    from ..progress import Bar
+    from .run import profile as run_profile
+
+    err = click.get_text_stream("stderr")
+    total = len(ctxs) * repeats
+    with Bar("profile", total, enabled, "runs") as bar:
+        done = [0]
+
+        def progress(c, i, n):
+            err.write(f"profile: ctx {c} in a fresh process" + (f" ({i + 1} of {n})" if n > 1 else "") + "...\n")
+            bar.update(completed=done[0], description=f"profile ctx {c}")
+            done[0] += 1
+
+        report = run_profile(export_dir, ctxs, steps, runtime, limit, threads, device, progress=progress,
+                             repeats=repeats)
+        bar.update(completed=total)
+    return report
 
 
 def profile_table(report: dict) -> None:
-    from rich.table import Table
-
-    from ..render import console
-    from ..units import fmt_bytes
+    from ..render import GB_NOTE, Col, console, print_table, time_column
+    from ..units import fmt_gb, fmt_mem
     h = report["host"]
-    t = Table(title=f"edgekv profile — {report['artifact']} ({report.get('strategy', '')}) on {h['kind']}, "
-                    f"{report['runtime']}, bandwidth {h.get('bandwidth_bytes_per_s', 0) / 1e9:.1f} GB/s",
-              title_justify="left")
-    for col in ("ctx", "predicted", "measured", "error", "runtime baseline", "tok/s", "roofline", "p50 ms", "p90 ms",
-                "fits", "status"):
-        t.add_column(col, justify="right" if col not in ("fits", "status") else "left")
-    for r in report["runs"]:
+    runs = report["runs"]
+    budget = report.get("budget_bytes")
+    title = (f"edgekv profile: {report['artifact']} ({report.get('strategy', '')}) on {h['kind']}, "
+             f"{report['runtime']}, bandwidth {h.get('bandwidth_bytes_per_s', 0) / 1e9:.1f} GB/s"
+             + (f", budget {fmt_mem(budget)} above the runtime baseline" if budget else ""))
+    p50_head, p50 = time_column("p50", [r["latency_ms"].get("p50") and r["latency_ms"]["p50"] / 1e3 for r in runs])
+    p90_head, p90 = time_column("p90", [r["latency_ms"].get("p90") and r["latency_ms"]["p90"] / 1e3 for r in runs])
+    cols = [Col("ctx", "right", keep=True), Col("predicted\nGB", "right", give=1), Col("measured\nGB", "right"),
+            Col("error", "right", give=2), Col("runtime\nbaseline GB", "right", give=5, short="base\nGB"),
+            Col("decode\ntok/s", "right", give=1), Col("roofline\ntok/s", "right", give=4),
+            Col(p50_head, "right", give=3), Col(p90_head, "right", give=6), Col("fits"),
+            Col("status", give=1)]
+    cells = []
+    for r, a, b in zip(runs, p50, p90):
         m = r.get("measured_bytes")
         stopped = r.get("status") == "exceeded"  # its peak is where it was stopped: a lower bound, no error to show
-        t.add_row(str(r["ctx"]), fmt_bytes(r["predicted_bytes"], "MB", 1),
-                  (">= " if stopped else "") + fmt_bytes(m, "MB", 1) if m else "-",
-                  f"{r['error_pct']:+.1f}%" if r.get("error_pct") is not None and not stopped else "-",
-                  fmt_bytes(r["runtime_baseline_bytes"], "MB", 1) if r.get("runtime_baseline_bytes") else "-",
-                  f"{r['tokens_per_s']:.1f}" if r.get("tokens_per_s") else "-",
-                  f"{r['roofline_tokens_per_s']:.1f}" if r.get("roofline_tokens_per_s") else "-",
-                  f"{r['latency_ms']['p50']:.1f}" if r["latency_ms"].get("p50") else "-",
-                  f"{r['latency_ms']['p90']:.1f}" if r["latency_ms"].get("p90") else "-",
-                  "[green]yes[/]" if r["fits"] else "[red]no[/]",
-                  r.get("status", "ok") + (f" at {r.get('reached_phase')} step {r['reached_step']}"
-                                           if r.get("status") == "exceeded" else ""))
-    c = console()
-    c.print(t)
-    for r in report["runs"]:
+        cells.append([str(r["ctx"]), fmt_gb(r["predicted_bytes"]), (">= " if stopped else "") + fmt_gb(m) if m else "-",
+                      f"{r['error_pct']:+.1f}%" if r.get("error_pct") is not None and not stopped else "-",
+                      fmt_gb(r["runtime_baseline_bytes"]) if r.get("runtime_baseline_bytes") else "-",
+                      f"{r['tokens_per_s']:.1f}" if r.get("tokens_per_s") else "-",
+                      f"{r['roofline_tokens_per_s']:.1f}" if r.get("roofline_tokens_per_s") else "-", a, b,
+                      "[green]yes[/]" if r["fits"] else "[red]no[/]",
+                      r.get("status", "ok") + (f" at {r.get('reached_phase')} step {r['reached_step']}"
+                                               if r.get("status") == "exceeded" else "")])
+    notes = []
+    for r in runs:
         if r.get("measured_bytes_runs"):
             m = r["measured_bytes_runs"]
-            c.print(f"ctx {r['ctx']}: the median of {len(m)} fresh processes (measured {fmt_bytes(min(m), 'MB', 1)} "
-                    f"to {fmt_bytes(max(m), 'MB', 1)})")
-    c.print("MB = 1e6 bytes. measured = peak RSS (VmHWM) - the runtime's baseline RSS, each run in a fresh process; "
-            "predicted = the planner's weights + state (+ workspace); roofline = bandwidth / (weights + state bytes)."
-            + (" >= : the run was stopped there, over its budget (the step it reached is in status)."
-               if any(r.get("status") == "exceeded" for r in report["runs"]) else ""))
+            notes.append(f"ctx {r['ctx']}: the median of {len(m)} fresh processes (measured {fmt_gb(min(m))} to "
+                         f"{fmt_gb(max(m))} GB).")
+    footer = (f"{GB_NOTE}. measured = peak RSS (VmHWM) - the runtime's baseline RSS, each run in a fresh process; "
+              "predicted = the planner's weights + state + workspace of this artifact (without the runtime's "
+              "overhead, which the plan's total adds); fits and --limit count the measured bytes; roofline = "
+              "bandwidth / (weights + state bytes)."
+              + (" >= : the run was stopped there, over its budget (the step it reached is in status)."
+                 if any(r.get("status") == "exceeded" for r in runs) else "") + " " + " ".join(notes))
+    print_table(console(), title, cols, cells, footer)
 
 
 # ---- on a phone, through the demo app ----
@@ -165,20 +202,38 @@ def adb_profile(folder: Path, ctxs: list[int], steps: int, runtime: str, serial:
 
 @click.command("report")
 @click.argument("export_dir", type=click.Path(file_okay=False))
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
+@click.option("-o", "--out", type=click.Path(dir_okay=False), default=None,
               help="report.html (default: EXPORT_DIR/report.html); a .md name writes markdown")
-@click.option("--device", "device_name", default="pixel8", show_default=True, help="the phone to plan for")
+@click.option("-d", "--device", "device_name", default="pixel8", show_default=True, help="the phone to plan for")
 @click.option("--gpu", "gpu_name", default="h100", show_default=True, help="the datacenter baseline")
-@click.option("--ctx", "ctx_text", default=None, help="context for the plan and the baseline (default: max_ctx)")
+@click.option("-c", "--ctx", "ctx_text", default=None,
+              help="context for the plan and the baseline (default: the export's max_ctx)")
 @click.option("--profile", "profile_json", type=click.Path(exists=True, dir_okay=False),
-              help="an `edgekv profile --out` JSON to include (default: run a quick profile now)")
+              help="an `edgekv profile --out` JSON to include (default: run a quick profile now, with progress on "
+              "stderr)")
 @click.option("--json", "as_json", is_flag=True,
               help="also print what the page shows as one JSON object: {\"out\", \"plan\", \"profile\", \"analyzer\", "
               "\"baseline\", ...}")
 def report(export_dir, out, device_name, gpu_name, ctx_text, profile_json, as_json):
     """One page: the plan, the measured profile, the analyzer's quality curve and the H100 baseline, side by side."""
+    from ..devices import load_device
+    from ..jsonfile import check_writable, read_json
     from .page import build_report
-    path, data = build_report(Path(export_dir), out, device_name, gpu_name, ctx_text, profile_json)
+    from .run import validate_report
+
+    # every input checked before the profile runs: its minutes are not lost to a bad flag
+    check_writable(out or Path(export_dir) / "report.html", "--out")
+    if not load_device(gpu_name).is_datacenter:
+        raise EdgekvError(f"--gpu {gpu_name}: not a datacenter GPU profile (try h100, h200, a100)")
+    if load_device(device_name).is_datacenter:
+        raise EdgekvError(f"--device {device_name}: a datacenter GPU; --device is the phone to plan for (e.g. pixel8)")
+    if profile_json:
+        validate_report(read_json(profile_json), f"--profile {profile_json}")
+    if ctx_text is not None:
+        from ..units import parse_ctx
+        parse_ctx(ctx_text)
+    path, data = build_report(Path(export_dir), out, device_name, gpu_name, ctx_text, profile_json,
+                              progress=not as_json)
     if as_json:
         from ..render import print_json
         print_json(data)

@@ -61,8 +61,8 @@ def prompt_tokens(folder: Path, manifest: dict, n: int) -> list[int]:
     tok = manifest.get("tokenizer")
     text = default_text()
     if tok and tok.get("file") and (folder / tok["file"]).is_file():
-        from tokenizers import Tokenizer
-        ids = Tokenizer.from_file(str(folder / tok["file"])).encode(text[:400_000]).ids
+        from ..export.generate import load_tokenizer
+        ids = load_tokenizer(folder / tok["file"]).encode(text[:400_000]).ids
     else:
         ids = [b % manifest["model"]["vocab"] for b in text.encode()]
     reps = n // max(len(ids), 1) + 1
@@ -160,12 +160,38 @@ def run_child(folder: Path, runtime: str, ctx: int, steps: int, tokens: list[int
         p = subprocess.run([sys.executable, "-m", "edgekv.profile.child"], input=json.dumps(args),
                            capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        return {"ctx": ctx, "status": f"timed out after {timeout:.0f} s"}
-    line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("{")), None)
-    if line is None:
-        last = (p.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"ctx": ctx, "status": f"failed (exit {p.returncode}): {last}"}
-    return json.loads(line)
+        return {"ctx": ctx, "status": f"failed: timed out after {timeout:.0f} s"}
+    return child_result(ctx, p.returncode, p.stdout, p.stderr)
+
+
+def child_result(ctx: int, returncode: int, stdout: str, stderr: str) -> dict:
+    """The child's JSON line; when it has none (killed by a signal, out of memory, an error before it could
+    report), a result with status "failed: ..." naming the signal or the child's last line of stderr."""
+    import signal
+
+    line = next((ln for ln in reversed(stdout.splitlines()) if ln.startswith("{")), None)
+    if line is not None:
+        try:
+            r = json.loads(line)
+            if isinstance(r, dict):
+                return r
+        except ValueError:
+            pass
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        why = f"killed by {name}" + (" (the kernel's out-of-memory killer sends SIGKILL)" if name == "SIGKILL" else "")
+    else:
+        last = (stderr.strip().splitlines() or ["no output"])[-1].strip()
+        why = f"exit {returncode}: {last[:300]}"
+    return {"ctx": ctx, "status": f"failed: {why}"}
+
+
+def failed_runs(report: dict) -> list[dict]:
+    """Runs that did not finish (not "ok", and not stopped over their budget, which is a measurement)."""
+    return [r for r in report["runs"] if r.get("status", "ok") not in ("ok", "exceeded")]
 
 
 def median_run(results: list[dict]) -> dict:
@@ -183,6 +209,9 @@ def median_run(results: list[dict]) -> dict:
     return pick
 
 
+BUDGET_BASIS = "measured_bytes: peak resident bytes above the runtime's baseline (the same number as measured)"
+
+
 def profile(folder: str, ctxs: list[int], steps: int, runtime: str | None, limit: int | None,
             threads: int | None, device=None, progress=None, repeats: int = 1) -> dict:
     """repeats: fresh processes per context; the run with the median measured bytes is reported (median_run), with
@@ -193,6 +222,7 @@ def profile(folder: str, ctxs: list[int], steps: int, runtime: str | None, limit
     manifest = load_export(folder)  # checks every file's sha256 first
     formats = [a["format"] for a in manifest["artifacts"]]
     runtime = runtime or ("ort" if "onnx" in formats else "executorch")
+    entry_points(manifest, runtime)  # the export has an artifact for that runtime: one line now, not from a child
     max_ctx = int(manifest["max_ctx"])
     for c in ctxs:  # as the Android app does: a run of ctx positions = ctx - steps prompt tokens + steps decoded
         if c > max_ctx:
@@ -249,16 +279,26 @@ def profile(folder: str, ctxs: list[int], steps: int, runtime: str | None, limit
             run["reached_phase"] = r.get("reached", {}).get("phase")
             run["fits"] = False
         else:
-            run["fits"] = bool(peak is not None and (budget is None or peak <= budget))
+            run["fits"] = bool(run["measured_bytes"] is not None
+                               and (budget is None or run["measured_bytes"] <= budget))
         runs.append(run)
     host = host_info()
     host["bandwidth_bytes_per_s"] = bw
     host["threads"] = threads
     return {"artifact": str(folder), "runtime": runtime, "host": host, "budget_bytes": budget,
+            "budget_basis": BUDGET_BASIS,
             "model": manifest["model"]["name"], "strategy": manifest["strategy"]["label"], "max_ctx": max_ctx,
             "prefill_chunk": prefill_chunk(manifest, runtime), "predicted_explain": explain, "runs": runs}
 
 
-def validate_report(report: dict) -> None:
-    import jsonschema
-    jsonschema.validate(report, json.loads(SCHEMA.read_text()))
+def validate_report(report: dict, where: str = "the profile report") -> None:
+    """report against report.schema.json; a mismatch is one EdgekvError line."""
+    try:
+        import jsonschema
+    except ImportError:
+        raise EdgekvError("checking a profile report needs jsonschema (pip install jsonschema)") from None
+    try:
+        jsonschema.validate(report, json.loads(SCHEMA.read_text()))
+    except jsonschema.ValidationError as e:
+        path = "/".join(str(p) for p in e.absolute_path) or "(top level)"
+        raise EdgekvError(f"{where}: does not follow report.schema.json at {path}: {e.message}") from None

@@ -9,7 +9,6 @@ No torch at import time (the main CLI imports this module for every command): la
 """
 from __future__ import annotations
 
-import json
 import sys
 
 import click
@@ -22,10 +21,10 @@ DATACENTER = (("h100", "nvlink"), ("h100", "infiniband"))
 
 @click.command("ring")
 @click.option("--world", default=4, show_default=True, type=int, help="ranks (processes), one shard of the sequence each")
-@click.option("--ctx", "ctx_text", default="2k", show_default=True, help="prompt length: 1001, 4k (=4096), 16k")
+@click.option("-c", "--ctx", "ctx_text", default="2k", show_default=True, help="prompt length: 1001, 4k (=4096), 16k")
 @click.option("--heads", default=32, show_default=True, type=int, help="query heads")
 @click.option("--kv-heads", default=8, show_default=True, type=int, help="KV heads (GQA when fewer than --heads)")
-@click.option("--head-dim", default=128, show_default=True, type=int)
+@click.option("--head-dim", default=128, show_default=True, type=int, help="dimension of each attention head")
 @click.option("--layers", default=1, show_default=True, type=int, help="attention layers run one after another")
 @click.option("--decode-steps", default=8, show_default=True, type=int, help="tokens decoded after the prefill")
 @click.option("--dtype", default="float32", show_default=True,
@@ -39,7 +38,7 @@ DATACENTER = (("h100", "nvlink"), ("h100", "infiniband"))
 @click.option("--port", default=0, show_default=True, type=int, help="rendezvous port on 127.0.0.1 (0: a free one)")
 @click.option("--timeout", "timeout_s", default=120.0, show_default=True, type=float,
               help="seconds any rank may wait on another (init, barrier, each message)")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int, help="seed of the random q, k, v every rank draws")
 @click.option("--predict-only", is_flag=True, help="print the prediction without starting any rank")
 @click.option("--explain", is_flag=True, help="print the assumptions behind the prediction and the datacenter "
               "decode comm/compute ratio (Llama-3-70B on H100)")
@@ -113,7 +112,8 @@ def _print_json(cfg, device_id, link, predicted, measured, errors, result, datac
         "device": device_id, "link": link, "elapsed_s": result.elapsed_s if result else None,
         "datacenter_decode": [d.to_json() for d in datacenter],
     }
-    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+    from ..jsonfile import output_json
+    sys.stdout.write(output_json(obj) + "\n")
 
 
 def _secs(s: float | None) -> str:
@@ -127,30 +127,31 @@ def _secs(s: float | None) -> str:
 
 
 def _print_tables(cfg, device, link, predicted, measured, errors, result, datacenter, explain) -> None:
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
+    from ..render import GB_NOTE, Col, console, print_table, time_column
+    from ..units import fmt_gb
 
-    con = Console(width=None if sys.stdout.isatty() else 130)
+    con = console()
     title = (f"ring attention: {cfg.world} ranks, ctx {cfg.ctx:,}, {cfg.n_heads} heads / {cfg.n_kv_heads} KV heads "
              f"x {cfg.head_dim}, {cfg.n_layers} layer(s), {cfg.dtype}; predicted for {device.id} over {link}")
-    t = Table(title=title, box=box.SIMPLE_HEAVY)
-    for col in ("phase", "", "compute", "comm", "bytes per rank", "wall"):
-        t.add_column(col, justify="left" if col in ("phase", "") else "right", no_wrap=True)
     names = {"prefill": "prefill", "decode": "decode, 1 token"}
+    rows = []  # (phase, what, compute s, comm s, bytes per rank, wall s)
     for phase, p in predicted.items():
-        t.add_row(names[phase], "predicted", _secs(p.compute_s), _secs(p.comm_s), f"{p.bytes_per_rank:,} B",
-                  _secs(p.wall_s))
+        rows.append((names[phase], "predicted", p.compute_s, p.comm_s, p.bytes_per_rank, p.wall_s))
         if measured:
             m = measured[phase]
-            t.add_row("", f"measured ({result.backend})", _secs(m["compute_s"]), _secs(m["comm_s"]),
-                      f"{int(m['bytes_per_rank']):,} B", _secs(m["wall_s"]))
+            rows.append(("", f"measured ({result.backend})", m["compute_s"], m["comm_s"], m["bytes_per_rank"],
+                         m["wall_s"]))
         if phase == "decode":
-            t.add_row("", "predicted, moving KV", "", _secs(p.naive_comm_s), f"{p.naive_bytes_per_rank:,} B",
-                      _secs(p.compute_s + p.naive_comm_s))
-    con.print(t)
+            rows.append(("", "predicted, moving KV", None, p.naive_comm_s, p.naive_bytes_per_rank,
+                         p.compute_s + p.naive_comm_s))
+    heads, cols_s = zip(*(time_column(n, [r[i] for r in rows]) for n, i in (("compute", 2), ("comm", 3),
+                                                                              ("wall", 5))))
+    cols = [Col("phase", keep=True), Col("", keep=True), Col(heads[0], "right"), Col(heads[1], "right"),
+            Col("bytes per\nrank, GB", "right", give=1), Col(heads[2], "right")]
+    cells = [[r[0], r[1], cols_s[0][k], cols_s[1][k], fmt_gb(r[4]), cols_s[2][k]] for k, r in enumerate(rows)]
+    print_table(con, title, cols, cells, f"{GB_NOTE}.")
     notes = ["compute: the busiest rank (causal prefill: the last); comm: the same messages sent without compute; "
-             "bytes: sent + received by the busiest rank; decode: median over steps; bytes are exact (1 B = 1 byte)"]
+             "bytes: sent + received by the busiest rank (exact in --json); decode: median over steps"]
     if measured:
         notes.append(f"prefill comm hidden behind compute: the busiest rank waited {_secs(measured['prefill']['exposed_comm_s'])} "
                      f"of {_secs(measured['prefill']['wall_s'])}; {result.elapsed_s:.1f} s in all (incl. start-up)")

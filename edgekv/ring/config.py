@@ -43,8 +43,8 @@ class RingConfig:
             raise EdgekvError(f"--dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
         if not 0 <= self.port < 65536:
             raise EdgekvError(f"--port must be in 0..65535, got {self.port}")
-        if self.timeout_s <= 0:
-            raise EdgekvError(f"--timeout must be positive, got {self.timeout_s}")
+        if not 1 <= self.timeout_s <= 86400:  # below 1 s the local rendezvous itself times out (a C++ error)
+            raise EdgekvError(f"--timeout must be 1 to 86400 seconds, got {self.timeout_s}")
         if self.backend not in ("auto", "gloo", "nccl"):
             raise EdgekvError(f"backend must be auto, gloo or nccl, got {self.backend!r}")
 
