@@ -172,7 +172,8 @@ def test_a_folder_a_runner_cannot_load_fails_in_one_line(exports, tmp_path, runt
 
 
 def test_a_file_missing_from_the_manifest_too_is_named_by_the_runner(exports, tmp_path):
-    """Someone deleted genai_config.json and its manifest entry: the runner check still names it."""
+    """genai_config.json deleted with its `files` entry: loading refuses the runner file the manifest no longer
+    vouches for; deleted from runner_files too: the runner check still names it."""
     from edgekv.errors import EdgekvError
     from edgekv.export.genai import GenaiStepper
     from edgekv.export.manifest import write_manifest
@@ -182,6 +183,11 @@ def test_a_file_missing_from_the_manifest_too_is_named_by_the_runner(exports, tm
     m = load_export(d)
     (d / "genai_config.json").unlink()
     del m["files"]["genai_config.json"]
+    write_manifest(d, m)
+    with pytest.raises(EdgekvError, match="runner_files genai_config.json is not listed in `files`"):
+        load_export(d)
+    onnx = next(a for a in m["artifacts"] if a["format"] == "onnx")
+    onnx["runner_files"].remove("genai_config.json")
     write_manifest(d, m)
     with pytest.raises(EdgekvError, match="onnxruntime-genai needs genai_config.json, which is missing"):
         GenaiStepper(load_export(d), d)

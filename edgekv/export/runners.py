@@ -115,7 +115,9 @@ def require(manifest: dict, folder, runner: str) -> dict:
         what = f"its {arts[0]['file']} is edgekv's explicit-state variant" if arts else f"it has no {fmt} artifact"
         raise EdgekvError(f"{folder}: {runner} cannot load this export: {what}; "
                           + (reason if reason else f"export it with --runner {flag}"))
-    need = [a["file"]] + list(a.get("runner_files", []))
+    # what the runner opens whatever the manifest lists: GenAI its config and tokenizer files, the runner tokenizer.json
+    must = ["genai_config.json", "tokenizer.json", "tokenizer_config.json"] if runner == GENAI else ["tokenizer.json"]
+    need = list(dict.fromkeys([a["file"], *a.get("runner_files", []), *must]))
     for name in need:
         if not (Path(folder) / name).is_file():
             raise EdgekvError(f"{folder}: {runner} needs {name}, which is missing")
