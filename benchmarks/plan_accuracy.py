@@ -174,6 +174,8 @@ CASES = [
     ("kv-int4 SmolLM2-135M", "smollm2-135m", "kv-int4", "executorch", (1024, 8192)),
     ("window SmolLM2-135M", "smollm2-135m", "window:w=512,sinks=4", "ort", (1024, 8192)),
     ("mla SmolLM2-135M", "smollm2-135m", "mla", "ort", (1024, 8192)),
+    # Gemma 3's native state: 15 sliding layers of 512 slots (flat) + 3 global layers that grow with the context
+    ("kv fp32 Gemma-3-270M", "gemma-3-270m", "kv:dtype=fp32", "ort", (1024, 8192, 32768)),
 ]
 QUICK_CTX = (1024, 8192)
 

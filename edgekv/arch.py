@@ -133,6 +133,17 @@ class Arch:
     def kinds(self) -> set[str]:
         return {m.kind for b in self.blocks for m in b.mixers}
 
+    @property
+    def mlp_width(self) -> int:
+        """The widest MLP up projection's output width: transformers names it `*up_proj.weight`, GGUF
+        `blk.N.ffn_up.weight`; 4 x hidden when there is none."""
+        ups = [w.shape[0] for w in self.weights if w.name.endswith(UP_PROJ_NAMES)]
+        return max(ups, default=4 * self.hidden)
+
+
+# the names of an MLP's up projection: transformers' `up_proj` / `gate_up_proj`, GGUF's `ffn_up`
+UP_PROJ_NAMES = ("up_proj.weight", "ffn_up.weight")
+
 
 # ---- helpers that build weight lists like transformers' modules do ----
 
@@ -213,7 +224,7 @@ class Cfg:
 
 
 def _decoder(c: Cfg, mt: str) -> tuple[int, int, list[Block], list[Weight]]:
-    """Llama-family decoders: llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3(_text)."""
+    """Llama-family decoders: llama, mistral, qwen2, qwen3, phi3, smollm3, gemma2, gemma3(_text)."""
     hidden = c.int("hidden_size", "n_embd", "d_model")
     n_layers = c.int("num_hidden_layers", "n_layer", "num_layers")
     n_heads = c.int("num_attention_heads", "n_head")
@@ -224,10 +235,13 @@ def _decoder(c: Cfg, mt: str) -> tuple[int, int, list[Block], list[Weight]]:
     inter = c.int("intermediate_size")
     vocab = c.int("vocab_size")
     gemma = mt.startswith("gemma")
-    tied = bool(c.get("tie_word_embeddings", default=gemma))  # transformers: True for Gemma, False for the others
+    # transformers: True for Gemma and SmolLM3, False for the others
+    tied = bool(c.get("tie_word_embeddings", default=gemma or mt == "smollm3"))
     qkv_bias = {"qwen2": True}.get(mt, bool(c.get("attention_bias", default=False)))
     mlp_bias = bool(c.get("mlp_bias", default=False))
     for f in ("attention_chunk_size", "no_rope_layers", "moe_layers", "num_local_experts"):
+        if f == "no_rope_layers" and mt == "smollm3":  # SmolLM3's NoPE layers: the same weights and state
+            continue
         if c.get(f, default=None):  # Llama 4-style chunked attention / MoE fields: another layer pattern
             raise EdgekvError(f"{c.where}: '{f}' is set: edgekv's {mt} reader has dense, full or sliding attention "
                               "layers only and cannot read this layer pattern")
@@ -612,7 +626,7 @@ def _rwkv(c: Cfg, mt: str):
 
 
 READERS = {
-    "llama": _decoder, "mistral": _decoder, "qwen2": _decoder, "qwen3": _decoder, "phi3": _decoder,
+    "llama": _decoder, "mistral": _decoder, "qwen2": _decoder, "qwen3": _decoder, "phi3": _decoder, "smollm3": _decoder,
     "gemma2": _decoder, "gemma3": _decoder, "gemma3_text": _decoder,
     "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
     "mamba": _mamba, "mamba2": _mamba,
@@ -729,7 +743,7 @@ def read_config_json(path: str | Path) -> Arch:
 
 # the model types edgekv.models.llama exports (GQA + RoPE + RMSNorm + SwiGLU decoders), here so that torch-free code
 # (the planner's memory model) and the export module read the same list
-LLAMA_EXPORT_TYPES = ("llama", "mistral", "qwen2")
+LLAMA_EXPORT_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "smollm3")
 
 GGUF_ARCH = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
              "gemma3": "gemma3_text", "phi3": "phi3", "mamba": "mamba", "mamba2": "mamba2"}

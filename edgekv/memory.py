@@ -371,7 +371,7 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     + dequant/reconstruction scratch for one layer + the extra state copies alive during a call; or, where larger, the
     runtime's load-time transient (ORT packing a tied lm_head from the table's mapped pages)."""
     rt = _traits(arch, layout, strategy, runtime)
-    inter = max((w.shape[0] for w in arch.weights if w.name.endswith("up_proj.weight")), default=4 * arch.hidden)
+    inter = arch.mlp_width
     qkv = 0
     ssm_w = 0
     scores = 0

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from . import memory as M
 from .arch import LLAMA_EXPORT_TYPES, SSM, Arch, Attention, Block, Linear, catalog_arch, catalog_names
+from .models import MLA_CONVERTIBLE  # the export registry's own list (edgekv.models imports no torch)
 from .devices import DeviceProfile
 from .errors import EdgekvError
 from .quality import RISK_ORDER, past_trained, quality
@@ -160,8 +161,8 @@ def runtime_cost(name: str, arch: Arch, weights: str) -> tuple[str, dict | None,
 # module stores (edgekv/models/llama.py TORCH_DTYPES; mla.py fp32/fp16 latents; mamba.py STATE_DTYPES) and the
 # context limit read_llama / load_deepseek enforce (max_ctx <= max_position_embeddings).
 EXPORT_MODULES = {  # model_type -> (strategies its module takes, state dtypes it stores, refuses ctx > max_position)
-    **{t: (("kv", "kv-int8", "kv-int4", "kv-int2", "window", "mla"), ("fp32", "fp16"), True)
-       for t in LLAMA_EXPORT_TYPES},
+    **{t: (("kv", "kv-int8", "kv-int4", "kv-int2", "window") + (("mla",) if t in MLA_CONVERTIBLE else ()),
+           ("fp32", "fp16"), True) for t in LLAMA_EXPORT_TYPES},
     "deepseek_v2": (("mla",), ("fp32", "fp16"), True),
     "mamba": (("ssm",), ("fp32", "fp16", "bf16", "int8"), False),
     "mamba2": (("ssm",), ("fp32", "fp16", "bf16", "int8"), False),

@@ -64,8 +64,9 @@ def test_weight_quantization_changes_the_output_but_not_the_state_precision(resu
 def test_analytic_prediction_tracks_the_measured_state_error(result):
     _, res = result
     an = res["analytic"]
-    # an independent estimate (linear recurrence + rounding noise) against the measured error of the int8 state
-    assert an["measured_at"] > 0 and abs(an["error_pct"]) < 70
+    # an independent estimate (linear recurrence + rounding noise) against the measured error of the int8 state:
+    # measured -19.6 % on this fixture (2026-12-02), held to 30 %; a recurrence or noise term off by 2x is outside
+    assert an["measured_at"] > 0 and abs(an["error_pct"]) < 30
     for layer in an["layers"]:
         assert 0 < layer["decay_median"] < 1 and layer["saturation_tokens"] >= 1
         assert layer["bits_needed"] in (4, 6, 8, 10, 12, 16, ">16")
@@ -130,7 +131,9 @@ def test_the_weights_line_quantizes_as_the_export_does_even_where_the_weights_ar
         a = ref.module(tokens, torch.tensor([0]), *ref.module.empty_state())[0].log_softmax(-1)
         b = var.module(tokens, torch.tensor([0]), *var.module.empty_state())[0].log_softmax(-1)
     kl = (a.exp() * (a - b)).sum(-1).mean().item()
-    assert 1e-3 < kl < 2.0
+    # measured 0.64 nats over these 32 token ids (real text: 0.35, README); the old weights line gave 0, a wrong
+    # scale or code several nats
+    assert 0.2 < kl < 1.5
 
 
 def _by_role(layout, state):

@@ -91,3 +91,21 @@ def test_config_json_file_and_folder(tmp_path):
 def test_unknown_catalog_name_lists_the_catalog():
     with pytest.raises(EdgekvError, match="catalog models: .*smollm2-135m"):
         load_arch("gpt-5")
+
+
+def test_gguf_read_arch_equals_the_catalog_config_of_the_same_model(gguf_path):
+    """SmolLM2-135M read from its GGUF and from the catalog's config.json (HuggingFaceTB/SmolLM2-135M-Instruct) are the
+    same model: same blocks, widths and, where the planner uses it, the same MLP width (config intermediate_size 1536,
+    which GGUF stores as blk.N.ffn_up.weight [576 -> 1536]; not the 4 x hidden = 2304 fallback)."""
+    from edgekv.memory import workspace_bytes
+    from edgekv.strategies import build_layout, parse_strategy
+
+    g, c = read_gguf(gguf_path), catalog_arch("smollm2-135m")
+    assert (g.model_type, g.family, g.hidden, g.vocab, g.n_layers) == (c.model_type, c.family, c.hidden, c.vocab, c.n_layers)
+    assert g.blocks == c.blocks
+    assert g.mlp_width == c.mlp_width == catalog_entry("smollm2-135m")["config"]["intermediate_size"] == 1536
+    s = parse_strategy("kv")
+    for rt in ("onnxruntime", "executorch"):
+        wg = workspace_bytes(g, build_layout(g, s, 2048), s, rt, 512).value
+        wc = workspace_bytes(c, build_layout(c, s, 2048), s, rt, 512).value
+        assert wg == wc, rt

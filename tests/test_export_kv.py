@@ -19,7 +19,7 @@ from edgekv.errors import EdgekvError  # noqa: E402
 from edgekv.export.cli import cli  # noqa: E402
 from edgekv.export.manifest import load_export, validate  # noqa: E402
 from edgekv.export.pipeline import ExportOptions, export_model  # noqa: E402
-from edgekv.export.runtime import OrtStepper, PteStepper  # noqa: E402
+from edgekv.export.runtime import EagerStepper, OrtStepper, PteStepper  # noqa: E402
 
 VOCAB = 64
 
@@ -91,22 +91,69 @@ def test_export_verification_is_recorded_and_passed(tiny_export):
     assert any("[3/11] trace" in s for s in lines) and any("verify-pte" in s for s in lines)
 
 
-def test_manifest_declares_the_state_layout_and_every_file_hash(tiny_export):
-    from edgekv.arch import read_config_json
-    from edgekv.strategies import build_layout, parse_strategy
+def perturbed_onnx(tiny_export, tmp_path, factor):
+    """A deliberately wrong artifact: the export's model.onnx with its lm_head (the MatMul that makes `logits`)
+    multiplied by `factor`, written inline into a copy of the folder. Every logit is then `factor` x the right one:
+    the argmax never changes, and the max |difference| is exactly (factor - 1) x the logit scale."""
+    import onnx
+    from onnx import numpy_helper
 
+    d = copy_export(tiny_export, tmp_path)
+    model = onnx.load(str(d / "model.onnx"))
+    head = next(n for n in model.graph.node if list(n.output) == ["logits"])
+    assert head.op_type == "MatMul"
+    init = next(i for i in model.graph.initializer if i.name == head.input[1])
+    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * np.float32(factor), init.name))
+    (d / "model.onnx.data").unlink()
+    onnx.save(model, str(d / "model.onnx"))
+    return d
+
+
+@pytest.mark.parametrize("cache_dtype", ["float32", "float16", "float16-attention", "int8"])
+def test_verification_refuses_an_artifact_off_by_3_percent_of_the_logit_scale(tiny_export, tmp_path, cache_dtype):
+    """The export's verification against a deliberately wrong ONNX artifact (lm_head x 1.03): top-1 still agrees
+    everywhere, so only the max-|diff| limit can refuse it; 3 % of the logit scale is far outside what a float or an
+    8-bit cache's rounding moves (REL_TOL's measured 6e-4 .. 1.2e-2) and must be refused for each, while the
+    unperturbed artifact passes the same check."""
+    from edgekv.export.verify import verify
+    from edgekv.models import load_any
+    from edgekv.strategies import parse_strategy
+
+    _, out, manifest, _ = tiny_export
+    module = load_any(str(out.parent / "tiny"), parse_strategy("kv:dtype=fp32"), 64).module
+    prompt = [5, 9, 33, 12, 40, 7, 21, 3, 18, 50, 11]
+
+    def check(folder):
+        return verify(OrtStepper(manifest, folder, spin=False), EagerStepper(manifest, module), prompt, 6,
+                      cache_dtype, "onnxruntime")
+
+    good = check(out)
+    assert good["passed"] and good["max_abs_diff"] < 1e-4 * good["logit_scale"]
+    bad = check(perturbed_onnx(tiny_export, tmp_path, 1.03))
+    assert bad["top1_agreement"] == 1.0
+    assert bad["max_abs_diff"] == pytest.approx(0.03 * bad["logit_scale"], rel=1e-3)
+    assert not bad["passed"], bad
+    assert bad["tolerance"]["max_abs_diff_over_logit_scale"] <= 0.02
+
+
+def test_manifest_declares_the_state_layout_and_every_file_hash(tiny_export):
     _, out, _, _ = tiny_export
     m = json.loads((out / "manifest.json").read_text())
     validate(m)
-    layout = build_layout(read_config_json(out.parent / "tiny"), parse_strategy("kv:dtype=fp32"), 64)
-    assert m["state"] == layout.to_json()
+    # by hand from the fixture's config: 2 layers x (K, V), each [1, 2 KV heads, 64 slots, head_dim 16] fp32
+    # = 2 * 64 * 16 * 4 = 8,192 B; 4 tensors = 32,768 B
+    assert m["state"]["bytes"] == 32_768 and m["state"]["ctx"] == 64
+    assert [(t["input"], t["output"], t["shape"], t["dtype"], t["bytes"]) for t in m["state"]["tensors"]] == [
+        (f"past_key_values.{i}.{r}", f"present.{i}.{r}", [1, 2, 64, 16], "float32", 8192)
+        for i in range(2) for r in ("key", "value")]
+    state = [(t["input"], t["output"]) for t in m["state"]["tensors"]]
     assert sorted(m["files"]) == ["model.onnx", "model.onnx.data", "model.pte", "tokenizer.json"]
     for name, f in m["files"].items():
         data = (out / name).read_bytes()
         assert f == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     onnx_ep = m["artifacts"][0]["entry_points"][0]
-    assert [i["name"] for i in onnx_ep["inputs"]] == ["tokens", "pos"] + [t.name for t in layout.tensors] + ["rows"]
-    assert [o["name"] for o in onnx_ep["outputs"]] == ["logits"] + [t.output for t in layout.tensors]
+    assert [i["name"] for i in onnx_ep["inputs"]] == ["tokens", "pos"] + [i for i, _ in state] + ["rows"]
+    assert [o["name"] for o in onnx_ep["outputs"]] == ["logits"] + [o for _, o in state]
     assert onnx_ep["inputs"][0]["shape"] == [1, "seq"]
     # the rows whose logits come back: their own axis, and the logits' (edgekv.models.head)
     assert onnx_ep["inputs"][-1] == {"name": "rows", "dtype": "int64", "shape": ["rows"]}

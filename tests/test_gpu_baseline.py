@@ -17,10 +17,15 @@ def test_planner_bytes_equal_the_tensors_the_modules_allocate(tmp_path):
     assert len(out["runs"]) == 4
     for r in out["runs"]:
         assert r["measured_bytes"] == r["predicted"]["compared"], r
+    # and both equal what the models publish, by hand: SmolLM2-135M's 134,515,008 parameters (HF safetensors count)
+    # and its fp16 cache of 30 layers x (K, V) x 3 KV heads x ctx x head_dim 64; mamba-130m's fp32 safetensors
+    # (516,541,440 B) and its fp32 state of 24 layers x d_inner 1536 x (conv kernel 4 - 1 + d_state 16)
     kv = [r for r in out["runs"] if r["model"] == "smollm2-135m"]
-    assert kv[1]["state_bytes"] > kv[0]["state_bytes"]  # the cache grows with ctx
+    assert [r["param_bytes"] for r in kv] == [4 * 134_515_008] * 2
+    assert [r["state_bytes"] for r in kv] == [30 * 2 * 3 * c * 64 * 2 for c in (64, 300)]
     ssm = [r for r in out["runs"] if r["model"] == "mamba-130m"]
-    assert ssm[0]["state_bytes"] == ssm[1]["state_bytes"]  # the SSM state does not
+    assert [r["param_bytes"] for r in ssm] == [516_541_440] * 2
+    assert [r["state_bytes"] for r in ssm] == [24 * 1536 * (3 + 16) * 4] * 2  # flat in ctx
 
 
 def test_at_half_precision_the_matrices_are_fp16_and_the_planner_still_counts_every_byte(tmp_path):

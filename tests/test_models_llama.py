@@ -97,6 +97,8 @@ def test_state_is_exactly_the_strategy_layout(tmp_path):
     assert out[0].shape == (1, 2, 97)
     assert [tuple(t.shape) for t in out[1:]] == [t.shape for t in layout.tensors] == [(1, 2, 48, 16)] * 6
     assert [t.name for t in layout.tensors][:2] == ["past_key_values.0.key", "past_key_values.0.value"]
+    # by hand: 3 layers x (K, V) x 2 KV heads x 48 slots x head_dim 16 x 2 B (fp16)
+    assert layout.nbytes == sum(t.numel() * t.element_size() for t in out[1:]) == 3 * 2 * 2 * 48 * 16 * 2
 
 
 @pytest.mark.parametrize("spec,bits,group", [("kv-int8", 8, 0), ("kv-int4:group=8", 4, 8), ("kv-int2:group=8", 2, 8)])
@@ -180,6 +182,9 @@ def test_smollm2_layout_is_the_planners_layout(smollm2, gguf_path):
     ours = smollm2[0]
     assert ours.layout == build_layout(read_gguf(gguf_path), FP32, 128)
     assert ours.args.n_layers == 30 and ours.args.n_kv_heads == 3 and ours.args.tied
+    # by hand from SmolLM2-135M's published config: 30 layers x (K, V) x 3 KV heads x 128 slots x head_dim 64 x 4 B
+    assert ours.layout.nbytes == 30 * 2 * 3 * 128 * 64 * 4 == 5_898_240
+    assert {t.shape for t in ours.layout.tensors} == {(1, 3, 128, 64)}
 
 
 def test_sharded_safetensors_folder_loads_like_a_single_file(tmp_path):

@@ -164,7 +164,8 @@ def test_exportable_follows_what_export_builds():
     by = {(o["model"], o["strategy"]): o for o in out["options"]}
     assert by[("llama-3.2-1b", "kv")]["exportable"] is True
     assert by[("mamba-130m", "ssm")]["exportable"] is True
-    for m in ("gemma-3-1b", "qwen3-0.6b", "falcon-h1-0.5b", "zamba2-1.2b"):
+    assert by[("gemma-3-1b", "kv")]["exportable"] is True and by[("qwen3-0.6b", "kv")]["exportable"] is True
+    for m in ("phi-3-mini", "falcon-h1-0.5b", "zamba2-1.2b"):
         o = next(o for (mm, _), o in by.items() if mm == m)
         assert o["exportable"] is False and o["exportable_reason"], m
     # export refuses a max_ctx past max_position_embeddings: so does the plan's exportable

@@ -81,19 +81,83 @@ def test_repeats_with_adb_is_one_line(export_dir):
     assert p.returncode == 2 and "--repeats" in p.stderr and "Traceback" not in p.stderr
 
 
+# the export_dir model by hand (LlamaConfig: vocab 512, hidden 128, MLP 256, 2 layers, 4 heads of 32, 2 KV heads,
+# untied head): embedding and head 512 x 128 each; per layer q, o 128 x 128, k, v 128 x 64, gate, up, down 128 x 256,
+# two norms of 128; a final norm of 128
+TINY_EMB = 512 * 128
+TINY_LINEAR = 2 * (2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 256)
+TINY_SMALL = 2 * 2 * 128 + 128
+TINY_PARAMS = 2 * TINY_EMB + TINY_LINEAR + TINY_SMALL  # 426,624
+TINY_STATE = 2 * 2 * 2 * 512 * 32 * 2  # kv fp16 at max_ctx 512: layers x (K, V) x KV heads x slots x head_dim x 2 B
+
+
 def test_the_prediction_counts_the_weights_the_export_stored(export_dir):
-    """fp32 weights are 4 B per parameter (the export's own parameter count); an int4 export's are half a byte per
-    parameter plus block scales and what the planner keeps wider: under a byte per parameter, not the fp32 size."""
+    """fp32 weights are 4 B per parameter; int4 (the planner's ExecuTorch 8da4w layout): linear layers and the head
+    0.5 B + a fp16 scale per 32 weights, the embedding int8 with a fp16 scale per row, norms fp32. By hand from the
+    config, not from the manifest's own count."""
     import copy
 
     from edgekv.profile.run import predicted
 
     m = json.loads((export_dir / "manifest.json").read_text())
-    n = m["model"]["n_params"]
-    assert predicted(m, "ort")["weights"] == 4 * n
+    assert m["model"]["n_params"] == TINY_PARAMS == 426_624
+    p = predicted(m, "ort")
+    assert p["weights"] == 4 * TINY_PARAMS and p["state"] == TINY_STATE == 262_144
     q = copy.deepcopy(m)
     q["weights"]["dtype"] = "int4"
-    assert 0.5 * n < predicted(q, "ort")["weights"] < n
+    int4 = (TINY_EMB + 2 * 512) + (TINY_EMB + TINY_LINEAR) * (0.5 + 2 / 32) + 4 * TINY_SMALL
+    assert predicted(q, "ort")["weights"] == int4 == 271_872
+
+
+# a profile child whose memory is known: after its baseline it writes ALLOC[ctx] bytes (every page touched) and
+# reports what edgekv.profile.child reports
+KNOWN_CHILD = """
+import json, sys, time
+from edgekv.profile.procmem import hwm, reset_hwm, rss
+n = int(sys.argv[1])
+base = rss()
+reset_hwm()
+x = b"\\x01" * n
+peak = hwm()
+del x
+print(json.dumps({"status": "ok", "runtime_baseline_bytes": base, "peak_bytes": peak, "latencies_s": [0.01, 0.03],
+                  "after_load_bytes": base}))
+"""
+ALLOC = {128: 4_000_000, 512: 96_000_000}
+
+
+def test_profile_reports_a_known_allocation_against_the_prediction_with_the_right_sign(export_dir, monkeypatch):
+    """The report's numbers for children whose peak is known: measured = the allocation (+ at most 3 MB of the
+    interpreter's own), predicted = the planner's components summed, error_pct = (measured - predicted) / predicted
+    with its sign: below the prediction at ctx 128 (4 MB), above it at ctx 512 (96 MB); the roofline is the
+    bandwidth over the weights + state a decode step reads, by hand."""
+    import subprocess
+    import sys
+
+    from edgekv.profile import run as prun
+
+    def known_child(folder, runtime, ctx, steps, tokens, limit, threads, timeout=1800):
+        n = ALLOC[ctx + steps]
+        p = subprocess.run([sys.executable, "-c", KNOWN_CHILD, str(n)], capture_output=True, text=True, timeout=60)
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    monkeypatch.setattr(prun, "run_child", known_child)
+    monkeypatch.setattr(prun, "measure_bandwidth", lambda threads=None: 1e9)
+    rep = prun.profile(str(export_dir), [128, 512], 16, "ort", None, 1)
+    prun.validate_report(rep)
+    for run in rep["runs"]:
+        comp = run["predicted_components"]
+        assert comp["weights"] == 4 * TINY_PARAMS and comp["state"] == TINY_STATE
+        assert run["predicted_bytes"] == comp["weights"] + comp["state"] + comp["workspace"] + comp["load"]
+        assert 10e6 < run["predicted_bytes"] < 90e6  # ORT's 17 MB session + this model's 2 MB
+        n = ALLOC[run["ctx"]]
+        assert n <= run["measured_bytes"] <= n + 3_000_000
+        want = 100 * (n - run["predicted_bytes"]) / run["predicted_bytes"]
+        assert run["error_pct"] == pytest.approx(want, abs=100 * 3e6 / run["predicted_bytes"])
+        assert run["roofline_tokens_per_s"] == pytest.approx(1e9 / (4 * TINY_PARAMS + TINY_STATE))
+        assert run["tokens_per_s"] == pytest.approx(2 / 0.04) and run["fits"]
+    low, high = rep["runs"]
+    assert low["error_pct"] < 0 < high["error_pct"]
 
 
 def test_a_budget_too_small_is_demonstrated_not_assumed(export_dir):
@@ -164,11 +228,15 @@ def test_report_page_has_plan_measurement_and_baseline(export_dir, tmp_path):
     assert data["out"] == str(md) and data["ctx"] == 512
     assert data["baseline"]["gpu"] == "NVIDIA H100 SXM5 80 GB" and data["baseline"]["users"] >= 1
     assert [r["ctx"] for r in data["profile"]["runs"]] == [256, 512]
-    src = json.loads((export_dir / "manifest.json").read_text())["model"]["source"]
-    plan = json.loads(run_cli("plan", "--device", "pixel8", "--ctx", "512", "--model", src, "--strategy",
-                              data["strategy"], "--weights", "fp32", "--runtime", "onnxruntime", "--json",
-                              check=True).stdout)["options"]
-    assert len(plan) == 1 and {**plan[0], "device": "Google Pixel 8"} == data["plan"]
+    # the plan row: this model's weights and state by hand, the parts adding up to the total, set against the
+    # Pixel 8's app budget (3 GB: device_profiles/pixel8.toml, the low end of devices.md's 3-4 GB)
+    row = data["plan"]
+    b = row["bytes"]
+    assert row["device"] == "Google Pixel 8" and row["params"]["weights"] == "fp32"
+    assert b["weights"] == 4 * TINY_PARAMS and b["state"] == TINY_STATE
+    assert b["total"] == b["weights"] + b["state"] + b["workspace"] + b["load"] + b["runtime"]
+    assert row["budget_bytes"] == 3_000_000_000 and row["fits"] == (b["total"] <= 3e9)
+    assert row["headroom_bytes"] == 3_000_000_000 - b["total"]
 
 
 def test_the_ort_prefill_call_size_is_the_one_the_export_recorded(export_dir):

@@ -73,6 +73,33 @@ def test_score_reads_the_logits_that_predict_each_value_token():
     assert ok.tolist() == [int(lps[t.value_at + i - 1].argmax()) == t.value[i] for i in range(VALUE_LEN)]
 
 
+def test_summary_counts_a_trial_exact_only_when_every_value_token_is_right():
+    """summarise() over hand-made tallies: at distance 16 three trials with 6, 1 and 0 of VALUE_LEN = 6 value tokens
+    right, at 64 two trials with 5 and 6 right. accuracy = right tokens / all tokens, exact = trials with all 6 right
+    / trials, logprob the mean over all value tokens."""
+    from edgekv.analyze.recall import Tally, Trial
+    from edgekv.analyze.run import Variant
+
+    assert VALUE_LEN == 6
+    probe = RecallProbe.__new__(RecallProbe)  # the summary only: no model
+    base = parse_strategy("kv")
+    probe.model, probe.base, probe.chunk, probe.seed, probe.interrupted = "m", base, 8, 0, False
+    probe.variants = [Variant("reference", "state", base, 32)]
+
+    def row(n_right):
+        return torch.tensor([True] * n_right + [False] * (VALUE_LEN - n_right))
+
+    rights = [[6, 1, 0], [5, 6]]
+    tally = Tally([[row(k) for k in ks] for ks in rights],
+                  [[torch.full((VALUE_LEN,), -float(k)) for k in ks] for ks in rights])
+    trials = [[Trial([], d, "k", [], 0, 0, 0, 0) for d in (16, 64)]]
+    v = probe.summarise(trials, [tally], "hand")["variants"][0]
+    assert v["trials"] == [3, 2]
+    assert v["accuracy"] == pytest.approx([7 / 18, 11 / 12])
+    assert v["exact"] == pytest.approx([1 / 3, 1 / 2])
+    assert v["logprob"] == pytest.approx([-7 / 3, -11 / 2])
+
+
 @pytest.fixture(scope="module")
 def smollm2(gguf_path):
     torch.set_num_threads(1)

@@ -275,6 +275,43 @@ def test_cli_check_json_one_token_shards_multi_head():
     assert out["measured"]["prefill"]["bytes_per_rank"] == out["predicted"]["prefill"]["bytes_per_rank"]
 
 
+def test_check_reports_the_error_of_a_ring_that_is_wrong(monkeypatch):
+    """--check against a ring whose outputs are deliberately wrong by known amounts (0.25 in one prefill value of
+    layer 1, 0.5 in one decode value of layer 0): the check reports those errors, so it compares the ring with an
+    independent attention, not with itself; a right ring's reported error is its distance from the float64 textbook
+    attention (plain_causal_attention) to within fp32 rounding."""
+    import copy
+
+    from edgekv.ring import launch
+
+    cfg, res = RUNS["world2-ctx37-gqa"], ran("world2-ctx37-gqa")
+    good = launch.check_errors(res)
+    ref = reference_for(cfg)
+    assert good["prefill_max_abs_err"] == pytest.approx(
+        (res.prefill_out[0].double() - ref[:cfg.ctx]).abs().max().item(), abs=2e-6)
+    assert good["prefill_max_abs_err"] < 1e-5 and good["decode_max_abs_err"] < 1e-5
+    bad = copy.deepcopy(res)
+    bad.prefill_out[1][7, 2, 3] += 0.25
+    bad.decode_out[0][2, 1, 0] -= 0.5
+    errs = launch.check_errors(bad)
+    assert errs["prefill_max_abs_err"] == pytest.approx(0.25, abs=1e-4)
+    assert errs["decode_max_abs_err"] == pytest.approx(0.5, abs=1e-4)
+    # and the command prints what check_errors finds for the ring it ran
+    real = launch.run_ring
+
+    def wrong_ring(c, *a, **k):
+        out = real(c, *a, **k)
+        out.decode_out[0][0, 0, 0] += 0.5
+        return out
+
+    monkeypatch.setattr(launch, "run_ring", wrong_ring)
+    r = _invoke(["--world", "2", "--ctx", "6", "--heads", "2", "--kv-heads", "1", "--head-dim", "8",
+                 "--decode-steps", "2", "--check", "--json", "--timeout", "30"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["prefill_max_abs_err"] < 1e-5 and out["decode_max_abs_err"] == pytest.approx(0.5, abs=1e-4)
+
+
 def test_cli_predict_only_for_h100_starts_no_rank():
     from edgekv.devices import load_device
     try:

@@ -95,3 +95,63 @@ def test_state_names_follow_the_onnx_genai_convention():
     assert names == ["past_key_values.0.key", "past_key_values.0.key.scale", "past_key_values.0.key.zero"]
     outs = [t.output for t in build_layout(catalog_arch("mamba-130m"), parse_strategy("ssm"), 8).tensors[:2]]
     assert outs == ["present_conv.0", "present_ssm.0"]
+
+
+def test_rwkv_4_state_fp32_and_int8_by_hand():
+    # RWKV-4 169M: 12 layers of 5 rows of 768 (ffn shift, att shift, num, den, max); fp16 has no path: fp32.
+    # int8: 4 int8 rows + a fp32 scale per row + the fp32 max row
+    assert state("rwkv-4-169m-pile", "linear", 4096) == 12 * 5 * 768 * 4
+    assert state("rwkv-4-169m-pile", "linear:dtype=fp16", 4096) == 12 * 5 * 768 * 4
+    arch = catalog_arch("rwkv-4-169m-pile")
+    int8 = build_layout(arch, parse_strategy("linear:dtype=int8"), 64)
+    assert int8.nbytes == 12 * (4 * 768 + 4 * 4 + 768 * 4)
+    assert [t.shape for t in int8.tensors[:3]] == [(1, 4, 768), (1, 4, 1), (1, 1, 768)]
+
+
+def test_int8_ssm_state_by_hand():
+    # mamba-130m: int8 codes [1536, 16] + a fp32 scale per channel, beside the fp32 conv state; mamba2-1.3b per head
+    assert state("mamba-130m", "ssm:dtype=int8", 1) == 24 * (1536 * 16 + 1536 * 4 + 1536 * 3 * 4)
+    assert state("mamba2-1.3b", "ssm:dtype=int8", 1) == 48 * (64 * 64 * 128 + 64 * 64 * 4 + (4096 + 256) * 3 * 4)
+    assert state("mamba2-1.3b", "ssm:dtype=fp16", 1) == 48 * (64 * 64 * 128 * 2 + (4096 + 256) * 3 * 4)
+
+
+def test_converted_mla_rank_from_a_ratio_and_its_limits():
+    # Llama-3.2-1B: K and V rows per layer 2 x 8 x 64 = 1024; ratio 0.25 keeps 256
+    assert state("llama-3.2-1b", "mla:ratio=0.25", 1) == 16 * 256 * 2
+    assert state("llama-3.2-1b", "mla:rank=1024", 1) == 16 * 1024 * 2
+    import pytest
+
+    from edgekv.errors import EdgekvError
+    with pytest.raises(EdgekvError, match="between 1 and 1024"):
+        state("llama-3.2-1b", "mla:rank=1025", 1)
+
+
+def test_int8_cache_per_group_scales_and_the_fused_rule():
+    from edgekv.strategies import per_token_int8
+    # Llama-3.2-1B int8 in groups of 32: 64 codes + 2 fp16 scales per token, head and K/V; no zero points at 8 bits
+    assert state("llama-3.2-1b", "kv-int8:group=32", 1) == 2 * 16 * 8 * (64 + 2 * 2)
+    assert state("llama-3.2-1b", "kv-int2", 1) == 2 * 16 * 8 * (64 // 4 + 2 * 2 * 2)  # int2: 4 per byte
+    lay = build_layout(catalog_arch("llama-3.2-1b"), parse_strategy("kv-int8"), 1)
+    assert [(t.role, t.dtype, t.shape) for t in lay.tensors[:2]] == [("key", "int8", (1, 8, 1, 64)),
+                                                                      ("key.scale", "float16", (1, 8, 1, 1))]
+    assert per_token_int8(8, 0, 64) and per_token_int8(8, 64, 64)
+    assert not per_token_int8(8, 32, 64) and not per_token_int8(4, 0, 64)
+
+
+def test_hybrid_keeps_its_attention_in_the_strategy_dtype():
+    # Jamba-v0.1 at fp32: 4 attention layers of 8 KV heads x 128, 28 Mamba layers (d_inner 8192, d_state 16)
+    arch = catalog_arch("jamba-v0.1")
+    lay = build_layout(arch, parse_strategy("hybrid:dtype=fp32"), 1000)
+    kv = sum(t.nbytes for t in lay.tensors if t.role in ("key", "value"))
+    assert kv == 2 * 4 * 8 * 128 * 4 * 1000
+    assert lay.nbytes == kv + 28 * (8192 * 16 * 4 + 8192 * 3 * 4)
+
+
+def test_strategies_that_do_not_fit_the_model_say_so():
+    import pytest
+
+    from edgekv.strategies import NotApplicable
+    for model, spec in (("llama-3.2-1b", "ssm"), ("mamba-130m", "kv"), ("jamba-v0.1", "ssm"),
+                        ("llama-3.2-1b", "hybrid"), ("deepseek-v2-lite", "kv"), ("jamba-v0.1", "linear")):
+        with pytest.raises(NotApplicable):
+            state(model, spec, 8)

@@ -153,6 +153,40 @@ def test_window_memory_is_w_plus_s_at_any_max_ctx_and_generation_runs_to_max_ctx
         assert torch.allclose(ours[:, slot], hf_keys[:, p], atol=2e-3 * hf_keys.abs().max().item()), (slot, p)
 
 
+def test_exported_window_onnx_matches_eager_and_transformers_well_past_the_window(tmp_path):
+    """The default suite's version of the two-runtime test below: the ONNX artifact only (the .pte's lowering is the
+    slow part), the same window, prompt and 40 decode steps, against the eager module and transformers with the
+    mask."""
+    from edgekv.export.manifest import load_export
+    from edgekv.export.pipeline import ExportOptions, export_model
+    from edgekv.export.runtime import EagerStepper, OrtStepper
+
+    out = tmp_path / "win"
+    manifest = export_model(ExportOptions(model=str(TINY_LLAMA), strategy="window:w=16,sinks=4", formats=("onnx",),
+                                          max_ctx=128, out=out, prefill_chunk=16, threads=1), echo=lambda s: None)
+    assert manifest["verification"]["onnx"]["passed"]
+    # by hand: 4 layers x (K, V) of [1, 4 KV heads, 16 + 4 slots, head_dim 48], fp16
+    assert [t["shape"] for t in manifest["state"]["tensors"]] == [[1, 4, 20, 48]] * 8
+    assert manifest["state"]["bytes"] == 8 * 4 * 20 * 48 * 2
+    manifest = load_export(out)
+    module = load_model(str(TINY_LLAMA), parse_strategy("window:w=16,sinks=4"), 128).module
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(TINY_LLAMA), attn_implementation="eager").eval()
+    prompt = list(b"A rolling cache keeps the sinks and the last window of keys.")[:48]
+    art = OrtStepper(manifest, out, threads=1, spin=False)
+    eager = EagerStepper(manifest, module)
+    rows, erows = [art.prefill(prompt)], [eager.prefill(prompt)]
+    tokens = list(prompt)
+    for _ in range(40):
+        tokens.append(int(erows[-1][-1].argmax()))
+        rows.append(art.step([tokens[-1]], len(tokens) - 1))
+        erows.append(eager.step([tokens[-1]], len(tokens) - 1))
+    ours, mine = np.concatenate(rows), np.concatenate(erows)
+    assert np.abs(ours - mine).max() <= 2e-3 * np.abs(mine).max()  # verify.py's fp16 tolerance
+    want = masked_logits(ref, tokens, rule(16, 4)).numpy()
+    assert np.abs(ours - want).max() <= 5e-3 * np.abs(want).max()
+    assert (ours.argmax(-1) == want.argmax(-1)).mean() >= 0.98
+
+
 @pytest.mark.slow
 def test_exported_window_artifact_matches_eager_and_transformers_in_ort_and_executorch(tmp_path):
     """edgekv export of the tiny llama with window 16 + 4: the pipeline's own verification passes, and then, well

@@ -189,8 +189,8 @@ def _from_plan(cctx, device_name, model, strategy, formats, weights, prefill_chu
 @click.command("run")
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("-p", "--prompt", required=True, help="text to continue (tokenized with the export's tokenizer.json)")
-@click.option("-n", "--max-new-tokens", default=32, show_default=True, type=click.IntRange(1),
-              help="tokens to generate at most (greedy; stops early at the end-of-text token)")
+@click.option("-n", "--max-new-tokens", default=32, show_default=True, type=click.IntRange(0),
+              help="tokens to generate at most (greedy; stops early at the end-of-text token; 0: prefill only)")
 @click.option("--runtime", type=click.Choice(["ort", "executorch", "genai", "executorch-runner"]), default=None,
               help="runtime to run in (default: ort when the export has an ONNX model, else executorch). ort / "
               "executorch: edgekv's own loop over the explicit-state artifact; genai: ONNX Runtime GenAI's own loop "
@@ -200,7 +200,13 @@ def _from_plan(cctx, device_name, model, strategy, formats, weights, prefill_chu
               help="compute threads (ONNX Runtime intra-op, ExecuTorch XNNPACK threadpool); default: the runtime's")
 @click.option("--json", "as_json", is_flag=True,
               help="print one JSON object when done (text, token ids, prefill / decode speed) instead of streaming")
-def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json):
+@click.option("--save-state", "save_state", type=click.Path(dir_okay=False), default=None,
+              help="after the run, write the state (tensors, position, token ids) to this safetensors file; an "
+              "existing file is replaced only if it is an edgekv state file")
+@click.option("--resume", type=click.Path(dir_okay=False), default=None,
+              help="start from a state file written by --save-state for this export and runtime (checked first): "
+              "the prompt continues it")
+def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json, save_state, resume):
     """Greedy generation from an export folder: its runtime, manifest and tokenizer only (hashes checked)."""
     from .generate import generate, generate_with_runner, open_export
 
@@ -213,23 +219,48 @@ def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json):
     for module in needs.get(runtime, ("onnxruntime",)):
         _need(module)  # torch first, as in export
     _quiet()
-    stream = not as_json  # --json: one object when done, nothing streamed
-    emit = (lambda s: click.echo(s, nl=False)) if stream else None
-    after_prefill = (lambda: click.echo(prompt, nl=False)) if stream else None
+    if (save_state or resume) and runtime not in (None, "ort", "executorch"):
+        raise EdgekvError(f"--save-state / --resume need a runtime whose state is explicit I/O (ort, executorch); "
+                          f"{runtime} keeps its state inside")
     if runtime in ("genai", "executorch-runner"):  # the runtime's own generation loop and tokenizer
-        r = generate_with_runner(folder, runtime, prompt, max_new_tokens, threads, emit, after_prefill)
-    else:
-        manifest, stepper, tok = open_export(folder, runtime, threads)
-        runtime = stepper.runtime
-        r = generate(manifest, stepper, tok, prompt, max_new_tokens, emit=emit, after_prefill=after_prefill)
+        stream = not as_json
+        r = generate_with_runner(folder, runtime, prompt, max_new_tokens, threads,
+                                 (lambda s: click.echo(s, nl=False)) if stream else None,
+                                 (lambda: click.echo(prompt, nl=False)) if stream else None)
+        if as_json:
+            from ..render import print_json
+            print_json({"folder": str(folder), "runtime": runtime, "threads": threads, "prompt": prompt, **r})
+            return
+        click.echo()
+        rate = f", decode {r['decode_tok_s']:.1f} tok/s" if r["decode_tok_s"] else ""
+        click.echo(f"[{r['prompt_tokens']} prompt tokens, prefill {r['prefill_s'] * 1e3:.0f} ms; {r['new_tokens']} "
+                   f"new tokens{rate}; stopped at {r['stopped']}]", err=True)
+        return
+    manifest, stepper, tok = open_export(folder, runtime, threads)
+    start = None
+    if resume:
+        from . import statefile
+        start = statefile.load(resume, manifest, stepper)
+    stream = not as_json  # --json: one object when done, nothing streamed
+    r = generate(manifest, stepper, tok, prompt, max_new_tokens,
+                 emit=(lambda s: click.echo(s, nl=False)) if stream else None,
+                 after_prefill=(lambda: click.echo(prompt, nl=False)) if stream else None, start=start)
+    state_tokens, pending = r.pop("state_tokens"), r.pop("pending")
+    if save_state:
+        from . import statefile
+        r["saved_state"] = {"file": str(save_state), "position": len(state_tokens),
+                            "bytes": statefile.save(save_state, manifest, stepper, len(state_tokens), state_tokens,
+                                                    pending)}
     if as_json:
         from ..render import print_json
         print_json({"folder": str(folder), "runtime": runtime, "threads": threads, "prompt": prompt, **r})
         return
     click.echo()
     rate = f", decode {r['decode_tok_s']:.1f} tok/s" if r["decode_tok_s"] else ""
-    click.echo(f"[{r['prompt_tokens']} prompt tokens, prefill {r['prefill_s'] * 1e3:.0f} ms; {r['new_tokens']} new "
-               f"tokens{rate}; stopped at {r['stopped']}]", err=True)
+    resumed = f" after {r['resumed_at']} resumed" if resume else ""
+    saved = f"; state at position {len(state_tokens)} saved to {save_state}" if save_state else ""
+    click.echo(f"[{r['prompt_tokens']} prompt tokens{resumed}, prefill {r['prefill_s'] * 1e3:.0f} ms; "
+               f"{r['new_tokens']} new tokens{rate}; stopped at {r['stopped']}{saved}]", err=True)
 
 
 @click.group(cls=Group)

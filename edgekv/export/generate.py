@@ -51,26 +51,40 @@ def load_tokenizer(path: Path):
                           f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''})") from None
 
 
-def generate(manifest: dict, stepper, tok, prompt: str, max_new_tokens: int, emit=None, after_prefill=None) -> dict:
+def generate(manifest: dict, stepper, tok, prompt: str, max_new_tokens: int, emit=None, after_prefill=None,
+             start: dict | None = None) -> dict:
     """Greedy decoding; emit(text) receives each new piece of text as soon as it is complete UTF-8;
-    after_prefill() is called once the prompt is in the state (the runtime's own start-up logging is over by then)."""
+    after_prefill() is called once the prompt is in the state (the runtime's own start-up logging is over by then).
+    start: a state already in the stepper (edgekv.export.statefile.load: position, tokens, pending): the prompt
+    continues it (no BOS; the pending token, generated but not yet fed, goes first). max_new_tokens 0: prefill only.
+    The result's "state_tokens" are the ids the state holds afterwards and "pending" the last generated one (not
+    fed; -1 when none), what --save-state keeps."""
     t_info = manifest["tokenizer"]
     ids = tok.encode(prompt).ids
-    if t_info["add_bos_token"] and t_info["bos_token_id"] is not None and ids[:1] != [t_info["bos_token_id"]]:
+    pos0, history = 0, []
+    if start is not None:
+        pos0, history = start["position"], list(start["tokens"])
+        ids = ([start["pending"]] if start["pending"] >= 0 else []) + ids
+    elif t_info["add_bos_token"] and t_info["bos_token_id"] is not None and ids[:1] != [t_info["bos_token_id"]]:
         ids = [t_info["bos_token_id"]] + ids
     if not ids:
         raise EdgekvError("the prompt encodes to no tokens")
-    room = stepper.max_ctx - len(ids)
-    if room < 1:
-        raise EdgekvError(f"the prompt is {len(ids)} tokens; this export holds {stepper.max_ctx} (max_ctx)")
+    room = stepper.max_ctx - pos0 - len(ids)
+    if room < (1 if max_new_tokens else 0):
+        held = f" after the {pos0} resumed" if pos0 else ""
+        raise EdgekvError(f"the prompt is {len(ids)} tokens{held}; this export holds {stepper.max_ctx} (max_ctx)")
     n_new = min(max_new_tokens, room)
     eos = set(t_info["eos_token_ids"])
     t0 = time.perf_counter()
-    logits = stepper.prefill(ids, last=True)
+    logits = stepper.prefill(ids, pos=pos0, last=True)
     t_prefill = time.perf_counter() - t0
     if after_prefill:
         after_prefill()
-    out, shown, pos = [], "", len(ids)
+    out, shown, pos, text = [], "", pos0 + len(ids), ""
+    if not max_new_tokens:
+        return {"prompt_tokens": len(ids), "resumed_at": pos0, "new_tokens": 0, "tokens": [], "text": "",
+                "prefill_s": t_prefill, "prefill_tok_s": len(ids) / t_prefill if t_prefill > 0 else None,
+                "decode_tok_s": None, "stopped": "max_new_tokens", "state_tokens": history + ids, "pending": -1}
     # decode the new tokens after a little prompt context, so that decoders that join words (WordPiece,
     # SentencePiece) put the right separator before the first new token
     ctx = ids[-CONTEXT_TOKENS:]
@@ -90,8 +104,9 @@ def generate(manifest: dict, stepper, tok, prompt: str, max_new_tokens: int, emi
         pos += 1
     t_decode = time.perf_counter() - t1
     steps = len(out) - 1  # decode calls made (the first new token came from the prefill)
-    return {"prompt_tokens": len(ids), "new_tokens": len(out), "tokens": out,
+    return {"prompt_tokens": len(ids), "resumed_at": pos0, "new_tokens": len(out), "tokens": out,
             "text": text, "prefill_s": t_prefill,
             "prefill_tok_s": len(ids) / t_prefill if t_prefill > 0 else None,
             "decode_tok_s": steps / t_decode if steps and t_decode > 0 else None,
-            "stopped": "eos" if out[-1] in eos else ("max_ctx" if n_new < max_new_tokens else "max_new_tokens")}
+            "stopped": "eos" if out[-1] in eos else ("max_ctx" if n_new < max_new_tokens else "max_new_tokens"),
+            "state_tokens": history + ids + out[:-1], "pending": out[-1]}

@@ -157,11 +157,15 @@ def check_applies(spec: str, strategy, max_ctx: int) -> None:
     """One clear line before any stage runs when the strategy does not fit the model (ssm on a transformer, kv on
     Mamba): the model's Arch from its config.json or GGUF header, no weights read."""
     from ..arch import read_config_json, read_gguf
-    from ..models import layout_for
+    from ..models import check_strategy, family_of, layout_for
     from ..models.weights import resolve_model
 
     path = resolve_model(spec)
-    return layout_for(read_gguf(path) if path.suffix.lower() == ".gguf" else read_config_json(path), strategy, max_ctx)
+    family = family_of(path)  # a model type with an export module (edgekv.models.FAMILIES)
+    layout = layout_for(read_gguf(path) if path.suffix.lower() == ".gguf" else read_config_json(path), strategy,
+                        max_ctx)
+    check_strategy(family, strategy)  # whose module keeps this state
+    return layout
 
 
 def export_model(opts: ExportOptions, echo=print, status=None) -> dict:

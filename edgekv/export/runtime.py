@@ -137,6 +137,11 @@ class Stepper:
         n = len(tokens)
         return self._call(tokens, pos, [n - 1] if last else list(range(n)))
 
+    def state_arrays(self) -> list[np.ndarray]:
+        """The state tensors as numpy arrays in the manifest's order, sharing memory with the buffers the next call
+        reads (torch tensors through .numpy()): writing into them sets the state (edgekv.export.statefile)."""
+        return [s if isinstance(s, np.ndarray) else s.numpy() for s in self.state]
+
     def _pick(self, logits: np.ndarray, rows: list[int]) -> np.ndarray:
         """The artifact's logits [R, V] for `rows`; an export without the rows input gave every row: pick them."""
         return logits if self.rows_input else logits[rows]

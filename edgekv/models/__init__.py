@@ -1,21 +1,74 @@
 """Export-first torch modules and their weight loaders. Imports torch: never import this from the planner.
 
-    loaded = load_model("smollm2-135m", parse_strategy("kv:dtype=fp32"), max_ctx=512)
+    loaded = load_any("smollm2-135m", parse_strategy("kv:dtype=fp32"), max_ctx=512)
     logits, *state = loaded.module(tokens, pos, *loaded.module.empty_state())
+
+Families: every exportable model family is one entry of FAMILIES (below): the config.json model_types and GGUF
+architectures it reads, the strategies its module exports, how to read a checkpoint (`read`: weights, config, the
+module's args and the model's Arch) and how to build the loaded module for a StateLayout (`build`). The StateLayout
+itself is the planner's (edgekv.strategies.build_layout of the Arch `read` returns), so export, plan and profile
+count the same tensors. load_any picks the family by the checkpoint's model_type; a model type no family reads ends
+in one line naming those that are exported. This module imports no torch: `read` and `build` are "module:function"
+paths imported when used.
 """
 from __future__ import annotations
 
+import importlib
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import EdgekvError
 from ..jsonfile import read_json
 
+KV_STRATEGIES = ("kv", "kv-int8", "kv-int4", "kv-int2", "window")
+# the llama-family model types whose attention edgekv.models.mla.ConvertedMLA reproduces (no qk-norm, one RoPE base,
+# Llama's norms and MLP): mla on these converts the GQA cache to a latent
+MLA_CONVERTIBLE = ("llama", "mistral", "qwen2")
+
+
+@dataclass(frozen=True)
+class Family:
+    """One exportable model family (see the module docstring)."""
+    name: str
+    model_types: tuple[str, ...]  # config.json model_type values this family's module implements
+    strategies: tuple[str, ...]  # strategy names its module (or a routed one) exports
+    read: str  # "module:function" (spec, max_ctx) -> Source
+    build: str  # "module:function" (Source, StateLayout) -> the module with its weights loaded, in eval mode
+    gguf_archs: tuple[str, ...] = ()  # GGUF general.architecture values `read` reads
+    routes: tuple[tuple[str, str], ...] = ()  # (strategy, family): a strategy another family's module exports
+    what: str = ""  # one line for listings
+
+
+FAMILIES = (
+    Family("llama", ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "smollm3"), KV_STRATEGIES + ("mla",),
+           "edgekv.models:read_llama", "edgekv.models.llama:build", gguf_archs=("llama", "mistral", "qwen2", "gemma3"),
+           routes=(("mla", "converted-mla"),),
+           what="GQA + RoPE decoders: Llama-2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3 (qk-norm), Gemma 3 "
+                "(sliding + global layers), SmolLM3 (NoPE layers)"),
+    Family("converted-mla", (), ("mla",), "edgekv.models:read_llama", "edgekv.models.mla:build_converted",
+           what="a llama-family model with its KV converted to a low-rank latent (mla on a GQA model)"),
+    Family("deepseek-v2", ("deepseek_v2",), ("mla",), "edgekv.models.mla:read_deepseek",
+           "edgekv.models.mla:build_deepseek", what="native MLA"),
+    Family("mamba", ("mamba", "mamba2"), ("ssm",), "edgekv.models.mamba:read_mamba", "edgekv.models.mamba:build_mamba",
+           what="Mamba-1 / Mamba-2"),
+    Family("rwkv-4", ("rwkv",), ("linear",), "edgekv.models.recurrent:read_rwkv",
+           "edgekv.models.recurrent:build_rwkv", what="RWKV-4"),
+    Family("jamba", ("jamba",), ("hybrid",), "edgekv.models.hybrid:read_jamba", "edgekv.models.hybrid:build_jamba",
+           what="Mamba-1 + attention + MoE"),
+)
+FAMILY = {f.name: f for f in FAMILIES}
+
+
+def supported_line() -> str:
+    """Every exported model type, by family, in one line."""
+    return "; ".join(f"{f.name}: {', '.join(f.model_types)}" for f in FAMILIES if f.model_types)
+
 
 @dataclass
 class Loaded:
-    module: "object"  # edgekv.models.llama.Llama
-    args: "object"  # LlamaArgs
+    module: "object"  # the family's torch module (edgekv.models.llama.Llama, ...)
+    args: "object"  # its args dataclass (LlamaArgs, MambaArgs, ...)
     arch: "object"  # edgekv.arch.Arch (drives the StateLayout)
     layout: "object"  # StateLayout
     source: Path
@@ -23,17 +76,95 @@ class Loaded:
 
 
 @dataclass
-class LlamaSource:
-    """A Llama-family checkpoint read once: weights, config, the args the modules take, and its Arch."""
+class Source:
+    """A checkpoint read once: weights, config, the args the family's module takes, and its Arch."""
     path: Path
     fmt: str  # "gguf <stored tensor types>" | "safetensors"
     cfg: dict
     sd: dict
-    args: "object"  # LlamaArgs, llama.cpp rope factors applied
+    args: "object"  # the family's args (LlamaArgs: llama.cpp rope factors applied)
     arch: "object"  # edgekv.arch.Arch
 
 
-def read_llama(spec: str, max_ctx: int | None = None) -> LlamaSource:
+LlamaSource = Source
+
+
+def _function(path: str):
+    mod, name = path.split(":")
+    return getattr(importlib.import_module(mod), name)
+
+
+def gguf_architecture(path: Path) -> str:
+    """general.architecture of a GGUF file, from its header (gguf-py's GGUFReader parses every tensor's info first,
+    seconds on a large file). The GGUF spec (ggml/docs/gguf.md) has it as the first key/value, as every llama.cpp
+    writer puts it; otherwise the full reader finds it."""
+    try:
+        with open(path, "rb") as f:
+            magic, _version, _n_tensors, n_kv = struct.unpack("<4sIQQ", f.read(24))
+            if magic == b"GGUF" and n_kv:
+                (klen,) = struct.unpack("<Q", f.read(8))
+                key = f.read(klen)
+                (vtype,) = struct.unpack("<I", f.read(4))
+                if key == b"general.architecture" and vtype == 8:  # GGUF_TYPE_STRING
+                    (slen,) = struct.unpack("<Q", f.read(8))
+                    return f.read(slen).decode("utf-8")
+    except (OSError, struct.error, UnicodeDecodeError):
+        pass
+    import gguf
+    try:
+        return gguf.GGUFReader(str(path)).fields["general.architecture"].contents()
+    except Exception as e:  # the reader raises many kinds of error on a damaged file
+        raise EdgekvError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+
+
+def family_of(path: Path) -> Family:
+    """The family whose module reads this checkpoint (a resolved path: HF folder or .gguf)."""
+    if path.is_dir():
+        cfg = read_json(path / "config.json")
+        mt = cfg.get("model_type") if isinstance(cfg, dict) else None
+        for f in FAMILIES:
+            if mt in f.model_types:
+                return f
+        raise EdgekvError(f"{path}: model_type {mt!r} has no export module; exported: {supported_line()}")
+    arch = gguf_architecture(path)
+    for f in FAMILIES:
+        if arch in f.gguf_archs:
+            return f
+    archs = ", ".join(a for f in FAMILIES for a in f.gguf_archs)
+    raise EdgekvError(f"{path}: GGUF architecture {arch!r} has no export module (GGUF: {archs}; other families "
+                      f"load from an HF folder: {supported_line()})")
+
+
+def check_strategy(family: Family, strategy) -> Family:
+    """The family whose module exports the strategy (the family itself or its route), or one clear line."""
+    if strategy.name not in family.strategies:
+        raise EdgekvError(f"{strategy.label} does not apply to a {family.name}-family model "
+                          f"(its export module keeps: {', '.join(family.strategies)})")
+    return FAMILY[dict(family.routes).get(strategy.name, family.name)]
+
+
+def load_family(family: Family | str, spec: str, strategy, max_ctx: int) -> Loaded:
+    """Read spec with the family's reader, build the strategy's StateLayout from its Arch, build the module."""
+    fam = FAMILY[family] if isinstance(family, str) else family
+    src = _function(fam.read)(spec, max_ctx)
+    fam = check_strategy(fam, strategy)
+    layout = layout_for(src.arch, strategy, max_ctx)
+    module = _function(fam.build)(src, layout)
+    return Loaded(module, src.args, src.arch, layout, src.path, src.fmt)
+
+
+def load_any(spec: str, strategy, max_ctx: int) -> Loaded:
+    """The export module of spec's family (FAMILIES, by its config.json model_type or GGUF architecture) with the
+    strategy's state at max_ctx."""
+    from .weights import resolve_model
+
+    if max_ctx is not None and max_ctx < 1:
+        raise EdgekvError(f"max_ctx must be at least 1, got {max_ctx}")
+    fam = check_strategy(family_of(resolve_model(spec)), strategy)  # before any weight is read
+    return load_family(fam, spec, strategy, max_ctx)
+
+
+def read_llama(spec: str, max_ctx: int | None = None) -> Source:
     """Resolve spec (file, folder or packaged name) and read it; max_ctx is checked against the trained context."""
     from ..arch import arch_from_config, read_config_json
     from .llama import args_from_hf_config
@@ -57,7 +188,7 @@ def read_llama(spec: str, max_ctx: int | None = None) -> LlamaSource:
         raise EdgekvError(f"max_ctx {max_ctx} exceeds the model's trained context {args.max_position}")
     if args.tied:
         sd.pop("lm_head.weight", None)  # some tied checkpoints still store the (identical) head
-    return LlamaSource(path, fmt, cfg, sd, args, arch)
+    return Source(path, fmt, cfg, sd, args, arch)
 
 
 def layout_for(arch, strategy, max_ctx: int):
@@ -70,40 +201,5 @@ def layout_for(arch, strategy, max_ctx: int):
 
 
 def load_model(spec: str, strategy, max_ctx: int) -> Loaded:
-    """The Llama-family export module for spec with the strategy's state at max_ctx."""
-    from .llama import Llama
-    from .weights import load_strict
-
-    src = read_llama(spec, max_ctx)
-    layout = layout_for(src.arch, strategy, max_ctx)
-    module = Llama(src.args, layout)
-    return Loaded(load_strict(module, src.sd, src.path, src.args.model_type), src.args, src.arch, layout, src.path,
-                  src.fmt)
-
-
-def load_any(spec: str, strategy, max_ctx: int) -> Loaded:
-    """Pick the module for the model's family and the strategy: Llama family (kv, kv-int*, window), converted MLA
-    (mla on a GQA model), DeepSeek-V2 (native mla), Mamba-1/2 (ssm), RWKV-4 (linear), Jamba (hybrid)."""
-
-    from .weights import resolve_model
-
-    path = resolve_model(spec)
-    mt = "gguf"
-    if path.is_dir():
-        mt = read_json(path / "config.json").get("model_type")
-    if mt in ("mamba", "mamba2"):
-        from .mamba import load_mamba
-        return load_mamba(spec, strategy, max_ctx)
-    if mt == "rwkv":
-        from .recurrent import load_rwkv
-        return load_rwkv(spec, strategy, max_ctx)
-    if mt == "jamba":
-        from .hybrid import load_jamba
-        return load_jamba(spec, strategy, max_ctx)
-    if mt == "deepseek_v2":
-        from .mla import load_deepseek
-        return load_deepseek(spec, strategy, max_ctx)
-    if strategy.name == "mla":
-        from .mla import load_converted_mla
-        return load_converted_mla(spec, strategy, max_ctx)
-    return load_model(spec, strategy, max_ctx)
+    """The llama-family export module for spec with the strategy's state at max_ctx."""
+    return load_family("llama", spec, strategy, max_ctx)

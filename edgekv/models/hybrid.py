@@ -37,7 +37,7 @@ from ..errors import EdgekvError
 from ..strategies import StateLayout
 from .head import head, output_weight
 from .llama import RMSNorm
-from .mamba import Mamba1Mixer, MambaArgs, check_ssm_layout, empty_state, load_folder, load_strict, state_dtype
+from .mamba import Mamba1Mixer, MambaArgs, check_ssm_layout, empty_state, load_strict, read_folder, state_dtype
 from .mla import MoE, _slots, _SwiGLU, stack_experts
 
 
@@ -195,13 +195,12 @@ class Jamba(nn.Module):
         return (head(x, self.model.final_layernorm, w, rows), *new_state)
 
 
-def load_jamba(spec: str, strategy, max_ctx: int):
-    """An HF folder of a jamba model -> Loaded. strategy: hybrid (dtype fp32/fp16 for KV, state_dtype for SSM)."""
-    from . import Loaded
+def read_jamba(spec: str, max_ctx: int):
+    """An HF folder of a jamba model -> Source (edgekv.models.FAMILIES), experts stacked as the module keeps them."""
+    from . import Source
 
-    path, cfg, sd, arch, layout = load_folder(spec, strategy, max_ctx)
+    path, cfg, sd, arch = read_folder(spec, max_ctx)
     args = jamba_args(cfg, str(path / "config.json"))
-    module = Jamba(args, layout)
     for i, n_exp in enumerate(args.n_experts_per_block):
         if n_exp > 1:
             p = f"model.layers.{i}.feed_forward"
@@ -210,4 +209,14 @@ def load_jamba(spec: str, strategy, max_ctx: int):
                 sd[f"{p}.gate.weight"] = sd.pop(f"{p}.router.weight")
     if args.tied:
         sd.pop("lm_head.weight", None)
-    return Loaded(load_strict(module, sd, path, "jamba"), args, arch, layout, path, "safetensors")
+    return Source(path, "safetensors", cfg, sd, args, arch)
+
+
+def build_jamba(src, layout: StateLayout) -> "Jamba":
+    return load_strict(Jamba(src.args, layout), src.sd, src.path, "jamba")
+
+
+def load_jamba(spec: str, strategy, max_ctx: int):
+    """An HF folder of a jamba model -> Loaded. strategy: hybrid (dtype fp32/fp16 for KV, state_dtype for SSM)."""
+    from . import load_family
+    return load_family("jamba", spec, strategy, max_ctx)

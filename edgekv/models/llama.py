@@ -1,8 +1,17 @@
 """Llama-family decode step, written for export: forward(tokens, pos, *state) -> (logits, *new_state).
 
-Covers the decoders transformers builds as LlamaForCausalLM, Qwen2ForCausalLM and MistralForCausalLM (Llama-2/3.x,
-SmolLM2, Qwen2/2.5, Mistral): GQA attention with RoPE (default, linear or llama3 scaling, or llama.cpp's per-frequency
-`rope_freqs` factors), RMSNorm, a SwiGLU MLP and optional q/k/v biases.
+Covers the decoders transformers builds as LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM,
+Qwen3ForCausalLM and Gemma3ForCausalLM (Llama-2/3.x, SmolLM2, Qwen2/2.5, Mistral, Qwen3, Gemma 3 text): GQA attention
+with RoPE (default, linear or llama3 scaling, or llama.cpp's per-frequency `rope_freqs` factors), RMSNorm, a SwiGLU MLP
+and optional q/k/v biases; and the parts Qwen3 and Gemma 3 add (LlamaArgs):
+  - qk-norm (Qwen3, Gemma 3): an RMSNorm over each head's D channels of q and k, before RoPE.
+  - Gemma 3: RMSNorms that scale by (1 + w) (Gemma3RMSNorm), a norm after attention and around the MLP as well
+    (post_attention / pre_feedforward / post_feedforward), embeddings scaled by sqrt(d), a GeGLU MLP (gelu with the
+    tanh approximation), scores scaled by query_pre_attn_scalar^-1/2 instead of D^-1/2, separate RoPE bases for the
+    sliding layers (rope_local_base_freq, 10k) and the global ones (rope_theta, 1M), the final logits soft-capped
+    (tanh(x / cap) * cap) when final_logit_softcapping is set. Its sliding layers are Ring layers (below): W slots
+    each, the global layers one slot per position -- the model's native state.
+  - SmolLM3: NoPE layers (no_rope_layers[i] == 0: every 4th layer) attend without any rotary embedding.
 
 Shape symbols:
   C   tokens in this call (chunked prefill: C > 1; decode: C = 1)
@@ -42,7 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -78,6 +87,13 @@ class LlamaArgs:
     max_position: int | None = None
     model_type: str = "llama"
     windows: list[int | None] | None = None  # per layer: native sliding window in tokens, None = global
+    qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3)
+    gemma: bool = False  # (1 + w) norms, post-attention / pre- and post-MLP norms, sqrt(d)-scaled embeddings
+    act: str = "silu"  # the MLP's gate: silu (SwiGLU) | gelu_tanh (GeGLU, Gemma)
+    attn_scale: float | None = None  # the scores' scale; None: 1 / sqrt(head_dim)
+    final_softcap: float | None = None  # logits -> tanh(logits / cap) * cap
+    local_rope_theta: float | None = None  # RoPE base of the sliding-window layers (Gemma 3); None: rope_theta
+    rope_layers: list[bool] | None = None  # per layer: False = NoPE, no rotation at all (SmolLM3); None: all rotate
     rope_freq_factors: list[float] | None = field(default=None, repr=False)  # llama.cpp rope_freqs.weight (D/2)
 
     def __post_init__(self):
@@ -92,6 +108,26 @@ class LlamaArgs:
 
 
 SUPPORTED_TYPES = LLAMA_EXPORT_TYPES
+ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+
+
+def _gemma_rope(cfg: dict, where: str) -> tuple[dict, float]:
+    """Gemma 3's two RoPEs -> (the global layers' rope dict as the other models spell it, the local base).
+    transformers >= 5 nests them per layer type in rope_parameters ({"full_attention": {...}, "sliding_attention":
+    {...}}); published configs carry rope_theta, rope_local_base_freq and rope_scaling (the global layers' scaling),
+    with Gemma3TextConfig's defaults 1e6 and 1e4 (default_theta)."""
+    nested = cfg.get("rope_parameters") or {}
+    full = dict(nested.get("full_attention") or {})
+    local = dict(nested.get("sliding_attention") or {})
+    if cfg.get("rope_scaling"):
+        full.update(cfg["rope_scaling"])
+        if "type" in full and "rope_type" not in full:
+            full["rope_type"] = full["type"]
+    full.setdefault("rope_theta", cfg.get("rope_theta", 1_000_000.0))
+    local_theta = float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10_000.0)))
+    if local.get("rope_type", "default") != "default":
+        raise EdgekvError(f"{where}: sliding-layer rope type {local['rope_type']!r} is not supported (default)")
+    return full, local_theta
 
 
 def args_from_hf_config(cfg: dict, where: str = "config.json") -> LlamaArgs:
@@ -100,21 +136,33 @@ def args_from_hf_config(cfg: dict, where: str = "config.json") -> LlamaArgs:
     if mt not in SUPPORTED_TYPES:
         raise EdgekvError(f"{where}: model_type {mt!r} has no export module yet "
                           f"(supported: {', '.join(SUPPORTED_TYPES)})")
-    act = cfg.get("hidden_act", "silu")
-    if act not in ("silu", "swish"):
-        raise EdgekvError(f"{where}: hidden_act {act!r} is not supported (the llama module implements SwiGLU/silu)")
+    gemma = mt == "gemma3_text"
+    act = cfg.get("hidden_activation" if gemma else "hidden_act", "gelu_pytorch_tanh" if gemma else "silu")
+    if act not in ACTIVATIONS:
+        raise EdgekvError(f"{where}: activation {act!r} is not supported (the llama module implements "
+                          f"{', '.join(ACTIVATIONS)})")
+    if gemma and cfg.get("attn_logit_softcapping") is not None:
+        raise EdgekvError(f"{where}: attn_logit_softcapping is not supported (Gemma 3 checkpoints leave it unset)")
+    if gemma and cfg.get("use_bidirectional_attention"):
+        raise EdgekvError(f"{where}: use_bidirectional_attention (an encoder) is not a decoder to export")
 
     c = Cfg(cfg, where)
     need = c.int  # a required non-negative integer, one line naming it if missing
 
     hidden, n_heads = need("hidden_size"), need("num_attention_heads")
-    rope = dict(cfg.get("rope_parameters") or {})  # transformers >= 5
+    local_theta = None
+    if gemma:
+        rope, local_theta = _gemma_rope(cfg, where)
+        cfg = {k: v for k, v in cfg.items() if k not in ("rope_parameters", "rope_scaling")}
+    else:
+        rope = dict(cfg.get("rope_parameters") or {})  # transformers >= 5
     legacy = cfg.get("rope_scaling") or {}  # transformers 4.x / most checkpoints on the hub
     if legacy:
         rope.update(legacy)
         if "type" in legacy and "rope_type" not in legacy:
             rope["rope_type"] = legacy["type"]
-    theta = float(rope.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+    # SmolLM3Config.default_theta 2e6 where the config names none; the others' 1e4
+    theta = float(rope.pop("rope_theta", cfg.get("rope_theta", 2e6 if mt == "smollm3" else 10000.0)))
     rtype = rope.get("rope_type", "default")
     if rtype not in ("default", "linear", "llama3"):
         raise EdgekvError(f"{where}: rope type {rtype!r} is not supported yet (default, linear, llama3)")
@@ -126,30 +174,51 @@ def args_from_hf_config(cfg: dict, where: str = "config.json") -> LlamaArgs:
         rope_scaling=rope if rtype != "default" else None,
         qkv_bias=True if mt == "qwen2" else bool(cfg.get("attention_bias", False)),
         o_bias=False if mt == "qwen2" else bool(cfg.get("attention_bias", False)),
-        mlp_bias=bool(cfg.get("mlp_bias", False)), tied=bool(cfg.get("tie_word_embeddings", False)),
+        mlp_bias=bool(cfg.get("mlp_bias", False)), tied=bool(cfg.get("tie_word_embeddings", gemma)),
         max_position=cfg.get("max_position_embeddings"), model_type=mt,
         # the planner's own reading of which layers slide (edgekv.arch), so this module and its StateLayout agree
-        windows=_layer_windows(c, mt, need("num_hidden_layers")))
+        windows=_layer_windows(c, mt, need("num_hidden_layers")),
+        qk_norm=mt in ("qwen3", "gemma3_text"), gemma=gemma, act=ACTIVATIONS[act],
+        attn_scale=float(cfg.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma else None,
+        final_softcap=float(cfg["final_logit_softcapping"]) if gemma and cfg.get("final_logit_softcapping") else None,
+        local_rope_theta=local_theta, rope_layers=_rope_layers(cfg, mt, need("num_hidden_layers"), where))
+
+
+def _rope_layers(cfg: dict, mt: str, n: int, where: str) -> list[bool] | None:
+    """SmolLM3's no_rope_layers (1 = RoPE, 0 = NoPE; SmolLM3Config derives it from no_rope_layer_interval, default 4:
+    layer i rotates iff (i + 1) % 4 != 0) -> per layer whether it rotates; None for every other model type."""
+    if mt != "smollm3":
+        return None
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        every = int(cfg.get("no_rope_layer_interval", 4))
+        flags = [int((i + 1) % every != 0) for i in range(n)]
+    if len(flags) < n:
+        raise EdgekvError(f"{where}: no_rope_layers has {len(flags)} entries for {n} layers")
+    return [bool(f) for f in flags[:n]]
 
 
 # ---- building blocks ----
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight, in fp32 (transformers' LlamaRMSNorm)."""
+    """x / rms(x) * weight, in fp32 (transformers' LlamaRMSNorm); with offset 1, x / rms(x) * (1 + weight)
+    (Gemma3RMSNorm, whose stored weight is the difference from 1)."""
 
-    def __init__(self, d: int, eps: float):
+    def __init__(self, d: int, eps: float, offset: float = 0.0):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(d))
         self.eps = eps
+        self.offset = offset
         # the ONNX trace (Llama.onnx_gqa): x / sqrt(mean(x^2) + eps) * weight over the last dim, the pattern ONNX
         # Runtime fuses into (Skip)SimplifiedLayerNormalization (one node with the residual add, instead of eight)
         self.onnx_form = False
 
     def forward(self, x):  # [..., d] -> [..., d]
         x32 = x.float()
+        w = self.weight + self.offset if self.offset else self.weight
         if self.onnx_form:
-            return self.weight * (x32 / torch.sqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+            return w * (x32 / torch.sqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
         sq = x32.pow(2)
         if sq.dim() == 3:  # [1, C, d] -> [1, C, 1, d]: a mean over the two innermost dims of a 4-D tensor is the
             b, c, d = sq.shape  # only mean XNNPACK delegates
@@ -157,7 +226,7 @@ class RMSNorm(nn.Module):
             ms = sq.view(b, -1, 1, d).mean((2, 3), keepdim=True).view(b, -1, 1)
         else:
             ms = sq.mean(-1, keepdim=True)
-        return self.weight * (x32 * torch.rsqrt(ms + self.eps)).to(x.dtype)
+        return w * (x32 * torch.rsqrt(ms + self.eps)).to(x.dtype)
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,6 +272,12 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(a.hidden, a.n_kv_heads * a.head_dim, bias=a.qkv_bias)
         self.v_proj = nn.Linear(a.hidden, a.n_kv_heads * a.head_dim, bias=a.qkv_bias)
         self.o_proj = nn.Linear(a.n_heads * a.head_dim, a.hidden, bias=a.o_bias)
+        self.scale = a.attn_scale if a.attn_scale is not None else 1.0 / math.sqrt(a.head_dim)
+        if a.qk_norm:  # per head, over D (Qwen3RMSNorm / Gemma3RMSNorm of q and k)
+            off = 1.0 if a.gemma else 0.0
+            self.q_norm, self.k_norm = RMSNorm(a.head_dim, a.rms_eps, off), RMSNorm(a.head_dim, a.rms_eps, off)
+        else:
+            self.q_norm = self.k_norm = None
 
     @staticmethod
     def _write(cache, new, write, keep):
@@ -230,6 +305,10 @@ class Attention(nn.Module):
         """q [1, C, H*D], k, v [1, C, Hkv*D] -> q [C, H, D], k, v [C, Hkv, D], q and k rotated (RoPE at their
         absolute positions)."""
         q, k, v = q.reshape(-1, self.h, self.dh), k.reshape(-1, self.hkv, self.dh), v.reshape(-1, self.hkv, self.dh)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if cos is None:  # a NoPE layer (SmolLM3)
+            return q, k, v
         return q * cos + self._half(q, rot) * sin, k * cos + self._half(k, rot) * sin, v
 
     def _half(self, x, rot=None):
@@ -262,7 +341,7 @@ class Attention(nn.Module):
         # ONNX Runtime GenAI's models have it: one weight read and one kernel call instead of three
         qkv = self.qkv_proj(x)
         dt = k_cache.dtype
-        attrs = {"num_heads": self.h, "kv_num_heads": self.hkv, "scale": 1.0 / math.sqrt(self.dh)}
+        attrs = {"num_heads": self.h, "kv_num_heads": self.hkv, "scale": self.scale}
         if rope is not None:
             # fp32 cache: the packed q/k/v go in as they are and the op rotates q and k itself (do_rotary, from
             # rope = (cos, sin) tables [max_ctx, D/2] of the same inv_freq, at positions pos..pos+C-1)
@@ -344,7 +423,7 @@ class Attention(nn.Module):
         if perm is not None:
             q = (q.reshape(-1, self.dh) @ perm).reshape(-1, self.h, self.dh)
         qg = q.view(-1, self.hkv, g, self.dh).permute(1, 0, 2, 3)  # [Hkv, C, G, D]
-        out = torch.ops.llama.custom_sdpa(qg, kc, vc, start, None, 0.0, True, 1.0 / math.sqrt(self.dh))
+        out = torch.ops.llama.custom_sdpa(qg, kc, vc, start, None, 0.0, True, self.scale)
         if perm is not None:
             out = (out.reshape(-1, self.dh) @ perm.t()).reshape(out.shape)
         out = out.permute(1, 0, 2, 3).reshape(1, -1, self.h * self.dh)
@@ -364,7 +443,7 @@ class Attention(nn.Module):
         v_state, vf = put(self._write, v, v_state, write, keep)
         # query head h = kv*G + g (repeat_kv's order) -> row g*C + c of KV head kv
         qg = q.view(c, self.hkv, g, self.dh).permute(1, 2, 0, 3).reshape(self.hkv, g * c, self.dh)
-        scores = torch.bmm(qg, kf.transpose(1, 2)) * (1.0 / math.sqrt(self.dh)) + mask  # [Hkv, G*C, T (+C)]
+        scores = torch.bmm(qg, kf.transpose(1, 2)) * self.scale + mask  # [Hkv, G*C, T (+C)]
         out = torch.bmm(torch.softmax(scores, dim=-1), vf)  # [Hkv, G*C, D]
         out = out.view(self.hkv, g, c, self.dh).permute(2, 0, 1, 3).reshape(1, c, self.h * self.dh)
         return self.o_proj(out), k_state, v_state
@@ -406,16 +485,29 @@ class KVFormat:
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)); GeGLU (Gemma) with gelu's tanh approximation for silu."""
 
     def __init__(self, a: LlamaArgs):
         super().__init__()
         self.gate_proj = nn.Linear(a.hidden, a.intermediate, bias=a.mlp_bias)
         self.up_proj = nn.Linear(a.hidden, a.intermediate, bias=a.mlp_bias)
         self.down_proj = nn.Linear(a.intermediate, a.hidden, bias=a.mlp_bias)
+        self.gelu = getattr(a, "act", "silu") == "gelu_tanh"  # other modules reuse this MLP with their own args
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        g = self.gate_proj(x)
+        return self.down_proj((gelu_tanh(g) if self.gelu else F.silu(g)) * self.up_proj(x))
+
+
+GELU_BETA = math.sqrt(2.0 / math.pi)
+
+
+def gelu_tanh(x):
+    """gelu with the tanh approximation (transformers' gelu_pytorch_tanh), written out as torch computes it:
+    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Not F.gelu(approximate="tanh"): ExecuTorch 1.5.1's XNNPACK
+    delegate lowers that to the erf gelu (on [-6, 6]: 4.7e-4 from the tanh form, 1e-6 from erf's), while its tanh,
+    mul and add are exact to ~5e-7."""
+    return 0.5 * x * (1.0 + torch.tanh(GELU_BETA * (x + 0.044715 * (x * x * x))))
 
 
 class Block(nn.Module):
@@ -423,8 +515,21 @@ class Block(nn.Module):
         super().__init__()
         self.self_attn = Attention(a)
         self.mlp = MLP(a)
-        self.input_layernorm = RMSNorm(a.hidden, a.rms_eps)
-        self.post_attention_layernorm = RMSNorm(a.hidden, a.rms_eps)
+        off = 1.0 if a.gemma else 0.0
+        self.input_layernorm = RMSNorm(a.hidden, a.rms_eps, off)
+        self.post_attention_layernorm = RMSNorm(a.hidden, a.rms_eps, off)
+        if a.gemma:  # Gemma3DecoderLayer: post_attention_layernorm normalises the attention output instead
+            self.pre_feedforward_layernorm = RMSNorm(a.hidden, a.rms_eps, off)
+            self.post_feedforward_layernorm = RMSNorm(a.hidden, a.rms_eps, off)
+        self.gemma = a.gemma
+
+    def residual(self, x, h):
+        """x + the attention output h, then the MLP's residual: x -> the block's output."""
+        if self.gemma:
+            x = x + self.post_attention_layernorm(h)
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class Body(nn.Module):
@@ -434,7 +539,7 @@ class Body(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(a.vocab, a.hidden)
         self.layers = nn.ModuleList(Block(a) for _ in range(a.n_layers))
-        self.norm = RMSNorm(a.hidden, a.rms_eps)
+        self.norm = RMSNorm(a.hidden, a.rms_eps, 1.0 if a.gemma else 0.0)
 
 
 # ---- rolling (ring-buffer) layers ----
@@ -558,6 +663,12 @@ class Llama(nn.Module):
         self.model = Body(args)
         self.lm_head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
+        # Gemma 3: the sliding layers' own RoPE base (default rope, no scaling)
+        self.local_rope = args.local_rope_theta is not None
+        if self.local_rope:
+            local = replace(args, rope_theta=args.local_rope_theta, rope_scaling=None, rope_freq_factors=None)
+            self.register_buffer("inv_freq_local", rope_inv_freq(local), persistent=False)
+        self.embed_scale = args.hidden ** 0.5 if args.gemma else None  # Gemma3TextScaledWordEmbedding
         self.gqa = False  # set only while tracing for ONNX (onnx_gqa): every layer becomes GroupQueryAttention
         self.et_ops = False  # set only while tracing for ExecuTorch (executorch_ops): LLM kernels, in place
 
@@ -596,7 +707,10 @@ class Llama(nn.Module):
                     if qkv.bias is not None:
                         qkv.bias.copy_(torch.cat([p.bias for p in parts]))
                 at.qkv_proj = qkv
-            if fused and self.kv.dtype == torch.float32:  # the op's rotary tables, [max_ctx, D/2], initializers
+            # the op's rotary tables, [max_ctx, D/2], initializers (one RoPE for every layer, none between the
+            # projection and the rotation: a qk-norm or a second RoPE base rotates in the graph instead)
+            if fused and self.kv.dtype == torch.float32 and not self.args.qk_norm and not self.local_rope \
+                    and self.args.rope_layers is None:
                 freqs = torch.arange(self.layout.ctx, dtype=torch.int64).float()[:, None] * self.inv_freq[None, :]
                 self.register_buffer("gqa_cos", freqs.cos(), persistent=False)
                 self.register_buffer("gqa_sin", freqs.sin(), persistent=False)
@@ -670,13 +784,23 @@ class Llama(nn.Module):
             plans[ring] = ring.plan(pos, positions, g, self.cache_dtype)
         cos, sin = rope_cos_sin(positions, self.inv_freq)
         cos, sin = cos[:, None, :], sin[:, None, :]  # [C, 1, D]
+        if self.local_rope:
+            lcos, lsin = rope_cos_sin(positions, self.inv_freq_local)
+            lcos, lsin = lcos[:, None, :], lsin[:, None, :]
+        g_cos, g_sin = cos, sin
 
         x = self.model.embed_tokens(tokens)  # [1, C, d]
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
         new_state = []
         n = self.kv.n  # state tensors per key (and per value)
+        windows = self.args.windows or [None] * self.args.n_layers
         for i, blk in enumerate(self.model.layers):
             b = 2 * n * i
             ring = self.rings[i]
+            cos, sin = (lcos, lsin) if self.local_rope and windows[i] is not None else (g_cos, g_sin)
+            if self.args.rope_layers is not None and not self.args.rope_layers[i]:
+                cos = sin = None  # NoPE
             if self.et_ops:
                 h, k, v = blk.self_attn.custom(blk.input_layernorm(x), cos, sin, start, positions,
                                                state[b:b + n], state[b + n:b + 2 * n], self.kv, self.rope_rot, zero,
@@ -687,8 +811,16 @@ class Llama(nn.Module):
             else:
                 h, k, v = blk.self_attn(blk.input_layernorm(x), cos, sin, *plans[ring],
                                         state[b:b + n], state[b + n:b + 2 * n], self.kv, ring is not None)
-            x = x + h
-            x = x + blk.mlp(blk.post_attention_layernorm(x))
+            x = blk.residual(x, h)
             new_state += [*k, *v]
         w = output_weight(self.model.embed_tokens, self.lm_head)
-        return (head(x, self.model.norm, w, rows), *new_state)
+        logits = head(x, self.model.norm, w, rows)
+        if self.args.final_softcap is not None:
+            logits = torch.tanh(logits / self.args.final_softcap) * self.args.final_softcap
+        return (logits, *new_state)
+
+
+def build(src, layout: StateLayout) -> Llama:
+    """The family registry's builder (edgekv.models.FAMILIES): the module for the layout, src's weights loaded."""
+    from .weights import load_strict
+    return load_strict(Llama(src.args, layout), src.sd, src.path, src.args.model_type)

