@@ -153,7 +153,7 @@ def strategy_entry(strategy, module) -> dict:
     return out
 
 
-def check_applies(spec: str, strategy, max_ctx: int) -> None:
+def check_applies(spec: str, strategy, max_ctx: int):
     """One clear line before any stage runs when the strategy does not fit the model (ssm on a transformer, kv on
     Mamba): the model's Arch from its config.json or GGUF header, no weights read."""
     from ..arch import read_config_json, read_gguf
