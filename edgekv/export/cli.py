@@ -253,7 +253,7 @@ def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json, save_stat
                                                     pending)}
     if as_json:
         from ..render import print_json
-        print_json({"folder": str(folder), "runtime": runtime, "threads": threads, "prompt": prompt, **r})
+        print_json({"folder": str(folder), "runtime": stepper.runtime, "threads": threads, "prompt": prompt, **r})
         return
     click.echo()
     rate = f", decode {r['decode_tok_s']:.1f} tok/s" if r["decode_tok_s"] else ""
