@@ -390,7 +390,7 @@ class Work:
                 raise RuntimeError("GenAI rows are built from a GGUF model (through an HF folder of its weights)")
             import importlib.util
             if importlib.util.find_spec("onnxruntime_genai") is None:
-                raise RuntimeError("onnxruntime-genai is not installed (pip install -r requirements-bench.lock)")
+                raise RuntimeError("onnxruntime-genai is not installed (pip install -r requirements.lock)")
             hf = self.hf_folder()
             tmp = folder.with_name(folder.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)

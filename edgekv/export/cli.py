@@ -81,6 +81,11 @@ def _need(module: str) -> None:
               "phones), its runtime's format (pte for executorch, onnx for onnxruntime) and prefill chunk (128), "
               "wherever the option is not given; prints the plan command whose row the artifact is "
               "(default: none, the defaults shown here)")
+@click.option("--runner", "runners", default=None,
+              help="also make the artifact a runtime's own LLM API loads: genai (the ONNX folder for ONNX Runtime "
+              "GenAI: genai_config.json, tokenizer_config.json, a graph fed input_ids / attention_mask; plain float "
+              "kv), executorch (a .pte for ExecuTorch's LLM runner / LlmModule: the cache in the program's buffers, "
+              "its metadata methods; kv and kv-int8/int4/int2); comma-separated (default: none)")
 @click.option("-t", "--threads", type=click.IntRange(1), default=None,
               help="compute threads for tracing and verification (torch, ONNX Runtime, XNNPACK); on a machine "
               "shared with other jobs, 1 avoids thread-barrier stalls (default: the libraries' own)")
@@ -89,7 +94,7 @@ def _need(module: str) -> None:
               "the stage lines stay on stderr, the progress bar is off")
 @click.pass_context
 def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefill_chunk, verify_steps, force, weights,
-               from_plan, threads, as_json):
+               from_plan, runners, threads, as_json):
     """Export a model's decode step (state as explicit inputs/outputs) to ONNX and/or ExecuTorch, verify it
     against eager PyTorch, and write manifest.json + tokenizer.json beside it."""
     from pathlib import Path
@@ -103,11 +108,15 @@ def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefi
     _need("torch")  # first: torch configures its loggers on import, _quiet then quiets them
     _quiet()
     from .pipeline import ExportOptions, export_model, parse_formats, strategy_spec
+    from .runners import parse_runners
 
-    opts = ExportOptions(model=model, strategy=strategy_spec(strategy, rank, window), formats=parse_formats(formats),
+    fmts = parse_formats(formats)
+    opts = ExportOptions(model=model, strategy=strategy_spec(strategy, rank, window), formats=fmts,
                          max_ctx=parse_ctx(max_ctx),
                          out=Path(out), prefill_chunk=prefill_chunk, verify_steps=verify_steps, force=force,
-                         threads=threads, weights=weights)
+                         threads=threads, weights=weights, runners=parse_runners(runners, fmts))
+    if "genai" in opts.runners:
+        _need("onnxruntime_genai")
     from ..progress import stage_status
     _stop_on_sigterm()
     bar, status = stage_status("export", enabled=not as_json)
@@ -135,6 +144,10 @@ def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefi
     for fmt, v in m.get("weight_quality", {}).items():
         click.echo(f"{v['weights']} weights ({fmt}) vs fp32 over {v['positions']} positions of real text: top-1 "
                    f"{v['top1_agreement']:.1%}, KL mean {v['kl_mean']:.3g} nats")
+    click.echo("loaded by: " + "; ".join(f"{a['file']}: {', '.join(a.get('runners', ['edgekv']))}"
+                                         for a in m["artifacts"]))
+    for runner, why in m.get("runners_unsupported", {}).items():
+        click.echo(f"not for {runner}: {why}")
     if plan_cmd:
         click.echo(f"the plan row this artifact is: {plan_cmd}")
 
@@ -178,8 +191,11 @@ def _from_plan(cctx, device_name, model, strategy, formats, weights, prefill_chu
 @click.option("-p", "--prompt", required=True, help="text to continue (tokenized with the export's tokenizer.json)")
 @click.option("-n", "--max-new-tokens", default=32, show_default=True, type=click.IntRange(0),
               help="tokens to generate at most (greedy; stops early at the end-of-text token; 0: prefill only)")
-@click.option("--runtime", type=click.Choice(["ort", "executorch"]), default=None,
-              help="runtime to run in (default: ort when the export has an ONNX model, else executorch)")
+@click.option("--runtime", type=click.Choice(["ort", "executorch", "genai", "executorch-runner"]), default=None,
+              help="runtime to run in (default: ort when the export has an ONNX model, else executorch). ort / "
+              "executorch: edgekv's own loop over the explicit-state artifact; genai: ONNX Runtime GenAI's own loop "
+              "and tokenizer (an export made with --runner genai); executorch-runner: ExecuTorch's LLM runner, "
+              "TextLLMRunner (--runner executorch)")
 @click.option("-t", "--threads", type=click.IntRange(1), default=None,
               help="compute threads (ONNX Runtime intra-op, ExecuTorch XNNPACK threadpool); default: the runtime's")
 @click.option("--json", "as_json", is_flag=True,
@@ -192,18 +208,34 @@ def _from_plan(cctx, device_name, model, strategy, formats, weights, prefill_chu
               "the prompt continues it")
 def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json, save_state, resume):
     """Greedy generation from an export folder: its runtime, manifest and tokenizer only (hashes checked)."""
-    from .generate import generate, open_export
+    from .generate import generate, generate_with_runner, open_export
 
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError:  # bytes that are not UTF-8 reach Python as lone surrogates
         raise EdgekvError("--prompt is not valid UTF-8 text") from None
-    for module in (("torch", "executorch") if runtime == "executorch" else ("onnxruntime",)):
+    needs = {"executorch": ("torch", "executorch"), "executorch-runner": ("torch", "executorch"),
+             "genai": ("onnxruntime_genai",)}
+    for module in needs.get(runtime, ("onnxruntime",)):
         _need(module)  # torch first, as in export
     _quiet()
     if (save_state or resume) and runtime not in (None, "ort", "executorch"):
         raise EdgekvError(f"--save-state / --resume need a runtime whose state is explicit I/O (ort, executorch); "
                           f"{runtime} keeps its state inside")
+    if runtime in ("genai", "executorch-runner"):  # the runtime's own generation loop and tokenizer
+        stream = not as_json
+        r = generate_with_runner(folder, runtime, prompt, max_new_tokens, threads,
+                                 (lambda s: click.echo(s, nl=False)) if stream else None,
+                                 (lambda: click.echo(prompt, nl=False)) if stream else None)
+        if as_json:
+            from ..render import print_json
+            print_json({"folder": str(folder), "runtime": runtime, "threads": threads, "prompt": prompt, **r})
+            return
+        click.echo()
+        rate = f", decode {r['decode_tok_s']:.1f} tok/s" if r["decode_tok_s"] else ""
+        click.echo(f"[{r['prompt_tokens']} prompt tokens, prefill {r['prefill_s'] * 1e3:.0f} ms; {r['new_tokens']} "
+                   f"new tokens{rate}; stopped at {r['stopped']}]", err=True)
+        return
     manifest, stepper, tok = open_export(folder, runtime, threads)
     start = None
     if resume:

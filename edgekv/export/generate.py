@@ -27,6 +27,20 @@ def open_export(folder: str | Path, runtime: str | None = None, threads: int | N
     return manifest, open_stepper(d, manifest, runtime, threads), tok
 
 
+def generate_with_runner(folder: str | Path, runtime: str, prompt: str, max_new_tokens: int, threads=None,
+                         emit=None, after_prefill=None) -> dict:
+    """`edgekv run --runtime genai|executorch-runner`: the runtime's own LLM API generates (its tokenizer, its loop,
+    greedy), from an export made with --runner; hashes are checked first. The same dict as generate()."""
+    from .manifest import load_export
+    d = Path(folder)
+    manifest = load_export(d)
+    if runtime == "genai":
+        from .genai import generate as run
+    else:
+        from .et_runner import generate as run
+    return run(d, manifest, prompt, max_new_tokens, emit=emit, after_prefill=after_prefill, threads=threads)
+
+
 def load_tokenizer(path: Path):
     """A `tokenizers` Tokenizer from its tokenizer.json; one EdgekvError line when the library cannot read it."""
     from tokenizers import Tokenizer

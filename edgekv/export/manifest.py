@@ -127,6 +127,8 @@ def opened_files(manifest: dict) -> list[tuple[str, str]]:
         out.append((f"artifacts[{a['format']}].file", a["file"]))
         if a.get("external_data"):
             out.append((f"artifacts[{a['format']}].external_data", a["external_data"]))
+        for name in a.get("runner_files", []):  # genai_config.json, tokenizer_config.json: what a runner opens
+            out.append((f"artifacts[{a['format']}].runner_files", name))
     tok = manifest.get("tokenizer")
     if tok and tok.get("file"):
         out.append(("tokenizer.file", tok["file"]))
@@ -143,6 +145,8 @@ def check_consistent(manifest: dict, where: str) -> None:
     tensors = state["tensors"]
     n = len(tensors)
     for a in manifest["artifacts"]:
+        if a.get("state_location") == "mutable_buffers":  # the runner .pte: the state is the program's buffers
+            continue
         for ep in a["entry_points"]:
             ins, outs = ep["inputs"][2:2 + n], ep["outputs"][1:1 + n]
             for t, i, o in zip(tensors, ins, outs):

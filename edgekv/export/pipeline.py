@@ -48,6 +48,7 @@ class ExportOptions:
     force: bool = False
     threads: int | None = None  # torch / ONNX Runtime / XNNPACK threads while exporting and verifying
     weights: str = "fp32"  # fp32 | fp16 | int8 | int4 (edgekv.export.wquant)
+    runners: tuple[str, ...] = ()  # --runner: genai (the ONNX graph GenAI loads), executorch (the runner .pte)
 
 
 @dataclass
@@ -152,7 +153,7 @@ def strategy_entry(strategy, module) -> dict:
     return out
 
 
-def check_applies(spec: str, strategy, max_ctx: int) -> None:
+def check_applies(spec: str, strategy, max_ctx: int):
     """One clear line before any stage runs when the strategy does not fit the model (ssm on a transformer, kv on
     Mamba): the model's Arch from its config.json or GGUF header, no weights read."""
     from ..arch import read_config_json, read_gguf
@@ -161,8 +162,10 @@ def check_applies(spec: str, strategy, max_ctx: int) -> None:
 
     path = resolve_model(spec)
     family = family_of(path)  # a model type with an export module (edgekv.models.FAMILIES)
-    layout_for(read_gguf(path) if path.suffix.lower() == ".gguf" else read_config_json(path), strategy, max_ctx)
+    layout = layout_for(read_gguf(path) if path.suffix.lower() == ".gguf" else read_config_json(path), strategy,
+                        max_ctx)
     check_strategy(family, strategy)  # whose module keeps this state
+    return layout
 
 
 def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
@@ -175,7 +178,8 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
     strategy = parse_strategy(opts.strategy)
     if strategy.name not in EXPORTABLE:
         raise EdgekvError(f"strategy {strategy.name} is planned but not exported (exportable: {', '.join(EXPORTABLE)})")
-    check_applies(opts.model, strategy, opts.max_ctx)
+    from .runners import check_runners
+    check_runners(opts.runners, check_applies(opts.model, strategy, opts.max_ctx))
     from .wquant import PTE_FP16, parse_weights
     opts.weights = parse_weights(opts.weights)
     quantized = opts.weights != "fp32"
@@ -188,6 +192,7 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
     for f in opts.formats:
         names += [f"lower-{f}", f"serialize-{f}"] + (["quantize-onnx"] if quantized and f == "onnx" else [])
     names += [f"verify-{f}" for f in opts.formats if not (quantized and f == "onnx")]
+    names += ["verify-genai"] if "genai" in opts.runners else []
     names += [f"verify-quant-{f}" for f in opts.formats if quantized] + ["manifest", "publish"]
     st = Stages(names, echo, status)
     made = _make_parents(out)  # --out export/NAME from any folder, as other exporters do; removed again on failure
@@ -388,6 +393,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
     from ..models import load_any
     from .runtime import EagerStepper, OrtStepper, PteStepper
     from .trace import trace
+    from .runners import unsupported as runners_unsupported
     from .verify import describe, verify
 
     with st.stage("load", f"{opts.model} ({strategy.label}, max_ctx {opts.max_ctx})"):
@@ -428,14 +434,28 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
                "pte": [mf.entry_point("forward", "seq", layout, args.vocab, max_tokens=chunk)] if dynamic else
                [mf.entry_point("prefill", chunk, layout, args.vocab, tail="decode"),
                 mf.entry_point("decode", 1, layout, args.vocab)]}
+    from . import et_runner, genai
+    if "genai" in opts.runners:  # GenAI's input names (input_ids, attention_mask), every row's logits
+        entries["onnx"] = [genai.entry_point(layout, args.vocab)]
+    et_run = "executorch" in opts.runners
+    if et_run:  # forward(tokens, input_pos), the cache in the program's buffers (edgekv.export.et_runner)
+        if not in_place:
+            raise EdgekvError(f"--runner executorch: {strategy.label} is not written in place by this model's .pte")
+        entries["pte"] = [et_runner.entry_point(args.vocab, chunk)]
     with st.stage("trace", ", ".join(f"{f}:{e['name']}" for f in opts.formats for e in entries[f])):
         eps = {}
         fused = False
         if "onnx" in opts.formats:
             gqa = getattr(module, "onnx_gqa", None)  # Llama-family plain caches: ORT's GroupQueryAttention
             with gqa() if gqa else nullcontext(False) as fused:
-                eps.update(trace(module, {"onnx:forward": None}))
-        if dynamic:
+                if "genai" in opts.runners:
+                    eps["onnx:forward"] = genai.trace(module, opts.max_ctx)
+                else:
+                    eps.update(trace(module, {"onnx:forward": None}))
+        if et_run:
+            with qmodule.executorch_ops():
+                eps["pte:forward"] = et_runner.trace(qmodule, chunk)
+        elif dynamic:
             with qmodule.executorch_ops() if in_place else nullcontext():
                 eps.update(trace(qmodule, {"pte:forward": None}, max_tokens=chunk))
         elif "pte" in opts.formats:
@@ -458,6 +478,12 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
                 art["attention"] = "com.microsoft.GroupQueryAttention"
                 art["state_in_place"] = True
             art["external_data"] = to_onnx.EXTERNAL_DATA
+            from .runners import EDGEKV, GENAI
+            art["runners"] = [EDGEKV]
+            if "genai" in opts.runners:  # genai_config.json + tokenizer_config.json beside the graph
+                written = genai.write_config(tmp, args, layout, tok_entry, opts.max_ctx, fused)
+                art["runners"].append(GENAI)
+                art["runner_files"] = [to_onnx.EXTERNAL_DATA, *written, tok_entry["file"]]
             artifacts.append(art)
             del model
         if "quantize-onnx" in st.names:
@@ -468,16 +494,27 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
     if "pte" in opts.formats:
         from . import to_pte
         with st.stage("lower-pte", "to_edge_transform_and_lower + XnnpackPartitioner"):
-            edge = to_pte.lower_pte({e["name"]: eps[f"pte:{e['name']}"] for e in entries["pte"]}, in_place)
+            if et_run:
+                if tok_entry is None:
+                    raise EdgekvError("ExecuTorch's LLM runner needs a tokenizer: this model folder has none")
+                edge = et_runner.lower(eps["pte:forward"],
+                                       et_runner.metadata(args, tok_entry, opts.max_ctx, chunk))
+            else:
+                edge = to_pte.lower_pte({e["name"]: eps[f"pte:{e['name']}"] for e in entries["pte"]}, in_place)
         with st.stage("serialize-pte", "model.pte"):
             delegation = to_pte.delegation_summary(edge)  # before to_executorch, which rewrites the graphs
-            (tmp / "model.pte").write_bytes(to_pte.to_buffer(edge, in_place))
+            (tmp / "model.pte").write_bytes(et_runner.to_buffer(edge) if et_run else to_pte.to_buffer(edge, in_place))
             from importlib.metadata import version as pkg_version
             art = {"format": "pte", "file": "model.pte", "runtime": f"executorch {pkg_version('executorch')}",
                    "backend": "xnnpack", "entry_points": entries["pte"], "delegation": delegation}
             if in_place:  # `forward` writes its rows into the past.* inputs and returns them as present.*
                 art["attention"] = to_pte.LLM_KERNELS
                 art["state_in_place"] = True
+            from .runners import EDGEKV, ET_RUNNER
+            art["runners"] = [ET_RUNNER] if et_run else [EDGEKV]
+            if et_run:  # the cache lives in the program's mutable buffers; the runner loads tokenizer.json
+                art["state_location"] = "mutable_buffers"
+                art["runner_files"] = [tok_entry["file"]]
             artifacts.append(art)
             del edge
     del eps
@@ -496,7 +533,8 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             if fmt == "onnx":
                 art, ref = OrtStepper(partial, tmp, opts.threads, spin=False), EagerStepper(partial, module)
             else:
-                art = PteStepper(partial, tmp, opts.threads)
+                art = et_runner.RunnerPteStepper(partial, tmp, opts.threads) if et_run else \
+                    PteStepper(partial, tmp, opts.threads)
 
                 def eager(m):
                     return EagerStepper(partial, m, chunk=art.chunk, tail=art.tail, max_chunk=art.max_chunk)
@@ -505,11 +543,25 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
                     noise = eager(nudged_quantized(module, opts.weights))
             tol = "quantized-weights" if opts.weights != "fp32" else tolerance_dtype(layout, fmt == "onnx" and fused)
             v = verify(art, ref, prompt, steps, tol,
-                       artifacts[[a["format"] for a in artifacts].index(fmt)]["runtime"], noise)
+                       artifacts[[a["format"] for a in artifacts].index(fmt)]["runtime"], noise,
+                       last_rows=et_run and fmt == "pte")
             verification[fmt] = v
             st.echo(f"      {describe(v)}")
             if not v["passed"]:
                 raise EdgekvError(f"{fmt} artifact disagrees with eager torch beyond tolerance ({describe(v)})")
+    if "verify-genai" in st.names:
+        with st.stage("verify-genai", f"ONNX Runtime GenAI's Generator, {len(prompt)} prompt tokens + {steps} decode "
+                      "steps vs eager torch"):
+            import onnxruntime_genai
+            art = genai.GenaiStepper(partial, tmp, opts.threads)
+            v = verify(art, EagerStepper(partial, module), prompt, steps,
+                       "quantized-weights" if opts.weights != "fp32" else tolerance_dtype(layout, fused),
+                       f"onnxruntime-genai {onnxruntime_genai.__version__}", last_rows=True)
+            del art
+            verification["genai"] = v
+            st.echo(f"      {describe(v)}")
+            if not v["passed"]:
+                raise EdgekvError(f"GenAI disagrees with eager torch beyond tolerance ({describe(v)})")
 
     weight_quality = {}
     for fmt in opts.formats:
@@ -520,7 +572,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
                       "real text (top-1, KL)"):
             tokens = quality_tokens(tokenizer, args.vocab, QUALITY_TOKENS)
             art = OrtStepper(partial, tmp, opts.threads, spin=False) if fmt == "onnx" else \
-                PteStepper(partial, tmp, opts.threads)
+                et_runner.RunnerPteStepper(partial, tmp, opts.threads) if et_run else PteStepper(partial, tmp, opts.threads)
             weight_quality[fmt] = verify_quant(EagerStepper(partial, module), art, tokens, opts.weights, fmt)
             st.echo(f"      {describe_quality(weight_quality[fmt])}")
 
@@ -538,6 +590,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             "weights": {"dtype": WEIGHT_DTYPES[opts.weights], "bytes": int(n_params * BITS[opts.weights] // 8),
                         **({"quantization": quantization} if quantization else {})},
             "state": layout.to_json(), "artifacts": artifacts, "tokenizer": tok_entry,
+            "runners_unsupported": runners_unsupported(layout, artifacts),
             "verification": verification, **({"weight_quality": weight_quality} if weight_quality else {}),
             "timings_s": dict(st.timings),
             "deployment": planned(loaded.arch, strategy, opts.max_ctx, opts.formats, chunk, opts.weights,

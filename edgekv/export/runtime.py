@@ -201,7 +201,10 @@ class OrtStepper(Stepper):
         self.in_names = [i["name"] for i in ep["inputs"]]
         self.out_names = [o["name"] for o in ep["outputs"]]
         self.ort, self.in_place = ort, bool(a.get("state_in_place"))
+        # a graph for ONNX Runtime GenAI (--runner genai) takes input_ids and attention_mask instead of tokens and pos
+        self.genai_io = self.in_names[:2] == ["input_ids", "attention_mask"]
         super().__init__(manifest)
+        self.rows_input = ROWS in self.in_names  # this graph's own inputs, whatever else the export holds
 
     def _zeros(self, shape, dtype):
         return np.zeros(shape, dtype=NP_DTYPES[dtype])
@@ -223,20 +226,23 @@ class OrtStepper(Stepper):
         return self.in_names[2:2 + len(self.state_specs)]
 
     def _call(self, tokens, pos, rows):
-        ids, at = np.asarray([tokens], dtype=np.int64), np.asarray([pos], dtype=np.int64)
-        sel = {ROWS: np.asarray(rows, dtype=np.int64)} if self.rows_input else {}
+        ids = np.asarray([tokens], dtype=np.int64)
+        if self.genai_io:  # GenAI's feeds for one sequence: the mask covers every position so far and this call's
+            small = {"input_ids": ids, "attention_mask": np.ones((1, pos + len(tokens)), dtype=np.int64)}
+        else:
+            small = {"tokens": ids, "pos": np.asarray([pos], dtype=np.int64)}
+        if self.rows_input:
+            small[ROWS] = np.asarray(rows, dtype=np.int64)
         if self.in_place:
             # the graph's attention nodes write their new rows into the bound present buffer, which is the past
             # buffer: the state is updated where it lies, with no per-step copy of the cache
             b = self.binding
-            b.bind_cpu_input("tokens", ids)
-            b.bind_cpu_input("pos", at)
-            for name, value in sel.items():
+            for name, value in small.items():
                 b.bind_cpu_input(name, value)
             b.bind_output(self.out_names[0])  # rebound in its place: ORT allocates logits of this call's shape
             self.sess.run_with_iobinding(b)
             return self._pick(b.get_outputs()[0].numpy()[0], rows)
-        feed = {"tokens": ids, "pos": at, **sel}
+        feed = dict(small)
         feed.update(zip(self._state_inputs(), self.state))
         out = self.sess.run(self.out_names, feed)
         self.state = out[1:]
@@ -248,6 +254,9 @@ def pte_calls(manifest: dict, where="model.pte") -> tuple[dict, int | None, str,
     fixed prefill length or None, tail rule, most tokens per call). One `forward` with a dynamic token axis (1..its
     max_tokens, else max_ctx), or a fixed-size `prefill` + a one-token `decode` of a state not written in place."""
     a = entry(manifest, "pte")
+    if a.get("state_location") == "mutable_buffers":
+        raise EdgekvError(f"{where}: this .pte keeps its cache inside the program for ExecuTorch's LLM runner "
+                          "(--runner executorch): run it with --runtime executorch-runner")
     eps = {ep["name"]: ep for ep in a["entry_points"]}
     in_place = bool(a.get("state_in_place"))
     if set(eps) == {"forward"} and isinstance(eps["forward"]["tokens"], str):
@@ -488,10 +497,19 @@ ARTIFACT_STEPPERS = (OrtStepper, PteStepper)  # by their `runtime` name: the --r
 
 
 def open_stepper(folder: Path, manifest: dict, runtime: str, threads: int | None = None) -> Stepper:
+    """runtime: ort / executorch (edgekv's explicit-state steppers), genai / executorch-runner (the runtimes' LLM
+    APIs' own state, edgekv.export.genai and et_runner: what `edgekv profile --runtime` measures them through)."""
+    if runtime == "genai":
+        from .genai import GenaiStepper
+        return GenaiStepper(manifest, folder, threads)
+    if runtime == "executorch-runner":
+        from .et_runner import RunnerPteStepper
+        return RunnerPteStepper(manifest, folder, threads)
     for cls in ARTIFACT_STEPPERS:
         if cls.runtime == runtime:
             return cls(manifest, folder, threads)
-    raise EdgekvError(f"unknown runtime {runtime!r} ({', '.join(c.runtime for c in ARTIFACT_STEPPERS)})")
+    raise EdgekvError(f"unknown runtime {runtime!r} ({', '.join(c.runtime for c in ARTIFACT_STEPPERS)}, genai, "
+                      "executorch-runner)")
 
 
 def state_as_numpy(stepper: Stepper) -> list[np.ndarray]:

@@ -83,6 +83,12 @@ def main(args: dict) -> dict:
         os.environ["OMP_NUM_THREADS"] = str(args["threads"])
     if args["runtime"] == "ort":
         import onnxruntime  # noqa: F401
+    elif args["runtime"] == "genai":
+        import onnxruntime_genai  # noqa: F401
+    elif args["runtime"] == "executorch-runner":  # the runner .pte's kernels: ExecuTorch's LLM custom ops
+        from executorch.runtime import Runtime  # noqa: F401
+        from ..export.et_runner import _kernels
+        _kernels()
     else:
         from executorch.runtime import Runtime  # noqa: F401  (imports torch)
     from pathlib import Path

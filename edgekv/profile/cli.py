@@ -23,8 +23,10 @@ REMOTE_REPORT = f"/sdcard/Android/data/{APP}/files/report.json"
 @click.option("-c", "--ctx", "ctx_text", default="256,1k", show_default=True,
               help="contexts, comma-separated: each run is ctx - steps prompt tokens, then steps decoded")
 @click.option("-n", "--steps", default=32, show_default=True, type=click.IntRange(1, 100000), help="decode steps per run")
-@click.option("--runtime", type=click.Choice(["ort", "executorch"]), default=None,
-              help="runtime to run in (default: ort when the export has model.onnx, else executorch)")
+@click.option("--runtime", type=click.Choice(["ort", "executorch", "genai", "executorch-runner"]), default=None,
+              help="runtime to run in (default: ort when the export has model.onnx, else executorch); genai / "
+              "executorch-runner: through ONNX Runtime GenAI's Generator / the ExecuTorch runner .pte's "
+              "forward(tokens, input_pos), as those APIs run it (an export made with --runner)")
 @click.option("--limit", "limit_text", default=None, help="memory budget for the run, e.g. 600MB, counted as the "
               "measured column counts (peak above the runtime's baseline): a run above it is stopped, reported with "
               "the step it reached, and the command exits 3 (default: no limit)")
@@ -65,6 +67,9 @@ def profile(export_dir, ctx_text, steps, runtime, limit_text, device_name, threa
     if use_adb:
         if repeats > 1:
             raise EdgekvError("--repeats is for runs on this machine; with --adb the app runs each context once")
+        if runtime in ("genai", "executorch-runner"):
+            raise EdgekvError(f"--adb: the Android demo runs edgekv's explicit-state artifacts (--runtime ort or "
+                              f"executorch), not {runtime}; see android_demo/README.md")
         report = adb_profile(Path(export_dir), ctxs, steps, runtime or "ort", serial)
     else:
         from ..devices import load_device

@@ -69,16 +69,23 @@ def prompt_tokens(folder: Path, manifest: dict, n: int) -> list[int]:
     return (ids * reps)[:n]
 
 
-RUNTIME_NAMES = {"ort": "onnxruntime", "executorch": "executorch"}
+# --runtime -> the planner's runtime; genai and executorch-runner run the same artifacts through the runtimes' LLM APIs
+RUNTIME_NAMES = {"ort": "onnxruntime", "executorch": "executorch", "genai": "onnxruntime",
+                 "executorch-runner": "executorch"}
+FORMAT = {"ort": "onnx", "executorch": "pte", "genai": "onnx", "executorch-runner": "pte"}
 
 
 def prefill_chunk(manifest: dict, runtime: str) -> int:
     """Tokens per prefill call the child really makes: the .pte's most tokens per call (its `forward` method's
     max_tokens, or its `prefill` method's fixed length), or the call size the export recorded for ORT (OrtStepper
     uses it; an older manifest without one: Stepper.max_chunk)."""
-    from ..export.runtime import Stepper, pte_calls, recorded_chunk
+    from ..export.runtime import Stepper, entry, pte_calls, recorded_chunk
     if runtime == "executorch":
         return pte_calls(manifest)[3]
+    if runtime == "executorch-runner":  # calls of up to get_max_seq_len tokens, as the runner prefills
+        return int(entry(manifest, "pte")["entry_points"][0]["max_tokens"])
+    if runtime == "genai":  # GenAI appends the whole prompt in one call
+        return int(manifest["max_ctx"])
     return recorded_chunk(manifest, "onnx") or min(Stepper.max_chunk, int(manifest["max_ctx"]))
 
 
@@ -110,7 +117,7 @@ def predicted(manifest: dict, runtime: str | None = None) -> dict:
     except (EdgekvError, OSError, ValueError, KeyError, TypeError):
         pass
     dep = manifest.get("deployment") or {}
-    dep = dep.get("formats", {}).get("onnx" if rt == "ort" else "pte", dep)  # older manifests: one (ORT) plan
+    dep = dep.get("formats", {}).get(FORMAT[rt], dep)  # older manifests: one (ORT) plan
     if "bytes" in dep:
         b = dep["bytes"]
         return {"weights": int(b["weights"]), "state": int(b["state"]), "workspace": int(b.get("workspace", 0)),
@@ -120,7 +127,7 @@ def predicted(manifest: dict, runtime: str | None = None) -> dict:
 
 def entry_points(manifest: dict, runtime: str) -> list:
     from ..export.runtime import entry
-    return entry(manifest, "onnx" if runtime == "ort" else "pte")["entry_points"]
+    return entry(manifest, FORMAT[runtime])["entry_points"]
 
 
 # glibc's malloc, as the profile child uses it: blocks of 1 MiB and more are mmapped and go back to the system when

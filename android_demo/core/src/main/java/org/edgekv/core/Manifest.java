@@ -327,6 +327,22 @@ public final class Manifest {
         if (!format.equals("onnx") && !format.equals("pte")) {
             throw a.get("format").error("must be 'onnx' or 'pte', got '" + format + "'");
         }
+        // an artifact made for a runtime's own LLM API (edgekv export --runner; manifest runners): its entry point
+        // is not the explicit-state step this app's backends call
+        Json.Node runners = a.opt("runners");
+        for (int k = 0; !runners.isNull() && k < runners.size(); k++) {
+            String r = runners.at(k).str();
+            if (r.equals("onnxruntime-genai")) {
+                throw runners.error("this graph is for ONNX Runtime GenAI (inputs input_ids, attention_mask): load "
+                        + "the folder with GenAI's Java API (ai.onnxruntime.genai.Model / Generator), or export "
+                        + "without --runner genai for this app");
+            }
+            if (r.equals("executorch-llm-runner")) {
+                throw runners.error("this .pte is for ExecuTorch's LLM runner (its cache lives in the program): "
+                        + "load it with LlmModule (org.pytorch.executorch.extension.llm), or export without "
+                        + "--runner executorch for this app");
+            }
+        }
         Json.Node eps = a.get("entry_points");
         if (eps.size() == 0) {
             throw eps.error("no entry points");

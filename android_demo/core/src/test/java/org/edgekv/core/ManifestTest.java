@@ -226,6 +226,17 @@ public class ManifestTest {
     }
 
     @Test
+    public void sendsAnArtifactForARuntimesLlmApiToThatApi() throws IOException {
+        String t = fixtureText();
+        // the explicit-state artifacts say runners ["edgekv"] (edgekv export since issue 26): accepted as before
+        Manifest.parse(t.replace("\"opset\": 18,", "\"opset\": 18, \"runners\": [\"edgekv\"],"), "manifest.json");
+        assertRejected(t.replace("\"opset\": 18,", "\"opset\": 18, \"runners\": [\"edgekv\", \"onnxruntime-genai\"],"),
+                "load the folder with GenAI's Java API");
+        assertRejected(t.replace("\"format\": \"pte\",", "\"format\": \"pte\", \"runners\": [\"executorch-llm-runner\"],"),
+                "load it with LlmModule");
+    }
+
+    @Test
     public void namesTheFormatsAnExportHas() {
         Manifest m = TestSupport.fixtureManifest();
         try {

@@ -1,0 +1,218 @@
+"""`edgekv export --runner genai`: an ONNX folder that ONNX Runtime GenAI loads and generates from with its own loop.
+
+What GenAI reads (the shape of what its own builder writes, onnxruntime_genai/models/builders/base.py
+make_genai_config, pinned onnxruntime-genai 0.18.0):
+  genai_config.json   model.type, context_length, bos/eos/pad ids, vocab_size; decoder: filename, head_size,
+                      hidden_size, heads, layers, KV heads, the input and output names (past_key_values.%d.key ->
+                      present.%d.key), session options; search: greedy defaults, max_length = context_length,
+                      past_present_share_buffer
+  tokenizer.json + tokenizer_config.json   (ONNX Runtime Extensions' tokenizer, as og.Tokenizer loads it)
+  model.onnx (+ model.onnx.data)           inputs input_ids [1, seq] int64, attention_mask [1, total] int64,
+                      past_key_values.{i}.key / .value [1, Hkv, max_ctx, D]; outputs logits [1, seq, V] fp32,
+                      present.{i}.key / .value of the same shape.
+
+The graph is edgekv's own fused float-cache graph (Llama.onnx_gqa: ORT's GroupQueryAttention, as GenAI's builder
+emits it) with GenAI's input names: the position of the first token is attention_mask's sum minus the call's tokens
+(batch 1, no padding), from which the graph derives GroupQueryAttention's seqlens_k and total_sequence_length as
+before. The cache has max_ctx slots, and GroupQueryAttention writes each call's rows into the present buffer that
+GenAI binds to the past buffer (past_present_share_buffer: true), so the state exists once, as in edgekv's stepper.
+Logits come back for every token of the call, as GenAI's builder makes them (edgekv's own graph takes `rows` and
+computes the last row only; GenAI feeds no such input). OrtStepper drives the same graph (verify, profile,
+`edgekv run --runtime ort`), so one artifact serves both.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import EdgekvError
+from . import manifest as mf
+
+CONFIG = "genai_config.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+FILES = (CONFIG, "tokenizer.json", TOKENIZER_CONFIG)  # what GenAI opens beside the graph
+IDS, MASK = "input_ids", "attention_mask"
+GENAI_TYPES = ("llama", "mistral", "qwen2")  # model.type values GenAI runs as a plain decoder
+
+
+def entry_point(layout, vocab: int) -> dict:
+    """The graph's inputs and outputs as the manifest lists them (GenAI's names)."""
+    state = layout.tensors
+    return {"name": "forward", "tokens": "seq",
+            "inputs": [mf.tensor_spec(IDS, "int64", [1, "seq"]), mf.tensor_spec(MASK, "int64", [1, "total"])]
+            + [mf.tensor_spec(t.name, t.dtype, t.shape) for t in state],
+            "outputs": [mf.tensor_spec("logits", "float32", [1, "seq", vocab])]
+            + [mf.tensor_spec(t.output, t.dtype, t.shape) for t in state]}
+
+
+def trace(module, max_ctx: int):
+    """torch.export of the module behind GenAI's inputs; call inside module.onnx_gqa()."""
+    import torch
+    from torch import nn
+
+    class GenaiInputs(nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask, *past):
+            pos = attention_mask.sum(1) - input_ids.shape[1]  # [1]: the first new token's position
+            return self.m(input_ids, pos, *past)
+
+    ex = (torch.zeros(1, 2, dtype=torch.int64), torch.ones(1, 3, dtype=torch.int64), *module.empty_state())
+    dyn = torch.export.Dim.DYNAMIC
+    shapes = ({1: dyn(min=1, max=max_ctx)}, {1: dyn(min=1, max=max_ctx)}, tuple(None for _ in ex[2:]))
+    return torch.export.export(GenaiInputs(module).eval(), ex, dynamic_shapes=shapes, strict=False)
+
+
+def write_config(folder: Path, args, layout, tok: dict, max_ctx: int, fused: bool) -> list[str]:
+    """genai_config.json and tokenizer_config.json beside model.onnx and tokenizer.json; returns the files written."""
+    if tok is None:
+        raise EdgekvError("GenAI needs a tokenizer: this model folder has no tokenizer.json")
+    if not fused:
+        raise EdgekvError("GenAI needs the fused GroupQueryAttention graph (a plain float cache)")
+    eos = list(tok["eos_token_ids"])
+    cfg = {
+        "model": {
+            "type": args.model_type if args.model_type in GENAI_TYPES else "llama",
+            "context_length": max_ctx, "vocab_size": args.vocab,
+            "bos_token_id": tok["bos_token_id"] if tok["bos_token_id"] is not None else (eos or [0])[0],
+            "eos_token_id": eos[0] if len(eos) == 1 else eos,
+            "pad_token_id": (eos or [0])[0],
+            "decoder": {
+                # the options edgekv's OrtStepper sets (lean): without them ORT keeps the blocks of earlier calls
+                "session_options": {"log_id": "onnxruntime-genai", "provider_options": [],
+                                    "enable_cpu_mem_arena": False, "enable_mem_pattern": False},
+                "filename": "model.onnx", "head_size": args.head_dim, "hidden_size": args.hidden,
+                "num_attention_heads": args.n_heads, "num_hidden_layers": args.n_layers,
+                "num_key_value_heads": args.n_kv_heads,
+                "inputs": {"input_ids": IDS, "attention_mask": MASK, "past_key_names": "past_key_values.%d.key",
+                           "past_value_names": "past_key_values.%d.value"},
+                "outputs": {"logits": "logits", "present_key_names": "present.%d.key",
+                            "present_value_names": "present.%d.value"}}},
+        "search": {"do_sample": False, "num_beams": 1, "num_return_sequences": 1, "max_length": max_ctx,
+                   "min_length": 0, "past_present_share_buffer": True, "temperature": 1.0, "top_k": 1, "top_p": 1.0,
+                   "repetition_penalty": 1.0, "length_penalty": 1.0, "early_stopping": True,
+                   "no_repeat_ngram_size": 0, "diversity_penalty": 0.0}}
+    (folder / CONFIG).write_text(json.dumps(cfg, indent=2) + "\n")
+    tj = json.loads((folder / tok["file"]).read_text())
+    names = {t["id"]: t["content"] for t in tj.get("added_tokens", [])}
+
+    def token(i):
+        if i is None:
+            return None
+        return names.get(i) or next((k for k, v in (tj.get("model", {}).get("vocab") or {}).items() if v == i), None)
+
+    # GPT2Tokenizer: a byte-level BPE tokenizer.json (the GGUF conversions, SmolLM2, the byte fixtures); ONNX Runtime
+    # Extensions reads the model, merges and pre-tokenizer from tokenizer.json itself
+    tcfg = {"tokenizer_class": "GPT2Tokenizer", "add_bos_token": bool(tok["add_bos_token"]), "add_eos_token": False,
+            "bos_token": token(tok["bos_token_id"]), "eos_token": token(eos[0]) if eos else None,
+            "clean_up_tokenization_spaces": False, "model_max_length": max_ctx}
+    (folder / TOKENIZER_CONFIG).write_text(json.dumps(tcfg, indent=2) + "\n")
+    return [CONFIG, TOKENIZER_CONFIG]
+
+
+def _load(folder: Path, threads: int | None = None):
+    """og.Model of the folder; threads: ORT's intra-op threads, overlaid on genai_config.json's session options."""
+    import onnxruntime_genai as og
+    try:
+        cfg = og.Config(str(folder))
+        if threads:
+            cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
+        return og, og.Model(cfg)
+    except Exception as e:  # GenAI raises RuntimeError with its own message
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise EdgekvError(f"{folder}: ONNX Runtime GenAI cannot load it ({first})") from None
+
+
+class GenaiStepper:
+    """GenAI's Generator behind edgekv's Stepper calls, for `edgekv profile` and the agreement checks: prefill =
+    append_tokens(prompt) (GenAI runs the prompt in one call), step = append_tokens([token]); the logits are GenAI's
+    get_logits() (the last token's). The cache and its buffers are GenAI's own."""
+
+    runtime = "genai"
+    chunk = None
+
+    def __init__(self, manifest: dict, folder: Path, threads: int | None = None):
+        from .runners import GENAI, require
+        require(manifest, folder, GENAI)
+        self.og, self.model = _load(folder, threads)
+        self.manifest, self.threads = manifest, threads
+        self.max_ctx = int(manifest["max_ctx"])
+        self.max_chunk = self.max_ctx
+        self.state = None
+        self.reset()
+
+    def reset(self):
+        p = self.og.GeneratorParams(self.model)
+        p.set_search_options(max_length=self.max_ctx, do_sample=False)
+        self.gen = self.og.Generator(self.model, p)
+        self.pos = 0
+
+    def prefill(self, tokens: list[int], pos: int = 0, last: bool = False, after_call=None) -> np.ndarray:
+        """last=True: the prompt in one call (as GenAI's own loop appends it), its last row. Every row (verify,
+        the quality check): one token per call, GenAI's get_logits() being the last token's."""
+        calls = [tokens] if last else [[t] for t in tokens]
+        rows = []
+        for i, part in enumerate(calls):
+            rows.append(self.step(part, pos + (0 if last else i)))
+            if after_call:
+                after_call()
+        return np.concatenate(rows)
+
+    def step(self, tokens: list[int], pos: int, last: bool = True) -> np.ndarray:
+        if pos != self.pos:
+            raise EdgekvError(f"GenAI continues its own sequence at position {self.pos}, not {pos}")
+        if pos + len(tokens) > self.max_ctx:
+            raise EdgekvError(f"{pos + len(tokens)} tokens exceed this export's max_ctx {self.max_ctx}")
+        self.gen.append_tokens(np.asarray(tokens, dtype=np.int32))
+        self.pos += len(tokens)
+        return self.gen.get_logits()[0, -1:].astype(np.float32)
+
+
+def generate(folder: Path, manifest: dict, prompt: str, max_new_tokens: int, emit=None, after_prefill=None,
+             threads: int | None = None) -> dict:
+    """Greedy generation with GenAI's own loop and tokenizer (og.Tokenizer, og.Generator.generate_next_token), as an
+    app calls it; the same dict as edgekv.export.generate.generate."""
+    from .runners import GENAI, require
+    require(manifest, folder, GENAI)
+    og, model = _load(folder, threads)
+    tok = og.Tokenizer(model)
+    ids = [int(i) for i in tok.encode(prompt)]
+    if not ids:
+        raise EdgekvError("the prompt encodes to no tokens")
+    max_ctx = int(manifest["max_ctx"])
+    room = max_ctx - len(ids)
+    if room < 1:
+        raise EdgekvError(f"the prompt is {len(ids)} tokens; this export holds {max_ctx} (max_ctx)")
+    n_new = min(max_new_tokens, room)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + n_new, do_sample=False)
+    gen = og.Generator(model, params)
+    stream = tok.create_stream()
+    t0 = time.perf_counter()
+    gen.append_tokens(np.asarray(ids, dtype=np.int32))
+    t_prefill = time.perf_counter() - t0
+    if after_prefill:
+        after_prefill()
+    out, pieces = [], []
+    t1 = time.perf_counter()
+    while not gen.is_done():
+        gen.generate_next_token()
+        nxt = int(gen.get_next_tokens()[0])
+        out.append(nxt)
+        piece = stream.decode(nxt)
+        pieces.append(piece)
+        if emit and piece:
+            emit(piece)
+    t_decode = time.perf_counter() - t1
+    eos = set(manifest["tokenizer"]["eos_token_ids"])
+    steps = len(out) - 1
+    return {"prompt_tokens": len(ids), "new_tokens": len(out), "tokens": out, "text": "".join(pieces),
+            "prefill_s": t_prefill, "prefill_tok_s": len(ids) / t_prefill if t_prefill > 0 else None,
+            "decode_tok_s": steps / t_decode if steps > 0 and t_decode > 0 else None,
+            "stopped": "eos" if out and out[-1] in eos else ("max_ctx" if n_new < max_new_tokens else
+                                                             "max_new_tokens")}
