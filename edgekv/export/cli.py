@@ -202,10 +202,10 @@ def _from_plan(cctx, device_name, model, strategy, formats, weights, prefill_chu
               help="print one JSON object when done (text, token ids, prefill / decode speed) instead of streaming")
 @click.option("--save-state", "save_state", type=click.Path(dir_okay=False), default=None,
               help="after the run, write the state (tensors, position, token ids) to this safetensors file; an "
-              "existing file is replaced only if it is an edgekv state file")
+              "existing file is replaced only if it is an edgekv state file (default: none, the state is not kept)")
 @click.option("--resume", type=click.Path(dir_okay=False), default=None,
               help="start from a state file written by --save-state for this export and runtime (checked first): "
-              "the prompt continues it")
+              "the prompt continues it (default: none, start from an empty state)")
 def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json, save_state, resume):
     """Greedy generation from an export folder: its runtime, manifest and tokenizer only (hashes checked)."""
     from .generate import generate, generate_with_runner, open_export
