@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass, field
 
 from . import memory as M
-from .arch import LLAMA_EXPORT_TYPES, SSM, Arch, Attention, Block, Linear, catalog_arch, catalog_names
-from .models import MLA_CONVERTIBLE  # the export registry's own list (edgekv.models imports no torch)
+from .arch import SSM, Arch, Attention, Block, Linear, catalog_arch, catalog_names
+from .models import family_for_type  # the export registry (edgekv.models imports no torch)
 from .devices import DeviceProfile
 from .errors import EdgekvError
 from .quality import RISK_ORDER, past_trained, quality
@@ -156,31 +156,17 @@ def runtime_cost(name: str, arch: Arch, weights: str) -> tuple[str, dict | None,
         + (f"; weights: {spec['weights']['source']}" if scheme else "")
 
 
-# What `edgekv export` builds, read from the code that decides it: the strategies it takes
-# (edgekv/export/pipeline.py EXPORTABLE), the module edgekv.models.load_any picks per model_type, the cache dtypes each
-# module stores (edgekv/models/llama.py TORCH_DTYPES; mla.py fp32/fp16 latents; mamba.py STATE_DTYPES) and the
-# context limit read_llama / load_deepseek enforce (max_ctx <= max_position_embeddings).
-EXPORT_MODULES = {  # model_type -> (strategies its module takes, state dtypes it stores, refuses ctx > max_position)
-    **{t: (("kv", "kv-int8", "kv-int4", "kv-int2", "window") + (("mla",) if t in MLA_CONVERTIBLE else ()),
-           ("fp32", "fp16"), True) for t in LLAMA_EXPORT_TYPES},
-    "deepseek_v2": (("mla",), ("fp32", "fp16"), True),
-    "mamba": (("ssm",), ("fp32", "fp16", "bf16", "int8"), False),
-    "mamba2": (("ssm",), ("fp32", "fp16", "bf16", "int8"), False),
-    "rwkv": (("linear",), ("fp32", "fp16", "bf16", "int8"), False),
-    "jamba": (("hybrid",), ("fp32", "fp16", "bf16"), False),
-}
-
-
 def export_support(arch: Arch, strategy: Strategy, ctx: int) -> tuple[bool, str]:
     """(whether `edgekv export --model M --strategy S --max-ctx ctx` builds this row today, why not)."""
     from .export.pipeline import EXPORTABLE  # torch-free at import
 
     if strategy.name not in EXPORTABLE:
         return False, f"edgekv export does not build {strategy.name} (exportable: {', '.join(EXPORTABLE)})"
-    mod = EXPORT_MODULES.get(arch.model_type)
-    if mod is None:
+    found = family_for_type(arch.model_type)  # the export registry (edgekv.models: FAMILIES, torch-free)
+    if found is None:
         return False, f"edgekv export has no module for model_type {arch.model_type}"
-    names, dtypes, capped = mod
+    family, names = found
+    dtypes, capped = family.state_dtypes, family.ctx_capped
     if strategy.name not in names:
         return False, f"edgekv's {arch.model_type} module takes {', '.join(names)}, not {strategy.name}"
     for k in ("dtype", "state_dtype"):

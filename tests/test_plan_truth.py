@@ -173,6 +173,18 @@ def test_exportable_follows_what_export_builds():
     assert past["options"][0]["exportable"] is False and "8192" in past["options"][0]["exportable_reason"]
 
 
+
+def test_converted_mla_is_exportable_only_where_the_conversion_reproduces_the_attention():
+    """The GQA -> latent conversion (edgekv/models/mla.py) models Llama's attention: one RoPE base, no qk-norm. Qwen3
+    and Gemma 3 normalise q and k per head (their published configs), so mla on them is not an export edgekv builds,
+    while plain kv on them is."""
+    out = plan_json("--device", "pixel8", "--ctx", "4k", "--all")
+    by = {(o["model"], o["strategy"]): o for o in out["options"]}
+    mla = {m: o for (m, s), o in by.items() if s.startswith("mla")}
+    assert mla["llama-3.2-1b"]["exportable"] is True and mla["qwen2.5-0.5b"]["exportable"] is True
+    for m in ("qwen3-0.6b", "gemma-3-1b"):
+        assert mla[m]["exportable"] is False and "mla" in mla[m]["exportable_reason"], m
+
 def test_exportable_types_are_the_ones_the_export_modules_accept():
     from edgekv.arch import catalog_entry
     from edgekv.errors import EdgekvError

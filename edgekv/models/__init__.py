@@ -18,6 +18,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..arch import LLAMA_EXPORT_TYPES
 from ..errors import EdgekvError
 from ..jsonfile import read_json
 
@@ -38,26 +39,39 @@ class Family:
     gguf_archs: tuple[str, ...] = ()  # GGUF general.architecture values `read` reads
     routes: tuple[tuple[str, str], ...] = ()  # (strategy, family): a strategy another family's module exports
     what: str = ""  # one line for listings
+    state_dtypes: tuple[str, ...] = ("fp32", "fp16")  # the float/int dtypes its module stores the state in
+    ctx_capped: bool = False  # its reader refuses max_ctx > max_position_embeddings
 
 
 FAMILIES = (
-    Family("llama", ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "smollm3"), KV_STRATEGIES + ("mla",),
+    Family("llama", LLAMA_EXPORT_TYPES, KV_STRATEGIES + ("mla",),
            "edgekv.models:read_llama", "edgekv.models.llama:build", gguf_archs=("llama", "mistral", "qwen2", "gemma3"),
-           routes=(("mla", "converted-mla"),),
+           routes=(("mla", "converted-mla"),), ctx_capped=True,
            what="GQA + RoPE decoders: Llama-2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3 (qk-norm), Gemma 3 "
                 "(sliding + global layers), SmolLM3 (NoPE layers)"),
     Family("converted-mla", (), ("mla",), "edgekv.models:read_llama", "edgekv.models.mla:build_converted",
            what="a llama-family model with its KV converted to a low-rank latent (mla on a GQA model)"),
     Family("deepseek-v2", ("deepseek_v2",), ("mla",), "edgekv.models.mla:read_deepseek",
-           "edgekv.models.mla:build_deepseek", what="native MLA"),
+           "edgekv.models.mla:build_deepseek", what="native MLA", ctx_capped=True),
     Family("mamba", ("mamba", "mamba2"), ("ssm",), "edgekv.models.mamba:read_mamba", "edgekv.models.mamba:build_mamba",
-           what="Mamba-1 / Mamba-2"),
+           what="Mamba-1 / Mamba-2", state_dtypes=("fp32", "fp16", "bf16", "int8")),
     Family("rwkv-4", ("rwkv",), ("linear",), "edgekv.models.recurrent:read_rwkv",
-           "edgekv.models.recurrent:build_rwkv", what="RWKV-4"),
+           "edgekv.models.recurrent:build_rwkv", what="RWKV-4", state_dtypes=("fp32", "fp16", "bf16", "int8")),
     Family("jamba", ("jamba",), ("hybrid",), "edgekv.models.hybrid:read_jamba", "edgekv.models.hybrid:build_jamba",
-           what="Mamba-1 + attention + MoE"),
+           what="Mamba-1 + attention + MoE", state_dtypes=("fp32", "fp16", "bf16")),
 )
 FAMILY = {f.name: f for f in FAMILIES}
+
+
+def family_for_type(model_type: str) -> tuple[Family, tuple[str, ...]] | None:
+    """The family that exports this config.json model_type and the strategies it builds for it (mla only where the
+    GQA -> latent conversion reproduces the attention: MLA_CONVERTIBLE), or None."""
+    for f in FAMILIES:
+        if model_type in f.model_types:
+            routed = dict(f.routes)
+            return f, tuple(s for s in f.strategies
+                            if not (routed.get(s) == "converted-mla" and model_type not in MLA_CONVERTIBLE))
+    return None
 
 
 def supported_line() -> str:
