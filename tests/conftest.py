@@ -54,6 +54,20 @@ def greedy_with_state(module, prompt, steps, chunk=None):
     return tokens, torch.cat(rows)[: len(tokens)], state
 
 
+
+def greedy_rows(stepper, prompt, steps):
+    """An artifact's own greedy run through its Stepper: prefill `prompt`, then `steps` decode steps each fed the
+    previous row's argmax. Returns (tokens, logits: one row per position, prompt rows first)."""
+    import numpy as np
+
+    rows = [stepper.prefill(prompt)]
+    tokens, pos = list(prompt), len(prompt)
+    for _ in range(steps):
+        tokens.append(int(rows[-1][-1].argmax()))
+        rows.append(stepper.step([tokens[-1]], pos))
+        pos += 1
+    return tokens, np.concatenate(rows)
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny matrices and per-time-step recurrent ops: one thread is faster, and with other jobs sharing the two

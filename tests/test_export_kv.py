@@ -20,6 +20,7 @@ from edgekv.export.cli import cli  # noqa: E402
 from edgekv.export.manifest import load_export, validate  # noqa: E402
 from edgekv.export.pipeline import ExportOptions, export_model  # noqa: E402
 from edgekv.export.runtime import EagerStepper, OrtStepper, PteStepper  # noqa: E402
+from conftest import greedy_rows  # noqa: E402
 
 VOCAB = 64
 
@@ -57,13 +58,7 @@ def tiny_export(tmp_path_factory):
 
 def run_against_transformers(stepper, ref, prompt, steps):
     """Prefill + greedy decode steps in the artifact; logits compared with transformers' full forward."""
-    rows = [stepper.prefill(prompt)]
-    tokens, pos = list(prompt), len(prompt)
-    for _ in range(steps):
-        tokens.append(int(rows[-1][-1].argmax()))
-        rows.append(stepper.step([tokens[-1]], pos))
-        pos += 1
-    ours = np.concatenate(rows)
+    tokens, ours = greedy_rows(stepper, prompt, steps)
     with torch.no_grad():
         want = ref(torch.tensor([tokens])).logits[0].numpy()
     return ours, want

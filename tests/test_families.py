@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from conftest import greedy_with_state  # noqa: E402
+from conftest import greedy_rows, greedy_with_state  # noqa: E402
 from edgekv.errors import EdgekvError  # noqa: E402
 from edgekv.models import FAMILIES, _function, family_of, load_any  # noqa: E402
 from edgekv.strategies import build_layout, parse_strategy  # noqa: E402
@@ -169,13 +169,7 @@ def test_exported_family_matches_transformers_step_by_step_in_the_runtime(export
     stepper = OrtStepper(manifest, out) if fmt == "onnx" else PteStepper(manifest, out)
     prompt = [5, 9, 33, 12, 40, 7, 21, 3, 18, 50, 11]  # 11 tokens: calls of 8 and 3
     steps = ctx - len(prompt) - 1  # to the end of the context: 2.5x (or 6.5x) the window
-    rows = [stepper.prefill(prompt)]
-    tokens, pos = list(prompt), len(prompt)
-    for _ in range(steps):
-        tokens.append(int(rows[-1][-1].argmax()))
-        rows.append(stepper.step([tokens[-1]], pos))
-        pos += 1
-    ours = np.concatenate(rows)
+    tokens, ours = greedy_rows(stepper, prompt, steps)
     want = hf_logits(ref, tokens).numpy()
     assert len(tokens) > 2 * WINDOW and np.abs(want).max() > 1.0
     diff = np.abs(ours - want).max()  # one row per position: the prefill's rows, then one per step
