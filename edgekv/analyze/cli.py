@@ -64,13 +64,17 @@ def _ints(text: str | None, what: str) -> list[int] | None:
 @click.option("--trials", default=8, show_default=True, type=click.IntRange(1, 10000),
               help="recall: needles per distance (the same needles at every distance and precision)")
 @click.option("--seed", default=0, show_default=True, help="recall: seed of the needles and filler offsets")
+@click.option("--distances", "distance_text", default=None,
+              help="recall: the needle distances to score, e.g. 8064,12k, instead of the ladder up to --ctx (far "
+              "points alone, where each costs minutes)")
 @click.option("--compare", "compare", multiple=True,
               help="recall: another strategy to probe over the same trials, e.g. --compare kv-int8 --compare "
               "window:w=512,sinks=4 --compare mla (repeatable)")
 @click.option("-t", "--threads", default=None, type=click.IntRange(1, 256), help="torch threads (default: torch's)")
 @click.pass_context
 def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, ranks, windows, ctx_text, target_text,
-            chunk, text_file, analytic, save, name, applies_to, as_json, plot, trials, seed, compare, threads):
+            chunk, text_file, analytic, save, name, applies_to, as_json, plot, trials, seed, distance_text, compare,
+            threads):
     """Measure error vs position for quantized/compressed state on real weights, fit a growth law, extrapolate;
     or (--probe recall) needle-retrieval accuracy vs distance at each state precision."""
     from ..strategies import parse_strategy
@@ -113,9 +117,9 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
             save_target(store_as, "--model" if name is None else "--name", "recall")
         return _recall(model, base, _ints(bits, "--bits"), roundings,
                        weight_bits if "weight_bits" in explicit else None, ctx, chunk, text_file, trials, seed,
-                       as_json, plot, list(compare), store_as)
-    if compare:
-        raise EdgekvError("--compare belongs to the recall probe (--probe recall)")
+                       as_json, plot, list(compare), store_as, distance_text)
+    if compare or distance_text:
+        raise EdgekvError(f"--{'compare' if compare else 'distances'} belongs to the recall probe (--probe recall)")
     variants = make_variants(base, _ints(bits, "--bits"), roundings, weight_bits or None, _ints(ranks, "--rank"),
                              _ints(windows, "--window"))
     recurrent = base.name in ("ssm", "linear", "hybrid")
@@ -144,7 +148,7 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
 
 
 def _recall(model, base, bits, roundings, weight_bits, max_distance, chunk, text_file, trials, seed, as_json, plot,
-            compare=(), store_as=None):
+            compare=(), store_as=None, distance_text=None):
     from .recall import RecallProbe, compare_variants, distances, make_trials
     from .recall import plot as recall_plot
     from .recall import store as recall_store
@@ -155,12 +159,19 @@ def _recall(model, base, bits, roundings, weight_bits, max_distance, chunk, text
     variants += compare_variants(compare)
     recurrent = base.name in ("ssm", "linear", "hybrid")
     chunk = chunk or (1 if recurrent else 64)
-    distances(max_distance)  # a too-short --ctx is one line before any weight is read
+    given = None
+    if distance_text:
+        from ..units import parse_ctx
+        given = sorted({parse_ctx(x.strip()) for x in distance_text.split(",") if x.strip()})
+        if not given:
+            raise EdgekvError(f"--distances {distance_text!r}: use comma-separated token counts, e.g. 8064,12k")
+        max_distance = given[-1]
+    distances(min(given) if given else max_distance)  # a too-short distance is one line before any weight is read
     if plot:
         from ..jsonfile import PLOT_FORMATS, check_writable
         check_writable(plot, "--plot", PLOT_FORMATS)
     probe = RecallProbe(model, base, variants, max_distance, chunk, seed)
-    dists = distances(max_distance, probe.trained[0] if probe.trained else None)
+    dists = given or distances(max_distance, probe.trained[0] if probe.trained else None)
     text = open(text_file, errors="replace").read() if text_file else default_text()
     rows = make_trials(Encoder.for_model(probe.loaded), text, dists, trials, seed)
     total = sum(t.value_at + len(t.value) - 1 for row in rows for t in row) * len(probe.modules)
