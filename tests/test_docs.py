@@ -1,7 +1,7 @@
 """The user-facing docs point at things that exist, and the manifest schema has one source.
 
-README.md, docs/*.md, export/README.md and benchmarks/README.md name files of this repository (links, and paths in
-backticks under a top-level folder); a file that moved or went away leaves a reader at a dead end. The manifest
+The Markdown docs (README.md, docs/*.md, SECURITY.md and every folder's README.md) name files of this repository
+(links, and paths in backticks under a top-level folder); a file that moved or went away leaves a reader at a dead end. The manifest
 schema is the package's own file, the one export and load validate against: a second copy kept by hand drifts.
 """
 import re
@@ -10,18 +10,21 @@ from pathlib import Path
 from edgekv.export import manifest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = ["README.md", "export/README.md", "benchmarks/README.md", *sorted(
-    p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
+SKIP_DIRS = {".git", ".venv", ".venv-mutate", ".arm64", "build", "node_modules", "test-artifacts", "__pycache__",
+             ".pytest_cache", "out"}
+DOCS = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.md")
+              if not SKIP_DIRS & set(p.relative_to(ROOT).parts[:-1])  # README.md, docs/, SECURITY.md, every README
+              and p.relative_to(ROOT).parts[0] != "export" or p.relative_to(ROOT).as_posix() == "export/README.md")
 TOP = ("edgekv/", "docs/", "benchmarks/", "tests/", "scripts/", "device_profiles/", "fixtures/", "android_demo/",
        "export/")
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 TICKED = re.compile(r"`([A-Za-z0-9_./-]+)`")
-SKIP_DIRS = {".git", ".venv", ".venv-mutate", ".arm64", "build", "node_modules", "test-artifacts", "__pycache__"}
 
 
 def missing_paths(doc: str, root: Path = ROOT) -> list[str]:
     """Every repository path the doc names that is not there: relative links (from the doc's folder) and backticked
-    paths that start with a top-level folder (from the root); globs, templates and example exports (export/NAME) are left out."""
+    paths that start with a top-level folder (from the root); globs, templates and example exports (export/NAME)
+    are left out."""
     text = (root / doc).read_text()
     named = [(m, (root / doc).parent / m) for m in LINK.findall(text) if "://" not in m and not m.startswith("mailto:")]
     named += [(m, root / m) for m in TICKED.findall(text)
