@@ -85,14 +85,15 @@ def trial_len(distance: int) -> int:
 
 
 def load_beyond_trained(model: str, strategy, max_ctx: int):
-    """edgekv.models.load_any without its trained-context check: the reader reads the checkpoint with no context
-    (it refuses max_ctx > max_position_embeddings, as an export should), the StateLayout and module are built for
-    max_ctx. Past the trained length the positions are ones the model never saw: what the probe measures there."""
+    """edgekv.models.load_any without its trained-context check: the reader of a family that refuses max_ctx >
+    max_position_embeddings (Family.ctx_capped, as an export should) is given no context; the StateLayout and module
+    are built for max_ctx. Past the trained length the positions are ones the model never saw: what the probe
+    measures there."""
     from ..models import Loaded, _function, check_strategy, family_of, layout_for
     from ..models.weights import resolve_model
 
     fam = check_strategy(family_of(resolve_model(model)), strategy)
-    src = _function(fam.read)(model, None)
+    src = _function(fam.read)(model, None if fam.ctx_capped else max_ctx)
     fam = check_strategy(fam, strategy)
     layout = layout_for(src.arch, strategy, max_ctx)
     return Loaded(_function(fam.build)(src, layout), src.args, src.arch, layout, src.path, src.fmt)
@@ -176,9 +177,12 @@ def score(module, trial: Trial, chunk: int) -> tuple[torch.Tensor, torch.Tensor]
     rows = []
     for start in range(0, n, chunk):
         c = min(chunk, n - start)
-        logits, *state = module(ids[:, start:start + c], torch.tensor([start], dtype=torch.int64), *state)
+        # only the rows that predict a value token go through the output layer (on Gemma-3-270M's 262k vocabulary
+        # the head costs more than the rest of the model per token); a call before them asks for its last row
+        want = torch.arange(max(0, first - start), c) if start + c > first else torch.tensor([c - 1])
+        logits, *state = module(ids[:, start:start + c], torch.tensor([start], dtype=torch.int64), *state, rows=want)
         if start + c > first:
-            rows.append(logits[0, max(0, first - start):])
+            rows.append(logits[0])
     lp = F.log_softmax(torch.cat(rows).float(), -1)  # [VALUE_LEN, V]
     target = torch.tensor(trial.value, dtype=torch.int64)
     return lp.argmax(-1) == target, lp.gather(-1, target[:, None])[:, 0]
@@ -238,13 +242,14 @@ class RecallProbe:
         trials, the fraction of trials with every value token right (exact), and the trial count."""
         dists = [t.distance for t in trials[0]]
         ch = chance()
+        trained = getattr(self, "trained", None)
         out = {"model": self.model, "strategy": self.base.label, "probe": "recall", "chunk": self.chunk,
                "text": text_label, "seed": self.seed, "value_len": VALUE_LEN, "alphabet": ALPHABET.decode(),
                "distances": dists, "chance": ch["accuracy"], "chance_logprob": ch["logprob"],
-               "interrupted": self.interrupted, "seconds": self.seconds,
-               "trained_ctx": self.trained[0] if self.trained else None,
-               "trained_from": self.trained[1] if self.trained else None,
-               "beyond_trained": [bool(self.trained) and trial_len(d) > self.trained[0] for d in dists],
+               "interrupted": self.interrupted, "seconds": getattr(self, "seconds", None),
+               "trained_ctx": trained[0] if trained else None,
+               "trained_from": trained[1] if trained else None,
+               "beyond_trained": [bool(trained) and trial_len(d) > trained[0] for d in dists],
                "variants": []}
         for v, t in zip(self.variants, tallies):
             acc, lps, exact, n = [], [], [], []
