@@ -149,7 +149,7 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
 
 def _recall(model, base, bits, roundings, weight_bits, max_distance, chunk, text_file, trials, seed, as_json, plot,
             compare=(), store_as=None, distance_text=None):
-    from .recall import RecallProbe, compare_variants, distances, make_trials
+    from .recall import FIRST_DISTANCE, RecallProbe, compare_variants, distances, make_trials
     from .recall import plot as recall_plot
     from .recall import store as recall_store
     from .run import Encoder, default_text, make_variants
@@ -165,8 +165,11 @@ def _recall(model, base, bits, roundings, weight_bits, max_distance, chunk, text
         given = sorted({parse_ctx(x.strip()) for x in distance_text.split(",") if x.strip()})
         if not given:
             raise EdgekvError(f"--distances {distance_text!r}: use comma-separated token counts, e.g. 8064,12k")
+        if given[0] < FIRST_DISTANCE:
+            raise EdgekvError(f"--distances {distance_text}: the recall probe needs at least {FIRST_DISTANCE} tokens "
+                              "of distance")
         max_distance = given[-1]
-    distances(min(given) if given else max_distance)  # a too-short distance is one line before any weight is read
+    distances(max_distance)  # a too-short --ctx is one line before any weight is read
     if plot:
         from ..jsonfile import PLOT_FORMATS, check_writable
         check_writable(plot, "--plot", PLOT_FORMATS)

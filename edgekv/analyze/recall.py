@@ -303,12 +303,13 @@ def compare_variants(specs: list[str]) -> list[Variant]:
     return out
 
 
-def store(result: dict, name: str, command: str, folder=None) -> "Path":
+def store(result: dict, name: str, command: str, folder=None):
     """Merge a recall result into <folder>/<name>__recall.json (edgekv/measurements by default), the file the
     planner reads (edgekv.measured): per strategy label a curve of points {distance, value (fraction of trials with
     every value token right), accuracy, logprob, trials, beyond_trained}, with the command, date and seconds of the
     run that measured it. Curves and distances this run did not measure are kept; the ones it did are replaced.
-    Only nearest-rounding state variants with float weights are stored (what a plan row's strategy is)."""
+    Only nearest-rounding state variants with float weights are stored (what a plan row's strategy is). Returns
+    the file's path."""
     import datetime
     import json
     import os
