@@ -213,7 +213,8 @@ def _ssm_pair(i: int, m: SSM, dtype: str) -> list[StateTensor]:
 
 
 def _linear_state(i: int, m: Linear, dtype: str) -> list[StateTensor]:
-    """One block's recurrent state. Linear attention: [1, H, Dk, Dv] in the strategy's dtype.
+    """One block's recurrent state. Linear attention: [1, H, Dk, Dv] in the strategy's dtype, after the conv state
+    [1, conv_dim, K - 1] fp32 of a layer with a causal conv (Gated DeltaNet).
 
     RWKV-4 (n_vectors rows of width d, rows: ffn shift, att shift, num, den, max) is fp32 unless dtype is int8 (the
     module has no fp16/bf16 path, so those stay fp32). int8 splits the rows:
@@ -226,8 +227,11 @@ def _linear_state(i: int, m: Linear, dtype: str) -> list[StateTensor]:
     it is 1/5 of the state, so it stays fp32 (the edgekv.models.recurrent docstring says more)."""
     if not m.n_vectors:
         dt = "int8" if dtype == "int8" else KV_DTYPES[dtype]
-        return [StateTensor(f"past_recurrent.{i}", f"present_recurrent.{i}", (1, m.n_heads, m.d_k, m.d_v), dt, i,
-                            "recurrent")]
+        # a Gated DeltaNet layer (Qwen3.5) also keeps its conv's last K - 1 inputs, fp32 as an SSM's conv state
+        conv = [StateTensor(f"past_conv.{i}", f"present_conv.{i}", (1, m.conv_dim, m.d_conv - 1), "float32", i,
+                            "conv")] if m.d_conv else []
+        return conv + [StateTensor(f"past_recurrent.{i}", f"present_recurrent.{i}", (1, m.n_heads, m.d_k, m.d_v),
+                                   dt, i, "recurrent")]
     if dtype != "int8":  # RWKV-4's exp sums in fp32
         return [StateTensor(f"past_recurrent.{i}", f"present_recurrent.{i}", (1, m.n_vectors, m.width), "float32", i,
                             "recurrent")]
