@@ -150,7 +150,8 @@ def parse_strategy(spec: str) -> Strategy:
         else:
             params[k] = v
     for k in ("dtype", "state_dtype"):
-        if k in params and params[k] not in KV_DTYPES and not (name in ("ssm", "linear", "hybrid") and params[k] == "int8"):
+        if k in params and params[k] not in KV_DTYPES and not (name in ("ssm", "linear", "hybrid") and params[k] == "int8") \
+                and not (name == "hybrid" and k == "dtype" and params[k] == "int4"):
             raise EdgekvError(f"strategy {spec!r}: {k} must be one of {', '.join(KV_DTYPES)}")
     if name == "window" and params["w"] < 1:
         raise EdgekvError(f"strategy {spec!r}: window w must be at least 1")
@@ -243,6 +244,15 @@ def _linear_state(i: int, m: Linear, dtype: str) -> list[StateTensor]:
                         "recurrent.max")]
 
 
+def hybrid_kv(strategy: Strategy) -> Strategy:
+    """The cache strategy of a hybrid's attention layers: hybrid:dtype=fp16 -> kv:dtype=fp16; dtype=int8 -> kv-int8
+    (one scale per token and head), dtype=int4 -> kv-int4 (groups of 32), edgekv.quant's codes as for a transformer."""
+    dt = strategy.params["dtype"]
+    if dt in ("int8", "int4"):
+        return Strategy(f"kv-{dt}", dict(DEFAULTS[f"kv-{dt}"]))
+    return Strategy("kv", {"dtype": dt})
+
+
 def mla_rank(arch: Arch, strategy: Strategy) -> int:
     """The latent width r a converted-MLA cache keeps per token and layer (K and V share one latent)."""
     attn = arch.mixers("attention")
@@ -288,7 +298,7 @@ def build_layout(arch: Arch, strategy: Strategy, ctx: int) -> StateLayout:
                 t = ctx if m.window is None else min(ctx, m.window)
                 if s == "window":
                     t = min(t, strategy.params["w"] + strategy.params["sinks"])
-                kv = strategy if s != "hybrid" else Strategy("kv", {"dtype": strategy.params["dtype"]})
+                kv = strategy if s != "hybrid" else hybrid_kv(strategy)
                 if s == "window":
                     kv = Strategy("kv", {"dtype": strategy.params["dtype"]})
                 tensors += _kv_pair(i, m.n_kv_heads, t, m.head_dim, kv)

@@ -100,7 +100,8 @@ def test_longrope_without_its_original_context_is_one_clear_line(tmp_path):
 CASES = {"phi4mini": ("phi4mini", 32), "phi3mini": ("phi3mini", 32)}
 
 
-@pytest.fixture(scope="module", params=[pytest.param("phi3mini", marks=pytest.mark.slow), "phi4mini"])
+# each export traces and lowers both formats: minutes on 2 shared cores (`make test-all` runs them)
+@pytest.fixture(scope="module", params=[pytest.param(k, marks=pytest.mark.slow) for k in sorted(CASES)])
 def exported(request, tmp_path_factory):
     from click.testing import CliRunner
 

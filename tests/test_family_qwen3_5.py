@@ -103,8 +103,8 @@ def test_a_kv_strategy_on_the_hybrid_is_one_clear_line(tmp_path):
 # ---- exported, run by the runtimes alone ----
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+@pytest.fixture(scope="module", params=[pytest.param("qwen3_5", marks=pytest.mark.slow)])  # minutes: make test-all
+def exported(request, tmp_path_factory):
     from click.testing import CliRunner
 
     from edgekv.export.cli import cli
@@ -127,7 +127,7 @@ def test_exported_qwen3_5_matches_transformers_step_by_step_in_the_runtime(expor
 
     ref, out = exported
     manifest = load_export(out)
-    names = {s["input"] for s in manifest["state"]}
+    names = {t["input"] for t in manifest["state"]["tensors"]}
     assert {"past_conv.0", "past_recurrent.0", "past_key_values.1.key"} <= names
     stepper = OrtStepper(manifest, out) if fmt == "onnx" else PteStepper(manifest, out)
     prompt = [5, 9, 33, 12, 40, 7, 21, 3, 18, 50, 11]  # 11 tokens: a prefill of 8, then 3 through decode
@@ -136,3 +136,21 @@ def test_exported_qwen3_5_matches_transformers_step_by_step_in_the_runtime(expor
     assert np.abs(want).max() > 1.0
     diff = np.abs(ours - want).max()
     assert diff <= 1e-3, f"{fmt}: max abs diff {diff:.3g}"
+
+
+def test_int8_kv_on_the_full_attention_layers_only(tmp_path):
+    """hybrid:dtype=int8 quantizes the full attention layers' caches (edgekv.quant codes + a scale per token and head,
+    as kv-int8) and leaves the DeltaNet state fp32; logits stay near transformers' fp32 ones."""
+    ref = tiny_qwen3_5(tmp_path)
+    s = parse_strategy("hybrid:dtype=int8,state_dtype=fp32")
+    loaded = load_any(str(tmp_path), s, 64)
+    roles = {(t.layer, t.role): t.dtype for t in loaded.layout.tensors}
+    assert roles[(1, "key")] == "int8" and roles[(1, "key.scale")] == "float16"
+    assert roles[(0, "recurrent")] == "float32" and (0, "key") not in roles
+    prompt = [3, 17, 42, 5, 8, 60, 11, 30, 2, 77, 9]
+    tokens, logits, state = greedy_with_state(loaded.module, prompt, steps=6, chunk=4)
+    assert state[2].dtype == torch.int8 and state[2].abs().max() > 0
+    want = hf_logits(ref, tokens)
+    scale = want.abs().max().item()
+    diff = (logits - want).abs().max().item()
+    assert 0 < diff <= 2e-2 * scale, f"max abs diff {diff:.3g} (logit scale {scale:.3g})"

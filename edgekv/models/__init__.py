@@ -41,6 +41,7 @@ class Family:
     what: str = ""  # one line for listings
     state_dtypes: tuple[str, ...] = ("fp32", "fp16")  # the float/int dtypes its module stores the state in
     ctx_capped: bool = False  # its reader refuses max_ctx > max_position_embeddings
+    kv_quantized: bool = False  # a hybrid whose attention layers also keep int8/int4 caches (hybrid:dtype=int8|int4)
 
 
 FAMILIES = (
@@ -62,7 +63,7 @@ FAMILIES = (
            what="Mamba-1 + attention + MoE", state_dtypes=("fp32", "fp16", "bf16")),
     Family("qwen3_5", ("qwen3_5_text", "qwen3_5"), ("hybrid",), "edgekv.models.qwen3_5:read_qwen3_5",
            "edgekv.models.qwen3_5:build_qwen3_5", what="Qwen3.5: Gated DeltaNet + gated full attention",
-           state_dtypes=("fp32", "fp16", "bf16"), ctx_capped=True),
+           state_dtypes=("fp32", "fp16", "bf16"), ctx_capped=True, kv_quantized=True),
 )
 FAMILY = {f.name: f for f in FAMILIES}
 
