@@ -68,7 +68,16 @@ class Linear:
     kind: str = "linear"
 
 
-Mixer = Attention | MLA | SSM | Linear
+@dataclass(frozen=True)
+class ShortConv:
+    """LFM2's gated short convolution (transformers' Lfm2ShortConv): a depthwise causal conv of kernel d_conv over
+    width channels between an input and an output gate. State per layer: its last d_conv - 1 inputs."""
+    width: int
+    d_conv: int
+    kind: str = "conv"
+
+
+Mixer = Attention | MLA | SSM | Linear | ShortConv
 
 
 @dataclass(frozen=True)
@@ -625,19 +634,130 @@ def _rwkv(c: Cfg, mt: str):
     return hidden, vocab, blocks, ws
 
 
+def _lfm2(c: Cfg, mt: str):
+    """LFM2 (Lfm2Config / Lfm2ForCausalLM): layer_types (or full_attn_idxs) picks, per layer, GQA attention with
+    qk-norm and RoPE or a gated short conv; every layer then runs a SwiGLU MLP (w1, w3, w2) whose width
+    block_auto_adjust_ff_dim derives from intermediate_size (block_ff_dim) as Lfm2MLP does."""
+    hidden = c.int("hidden_size")
+    n_layers = c.int("num_hidden_layers")
+    n_heads = c.int("num_attention_heads")
+    n_kv = c.int("num_key_value_heads", default=8)
+    if n_kv == 0 or n_heads % n_kv:
+        raise EdgekvError(f"{c.where}: num_attention_heads {n_heads} is not a multiple of num_key_value_heads {n_kv}")
+    hd = c.int("head_dim", default=hidden // n_heads)
+    inter = c.int("block_ff_dim", "intermediate_size", default=12288)
+    if c.get("block_auto_adjust_ff_dim", default=True):
+        inter = int(2 * inter / 3)
+        mult = c.get("block_ffn_dim_multiplier", default=1.0)
+        if mult is not None:
+            of = c.int("block_multiple_of", default=256)
+            inter = of * ((int(mult * inter) + of - 1) // of)
+    vocab = c.int("vocab_size", default=65536)
+    d_conv = c.int("conv_L_cache", default=3)
+    bias = bool(c.get("conv_bias", default=False))
+    kinds = c.get("layer_types", default=None)
+    if kinds is None:
+        attn = c.get("full_attn_idxs", default=list(range(n_layers)))
+        kinds = ["full_attention" if i in attn else "conv" for i in range(n_layers)]
+    _check_kinds(c, "layer_types", kinds, n_layers, ("full_attention", "conv"))
+    ws, blocks = [], []
+    for i in range(n_layers):
+        p = f"model.layers.{i}"
+        if kinds[i] == "conv":
+            ws.append(Weight(f"{p}.conv.conv.weight", (hidden, 1, d_conv), "small"))
+            if bias:
+                ws.append(Weight(f"{p}.conv.conv.bias", (hidden,), "small"))
+            _lin(ws, f"{p}.conv.in_proj", hidden, 3 * hidden, bias)
+            _lin(ws, f"{p}.conv.out_proj", hidden, hidden, bias)
+            m = ShortConv(hidden, d_conv)
+        else:
+            _lin(ws, f"{p}.self_attn.q_proj", hidden, n_heads * hd)
+            _lin(ws, f"{p}.self_attn.k_proj", hidden, n_kv * hd)
+            _lin(ws, f"{p}.self_attn.v_proj", hidden, n_kv * hd)
+            _lin(ws, f"{p}.self_attn.out_proj", n_heads * hd, hidden)
+            _vec(ws, f"{p}.self_attn.q_layernorm", hd)
+            _vec(ws, f"{p}.self_attn.k_layernorm", hd)
+            m = Attention(n_heads, n_kv, hd)
+        _lin(ws, f"{p}.feed_forward.w1", hidden, inter)
+        _lin(ws, f"{p}.feed_forward.w3", hidden, inter)
+        _lin(ws, f"{p}.feed_forward.w2", inter, hidden)
+        _vec(ws, f"{p}.operator_norm", hidden)
+        _vec(ws, f"{p}.ffn_norm", hidden)
+        blocks.append(Block((m,)))
+    _vec(ws, "model.embedding_norm", hidden)
+    _embed_and_head(ws, vocab, hidden, bool(c.get("tie_word_embeddings", "tie_embedding", default=True)))
+    return hidden, vocab, blocks, ws
+
+
+def _granite_hybrid(c: Cfg, mt: str):
+    """Granite-4.0-H (GraniteMoeHybridConfig / GraniteMoeHybridForCausalLM): layer_types picks, per layer, a Mamba-2
+    mixer ("mamba" / "linear_attention") or GQA attention (RoPE only with position_embedding_type "rope"); every
+    layer then runs the shared SwiGLU MLP (input_linear -> 2 x shared_intermediate_size) and, when
+    num_local_experts > 0, a top-k MoE of intermediate_size experts beside it."""
+    hidden = c.int("hidden_size")
+    n_layers = c.int("num_hidden_layers")
+    n_heads = c.int("num_attention_heads")
+    n_kv = c.int("num_key_value_heads", default=n_heads)
+    if n_kv == 0 or n_heads % n_kv:
+        raise EdgekvError(f"{c.where}: num_attention_heads {n_heads} is not a multiple of num_key_value_heads {n_kv}")
+    hd = hidden // n_heads
+    vocab = c.int("vocab_size")
+    bias = bool(c.get("attention_bias", default=False))
+    m_heads = c.int("mamba_n_heads", default=128)
+    d_inner = int(c.get("mamba_expand", default=2) * hidden)
+    m_hd = c.get("mamba_d_head", default="auto")
+    m_hd = d_inner // m_heads if m_hd == "auto" else c.int("mamba_d_head")
+    groups, d_state = c.int("mamba_n_groups", default=1), c.int("mamba_d_state", default=256)
+    d_conv = c.int("mamba_d_conv", default=4)
+    n_exp, top_k = c.int("num_local_experts", default=8), c.int("num_experts_per_tok", default=2)
+    shared = c.int("shared_intermediate_size", default=1024)
+    kinds = c.get("layer_types", "layers_block_type", default=["linear_attention"] * n_layers)
+    # published configs say mamba / attention, transformers >= 5 writes linear_attention / full_attention
+    _check_kinds(c, "layer_types", kinds, n_layers, ("mamba", "linear_attention", "attention", "full_attention"))
+    ws, blocks = [], []
+    for i in range(n_layers):
+        p = f"model.layers.{i}"
+        if kinds[i] in ("attention", "full_attention"):
+            _lin(ws, f"{p}.self_attn.q_proj", hidden, n_heads * hd, bias)
+            _lin(ws, f"{p}.self_attn.k_proj", hidden, n_kv * hd, bias)
+            _lin(ws, f"{p}.self_attn.v_proj", hidden, n_kv * hd, bias)
+            _lin(ws, f"{p}.self_attn.o_proj", n_heads * hd, hidden, bias)
+            m = Attention(n_heads, n_kv, hd)
+        else:
+            m = _mamba2_mixer(ws, f"{p}.mamba", hidden, d_inner, m_heads, m_hd, groups, d_state, d_conv,
+                              bool(c.get("mamba_conv_bias", default=True)), bool(c.get("mamba_proj_bias",
+                                                                                       default=False)))
+        if n_exp > 0:
+            inter = c.int("intermediate_size")
+            ws.append(Weight(f"{p}.block_sparse_moe.router.layer.weight", (n_exp, hidden), "small"))
+            ws.append(Weight(f"{p}.block_sparse_moe.input_linear.weight", (n_exp, 2 * inter, hidden), "linear",
+                             top_k / n_exp))
+            ws.append(Weight(f"{p}.block_sparse_moe.output_linear.weight", (n_exp, hidden, inter), "linear",
+                             top_k / n_exp))
+        _lin(ws, f"{p}.shared_mlp.input_linear", hidden, 2 * shared)
+        _lin(ws, f"{p}.shared_mlp.output_linear", shared, hidden)
+        _vec(ws, f"{p}.input_layernorm", hidden)
+        _vec(ws, f"{p}.post_attention_layernorm", hidden)
+        blocks.append(Block((m,)))
+    _vec(ws, "model.norm", hidden)
+    _embed_and_head(ws, vocab, hidden, bool(c.get("tie_word_embeddings", default=False)))
+    return hidden, vocab, blocks, ws
+
+
 READERS = {
     "llama": _decoder, "mistral": _decoder, "qwen2": _decoder, "qwen3": _decoder, "phi3": _decoder, "smollm3": _decoder,
     "gemma2": _decoder, "gemma3": _decoder, "gemma3_text": _decoder,
     "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
     "mamba": _mamba, "mamba2": _mamba,
     "jamba": _jamba, "falcon_h1": _falcon_h1, "zamba2": _zamba2, "rwkv": _rwkv,
+    "lfm2": _lfm2, "granitemoehybrid": _granite_hybrid,
 }
 SUPPORTED = sorted(READERS)
 
 
 def _family(blocks: list[Block]) -> str:
     kinds = {m.kind for b in blocks for m in b.mixers}
-    if len(kinds) > 1:
+    if len(kinds) > 1 or kinds == {"conv"}:  # a conv-only LFM2 config: plain recurrent layers, planned as a hybrid
         return "hybrid"
     return {"attention": "transformer", "mla": "mla", "ssm": "ssm", "linear": "linear"}[kinds.pop()]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from .arch import MLA, SSM, Arch, Attention, Linear
+from .arch import MLA, SSM, Arch, Attention, Linear, ShortConv
 from .errors import EdgekvError
 
 DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float8_e4m3fn": 1.0, "int8": 1.0, "uint8": 1.0}
@@ -263,13 +263,17 @@ def build_layout(arch: Arch, strategy: Strategy, ctx: int) -> StateLayout:
     tensors: list[StateTensor] = []
     if s == "ring":
         raise NotApplicable("ring splits the KV over several GPUs: use build_ring_layout")
-    native_recurrent = kinds & {"ssm", "linear"}
+    native_recurrent = kinds & {"ssm", "linear", "conv"}
     if s in ("ssm", "linear") and (kinds != {s}):
         raise NotApplicable(f"needs a pure {s} model")
     if s == "hybrid" and not (native_recurrent and kinds & {"attention", "mla"}):
         raise NotApplicable("needs a hybrid model (attention and recurrent layers)")
-    if s in ("kv", "kv-int8", "kv-int4", "kv-int2", "window", "mla") and native_recurrent:
-        raise NotApplicable("a model with recurrent layers: plan it with hybrid/ssm/linear")
+    quantized_hybrid = strategy.kv_bits is not None and native_recurrent and "attention" in kinds
+    if s in ("kv", "kv-int8", "kv-int4", "kv-int2", "window", "mla") and native_recurrent and not quantized_hybrid:
+        raise NotApplicable("a model with recurrent layers: plan it with hybrid/ssm/linear (or kv-int8/int4/int2 "
+                            "on the attention layers of a hybrid)")
+    # kv-int8/int4/int2 on a hybrid: its attention layers' KV quantized, its recurrent state fp32
+    state_dtype = "fp32" if quantized_hybrid else strategy.params.get("state_dtype", strategy.params.get("dtype"))
     if s in ("kv", "kv-int8", "kv-int4", "kv-int2", "window") and "mla" in kinds:
         raise NotApplicable("an MLA model caches a latent: use mla")
     for i, b in enumerate(arch.blocks):
@@ -295,9 +299,12 @@ def build_layout(arch: Arch, strategy: Strategy, ctx: int) -> StateLayout:
                                            (1, ctx, m.kv_lora_rank + m.qk_rope_head_dim),
                                            KV_DTYPES[strategy.params["dtype"]], i, "latent"))
             elif isinstance(m, SSM):
-                tensors += _ssm_pair(i, m, strategy.params.get("state_dtype", strategy.params["dtype"]))
+                tensors += _ssm_pair(i, m, state_dtype)
             elif isinstance(m, Linear):
-                tensors += _linear_state(i, m, strategy.params.get("state_dtype", strategy.params["dtype"]))
+                tensors += _linear_state(i, m, state_dtype)
+            elif isinstance(m, ShortConv):  # LFM2: the conv's last K - 1 inputs, fp32 as a Mamba conv state
+                tensors.append(StateTensor(f"past_conv.{i}", f"present_conv.{i}", (1, m.width, m.d_conv - 1),
+                                           "float32", i, "conv"))
     return StateLayout(strategy.label, ctx, tuple(tensors))
 
 

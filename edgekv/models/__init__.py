@@ -59,6 +59,12 @@ FAMILIES = (
            "edgekv.models.recurrent:build_rwkv", what="RWKV-4", state_dtypes=("fp32", "fp16", "bf16", "int8")),
     Family("jamba", ("jamba",), ("hybrid",), "edgekv.models.hybrid:read_jamba", "edgekv.models.hybrid:build_jamba",
            what="Mamba-1 + attention + MoE", state_dtypes=("fp32", "fp16", "bf16")),
+    Family("lfm2", ("lfm2",), ("hybrid", "kv-int8", "kv-int4", "kv-int2"), "edgekv.models.lfm2:read_lfm2",
+           "edgekv.models.lfm2:build_lfm2", what="LFM2 / LFM2.5: gated short convolutions + GQA attention (qk-norm)",
+           ctx_capped=True),
+    Family("granite-hybrid", ("granitemoehybrid",), ("hybrid", "kv-int8", "kv-int4", "kv-int2"),
+           "edgekv.models.granite_hybrid:read_granite_hybrid", "edgekv.models.granite_hybrid:build_granite_hybrid",
+           what="Granite-4.0-H dense: Mamba-2 + GQA attention (NoPE)", ctx_capped=True),
 )
 FAMILY = {f.name: f for f in FAMILIES}
 
@@ -174,8 +180,20 @@ def load_any(spec: str, strategy, max_ctx: int) -> Loaded:
 
     if max_ctx is not None and max_ctx < 1:
         raise EdgekvError(f"max_ctx must be at least 1, got {max_ctx}")
-    fam = check_strategy(family_of(resolve_model(spec)), strategy)  # before any weight is read
+    fam = family_of(resolve_model(spec))
+    strategy = hybrid_alias(fam, strategy)
+    fam = check_strategy(fam, strategy)  # before any weight is read
     return load_family(fam, spec, strategy, max_ctx)
+
+
+def hybrid_alias(family: Family, strategy):
+    """kv (a float cache) on a family that keeps only the hybrid form of it (LFM2, Granite-4.0-H): its native state
+    with the KV in that dtype and the recurrent state fp32, i.e. hybrid:dtype=D,state_dtype=fp32 -- what analyze's
+    fp32 reference (kv:dtype=fp32) asks of any model with attention layers. Any other strategy is returned as is."""
+    if strategy.name == "kv" and "kv" not in family.strategies and "hybrid" in family.strategies:
+        from ..strategies import parse_strategy
+        return parse_strategy(f"hybrid:dtype={strategy.params['dtype']},state_dtype=fp32")
+    return strategy
 
 
 def read_llama(spec: str, max_ctx: int | None = None) -> Source:
