@@ -138,11 +138,14 @@ public final class Manifest {
          * new rows in place), so the state exists once. False for older exports and for graphs without it.
          */
         public final boolean stateInPlace;
+        /** The ONNX graph's external weights file (artifacts[].external_data), or null. */
+        public final String externalData;
 
         Artifact(String format, String file, String runtime, String backend, List<EntryPoint> entryPoints,
-                 boolean stateInPlace) {
+                 boolean stateInPlace, String externalData) {
             this.format = format;
             this.file = file;
+            this.externalData = externalData;
             this.runtime = runtime;
             this.backend = backend;
             this.entryPoints = Collections.unmodifiableList(entryPoints);
@@ -372,8 +375,10 @@ public final class Manifest {
         }
         Json.Node backend = a.opt("backend");
         Json.Node inPlace = a.opt("state_in_place");
+        Json.Node external = a.opt("external_data");
         return new Artifact(format, a.get("file").str(), a.get("runtime").str(),
-                backend.isNull() ? null : backend.str(), list, !inPlace.isNull() && inPlace.bool());
+                backend.isNull() ? null : backend.str(), list, !inPlace.isNull() && inPlace.bool(),
+                external.isNull() ? null : external.str());
     }
 
     private static List<TensorSpec> specs(Json.Node arr) {
