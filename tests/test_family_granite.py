@@ -79,7 +79,7 @@ def test_matches_transformers_over_prefill_and_decode(strategy, tol, over, tmp_p
     assert diff <= tol * scale, f"{strategy} {over}: max abs diff {diff:.3g} (logit scale {scale:.3g})"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=[pytest.param("granite", marks=pytest.mark.slow)])
 def exported(tmp_path_factory):
     from click.testing import CliRunner
 
