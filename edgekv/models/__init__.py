@@ -62,9 +62,6 @@ FAMILIES = (
     Family("lfm2", ("lfm2",), ("hybrid", "kv-int8", "kv-int4", "kv-int2"), "edgekv.models.lfm2:read_lfm2",
            "edgekv.models.lfm2:build_lfm2", what="LFM2 / LFM2.5: gated short convolutions + GQA attention (qk-norm)",
            ctx_capped=True),
-    Family("granite-hybrid", ("granitemoehybrid",), ("hybrid", "kv-int8", "kv-int4", "kv-int2"),
-           "edgekv.models.granite_hybrid:read_granite_hybrid", "edgekv.models.granite_hybrid:build_granite_hybrid",
-           what="Granite-4.0-H dense: Mamba-2 + GQA attention (NoPE)", ctx_capped=True),
 )
 FAMILY = {f.name: f for f in FAMILIES}
 
@@ -187,7 +184,7 @@ def load_any(spec: str, strategy, max_ctx: int) -> Loaded:
 
 
 def hybrid_alias(family: Family, strategy):
-    """kv (a float cache) on a family that keeps only the hybrid form of it (LFM2, Granite-4.0-H): its native state
+    """kv (a float cache) on a family that keeps only the hybrid form of it (LFM2): its native state
     with the KV in that dtype and the recurrent state fp32, i.e. hybrid:dtype=D,state_dtype=fp32 -- what analyze's
     fp32 reference (kv:dtype=fp32) asks of any model with attention layers. Any other strategy is returned as is."""
     if strategy.name == "kv" and "kv" not in family.strategies and "hybrid" in family.strategies:
