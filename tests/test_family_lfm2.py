@@ -69,7 +69,7 @@ def test_planner_reads_lfm2_as_a_hybrid_of_conv_state_and_kv(tmp_path):
     assert [(t.name, t.shape) for t in layout.tensors[:3]] == [
         ("past_conv.0", (1, 48, 3)), ("past_key_values.1.key", (1, 2, 64, 8)), ("past_key_values.1.value", (1, 2, 64, 8))]
     assert sum(t.role == "conv" for t in layout.tensors) == 2
-    q = build_layout(arch, parse_strategy("kv-int8"), 64)  # quantized KV on the attention layers, conv state fp32
+    q = build_layout(arch, parse_strategy("hybrid:dtype=int8"), 64)  # int8 KV on the attention layers, conv fp32
     assert {t.dtype for t in q.tensors if t.role == "key"} == {"int8"}
     assert {t.dtype for t in q.tensors if t.role == "conv"} == {"float32"}
     with pytest.raises(EdgekvError, match="window:.* does not apply to a lfm2-family model"):
@@ -79,9 +79,9 @@ def test_planner_reads_lfm2_as_a_hybrid_of_conv_state_and_kv(tmp_path):
     assert family_of(tmp_path).name == "lfm2"
 
 
-@pytest.mark.parametrize("strategy,tol", [("hybrid:dtype=fp32", 2e-5), ("kv-int8:group=4", 0.05)])
+@pytest.mark.parametrize("strategy,tol", [("hybrid:dtype=fp32", 2e-5), ("hybrid:dtype=int8", 0.05)])
 def test_matches_transformers_over_prefill_and_decode(strategy, tol, tmp_path):
-    """fp32: to fp32 rounding. kv-int8 (the attention layers' KV quantized, the conv state exact): within int8's
+    """fp32: to fp32 rounding. dtype=int8 (the attention layers' KV in int8, the conv state exact): within int8's
     error."""
     ref = tiny_lfm2(tmp_path)
     loaded = load_any(str(tmp_path), parse_strategy(strategy), 64)
