@@ -40,9 +40,9 @@ from ..arch import Cfg
 from ..errors import EdgekvError
 from ..strategies import StateLayout
 from .head import head, output_weight
-from .llama import STATE_TORCH, Attention, KVFormat, LlamaArgs, RMSNorm, rope_cos_sin, rope_inv_freq
-from .llama import MLP as SwiGLU
-from .mamba import causal_conv_step, empty_state
+from .base import STATE_TORCH, empty_state
+from .layers import MLP, RMSNorm, causal_conv_step, rope_cos_sin, rope_inv_freq, slot_plan
+from .llama import Attention, KVFormat, LlamaArgs
 
 
 @dataclass
@@ -134,14 +134,10 @@ def hybrid_kv_format(layout: StateLayout, attn_layers: list[int], n_kv_heads: in
 
 def cache_plan(pos: torch.Tensor, c: int, t_slots: int, g: int, cache_dtype: torch.dtype):
     """pos [1], C tokens -> positions [C], write [T, C] one-hot (slot p <- position p), keep [T, 1], mask [G*C, T]
-    additive (0 where slot <= the query's position): the plain cache's per-call plan, as edgekv.models.llama.Llama
-    computes it, shared by every attention layer of the call."""
-    positions = pos + torch.arange(c, dtype=torch.int64, device=pos.device)  # [C]
-    slots = torch.arange(t_slots, dtype=torch.int64, device=pos.device)  # [T]
-    write = (slots[:, None] == positions[None, :]).float()
-    keep = ((slots < pos) | (slots >= pos + c)).to(cache_dtype)[:, None]
-    allowed = slots[None, :] <= positions.repeat(g)[:, None]
-    return positions, write, keep, torch.where(allowed, 0.0, float("-inf"))
+    additive (0 where slot <= the query's position): edgekv.models.layers.slot_plan in the form
+    edgekv.models.llama.Attention takes, computed once per call for every attention layer."""
+    positions, write, written, allowed = slot_plan(pos, c, t_slots, repeat=g)
+    return positions, write, (~written).to(cache_dtype), torch.where(allowed, 0.0, float("-inf"))
 
 
 # ---- the module ----
@@ -171,7 +167,7 @@ class Lfm2Layer(nn.Module):
             self.conv = ShortConv(a.hidden, a.d_conv, a.conv_bias)
         else:
             self.self_attn = Attention(a.attention_args())
-        self.feed_forward = SwiGLU(a.attention_args())
+        self.feed_forward = MLP(a.attention_args())
         self.operator_norm = RMSNorm(a.hidden, a.eps)
         self.ffn_norm = RMSNorm(a.hidden, a.eps)
 
@@ -244,7 +240,7 @@ def _renamed(key: str) -> str:
 def read_lfm2(spec: str, max_ctx: int):
     """An HF folder of an lfm2 model -> Source (edgekv.models.FAMILIES), its tensors under this module's names."""
     from . import Source
-    from .mamba import read_folder
+    from .base import read_folder
 
     path, cfg, sd, arch = read_folder(spec, max_ctx)
     args = lfm2_args(cfg, arch, str(path / "config.json"))
@@ -257,5 +253,5 @@ def read_lfm2(spec: str, max_ctx: int):
 
 
 def build_lfm2(src, layout: StateLayout) -> Lfm2:
-    from .weights import load_strict
+    from .base import load_strict
     return load_strict(Lfm2(src.args, layout), src.sd, src.path, "lfm2")
