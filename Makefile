@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all test-deps install bench bench-speed clean android-test mutate
+.PHONY: demo test test-all test-deps lint install bench bench-speed clean android-test mutate
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,8 +23,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/edgekv plan --device pixel8 --ctx 32k
 
+# everything it runs is set up here: .venv from requirements.lock, the Debian packages (test-deps), then
+# the Android core's JUnit tests and the default pytest suite, in that order
 test: $(STAMP) test-deps android-test
 	$(BIN)/python -m pytest -q
+
+# ruff (pinned in requirements.lock; rules in pyproject.toml [tool.ruff])
+lint: $(STAMP)
+	$(BIN)/ruff check --no-cache .
 
 # Debian packages the tests use: a JDK and junit4 (the Android core's JUnit tests), chromium (the report page is
 # rendered headless and its screenshot kept in test-artifacts/). Installed when missing, as root through apt-get;
@@ -43,10 +49,10 @@ test-deps:
 	fi
 
 # the Android demo's plain-Java core (JUnit 4 with the JDK; `make test-deps` installs them)
-android-test:
+android-test: test-deps
 	android_demo/run_core_tests.sh
 
-test-all: $(STAMP) test-deps
+test-all: $(STAMP) test-deps android-test
 	$(BIN)/python -m pytest -q -m ''
 
 bench: $(STAMP)

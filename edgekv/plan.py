@@ -174,6 +174,8 @@ def export_support(arch: Arch, strategy: Strategy, ctx: int) -> tuple[bool, str]
         return False, f"edgekv's {arch.model_type} module takes {', '.join(names)}, not {strategy.name}"
     for k in ("dtype", "state_dtype"):
         d = strategy.params.get(k)
+        if k == "dtype" and strategy.name == "hybrid" and d in ("int8", "int4") and family.kv_quantized:
+            continue  # the attention layers' quantized cache (strategies.hybrid_kv)
         if d and d not in dtypes:
             return False, f"edgekv's {arch.model_type} module stores {', '.join(dtypes)}, not {d}"
     if capped and arch.max_position and ctx > arch.max_position:

@@ -109,3 +109,24 @@ def test_gguf_read_arch_equals_the_catalog_config_of_the_same_model(gguf_path):
         wg = workspace_bytes(g, build_layout(g, s, 2048), s, rt, 512).value
         wc = workspace_bytes(c, build_layout(c, s, 2048), s, rt, 512).value
         assert wg == wc, rt
+
+
+def test_one_gguf_metadata_reader_gives_the_published_config(gguf_path):
+    """The one GGUF metadata reader (edgekv.arch.gguf.gguf_config), which both the planner's read_gguf and the export's
+    weight loader use, reads SmolLM2-135M's header into the values of its published config.json (the catalog's copy of
+    HuggingFaceTB/SmolLM2-135M-Instruct): widths, heads, norm epsilon, RoPE base, tied head, context."""
+    import gguf
+
+    from edgekv.arch.gguf import gguf_config
+    from edgekv.models.weights import gguf_config as export_config
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    cfg, published = gguf_config(reader, str(gguf_path)), catalog_entry("smollm2-135m")["config"]
+    keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "intermediate_size", "rope_theta", "max_position_embeddings",
+            "tie_word_embeddings", "attention_bias", "hidden_act")
+    assert {k: cfg[k] for k in keys} == {k: published[k] for k in keys}
+    assert cfg["rms_norm_eps"] == pytest.approx(published["rms_norm_eps"], rel=1e-6)  # stored as a float32
+    assert cfg["head_dim"] == published["hidden_size"] // published["num_attention_heads"] == 64
+    assert "rope_scaling" not in cfg and "partial_rotary_factor" not in cfg
+    assert export_config(reader, str(gguf_path)) == cfg  # the export adds refusals, not a second parse

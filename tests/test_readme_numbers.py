@@ -122,7 +122,7 @@ def check(doc: str) -> list[str]:
     problems = []
     previous = paragraph = []
     for kind, block in blocks(text):
-        names = own = cited(block)
+        names = cited(block)
         for n in names:
             if not exists(n):
                 problems.append(f"{doc}: cites {n}, which is not there")

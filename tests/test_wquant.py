@@ -369,7 +369,7 @@ def test_export_cli_int4_onnx_writes_a_checked_smaller_artifact(tmp_path):
     the factor the parameter counts predict (expected_bytes, independent of the pipeline)."""
     import jsonschema
 
-    from conftest import ROOT, run_cli
+    from conftest import run_cli
 
     outs = {}
     for w in ("fp32", "int4"):
@@ -378,7 +378,7 @@ def test_export_cli_int4_onnx_writes_a_checked_smaller_artifact(tmp_path):
                 "4", "--threads", "1", "--out", out, check=True)
         outs[w] = json.loads((out / "manifest.json").read_text())
     m = outs["int4"]
-    jsonschema.validate(m, json.loads((ROOT / "export/manifest.schema.json").read_text()))
+    jsonschema.validate(m, json.loads(mf.SCHEMA_PATH.read_text()))
     assert m["weights"]["dtype"] == "int4" and "MatMulNBits" in m["weights"]["quantization"]["onnx"]["new_ops"]
     q = m["weight_quality"]["onnx"]
     from edgekv.export.pipeline import QUALITY_TOKENS

@@ -10,7 +10,7 @@ Per position t (the prediction of token t+1): KL(reference || variant) of the ne
 agreement, NLL difference on the true next token, relative error of the final hidden state; at call boundaries the
 relative error of the state itself (dequantized, vs the reference's): after every call up to position 16, then on a
 log schedule (STATE_PER_DOUBLING samples per doubling of the position, and after the last call). Curves are windowed
-on a log scale anyway, and at C = 1 comparing the whole state after every token was a sizeable share of the cost.
+on a log scale anyway, and at C = 1 comparing the whole state after every token would be a sizeable share of the cost.
 """
 from __future__ import annotations
 
@@ -100,9 +100,8 @@ def fake_quantize_weights(module: torch.nn.Module, bits: int) -> None:
     (edgekv.export.wquant.quantize_module: torchao, symmetric int4 in groups of 32 or int8 per output channel, every
     linear whose input width is a multiple of 32, the tied output matrix untied into its own quantized copy, and the
     activations into each of them rounded to int8 per token at run time), so the weights line is what a quantized
-    artifact computes, up to the runtime's kernels. (Until 2026-12-01 this rounded the linears alone, asymmetrically,
-    with fp32 activations: on SmolLM2-135M, whose GGUF weights are Q4_1 and so already on that grid, int4 changed
-    none of them and measured KL 0, where the int4 export's own check measures ~0.3 nats.)"""
+    artifact computes, up to the runtime's kernels. Rounding the linears alone, asymmetrically, would change none of
+    SmolLM2-135M's weights (its GGUF is Q4_1, already on that grid) and so measure no error at all."""
     from ..export.wquant import quantize_module
 
     if bits not in WEIGHT_BITS:

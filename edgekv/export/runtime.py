@@ -85,10 +85,9 @@ class Stepper:
     in_place: bool = False  # the artifact writes its state where it lies (manifest state_in_place)
     # split a longer prompt into calls of at most this many tokens. ORT takes any C, so this is ORT's prefill call
     # size: an export records it in its manifest (deployment.formats.onnx.prefill_chunk; the planner predicts with
-    # it) and OrtStepper uses the recorded one. 128 is the knee, measured here (tiny Llama kv fp16, 32k slots, 8k
-    # prompt, 1 thread; benchmarks/plan_accuracy.py): C = 32 / 128 / 512: peak 512 / 792 / 2080 MB, prefill 137 / 53
-    # / 35 s. A call's scores are H x C x max_ctx fp32, so memory grows with C; every call also handles the whole
-    # state, so speed grows with C too, but 512 buys 1.5x for +1.3 GB where 128 buys 2.6x over 32 for +0.28 GB
+    # it) and OrtStepper uses the recorded one. A call's scores are H x C x max_ctx fp32, so memory grows with C;
+    # every call also handles the whole state, so prefill speed grows with C too: 128 is the knee between the two
+    # (benchmarks/plan_accuracy.py measures the peak this default gives)
     max_chunk: int = 128
     runtime: str = ""  # what `edgekv run --runtime` calls it
 
@@ -106,8 +105,7 @@ class Stepper:
 
     def prefill(self, tokens: list[int], pos: int = 0, last: bool = False, after_call=None) -> np.ndarray:
         """Logits [len(tokens), V], or with last=True only the last token's [1, V] (what generation needs, as an
-        app keeps it: every row costs len x vocab x 4 B, 200 MB for SmolLM2 at 1k, which is the caller's memory,
-        not the model's). after_call: called with no arguments after each chunk (the profile trims the heap)."""
+        app keeps it: every row costs len x vocab x 4 B, which is the caller's memory, not the model's). after_call: called with no arguments after each chunk (the profile trims the heap)."""
         if pos + len(tokens) > self.max_ctx:
             raise EdgekvError(f"{pos + len(tokens)} tokens exceed this export's max_ctx {self.max_ctx}")
         rows, n = [], self.chunk or self.max_chunk
@@ -156,13 +154,12 @@ class Stepper:
 
 class OrtStepper(Stepper):
     """spin=False stops ORT's worker threads from busy-waiting between calls: needed when another compute library
-    (verify's eager torch) runs in the same process in between, or both slow down by 10-30x on a small machine.
+    (verify's eager torch) runs in the same process in between, or both slow down by an order of magnitude on a
+    small machine.
 
     lean=True (the default) gives back the pages of model.onnx.data that loading read (release_file_pages, sparse),
     and turns off ORT's CPU memory arena and memory-pattern planning: with them on, ORT keeps the blocks of earlier
-    calls (measured here: tiny llama kv fp16 at 32k slots, 792 MB peak with the defaults vs 581 MB with both off;
-    SmolLM2 decode speed unchanged within noise, 7.0 vs 7.2 tok/s at 1 thread), so memory is what one
-    call needs, which is what the planner predicts (benchmarks/plan_accuracy.py). An app should set the same two
+    calls, so memory is what one call needs, which is what the planner predicts (benchmarks/plan_accuracy.py). An app should set the same two
     options (SessionOptions.enable_cpu_mem_arena / enable_mem_pattern = false); the manifest's deployment says so."""
 
     runtime = "ort"
@@ -213,8 +210,8 @@ class OrtStepper(Stepper):
         super().reset()
         if self.in_place:  # OrtValues over our numpy arrays (no copy): bound as both past.* and present.*
             self.values = [self.ort.OrtValue.ortvalue_from_numpy(s) for s in self.state]
-            # bound once per sequence: making the binding and binding 2 x layers values cost 0.39 ms of a SmolLM2
-            # int4 step at 2 threads (13.5 ms) against 0.07 ms for the three small inputs alone
+            # bound once per sequence: binding 2 x layers values every step costs far more than the three small
+            # inputs a step rebinds (benchmarks/results/decode_speed_ort_bound_once_2048.json)
             self.binding = self.sess.io_binding()
             self.binding.bind_output(self.out_names[0])  # first: get_outputs()[0] is the logits
             for i_name, o_name, v in zip(self._state_inputs(), self.out_names[1:], self.values):
@@ -277,15 +274,13 @@ def release_file_pages(path: Path, sparse: bool = False) -> int:
     that segment, a row per token (XNNPACK packs its weights from the delegates' own data): munlock + MADV_DONTNEED
     give the pages back (the kernel keeps them in its page cache; a read faults a row back in), so the table costs
     what the gather touches, as in an app that maps the .pte without mlock (ExecuTorch Android's LOAD_MODE_MMAP).
-    Measured on SmolLM2 fp32 (RSS above the runtime baseline): 115 MiB after loading the program, of which 113.5 MB
-    released; the method's load (XNNPACK packing) then peaks at 632 MiB instead of 740 and settles at 525.
+    This lowers both the resident memory after loading and the peak of the method's load (XNNPACK packing).
 
     sparse=True (once loading has read what it packs) also makes later reads cost their own page: a read fault maps
     the cached pages around it too (the kernel's fault-around, 64 KiB), so over real text the gather brought most of
-    a table back (SmolLM2, 448 distinct tokens in 2048: +77 MiB). MADV_RANDOM on the mappings (no read-ahead) and
+    a table back. MADV_RANDOM on the mappings (no read-ahead) and
     the file's clean pages dropped from the page cache (POSIX_FADV_DONTNEED, after an fsync so that a file just
-    written is clean) leave no neighbour to map: SmolLM2 fp32 ONNX, a 1900-token prompt of 431 distinct tokens + 64
-    steps: 664 -> 590 MiB above the baseline at the end. The cost is a read from storage the first time a row is
+    written is clean) leave no neighbour to map. The cost is a read from storage the first time a row is
     read."""
     import ctypes
     import re
@@ -345,12 +340,11 @@ class quiet_native_stderr:
 class PteStepper(Stepper):
     """ExecuTorch through its pybindings' Program / Method objects: a `forward` method with a dynamic token axis
     (1..max_tokens), or a fixed-size `prefill` and a one-token `decode`. Outputs are taken without the runtime's
-    clone (clone_outputs=True made a SmolLM2 decode step 10x slower).
+    clone (clone_outputs=True copies every output, the whole state included, on every step).
 
     Not the pybindings' Module.run_method: on every call it allocates (and zero-fills) a fresh buffer for each output
     the method's memory plan does not hold, which for a state written in place is every present.*: a transient copy
-    of the whole state per step (SmolLM2 int4 .pte, ctx 2048: 94 MB, 5.4 of an 11.8 ms decode step, measured with
-    ETDump: Method::execute 6.4 ms). A loaded Method allocates those buffers once, on its first call, and points the
+    of the whole state per step (benchmarks/profile_pte.py measures it with ETDump). A loaded Method allocates those buffers once, on its first call, and points the
     in-place outputs at them; the method then reads and writes its state there, so after each call this stepper
     takes the returned present.* as its state (no copy) wherever they lie. Its own first state is numpy's lazily
     zeroed memory, which costs nothing resident if the method never touches it.
@@ -382,8 +376,7 @@ class PteStepper(Stepper):
             import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (registers the llama:: kernels)
             import executorch.kernels.quantized  # noqa: F401 (an int8 cache's read-back: dequantize_per_token)
             # in this Python build the llama:: kernels parallelise with torch's OpenMP pool, not XNNPACK's: two pools
-            # of 2 threads on 2 busy cores made a 32-token prefill 5-30x slower (0.57 s -> 4-17 s, SmolLM2, 1
-            # XNNPACK thread, OMP_NUM_THREADS=2 vs 1), so torch gets as many threads as XNNPACK
+            # on the same cores oversubscribe them and stall each other, so torch gets as many threads as XNNPACK
             torch.set_num_threads(threads or pool_threads)
         try:
             self.program = portable_lib._load_program(
@@ -418,8 +411,8 @@ class PteStepper(Stepper):
         release_file_pages(where, sparse=True)  # packed: the gather reads its table's rows page by page from now on
 
     def warm_up(self):
-        """One call of each method, then a zeroed state: XNNPACK packs a method's weights on its first call (SmolLM2
-        fp32: ~1 s, 513 MiB), which belongs to loading, as ONNX Runtime's prepacking does, not to the first
+        """One call of each method, then a zeroed state: XNNPACK packs a method's weights on its first call, which
+        belongs to loading, as ONNX Runtime's prepacking does, not to the first
         prompt's prefill time."""
         self.step([0], 0)
         if self.chunk:
@@ -459,7 +452,7 @@ class PteStepper(Stepper):
             self.state = list(out[1:])
         else:
             for mine, theirs in zip(self.state, out[1:]):
-                # numpy's single-threaded memcpy: torch's copy_ of a 0.2 MB tensor goes through an OpenMP parallel
+                # numpy's single-threaded memcpy: torch's copy_ of a small tensor goes through an OpenMP parallel
                 # region that stalls for milliseconds whenever another process holds a core
                 np.copyto(mine.numpy(), theirs.numpy())
         if self.rows_input:

@@ -4,8 +4,8 @@ torch.onnx.export(dynamo=True) from the ExportedProgram. model.onnx holds the gr
 more goes into one external-data file beside it, model.onnx.data (ONNX external data: no 2 GB protobuf limit).
 ONNX Runtime maps that file instead of reading the weights into its heap: a packed weight's original is never a heap
 copy, and the pages of a table only a Gather reads are paged in as rows are read (OrtStepper gives back those the
-packing read). Measured, SmolLM2 after creating the session, above the baseline: fp32 730 -> 637 MiB (peak 730 ->
-637; 116 of it the mapped embedding table, given back), int4 205 -> 146 MiB (peak); decode speed unchanged.
+packing read), which lowers the resident memory after creating the session at the same decode speed
+(docs/export.md#memory-of-a-loaded-artifact).
 The graph's inputs and outputs are checked against the manifest's entry point, so the names and shapes an app reads
 are the graph's own.
 """

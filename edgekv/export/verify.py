@@ -18,23 +18,18 @@ import numpy as np
 # fp32 arithmetic moves a value by ~5e-4 relative, which is why they get more room than fp32.
 # quantized caches (int8 codes; uint8 = packed int4/int2): artifact and eager quantize the same values, but a
 # last-bit difference in a runtime kernel can move a value across a rounding boundary: one quantization step
-# int8 codes: on a 30-layer real model a last-bit difference upstream moves K/V codes by a few steps by the last layers
-# (SmolLM2-135M kv-int8, max_ctx 512: ORT 6.4e-3, ExecuTorch 1.17e-2 of the logit scale, top-1 100 % / 98 %; codes
-# differing by up to 5 steps), which is why int8 gets 2e-2, not one step's 1e-2
+# int8 codes: on a 30-layer real model a last-bit difference upstream moves K/V codes by a few steps by the last
+# layers, which is why int8 gets 2e-2, not one step's 1e-2
 # packed int4/int2 codes: one step is 1/15 (1/3) of a group's range, and on a real model a group's range is set by
-# an outlier channel, so a flipped code is a large move that the next 29 layers carry on. Measured on SmolLM2-135M
-# kv-int4 g32, a 34-token prompt: ORT vs eager 6.4e-2 of the logit scale, top-1 94.1 %; eager against itself with
-# every k_proj weight perturbed by 1e-7 relative (a different kernel's last bit) 3.7e-2, top-1 97.1 %. A wrong
-# unpack or scale gives errors of the order of the logit scale, far outside 1e-1. With every weight one ulp away
-# (nudge_one_ulp) eager against itself reaches past 1e-1 on the same prompt (SmolLM2 kv-int4, max_ctx 128 and 512:
-# benchmarks/results/arm64_vs_x86_smollm2_kv_int4_floor.json), so an fp32-weights ONNX export with a quantized cache
-# is also held to that noise floor, measured in the same export (export.pipeline, limits below).
+# an outlier channel, so a flipped code is a large move that the later layers carry on. A wrong unpack or scale gives
+# errors of the order of the logit scale, far outside 1e-1. (The measurements behind each limit: docs/export.md#verification-limits.)
+# An fp32-weights ONNX export with a quantized cache is also held to the eager module's own noise floor (one ulp
+# away, measured in the same export: export.pipeline `nudged`, limits below): on SmolLM2 kv-int4 that floor alone
+# reaches past 1e-1 (benchmarks/results/arm64_vs_x86_smollm2_kv_int4_floor.json).
 REL_TOL = {"float32": 1e-4, "float16": 2e-3, "int8": 2e-2, "uint8": 1e-1,
            # a .pte with torchao-quantized weights against the same quantized eager module: both quantize the
            # activations dynamically per token, and a one-step difference in a rounded activation moves a logit
-           # by about one weight step, which 30 layers carry on. Measured on SmolLM2-135M, the 34-token verify
-           # prompt: the .pte 6.3e-2 (int8) / 9.5e-2 (int4) of the logit scale, top-1 94.1 / 97.1 %; eager against
-           # itself with the embedding perturbed by 1e-7 relative 7.9e-2 / 8.1e-2, top-1 97.1 / 94.1 %. How far
+           # by about one weight step, which every later layer carries on. How far
            # a model's own rounding noise reaches depends on the model and the host's kernels, so the .pte is also
            # held to a noise floor measured in the same export (noise_floor, FLOOR_FACTOR). A lowering bug moves logits
            # by the order of their scale; how far the quantized model is from fp32 is verify-quant's job (wquant:
@@ -42,8 +37,7 @@ REL_TOL = {"float32": 1e-4, "float16": 2e-3, "int8": 2e-2, "uint8": 1e-1,
            "quantized-weights": 1.5e-1,
            # an ONNX kv graph with a fp16 cache attends through ORT's GroupQueryAttention, which takes q, k, v in
            # the cache dtype and returns its output in it too: q and the attention output are rounded to fp16 as
-           # well as K/V (eager keeps them fp32). Measured: SmolLM2-135M 5.7e-4, a random tiny Llama with large
-           # activations (initializer_range 0.2) 2.3e-3 of the logit scale, top-1 100 % both
+           # well as K/V (eager keeps them fp32)
            "float16-attention": 5e-3}
 MIN_TOP1 = {"uint8": 0.9, "quantized-weights": 0.9}  # by tolerance dtype; 0.95 for the others (near-tie flips)
 
@@ -58,11 +52,7 @@ def min_top1(cache_dtype: str) -> float:
 # (nudge_one_ulp), over the same prompt and steps. Where that noise reaches further than the fixed limits, the
 # artifact may differ by up to FLOOR_FACTOR x the floor's max difference, and disagree on top-1 up to FLOOR_FACTOR x
 # as often as the floor does, plus one position (a count of a few near-ties over some 34-50 positions is itself
-# noisy). Measured: SmolLM2-135M int4 on a Sapphire Rapids VM, 34 positions (--verify-steps 0): the .pte 8.7e-2 of the
-# logit scale, top-1 88.2 % (4 near-ties), where the floor measured 7.2e-2 and 94.1 % (limits 1.5e-1 and 85.3 %);
-# with default steps (50 positions) the .pte 92.0 %. The tiny test Llama's floor 3.4e-4 (int8) / 3e-7 (int4) of the
-# scale, top-1 100 %, so the fixed limits hold, and a layer's weight rows laid out in reverse (1.9e-1 / 78 % int8,
-# 2.2e-1 / 86 % int4) is refused (tests/test_wquant.py).
+# noisy). A layer's weight rows laid out in reverse is still refused (tests/test_wquant.py); the measurements: docs/export.md#verification-limits.
 FLOOR_FACTOR = 2.0
 
 
@@ -70,8 +60,8 @@ def nudge_one_ulp(module, up: bool = True) -> None:
     """Move every plain floating-point parameter of module one ulp up (or down), in place (norms, the embedding table; not a
     quantized linear's weight, a tensor subclass whose codes stay as they are): what another kernel's last bit does
     upstream of the dynamically quantized activations. Nudging the fp32 weights before quantizing instead moves
-    codes that sit on a rounding boundary (SmolLM2's come from a Q4_1 GGUF) by a whole step: that measured 2.4e-1
-    of the logit scale and top-1 79 % on SmolLM2 int4, a different model rather than noise."""
+    codes that sit on a rounding boundary (SmolLM2's come from a Q4_1 GGUF) by a whole step: a different model
+    rather than noise."""
     import torch
 
     with torch.no_grad():

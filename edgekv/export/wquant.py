@@ -12,19 +12,19 @@
       int8 = MatMulNBitsQuantizer(bits 8, block 32, symmetric, accuracy_level 4) -> MatMulNBits (int8 blocks)
       int4 = MatMulNBitsQuantizer(bits 4, block 32, symmetric, accuracy_level 4) -> MatMulNBits (int4 blocks)
              fp32 scales; accuracy_level 4 = activations quantized to int8 per block at run time, as ONNX Runtime
-             GenAI does on CPU. Not quantize_dynamic: its per-tensor uint8 activations (and 7-bit weights) gave
-             SmolLM2 top-1 73 %, KL 0.28 nats vs fp32 (verify-quant rejects that); accuracy_level 0 (fp32
-             activations) made int8 decode 16x slower than fp32 here.
+             GenAI does on CPU. Not quantize_dynamic: its per-tensor uint8 activations (and 7-bit weights) fail
+             verify-quant on SmolLM2; accuracy_level 0 (fp32 activations) decodes int8 much slower than fp32
+             (docs/export.md#weight-quantization).
       fp16 = onnxruntime.transformers.float16 with keep_io_types: weights and arithmetic fp16, the graph's inputs and
              outputs stay exactly what the manifest lists
 
 The tied output matrix: our modules compute logits as F.linear(x, embed_tokens.weight), which is no nn.Linear and, in
 ONNX, a MatMul on Transpose(embedding). Both paths untie it first (a separate copy of the matrix), so the output
-projection (V x d, 21 % of SmolLM2's weights, read in full every step) is quantized like every other linear, while the
+projection (V x d, read in full every step) is quantized like every other linear, while the
 embedding table stays fp32 (a gather reads one row per token). ExecuTorch's own llama export does the same (its output
 layer is an untied linear; embedding quantization is a separate option, not done here).
 
-The trap (stack.md): torchao IntxWeightOnlyConfig int8 lowered to XNNPACK gave errors of 1e3 with no error raised.
+The trap (stack.md): torchao IntxWeightOnlyConfig int8 lowered to XNNPACK gives wrong logits with no error raised.
 So a quantized artifact is never trusted: compare_to_fp32 runs it against fp32 teacher-forced over real text, and
 check_quality rejects it (stage verify-quant) when top-1 agreement or KL divergence is outside THRESHOLDS.
 """
@@ -46,12 +46,10 @@ GROUP = 32  # int4 block / group size (the runtimes' kernels and ExecuTorch's 8d
 PTE_FP16 = ("fp16 weights are not supported for the pte format: XNNPACK's fp16 kernels need ARMv8.2 fp16 "
             "arithmetic, which this export cannot run and verify on x86; use --weights int8 or int4 (or fp32)")
 
-# Quality thresholds vs fp32, teacher-forced over quality_text (compare_to_fp32). Measured on SmolLM2-135M (kv fp16
-# cache, 256 tokens: 128 prefilled + 127 decode steps, vs the fp32 ONNX artifact): int8 top-1 95.7 %, KL mean 0.0046;
-# int4 top-1 71.4 %, KL mean 0.33 nats (its weights come from a Q4_1 GGUF: requantizing to symmetric int4 compounds
-# two roundings, and a 135M model is sensitive). The limits keep a ~2x margin on KL over those, and still reject
-# what broken quantizations measure (tiny llama: the XNNPACK weight-only trap top-1 29 %, KL 0.59; ORT
-# quantize_dynamic's per-tensor activations on SmolLM2 top-1 73 %, KL 0.28 for int8).
+# Quality thresholds vs fp32, teacher-forced over quality_text (compare_to_fp32): a margin on KL over what correct
+# recipes measure on SmolLM2-135M (int4 is low: its weights come from a Q4_1 GGUF, so requantizing to symmetric int4
+# compounds two roundings), tight enough to reject what broken quantizations measure (the XNNPACK weight-only trap,
+# ORT quantize_dynamic's per-tensor activations). The measurements: docs/export.md#weight-quantization.
 THRESHOLDS = {
     "fp16": {"min_top1": 0.95, "max_kl_mean": 0.02},
     "int8": {"min_top1": 0.90, "max_kl_mean": 0.10},
@@ -96,9 +94,8 @@ def torchao_config(weights: str):
         return Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
     if weights == "int4":
         # symmetric codes -8..7 with the scale that clips neither end (max(-min / 8, max / 7)), not torchao's default
-        # max|w| / 7.5, which clips a group's positive extreme to 7 steps. Measured on SmolLM2-135M, eager vs fp32
-        # over quality_text (192 tokens): KL mean 0.509 -> 0.394 nats, top-1 61.8 -> 67.5 %, NLL cost 0.44 -> 0.28
-        # nats/token; same codes, same kernels. (int8 per channel measured no better that way: KL 0.022 vs 0.026.)
+        # max|w| / 7.5, which clips a group's positive extreme to 7 steps (lower KL against fp32 with the same
+        # kernels: docs/export.md#weight-quantization); int8 per channel gains nothing from it
         from torchao.quantization.quant_primitives import MappingType
         return Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(GROUP),
                                                      weight_mapping_type=MappingType.SYMMETRIC_NO_CLIPPING_ERR)
@@ -216,10 +213,9 @@ def untie_onnx_head(model) -> list[str]:
 def fuse_tied_head(model) -> list[str]:
     """MatMul(x, Transpose(W)) with W an initializer -> com.microsoft FusedMatMul(x, W, transB=1): ONNX Runtime packs
     the output layer straight from the table the Gather reads. Left as a Transpose, ORT's constant folding makes a
-    transposed copy of the table at load (SmolLM2 fp32: 113 MB, and 113 MB more at the load peak) and then packs that;
-    a small table's transpose the exporter folds itself, into a second copy in the file.
-    Measured (SmolLM2 fp32, after creating the session, above the baseline): 774 MiB resident and an 882 MiB peak
-    -> 730 and 730; decode speed unchanged. For fp32 weights only (fp16 and the quantized recipes keep MatMul).
+    transposed copy of the table at load (resident, and once more at the load peak) and then packs that;
+    a small table's transpose the exporter folds itself, into a second copy in the file. Fusing lowers the resident
+    memory and the load peak at the same decode speed. For fp32 weights only (fp16 and the quantized recipes keep MatMul).
     Returns the fused nodes' names."""
     from onnx import helper
 
@@ -264,7 +260,7 @@ def quantize_onnx(src: Path, dst: Path, weights: str, entry: dict) -> dict:
                 from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
                 bits = BITS[weights]
                 # int4 also quantizes the embedding table (GatherBlockQuantized, blocks of 32 along the hidden
-                # axis), as ORT GenAI's int4 models do: SmolLM2's 113 MB fp32 table becomes ~16 MB. ORT's
+                # axis), as ORT GenAI's int4 models do: about a seventh of the fp32 table's bytes. ORT's
                 # quantizer has no 8-bit Gather, so int8 keeps a fp32 table.
                 ops = ("MatMul", "Gather") if bits == 4 else ("MatMul",)
                 q = MatMulNBitsQuantizer(model, bits=bits, block_size=GROUP, is_symmetric=True,

@@ -127,53 +127,25 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def gguf_config(reader, where: str) -> dict:
-    """GGUF metadata -> a transformers-style config dict (llama / mistral / qwen2 / gemma3)."""
+    """GGUF metadata -> a transformers-style config dict (llama / mistral / qwen2 / gemma3), read by edgekv.arch's one
+    GGUF metadata reader; refused here: what the export modules do not build."""
+    from ..arch.gguf import gguf_config as read_config
+    from ..arch.gguf import gguf_field
 
-    def field(key, default=...):
-        f = reader.fields.get(key)
-        if f is None:
-            if default is ...:
-                raise EdgekvError(f"{where}: GGUF metadata lacks '{key}'")
-            return default
-        return f.contents()
-
-    arch = field("general.architecture")
+    arch = gguf_field(reader, where)("general.architecture")
     if arch not in GGUF_EXPORT_ARCHS:
         raise EdgekvError(f"{where}: GGUF architecture {arch!r} has no export module yet "
                           f"({', '.join(GGUF_EXPORT_ARCHS)})")
-    names = {t.name for t in reader.tensors}
-    heads = int(field(f"{arch}.attention.head_count"))
-    hidden = int(field(f"{arch}.embedding_length"))
-    vocab = field(f"{arch}.vocab_size", None) or len(reader.fields["tokenizer.ggml.tokens"].data)
-    cfg = {"model_type": "qwen2" if arch == "qwen2" else ("mistral" if arch == "mistral" else "llama"),
-           "vocab_size": int(vocab), "hidden_size": hidden, "num_hidden_layers": int(field(f"{arch}.block_count")),
-           "num_attention_heads": heads, "num_key_value_heads": int(field(f"{arch}.attention.head_count_kv", heads)),
-           "head_dim": int(field(f"{arch}.attention.key_length", hidden // heads)),
-           "intermediate_size": int(field(f"{arch}.feed_forward_length")),
-           "rms_norm_eps": float(field(f"{arch}.attention.layer_norm_rms_epsilon")),
-           "rope_theta": float(field(f"{arch}.rope.freq_base", 10000.0)),
-           "max_position_embeddings": field(f"{arch}.context_length", None),
-           "tie_word_embeddings": "output.weight" not in names,
-           "attention_bias": "blk.0.attn_output.bias" in names,
-           "hidden_act": "silu", "sliding_window": field(f"{arch}.attention.sliding_window", None)}
-    if arch == "qwen2":
-        cfg.pop("attention_bias")
-    if arch == "gemma3":
-        # what the GGUF header does not carry, as llama.cpp's gemma3 loader fixes it (src/llama-model.cpp,
-        # LLM_ARCH_GEMMA3): 5 sliding layers per global one (set_swa_pattern(6)), the sliding layers' RoPE base 10k
-        # (rope_freq_base_train_swa), scores scaled by 1/sqrt(head_dim) (f_attention_scale, every size but 27B);
-        # Gemma3TextConfig's defaults are the same (sliding_window_pattern 6, rope_local_base_freq 1e4,
-        # query_pre_attn_scalar 256 = head_dim of the 270M / 1B / 4B models), and Gemma 3 has no logit softcapping.
-        cfg.pop("hidden_act")
-        cfg.update(model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh", sliding_window_pattern=6,
-                   rope_local_base_freq=10000.0, query_pre_attn_scalar=cfg["head_dim"])
-    rtype = field(f"{arch}.rope.scaling.type", "none")
-    if rtype == "linear":
-        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(field(f"{arch}.rope.scaling.factor"))}
-    elif rtype not in ("none", ""):
-        raise EdgekvError(f"{where}: GGUF rope scaling {rtype!r} is not supported yet")
-    rot = field(f"{arch}.rope.dimension_count", cfg["head_dim"])
-    if int(rot) != cfg["head_dim"]:
+    cfg = read_config(reader, where)
+    if cfg["rms_norm_eps"] is None:
+        raise EdgekvError(f"{where}: GGUF metadata lacks '{arch}.attention.layer_norm_rms_epsilon'")
+    rope = cfg.get("rope_scaling")
+    if rope and rope["rope_type"] != "linear":
+        raise EdgekvError(f"{where}: GGUF rope scaling {rope['rope_type']!r} is not supported yet")
+    if rope and rope["factor"] is None:
+        raise EdgekvError(f"{where}: GGUF metadata lacks '{arch}.rope.scaling.factor'")
+    if "partial_rotary_factor" in cfg:
+        rot = round(cfg["partial_rotary_factor"] * cfg["head_dim"])
         raise EdgekvError(f"{where}: partial rotary embeddings ({rot} of {cfg['head_dim']}) are not supported")
     return cfg
 

@@ -29,10 +29,8 @@ def heap_trimmer():
 
     It hands the free pages inside glibc's heap back to the system. Without it, a state of many sub-MiB tensors that
     the runtime returns anew each call (int4 codes' scales and zeros) leaves holes the next call's tensors do not
-    fit, and the heap grows call after call (tiny Llama kv-int4 g16 at 32768 slots: RSS between calls 79 -> 117 MB
-    over 5 calls; at 8192 slots 71 vs 40 MB after 16 calls, same call peak). Not between decode steps: the pages it
-    returns fault back in on the next call, which the timed decode loop would then measure (tiny Llama kv-int8 at
-    1k: 117 -> 70 tok/s). Phones do not run glibc (Android's scudo releases free pages itself)."""
+    fit, and the heap grows call after call while each call's own peak stays the same. Not between decode steps: the
+    pages it returns fault back in on the next call, which the timed decode loop would then measure. Phones do not run glibc (Android's scudo releases free pages itself)."""
     import ctypes
 
     try:
@@ -67,9 +65,8 @@ def _watchdog(limit: int, out: dict):
 
 def _check_peak(limit: int | None, out: dict):
     """After each runtime call: the kernel's high-water mark. A peak inside a call that holds the GIL is invisible
-    to the watchdog thread (SmolLM2 kv fp16 .pte at 1k under a 1 GB budget: 966 MB after loading, 1040 MB while
-    XNNPACK packed its weights during the load, and the run was once reported "ok" beside fits "no"); VmHWM still
-    records it."""
+    to the watchdog thread (XNNPACK packing its weights while a .pte loads is one), and a run would then read "ok"
+    beside fits "no"; VmHWM still records it."""
     if limit:
         peak = hwm()
         if peak > limit:
@@ -97,9 +94,9 @@ def main(args: dict) -> dict:
     from ..export.runtime import open_stepper
     folder = Path(args["export"])
     # read (and schema-check) the manifest before the baseline: the check imports jsonschema and its dependencies
-    # (5 MB here), which are edgekv's own reading code, not the runtime's or the model's memory
+    # (megabytes), which are edgekv's own reading code, not the runtime's or the model's memory
     manifest = load_export(folder, check_hashes=False)
-    prompt = args.pop("tokens")[:args["ctx"]]  # before the baseline too: a 32k-token list is 0.3 MB of ours
+    prompt = args.pop("tokens")[:args["ctx"]]  # before the baseline too: the token list is ours, not the model's
     out["runtime_baseline_bytes"] = rss()
     out["hwm_reset"] = reset_hwm()
     base_hwm = hwm()

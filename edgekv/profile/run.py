@@ -133,12 +133,10 @@ def entry_points(manifest: dict, runtime: str) -> list:
 # glibc's malloc, as the profile child uses it: blocks of 1 MiB and more are mmapped and go back to the system when
 # freed, and up to 8 MiB of free heap is kept for reuse. With glibc's defaults the mmap threshold grows to the size
 # of each mmapped block freed (up to 32 MiB), so a per-call buffer of a few MB (ORT's attention probabilities) moves
-# to the heap after the first call and stays resident next to the next call's. Measured here (peak above the ORT
-# baseline, prediction in brackets): tiny Llama kv fp16 at 8192 slots 89.7 MB with the defaults, 72.0 MB with these
-# settings [73.2]; SmolLM2 kv fp16 at 1k 861 vs 817 MB [807]; tiny Mamba: 8k equals 1k within 0.1 %, where the
-# defaults grew ~6 MB over a 64-call prefill. A 4 MiB threshold kept SmolLM2's freed load-time buffers on the heap
-# (1100 MB); a 256 KiB one mmapped every decode call's buffers (tiny Llama decode 6x slower), as did leaving the trim
-# threshold at 128 KiB. Phones do not run glibc (Android's scudo maps large blocks itself), so the profile measures
+# to the heap after the first call and stays resident next to the next call's: with these settings the measured
+# peak is what the planner predicts (benchmarks/results/plan_accuracy.json). A larger threshold keeps the freed
+# load-time buffers on the heap; a much smaller one (or glibc's 128 KiB trim threshold) mmaps every decode call's
+# buffers anew, which slows decode. Phones do not run glibc (Android's scudo maps large blocks itself), so the profile measures
 # what the tensors need, not what glibc's heuristics keep; a caller's own MALLOC_* variables win.
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**20), "MALLOC_TRIM_THRESHOLD_": str(8 * 2**20)}
 

@@ -1,7 +1,7 @@
 """`edgekv ring`: run exact ring attention over local ranks, check it, and set the planner's prediction beside it.
 
     edgekv ring                                   # 4 ranks, 2k context, 32 x 128 heads (8 KV heads), 1 layer
-    edgekv ring --world 4 --ctx 16k --check       # the issue's example: ~1-3 min on a 2-core host
+    edgekv ring --world 4 --ctx 16k --check       # minutes on a 2-core host
     edgekv ring --world 2 --ctx 1001 --heads 8 --kv-heads 2 --head-dim 64 --check --json
     edgekv ring --device h100 --link infiniband --world 8 --ctx 128k --layers 80 --heads 64 --predict-only
 
