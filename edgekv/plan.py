@@ -5,6 +5,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 
+from . import measured
 from . import memory as M
 from .arch import SSM, Arch, Attention, Block, Linear, catalog_arch, catalog_names
 from .models import family_for_type  # the export registry (edgekv.models imports no torch)
@@ -127,6 +128,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     converted = strategy.name == "mla" and "mla" not in arch.kinds
     q = past_trained(quality(arch.name, strategy, ctx, _is_native(arch, strategy), converted, arch.family),
                      arch.name, strategy, ctx, arch.trained_ctx, arch.family)
+    q = measured.cite(q, arch.name, strategy, ctx)  # recall at distance, where edgekv analyze stored it
     notes = []
     if arch.max_position and ctx > arch.max_position:
         notes.append(f"ctx {ctx} exceeds the model's max_position_embeddings {arch.max_position}")
