@@ -112,6 +112,9 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
         raise NotApplicable("ring attention splits the KV over several datacenter GPUs")
     dep = deployment(arch, strategy, ctx, weights, cost, ov.value, chunk, scheme=scheme)
     dep.explain["runtime model"] = how
+    if device.device_class == "phone":  # a phone runs the runtime's arm64 kernels: their packing, as measured
+        dep.load = M.arm64_load(dep.load, dep.weights["total"], cost, weights)
+        dep.explain["load"] = dep.load.formula
     rt = cost
     read = M.decode_read_bytes(dep.weights["read_per_token"], dep.layout, strategy, rt)
     fl = M.decode_flops(arch, dep.layout, strategy)
