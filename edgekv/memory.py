@@ -525,6 +525,22 @@ def _tied_bytes(arch: Arch, precision: str) -> float:
     return sum(weight_bytes_one(w, precision) for w in arch.weights if w.cls == "embedding")
 
 
+# What a runtime's arm64 kernels pack beyond its x86 kernels, as a fraction of the stored weights, by cost model and
+# weight precision: `edgekv profile --arch arm64` measurements (edgekv/costs/arm64_packing.json, {value, source}).
+ARM64_PACKING = {k: v for k, v in json.loads((Path(__file__).resolve().parent / "costs" / "arm64_packing.json")
+                                             .read_text()).items() if not k.startswith("_")}
+
+
+def arm64_load(load: Item, weights_stored: float, runtime: str, precision: str) -> Item:
+    """The runtime's load bytes on an arm64 device (a phone): plus the packing measured on arm64 where it differs."""
+    f = ARM64_PACKING.get(runtime, {}).get(precision)
+    if not f:
+        return load
+    extra = f["value"] * weights_stored
+    return Item(load.value + extra, f"{load.formula} + arm64 packing {f['value']:+.4f} x stored weights "
+                                    f"{weights_stored:,.0f} = {extra:+,.0f} B ({f['source']})")
+
+
 def runtime_load_bytes(arch: Arch, precision: str, runtime: str, methods: int = 1,
                        layout: StateLayout | None = None, strategy: Strategy | None = None) -> Item:
     """Resident bytes the runtime adds to the stored weights once the model is loaded and has run: its per-session

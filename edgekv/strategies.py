@@ -150,7 +150,8 @@ def parse_strategy(spec: str) -> Strategy:
         else:
             params[k] = v
     for k in ("dtype", "state_dtype"):
-        if k in params and params[k] not in KV_DTYPES and not (name in ("ssm", "linear", "hybrid") and params[k] == "int8"):
+        if k in params and params[k] not in KV_DTYPES and not (name in ("ssm", "linear", "hybrid") and params[k] == "int8") \
+                and not (name == "hybrid" and k == "dtype" and params[k] == "int4"):
             raise EdgekvError(f"strategy {spec!r}: {k} must be one of {', '.join(KV_DTYPES)}")
     if name == "window" and params["w"] < 1:
         raise EdgekvError(f"strategy {spec!r}: window w must be at least 1")
@@ -213,7 +214,8 @@ def _ssm_pair(i: int, m: SSM, dtype: str) -> list[StateTensor]:
 
 
 def _linear_state(i: int, m: Linear, dtype: str) -> list[StateTensor]:
-    """One block's recurrent state. Linear attention: [1, H, Dk, Dv] in the strategy's dtype.
+    """One block's recurrent state. Linear attention: [1, H, Dk, Dv] in the strategy's dtype, after the conv state
+    [1, conv_dim, K - 1] fp32 of a layer with a causal conv (Gated DeltaNet).
 
     RWKV-4 (n_vectors rows of width d, rows: ffn shift, att shift, num, den, max) is fp32 unless dtype is int8 (the
     module has no fp16/bf16 path, so those stay fp32). int8 splits the rows:
@@ -226,8 +228,11 @@ def _linear_state(i: int, m: Linear, dtype: str) -> list[StateTensor]:
     it is 1/5 of the state, so it stays fp32 (the edgekv.models.recurrent docstring says more)."""
     if not m.n_vectors:
         dt = "int8" if dtype == "int8" else KV_DTYPES[dtype]
-        return [StateTensor(f"past_recurrent.{i}", f"present_recurrent.{i}", (1, m.n_heads, m.d_k, m.d_v), dt, i,
-                            "recurrent")]
+        # a Gated DeltaNet layer (Qwen3.5) also keeps its conv's last K - 1 inputs, fp32 as an SSM's conv state
+        conv = [StateTensor(f"past_conv.{i}", f"present_conv.{i}", (1, m.conv_dim, m.d_conv - 1), "float32", i,
+                            "conv")] if m.d_conv else []
+        return conv + [StateTensor(f"past_recurrent.{i}", f"present_recurrent.{i}", (1, m.n_heads, m.d_k, m.d_v),
+                                   dt, i, "recurrent")]
     if dtype != "int8":  # RWKV-4's exp sums in fp32
         return [StateTensor(f"past_recurrent.{i}", f"present_recurrent.{i}", (1, m.n_vectors, m.width), "float32", i,
                             "recurrent")]
@@ -237,6 +242,15 @@ def _linear_state(i: int, m: Linear, dtype: str) -> list[StateTensor]:
                         "recurrent.scale"),
             StateTensor(f"past_recurrent.{i}.max", f"present_recurrent.{i}.max", (1, 1, m.width), "float32", i,
                         "recurrent.max")]
+
+
+def hybrid_kv(strategy: Strategy) -> Strategy:
+    """The cache strategy of a hybrid's attention layers: hybrid:dtype=fp16 -> kv:dtype=fp16; dtype=int8 -> kv-int8
+    (one scale per token and head), dtype=int4 -> kv-int4 (groups of 32), edgekv.quant's codes as for a transformer."""
+    dt = strategy.params["dtype"]
+    if dt in ("int8", "int4"):
+        return Strategy(f"kv-{dt}", dict(DEFAULTS[f"kv-{dt}"]))
+    return Strategy("kv", {"dtype": dt})
 
 
 def mla_rank(arch: Arch, strategy: Strategy) -> int:
@@ -284,7 +298,7 @@ def build_layout(arch: Arch, strategy: Strategy, ctx: int) -> StateLayout:
                 t = ctx if m.window is None else min(ctx, m.window)
                 if s == "window":
                     t = min(t, strategy.params["w"] + strategy.params["sinks"])
-                kv = strategy if s != "hybrid" else Strategy("kv", {"dtype": strategy.params["dtype"]})
+                kv = strategy if s != "hybrid" else hybrid_kv(strategy)
                 if s == "window":
                     kv = Strategy("kv", {"dtype": strategy.params["dtype"]})
                 tensors += _kv_pair(i, m.n_kv_heads, t, m.head_dim, kv)

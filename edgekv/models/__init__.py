@@ -47,6 +47,7 @@ class Family:
     what: str = ""  # one line for listings
     state_dtypes: tuple[str, ...] = ("fp32", "fp16")  # the float/int dtypes its module stores the state in
     ctx_capped: bool = False  # its reader refuses max_ctx > max_position_embeddings
+    kv_quantized: bool = False  # a hybrid whose attention layers also keep int8/int4 caches (hybrid:dtype=int8|int4)
 
 
 FAMILIES = (
@@ -54,7 +55,8 @@ FAMILIES = (
            "edgekv.models:read_llama", "edgekv.models.llama:build", gguf_archs=("llama", "mistral", "qwen2", "gemma3"),
            routes=(("mla", "converted-mla"),), ctx_capped=True,
            what="GQA + RoPE decoders: Llama-2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3 (qk-norm), Gemma 3 "
-                "(sliding + global layers), SmolLM3 (NoPE layers)"),
+                "(sliding + global layers), SmolLM3 (NoPE layers), Phi-3 / Phi-4-mini (fused projections split, "
+                "partial rotary, longrope)"),
     Family("converted-mla", (), ("mla",), "edgekv.models:read_llama", "edgekv.models.converted_mla:build_converted",
            what="a llama-family model with its KV converted to a low-rank latent (mla on a GQA model)"),
     Family("deepseek-v2", ("deepseek_v2",), ("mla",), "edgekv.models.mla:read_deepseek",
@@ -65,6 +67,9 @@ FAMILIES = (
            "edgekv.models.recurrent:build_rwkv", what="RWKV-4", state_dtypes=("fp32", "fp16", "bf16", "int8")),
     Family("jamba", ("jamba",), ("hybrid",), "edgekv.models.hybrid:read_jamba", "edgekv.models.hybrid:build_jamba",
            what="Mamba-1 + attention + MoE", state_dtypes=("fp32", "fp16", "bf16")),
+    Family("qwen3_5", ("qwen3_5_text", "qwen3_5"), ("hybrid",), "edgekv.models.qwen3_5:read_qwen3_5",
+           "edgekv.models.qwen3_5:build_qwen3_5", what="Qwen3.5: Gated DeltaNet + gated full attention",
+           state_dtypes=("fp32", "fp16", "bf16"), ctx_capped=True, kv_quantized=True),
 )
 FAMILY = {f.name: f for f in FAMILIES}
 
@@ -203,6 +208,9 @@ def read_llama(spec: str, max_ctx: int | None = None) -> Source:
         cfg, sd = load_hf_folder(path)
         factors, fmt = None, "safetensors"
         arch = read_config_json(path)
+        if cfg.get("model_type") == "phi3":  # fused q/k/v and gate/up, partial rotary, longrope: edgekv.models.phi3
+            from .phi3 import to_llama
+            cfg, sd, factors = to_llama(cfg, sd, max_ctx, str(path / "config.json"))
     args = args_from_hf_config(cfg, str(path))
     args.rope_freq_factors = factors
     if max_ctx is not None and args.max_position and max_ctx > args.max_position:
