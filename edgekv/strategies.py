@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from .arch import MLA, SSM, Arch, Attention, Linear
+from .arch import MLA, SSM, Arch, Attention, Linear, ShortConv
 from .errors import EdgekvError
 
 DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float8_e4m3fn": 1.0, "int8": 1.0, "uint8": 1.0}
@@ -277,7 +277,7 @@ def build_layout(arch: Arch, strategy: Strategy, ctx: int) -> StateLayout:
     tensors: list[StateTensor] = []
     if s == "ring":
         raise NotApplicable("ring splits the KV over several GPUs: use build_ring_layout")
-    native_recurrent = kinds & {"ssm", "linear"}
+    native_recurrent = kinds & {"ssm", "linear", "conv"}
     if s in ("ssm", "linear") and (kinds != {s}):
         raise NotApplicable(f"needs a pure {s} model")
     if s == "hybrid" and not (native_recurrent and kinds & {"attention", "mla"}):
@@ -312,6 +312,9 @@ def build_layout(arch: Arch, strategy: Strategy, ctx: int) -> StateLayout:
                 tensors += _ssm_pair(i, m, strategy.params.get("state_dtype", strategy.params["dtype"]))
             elif isinstance(m, Linear):
                 tensors += _linear_state(i, m, strategy.params.get("state_dtype", strategy.params["dtype"]))
+            elif isinstance(m, ShortConv):  # LFM2: the conv's last K - 1 inputs, fp32 as a Mamba conv state
+                tensors.append(StateTensor(f"past_conv.{i}", f"present_conv.{i}", (1, m.width, m.d_conv - 1),
+                                           "float32", i, "conv"))
     return StateLayout(strategy.label, ctx, tuple(tensors))
 
 

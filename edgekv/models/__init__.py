@@ -67,6 +67,9 @@ FAMILIES = (
            "edgekv.models.recurrent:build_rwkv", what="RWKV-4", state_dtypes=("fp32", "fp16", "bf16", "int8")),
     Family("jamba", ("jamba",), ("hybrid",), "edgekv.models.hybrid:read_jamba", "edgekv.models.hybrid:build_jamba",
            what="Mamba-1 + attention + MoE", state_dtypes=("fp32", "fp16", "bf16")),
+    Family("lfm2", ("lfm2",), ("hybrid",), "edgekv.models.lfm2:read_lfm2", "edgekv.models.lfm2:build_lfm2",
+           what="LFM2 / LFM2.5: gated short convolutions + GQA attention (qk-norm)", state_dtypes=("fp32", "fp16"),
+           ctx_capped=True, kv_quantized=True),
     Family("qwen3_5", ("qwen3_5_text", "qwen3_5"), ("hybrid",), "edgekv.models.qwen3_5:read_qwen3_5",
            "edgekv.models.qwen3_5:build_qwen3_5", what="Qwen3.5: Gated DeltaNet + gated full attention",
            state_dtypes=("fp32", "fp16", "bf16"), ctx_capped=True, kv_quantized=True),
@@ -186,8 +189,25 @@ def load_any(spec: str, strategy, max_ctx: int) -> Loaded:
 
     if max_ctx is not None and max_ctx < 1:
         raise EdgekvError(f"max_ctx must be at least 1, got {max_ctx}")
-    fam = check_strategy(family_of(resolve_model(spec)), strategy)  # before any weight is read
+    fam = family_of(resolve_model(spec))
+    strategy = hybrid_alias(fam, strategy)
+    fam = check_strategy(fam, strategy)  # before any weight is read
     return load_family(fam, spec, strategy, max_ctx)
+
+
+def hybrid_alias(family: Family, strategy):
+    """A transformer's cache strategy on a family that keeps only the hybrid form of it (LFM2): kv:dtype=D is its
+    native state with the KV in D (hybrid:dtype=D,state_dtype=fp32: what analyze's fp32 reference, kv:dtype=fp32, asks
+    of a model with attention layers); kv-int8 / kv-int4 are hybrid:dtype=int8 / int4 where the family's attention
+    layers keep quantized caches (Family.kv_quantized). Any other strategy is returned as is."""
+    from ..strategies import parse_strategy
+    if "hybrid" not in family.strategies or strategy.name in family.strategies:
+        return strategy
+    if strategy.name == "kv":
+        return parse_strategy(f"hybrid:dtype={strategy.params['dtype']},state_dtype=fp32")
+    if strategy.name in ("kv-int8", "kv-int4") and family.kv_quantized:
+        return parse_strategy(f"hybrid:dtype={strategy.name[3:]},state_dtype=fp32")
+    return strategy
 
 
 def read_llama(spec: str, max_ctx: int | None = None) -> Source:
