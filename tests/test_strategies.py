@@ -60,6 +60,9 @@ def test_traits_are_the_strategies_own():
     """What the planner asks instead of comparing names."""
     assert [parse_strategy(n).kv_bits for n in ("kv", "kv-int8", "kv-int4", "kv-int2")] == [None, 8, 4, 2]
     assert parse_strategy("window:w=100,sinks=2").window_tokens == 102 and parse_strategy("kv").window_tokens is None
+    w = parse_strategy("window:w=100,sinks=2")
+    assert (w.recent_tokens, w.sink_tokens) == (100, 2) and parse_strategy("kv").recent_tokens is None
+    assert [n for n, c in REGISTRY.items() if c.kv_cache] == ["kv", "kv-int8", "kv-int4", "kv-int2", "window"]
     assert parse_strategy("ring:n=4").n_gpus == 4 and parse_strategy("kv").n_gpus == 1
     assert [n for n, c in REGISTRY.items() if not c.exportable] == ["ring"]
     assert [n for n, c in REGISTRY.items() if c.converts_to_latent] == ["mla"]

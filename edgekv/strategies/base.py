@@ -66,6 +66,7 @@ class Strategy:
     native_families: ClassVar[tuple[str, ...] | None] = ()  # Arch families whose own state it is (None: any)
     needs_family: ClassVar[str | None] = None  # the only Arch family it applies to, for plan's alternatives
     recurrent: ClassVar[bool] = False  # keeps a recurrent state (analyze runs it one token per call)
+    kv_cache: ClassVar[bool] = False  # keeps K and V per attention layer (kv, kv-int8/int4/int2, window)
 
     # ---- parsing and naming ----
 
@@ -124,6 +125,16 @@ class Strategy:
     def window_tokens(self) -> int | None:
         """Tokens a windowed cache keeps (W + sinks); None: every token."""
         return None
+
+    @property
+    def recent_tokens(self) -> int | None:
+        """W: the newest tokens a windowed cache keeps beside its sinks; None: every token."""
+        return None
+
+    @property
+    def sink_tokens(self) -> int:
+        """S: the first tokens a windowed cache pins."""
+        return 0
 
     @property
     def n_gpus(self) -> int:

@@ -39,6 +39,7 @@ class Kv(Strategy):
     }
     plain_kv = True
     full_cache = True
+    kv_cache = True
     native_families = ("transformer",)
 
     @property
@@ -137,6 +138,7 @@ class Window(Strategy):
     defaults = {"w": 4096, "sinks": 4, "dtype": "fp16"}
     integer_params = frozenset({"w", "sinks"})
     help = "window[:w=4096,sinks=4]"
+    kv_cache = True
     # published evidence of its quality risk: key (quality_key) -> (risk, evidence, short citation for tables)
     evidence = {
         'window:short': ('none', 'the whole context fits in the window: nothing is dropped', 'fits the window'),
@@ -159,6 +161,14 @@ class Window(Strategy):
     @property
     def window_tokens(self) -> int:
         return self.params["w"] + self.params["sinks"]
+
+    @property
+    def recent_tokens(self) -> int:
+        return self.params["w"]
+
+    @property
+    def sink_tokens(self) -> int:
+        return self.params["sinks"]
 
     def covers(self, ctx: int) -> bool:
         """A window whose W + S reach ctx keeps every token: plain kv's state."""
