@@ -34,7 +34,8 @@ import torch  # noqa: E402
 from edgekv.arch import catalog_arch, catalog_entry  # noqa: E402
 from edgekv.memory import weight_bytes, workspace_bytes  # noqa: E402
 from edgekv.models.head import head, output_weight  # noqa: E402
-from edgekv.models.llama import Llama, rope_cos_sin, rope_inv_freq  # noqa: E402
+from edgekv.models.layers import rope_cos_sin, rope_inv_freq  # noqa: E402
+from edgekv.models.llama import Llama  # noqa: E402
 from edgekv.strategies import build_layout, native_strategy, parse_strategy  # noqa: E402
 from edgekv.units import parse_ctx_list  # noqa: E402
 

@@ -5,6 +5,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 
+from . import measured
 from . import memory as M
 from .arch import Arch, catalog_arch, catalog_names
 from .models import family_for_type  # the export registry (edgekv.models imports no torch)
@@ -99,6 +100,9 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     strategy.check_device(device.is_datacenter)
     dep = deployment(arch, strategy, ctx, weights, cost, ov.value, chunk, scheme=scheme)
     dep.explain["runtime model"] = how
+    if device.device_class == "phone":  # a phone runs the runtime's arm64 kernels: their packing, as measured
+        dep.load = M.arm64_load(dep.load, dep.weights["total"], cost, weights)
+        dep.explain["load"] = dep.load.formula
     rt = cost
     read = M.decode_read_bytes(dep.weights["read_per_token"], dep.layout, strategy, rt)
     fl = M.decode_flops(arch, dep.layout, strategy)
@@ -112,6 +116,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     converted = strategy.converts_to_latent and "mla" not in arch.kinds
     q = past_trained(quality(arch.name, strategy, ctx, strategy.is_native(arch), converted, arch.family),
                      arch.name, strategy, ctx, arch.trained_ctx, arch.family)
+    q = measured.cite(q, arch.name, strategy, ctx)  # recall at distance, where edgekv analyze stored it
     notes = []
     if arch.max_position and ctx > arch.max_position:
         notes.append(f"ctx {ctx} exceeds the model's max_position_embeddings {arch.max_position}")
@@ -159,6 +164,9 @@ def export_support(arch: Arch, strategy: Strategy, ctx: int) -> tuple[bool, str]
         return False, f"edgekv's {arch.model_type} module takes {', '.join(names)}, not {strategy.name}"
     for k in ("dtype", "state_dtype"):
         d = strategy.params.get(k)
+        kv = strategy.attention_kv
+        if k == "dtype" and kv is not None and kv.kv_bits and family.kv_quantized:
+            continue  # the attention layers' quantized cache (strategies.hybrid_kv)
         if d and d not in dtypes:
             return False, f"edgekv's {arch.model_type} module stores {', '.join(dtypes)}, not {d}"
     if capped and arch.max_position and ctx > arch.max_position:

@@ -202,7 +202,8 @@ def test_llama3_rope_matches_transformers_and_gguf_rope_freqs_factors():
     llama3 scaling as per-frequency divisors of the default inverse frequencies)."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from edgekv.models.llama import LlamaArgs, rope_inv_freq
+    from edgekv.models.layers import rope_inv_freq
+    from edgekv.models.llama import LlamaArgs
 
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}

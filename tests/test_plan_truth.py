@@ -165,7 +165,10 @@ def test_exportable_follows_what_export_builds():
     assert by[("llama-3.2-1b", "kv")]["exportable"] is True
     assert by[("mamba-130m", "ssm")]["exportable"] is True
     assert by[("gemma-3-1b", "kv")]["exportable"] is True and by[("qwen3-0.6b", "kv")]["exportable"] is True
-    for m in ("phi-3-mini", "falcon-h1-0.5b", "zamba2-1.2b"):
+    # Phi-3 (the llama module, fused projections split at load) and Qwen3.5 (its own module, edgekv.models.qwen3_5)
+    assert by[("phi-3-mini", "kv")]["exportable"] is True and by[("phi-4-mini", "kv")]["exportable"] is True
+    assert by[("qwen3.5-0.8b", "hybrid")]["exportable"] is True
+    for m in ("falcon-h1-0.5b", "zamba2-1.2b"):
         o = next(o for (mm, _), o in by.items() if mm == m)
         assert o["exportable"] is False and o["exportable_reason"], m
     # export refuses a max_ctx past max_position_embeddings: so does the plan's exportable

@@ -133,7 +133,10 @@ def test_the_command_prints_the_recall_json_and_plot(tmp_path):
 
 @pytest.mark.parametrize("args, says", [
     (["--ctx", "8"], "at least 16"),
-    (["--save"], "--save belongs to the error probe"),
+    (["--applies-to", "family:ssm"], "--applies-to belongs to the error probe"),
+    (["--save", "--name", "../x"], "cannot name a stored measurement"),
+    (["--distances", "8,64"], "--distances 8,64: the recall probe needs at least 16"),
+    (["--compare", "nonsense"], "nonsense"),
     (["--target-ctx", "8k"], "--target-ctx belongs to the error probe"),
     (["--strategy", "linear", "--model", "fixtures/tiny/rwkv", "--bits", "16"], "keeps the same state as the fp32 reference"),
 ])

@@ -24,7 +24,8 @@ BITS_THRESHOLD = 0.01  # relative state error a layer may reach at the target co
 def _decays(module, tokens: torch.Tensor):
     """Per layer: (a [T, rows, N] or [T, H], h [T, ...] the reference state after each step), by stepping the fp32
     module one token at a time and recomputing dt from the mixer's own weights."""
-    from ..models.mamba import Mamba1Mixer, causal_conv_step
+    from ..models.layers import causal_conv_step
+    from ..models.mamba import Mamba1Mixer
 
     blocks = module.backbone.layers
     state = module.empty_state()

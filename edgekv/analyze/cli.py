@@ -64,10 +64,17 @@ def _ints(text: str | None, what: str) -> list[int] | None:
 @click.option("--trials", default=8, show_default=True, type=click.IntRange(1, 10000),
               help="recall: needles per distance (the same needles at every distance and precision)")
 @click.option("--seed", default=0, show_default=True, help="recall: seed of the needles and filler offsets")
+@click.option("--distances", "distance_text", default=None,
+              help="recall: the needle distances to score, e.g. 8064,12k, instead of the ladder up to --ctx (far "
+              "points alone, where each costs minutes)")
+@click.option("--compare", "compare", multiple=True,
+              help="recall: another strategy to probe over the same trials, e.g. --compare kv-int8 --compare "
+              "window:w=512,sinks=4 --compare mla (repeatable)")
 @click.option("-t", "--threads", default=None, type=click.IntRange(1, 256), help="torch threads (default: torch's)")
 @click.pass_context
 def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, ranks, windows, ctx_text, target_text,
-            chunk, text_file, analytic, save, name, applies_to, as_json, plot, trials, seed, threads):
+            chunk, text_file, analytic, save, name, applies_to, as_json, plot, trials, seed, distance_text, compare,
+            threads):
     """Measure error vs position for quantized/compressed state on real weights, fit a growth law, extrapolate;
     or (--probe recall) needle-retrieval accuracy vs distance at each state precision."""
     from ..strategies import parse_strategy
@@ -99,17 +106,24 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
     if probe == "recall":
         from click.core import ParameterSource
         explicit = {p for p in cctx.params if cctx.get_parameter_source(p) != ParameterSource.DEFAULT}
-        for opt in ("save", "name", "applies_to", "ranks", "windows", "target_text", "analytic"):
+        for opt in ("applies_to", "ranks", "windows", "target_text", "analytic"):
             if opt in explicit:
                 flag = {"ranks": "rank", "windows": "window", "target_text": "target-ctx"}.get(opt, opt)
                 raise EdgekvError(f"--{flag.replace('_', '-')} belongs to the error probe (--probe error), not to "
                                   "--probe recall")
+        store_as = None
+        if save:
+            store_as = _model_name(model) if name is None else name
+            save_target(store_as, "--model" if name is None else "--name", "recall")
         return _recall(model, base, _ints(bits, "--bits"), roundings,
                        weight_bits if "weight_bits" in explicit else None, ctx, chunk, text_file, trials, seed,
-                       as_json, plot)
+                       as_json, plot, list(compare), store_as, distance_text)
+    if compare or distance_text:
+        raise EdgekvError(f"--{'compare' if compare else 'distances'} belongs to the recall probe (--probe recall)")
     variants = make_variants(base, _ints(bits, "--bits"), roundings, weight_bits or None, _ints(ranks, "--rank"),
                              _ints(windows, "--window"))
-    chunk = chunk or (1 if base.recurrent else 64)
+    recurrent = base.recurrent
+    chunk = chunk or (1 if recurrent else 64)
     from ..progress import Bar
     with Bar(f"analyze: loading {model} and its variants", None, not as_json):
         runner = Runner(model, base, variants, ctx, chunk)
@@ -134,19 +148,34 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
     _emit(result, as_json, plot, report.plot, _table, "the curves above cover what was measured")
 
 
-def _recall(model, base, bits, roundings, weight_bits, max_distance, chunk, text_file, trials, seed, as_json, plot):
-    from .recall import RecallProbe, distances, make_trials
+def _recall(model, base, bits, roundings, weight_bits, max_distance, chunk, text_file, trials, seed, as_json, plot,
+            compare=(), store_as=None, distance_text=None):
+    from .recall import FIRST_DISTANCE, RecallProbe, compare_variants, distances, make_trials
     from .recall import plot as recall_plot
+    from .recall import store as recall_store
     from .run import Encoder, default_text, make_variants
 
     state_bits = [b for b in bits or [] if b != 32]
     variants = [] if bits and not state_bits else make_variants(base, state_bits or None, roundings, weight_bits)
-    chunk = chunk or (1 if base.recurrent else 64)
-    dists = distances(max_distance)
+    variants += compare_variants(compare)
+    recurrent = base.recurrent
+    chunk = chunk or (1 if recurrent else 64)
+    given = None
+    if distance_text:
+        from ..units import parse_ctx
+        given = sorted({parse_ctx(x.strip()) for x in distance_text.split(",") if x.strip()})
+        if not given:
+            raise EdgekvError(f"--distances {distance_text!r}: use comma-separated token counts, e.g. 8064,12k")
+        if given[0] < FIRST_DISTANCE:
+            raise EdgekvError(f"--distances {distance_text}: the recall probe needs at least {FIRST_DISTANCE} tokens "
+                              "of distance")
+        max_distance = given[-1]
+    distances(max_distance)  # a too-short --ctx is one line before any weight is read
     if plot:
         from ..jsonfile import PLOT_FORMATS, check_writable
         check_writable(plot, "--plot", PLOT_FORMATS)
-    probe = RecallProbe(model, base, variants, max(dists), chunk, seed)
+    probe = RecallProbe(model, base, variants, max_distance, chunk, seed)
+    dists = given or distances(max_distance, probe.trained[0] if probe.trained else None)
     text = open(text_file, errors="replace").read() if text_file else default_text()
     rows = make_trials(Encoder.for_model(probe.loaded), text, dists, trials, seed)
     total = sum(t.value_at + len(t.value) - 1 for row in rows for t in row) * len(probe.modules)
@@ -160,6 +189,8 @@ def _recall(model, base, bits, roundings, weight_bits, max_distance, chunk, text
         tallies = probe.run(rows, on_step=lambda n: bar.advance(task, n))
     result = probe.summarise(rows, tallies, text_file or "Python docs topics + stdlib source")
     result["seconds"] = round(time.perf_counter() - t0, 2)
+    if store_as and not result["interrupted"]:
+        result["stored"] = str(recall_store(result, store_as, "edgekv " + " ".join(sys.argv[1:])))
     _emit(result, as_json, plot, recall_plot, _recall_table, "the table above covers the trials scored")
 
 
@@ -180,7 +211,9 @@ def _recall_table(result: dict, plot: str | None) -> None:
     from ..render import Col, console, print_table
     title = (f"edgekv analyze --probe recall — {result['model']}, chunk {result['chunk']}: top-1 accuracy of the "
              f"{result['value_len']} value tokens (mean log-prob) by needle distance d")
-    cols = [Col("variant", keep=True)] + [Col(f"d={d}", "right", give=i) for i, d in enumerate(result["distances"])]
+    beyond = result.get("beyond_trained") or [False] * len(result["distances"])
+    cols = [Col("variant", keep=True)] + [Col(f"d={d}" + ("*" if b else ""), "right", give=i)
+                                          for i, (d, b) in enumerate(zip(result["distances"], beyond))]
     cells = [[v["label"], *[("-" if a is None else f"{a:.2f} ({lp:.2f})") for a, lp in zip(v["accuracy"], v["logprob"])]]
              for v in result["variants"]]
     c = console()
@@ -188,6 +221,10 @@ def _recall_table(result: dict, plot: str | None) -> None:
     n = max((max(v["trials"]) for v in result["variants"]), default=0)
     c.print(f"{n} trials per distance; chance {result['chance']:.3f} (log-prob {result['chance_logprob']:.2f}). "
             f"{result['seconds']} s on this machine.")
+    if any(beyond):
+        c.print(f"* past the {result['trained_ctx']:,} tokens the model was trained at ({result['trained_from']})")
+    if result.get("stored"):
+        c.print(f"stored in {result['stored']} (edgekv plan cites it)")
     if plot:
         c.print(f"plot written to {plot}")
 
@@ -195,7 +232,7 @@ def _recall_table(result: dict, plot: str | None) -> None:
 NAME_RE = r"[A-Za-z0-9][A-Za-z0-9._-]*"  # a stored measurement's model name: one plain file name part
 
 
-def save_target(name: str, option: str):
+def save_target(name: str, option: str, probe: str = "probe"):
     """Check, before any work, that --save can store under `name`: a plain name ([A-Za-z0-9._-], not starting with
     a dot) whose files stay in edgekv/measurements/, a folder that can be written."""
     import re
@@ -205,7 +242,7 @@ def save_target(name: str, option: str):
     if not re.fullmatch(NAME_RE, name) or len(name) > 128:
         raise EdgekvError(f"{option}: {name!r} cannot name a stored measurement: use letters, digits, '.', '_' and "
                           "'-' (e.g. --name my-model)")
-    check_writable(MEASURED_DIR / f"{name}__probe.json", "--save")
+    check_writable(MEASURED_DIR / f"{name}__{probe}.json", "--save")
 
 
 def _model_name(spec: str) -> str:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,6 +47,7 @@ ALPHABET = b"abcdefghijklmnopqrstuvwxyz0123456789"
 VALUE_LEN = 6
 PREFIX_LEN = 64
 FIRST_DISTANCE = 16
+LAST_FIT = 2 * PREFIX_LEN  # tokens of a trial beside its filler, with room (prefix 64 + needle ~14 + cue + value ~14)
 TEXT_CHARS = 300_000  # of the text, at least, that fillers and prefixes are drawn from
 
 
@@ -61,14 +63,58 @@ class Trial:
     value_at: int  # index of the cue's first value token: tokens[value_at:value_at + len(value)] == value
 
 
-def distances(max_distance: int) -> list[int]:
-    """16, 64, 256, 1k, 4k ... (x4) up to max_distance, and max_distance itself when the ladder stops short."""
+def distances(max_distance: int, trained: int | None = None) -> list[int]:
+    """16, 64, 256, 1k, 4k ... (x4) up to max_distance, and max_distance itself when the ladder stops short; with the
+    model's trained context, also the longest distance whose whole trial still fits in it (trained - LAST_FIT), so a
+    ladder that goes past the trained context has a point just inside it."""
     if max_distance < FIRST_DISTANCE:
         raise EdgekvError(f"--ctx {max_distance}: the recall probe needs at least {FIRST_DISTANCE} tokens of distance")
     out = [FIRST_DISTANCE]
     while out[-1] * 4 <= max_distance:
         out.append(out[-1] * 4)
-    return out + ([max_distance] if out[-1] < max_distance else [])
+    out += [max_distance] if out[-1] < max_distance else []
+    if trained and FIRST_DISTANCE <= trained - LAST_FIT < max_distance:
+        out = sorted(set(out) | {trained - LAST_FIT})
+    return out
+
+
+def trial_len(distance: int) -> int:
+    """Upper bound on a trial's tokens at this distance: prefix + needle + filler + cue + value (LAST_FIT covers
+    every part but the filler, for keys and values of the lengths make_trials draws, with room)."""
+    return distance + LAST_FIT
+
+
+def load_beyond_trained(model: str, strategy, max_ctx: int):
+    """edgekv.models.load_any without its trained-context check: the reader of a family that refuses max_ctx >
+    max_position_embeddings (Family.ctx_capped, as an export should) is given no context; the StateLayout and module
+    are built for max_ctx. Past the trained length the positions are ones the model never saw: what the probe
+    measures there."""
+    from ..models import Loaded, _function, check_strategy, family_of, layout_for
+    from ..models.weights import resolve_model
+
+    fam = check_strategy(family_of(resolve_model(model)), strategy)
+    src = _function(fam.read)(model, None if fam.ctx_capped else max_ctx)
+    fam = check_strategy(fam, strategy)
+    layout = layout_for(src.arch, strategy, max_ctx)
+    return Loaded(_function(fam.build)(src, layout), src.args, src.arch, layout, src.path, src.fmt)
+
+
+def trained_context(loaded) -> tuple[int, str] | None:
+    """(tokens, where the number comes from) the model was trained at: a trained fixture's own training window
+    (train_log.json's training.seq_len, written by scripts/train_tiny.py), else the config's max_position_embeddings
+    (the GGUF's <arch>.context_length). None when neither says."""
+    import json
+    folder = loaded.source if loaded.source.is_dir() else None
+    log = folder / "train_log.json" if folder else None
+    if log is not None and log.is_file():
+        try:
+            seq = json.loads(log.read_text()).get("training", {}).get("seq_len")
+        except (OSError, ValueError, AttributeError):
+            seq = None
+        if isinstance(seq, int) and seq > 0:
+            return seq, f"{log.name} seq_len"
+    n = getattr(loaded.args, "max_position", None) or getattr(loaded.arch, "max_position", None)
+    return (int(n), "max_position_embeddings") if n else None
 
 
 def chance() -> dict:
@@ -131,9 +177,12 @@ def score(module, trial: Trial, chunk: int) -> tuple[torch.Tensor, torch.Tensor]
     rows = []
     for start in range(0, n, chunk):
         c = min(chunk, n - start)
-        logits, *state = module(ids[:, start:start + c], torch.tensor([start], dtype=torch.int64), *state)
+        # only the rows that predict a value token go through the output layer (on Gemma-3-270M's 262k vocabulary
+        # the head costs more than the rest of the model per token); a call before them asks for its last row
+        want = torch.arange(max(0, first - start), c) if start + c > first else torch.tensor([c - 1])
+        logits, *state = module(ids[:, start:start + c], torch.tensor([start], dtype=torch.int64), *state, rows=want)
         if start + c > first:
-            rows.append(logits[0, max(0, first - start):])
+            rows.append(logits[0])
     lp = F.log_softmax(torch.cat(rows).float(), -1)  # [VALUE_LEN, V]
     target = torch.tensor(trial.value, dtype=torch.int64)
     return lp.argmax(-1) == target, lp.gather(-1, target[:, None])[:, 0]
@@ -149,31 +198,31 @@ class RecallProbe:
     """The fp32 reference and each variant (the export module with a quantized StateLayout) over the same trials."""
 
     def __init__(self, model: str, base, variants: list[Variant], max_distance: int, chunk: int, seed: int = 0):
-        from ..models import load_any
-
         self.model, self.base, self.chunk, self.seed = model, base, chunk, seed
-        self.max_ctx = max_distance + 2 * PREFIX_LEN  # prefix + needle + filler + cue + value fit with room
+        self.max_ctx = trial_len(max_distance)  # prefix + needle + filler + cue + value fit with room
         ref_strategy = reference_strategy(base)
         self.labels = [f"reference {ref_strategy.short}"] + [v.label for v in variants]
         self.variants = [Variant(self.labels[0], "state", ref_strategy, 32)] + list(variants)
         self.modules = []
+        self.trained = None
         for i, v in enumerate(self.variants):
-            lv = load_any(model, v.strategy, self.max_ctx)
+            lv = load_beyond_trained(model, v.strategy, self.max_ctx)
             if i == 0:
-                self.loaded = lv
+                self.loaded, self.trained = lv, trained_context(lv)
             else:
                 check_variant_changes_something(model, self.loaded, v, lv)
             if v.weight_bits:
                 fake_quantize_weights(lv.module, v.weight_bits)
             _set_rounding(lv.module, v.rounding, seed + i)
             self.modules.append(lv.module)
-        self.interrupted = False
+        self.interrupted, self.seconds = False, None
 
     @torch.inference_mode()
     def run(self, trials: list[list[Trial]], on_step=None) -> list[Tally]:
         """Trial-major (every distance of trial 0, then trial 1, ...), so a stopped run still covers every distance.
         on_step(tokens fed) after each scored sequence; KeyboardInterrupt keeps what was scored."""
         tallies = [Tally([[] for _ in trials[0]], [[] for _ in trials[0]]) for _ in self.modules]
+        t0 = time.perf_counter()
         try:
             for row in trials:
                 for j, trial in enumerate(row):
@@ -185,6 +234,7 @@ class RecallProbe:
                             on_step(trial.value_at + len(trial.value) - 1)
         except KeyboardInterrupt:
             self.interrupted = True
+        self.seconds = round(time.perf_counter() - t0, 2)
         return tallies
 
     def summarise(self, trials: list[list[Trial]], tallies: list[Tally], text_label: str) -> dict:
@@ -192,10 +242,15 @@ class RecallProbe:
         trials, the fraction of trials with every value token right (exact), and the trial count."""
         dists = [t.distance for t in trials[0]]
         ch = chance()
+        trained = getattr(self, "trained", None)
         out = {"model": self.model, "strategy": self.base.label, "probe": "recall", "chunk": self.chunk,
                "text": text_label, "seed": self.seed, "value_len": VALUE_LEN, "alphabet": ALPHABET.decode(),
                "distances": dists, "chance": ch["accuracy"], "chance_logprob": ch["logprob"],
-               "interrupted": self.interrupted, "variants": []}
+               "interrupted": self.interrupted, "seconds": getattr(self, "seconds", None),
+               "trained_ctx": trained[0] if trained else None,
+               "trained_from": trained[1] if trained else None,
+               "beyond_trained": [bool(trained) and trial_len(d) > trained[0] for d in dists],
+               "variants": []}
         for v, t in zip(self.variants, tallies):
             acc, lps, exact, n = [], [], [], []
             for ok, lp in zip(t.correct, t.logprob):
@@ -234,3 +289,64 @@ def plot(result: dict, out: str) -> None:
                  f"{result['value_len']} value tokens per point")
     from .report import save_png
     save_png(fig, out)
+
+
+def compare_variants(specs: list[str]) -> list[Variant]:
+    """One state variant per strategy spec (--compare kv-int8 --compare window:w=512,sinks=4 --compare mla): other
+    strategies probed over the same trials as the base's variants, each at its own precision."""
+    from ..strategies import parse_strategy
+
+    out = []
+    for spec in specs:
+        st = parse_strategy(spec)
+        out.append(Variant(f"state {st.label}", "state", st, st.kv_bits or None, "nearest"))
+    return out
+
+
+def store(result: dict, name: str, command: str, folder=None):
+    """Merge a recall result into <folder>/<name>__recall.json (edgekv/measurements by default), the file the
+    planner reads (edgekv.measured): per strategy label a curve of points {distance, value (fraction of trials with
+    every value token right), accuracy, logprob, trials, beyond_trained}, with the command, date and seconds of the
+    run that measured it. Curves and distances this run did not measure are kept; the ones it did are replaced.
+    Only nearest-rounding state variants with float weights are stored (what a plan row's strategy is). Returns
+    the file's path."""
+    import datetime
+    import json
+    import os
+    from pathlib import Path
+
+    from ..jsonfile import output_json
+    from ..quality import MEASURED_DIR
+
+    path = Path(folder or MEASURED_DIR) / f"{name}__recall.json"
+    old = {}
+    if path.is_file():
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, ValueError):
+            old = {}
+    if not isinstance(old, dict) or not isinstance(old.get("curves"), dict):
+        old = {}
+    curves = old.get("curves", {})
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    for v in result["variants"]:
+        if v["weight_bits"] or v["rounding"] != "nearest":
+            continue
+        run = {"command": command, "date": datetime.date.today().isoformat(), "seconds": result.get("seconds"),
+               "load_average": round(load, 2) if load is not None else None, "chunk": result["chunk"],
+               "text": result["text"], "seed": result["seed"]}
+        pts = {p["distance"]: p for p in curves.get(v["strategy"], {}).get("points", [])
+               if isinstance(p, dict) and "distance" in p}
+        for j, d in enumerate(result["distances"]):
+            if v["exact"][j] is None:
+                continue
+            pts[d] = {"distance": d, "value": v["exact"][j], "accuracy": v["accuracy"][j], "logprob": v["logprob"][j],
+                      "trials": v["trials"][j], "beyond_trained": result["beyond_trained"][j], **run}
+        curves[v["strategy"]] = {"label": v["label"], "points": [pts[d] for d in sorted(pts)]}
+    out = {"model": name, "probe": "recall",
+           "value": "fraction of trials whose every value token is the model's top-1 (exact recall), teacher-forced; "
+                    "edgekv/analyze/recall.py",
+           "chance": result["chance"], "value_len": result["value_len"],
+           "trained_ctx": result.get("trained_ctx"), "trained_from": result.get("trained_from"), "curves": curves}
+    path.write_text(output_json(out) + "\n")
+    return path

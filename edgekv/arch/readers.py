@@ -6,8 +6,11 @@ from pathlib import Path
 from ..errors import EdgekvError
 from .config import Cfg, trained_ctx_of
 from .deepseek import _deepseek
+from .granite import _granite_hybrid
 from .hybrid import _falcon_h1, _jamba, _zamba2
+from .lfm2 import _lfm2
 from .mamba import _from_mamba_ssm, _mamba
+from .qwen3_5 import _qwen3_5
 from .rwkv import _rwkv
 from .transformer import _decoder
 from .types import Arch, Block
@@ -19,13 +22,15 @@ READERS = {
     "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
     "mamba": _mamba, "mamba2": _mamba,
     "jamba": _jamba, "falcon_h1": _falcon_h1, "zamba2": _zamba2, "rwkv": _rwkv,
+    "lfm2": _lfm2, "granitemoehybrid": _granite_hybrid,
+    "qwen3_5_text": _qwen3_5, "qwen3_5": _qwen3_5,
 }
 SUPPORTED = sorted(READERS)
 
 
 def _family(blocks: list[Block]) -> str:
     kinds = {m.kind for b in blocks for m in b.mixers}
-    if len(kinds) > 1:
+    if len(kinds) > 1 or kinds == {"conv"}:  # a conv-only LFM2 config: plain recurrent layers, planned as a hybrid
         return "hybrid"
     return {"attention": "transformer", "mla": "mla", "ssm": "ssm", "linear": "linear"}[kinds.pop()]
 
@@ -39,6 +44,10 @@ def arch_from_config(config: dict, name: str, source: str) -> Arch:
     if mt == "gemma3" and isinstance(config.get("text_config"), dict):  # the multimodal wrapper: plan the text model
         config = {**config["text_config"], "model_type": "gemma3_text"}
         mt = "gemma3_text"
+    if mt == "qwen3_5" and isinstance(config.get("text_config"), dict):  # Qwen3.5's image-text wrapper: its text model
+        config = {"tie_word_embeddings": config.get("tie_word_embeddings"), **config["text_config"],
+                  "model_type": "qwen3_5_text"}
+        mt = "qwen3_5_text"
     if not isinstance(mt, str) or mt not in READERS:
         raise EdgekvError(f"{source}: model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED)}")
     c = Cfg(config, source)
@@ -68,4 +77,4 @@ def read_config_json(path: str | Path) -> Arch:
 
 # the model types edgekv.models.llama exports (GQA + RoPE + RMSNorm + SwiGLU decoders), here so that torch-free code
 # (the planner's memory model) and the export module read the same list
-LLAMA_EXPORT_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "smollm3")
+LLAMA_EXPORT_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "smollm3", "phi3")

@@ -55,10 +55,21 @@ class Linear:
     d_v: int
     n_vectors: int = 0  # RWKV-4 keeps 5 hidden-sized vectors per layer (transformers order: x_ffn, x_att, num, den, max)
     width: int = 0
+    conv_dim: int = 0  # Gated DeltaNet (Qwen3.5): channels of the causal conv before the recurrence (q, k and v)
+    d_conv: int = 0  # its kernel; the layer keeps the last d_conv - 1 inputs
     kind: str = "linear"
 
 
-Mixer = Attention | MLA | SSM | Linear
+@dataclass(frozen=True)
+class ShortConv:
+    """LFM2's gated short convolution (transformers' Lfm2ShortConv): a depthwise causal conv of kernel d_conv over
+    width channels between an input and an output gate. State per layer: its last d_conv - 1 inputs."""
+    width: int
+    d_conv: int
+    kind: str = "conv"
+
+
+Mixer = Attention | MLA | SSM | Linear | ShortConv
 
 
 @dataclass(frozen=True)

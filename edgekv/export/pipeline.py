@@ -378,6 +378,17 @@ def _make_parents(out: Path) -> list[Path]:
     return made
 
 
+def nudged(module):
+    """A copy of the eager module with its float parameters moved one ulp (verify.nudge_one_ulp): another kernel's
+    last bits, for the noise floor of a quantized cache, whose codes flip where a value sits on a rounding boundary."""
+    import copy
+
+    from .verify import nudge_one_ulp
+    m = copy.deepcopy(module)
+    nudge_one_ulp(m)
+    return m
+
+
 def nudged_quantized(module, weights: str):
     """A copy of the fp32 eager module quantized as the .pte's module is, then its float parameters moved one ulp
     (verify.nudge_one_ulp): the same codes, last bits upstream of the quantized activations different."""
@@ -534,6 +545,8 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             noise = None
             if fmt == "onnx":
                 art, ref = OrtStepper(partial, tmp, opts.threads, spin=False), EagerStepper(partial, module)
+                if opts.weights == "fp32" and strategy.kv_bits:  # codes that a last bit flips (verify.limits)
+                    noise = EagerStepper(partial, nudged(module))
             else:
                 art = et_runner.RunnerPteStepper(partial, tmp, opts.threads) if et_run else \
                     PteStepper(partial, tmp, opts.threads)

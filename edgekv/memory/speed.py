@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from ..arch import MLA, SSM, Arch, Attention, Linear
+from ..arch import MLA, SSM, Arch, Attention, Linear, ShortConv
 from ..strategies import StateLayout, Strategy, mla_rank
 from .costs import kv_read
 from .item import Item
@@ -39,6 +39,8 @@ def decode_flops(arch: Arch, layout: StateLayout, strategy: Strategy) -> Item:
                 rec += 6 * (m.d_inner * m.d_state) + 2 * m.conv_dim * m.d_conv
             elif isinstance(m, Linear):
                 rec += 6 * (m.n_vectors * m.width if m.n_vectors else m.n_heads * m.d_k * m.d_v)
+            elif isinstance(m, ShortConv):  # B * x, the K-tap conv, C * y
+                rec += 2 * m.width * (m.d_conv + 1)
     total = lin + attn + extra + rec
     f = (f"2 x active matmul params ({lin:.3g}) + attention 4*H*D*T per layer ({attn:.3g})"
          + (f" + K/V reconstruction from the latent 2*r*2*Hkv*D*T per layer ({extra:.3g})" if extra else "")
@@ -76,6 +78,8 @@ def prefill_flops(arch: Arch, strategy: Strategy, ctx: int, chunk: int) -> Item:
                 rec += (6 * m.d_inner * m.d_state + 2 * m.conv_dim * m.d_conv) * ctx
             elif isinstance(m, Linear):
                 rec += 6 * (m.n_vectors * m.width if m.n_vectors else m.n_heads * m.d_k * m.d_v) * ctx
+            elif isinstance(m, ShortConv):
+                rec += 2 * m.width * (m.d_conv + 1) * ctx
     total = lin + head + attn + extra + rec
     return Item(total, f"2*params*ctx ({lin:.3g}) + logits per chunk ({head:.3g}) + causal attention ({attn:.3g})"
                        + (f" + latent re-expansion ({extra:.3g})" if extra else "")

@@ -41,6 +41,7 @@ class Family:
     what: str = ""  # one line for listings
     state_dtypes: tuple[str, ...] = ("fp32", "fp16")  # the float/int dtypes its module stores the state in
     ctx_capped: bool = False  # its reader refuses max_ctx > max_position_embeddings
+    kv_quantized: bool = False  # a hybrid whose attention layers also keep int8/int4 caches (hybrid:dtype=int8|int4)
 
 
 FAMILIES = (
@@ -48,7 +49,8 @@ FAMILIES = (
            "edgekv.models:read_llama", "edgekv.models.llama:build", gguf_archs=("llama", "mistral", "qwen2", "gemma3"),
            routes=(("mla", "converted-mla"),), ctx_capped=True,
            what="GQA + RoPE decoders: Llama-2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3 (qk-norm), Gemma 3 "
-                "(sliding + global layers), SmolLM3 (NoPE layers)"),
+                "(sliding + global layers), SmolLM3 (NoPE layers), Phi-3 / Phi-4-mini (fused projections split, "
+                "partial rotary, longrope)"),
     Family("converted-mla", (), ("mla",), "edgekv.models:read_llama", "edgekv.models.mla:build_converted",
            what="a llama-family model with its KV converted to a low-rank latent (mla on a GQA model)"),
     Family("deepseek-v2", ("deepseek_v2",), ("mla",), "edgekv.models.mla:read_deepseek",
@@ -59,6 +61,12 @@ FAMILIES = (
            "edgekv.models.recurrent:build_rwkv", what="RWKV-4", state_dtypes=("fp32", "fp16", "bf16", "int8")),
     Family("jamba", ("jamba",), ("hybrid",), "edgekv.models.hybrid:read_jamba", "edgekv.models.hybrid:build_jamba",
            what="Mamba-1 + attention + MoE", state_dtypes=("fp32", "fp16", "bf16")),
+    Family("lfm2", ("lfm2",), ("hybrid",), "edgekv.models.lfm2:read_lfm2", "edgekv.models.lfm2:build_lfm2",
+           what="LFM2 / LFM2.5: gated short convolutions + GQA attention (qk-norm)", state_dtypes=("fp32", "fp16"),
+           ctx_capped=True, kv_quantized=True),
+    Family("qwen3_5", ("qwen3_5_text", "qwen3_5"), ("hybrid",), "edgekv.models.qwen3_5:read_qwen3_5",
+           "edgekv.models.qwen3_5:build_qwen3_5", what="Qwen3.5: Gated DeltaNet + gated full attention",
+           state_dtypes=("fp32", "fp16", "bf16"), ctx_capped=True, kv_quantized=True),
 )
 FAMILY = {f.name: f for f in FAMILIES}
 
@@ -174,8 +182,25 @@ def load_any(spec: str, strategy, max_ctx: int) -> Loaded:
 
     if max_ctx is not None and max_ctx < 1:
         raise EdgekvError(f"max_ctx must be at least 1, got {max_ctx}")
-    fam = check_strategy(family_of(resolve_model(spec)), strategy)  # before any weight is read
+    fam = family_of(resolve_model(spec))
+    strategy = hybrid_alias(fam, strategy)
+    fam = check_strategy(fam, strategy)  # before any weight is read
     return load_family(fam, spec, strategy, max_ctx)
+
+
+def hybrid_alias(family: Family, strategy):
+    """A transformer's cache strategy on a family that keeps only the hybrid form of it (LFM2): kv:dtype=D is its
+    native state with the KV in D (hybrid:dtype=D,state_dtype=fp32: what analyze's fp32 reference, kv:dtype=fp32, asks
+    of a model with attention layers); kv-int8 / kv-int4 are hybrid:dtype=int8 / int4 where the family's attention
+    layers keep quantized caches (Family.kv_quantized). Any other strategy is returned as is."""
+    from ..strategies import parse_strategy
+    if "hybrid" not in family.strategies or strategy.name in family.strategies:
+        return strategy
+    if strategy.name == "kv":
+        return parse_strategy(f"hybrid:dtype={strategy.params['dtype']},state_dtype=fp32")
+    if strategy.name in ("kv-int8", "kv-int4") and family.kv_quantized:
+        return parse_strategy(f"hybrid:dtype={strategy.name[3:]},state_dtype=fp32")
+    return strategy
 
 
 def read_llama(spec: str, max_ctx: int | None = None) -> Source:
@@ -196,6 +221,9 @@ def read_llama(spec: str, max_ctx: int | None = None) -> Source:
         cfg, sd = load_hf_folder(path)
         factors, fmt = None, "safetensors"
         arch = read_config_json(path)
+        if cfg.get("model_type") == "phi3":  # fused q/k/v and gate/up, partial rotary, longrope: edgekv.models.phi3
+            from .phi3 import to_llama
+            cfg, sd, factors = to_llama(cfg, sd, max_ctx, str(path / "config.json"))
     args = args_from_hf_config(cfg, str(path))
     args.rope_freq_factors = factors
     if max_ctx is not None and args.max_position and max_ctx > args.max_position:

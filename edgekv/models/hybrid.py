@@ -36,9 +36,9 @@ from ..arch import Cfg
 from ..errors import EdgekvError
 from ..strategies import StateLayout
 from .head import head, output_weight
-from .llama import RMSNorm
-from .mamba import Mamba1Mixer, MambaArgs, check_ssm_layout, empty_state, load_strict, read_folder, state_dtype
-from .mla import MoE, _slots, _SwiGLU, stack_experts
+from .base import empty_state, load_strict, read_folder, state_dtype
+from .layers import MoE, RMSNorm, SwiGLU, slot_plan, stack_experts
+from .mamba import Mamba1Mixer, MambaArgs, check_ssm_layout
 
 
 @dataclass
@@ -134,7 +134,7 @@ class JambaBlock(nn.Module):
                                      bcdt_norm_eps=a.rms_eps)
         n_exp = a.n_experts_per_block[i]
         self.feed_forward = MoE(a.hidden, a.intermediate, n_exp, a.top_k) if n_exp > 1 else \
-            _SwiGLU(a.hidden, a.intermediate)
+            SwiGLU(a.hidden, a.intermediate)
         self.input_layernorm = RMSNorm(a.hidden, a.rms_eps)
         self.pre_ff_layernorm = RMSNorm(a.hidden, a.rms_eps)
 
@@ -178,7 +178,7 @@ class Jamba(nn.Module):
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor,
                 rows: torch.Tensor | None = None):
         c = tokens.shape[1]
-        _, write, written, allowed = _slots(pos, c, self.layout.ctx, repeat=self.args.n_heads // self.args.n_kv_heads)
+        _, write, written, allowed = slot_plan(pos, c, self.layout.ctx, repeat=self.args.n_heads // self.args.n_kv_heads)
         x = self.model.embed_tokens(tokens)
         new_state = []
         for i, blk in enumerate(self.model.layers):

@@ -54,17 +54,16 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..arch import LLAMA_EXPORT_TYPES, Cfg, _layer_windows
 from ..errors import EdgekvError
 from ..quant import dequantize, dequantize_planar, planar_order, quantize
 from ..strategies import StateLayout, parse_strategy, per_token_int8
+from .base import STATE_TORCH, TORCH_DTYPES
 from .head import head, output_weight
+from .layers import MLP, RMSNorm, rope_cos_sin, rope_inv_freq, rotate_half
 
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
-STATE_TORCH = {**TORCH_DTYPES, "int8": torch.int8, "uint8": torch.uint8}
 
 
 @dataclass
@@ -199,69 +198,6 @@ def _rope_layers(cfg: dict, mt: str, n: int, where: str) -> list[bool] | None:
 
 
 # ---- building blocks ----
-
-
-class RMSNorm(nn.Module):
-    """x / rms(x) * weight, in fp32 (transformers' LlamaRMSNorm); with offset 1, x / rms(x) * (1 + weight)
-    (Gemma3RMSNorm, whose stored weight is the difference from 1)."""
-
-    def __init__(self, d: int, eps: float, offset: float = 0.0):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-        self.eps = eps
-        self.offset = offset
-        # the ONNX trace (Llama.onnx_gqa): x / sqrt(mean(x^2) + eps) * weight over the last dim, the pattern ONNX
-        # Runtime fuses into (Skip)SimplifiedLayerNormalization (one node with the residual add, instead of eight)
-        self.onnx_form = False
-
-    def forward(self, x):  # [..., d] -> [..., d]
-        x32 = x.float()
-        w = self.weight + self.offset if self.offset else self.weight
-        if self.onnx_form:
-            return w * (x32 / torch.sqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-        sq = x32.pow(2)
-        if sq.dim() == 3:  # [1, C, d] -> [1, C, 1, d]: a mean over the two innermost dims of a 4-D tensor is the
-            b, c, d = sq.shape  # only mean XNNPACK delegates
-            # -1, not c: XNNPACK delegates a reshape with one inferred dim, not one with a symbolic (dynamic) dim
-            ms = sq.view(b, -1, 1, d).mean((2, 3), keepdim=True).view(b, -1, 1)
-        else:
-            ms = sq.mean(-1, keepdim=True)
-        return w * (x32 * torch.rsqrt(ms + self.eps)).to(x.dtype)
-
-
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [C] -> cos, sin [C, D] for rotate_half RoPE (each frequency twice: the first and second halves)."""
-    freqs = positions.float()[:, None] * inv_freq[None, :]  # [C, D/2]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
-
-
-def rope_inv_freq(a: LlamaArgs) -> torch.Tensor:
-    """[D/2] inverse frequencies, computed as transformers' ROPE_INIT_FUNCTIONS do (modeling_rope_utils.py)."""
-    d = a.head_dim
-    inv = 1.0 / (a.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    s = a.rope_scaling or {}
-    kind = s.get("rope_type", "default")
-    if kind == "linear":
-        inv = inv / float(s["factor"])
-    elif kind == "llama3":  # _compute_llama3_parameters
-        factor, lo, hi = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
-        old = float(s.get("original_max_position_embeddings") or a.max_position)
-        lo_wl, hi_wl = old / lo, old / hi
-        wavelen = 2 * math.pi / inv
-        inv_l = torch.where(wavelen > lo_wl, inv / factor, inv)
-        smooth = (old / wavelen - lo) / (hi - lo)
-        smoothed = (1 - smooth) * inv_l / factor + smooth * inv_l
-        medium = ~(wavelen < hi_wl) * ~(wavelen > lo_wl)
-        inv = torch.where(medium, smoothed, inv_l)
-    if a.rope_freq_factors is not None:  # llama.cpp: theta / freq_factor (llama3 rope as written by convert_hf_to_gguf)
-        inv = inv / torch.tensor(a.rope_freq_factors, dtype=torch.float32)
-    return inv
-
-
-def rotate_half(x):
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
 class Attention(nn.Module):
@@ -482,32 +418,6 @@ class KVFormat:
         old = dequantize(state[0][0], state[1][0], state[2][0] if z else None, self.bits, self.group)
         new = dequantize(codes, scale, zero if z else None, self.bits, self.group).permute(1, 0, 2)
         return tuple(put(o, part, write, keep) for o, part in zip(state, parts)), torch.cat((old, new), 1)
-
-
-class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)); GeGLU (Gemma) with gelu's tanh approximation for silu."""
-
-    def __init__(self, a: LlamaArgs):
-        super().__init__()
-        self.gate_proj = nn.Linear(a.hidden, a.intermediate, bias=a.mlp_bias)
-        self.up_proj = nn.Linear(a.hidden, a.intermediate, bias=a.mlp_bias)
-        self.down_proj = nn.Linear(a.intermediate, a.hidden, bias=a.mlp_bias)
-        self.gelu = getattr(a, "act", "silu") == "gelu_tanh"  # other modules reuse this MLP with their own args
-
-    def forward(self, x):
-        g = self.gate_proj(x)
-        return self.down_proj((gelu_tanh(g) if self.gelu else F.silu(g)) * self.up_proj(x))
-
-
-GELU_BETA = math.sqrt(2.0 / math.pi)
-
-
-def gelu_tanh(x):
-    """gelu with the tanh approximation (transformers' gelu_pytorch_tanh), written out as torch computes it:
-    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Not F.gelu(approximate="tanh"): ExecuTorch 1.5.1's XNNPACK
-    delegate lowers that to the erf gelu (on [-6, 6]: 4.7e-4 from the tanh form, 1e-6 from erf's), while its tanh,
-    mul and add are exact to ~5e-7."""
-    return 0.5 * x * (1.0 + torch.tanh(GELU_BETA * (x + 0.044715 * (x * x * x))))
 
 
 class Block(nn.Module):

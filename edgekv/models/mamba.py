@@ -42,94 +42,10 @@ from torch import nn
 from ..arch import Cfg
 from ..errors import EdgekvError
 from ..quant import dequantize, quantize
-from .weights import load_strict  # noqa: F401  (re-exported for the other modules)
 from ..strategies import StateLayout
+from .base import empty_state, load_strict, read_folder, state_dtype
 from .head import head
-from .llama import RMSNorm
-
-STATE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int8": torch.int8}
-
-
-# ---- loading helpers shared by the mamba / mla / recurrent / hybrid modules ----
-
-
-def config_value(v):
-    """transformers writes float('inf') into config.json as {"__float__": "Infinity"}; undo that."""
-    if isinstance(v, dict) and "__float__" in v:
-        return float(v["__float__"])
-    if isinstance(v, list):
-        return [config_value(x) for x in v]
-    return v
-
-
-def read_folder(spec: str, max_ctx: int):
-    """spec (HF folder or packaged name) -> (path, config, fp32 state dict, Arch). GGUF is refused: only the llama
-    family reads GGUF weights."""
-    from ..arch import read_config_json
-    from .weights import load_hf_folder, resolve_model
-
-    if max_ctx < 1:
-        raise EdgekvError(f"max_ctx must be at least 1, got {max_ctx}")
-    path = resolve_model(spec)
-    if path.suffix.lower() == ".gguf":
-        raise EdgekvError(f"{path}: GGUF weights are read for llama-family models only; pass an HF folder")
-    arch = read_config_json(path)
-    cfg, sd = load_hf_folder(path)
-    return path, {k: config_value(v) for k, v in cfg.items()}, sd, arch
-
-
-def state_dtype(layout: StateLayout, t) -> torch.dtype:
-    if t.dtype not in STATE_DTYPES:
-        raise EdgekvError(f"strategy {layout.strategy}: state dtype {t.dtype} ({t.name}) is not supported by the "
-                          f"export module yet (supported: {', '.join(STATE_DTYPES)})")
-    return STATE_DTYPES[t.dtype]
-
-
-def empty_state(layout: StateLayout) -> list[torch.Tensor]:
-    return [torch.zeros(t.shape, dtype=STATE_DTYPES[t.dtype]) for t in layout.tensors]
-
-
-# ---- the pieces ----
-
-
-def scan_tokens(step, carry: tuple, xs: tuple) -> tuple[tuple, tuple]:
-    """Run step(carry, x_t) -> (carry, y_t) over the token axis (dim 0) of every tensor in xs; stack the y_t.
-
-    carry: tuple of tensors; xs: tuple of [C, ...] tensors -> (final carry, tuple of [C, ...] stacked outputs).
-    With a concrete C (eager, and the fixed-shape .pte methods) this is a Python loop, which torch.export unrolls.
-    With a symbolic C (the ONNX graph's dynamic token axis, which no unrolled loop can serve) it is torch's scan
-    operator, exported as one ONNX Scan node. Both run the same step on the same values in the same order."""
-    c = xs[0].shape[0]
-    if isinstance(c, int):
-        ys = []
-        for t in range(c):
-            carry, y = step(carry, tuple(x[t] for x in xs))
-            ys.append(y)
-        return carry, tuple(torch.stack(parts) for parts in zip(*ys))
-    from torch._higher_order_ops.scan import scan
-
-    def body(cr, x):  # scan wants outputs that alias neither its inputs nor each other
-        cr, y = step(tuple(cr), tuple(x))
-        return [t.clone() for t in cr], [t.clone() for t in y]
-
-    init = [t.clone(memory_format=torch.contiguous_format) for t in carry]  # its strides must be the body's
-    carry, ys = scan(body, init, list(xs))
-    return tuple(carry), tuple(ys)
-
-
-def causal_conv_step(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-    """Depthwise causal conv over new inputs, continuing from the previous K - 1 inputs.
-
-    x [1, Dc, C]; conv_state [1, Dc, K-1]; weight [Dc, K]; bias [Dc] or None
-    -> y [1, Dc, C] (before the activation), new conv_state [1, Dc, K-1] (the last K - 1 inputs)."""
-    k, c = weight.shape[-1], x.shape[-1]
-    window = torch.cat([conv_state.to(x.dtype), x], dim=-1)  # [1, Dc, K-1+C]
-    y = window[:, :, 0:c] * weight[:, 0:1]
-    for j in range(1, k):
-        y = y + window[:, :, j:j + c] * weight[:, j:j + 1]
-    if bias is not None:
-        y = y + bias[:, None]
-    return y, window[:, :, c:]
+from .layers import RMSNorm, causal_conv_step, scan_tokens
 
 
 class GatedRMSNorm(nn.Module):

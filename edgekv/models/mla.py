@@ -45,7 +45,6 @@ import math
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..arch import Cfg
@@ -53,9 +52,9 @@ from ..errors import EdgekvError
 from ..strategies import StateLayout
 from . import MLA_CONVERTIBLE as CONVERTIBLE_TYPES  # the registry's list (the planner reads it without torch)
 from .head import head, output_weight
-from .llama import MLP as LlamaMLP
-from .llama import RMSNorm, rope_cos_sin, rope_inv_freq, rotate_half
-from .mamba import STATE_DTYPES, empty_state, load_strict, read_folder
+from .base import STATE_DTYPES, empty_state, load_strict, read_folder
+from .layers import MLP as LlamaMLP
+from .layers import MoE, RMSNorm, SwiGLU, rope_cos_sin, rope_inv_freq, rotate_half, slot_plan, stack_experts
 
 # ---- RoPE for DeepSeek: default or YaRN, on interleaved pairs ----
 
@@ -107,97 +106,6 @@ def rope_pairs(x, cos, sin):
     xr = x.reshape(*x.shape[:-1], -1, 2)
     x0, x1 = xr[..., 0], xr[..., 1]
     return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
-
-
-# ---- DeepSeekMoE ----
-
-
-class Experts(nn.Module):
-    """E SwiGLU experts stored stacked. forward(x [N, d], weights [N, E] (zero off the top-k), idx [N, k] top-k ids,
-    topw [N, k] their weights) -> [N, d]."""
-
-    def __init__(self, n_experts: int, d: int, inter: int):
-        super().__init__()
-        self.gate_proj = nn.Parameter(torch.zeros(n_experts, inter, d))
-        self.up_proj = nn.Parameter(torch.zeros(n_experts, inter, d))
-        self.down_proj = nn.Parameter(torch.zeros(n_experts, d, inter))
-
-    def forward(self, x, dense_w, idx, topw):
-        if isinstance(x.shape[0], int) and x.shape[0] == 1:  # decode: read only the k chosen experts (a symbolic
-            # token count, the ONNX graph's dynamic axis, takes the dense path, which is right for every C)
-            g, u, dn = self.gate_proj[idx[0]], self.up_proj[idx[0]], self.down_proj[idx[0]]  # [k, I, d] / [k, d, I]
-            h = F.silu(torch.einsum("kid,d->ki", g, x[0])) * torch.einsum("kid,d->ki", u, x[0])  # [k, I]
-            return (torch.einsum("kdi,ki->kd", dn, h) * topw[0, :, None]).sum(0, keepdim=True)
-        h = F.silu(torch.einsum("eid,nd->nei", self.gate_proj, x)) * torch.einsum("eid,nd->nei", self.up_proj, x)
-        out = torch.einsum("edi,nei->ned", self.down_proj, h)  # [N, E, d]
-        return (out * dense_w[:, :, None]).sum(1)
-
-
-class MoE(nn.Module):
-    """Top-k of softmax(router logits), weights not renormalised, times routed_scaling_factor (transformers'
-    DeepseekV2TopkRouter: greedy or group_limited_greedy), plus shared experts (a plain SwiGLU of width
-    n_shared * I) when n_shared > 0. Jamba's sparse MoE is the case n_shared = 0, scaling 1, greedy."""
-
-    def __init__(self, d: int, inter: int, n_experts: int, top_k: int, n_shared: int = 0, scaling: float = 1.0,
-                 topk_method: str = "greedy", n_group: int | None = None, topk_group: int | None = None):
-        super().__init__()
-        self.e, self.k, self.scaling = n_experts, top_k, scaling
-        self.topk_method, self.n_group, self.topk_group = topk_method, n_group, topk_group
-        if topk_method not in ("greedy", "group_limited_greedy"):
-            raise EdgekvError(f"MoE topk_method {topk_method!r} is not supported (greedy, group_limited_greedy)")
-        self.gate = nn.Linear(d, n_experts, bias=False)
-        self.experts = Experts(n_experts, d, inter)
-        self.shared_experts = _SwiGLU(d, inter * n_shared) if n_shared else None
-
-    def forward(self, x):  # [1, C, d] -> [1, C, d]
-        c, d = x.shape[1], x.shape[2]
-        flat = x.reshape(c, d)
-        scores = torch.softmax(F.linear(flat.float(), self.gate.weight.float()), dim=-1)  # [C, E]
-        if self.topk_method == "group_limited_greedy":
-            grp = scores.view(c, self.n_group, self.e // self.n_group).amax(-1)  # [C, n_group]
-            keep = torch.topk(grp, self.topk_group, dim=-1).indices
-            group = torch.arange(self.n_group, device=x.device)
-            gmask = (group[None, :, None] == keep[:, None, :]).any(-1)  # [C, n_group]
-            scores = torch.where(gmask.repeat_interleave(self.e // self.n_group, dim=-1), scores, 0.0)
-        topw, idx = torch.topk(scores, self.k, dim=-1)  # [C, k]
-        topw = topw * self.scaling
-        expert = torch.arange(self.e, device=x.device)
-        dense = ((expert[None, None, :] == idx[:, :, None]) * topw[:, :, None]).sum(1)  # [C, E]
-        out = self.experts(flat, dense, idx, topw).reshape(1, c, d)
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
-        return out
-
-
-class _SwiGLU(nn.Module):
-    def __init__(self, d: int, inter: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(d, inter, bias=False)
-        self.up_proj = nn.Linear(d, inter, bias=False)
-        self.down_proj = nn.Linear(inter, d, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-def stack_experts(sd: dict, prefix: str, n_experts: int) -> dict:
-    """Checkpoint expert tensors under prefix (e.g. 'model.layers.3.mlp.experts') -> the stacked parameters.
-    Accepts per-expert tensors ({prefix}.{e}.gate_proj.weight ...) or transformers' fused {prefix}.gate_up_proj
-    [E, 2I, d] (gate first, then up) and {prefix}.down_proj [E, d, I]."""
-    if f"{prefix}.gate_up_proj" in sd:
-        gu = sd.pop(f"{prefix}.gate_up_proj")
-        g, u = gu.chunk(2, dim=1)
-        return {f"{prefix}.gate_proj": g.contiguous(), f"{prefix}.up_proj": u.contiguous(),
-                f"{prefix}.down_proj": sd.pop(f"{prefix}.down_proj")}
-    out = {}
-    for part in ("gate_proj", "up_proj", "down_proj"):
-        keys = [f"{prefix}.{e}.{part}.weight" for e in range(n_experts)]
-        if all(k in sd for k in keys):
-            out[f"{prefix}.{part}"] = torch.stack([sd.pop(k) for k in keys])
-    return out
-
-
-# ---- DeepSeek-V2 ----
 
 
 @dataclass
@@ -318,7 +226,7 @@ class DeepseekBlock(nn.Module):
             self.mlp = MoE(a.hidden, a.moe_intermediate, a.n_routed_experts, a.top_k, a.n_shared_experts,
                            a.routed_scaling_factor, a.topk_method, a.n_group, a.topk_group)
         else:
-            self.mlp = _SwiGLU(a.hidden, a.intermediate)
+            self.mlp = SwiGLU(a.hidden, a.intermediate)
         self.input_layernorm = RMSNorm(a.hidden, a.rms_eps)
         self.post_attention_layernorm = RMSNorm(a.hidden, a.rms_eps)
 
@@ -331,16 +239,6 @@ class _Body(nn.Module):
         self.embed_tokens = nn.Embedding(a.vocab, a.hidden)
         self.layers = nn.ModuleList(block(a, i) for i in range(a.n_layers))
         self.norm = RMSNorm(a.hidden, a.rms_eps)
-
-
-def _slots(pos, c: int, t_slots: int, repeat: int = 1):
-    """positions [C]; write [T, C] one-hot (slot t <- token c); written [T, 1]; allowed [repeat*C, T]."""
-    positions = pos + torch.arange(c, dtype=torch.int64, device=pos.device)
-    slots = torch.arange(t_slots, dtype=torch.int64, device=pos.device)
-    write = (slots[:, None] == positions[None, :]).float()
-    written = ((slots >= pos) & (slots < pos + c))[:, None]
-    allowed = slots[None, :] <= positions.repeat(repeat)[:, None]
-    return positions, write, written, allowed
 
 
 def _latent_layout(layout: StateLayout, n_layers: int, width: int) -> torch.dtype:
@@ -379,7 +277,7 @@ class DeepseekV2(nn.Module):
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor,
                 rows: torch.Tensor | None = None):
         c = tokens.shape[1]
-        positions, write, written, allowed = _slots(pos, c, self.layout.ctx)
+        positions, write, written, allowed = slot_plan(pos, c, self.layout.ctx)
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [C, R/2]
         cos, sin = freqs.cos() * self.attn_factor, freqs.sin() * self.attn_factor
         x = self.model.embed_tokens(tokens)
@@ -510,7 +408,7 @@ class ConvertedMLA(nn.Module):
                 rows: torch.Tensor | None = None):
         c, t_slots = tokens.shape[1], self.layout.ctx
         g = self.args.n_heads // self.args.n_kv_heads
-        positions, write, written, allowed = _slots(pos, c, t_slots, repeat=g)
+        positions, write, written, allowed = slot_plan(pos, c, t_slots, repeat=g)
         slots = torch.arange(t_slots, dtype=torch.int64, device=pos.device)
         cos, sin = rope_cos_sin(positions, self.inv_freq)
         cos_t, sin_t = rope_cos_sin(slots, self.inv_freq)
@@ -547,8 +445,6 @@ def factorisation_errors(spec: str, rank: int) -> list[float]:
     return [factorise_kv(src.sd[f"model.layers.{i}.self_attn.k_proj.weight"],
                          src.sd[f"model.layers.{i}.self_attn.v_proj.weight"], rank)[2]
             for i in range(src.args.n_layers)]
-
-
 
 
 def build_converted(src, layout: StateLayout) -> "ConvertedMLA":

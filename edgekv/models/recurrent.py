@@ -66,9 +66,9 @@ from ..errors import EdgekvError
 from ..quant import dequantize, quantize
 from ..strategies import StateLayout
 from .head import head, output_weight
-from .llama import MLP as LlamaMLP
-from .llama import RMSNorm
-from .mamba import empty_state, read_folder, load_strict, scan_tokens, state_dtype
+from .base import empty_state, load_strict, read_folder, state_dtype
+from .layers import MLP as LlamaMLP
+from .layers import RMSNorm, scan_tokens
 
 # ---- decayed linear attention ----
 

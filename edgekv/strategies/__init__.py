@@ -13,7 +13,7 @@ from .kv import Kv, KvInt2, KvInt4, KvInt8, Window
 from .layout import (DTYPE_BYTES, KV_DTYPES, StateLayout, StateTensor, _kv_pair, _linear_state, _ssm_pair,
                      per_token_int8)
 from .mla import Mla, mla_rank
-from .recurrent import Hybrid, LinearState, Ssm
+from .recurrent import Hybrid, LinearState, Ssm, hybrid_kv
 from .ring import Ring, build_ring_layout
 
 NAMES = tuple(REGISTRY)
@@ -22,5 +22,5 @@ DEFAULTS = {n: dict(c.defaults) for n, c in REGISTRY.items()}
 __all__ = ["REGISTRY", "NotApplicable", "ParamsDoNotFit", "Strategy", "build_layout", "defaults_for",
            "native_strategy", "parse_strategy", "register", "Kv", "KvInt2", "KvInt4", "KvInt8", "Window",
            "DTYPE_BYTES", "KV_DTYPES", "StateLayout", "StateTensor", "_kv_pair", "_linear_state", "_ssm_pair",
-           "per_token_int8", "Mla", "mla_rank", "Hybrid", "LinearState", "Ssm", "Ring", "build_ring_layout", "NAMES",
+           "per_token_int8", "Mla", "mla_rank", "Hybrid", "LinearState", "Ssm", "hybrid_kv", "Ring", "build_ring_layout", "NAMES",
            "DEFAULTS"]

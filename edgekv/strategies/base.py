@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..arch import MLA, SSM, Arch, Attention, Linear
+from ..arch import MLA, SSM, Arch, Attention, Linear, ShortConv
 from ..errors import EdgekvError
-from .layout import KV_DTYPES, StateLayout, StateTensor, _linear_state, _ssm_pair
+from .layout import KV_DTYPES, StateLayout, StateTensor, _linear_state, _short_conv_state, _ssm_pair
 
 REGISTRY: dict[str, type["Strategy"]] = {}  # name -> class, in the order strategies are listed and planned
 FLOAT_DTYPES = ("fp32", "fp16", "bf16")
@@ -99,10 +99,15 @@ class Strategy:
             else:
                 params[k] = v
         for k in ("dtype", "state_dtype"):
-            if k in params and params[k] not in KV_DTYPES and not (cls.int8_state and params[k] == "int8"):
+            if k in params and params[k] not in KV_DTYPES and not cls.allows_dtype(k, params[k]):
                 raise EdgekvError(f"strategy {spec!r}: {k} must be one of {', '.join(KV_DTYPES)}")
         cls.check_params(spec, params)
         return cls(params)
+
+    @classmethod
+    def allows_dtype(cls, key: str, value: str) -> bool:
+        """Whether dtype / state_dtype may take a value beyond the float KV dtypes (a recurrent state's int8)."""
+        return cls.int8_state and value == "int8"
 
     @classmethod
     def check_params(cls, spec: str, params: dict) -> None:
@@ -135,6 +140,11 @@ class Strategy:
     def sink_tokens(self) -> int:
         """S: the first tokens a windowed cache pins."""
         return 0
+
+    @property
+    def attention_kv(self) -> "Strategy | None":
+        """The cache strategy of a blended state's attention layers (hybrid); None: the strategy is its own."""
+        return None
 
     @property
     def n_gpus(self) -> int:
@@ -193,6 +203,8 @@ class Strategy:
                     tensors += _ssm_pair(i, m, self.state_dtype)
                 elif isinstance(m, Linear):
                     tensors += _linear_state(i, m, self.state_dtype)
+                elif isinstance(m, ShortConv):
+                    tensors += _short_conv_state(i, m)
         return StateLayout(self.label, ctx, tuple(tensors))
 
     def layout(self, arch: Arch, ctx: int) -> StateLayout:

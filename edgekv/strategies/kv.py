@@ -8,11 +8,12 @@ from .base import NotApplicable, Strategy, register
 from .layout import StateTensor, _kv_pair
 
 RECURRENT_MSG = "a model with recurrent layers: plan it with hybrid/ssm/linear"
+RECURRENT_KINDS = {"ssm", "linear", "conv"}  # mixers that carry a recurrent (or conv) state
 
 
 def _check_cache(arch: Arch) -> None:
     """A KV (or window) cache needs attention layers only: no recurrent layer, no native MLA latent."""
-    if arch.kinds & {"ssm", "linear"}:
+    if arch.kinds & RECURRENT_KINDS:
         raise NotApplicable(RECURRENT_MSG)
     if "mla" in arch.kinds:
         raise NotApplicable("an MLA model caches a latent: use mla")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..arch import SSM, Linear
+from ..arch import SSM, Linear, ShortConv
 
 DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float8_e4m3fn": 1.0, "int8": 1.0, "uint8": 1.0}
 KV_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "float8_e4m3fn"}
@@ -61,6 +61,11 @@ class StateLayout:
                 "tensors": [t.to_json() for t in self.tensors]}
 
 
+def _short_conv_state(i: int, m: ShortConv) -> list[StateTensor]:
+    """LFM2's short conv: its last K - 1 inputs, fp32 as a Mamba conv state."""
+    return [StateTensor(f"past_conv.{i}", f"present_conv.{i}", (1, m.width, m.d_conv - 1), "float32", i, "conv")]
+
+
 def per_token_int8(bits: int | None, group: int | None, head_dim: int) -> bool:
     """Whether a cache is int8 with one scale per token and head (group 0 or head_dim): the cache a fused .pte
     reads back with ExecuTorch's one quantized kernel (edgekv.models.llama.Attention.custom), and that the planner
@@ -105,7 +110,8 @@ def _ssm_pair(i: int, m: SSM, dtype: str) -> list[StateTensor]:
 
 
 def _linear_state(i: int, m: Linear, dtype: str) -> list[StateTensor]:
-    """One block's recurrent state. Linear attention: [1, H, Dk, Dv] in the strategy's dtype.
+    """One block's recurrent state. Linear attention: [1, H, Dk, Dv] in the strategy's dtype, after the conv state
+    [1, conv_dim, K - 1] fp32 of a layer with a causal conv (Gated DeltaNet).
 
     RWKV-4 (n_vectors rows of width d, rows: ffn shift, att shift, num, den, max) is fp32 unless dtype is int8 (the
     module has no fp16/bf16 path, so those stay fp32). int8 splits the rows:
@@ -118,8 +124,11 @@ def _linear_state(i: int, m: Linear, dtype: str) -> list[StateTensor]:
     it is 1/5 of the state, so it stays fp32 (the edgekv.models.recurrent docstring says more)."""
     if not m.n_vectors:
         dt = "int8" if dtype == "int8" else KV_DTYPES[dtype]
-        return [StateTensor(f"past_recurrent.{i}", f"present_recurrent.{i}", (1, m.n_heads, m.d_k, m.d_v), dt, i,
-                            "recurrent")]
+        # a Gated DeltaNet layer (Qwen3.5) also keeps its conv's last K - 1 inputs, fp32 as an SSM's conv state
+        conv = [StateTensor(f"past_conv.{i}", f"present_conv.{i}", (1, m.conv_dim, m.d_conv - 1), "float32", i,
+                            "conv")] if m.d_conv else []
+        return conv + [StateTensor(f"past_recurrent.{i}", f"present_recurrent.{i}", (1, m.n_heads, m.d_k, m.d_v),
+                                   dt, i, "recurrent")]
     if dtype != "int8":  # RWKV-4's exp sums in fp32
         return [StateTensor(f"past_recurrent.{i}", f"present_recurrent.{i}", (1, m.n_vectors, m.width), "float32", i,
                             "recurrent")]

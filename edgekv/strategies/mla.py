@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..arch import MLA, Arch, Attention
 from .base import NotApplicable, ParamsDoNotFit, Strategy, _native_latent, register
-from .kv import RECURRENT_MSG, Kv, _slots
+from .kv import RECURRENT_KINDS, RECURRENT_MSG, Kv, _slots
 from .layout import KV_DTYPES, StateTensor
 
 
@@ -54,7 +54,7 @@ class Mla(Strategy):
         return "mla" + (f" r={p['rank']}" if "rank" in p else f" {p['ratio']:.1%}" if "ratio" in p else "")
 
     def check(self, arch: Arch) -> None:
-        if arch.kinds & {"ssm", "linear"}:
+        if arch.kinds & RECURRENT_KINDS:
             raise NotApplicable(RECURRENT_MSG)
 
     def attention_state(self, arch: Arch, i: int, m: Attention, ctx: int) -> list[StateTensor]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..arch import MLA, Arch, Attention
 from .base import NotApplicable, Strategy, _native_latent, register
-from .kv import Kv, _slots
+from .kv import RECURRENT_KINDS, Kv, KvInt4, KvInt8, _slots
 from .layout import StateTensor, _kv_pair
 
 
@@ -94,14 +94,33 @@ class Hybrid(Strategy):
         return f"hybrid kv {self.params['dtype']}/state {self.params['state_dtype']}"
 
     def check(self, arch: Arch) -> None:
-        if not (arch.kinds & {"ssm", "linear"} and arch.kinds & {"attention", "mla"}):
+        if not (arch.kinds & RECURRENT_KINDS and arch.kinds & {"attention", "mla"}):
             raise NotApplicable("needs a hybrid model (attention and recurrent layers)")
 
+    @classmethod
+    def allows_dtype(cls, key: str, value: str) -> bool:
+        """int8 for either state; dtype=int4 for the attention layers' cache as well (hybrid_kv)."""
+        return super().allows_dtype(key, value) or (key == "dtype" and value == "int4")
+
+    @property
+    def attention_kv(self) -> Strategy:
+        return hybrid_kv(self)
+
     def attention_state(self, arch: Arch, i: int, m: Attention, ctx: int) -> list[StateTensor]:
-        return _kv_pair(i, m.n_kv_heads, _slots(m, ctx), m.head_dim, Kv({"dtype": self.params["dtype"]}))
+        return _kv_pair(i, m.n_kv_heads, _slots(m, ctx), m.head_dim, hybrid_kv(self))
 
     def latent_state(self, i: int, m: MLA, ctx: int) -> list[StateTensor]:
         return _native_latent(i, m, ctx, self.params["dtype"])
 
     def reference(self) -> Strategy:
         return Hybrid({"dtype": "fp32", "state_dtype": "fp32"})
+
+
+def hybrid_kv(strategy: Strategy) -> Strategy:
+    """The cache strategy of a hybrid's attention layers: hybrid:dtype=fp16 -> kv:dtype=fp16; dtype=int8 -> kv-int8
+    (one scale per token and head), dtype=int4 -> kv-int4 (groups of 32), edgekv.quant's codes as for a transformer."""
+    dt = strategy.params["dtype"]
+    quantized = {"int8": KvInt8, "int4": KvInt4}.get(dt)
+    if quantized:
+        return quantized(dict(quantized.defaults))
+    return Kv({"dtype": dt})

@@ -1,0 +1,443 @@
+"""Prefill and decode at a filled context: edgekv's int4-weight artifacts next to llama.cpp and ONNX Runtime GenAI,
+with each row's quality beside its speed.
+
+benchmarks/decode_speed.py decodes after a ~500-token prompt, where the weights dominate what a step reads. Here each
+configuration fills its context: for a context of C slots the prompt is the first C - new real tokens of the Python
+docs (edgekv analyze's default text), then `new` decode steps run at positions C - new .. C - 2, where the state is
+nearly all of what attention reads. The decode steps are fed the text's own next tokens (teacher forcing, not greedy),
+so every row decodes the same tokens at the same positions and its logits can be compared with the fp32 model's
+(transformers, LlamaForCausalLM from the same GGUF, over the same ids): mean KL(fp32 || row) and top-1 agreement
+over the new positions. A fast row that is wrong shows as wrong.
+
+Rows (name = family:variant):
+  edgekv-pte:S/int4, edgekv-ort:S/int4  edgekv export --strategy S --weights int4 (.pte: torchao 8da4w, XNNPACK;
+                                        ONNX: MatMulNBits), run by edgekv/export/runtime.py's steppers, for
+                                        S in kv:dtype=fp32, kv (fp16), kv-int8, kv-int4, window, mla (converted)
+  llamacpp:f16 / q8_0 / q4_0            llama.cpp (llama-cpp-python), the same GGUF, flash attention on, K and V type
+  genai:int4                            ONNX Runtime GenAI, its own builder's int4 model of the same weights
+Every row runs in a fresh process (benchmarks/decode_speed.py's run_child) and the repeats go round the rows. Memory
+above baseline: the peak RSS minus the RSS after importing the runtime, before loading the model. Bytes per token:
+weights read per step plus the state read at the mean decode position (manifest for edgekv, the planner for peers;
+an edgekv graph that attends over all slots reads them all, which at a filled context is the same).
+
+Usage: python benchmarks/filled_context.py [--quick] [--ctx 2048,8192] [--only S1,S2] [--repeats N]
+  --quick: ctx 2048, 16 new tokens, rows edgekv kv:dtype=fp32 / kv-int8 in both formats, llamacpp:f16 / q8_0,
+  genai:int4; 1 repeat. The full run (default): ctx 2048 and 8192 (capped at the model's trained context), every row.
+Exports, the reference logits and built peer models are cached in --work (default out/filled_context, gitignored).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import decode_speed as ds
+
+ROOT = ds.ROOT
+MIB = ds.MIB
+STRATEGIES = ("kv:dtype=fp32", "kv", "kv-int8", "kv-int4", "window", "mla")
+PEERS = ("llamacpp:f16", "llamacpp:q8_0", "llamacpp:q4_0", "genai:int4")
+QUICK = ("edgekv-pte:kv:dtype=fp32/int4", "edgekv-ort:kv:dtype=fp32/int4", "edgekv-pte:kv-int8/int4",
+         "edgekv-ort:kv-int8/int4", "llamacpp:f16", "llamacpp:q8_0", "genai:int4")
+# llama.cpp K/V types as planner strategies: q8_0 / q4_0 store blocks of 32 codes with one fp16 scale
+LLAMACPP_KV = {"f16": "kv", "q8_0": "kv-int8:group=32", "q4_0": "kv-int4:group=32"}
+
+
+# ---- pure arithmetic (tests/test_filled_context.py) ----
+
+
+def prompt_len(ctx: int, new_tokens: int) -> int:
+    """The prompt that fills a context of ctx slots, leaving room for new_tokens - 1 decode steps (the first new
+    token's logits come from the prefill)."""
+    return ctx - new_tokens + 1
+
+
+def quality(ref, got) -> dict:
+    """KL(ref || got) per position (natural log, from logits [T, V]) and whether the top-1 tokens agree."""
+    import numpy as np
+
+    ref, got = np.asarray(ref, dtype=np.float64), np.asarray(got, dtype=np.float64)
+    if ref.shape != got.shape:
+        raise ValueError(f"logits shapes differ: {ref.shape} vs {got.shape}")
+
+    def logp(x):
+        x = x - x.max(axis=-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+    lp, lq = logp(ref), logp(got)
+    kl = (np.exp(lp) * (lp - lq)).sum(axis=-1)
+    top1 = ref.argmax(-1) == got.argmax(-1)
+    return {"kl_mean": float(kl.mean()), "kl_max": float(kl.max()), "top1_agree": float(top1.mean()),
+            "positions": int(ref.shape[0])}
+
+
+def state_read(nbytes: dict, strategy: str | None) -> dict:
+    """A window cache is full once the position passes its window: every step reads all of it."""
+    if strategy and strategy.startswith("window"):
+        nbytes = dict(nbytes, state_at_pos=nbytes["state_full"])
+    return nbytes
+
+
+# ---- the children (one fresh process each) ----
+
+
+def _forced(prefill, step, ids: list[int], n_prompt: int, n_new: int, logits_out: str) -> dict:
+    """prefill(ids) -> last logits [V]; step(token, pos) -> logits [V]. Runs the first n_prompt ids, then feeds
+    ids[n_prompt .. n_prompt + n_new - 2] one at a time; saves the n_new logit rows (the prefill's last, then each
+    step's) to logits_out (.npy) and times the prompt and the n_new - 1 steps."""
+    import numpy as np
+
+    rows = np.empty((n_new, 0), dtype=np.float32)
+    t0, c0 = time.perf_counter(), time.process_time()
+    first = np.asarray(prefill(ids[:n_prompt]), dtype=np.float32)
+    t1, c1 = time.perf_counter(), time.process_time()
+    rows = np.empty((n_new, first.shape[-1]), dtype=np.float32)
+    rows[0] = first
+    for i in range(1, n_new):
+        rows[i] = step(ids[n_prompt + i - 1], n_prompt + i - 1)
+    t2, c2 = time.perf_counter(), time.process_time()
+    np.save(logits_out, rows)
+    return {"prefill_s": t1 - t0, "decode_s": t2 - t1, "prefill_cpu_s": c1 - c0, "decode_cpu_s": c2 - c1,
+            "tokens": [int(t) for t in rows.argmax(-1)]}
+
+
+def child_edgekv(spec: dict) -> dict:
+    from edgekv.export.manifest import load_export
+
+    folder = Path(spec["folder"])
+    if spec["runtime"] == "executorch":
+        import torch  # noqa: F401  (the ExecuTorch Python runtime; part of its baseline)
+        from executorch.extension.pybindings import portable_lib  # noqa: F401
+
+        from edgekv.export.runtime import PteStepper as Stepper
+    else:
+        import onnxruntime  # noqa: F401
+
+        from edgekv.export.runtime import OrtStepper as Stepper
+    baseline = ds._status_bytes("VmRSS")
+    manifest = load_export(folder, check_hashes=False)
+    st = Stepper(manifest, folder, spec["threads"])
+    r = _forced(lambda ids: st.prefill(ids, last=True)[-1], lambda t, pos: st.step([t], pos)[-1], spec["ids"],
+                spec["n_prompt"], spec["new_tokens"], spec["logits_out"])
+    return {"baseline": baseline, **r}
+
+
+def child_llamacpp(spec: dict) -> dict:
+    import llama_cpp
+    import numpy as np
+
+    baseline = ds._status_bytes("VmRSS")
+    kv_type = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+               "q4_0": llama_cpp.GGML_TYPE_Q4_0}[spec["kv"]]
+    llm = llama_cpp.Llama(model_path=spec["model_path"], n_ctx=spec["ctx"], n_batch=512, n_ubatch=512,
+                          n_threads=spec["threads"], n_threads_batch=spec["threads"], flash_attn=True,
+                          type_k=kv_type, type_v=kv_type, verbose=False)
+
+    def logits():
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),)).copy()
+
+    def prefill(ids):
+        llm.eval(ids)
+        return logits()
+
+    def step(t, pos):
+        llm.eval([t])
+        return logits()
+
+    r = _forced(prefill, step, spec["ids"], spec["n_prompt"], spec["new_tokens"], spec["logits_out"])
+    return {"baseline": baseline, **r}
+
+
+def child_genai(spec: dict) -> dict:
+    import numpy as np
+    import onnxruntime_genai as og
+
+    baseline = ds._status_bytes("VmRSS")
+    cfg = og.Config(spec["folder"])
+    cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": spec["threads"]}}}}))
+    model = og.Model(cfg)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=spec["ctx"], do_sample=False)
+    gen = og.Generator(model, params)
+
+    def run(tokens):
+        gen.append_tokens(tokens)  # runs the model over them
+        return np.asarray(gen.get_logits(), dtype=np.float32).reshape(-1, spec["vocab"])[-1]
+
+    r = _forced(lambda ids: run(ids), lambda t, pos: run([t]), spec["ids"], spec["n_prompt"], spec["new_tokens"],
+                spec["logits_out"])
+    return {"baseline": baseline, **r}
+
+
+def child_reference(spec: dict) -> dict:
+    """The fp32 model's logits at the decode positions: transformers LlamaForCausalLM from the GGUF (dequantized to
+    fp32), SDPA attention, the ids run in chunks through a DynamicCache (bounded memory at 16k+)."""
+    import numpy as np
+    import torch
+    import transformers
+
+    torch.set_num_threads(spec["threads"])
+    p = Path(spec["model_path"])
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32,
+                                                              attn_implementation="sdpa").eval()
+    n_prompt, n_new = spec["n_prompt"], spec["new_tokens"]
+    ids = spec["ids"][:n_prompt + n_new - 1]
+    want = n_prompt - 1  # logits of positions want .. want + n_new - 1
+    cache = transformers.DynamicCache()
+    rows = []
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for s in range(0, len(ids), spec["chunk"]):
+            part = ids[s:s + spec["chunk"]]
+            out = model.model(input_ids=torch.tensor([part]), past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            lo = max(want - s, 0)
+            if lo < len(part):
+                rows.append(model.lm_head(out.last_hidden_state[0, lo:]).float().numpy())
+    logits = np.concatenate(rows)
+    assert logits.shape[0] == n_new, logits.shape
+    np.save(spec["logits_out"], logits)
+    return {"baseline": 0, "seconds": time.perf_counter() - t0}
+
+
+CHILDREN = {"edgekv": child_edgekv, "llamacpp": child_llamacpp, "genai": child_genai,
+            "reference": child_reference, "bandwidth": ds.child_bandwidth, "hf_folder": ds.child_hf_folder}
+
+
+def run_child(spec: dict, timeout: int) -> dict:
+    return ds.run_child(spec, timeout, script=__file__)
+
+
+def child_main(spec_json: str) -> None:
+    spec = json.loads(spec_json)
+    r = CHILDREN[spec["kind"]](spec)
+    r["peak_rss"] = ds._status_bytes("VmHWM")
+    print("RESULT " + json.dumps(r), flush=True)
+
+
+# ---- the run ----
+
+
+def row_names(quick: bool) -> list[str]:
+    if quick:
+        return list(QUICK)
+    return [f"edgekv-{rt}:{s}/int4" for s in STRATEGIES for rt in ("pte", "ort")] + list(PEERS)
+
+
+def plan_row(name: str, work: ds.Work, ctx: int, threads: int, base: dict, arch, pos: float, formats: dict, log):
+    family, variant = name.split(":", 1)
+    spec = dict(base, ctx=ctx, threads=threads)
+    if family.startswith("edgekv-"):
+        from edgekv.export.manifest import load_export
+        strategy, weights = variant.rsplit("/", 1)
+        folder = work.export(strategy, weights, ctx, formats[(strategy, weights)])
+        spec.update(kind="edgekv", runtime="ort" if family == "edgekv-ort" else "executorch", folder=str(folder))
+        return spec, state_read(ds.edgekv_bytes(load_export(folder, check_hashes=False), pos), strategy)
+    if family == "llamacpp":
+        import importlib.util
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise RuntimeError("llama-cpp-python is not installed (pip install -r requirements-bench.lock)")
+        spec.update(kind="llamacpp", kv=variant)
+        return spec, ds.peer_bytes(arch, "gguf", LLAMACPP_KV[variant], ctx, pos)
+    if family == "genai":
+        spec.update(kind="genai", folder=str(work.genai_model(variant)), vocab=arch.vocab)
+        return spec, ds.peer_bytes(arch, variant, "kv:dtype=fp32", ctx, pos)
+    raise ValueError(name)
+
+
+def reference(work: ds.Work, ids, n_prompt: int, new: int, a, log) -> Path | dict:
+    """The fp32 logits for (n_prompt, new), computed once and cached in the work folder."""
+    out = work.root / "reference" / ds.slug(f"{work.model_path.stem}-p{n_prompt}-n{new}.npy")
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log(f"reference fp32 logits, prompt {n_prompt} ...")
+    r = run_child({"kind": "reference", "model_path": str(work.model_path), "ids": ids, "n_prompt": n_prompt,
+                   "new_tokens": new, "threads": a.threads, "chunk": 1024, "logits_out": str(out)}, a.timeout * 2)
+    if "error" in r:
+        return r
+    log(f"  {r['seconds']:.0f} s")
+    return out
+
+
+def summarize(runs: list[dict], n_prompt: int, new_tokens: int) -> dict:
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return {"error": runs[-1]["error"]}
+    mid = sorted(ok, key=lambda r: r["decode_s"])[len(ok) // 2]
+    return {"prefill_tok_s": round(statistics.median(n_prompt / r["prefill_s"] for r in ok), 1),
+            "decode_tok_s": round(statistics.median((new_tokens - 1) / r["decode_s"] for r in ok), 2),
+            "peak_rss_bytes": mid["peak_rss"], "baseline_rss_bytes": mid["baseline"],
+            "above_baseline_bytes": mid["peak_rss"] - mid["baseline"], "repeats": len(ok),
+            "decode_tok_s_runs": [round((new_tokens - 1) / r["decode_s"], 2) for r in ok],
+            # per CPU second of the row's process: with one thread, what a quiet core would give, nearly
+            "decode_tok_per_cpu_s": round(statistics.median((new_tokens - 1) / r["decode_cpu_s"] for r in ok), 2),
+            "prefill_tok_per_cpu_s": round(statistics.median(n_prompt / r["prefill_cpu_s"] for r in ok), 1),
+            "prefill_tok_s_runs": [round(n_prompt / r["prefill_s"], 1) for r in ok]}
+
+
+def table(rows: list[dict]) -> str:
+    def f(v, spec, scale=1.0):
+        return "-" if v is None else format(v * scale, spec)
+
+    cols = ("ctx", "prefill", "decode", "dec/cpu", ">base", "MB/tok", "KL", "top1")
+    lines = [f"{'row':<32} " + " ".join(f"{c:>8}" for c in cols),
+             f"{'':<32} " + " ".join(f"{c:>8}" for c in ("", "tok/s", "tok/s", "tok/cpus", "MiB", "", "nats",
+                                                          "%"))]
+    for r in rows:
+        head = f"{r['name']:<32} {r['ctx']:>8} "
+        if r.get("error"):
+            lines.append(head + f"error: {r['error'][:150]}")
+            continue
+        q = r.get("quality") or {}
+        lines.append(head + " ".join((f(r.get("prefill_tok_s"), "8.0f"), f(r.get("decode_tok_s"), "8.2f"),
+                                      f(r.get("decode_tok_per_cpu_s"), "8.2f"), f(r.get("above_baseline_bytes"), "8.0f", 1 / MIB),
+                                      f(r.get("bytes_per_token"), "8.1f", 1e-6), f(q.get("kl_mean"), "8.4f"),
+                                      f(q.get("top1_agree"), "8.0f", 100))))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="ctx 2048, 16 new tokens, 7 rows (minutes)")
+    ap.add_argument("--only", help="comma-separated substrings of row names, e.g. kv-int8,llamacpp")
+    ap.add_argument("--list", action="store_true", help="print the row names and exit")
+    ap.add_argument("--model", default="smollm2-135m", help="packaged name or .gguf")
+    ap.add_argument("--ctx", help="comma-separated contexts to fill (default 2048,8192; --quick 2048); capped at "
+                                  "the model's trained context")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--new-tokens", type=int, help="decode steps + 1 (default 32; --quick 16)")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per row (fresh process each); medians reported")
+    ap.add_argument("--bw-mib", type=int, default=512)
+    ap.add_argument("--bw-runs", type=int, default=5)
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per row process")
+    ap.add_argument("--work", default=str(ROOT / "out" / "filled_context"))
+    ap.add_argument("--out", help="default benchmarks/results/filled_context[_quick].json")
+    a = ap.parse_args(argv)
+    new = a.new_tokens or (16 if a.quick else 32)
+    if new < 2 or a.repeats < 1 or a.threads < 1:
+        ap.error("--new-tokens must be at least 2, --repeats and --threads at least 1")
+    names = ds.select(row_names(a.quick), a.only)
+    if a.list:
+        print("\n".join(names))
+        return {"rows": names}
+    if not names:
+        ap.error(f"--only {a.only!r} selects no row; rows: {', '.join(row_names(a.quick))}")
+    try:
+        ctxs = [int(c) for c in (a.ctx or ("2048" if a.quick else "2048,8192")).split(",")]
+    except ValueError:
+        ap.error(f"--ctx {a.ctx!r}: comma-separated integers")
+    if min(ctxs) <= new:
+        ap.error(f"--ctx {min(ctxs)} leaves no room for a prompt before {new} new tokens")
+
+    from edgekv.arch import load_arch
+    from edgekv.models.weights import resolve_model
+
+    log = lambda s: print(s, file=sys.stderr, flush=True)
+    t_start = time.perf_counter()
+    model_path = resolve_model(a.model).resolve()
+    arch = load_arch(str(model_path))
+    trained = (arch.trained_ctx or (None,))[0] or arch.max_position
+    if trained:
+        skipped = [c for c in ctxs if c > trained]
+        ctxs = [c for c in ctxs if c <= trained]
+        if skipped:
+            log(f"skipping ctx {skipped}: beyond the model's trained context {trained}")
+        if not ctxs:
+            ap.error(f"every --ctx exceeds the model's trained context {trained}")
+    ids = ds.prompt_ids(model_path, max(ctxs) + 1)
+    if len(ids) < max(ctxs):
+        ap.error(f"the text has {len(ids)} tokens, fewer than ctx {max(ctxs)}")
+    work = ds.Work(Path(a.work), str(model_path) if Path(a.model).exists() else a.model, model_path, log)
+    out = Path(a.out or ROOT / "benchmarks" / "results" / ("filled_context_quick.json" if a.quick
+                                                           else "filled_context.json"))
+    result = {"benchmark": "filled_context", "started_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+              "machine": ds.machine_info(), "versions": ds.versions(),
+              "settings": {"model": a.model, "model_path": str(model_path), "trained_ctx": trained, "ctx": ctxs,
+                           "new_tokens": new, "prompt_tokens": {str(c): prompt_len(c, new) for c in ctxs},
+                           "prompt": "first tokens of edgekv.analyze.run.default_text() (Python docs); the decode "
+                                     "steps are fed the text's next tokens",
+                           "threads": a.threads, "repeats": a.repeats, "quick": a.quick, "only": a.only,
+                           "order": "the repeats go round the rows",
+                           "quality": "KL(fp32 || row) mean over the new positions, natural log; top-1 agreement; "
+                                      "fp32 = transformers LlamaForCausalLM from the same GGUF"},
+              "bandwidth": {}, "rows": []}
+    bw_args = argparse.Namespace(bw_mib=a.bw_mib, bw_runs=a.bw_runs, timeout=a.timeout)
+    ds.probe(result["bandwidth"], [a.threads], bw_args, log)
+    formats: dict[tuple[str, str], set[str]] = {}
+    for n in names:
+        if n.startswith("edgekv-"):
+            fam, variant = n.split(":", 1)
+            formats.setdefault(tuple(variant.rsplit("/", 1)), set()).add("onnx" if fam == "edgekv-ort" else "pte")
+
+    done = []  # (row, nbytes, spec, runs, ctx)
+    for ctx in ctxs:
+        n_prompt = prompt_len(ctx, new)
+        pos = ds.mean_decode_position(n_prompt, new)
+        base = {"model_path": str(model_path), "ids": ids[:n_prompt + new - 1], "n_prompt": n_prompt,
+                "new_tokens": new}
+        for name in names:
+            row = {"name": name, "ctx": ctx, "threads": a.threads, "prompt_tokens": n_prompt}
+            try:
+                spec, nbytes = plan_row(name, work, ctx, a.threads, base, arch, pos, formats, log)
+                spec["logits_out"] = str(work.root / "logits" / ds.slug(f"{name}-c{ctx}.npy"))
+                Path(spec["logits_out"]).parent.mkdir(parents=True, exist_ok=True)
+            except Exception as e:  # noqa: BLE001 (a row that cannot be prepared carries its error)
+                row["error"] = str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}"
+                spec, nbytes = None, None
+                log(f"{name} ctx {ctx}: error: {row['error']}")
+            done.append((row, nbytes, spec, [], ctx))
+    # the fp32 reference logits of every context, after the exports (a reference cached by an earlier run is reused)
+    refs = {ctx: reference(work, ids, prompt_len(ctx, new), new, a, log) for ctx in ctxs}
+    for rep in range(a.repeats):
+        for row, _, spec, runs, _ in done:
+            if spec is None:
+                continue
+            log(f"{row['name']} ctx {row['ctx']} (run {rep + 1} of {a.repeats}) ...")
+            r = run_child(spec, a.timeout)
+            r["loadavg"] = list(os.getloadavg())
+            runs.append(r)
+            log("  " + (f"error: {r['error']}" if "error" in r else
+                        f"prefill {spec['n_prompt'] / r['prefill_s']:.1f} tok/s, decode "
+                        f"{(new - 1) / r['decode_s']:.2f} tok/s, peak {r['peak_rss'] / MIB:.0f} MiB"))
+    import numpy as np
+    for row, nbytes, spec, runs, ctx in done:
+        ref = refs[ctx]
+        if spec is None:
+            continue
+        row.update(summarize(runs, spec["n_prompt"], new))
+        row["loadavg_runs"] = [r.get("loadavg") for r in runs]
+        if "error" not in row:
+            if isinstance(ref, dict):
+                row["quality"] = {"error": f"reference: {ref['error']}"}
+            else:
+                row["quality"] = quality(np.load(ref), np.load(spec["logits_out"]))
+    ds.probe(result["bandwidth"], [a.threads], bw_args, log)
+    result["rows"] = [ds.finish_row(row, nbytes, result["bandwidth"]) for row, nbytes, *_ in done]
+    result["machine"]["loadavg_end"] = list(os.getloadavg())
+    result["seconds"] = round(time.perf_counter() - t_start, 1)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result["rows"]))
+    print(f"load average {result['machine']['loadavg_start']} -> {result['machine']['loadavg_end']}; wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        child_main(sys.argv[2])
+    else:
+        try:
+            main()
+        except Exception as e:
+            from edgekv.errors import EdgekvError
+            if not isinstance(e, EdgekvError):
+                raise
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)

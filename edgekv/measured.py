@@ -1,0 +1,119 @@
+"""Measured recall at distance, as the planner cites it: edgekv/measurements/<model>__recall.json, written by
+`edgekv analyze --probe recall --save` (edgekv.analyze.recall.store). JSON only: `edgekv plan` imports this, and it
+imports no torch.
+
+A stored file: {"model", "probe": "recall", "value" (what a point's value is), "chance", "trained_ctx",
+"trained_from", "curves": {<strategy label>: {"label", "points": [{"distance", "value" (fraction of trials with the
+whole value recalled exactly), "accuracy", "logprob", "trials", "beyond_trained", "command", "date", "seconds",
+"load_average", ...}]}}}. The point cited for a plan at ctx tokens is the longest measured distance within ctx (the
+needle that far back is what a full context asks the model to use); a plan longer than every measured distance cites
+the longest one and says the context was not reached.
+
+A missing file cites nothing; a file that cannot be read or does not have this shape cites nothing and says so in the
+evidence (one note, never an exception: the plan must not fail on a damaged data file).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .strategies import Strategy
+
+MEASURED_DIR = Path(__file__).resolve().parent / "measurements"
+REFERENCE = "kv:dtype=fp32"  # the recall probe's reference curve: the model with a full fp32 cache
+FLOAT_KV = ("fp32", "fp16", "bf16")  # float caches keep every token at (near) the reference's precision
+TRIAL_EXTRA = 128  # a trial's tokens beside its distance, at most (edgekv.analyze.recall.LAST_FIT)
+LOSS = 0.5  # a strategy below half the reference's exact recall at the same distance has lost what the model recalls
+
+
+class Unreadable(Exception):
+    """A recall file exists but cannot be used (its one-line reason)."""
+
+
+def recall_path(model: str, folder: Path | None = None) -> Path:
+    return (folder or MEASURED_DIR) / f"{model}__recall.json"
+
+
+def load(model: str, folder: Path | None = None) -> dict | None:
+    """The stored recall curves of a model, None when there are none; Unreadable when the file is damaged."""
+    p = recall_path(model, folder)
+    if not p.is_file():
+        return None
+    try:
+        rec = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise Unreadable(f"{p.name} unreadable ({type(e).__name__})") from None
+    curves = rec.get("curves") if isinstance(rec, dict) else None
+    if not isinstance(curves, dict):
+        raise Unreadable(f"{p.name} has no curves")
+    for label, c in curves.items():
+        pts = c.get("points") if isinstance(c, dict) else None
+        if not isinstance(pts, list) or not all(
+                isinstance(x, dict) and isinstance(x.get("distance"), int) and isinstance(x.get("value"), (int, float))
+                for x in pts):
+            raise Unreadable(f"{p.name}: curve {label!r} has malformed points")
+    return rec
+
+
+def _curve_key(strategy: Strategy, curves: dict) -> str | None:
+    if strategy.label in curves:
+        return strategy.label
+    if strategy.plain_kv and strategy.params.get("dtype") in FLOAT_KV and REFERENCE in curves:
+        return REFERENCE
+    return None
+
+
+def _k(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else f"{n:,}"
+
+
+def recall_at(model: str, strategy: Strategy, ctx: int, folder: Path | None = None) -> dict | None:
+    """The point a plan of this model x strategy at ctx cites: {"distance", "value", "trials", "date", "command",
+    "curve" (the stored strategy label), "reference" (the fp32 cache's value at that distance, if measured),
+    "reached" (False when ctx is past the longest measured trial), "longest"}, or None. Raises Unreadable for a
+    damaged file."""
+    rec = load(model, folder)
+    if rec is None:
+        return None
+    key = _curve_key(strategy, rec["curves"])
+    if key is None:
+        return None
+    pts = sorted(rec["curves"][key]["points"], key=lambda p: p["distance"])
+    if not pts:
+        return None
+    within = [p for p in pts if p["distance"] <= ctx]
+    p = within[-1] if within else pts[0]
+    ref = next((r for r in rec["curves"].get(REFERENCE, {}).get("points", []) if r.get("distance") == p["distance"]),
+               None)
+    acc = p.get("accuracy")
+    return {"distance": p["distance"], "value": float(p["value"]), "trials": p.get("trials"), "date": p.get("date"),
+            "accuracy": float(acc) if isinstance(acc, (int, float)) else None,
+            "command": p.get("command"), "seconds": p.get("seconds"), "curve": key,
+            "beyond_trained": bool(p.get("beyond_trained")), "reached": pts[-1]["distance"] + TRIAL_EXTRA >= ctx,
+            "longest": pts[-1]["distance"], "reference": None if ref is None else float(ref["value"])}
+
+
+def cite(q: dict, model: str, strategy: Strategy, ctx: int, folder: Path | None = None) -> dict:
+    """quality()'s answer q with the measured recall beside it: the short cite gains "recall at 8k: 0.94 exact,
+    measured", the evidence the trials, date and command; where the strategy recalls less than half of what the fp32
+    cache recalls at that distance the risk becomes high (source measured). Unchanged when nothing is stored."""
+    try:
+        r = recall_at(model, strategy, ctx, folder)
+    except Unreadable as e:
+        return {**q, "evidence": f"{q['evidence']}; recall measurement not cited: {e}"}
+    if r is None:
+        return q
+    short = f"recall at {_k(r['distance'])}: {r['value']:.2f} exact, measured"
+    how = (f"edgekv analyze --probe recall: exact recall {r['value']:.2f} over {r['trials']} needle(s) at distance "
+           f"{r['distance']:,}" + (f" (value tokens right: {r['accuracy']:.2f})" if r["accuracy"] is not None else "") + (" (past the trained context)" if r["beyond_trained"] else "")
+           + (f" with the fp32 cache (a {strategy.params.get('dtype')} cache keeps the same tokens)"
+              if r["curve"] != strategy.label else "")
+           + (f", the fp32 cache {r['reference']:.2f}" if r["reference"] is not None and r["curve"] != REFERENCE
+              else "")
+           + ("" if r["reached"] else f"; measured up to {r['longest']:,}, not {ctx:,}")
+           + f" ({r['date']}: {r['command']})")
+    out = {**q, "cite": f"{q['cite']}; {short}", "evidence": f"{q['evidence']}; {how}"}
+    lost = r["value"] < LOSS * r["reference"] if r["reference"] else False
+    if lost and q["risk"] != "high":
+        out.update(risk="high", source="measured")
+    return out

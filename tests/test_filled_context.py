@@ -1,0 +1,70 @@
+"""benchmarks/filled_context.py: the prompt that fills a context, the quality columns (KL and top-1 against the fp32
+model's logits, checked against hand arithmetic), the bytes a window row reads, the row selection and its bad input."""
+import importlib.util
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "filled_context.py"
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+spec = importlib.util.spec_from_file_location("filled_context", SCRIPT)
+fc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fc)
+
+
+def test_the_prompt_fills_the_context_up_to_the_last_decode_step():
+    # ctx 2048, 16 new tokens: the first comes from the prefill, 15 steps at positions 2033..2047, the last slot
+    n = fc.prompt_len(2048, 16)
+    assert n == 2033
+    assert n + 16 - 1 == 2048
+
+
+def test_quality_is_kl_of_the_reference_against_the_row_and_top1_agreement():
+    ref = np.array([[0.0, math.log(3.0)], [2.0, 0.0]])  # softmax: (1/4, 3/4), (e^2, 1) / (e^2 + 1)
+    got = np.array([[0.0, 1.0], [0.0, 3.0]])  # (1, e) / (1 + e): top-1 agrees; row 2: top-1 flipped
+    q = fc.quality(ref, got)
+    p0, e1 = (0.25, 0.75), math.e
+    kl0 = sum(p * math.log(p / r) for p, r in zip(p0, (1 / (1 + e1), e1 / (1 + e1))))
+    e = math.exp(2.0)
+    p1 = (e / (e + 1), 1 / (e + 1))
+    q1 = (1 / (1 + math.exp(3.0)), math.exp(3.0) / (1 + math.exp(3.0)))
+    kl1 = sum(p * math.log(p / r) for p, r in zip(p1, q1))
+    assert q["kl_mean"] == pytest.approx((kl0 + kl1) / 2)
+    assert q["kl_max"] == pytest.approx(max(kl0, kl1))
+    assert q["top1_agree"] == 0.5 and q["positions"] == 2
+    same = fc.quality(ref, ref + 5.0)  # a constant shift of the logits is the same distribution
+    assert same["kl_mean"] == pytest.approx(0.0, abs=1e-12) and same["top1_agree"] == 1.0
+    with pytest.raises(ValueError, match="shapes differ"):
+        fc.quality(ref, got[:1])
+
+
+def test_a_window_row_reads_its_whole_window_at_a_filled_context():
+    nbytes = {"weights_read": 10, "weights_stored": 10, "state_at_pos": 3.0, "state_full": 8}
+    assert fc.state_read(nbytes, "window:w=512")["state_at_pos"] == 8
+    assert fc.state_read(nbytes, "kv-int8")["state_at_pos"] == 3.0
+
+
+def test_quick_rows_are_a_subset_and_every_row_has_int4_weights_or_is_a_peer():
+    full, quick = fc.row_names(False), fc.row_names(True)
+    assert set(quick) <= set(full) and len(quick) < len(full)
+    for n in full:
+        assert n.endswith("/int4") or n.split(":")[0] in ("llamacpp", "genai"), n
+    for s in fc.STRATEGIES:  # both formats for every strategy
+        assert f"edgekv-pte:{s}/int4" in full and f"edgekv-ort:{s}/int4" in full
+    assert set(fc.LLAMACPP_KV) == {n.split(":")[1] for n in full if n.startswith("llamacpp:")}
+
+
+@pytest.mark.parametrize("args, says", [(["--ctx", "2k"], "--ctx"), (["--only", "nothing-matches"], "selects no row"),
+                                        (["--ctx", "16", "--new-tokens", "16"], "no room"),
+                                        (["--new-tokens", "1"], "at least 2")])
+def test_bad_options_are_one_clear_error(args, says):
+    p = subprocess.run([sys.executable, str(SCRIPT), *args], check=False, capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert p.returncode == 2
+    assert says in p.stderr and "Traceback" not in p.stderr
