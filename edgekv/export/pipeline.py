@@ -25,12 +25,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import EdgekvError
+from ..strategies import REGISTRY
 from .manifest import PARTIAL  # inside a `.NAME.tmp-PID` folder while it is being written
 
 FORMATS = ("onnx", "pte")
 WEIGHT_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8", "int4": "int4"}
-# what `edgekv export --strategy` takes (ring splits a datacenter KV over GPUs: planned, never exported)
-EXPORTABLE = ("kv", "kv-int8", "kv-int4", "kv-int2", "window", "mla", "ssm", "linear", "hybrid")
+# what `edgekv export --strategy` takes: the registered strategies whose class says it is exported (ring splits a
+# datacenter KV over GPUs: planned, never exported)
+EXPORTABLE = tuple(n for n, c in REGISTRY.items() if c.exportable)
 QUALITY_TOKENS = 256  # tokens of real text a quantized artifact is compared with fp32 over (verify-quant)
 VERIFY_TEXT = ("The Python standard library is very extensive, offering a wide range of facilities. It contains "
                "built-in modules that provide access to system functionality such as file I/O.")
@@ -176,7 +178,7 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
     out = Path(opts.out)
     check_out(out, opts.model, opts.force)
     strategy = parse_strategy(opts.strategy)
-    if strategy.name not in EXPORTABLE:
+    if not strategy.exportable:
         raise EdgekvError(f"strategy {strategy.name} is planned but not exported (exportable: {', '.join(EXPORTABLE)})")
     from .runners import check_runners
     check_runners(opts.runners, check_applies(opts.model, strategy, opts.max_ctx))
