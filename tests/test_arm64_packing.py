@@ -14,7 +14,7 @@ from edgekv.devices import load_device
 from edgekv.plan import plan_one
 from edgekv.strategies import parse_strategy
 
-DATA = Path(M.__file__).resolve().parent / "costs" / "arm64_packing.json"
+DATA = Path(M.__file__).resolve().parent.parent / "costs" / "arm64_packing.json"  # edgekv/costs
 RUNTIME_OF = {"onnxruntime": "onnxruntime", "executorch": "edgekv-pte", "executorch-llama": "executorch"}
 
 
