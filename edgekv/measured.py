@@ -58,7 +58,7 @@ def load(model: str, folder: Path | None = None) -> dict | None:
 def _curve_key(strategy: Strategy, curves: dict) -> str | None:
     if strategy.label in curves:
         return strategy.label
-    if strategy.name == "kv" and strategy.params.get("dtype") in FLOAT_KV and REFERENCE in curves:
+    if strategy.plain_kv and strategy.params.get("dtype") in FLOAT_KV and REFERENCE in curves:
         return REFERENCE
     return None
 

@@ -56,9 +56,11 @@ from ..arch import Cfg
 from ..errors import EdgekvError
 from ..strategies import StateLayout
 from .head import head, output_weight
+from .attention import Attention
 from .base import empty_state, load_strict, read_folder, state_dtype
+from .cache import KVFormat
 from .layers import MLP, RMSNorm, causal_conv_step, rope_cos_sin, rope_inv_freq, scan_tokens
-from .llama import Attention, KVFormat, LlamaArgs
+from .llama import LlamaArgs
 
 KV_TORCH = {"float32": torch.float32, "float16": torch.float16}
 
