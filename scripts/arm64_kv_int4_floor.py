@@ -4,7 +4,8 @@ decode steps the ONNX export's verification compares (export.pipeline.verify_pro
 max_ctx given; and the fraction of the int4 code bytes the nudge changes. This is the noise floor the export's
 verification now measures for a quantized cache (export.pipeline `nudged`); the ONNX artifacts' own verification
 against eager (export/arm64-smollm2-kv-int4-*/manifest.json) is added beside it when the export folder exists.
-Usage: python scripts/arm64_kv_int4_floor.py [MAX_CTX,...] (default 128,512)."""
+Usage: python scripts/arm64_kv_int4_floor.py [MAX_CTX,...] (default 128,512); --exports: only refresh the exports'
+verification records in the existing JSON (no eager runs)."""
 from __future__ import annotations
 
 import copy
@@ -52,8 +53,10 @@ def floor(ctx: int) -> dict:
 
 def main() -> None:
     torch.set_num_threads(1)
-    ctxs = [int(c) for c in (sys.argv[1] if len(sys.argv) > 1 else "128,512").split(",")]
-    rows = [floor(c) for c in ctxs]
+    if sys.argv[1:] == ["--exports"]:
+        rows = json.loads(OUT.read_text())["floor"]
+    else:
+        rows = [floor(int(c)) for c in (sys.argv[1] if len(sys.argv) > 1 else "128,512").split(",")]
     exports = {}
     for p in sorted(Path("export").glob("arm64-smollm2-kv-int4-*/manifest.json")):
         m = json.loads(p.read_text())

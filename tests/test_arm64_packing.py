@@ -14,7 +14,7 @@ from edgekv.devices import load_device
 from edgekv.plan import plan_one
 from edgekv.strategies import parse_strategy
 
-DATA = Path(M.__file__).resolve().parent / "costs" / "arm64_packing.json"
+DATA = Path(M.__file__).resolve().parent.parent / "costs" / "arm64_packing.json"  # edgekv/costs
 RUNTIME_OF = {"onnxruntime": "onnxruntime", "executorch": "edgekv-pte", "executorch-llama": "executorch"}
 
 
@@ -51,6 +51,7 @@ def test_a_phone_plan_moves_by_the_measured_packing_and_x86_does_not(cost, preci
 
 def test_the_hook_applies_any_entry_to_phones_only(monkeypatch):
     """The mechanism, whatever the data file holds: a 10 % entry for ONNX Runtime int4."""
+    monkeypatch.setattr(M, "ARM64_PACKING", {})
     base = {d: _load(d, "onnxruntime", "int4") for d in ("pixel8", "host")}
     fp32 = _load("pixel8", "onnxruntime", "fp32")
     monkeypatch.setattr(M, "ARM64_PACKING", {"onnxruntime": {"int4": {"value": 0.1, "source": "test"}}})

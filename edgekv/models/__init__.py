@@ -17,14 +17,20 @@ import importlib
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..arch import LLAMA_EXPORT_TYPES
 from ..errors import EdgekvError
 from ..jsonfile import read_json
 
+if TYPE_CHECKING:  # annotations only: this module imports no torch
+    from ..arch import Arch
+    from ..strategies import StateLayout
+    from .protocol import ExportModule, FamilyArgs
+
 KV_STRATEGIES = ("kv", "kv-int8", "kv-int4", "kv-int2", "window")
-# the llama-family model types whose attention edgekv.models.mla.ConvertedMLA reproduces (no qk-norm, one RoPE base,
-# Llama's norms and MLP): mla on these converts the GQA cache to a latent
+# the llama-family model types whose attention edgekv.models.converted_mla.ConvertedMLA reproduces (no qk-norm, one
+# RoPE base, Llama's norms and MLP): mla on these converts the GQA cache to a latent
 MLA_CONVERTIBLE = ("llama", "mistral", "qwen2")
 
 
@@ -51,7 +57,7 @@ FAMILIES = (
            what="GQA + RoPE decoders: Llama-2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3 (qk-norm), Gemma 3 "
                 "(sliding + global layers), SmolLM3 (NoPE layers), Phi-3 / Phi-4-mini (fused projections split, "
                 "partial rotary, longrope)"),
-    Family("converted-mla", (), ("mla",), "edgekv.models:read_llama", "edgekv.models.mla:build_converted",
+    Family("converted-mla", (), ("mla",), "edgekv.models:read_llama", "edgekv.models.converted_mla:build_converted",
            what="a llama-family model with its KV converted to a low-rank latent (mla on a GQA model)"),
     Family("deepseek-v2", ("deepseek_v2",), ("mla",), "edgekv.models.mla:read_deepseek",
            "edgekv.models.mla:build_deepseek", what="native MLA", ctx_capped=True),
@@ -92,10 +98,11 @@ def supported_line() -> str:
 
 @dataclass
 class Loaded:
-    module: "object"  # the family's torch module (edgekv.models.llama.Llama, ...)
-    args: "object"  # its args dataclass (LlamaArgs, MambaArgs, ...)
-    arch: "object"  # edgekv.arch.Arch (drives the StateLayout)
-    layout: "object"  # StateLayout
+    """A family's export module for one strategy's StateLayout, with where it came from."""
+    module: ExportModule  # the family's torch module (edgekv.models.llama.Llama, ...)
+    args: FamilyArgs  # its args dataclass (LlamaArgs, MambaArgs, ...)
+    arch: Arch  # drives the StateLayout
+    layout: StateLayout
     source: Path
     source_format: str  # "gguf Q4_1" | "safetensors"
 
@@ -107,8 +114,8 @@ class Source:
     fmt: str  # "gguf <stored tensor types>" | "safetensors"
     cfg: dict
     sd: dict
-    args: "object"  # the family's args (LlamaArgs: llama.cpp rope factors applied)
-    arch: "object"  # edgekv.arch.Arch
+    args: FamilyArgs  # the family's args (LlamaArgs: llama.cpp rope factors applied)
+    arch: Arch
 
 
 LlamaSource = Source
@@ -120,9 +127,9 @@ def _function(path: str):
 
 
 def gguf_architecture(path: Path) -> str:
-    """general.architecture of a GGUF file, from its header (gguf-py's GGUFReader parses every tensor's info first,
-    seconds on a large file). The GGUF spec (ggml/docs/gguf.md) has it as the first key/value, as every llama.cpp
-    writer puts it; otherwise the full reader finds it."""
+    """general.architecture of a GGUF file, from its header (gguf-py's GGUFReader parses every tensor's info first).
+    The GGUF spec (ggml/docs/gguf.md) has it as the first key/value, as every llama.cpp writer puts it; otherwise the
+    full reader finds it."""
     try:
         with open(path, "rb") as f:
             magic, _version, _n_tensors, n_kv = struct.unpack("<4sIQQ", f.read(24))
@@ -218,7 +225,7 @@ def read_llama(spec: str, max_ctx: int | None = None) -> Source:
     if path.suffix.lower() == ".gguf":
         cfg, sd, factors, types = load_gguf(path)
         fmt = "gguf " + "+".join(types)
-        # the Arch that read_gguf would build, from the same header (parsing a GGUF header twice costs ~3 s)
+        # the Arch that read_gguf would build, from the same header (not parsed a second time)
         arch = arch_from_config(cfg, path.stem, str(path))
     else:
         cfg, sd = load_hf_folder(path)

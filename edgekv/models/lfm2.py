@@ -42,7 +42,9 @@ from ..strategies import StateLayout
 from .head import head, output_weight
 from .base import STATE_TORCH, empty_state
 from .layers import MLP, RMSNorm, causal_conv_step, rope_cos_sin, rope_inv_freq, slot_plan
-from .llama import Attention, KVFormat, LlamaArgs
+from .attention import Attention
+from .cache import KVFormat
+from .llama import LlamaArgs
 
 
 @dataclass
