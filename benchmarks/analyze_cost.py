@@ -46,7 +46,7 @@ def main(argv=None) -> dict:
     ctx = parse_ctx(a.ctx)
     bits = [int(b) for b in a.bits.split(",")] if a.bits else None
     variants = make_variants(base, bits, a.rounding.split(","), None)
-    chunk = a.chunk or (1 if base.name in ("ssm", "linear", "hybrid") else 64)
+    chunk = a.chunk or (1 if base.recurrent else 64)
     runner = Runner(a.model, base, variants, ctx, chunk)
     tokens = tokenize(runner.ref, default_text(), ctx)
 

@@ -25,8 +25,13 @@ def main():
     """
 
 
-STRATEGY_HELP = ("strategy spec, repeatable: kv, kv:dtype=fp8, kv-int8, kv-int4[:group=32], kv-int2, "
-                 "window[:w=4096,sinks=4], mla[:rank=R|ratio=F], ssm[:dtype=int8], linear, hybrid, ring[:n=8]")
+def _strategy_help() -> str:
+    """The strategies `--strategy` takes, as each registered class shows its spec (edgekv.strategies.REGISTRY)."""
+    from .strategies import REGISTRY
+    return "strategy spec, repeatable: " + ", ".join(c.help for c in REGISTRY.values())
+
+
+STRATEGY_HELP = _strategy_help()
 
 
 def _plan_runtimes() -> list[str]:

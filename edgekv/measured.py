@@ -58,7 +58,7 @@ def load(model: str, folder: Path | None = None) -> dict | None:
 def _curve_key(strategy: Strategy, curves: dict) -> str | None:
     if strategy.label in curves:
         return strategy.label
-    if strategy.name == "kv" and strategy.params.get("dtype") in FLOAT_KV and REFERENCE in curves:
+    if strategy.plain_kv and strategy.params.get("dtype") in FLOAT_KV and REFERENCE in curves:
         return REFERENCE
     return None
 
@@ -85,7 +85,9 @@ def recall_at(model: str, strategy: Strategy, ctx: int, folder: Path | None = No
     p = within[-1] if within else pts[0]
     ref = next((r for r in rec["curves"].get(REFERENCE, {}).get("points", []) if r.get("distance") == p["distance"]),
                None)
+    acc = p.get("accuracy")
     return {"distance": p["distance"], "value": float(p["value"]), "trials": p.get("trials"), "date": p.get("date"),
+            "accuracy": float(acc) if isinstance(acc, (int, float)) else None,
             "command": p.get("command"), "seconds": p.get("seconds"), "curve": key,
             "beyond_trained": bool(p.get("beyond_trained")), "reached": pts[-1]["distance"] + TRIAL_EXTRA >= ctx,
             "longest": pts[-1]["distance"], "reference": None if ref is None else float(ref["value"])}
@@ -102,8 +104,8 @@ def cite(q: dict, model: str, strategy: Strategy, ctx: int, folder: Path | None 
     if r is None:
         return q
     short = f"recall at {_k(r['distance'])}: {r['value']:.2f} exact, measured"
-    how = (f"edgekv analyze --probe recall: {r['value']:.2f} of {r['trials']} needles recalled exactly at distance "
-           f"{r['distance']:,}" + (" (past the trained context)" if r["beyond_trained"] else "")
+    how = (f"edgekv analyze --probe recall: exact recall {r['value']:.2f} over {r['trials']} needle(s) at distance "
+           f"{r['distance']:,}" + (f" (value tokens right: {r['accuracy']:.2f})" if r["accuracy"] is not None else "") + (" (past the trained context)" if r["beyond_trained"] else "")
            + (f" with the fp32 cache (a {strategy.params.get('dtype')} cache keeps the same tokens)"
               if r["curve"] != strategy.label else "")
            + (f", the fp32 cache {r['reference']:.2f}" if r["reference"] is not None and r["curve"] != REFERENCE

@@ -7,17 +7,15 @@ from dataclasses import dataclass, field
 
 from . import measured
 from . import memory as M
-from .arch import SSM, Arch, Attention, Block, Linear, catalog_arch, catalog_names
+from .arch import Arch, catalog_arch, catalog_names
 from .models import family_for_type  # the export registry (edgekv.models imports no torch)
 from .devices import DeviceProfile
 from .errors import EdgekvError
 from .quality import RISK_ORDER, past_trained, quality
-from .strategies import (NotApplicable, ParamsDoNotFit, Strategy, build_layout, build_ring_layout, native_strategy,
-                         parse_strategy)
+from .serving import QUADRATIC_TAX, BaselineRow, quadratic_tax, ring_decode_comm_s, serve  # noqa: F401 (re-exported)
+from .strategies import NotApplicable, ParamsDoNotFit, Strategy, defaults_for
 
 DEFAULT_CHUNK = 128
-PHONE_STRATEGIES = ("kv", "kv-int8", "kv-int4", "window", "mla", "ssm", "linear", "hybrid")
-FAMILY_OF = {"ssm": "ssm", "linear": "linear", "hybrid": "hybrid"}  # mla converts from any GQA model
 
 
 def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: str, overhead: float,
@@ -27,7 +25,7 @@ def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: 
     layout for this precision (memory.weight_bytes), None = edgekv's."""
     if weights == "gguf" and not arch.gguf_path:
         raise EdgekvError(f"--weights gguf needs a GGUF model; {arch.name} was read from {arch.source}")
-    layout = build_ring_layout(arch, strategy, ctx) if strategy.name == "ring" else build_layout(arch, strategy, ctx)
+    layout = strategy.layout(arch, ctx)
     wb = M.weight_bytes(arch, weights, scheme)
     ws = M.workspace_bytes(arch, layout, strategy, runtime, min(chunk, ctx), weights, methods)
     load = M.runtime_load_bytes(arch, weights, runtime, methods, layout, strategy)
@@ -46,15 +44,6 @@ def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: 
         "load": load.formula,
     }
     return d
-
-
-def _is_native(arch: Arch, s: Strategy) -> bool:
-    """True when the state is exactly what the model was trained with (nothing quantized, windowed or converted)."""
-    if s.name != native_strategy(arch) and not (s.name == "ring"):
-        return False
-    if s.name in ("kv", "hybrid", "ring", "mla"):
-        return s.params.get("dtype") in ("fp16", "bf16", "fp32")
-    return s.params.get("dtype") in ("fp32", "fp16", "bf16")
 
 
 @dataclass
@@ -108,10 +97,12 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     name = runtime or device.runtime
     cost, scheme, how = runtime_cost(name, arch, weights)
     ov = device.overhead(M.PLAN_RUNTIMES[name]["overhead"])
-    if strategy.name == "ring" and not device.is_datacenter:
-        raise NotApplicable("ring attention splits the KV over several datacenter GPUs")
+    strategy.check_device(device.is_datacenter)
     dep = deployment(arch, strategy, ctx, weights, cost, ov.value, chunk, scheme=scheme)
     dep.explain["runtime model"] = how
+    if device.device_class == "phone":  # a phone runs the runtime's arm64 kernels: their packing, as measured
+        dep.load = M.arm64_load(dep.load, dep.weights["total"], cost, weights)
+        dep.explain["load"] = dep.load.formula
     rt = cost
     read = M.decode_read_bytes(dep.weights["read_per_token"], dep.layout, strategy, rt)
     fl = M.decode_flops(arch, dep.layout, strategy)
@@ -122,8 +113,8 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     pre = M.prefill_seconds(pf.value, dep.weights["total"], ctx, min(chunk, ctx), device.bandwidth,
                             device.decode_efficiency, device.flops, device.prefill_efficiency)
     pre.formula = pf.formula + "; " + pre.formula
-    converted = strategy.name == "mla" and "mla" not in arch.kinds
-    q = past_trained(quality(arch.name, strategy, ctx, _is_native(arch, strategy), converted, arch.family),
+    converted = strategy.converts_to_latent and "mla" not in arch.kinds
+    q = past_trained(quality(arch.name, strategy, ctx, strategy.is_native(arch), converted, arch.family),
                      arch.name, strategy, ctx, arch.trained_ctx, arch.family)
     q = measured.cite(q, arch.name, strategy, ctx)  # recall at distance, where edgekv analyze stored it
     notes = []
@@ -132,7 +123,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     if converted:
         notes.append(f"converted from GQA at rank {dep.layout.tensors[0].shape[-1]}: K and V are re-expanded "
                      f"from the latent every step (compute)")
-    row = PlanRow(arch.name, strategy, _is_native(arch, strategy), dep, budget or device.budget_bytes, dec, pre, q,
+    row = PlanRow(arch.name, strategy, strategy.is_native(arch), dep, budget or device.budget_bytes, dec, pre, q,
                   notes, arch.trained_ctx, export_support(arch, strategy, ctx), name)
     row._runtime_cite = f"{name} overhead {int(ov.value):,} B ({ov.cite})"
     if device.is_datacenter:
@@ -162,7 +153,7 @@ def export_support(arch: Arch, strategy: Strategy, ctx: int) -> tuple[bool, str]
     """(whether `edgekv export --model M --strategy S --max-ctx ctx` builds this row today, why not)."""
     from .export.pipeline import EXPORTABLE  # torch-free at import
 
-    if strategy.name not in EXPORTABLE:
+    if not strategy.exportable:
         return False, f"edgekv export does not build {strategy.name} (exportable: {', '.join(EXPORTABLE)})"
     found = family_for_type(arch.model_type)  # the export registry (edgekv.models: FAMILIES, torch-free)
     if found is None:
@@ -173,7 +164,8 @@ def export_support(arch: Arch, strategy: Strategy, ctx: int) -> tuple[bool, str]
         return False, f"edgekv's {arch.model_type} module takes {', '.join(names)}, not {strategy.name}"
     for k in ("dtype", "state_dtype"):
         d = strategy.params.get(k)
-        if k == "dtype" and strategy.name == "hybrid" and d in ("int8", "int4") and family.kv_quantized:
+        kv = strategy.attention_kv
+        if k == "dtype" and kv is not None and kv.kv_bits and family.kv_quantized:
             continue  # the attention layers' quantized cache (strategies.hybrid_kv)
         if d and d not in dtypes:
             return False, f"edgekv's {arch.model_type} module stores {', '.join(dtypes)}, not {d}"
@@ -185,11 +177,7 @@ def export_support(arch: Arch, strategy: Strategy, ctx: int) -> tuple[bool, str]
 def strategies_for(arch: Arch, device: DeviceProfile, only: list[Strategy] | None) -> list[Strategy]:
     if only:
         return only
-    names = PHONE_STRATEGIES + (("ring",) if device.is_datacenter else ())
-    out = [parse_strategy(n) for n in names]
-    if arch.family == "ssm":
-        out.append(parse_strategy("ssm:dtype=int8"))
-    return out
+    return defaults_for(arch, device.is_datacenter)
 
 
 @functools.lru_cache(maxsize=None)
@@ -259,7 +247,7 @@ def make_plan(device: DeviceProfile, ctx: int, archs: list[Arch], strategies: li
             try:
                 rows.append(plan_one(arch, s, device, ctx, w, runtime, budget, chunk))
             except NotApplicable as e:
-                fam = FAMILY_OF.get(s.name)
+                fam = s.needs_family  # mla converts from any GQA model
                 entry = {"model": arch.name, "strategy": s.name, "reason": str(e)}
                 if fam and fam != arch.family:
                     key = (fam, arch.name)
@@ -282,13 +270,13 @@ def make_plan(device: DeviceProfile, ctx: int, archs: list[Arch], strategies: li
 def _drop_windows_equal_to_kv(rows: list[PlanRow]) -> tuple[list[PlanRow], list[dict]]:
     """A window whose W + sinks cover the context keeps every token: the same state as plain kv in that dtype, so it
     is not a separate option (it is listed in not_applicable with that reason)."""
-    kv = {(r.model, r.strategy.params.get("dtype"), r.deployment.layout.nbytes) for r in rows if r.strategy.name == "kv"}
+    kv = {(r.model, r.strategy.params.get("dtype"), r.deployment.layout.nbytes) for r in rows if r.strategy.plain_kv}
     keep, dropped = [], []
     for r in rows:
-        p = r.strategy.params
-        if (r.strategy.name == "window" and r.deployment.ctx <= p["w"] + p["sinks"]
+        p, w = r.strategy.params, r.strategy.window_tokens
+        if (w is not None and r.deployment.ctx <= w
                 and (r.model, p["dtype"], r.deployment.layout.nbytes) in kv):
-            dropped.append({"model": r.model, "strategy": "window", "reason": f"{r.strategy.short} covers the whole "
+            dropped.append({"model": r.model, "strategy": r.strategy.name, "reason": f"{r.strategy.short} covers the whole "
                             f"context ({r.deployment.ctx:,} tokens): the same state as kv {p['dtype']}"})
         else:
             keep.append(r)
@@ -300,29 +288,6 @@ def default_models(device: DeviceProfile) -> list[Arch]:
 
 
 # ---- datacenter baseline ----
-
-
-@dataclass
-class BaselineRow:
-    strategy: Strategy
-    ctx: int
-    state_bytes_per_user: int
-    pool_bytes: int
-    users: M.Item
-    tok_s_per_user: float
-    usd: M.Item
-    n_gpus: int = 1
-    assumptions: str = ""
-
-    def to_json(self, explain: bool = False) -> dict:
-        d = {"strategy": self.strategy.name, "params": self.strategy.params, "ctx": self.ctx, "state_bytes_per_user": self.state_bytes_per_user,
-             "users": int(self.users.value), "usd_per_m_tokens": None if math.isinf(self.usd.value)
-             else round(self.usd.value, 4), "tokens_per_s_per_user": round(self.tok_s_per_user, 3),
-             "pool_bytes": self.pool_bytes, "gpus": self.n_gpus}
-        if explain:
-            d["explain"] = {"users": self.users.formula, "usd_per_m_tokens": self.usd.formula,
-                            "assumptions": self.assumptions}
-        return d
 
 
 def baseline(device: DeviceProfile, arch: Arch, ctxs: list[int], strategies: list[Strategy] | None = None,
@@ -341,107 +306,4 @@ def baseline(device: DeviceProfile, arch: Arch, ctxs: list[int], strategies: lis
             except NotApplicable:
                 continue
             rows.append(serve(device, arch, dep))
-    return rows
-
-
-def serve(device: DeviceProfile, arch: Arch, dep: M.Deployment) -> BaselineRow:
-    """Batch decoding on one datacenter GPU: KV pool = the device budget (HBM x the serving engine's memory
-    utilisation) - weights - runtime - workspace; users = floor(pool / per-user state); every step reads the weights
-    once and every user's state; $ per M tokens from the GPU's hourly price."""
-    s, ctx, ov = dep.strategy, dep.ctx, dep.runtime_overhead
-    per_user = dep.layout.nbytes
-    pool = device.budget_bytes - dep.weights["total"] - ov - dep.workspace.value
-    users = M.users_per_gpu(max(pool, 0), per_user)
-    n = s.params.get("n", 1) if s.name == "ring" else 1
-    u = max(int(users.value), 1)
-    step = max((dep.weights["read_per_token"] + u * per_user) / (device.bandwidth * device.decode_efficiency),
-               u * M.decode_flops(arch, dep.layout, s).value / (device.flops * device.prefill_efficiency))
-    if s.name == "ring":
-        step += ring_decode_comm_s(device, arch, ctx, n)
-    tok = 1 / step
-    return BaselineRow(s, ctx, per_user, int(pool), users, tok,
-                       M.usd_per_m_tokens(device.usd_per_hour, n, int(users.value), tok), n,
-                       f"{dep.weight_precision} weights {dep.weights['total']:,.0f} B, {dep.runtime} overhead "
-                       f"{ov:,.0f} B, budget {device.budget_bytes:,} B of {device.ram_bytes:,} B HBM; decode step = "
-                       f"max((weights + users x state bytes) / (bandwidth x {device.decode_efficiency}), compute)"
-                       + (" + ring network time" if s.name == "ring" else ""))
-
-
-def ring_decode_comm_s(device: DeviceProfile, arch: Arch, ctx: int, n: int) -> float:
-    """Network time of one ring decode step over the device's fastest interconnect, from the ring cost model that
-    `edgekv ring` checks against measurement (edgekv/ring/model.py): the query goes to every rank and partial
-    outputs come back, per attention layer."""
-    from .ring.model import predict_for_device
-
-    if not device.interconnect:
-        raise EdgekvError(f"device {device.id} has no interconnect: ring needs one")
-    link = max(device.interconnect, key=lambda k: device.interconnect[k].bytes_per_s.value)
-    attn = arch.mixers("attention")
-    if n <= 1 or not attn:
-        return 0.0
-    m = attn[0][1]
-    return predict_for_device("decode", device, link, n, ctx, m.n_heads, m.n_kv_heads, m.head_dim,
-                              n_layers=len(attn)).comm_s
-
-
-# ---- the published "quadratic tax" analysis, reproduced from its stated assumptions ----
-
-QUADRATIC_TAX = {
-    "source": "https://www.artificialintelligencemadesimple.com/p/how-long-context-inference-is-rewriting "
-              "(numbers via https://promitb.dev/daily/2026-03-09/engineer/; the arithmetic behind each row is "
-              "its users and cost formulas above)",
-    "pool_bytes": 39_000_000_000, "usd_per_hour": 2.00, "tok_s_per_user": 28.0,
-    "layers": 80, "kv_heads": 8, "head_dim": 128, "q_heads": 64, "hidden": 8192,
-}
-
-
-def _tax_archs() -> dict[str, Arch]:
-    q = QUADRATIC_TAX
-    att = Attention(q["q_heads"], q["kv_heads"], q["head_dim"])
-    L = q["layers"]
-    mk = lambda name, fam, blocks: Arch(name, "preset", fam, q["hidden"], 128256, tuple(blocks), ())
-    jamba_ssm = SSM(1, 2 * q["hidden"], 16, 4)  # Jamba's mamba layers: d_inner = 2 x hidden, d_state 16
-    mamba2 = SSM(2, 2 * q["hidden"], 128, 4, n_heads=128, head_dim=128, n_groups=1)
-    return {
-        "kv": mk("llama-3-70b-shape", "transformer", [Block((att,))] * L),
-        "hybrid": mk("jamba-style-70b", "hybrid", [Block((att,)) if i % 8 == 4 else Block((jamba_ssm,))
-                                                     for i in range(L)]),
-        "ssm": mk("mamba2-style-70b", "ssm", [Block((mamba2,))] * L),
-        "linear": mk("linear-attention-70b", "linear", [Block((Linear(q["q_heads"], q["head_dim"],
-                                                                      q["head_dim"]),))] * L),
-    }
-
-
-def quadratic_tax() -> list[BaselineRow]:
-    q = QUADRATIC_TAX
-    archs = _tax_archs()
-    cases = [
-        ("kv", 4000, "kv:dtype=fp8", "KV at 1 byte per value: 2 x 80 layers x 8 KV heads x 128 x 1 B = 163,840 B/token"),
-        ("kv", 128000, "kv:dtype=fp8", "same, 128,000 tokens"),
-        ("kv", 128000, "mla:ratio=0.067,dtype=fp8",
-         "MLA latent = 6.7% of the KV (DeepSeek-V2's -93.3%, applied to the 70B shape as the article does)"),
-        ("hybrid", 128000, "hybrid:dtype=fp8,state_dtype=fp8",
-         "1 attention layer in 8 (10 of 80) keep KV; 70 Jamba-style Mamba layers (d_inner 16384, d_state 16) keep "
-         "an SSM state at 1 B and a conv state in fp32"),
-        ("ssm", 128000, "ssm:dtype=fp8", "assumption: a 70B-class Mamba-2 (80 layers, d_inner 16384, 128 heads x 128, "
-                                         "d_state 128), state at 1 B, conv state fp32; the article's own SSM "
-                                         "config was not recovered"),
-        ("linear", 128000, "linear:dtype=fp8", "assumption: 80 layers of linear attention, 64 heads x 128 x 128 state "
-                                               "at 1 B (feature-map size = head_dim)"),
-        ("kv", 128000, "ring:n=8,dtype=fp8", "ring over 8 GPUs: each GPU holds 1/8 of every user's KV in the same "
-                                             "39 GB pool; cost counts all 8 GPUs; per-user speed kept at 28 tok/s "
-                                             "(optimistic: decode waits on the network, see edgekv ring)"),
-    ]
-    rows = []
-    for arch_key, ctx, spec, why in cases:
-        s = parse_strategy(spec)
-        arch = archs[arch_key]
-        layout = build_ring_layout(arch, s, ctx) if s.name == "ring" else build_layout(arch, s, ctx)
-        per_user = layout.nbytes
-        users = M.users_per_gpu(q["pool_bytes"], per_user)
-        n = s.params.get("n", 1) if s.name == "ring" else 1
-        usd = M.usd_per_m_tokens(q["usd_per_hour"], n, int(users.value), q["tok_s_per_user"])
-        rows.append(BaselineRow(s, ctx, per_user, q["pool_bytes"], users, q["tok_s_per_user"], usd, n,
-                                f"{why}. Pool 39 GB (decimal) of an 80 GB H100, ${q['usd_per_hour']:.2f}/GPU-hour, "
-                                f"{q['tok_s_per_user']:.0f} tok/s per user. Source: {q['source']}"))
     return rows

@@ -8,53 +8,16 @@ import json
 import math
 from pathlib import Path
 
-from .strategies import Strategy
+from .strategies import REGISTRY, Strategy
 
 RISK_ORDER = {"none": 0, "low": 1, "medium": 2, "unknown": 3, "high": 4}
 MEASURED_DIR = Path(__file__).resolve().parent / "measurements"
 
-# (risk, evidence). Citations as in anchors.md section 4 / section 3.
-PUBLISHED = {
-    "kv:fp32": ("none", "reference precision"),
-    "kv:fp16": ("none", "the precision models are trained and served in"),
-    "kv:bf16": ("none", "the precision models are trained and served in"),
-    "kv:fp8": ("low", "8-bit KV: llama.cpp PR #7412, q8_0 K/V dPPL 0.0049, KLD 0.00155 (f16 KLD 0.00019)"),
-    "kv-int8": ("low", "8-bit KV: llama.cpp PR #7412, q8_0 K/V dPPL 0.0049, KLD 0.00155 (f16 KLD 0.00019)"),
-    "kv-int4": ("medium", "4-bit KV: KVQuant (arXiv 2401.18079) <0.1 PPL at 3-bit needs per-channel pre-RoPE keys; "
-                          "plain q4_0 KV 'destroys output quality' (lmstudio-bug-tracker #1740)"),
-    "kv-int4:long": ("high", "int4 KV tool-call failures past ~40k tokens (minimal-ai #18); KV quantization errors "
-                             "matter more with context length (ik_llama.cpp PR #1547)"),
-    "kv-int2": ("high", "2-bit KV only works with KIVI's scheme (ICML'24: per-channel keys, per-token values, recent "
-                        "tokens in full precision); uniform per-token 2-bit has no published support"),
-    "window:short": ("none", "the whole context fits in the window: nothing is dropped"),
-    "window": ("high", "tokens older than the window are dropped: exact recall of them is impossible by construction "
-                       "(ExecuTorch keeps sink tokens for stability, export_llama --use_attention_sink)"),
-    "mla:native": ("low", "the model was trained with its latent cache (DeepSeek-V2: -93.3% KV vs DeepSeek 67B)"),
-    "mla:converted": ("unknown", "no published result for post-hoc low-rank conversion of a GQA cache without "
-                                 "fine-tuning; run edgekv analyze --strategy mla to measure it"),
-    "ssm:fp32": ("low", "native state precision; keep A/dt/state in fp32 (state-spaces/mamba #133, llama.cpp PR #5328)"),
-    "ssm:fp16": ("medium", "SSM state error compounds through the recurrence (S4D edge study arXiv 2506.12480; "
-                           "openai/parameter-golf #1355)"),
-    "ssm:int8": ("high", "uniform INT8 SSM state halved GSM8K 81%->41% without error feedback (vLLM #55196); "
-                         "per-(head,dim) fp32 scales recover it (vLLM PR #52962: 85.94% vs 85.35% fp32)"),
-    "linear:fp32": ("low", "native state precision"),
-    "linear:fp16": ("medium", "recurrent state error compounds through the recurrence (S4D edge study arXiv "
-                              "2506.12480)"),
-    "linear:int8": ("high", "INT8 uniform GDN state GSM8K 81%->41% without error feedback (vLLM #55196)"),
-    "hybrid": ("low", "native model: attention KV in fp16, recurrent state in fp32"),
-    "ring": ("none", "exact attention: the same numbers, split over devices"),
-}
-
-
-# short citations for tables (the full evidence string goes to --json and --explain)
-CITE = {
-    "kv:fp32": "reference", "kv:fp16": "reference", "kv:bf16": "reference", "kv:fp8": "llama.cpp #7412",
-    "kv-int8": "llama.cpp #7412", "kv-int4": "KVQuant; lmstudio #1740", "kv-int4:long": "minimal-ai #18",
-    "kv-int2": "KIVI", "window:short": "fits the window", "window": "drops old tokens",
-    "mla:native": "DeepSeek-V2", "mla:converted": "no published result", "ssm:fp32": "mamba #133",
-    "ssm:fp16": "S4D arXiv 2506.12480", "ssm:int8": "vLLM #55196, #52962", "linear:fp32": "native",
-    "linear:fp16": "S4D arXiv 2506.12480", "linear:int8": "vLLM #55196", "hybrid": "native", "ring": "exact",
-}
+# (risk, evidence) and the short citation for tables (the full evidence string goes to --json and --explain), per
+# evidence key: each strategy class holds its own (edgekv.strategies, `evidence`; citations as in anchors.md sections
+# 3 and 4); these are the tables gathered from the registry.
+PUBLISHED = {k: (r, e) for c in REGISTRY.values() for k, (r, e, _) in c.evidence.items()}
+CITE = {k: c for cls in REGISTRY.values() for k, (_, _, c) in cls.evidence.items()}
 
 
 def risk_from_kl(kl: float, cls: str) -> str:
@@ -112,21 +75,8 @@ def quality(model: str, strategy: Strategy, ctx: int, native: bool, converted_ml
                 "evidence": f"{m['evidence']}; measured on {who}; extrapolated KL at {ctx} tokens = {kl:.3g}"
                             + (f" ({ctx / m['measured_ctx']:.0f}x beyond the measured {m['measured_ctx']})"
                                if far else "")}
-    s, p = strategy.name, strategy.params
-    if s == "kv":
-        key = f"kv:{p['dtype']}"
-    elif s == "kv-int4":
-        key = "kv-int4:long" if ctx > 32768 else "kv-int4"
-    elif s == "window":
-        key = "window:short" if ctx <= p["w"] + p["sinks"] else "window"
-    elif s == "mla":
-        key = "mla:converted" if converted_mla else "mla:native"
-    elif s in ("ssm", "linear"):
-        key = f"{s}:{p['dtype']}" if f"{s}:{p['dtype']}" in PUBLISHED else f"{s}:fp16"  # bf16/fp8 as fp16
-    else:
-        key = s
-    risk, ev = PUBLISHED[key]
-    return {"risk": risk, "evidence": ev, "source": "published", "cite": CITE[key]}
+    risk, ev, cite = strategy.evidence[strategy.quality_key(ctx, converted_mla)]
+    return {"risk": risk, "evidence": ev, "source": "published", "cite": cite}
 
 
 def past_trained(q: dict, model: str, strategy: Strategy, ctx: int, trained: tuple[int, str] | None,

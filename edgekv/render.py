@@ -8,7 +8,6 @@ three significant digits (units.fmt_gb); each time column has one unit (units.ti
 from __future__ import annotations
 
 import io
-import json
 import math
 import os
 import sys

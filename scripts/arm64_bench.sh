@@ -1,31 +1,39 @@
 #!/bin/sh
-# benchmarks/results/arm64_vs_x86.json: `edgekv profile EXPORT --arch arm64` (arm64 under qemu against this host)
-# for every export scripts/arm64_exports.sh made, one report each, gathered into one file. As root, after
-# `make arm64-env`. Usage: [RUNTIMES="ort executorch"] scripts/arm64_bench.sh [PYTHON] [EXPORT_NAME...]
-# (default: every export/arm64-*); reports kept per export and runtime under .arm64/reports/, gathered at the end.
+# benchmarks/results/arm64_vs_x86*.json: `edgekv profile EXPORT --arch arm64` (arm64 under qemu against this host)
+# for the exports scripts/arm64_exports.sh made, one report each, gathered into one file. As root, after
+# `make arm64-env`. Usage:
+#   [RUNTIMES="ort executorch"] [CTX=40] [STEPS=8] [OUT=benchmarks/results/arm64_vs_x86.json] \
+#       scripts/arm64_bench.sh [PYTHON] [EXPORT_NAME...]
+# (default: every export/arm64-*); reports kept per export and runtime under .arm64/reports/ (a report already there
+# is not run again), and the named exports' reports gathered into OUT at the end. CTX is the run's context (CTX -
+# STEPS prompt tokens, then STEPS greedy steps).
 set -u
 PY=${1:-.venv/bin/python}
 [ $# -gt 0 ] && shift
-OUT=benchmarks/results/arm64_vs_x86.json
+OUT=${OUT:-benchmarks/results/arm64_vs_x86.json}
 PARTS=.arm64/reports
 mkdir -p "$PARTS"
 names=${*:-$(cd export && ls -d arm64-* 2>/dev/null)}
 for n in $names; do
     [ -f "export/$n/manifest.json" ] || { echo "skip $n: no export/$n/manifest.json" >&2; continue; }
-    echo "== $n" >&2
     for rt in ${RUNTIMES:-ort executorch}; do
         part=$PARTS/$n.$rt.json
         [ -f "$part" ] && ! grep -q '"not run' "$part" && continue  # done before
+        grep -q "\"format\": \"$([ "$rt" = ort ] && echo onnx || echo pte)\"" "export/$n/manifest.json" || continue
+        echo "== $n $rt $(date -u +%H:%M:%S)" >&2
         nice -n 10 "$PY" -m edgekv.cli profile "export/$n" --arch arm64 --runtime "$rt" --threads 1 \
-            --out "$part" >/dev/null || echo "FAILED: $n $rt" >&2
+            --ctx "${CTX:-40}" --steps "${STEPS:-8}" --out "$part" >"$PARTS/$n.$rt.log" 2>&1 \
+            || echo "FAILED: $n $rt ($(tail -n 1 "$PARTS/$n.$rt.log"))" >&2
     done
 done
-"$PY" - "$PARTS" "$OUT" <<'PYEOF'
+"$PY" - "$PARTS" "$OUT" $names <<'PYEOF'
 import json, sys
 from pathlib import Path
-parts, out = Path(sys.argv[1]), Path(sys.argv[2])
+parts, out, names = Path(sys.argv[1]), Path(sys.argv[2]), set(sys.argv[3:])
 reports = {}
 for p in sorted(parts.glob("arm64-*.json")):  # NAME.RUNTIME.json: one report per export, its runs gathered
+    if p.name.rsplit(".", 2)[0] not in names:
+        continue
     r = json.loads(p.read_text())
     r["artifact"] = Path(r["artifact"]).name
     have = reports.setdefault(r["artifact"], dict(r, runs=[]))

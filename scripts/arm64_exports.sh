@@ -1,32 +1,62 @@
 #!/bin/sh
-# The exports benchmarks/results/arm64_vs_x86.json compares on arm64 (under qemu) and x86: SmolLM2-135M in every
-# cache strategy that exports, with fp32 and int4 weights, and the tiny recurrent/attention fixtures, both formats,
-# at a small max_ctx (emulation is 10-50x slower; 256 for quantized weights, which export checks over 256 tokens).
-# Skips a folder that already holds a manifest.json.
-# Usage: scripts/arm64_exports.sh [PYTHON]   (from the repository root; PYTHON defaults to .venv/bin/python)
+# The exports benchmarks/results/arm64_vs_x86*.json compare on arm64 (under qemu) and x86: the tiny recurrent and
+# attention fixtures, and SmolLM2-135M in every cache strategy that exports with int4 weights (what a phone runs) and
+# fp32 weights, each format in its own folder (NAME for ONNX, NAME-pte for the .pte), at a small max_ctx (emulation
+# is 10-50x slower; 256 with quantized weights, which export checks over 256 tokens). Skips a folder that already
+# holds a manifest.json; a failed export's log is kept as .arm64/logs/NAME.log.
+# Usage (from the repository root): scripts/arm64_exports.sh [PYTHON] [NAME|tiny|smollm2-int4|smollm2-fp32 ...]
+# PYTHON defaults to .venv/bin/python; the names default to the groups tiny, smollm2-int4, smollm2-fp32 in that order
+# (NAME: one export of a group, e.g. arm64-smollm2-kv-int4-int4-pte).
 set -u
 PY=${1:-.venv/bin/python}
-ex() {  # OUT FORMATS ARGS...
-    out=export/$1; fmt=$2; shift 2
-    case "$*" in *"--weights int"*) ctx=256 ;; *) ctx=128 ;; esac  # quantized weights are checked over 256 tokens
-    [ -f "$out/manifest.json" ] && return 0
-    echo "== $out" >&2
-    nice -n 5 "$PY" -m edgekv.cli export --format "$fmt" --max-ctx $ctx --verify-steps 4 --threads 1 --out "$out" "$@" \
-        >/dev/null || echo "FAILED: $out" >&2
+[ $# -gt 0 ] && shift
+LOGS=.arm64/logs
+args() {  # NAME -> "FORMATS ARGS..." (empty for an unknown name)
+    n=${1%-pte}; fmt=onnx; [ "$n" != "$1" ] && fmt=pte
+    case $n in
+    arm64-tiny-llama) echo "onnx,pte --model fixtures/tiny/llama --strategy kv" ;;
+    arm64-tiny-llama-fp32) echo "onnx --model fixtures/tiny/llama --strategy kv:dtype=fp32" ;;
+    arm64-tiny-llama-w4) echo "onnx --model fixtures/tiny/llama --strategy kv:dtype=fp32 --weights int4" ;;
+    arm64-tiny-mamba|arm64-tiny-mamba2) echo "onnx,pte --model fixtures/tiny/${n#arm64-tiny-} --strategy ssm" ;;
+    arm64-tiny-rwkv) echo "onnx,pte --model fixtures/tiny/rwkv --strategy linear" ;;
+    arm64-smollm2-*-int4|arm64-smollm2-*-fp32)
+        w=${n##*-}; s=${n#arm64-smollm2-}; s=${s%-*}
+        case $s in
+        kv-fp16|kv-fp32) s="--strategy kv:dtype=${s#kv-}" ;;
+        kv-int8|kv-int4) s="--strategy $s" ;;
+        window) s="--strategy window:w=64,sinks=4" ;;
+        mla) s="--rank 256" ;;
+        *) return 0 ;;
+        esac
+        echo "$fmt --model smollm2-135m $s --weights $w" ;;
+    esac
 }
-ex arm64-tiny-llama onnx,pte --model fixtures/tiny/llama --strategy kv
-ex arm64-tiny-llama-fp32 onnx --model fixtures/tiny/llama --strategy kv:dtype=fp32
-ex arm64-tiny-llama-w4 onnx --model fixtures/tiny/llama --strategy kv:dtype=fp32 --weights int4
-ex arm64-tiny-mamba onnx,pte --model fixtures/tiny/mamba --strategy ssm
-ex arm64-tiny-mamba2 onnx,pte --model fixtures/tiny/mamba2 --strategy ssm
-ex arm64-tiny-rwkv onnx,pte --model fixtures/tiny/rwkv --strategy linear
-# SmolLM2: the plain fp32 cache in both formats; the rest in ONNX only (lowering a .pte of SmolLM2 took ~10
-# min each on the shared 2-core host)
-ex arm64-smollm2-kv-fp32 onnx,pte --model smollm2-135m --strategy kv --weights fp32
-ex arm64-smollm2-kv-int4 onnx --model smollm2-135m --strategy kv --weights int4
-for w in fp32 int4; do
-    ex arm64-smollm2-kv-int4-$w onnx --model smollm2-135m --strategy kv-int4 --weights $w
-    ex arm64-smollm2-kv-int8-$w onnx --model smollm2-135m --strategy kv-int8 --weights $w
-    ex arm64-smollm2-window-$w onnx --model smollm2-135m --strategy window:w=64,sinks=4 --weights $w
-    ex arm64-smollm2-mla-$w onnx --model smollm2-135m --rank 256 --weights $w
+ex() {  # NAME
+    a=$(args "$1")
+    [ -n "$a" ] || { echo "arm64_exports: unknown export $1" >&2; return 1; }
+    out=export/$1
+    case "$a" in *"--weights int"*) ctx=256 ;; *) ctx=128 ;; esac  # quantized weights are checked over 256 tokens
+    [ -f "$out/manifest.json" ] && return 0
+    echo "== $out $(date -u +%H:%M:%S)" >&2
+    mkdir -p export "$LOGS"
+    # shellcheck disable=SC2086
+    if nice -n 10 "$PY" -m edgekv.cli export --max-ctx $ctx --verify-steps 4 --threads 1 --out "$out" --format $a \
+            >"$LOGS/$1.log" 2>&1; then
+        echo "   done $(date -u +%H:%M:%S)" >&2
+    else
+        echo "FAILED: $out ($(tail -n 1 "$LOGS/$1.log"))" >&2
+    fi
+}
+group() {
+    case $1 in
+    tiny) echo arm64-tiny-llama arm64-tiny-llama-fp32 arm64-tiny-llama-w4 arm64-tiny-mamba arm64-tiny-mamba2 arm64-tiny-rwkv ;;
+    smollm2-int4|smollm2-fp32)
+        for f in "" -pte; do
+            for s in kv-fp16 kv-fp32 kv-int8 kv-int4 window mla; do printf '%s ' "arm64-smollm2-$s-${1#smollm2-}$f"; done
+        done; echo ;;
+    *) echo "$1" ;;
+    esac
+}
+for g in ${*:-tiny smollm2-int4 smollm2-fp32}; do
+    for n in $(group "$g"); do ex "$n"; done
 done

@@ -36,8 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # module: (functions to mutate (None: the whole file), the fast tests that guard them, timeout per run in s)
 MODULES = {
-    "strategies": ("edgekv/strategies.py", ["per_token_int8", "_kv_pair", "_ssm_pair", "_linear_state", "mla_rank",
-                                            "build_layout", "build_ring_layout"],
+    "strategies": ("edgekv/strategies/layout.py", ["per_token_int8", "_kv_pair", "_ssm_pair", "_linear_state"],
                    "tests/test_state_bytes.py tests/test_memory.py tests/test_verify.py", 120),
     "costs": ("edgekv/memory.py", ["weight_bytes_one", "weight_bytes", "workspace_bytes", "_layer_scratch",
                                    "runtime_load_bytes"],

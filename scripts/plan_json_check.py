@@ -36,6 +36,11 @@ def cases() -> list[tuple[str, list[str]]]:
             specs = [a for s in SPECS for a in ("--strategy", s)]
             out.append((f"{dev}_{ctx}_specs", base + models + specs + ["--all", "--explain"]))
             out.append((f"{dev}_{ctx}_fp8", base + models + ["--strategy", "kv:dtype=fp8", "--all"]))
+    for ctx in ("4k,32k,128k",):  # edgekv baseline: datacenter serving, every strategy, and the published preset
+        for m in ("llama-3.1-8b", "jamba-v0.1", "deepseek-v2-lite"):
+            out.append((f"baseline_h100_{m}", ["baseline", "--device", "h100", "--model", m, "--ctx", ctx, "--json",
+                                               "--explain"]))
+    out.append(("baseline_quadratic_tax", ["baseline", "--preset", "quadratic-tax", "--json", "--explain"]))
     for w in ("fp16", "int8", "int4"):
         out.append((f"pixel8_32k_w{w}", ["plan", "--device", "pixel8", "--ctx", "32k", "--json", "--weights", w]
                     + models + ["--all"]))

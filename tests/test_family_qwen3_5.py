@@ -94,10 +94,13 @@ def test_the_image_text_wrapper_loads_its_text_model(tmp_path):
     assert torch.allclose(logits, hf_logits(ref, tokens), atol=1e-4)
 
 
-def test_a_kv_strategy_on_the_hybrid_is_one_clear_line(tmp_path):
+def test_a_strategy_the_hybrid_does_not_keep_is_one_clear_line(tmp_path):
     tiny_qwen3_5(tmp_path)
-    with pytest.raises(EdgekvError, match="kv:dtype=fp16 does not apply to a qwen3_5-family model"):
-        load_any(str(tmp_path), parse_strategy("kv"), 32)
+    with pytest.raises(EdgekvError, match="ssm:dtype=fp32 does not apply to a qwen3_5-family model"):
+        load_any(str(tmp_path), parse_strategy("ssm"), 32)
+    # kv / kv-int8 name the hybrid's own form (edgekv.models.hybrid_alias): its attention caches in that format
+    loaded = load_any(str(tmp_path), parse_strategy("kv-int8"), 32)
+    assert loaded.layout.strategy.startswith("hybrid:dtype=int8")
 
 
 # ---- exported, run by the runtimes alone ----

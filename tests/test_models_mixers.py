@@ -18,7 +18,8 @@ from edgekv.arch import Arch, arch_from_config, read_config_json  # noqa: E402
 from edgekv.errors import EdgekvError  # noqa: E402
 from edgekv.models.hybrid import load_jamba  # noqa: E402
 from edgekv.models.mamba import load_mamba  # noqa: E402
-from edgekv.models.mla import factorisation_errors, load_converted_mla, load_deepseek  # noqa: E402
+from edgekv.models.converted_mla import factorisation_errors, load_converted_mla  # noqa: E402
+from edgekv.models.mla import load_deepseek  # noqa: E402
 from edgekv.models.recurrent import LinearAttention, LinearArgs, LinearLM, linear_arch, load_rwkv, phi  # noqa: E402
 from edgekv.strategies import build_layout, parse_strategy  # noqa: E402
 

@@ -178,7 +178,7 @@ def test_exportable_follows_what_export_builds():
 
 
 def test_converted_mla_is_exportable_only_where_the_conversion_reproduces_the_attention():
-    """The GQA -> latent conversion (edgekv/models/mla.py) models Llama's attention: one RoPE base, no qk-norm. Qwen3
+    """The GQA -> latent conversion (edgekv/models/converted_mla.py) models Llama's attention: one RoPE base, no qk-norm. Qwen3
     and Gemma 3 normalise q and k per head (their published configs), so mla on them is not an export edgekv builds,
     while plain kv on them is."""
     out = plan_json("--device", "pixel8", "--ctx", "4k", "--all")

@@ -1,12 +1,13 @@
 """Recall past the trained context and its use by the planner: the distance ladder gains the longest distance that
 still fits the trained context, the probe loads a model past its trained length (an export refuses to), a short real
-run on a trained fixture stores curves the planner reads (edgekv/measured.py), and a damaged or missing file is a
-note in the evidence, never an exception."""
+run on a trained fixture stores curves the planner reads (edgekv/measured.py), `edgekv plan` cites the stored
+SmolLM2-135M measurement, and a damaged or missing file is a note in the evidence, never an exception."""
 import json
 
 import pytest
 import torch
 
+from conftest import run_cli
 from edgekv import measured
 from edgekv.analyze.recall import (LAST_FIT, RecallProbe, compare_variants, distances, load_beyond_trained,
                                    make_trials, store, trained_context)
@@ -112,6 +113,29 @@ def test_a_damaged_file_is_a_note_never_an_exception(tmp_path, content):
     q = measured.cite(_q(), "m", parse_strategy("kv"), 8192, tmp_path)
     assert q["risk"] == "low" and q["cite"] == "ref"
     assert q["evidence"].startswith("published; recall measurement not cited: m__recall.json")
+
+
+def test_plan_cites_the_stored_smollm2_measurement():
+    """The stored SmolLM2-135M curves (edgekv analyze --probe recall --save) in `edgekv plan`: the fp16 cache cites the
+    fp32 curve's longest point within 8k, the window its own; converted mla, which the probe measured losing the
+    needle the fp32 cache recalls, is high risk from that measurement (published: 'unknown')."""
+    rec = measured.load("smollm2-135m")
+    assert rec is not None, "edgekv/measurements/smollm2-135m__recall.json is missing"
+    out = json.loads(run_cli("plan", "--model", "smollm2-135m", "--ctx", "8k", "--device", "pixel8", "--json",
+                             check=True).stdout)
+    rows = {o["strategy"]: o["quality"] for o in out["options"]}
+    for name in ("kv", "kv-int8", "kv-int4", "window", "mla"):
+        r = measured.recall_at("smollm2-135m", parse_strategy(name), 8192)
+        assert r is not None, name
+        d = r["distance"]
+        assert f"recall at {d // 1024}k: {r['value']:.2f} exact, measured" in rows[name]["cite"]
+        assert r["command"] in rows[name]["evidence"]
+        if r["reference"] and r["value"] < measured.LOSS * r["reference"]:
+            assert rows[name]["risk"] == "high" and rows[name]["source"] == "measured"
+    assert rows["mla"]["risk"] == "high"  # what the stored file says: converted mla loses the needle
+    text = run_cli("plan", "--model", "smollm2-135m", "--ctx", "8k", "--device", "pixel8", "--explain",
+                   check=True).stdout
+    assert "exact, measured" in " ".join(text.split())
 
 
 def test_a_damaged_stored_file_leaves_the_plan_working(tmp_path, monkeypatch):

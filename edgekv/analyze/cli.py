@@ -122,7 +122,7 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
         raise EdgekvError(f"--{'compare' if compare else 'distances'} belongs to the recall probe (--probe recall)")
     variants = make_variants(base, _ints(bits, "--bits"), roundings, weight_bits or None, _ints(ranks, "--rank"),
                              _ints(windows, "--window"))
-    recurrent = base.name in ("ssm", "linear", "hybrid")
+    recurrent = base.recurrent
     chunk = chunk or (1 if recurrent else 64)
     from ..progress import Bar
     with Bar(f"analyze: loading {model} and its variants", None, not as_json):
@@ -136,7 +136,8 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
         runner.run(tokens, on_step=lambda done: bar.update(completed=done))
     seconds = time.perf_counter() - t0
     an = None
-    if analytic and base.name == "ssm":
+    from ..strategies import Ssm
+    if analytic and isinstance(base, Ssm):
         from .analytic import ssm_prediction
         an = ssm_prediction(runner, tokens, target)
     result = report.summarise(runner, label, target, analytic=an)
@@ -157,7 +158,7 @@ def _recall(model, base, bits, roundings, weight_bits, max_distance, chunk, text
     state_bits = [b for b in bits or [] if b != 32]
     variants = [] if bits and not state_bits else make_variants(base, state_bits or None, roundings, weight_bits)
     variants += compare_variants(compare)
-    recurrent = base.name in ("ssm", "linear", "hybrid")
+    recurrent = base.recurrent
     chunk = chunk or (1 if recurrent else 64)
     given = None
     if distance_text:

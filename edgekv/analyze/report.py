@@ -46,10 +46,10 @@ def summarise(runner, tokens_text: str, target_ctx: int, n_windows: int = 24, an
         spos, serr = _w(cv.state_positions, cv.state_rel_err, n_windows)
         fit = ext = sfit = None
         fpos, fkl, fit_from = pos, kl, None
-        if v.strategy.name == "window":
+        if v.strategy.window_tokens is not None:
             # a window keeps the first W + S positions exactly (KL = 0 there) and starts dropping tokens after: a
             # step, not a growth law over the whole range. Fit the law to the positions past the window only.
-            fit_from = v.strategy.params["w"] + v.strategy.params["sinks"]
+            fit_from = v.strategy.window_tokens
             # and in tokens past the window (t - W - S), the number of tokens it has dropped
             past = [i for i, t in enumerate(cv.positions) if t > fit_from]
             fpos, fkl = _w([cv.positions[i] - fit_from for i in past], [cv.kl[i] for i in past], n_windows)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ..errors import EdgekvError
 from . import WEIGHT_BITS
-from ..strategies import DEFAULTS, Strategy, parse_strategy
+from ..strategies import DEFAULTS, Kv, Strategy, parse_strategy
 
 
 @dataclass
@@ -320,23 +320,15 @@ class Runner:
 
 
 def reference_strategy(base: Strategy) -> Strategy:
-    """The fp32 version of the state a variant changes."""
-    if base.name in ("kv", "kv-int8", "kv-int4", "kv-int2", "window"):
-        return parse_strategy("kv:dtype=fp32")
-    if base.name == "mla":
-        return parse_strategy("kv:dtype=fp32")
-    if base.name in ("ssm", "linear"):
-        return parse_strategy(f"{base.name}:dtype=fp32")
-    if base.name == "hybrid":
-        return parse_strategy("hybrid:dtype=fp32,state_dtype=fp32")
-    raise EdgekvError(f"analyze does not handle strategy {base.name!r}")
+    """The fp32 version of the state a variant changes (the strategy class's reference)."""
+    return base.reference()
 
 
 def make_variants(base: Strategy, bits: list[int] | None, roundings: list[str], weight_bits: int | None,
                   ranks: list[int] | None = None, windows: list[int] | None = None) -> list[Variant]:
     """The variants a request names, with the weight-only and weight+state sources beside the state ones."""
     out: list[Variant] = []
-    if base.name in ("kv", "kv-int8", "kv-int4", "kv-int2"):
+    if isinstance(base, Kv):  # kv and the quantized kv-int8/int4/int2
         for b in bits or [base.kv_bits or 4]:
             if b not in (8, 4, 2, 16):
                 raise EdgekvError(f"--bits {b}: a KV cache is stored in 16 (fp16), 8, 4 or 2 bits")
@@ -354,25 +346,24 @@ def make_variants(base: Strategy, bits: list[int] | None, roundings: list[str], 
                     state = next(v.strategy for v in out if v.source == "state" and v.bits == b)
                     out.append(Variant(f"both int{weight_bits} weights + kv-int{b}", "both", state, b, "nearest",
                                        weight_bits))
-    elif base.name in ("ssm", "linear", "hybrid"):
-        key = "state_dtype" if base.name == "hybrid" else "dtype"
+    elif base.recurrent:
+        ref = base.reference()  # the state's dtype key: state_dtype beside a KV cache (hybrid), else dtype
+        key = "state_dtype" if "state_dtype" in ref.params else "dtype"
         for b in bits or [8]:
             if b not in (8, 16):
                 raise EdgekvError(f"--bits {b}: a {base.name} state is stored in 16 (fp16) or 8 bits here")
-            prefix = "hybrid:dtype=fp32," if base.name == "hybrid" else f"{base.name}:"
-            spec = f"{prefix}{key}={'int8' if b == 8 else 'fp16'}"
+            state = type(ref)({**ref.params, key: "int8" if b == 8 else "fp16"})
             for r in (roundings if b == 8 else ["nearest"]):
-                out.append(Variant(f"state {base.name} {'int8' if b == 8 else 'fp16'} {r}", "state",
-                                   parse_strategy(spec), b, r))
+                out.append(Variant(f"state {base.name} {'int8' if b == 8 else 'fp16'} {r}", "state", state, b, r))
         if weight_bits:
             out.append(Variant(f"weights int{weight_bits}", "weights", reference_strategy(base), None, "nearest",
                                weight_bits))
-    elif base.name == "mla":
+    elif base.converts_to_latent:
         for r in ranks or [base.params.get("rank") or 0]:
             spec = "mla" + (f":rank={r}" if r else "")
             out.append(Variant(f"mla rank {r or 'default'}", "state", parse_strategy(spec), None, "nearest",
                                extra={"rank": r or None}))
-    elif base.name == "window":
+    elif base.window_tokens is not None:
         for w in windows or [base.params["w"]]:
             out.append(Variant(f"window {w}+{base.params['sinks']}", "state",
                                parse_strategy(f"window:w={w},sinks={base.params['sinks']},dtype=fp32"),

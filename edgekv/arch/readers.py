@@ -6,7 +6,9 @@ from pathlib import Path
 from ..errors import EdgekvError
 from .config import Cfg, trained_ctx_of
 from .deepseek import _deepseek
+from .granite import _granite_hybrid
 from .hybrid import _falcon_h1, _jamba, _zamba2
+from .lfm2 import _lfm2
 from .mamba import _from_mamba_ssm, _mamba
 from .qwen3_5 import _qwen3_5
 from .rwkv import _rwkv
@@ -20,6 +22,7 @@ READERS = {
     "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
     "mamba": _mamba, "mamba2": _mamba,
     "jamba": _jamba, "falcon_h1": _falcon_h1, "zamba2": _zamba2, "rwkv": _rwkv,
+    "lfm2": _lfm2, "granitemoehybrid": _granite_hybrid,
     "qwen3_5_text": _qwen3_5, "qwen3_5": _qwen3_5,
 }
 SUPPORTED = sorted(READERS)
@@ -27,7 +30,7 @@ SUPPORTED = sorted(READERS)
 
 def _family(blocks: list[Block]) -> str:
     kinds = {m.kind for b in blocks for m in b.mixers}
-    if len(kinds) > 1:
+    if len(kinds) > 1 or kinds == {"conv"}:  # a conv-only LFM2 config: plain recurrent layers, planned as a hybrid
         return "hybrid"
     return {"attention": "transformer", "mla": "mla", "ssm": "ssm", "linear": "linear"}[kinds.pop()]
 

@@ -60,7 +60,16 @@ class Linear:
     kind: str = "linear"
 
 
-Mixer = Attention | MLA | SSM | Linear
+@dataclass(frozen=True)
+class ShortConv:
+    """LFM2's gated short convolution (transformers' Lfm2ShortConv): a depthwise causal conv of kernel d_conv over
+    width channels between an input and an output gate. State per layer: its last d_conv - 1 inputs."""
+    width: int
+    d_conv: int
+    kind: str = "conv"
+
+
+Mixer = Attention | MLA | SSM | Linear | ShortConv
 
 
 @dataclass(frozen=True)

@@ -12,15 +12,16 @@ _load_llama_model_metadata, extension/llm/export/builder.py, executorch 1.5.1):
   get_n_layers, use_kv_cache, use_sdpa_with_kv_cache, enable_dynamic_shape, get_bos_id, get_eos_ids.
   tokenizer.json: pytorch_tokenizers' HF tokenizer, which the runner picks for a .json path.
 
-The model is edgekv's own module traced as the explicit-state .pte is (Llama.executorch_ops: each call's rows written
-with index_put into the cache, attended by ExecuTorch's llama::custom_sdpa over the written slots only, a quantized
-cache read back with ExecuTorch's dequantize_per_token or edgekv.quant's unpacking), with its cache tensors moved into
-buffers of a wrapper module. ExecuTorch's reinplace pass (ExecutorchBackendConfig.run_reinplace_pass) turns each
-index_put on a buffer into index_put_, so the cache is written where it lies, and the memory plan of the in-place .pte
-(edgekv.export.to_pte._in_place_planning) makes custom_sdpa's view of a cache read that buffer. The strategy is the
+The model is edgekv's own module traced as the explicit-state .pte is (edgekv.models.swaps.SdpaAttention: each
+call's rows written with index_put into the cache, attended by ExecuTorch's llama::custom_sdpa over the written slots
+only, a quantized cache read back with ExecuTorch's dequantize_per_token or edgekv.quant's unpacking), with its cache
+tensors moved into buffers of a wrapper module. ExecuTorch's reinplace pass (ExecutorchBackendConfig.run_reinplace_pass)
+turns each index_put on a buffer into index_put_, so the cache is written where it lies, and the memory plan of the
+in-place .pte (edgekv.export.to_pte._in_place_planning) makes custom_sdpa's view of a cache read that buffer. The
+strategy is the
 one edgekv planned: kv fp32/fp16 and kv-int8/int4/int2 in edgekv.quant's layout (int8 codes with fp16 scales per
 token and group), not ExecuTorch's QuantizedKVCache (fp32 scales and zero points, and custom_quantized_sdpa, which
-also quantizes the query: see Attention.custom for what that costs).
+also quantizes the query: see edgekv.models.swaps.SdpaAttention for what that costs).
 Buffers the runner never wrote are not read: custom_sdpa attends over slots 0..input_pos+seq-1 only, each written by
 an earlier or the same call.
 """
@@ -57,7 +58,7 @@ def entry_point(vocab: int, chunk: int) -> dict:
 
 
 def trace(module, chunk: int):
-    """torch.export of the module with its state in buffers; call inside module.executorch_ops()."""
+    """torch.export of the module with its state in buffers; module: what for_runtime(model, "executorch") returns."""
     import torch
     from torch import nn
 

@@ -11,7 +11,7 @@ make_genai_config, pinned onnxruntime-genai 0.18.0):
                       past_key_values.{i}.key / .value [1, Hkv, max_ctx, D]; outputs logits [1, seq, V] fp32,
                       present.{i}.key / .value of the same shape.
 
-The graph is edgekv's own fused float-cache graph (Llama.onnx_gqa: ORT's GroupQueryAttention, as GenAI's builder
+The graph is edgekv's own fused float-cache graph (edgekv.models.swaps: ORT's GroupQueryAttention, as GenAI's builder
 emits it) with GenAI's input names: the position of the first token is attention_mask's sum minus the call's tokens
 (batch 1, no padding), from which the graph derives GroupQueryAttention's seqlens_k and total_sequence_length as
 before. The cache has max_ctx slots, and GroupQueryAttention writes each call's rows into the present buffer that
@@ -49,7 +49,7 @@ def entry_point(layout, vocab: int) -> dict:
 
 
 def trace(module, max_ctx: int):
-    """torch.export of the module behind GenAI's inputs; call inside module.onnx_gqa()."""
+    """torch.export of the module behind GenAI's inputs; pass the module for_runtime(module, "onnxruntime") returns."""
     import torch
     from torch import nn
 

@@ -99,7 +99,13 @@ def write_manifest(folder: Path, manifest: dict) -> None:
 # `edgekv profile --adb`'s pulled report. --force may replace a folder holding these beside what `files` lists.
 AFTERWARDS = ("report.html", "report.md", "report.android.json")
 SLOT_ROLES = ("key", "value", "latent")  # state tensors with one row per cached token: [1, heads, slots, d], [1, slots, r]
-CACHE_STRATEGIES = ("kv", "kv-int8", "kv-int4", "kv-int2", "mla")  # a cache of every position up to max_ctx
+
+
+def _full_cache(name) -> bool:
+    """Whether the named strategy keeps a cache row for every position up to max_ctx (its class's full_cache)."""
+    from ..strategies import REGISTRY
+    cls = REGISTRY.get(name) if isinstance(name, str) else None
+    return bool(cls and cls.full_cache)
 
 
 def member(folder: Path, name, what: str) -> Path:
@@ -161,7 +167,7 @@ def check_consistent(manifest: dict, where: str) -> None:
              if t["role"].split(".")[0] in SLOT_ROLES and len(t["shape"]) >= 3]
     if slots and max(slots) > max_ctx:
         raise EdgekvError(f"{where}: a cache of {max(slots)} slots is larger than max_ctx {max_ctx}")
-    if slots and manifest["strategy"]["name"] in CACHE_STRATEGIES and max(slots) != max_ctx:
+    if slots and _full_cache(manifest["strategy"]["name"]) and max(slots) != max_ctx:
         raise EdgekvError(f"{where}: max_ctx is {max_ctx} but the cache holds {max(slots)} tokens")
 
 

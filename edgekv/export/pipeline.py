@@ -25,12 +25,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import EdgekvError
+from ..strategies import REGISTRY
 from .manifest import PARTIAL  # inside a `.NAME.tmp-PID` folder while it is being written
 
 FORMATS = ("onnx", "pte")
 WEIGHT_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8", "int4": "int4"}
-# what `edgekv export --strategy` takes (ring splits a datacenter KV over GPUs: planned, never exported)
-EXPORTABLE = ("kv", "kv-int8", "kv-int4", "kv-int2", "window", "mla", "ssm", "linear", "hybrid")
+# what `edgekv export --strategy` takes: the registered strategies whose class says it is exported (ring splits a
+# datacenter KV over GPUs: planned, never exported)
+EXPORTABLE = tuple(n for n, c in REGISTRY.items() if c.exportable)
 QUALITY_TOKENS = 256  # tokens of real text a quantized artifact is compared with fp32 over (verify-quant)
 VERIFY_TEXT = ("The Python standard library is very extensive, offering a wide range of facilities. It contains "
                "built-in modules that provide access to system functionality such as file I/O.")
@@ -144,7 +146,7 @@ def planned(arch, strategy, max_ctx: int, formats, pte_chunk: int, weights: str 
 
 def strategy_entry(strategy, module) -> dict:
     """The manifest's strategy: name, params, label; a converted MLA adds its rank and per-layer relative
-    factorisation error ||W - W_up W_down||_F / ||W||_F of W = [W_k; W_v] (edgekv.models.mla.factorise_kv)."""
+    factorisation error ||W - W_up W_down||_F / ||W||_F of W = [W_k; W_v] (edgekv.models.converted_mla.factorise_kv)."""
     out = {"name": strategy.name, "params": strategy.params, "label": strategy.label}
     errors = getattr(module, "errors", None)
     if errors:
@@ -176,7 +178,7 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
     out = Path(opts.out)
     check_out(out, opts.model, opts.force)
     strategy = parse_strategy(opts.strategy)
-    if strategy.name not in EXPORTABLE:
+    if not strategy.exportable:
         raise EdgekvError(f"strategy {strategy.name} is planned but not exported (exportable: {', '.join(EXPORTABLE)})")
     from .runners import check_runners
     check_runners(opts.runners, check_applies(opts.model, strategy, opts.max_ctx))
@@ -376,6 +378,17 @@ def _make_parents(out: Path) -> list[Path]:
     return made
 
 
+def nudged(module):
+    """A copy of the eager module with its float parameters moved one ulp (verify.nudge_one_ulp): another kernel's
+    last bits, for the noise floor of a quantized cache, whose codes flip where a value sits on a rounding boundary."""
+    import copy
+
+    from .verify import nudge_one_ulp
+    m = copy.deepcopy(module)
+    nudge_one_ulp(m)
+    return m
+
+
 def nudged_quantized(module, weights: str):
     """A copy of the fp32 eager module quantized as the .pte's module is, then its float parameters moved one ulp
     (verify.nudge_one_ulp): the same codes, last bits upstream of the quantized activations different."""
@@ -423,7 +436,11 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
     # with a dynamic token axis: XNNPACK packs the weights once per method, and no call is padded. A recurrent state
     # keeps a fixed-size `prefill` and a one-token `decode`: its scan traces as an unrolled loop, which needs a fixed
     # length.
-    in_place = "pte" in opts.formats and bool(getattr(qmodule, "pte_in_place", lambda: False)())
+    # each attention layer ExecuTorch's custom_sdpa serves is swapped for one that calls it (edgekv.models.swaps);
+    # when every layer is, the state is written in place
+    from ..models.swaps import for_runtime
+    pte_module, pte_swapped = for_runtime(qmodule, "executorch") if "pte" in opts.formats else (qmodule, [])
+    in_place = bool(pte_swapped) and all(pte_swapped)
     # any other state made of caches only (rolling window, MLA latent) traces with a dynamic token axis
     # too, as its ONNX graph does: one method, its state copied in and out of the method's planned buffers
     dynamic = in_place or ("pte" in opts.formats and attends_only(layout))
@@ -444,20 +461,21 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
         entries["pte"] = [et_runner.entry_point(args.vocab, chunk)]
     with st.stage("trace", ", ".join(f"{f}:{e['name']}" for f in opts.formats for e in entries[f])):
         eps = {}
-        fused = False
+        fused = any_fused = False
         if "onnx" in opts.formats:
-            gqa = getattr(module, "onnx_gqa", None)  # Llama-family plain caches: ORT's GroupQueryAttention
-            with gqa() if gqa else nullcontext(False) as fused:
-                if "genai" in opts.runners:
-                    eps["onnx:forward"] = genai.trace(module, opts.max_ctx)
-                else:
-                    eps.update(trace(module, {"onnx:forward": None}))
+            # the layers ONNX Runtime's GroupQueryAttention serves, swapped (edgekv.models.swaps); the state is
+            # written in place (fused) when every layer is
+            onnx_module, swapped = for_runtime(module, "onnxruntime")
+            fused, any_fused = bool(swapped) and all(swapped), any(swapped)
+            if "genai" in opts.runners:
+                eps["onnx:forward"] = genai.trace(onnx_module, opts.max_ctx)
+            else:
+                eps.update(trace(onnx_module, {"onnx:forward": None}))
+            del onnx_module
         if et_run:
-            with qmodule.executorch_ops():
-                eps["pte:forward"] = et_runner.trace(qmodule, chunk)
+            eps["pte:forward"] = et_runner.trace(pte_module, chunk)
         elif dynamic:
-            with qmodule.executorch_ops() if in_place else nullcontext():
-                eps.update(trace(qmodule, {"pte:forward": None}, max_tokens=chunk))
+            eps.update(trace(pte_module, {"pte:forward": None}, max_tokens=chunk))
         elif "pte" in opts.formats:
             eps.update(trace(qmodule, {"pte:prefill": chunk, "pte:decode": 1}))
 
@@ -474,8 +492,9 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             import onnxruntime
             art = {"format": "onnx", "file": "model.onnx", "runtime": f"onnxruntime {onnxruntime.__version__}",
                    "opset": to_onnx.opset(model), "entry_points": entries["onnx"]}
-            if fused:  # present.* may be bound to past.*'s buffers: the node writes the new rows in place
+            if any_fused:
                 art["attention"] = "com.microsoft.GroupQueryAttention"
+            if fused:  # present.* may be bound to past.*'s buffers: the nodes write the new rows in place
                 art["state_in_place"] = True
             art["external_data"] = to_onnx.EXTERNAL_DATA
             from .runners import EDGEKV, GENAI
@@ -507,8 +526,9 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             from importlib.metadata import version as pkg_version
             art = {"format": "pte", "file": "model.pte", "runtime": f"executorch {pkg_version('executorch')}",
                    "backend": "xnnpack", "entry_points": entries["pte"], "delegation": delegation}
-            if in_place:  # `forward` writes its rows into the past.* inputs and returns them as present.*
+            if any(pte_swapped):  # the runtime must register ExecuTorch's LLM kernels
                 art["attention"] = to_pte.LLM_KERNELS
+            if in_place:  # `forward` writes its rows into the past.* inputs and returns them as present.*
                 art["state_in_place"] = True
             from .runners import EDGEKV, ET_RUNNER
             art["runners"] = [ET_RUNNER] if et_run else [EDGEKV]
@@ -532,6 +552,8 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             noise = None
             if fmt == "onnx":
                 art, ref = OrtStepper(partial, tmp, opts.threads, spin=False), EagerStepper(partial, module)
+                if opts.weights == "fp32" and strategy.kv_bits:  # codes that a last bit flips (verify.limits)
+                    noise = EagerStepper(partial, nudged(module))
             else:
                 art = et_runner.RunnerPteStepper(partial, tmp, opts.threads) if et_run else \
                     PteStepper(partial, tmp, opts.threads)
@@ -541,7 +563,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
                 ref = eager(qmodule)
                 if quantization.get("pte"):  # the quantized module's own rounding noise (verify.limits)
                     noise = eager(nudged_quantized(module, opts.weights))
-            tol = "quantized-weights" if opts.weights != "fp32" else tolerance_dtype(layout, fmt == "onnx" and fused)
+            tol = "quantized-weights" if opts.weights != "fp32" else tolerance_dtype(layout, fmt == "onnx" and any_fused)
             v = verify(art, ref, prompt, steps, tol,
                        artifacts[[a["format"] for a in artifacts].index(fmt)]["runtime"], noise,
                        last_rows=et_run and fmt == "pte")
@@ -555,7 +577,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             import onnxruntime_genai
             art = genai.GenaiStepper(partial, tmp, opts.threads)
             v = verify(art, EagerStepper(partial, module), prompt, steps,
-                       "quantized-weights" if opts.weights != "fp32" else tolerance_dtype(layout, fused),
+                       "quantized-weights" if opts.weights != "fp32" else tolerance_dtype(layout, any_fused),
                        f"onnxruntime-genai {onnxruntime_genai.__version__}", last_rows=True)
             del art
             verification["genai"] = v

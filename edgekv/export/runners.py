@@ -56,7 +56,8 @@ def why_not(runner: str, layout) -> str | None:
     slots is not a cache it sizes; a latent or a recurrent state is not a key/value cache.
     ExecuTorch's runner: it calls forward(tokens, input_pos) and keeps nothing itself, so any state the program writes
     in place works; edgekv writes plain and quantized caches with one slot per position in place
-    (Llama.executorch_ops). A rolling window, a latent or a recurrent state is not exported as runner variant."""
+    (edgekv.models.swaps: custom_sdpa in every layer). A rolling window, a latent or a recurrent state is not exported
+    as runner variant."""
     roles = {t.role for t in layout.tensors}
     rolling = any(t.role in ("key", "value") and t.shape[2] != layout.ctx for t in layout.tensors)
     kv_only = roles <= {"key", "value", "key.scale", "value.scale", "key.zero", "value.zero"}

@@ -349,12 +349,12 @@ class PteStepper(Stepper):
     takes the returned present.* as its state (no copy) wherever they lie. Its own first state is numpy's lazily
     zeroed memory, which costs nothing resident if the method never touches it.
 
-    A .pte whose manifest says state_in_place (Llama.executorch_ops; always the one `forward` method) writes each
-    call's rows into the state and returns it as present.*. Otherwise present.* alias the method's planned
-    buffers, which the next call overwrites: they are copied at once into this stepper's state tensors. The in-place
-    graph runs ExecuTorch's LLM kernels (llama::custom_sdpa) and, for an int8 cache's read-back, its quantized kernels,
-    registered by importing their libraries before loading. etdump=True records ExecuTorch's per-operator profile
-    (write_etdump; benchmarks/profile_pte.py)."""
+    A .pte whose manifest says state_in_place (custom_sdpa in every attention layer, edgekv.models.swaps; always the
+    one `forward` method) writes each call's rows into the state and returns it as present.*. Otherwise present.*
+    alias the method's planned buffers, which the next call overwrites: they are copied at once into this stepper's
+    state tensors. The in-place graph runs ExecuTorch's LLM kernels (llama::custom_sdpa) and, for an int8 cache's
+    read-back, its quantized kernels, registered by importing their libraries before loading. etdump=True records
+    ExecuTorch's per-operator profile (write_etdump; benchmarks/profile_pte.py)."""
 
     runtime = "executorch"
 

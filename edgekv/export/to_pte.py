@@ -6,12 +6,12 @@ Weights are stored once in the file and shared by the methods, but XNNPACK packs
 XNNPACK does not take (embedding, RoPE cos/sin, and either the cache blend or the in-place cache writes and
 ExecuTorch's attention kernel) run on ExecuTorch's portable / LLM kernels.
 
-State in place (a module traced under Llama.executorch_ops): each state tensor (a cache; a quantized cache's codes,
-scales and zeros) is written by an index_put of this call's rows and read by llama::custom_sdpa. Here that index_put
-becomes index_put_ on the method's own past.* input, the graph output present.* is that input (ExecuTorch aliases an
-in-place op's result with its argument), and inputs are not memory-planned (the runtime uses the caller's tensors
-instead of copying them into its arena): the method writes C rows into the caller's cache and returns it, with no copy
-of the state per call. ExecuTorch plans the method's other buffers for its largest call (C tokens).
+State in place (custom_sdpa in every attention layer, edgekv.models.swaps): each state tensor (a cache; a quantized
+cache's codes, scales and zeros) is written by an index_put of this call's rows and read by llama::custom_sdpa. Here
+that index_put becomes index_put_ on the method's own past.* input, the graph output present.* is that input (ExecuTorch
+aliases an in-place op's result with its argument), and inputs are not memory-planned (the runtime uses the caller's
+tensors instead of copying them into its arena): the method writes C rows into the caller's cache and returns it, with
+no copy of the state per call. ExecuTorch plans the method's other buffers for its largest call (C tokens).
 """
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from collections import Counter
 
 from .manifest import ROWS
 
-# the manifest's `attention` for a .pte traced under Llama.executorch_ops: the runtime must have ExecuTorch's LLM
-# custom-op kernels linked (extension/llm/custom_ops; in Python, import executorch.extension.llm.custom_ops.custom_ops)
+# the manifest's `attention` for a .pte with custom_sdpa layers (edgekv.models.swaps): the runtime must have
+# ExecuTorch's LLM custom-op kernels linked (extension/llm/custom_ops; in Python, import
+# executorch.extension.llm.custom_ops.custom_ops)
 LLM_KERNELS = "llama.custom_sdpa"
 
 
@@ -103,7 +104,8 @@ def _partitioner(in_place: bool):
 
 def lower_pte(eps: dict, in_place: bool = False):
     """{method: ExportedProgram} -> EdgeProgramManager (inspect it with delegation_summary). in_place: the programs
-    were traced under Llama.executorch_ops, and every state input is written in place."""
+    were traced with custom_sdpa in every attention layer (edgekv.models.swaps): every state input is written in
+    place."""
     from executorch.exir import to_edge_transform_and_lower
 
     edge = to_edge_transform_and_lower(eps, partitioner=[_partitioner(in_place)])

@@ -17,14 +17,20 @@ import importlib
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..arch import LLAMA_EXPORT_TYPES
 from ..errors import EdgekvError
 from ..jsonfile import read_json
 
+if TYPE_CHECKING:  # annotations only: this module imports no torch
+    from ..arch import Arch
+    from ..strategies import StateLayout
+    from .protocol import ExportModule, FamilyArgs
+
 KV_STRATEGIES = ("kv", "kv-int8", "kv-int4", "kv-int2", "window")
-# the llama-family model types whose attention edgekv.models.mla.ConvertedMLA reproduces (no qk-norm, one RoPE base,
-# Llama's norms and MLP): mla on these converts the GQA cache to a latent
+# the llama-family model types whose attention edgekv.models.converted_mla.ConvertedMLA reproduces (no qk-norm, one
+# RoPE base, Llama's norms and MLP): mla on these converts the GQA cache to a latent
 MLA_CONVERTIBLE = ("llama", "mistral", "qwen2")
 
 
@@ -51,7 +57,7 @@ FAMILIES = (
            what="GQA + RoPE decoders: Llama-2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3 (qk-norm), Gemma 3 "
                 "(sliding + global layers), SmolLM3 (NoPE layers), Phi-3 / Phi-4-mini (fused projections split, "
                 "partial rotary, longrope)"),
-    Family("converted-mla", (), ("mla",), "edgekv.models:read_llama", "edgekv.models.mla:build_converted",
+    Family("converted-mla", (), ("mla",), "edgekv.models:read_llama", "edgekv.models.converted_mla:build_converted",
            what="a llama-family model with its KV converted to a low-rank latent (mla on a GQA model)"),
     Family("deepseek-v2", ("deepseek_v2",), ("mla",), "edgekv.models.mla:read_deepseek",
            "edgekv.models.mla:build_deepseek", what="native MLA", ctx_capped=True),
@@ -61,6 +67,12 @@ FAMILIES = (
            "edgekv.models.recurrent:build_rwkv", what="RWKV-4", state_dtypes=("fp32", "fp16", "bf16", "int8")),
     Family("jamba", ("jamba",), ("hybrid",), "edgekv.models.hybrid:read_jamba", "edgekv.models.hybrid:build_jamba",
            what="Mamba-1 + attention + MoE", state_dtypes=("fp32", "fp16", "bf16")),
+    Family("lfm2", ("lfm2",), ("hybrid",), "edgekv.models.lfm2:read_lfm2", "edgekv.models.lfm2:build_lfm2",
+           what="LFM2 / LFM2.5: gated short convolutions + GQA attention (qk-norm)", state_dtypes=("fp32", "fp16"),
+           ctx_capped=True, kv_quantized=True),
+    Family("granite-hybrid", ("granitemoehybrid",), ("hybrid",), "edgekv.models.granite_hybrid:read_granite_hybrid",
+           "edgekv.models.granite_hybrid:build_granite_hybrid", state_dtypes=("fp32", "fp16"), ctx_capped=True,
+           kv_quantized=True, what="Granite-4.0-H, dense configs: Mamba-2 + GQA attention (NoPE)"),
     Family("qwen3_5", ("qwen3_5_text", "qwen3_5"), ("hybrid",), "edgekv.models.qwen3_5:read_qwen3_5",
            "edgekv.models.qwen3_5:build_qwen3_5", what="Qwen3.5: Gated DeltaNet + gated full attention",
            state_dtypes=("fp32", "fp16", "bf16"), ctx_capped=True, kv_quantized=True),
@@ -86,10 +98,11 @@ def supported_line() -> str:
 
 @dataclass
 class Loaded:
-    module: "object"  # the family's torch module (edgekv.models.llama.Llama, ...)
-    args: "object"  # its args dataclass (LlamaArgs, MambaArgs, ...)
-    arch: "object"  # edgekv.arch.Arch (drives the StateLayout)
-    layout: "object"  # StateLayout
+    """A family's export module for one strategy's StateLayout, with where it came from."""
+    module: ExportModule  # the family's torch module (edgekv.models.llama.Llama, ...)
+    args: FamilyArgs  # its args dataclass (LlamaArgs, MambaArgs, ...)
+    arch: Arch  # drives the StateLayout
+    layout: StateLayout
     source: Path
     source_format: str  # "gguf Q4_1" | "safetensors"
 
@@ -101,8 +114,8 @@ class Source:
     fmt: str  # "gguf <stored tensor types>" | "safetensors"
     cfg: dict
     sd: dict
-    args: "object"  # the family's args (LlamaArgs: llama.cpp rope factors applied)
-    arch: "object"  # edgekv.arch.Arch
+    args: FamilyArgs  # the family's args (LlamaArgs: llama.cpp rope factors applied)
+    arch: Arch
 
 
 LlamaSource = Source
@@ -114,9 +127,9 @@ def _function(path: str):
 
 
 def gguf_architecture(path: Path) -> str:
-    """general.architecture of a GGUF file, from its header (gguf-py's GGUFReader parses every tensor's info first,
-    seconds on a large file). The GGUF spec (ggml/docs/gguf.md) has it as the first key/value, as every llama.cpp
-    writer puts it; otherwise the full reader finds it."""
+    """general.architecture of a GGUF file, from its header (gguf-py's GGUFReader parses every tensor's info first).
+    The GGUF spec (ggml/docs/gguf.md) has it as the first key/value, as every llama.cpp writer puts it; otherwise the
+    full reader finds it."""
     try:
         with open(path, "rb") as f:
             magic, _version, _n_tensors, n_kv = struct.unpack("<4sIQQ", f.read(24))
@@ -179,8 +192,25 @@ def load_any(spec: str, strategy, max_ctx: int) -> Loaded:
 
     if max_ctx is not None and max_ctx < 1:
         raise EdgekvError(f"max_ctx must be at least 1, got {max_ctx}")
-    fam = check_strategy(family_of(resolve_model(spec)), strategy)  # before any weight is read
+    fam = family_of(resolve_model(spec))
+    strategy = hybrid_alias(fam, strategy)
+    fam = check_strategy(fam, strategy)  # before any weight is read
     return load_family(fam, spec, strategy, max_ctx)
+
+
+def hybrid_alias(family: Family, strategy):
+    """A transformer's cache strategy on a family that keeps only the hybrid form of it (LFM2, Granite-4.0-H): kv:dtype=D is its
+    native state with the KV in D (hybrid:dtype=D,state_dtype=fp32: what analyze's fp32 reference, kv:dtype=fp32, asks
+    of a model with attention layers); kv-int8 / kv-int4 are hybrid:dtype=int8 / int4 where the family's attention
+    layers keep quantized caches (Family.kv_quantized). Any other strategy is returned as is."""
+    from ..strategies import parse_strategy
+    if "hybrid" not in family.strategies or strategy.name in family.strategies:
+        return strategy
+    if strategy.name == "kv":
+        return parse_strategy(f"hybrid:dtype={strategy.params['dtype']},state_dtype=fp32")
+    if strategy.name in ("kv-int8", "kv-int4") and family.kv_quantized:
+        return parse_strategy(f"hybrid:dtype={strategy.name[3:]},state_dtype=fp32")
+    return strategy
 
 
 def read_llama(spec: str, max_ctx: int | None = None) -> Source:
@@ -195,7 +225,7 @@ def read_llama(spec: str, max_ctx: int | None = None) -> Source:
     if path.suffix.lower() == ".gguf":
         cfg, sd, factors, types = load_gguf(path)
         fmt = "gguf " + "+".join(types)
-        # the Arch that read_gguf would build, from the same header (parsing a GGUF header twice costs ~3 s)
+        # the Arch that read_gguf would build, from the same header (not parsed a second time)
         arch = arch_from_config(cfg, path.stem, str(path))
     else:
         cfg, sd = load_hf_folder(path)

@@ -3,7 +3,7 @@ call whose logits the caller wants.
 
 An exported entry point takes `rows` (int64 [R], 1 <= R <= tokens: indices into the call's tokens) after its state
 and returns logits [1, R, V]. Generation and chunked prefill ask for the last row only, so a 32-token prefill call
-computes one row of the vocabulary projection instead of 32 (SmolLM2-135M: the 49152 x 576 head is 21 % of a
+computes one row of the vocabulary projection instead of 32 (for a small model the head is a large share of a
 token's multiply-adds) and holds one row of logits; verification asks for every row (ExecuTorch's own Llama export
 does the same with generate_full_logits=False, without the choice)."""
 from __future__ import annotations

@@ -19,8 +19,8 @@ Only the attention blocks' state grows with the context.
 Where this differs from transformers, and why the numbers are the same:
   - the Mamba blocks are edgekv.models.mamba.Mamba1Mixer (its notes apply: conv as shifted multiply-adds, the scan
     stepped token by token); the attention blocks keep a fixed [1, Hkv, T, D] cache written with a one-hot matrix
-    and torch.where and masked by position, as edgekv.models.llama does;
-  - the sparse MoE is edgekv.models.mla.MoE (gather the top-k experts at decode, dense-weighted at prefill); its
+    and torch.where and masked by position (edgekv.models.layers.slot_plan);
+  - the sparse MoE is edgekv.models.layers.MoE (gather the top-k experts at decode, dense-weighted at prefill); its
     router weight is loaded from feed_forward.router.weight into feed_forward.gate.weight, and the per-expert
     checkpoint tensors are stacked.
 """
@@ -35,8 +35,7 @@ from torch import nn
 from ..arch import Cfg
 from ..errors import EdgekvError
 from ..strategies import StateLayout
-from .head import head, output_weight
-from .base import empty_state, load_strict, read_folder, state_dtype
+from .base import DecoderShell, load_strict, read_folder, state_dtype
 from .layers import MoE, RMSNorm, SwiGLU, slot_plan, stack_experts
 from .mamba import Mamba1Mixer, MambaArgs, check_ssm_layout
 
@@ -139,14 +138,6 @@ class JambaBlock(nn.Module):
         self.pre_ff_layernorm = RMSNorm(a.hidden, a.rms_eps)
 
 
-class _JambaBody(nn.Module):
-    def __init__(self, a: JambaArgs):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(a.vocab, a.hidden)
-        self.layers = nn.ModuleList(JambaBlock(a, i) for i in range(a.n_layers))
-        self.final_layernorm = RMSNorm(a.hidden, a.rms_eps)
-
-
 def check_hybrid_layout(a: JambaArgs, layout: StateLayout) -> None:
     """The layout must hold, in block order, (key, value) for attention blocks and (conv, ssm) for mamba blocks."""
     want = [(i, r) for i, k in enumerate(a.kinds) for r in (("key", "value") if k == "attention" else ("conv", "ssm"))]
@@ -161,24 +152,21 @@ def check_hybrid_layout(a: JambaArgs, layout: StateLayout) -> None:
             raise EdgekvError(f"{t.name}: shape {t.shape} is not [1, {a.n_kv_heads}, {layout.ctx}, {a.head_dim}]")
 
 
-class Jamba(nn.Module):
+class Jamba(DecoderShell):
     """forward(tokens [1, C] int64, pos [1] int64, *state) -> (logits [1, C, V] fp32, *new_state); state in the
     layout's order (2 tensors per block). Callers keep pos + C <= T."""
 
     def __init__(self, args: JambaArgs, layout: StateLayout):
-        super().__init__()
-        self.args, self.layout = args, layout
+        super().__init__(args, layout)
         check_hybrid_layout(args, layout)
-        self.model = _JambaBody(args)
-        self.lm_head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
-
-    def empty_state(self) -> list[torch.Tensor]:
-        return empty_state(self.layout)
+        self.make_body([JambaBlock(args, i) for i in range(args.n_layers)], RMSNorm(args.hidden, args.rms_eps),
+                       names=("embed_tokens", "layers", "final_layernorm"))
 
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor,
                 rows: torch.Tensor | None = None):
         c = tokens.shape[1]
-        _, write, written, allowed = slot_plan(pos, c, self.layout.ctx, repeat=self.args.n_heads // self.args.n_kv_heads)
+        g = self.args.n_heads // self.args.n_kv_heads
+        _, write, written, allowed = slot_plan(pos, c, self.layout.ctx, repeat=g)
         x = self.model.embed_tokens(tokens)
         new_state = []
         for i, blk in enumerate(self.model.layers):
@@ -191,8 +179,7 @@ class Jamba(nn.Module):
             x = x + h
             x = x + blk.feed_forward(blk.pre_ff_layernorm(x))
             new_state += [s0, s1]
-        w = output_weight(self.model.embed_tokens, self.lm_head)
-        return (head(x, self.model.final_layernorm, w, rows), *new_state)
+        return (self.logits(x, rows), *new_state)
 
 
 def read_jamba(spec: str, max_ctx: int):

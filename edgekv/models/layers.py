@@ -32,15 +32,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))
         self.eps = eps
         self.offset = offset
-        # the ONNX trace (Llama.onnx_gqa): x / sqrt(mean(x^2) + eps) * weight over the last dim, the pattern ONNX
-        # Runtime fuses into (Skip)SimplifiedLayerNormalization (one node with the residual add, instead of eight)
-        self.onnx_form = False
 
     def forward(self, x):  # [..., d] -> [..., d]
         x32 = x.float()
         w = self.weight + self.offset if self.offset else self.weight
-        if self.onnx_form:
-            return w * (x32 / torch.sqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
         sq = x32.pow(2)
         if sq.dim() == 3:  # [1, C, d] -> [1, C, 1, d]: a mean over the two innermost dims of a 4-D tensor is the
             b, c, d = sq.shape  # only mean XNNPACK delegates
@@ -109,9 +104,8 @@ GELU_BETA = math.sqrt(2.0 / math.pi)
 
 def gelu_tanh(x):
     """gelu with the tanh approximation (transformers' gelu_pytorch_tanh), written out as torch computes it:
-    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Not F.gelu(approximate="tanh"): ExecuTorch 1.5.1's XNNPACK
-    delegate lowers that to the erf gelu (on [-6, 6]: 4.7e-4 from the tanh form, 1e-6 from erf's), while its tanh,
-    mul and add are exact to ~5e-7."""
+    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Not F.gelu(approximate="tanh"): ExecuTorch's XNNPACK delegate
+    lowers that to the erf gelu, while it runs this form's tanh, mul and add as written."""
     return 0.5 * x * (1.0 + torch.tanh(GELU_BETA * (x + 0.044715 * (x * x * x))))
 
 
@@ -243,7 +237,8 @@ def causal_conv_step(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Te
 
 
 def slot_plan(pos, c: int, t_slots: int, repeat: int = 1):
-    """A cache with one slot per position, a call of c tokens at pos: positions [C]; write [T, C] one-hot (slot t <- token c); written [T, 1]; allowed [repeat*C, T]."""
+    """A cache with one slot per position, a call of c tokens at pos -> positions [C]; write [T, C] one-hot (slot
+    t <- token c); written [T, 1]; allowed [repeat*C, T]."""
     positions = pos + torch.arange(c, dtype=torch.int64, device=pos.device)
     slots = torch.arange(t_slots, dtype=torch.int64, device=pos.device)
     write = (slots[:, None] == positions[None, :]).float()

@@ -43,8 +43,8 @@ from ..arch import Cfg
 from ..errors import EdgekvError
 from ..quant import dequantize, quantize
 from ..strategies import StateLayout
-from .base import empty_state, load_strict, read_folder, state_dtype
-from .head import head
+from .base import DecoderShell, load_strict, read_folder, state_dtype
+from .base import empty_state  # noqa: F401  (re-exported for modules written against mamba.py; import it from .base)
 from .layers import RMSNorm, causal_conv_step, scan_tokens
 
 
@@ -244,25 +244,15 @@ class Block(nn.Module):
                                      a.conv_bias, a.proj_bias, a.dt_limit)
 
 
-class Backbone(nn.Module):
-    """Parameter names as transformers' MambaModel / Mamba2Model (prefix `backbone`)."""
-
-    def __init__(self, a: MambaArgs):
-        super().__init__()
-        self.embeddings = nn.Embedding(a.vocab, a.hidden)
-        self.layers = nn.ModuleList(Block(a) for _ in range(a.n_layers))
-        self.norm_f = RMSNorm(a.hidden, a.eps)
-
-
-class MambaLM(nn.Module):
+class MambaLM(DecoderShell):
     """forward(tokens [1, C] int64, pos [1] int64, *state) -> (logits [1, C, V] fp32, *new_state).
 
     pos is accepted for the common signature and unused: a recurrent state needs no positions. state is the tensors
-    of `layout` in its order (per block: past_conv, past_ssm)."""
+    of `layout` in its order (per block: past_conv, past_ssm). Parameter names as transformers' MambaModel /
+    Mamba2Model (prefix `backbone`)."""
 
     def __init__(self, args: MambaArgs, layout: StateLayout):
-        super().__init__()
-        self.args, self.layout = args, layout
+        super().__init__(args, layout)
         roles = [(t.layer, t.role) for t in layout.tensors]
         self.quantized = any(r == "ssm.scale" for _, r in roles)
         per_block = ("conv", "ssm", "ssm.scale") if self.quantized else ("conv", "ssm")
@@ -270,11 +260,8 @@ class MambaLM(nn.Module):
             raise EdgekvError(f"strategy {layout.strategy}: the mamba module keeps {per_block} per block")
         check_ssm_layout(args, layout)
         self.rounding, self.generator = "nearest", None  # analyze sets stochastic rounding and a generator
-        self.backbone = Backbone(args)
-        self.lm_head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
-
-    def empty_state(self) -> list[torch.Tensor]:
-        return empty_state(self.layout)
+        self.make_body([Block(args) for _ in range(args.n_layers)], RMSNorm(args.hidden, args.eps), "backbone",
+                       ("embeddings", "layers", "norm_f"))
 
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor,
                 rows: torch.Tensor | None = None):
@@ -292,8 +279,7 @@ class MambaLM(nn.Module):
                 new_state += [conv, codes, scale]
             else:
                 new_state += [conv, ssm]
-        w = self.backbone.embeddings.weight if self.lm_head is None else self.lm_head.weight
-        return (head(x, self.backbone.norm_f, w, rows), *new_state)
+        return (self.logits(x, rows), *new_state)
 
 
 def read_mamba(spec: str, max_ctx: int):

@@ -1,6 +1,7 @@
 """Multi-head latent attention (MLA) decode steps, written for export: forward(tokens, pos, *state) -> (logits, *state).
 
-Two models share the idea "cache one small latent per token, rebuild keys and values from it":
+Two models share the idea "cache one small latent per token, rebuild keys and values from it" (the second lives in
+edgekv.models.converted_mla):
   DeepseekV2     native MLA (DeepSeek-V2 paper, section 2.1), as transformers' DeepseekV2ForCausalLM builds it:
                  optional low-rank query (q_a_proj -> q_a_layernorm -> q_b_proj), kv_a_proj_with_mqa -> a latent of
                  width r plus one shared RoPE key of width R, kv_a_layernorm, kv_b_proj; the DeepSeekMoE MLP (routed
@@ -19,7 +20,7 @@ Shape symbols:
 State, per block i, exactly the `mla` StateLayout (edgekv.strategies.build_layout):
   DeepseekV2    past_latent.{i} [1, T, r + R]  = [kv_a_layernorm(latent) | RoPE(k_pe) at the slot's position]
   ConvertedMLA  past_latent.{i} [1, T, r]      = x W_down^T, before any RoPE
-Slot t holds position t. Writes use a one-hot [T, C] matrix and torch.where, as edgekv.models.llama does; unwritten
+Slot t holds position t. Writes use a one-hot [T, C] matrix and torch.where (layers.slot_plan); unwritten
 and future slots are masked, so they contribute exp(-inf) = 0 exactly.
 
 Where this differs from transformers, and why the numbers are the same:
@@ -50,11 +51,8 @@ from torch import nn
 from ..arch import Cfg
 from ..errors import EdgekvError
 from ..strategies import StateLayout
-from . import MLA_CONVERTIBLE as CONVERTIBLE_TYPES  # the registry's list (the planner reads it without torch)
-from .head import head, output_weight
-from .base import STATE_DTYPES, empty_state, load_strict, read_folder
-from .layers import MLP as LlamaMLP
-from .layers import MoE, RMSNorm, SwiGLU, rope_cos_sin, rope_inv_freq, rotate_half, slot_plan, stack_experts
+from .base import STATE_DTYPES, DecoderShell, load_strict, read_folder
+from .layers import MoE, RMSNorm, SwiGLU, slot_plan, stack_experts
 
 # ---- RoPE for DeepSeek: default or YaRN, on interleaved pairs ----
 
@@ -231,17 +229,8 @@ class DeepseekBlock(nn.Module):
         self.post_attention_layernorm = RMSNorm(a.hidden, a.rms_eps)
 
 
-class _Body(nn.Module):
-    """embed_tokens, layers (block(a, i) each), norm: transformers' *Model names. a: DeepseekArgs or LlamaArgs."""
-
-    def __init__(self, a, block):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(a.vocab, a.hidden)
-        self.layers = nn.ModuleList(block(a, i) for i in range(a.n_layers))
-        self.norm = RMSNorm(a.hidden, a.rms_eps)
-
-
-def _latent_layout(layout: StateLayout, n_layers: int, width: int) -> torch.dtype:
+def check_latent_layout(layout: StateLayout, n_layers: int, width: int) -> torch.dtype:
+    """The layout must be one latent [1, ctx, width] per layer in fp32 or fp16; returns its torch dtype."""
     want = [(i, "latent") for i in range(n_layers)]
     if [(t.layer, t.role) for t in layout.tensors] != want:
         raise EdgekvError(f"strategy {layout.strategy}: the MLA module keeps one latent per layer "
@@ -257,22 +246,17 @@ def _latent_layout(layout: StateLayout, n_layers: int, width: int) -> torch.dtyp
     return STATE_DTYPES[dtypes.pop()]
 
 
-class DeepseekV2(nn.Module):
+class DeepseekV2(DecoderShell):
     """forward(tokens [1, C] int64, pos [1] int64, *state) -> (logits [1, C, V] fp32, *new_state); state is one
     past_latent.{i} [1, T, r + R] per layer. Callers keep pos + C <= T."""
 
     def __init__(self, args: DeepseekArgs, layout: StateLayout):
-        super().__init__()
-        self.args, self.layout = args, layout
-        _latent_layout(layout, args.n_layers, args.kv_lora_rank + args.qk_rope_head_dim)
-        self.model = _Body(args, DeepseekBlock)
-        self.lm_head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
+        super().__init__(args, layout)
+        check_latent_layout(layout, args.n_layers, args.kv_lora_rank + args.qk_rope_head_dim)
+        self.make_body([DeepseekBlock(args, i) for i in range(args.n_layers)], RMSNorm(args.hidden, args.rms_eps))
         inv, self.attn_factor, sm = deepseek_rope(args.rope, args.qk_rope_head_dim, args.max_position)
         self.scale = (args.qk_nope_head_dim + args.qk_rope_head_dim) ** -0.5 * sm
         self.register_buffer("inv_freq", inv, persistent=False)
-
-    def empty_state(self) -> list[torch.Tensor]:
-        return empty_state(self.layout)
 
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor,
                 rows: torch.Tensor | None = None):
@@ -287,8 +271,7 @@ class DeepseekV2(nn.Module):
             x = x + h
             x = x + blk.mlp(blk.post_attention_layernorm(x))
             new_state.append(lat)
-        w = output_weight(self.model.embed_tokens, self.lm_head)
-        return (head(x, self.model.norm, w, rows), *new_state)
+        return (self.logits(x, rows), *new_state)
 
 
 def read_deepseek(spec: str, max_ctx: int):
@@ -317,154 +300,3 @@ def load_deepseek(spec: str, strategy, max_ctx: int):
     """An HF folder of a deepseek_v2 model -> Loaded. strategy: mla (dtype fp32 or fp16)."""
     from . import load_family
     return load_family("deepseek-v2", spec, strategy, max_ctx)
-
-
-# ---- converted MLA: a GQA Llama with its K/V projections factorised ----
-
-
-def factorise_kv(wk: torch.Tensor, wv: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """Truncated SVD of W = [W_k; W_v] ([2*Hkv*D, d]) in float64 -> (W_down [r, d], W_up [2*Hkv*D, r], relative
-    Frobenius error ||W - W_up W_down|| / ||W||). W_up carries the singular values. A rank above min(2*Hkv*D, d)
-    is padded with zero columns (the factorisation is already exact there)."""
-    w = torch.cat([wk, wv]).double()
-    u, s, vh = torch.linalg.svd(w, full_matrices=False)
-    k = min(rank, s.shape[0])
-    up, down = u[:, :k] * s[:k], vh[:k]
-    if rank > k:
-        up = torch.cat([up, up.new_zeros(up.shape[0], rank - k)], dim=1)
-        down = torch.cat([down, down.new_zeros(rank - k, down.shape[1])], dim=0)
-    err = (torch.linalg.norm(w - up @ down) / torch.linalg.norm(w)).item()
-    return down.float(), up.float(), err
-
-
-class ConvertedAttention(nn.Module):
-    """GQA attention whose K and V come from a per-token latent c = x W_down^T [r]. Parameter names: q_proj,
-    o_proj as LlamaAttention; kv_down [r, d], kv_up [2*Hkv*D, r] (rows: K heads then V heads), k_bias / v_bias."""
-
-    def __init__(self, a, rank: int):
-        super().__init__()
-        self.h, self.hkv, self.dh = a.n_heads, a.n_kv_heads, a.head_dim
-        kvd = a.n_kv_heads * a.head_dim
-        self.q_proj = nn.Linear(a.hidden, a.n_heads * a.head_dim, bias=a.qkv_bias)
-        self.o_proj = nn.Linear(a.n_heads * a.head_dim, a.hidden, bias=a.o_bias)
-        self.kv_down = nn.Parameter(torch.zeros(rank, a.hidden))
-        self.kv_up = nn.Parameter(torch.zeros(2 * kvd, rank))
-        self.k_bias = nn.Parameter(torch.zeros(kvd)) if a.qkv_bias else None
-        self.v_bias = nn.Parameter(torch.zeros(kvd)) if a.qkv_bias else None
-
-    def forward(self, x, cos, sin, cos_t, sin_t, write, written, allowed, cache):
-        """x [1, C, d]; cos, sin [C, D] (the queries' positions); cos_t, sin_t [T, D] (every slot's position);
-        write [T, C]; written [T, 1]; allowed [G*C, T]; cache [1, T, r] -> out [1, C, d], new cache."""
-        c, t_slots, kvd = x.shape[1], cache.shape[1], self.hkv * self.dh
-        q = self.q_proj(x).view(1, c, self.h, self.dh).transpose(1, 2)  # [1, H, C, D]
-        q = q * cos + rotate_half(q) * sin
-        cache = torch.where(written, (write @ (x @ self.kv_down.t())).to(cache.dtype), cache)  # [1, T, r]
-        lat = cache.float()
-        k = lat @ self.kv_up[:kvd].t()  # [1, T, Hkv*D], pre-RoPE keys for every slot
-        if self.k_bias is not None:
-            k = k + self.k_bias
-        k = k.view(1, t_slots, self.hkv, self.dh).transpose(1, 2)  # [1, Hkv, T, D]
-        k = k * cos_t + rotate_half(k) * sin_t
-        g = self.h // self.hkv
-        qg = q.reshape(1, self.hkv, g * c, self.dh)
-        scores = (qg @ k.transpose(-1, -2)) * (1.0 / math.sqrt(self.dh))  # [1, Hkv, G*C, T]
-        p = torch.softmax(torch.where(allowed, scores, float("-inf")), dim=-1)
-        o_lat = p @ lat[:, None]  # [1, Hkv, G*C, r]
-        w_v = self.kv_up[kvd:].view(self.hkv, self.dh, -1)  # [Hkv, D, r]
-        out = torch.einsum("bkcr,kdr->bkcd", o_lat, w_v)  # [1, Hkv, G*C, D]
-        if self.v_bias is not None:  # softmax rows sum to 1, so the bias passes through unchanged
-            out = out + self.v_bias.view(1, self.hkv, 1, self.dh)
-        out = out.reshape(1, self.h, c, self.dh).transpose(1, 2).reshape(1, c, self.h * self.dh)
-        return self.o_proj(out), cache
-
-
-class _ConvertedBlock(nn.Module):
-    def __init__(self, a, rank: int):
-        super().__init__()
-        self.self_attn = ConvertedAttention(a, rank)
-        self.mlp = LlamaMLP(a)
-        self.input_layernorm = RMSNorm(a.hidden, a.rms_eps)
-        self.post_attention_layernorm = RMSNorm(a.hidden, a.rms_eps)
-
-
-class ConvertedMLA(nn.Module):
-    """A Llama-family model (LlamaArgs) with a converted-MLA cache: forward(tokens [1, C], pos [1], *state) ->
-    (logits [1, C, V], *new_state); state is one past_latent.{i} [1, T, r] per layer. `errors` holds the
-    per-layer relative factorisation error (filled by the loader)."""
-
-    def __init__(self, args, layout: StateLayout, rank: int):
-        super().__init__()
-        self.args, self.layout, self.rank = args, layout, rank
-        _latent_layout(layout, args.n_layers, rank)
-        self.model = _Body(args, lambda a, i: _ConvertedBlock(a, rank))
-        self.lm_head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
-        self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
-        self.errors: list[float] = []
-
-    def empty_state(self) -> list[torch.Tensor]:
-        return empty_state(self.layout)
-
-    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor,
-                rows: torch.Tensor | None = None):
-        c, t_slots = tokens.shape[1], self.layout.ctx
-        g = self.args.n_heads // self.args.n_kv_heads
-        positions, write, written, allowed = slot_plan(pos, c, t_slots, repeat=g)
-        slots = torch.arange(t_slots, dtype=torch.int64, device=pos.device)
-        cos, sin = rope_cos_sin(positions, self.inv_freq)
-        cos_t, sin_t = rope_cos_sin(slots, self.inv_freq)
-        x = self.model.embed_tokens(tokens)
-        new_state = []
-        for i, blk in enumerate(self.model.layers):
-            h, lat = blk.self_attn(blk.input_layernorm(x), cos, sin, cos_t, sin_t, write, written, allowed, state[i])
-            x = x + h
-            x = x + blk.mlp(blk.post_attention_layernorm(x))
-            new_state.append(lat)
-        w = output_weight(self.model.embed_tokens, self.lm_head)
-        return (head(x, self.model.norm, w, rows), *new_state)
-
-
-def convert_state_dict(sd: dict, n_layers: int, rank: int) -> tuple[dict, list[float]]:
-    """A Llama state dict -> the converted model's, and the per-layer relative factorisation errors."""
-    out, errors = dict(sd), []
-    for i in range(n_layers):
-        p = f"model.layers.{i}.self_attn"
-        down, up, err = factorise_kv(out.pop(f"{p}.k_proj.weight"), out.pop(f"{p}.v_proj.weight"), rank)
-        out[f"{p}.kv_down"], out[f"{p}.kv_up"] = down, up
-        for t in ("k", "v"):
-            if f"{p}.{t}_proj.bias" in out:
-                out[f"{p}.{t}_bias"] = out.pop(f"{p}.{t}_proj.bias")
-        errors.append(err)
-    return out, errors
-
-
-def factorisation_errors(spec: str, rank: int) -> list[float]:
-    """Per layer ||W - W_up W_down||_F / ||W||_F for W = [W_k; W_v] of a llama-family model at rank r."""
-    from . import read_llama
-
-    src = read_llama(spec)
-    return [factorise_kv(src.sd[f"model.layers.{i}.self_attn.k_proj.weight"],
-                         src.sd[f"model.layers.{i}.self_attn.v_proj.weight"], rank)[2]
-            for i in range(src.args.n_layers)]
-
-
-def build_converted(src, layout: StateLayout) -> "ConvertedMLA":
-    """The family registry's builder for mla on a llama-family model (edgekv.models.FAMILIES): K/V factorised at
-    the layout's rank. module.errors: per-layer factorisation error."""
-    from ..strategies import mla_rank, parse_strategy
-
-    if src.args.model_type not in CONVERTIBLE_TYPES:
-        raise EdgekvError(f"mla (converted) supports {', '.join(CONVERTIBLE_TYPES)}, not {src.args.model_type} "
-                          "(its attention has parts the converted module does not implement)")
-    rank = mla_rank(src.arch, parse_strategy(layout.strategy))
-    module = ConvertedMLA(src.args, layout, rank)
-    sd, errors = convert_state_dict(src.sd, src.args.n_layers, rank)
-    module = load_strict(module, sd, src.path, f"converted-MLA {src.args.model_type}")
-    module.errors = errors
-    return module
-
-
-def load_converted_mla(spec: str, strategy, max_ctx: int):
-    """A llama-family model (HF folder, GGUF or packaged name) -> Loaded with a ConvertedMLA module at the strategy's
-    rank (mla:rank=r or mla:ratio=x; default Hkv*D, half the KV). module.errors: per-layer factorisation error."""
-    from . import load_family
-    return load_family("converted-mla", spec, strategy, max_ctx)

@@ -25,13 +25,13 @@ x), g = -exp(A_log) softplus(in_proj_a x + dt_bias); per token t and value head 
     S = exp(g_t) S;   S = S + k_t (beta_t (v_t - S^T k_t))^T;   o_t = S^T q_t
 then o = RMSNorm(o) * w * silu(in_proj_z x) per head (Qwen3_5RMSNormGated: plain w) and out_proj.
 Where this differs from transformers, and why the numbers are the same:
-  - the recurrence runs token by token for every call (edgekv.models.mamba.scan_tokens: unrolled over a fixed C in
+  - the recurrence runs token by token for every call (edgekv.models.layers.scan_tokens: unrolled over a fixed C in
     the .pte's prefill and decode methods, an ONNX Scan over the ONNX graph's dynamic token axis), where transformers
     prefills with the chunked form (torch_chunk_gated_delta_rule, chunks of 64: the WY representation of the same
     products) and decodes with this recurrence (torch_recurrent_gated_delta_rule); equal to fp32 rounding. ExecuTorch's
     own recipe (examples/models/llama/attention.py AttentionGatedDeltaNet) also steps it per token, its state in
     module buffers; here the state is explicit input/output.
-  - the conv is edgekv.models.mamba.causal_conv_step (K shifted multiply-adds over [conv state | new inputs]).
+  - the conv is edgekv.models.layers.causal_conv_step (K shifted multiply-adds over [conv state | new inputs]).
   - value heads read key head h // (Hv / Hk) through expand + reshape (repeat_interleave's mapping).
 The full attention layer (Qwen3_5Attention) is edgekv.models.llama's Attention (its explicit graph; kv-int8/int4 via
 its KVFormat) with three things done at load time or around it:
@@ -56,8 +56,11 @@ from ..arch import Cfg
 from ..errors import EdgekvError
 from ..strategies import StateLayout
 from .head import head, output_weight
-from .llama import MLP, Attention, KVFormat, LlamaArgs, RMSNorm, rope_cos_sin, rope_inv_freq
-from .mamba import causal_conv_step, empty_state, load_strict, read_folder, scan_tokens, state_dtype
+from .attention import Attention
+from .base import empty_state, load_strict, read_folder, state_dtype
+from .cache import KVFormat
+from .layers import MLP, RMSNorm, causal_conv_step, rope_cos_sin, rope_inv_freq, scan_tokens
+from .llama import LlamaArgs
 
 KV_TORCH = {"float32": torch.float32, "float16": torch.float16}
 

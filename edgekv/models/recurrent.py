@@ -31,21 +31,21 @@ All zeros is the empty state for both. For RWKV, transformers starts `max` at -1
 empty state has: after one token den >= 1 in the shifted-exponent form) reads max as -1e30, so the zeros a runtime
 allocates are a valid start and the numbers are exactly transformers'.
 
-Which RWKV rows are int8, and why (measured on fixtures/tiny/rwkv over 1,000 bytes of stdlib source):
-  - the two token shifts are LayerNorm outputs of the last token (|x| <= ~4, row max / median ~4-7) and are replaced
-    every token: their rounding is a one-token input error, like int8 activations, and cannot pile up by itself.
+Which RWKV rows are int8, and why:
+  - the two token shifts are LayerNorm outputs of the last token (a bounded range) and are replaced every token:
+    their rounding is a one-token input error, like int8 activations, and cannot pile up by itself.
   - num and den are the decayed sums sum_s e^(w (t-s) + k_s - max) [v_s | 1]. max is the largest exponent, so every
     term is <= 1 and one is exactly 1: den >= 1, and the decay w < 0 keeps it small; num / den is a weighted mean
-    of v, so |num| <= den * max|v|. Both stay in a modest range (den 1..47, |num| <= 38 at 1k bytes), which a per-row
-    scale covers; its step den_max / 127 leaves den = 1 channels a few % to ~20 % error, and those are the
-    fast-decaying channels, which forget it quickly. This is the error that accumulates: the analyzer measures how.
+    of v, so |num| <= den * max|v|. Both stay in a modest range, which a per-row scale covers; its step den_max / 127
+    is coarsest for the den = 1 channels, and those are the fast-decaying channels, which forget it quickly. This is
+    the error that accumulates: the analyzer measures how.
     A den code that rounds to 0 (only when a row's den spread exceeds 254x) reads as that channel's empty state:
     the channel restarts instead of dividing by ~0.
   - max is a log-domain offset (a gauge: (num, den, max) and (num e^c, den e^c, max - c) are the same state). An
     absolute error e in it multiplies the channel's whole history against the new token by e^e, with a per-row
     step set by the largest |max| in the row, which follows the keys' range and has no bound the grid knows. It is
     1/5 of the state, so it stays fp32: per block the int8 state is 4d (codes) + 16 (scales) + 4d (max) = 8d + 16
-    bytes against 20d in fp32 (0.40x; all five rows in int8 would be 5d + 20, 0.25x).
+    bytes against 20d in fp32.
 
 Where RWKV differs from transformers, and why the numbers are the same:
   - in eval mode transformers rescales the model (rescale_every): block b's attention.output and feed_forward.value
@@ -65,8 +65,7 @@ from ..arch import Cfg
 from ..errors import EdgekvError
 from ..quant import dequantize, quantize
 from ..strategies import StateLayout
-from .head import head, output_weight
-from .base import empty_state, load_strict, read_folder, state_dtype
+from .base import DecoderShell, load_strict, read_folder, state_dtype
 from .layers import MLP as LlamaMLP
 from .layers import RMSNorm, scan_tokens
 
@@ -127,7 +126,7 @@ class LinearArgs:
     intermediate: int
     rms_eps: float = 1e-6
     tied: bool = False
-    mlp_bias: bool = False  # read by the SwiGLU MLP (edgekv.models.llama.MLP)
+    mlp_bias: bool = False  # read by the SwiGLU MLP (edgekv.models.layers.MLP)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -155,23 +154,19 @@ def linear_arch(a: LinearArgs, name: str = "linear-attention"):
                 weights=tuple(ws), source="edgekv.models.recurrent.linear_arch")
 
 
-class LinearLM(nn.Module):
+class LinearLM(DecoderShell):
     """forward(tokens [1, C] int64, pos [1] int64, *state) -> (logits [1, C, V], *new_state); one
     past_recurrent.{i} [1, H, Dk, Dv + 1] per block. pos is unused (the state carries no positions)."""
 
     def __init__(self, args: LinearArgs, layout: StateLayout):
-        super().__init__()
-        self.args, self.layout = args, layout
+        super().__init__(args, layout)
         want = [(i, "recurrent", (1, args.n_heads, args.d_k, args.d_v + 1)) for i in range(args.n_layers)]
         if [(t.layer, t.role, t.shape) for t in layout.tensors] != want:
             raise EdgekvError(f"strategy {layout.strategy}: the linear-attention module keeps one [1, H, Dk, Dv+1] "
                               "state per block")
         for t in layout.tensors:
             state_dtype(layout, t)
-        self.embed_tokens = nn.Embedding(args.vocab, args.hidden)
-        self.layers = nn.ModuleList(_LinearBlock(args) for _ in range(args.n_layers))
-        self.norm = RMSNorm(args.hidden, args.rms_eps)
-        self.lm_head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
+        self.make_body([_LinearBlock(args) for _ in range(args.n_layers)], RMSNorm(args.hidden, args.rms_eps), None)
 
     @staticmethod
     def _param_shapes(a: LinearArgs):
@@ -185,9 +180,6 @@ class LinearLM(nn.Module):
                 m.lm_head = nn.Linear(a.hidden, a.vocab, bias=False)
         return list(m.named_parameters())
 
-    def empty_state(self) -> list[torch.Tensor]:
-        return empty_state(self.layout)
-
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor,
                 rows: torch.Tensor | None = None):
         x = self.embed_tokens(tokens)
@@ -197,8 +189,7 @@ class LinearLM(nn.Module):
             x = x + h
             x = x + blk.mlp(blk.post_attention_layernorm(x))
             new_state.append(s)
-        w = output_weight(self.embed_tokens, self.lm_head)
-        return (head(x, self.norm, w, rows), *new_state)
+        return (self.logits(x, rows), *new_state)
 
 
 # ---- RWKV-4 ----
@@ -302,25 +293,15 @@ class RwkvBlock(nn.Module):
         self.feed_forward = RwkvChannelMix(a.hidden, a.intermediate)
 
 
-class _RwkvBody(nn.Module):
-    """Parameter names as transformers' RwkvModel (prefix `rwkv`)."""
-
-    def __init__(self, a: RwkvArgs):
-        super().__init__()
-        self.embeddings = nn.Embedding(a.vocab, a.hidden)
-        self.blocks = nn.ModuleList(RwkvBlock(a, i) for i in range(a.n_layers))
-        self.ln_out = nn.LayerNorm(a.hidden)  # transformers: default eps 1e-5, not layer_norm_epsilon
-
-
-class Rwkv4(nn.Module):
+class Rwkv4(DecoderShell):
     """forward(tokens [1, C] int64, pos [1] int64, *state) -> (logits [1, C, V], *new_state); per block one
     past_recurrent.{i} [1, 5, d] fp32 (rows: ffn shift, att shift, num, den, max), or with an int8 layout
     (past_recurrent.{i} [1, 4, d] int8, .scale [1, 4, 1] fp32, .max [1, 1, d] fp32): see the module docstring.
-    pos is unused. rounding / generator: how the int8 writes round (analyze sets stochastic and a generator)."""
+    pos is unused. rounding / generator: how the int8 writes round (analyze sets stochastic and a generator).
+    Parameter names as transformers' RwkvForCausalLM (prefix `rwkv`, output matrix `head`)."""
 
     def __init__(self, args: RwkvArgs, layout: StateLayout):
-        super().__init__()
-        self.args, self.layout = args, layout
+        super().__init__(args, layout)
         d = args.hidden
         got = [(t.layer, t.role, t.shape, t.dtype) for t in layout.tensors]
         self.quantized = any(t.dtype == "int8" for t in layout.tensors)
@@ -331,11 +312,9 @@ class Rwkv4(nn.Module):
             raise EdgekvError(f"strategy {layout.strategy}: the RWKV-4 module keeps per block one fp32 [1, 5, d] "
                               "state, or an int8 [1, 4, d] state with its [1, 4, 1] scales and an fp32 [1, 1, d] max")
         self.rounding, self.generator = "nearest", None
-        self.rwkv = _RwkvBody(args)
-        self.head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
-
-    def empty_state(self) -> list[torch.Tensor]:
-        return empty_state(self.layout)
+        # transformers' ln_out: default eps 1e-5, not layer_norm_epsilon
+        self.make_body([RwkvBlock(args, i) for i in range(args.n_layers)], nn.LayerNorm(args.hidden), "rwkv",
+                       ("embeddings", "blocks", "ln_out"), "head")
 
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor,
                 rows: torch.Tensor | None = None):
@@ -361,8 +340,7 @@ class Rwkv4(nn.Module):
                 new_state += [codes, scale, mx[:, None]]
             else:
                 new_state.append(torch.stack((ffn_shift, att_shift, num, den, mx), dim=1))
-        w = self.rwkv.embeddings.weight if self.head is None else self.head.weight
-        return (head(x, self.rwkv.ln_out, w, rows), *new_state)
+        return (self.logits(x, rows), *new_state)
 
 
 def read_rwkv(spec: str, max_ctx: int):

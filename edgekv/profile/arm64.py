@@ -265,7 +265,9 @@ def run_host(folder: Path, out: Path, runtime: str, prompt, steps, threads, forc
 
 
 def run_arm64(root: Path, folder: Path, out: Path, runtime: str, prompt, steps, threads, force=None,
-              timeout=3600) -> dict:
+              timeout=None) -> dict:
+    """timeout: seconds, default EDGEKV_ARM64_TIMEOUT or 3600 (a loaded host emulates slowly)."""
+    timeout = timeout or float(os.environ.get("EDGEKV_ARM64_TIMEOUT") or 3600)
     from .run import MALLOC_ENV
     for d in IN_ROOT.values():
         (root / d.lstrip("/")).mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,73 @@
+"""What each runtime does with attention, a quantized KV cache, the state and the weights while loading: the cost
+models the workspace and load terms apply (edgekv/costs/workspace.json, every measured figure with its source) and
+what `plan --runtime R` assumes R does (edgekv/costs/runtimes.json)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..arch import LLAMA_EXPORT_TYPES, Arch
+from ..strategies import StateLayout, Strategy
+
+_COSTS = Path(__file__).resolve().parent.parent / "costs"
+_WORKSPACE = json.loads((_COSTS / "workspace.json").read_text())
+# per cost model: its traits (edgekv/costs/workspace.json `fields` says what each means and how it was measured)
+RUNTIMES = _WORKSPACE["runtimes"]
+MEASURED = _WORKSPACE["measured"]  # how each numeric trait was measured; shown by --explain next to the number
+# fp32 [chunk, d_inner, d_state] tensors alive in a prefill call of edgekv's Mamba export
+SCAN_COPIES = _WORKSPACE["scan_copies"]["value"]
+# fp32 [T, Hkv*D] tensors alive while a converted-MLA layer rebuilds and rotates its keys
+MLA_REBUILD_COPIES = _WORKSPACE["mla_rebuild_copies"]["value"]
+# fp32 [Hkv, T, D] tensors a sub-byte (int4/int2) cache adds to the layer's fp32 K and V while it is unpacked
+UNPACK_EXTRA_COPIES = _WORKSPACE["unpack_extra_copies"]["value"]
+# model types whose export writes a float cache with torch.where, which ONNX Runtime casts to fp32 for a fp16 cache
+WHERE_WRITTEN_TYPES = tuple(_WORKSPACE["where_written_types"]["value"])
+# the traits of edgekv's fused-attention graphs over the runtime's: ONNX Runtime's GroupQueryAttention, ExecuTorch's
+# custom_sdpa (fused_gqa decides where they apply)
+GQA = _WORKSPACE["fused"]["onnxruntime"]["value"]
+ET_SDPA = _WORKSPACE["fused"]["executorch"]["value"]
+
+
+def _rt(runtime: str) -> dict:
+    return RUNTIMES.get(runtime, RUNTIMES["executorch"])
+
+
+# What `edgekv plan --runtime R` assumes R does, each fact with its source: edgekv/costs/runtimes.json. Keyed by the
+# name users pass; `cost_model` is the RUNTIMES entry above that models it ("executorch" and "onnxruntime" there are
+# edgekv's own artifacts, which export and profile plan with).
+PLAN_RUNTIMES = {k: v for k, v in json.loads((_COSTS / "runtimes.json")
+                                               .read_text()).items() if not k.startswith("_")}
+KV_READ = {v["cost_model"]: v["kv_read"]["value"] for v in PLAN_RUNTIMES.values()}
+
+
+def kv_read(runtime: str, strategy: Strategy) -> str:
+    """How the runtime's attention reads this strategy's cache: 'in place', 'cast' or 'dequantized copy'
+    (edgekv/costs/runtimes.json kv_read; a runtime not listed there dequantizes whole layers)."""
+    key = {8: "int8", 4: "int4", 2: "int2"}.get(strategy.kv_bits or 0) or strategy.params.get("dtype", "fp32")
+    return KV_READ.get(runtime, {}).get(key, "dequantized copy" if strategy.kv_bits else "cast")
+
+
+def fused_gqa(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str) -> bool:
+    """Whether edgekv's export of this (model, strategy) for this runtime attends through a fused op in place
+    (ONNX Runtime's GroupQueryAttention, ExecuTorch's custom_sdpa): a float cache with one slot per position in
+    every layer (`kv`, or a window that covers the context) of a Llama-family model with no rolling (native sliding)
+    layer; for ExecuTorch also a quantized cache
+    (kv-int8/int4/int2), whose written rows it dequantizes for custom_sdpa (edgekv.models.llama
+    Llama.pte_in_place, the same rule). A window whose W + S covers the context keeps a slot per position: a plain
+    cache (its measurement: edgekv/costs/workspace.json fused.onnxruntime)."""
+    if runtime not in ("onnxruntime", "executorch") or arch.model_type not in LLAMA_EXPORT_TYPES:
+        return False
+    if not strategy.fused_attention(runtime):
+        return False
+    return all(t.shape[2] == layout.ctx for t in layout.tensors if t.role == "key")
+
+
+def _traits(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str) -> dict:
+    """The runtime's RUNTIMES entry, with the fused graph's own traits over it (GQA for ONNX Runtime, ET_SDPA for
+    ExecuTorch) where edgekv's export of this model and strategy attends through the fused op (fused_gqa)."""
+    rt = _rt(runtime)
+    if fused_gqa(arch, layout, strategy, runtime):
+        rt = {**rt, **(GQA if runtime == "onnxruntime" else ET_SDPA)}
+    if runtime == "executorch-llama" and strategy is not None and kv_read(runtime, strategy) == "dequantized copy":
+        rt = {**rt, "kv_dequant": "layer"}  # a cache the recipe has no kernel for: rows dequantized to fp32 first
+    return rt

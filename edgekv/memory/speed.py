@@ -1,0 +1,118 @@
+"""FLOP and bytes per decode step and prefill, and the tokens per second and seconds they take on a device."""
+from __future__ import annotations
+
+import math
+
+from ..arch import MLA, SSM, Arch, Attention, Linear, ShortConv
+from ..strategies import StateLayout, Strategy, mla_rank
+from .costs import kv_read
+from .item import Item
+
+
+def _attn_tokens(ctx: int, window: int | None) -> float:
+    """Sum over positions t = 1..ctx of the keys position t attends to (causal, capped by a window)."""
+    if window is None or window >= ctx:
+        return ctx * (ctx + 1) / 2
+    return window * (window + 1) / 2 + (ctx - window) * window
+
+
+def decode_flops(arch: Arch, layout: StateLayout, strategy: Strategy) -> Item:
+    """FLOP for one new token at the layout's context: 2 x active matmul params + attention over the kept tokens
+    (+ reconstructing K and V from a converted MLA latent, + the SSM/linear recurrences)."""
+    lin = 2 * sum(w.numel * w.read_fraction for w in arch.weights if w.cls in ("linear", "lm_head")) \
+        + (2 * arch.vocab * arch.hidden if not any(w.cls == "lm_head" for w in arch.weights) else 0)
+    kept = {t.layer: t.shape[2] if t.role in ("key",) else t.shape[1] for t in layout.tensors
+            if t.role in ("key", "latent")}
+    attn = extra = rec = 0.0
+    for i, b in enumerate(arch.blocks):
+        for m in b.mixers:
+            if isinstance(m, Attention):
+                t = kept.get(i, 0)
+                attn += 4 * m.n_heads * m.head_dim * t
+                if strategy.converts_to_latent:
+                    extra += 2 * layout_rank(layout, i) * 2 * m.n_kv_heads * m.head_dim * t
+            elif isinstance(m, MLA):
+                # absorbed MLA (DeepSeek-V2 inference): scores and values computed in the latent space
+                t = kept.get(i, 0)
+                attn += 2 * m.n_heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim) * t
+            elif isinstance(m, SSM):
+                rec += 6 * (m.d_inner * m.d_state) + 2 * m.conv_dim * m.d_conv
+            elif isinstance(m, Linear):
+                rec += 6 * (m.n_vectors * m.width if m.n_vectors else m.n_heads * m.d_k * m.d_v)
+            elif isinstance(m, ShortConv):  # B * x, the K-tap conv, C * y
+                rec += 2 * m.width * (m.d_conv + 1)
+    total = lin + attn + extra + rec
+    f = (f"2 x active matmul params ({lin:.3g}) + attention 4*H*D*T per layer ({attn:.3g})"
+         + (f" + K/V reconstruction from the latent 2*r*2*Hkv*D*T per layer ({extra:.3g})" if extra else "")
+         + (f" + recurrences ({rec:.3g})" if rec else "") + f" = {total:.3g} FLOP/token")
+    return Item(total, f)
+
+
+def layout_rank(layout: StateLayout, layer: int) -> int:
+    for t in layout.tensors:
+        if t.layer == layer and t.role == "latent":
+            return t.shape[-1]
+    return 0
+
+
+def prefill_flops(arch: Arch, strategy: Strategy, ctx: int, chunk: int) -> Item:
+    """FLOP to prefill ctx tokens in chunks: 2 x active params per token, causal attention summed over positions
+    (windows cap it), a converted-MLA latent re-expanded for every chunk, SSM scans linear in ctx."""
+    lin = 2 * sum(w.numel * w.read_fraction for w in arch.weights if w.cls == "linear") * ctx
+    head = 2 * arch.vocab * arch.hidden * math.ceil(ctx / chunk)  # logits for the last token of each chunk
+    attn = extra = rec = 0.0
+    w_cap = strategy.window_tokens
+    for b in arch.blocks:
+        for m in b.mixers:
+            if isinstance(m, Attention):
+                win = m.window if w_cap is None else min(w_cap, m.window or w_cap)
+                attn += 4 * m.n_heads * m.head_dim * _attn_tokens(ctx, win)
+                if strategy.converts_to_latent:
+                    r = mla_rank(arch, strategy)
+                    n_chunks = math.ceil(ctx / chunk)
+                    prefix = chunk * n_chunks * (n_chunks + 1) / 2  # tokens re-expanded, summed over chunks
+                    extra += 2 * r * 2 * m.n_kv_heads * m.head_dim * min(prefix, ctx * n_chunks)
+            elif isinstance(m, MLA):
+                attn += 2 * m.n_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) * _attn_tokens(ctx, None)
+            elif isinstance(m, SSM):
+                rec += (6 * m.d_inner * m.d_state + 2 * m.conv_dim * m.d_conv) * ctx
+            elif isinstance(m, Linear):
+                rec += 6 * (m.n_vectors * m.width if m.n_vectors else m.n_heads * m.d_k * m.d_v) * ctx
+            elif isinstance(m, ShortConv):
+                rec += 2 * m.width * (m.d_conv + 1) * ctx
+    total = lin + head + attn + extra + rec
+    return Item(total, f"2*params*ctx ({lin:.3g}) + logits per chunk ({head:.3g}) + causal attention ({attn:.3g})"
+                       + (f" + latent re-expansion ({extra:.3g})" if extra else "")
+                       + (f" + scans ({rec:.3g})" if rec else "") + f" = {total:.3g} FLOP")
+
+
+def decode_read_bytes(weights_read: float, layout: StateLayout, strategy: Strategy, runtime: str) -> Item:
+    """Bytes one decode step moves: active weights + the whole state (+ writing and reading a dequantized fp32
+    copy of the cache when the runtime dequantizes whole layers)."""
+    state = layout.nbytes
+    extra = 0
+    if strategy.kv_bits and kv_read(runtime, strategy) == "dequantized copy":
+        extra = 2 * sum(math.prod(t.shape[:3]) * (t.shape[3] * (8 // t.packed_bits if t.packed_bits else 1)) * 4
+                        for t in layout.tensors if t.role in ("key", "value"))
+    total = weights_read + state + extra
+    return Item(total, f"weights read {weights_read:,.0f} + state {state:,}"
+                       + (f" + fp32 dequant copy written and read {extra:,}" if extra else "") + f" = {total:,.0f} B")
+
+
+def decode_tokens_per_s(read: float, flops: float, bandwidth: float, bw_eff: float, peak_flops: float,
+                        flop_eff: float) -> Item:
+    t_bw = read / (bandwidth * bw_eff)
+    t_fl = flops / (peak_flops * flop_eff)
+    t = max(t_bw, t_fl)
+    bound = "bandwidth" if t_bw >= t_fl else "compute"
+    return Item(1 / t, f"1 / max(bytes {read:.3g} / ({bandwidth:.3g} B/s x {bw_eff}), FLOP {flops:.3g} / "
+                       f"({peak_flops:.3g} FLOP/s x {flop_eff})) = {1 / t:.3g} tok/s ({bound}-bound)")
+
+
+def prefill_seconds(flops: float, weights_stored: float, ctx: int, chunk: int, bandwidth: float, bw_eff: float,
+                    peak_flops: float, flop_eff: float) -> Item:
+    t_fl = flops / (peak_flops * flop_eff)
+    t_bw = math.ceil(ctx / chunk) * weights_stored / (bandwidth * bw_eff)
+    t = max(t_fl, t_bw)
+    return Item(t, f"max(FLOP {flops:.3g} / ({peak_flops:.3g} x {flop_eff}), {math.ceil(ctx / chunk)} chunks x weights "
+                   f"{weights_stored:.3g} B / ({bandwidth:.3g} x {bw_eff})) = {t:.3g} s")

@@ -1,0 +1,194 @@
+"""Transient memory of a call (activations, scores, masks, dequantization scratch, extra state copies) and what the
+runtime adds once the model is loaded (session, packed copies, kernel code), from the cost models in costs.py."""
+from __future__ import annotations
+
+from ..arch import MLA, SSM, Arch, Attention
+from ..strategies import StateLayout, Strategy, per_token_int8
+from .costs import (MEASURED, MLA_REBUILD_COPIES, SCAN_COPIES, UNPACK_EXTRA_COPIES, WHERE_WRITTEN_TYPES, _rt,
+                    _traits)
+from .item import Item
+from .weights import weight_bytes_one
+
+
+def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, chunk: int,
+                    precision: str = "fp32", methods: int = 1) -> Item:
+    """Transient memory at the worst moment of a prefill chunk or a decode step (fp32 activations):
+    chunk activations + attention scores (x the copies the runtime keeps alive, if it materialises them) + logits
+    + dequant/reconstruction scratch for one layer + the extra state copies alive during a call; or, where larger, the
+    runtime's load-time transient (ORT packing a tied lm_head from the table's mapped pages)."""
+    rt = _traits(arch, layout, strategy, runtime)
+    inter = arch.mlp_width
+    qkv = 0
+    ssm_w = 0
+    scores = 0
+    scratch = 0
+    scan = 0
+    masks = 0
+    scratch_how = ""
+    kept, width = {}, {}
+    for t in layout.tensors:
+        if t.role in ("key", "latent"):
+            kept[t.layer] = t.shape[2] if t.role == "key" else t.shape[1]
+            width[t.layer] = t.shape[-1]
+    rolling = False  # a rolling (window) layer's attention reads the old cache + the chunk, not the state it writes
+    for i, b in enumerate(arch.blocks):
+        for m in b.mixers:
+            if isinstance(m, Attention):
+                qkv = max(qkv, (m.n_heads + 2 * m.n_kv_heads) * m.head_dim)
+                t = kept.get(i, 0)
+                rolling |= 0 < t < layout.ctx and rt.get("rolling_attends_first", False)
+                if rt["scores"]:
+                    seen = t if t == layout.ctx else t + chunk  # a static cache already holds the chunk
+                    scores = max(scores, m.n_heads * chunk * seen * 4)
+                    masks = max(masks, chunk * seen * 4)
+                layer, how = _layer_scratch(arch, m, t, width.get(i, 0), strategy, rt, chunk)
+                if layer > scratch:
+                    scratch, scratch_how = layer, how
+            elif isinstance(m, MLA):
+                qkv = max(qkv, m.n_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim) + m.kv_lora_rank)
+                if rt["scores"]:
+                    scores = max(scores, m.n_heads * chunk * (kept.get(i, 0) + chunk) * 4)
+            elif isinstance(m, SSM):
+                ssm_w = max(ssm_w, 2 * m.d_inner + m.conv_dim)
+                scan = max(scan, SCAN_COPIES * chunk * m.d_inner * m.d_state * 4)
+    copies = rt.get("score_copies", 1)
+    n_state = rt.get("state_copies", 1)
+    if rt.get("packs_per_method"):  # every method has its own planned buffers: state in + state out, dequant scratch
+        n_state, scratch = (1 if rt.get("in_place") else 1 + 2 * methods), scratch * methods
+    extra_state = (n_state - 1) * layout.nbytes
+    act = chunk * (4 * arch.hidden + qkv + 3 * inter + ssm_w) * 4
+    # the exported step returns the logits of the rows the caller asks for (edgekv.models.head): one in generation
+    # and prefill. A memory-planned runtime (ExecuTorch) holds a slot for the most rows a call can ask for, the chunk
+    logits_rows = chunk if rt.get("logits_planned") else 1
+    logits = logits_rows * arch.vocab * 4
+    masks *= rt.get("mask_copies", 0)
+    pack = _largest_packed(arch, precision) if rt.get("pack_transient") else 0
+    # a memory plan that lays the logits over the attention's scratch: the larger of the two
+    attend = act + copies * scores + masks + scan + (max(logits, scratch) if rt.get("logits_over_scratch")
+                                                     else logits + scratch)
+    # static caches: attention reads the state the call writes, so the written copies are alive with its scratch;
+    # rolling layers: the written state is an output no node reads, and ORT's order runs the attention first, so the
+    # call peaks at the larger of the two (edgekv/costs/workspace.json fields.rolling_attends_first: measured).
+    step = max(attend, extra_state + logits) if rolling else attend + extra_state
+    # loading packs a tied head from the table's mapped pages (given back after), before the state is resident
+    load = _tied_bytes(arch, precision) - layout.nbytes if rt.get("load_transient_tied") else 0
+    # XNNPACK packs while the methods load: their planned buffers exist, the caller's state does not yet (a loaded
+    # ExecuTorch method allocates the buffers of its in-place outputs, where the state then lives, on its first
+    # call); the embedding's pages were given back before loading
+    packing = pack + extra_state - layout.nbytes if pack else 0
+    total = max(step, load, packing)
+    parts = [f"activations {chunk} tok x (4*hidden + qkv + 3*inter{' + ssm' if ssm_w else ''}) x 4 B = {act:,.0f}",
+             (f"scores {copies} x H x chunk x T x 4 B = {copies * scores:,}" if rt["scores"]
+              else "scores not materialised"),
+             *([f"masks {rt['mask_copies']} x chunk x T x 4 B = {masks:,}"] if masks else []),
+             f"logits {'chunk' if logits_rows > 1 else '1 row'} x vocab x 4 B = {logits:,}"]
+    if scratch and rt.get("logits_over_scratch"):
+        parts[-1] = (f"max({parts[-1]}, {scratch_how} = {scratch:,.0f}) (the plan lays the logits over the "
+                     "attention's scratch)")
+    elif scratch:
+        parts.append(f"{scratch_how} = {scratch:,.0f}")
+    if scan:
+        parts.append(f"selective-scan inputs {SCAN_COPIES} x chunk x d_inner x d_state x 4 B = {scan:,}")
+    if rolling:
+        f = (f"max(attention: {' + '.join(parts)} = {attend:,.0f}, end of the call: {n_state - 1} more state copies"
+             f" {extra_state:,} + logits) = {step:,.0f} (rolling layers attend before they write)")
+    else:
+        if extra_state:
+            parts.append(f"{n_state - 1} more state copies during a call = {extra_state:,}")
+        f = " + ".join(parts) + f" = {step:,.0f}"
+    if load:
+        f = (f"max(step: {f}, load: the tied table's pages read while packing the head, before the state is "
+             f"resident {load:,.0f}) = {total:,.0f}")
+    if packing:
+        f = (f"max(step: {f}, load: the largest delegated weight matrix unpacked while XNNPACK packs it {pack:,.0f}"
+             + (f" + {n_state - 1} planned state copies" if extra_state else "")
+             + f" - the state, not yet resident = {packing:,.0f}) = {total:,.0f}")
+    return Item(total, f + f" [{runtime}: {rt['why']}" + (f"; measured: {MEASURED[runtime]}" if runtime in MEASURED
+                                                           else "") + "]")
+
+
+def _layer_scratch(arch: Arch, m: Attention, t: int, width: int, strategy: Strategy, rt: dict, chunk: int
+                   ) -> tuple[float, str]:
+    """fp32 scratch one attention layer of t slots needs beside its scores, and what it is (for --explain)."""
+    unit = m.n_kv_heads * t * m.head_dim * 4  # one layer's K (or V) for every slot, fp32
+    dtype = strategy.params.get("dtype", "fp32")
+    if strategy.converts_to_latent:  # converted: the fp32 latent + the keys rebuilt and rotated for every slot
+        return (t * width * 4 + MLA_REBUILD_COPIES * unit,
+                f"one layer's latent in fp32 + {MLA_REBUILD_COPIES} key-sized fp32 tensors while its keys are "
+                "rebuilt and rotated for every slot")
+    if rt["kv_dequant"] == "head":
+        if dtype == "fp32":
+            return 0, ""
+        return 2 * (t + chunk) * m.head_dim * 4, f"one head's K,V in fp32 (cast from {dtype})"
+    if rt["kv_dequant"] != "layer" or not (strategy.kv_bits or dtype != "fp32"):
+        return 0, ""
+    if "readback_copies" in rt:
+        bits = strategy.kv_bits
+        src = _readback_source(m, strategy)
+        copies = rt["readback_copies"][src]
+        how = (f"{'dequantized' if bits else 'cast'} from {src}; {copies} K-sized fp32 tensors in each "
+               "method's memory plan, shared by the layers")
+    elif strategy.kv_bits:
+        sub = strategy.kv_bits < 8
+        copies = 2 + (UNPACK_EXTRA_COPIES if sub else 0)
+        how = "dequantized" + (f", + {UNPACK_EXTRA_COPIES} K-sized unpacking planes" if sub else "")
+    elif arch.model_type in WHERE_WRITTEN_TYPES and rt.get("where_casts_fp16"):
+        copies, how = 4, f"cast from {dtype}, past and present: ONNX Runtime's Where has no fp16 kernel"
+    else:
+        copies, how = 2, f"cast from {dtype}"
+    return copies * unit, f"one layer's K,V in fp32 ({how})"
+
+
+def _readback_source(m: Attention, strategy: Strategy) -> str:
+    """What a fused .pte reads its cache rows back from (ET_SDPA's keys): the float dtype, int8 with one scale per
+    token and head, int8 with finer groups, or packed sub-byte codes."""
+    bits = strategy.kv_bits
+    if not bits:
+        return strategy.params.get("dtype", "fp32")
+    if bits < 8:
+        return "packed"
+    return "int8" if per_token_int8(bits, strategy.params.get("group"), m.head_dim) else "int8 groups"
+
+
+def _kernel_code(arch: Arch, strategy: Strategy, rt: dict) -> float:
+    """Code pages of the extra kernels a fused .pte's quantized read-back runs (ET_SDPA kernel_code), else 0."""
+    att = next((m for b in arch.blocks for m in b.mixers if isinstance(m, Attention)), None)
+    return rt["kernel_code"].get(_readback_source(att, strategy), 0) if "kernel_code" in rt and att else 0
+
+
+def _largest_packed(arch: Arch, precision: str) -> float:
+    """Bytes of the largest matrix XNNPACK packs: a linear, the lm_head, or the embedding a tied lm_head reads."""
+    sizes = [weight_bytes_one(w, precision) for w in arch.weights if w.cls in ("linear", "lm_head")]
+    return max(sizes + [_tied_bytes(arch, precision)])
+
+
+def _tied_bytes(arch: Arch, precision: str) -> float:
+    """The embedding table's bytes when the lm_head is tied to it (no lm_head tensor), else 0."""
+    if any(w.cls == "lm_head" for w in arch.weights):
+        return 0
+    return sum(weight_bytes_one(w, precision) for w in arch.weights if w.cls == "embedding")
+
+
+def runtime_load_bytes(arch: Arch, precision: str, runtime: str, methods: int = 1,
+                       layout: StateLayout | None = None, strategy: Strategy | None = None) -> Item:
+    """Resident bytes the runtime adds to the stored weights once the model is loaded and has run: its per-session
+    cost and (XNNPACK) one more packed copy of the delegated weights for every
+    method beyond the first (a .pte of a recurrent or blended state has two, prefill and decode; a plain kv cache's
+    .pte has one, forward). With the layout and strategy given, a fused graph's traits apply (_traits): its own
+    session (ONNX Runtime's GroupQueryAttention graph) and the code pages of the kernels a fused .pte's quantized
+    read-back adds."""
+    given = layout is not None and strategy is not None
+    rt = _traits(arch, layout, strategy, runtime) if given else _rt(runtime)
+    sess = rt.get("session_bytes", 0)
+    own = sess != _rt(runtime).get("session_bytes", 0)  # the fused graph's own session (GQA)
+    packs = 0.0
+    if rt.get("packs_per_method") and methods > 1:
+        delegated = sum(weight_bytes_one(w, precision) for w in arch.weights if w.cls in ("linear", "lm_head"))
+        packs = (methods - 1) * (delegated + _tied_bytes(arch, precision))  # a tied lm_head is packed too
+    code = _kernel_code(arch, strategy, rt) if given else 0
+    total = sess + packs + code
+    f = f"session {sess:,}" + (" (the fused graph's)" if own else "") \
+        + (f" + {methods - 1} more XNNPACK-packed copy of linear + lm_head {packs:,.0f}" if packs else "") \
+        + (f" + code of the quantized read-back's kernels {code:,.0f}" if code else "") \
+        + f" = {total:,.0f} B [{runtime}" + (f"; measured: {MEASURED[runtime]}" if runtime in MEASURED else "") + "]"
+    return Item(total, f)

@@ -1,0 +1,295 @@
+"""Runtime-specific attention as module swaps, as ExecuTorch's examples/models/llama/source_transformation/ does
+(replace_sdpa_with_custom_op and friends): for_runtime(model, runtime) returns a copy of the model, sharing its
+weights, in which each attention layer a runtime's fused op can serve is replaced by a module that calls that op; the
+other layers keep the eager Attention (edgekv.models.attention). The eager model is left as it was, so it can still
+serve as the reference a trace is verified against.
+
+  onnxruntime   GQAAttention: ONNX Runtime's com.microsoft::GroupQueryAttention (the op ONNX Runtime GenAI's models
+                use), on a float cache with one slot per position. Every RMSNorm becomes OnnxRMSNorm, the form ORT
+                fuses into SimplifiedLayerNormalization.
+  executorch    SdpaAttention: ExecuTorch's llama::custom_sdpa (its LLM custom ops, as ExecuTorch's own Llama
+                export), on a float or quantized cache with one slot per position.
+
+A layer with a rolling cache (the window strategy, native sliding-window layers) keeps the eager path, so a model
+with sliding-window layers (Gemma 3) gets the fused op on its global layers only. The state is written in place
+(the manifest's state_in_place) only when every layer is swapped: an eager layer's outputs are computed from its
+inputs and must not be bound to the same buffers.
+
+Adding a runtime's attention: a subclass of Attention with its forward (same signature), and a Swap in SWAPS[runtime]
+(when it applies to a layer, how to make it from the eager layer and the per-model constants); the first Swap whose
+rule takes a layer wins.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..quant import dequantize, dequantize_planar, planar_order
+from ..strategies import per_token_int8
+from .attention import Attention, Call
+from .layers import RMSNorm
+
+
+def _share(module: nn.Module, cls: type) -> nn.Module:
+    """A module of class cls holding the same submodules, parameters and buffers as module (no copy of a weight); its
+    own dicts, so registering on it leaves module unchanged."""
+    new = cls.__new__(cls)
+    new.__dict__ = dict(module.__dict__)
+    for name in ("_modules", "_parameters", "_buffers", "_non_persistent_buffers_set"):
+        setattr(new, name, type(getattr(module, name))(getattr(module, name)))
+    return new
+
+
+class OnnxRMSNorm(RMSNorm):
+    """x / sqrt(mean(x^2) + eps) * weight over the last dim: the pattern ONNX Runtime fuses into
+    (Skip)SimplifiedLayerNormalization (one node with the residual add, instead of eight)."""
+
+    def forward(self, x):
+        x32 = x.float()
+        w = self.weight + self.offset if self.offset else self.weight
+        return w * (x32 / torch.sqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+class Constants(nn.Module):
+    """Constant tensors the swapped layers of one model share (one copy in the traced program)."""
+
+    def __init__(self, **tensors):
+        super().__init__()
+        for name, t in tensors.items():
+            self.register_buffer(name, t, persistent=False)
+
+
+class GQAAttention(Attention):
+    """The same step as Attention on a plain float cache with one slot per position, as one ONNX Runtime
+    GroupQueryAttention node (com.microsoft). For the ONNX trace only: eager torch has no such op.
+
+    The node writes the C new keys/values at slots pos..pos+C-1 and attends causally over slots 0..pos+C-1 only,
+    not over all T: the cost of a step grows with the position, not with max_ctx. Its present outputs have the past
+    inputs' shape; when the caller binds each present to its past's buffer ORT writes the C rows in place
+    (past_present_share_buffer), otherwise it copies the past into the present first. q, k and v come from one
+    matmul (qkv_proj: their weights stacked). q/k/v go in as the cache dtype (the op takes one dtype), so a fp16 cache
+    also rounds q and the attention output to fp16. rope: None, or Constants with cos, sin [max_ctx, D/2], with
+    which the op rotates q and k itself (do_rotary)."""
+
+    def forward(self, x, cos, sin, k_state, v_state, call: Call):
+        import torch.onnx.ops  # noqa: F401 (torch.onnx loads its submodules lazily)
+
+        c = x.shape[1]
+        lens = call.once("gqa_lens", lambda: ((call.pos + c - 1).to(torch.int32),
+                                              (call.pos + c).to(torch.int32).reshape(())))
+        k_cache, v_cache = k_state[0], v_state[0]
+        qkv = self.qkv_proj(x)
+        dt = k_cache.dtype
+        attrs = {"num_heads": self.h, "kv_num_heads": self.hkv, "scale": self.scale}
+        if self.rope is not None:  # the packed q/k/v go in as they are; the op rotates at positions pos..pos+C-1
+            inputs = [qkv, None, None, k_cache, v_cache, *lens, self.rope.cos, self.rope.sin]
+            attrs["do_rotary"] = 1
+        else:  # rotate in fp32 here, then round q, k, v to the cache dtype
+            parts = qkv.split([self.h * self.dh, self.hkv * self.dh, self.hkv * self.dh], dim=-1)
+            q, k, v = self._rotated(*parts, cos, sin)
+            inputs = [*(t.reshape(1, c, -1).to(dt) for t in (q, k, v)), k_cache, v_cache, *lens]
+        out, nk, nv = torch.onnx.ops.symbolic_multi_out(
+            "com.microsoft::GroupQueryAttention", inputs, attrs,
+            dtypes=[dt, dt, dt], shapes=[[1, c, self.h * self.dh], list(k_cache.shape), list(v_cache.shape)],
+            version=1)
+        return self.o_proj(out.float()), (nk,), (nv,)
+
+
+class SdpaAttention(Attention):
+    """The same step as Attention on a plain or quantized cache with one slot per position, attended by ExecuTorch's
+    llama::custom_sdpa (executorch/extension/llm/custom_ops). For the .pte trace; eager torch runs it too once the
+    ops' AOT library is loaded.
+
+    Each state tensor gets the call's C rows with an index_put at slots pos..pos+C-1 (the graph stays functional;
+    edgekv.export.to_pte turns it into index_put_ on the past.* input when every layer is swapped, so the .pte writes
+    the caller's state in place). The op wants [B, T, heads, D]: a [1, Hkv, T, D] cache is exactly a contiguous
+    [Hkv, T, 1, D] tensor, i.e. a batch of Hkv one-head caches, and a query [Hkv, C, G, D] attends each KV head with
+    its G query heads (repeat_kv's order). custom_sdpa attends causally over slots 0..pos+C-1 only.
+
+    A fp16 or quantized cache is read back as fp32 rows 0..pos+C-1 and attended in fp32, as Attention does: an int8
+    cache with one scale per token and head in one quantized_decomposed::dequantize_per_token (ExecuTorch's quantized
+    kernels; zero points 0, exact), a packed int4/int2 cache by edgekv.quant.dequantize_planar in planar channel
+    order, with q permuted into the same order (q.k is invariant to one permutation of both) and the output permuted
+    back before o_proj. rotate_half is a matmul by a constant signed permutation (exact, and XNNPACK takes it with a
+    dynamic token count, where the two slices of rotate_half would each leave XNNPACK). consts: Constants with
+    rope_rot [D, D], and planar [D, D] for a packed cache."""
+
+    def _half(self, x):
+        return (x.reshape(-1, self.dh) @ self.consts.rope_rot).reshape(-1, x.shape[1], self.dh)
+
+    def forward(self, x, cos, sin, k_state, v_state, call: Call):
+        fmt = self.fmt
+        c, t, g = x.shape[1], k_state[0].shape[2], self.h // self.hkv
+
+        def checked_start():
+            start = call.pos[0].item()
+            torch._check(start >= 0)
+            torch._check(start + c <= t)
+            return start
+
+        start = call.once("start", checked_start)
+        positions = call.positions
+        perm = getattr(self.consts, "planar", None)
+        q, k, v = self._qkv(x, cos, sin)  # [C, H, D], [C, Hkv, D], [C, Hkv, D]
+
+        def put(state, rows):  # rows [C, Hkv, X] -> the state tensor with them at slots positions
+            return torch.ops.aten.index_put(state, [None, None, positions], rows.permute(1, 0, 2)[None])
+
+        if fmt.bits:
+            k_state, v_state = (tuple(put(s, r) for s, r in zip(st, fmt.store(z))) for st, z in ((k_state, k),
+                                                                                                 (v_state, v)))
+        else:
+            dt = k_state[0].dtype
+            k_state, v_state = (put(k_state[0], k.to(dt)),), (put(v_state[0], v.to(dt)),)
+        if len(k_state) == 1 and k_state[0].dtype == torch.float32:
+            kc, vc = (st[0].view(self.hkv, t, 1, self.dh) for st in (k_state, v_state))
+        else:  # the written rows read back in fp32
+            n = start + c
+            zero = None
+            if per_token_int8(fmt.bits, fmt.group, self.dh):  # one zero-point tensor for every layer
+                zero = call.once("int8_zero", lambda: torch.zeros(1, self.hkv, n, 1, dtype=torch.int64))
+
+            def rows(st):
+                part = [s[:, :, :n] for s in st]
+                if not fmt.bits:
+                    r = part[0].float()
+                elif zero is not None:
+                    r = torch.ops.quantized_decomposed.dequantize_per_token(
+                        part[0], part[1].float(), zero, -128, 127, torch.int8, torch.float32)
+                elif perm is not None:
+                    r = dequantize_planar(*part, fmt.bits, fmt.group)
+                else:
+                    r = dequantize(part[0], part[1], part[2] if fmt.bits < 8 else None, fmt.bits, fmt.group)
+                return r.view(self.hkv, n, 1, self.dh)
+
+            kc, vc = rows(k_state), rows(v_state)
+        if perm is not None:
+            q = (q.reshape(-1, self.dh) @ perm).reshape(-1, self.h, self.dh)
+        qg = q.view(-1, self.hkv, g, self.dh).permute(1, 0, 2, 3)  # [Hkv, C, G, D]
+        out = torch.ops.llama.custom_sdpa(qg, kc, vc, start, None, 0.0, True, self.scale)
+        if perm is not None:
+            out = (out.reshape(-1, self.dh) @ perm.t()).reshape(out.shape)
+        out = out.permute(1, 0, 2, 3).reshape(1, -1, self.h * self.dh)
+        return self.o_proj(out), k_state, v_state
+
+
+# ---- the swaps ----
+
+
+@dataclass(frozen=True)
+class Swap:
+    """applies(layer) -> whether the runtime's op serves this eager Attention layer; make(layer, shared) -> the
+    replacement (shared: what setup(model, layers) returned, once per model, for the layers it takes)."""
+    applies: Callable[[Attention], bool]
+    make: Callable[[Attention, object], nn.Module]
+    setup: Callable[[nn.Module, list], object] = lambda model, layers: None
+
+
+def _gqa_setup(model, layers):
+    """The op's rotary tables [max_ctx, D/2] when it can rotate q and k itself: a fp32 cache and one RoPE for every
+    layer with nothing between the projection and the rotation (no qk-norm, no second RoPE base, no NoPE layer)."""
+    a = model.args
+    if layers and all(at.fmt.dtype == torch.float32 for at in layers) and len(layers) == a.n_layers \
+            and not a.qk_norm and a.local_rope_theta is None and a.rope_layers is None:
+        freqs = torch.arange(model.layout.ctx, dtype=torch.int64).float()[:, None] * model.inv_freq[None, :]
+        return Constants(cos=freqs.cos(), sin=freqs.sin())
+    return None
+
+
+def _gqa_make(at, rope):
+    new = _share(at, GQAAttention)
+    parts = (at.q_proj, at.k_proj, at.v_proj)
+    qkv = nn.Linear(at.q_proj.in_features, sum(p.out_features for p in parts), bias=at.q_proj.bias is not None)
+    with torch.no_grad():
+        qkv.weight.copy_(torch.cat([p.weight for p in parts]))
+        if qkv.bias is not None:
+            qkv.bias.copy_(torch.cat([p.bias for p in parts]))
+    new.qkv_proj = qkv
+    new.rope = rope
+    return new
+
+
+def _sdpa_setup(model, layers):
+    """Registers the ops' AOT libraries (ExecuTorch's LLM custom ops and quantized kernels: a runtime needs their
+    kernels to run the .pte) and makes the constants: rope_rot, with x @ rope_rot = rotate_half(x), and for a packed
+    cache the permutation into edgekv.quant's planar channel order ((x @ planar)[p] = x[planar_order[p]])."""
+    if not layers:
+        return None
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (registers torch.ops.llama.*)
+    import executorch.kernels.quantized  # noqa: F401 (dequantize_per_token's out variant, for an int8 cache)
+    from torch.ao.quantization.fx._decomposed import quantized_decomposed_lib  # noqa: F401 (the op itself)
+    d, h = model.args.head_dim, model.args.head_dim // 2
+    rot = torch.zeros(d, d)
+    rot[torch.arange(h, d), torch.arange(h)] = -1.0
+    rot[torch.arange(h), torch.arange(h, d)] = 1.0
+    consts = {"rope_rot": rot}
+    fmt = layers[0].fmt
+    bits = fmt.bits or 8
+    if bits < 8 and (fmt.group or d) % (8 // bits) == 0:  # packed: read back in planar order
+        planar = torch.zeros(d, d)
+        planar[planar_order(d, bits), torch.arange(d)] = 1.0
+        consts["planar"] = planar
+    return Constants(**consts)
+
+
+def _sdpa_make(at, consts):
+    new = _share(at, SdpaAttention)
+    new.consts = consts
+    return new
+
+
+def _one_slot_per_position(at: Attention) -> bool:
+    return not at.cache.rolling
+
+
+SWAPS: dict[str, list[Swap]] = {
+    "onnxruntime": [Swap(lambda at: at.fmt.bits is None and _one_slot_per_position(at), _gqa_make, _gqa_setup)],
+    "executorch": [Swap(_one_slot_per_position, _sdpa_make, _sdpa_setup)],
+}
+NORM_SWAPS = {"onnxruntime": OnnxRMSNorm}  # the norms' form where any layer is swapped
+
+
+def plan_swaps(model: nn.Module, runtime: str) -> list[Swap | None]:
+    """Per eager Attention layer of model (in module order), the Swap that takes it for the runtime, or None."""
+    rules = SWAPS.get(runtime, [])
+    return [next((s for s in rules if s.applies(at)), None)
+            for at in model.modules() if type(at) is Attention]
+
+
+def for_runtime(model: nn.Module, runtime: str) -> tuple[nn.Module, list[bool]]:
+    """(a copy of model with each attention layer the runtime's op serves swapped, per attention layer whether it
+    was). A model without eager Attention layers (mamba, rwkv, ...) comes back as it is, with []."""
+    layers = [at for at in model.modules() if type(at) is Attention]
+    chosen = plan_swaps(model, runtime)
+    if not any(chosen):
+        return model, [False] * len(layers)
+    shared = {}
+    for s in dict.fromkeys(s for s in chosen if s is not None):
+        shared[s] = s.setup(model, [at for at, c in zip(layers, chosen) if c is s])
+    repl = {id(at): s.make(at, shared[s]) for at, s in zip(layers, chosen) if s is not None}
+    norm = NORM_SWAPS.get(runtime)
+
+    def swap(m):
+        if id(m) in repl:
+            return repl[id(m)]
+        if norm is not None and type(m) is RMSNorm:
+            return _share(m, norm)
+        return m
+
+    return _rebuild(model, swap), [c is not None for c in chosen]
+
+
+def _rebuild(m: nn.Module, swap) -> nn.Module:
+    """m with every submodule (and m itself) replaced by swap(sub) where that differs, the replacements' own
+    submodules too; the modules on the way copied (_share), the rest, weights included, shared."""
+    s = swap(m)
+    kids = {name: _rebuild(child, swap) for name, child in s._modules.items() if child is not None}
+    if all(kids[n] is s._modules[n] for n in kids):
+        return s
+    if s is m:
+        s = _share(m, type(m))
+    s._modules.update(kids)
+    return s

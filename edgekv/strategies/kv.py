@@ -1,0 +1,192 @@
+"""The KV cache: every token's keys and values, in a float dtype (kv) or quantized per group (kv-int8/int4/int2);
+and the window, which keeps the first S (sink) tokens and the last W."""
+from __future__ import annotations
+
+from ..arch import Arch, Attention
+from ..errors import EdgekvError
+from .base import NotApplicable, Strategy, register
+from .layout import StateTensor, _kv_pair
+
+RECURRENT_MSG = "a model with recurrent layers: plan it with hybrid/ssm/linear"
+RECURRENT_KINDS = {"ssm", "linear", "conv"}  # mixers that carry a recurrent (or conv) state
+
+
+def _check_cache(arch: Arch) -> None:
+    """A KV (or window) cache needs attention layers only: no recurrent layer, no native MLA latent."""
+    if arch.kinds & RECURRENT_KINDS:
+        raise NotApplicable(RECURRENT_MSG)
+    if "mla" in arch.kinds:
+        raise NotApplicable("an MLA model caches a latent: use mla")
+
+
+def _slots(m: Attention, ctx: int) -> int:
+    """Rows a layer keeps: every token, or its native sliding window."""
+    return ctx if m.window is None else min(ctx, m.window)
+
+
+@register
+class Kv(Strategy):
+    name = "kv"
+    defaults = {"dtype": "fp16"}
+    help = "kv, kv:dtype=fp8"
+    # published evidence of its quality risk: key (quality_key) -> (risk, evidence, short citation for tables)
+    evidence = {
+        'kv:fp32': ('none', 'reference precision', 'reference'),
+        'kv:fp16': ('none', 'the precision models are trained and served in', 'reference'),
+        'kv:bf16': ('none', 'the precision models are trained and served in', 'reference'),
+        'kv:fp8': ('low',
+            '8-bit KV: llama.cpp PR #7412, q8_0 K/V dPPL 0.0049, KLD 0.00155 (f16 KLD 0.00019)',
+            'llama.cpp #7412'),
+    }
+    plain_kv = True
+    full_cache = True
+    kv_cache = True
+    native_families = ("transformer",)
+
+    @property
+    def short(self) -> str:
+        return f"kv {self.params['dtype']}"
+
+    def check(self, arch: Arch) -> None:
+        _check_cache(arch)
+
+    def attention_state(self, arch: Arch, i: int, m: Attention, ctx: int) -> list[StateTensor]:
+        return _kv_pair(i, m.n_kv_heads, _slots(m, ctx), m.head_dim, self)
+
+    def fused_attention(self, runtime: str) -> bool:
+        return True
+
+    def quality_key(self, ctx: int, converted: bool) -> str:
+        return f"kv:{self.params['dtype']}"
+
+    def reference(self) -> Strategy:
+        return Kv({"dtype": "fp32"})
+
+
+class _QuantizedKv(Kv):
+    """Codes (int8, or int4/int2 packed into uint8) plus an fp16 scale per group (and a zero point below 8 bits);
+    group 0 = one scale per (token, head)."""
+    defaults = {"group": 32}
+    integer_params = frozenset({"group"})
+    plain_kv = False
+    native_families = ()
+
+    @property
+    def short(self) -> str:
+        return self.name + (f" g{self.params['group']}" if self.params.get("group") else "")
+
+    def fused_attention(self, runtime: str) -> bool:
+        """ExecuTorch's custom_sdpa reads the written rows dequantized (edgekv.models.llama Llama.pte_in_place)."""
+        return runtime == "executorch"
+
+    def quality_key(self, ctx: int, converted: bool) -> str:
+        return self.name
+
+
+@register
+class KvInt8(_QuantizedKv):
+    name = "kv-int8"
+    defaults = {"group": 0}  # 0 = one scale per (token, head): group = head_dim
+    help = "kv-int8"
+    # published evidence of its quality risk: key (quality_key) -> (risk, evidence, short citation for tables)
+    evidence = {
+        'kv-int8': ('low',
+            '8-bit KV: llama.cpp PR #7412, q8_0 K/V dPPL 0.0049, KLD 0.00155 (f16 KLD 0.00019)',
+            'llama.cpp #7412'),
+    }
+    kv_bits = 8
+
+
+@register
+class KvInt4(_QuantizedKv):
+    name = "kv-int4"
+    help = "kv-int4[:group=32]"
+    # published evidence of its quality risk: key (quality_key) -> (risk, evidence, short citation for tables)
+    evidence = {
+        'kv-int4': ('medium',
+            '4-bit KV: KVQuant (arXiv 2401.18079) <0.1 PPL at 3-bit needs per-channel pre-RoPE keys; plain q4_0 KV '
+            "'destroys output quality' (lmstudio-bug-tracker #1740)",
+            'KVQuant; lmstudio #1740'),
+        'kv-int4:long': ('high',
+            'int4 KV tool-call failures past ~40k tokens (minimal-ai #18); KV quantization errors matter more with '
+            'context length (ik_llama.cpp PR #1547)',
+            'minimal-ai #18'),
+    }
+    kv_bits = 4
+
+    def quality_key(self, ctx: int, converted: bool) -> str:
+        return "kv-int4:long" if ctx > 32768 else "kv-int4"
+
+
+@register
+class KvInt2(_QuantizedKv):
+    name = "kv-int2"
+    help = "kv-int2"
+    # published evidence of its quality risk: key (quality_key) -> (risk, evidence, short citation for tables)
+    evidence = {
+        'kv-int2': ('high',
+            "2-bit KV only works with KIVI's scheme (ICML'24: per-channel keys, per-token values, recent tokens in "
+            'full precision); uniform per-token 2-bit has no published support',
+            'KIVI'),
+    }
+    kv_bits = 2
+    planned_on = "none"
+
+
+@register
+class Window(Strategy):
+    name = "window"
+    defaults = {"w": 4096, "sinks": 4, "dtype": "fp16"}
+    integer_params = frozenset({"w", "sinks"})
+    help = "window[:w=4096,sinks=4]"
+    kv_cache = True
+    # published evidence of its quality risk: key (quality_key) -> (risk, evidence, short citation for tables)
+    evidence = {
+        'window:short': ('none', 'the whole context fits in the window: nothing is dropped', 'fits the window'),
+        'window': ('high',
+            'tokens older than the window are dropped: exact recall of them is impossible by construction '
+            '(ExecuTorch keeps sink tokens for stability, export_llama --use_attention_sink)',
+            'drops old tokens'),
+    }
+
+    @classmethod
+    def check_params(cls, spec: str, params: dict) -> None:
+        if params["w"] < 1:
+            raise EdgekvError(f"strategy {spec!r}: window w must be at least 1")
+
+    @property
+    def short(self) -> str:
+        p = self.params
+        return f"window {p['w']}+{p['sinks']}" + ("" if p["dtype"] == "fp16" else f" {p['dtype']}")
+
+    @property
+    def window_tokens(self) -> int:
+        return self.params["w"] + self.params["sinks"]
+
+    @property
+    def recent_tokens(self) -> int:
+        return self.params["w"]
+
+    @property
+    def sink_tokens(self) -> int:
+        return self.params["sinks"]
+
+    def covers(self, ctx: int) -> bool:
+        """A window whose W + S reach ctx keeps every token: plain kv's state."""
+        return ctx <= self.window_tokens
+
+    def check(self, arch: Arch) -> None:
+        _check_cache(arch)
+
+    def attention_state(self, arch: Arch, i: int, m: Attention, ctx: int) -> list[StateTensor]:
+        return _kv_pair(i, m.n_kv_heads, min(_slots(m, ctx), self.window_tokens), m.head_dim,
+                        Kv({"dtype": self.params["dtype"]}))
+
+    def fused_attention(self, runtime: str) -> bool:
+        return True
+
+    def quality_key(self, ctx: int, converted: bool) -> str:
+        return "window:short" if self.covers(ctx) else "window"
+
+    def reference(self) -> Strategy:
+        return Kv({"dtype": "fp32"})

@@ -1,0 +1,58 @@
+"""edgekv/costs/arm64_packing.json from benchmarks/results/arm64_vs_x86_smollm2.json: for each runtime and weight
+precision where the arm64 run of an artifact holds a different amount above the runtime baseline than the x86 run
+(by more than MIN_BYTES and MIN_FRACTION of the stored weights: the runtime's arm64 kernels pack the weights
+differently), the arm64 run's bytes beyond the planner's prediction for that artifact (the manifest's, made by the
+same cost model), as a fraction of the artifact's stored weights (manifest weights.bytes), the mean over the exports
+measured. The planner adds value x stored weights to a phone's load bytes (edgekv.memory.arm64_load), so a phone's
+plan is what the arm64 process measured; x86 plans are left as they are. ExecuTorch's entry covers both cost models that run XNNPACK (edgekv's .pte and
+ExecuTorch's Llama export). Usage: python scripts/arm64_packing.py [RESULTS_JSON] (from the repository root)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+RESULTS = "benchmarks/results/arm64_vs_x86_smollm2.json"
+OUT = Path("edgekv/costs/arm64_packing.json")
+MIN_BYTES, MIN_FRACTION = 2_000_000, 0.02
+COST_MODELS = {"ort": ["onnxruntime"], "executorch": ["executorch", "executorch-llama"]}
+PRECISION = {"float32": "fp32", "int4": "int4", "int8": "int8", "float16": "fp16"}
+
+
+def main() -> None:
+    src = sys.argv[1] if len(sys.argv) > 1 else RESULTS
+    doc = json.loads(Path(src).read_text())
+    found: dict[tuple[str, str], list] = {}
+    for rep in doc["reports"]:
+        m = Path("export") / rep["artifact"] / "manifest.json"
+        if not m.exists():
+            continue
+        wbytes = json.loads(m.read_text())["weights"]["bytes"]
+        for run in rep["runs"]:
+            if run.get("status") != "ok":
+                continue
+            found.setdefault((run["runtime"], PRECISION[rep["weights"]]), []).append(
+                (rep["artifact"], run["predicted_bytes"], wbytes, run["arm64"]["measured_bytes"],
+                 run["host"]["measured_bytes"]))
+    out = {"_about": "Where a runtime's arm64 kernels hold a different amount than its x86 kernels (by more than "
+                     f"{MIN_BYTES:,} B and {MIN_FRACTION:.0%} of the stored weights, measured by `edgekv profile "
+                     "--arch arm64`: qemu-user, qemu's own memory taken out, against the x86 run of the same "
+                     "artifact): the arm64 run's bytes above the runtime baseline beyond the planner's prediction for "
+                     "that artifact, as a fraction of its stored weights (value), by planner cost model and weight "
+                     "precision. The planner adds value x stored weights to the load bytes of a phone "
+                     f"(edgekv.memory.arm64_load). Made by scripts/arm64_packing.py from {src}."}
+    for (rt, prec), rows in sorted(found.items()):
+        diff = sum(ab - hb for _, _, _, ab, hb in rows) / len(rows)
+        if abs(diff) < MIN_BYTES or abs(diff) / (sum(w for _, _, w, _, _ in rows) / len(rows)) < MIN_FRACTION:
+            continue
+        frac = sum((ab - p) / w for _, p, w, ab, _ in rows) / len(rows)
+        cite = "; ".join(f"{a}: arm64 {ab:,} B vs x86 {hb:,} B above the baseline, planned {p:,} B, weights {w:,} B"
+                         for a, p, w, ab, hb in rows)
+        for cm in COST_MODELS[rt]:
+            out.setdefault(cm, {})[prec] = {"value": round(frac, 4), "source": f"{src} ({rt}) {cite}"}
+    OUT.write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
