@@ -70,6 +70,9 @@ FAMILIES = (
     Family("lfm2", ("lfm2",), ("hybrid",), "edgekv.models.lfm2:read_lfm2", "edgekv.models.lfm2:build_lfm2",
            what="LFM2 / LFM2.5: gated short convolutions + GQA attention (qk-norm)", state_dtypes=("fp32", "fp16"),
            ctx_capped=True, kv_quantized=True),
+    Family("granite-hybrid", ("granitemoehybrid",), ("hybrid",), "edgekv.models.granite_hybrid:read_granite_hybrid",
+           "edgekv.models.granite_hybrid:build_granite_hybrid", state_dtypes=("fp32", "fp16"), ctx_capped=True,
+           kv_quantized=True, what="Granite-4.0-H, dense configs: Mamba-2 + GQA attention (NoPE)"),
     Family("qwen3_5", ("qwen3_5_text", "qwen3_5"), ("hybrid",), "edgekv.models.qwen3_5:read_qwen3_5",
            "edgekv.models.qwen3_5:build_qwen3_5", what="Qwen3.5: Gated DeltaNet + gated full attention",
            state_dtypes=("fp32", "fp16", "bf16"), ctx_capped=True, kv_quantized=True),
@@ -196,7 +199,7 @@ def load_any(spec: str, strategy, max_ctx: int) -> Loaded:
 
 
 def hybrid_alias(family: Family, strategy):
-    """A transformer's cache strategy on a family that keeps only the hybrid form of it (LFM2): kv:dtype=D is its
+    """A transformer's cache strategy on a family that keeps only the hybrid form of it (LFM2, Granite-4.0-H): kv:dtype=D is its
     native state with the KV in D (hybrid:dtype=D,state_dtype=fp32: what analyze's fp32 reference, kv:dtype=fp32, asks
     of a model with attention layers); kv-int8 / kv-int4 are hybrid:dtype=int8 / int4 where the family's attention
     layers keep quantized caches (Family.kv_quantized). Any other strategy is returned as is."""
