@@ -23,9 +23,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/edgekv plan --device pixel8 --ctx 32k
 
-# everything it runs is set up here: .venv from requirements.lock, the Debian packages (test-deps), then
+# everything it runs is set up here: .venv from requirements.lock, the Debian packages (test-deps), then the linter,
 # the Android core's JUnit tests and the default pytest suite, in that order
-test: $(STAMP) test-deps android-test
+test: $(STAMP) test-deps lint android-test
 	$(BIN)/python -m pytest -q
 
 # ruff (pinned in requirements.lock; rules in pyproject.toml [tool.ruff])
@@ -52,7 +52,7 @@ test-deps:
 android-test: test-deps
 	android_demo/run_core_tests.sh
 
-test-all: $(STAMP) test-deps android-test
+test-all: $(STAMP) test-deps lint android-test
 	$(BIN)/python -m pytest -q -m ''
 
 bench: $(STAMP)

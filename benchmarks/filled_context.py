@@ -407,7 +407,7 @@ def main(argv=None) -> dict:
                         f"prefill {spec['n_prompt'] / r['prefill_s']:.1f} tok/s, decode "
                         f"{(new - 1) / r['decode_s']:.2f} tok/s, peak {r['peak_rss'] / MIB:.0f} MiB"))
     import numpy as np
-    for row, nbytes, spec, runs, ctx in done:
+    for row, _nbytes, spec, runs, ctx in done:
         ref = refs[ctx]
         if spec is None:
             continue

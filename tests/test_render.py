@@ -2,7 +2,6 @@
 strategy, one memory unit (GB = 1e9, three significant digits) and one time unit per column, every option with help
 and a shown default, the short flags and aliases, the exit codes, --explain as a short derivation, the plan plot."""
 import json
-import math
 import os
 import re
 import subprocess
@@ -12,7 +11,6 @@ from pathlib import Path
 import click
 import pytest
 
-from conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
