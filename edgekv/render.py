@@ -22,7 +22,7 @@ from .units import GB, fmt_ctx, fmt_gb, fmt_mem, fmt_sig, time_unit
 
 RISK_STYLE = {"none": "green", "low": "green", "medium": "yellow", "unknown": "magenta", "high": "red"}
 GB_NOTE = "GB = 1e9 bytes"
-PIPED_WIDTH = 160  # piped without COLUMNS: wide enough that no table drops a column
+PIPED_WIDTH = 200  # piped without COLUMNS: wide enough that no table drops a column
 
 
 def width() -> int:
@@ -125,8 +125,8 @@ def print_table(c: Console, title: str, cols: list[Col], rows: list[list], foote
     c.print(f"[bold]{title}[/]")
     c.print(t)
     if dropped:
-        footer += (f" Not shown at {c.width} columns: {', '.join(dropped)} (a wider terminal, COLUMNS=160, or --json "
-                   f"shows them).")
+        footer += (f" Not shown at {c.width} columns: {', '.join(dropped)} (a wider terminal, "
+                   f"COLUMNS={PIPED_WIDTH}, or --json shows them).")
     c.print(footer.strip())
 
 

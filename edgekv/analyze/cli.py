@@ -66,10 +66,10 @@ def _ints(text: str | None, what: str) -> list[int] | None:
 @click.option("--seed", default=0, show_default=True, help="recall: seed of the needles and filler offsets")
 @click.option("--distances", "distance_text", default=None,
               help="recall: the needle distances to score, e.g. 8064,12k, instead of the ladder up to --ctx (far "
-              "points alone, where each costs minutes)")
+              "points alone, where each costs minutes; default: the ladder)")
 @click.option("--compare", "compare", multiple=True,
               help="recall: another strategy to probe over the same trials, e.g. --compare kv-int8 --compare "
-              "window:w=512,sinks=4 --compare mla (repeatable)")
+              "window:w=512,sinks=4 --compare mla (repeatable; default: --strategy alone)")
 @click.option("-t", "--threads", default=None, type=click.IntRange(1, 256), help="torch threads (default: torch's)")
 @click.pass_context
 def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, ranks, windows, ctx_text, target_text,
