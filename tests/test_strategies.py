@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from edgekv.arch import catalog_arch
 from edgekv.cli import main
-from edgekv.strategies import REGISTRY, Kv, NotApplicable, build_layout, parse_strategy, register
+from edgekv.strategies import KV_DTYPES, REGISTRY, Kv, NotApplicable, build_layout, parse_strategy, register
 from edgekv.strategies.layout import StateTensor, _kv_pair
 
 CTX = 1024
@@ -114,3 +114,16 @@ def test_register_refuses_a_name_twice():
 
 def test_state_tensor_bytes_follow_dtype():
     assert StateTensor("a", "b", (1, 2, 3, 4), "float16", 0, "key").nbytes == 48
+
+
+@pytest.mark.parametrize("runtime", ["executorch", "edgekv-pte", "onnxruntime", "llama.cpp"])
+def test_every_cache_dtype_a_spec_accepts_is_planned_on_every_phone_runtime(runtime):
+    """Each dtype parse_strategy accepts for a cache (fp32, fp16, bf16, fp8) is planned, or refused in one line, on
+    every phone runtime: `plan --strategy kv:dtype=fp8 --runtime edgekv-pte` once ended in a KeyError."""
+    for dtype in KV_DTYPES:
+        for spec in (f"kv:dtype={dtype}", f"window:w=512,dtype={dtype}"):
+            r = CliRunner().invoke(main, ["plan", "--device", "pixel8", "--ctx", "4k", "--model", "smollm2-135m",
+                                          "--strategy", spec, "--runtime", runtime, "--json"])
+            assert r.exit_code in (0, 3), (spec, r.output[-300:])
+            opt = json.loads(r.output)["options"][0]
+            assert opt["bytes"]["total"] > opt["bytes"]["state"] > 0, (spec, opt["bytes"])

@@ -125,9 +125,11 @@ def _layer_scratch(arch: Arch, m: Attention, t: int, width: int, strategy: Strat
     if "readback_copies" in rt:
         bits = strategy.kv_bits
         src = _readback_source(m, strategy)
-        copies = rt["readback_copies"][src]
+        # a float cache the table does not list (bf16, fp8) is read back by the same cast as fp16's
+        key = src if src in rt["readback_copies"] or bits else "fp16"
+        copies = rt["readback_copies"][key]
         how = (f"{'dequantized' if bits else 'cast'} from {src}; {copies} K-sized fp32 tensors in each "
-               "method's memory plan, shared by the layers")
+               "method's memory plan, shared by the layers" + ("" if key == src else " (as measured for fp16)"))
     elif strategy.kv_bits:
         sub = strategy.kv_bits < 8
         copies = 2 + (UNPACK_EXTRA_COPIES if sub else 0)

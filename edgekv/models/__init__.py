@@ -206,10 +206,10 @@ def hybrid_alias(family: Family, strategy):
     from ..strategies import parse_strategy
     if "hybrid" not in family.strategies or strategy.name in family.strategies:
         return strategy
-    if strategy.name == "kv":
+    if strategy.plain_kv:
         return parse_strategy(f"hybrid:dtype={strategy.params['dtype']},state_dtype=fp32")
-    if strategy.name in ("kv-int8", "kv-int4") and family.kv_quantized:
-        return parse_strategy(f"hybrid:dtype={strategy.name[3:]},state_dtype=fp32")
+    if strategy.kv_bits in (8, 4) and family.kv_quantized:
+        return parse_strategy(f"hybrid:dtype=int{strategy.kv_bits},state_dtype=fp32")
     return strategy
 
 
