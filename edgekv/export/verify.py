@@ -24,7 +24,7 @@ import numpy as np
 # an outlier channel, so a flipped code is a large move that the later layers carry on. A wrong unpack or scale gives
 # errors of the order of the logit scale, far outside 1e-1. (The measurements behind each limit: docs/export.md#verification-limits.)
 # An fp32-weights ONNX export with a quantized cache is also held to the eager module's own noise floor (one ulp
-# away, measured in the same export: export.pipeline `nudged`, limits below): on SmolLM2 kv-int4 that floor alone
+# away, measured in the same export: `nudged` below, limits below): on SmolLM2 kv-int4 that floor alone
 # reaches past 1e-1 (benchmarks/results/arm64_vs_x86_smollm2_kv_int4_floor.json).
 REL_TOL = {"float32": 1e-4, "float16": 2e-3, "int8": 2e-2, "uint8": 1e-1,
            # a .pte with torchao-quantized weights against the same quantized eager module: both quantize the
@@ -154,3 +154,25 @@ def describe(v: dict) -> str:
                f"{v['tolerance']['min_top1_agreement']:.0%} (eager against itself one ulp away: max |diff| "
                f"{v['noise_floor']['max_abs_diff']:.2e}, top-1 {v['noise_floor']['top1_agreement']:.1%})"
                if "noise_floor" in v else ""))
+
+
+def nudged(module):
+    """A copy of the eager module with its float parameters moved one ulp (nudge_one_ulp): another kernel's
+    last bits, for the noise floor of a quantized cache, whose codes flip where a value sits on a rounding boundary."""
+    import copy
+
+    m = copy.deepcopy(module)
+    nudge_one_ulp(m)
+    return m
+
+
+def nudged_quantized(module, weights: str):
+    """A copy of the fp32 eager module quantized as the .pte's module is, then its float parameters moved one ulp
+    (nudge_one_ulp): the same codes, last bits upstream of the quantized activations different."""
+    import copy
+
+    from .wquant import quantize_module
+    m = copy.deepcopy(module)
+    quantize_module(m, weights)
+    nudge_one_ulp(m)
+    return m
