@@ -15,10 +15,10 @@ from .catalog import CATALOG_DIR, catalog_arch, catalog_entry, catalog_names, lo
 from .config import LIMITS, STRETCHING_ROPE, TRAINED_ROPE, Cfg, trained_ctx_of
 from .gguf import GGUF_ARCH, read_gguf
 from .readers import LLAMA_EXPORT_TYPES, READERS, SUPPORTED, arch_from_config, read_config_json
-from .transformer import _layer_windows
+from .transformer import layer_windows
 from .types import MLA, SSM, UP_PROJ_NAMES, Arch, Attention, Block, Linear, Mixer, ShortConv, Weight
 
 __all__ = ["CATALOG_DIR", "catalog_arch", "catalog_entry", "catalog_names", "load_arch", "LIMITS", "STRETCHING_ROPE",
            "TRAINED_ROPE", "Cfg", "trained_ctx_of", "GGUF_ARCH", "read_gguf", "LLAMA_EXPORT_TYPES", "READERS",
-           "SUPPORTED", "arch_from_config", "read_config_json", "_layer_windows", "MLA", "SSM", "UP_PROJ_NAMES", "Arch",
+           "SUPPORTED", "arch_from_config", "read_config_json", "layer_windows", "MLA", "SSM", "UP_PROJ_NAMES", "Arch",
            "Attention", "Block", "Linear", "Mixer", "ShortConv", "Weight"]

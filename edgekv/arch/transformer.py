@@ -30,7 +30,7 @@ def _decoder(c: Cfg, mt: str) -> tuple[int, int, list[Block], list[Weight]]:
         if c.get(f, default=None):  # Llama 4-style chunked attention / MoE fields: another layer pattern
             raise EdgekvError(f"{c.where}: '{f}' is set: edgekv's {mt} reader has dense, full or sliding attention "
                               "layers only and cannot read this layer pattern")
-    windows = _layer_windows(c, mt, n_layers)
+    windows = layer_windows(c, mt, n_layers)
     ws: list[Weight] = []
     blocks = []
     for i in range(n_layers):
@@ -54,7 +54,7 @@ def _decoder(c: Cfg, mt: str) -> tuple[int, int, list[Block], list[Weight]]:
     return hidden, vocab, blocks, ws
 
 
-def _layer_windows(c: Cfg, mt: str, n_layers: int) -> list[int | None]:
+def layer_windows(c: Cfg, mt: str, n_layers: int) -> list[int | None]:
     """Which layers use a native sliding window, following each config class's conventions."""
     sw = c.get("sliding_window", default=None)
     sw = c.int("sliding_window") if sw else None  # 0 / null: no window, as the config classes read it

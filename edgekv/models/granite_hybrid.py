@@ -45,7 +45,8 @@ from .head import head, output_weight
 from .lfm2 import cache_plan, hybrid_kv_format
 from .base import empty_state
 from .layers import RMSNorm, rope_cos_sin, rope_inv_freq
-from .llama import Attention, LlamaArgs
+from .attention import Attention
+from .llama import LlamaArgs
 from .mamba import Mamba2Mixer, MambaArgs, check_ssm_layout
 
 

@@ -35,13 +35,12 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 from torch import nn
 
-from ..arch import LLAMA_EXPORT_TYPES, Cfg, _layer_windows
+from ..arch import LLAMA_EXPORT_TYPES, Cfg, layer_windows
 from ..errors import EdgekvError
 from ..strategies import StateLayout
 from .attention import Attention, Call
 from .base import DecoderShell
-from .base import STATE_TORCH  # noqa: F401  (re-exported: modules written against llama.py import it from here)
-from .cache import KVFormat, check_layout  # noqa: F401  (KVFormat: re-exported likewise)
+from .cache import check_layout
 from .layers import MLP, RMSNorm, rope_cos_sin, rope_inv_freq
 
 
@@ -156,7 +155,7 @@ def args_from_hf_config(cfg: dict, where: str = "config.json") -> LlamaArgs:
         mlp_bias=bool(cfg.get("mlp_bias", False)), tied=bool(cfg.get("tie_word_embeddings", gemma)),
         max_position=cfg.get("max_position_embeddings"), model_type=mt,
         # the planner's own reading of which layers slide (edgekv.arch), so this module and its StateLayout agree
-        windows=_layer_windows(c, mt, need("num_hidden_layers")),
+        windows=layer_windows(c, mt, need("num_hidden_layers")),
         qk_norm=mt in ("qwen3", "gemma3_text"), gemma=gemma, act=ACTIVATIONS[act],
         attn_scale=float(cfg.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma else None,
         final_softcap=float(cfg["final_logit_softcapping"]) if gemma and cfg.get("final_logit_softcapping") else None,

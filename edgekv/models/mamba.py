@@ -44,7 +44,6 @@ from ..errors import EdgekvError
 from ..quant import dequantize, quantize
 from ..strategies import StateLayout
 from .base import DecoderShell, load_strict, read_folder, state_dtype
-from .base import empty_state  # noqa: F401  (re-exported for modules written against mamba.py; import it from .base)
 from .layers import RMSNorm, causal_conv_step, scan_tokens
 
 

@@ -20,7 +20,7 @@ already has:
     original_max_position_embeddings; 1 when s <= 1). Rotation is linear, so the scale is folded into the rotated rows
     of q_proj and k_proj.
 Phi-3's sliding_window (every layer; Phi-3-mini-4k 2047, Phi-4-mini 262144) is the llama module's native window, read
-by edgekv.arch._layer_windows as for Mistral.
+by edgekv.arch.layer_windows as for Mistral.
 
 Shapes: H, Hkv query / KV heads, D head dim (hidden / H: Phi3Config has no head_dim), R rotated channels,
 F MLP width, d hidden size.

@@ -68,7 +68,7 @@ def _short_conv_state(i: int, m: ShortConv) -> list[StateTensor]:
 
 def per_token_int8(bits: int | None, group: int | None, head_dim: int) -> bool:
     """Whether a cache is int8 with one scale per token and head (group 0 or head_dim): the cache a fused .pte
-    reads back with ExecuTorch's one quantized kernel (edgekv.models.llama.Attention.custom), and that the planner
+    reads back with ExecuTorch's one quantized kernel (edgekv.models.swaps.SdpaAttention), and that the planner
     counts as such (edgekv.memory._readback_source). One rule for both."""
     return bits == 8 and group in (0, head_dim)
 
