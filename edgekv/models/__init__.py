@@ -22,13 +22,16 @@ from typing import TYPE_CHECKING
 from ..arch import LLAMA_EXPORT_TYPES
 from ..errors import EdgekvError
 from ..jsonfile import read_json
+from ..strategies import REGISTRY
 
 if TYPE_CHECKING:  # annotations only: this module imports no torch
     from ..arch import Arch
     from ..strategies import StateLayout
     from .protocol import ExportModule, FamilyArgs
 
-KV_STRATEGIES = ("kv", "kv-int8", "kv-int4", "kv-int2", "window")
+# the registered strategies that keep K and V per attention layer (kv, kv-int8/int4/int2, window): what a GQA
+# decoder's module exports
+KV_STRATEGIES = tuple(n for n, c in REGISTRY.items() if c.kv_cache and c.exportable)
 # the llama-family model types whose attention edgekv.models.converted_mla.ConvertedMLA reproduces (no qk-norm, one
 # RoPE base, Llama's norms and MLP): mla on these converts the GQA cache to a latent
 MLA_CONVERTIBLE = ("llama", "mistral", "qwen2")
