@@ -41,9 +41,8 @@ from torch import nn
 from ..arch import Cfg
 from ..errors import EdgekvError
 from ..strategies import StateLayout
-from .head import head, output_weight
 from .lfm2 import cache_plan, hybrid_kv_format
-from .base import empty_state
+from .base import DecoderShell
 from .layers import RMSNorm, rope_cos_sin, rope_inv_freq
 from .attention import Attention
 from .llama import LlamaArgs
@@ -166,31 +165,19 @@ class GraniteLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(a.hidden, a.eps)
 
 
-class _Body(nn.Module):
-    def __init__(self, a: GraniteHybridArgs):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(a.vocab, a.hidden)
-        self.layers = nn.ModuleList(GraniteLayer(a, i) for i in range(a.n_layers))
-        self.norm = RMSNorm(a.hidden, a.eps)
 
-
-class GraniteHybrid(nn.Module):
+class GraniteHybrid(DecoderShell):
     """forward(tokens [1, C] int64, pos [1] int64, *state) -> (logits [1, C, V] fp32, *new_state); state in the
     layout's order (module docstring). Callers keep pos + C <= T."""
 
     def __init__(self, args: GraniteHybridArgs, layout: StateLayout):
-        super().__init__()
-        self.args, self.layout = args, layout
+        super().__init__(args, layout)
         attn = [i for i, k in enumerate(args.kinds) if k == "attention"]
         mamba = [i for i, k in enumerate(args.kinds) if k == "mamba"]
         self.kv = hybrid_kv_format(layout, attn, args.n_kv_heads, args.head_dim, {i: ("conv", "ssm") for i in mamba})
         check_ssm_layout(args.ssm_args(), layout, mamba)
-        self.model = _Body(args)
-        self.lm_head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
+        self.make_body([GraniteLayer(args, i) for i in range(args.n_layers)], RMSNorm(args.hidden, args.eps))
         self.register_buffer("inv_freq", rope_inv_freq(args.attention_args()), persistent=False)
-
-    def empty_state(self) -> list[torch.Tensor]:
-        return empty_state(self.layout)
 
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor,
                 rows: torch.Tensor | None = None):
@@ -215,8 +202,7 @@ class GraniteHybrid(nn.Module):
                 s += 2 * n
             x = x + h * a.residual_multiplier
             x = x + blk.shared_mlp(blk.post_attention_layernorm(x)) * a.residual_multiplier
-        w = output_weight(self.model.embed_tokens, self.lm_head)
-        return (head(x, self.model.norm, w, rows) / a.logits_scaling, *new_state)
+        return (self.logits(x, rows) / a.logits_scaling, *new_state)
 
 
 def read_granite_hybrid(spec: str, max_ctx: int):

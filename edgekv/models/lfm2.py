@@ -39,8 +39,7 @@ from torch import nn
 from ..arch import Cfg
 from ..errors import EdgekvError
 from ..strategies import StateLayout
-from .head import head, output_weight
-from .base import STATE_TORCH, empty_state
+from .base import STATE_TORCH, DecoderShell
 from .layers import MLP, RMSNorm, causal_conv_step, rope_cos_sin, rope_inv_freq, slot_plan
 from .attention import Attention
 from .cache import KVFormat
@@ -174,33 +173,21 @@ class Lfm2Layer(nn.Module):
         self.ffn_norm = RMSNorm(a.hidden, a.eps)
 
 
-class _Body(nn.Module):
-    def __init__(self, a: Lfm2Args):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(a.vocab, a.hidden)
-        self.layers = nn.ModuleList(Lfm2Layer(a, i) for i in range(a.n_layers))
-        self.embedding_norm = RMSNorm(a.hidden, a.eps)
-
-
-class Lfm2(nn.Module):
+class Lfm2(DecoderShell):
     """forward(tokens [1, C] int64, pos [1] int64, *state) -> (logits [1, C, V] fp32, *new_state); state in the
     layout's order (module docstring). Callers keep pos + C <= T."""
 
     def __init__(self, args: Lfm2Args, layout: StateLayout):
-        super().__init__()
-        self.args, self.layout = args, layout
+        super().__init__(args, layout)
         attn = [i for i, k in enumerate(args.kinds) if k == "attention"]
         convs = {i: ("conv",) for i, k in enumerate(args.kinds) if k == "conv"}
         self.kv = hybrid_kv_format(layout, attn, args.n_kv_heads, args.head_dim, convs)
         for t in layout.tensors:
             if t.role == "conv" and (t.shape != (1, args.hidden, args.d_conv - 1) or t.dtype != "float32"):
                 raise EdgekvError(f"{t.name}: {t.shape} {t.dtype} is not [1, {args.hidden}, {args.d_conv - 1}] fp32")
-        self.model = _Body(args)
-        self.lm_head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
+        self.make_body([Lfm2Layer(args, i) for i in range(args.n_layers)], RMSNorm(args.hidden, args.eps),
+                       names=("embed_tokens", "layers", "embedding_norm"))
         self.register_buffer("inv_freq", rope_inv_freq(args.attention_args()), persistent=False)
-
-    def empty_state(self) -> list[torch.Tensor]:
-        return empty_state(self.layout)
 
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor,
                 rows: torch.Tensor | None = None):
@@ -223,8 +210,7 @@ class Lfm2(nn.Module):
                 s += 2 * n
             x = x + h
             x = x + blk.feed_forward(blk.ffn_norm(x))
-        w = output_weight(self.model.embed_tokens, self.lm_head)
-        return (head(x, self.model.embedding_norm, w, rows), *new_state)
+        return (self.logits(x, rows), *new_state)
 
 
 RENAMES = {".self_attn.out_proj.": ".self_attn.o_proj.", ".self_attn.q_layernorm.": ".self_attn.q_norm.",
