@@ -55,9 +55,8 @@ from torch import nn
 from ..arch import Cfg
 from ..errors import EdgekvError
 from ..strategies import StateLayout
-from .head import head, output_weight
 from .attention import Attention
-from .base import empty_state, load_strict, read_folder, state_dtype
+from .base import DecoderShell, load_strict, read_folder, state_dtype
 from .cache import KVFormat
 from .layers import MLP, RMSNorm, causal_conv_step, rope_cos_sin, rope_inv_freq, scan_tokens
 from .llama import LlamaArgs
@@ -226,13 +225,6 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(a.hidden, a.rms_eps, 1.0)
 
 
-class _Body(nn.Module):
-    def __init__(self, a: Qwen35Args, la: LlamaArgs):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(a.vocab, a.hidden)
-        self.layers = nn.ModuleList(Layer(a, la, i) for i in range(a.n_layers))
-        self.norm = RMSNorm(a.hidden, a.rms_eps, 1.0)
-
 
 def kv_format(a: Qwen35Args, layout: StateLayout) -> KVFormat:
     """The layout must hold, in layer order, (key, value) for full attention layers (float, or edgekv.quant codes with
@@ -268,22 +260,17 @@ def kv_format(a: Qwen35Args, layout: StateLayout) -> KVFormat:
     return KVFormat(KV_TORCH[dtypes.pop()])
 
 
-class Qwen35(nn.Module):
+class Qwen35(DecoderShell):
     """forward(tokens [1, C] int64, pos [1] int64, *state) -> (logits [1, C, V] fp32, *new_state); state in the
     layout's order. Callers keep pos + C <= T."""
 
     def __init__(self, args: Qwen35Args, layout: StateLayout):
-        super().__init__()
-        self.args, self.layout = args, layout
+        super().__init__(args, layout)
         self.kv = kv_format(args, layout)
         self.cache_dtype = self.kv.dtype or torch.float32
         la = args.attention_args()
-        self.model = _Body(args, la)
-        self.lm_head = None if args.tied else nn.Linear(args.hidden, args.vocab, bias=False)
+        self.make_body([Layer(args, la, i) for i in range(args.n_layers)], RMSNorm(args.hidden, args.rms_eps, 1.0))
         self.register_buffer("inv_freq", rope_inv_freq(la), persistent=False)
-
-    def empty_state(self) -> list[torch.Tensor]:
-        return empty_state(self.layout)
 
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor,
                 rows: torch.Tensor | None = None):
@@ -313,8 +300,7 @@ class Qwen35(nn.Module):
                 j += 2
             x = x + h
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        w = output_weight(self.model.embed_tokens, self.lm_head)
-        return (head(x, self.model.norm, w, rows), *new_state)
+        return (self.logits(x, rows), *new_state)
 
 
 def _permuted(w: torch.Tensor, n: int, d: int, perm: list[int] | None) -> torch.Tensor:
