@@ -242,11 +242,13 @@ def _sdpa_make(at, consts):
 
 
 def _one_slot_per_position(at: Attention) -> bool:
-    return not at.cache.rolling
+    """A layer whose cache holds one slot per position (no rolling window). A layer without a cache of its own (the
+    hybrids' attention, driven with an explicit plan by LFM2 / Granite-4.0-H / Qwen3.5) is not swapped."""
+    return at.cache is not None and not at.cache.rolling
 
 
 SWAPS: dict[str, list[Swap]] = {
-    "onnxruntime": [Swap(lambda at: at.fmt.bits is None and _one_slot_per_position(at), _gqa_make, _gqa_setup)],
+    "onnxruntime": [Swap(lambda at: _one_slot_per_position(at) and at.fmt.bits is None, _gqa_make, _gqa_setup)],
     "executorch": [Swap(_one_slot_per_position, _sdpa_make, _sdpa_setup)],
 }
 NORM_SWAPS = {"onnxruntime": OnnxRMSNorm}  # the norms' form where any layer is swapped
