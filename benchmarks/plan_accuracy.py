@@ -150,7 +150,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 EDGEKV = [str(Path(sys.executable).parent / "edgekv")]
 TINY = ROOT / "fixtures" / "tiny"
-# (label, model, strategy, runtime, contexts in the full run); "llama32k" = the tiny Llama with a 32k position limit
+# (label, model, strategy, runtime, contexts in the full run[, the export's max_ctx when it is not each context]);
+# "llama32k" = the tiny Llama with a 32k position limit
 CASES = [
     ("kv fp16", "llama", "kv", "ort", (1024, 8192, 32768)),
     ("kv fp16", "llama", "kv", "executorch", (1024, 8192, 32768)),
@@ -176,6 +177,8 @@ CASES = [
     ("mla SmolLM2-135M", "smollm2-135m", "mla", "ort", (1024, 8192)),
     # Gemma 3's native state: 15 sliding layers of 512 slots (flat) + 3 global layers that grow with the context
     ("kv fp32 Gemma-3-270M", "gemma-3-270m", "kv:dtype=fp32", "ort", (1024, 8192, 32768)),
+    # the 32k export (the same folder as the row above at 32768) with shorter prompts: its state is allocated whole
+    ("kv fp32 Gemma-3-270M (max_ctx 32768 export)", "gemma-3-270m", "kv:dtype=fp32", "ort", (1024, 8192), 32768),
 ]
 QUICK_CTX = (1024, 8192)
 
@@ -220,6 +223,12 @@ def last_line(text: str) -> str:
     return lines[-1][:200] if lines else "no output"
 
 
+def folder_name(label: str, fmt: str, max_ctx: int) -> str:
+    """The export folder of a row under --work: one per (model and strategy, format, max_ctx); a label's
+    " (max_ctx N export)" suffix names the same export as the plain label's row at N."""
+    return f"{label.split(' (max_ctx')[0].replace(' ', '_')}-{fmt}-{max_ctx}"
+
+
 def export(model: str, strategy: str, fmt: str, ctx: int, out: Path) -> str | None:
     """None when out holds a finished export, else the error line."""
     if (out / "manifest.json").is_file():
@@ -245,6 +254,8 @@ def profile(out: Path, runtime: str, ctx: int, steps: int, repeats: int = 1) -> 
             "runtime_baseline_bytes": r["runtime_baseline_bytes"], "prefill_chunk": rep.get("prefill_chunk"),
             "prefill_seconds": r.get("prefill_seconds"), "tokens_per_s": r.get("tokens_per_s"),
             "error_pct": r["error_pct"], "within_target": abs(r["error_pct"]) <= 10.0,
+            "prompt_tokens": r["prompt_tokens"],
+            **{k: r[k] for k in ("predicted_calls_bytes", "calls_error_pct") if k in r},
             **({"measured_bytes_runs": r["measured_bytes_runs"]} if "measured_bytes_runs" in r else {})}
 
 
@@ -291,13 +302,16 @@ def repredict(rows: list[dict], work: Path) -> None:
     from edgekv.profile.run import predicted
     for r in rows:
         fmt = "onnx" if r["runtime"] == "ort" else "pte"
-        folder = work / f"{r['strategy'].replace(' ', '_')}-{fmt}-{r['ctx']}"
+        folder = work / folder_name(r["strategy"], fmt, r.get("max_ctx", r["ctx"]))
         if not (folder / "manifest.json").is_file():
             print(f"  {r['strategy']} {r['runtime']} {r['ctx']}: no export in {folder}, prediction kept",
                   file=sys.stderr)
             continue
         pred = predicted(load_export(folder, check_hashes=False), r["runtime"])
-        pred.pop("explain", None)
+        calls = (pred.pop("explain", None) or {}).get("calls_bytes")
+        if calls is not None and "calls_peak" in (r.get("measured_components") or {}):
+            r["predicted_calls_bytes"] = calls
+            r["calls_error_pct"] = 100.0 * (r["measured_components"]["calls_peak"] - calls) / calls
         r["predicted_components"], r["predicted_bytes"] = pred, sum(pred.values())
         r["error_pct"] = 100.0 * (r["measured_bytes"] - r["predicted_bytes"]) / r["predicted_bytes"]
         r["within_target"] = abs(r["error_pct"]) <= 10.0
@@ -326,20 +340,21 @@ def main(argv=None) -> int:
     only = set(a.only.split(",")) if a.only else None
     rows, failed = [], []
     t0 = time.perf_counter()
-    for label, model, strategy, runtime, ctxs in ([] if a.repredict or a.steady else CASES):
+    for label, model, strategy, runtime, ctxs, *fixed in ([] if a.repredict or a.steady else CASES):
         if (only and label not in only) or (a.runtime and runtime != a.runtime):
             continue
         want = {int(c) for c in a.ctx.split(",")} if a.ctx else None
         for ctx in (c for c in ctxs if (not a.quick or c in QUICK_CTX) and (want is None or c in want)):
-            src = model_path(model, ctx, work)
+            max_ctx = fixed[0] if fixed else ctx
+            src = model_path(model, max_ctx, work)
             if src is None:
                 failed.append({"strategy": label, "runtime": runtime, "ctx": ctx,
                                "error": "no hybrid model here: no trained tiny Jamba/Zamba fixture in fixtures/tiny/"})
                 continue
             fmt = "onnx" if runtime == "ort" else "pte"
-            out = work / f"{label.replace(' ', '_')}-{fmt}-{ctx}"
-            err = export(src, strategy, fmt, ctx, out)
-            row = {"strategy": label, "runtime": runtime, "ctx": ctx}
+            out = work / folder_name(label, fmt, max_ctx)
+            err = export(src, strategy, fmt, max_ctx, out)
+            row = {"strategy": label, "runtime": runtime, "ctx": ctx, **({"max_ctx": max_ctx} if fixed else {})}
             if a.export_only:
                 print(f"  {label} {runtime} {ctx}: export " + (err or "ok"), file=sys.stderr, flush=True)
                 continue
@@ -366,7 +381,7 @@ def main(argv=None) -> int:
     if a.steady:
         for r in rows:
             if r["runtime"] == "ort" and (only is None or r["strategy"] in only):
-                folder = work / f"{r['strategy'].replace(' ', '_')}-onnx-{r['ctx']}"
+                folder = work / folder_name(r["strategy"], "onnx", r.get("max_ctx", r["ctx"]))
                 r["steady_bytes"] = steady(folder, r["prefill_chunk"])
                 if r["steady_bytes"]:
                     r["steady_error_pct"] = 100.0 * (r["steady_bytes"] - r["predicted_bytes"]) / r["predicted_bytes"]

@@ -104,7 +104,8 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
              + (f" + {n_state - 1} planned state copies" if extra_state else "")
              + f" - the state, not yet resident = {packing:,.0f}) = {total:,.0f}")
     return Item(total, f + f" [{runtime}: {rt['why']}" + (f"; measured: {MEASURED[runtime]}" if runtime in MEASURED
-                                                           else "") + "]")
+                                                           else "") + "]",
+                {"step": step, "load": load, "packing": packing})
 
 
 def _layer_scratch(arch: Arch, m: Attention, t: int, width: int, strategy: Strategy, rt: dict, chunk: int
