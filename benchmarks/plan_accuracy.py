@@ -407,6 +407,17 @@ def main(argv=None) -> int:
           "one call, which the planner models; the difference to measured is blocks ORT's defaults keep from "
           "earlier calls).")
     print("hybrid: a tiny random Jamba (no trained hybrid fixture; weights do not change memory).")
+    calls = [r for r in rows
+             if r.get("predicted_calls_bytes") and (r.get("measured_components") or {}).get("calls_peak")]
+    if calls:  # where the load is the run's peak (a tied head packed from the table), the calls' own peak grows
+        print("the calls' own peak (VmHWM reset after loading) against the plan's weights + state + a call's workspace "
+              "+ session; after prefill = resident once the prompt is in:")
+    for r in calls:
+        c = r["measured_components"]
+        print(f"  {r['strategy']:<44} {r['ctx']:>6}: load peak {c['load_peak'] / 1e6:8.1f}  calls planned "
+              f"{r['predicted_calls_bytes'] / 1e6:8.1f} measured {c['calls_peak'] / 1e6:8.1f} "
+              f"{r['calls_error_pct']:+6.1f}%  after prefill {c.get('after_prefill', 0) / 1e6:8.1f}  "
+              f"(state {r['predicted_components']['state'] / 1e6:.1f} MB planned)")
     if flat is not None:
         print(f"ssm: measured at {max(ssm)} vs 1024: {flat:+.1f}% ({'within' if abs(flat) <= 2 else 'OUTSIDE'} 2%)")
     for f in failed:
