@@ -12,6 +12,12 @@ Models: the trained tiny fixtures (fixtures/tiny/: Llama for kv/window/mla, Mamb
 workspace arithmetic more than of weight loading; the tiny Llama's config says max_position_embeddings 8192, so a copy
 with 32768 (same trained weights; positions past 8k are untrained, which memory does not care about) is used at 32k.
 Real-model rows: SmolLM2-135M at 1k and 8k, kv fp16 and kv-int8 in ONNX and ExecuTorch, kv-int4, window, mla in ONNX.
+Gemma-3-270M (kv fp32, ONNX; its rows go to their own file: --only 'kv fp32 Gemma-3-270M,kv fp32 Gemma-3-270M (max_ctx
+32768 export)' --json benchmarks/results/plan_accuracy_gemma3_270m.json): exports at 1k, 8k and 32k, each profiled
+with its context filled (ctx - 8 prompt tokens of real text, then 8 decoded), and the 32k export at 1k and 8k. Its
+run peaks while ORT loads (the tied head packed from the 671 MB table's pages, before the state exists), the same at
+every context, so each row also reports the calls' own peak (the profile child resets VmHWM after loading), which
+grows with the 3 global layers' slots, beside the plan's weights + state + a call's workspace + session.
 
 Where the runtime constants in edgekv/memory.py come from (probe scripts run here, 2026-11-30, each in a fresh
 process, RSS minus the RSS after importing the runtime):
