@@ -92,7 +92,8 @@ def _falcon_h1(c: Cfg, mt: str):
         _lin(ws, f"{p}.self_attn.o_proj", n_heads * hd, hidden, attn_bias)
         ssm = _mamba2_mixer(ws, f"{p}.mamba", hidden, d_ssm, m_heads, m_hd, groups, d_state, d_conv,
                             bool(c.get("mamba_conv_bias", default=True)), bool(c.get("mamba_proj_bias",
-                            default=False)), gated_norm=bool(c.get("mamba_rms_norm", default=False)))
+                            default=False)), gated_norm=bool(c.get("mamba_rms_norm", default=False)),
+                            out_bias=bool(c.get("projectors_bias", default=False)))
         _mlp(ws, f"{p}.feed_forward", hidden, inter, bool(c.get("mlp_bias", default=False)))
         _vec(ws, f"{p}.input_layernorm", hidden)
         _vec(ws, f"{p}.pre_ff_layernorm", hidden)
