@@ -24,10 +24,14 @@ def main() -> None:
     doc = json.loads(Path(src).read_text())
     found: dict[tuple[str, str], list] = {}
     for rep in doc["reports"]:
+        # the stored weights' bytes: the report's own (edgekv profile --arch arm64 records them), else the export's
         m = Path("export") / rep["artifact"] / "manifest.json"
-        if not m.exists():
+        if "weights_bytes" in rep:
+            wbytes = rep["weights_bytes"]
+        elif m.exists():
+            wbytes = json.loads(m.read_text())["weights"]["bytes"]
+        else:
             continue
-        wbytes = json.loads(m.read_text())["weights"]["bytes"]
         for run in rep["runs"]:
             if run.get("status") != "ok":
                 continue

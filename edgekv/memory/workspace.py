@@ -31,11 +31,14 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
             kept[t.layer] = t.shape[2] if t.role == "key" else t.shape[1]
             width[t.layer] = t.shape[-1]
     rolling = False  # a rolling (window) layer's attention reads the old cache + the chunk, not the state it writes
-    # ONNX Runtime, a model whose sliding layers keep the explicit graph (Gemma 3): each layer with one slot per
-    # position of a float cache is one GroupQueryAttention node all the same (edgekv.models.swaps: the swap is per
-    # layer), its state not bound in place (that takes every layer): its present is a second copy beside the feed,
-    # the op's scratch one [H, C, T] probability buffer, no mask (GQA)
-    mixed = (runtime == "onnxruntime" and arch.model_type in LLAMA_EXPORT_TYPES and strategy.fused_attention(runtime)
+    # A model whose sliding layers keep the explicit graph (Gemma 3): each layer with one slot per position is the
+    # runtime's fused op all the same (edgekv.models.swaps: the swap is per layer), its state not written in place
+    # (that takes every layer). ONNX Runtime, a float cache: a GroupQueryAttention node whose present is a second
+    # copy beside the feed, its scratch one [H, C, T] probability buffer, no mask (GQA). ExecuTorch, a fp32 cache
+    # (nothing to read back): custom_sdpa, which tiles its scores (ET_SDPA); the state copies stay the runtime's.
+    ort_mixed = runtime == "onnxruntime"
+    et_mixed = runtime == "executorch" and not strategy.kv_bits and strategy.params.get("dtype", "fp32") == "fp32"
+    mixed = ((ort_mixed or et_mixed) and arch.model_type in LLAMA_EXPORT_TYPES and strategy.fused_attention(runtime)
              and not fused_gqa(arch, layout, strategy, runtime))
     fused_layers = {i for i, t in kept.items() if mixed and t == layout.ctx}
     probs = 0
@@ -46,7 +49,8 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
                 t = kept.get(i, 0)
                 rolling |= 0 < t < layout.ctx and rt.get("rolling_attends_first", False)
                 if i in fused_layers:
-                    probs = max(probs, GQA["score_copies"] * m.n_heads * chunk * t * 4)
+                    if ort_mixed:
+                        probs = max(probs, GQA["score_copies"] * m.n_heads * chunk * t * 4)
                     continue
                 if rt["scores"]:
                     seen = t if t == layout.ctx else t + chunk  # a static cache already holds the chunk
@@ -66,7 +70,7 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     n_state = rt.get("state_copies", 1)
     if rt.get("packs_per_method"):  # every method has its own planned buffers: state in + state out, dequant scratch
         n_state, scratch = (1 if rt.get("in_place") else 1 + 2 * methods), scratch * methods
-    fused_state = sum(t.nbytes for t in layout.tensors if t.layer in fused_layers)
+    fused_state = sum(t.nbytes for t in layout.tensors if t.layer in fused_layers) if ort_mixed else 0
     extra_state = (n_state - 1) * (layout.nbytes - fused_state) + fused_state
     act = chunk * (4 * arch.hidden + qkv + 3 * inter + ssm_w) * 4
     # the exported step returns the logits of the rows the caller asks for (edgekv.models.head): one in generation
