@@ -146,3 +146,13 @@ def test_export_takes_kv_strategies_as_the_hybrid_form(tmp_path):
         assert s.label == want
         layout = check_applies(str(tmp_path), s, 32)
         assert {"key", "value", "conv", "ssm"} <= set(layout.bytes_by_role())
+
+
+def test_a_context_past_the_trained_one_is_refused_before_weights_are_built(tmp_path):
+    """edgekv.models.base.read_source (the hybrids' one reader): max_ctx above max_position_embeddings is one line."""
+    from edgekv.models.zamba2 import read_zamba2
+
+    tiny_zamba2(tmp_path, max_position_embeddings=48)
+    assert read_zamba2(str(tmp_path), 48).args.max_position == 48
+    with pytest.raises(EdgekvError, match="max_ctx 49 exceeds the model's trained context 48"):
+        read_zamba2(str(tmp_path), 49)
