@@ -132,3 +132,27 @@ def test_run_works_on_the_export(exported):
     gen = ref.generate(torch.tensor([[8, 12, 36]]), max_new_tokens=4, do_sample=False, eos_token_id=None,
                        pad_token_id=0)[0, 3:].tolist()
     assert json.loads(r.stdout)["text"].split() == [f"w{i - 3}" for i in gen]
+
+
+def test_export_takes_kv_strategies_as_the_hybrid_form(tmp_path):
+    """`edgekv export --strategy kv-int8` (or kv, kv-int4) on a hybrid is its native state with that attention
+    cache, as analyze reads it (edgekv.models.hybrid_alias), not a refusal naming hybrid."""
+    from edgekv.export.options import check_applies, family_form
+    from edgekv.strategies import parse_strategy
+
+    tiny_zamba2(tmp_path)
+    for spec, want in [("kv-int8", "hybrid:dtype=int8,state_dtype=fp32"), ("kv", "hybrid:dtype=fp16,state_dtype=fp32")]:
+        s = family_form(str(tmp_path), parse_strategy(spec))
+        assert s.label == want
+        layout = check_applies(str(tmp_path), s, 32)
+        assert {"key", "value", "conv", "ssm"} <= set(layout.bytes_by_role())
+
+
+def test_a_context_past_the_trained_one_is_refused_before_weights_are_built(tmp_path):
+    """edgekv.models.base.read_source (the hybrids' one reader): max_ctx above max_position_embeddings is one line."""
+    from edgekv.models.zamba2 import read_zamba2
+
+    tiny_zamba2(tmp_path, max_position_embeddings=48)
+    assert read_zamba2(str(tmp_path), 48).args.max_position == 48
+    with pytest.raises(EdgekvError, match="max_ctx 49 exceeds the model's trained context 48"):
+        read_zamba2(str(tmp_path), 49)

@@ -229,16 +229,8 @@ class FalconH1(DecoderShell):
 def read_falcon_h1(spec: str, max_ctx: int):
     """An HF folder of a falcon_h1 model -> Source (edgekv.models.FAMILIES), its multipliers folded where
     fold_multipliers says."""
-    from . import Source
-    from .base import read_folder
-
-    path, cfg, sd, arch = read_folder(spec, max_ctx)
-    args = falcon_h1_args(cfg, arch, str(path / "config.json"))
-    if args.max_position and max_ctx > args.max_position:
-        raise EdgekvError(f"max_ctx {max_ctx} exceeds the model's trained context {args.max_position}")
-    if args.tied:
-        sd.pop("lm_head.weight", None)
-    return Source(path, "safetensors", cfg, fold_multipliers(sd, args), args, arch)
+    from .base import read_source
+    return read_source(spec, max_ctx, falcon_h1_args, fold_multipliers)
 
 
 def build_falcon_h1(src, layout: StateLayout) -> FalconH1:

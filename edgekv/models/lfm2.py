@@ -228,17 +228,8 @@ def _renamed(key: str) -> str:
 
 def read_lfm2(spec: str, max_ctx: int):
     """An HF folder of an lfm2 model -> Source (edgekv.models.FAMILIES), its tensors under this module's names."""
-    from . import Source
-    from .base import read_folder
-
-    path, cfg, sd, arch = read_folder(spec, max_ctx)
-    args = lfm2_args(cfg, arch, str(path / "config.json"))
-    if args.max_position and max_ctx > args.max_position:
-        raise EdgekvError(f"max_ctx {max_ctx} exceeds the model's trained context {args.max_position}")
-    sd = {_renamed(k): v for k, v in sd.items()}
-    if args.tied:
-        sd.pop("lm_head.weight", None)
-    return Source(path, "safetensors", cfg, sd, args, arch)
+    from .base import read_source
+    return read_source(spec, max_ctx, lfm2_args, lambda sd, args: {_renamed(k): v for k, v in sd.items()})
 
 
 def build_lfm2(src, layout: StateLayout) -> Lfm2:

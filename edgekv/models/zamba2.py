@@ -272,16 +272,8 @@ def renamed(sd: dict, args: Zamba2Args) -> dict:
 
 def read_zamba2(spec: str, max_ctx: int):
     """An HF folder of a zamba2 model -> Source (edgekv.models.FAMILIES), its tensors under this module's names."""
-    from . import Source
-    from .base import read_folder
-
-    path, cfg, sd, arch = read_folder(spec, max_ctx)
-    args = zamba2_args(cfg, arch, str(path / "config.json"))
-    if args.max_position and max_ctx > args.max_position:
-        raise EdgekvError(f"max_ctx {max_ctx} exceeds the model's trained context {args.max_position}")
-    if args.tied:
-        sd.pop("lm_head.weight", None)
-    return Source(path, "safetensors", cfg, renamed(sd, args), args, arch)
+    from .base import read_source
+    return read_source(spec, max_ctx, zamba2_args, renamed)
 
 
 def build_zamba2(src, layout: StateLayout) -> Zamba2:
