@@ -12,6 +12,12 @@ Models: the trained tiny fixtures (fixtures/tiny/: Llama for kv/window/mla, Mamb
 workspace arithmetic more than of weight loading; the tiny Llama's config says max_position_embeddings 8192, so a copy
 with 32768 (same trained weights; positions past 8k are untrained, which memory does not care about) is used at 32k.
 Real-model rows: SmolLM2-135M at 1k and 8k, kv fp16 and kv-int8 in ONNX and ExecuTorch, kv-int4, window, mla in ONNX.
+Gemma-3-270M (kv fp32, ONNX; its rows go to their own file: --only 'kv fp32 Gemma-3-270M,kv fp32 Gemma-3-270M (max_ctx
+32768 export)' --json benchmarks/results/plan_accuracy_gemma3_270m.json): exports at 1k, 8k and 32k, each profiled
+with its context filled (ctx - 8 prompt tokens of real text, then 8 decoded), and the 32k export at 1k and 8k. Its
+run peaks while ORT loads (the tied head packed from the 671 MB table's pages, before the state exists), the same at
+every context, so each row also reports the calls' own peak (the profile child resets VmHWM after loading), which
+grows with the 3 global layers' slots, beside the plan's weights + state + a call's workspace + session.
 
 Where the runtime constants in edgekv/memory.py come from (probe scripts run here, 2026-11-30, each in a fresh
 process, RSS minus the RSS after importing the runtime):
@@ -150,7 +156,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 EDGEKV = [str(Path(sys.executable).parent / "edgekv")]
 TINY = ROOT / "fixtures" / "tiny"
-# (label, model, strategy, runtime, contexts in the full run); "llama32k" = the tiny Llama with a 32k position limit
+# (label, model, strategy, runtime, contexts in the full run[, the export's max_ctx when it is not each context]);
+# "llama32k" = the tiny Llama with a 32k position limit
 CASES = [
     ("kv fp16", "llama", "kv", "ort", (1024, 8192, 32768)),
     ("kv fp16", "llama", "kv", "executorch", (1024, 8192, 32768)),
@@ -176,6 +183,8 @@ CASES = [
     ("mla SmolLM2-135M", "smollm2-135m", "mla", "ort", (1024, 8192)),
     # Gemma 3's native state: 15 sliding layers of 512 slots (flat) + 3 global layers that grow with the context
     ("kv fp32 Gemma-3-270M", "gemma-3-270m", "kv:dtype=fp32", "ort", (1024, 8192, 32768)),
+    # the 32k export (the same folder as the row above at 32768) with shorter prompts: its state is allocated whole
+    ("kv fp32 Gemma-3-270M (max_ctx 32768 export)", "gemma-3-270m", "kv:dtype=fp32", "ort", (1024, 8192), 32768),
 ]
 QUICK_CTX = (1024, 8192)
 
@@ -220,6 +229,12 @@ def last_line(text: str) -> str:
     return lines[-1][:200] if lines else "no output"
 
 
+def folder_name(label: str, fmt: str, max_ctx: int) -> str:
+    """The export folder of a row under --work: one per (model and strategy, format, max_ctx); a label's
+    " (max_ctx N export)" suffix names the same export as the plain label's row at N."""
+    return f"{label.split(' (max_ctx')[0].replace(' ', '_')}-{fmt}-{max_ctx}"
+
+
 def export(model: str, strategy: str, fmt: str, ctx: int, out: Path) -> str | None:
     """None when out holds a finished export, else the error line."""
     if (out / "manifest.json").is_file():
@@ -245,6 +260,8 @@ def profile(out: Path, runtime: str, ctx: int, steps: int, repeats: int = 1) -> 
             "runtime_baseline_bytes": r["runtime_baseline_bytes"], "prefill_chunk": rep.get("prefill_chunk"),
             "prefill_seconds": r.get("prefill_seconds"), "tokens_per_s": r.get("tokens_per_s"),
             "error_pct": r["error_pct"], "within_target": abs(r["error_pct"]) <= 10.0,
+            "prompt_tokens": r["prompt_tokens"],
+            **{k: r[k] for k in ("predicted_calls_bytes", "calls_error_pct") if k in r},
             **({"measured_bytes_runs": r["measured_bytes_runs"]} if "measured_bytes_runs" in r else {})}
 
 
@@ -291,13 +308,16 @@ def repredict(rows: list[dict], work: Path) -> None:
     from edgekv.profile.run import predicted
     for r in rows:
         fmt = "onnx" if r["runtime"] == "ort" else "pte"
-        folder = work / f"{r['strategy'].replace(' ', '_')}-{fmt}-{r['ctx']}"
+        folder = work / folder_name(r["strategy"], fmt, r.get("max_ctx", r["ctx"]))
         if not (folder / "manifest.json").is_file():
             print(f"  {r['strategy']} {r['runtime']} {r['ctx']}: no export in {folder}, prediction kept",
                   file=sys.stderr)
             continue
         pred = predicted(load_export(folder, check_hashes=False), r["runtime"])
-        pred.pop("explain", None)
+        calls = (pred.pop("explain", None) or {}).get("calls_bytes")
+        if calls is not None and "calls_peak" in (r.get("measured_components") or {}):
+            r["predicted_calls_bytes"] = calls
+            r["calls_error_pct"] = 100.0 * (r["measured_components"]["calls_peak"] - calls) / calls
         r["predicted_components"], r["predicted_bytes"] = pred, sum(pred.values())
         r["error_pct"] = 100.0 * (r["measured_bytes"] - r["predicted_bytes"]) / r["predicted_bytes"]
         r["within_target"] = abs(r["error_pct"]) <= 10.0
@@ -326,20 +346,21 @@ def main(argv=None) -> int:
     only = set(a.only.split(",")) if a.only else None
     rows, failed = [], []
     t0 = time.perf_counter()
-    for label, model, strategy, runtime, ctxs in ([] if a.repredict or a.steady else CASES):
+    for label, model, strategy, runtime, ctxs, *fixed in ([] if a.repredict or a.steady else CASES):
         if (only and label not in only) or (a.runtime and runtime != a.runtime):
             continue
         want = {int(c) for c in a.ctx.split(",")} if a.ctx else None
         for ctx in (c for c in ctxs if (not a.quick or c in QUICK_CTX) and (want is None or c in want)):
-            src = model_path(model, ctx, work)
+            max_ctx = fixed[0] if fixed else ctx
+            src = model_path(model, max_ctx, work)
             if src is None:
                 failed.append({"strategy": label, "runtime": runtime, "ctx": ctx,
                                "error": "no hybrid model here: no trained tiny Jamba/Zamba fixture in fixtures/tiny/"})
                 continue
             fmt = "onnx" if runtime == "ort" else "pte"
-            out = work / f"{label.replace(' ', '_')}-{fmt}-{ctx}"
-            err = export(src, strategy, fmt, ctx, out)
-            row = {"strategy": label, "runtime": runtime, "ctx": ctx}
+            out = work / folder_name(label, fmt, max_ctx)
+            err = export(src, strategy, fmt, max_ctx, out)
+            row = {"strategy": label, "runtime": runtime, "ctx": ctx, **({"max_ctx": max_ctx} if fixed else {})}
             if a.export_only:
                 print(f"  {label} {runtime} {ctx}: export " + (err or "ok"), file=sys.stderr, flush=True)
                 continue
@@ -366,7 +387,7 @@ def main(argv=None) -> int:
     if a.steady:
         for r in rows:
             if r["runtime"] == "ort" and (only is None or r["strategy"] in only):
-                folder = work / f"{r['strategy'].replace(' ', '_')}-onnx-{r['ctx']}"
+                folder = work / folder_name(r["strategy"], "onnx", r.get("max_ctx", r["ctx"]))
                 r["steady_bytes"] = steady(folder, r["prefill_chunk"])
                 if r["steady_bytes"]:
                     r["steady_error_pct"] = 100.0 * (r["steady_bytes"] - r["predicted_bytes"]) / r["predicted_bytes"]
@@ -392,6 +413,17 @@ def main(argv=None) -> int:
           "one call, which the planner models; the difference to measured is blocks ORT's defaults keep from "
           "earlier calls).")
     print("hybrid: a tiny random Jamba (no trained hybrid fixture; weights do not change memory).")
+    calls = [r for r in rows
+             if r.get("predicted_calls_bytes") and (r.get("measured_components") or {}).get("calls_peak")]
+    if calls:  # where the load is the run's peak (a tied head packed from the table), the calls' own peak grows
+        print("the calls' own peak (VmHWM reset after loading) against the plan's weights + state + a call's workspace "
+              "+ session; after prefill = resident once the prompt is in:")
+    for r in calls:
+        c = r["measured_components"]
+        print(f"  {r['strategy']:<44} {r['ctx']:>6}: load peak {c['load_peak'] / 1e6:8.1f}  calls planned "
+              f"{r['predicted_calls_bytes'] / 1e6:8.1f} measured {c['calls_peak'] / 1e6:8.1f} "
+              f"{r['calls_error_pct']:+6.1f}%  after prefill {c.get('after_prefill', 0) / 1e6:8.1f}  "
+              f"(state {r['predicted_components']['state'] / 1e6:.1f} MB planned)")
     if flat is not None:
         print(f"ssm: measured at {max(ssm)} vs 1024: {flat:+.1f}% ({'within' if abs(flat) <= 2 else 'OUTSIDE'} 2%)")
     for f in failed:

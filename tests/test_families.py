@@ -79,13 +79,13 @@ def test_every_family_resolves_and_every_exported_model_type_has_a_planner_reade
 
 
 def test_unexported_model_type_ends_in_one_line_naming_the_exported_ones(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "falcon_h1"}))  # plannable, not exported
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "deepseek_v3"}))  # plannable, not exported
     with pytest.raises(EdgekvError, match="no export module; exported: llama: llama, mistral, qwen2, qwen3"):
         family_of(tmp_path)
     r = subprocess.run([sys.executable, "-m", "edgekv.cli", "export", "--model", str(tmp_path), "--out",
                         str(tmp_path / "out"), "--max-ctx", "16"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "'falcon_h1' has no export module" in r.stderr and "mamba: mamba, mamba2" in r.stderr
+    assert "'deepseek_v3' has no export module" in r.stderr and "mamba: mamba, mamba2" in r.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -134,7 +134,9 @@ CASES = {  # name -> (family, max_ctx, config overrides)
 }
 
 
-SLOW_CASES = ("gemma3-fused", "smollm3")  # minutes on 2 cores each; `make test-all` runs them
+# minutes on 2 cores each; `make test-all` runs them. qwen3's fused path with qk-norm before it is also the path of
+# gemma3's global layer, which the default suite exports and checks
+SLOW_CASES = ("gemma3-fused", "smollm3", "qwen3")
 
 
 @pytest.fixture(scope="module", params=[pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CASES else c

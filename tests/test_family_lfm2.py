@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from conftest import greedy_rows, greedy_with_state  # noqa: E402
+from conftest import greedy_rows, greedy_with_state, run_cli  # noqa: E402
 from edgekv.arch import read_config_json  # noqa: E402
 from edgekv.errors import EdgekvError  # noqa: E402
 from edgekv.models import family_of, load_any  # noqa: E402
@@ -131,7 +131,6 @@ def test_exported_lfm2_matches_transformers_step_by_step_in_the_runtime(exported
 
 def test_run_and_profile_work_on_the_export(exported, tmp_path):
     """edgekv run: the greedy continuation transformers generates; edgekv profile: a report for the export."""
-    from conftest import run_cli
 
     ref, out = exported
     r = run_cli("run", str(out), "--prompt", "w5 w9 w33", "--max-new-tokens", "4", "--json")
@@ -143,3 +142,12 @@ def test_run_and_profile_work_on_the_export(exported, tmp_path):
     r = run_cli("profile", str(out), "--ctx", "24", "--steps", "4", "--json", "--out", str(tmp_path / "p.json"))
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "p.json").read_text())
+
+
+def test_analyze_refuses_a_text_its_tokenizer_reads_as_one_unknown_id(tmp_path):
+    """The word-level test vocabulary reads analyze's English text as <unk> throughout: KL 0 and top-1 1.000 there
+    would be a measurement of nothing, so it is one line and exit 2."""
+    tiny_lfm2(tmp_path)
+    r = run_cli("analyze", "--model", tmp_path, "--strategy", "kv-int8", "--ctx", 32, "--weight-bits", 0)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "reads the text as 1 distinct id(s) in 33 tokens" in r.stderr.strip().splitlines()[-1], r.stderr

@@ -135,6 +135,77 @@ def test_the_plan_is_within_10_percent_of_every_measured_peak():
     assert not off, "\n".join(off)
 
 
+# Gemma-3-270M (catalog: 18 layers, every 6th global; 1 KV head of 256; window 512; hidden 640; vocab 262144, tied)
+GEMMA = catalog_arch("gemma-3-270m")
+GEMMA_TABLE = 262144 * 640 * 4  # fp32 embedding table: 671,088,640 B
+GEMMA_ACCURACY = PLAN_ACCURACY.parent / "plan_accuracy_gemma3_270m.json"
+
+
+def gemma_state(ctx):  # 15 sliding layers keep a ring of 512 slots, 3 global layers one slot per position; fp32 K, V
+    return 15 * 2 * 256 * 512 * 4 + 3 * 2 * 256 * ctx * 4
+
+
+def test_gemma_peaks_while_loading_at_every_context_and_its_calls_grow_with_the_global_layers():
+    """Why the planned total of Gemma-3-270M (ONNX Runtime, kv fp32) is the same at 1k, 8k and 32k slots: ORT packs
+    the tied head from the table's mapped pages while it loads, before the state exists, so the load peaks at
+    weights + the table whatever the context, and the planner's workspace is that peak minus the state. Nothing
+    there comes from a measurement; the calls' own peak (weights + state + a call's workspace) is what grows, by
+    the global layers' slots alone (the sliding layers' rings stay 512 slots)."""
+    from edgekv.plan import deployment
+    s = parse_strategy("kv:dtype=fp32")
+    prev = None
+    for ctx in (1024, 8192, 32768):
+        d = deployment(GEMMA, s, ctx, "fp32", "onnxruntime", 0, 128)
+        b = d.bytes
+        assert b["state"] == gemma_state(ctx)
+        assert b["weights"] + b["state"] + b["workspace"] == b["weights"] + GEMMA_TABLE
+        step = d.workspace.parts["step"]
+        assert step < GEMMA_TABLE - b["state"] == d.workspace.parts["load"]  # the load is the larger, here
+        # a call ends with the feed and ORT's outputs: the global layers are GroupQueryAttention nodes (one more
+        # copy: their present), the sliding layers the explicit graph (two more: edgekv/costs/workspace.json)
+        glob, slid = 3 * 2 * 256 * ctx * 4, 15 * 2 * 256 * 512 * 4
+        assert step == glob + 2 * slid + 262144 * 4  # + one row of logits
+        calls = b["weights"] + b["state"] + step
+        if prev is not None:
+            # grows by the global layers' new slots (and their scores/masks), never by a sliding layer's
+            assert calls - prev[1] > b["state"] - prev[0] == 3 * 2 * 256 * 4 * (ctx - prev[2])
+        prev = (b["state"], calls, ctx)
+    # its .pte: custom_sdpa on the global layers tiles its scores, so only the sliding layers' [H, C, 512 + C] are
+    # materialised (2 copies), beside a call's activations, the planned 128-row logits and 2 more state copies
+    d = deployment(GEMMA, s, 32768, "fp32", "executorch", 0, 128, methods=1)
+    act = 128 * (4 * 640 + (4 + 2) * 256 + 3 * 2048) * 4
+    assert d.workspace.parts["step"] == act + 2 * 4 * 128 * 640 * 4 + 128 * 262144 * 4 + 2 * gemma_state(32768)
+
+
+def test_the_gemma_rows_measured_beside_the_plan():
+    """benchmarks/results/plan_accuracy_gemma3_270m.json (edgekv profile of the real GGUF's ONNX export, kv fp32):
+    the plan recomputed here from the catalog's shapes (the GGUF header's) is within 10 % of every row's measured
+    peak, and where the row measured the calls' peak apart from the load's (edgekv.profile.child calls_peak), within
+    10 % of that too; the prompt filled the context (prompt tokens = ctx - 8 decode steps)."""
+    import json
+
+    from edgekv.plan import deployment
+    rows = json.loads(GEMMA_ACCURACY.read_text())["rows"]
+    s = parse_strategy("kv:dtype=fp32")
+    off, calls_rows = [], 0
+    for r in rows:
+        d = deployment(GEMMA, s, r.get("max_ctx", r["ctx"]), "fp32", "onnxruntime", 0, r.get("prefill_chunk") or 128)
+        b = d.bytes
+        pred = b["weights"] + b["state"] + b["workspace"] + b["load"]
+        err = (r["measured_bytes"] - pred) / pred
+        if abs(err) > 0.10:
+            off.append(f"{r['strategy']} {r['ctx']}: peak {100 * err:+.1f} %")
+        calls = (r.get("measured_components") or {}).get("calls_peak")
+        if calls:
+            calls_rows += 1
+            pc = b["weights"] + b["state"] + d.workspace.parts["step"] + b["load"]
+            if abs(calls - pc) / pc > 0.10:
+                off.append(f"{r['strategy']} {r['ctx']}: calls {100 * (calls - pc) / pc:+.1f} %")
+    assert not off, off
+    assert {r["ctx"] for r in rows if "max_ctx" not in r} >= {1024, 8192, 32768}
+    assert calls_rows >= 1
+
+
 def test_which_attention_each_runtime_runs_and_the_state_by_hand():
     from edgekv.memory import fused_gqa
     s = parse_strategy("kv")  # fp16 cache: GroupQueryAttention in ORT, custom_sdpa in ExecuTorch

@@ -168,9 +168,10 @@ def test_exportable_follows_what_export_builds():
     # Phi-3 (the llama module, fused projections split at load) and Qwen3.5 (its own module, edgekv.models.qwen3_5)
     assert by[("phi-3-mini", "kv")]["exportable"] is True and by[("phi-4-mini", "kv")]["exportable"] is True
     assert by[("qwen3.5-0.8b", "hybrid")]["exportable"] is True
-    for m in ("falcon-h1-0.5b", "zamba2-1.2b"):
-        o = next(o for (mm, _), o in by.items() if mm == m)
-        assert o["exportable"] is False and o["exportable_reason"], m
+    # Falcon-H1 and Zamba2 (edgekv.models.falcon_h1, edgekv.models.zamba2); Gemma 2 has no export module
+    assert by[("falcon-h1-0.5b", "hybrid")]["exportable"] is True and by[("zamba2-1.2b", "hybrid")]["exportable"]
+    o = next(o for (mm, _), o in by.items() if mm == "gemma-2-2b")
+    assert o["exportable"] is False and "no module for model_type gemma2" in o["exportable_reason"]
     # export refuses a max_ctx past max_position_embeddings: so does the plan's exportable
     past = plan_json("--device", "pixel8", "--ctx", "16k", "--model", "smollm2-135m", "--strategy", "kv")
     assert past["options"][0]["exportable"] is False and "8192" in past["options"][0]["exportable_reason"]

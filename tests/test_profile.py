@@ -160,6 +160,62 @@ def test_profile_reports_a_known_allocation_against_the_prediction_with_the_righ
     assert low["error_pct"] < 0 < high["error_pct"]
 
 
+# a profile child (edgekv.profile.child.main) over a stepper whose memory is known: loading peaks at LOAD_PEAK and
+# keeps WEIGHTS; the prefill keeps STATE and peaks CALL_EXTRA above it; a decode step allocates nothing
+FAKE_STEPPER_CHILD = """
+import json, sys
+import numpy as np
+import edgekv.export.runtime as er
+from edgekv.profile import child
+MB = 1_000_000
+LOAD_PEAK, WEIGHTS, STATE, CALL_EXTRA = 240 * MB, 20 * MB, 60 * MB, 30 * MB
+
+class Fake:
+    chunk, max_chunk = 64, 64
+    def __init__(self, *a):
+        t = np.ones(LOAD_PEAK, np.uint8)  # every page touched, then freed: the load's transient
+        del t
+        self.weights = np.ones(WEIGHTS, np.uint8)
+    def prefill(self, prompt, last=True, after_call=None):
+        self.state = np.ones(STATE, np.uint8)
+        t = np.ones(CALL_EXTRA, np.uint8)
+        del t
+        after_call()
+        return [np.arange(8, dtype=np.float32)]
+    def step(self, toks, pos):
+        return [np.arange(8, dtype=np.float32)]
+
+er.open_stepper = lambda *a: Fake()
+res = child.main({"export": sys.argv[1], "runtime": "ort", "ctx": 100, "steps": 2, "tokens": list(range(100)),
+                  "threads": 1})
+print(json.dumps(res))
+"""
+
+
+def test_the_child_measures_the_loads_peak_and_the_calls_peak_apart(export_dir):
+    """A runtime that peaks while loading (ORT packing a tied head from the table's pages) hides the state in the
+    run's peak: the child reports the load's peak, the calls' peak after it (VmHWM reset after loading) and what
+    stays resident after the prefill, each against a stepper whose allocations are known (MB above the baseline:
+    load 240 transient + 20 kept; prefill 60 kept + 30 transient)."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", FAKE_STEPPER_CHILD, str(export_dir)], capture_output=True, text=True,
+                       timeout=120, env={**__import__("os").environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    base = r["runtime_baseline_bytes"]
+    mb = lambda k: (r[k] - base) / 1e6  # noqa: E731
+    assert r["hwm_reset_after_load"]
+    print({k: round(mb(k), 1) for k in ("load_peak_bytes", "after_load_bytes", "calls_peak_bytes",
+                                        "after_prefill_bytes")})
+    assert 235 <= mb("load_peak_bytes") <= 250  # within a few MB: the interpreter's own pages come and go
+    assert 15 <= mb("after_load_bytes") <= 26
+    assert 105 <= mb("calls_peak_bytes") <= 120  # weights 20 + state 60 + the call's 30, not the load's 240
+    assert 75 <= mb("after_prefill_bytes") <= 90
+    assert r["peak_bytes"] == r["load_peak_bytes"]
+
+
 def test_a_budget_too_small_is_demonstrated_not_assumed(export_dir):
     """--limit counts what the measured column counts (peak above the runtime's baseline), and a run over it exits 3:
     half the measured bytes stops the run; three times them fits, though the whole process is far larger."""

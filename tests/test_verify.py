@@ -217,3 +217,35 @@ def test_logits_under_one_are_held_to_an_absolute_floor_of_one():
     assert v["logit_scale"] == pytest.approx(scale) and v["max_abs_diff"] == pytest.approx(5e-5, rel=1e-2)
     assert v["passed"]
     assert not verify(Small(2e-4), Small(), PROMPT, STEPS, "float32", "test")["passed"]
+
+
+def test_logits_all_zero_compare_nothing_and_do_not_pass():
+    """A model fed one token whose embedding row is zero (a word-level test tokenizer reading the verification text
+    as unknown words, tied embeddings) gives zero logits on both sides: max |diff| 0 at scale 0 checked nothing."""
+
+    class Zero(Table):
+        def rows(self, start, n):
+            return np.zeros((n, V), dtype=np.float32)
+
+    v = verify(Zero(), Zero(), PROMPT, STEPS, "float32", "test")
+    assert v["max_abs_diff"] == 0 and v["logit_scale"] == 0 and not v["passed"]
+
+
+def test_a_tokenizer_that_reads_the_text_as_one_id_is_replaced_by_spread_ids():
+    """verify_prompt: the text tokenized to a few distinct ids (all 'unknown') is not a prompt worth comparing on;
+    fixed pseudo-random ids over the vocabulary are used instead, as for a model without a tokenizer."""
+    from types import SimpleNamespace
+
+    from edgekv.export.options import VERIFY_TEXT, verify_prompt
+
+    class Unknown:
+        def encode(self, text):
+            return SimpleNamespace(ids=[0] * len(text.split()))
+
+    class Bytes:
+        def encode(self, text):
+            return SimpleNamespace(ids=list(text.encode()))
+
+    ids = verify_prompt(Unknown(), V, 100)
+    assert len(set(ids)) >= 4 and all(0 <= i < V for i in ids)
+    assert verify_prompt(Bytes(), 256, 100) == list(VERIFY_TEXT.encode())[:100]  # a real tokenizer's ids are kept

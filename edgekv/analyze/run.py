@@ -92,6 +92,10 @@ def tokenize(loaded, text: str, n: int) -> list[int]:
     ids = Encoder.for_model(loaded)(text)
     if len(ids) < n + 1:
         raise EdgekvError(f"the text has {len(ids)} tokens; --ctx {n} needs {n + 1}")
+    distinct = len(set(ids[:n + 1]))
+    if distinct < min(8, (n + 1) // 4):  # real text of 33+ tokens has well over 8 distinct ones
+        raise EdgekvError(f"the model's tokenizer reads the text as {distinct} distinct id(s) in {n + 1} tokens (a "
+                          "vocabulary that does not know its words): an error measured on it would say nothing")
     return ids[:n + 1]
 
 

@@ -92,7 +92,8 @@ def _falcon_h1(c: Cfg, mt: str):
         _lin(ws, f"{p}.self_attn.o_proj", n_heads * hd, hidden, attn_bias)
         ssm = _mamba2_mixer(ws, f"{p}.mamba", hidden, d_ssm, m_heads, m_hd, groups, d_state, d_conv,
                             bool(c.get("mamba_conv_bias", default=True)), bool(c.get("mamba_proj_bias",
-                            default=False)), gated_norm=bool(c.get("mamba_rms_norm", default=False)))
+                            default=False)), gated_norm=bool(c.get("mamba_rms_norm", default=False)),
+                            out_bias=bool(c.get("projectors_bias", default=False)))
         _mlp(ws, f"{p}.feed_forward", hidden, inter, bool(c.get("mlp_bias", default=False)))
         _vec(ws, f"{p}.input_layernorm", hidden)
         _vec(ws, f"{p}.pre_ff_layernorm", hidden)
@@ -110,6 +111,8 @@ def _zamba2(c: Cfg, mt: str):
     n_layers = c.int("num_hidden_layers")
     vocab = c.int("vocab_size")
     kinds = c.get("layers_block_type")
+    if isinstance(kinds, list):  # transformers >= 5 writes a Mamba layer as "linear_attention" (its legacy "mamba")
+        kinds = ["mamba" if k == "linear_attention" else k for k in kinds]
     _check_kinds(c, "layers_block_type", kinds, n_layers, ("mamba", "hybrid"))
     n_heads = c.int("num_attention_heads")
     n_kv = c.int("num_key_value_heads", default=n_heads)
@@ -142,7 +145,7 @@ def _zamba2(c: Cfg, mt: str):
         p = f"model.layers.{i}"
         mixers = []
         ssm = _mamba2_mixer(ws, f"{p}.mamba", hidden, d_inner, m_heads, m_hd, groups, d_state, d_conv,
-                            bool(c.get("use_conv_bias", default=True)), add_bias)
+                            True, add_bias)  # Zamba2MambaMixer's conv1d always has a bias (use_conv_bias unread)
         _vec(ws, f"{p}.input_layernorm", hidden)
         mixers.append(ssm)
         if kinds[i] == "hybrid":

@@ -61,7 +61,9 @@ def _mamba1_mixer(ws: list, p: str, hidden: int, d_inner: int, d_state: int, d_c
 
 
 def _mamba2_mixer(ws: list, p: str, hidden: int, d_inner: int, n_heads: int, head_dim: int, n_groups: int,
-                  d_state: int, d_conv: int, conv_bias: bool, proj_bias: bool, gated_norm: bool = True) -> SSM:
+                  d_state: int, d_conv: int, conv_bias: bool, proj_bias: bool, gated_norm: bool = True,
+                  out_bias: bool | None = None) -> SSM:
+    """A Mamba-2 mixer's weights (out_bias None: out_proj's bias as in_proj's; Falcon-H1's projectors_bias)."""
     if n_heads * head_dim != d_inner:
         raise EdgekvError(f"{p}: mamba2 heads {n_heads} x head_dim {head_dim} != d_inner {d_inner}")
     conv_dim = d_inner + 2 * n_groups * d_state
@@ -74,5 +76,5 @@ def _mamba2_mixer(ws: list, p: str, hidden: int, d_inner: int, n_heads: int, hea
     ws.append(Weight(f"{p}.D", (n_heads,), "small"))
     if gated_norm:
         _vec(ws, f"{p}.norm", d_inner)
-    _lin(ws, f"{p}.out_proj", d_inner, hidden, proj_bias)
+    _lin(ws, f"{p}.out_proj", d_inner, hidden, proj_bias if out_bias is None else out_bias)
     return SSM(2, d_inner, d_state, d_conv, n_heads, head_dim, n_groups)

@@ -24,7 +24,7 @@ from ..errors import EdgekvError
 from .manifest import PARTIAL  # inside a `.NAME.tmp-PID` folder while it is being written
 from .options import (  # noqa: F401 (re-exported: the export API)
     EXPORTABLE, FORMATS, QUALITY_TOKENS, VERIFY_TEXT, WEIGHT_DTYPES, ExportOptions, Stages, attends_only, check_applies,
-    parse_formats, planned, strategy_entry, strategy_spec, verify_prompt)
+    family_form, parse_formats, planned, strategy_entry, strategy_spec, verify_prompt)
 from .publish import _make_parents, _remove_partial, check_out, clean_leftovers, publish  # noqa: F401 (re-exported)
 from .verify import nudged, nudged_quantized  # noqa: F401 (re-exported)
 
@@ -39,6 +39,10 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
     strategy = parse_strategy(opts.strategy)
     if not strategy.exportable:
         raise EdgekvError(f"strategy {strategy.name} is planned but not exported (exportable: {', '.join(EXPORTABLE)})")
+    aliased = family_form(opts.model, strategy)
+    if aliased is not strategy:
+        echo(f"{strategy.label} on this model is its hybrid state with that attention cache: {aliased.label}")
+        strategy = aliased
     from .runners import check_runners
     check_runners(opts.runners, check_applies(opts.model, strategy, opts.max_ctx))
     from .wquant import PTE_FP16, parse_weights

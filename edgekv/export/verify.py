@@ -137,7 +137,8 @@ def verify(artifact, reference, prompt: list[int], steps: int, cache_dtype: str,
            "positions_compared": len(agree[0]), "max_abs_diff": max(diffs[0]), "logit_scale": scale,
            "top1_agreement": top1, **({"state_max_abs_diff": sdiff} if sdiff is not None else {}),
            "tolerance": {"max_abs_diff_over_logit_scale": rel, "min_top1_agreement": need},
-           "passed": bool(max(diffs[0]) <= rel * max(scale, 1.0) and top1 >= need),
+           # logits all zero on both sides compare nothing (an embedding row of zeros fed throughout): not a pass
+           "passed": bool(max(diffs[0]) <= rel * max(scale, 1.0) and top1 >= need and scale > 0),
            "seconds": round(time.perf_counter() - t0, 3)}
     if floor:
         out["noise_floor"] = floor

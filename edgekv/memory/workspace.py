@@ -2,10 +2,10 @@
 runtime adds once the model is loaded (session, packed copies, kernel code), from the cost models in costs.py."""
 from __future__ import annotations
 
-from ..arch import MLA, SSM, Arch, Attention
+from ..arch import LLAMA_EXPORT_TYPES, MLA, SSM, Arch, Attention
 from ..strategies import StateLayout, Strategy, per_token_int8
-from .costs import (MEASURED, MLA_REBUILD_COPIES, SCAN_COPIES, UNPACK_EXTRA_COPIES, WHERE_WRITTEN_TYPES, _rt,
-                    _traits)
+from .costs import (GQA, MEASURED, MLA_REBUILD_COPIES, SCAN_COPIES, UNPACK_EXTRA_COPIES, WHERE_WRITTEN_TYPES, _rt,
+                    _traits, fused_gqa)
 from .item import Item
 from .weights import weight_bytes_one
 
@@ -31,12 +31,27 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
             kept[t.layer] = t.shape[2] if t.role == "key" else t.shape[1]
             width[t.layer] = t.shape[-1]
     rolling = False  # a rolling (window) layer's attention reads the old cache + the chunk, not the state it writes
+    # A model whose sliding layers keep the explicit graph (Gemma 3): each layer with one slot per position is the
+    # runtime's fused op all the same (edgekv.models.swaps: the swap is per layer), its state not written in place
+    # (that takes every layer). ONNX Runtime, a float cache: a GroupQueryAttention node whose present is a second
+    # copy beside the feed, its scratch one [H, C, T] probability buffer, no mask (GQA). ExecuTorch, a fp32 cache
+    # (nothing to read back): custom_sdpa, which tiles its scores (ET_SDPA); the state copies stay the runtime's.
+    ort_mixed = runtime == "onnxruntime"
+    et_mixed = runtime == "executorch" and not strategy.kv_bits and strategy.params.get("dtype", "fp32") == "fp32"
+    mixed = ((ort_mixed or et_mixed) and arch.model_type in LLAMA_EXPORT_TYPES and strategy.fused_attention(runtime)
+             and not fused_gqa(arch, layout, strategy, runtime))
+    fused_layers = {i for i, t in kept.items() if mixed and t == layout.ctx}
+    probs = 0
     for i, b in enumerate(arch.blocks):
         for m in b.mixers:
             if isinstance(m, Attention):
                 qkv = max(qkv, (m.n_heads + 2 * m.n_kv_heads) * m.head_dim)
                 t = kept.get(i, 0)
                 rolling |= 0 < t < layout.ctx and rt.get("rolling_attends_first", False)
+                if i in fused_layers:
+                    if ort_mixed:
+                        probs = max(probs, GQA["score_copies"] * m.n_heads * chunk * t * 4)
+                    continue
                 if rt["scores"]:
                     seen = t if t == layout.ctx else t + chunk  # a static cache already holds the chunk
                     scores = max(scores, m.n_heads * chunk * seen * 4)
@@ -55,7 +70,8 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     n_state = rt.get("state_copies", 1)
     if rt.get("packs_per_method"):  # every method has its own planned buffers: state in + state out, dequant scratch
         n_state, scratch = (1 if rt.get("in_place") else 1 + 2 * methods), scratch * methods
-    extra_state = (n_state - 1) * layout.nbytes
+    fused_state = sum(t.nbytes for t in layout.tensors if t.layer in fused_layers) if ort_mixed else 0
+    extra_state = (n_state - 1) * (layout.nbytes - fused_state) + fused_state
     act = chunk * (4 * arch.hidden + qkv + 3 * inter + ssm_w) * 4
     # the exported step returns the logits of the rows the caller asks for (edgekv.models.head): one in generation
     # and prefill. A memory-planned runtime (ExecuTorch) holds a slot for the most rows a call can ask for, the chunk
@@ -64,8 +80,8 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     masks *= rt.get("mask_copies", 0)
     pack = _largest_packed(arch, precision) if rt.get("pack_transient") else 0
     # a memory plan that lays the logits over the attention's scratch: the larger of the two
-    attend = act + copies * scores + masks + scan + (max(logits, scratch) if rt.get("logits_over_scratch")
-                                                     else logits + scratch)
+    attend = act + max(copies * scores, probs) + masks + scan + (max(logits, scratch) if rt.get("logits_over_scratch")
+                                                                 else logits + scratch)
     # static caches: attention reads the state the call writes, so the written copies are alive with its scratch;
     # rolling layers: the written state is an output no node reads, and ORT's order runs the attention first, so the
     # call peaks at the larger of the two (edgekv/costs/workspace.json fields.rolling_attends_first: measured).
@@ -82,6 +98,9 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
               else "scores not materialised"),
              *([f"masks {rt['mask_copies']} x chunk x T x 4 B = {masks:,}"] if masks else []),
              f"logits {'chunk' if logits_rows > 1 else '1 row'} x vocab x 4 B = {logits:,}"]
+    if probs:
+        parts.insert(2, f"the global layers' GroupQueryAttention: 1 x H x chunk x T x 4 B = {probs:,} (the larger "
+                        "of the two scores)")
     if scratch and rt.get("logits_over_scratch"):
         parts[-1] = (f"max({parts[-1]}, {scratch_how} = {scratch:,.0f}) (the plan lays the logits over the "
                      "attention's scratch)")
@@ -90,7 +109,9 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     if scan:
         parts.append(f"selective-scan inputs {SCAN_COPIES} x chunk x d_inner x d_state x 4 B = {scan:,}")
     if rolling:
-        f = (f"max(attention: {' + '.join(parts)} = {attend:,.0f}, end of the call: {n_state - 1} more state copies"
+        more = (f"{n_state - 1} more copies of the explicit layers' state + 1 of the GroupQueryAttention layers'"
+                if fused_state else f"{n_state - 1} more state copies")
+        f = (f"max(attention: {' + '.join(parts)} = {attend:,.0f}, end of the call: {more}"
              f" {extra_state:,} + logits) = {step:,.0f} (rolling layers attend before they write)")
     else:
         if extra_state:
@@ -104,7 +125,8 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
              + (f" + {n_state - 1} planned state copies" if extra_state else "")
              + f" - the state, not yet resident = {packing:,.0f}) = {total:,.0f}")
     return Item(total, f + f" [{runtime}: {rt['why']}" + (f"; measured: {MEASURED[runtime]}" if runtime in MEASURED
-                                                           else "") + "]")
+                                                           else "") + "]",
+                {"step": step, "load": load, "packing": packing})
 
 
 def _layer_scratch(arch: Arch, m: Attention, t: int, width: int, strategy: Strategy, rt: dict, chunk: int

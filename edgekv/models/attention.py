@@ -96,8 +96,13 @@ class Attention(nn.Module):
         """rotate_half(x) for x [C, heads, D]."""
         return rotate_half(x)
 
-    def _qkv(self, x, cos, sin):
-        return self._rotated(self.q_proj(x), self.k_proj(x), self.v_proj(x), cos, sin)
+    def _qkv(self, x, cos, sin, delta=None):
+        """delta: (dq, dk, dv) added to the projections before the heads are split (a layer's own low-rank adapters
+        on shared projections: Zamba2), or None."""
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if delta is not None:
+            q, k, v = q + delta[0], k + delta[1], v + delta[2]
+        return self._rotated(q, k, v, cos, sin)
 
     def forward(self, x, cos, sin, *args):
         """Two calls, the same step:
@@ -116,17 +121,18 @@ class Attention(nn.Module):
                                 lambda new, st: cache.update_and_fetch(fmt, blend, new, st, plan))
         return self.explicit(x, cos, sin, *args)
 
-    def explicit(self, x, cos, sin, write, keep, mask, k_state, v_state, fmt, rolling: bool = False):
+    def explicit(self, x, cos, sin, write, keep, mask, k_state, v_state, fmt, rolling: bool = False, delta=None):
         """The step on a given plan: write [T, C] one-hot (slot t <- token c), keep [T, 1], mask [G*C, T] additive
-        ([G*C, T + C] for a rolling cache: RollingCache.plan)."""
+        ([G*C, T + C] for a rolling cache: RollingCache.plan); delta as _qkv takes it."""
         put = fmt.roll if rolling else fmt.write
-        return self._attend(x, cos, sin, mask, k_state, v_state, lambda new, st: put(blend, new, st, write, keep))
+        return self._attend(x, cos, sin, mask, k_state, v_state, lambda new, st: put(blend, new, st, write, keep),
+                            delta)
 
-    def _attend(self, x, cos, sin, mask, k_state, v_state, store):
+    def _attend(self, x, cos, sin, mask, k_state, v_state, store, delta=None):
         """store(new rows [C, Hkv, D], state) -> (new state, fp32 rows to attend over: [Hkv, T, D], or [Hkv, T + C, D]
         for a rolling cache). Matmuls are 3-D (bmm): no broadcast expand copies."""
         c, g = x.shape[1], self.h // self.hkv
-        q, k, v = self._qkv(x, cos, sin)
+        q, k, v = self._qkv(x, cos, sin, delta)
         k_state, kf = store(k, k_state)
         v_state, vf = store(v, v_state)
         # query head h = kv*G + g (repeat_kv's order) -> row g*C + c of KV head kv

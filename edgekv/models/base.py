@@ -40,6 +40,22 @@ def read_folder(spec: str, max_ctx: int):
     return path, {k: config_value(v) for k, v in cfg.items()}, sd, arch
 
 
+def read_source(spec: str, max_ctx: int, make_args, convert=None):
+    """An HF folder of a family read by its own config reader (make_args(cfg, arch, where) -> its args dataclass):
+    max_ctx checked against the trained context, a tied head's duplicate lm_head.weight dropped, the tensors renamed
+    or folded by convert(sd, args) -> Source (edgekv.models.FAMILIES). The readers of LFM2, Granite-4.0-H,
+    Falcon-H1, Zamba2 and Qwen3.5."""
+    from . import Source
+
+    path, cfg, sd, arch = read_folder(spec, max_ctx)
+    args = make_args(cfg, arch, str(path / "config.json"))
+    if args.max_position and max_ctx > args.max_position:
+        raise EdgekvError(f"max_ctx {max_ctx} exceeds the model's trained context {args.max_position}")
+    if args.tied:
+        sd.pop("lm_head.weight", None)
+    return Source(path, "safetensors", cfg, convert(sd, args) if convert else sd, args, arch)
+
+
 def state_dtype(layout: StateLayout, t) -> torch.dtype:
     if t.dtype not in STATE_DTYPES:
         raise EdgekvError(f"strategy {layout.strategy}: state dtype {t.dtype} ({t.name}) is not supported by the "

@@ -207,16 +207,8 @@ class GraniteHybrid(DecoderShell):
 
 def read_granite_hybrid(spec: str, max_ctx: int):
     """An HF folder of a granitemoehybrid model -> Source (edgekv.models.FAMILIES)."""
-    from . import Source
-    from .base import read_folder
-
-    path, cfg, sd, arch = read_folder(spec, max_ctx)
-    args = granite_args(cfg, arch, str(path / "config.json"))
-    if args.max_position and max_ctx > args.max_position:
-        raise EdgekvError(f"max_ctx {max_ctx} exceeds the model's trained context {args.max_position}")
-    if args.tied:
-        sd.pop("lm_head.weight", None)
-    return Source(path, "safetensors", cfg, sd, args, arch)
+    from .base import read_source
+    return read_source(spec, max_ctx, granite_args)
 
 
 def build_granite_hybrid(src, layout: StateLayout) -> GraniteHybrid:

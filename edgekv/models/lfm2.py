@@ -105,15 +105,16 @@ def lfm2_args(cfg: dict, arch, where: str = "config.json") -> Lfm2Args:
 def hybrid_kv_format(layout: StateLayout, attn_layers: list[int], n_kv_heads: int, head_dim: int,
                      other: dict[int, tuple[str, ...]]) -> KVFormat:
     """How the attention layers' KV is stored, checked against the layout: per attention layer a key and a value
-    [1, Hkv, T, D] (fp32/fp16), or kv-int8/int4/int2 codes with .scale (and .zero); the other layers' roles as
-    `other` names them (layer -> roles). One clear line when the layout is another."""
+    [1, Hkv, T, D] (fp32/fp16), or kv-int8/int4/int2 codes with .scale (and .zero); the other roles as `other` names
+    them (layer -> roles), after the KV where a layer has both (Falcon-H1: attention and Mamba-2 in one block). One
+    clear line when the layout is another."""
     bits = 8 if any(t.dtype == "int8" and t.role == "key" for t in layout.tensors) else \
         next((t.packed_bits for t in layout.tensors if t.packed_bits), None)
     kv_roles = ("key", "value") if bits is None else (("key", "key.scale", "value", "value.scale") if bits == 8 else
                                                       ("key", "key.scale", "key.zero", "value", "value.scale",
                                                        "value.zero"))
     n = max([*attn_layers, *other], default=-1) + 1
-    want = [(i, r) for i in range(n) for r in (kv_roles if i in attn_layers else other.get(i, ()))]
+    want = [(i, r) for i in range(n) for r in (kv_roles if i in attn_layers else ()) + other.get(i, ())]
     got = [(t.layer, t.role) for t in layout.tensors]
     if got != want:
         raise EdgekvError(f"strategy {layout.strategy}: this module keeps per attention layer {list(kv_roles)} and "
@@ -227,17 +228,8 @@ def _renamed(key: str) -> str:
 
 def read_lfm2(spec: str, max_ctx: int):
     """An HF folder of an lfm2 model -> Source (edgekv.models.FAMILIES), its tensors under this module's names."""
-    from . import Source
-    from .base import read_folder
-
-    path, cfg, sd, arch = read_folder(spec, max_ctx)
-    args = lfm2_args(cfg, arch, str(path / "config.json"))
-    if args.max_position and max_ctx > args.max_position:
-        raise EdgekvError(f"max_ctx {max_ctx} exceeds the model's trained context {args.max_position}")
-    sd = {_renamed(k): v for k, v in sd.items()}
-    if args.tied:
-        sd.pop("lm_head.weight", None)
-    return Source(path, "safetensors", cfg, sd, args, arch)
+    from .base import read_source
+    return read_source(spec, max_ctx, lfm2_args, lambda sd, args: {_renamed(k): v for k, v in sd.items()})
 
 
 def build_lfm2(src, layout: StateLayout) -> Lfm2:

@@ -48,19 +48,21 @@ from .layers import RMSNorm, causal_conv_step, scan_tokens
 
 
 class GatedRMSNorm(nn.Module):
-    """transformers' MambaRMSNormGated (norm_before_gate=False): RMSNorm(x * silu(z)) per group of Di / G channels."""
+    """transformers' MambaRMSNormGated (norm_before_gate=False): RMSNorm(x * silu(z)) per group of Di / G channels;
+    with norm_before_gate (FalconH1RMSNormGated's default), RMSNorm(x) * silu(z)."""
 
-    def __init__(self, d: int, group_size: int, eps: float):
+    def __init__(self, d: int, group_size: int, eps: float, norm_before_gate: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(d))
-        self.group_size, self.eps = group_size, eps
+        self.group_size, self.eps, self.before = group_size, eps, norm_before_gate
 
     def forward(self, x, z):  # x, z [1, C, Di] -> [1, C, Di]
-        x = x.float() * F.silu(z.float())
+        x = x.float() if self.before else x.float() * F.silu(z.float())
         *pre, last = x.shape
         g = x.view(*pre, last // self.group_size, self.group_size)
         g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * g.view(*pre, last)
+        y = self.weight * g.view(*pre, last)
+        return y * F.silu(z.float()) if self.before else y
 
 
 class Mamba1Mixer(nn.Module):
@@ -113,10 +115,15 @@ class Mamba1Mixer(nn.Module):
 
 class Mamba2Mixer(nn.Module):
     """SSD (Mamba-2 paper, section 7 / ssd_minimal.py) as its recurrence: per head a scalar decay exp(dt A_h) and
-    h [P, N]; B, C shared by the H / G heads of a group. Parameter names as transformers' Mamba2Mixer."""
+    h [P, N]; B, C shared by the H / G heads of a group. Parameter names as transformers' Mamba2Mixer.
+
+    The output gate: the gated RMSNorm (norm=True; norm_before_gate as GatedRMSNorm), or without a norm y * silu(z)
+    (norm=False: FalconH1Mixer with mamba_rms_norm false). out_bias None: out_proj's bias as in_proj's (proj_bias);
+    Falcon-H1 gives out_proj its own (projectors_bias)."""
 
     def __init__(self, d: int, n_heads: int, head_dim: int, n_groups: int, n: int, k: int, eps: float,
-                 conv_bias: bool = True, proj_bias: bool = False, dt_limit=(0.0, math.inf)):
+                 conv_bias: bool = True, proj_bias: bool = False, dt_limit=(0.0, math.inf), norm: bool = True,
+                 norm_before_gate: bool = False, out_bias: bool | None = None):
         super().__init__()
         self.h, self.p, self.g, self.n = n_heads, head_dim, n_groups, n
         self.di = n_heads * head_dim
@@ -127,8 +134,8 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = nn.Parameter(torch.zeros(n_heads))
         self.A_log = nn.Parameter(torch.zeros(n_heads))
         self.D = nn.Parameter(torch.ones(n_heads))
-        self.norm = GatedRMSNorm(self.di, self.di // n_groups, eps)
-        self.out_proj = nn.Linear(self.di, d, bias=proj_bias)
+        self.norm = GatedRMSNorm(self.di, self.di // n_groups, eps, norm_before_gate) if norm else None
+        self.out_proj = nn.Linear(self.di, d, bias=proj_bias if out_bias is None else out_bias)
 
     def forward(self, x, conv_state, ssm_state):
         """x [1, C, d]; conv_state [1, Dc, K-1]; ssm_state [1, H, P, N] -> y [1, C, d], conv_state, ssm_state."""
@@ -155,7 +162,8 @@ class Mamba2Mixer(nn.Module):
         (h,), (hs,) = scan_tokens(step, (ssm_state.float(),), (d_a, d_bx))  # hs [C, 1, H, P, N]
         y = (hs[:, 0] * cm[0][:, :, None, :]).sum(-1) + x0 * self.D[:, None]  # [C, H, P]: C_t h_t + D x_t
         y = y.reshape(1, c, self.di)
-        return self.out_proj(self.norm(y, z)), conv_state, h.to(ssm_state.dtype)
+        y = self.norm(y, z) if self.norm is not None else y * F.silu(z)
+        return self.out_proj(y), conv_state, h.to(ssm_state.dtype)
 
 
 # ---- the model ----

@@ -56,7 +56,7 @@ from ..arch import Cfg
 from ..errors import EdgekvError
 from ..strategies import StateLayout
 from .attention import Attention
-from .base import DecoderShell, load_strict, read_folder, state_dtype
+from .base import DecoderShell, load_strict, read_source, state_dtype
 from .cache import KVFormat
 from .layers import MLP, RMSNorm, causal_conv_step, rope_cos_sin, rope_inv_freq, scan_tokens
 from .llama import LlamaArgs
@@ -348,13 +348,7 @@ def convert(sd: dict, a: Qwen35Args) -> dict:
 def read_qwen3_5(spec: str, max_ctx: int):
     """An HF folder of a Qwen3.5 model (qwen3_5_text, or the qwen3_5 image-text wrapper's text model) -> Source
     (edgekv.models.FAMILIES)."""
-    from . import Source
-
-    path, cfg, sd, arch = read_folder(spec, max_ctx)
-    args = qwen3_5_args(cfg, str(path / "config.json"))
-    if args.max_position and max_ctx > args.max_position:
-        raise EdgekvError(f"max_ctx {max_ctx} exceeds the model's trained context {args.max_position}")
-    return Source(path, "safetensors", cfg, convert(sd, args), args, arch)
+    return read_source(spec, max_ctx, lambda cfg, arch, where: qwen3_5_args(cfg, where), convert)
 
 
 def build_qwen3_5(src, layout: StateLayout) -> Qwen35:

@@ -317,7 +317,8 @@ def profile_arch(folder: str, arch: str, ctx: int | None, steps: int | None, run
     say = progress or (lambda s: None)
     say("arm64: the interpreter alone, for qemu's own memory ...")
     rep = {"artifact": str(folder), "model": manifest["model"]["name"], "strategy": manifest["strategy"]["label"],
-           "weights": manifest["weights"]["dtype"], "max_ctx": int(manifest["max_ctx"]), "prompt_tokens": len(prompt),
+           "weights": manifest["weights"]["dtype"], "weights_bytes": int(manifest["weights"]["bytes"]),
+           "max_ctx": int(manifest["max_ctx"]), "prompt_tokens": len(prompt),
            "steps": steps, "threads": threads, "host_machine": platform.machine(),
            "qemu_cpu": os.environ.get("QEMU_CPU") or "max",
            "interpreter": interpreter_check(root), "runs": []}

@@ -1,10 +1,12 @@
 """One profile run, in its own process: `python -m edgekv.profile.child [JSON_ARGS]` (else the JSON on stdin).
 Prints one JSON line.
 
-Order: the interpreter alone -> import the runtime (its baseline) -> load the artifact (weights + zeroed state) ->
-prefill ctx tokens in the artifact's chunks -> decode `steps` tokens, timing each. A watchdog thread samples VmRSS
-every few ms; above the runtime baseline + `limit_bytes` it reports how far the run got and exits (status "exceeded"), so a run that does not
-fit is shown, not assumed, and nothing else on the machine is pushed out.
+Order: the interpreter alone -> import the runtime (its baseline) -> load the artifact (weights + zeroed state; its
+peak is load_peak_bytes, then the peak is reset) -> prefill ctx tokens in the artifact's chunks -> decode `steps`
+tokens, timing each (the peak since the load: calls_peak_bytes; peak_bytes is the larger of the two). A watchdog
+thread samples VmRSS every few ms; above the runtime baseline + `limit_bytes` it reports how far the run got and
+exits (status "exceeded"), so a run that does not fit is shown, not assumed, and nothing else on the machine is
+pushed out.
 """
 from __future__ import annotations
 
@@ -109,6 +111,10 @@ def main(args: dict) -> dict:
     stepper = open_stepper(folder, manifest, args["runtime"], args.get("threads"))
     _check_peak(limit, out)
     out["after_load_bytes"] = rss()
+    # the load's peak, then the peak of the calls alone: a runtime that packs a tied head from the table's pages
+    # peaks while loading, before the state exists, so the whole run's peak can hide how the calls grow with the state
+    out["load_peak_bytes"] = max(hwm(), base_hwm)
+    out["hwm_reset_after_load"] = reset_hwm()
     PROGRESS["phase"] = "prefill"
     t0 = time.perf_counter()
     # keeping only the last row of logits, as an app does (Stepper.prefill's last=True)
@@ -122,6 +128,7 @@ def main(args: dict) -> dict:
 
     last = stepper.prefill(prompt, last=True, after_call=after_call)[-1]
     out["prefill_seconds"] = time.perf_counter() - t0
+    out["after_prefill_bytes"] = rss()  # weights + the state the prompt filled + what the runtime keeps between calls
     out["prefill_chunk"] = n
     nxt = int(last.argmax())
     lat = []
@@ -135,7 +142,9 @@ def main(args: dict) -> dict:
         _check_peak(limit, out)
         nxt = int(row[-1].argmax())
     out["latencies_s"] = lat
-    out["peak_bytes"] = max(hwm(), base_hwm)
+    if out["hwm_reset_after_load"]:
+        out["calls_peak_bytes"] = hwm()
+    out["peak_bytes"] = max(hwm(), out["load_peak_bytes"])
     out["rss_end_bytes"] = rss()
     return out
 

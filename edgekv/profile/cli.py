@@ -151,6 +151,12 @@ def profile_table(report: dict) -> None:
             m = r["measured_bytes_runs"]
             notes.append(f"ctx {r['ctx']}: the median of {len(m)} fresh processes (measured {fmt_gb(min(m))} to "
                          f"{fmt_gb(max(m))} GB).")
+        comp = r.get("measured_components") or {}
+        if comp.get("calls_peak") and comp.get("load_peak", 0) > comp["calls_peak"]:
+            # the load was the peak: the calls' own peak is the one that grows with the context
+            notes.append(f"ctx {r['ctx']}: the peak was while loading; the calls' own peak {fmt_gb(comp['calls_peak'])}"
+                         + (f" GB, planned {fmt_gb(r['predicted_calls_bytes'])} GB ({r['calls_error_pct']:+.1f}%)."
+                            if r.get("calls_error_pct") is not None else " GB."))
     footer = (f"{GB_NOTE}. measured = peak RSS (VmHWM) - the runtime's baseline RSS, each run in a fresh process; "
               "predicted = the planner's weights + state + workspace of this artifact (without the runtime's "
               "overhead, which the plan's total adds); fits and --limit count the measured bytes; roofline = "

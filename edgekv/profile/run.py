@@ -112,8 +112,11 @@ def predicted(manifest: dict, runtime: str | None = None) -> dict:
         d = deployment(arch, parse_strategy(manifest["strategy"]["label"]), int(manifest["max_ctx"]),
                        weight_precision(manifest), RUNTIME_NAMES[rt], 0, prefill_chunk(manifest, rt), methods=n_methods)
         b = d.bytes
+        # the calls' own peak (weights + state + a call's workspace + the session), beside the load-time transient
+        # the workspace is the larger of: what calls_peak_bytes measures (edgekv.profile.child)
+        calls = b["weights"] + b["state"] + int(d.workspace.parts.get("step", b["workspace"])) + b["load"]
         return {"weights": b["weights"], "state": b["state"], "workspace": b["workspace"], "load": b["load"],
-                "explain": {k: d.explain[k] for k in ("workspace", "load")}}
+                "explain": {**{k: d.explain[k] for k in ("workspace", "load")}, "calls_bytes": calls}}
     except (EdgekvError, OSError, ValueError, KeyError, TypeError):
         pass
     dep = manifest.get("deployment") or {}
@@ -146,8 +149,15 @@ def child_env() -> dict:
     return {**MALLOC_ENV, **os.environ}
 
 
+def child_timeout(ctx: int) -> float:
+    """Seconds a profile child may run: 30 minutes per 4096 positions, at least 30 (a 32k-slot ONNX prefill of
+    Gemma-3-270M in 128-token calls runs over an hour on one thread)."""
+    return 1800.0 * max(1.0, ctx / 4096)
+
+
 def run_child(folder: Path, runtime: str, ctx: int, steps: int, tokens: list[int], limit: int | None,
-              threads: int | None, timeout: float = 1800) -> dict:
+              threads: int | None, timeout: float | None = None) -> dict:
+    timeout = timeout or child_timeout(ctx + steps)
     args = {"export": str(folder), "runtime": runtime, "ctx": ctx, "steps": steps, "tokens": tokens,
             "limit_bytes": limit, "threads": threads}
     env = child_env()
@@ -232,6 +242,7 @@ def profile(folder: str, ctxs: list[int], steps: int, runtime: str | None, limit
     budget = limit or (device.budget_bytes if device else None)
     pred = predicted(manifest, runtime)
     explain = pred.pop("explain", None)
+    pred_calls = explain.pop("calls_bytes", None) if explain else None
     pred_total = sum(pred.values())
     bw = measure_bandwidth(threads=threads)
     read_per_token = pred["weights"] + pred["state"]  # every decode step reads the weights and the whole state
@@ -270,6 +281,17 @@ def profile(folder: str, ctxs: list[int], steps: int, runtime: str | None, limit
         if r.get("after_load_bytes") and base:
             run["measured_components"] = {"weights+state": r["after_load_bytes"] - base,
                                           "workspace": (peak - r["after_load_bytes"]) if peak else None}
+            # the load's peak and the calls' peak apart (a tied head packed while loading can be the whole run's
+            # peak, hiding the state), and what stays resident once the prompt is in
+            for key, name in (("load_peak_bytes", "load_peak"), ("calls_peak_bytes", "calls_peak"),
+                              ("after_prefill_bytes", "after_prefill")):
+                if r.get(key):
+                    run["measured_components"][name] = r[key] - base
+        if pred_calls is not None:
+            run["predicted_calls_bytes"] = pred_calls
+            calls = (run.get("measured_components") or {}).get("calls_peak")
+            if calls:
+                run["calls_error_pct"] = 100.0 * (calls - pred_calls) / pred_calls
         if run["measured_bytes"]:
             run["error_pct"] = 100.0 * (run["measured_bytes"] - pred_total) / pred_total
         if r.get("status") == "exceeded":
