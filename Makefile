@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all test-deps lint install bench bench-speed clean android-test mutate
+.PHONY: demo test test-all test-deps lint install bench bench-deps bench-speed bench-filled clean android-test mutate
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -63,10 +63,19 @@ bench: $(STAMP)
 # without AMX: on a VM whose kernel does not grant the AMX tile state (a Sapphire Rapids KVM guest here), -march=native
 # alone builds kernels that die on their first `tilezero` (SIGILL).
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
-bench-speed: $(STAMP)
+bench-deps: $(STAMP)
 	CMAKE_ARGS="-DGGML_NATIVE=ON -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'" \
 	  $(BIN)/python -m pip install -q -r requirements-bench.lock
+
+bench-speed: bench-deps
 	$(BIN)/python benchmarks/decode_speed.py
+
+# benchmarks/filled_context.py: prefill and decode at a filled context (ctx 2048 and 8192), edgekv's int4 rows vs
+# llama.cpp (f16 / q8_0 / q4_0 K and V, flash attention) and GenAI int4, KL and top-1 against fp32; BENCH_ARGS e.g.
+# "--ctx 8192 --repeats 2 --new-tokens 9 --only edgekv-ort,llamacpp,genai"
+BENCH_ARGS ?=
+bench-filled: bench-deps
+	$(BIN)/python benchmarks/filled_context.py $(BENCH_ARGS)
 
 # mutation testing (cosmic-ray, its own venv; minutes to hours: not part of `make test`) of the modules whose numbers
 # users act on, each against its own fast tests; the score goes to benchmarks/results/mutation.json and

@@ -395,6 +395,29 @@ def main(argv=None) -> dict:
             done.append((row, nbytes, spec, [], ctx))
     # the fp32 reference logits of every context, after the exports (a reference cached by an earlier run is reused)
     refs = {ctx: reference(work, ids, prompt_len(ctx, new), new, a, log) for ctx in ctxs}
+    def write(final: bool) -> None:
+        """The JSON as it stands: after every row's run (partial, so a run cut short keeps what it measured) and at
+        the end."""
+        import numpy as np
+
+        rows = []
+        for row, nbytes, spec, runs, ctx in done:
+            row = dict(row)
+            if spec is not None and runs:
+                row.update(summarize(runs, spec["n_prompt"], new))
+                row["loadavg_runs"] = [r.get("loadavg") for r in runs]
+                if "error" not in row:
+                    ref = refs[ctx]
+                    row["quality"] = ({"error": f"reference: {ref['error']}"} if isinstance(ref, dict)
+                                      else quality(np.load(ref), np.load(spec["logits_out"])))
+            rows.append(ds.finish_row(row, nbytes, result["bandwidth"]))
+        result["rows"] = rows
+        result["partial"] = not final
+        result["machine"]["loadavg_end"] = list(os.getloadavg())
+        result["seconds"] = round(time.perf_counter() - t_start, 1)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+
     for rep in range(a.repeats):
         for row, _, spec, runs, _ in done:
             if spec is None:
@@ -406,24 +429,9 @@ def main(argv=None) -> dict:
             log("  " + (f"error: {r['error']}" if "error" in r else
                         f"prefill {spec['n_prompt'] / r['prefill_s']:.1f} tok/s, decode "
                         f"{(new - 1) / r['decode_s']:.2f} tok/s, peak {r['peak_rss'] / MIB:.0f} MiB"))
-    import numpy as np
-    for row, _nbytes, spec, runs, ctx in done:
-        ref = refs[ctx]
-        if spec is None:
-            continue
-        row.update(summarize(runs, spec["n_prompt"], new))
-        row["loadavg_runs"] = [r.get("loadavg") for r in runs]
-        if "error" not in row:
-            if isinstance(ref, dict):
-                row["quality"] = {"error": f"reference: {ref['error']}"}
-            else:
-                row["quality"] = quality(np.load(ref), np.load(spec["logits_out"]))
+            write(final=False)
     ds.probe(result["bandwidth"], [a.threads], bw_args, log)
-    result["rows"] = [ds.finish_row(row, nbytes, result["bandwidth"]) for row, nbytes, *_ in done]
-    result["machine"]["loadavg_end"] = list(os.getloadavg())
-    result["seconds"] = round(time.perf_counter() - t_start, 1)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write(final=True)
     print(table(result["rows"]))
     print(f"load average {result['machine']['loadavg_start']} -> {result['machine']['loadavg_end']}; wrote {out}")
     return result

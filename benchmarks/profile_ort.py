@@ -81,10 +81,17 @@ def _graph_loop(spec: dict) -> dict:
     head = (json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]["head_size"]
             if kind == "genai" else None)
     state = []
+    # a float cache holds fp32 or fp16 values; kv-int8 / kv-int4 exports hold int8 / packed uint8 codes and fp16
+    # scales (random codes time the same kernels as real ones)
+    dtypes = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8,
+              "tensor(uint8)": np.uint8}
     for n in past:  # [batch, kv heads, slots, head_dim]; GenAI's graph names batch, slots and head_dim
         b_, h, _, d = ins[n].shape
         shape = [1, h, slots, d if isinstance(d, int) else head]
-        state.append(ort.OrtValue.ortvalue_from_numpy((rng.standard_normal(shape) * 0.5).astype(np.float32)))
+        dt = dtypes[ins[n].type]
+        v = (rng.integers(np.iinfo(dt).min, np.iinfo(dt).max, shape, dtype=dt) if np.issubdtype(dt, np.integer)
+             else (rng.standard_normal(shape) * 0.5).astype(dt))
+        state.append(ort.OrtValue.ortvalue_from_numpy(v))
     b = sess.io_binding()
     for i_name, o_name, v in zip(past, [o for o in outs if o.startswith("present")], state):
         b.bind_ortvalue_input(i_name, v)
@@ -179,7 +186,7 @@ def table(result: dict) -> str:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("export", help="an edgekv export folder with model.onnx (a float cache: GroupQueryAttention)")
+    ap.add_argument("export", help="an edgekv export folder with model.onnx (kv, kv-int8, kv-int4 ...)")
     ap.add_argument("genai", nargs="?", help="a GenAI model folder (decode_speed builds them in out/decode_speed)")
     ap.add_argument("--threads", default="2")
     ap.add_argument("--position", type=int, default=560, help="first decode position (decode_speed's mean: ~560)")
