@@ -12,7 +12,8 @@ over the new positions. A fast row that is wrong shows as wrong.
 Rows (name = family:variant):
   edgekv-pte:S/int4, edgekv-ort:S/int4  edgekv export --strategy S --weights int4 (.pte: torchao 8da4w, XNNPACK;
                                         ONNX: MatMulNBits), run by edgekv/export/runtime.py's steppers, for
-                                        S in kv:dtype=fp32, kv (fp16), kv-int8, kv-int4, window, mla (converted)
+                                        S in kv:dtype=fp32, kv (fp16), kv-int8, kv-int8c (static per-channel
+                                        scales, read by GroupQueryAttention), kv-int4, window, mla (converted)
   llamacpp:f16 / q8_0 / q4_0            llama.cpp (llama-cpp-python), the same GGUF, flash attention on, K and V type
   genai:int4                            ONNX Runtime GenAI, its own builder's int4 model of the same weights
 Every row runs in a fresh process (benchmarks/decode_speed.py's run_child) and the repeats go round the rows. Memory
@@ -41,7 +42,7 @@ import decode_speed as ds
 
 ROOT = ds.ROOT
 MIB = ds.MIB
-STRATEGIES = ("kv:dtype=fp32", "kv", "kv-int8", "kv-int4", "window", "mla")
+STRATEGIES = ("kv:dtype=fp32", "kv", "kv-int8", "kv-int8c", "kv-int4", "window", "mla")
 PEERS = ("llamacpp:f16", "llamacpp:q8_0", "llamacpp:q4_0", "genai:int4")
 QUICK = ("edgekv-pte:kv:dtype=fp32/int4", "edgekv-ort:kv:dtype=fp32/int4", "edgekv-pte:kv-int8/int4",
          "edgekv-ort:kv-int8/int4", "llamacpp:f16", "llamacpp:q8_0", "genai:int4")

@@ -10,7 +10,7 @@ ARM=${EDGEKV_ARM64_DIR:-$HERE/.arm64}
 ROOT=$ARM/root
 VENV=/opt/venv                       # inside ROOT
 LOCK=$HERE/requirements.lock
-# What the runner (python -m edgekv.profile.arm64) imports, in two stages, each with its own stamp, so that ONNX
+# What the runner (python -m edgekv.profile.arm64_child) imports, in two stages, each with its own stamp, so that ONNX
 # Runtime runs even where the second cannot be installed. Every package pip pulls in is pinned by requirements.lock,
 # given as constraints.
 # Stage 1: ONNX Runtime and the tensor libraries (~50 MB).

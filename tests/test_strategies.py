@@ -21,6 +21,7 @@ HAND = {
     "kv-int8": ("smollm2-135m", 2 * 30 * 3 * CTX * (64 * 1 + 1 * 2)),  # int8 codes + one fp16 scale per token, head
     "kv-int4": ("smollm2-135m", 2 * 30 * 3 * CTX * (64 // 2 + 2 * (64 // 32) * 2)),  # packed + fp16 scale, zero / 32
     "kv-int2": ("smollm2-135m", 2 * 30 * 3 * CTX * (64 // 4 + 2 * (64 // 32) * 2)),
+    "kv-int8c": ("smollm2-135m", 2 * 30 * 3 * CTX * 64),  # int8 codes alone: the static scales are the graph's
     "window": ("smollm2-135m", 2 * 30 * 3 * min(CTX, 4096 + 4) * 64 * 2),  # W + sinks cover 1024: every token
     "mla": ("smollm2-135m", 30 * CTX * (3 * 64) * 2),  # converted: a latent of rank Hkv x D = 192, fp16
     "ssm": ("mamba-130m", 24 * (1536 * 3 * 4 + 1536 * 16 * 4)),  # conv state (K - 1 taps) + SSM state, fp32
@@ -62,7 +63,8 @@ def test_traits_are_the_strategies_own():
     assert parse_strategy("window:w=100,sinks=2").window_tokens == 102 and parse_strategy("kv").window_tokens is None
     w = parse_strategy("window:w=100,sinks=2")
     assert (w.recent_tokens, w.sink_tokens) == (100, 2) and parse_strategy("kv").recent_tokens is None
-    assert [n for n, c in REGISTRY.items() if c.kv_cache] == ["kv", "kv-int8", "kv-int4", "kv-int2", "window"]
+    assert [n for n, c in REGISTRY.items() if c.kv_cache] == ["kv", "kv-int8", "kv-int4", "kv-int2", "kv-int8c",
+                                                              "window"]
     assert parse_strategy("ring:n=4").n_gpus == 4 and parse_strategy("kv").n_gpus == 1
     assert [n for n, c in REGISTRY.items() if not c.exportable] == ["ring"]
     assert [n for n, c in REGISTRY.items() if c.converts_to_latent] == ["mla"]
@@ -72,6 +74,11 @@ def test_traits_are_the_strategies_own():
         parse_strategy("ssm").layout(catalog_arch("smollm2-135m"), CTX)
     assert parse_strategy("kv").fused_attention("onnxruntime") and not parse_strategy("kv-int8").fused_attention(
         "onnxruntime")
+    # kv-int8c: GroupQueryAttention reads its codes; no ExecuTorch kernel does (the .pte keeps the eager layer)
+    c = parse_strategy("kv-int8c")
+    assert c.kv_bits == 8 and c.static_scales and c.fused_attention("onnxruntime") and not c.fused_attention(
+        "executorch")
+    assert [n for n, c in REGISTRY.items() if c.static_scales] == ["kv-int8c"]
 
 
 class KvHalf(Kv):

@@ -210,6 +210,9 @@ class RecallProbe:
             if i == 0:
                 self.loaded, self.trained = lv, trained_context(lv)
             else:
+                from ..export.calibrate import calibrate_loaded
+                from .run import Encoder
+                calibrate_loaded(lv, Encoder.for_model(lv) if lv.arch.vocab != 256 else None)
                 check_variant_changes_something(model, self.loaded, v, lv)
             if v.weight_bits:
                 fake_quantize_weights(lv.module, v.weight_bits)

@@ -220,6 +220,7 @@ class Runner:
     """Loads the reference and the variants, then advances all of them through the text one call at a time."""
 
     def __init__(self, model: str, base: Strategy, variants: list[Variant], ctx: int, chunk: int, seed: int = 0):
+        from ..export.calibrate import calibrate_loaded
         from ..models import load_any
 
         self.model, self.ctx, self.chunk = model, ctx, chunk
@@ -229,6 +230,7 @@ class Runner:
         self.loaded = []
         for i, v in enumerate(variants):
             lv = load_any(model, v.strategy, ctx)
+            calibrate_loaded(lv, Encoder.for_model(lv) if lv.arch.vocab != 256 else None)
             check_variant_changes_something(model, self.ref, v, lv)
             if v.weight_bits:
                 fake_quantize_weights(lv.module, v.weight_bits)
@@ -336,7 +338,7 @@ def make_variants(base: Strategy, bits: list[int] | None, roundings: list[str], 
         for b in bits or [base.kv_bits or 4]:
             if b not in (8, 4, 2, 16):
                 raise EdgekvError(f"--bits {b}: a KV cache is stored in 16 (fp16), 8, 4 or 2 bits")
-            spec = "kv:dtype=fp16" if b == 16 else f"kv-int{b}"
+            spec = "kv:dtype=fp16" if b == 16 else base.name if base.static_scales and b == 8 else f"kv-int{b}"
             group = base.params.get("group") if base.kv_bits and base.kv_bits < 8 else None
             if b < 8 and group not in (None, DEFAULTS[spec]["group"]):  # the group the user asked for, e.g. 16
                 spec += f":group={group}"

@@ -52,8 +52,9 @@ def _need(module: str) -> None:
 @click.option("-m", "--model", required=True, help="the weights: a .gguf file, an HF folder (config.json + "
               "*.safetensors), or the packaged smollm2-135m (a catalog name alone is a shape, not weights)")
 @click.option("--strategy", default=None,
-              help="state strategy [default: kv]: kv[:dtype=fp32|fp16], kv-int8, kv-int4[:group=G], kv-int2 (GQA "
-              "models); window[:w=W,sinks=S] (GQA); mla[:rank=r|ratio=x] (DeepSeek-V2 native, or converted from a "
+              help="state strategy [default: kv]: kv[:dtype=fp32|fp16], kv-int8, kv-int4[:group=G], kv-int2, kv-int8c "
+              "(int8 with static per-channel scales calibrated at export, read in place by ONNX Runtime's "
+              "GroupQueryAttention) (GQA models); window[:w=W,sinks=S] (GQA); mla[:rank=r|ratio=x] (DeepSeek-V2 native, or converted from a "
               "GQA model); ssm[:dtype=fp32|fp16|int8] (Mamba-1/2); linear (RWKV-4); hybrid[:dtype=..,state_dtype=..] "
               "(Jamba)")
 @click.option("--rank", type=click.IntRange(1), default=None,

@@ -133,6 +133,9 @@ def strategy_entry(strategy, module) -> dict:
     """The manifest's strategy: name, params, label; a converted MLA adds its rank and per-layer relative
     factorisation error ||W - W_up W_down||_F / ||W||_F of W = [W_k; W_v] (edgekv.models.converted_mla.factorise_kv)."""
     out = {"name": strategy.name, "params": strategy.params, "label": strategy.label}
+    calibration = getattr(module, "calibration", None)
+    if calibration:  # kv-int8c: how its static scales were set (edgekv.export.calibrate)
+        out["calibration"] = calibration
     errors = getattr(module, "errors", None)
     if errors:
         out["rank"] = int(module.rank)

@@ -53,7 +53,8 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
     if quantized and opts.max_ctx < QUALITY_TOKENS:
         raise EdgekvError(f"--weights {opts.weights} is checked against fp32 over {QUALITY_TOKENS} tokens of real "
                           f"text: use --max-ctx {QUALITY_TOKENS} or more")
-    names = ["load", "tokenizer"] + (["quantize"] if quantized and "pte" in opts.formats else []) + ["trace"]
+    names = ["load", "tokenizer"] + (["calibrate"] if strategy.static_scales else []) \
+        + (["quantize"] if quantized and "pte" in opts.formats else []) + ["trace"]
     for f in opts.formats:
         names += [f"lower-{f}", f"serialize-{f}"] + (["quantize-onnx"] if quantized and f == "onnx" else [])
     names += [f"verify-{f}" for f in opts.formats if not (quantized and f == "onnx")]
@@ -108,6 +109,12 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
         if tok_entry:
             from tokenizers import Tokenizer
             tokenizer = Tokenizer.from_file(str(tmp / tok_entry["file"]))
+
+    if "calibrate" in st.names:  # kv-int8c: the static per-channel scales, before any copy of the module is made
+        from .calibrate import CALIB_TOKENS, calibrate, calibration_ids
+        n = min(CALIB_TOKENS, opts.max_ctx)
+        with st.stage("calibrate", f"static K/V scales per channel from {n} tokens of real text (eager fp32)"):
+            module.calibration = calibrate(module, calibration_ids(tokenizer, args.vocab, n))
 
     qmodule, quantization = module, {}
     if "quantize" in st.names:

@@ -66,7 +66,7 @@ def why_not(runner: str, layout) -> str | None:
             return (f"GenAI's decoder feeds past key/value caches only; {_describe(layout)} is not one it can carry "
                     "(use edgekv's stepper: edgekv run --runtime ort)")
         if roles != {"key", "value"} or {t.dtype for t in layout.tensors} - {"float32", "float16"}:
-            return (f"GenAI's CPU cache holds float keys and values; {layout.strategy} stores quantized codes + scales "
+            return (f"GenAI's CPU cache holds float keys and values; {layout.strategy} stores quantized codes "
                     "(use kv or kv:dtype=fp16, or edgekv's stepper / the ExecuTorch runner for a quantized cache)")
         if rolling:
             return (f"GenAI keeps one cache slot per position up to context_length; {layout.strategy} keeps a ring of "

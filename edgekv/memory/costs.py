@@ -43,7 +43,8 @@ KV_READ = {v["cost_model"]: v["kv_read"]["value"] for v in PLAN_RUNTIMES.values(
 def kv_read(runtime: str, strategy: Strategy) -> str:
     """How the runtime's attention reads this strategy's cache: 'in place', 'cast' or 'dequantized copy'
     (edgekv/costs/runtimes.json kv_read; a runtime not listed there dequantizes whole layers)."""
-    key = {8: "int8", 4: "int4", 2: "int2"}.get(strategy.kv_bits or 0) or strategy.params.get("dtype", "fp32")
+    key = strategy.kv_read_key or {8: "int8", 4: "int4", 2: "int2"}.get(strategy.kv_bits or 0) \
+        or strategy.params.get("dtype", "fp32")
     return KV_READ.get(runtime, {}).get(key, "dequantized copy" if strategy.kv_bits else "cast")
 
 

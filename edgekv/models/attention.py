@@ -24,7 +24,10 @@ import math
 import torch
 from torch import nn
 
+from .cache import KVFormat
 from .layers import RMSNorm, rotate_half
+
+FLOAT_FMT = KVFormat(torch.float32)  # the exact rows a calibration call attends over
 
 
 class Call:
@@ -81,6 +84,12 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.cache = self.fmt = None  # set by the model (Llama) from its layout
+        self.calib = None  # a static-scale cache's calibration: [key, value] largest |value| per (Hkv, D) so far
+
+    def use_static_scales(self) -> None:
+        """Give the layer the constants of a static-scale int8 cache (kv-int8c): kv_scale [2, Hkv, D] (keys, values),
+        ones until edgekv.export.calibrate sets them. Not in the state dict: the checkpoint has no such tensor."""
+        self.register_buffer("kv_scale", torch.ones(2, self.hkv, self.dh), persistent=False)
 
     def _rotated(self, q, k, v, cos, sin):
         """q [1, C, H*D], k, v [1, C, Hkv*D] -> q [C, H, D], k, v [C, Hkv, D], q and k rotated (RoPE at their
@@ -117,24 +126,39 @@ class Attention(nn.Module):
             cache, fmt = self.cache, self.fmt
             g = self.h // self.hkv
             plan = call.once(cache, lambda: cache.plan(call.pos, call.positions, g, fmt.dtype or torch.float32))
+            if fmt.static:
+                return self._attend(x, cos, sin, plan[2], k_state, v_state,
+                                    lambda new, st, which: self._store_static(cache, fmt, new, st, which, plan))
             return self._attend(x, cos, sin, plan[2], k_state, v_state,
-                                lambda new, st: cache.update_and_fetch(fmt, blend, new, st, plan))
+                                lambda new, st, which: cache.update_and_fetch(fmt, blend, new, st, plan))
         return self.explicit(x, cos, sin, *args)
+
+    def _store_static(self, cache, fmt, new, st, which: int, plan):
+        """A static-scale int8 cache (kv-int8c): the rows quantized with this layer's kv_scale[which] ([2, Hkv, D]:
+        keys, values). While calibrating (self.calib a list, edgekv.export.calibrate) the state is left as it is,
+        each channel's largest |value| recorded, and attention reads the exact fp32 rows: calibration is one call
+        from position 0, so the call's own rows are all it sees."""
+        if self.calib is None:
+            return cache.update_and_fetch(fmt, blend, new, st, plan, self.kv_scale[which])
+        m = new.detach().abs().amax(0)  # [Hkv, D]
+        self.calib[which] = m if self.calib[which] is None else torch.maximum(self.calib[which], m)
+        zero = torch.zeros(st[0].shape, dtype=torch.float32)
+        return st, cache.update_and_fetch(FLOAT_FMT, blend, new, (zero,), plan)[1]
 
     def explicit(self, x, cos, sin, write, keep, mask, k_state, v_state, fmt, rolling: bool = False, delta=None):
         """The step on a given plan: write [T, C] one-hot (slot t <- token c), keep [T, 1], mask [G*C, T] additive
         ([G*C, T + C] for a rolling cache: RollingCache.plan); delta as _qkv takes it."""
         put = fmt.roll if rolling else fmt.write
-        return self._attend(x, cos, sin, mask, k_state, v_state, lambda new, st: put(blend, new, st, write, keep),
-                            delta)
+        return self._attend(x, cos, sin, mask, k_state, v_state,
+                            lambda new, st, which: put(blend, new, st, write, keep), delta)
 
     def _attend(self, x, cos, sin, mask, k_state, v_state, store, delta=None):
-        """store(new rows [C, Hkv, D], state) -> (new state, fp32 rows to attend over: [Hkv, T, D], or [Hkv, T + C, D]
-        for a rolling cache). Matmuls are 3-D (bmm): no broadcast expand copies."""
+        """store(new rows [C, Hkv, D], state, 0 for keys | 1 for values) -> (new state, fp32 rows to attend over:
+        [Hkv, T, D], or [Hkv, T + C, D] for a rolling cache). Matmuls are 3-D (bmm): no broadcast expand copies."""
         c, g = x.shape[1], self.h // self.hkv
         q, k, v = self._qkv(x, cos, sin, delta)
-        k_state, kf = store(k, k_state)
-        v_state, vf = store(v, v_state)
+        k_state, kf = store(k, k_state, 0)
+        v_state, vf = store(v, v_state, 1)
         # query head h = kv*G + g (repeat_kv's order) -> row g*C + c of KV head kv
         qg = q.view(c, self.hkv, g, self.dh).permute(1, 2, 0, 3).reshape(self.hkv, g * c, self.dh)
         scores = torch.bmm(qg, kf.transpose(1, 2)) * self.scale + mask  # [Hkv, G*C, T (+C)]

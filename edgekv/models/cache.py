@@ -23,43 +23,57 @@ from ..strategies import DTYPE_BYTES, StateLayout, parse_strategy
 from .base import TORCH_DTYPES
 
 
+def quantize_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [C, Hkv, D] fp32, scale [Hkv, D] -> int8 codes clip(round(x / scale), -128, 127), round half to even: what
+    ONNX Runtime's GroupQueryAttention writes into a PER_CHANNEL int8 cache (checked against it in
+    tests/test_kv_int8c.py)."""
+    return torch.round(x / scale).clamp(-128, 127).to(torch.int8)
+
+
 class KVFormat:
     """How one key (or value) cache is stored: a plain tensor in a float dtype, or quantized codes + fp16 scale
     (+ fp16 zero below 8 bits) per group of head_dim channels, exactly as edgekv.quant defines them (the planner's
     StateLayout counts the same tensors). Each call quantizes only its new tokens and reads the cache back
     dequantized to fp32, one layer at a time."""
 
-    def __init__(self, dtype: torch.dtype | None, bits: int | None = None, group: int = 0):
-        self.dtype, self.bits, self.group = dtype, bits, group
-        self.n = 1 if bits is None else (2 if bits == 8 else 3)  # state tensors per key (or value)
+    def __init__(self, dtype: torch.dtype | None, bits: int | None = None, group: int = 0, static: bool = False):
+        self.dtype, self.bits, self.group, self.static = dtype, bits, group, static
+        # state tensors per key (or value): a static-scale int8 cache (kv-int8c) keeps its codes only
+        self.n = 1 if bits is None or static else (2 if bits == 8 else 3)
         self.rounding, self.generator = "nearest", None  # edgekv analyze may switch to stochastic rounding
 
-    def store(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """x [C, Hkv, D] fp32 -> the n tensors that hold it: (x,) for a float cache (cast where it is written), or
-        (codes, scale[, zero])."""
+    def store(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """x [C, Hkv, D] fp32 -> the n tensors that hold it: (x,) for a float cache (cast where it is written),
+        (codes, scale[, zero]), or for a static-scale cache (codes,) with scale [Hkv, D] the layer's constant."""
         if self.bits is None:
             return (x,)
+        if self.static:
+            return (quantize_static(x, scale),)
         codes, scale, zero = quantize(x, self.bits, self.group, self.rounding, self.generator)
         return (codes, scale) if self.bits == 8 else (codes, scale, zero)
 
-    def read(self, parts) -> torch.Tensor:
+    def read(self, parts, scale: torch.Tensor | None = None) -> torch.Tensor:
         """The n state tensors of one cache (or their [Hkv, T, X] slices) -> fp32 [..., D]."""
         if self.bits is None:
             return parts[0].float()
+        if self.static:
+            return parts[0].float() * scale[:, None, :]
         return dequantize(parts[0], parts[1], parts[2] if self.bits < 8 else None, self.bits, self.group)
 
-    def write(self, put, x, state, write, keep):
+    def write(self, put, x, state, write, keep, scale=None):
         """x [C, Hkv, D] fp32 -> (new state tuple, fp32 cache [Hkv, T, D] for attention)."""
-        new = tuple(put(old, part, write, keep) for old, part in zip(state, self.store(x)))
-        return new, self.read(tuple(t[0] for t in new))
+        new = tuple(put(old, part, write, keep) for old, part in zip(state, self.store(x, scale)))
+        return new, self.read(tuple(t[0] for t in new), scale)
 
-    def roll(self, put, x, state, write, keep):
+    def roll(self, put, x, state, write, keep, scale=None):
         """A rolling layer: x [C, Hkv, D] fp32 -> (new state, fp32 [Hkv, T + C, D]: the cache as it was before this
         call, then this call's C tokens as the cache stores them, i.e. rounded to its dtype or its quantizer)."""
-        parts = self.store(x)
-        old = self.read(tuple(t[0] for t in state))
+        parts = self.store(x, scale)
+        old = self.read(tuple(t[0] for t in state), scale)
         if self.bits is None:
             new = x.to(self.dtype).float()
+        elif self.static:  # codes [C, Hkv, D]
+            new = parts[0].float() * scale
         else:
             new = self.read(parts)
         new_state = tuple(put(o, part, write, keep) for o, part in zip(state, parts))
@@ -69,6 +83,8 @@ class KVFormat:
         """Bytes one (token, KV head) row of this cache takes: codes plus fp16 scale (and zero) per group."""
         if self.bits is None:
             return int(head_dim * DTYPE_BYTES[str(self.dtype).removeprefix("torch.")])
+        if self.static:
+            return head_dim
         groups = head_dim // (self.group or head_dim)
         return head_dim * self.bits // 8 + groups * 2 * (1 if self.bits == 8 else 2)
 
@@ -88,9 +104,10 @@ class FullCache:
         allowed = slots[None, :] <= positions.repeat(g)[:, None]  # [G*C, T]
         return write, keep, torch.where(allowed, 0.0, float("-inf"))
 
-    def update_and_fetch(self, fmt: KVFormat, put, x, state, plan):
-        """x [C, Hkv, D] -> (new state tuple, fp32 [Hkv, T, D] to attend over with plan's mask)."""
-        return fmt.write(put, x, state, plan[0], plan[1])
+    def update_and_fetch(self, fmt: KVFormat, put, x, state, plan, scale=None):
+        """x [C, Hkv, D] -> (new state tuple, fp32 [Hkv, T, D] to attend over with plan's mask); scale: a
+        static-scale cache's [Hkv, D]."""
+        return fmt.write(put, x, state, plan[0], plan[1], scale)
 
     def nbytes(self, fmt: KVFormat, hkv: int, head_dim: int) -> int:
         """Bytes of this layer's key and value state."""
@@ -151,9 +168,9 @@ class RollingCache:
         keep = (write.sum(1, keepdim=True) == 0).to(cache_dtype)  # [T, 1]
         return write, keep, mask
 
-    def update_and_fetch(self, fmt: KVFormat, put, x, state, plan):
+    def update_and_fetch(self, fmt: KVFormat, put, x, state, plan, scale=None):
         """x [C, Hkv, D] -> (new state tuple, fp32 [Hkv, T + C, D]: the old cache, then the call's rows)."""
-        return fmt.roll(put, x, state, plan[0], plan[1])
+        return fmt.roll(put, x, state, plan[0], plan[1], scale)
 
     nbytes = FullCache.nbytes
 
@@ -195,7 +212,8 @@ def check_layout(a, layout: StateLayout) -> tuple[KVFormat, list[FullCache | Rol
     layer's rolling size (a: LlamaArgs). Returns how each is stored and each layer's cache."""
     bits = 8 if any(t.dtype == "int8" for t in layout.tensors) else \
         next((t.packed_bits for t in layout.tensors if t.packed_bits), None)
-    if bits is None:
+    static = bits == 8 and not any(t.role.endswith(".scale") for t in layout.tensors)  # kv-int8c
+    if bits is None or static:
         roles = ["key", "value"]
     elif bits == 8:
         roles = ["key", "key.scale", "value", "value.scale"]
@@ -213,6 +231,8 @@ def check_layout(a, layout: StateLayout) -> tuple[KVFormat, list[FullCache | Rol
         if t.role in ("key", "value") and t.shape != (1, a.n_kv_heads, cache.slots, stored_d):
             raise EdgekvError(f"{t.name}: shape {t.shape} is not [1, {a.n_kv_heads}, {cache.slots}, {stored_d}] "
                               f"(layer {t.layer}: {'ctx slots' if not cache.rolling else cache})")
+    if static:
+        return KVFormat(None, 8, 0, static=True), caches
     if bits is not None:
         return KVFormat(None, bits, a.head_dim // layout.tensors[1].shape[-1]), caches
     dtypes = {t.dtype for t in layout.tensors}

@@ -216,6 +216,8 @@ class Llama(DecoderShell):
                                                                             1.0 if args.gemma else 0.0))
         for blk, cache in zip(self.model.layers, self.caches):
             blk.self_attn.cache, blk.self_attn.fmt = cache, self.kv
+            if self.kv.static:
+                blk.self_attn.use_static_scales()
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
         # Gemma 3: the sliding layers' own RoPE base (default rope, no scaling)
         self.local_rope = args.local_rope_theta is not None

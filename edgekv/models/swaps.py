@@ -5,7 +5,7 @@ other layers keep the eager Attention (edgekv.models.attention). The eager model
 serve as the reference a trace is verified against.
 
   onnxruntime   GQAAttention: ONNX Runtime's com.microsoft::GroupQueryAttention (the op ONNX Runtime GenAI's models
-                use), on a float cache with one slot per position. Every RMSNorm becomes OnnxRMSNorm, the form ORT
+                use), on a float cache, or a static-scale int8 one (kv-int8c), with one slot per position. Every RMSNorm becomes OnnxRMSNorm, the form ORT
                 fuses into SimplifiedLayerNormalization.
   executorch    SdpaAttention: ExecuTorch's llama::custom_sdpa (its LLM custom ops, as ExecuTorch's own Llama
                 export), on a float or quantized cache with one slot per position.
@@ -83,6 +83,8 @@ class GQAAttention(Attention):
         k_cache, v_cache = k_state[0], v_state[0]
         qkv = self.qkv_proj(x)
         dt = k_cache.dtype
+        static = dt == torch.int8  # kv-int8c: the op quantizes the new rows with the layer's scales and reads codes
+        io = torch.float32 if static else dt  # q, k, v and the output
         attrs = {"num_heads": self.h, "kv_num_heads": self.hkv, "scale": self.scale}
         if self.rope is not None:  # the packed q/k/v go in as they are; the op rotates at positions pos..pos+C-1
             inputs = [qkv, None, None, k_cache, v_cache, *lens, self.rope.cos, self.rope.sin]
@@ -90,10 +92,14 @@ class GQAAttention(Attention):
         else:  # rotate in fp32 here, then round q, k, v to the cache dtype
             parts = qkv.split([self.h * self.dh, self.hkv * self.dh, self.hkv * self.dh], dim=-1)
             q, k, v = self._rotated(*parts, cos, sin)
-            inputs = [*(t.reshape(1, c, -1).to(dt) for t in (q, k, v)), k_cache, v_cache, *lens]
+            inputs = [*(t.reshape(1, c, -1).to(io) for t in (q, k, v)), k_cache, v_cache, *lens]
+        if static:  # inputs 12, 13: k_scale, v_scale [1, Hkv, 1, D], after cos/sin, position_ids, bias, head_sink
+            inputs += [None] * (12 - len(inputs))
+            inputs += [self.kv_scale[0].reshape(1, self.hkv, 1, self.dh), self.kv_scale[1].reshape(1, self.hkv, 1, self.dh)]
+            attrs.update(k_quant_type="PER_CHANNEL", v_quant_type="PER_CHANNEL", kv_cache_bit_width=8)
         out, nk, nv = torch.onnx.ops.symbolic_multi_out(
             "com.microsoft::GroupQueryAttention", inputs, attrs,
-            dtypes=[dt, dt, dt], shapes=[[1, c, self.h * self.dh], list(k_cache.shape), list(v_cache.shape)],
+            dtypes=[io, dt, dt], shapes=[[1, c, self.h * self.dh], list(k_cache.shape), list(v_cache.shape)],
             version=1)
         return self.o_proj(out.float()), (nk,), (nv,)
 
@@ -192,7 +198,7 @@ def _gqa_setup(model, layers):
     """The op's rotary tables [max_ctx, D/2] when it can rotate q and k itself: a fp32 cache and one RoPE for every
     layer with nothing between the projection and the rotation (no qk-norm, no second RoPE base, no NoPE layer)."""
     a = model.args
-    if layers and all(at.fmt.dtype == torch.float32 for at in layers) and len(layers) == a.n_layers \
+    if layers and all(at.fmt.dtype == torch.float32 or at.fmt.static for at in layers) and len(layers) == a.n_layers \
             and not a.qk_norm and a.local_rope_theta is None and a.rope_layers is None:
         freqs = torch.arange(model.layout.ctx, dtype=torch.int64).float()[:, None] * model.inv_freq[None, :]
         return Constants(cos=freqs.cos(), sin=freqs.sin())
@@ -248,8 +254,10 @@ def _one_slot_per_position(at: Attention) -> bool:
 
 
 SWAPS: dict[str, list[Swap]] = {
-    "onnxruntime": [Swap(lambda at: _one_slot_per_position(at) and at.fmt.bits is None, _gqa_make, _gqa_setup)],
-    "executorch": [Swap(_one_slot_per_position, _sdpa_make, _sdpa_setup)],
+    "onnxruntime": [Swap(lambda at: _one_slot_per_position(at) and (at.fmt.bits is None or at.fmt.static),
+                         _gqa_make, _gqa_setup)],
+    # a static-scale int8 cache (kv-int8c) has no ExecuTorch kernel: the .pte keeps the eager layer
+    "executorch": [Swap(lambda at: _one_slot_per_position(at) and not at.fmt.static, _sdpa_make, _sdpa_setup)],
 }
 NORM_SWAPS = {"onnxruntime": OnnxRMSNorm}  # the norms' form where any layer is swapped
 

@@ -21,7 +21,7 @@ runtimes' kernel selection follows (they read the features from the auxiliary ve
 
 How the arm64 memory is measured: edgekv.profile.qemu_rss (the guest's mappings split out of qemu's RSS).
 
-The child (`python -m edgekv.profile.arm64`, run by both sides) needs only numpy, the runtime, and edgekv's own
+The child (`python -m edgekv.profile.arm64_child`, run by both sides) needs only numpy, the runtime, and edgekv's own
 light modules (edgekv.export.runtime and what it imports: no torch model code, no jsonschema): the parent binds the
 edgekv package read-only into the root at /opt/edgekv/edgekv, the artifact folder read-only at /mnt/artifact and a
 fresh output folder at /mnt/out, in a private mount namespace (unshare) that vanishes with the child, so nothing is
@@ -81,79 +81,6 @@ def check_env(root: Path | None = None) -> Path:
 # ---- the child: one run of the artifact, on either side ----
 
 
-def _status() -> dict:
-    from .procmem import status_bytes
-    return status_bytes()
-
-
-def _mark(name: str, sync: bool) -> None:
-    """Tell the parent where the run is, with the guest's own mappings (qemu's emulated /proc/self/maps), and wait
-    until it has read the host's view of this process."""
-    if not sync:
-        return
-    sys.stdout.write("MARK " + json.dumps({"name": name, "maps": Path("/proc/self/maps").read_text()}) + "\n")
-    sys.stdout.flush()
-    sys.stdin.readline()
-
-
-def _state_arrays(stepper) -> list:
-    import numpy as np
-    return [np.asarray(s if isinstance(s, np.ndarray) else s.contiguous().numpy()) for s in stepper.state]
-
-
-def child_main() -> None:
-    """Args (one JSON line on stdin): {artifact, out, runtime (ort, executorch or none: the interpreter alone),
-    prompt, steps, threads, force (tokens to feed instead of its own argmax), sync}. Writes out/result.npz
-    (logits of the last prompt position and of each step, the state at the end) and prints one JSON line."""
-    args = json.loads(sys.stdin.readline())
-    sync = bool(args.get("sync"))
-    res = {"machine": platform.machine(), "python": platform.python_version(), "runtime": args["runtime"]}
-    res["python_bytes"] = _status()["VmRSS"]
-    _mark("interpreter", sync)
-    if args["runtime"] == "none":
-        res["peak_bytes"] = _status()["VmHWM"]
-        sys.stdout.write(json.dumps(res) + "\n")
-        return
-    if args.get("threads"):
-        os.environ["OMP_NUM_THREADS"] = str(args["threads"])
-    if args["runtime"] == "ort":
-        import onnxruntime
-        res["runtime_version"] = onnxruntime.__version__
-    else:
-        from executorch.runtime import Runtime  # noqa: F401  (imports torch)
-        from importlib.metadata import version
-        res["runtime_version"] = version("executorch")
-    import numpy as np
-
-    from ..export.runtime import open_stepper
-    from .procmem import reset_hwm
-    folder = Path(args["artifact"])
-    manifest = json.loads((folder / "manifest.json").read_text())  # the parent checked it (schema, sha256)
-    res["runtime_baseline_bytes"] = _status()["VmRSS"]
-    _mark("baseline", sync)
-    res["hwm_reset"] = reset_hwm()
-    stepper = open_stepper(folder, manifest, args["runtime"], args.get("threads"))
-    res["after_load_bytes"] = _status()["VmRSS"]
-    prompt, force = args["prompt"], args.get("force")
-    rows = [stepper.prefill(prompt, last=True)[-1]]  # as generation does: the last row only
-    own = [int(rows[-1].argmax())]
-    pos = len(prompt)
-    for i in range(args["steps"]):
-        nxt = force[i] if force else own[-1]
-        rows.append(stepper.step([nxt], pos, last=True)[-1])
-        own.append(int(rows[-1].argmax()))
-        pos += 1
-    st = _status()
-    res.update(tokens=own, peak_bytes=st["VmHWM"], rss_end_bytes=st["VmRSS"])
-    _mark("end", sync)
-    state = _state_arrays(stepper)
-    np.savez(Path(args["out"]) / "result.npz", logits=np.stack(rows).astype(np.float32),
-             **{f"state{i}": s for i, s in enumerate(state)})
-    sys.stdout.write(json.dumps(res) + "\n")
-
-
-# ---- the parent ----
-
 def _pythonpath() -> str:
     return os.pathsep.join([str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
 
@@ -198,7 +125,7 @@ def run_host(folder: Path, out: Path, runtime: str, prompt, steps, threads, forc
     env = {**child_env(), "PYTHONPATH": _pythonpath()}
     args = {"artifact": str(folder.resolve()), "out": str(out), "runtime": runtime, "prompt": prompt,
             "steps": steps, "threads": threads, "force": force, "sync": False}
-    return _run([sys.executable, "-m", "edgekv.profile.arm64"], env, args, timeout, None)
+    return _run([sys.executable, "-m", "edgekv.profile.arm64_child"], env, args, timeout, None)
 
 
 def run_arm64(root: Path, folder: Path, out: Path, runtime: str, prompt, steps, threads, force=None,
@@ -212,7 +139,7 @@ def run_arm64(root: Path, folder: Path, out: Path, runtime: str, prompt, steps, 
               'mount --bind "$1" "$R' + IN_ROOT["pkg"] + '"; mount -o remount,bind,ro "$R' + IN_ROOT["pkg"] + '"; '
               'mount --bind "$2" "$R' + IN_ROOT["artifact"] + '"; mount -o remount,bind,ro "$R' + IN_ROOT["artifact"]
               + '"; mount --bind "$3" "$R' + IN_ROOT["out"] + '"; exec chroot "$R" ' + VENV_PY
-              + ' -m edgekv.profile.arm64')
+              + ' -m edgekv.profile.arm64_child')
     cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(root), str(PKG_DIR),
            str(folder.resolve()), str(out)]
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
@@ -416,6 +343,3 @@ def arch_command(cctx, export_dir, arch, ctxs, steps, runtime, threads, as_json,
     else:
         print_table(rep)
 
-
-if __name__ == "__main__":
-    child_main()

@@ -9,7 +9,7 @@ tests; `parse_strategy`, `edgekv plan`'s default list, export's exportable list 
 from . import kv, mla, recurrent, ring  # noqa: F401  (registers the classes, in this order)
 from .base import (REGISTRY, NotApplicable, ParamsDoNotFit, Strategy, build_layout, defaults_for, native_strategy,
                    parse_strategy, register)
-from .kv import Kv, KvInt2, KvInt4, KvInt8, Window
+from .kv import Kv, KvInt2, KvInt4, KvInt8, KvInt8Channel, Window
 from .layout import (DTYPE_BYTES, KV_DTYPES, StateLayout, StateTensor, _kv_pair, _linear_state, _ssm_pair,
                      per_token_int8)
 from .mla import Mla, mla_rank
@@ -20,7 +20,7 @@ NAMES = tuple(REGISTRY)
 DEFAULTS = {n: dict(c.defaults) for n, c in REGISTRY.items()}
 
 __all__ = ["REGISTRY", "NotApplicable", "ParamsDoNotFit", "Strategy", "build_layout", "defaults_for",
-           "native_strategy", "parse_strategy", "register", "Kv", "KvInt2", "KvInt4", "KvInt8", "Window",
+           "native_strategy", "parse_strategy", "register", "Kv", "KvInt2", "KvInt4", "KvInt8", "KvInt8Channel", "Window",
            "DTYPE_BYTES", "KV_DTYPES", "StateLayout", "StateTensor", "_kv_pair", "_linear_state", "_ssm_pair",
            "per_token_int8", "Mla", "mla_rank", "Hybrid", "LinearState", "Ssm", "hybrid_kv", "Ring", "build_ring_layout", "NAMES",
            "DEFAULTS"]

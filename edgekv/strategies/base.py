@@ -67,6 +67,8 @@ class Strategy:
     needs_family: ClassVar[str | None] = None  # the only Arch family it applies to, for plan's alternatives
     recurrent: ClassVar[bool] = False  # keeps a recurrent state (analyze runs it one token per call)
     kv_cache: ClassVar[bool] = False  # keeps K and V per attention layer (kv, kv-int8/int4/int2, window)
+    static_scales: ClassVar[bool] = False  # a quantized cache whose scales are constants of the graph (kv-int8c)
+    kv_read_key: ClassVar[str | None] = None  # the key of runtimes.json kv_read, where not its bits or dtype
 
     # ---- parsing and naming ----
 

@@ -134,6 +134,41 @@ class KvInt2(_QuantizedKv):
 
 
 @register
+class KvInt8Channel(_QuantizedKv):
+    """int8 codes with static scales, one per (layer, KV head, channel) for K and for V, calibrated once at export
+    over real text (edgekv.export.calibrate) and kept in the graph as constants: the state is the codes alone
+    (past_key_values.{i}.key / .value int8 [1, Hkv, T, D], no .scale tensors). This is the cache ONNX Runtime's
+    GroupQueryAttention reads in place (k_quant_type / v_quant_type PER_CHANNEL, kv_cache_bit_width 8; codes
+    clip(rint(x / scale), -128, 127), measured in benchmarks/results/ort_quant_cache.json), where edgekv's kv-int8
+    (a scale per token, set when a row is written) has to be dequantized whole before attention. Keys per channel
+    follow KVQuant (arXiv 2401.18079: outlier channels are per channel); values past the calibrated range
+    saturate."""
+    name = "kv-int8c"
+    defaults = {}
+    help = "kv-int8c"
+    # published evidence of its quality risk: key (quality_key) -> (risk, evidence, short citation for tables)
+    evidence = {
+        'kv-int8c': ('medium',
+            'static per-channel int8 K/V calibrated on 512 tokens: per-channel keys as KVQuant (arXiv 2401.18079); '
+            'static per-channel values have no published result: run edgekv analyze --strategy kv-int8c',
+            'KVQuant (keys)'),
+    }
+    kv_bits = 8
+    static_scales = True
+    planned_on = "none"  # asked for by name (edgekv plan --strategy kv-int8c)
+    kv_read_key = "int8-channel"
+
+    @property
+    def short(self) -> str:
+        return "kv-int8c"
+
+    def fused_attention(self, runtime: str) -> bool:
+        """ONNX Runtime's GroupQueryAttention reads the codes with their static scales (edgekv.models.swaps); the
+        .pte attends through the eager graph, which dequantizes the layer (ExecuTorch has no kernel for them)."""
+        return runtime == "onnxruntime"
+
+
+@register
 class Window(Strategy):
     name = "window"
     defaults = {"w": 4096, "sinks": 4, "dtype": "fp16"}

@@ -84,11 +84,13 @@ def _kv_pair(i: int, hkv: int, t: int, d: int, strategy) -> list[StateTensor]:
         if bits is None:
             out.append(StateTensor(inp, outp, (1, hkv, t, d), KV_DTYPES[strategy.params["dtype"]], i, role))
             continue
-        g = strategy.params["group"] or d
+        g = strategy.params.get("group") or d
         if d % g:
             raise ParamsDoNotFit(f"{strategy.label}: head_dim {d} is not a multiple of group {g}")
         if bits == 8:
             out.append(StateTensor(inp, outp, (1, hkv, t, d), "int8", i, role))
+            if strategy.static_scales:  # the scales are the graph's constants, not state
+                continue
         else:
             per_byte = 8 // bits
             out.append(StateTensor(inp, outp, (1, hkv, t, d // per_byte), "uint8", i, role, packed_bits=bits))
