@@ -108,9 +108,9 @@ def test_the_state_is_the_codes_alone_by_hand_for_smollm2():
 
 
 def test_calibration_sets_each_channel_from_the_fp32_cache_of_the_same_tokens():
-    """The calibrated kv_scale of every layer equals MARGIN x max |K| (and |V|) / 127 per (KV head, channel), the
-    maxima read from the fp32 cache the same eager model writes for the same tokens (another path: a kv:dtype=fp32
-    module's state, not the calibration mode)."""
+    """The calibrated kv_scale of every layer equals MARGIN x max / 127 per (KV head, channel): of |V|, and for K of
+    the norm of each RoPE pair (j, j + D/2), the maxima read from the fp32 cache the same eager model writes for the
+    same tokens (another path: a kv:dtype=fp32 module's state, not the calibration mode)."""
     var = load_any(str(TINY), parse_strategy("kv-int8c"), 256)
     ref = load_any(str(TINY), parse_strategy("kv:dtype=fp32"), 256)
     ids = calibration_ids(None, var.args.vocab, 200)
@@ -122,9 +122,11 @@ def test_calibration_sets_each_channel_from_the_fp32_cache_of_the_same_tokens():
     layers = [m for m in var.module.modules() if hasattr(m, "kv_scale")]
     assert len(layers) == var.args.n_layers
     for i, m in enumerate(layers):
-        for j in (0, 1):
-            absmax = state[2 * i + j][0, :, :200].abs().amax(1)  # [Hkv, D]
-            assert torch.allclose(m.kv_scale[j], MARGIN * absmax / 127, rtol=1e-5, atol=1e-9), (i, j)
+        k, v = state[2 * i][0, :, :200], state[2 * i + 1][0, :, :200]  # [Hkv, T, D]
+        h = k.shape[-1] // 2
+        pair = (k[..., :h] ** 2 + k[..., h:] ** 2).sqrt().amax(1)  # [Hkv, D/2]
+        assert torch.allclose(m.kv_scale[0], MARGIN * torch.cat((pair, pair), -1) / 127, rtol=1e-5, atol=1e-9), i
+        assert torch.allclose(m.kv_scale[1], MARGIN * v.abs().amax(1) / 127, rtol=1e-5, atol=1e-9), i
 
 
 def test_uncalibrated_scales_would_be_wrong_so_export_calibrates(tmp_path):
@@ -161,3 +163,29 @@ def test_kv_int8c_takes_no_parameters_and_refuses_a_recurrent_model():
     r = run_cli("export", "--model", ROOT / "fixtures" / "tiny" / "mamba", "--strategy", "kv-int8c", "--format",
                 "onnx", "--max-ctx", "64", "--out", "/nonexistent-edgekv/x")
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_gemma3_rings_and_global_layers_both_take_kv_int8c(tmp_path):
+    """A tiny Gemma 3 (transformers' Gemma3TextConfig; sliding windows of 8 that roll within max_ctx 64): its global
+    layer attends through GroupQueryAttention's int8 cache, its sliding layers through the eager graph over the same
+    static-scale codes (calibrated in one call through the rings too); the export's own verification (ONNX Runtime
+    against the eager module over a prompt and decode steps past the window) passes, and the logits stay near
+    transformers' fp32 model."""
+    from test_families import hf_logits
+    from test_families import tiny_hf as family_hf
+
+    from edgekv.export.manifest import load_export
+    from edgekv.export.runtime import OrtStepper
+
+    ref = family_hf("gemma3", tmp_path / "hf")
+    out = tmp_path / "export"
+    run_cli("export", "--model", tmp_path / "hf", "--strategy", "kv-int8c", "--format", "onnx", "--max-ctx", "64",
+            "--prefill-chunk", "8", "--out", out, "--threads", "1", check=True)
+    m = load_export(out)
+    art = m["artifacts"][0]
+    assert art["attention"] == "com.microsoft.GroupQueryAttention" and not art.get("state_in_place")
+    assert m["verification"]["onnx"]["passed"] and m["verification"]["onnx"]["top1_agreement"] >= 0.95
+    prompt = [5, 9, 33, 12, 40, 7, 21, 3, 18, 50, 11]
+    tokens, ours = greedy_rows(OrtStepper(m, out), prompt, 30)
+    want = hf_logits(ref, tokens).numpy()
+    assert np.abs(ours - want).max() / np.abs(want).max() < 0.05

@@ -3,9 +3,11 @@ values, from one eager fp32 pass over real text.
 
 The module (edgekv.models.llama with a kv-int8c layout) is called once on CALIB_TOKENS tokens from position 0 with
 every layer in calibration mode (Attention.calib): attention reads the exact fp32 rows and each layer records the
-largest |key| and |value| per channel, after RoPE (the keys the cache holds). scale = MARGIN x max |x| / 127, so the
-calibration text's own values are coded without clipping, with room above them; a later value beyond that
-saturates at -128 / 127. Keys'
+largest |value| per channel and, for keys, the largest norm of each RoPE pair (channels j and j + D/2, which the
+rotation mixes as the position grows: a key channel at position 5000 can hold what its partner held at position 50,
+so a per-channel maximum over 512 positions would clip later keys; bounding both by the pair's norm holds at every
+position). scale = MARGIN x that / 127, so the calibration text's own values are coded without clipping, with room
+above them; a later value beyond that saturates at -128 / 127. Keys'
 outliers sit in fixed channels (KVQuant, arXiv 2401.18079), which a per-channel scale follows.
 
 The text: the source of the standard library's json package and inspect module (code and docstrings, on every
@@ -22,9 +24,10 @@ from ..errors import EdgekvError
 
 CALIB_TOKENS = 512
 # scale = MARGIN x max |x| / 127: room above the calibration text's largest values, where an unseen value would
-# otherwise clip. Chosen by benchmarks/kv_int8c_margin.py (SmolLM2-135M, KL against the fp32 cache over 1000 tokens
-# of analyze's text at margins 1 to 3; results/kv_int8c_margin.json): clipping (1.0) costs more than the coarser grid.
-MARGIN = 1.5
+# otherwise clip. Chosen by benchmarks/kv_int8c_margin.py (SmolLM2-135M, KL against the fp32 cache over 2000 tokens
+# of analyze's text at margins 1, 1.25, 1.5, 2; results/kv_int8c_margin.json): clipping (1) costs more than the
+# coarser grid of 1.5 or 2.
+MARGIN = 1.25
 CALIB_FILES = ("json/__init__.py", "json/decoder.py", "inspect.py")
 
 
@@ -79,7 +82,8 @@ def calibrate(module, ids: list[int]) -> dict:
             m.calib = None
     return {"kind": "static per channel", "tokens": len(ids), "text": "stdlib " + ", ".join(CALIB_FILES),
             "margin": MARGIN,
-            "rule": f"scale = {MARGIN} x max |x| / 127 over the calibration tokens, per (layer, K|V, KV head, channel)"}
+            "rule": f"scale = {MARGIN} x max / 127 over the calibration tokens per (layer, K|V, KV head, channel): of |v| for "
+                    "values, of each RoPE pair's norm for keys"}
 
 
 def calibrate_loaded(loaded, encode) -> dict:

@@ -140,7 +140,13 @@ class Attention(nn.Module):
         from position 0, so the call's own rows are all it sees."""
         if self.calib is None:
             return cache.update_and_fetch(fmt, blend, new, st, plan, self.kv_scale[which])
-        m = new.detach().abs().amax(0)  # [Hkv, D]
+        x = new.detach()
+        if which == 0:  # keys: a RoPE pair (j, j + D/2) turns with the position, so each of its channels may later
+            # hold up to the pair's norm |(x_j, x_j+D/2)| (rotate_half pairs); both channels get that bound
+            half = x.shape[-1] // 2
+            norm = (x[..., :half] ** 2 + x[..., half:] ** 2).sqrt()
+            x = torch.cat((norm, norm), -1)
+        m = x.abs().amax(0)  # [Hkv, D]
         self.calib[which] = m if self.calib[which] is None else torch.maximum(self.calib[which], m)
         zero = torch.zeros(st[0].shape, dtype=torch.float32)
         return st, cache.update_and_fetch(FLOAT_FMT, blend, new, (zero,), plan)[1]
