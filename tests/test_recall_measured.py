@@ -128,7 +128,8 @@ def test_plan_cites_the_stored_smollm2_measurement():
         r = measured.recall_at("smollm2-135m", parse_strategy(name), 8192)
         assert r is not None, name
         d = r["distance"]
-        assert f"recall at {d // 1024}k: {r['value']:.2f} exact, measured" in rows[name]["cite"]
+        shown = f"{d // 1024}k" if d % 1024 == 0 else f"{d:,}"  # 4096 -> 4k, 8064 -> 8,064
+        assert f"recall at {shown}: {r['value']:.2f} exact, measured" in rows[name]["cite"]
         assert r["command"] in rows[name]["evidence"]
         if r["reference"] and r["value"] < measured.LOSS * r["reference"]:
             assert rows[name]["risk"] == "high" and rows[name]["source"] == "measured"
