@@ -113,6 +113,9 @@ def _run(cmd: list[str], env: dict, args: dict, timeout: float, root: Path | Non
         err.seek(0)
         lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
         why = "killed after %.0f s" % timeout if p.returncode in (-9,) else (lines[-1] if lines else "no output")
+        if p.returncode == -4:  # SIGILL: the build runs an instruction the emulated core does not have
+            why += (f"; the runtime's aarch64 build needs a feature qemu's {os.environ.get('QEMU_CPU') or 'max'} core "
+                    "lacks (ExecuTorch 1.5.1's LLM kernels, custom_sdpa, need ARMv8.2: benchmarks/README.md, arm64)")
         return {"status": f"failed (exit {p.returncode}): {why}"}
     result["status"] = "ok"
     if marks:
