@@ -28,9 +28,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "kv_int8c_margin.json"))
     a = ap.parse_args(argv)
-    margins = [float(m) for m in a.margins.split(",")]
-    if a.tokens < 64 or any(m <= 0 for m in margins):
-        ap.error("--tokens at least 64, margins above 0")
+    import math
+    try:
+        margins = [float(m) for m in a.margins.split(",")]
+    except ValueError:
+        ap.error(f"--margins {a.margins!r}: comma-separated numbers")
+    if a.tokens < 64 or not all(math.isfinite(m) and m > 0 for m in margins):
+        ap.error("--tokens at least 64, margins finite and above 0")
     import torch
 
     from edgekv.analyze.run import Encoder, default_text, tokenize
@@ -69,14 +73,9 @@ def main(argv=None) -> dict:
     score("kv-int8 (per token)", run(load_any(a.model, parse_strategy("kv-int8"), ctx).module))
     var = load_any(a.model, parse_strategy("kv-int8c"), ctx)
     enc = Encoder.for_model(var) if var.arch.vocab != 256 else None
-    base_margin = cal.MARGIN
-    try:
-        for m in margins:
-            cal.MARGIN = m
-            cal.calibrate_loaded(var, enc)
-            score(f"kv-int8c margin {m:g}", run(var.module), margin=m)
-    finally:
-        cal.MARGIN = base_margin
+    for m in margins:
+        cal.calibrate_loaded(var, enc, m)
+        score(f"kv-int8c margin {m:g}", run(var.module), margin=m)
     res["seconds"] = round(time.perf_counter() - t0, 1)
     res["loadavg_end"] = list(os.getloadavg())
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,8 @@ counts (strategies.py: the .scale / .zero tensors and the packed last axis) all 
   bits 8  symmetric:  codes int8 in [-127, 127],            scale = amax / 127 per group          (no zero)
   bits 4  asymmetric: codes in [0, 15], two per uint8,      scale = (max - min) / 15, zero = min  per group
   bits 2  asymmetric: codes in [0, 3], four per uint8,      scale = (max - min) / 3,  zero = min  per group
+  static  symmetric:  codes int8 in [-128, 127],            scale a constant per channel, set at export (kv-int8c:
+                      edgekv.export.calibrate), not stored with the codes
 
 Groups run along the last axis (head_dim for a KV cache: one group = `group` consecutive channels of one token of one
 head; group 0 means the whole last axis). Scales and zeros are stored in fp16, as the StateLayout says.
@@ -126,3 +128,16 @@ def roundtrip(x: torch.Tensor, bits: int, group: int = 0, rounding: str = "neare
     """quantize then dequantize: what a state looks like after one trip through the cache."""
     codes, scale, zero = quantize(x, bits, group, rounding, generator)
     return dequantize(codes, scale, zero, bits, group)
+
+
+def quantize_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [..., Hkv, D] fp32, scale [Hkv, D] -> int8 codes clip(round(x / scale), -128, 127), round half to even: what
+    ONNX Runtime's GroupQueryAttention writes into a PER_CHANNEL int8 cache (checked against it in
+    tests/test_kv_int8c.py)."""
+    return torch.round(x / scale).clamp(-128, 127).to(torch.int8)
+
+
+def dequantize_static(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """quantize_static's codes -> fp32; scale broadcast against the codes ([Hkv, D] for [C, Hkv, D] rows,
+    [Hkv, 1, D] for a cache [Hkv, T, D])."""
+    return codes.float() * scale

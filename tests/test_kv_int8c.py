@@ -13,7 +13,7 @@ ort = pytest.importorskip("onnxruntime")
 from conftest import ROOT, greedy_rows, run_cli  # noqa: E402
 from edgekv.export.calibrate import CALIB_TOKENS, MARGIN, calibrate, calibration_ids  # noqa: E402
 from edgekv.models import load_any  # noqa: E402
-from edgekv.models.cache import quantize_static  # noqa: E402
+from edgekv.quant import quantize_static  # noqa: E402
 from edgekv.strategies import parse_strategy  # noqa: E402
 
 TINY = ROOT / "fixtures" / "tiny" / "llama"

@@ -43,24 +43,26 @@ def calibration_text() -> str:
 def calibration_ids(tokenizer, vocab: int, n: int) -> list[int]:
     """n token ids of calibration_text: bytes for vocab 256, the tokenizer's ids (a tokenizers.Tokenizer or a
     callable str -> ids), or fixed pseudo-random ids when there is no tokenizer."""
-    text = calibration_text()
     if vocab == 256:
-        ids = list(text.encode("utf-8"))
+        ids = list(calibration_text().encode("utf-8"))
     elif tokenizer is None:
-        import numpy as np
-        ids = np.random.default_rng(1).integers(0, vocab, n).tolist()
+        ids = []
     else:
+        text = calibration_text()
         ids = tokenizer(text) if callable(tokenizer) else tokenizer.encode(text).ids
-    if len(set(ids[:n])) < 4:  # a vocabulary that reads the text as unknown words: calibrate on spread ids
+    if len(set(ids[:n])) < 4:  # no tokenizer, or one that reads the text as unknown words: spread ids
         import numpy as np
         ids = np.random.default_rng(1).integers(0, vocab, n).tolist()
     return [int(i) for i in ids[:n]]
 
 
-def calibrate(module, ids: list[int]) -> dict:
-    """Set every static-scale layer's kv_scale from one fp32 call over ids (at most the module's max_ctx). Returns
+def calibrate(module, ids: list[int], margin: float = MARGIN) -> dict:
+    """Set every static-scale layer's kv_scale from one fp32 call over ids (at most the module's max_ctx), with room
+    `margin` above the largest values (MARGIN unless a measurement of the margin itself asks for another). Returns
     what was done, for the manifest."""
     import torch
+
+    from ..quant import EPS
 
     layers = [m for m in module.modules() if hasattr(m, "kv_scale")]
     if not layers:
@@ -76,20 +78,20 @@ def calibrate(module, ids: list[int]) -> dict:
             module(torch.tensor([ids], dtype=torch.int64), torch.zeros(1, dtype=torch.int64), *module.empty_state())
         for m in layers:
             absmax = torch.stack(m.calib)  # [2, Hkv, D]
-            m.kv_scale.copy_((MARGIN * absmax / 127).clamp_min(1e-8))
+            m.kv_scale.copy_((margin * absmax / 127).clamp_min(EPS))
     finally:
         for m in layers:
             m.calib = None
     return {"kind": "static per channel", "tokens": len(ids), "text": "stdlib " + ", ".join(CALIB_FILES),
-            "margin": MARGIN,
-            "rule": f"scale = {MARGIN} x max / 127 over the calibration tokens per (layer, K|V, KV head, channel): of |v| for "
+            "margin": margin,
+            "rule": f"scale = {margin} x max / 127 over the calibration tokens per (layer, K|V, KV head, channel): of |v| for "
                     "values, of each RoPE pair's norm for keys"}
 
 
-def calibrate_loaded(loaded, encode) -> dict:
+def calibrate_loaded(loaded, encode, margin: float = MARGIN) -> dict:
     """A loaded module's static scales (kv-int8c), if it has any, from calibration_ids read by encode (str -> ids,
     edgekv analyze's Encoder): what `edgekv analyze` measures is then the cache an export would build."""
     if not any(hasattr(m, "kv_scale") for m in loaded.module.modules()):
         return {}
     n = min(CALIB_TOKENS, loaded.layout.ctx)
-    return calibrate(loaded.module, calibration_ids(encode, loaded.args.vocab, n))
+    return calibrate(loaded.module, calibration_ids(encode, loaded.args.vocab, n), margin)

@@ -18,16 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import EdgekvError
-from ..quant import dequantize, quantize
+from ..quant import dequantize, dequantize_static, quantize, quantize_static
 from ..strategies import DTYPE_BYTES, StateLayout, parse_strategy
 from .base import TORCH_DTYPES
-
-
-def quantize_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x [C, Hkv, D] fp32, scale [Hkv, D] -> int8 codes clip(round(x / scale), -128, 127), round half to even: what
-    ONNX Runtime's GroupQueryAttention writes into a PER_CHANNEL int8 cache (checked against it in
-    tests/test_kv_int8c.py)."""
-    return torch.round(x / scale).clamp(-128, 127).to(torch.int8)
 
 
 class KVFormat:
@@ -57,7 +50,7 @@ class KVFormat:
         if self.bits is None:
             return parts[0].float()
         if self.static:
-            return parts[0].float() * scale[:, None, :]
+            return dequantize_static(parts[0], scale[:, None, :])
         return dequantize(parts[0], parts[1], parts[2] if self.bits < 8 else None, self.bits, self.group)
 
     def write(self, put, x, state, write, keep, scale=None):
@@ -73,7 +66,7 @@ class KVFormat:
         if self.bits is None:
             new = x.to(self.dtype).float()
         elif self.static:  # codes [C, Hkv, D]
-            new = parts[0].float() * scale
+            new = dequantize_static(parts[0], scale)
         else:
             new = self.read(parts)
         new_state = tuple(put(o, part, write, keep) for o, part in zip(state, parts))
