@@ -81,8 +81,12 @@ def per_call(events, calls: slice) -> dict:
 
 def scaled(profile: dict, wall_ms: float, profiled_wall_ms: float) -> dict:
     """Categories of a profiled call rescaled so they add up to the clean run's wall time: the binding's cost
-    (profiled wall - execute) is kept as measured, execute's categories share the rest in their profiled ratios."""
+    (profiled wall - execute) is kept as measured, execute's categories share the rest in their profiled ratios.
+    Where that cost alone is more than the clean wall time (a sub-millisecond step on a noisy host), the clean wall is
+    split in the profiled run's own ratio instead, so the categories still add up to it."""
     outside = max(0.0, profiled_wall_ms - profile["execute"])
+    if outside >= wall_ms and profiled_wall_ms > 0:
+        outside = wall_ms * outside / max(profiled_wall_ms, outside + profile["execute"])
     execute = max(0.0, wall_ms - outside)
     k = execute / profile["execute"] if profile["execute"] else 0.0
     out = {c: round(profile[c] * k, 4) for c in CATEGORIES if c != "outside execute"}

@@ -525,6 +525,10 @@ def test_profile_pte_sums_etdump_events_per_call_into_categories():
     # execute 7 ms profiled, 0.5 ms outside it; the clean 8 ms run keeps the 0.5 and scales the rest by 7.5 / 7
     assert both["outside execute"] == 0.5 and both["xnnpack gemm"] == pytest.approx(3.0 * 7.5 / 7, abs=1e-4)
     assert sum(v for k, v in both.items() if k != "wall") == pytest.approx(8.0, abs=1e-3)
+    # a clean run faster than the profiled run's binding cost alone (0.5 ms): the 0.4 ms wall is split 0.5 : 7
+    fast = pp.scaled(pp.per_call(events, slice(0, None)), wall_ms=0.4, profiled_wall_ms=7.5)
+    assert fast["outside execute"] == pytest.approx(0.4 * 0.5 / 7.5, abs=1e-4)
+    assert sum(v for k, v in fast.items() if k != "wall") == pytest.approx(0.4, abs=1e-3)
 
 
 def test_profile_pte_breaks_a_real_run_of_the_tiny_pte_down(tiny_export):
