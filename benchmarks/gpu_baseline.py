@@ -89,11 +89,11 @@ def run_one(name: str, spec: str | None, ctx: int, device: str, dtype: torch.dty
         torch.cuda.reset_peak_memory_stats()
     with torch.device("meta"):
         module, layout, arch = build_module(name, strategy, ctx)
+        for m in module.modules():  # matrices at the precision asked; norms, conv, A, D, biases stay fp32 (planner)
+            if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):  # cast while on meta: the device never holds
+                m.weight.data = m.weight.data.to(dtype)               # an fp32 copy, so the peak is the run's own
     module = module.to_empty(device=device)
     with torch.no_grad():
-        for m in module.modules():  # matrices at the precision asked; norms, conv, A, D, biases stay fp32 (planner)
-            if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
-                m.weight.data = m.weight.data.to(dtype)
         for p in module.parameters():
             p.normal_(0, 0.02)
         for name_b, b in module.named_buffers():  # non-persistent buffers (rope inverse frequencies) rebuilt
