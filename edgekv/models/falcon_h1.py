@@ -49,7 +49,7 @@ from ..strategies import StateLayout
 from .attention import Attention
 from .base import DecoderShell
 from .layers import MLP, RMSNorm, rope_cos_sin, rope_inv_freq
-from .lfm2 import cache_plan, hybrid_kv_format
+from .cache import cache_plan, hybrid_kv_format
 from .llama import LlamaArgs
 from .mamba import Mamba2Mixer, MambaArgs, check_ssm_layout
 

@@ -41,10 +41,10 @@ from torch import nn
 from ..arch import Cfg
 from ..errors import EdgekvError
 from ..strategies import StateLayout
-from .lfm2 import cache_plan, hybrid_kv_format
 from .base import DecoderShell
 from .layers import RMSNorm, rope_cos_sin, rope_inv_freq
 from .attention import Attention
+from .cache import cache_plan, hybrid_kv_format
 from .llama import LlamaArgs
 from .mamba import Mamba2Mixer, MambaArgs, check_ssm_layout
 
