@@ -43,7 +43,7 @@ from ..arch import Cfg
 from ..errors import EdgekvError
 from ..quant import dequantize, quantize
 from ..strategies import StateLayout
-from .base import DecoderShell, load_strict, read_folder, state_dtype
+from .base import DecoderShell, load_strict, read_source, state_dtype
 from .layers import RMSNorm, causal_conv_step, scan_tokens
 
 
@@ -291,14 +291,9 @@ class MambaLM(DecoderShell):
 
 def read_mamba(spec: str, max_ctx: int):
     """An HF folder of a mamba / mamba2 model -> Source (the family registry's reader, edgekv.models.FAMILIES)."""
-    from . import Source
-
-    path, cfg, sd, arch = read_folder(spec, max_ctx)
-    args = args_from_hf_config(cfg, str(path / "config.json"))
-    sd = {k.replace("backbone.embedding.", "backbone.embeddings."): v for k, v in sd.items()}  # old checkpoints
-    if args.tied:
-        sd.pop("lm_head.weight", None)
-    return Source(path, "safetensors", cfg, sd, args, arch)
+    return read_source(spec, max_ctx, lambda cfg, arch, where: args_from_hf_config(cfg, where),
+                       lambda sd, args: {k.replace("backbone.embedding.", "backbone.embeddings."): v  # old checkpoints
+                                         for k, v in sd.items()})
 
 
 def build_mamba(src, layout: StateLayout) -> "MambaLM":
