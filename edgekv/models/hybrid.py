@@ -17,7 +17,7 @@ State: exactly the `hybrid` StateLayout (edgekv.strategies.build_layout), in blo
 Only the attention blocks' state grows with the context.
 
 Where this differs from transformers, and why the numbers are the same:
-  - the Mamba blocks are edgekv.models.mamba.Mamba1Mixer (its notes apply: conv as shifted multiply-adds, the scan
+  - the Mamba blocks are edgekv.models.ssm.Mamba1Mixer (mamba.py's notes apply: conv as shifted multiply-adds, the scan
     stepped token by token); the attention blocks keep a fixed [1, Hkv, T, D] cache written with a one-hot matrix
     and torch.where and masked by position (edgekv.models.layers.slot_plan);
   - the sparse MoE is edgekv.models.layers.MoE (gather the top-k experts at decode, dense-weighted at prefill); its
@@ -37,7 +37,7 @@ from ..errors import EdgekvError
 from ..strategies import StateLayout
 from .base import DecoderShell, load_strict, read_source, state_dtype
 from .layers import MoE, RMSNorm, SwiGLU, slot_plan, stack_experts
-from .mamba import Mamba1Mixer, MambaArgs, check_ssm_layout
+from .ssm import Mamba1Mixer, MambaArgs, check_ssm_layout
 
 
 @dataclass
