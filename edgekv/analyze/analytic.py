@@ -25,7 +25,7 @@ def _decays(module, tokens: torch.Tensor):
     """Per layer: (a [T, rows, N] or [T, H], h [T, ...] the reference state after each step), by stepping the fp32
     module one token at a time and recomputing dt from the mixer's own weights."""
     from ..models.layers import causal_conv_step
-    from ..models.mamba import Mamba1Mixer
+    from ..models.ssm import Mamba1Mixer
 
     blocks = module.backbone.layers
     state = module.empty_state()

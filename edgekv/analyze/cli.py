@@ -19,6 +19,13 @@ from ..errors import EdgekvError
 from . import WEIGHT_BITS
 
 
+def _strategy_help() -> str:
+    """The strategies analyze measures: every registered class with an fp32 reference to compare against
+    (Strategy.reference; edgekv.strategies.REGISTRY, torch-free)."""
+    from ..strategies import REGISTRY, Strategy
+    return " | ".join(n for n, c in REGISTRY.items() if c.reference is not Strategy.reference)
+
+
 def _ints(text: str | None, what: str) -> list[int] | None:
     if not text:
         return None
@@ -31,7 +38,7 @@ def _ints(text: str | None, what: str) -> list[int] | None:
 @click.command("analyze")
 @click.option("-m", "--model", required=True, help="smollm2-135m, a .gguf, or an HF folder (e.g. fixtures/tiny/mamba)")
 @click.option("--strategy", "strategy_spec", required=True,
-              help="kv | kv-int8 | kv-int4 | kv-int2 | kv-int8c | mla | window | ssm | linear | hybrid")
+              help=_strategy_help())
 @click.option("--probe", type=click.Choice(["error", "recall"]), default="error", show_default=True,
               help="error: error vs position against fp32; recall: needle retrieval accuracy vs distance")
 @click.option("--bits", default=None, help="state bits to compare, comma-separated (kv: 16,8,4,2; ssm: 16,8; "

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ..errors import EdgekvError
 from . import WEIGHT_BITS
-from ..strategies import DEFAULTS, Kv, Strategy, parse_strategy
+from ..strategies import DEFAULTS, REGISTRY, Kv, Strategy, parse_strategy
 
 
 @dataclass
@@ -330,6 +330,15 @@ def reference_strategy(base: Strategy) -> Strategy:
     return base.reference()
 
 
+def _kv_spec(bits: int, static_scales: bool) -> str:
+    """The spec of the registered KV cache that stores `bits` per value (16: the float cache in fp16), asked of the
+    strategy classes' traits (kv_bits, static_scales, plain_kv), not spelled here."""
+    if bits == 16:
+        return next(n for n, c in REGISTRY.items() if c.plain_kv) + ":dtype=fp16"
+    static = static_scales and bits == 8
+    return next(n for n, c in REGISTRY.items() if c.kv_cache and c.kv_bits == bits and c.static_scales == static)
+
+
 def make_variants(base: Strategy, bits: list[int] | None, roundings: list[str], weight_bits: int | None,
                   ranks: list[int] | None = None, windows: list[int] | None = None) -> list[Variant]:
     """The variants a request names, with the weight-only and weight+state sources beside the state ones."""
@@ -338,7 +347,7 @@ def make_variants(base: Strategy, bits: list[int] | None, roundings: list[str], 
         for b in bits or [base.kv_bits or 4]:
             if b not in (8, 4, 2, 16):
                 raise EdgekvError(f"--bits {b}: a KV cache is stored in 16 (fp16), 8, 4 or 2 bits")
-            spec = "kv:dtype=fp16" if b == 16 else base.name if base.static_scales and b == 8 else f"kv-int{b}"
+            spec = _kv_spec(b, base.static_scales)
             group = base.params.get("group") if base.kv_bits and base.kv_bits < 8 else None
             if b < 8 and group not in (None, DEFAULTS[spec]["group"]):  # the group the user asked for, e.g. 16
                 spec += f":group={group}"
@@ -366,13 +375,13 @@ def make_variants(base: Strategy, bits: list[int] | None, roundings: list[str], 
                                weight_bits))
     elif base.converts_to_latent:
         for r in ranks or [base.params.get("rank") or 0]:
-            spec = "mla" + (f":rank={r}" if r else "")
+            spec = base.name + (f":rank={r}" if r else "")
             out.append(Variant(f"mla rank {r or 'default'}", "state", parse_strategy(spec), None, "nearest",
                                extra={"rank": r or None}))
     elif base.window_tokens is not None:
         for w in windows or [base.params["w"]]:
             out.append(Variant(f"window {w}+{base.params['sinks']}", "state",
-                               parse_strategy(f"window:w={w},sinks={base.params['sinks']},dtype=fp32"),
+                               parse_strategy(f"{base.name}:w={w},sinks={base.params['sinks']},dtype=fp32"),
                                None, "nearest", extra={"window": w}))
     else:
         raise EdgekvError(f"analyze does not handle strategy {base.name!r}")

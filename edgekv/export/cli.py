@@ -12,6 +12,16 @@ from ..clibase import Group
 from ..errors import EdgekvError
 
 
+def _strategy_help() -> str:
+    """--strategy's help, from the registries: the exportable strategies (edgekv.strategies.REGISTRY) and the ones each
+    family's module keeps (edgekv.models.FAMILIES; both torch-free)."""
+    from ..models import FAMILIES
+    from ..strategies import REGISTRY
+    specs = ", ".join(c.help for c in REGISTRY.values() if c.exportable)
+    per_family = "; ".join(f"{f.name}: {', '.join(f.strategies)}" for f in FAMILIES if f.model_types)
+    return f"state strategy [default: kv]: {specs} (by family: {per_family})"
+
+
 def _quiet() -> None:
     """Keep the toolchain's import-time chatter (torchao's optional kernels, torch's pytree deprecations,
     FutureWarnings) out of the command's output; errors still surface as EdgekvError lines."""
@@ -51,12 +61,7 @@ def _need(module: str) -> None:
 @click.command("export")
 @click.option("-m", "--model", required=True, help="the weights: a .gguf file, an HF folder (config.json + "
               "*.safetensors), or the packaged smollm2-135m (a catalog name alone is a shape, not weights)")
-@click.option("--strategy", default=None,
-              help="state strategy [default: kv]: kv[:dtype=fp32|fp16], kv-int8, kv-int4[:group=G], kv-int2, kv-int8c "
-              "(int8 with static per-channel scales calibrated at export, read in place by ONNX Runtime's "
-              "GroupQueryAttention) (GQA models); window[:w=W,sinks=S] (GQA); mla[:rank=r|ratio=x] (DeepSeek-V2 native, or converted from a "
-              "GQA model); ssm[:dtype=fp32|fp16|int8] (Mamba-1/2); linear (RWKV-4); hybrid[:dtype=..,state_dtype=..] "
-              "(Jamba)")
+@click.option("--strategy", default=None, help=_strategy_help())
 @click.option("--rank", type=click.IntRange(1), default=None,
               help="MLA latent width r (one number; analyze --rank takes a list): shortcut for mla:rank=r "
               "(default: none)")

@@ -73,10 +73,13 @@ def parse_formats(text: str) -> tuple[str, ...]:
 
 def strategy_spec(strategy: str | None, rank: int | None = None, window: int | None = None) -> str:
     """--strategy with the --rank / --window shortcuts folded in: --rank r is mla:rank=r, --window W is window:w=W
-    (added to an mla / window --strategy, or standing in for the default kv)."""
-    spec = strategy or ("mla" if rank else "window" if window else "kv")
+    (added to an mla / window --strategy, or standing in for the default kv). Which strategy and parameter an option
+    sets is the strategy class's `shortcut` (edgekv.strategies.REGISTRY)."""
+    owner = {c.shortcut[0]: (n, c.shortcut[1]) for n, c in REGISTRY.items() if c.shortcut}
+    given = [(flag, value, *owner[flag]) for flag, value in (("--rank", rank), ("--window", window))]
+    spec = strategy or next((wants for _, value, wants, _ in given if value), "kv")
     name, _, params = spec.partition(":")
-    for flag, value, wants, key in (("--rank", rank, "mla", "rank"), ("--window", window, "window", "w")):
+    for flag, value, wants, key in given:
         if value is None:
             continue
         if name.strip().lower() != wants:

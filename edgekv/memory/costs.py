@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..arch import LLAMA_EXPORT_TYPES, Arch
+from ..arch import Arch
+from ..models import fused_attention_type  # the family registry (torch-free)
 from ..strategies import StateLayout, Strategy
 
 _COSTS = Path(__file__).resolve().parent.parent / "costs"
@@ -51,12 +52,13 @@ def kv_read(runtime: str, strategy: Strategy) -> str:
 def fused_gqa(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str) -> bool:
     """Whether edgekv's export of this (model, strategy) for this runtime attends through a fused op in place
     (ONNX Runtime's GroupQueryAttention, ExecuTorch's custom_sdpa): a float cache with one slot per position in
-    every layer (`kv`, or a window that covers the context) of a Llama-family model with no rolling (native sliding)
+    every layer (`kv`, or a window that covers the context) of a model whose family attends through the fused op
+    (edgekv.models.FAMILIES: fused_attention) with no rolling (native sliding)
     layer; for ExecuTorch also a quantized cache
     (kv-int8/int4/int2), whose written rows it dequantizes for custom_sdpa (edgekv.models.llama
     Llama.pte_in_place, the same rule). A window whose W + S covers the context keeps a slot per position: a plain
     cache (its measurement: edgekv/costs/workspace.json fused.onnxruntime)."""
-    if runtime not in ("onnxruntime", "executorch") or arch.model_type not in LLAMA_EXPORT_TYPES:
+    if runtime not in ("onnxruntime", "executorch") or not fused_attention_type(arch.model_type):
         return False
     if not strategy.fused_attention(runtime):
         return False

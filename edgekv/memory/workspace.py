@@ -2,7 +2,8 @@
 runtime adds once the model is loaded (session, packed copies, kernel code), from the cost models in costs.py."""
 from __future__ import annotations
 
-from ..arch import LLAMA_EXPORT_TYPES, MLA, SSM, Arch, Attention
+from ..arch import MLA, SSM, Arch, Attention
+from ..models import fused_attention_type  # the family registry (torch-free)
 from ..strategies import StateLayout, Strategy, per_token_int8
 from .costs import (GQA, MEASURED, MLA_REBUILD_COPIES, SCAN_COPIES, UNPACK_EXTRA_COPIES, WHERE_WRITTEN_TYPES, _rt,
                     _traits, fused_gqa)
@@ -38,7 +39,7 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     # (nothing to read back): custom_sdpa, which tiles its scores (ET_SDPA); the state copies stay the runtime's.
     ort_mixed = runtime == "onnxruntime"
     et_mixed = runtime == "executorch" and not strategy.kv_bits and strategy.params.get("dtype", "fp32") == "fp32"
-    mixed = ((ort_mixed or et_mixed) and arch.model_type in LLAMA_EXPORT_TYPES and strategy.fused_attention(runtime)
+    mixed = ((ort_mixed or et_mixed) and fused_attention_type(arch.model_type) and strategy.fused_attention(runtime)
              and not fused_gqa(arch, layout, strategy, runtime))
     fused_layers = {i for i, t in kept.items() if mixed and t == layout.ctx}
     probs = 0

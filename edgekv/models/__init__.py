@@ -51,12 +51,14 @@ class Family:
     state_dtypes: tuple[str, ...] = ("fp32", "fp16")  # the float/int dtypes its module stores the state in
     ctx_capped: bool = False  # its reader refuses max_ctx > max_position_embeddings
     kv_quantized: bool = False  # a hybrid whose attention layers also keep int8/int4 caches (hybrid:dtype=int8|int4)
+    fused_attention: bool = False  # its attention layers take the runtime's fused op (edgekv.models.swaps), as the
+    # planner prices them (edgekv.memory.fused_gqa)
 
 
 FAMILIES = (
     Family("llama", LLAMA_EXPORT_TYPES, KV_STRATEGIES + ("mla",),
            "edgekv.models:read_llama", "edgekv.models.llama:build", gguf_archs=("llama", "mistral", "qwen2", "gemma3"),
-           routes=(("mla", "converted-mla"),), ctx_capped=True,
+           routes=(("mla", "converted-mla"),), ctx_capped=True, fused_attention=True,
            what="GQA + RoPE decoders: Llama-2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3 (qk-norm), Gemma 3 "
                 "(sliding + global layers), SmolLM3 (NoPE layers), Phi-3 / Phi-4-mini (fused projections split, "
                 "partial rotary, longrope)"),
@@ -98,6 +100,12 @@ def family_for_type(model_type: str) -> tuple[Family, tuple[str, ...]] | None:
             return f, tuple(s for s in f.strategies
                             if not (routed.get(s) == "converted-mla" and model_type not in MLA_CONVERTIBLE))
     return None
+
+
+def fused_attention_type(model_type: str) -> bool:
+    """Whether the family that exports this model_type attends through the runtime's fused op (Family.fused_attention)."""
+    found = family_for_type(model_type)
+    return found is not None and found[0].fused_attention
 
 
 def supported_line() -> str:

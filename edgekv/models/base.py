@@ -40,19 +40,20 @@ def read_folder(spec: str, max_ctx: int):
     return path, {k: config_value(v) for k, v in cfg.items()}, sd, arch
 
 
-def read_source(spec: str, max_ctx: int, make_args, convert=None):
+def read_source(spec: str, max_ctx: int, make_args, convert=None, head: str = "lm_head.weight"):
     """An HF folder of a family read by its own config reader (make_args(cfg, arch, where) -> its args dataclass):
-    max_ctx checked against the trained context, a tied head's duplicate lm_head.weight dropped, the tensors renamed
-    or folded by convert(sd, args) -> Source (edgekv.models.FAMILIES). The readers of LFM2, Granite-4.0-H,
-    Falcon-H1, Zamba2 and Qwen3.5."""
+    max_ctx checked against the trained context (where the args carry one: max_position), a tied head's duplicate
+    (`head`) dropped, the tensors renamed or folded by convert(sd, args) -> Source (edgekv.models.FAMILIES). The
+    reader of every family that loads from an HF folder only (all but the llama family, which also reads GGUF)."""
     from . import Source
 
     path, cfg, sd, arch = read_folder(spec, max_ctx)
     args = make_args(cfg, arch, str(path / "config.json"))
-    if args.max_position and max_ctx > args.max_position:
-        raise EdgekvError(f"max_ctx {max_ctx} exceeds the model's trained context {args.max_position}")
+    cap = getattr(args, "max_position", None)
+    if cap and max_ctx > cap:
+        raise EdgekvError(f"max_ctx {max_ctx} exceeds the model's trained context {cap}")
     if args.tied:
-        sd.pop("lm_head.weight", None)
+        sd.pop(head, None)
     return Source(path, "safetensors", cfg, convert(sd, args) if convert else sd, args, arch)
 
 

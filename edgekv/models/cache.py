@@ -10,6 +10,9 @@ Shape symbols: C tokens in the call, T slots of the layer's cache, Hkv key/value
 Writes go through a one-hot [T, C] matrix (write) and a [T, 1] keep mask: cache * keep + placed (Attention.blend),
 so a call's C rows land at their slots with elementwise ops and a bmm. Attention masks are additive (0 or -inf), one
 row per query head of a KV head and query (row g*C + c).
+
+A hybrid family's attention layers (LFM2, Granite-4.0-H, Falcon-H1, Zamba2) keep one slot per position: their
+format is checked against the layout by hybrid_kv_format and their per-call write / mask is cache_plan.
 """
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ import torch
 from ..errors import EdgekvError
 from ..quant import dequantize, dequantize_static, quantize, quantize_static
 from ..strategies import DTYPE_BYTES, StateLayout, parse_strategy
-from .base import TORCH_DTYPES
+from .base import STATE_TORCH, TORCH_DTYPES
+from .layers import slot_plan
 
 
 class KVFormat:
@@ -169,10 +173,11 @@ class RollingCache:
 
 
 def window_rule(strategy: str) -> tuple[int | None, int]:
-    """The strategy's rolling-window rule (w, sinks), or (None, 0) for a strategy that keeps every position. Read from
-    the strategy's own parameters, not its name."""
-    p = parse_strategy(strategy).params
-    return (p["w"], p.get("sinks", 0)) if "w" in p else (None, 0)
+    """The strategy's rolling-window rule (w, sinks), or (None, 0) for a strategy that keeps every position: asked of
+    the strategy object (recent_tokens, sink_tokens), not read from its name or its parameter names."""
+    st = parse_strategy(strategy)
+    w = st.recent_tokens
+    return (w, st.sink_tokens) if w is not None else (None, 0)
 
 
 def layer_caches(n_layers: int, windows: list[int | None] | None,
@@ -233,3 +238,43 @@ def check_layout(a, layout: StateLayout) -> tuple[KVFormat, list[FullCache | Rol
         raise EdgekvError(f"strategy {layout.strategy}: cache dtype {', '.join(sorted(dtypes))} is not supported "
                           f"by the export yet (supported: fp32, fp16)")
     return KVFormat(TORCH_DTYPES[dtypes.pop()]), caches
+
+
+def hybrid_kv_format(layout: StateLayout, attn_layers: list[int], n_kv_heads: int, head_dim: int,
+                     other: dict[int, tuple[str, ...]]) -> KVFormat:
+    """How the attention layers' KV is stored, checked against the layout: per attention layer a key and a value
+    [1, Hkv, T, D] (fp32/fp16), or kv-int8/int4/int2 codes with .scale (and .zero); the other roles as `other` names
+    them (layer -> roles), after the KV where a layer has both (Falcon-H1: attention and Mamba-2 in one block). One
+    clear line when the layout is another."""
+    bits = 8 if any(t.dtype == "int8" and t.role == "key" for t in layout.tensors) else \
+        next((t.packed_bits for t in layout.tensors if t.packed_bits), None)
+    kv_roles = ("key", "value") if bits is None else (("key", "key.scale", "value", "value.scale") if bits == 8 else
+                                                      ("key", "key.scale", "key.zero", "value", "value.scale",
+                                                       "value.zero"))
+    n = max([*attn_layers, *other], default=-1) + 1
+    want = [(i, r) for i in range(n) for r in (kv_roles if i in attn_layers else ()) + other.get(i, ())]
+    got = [(t.layer, t.role) for t in layout.tensors]
+    if got != want:
+        raise EdgekvError(f"strategy {layout.strategy}: this module keeps per attention layer {list(kv_roles)} and "
+                          f"per other layer {sorted({r for rs in other.values() for r in rs})} "
+                          f"(this layout has {sorted({t.role for t in layout.tensors})})")
+    stored_d = head_dim if bits in (None, 8) else head_dim * bits // 8
+    for t in layout.tensors:
+        if t.role in ("key", "value") and t.shape != (1, n_kv_heads, layout.ctx, stored_d):
+            raise EdgekvError(f"{t.name}: shape {t.shape} is not [1, {n_kv_heads}, {layout.ctx}, {stored_d}]")
+    if bits is not None:
+        scale = next(t for t in layout.tensors if t.role == "key.scale")
+        return KVFormat(None, bits, head_dim // scale.shape[-1])
+    dtypes = {t.dtype for t in layout.tensors if t.role in ("key", "value")}
+    if not dtypes <= {"float32", "float16"} or len(dtypes) > 1:
+        raise EdgekvError(f"strategy {layout.strategy}: cache dtype {', '.join(sorted(dtypes))} is not supported by "
+                          "the export (fp32, fp16, kv-int8/int4/int2)")
+    return KVFormat(STATE_TORCH[dtypes.pop()] if dtypes else torch.float32)
+
+
+def cache_plan(pos: torch.Tensor, c: int, t_slots: int, g: int, cache_dtype: torch.dtype):
+    """pos [1], C tokens -> positions [C], write [T, C] one-hot (slot p <- position p), keep [T, 1], mask [G*C, T]
+    additive (0 where slot <= the query's position): edgekv.models.layers.slot_plan in the form
+    edgekv.models.llama.Attention takes, computed once per call for every attention layer."""
+    positions, write, written, allowed = slot_plan(pos, c, t_slots, repeat=g)
+    return positions, write, (~written).to(cache_dtype), torch.where(allowed, 0.0, float("-inf"))

@@ -25,7 +25,7 @@ State: exactly the planner's StateLayout (edgekv.strategies.build_layout), per l
 Both halves of every layer keep state; only the KV grows with the context. All zeros is the empty state.
 
 Where this differs from transformers, and why the numbers are the same:
-  - the Mamba half is edgekv.models.mamba.Mamba2Mixer (its notes apply: the conv as shifted multiply-adds, the SSD
+  - the Mamba half is edgekv.models.ssm.Mamba2Mixer (mamba.py's notes apply: the conv as shifted multiply-adds, the SSD
     recurrence stepped token by token where transformers' prefill runs the chunked form) and the attention half
     edgekv.models.attention.Attention over a fixed cache (one-hot writes, a position mask), both under transformers'
     own parameter names;
@@ -49,9 +49,9 @@ from ..strategies import StateLayout
 from .attention import Attention
 from .base import DecoderShell
 from .layers import MLP, RMSNorm, rope_cos_sin, rope_inv_freq
-from .lfm2 import cache_plan, hybrid_kv_format
+from .cache import cache_plan, hybrid_kv_format
 from .llama import LlamaArgs
-from .mamba import Mamba2Mixer, MambaArgs, check_ssm_layout
+from .ssm import Mamba2Mixer, MambaArgs, check_ssm_layout
 
 
 @dataclass

@@ -24,9 +24,9 @@ State: exactly the planner's StateLayout (edgekv.strategies.build_layout), in la
 Only the attention layers' state grows with the context.
 
 Where this differs from transformers, and why the numbers are the same: the Mamba layers are
-edgekv.models.mamba.Mamba2Mixer (its notes apply: the conv as shifted multiply-adds, the SSD recurrence stepped token
-by token where transformers' prefill runs the chunked form) and the attention layers edgekv.models.llama.Attention over
-a fixed cache (one-hot writes, a position mask; NoPE layers pass no rotation), both loaded under transformers' own
+edgekv.models.ssm.Mamba2Mixer (mamba.py's notes apply: the conv as shifted multiply-adds, the SSD recurrence stepped
+token by token where transformers' prefill runs the chunked form) and the attention layers edgekv.models.llama.Attention
+over a fixed cache (one-hot writes, a position mask; NoPE layers pass no rotation), both loaded under transformers' own
 parameter names; the shared MLP's stacked input_linear is split into its two halves by a view, not copied.
 """
 from __future__ import annotations
@@ -41,12 +41,12 @@ from torch import nn
 from ..arch import Cfg
 from ..errors import EdgekvError
 from ..strategies import StateLayout
-from .lfm2 import cache_plan, hybrid_kv_format
 from .base import DecoderShell
 from .layers import RMSNorm, rope_cos_sin, rope_inv_freq
 from .attention import Attention
+from .cache import cache_plan, hybrid_kv_format
 from .llama import LlamaArgs
-from .mamba import Mamba2Mixer, MambaArgs, check_ssm_layout
+from .ssm import Mamba2Mixer, MambaArgs, check_ssm_layout
 
 
 @dataclass

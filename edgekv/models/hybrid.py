@@ -17,7 +17,7 @@ State: exactly the `hybrid` StateLayout (edgekv.strategies.build_layout), in blo
 Only the attention blocks' state grows with the context.
 
 Where this differs from transformers, and why the numbers are the same:
-  - the Mamba blocks are edgekv.models.mamba.Mamba1Mixer (its notes apply: conv as shifted multiply-adds, the scan
+  - the Mamba blocks are edgekv.models.ssm.Mamba1Mixer (mamba.py's notes apply: conv as shifted multiply-adds, the scan
     stepped token by token); the attention blocks keep a fixed [1, Hkv, T, D] cache written with a one-hot matrix
     and torch.where and masked by position (edgekv.models.layers.slot_plan);
   - the sparse MoE is edgekv.models.layers.MoE (gather the top-k experts at decode, dense-weighted at prefill); its
@@ -35,9 +35,9 @@ from torch import nn
 from ..arch import Cfg
 from ..errors import EdgekvError
 from ..strategies import StateLayout
-from .base import DecoderShell, load_strict, read_folder, state_dtype
+from .base import DecoderShell, load_strict, read_source, state_dtype
 from .layers import MoE, RMSNorm, SwiGLU, slot_plan, stack_experts
-from .mamba import Mamba1Mixer, MambaArgs, check_ssm_layout
+from .ssm import Mamba1Mixer, MambaArgs, check_ssm_layout
 
 
 @dataclass
@@ -184,19 +184,17 @@ class Jamba(DecoderShell):
 
 def read_jamba(spec: str, max_ctx: int):
     """An HF folder of a jamba model -> Source (edgekv.models.FAMILIES), experts stacked as the module keeps them."""
-    from . import Source
+    return read_source(spec, max_ctx, lambda cfg, arch, where: jamba_args(cfg, where), _stack_jamba_experts)
 
-    path, cfg, sd, arch = read_folder(spec, max_ctx)
-    args = jamba_args(cfg, str(path / "config.json"))
+
+def _stack_jamba_experts(sd: dict, args: "JambaArgs") -> dict:
     for i, n_exp in enumerate(args.n_experts_per_block):
         if n_exp > 1:
             p = f"model.layers.{i}.feed_forward"
             sd.update(stack_experts(sd, f"{p}.experts", n_exp))
             if f"{p}.router.weight" in sd:
                 sd[f"{p}.gate.weight"] = sd.pop(f"{p}.router.weight")
-    if args.tied:
-        sd.pop("lm_head.weight", None)
-    return Source(path, "safetensors", cfg, sd, args, arch)
+    return sd
 
 
 def build_jamba(src, layout: StateLayout) -> "Jamba":

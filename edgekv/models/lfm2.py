@@ -39,10 +39,10 @@ from torch import nn
 from ..arch import Cfg
 from ..errors import EdgekvError
 from ..strategies import StateLayout
-from .base import STATE_TORCH, DecoderShell
-from .layers import MLP, RMSNorm, causal_conv_step, rope_cos_sin, rope_inv_freq, slot_plan
+from .base import DecoderShell
+from .layers import MLP, RMSNorm, causal_conv_step, rope_cos_sin, rope_inv_freq
 from .attention import Attention
-from .cache import KVFormat
+from .cache import cache_plan, hybrid_kv_format
 from .llama import LlamaArgs
 
 
@@ -97,49 +97,6 @@ def lfm2_args(cfg: dict, arch, where: str = "config.json") -> Lfm2Args:
         rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 1e6))),
         tied=bool(cfg.get("tie_word_embeddings", cfg.get("tie_embedding", True))),
         max_position=cfg.get("max_position_embeddings"))
-
-
-# ---- the attention layers of a hybrid: their cache format and the per-call write / mask ----
-
-
-def hybrid_kv_format(layout: StateLayout, attn_layers: list[int], n_kv_heads: int, head_dim: int,
-                     other: dict[int, tuple[str, ...]]) -> KVFormat:
-    """How the attention layers' KV is stored, checked against the layout: per attention layer a key and a value
-    [1, Hkv, T, D] (fp32/fp16), or kv-int8/int4/int2 codes with .scale (and .zero); the other roles as `other` names
-    them (layer -> roles), after the KV where a layer has both (Falcon-H1: attention and Mamba-2 in one block). One
-    clear line when the layout is another."""
-    bits = 8 if any(t.dtype == "int8" and t.role == "key" for t in layout.tensors) else \
-        next((t.packed_bits for t in layout.tensors if t.packed_bits), None)
-    kv_roles = ("key", "value") if bits is None else (("key", "key.scale", "value", "value.scale") if bits == 8 else
-                                                      ("key", "key.scale", "key.zero", "value", "value.scale",
-                                                       "value.zero"))
-    n = max([*attn_layers, *other], default=-1) + 1
-    want = [(i, r) for i in range(n) for r in (kv_roles if i in attn_layers else ()) + other.get(i, ())]
-    got = [(t.layer, t.role) for t in layout.tensors]
-    if got != want:
-        raise EdgekvError(f"strategy {layout.strategy}: this module keeps per attention layer {list(kv_roles)} and "
-                          f"per other layer {sorted({r for rs in other.values() for r in rs})} "
-                          f"(this layout has {sorted({t.role for t in layout.tensors})})")
-    stored_d = head_dim if bits in (None, 8) else head_dim * bits // 8
-    for t in layout.tensors:
-        if t.role in ("key", "value") and t.shape != (1, n_kv_heads, layout.ctx, stored_d):
-            raise EdgekvError(f"{t.name}: shape {t.shape} is not [1, {n_kv_heads}, {layout.ctx}, {stored_d}]")
-    if bits is not None:
-        scale = next(t for t in layout.tensors if t.role == "key.scale")
-        return KVFormat(None, bits, head_dim // scale.shape[-1])
-    dtypes = {t.dtype for t in layout.tensors if t.role in ("key", "value")}
-    if not dtypes <= {"float32", "float16"} or len(dtypes) > 1:
-        raise EdgekvError(f"strategy {layout.strategy}: cache dtype {', '.join(sorted(dtypes))} is not supported by "
-                          "the export (fp32, fp16, kv-int8/int4/int2)")
-    return KVFormat(STATE_TORCH[dtypes.pop()] if dtypes else torch.float32)
-
-
-def cache_plan(pos: torch.Tensor, c: int, t_slots: int, g: int, cache_dtype: torch.dtype):
-    """pos [1], C tokens -> positions [C], write [T, C] one-hot (slot p <- position p), keep [T, 1], mask [G*C, T]
-    additive (0 where slot <= the query's position): edgekv.models.layers.slot_plan in the form
-    edgekv.models.llama.Attention takes, computed once per call for every attention layer."""
-    positions, write, written, allowed = slot_plan(pos, c, t_slots, repeat=g)
-    return positions, write, (~written).to(cache_dtype), torch.where(allowed, 0.0, float("-inf"))
 
 
 # ---- the module ----

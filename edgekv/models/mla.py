@@ -51,7 +51,7 @@ from torch import nn
 from ..arch import Cfg
 from ..errors import EdgekvError
 from ..strategies import StateLayout
-from .base import STATE_DTYPES, DecoderShell, load_strict, read_folder
+from .base import STATE_DTYPES, DecoderShell, load_strict, read_source
 from .layers import MoE, RMSNorm, SwiGLU, slot_plan, stack_experts
 
 # ---- RoPE for DeepSeek: default or YaRN, on interleaved pairs ----
@@ -276,15 +276,7 @@ class DeepseekV2(DecoderShell):
 
 def read_deepseek(spec: str, max_ctx: int):
     """An HF folder of a deepseek_v2 model -> Source (edgekv.models.FAMILIES)."""
-    from . import Source
-
-    path, cfg, sd, arch = read_folder(spec, max_ctx)
-    args = deepseek_args(cfg, str(path / "config.json"))
-    if args.max_position and max_ctx > args.max_position:
-        raise EdgekvError(f"max_ctx {max_ctx} exceeds the model's trained context {args.max_position}")
-    if args.tied:
-        sd.pop("lm_head.weight", None)
-    return Source(path, "safetensors", cfg, sd, args, arch)
+    return read_source(spec, max_ctx, lambda cfg, arch, where: deepseek_args(cfg, where))
 
 
 def build_deepseek(src, layout: StateLayout) -> "DeepseekV2":

@@ -65,7 +65,7 @@ from ..arch import Cfg
 from ..errors import EdgekvError
 from ..quant import dequantize, quantize
 from ..strategies import StateLayout
-from .base import DecoderShell, load_strict, read_folder, state_dtype
+from .base import DecoderShell, load_strict, read_source, state_dtype
 from .layers import MLP as LlamaMLP
 from .layers import RMSNorm, scan_tokens
 
@@ -345,18 +345,17 @@ class Rwkv4(DecoderShell):
 
 def read_rwkv(spec: str, max_ctx: int):
     """An HF folder of a transformers 'rwkv' (RWKV-4) model -> Source (edgekv.models.FAMILIES)."""
-    from . import Source
+    return read_source(spec, max_ctx, lambda cfg, arch, where: rwkv_args(cfg, where), _rescale, head="head.weight")
 
-    path, cfg, sd, arch = read_folder(spec, max_ctx)
-    args = rwkv_args(cfg, str(path / "config.json"))
-    if args.rescale_every > 0:  # what RwkvModel._rescale_layers does on entering eval mode
+
+def _rescale(sd: dict, args: "RwkvArgs") -> dict:
+    """What RwkvModel._rescale_layers does on entering eval mode."""
+    if args.rescale_every > 0:
         for b in range(args.n_layers):
             f = 2 ** (b // args.rescale_every)
             for k in (f"rwkv.blocks.{b}.attention.output.weight", f"rwkv.blocks.{b}.feed_forward.value.weight"):
                 sd[k] = sd[k] / f
-    if args.tied:
-        sd.pop("head.weight", None)
-    return Source(path, "safetensors", cfg, sd, args, arch)
+    return sd
 
 
 def build_rwkv(src, layout: StateLayout) -> "Rwkv4":

@@ -108,8 +108,6 @@ _GGUF_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weig
 # convert_hf_to_gguf.py permutes q/k rows (LlamaModel.modify_tensors) for llama.cpp's interleaved RoPE; the NEOX-rope
 # architectures (qwen2) are stored as HF has them. transformers undoes it the same way (LlamaTensorProcessor).
 _PERMUTED_ARCHS = {"llama", "mistral"}
-# the GGUF architectures gguf_config reads (the llama family's gguf_archs in edgekv.models.FAMILIES)
-GGUF_EXPORT_ARCHS = ("llama", "mistral", "qwen2", "gemma3")
 # Gemma 3 (llama.cpp src/llama-arch.cpp LLM_ARCH_GEMMA3): its ffn_norm is the pre-MLP norm and it has two more norms
 # per block plus qk-norm; convert_hf_to_gguf.py stores every Gemma norm weight as 1 + w (ggml's rms_norm multiplies by
 # the weight), which transformers undoes on loading (modeling_gguf_pytorch_utils.Gemma2TensorProcessor: weights - 1,
@@ -131,11 +129,12 @@ def gguf_config(reader, where: str) -> dict:
     GGUF metadata reader; refused here: what the export modules do not build."""
     from ..arch.gguf import gguf_config as read_config
     from ..arch.gguf import gguf_field
+    from . import FAMILIES
 
+    exported = tuple(a for f in FAMILIES for a in f.gguf_archs)  # the family registry's GGUF architectures
     arch = gguf_field(reader, where)("general.architecture")
-    if arch not in GGUF_EXPORT_ARCHS:
-        raise EdgekvError(f"{where}: GGUF architecture {arch!r} has no export module yet "
-                          f"({', '.join(GGUF_EXPORT_ARCHS)})")
+    if arch not in exported:
+        raise EdgekvError(f"{where}: GGUF architecture {arch!r} has no export module yet ({', '.join(exported)})")
     cfg = read_config(reader, where)
     if cfg["rms_norm_eps"] is None:
         raise EdgekvError(f"{where}: GGUF metadata lacks '{arch}.attention.layer_norm_rms_epsilon'")

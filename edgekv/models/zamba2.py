@@ -35,8 +35,8 @@ indexed by hybrid layer n, -> model.layers.{i}.ffn_adapter / attn_adapter_{q,k,v
 weights are kept once, as in the checkpoint.
 
 Where this differs from transformers, and why the numbers are the same: the Mamba layers are
-edgekv.models.mamba.Mamba2Mixer (its notes apply: the conv as shifted multiply-adds, the SSD recurrence stepped token
-by token where transformers' prefill runs the chunked form; dt is clamped at time_step_min in every call, where
+edgekv.models.ssm.Mamba2Mixer (mamba.py's notes apply: the conv as shifted multiply-adds, the SSD recurrence stepped
+token by token where transformers' prefill runs the chunked form; dt is clamped at time_step_min in every call, where
 transformers' single-token path leaves it unclamped, which differs only where softplus(dt) < time_step_min) and the
 shared attention edgekv.models.attention.Attention over a fixed cache (one-hot writes, a position mask), its
 adapters added to the projections through its delta argument.
@@ -57,9 +57,9 @@ from ..strategies import StateLayout
 from .attention import Attention
 from .base import DecoderShell
 from .layers import RMSNorm, rope_cos_sin, rope_inv_freq
-from .lfm2 import cache_plan, hybrid_kv_format
+from .cache import cache_plan, hybrid_kv_format
 from .llama import LlamaArgs
-from .mamba import Mamba2Mixer, MambaArgs, check_ssm_layout
+from .ssm import Mamba2Mixer, MambaArgs, check_ssm_layout
 
 ACTS = {"gelu": F.gelu, "silu": F.silu, "swish": F.silu}  # transformers' ACT2FN for the names Zamba2 configs use
 

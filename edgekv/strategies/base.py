@@ -69,6 +69,7 @@ class Strategy:
     kv_cache: ClassVar[bool] = False  # keeps K and V per attention layer (kv, kv-int8/int4/int2, window)
     static_scales: ClassVar[bool] = False  # a quantized cache whose scales are constants of the graph (kv-int8c)
     kv_read_key: ClassVar[str | None] = None  # the key of runtimes.json kv_read, where not its bits or dtype
+    shortcut: ClassVar[tuple[str, str] | None] = None  # (export's option, the parameter it sets): --rank r is mla:rank=r
 
     # ---- parsing and naming ----
 

@@ -174,6 +174,7 @@ class Window(Strategy):
     defaults = {"w": 4096, "sinks": 4, "dtype": "fp16"}
     integer_params = frozenset({"w", "sinks"})
     help = "window[:w=4096,sinks=4]"
+    shortcut = ("--window", "w")
     kv_cache = True
     # published evidence of its quality risk: key (quality_key) -> (risk, evidence, short citation for tables)
     evidence = {

@@ -34,6 +34,7 @@ class Mla(Strategy):
     optional_params = frozenset({"rank"})
     float_params = frozenset({"ratio"})
     help = "mla[:rank=R|ratio=F]"
+    shortcut = ("--rank", "rank")
     # published evidence of its quality risk: key (quality_key) -> (risk, evidence, short citation for tables)
     evidence = {
         'mla:native': ('low',
