@@ -1,6 +1,6 @@
 """Prefill once: `edgekv run --resume` of a saved state against re-prefilling the whole prompt, at a filled context.
 
-For each row (a model, its int4-weight ONNX export at max_ctx C) the prompt P is about C - 64 tokens of real text (the
+For each row (a model, its ONNX export at max_ctx C) the prompt P is about C - 64 tokens of real text (the
 Python docs filled_context.py reads) and Q the next 8 tokens, split where P + Q tokenizes as P then Q (checked with the
 export's own tokenizer, with and without its special tokens). Three `edgekv run` invocations, each in a fresh process
 (the CLI's own code, called in-process by the child so a 32k-token prompt needs no command line):
@@ -10,7 +10,7 @@ export's own tokenizer, with and without its special tokens). Three `edgekv run`
 resume and whole must generate the same K tokens (greedy). Timings come from the child: the run's own stages (open =
 hashes + runtime session, load = state file read and checked, prefill, save) as wall and CPU seconds of the process,
 plus the whole process (imports included). The state file is dropped from the page cache (posix_fadvise DONTNEED on
-that file only) before the resume, so its load is read from disk. ratio_first_token = whole's (prefill) over
+that file only) before the resume, so its load is read from disk. ratios.first_token = whole's prefill over
 resume's (load + prefill): the time to the first new token once the session is open; the process ratios include
 Python and runtime start-up, which both pay.
 Then the refusals, each a real `python -m edgekv.cli run` process that must exit 2 with one line on stderr: the state
@@ -18,9 +18,10 @@ file truncated, a state file from another export (the previous row's, or the sam
 there is none), and a resume whose prompt overflows max_ctx.
 
 Usage: python benchmarks/resume_state.py [--quick] [--only NAME,...] [--whole-max-ctx C] [--threads 1]
-  --quick: SmolLM2-135M kv at ctx 1024 (a minute or two). Full: SmolLM2-135M kv and kv-int8c at 8192, Gemma-3-270M
-  kv (its native state: sliding layers a ring of 512) at 32768; the whole (re-prefill) runs go last, so a run cut
-  short keeps every save / resume; --whole-max-ctx skips them above a context. The JSON is written after every step.
+  --quick: SmolLM2-135M kv at ctx 1024 (minutes). Full: SmolLM2-135M kv and kv-int8c (int4 weights) at 8192,
+  Gemma-3-270M kv (its native state: sliding layers a ring of 512; fp32 weights) at 32768. The whole (re-prefill)
+  runs go last, so a run cut short keeps every save / resume; --whole-max-ctx skips them above a context. The JSON
+  is written after every step; --keep keeps the rows of an earlier run in it that this run does not redo.
 Exports are cached in --work (default out/resume_state, gitignored).
 """
 from __future__ import annotations
@@ -45,7 +46,9 @@ MIB = ds.MIB
 # name -> (model, strategy, weights, ctx)
 ROWS = {"smollm2-135m:kv/int4@8192": ("smollm2-135m", "kv", "int4", 8192),
         "smollm2-135m:kv-int8c/int4@8192": ("smollm2-135m", "kv-int8c", "int4", 8192),
-        "gemma-3-270m:kv/int4@32768": ("gemma-3-270m", "kv", "int4", 32768)}
+        # fp32 weights: its int4 ONNX export is refused by export's own verify-quant (the weights come from a Q4_K_M
+        # GGUF, requantized to symmetric int4 they miss edgekv.export.wquant's KL threshold)
+        "gemma-3-270m:kv/fp32@32768": ("gemma-3-270m", "kv", "fp32", 32768)}
 QUICK = {"smollm2-135m:kv/int4@1024": ("smollm2-135m", "kv", "int4", 1024)}
 ROOM, Q_TOKENS, NEW_TOKENS = 64, 8, 16  # P leaves ROOM slots; Q and the K new tokens fit in them
 
@@ -234,7 +237,8 @@ def main(argv=None) -> dict:
         out.write_text(json.dumps(result, indent=1) + "\n")
 
     rows = []  # (row dict, spec base, run folder) of the rows that are ready
-    states: list[Path] = []  # the state files saved so far (a file from another export for the next rows)
+    # the state files saved so far, kept rows' included: a file from another export for the next rows' refusals
+    states = [p for p in (work_root / "runs" / ds.slug(r["name"]) / "p.state" for r in kept) if p.is_file()]
     for name in names:
         model, strategy, weights, ctx = table[name]
         row = {"name": name, "model": model, "strategy": strategy, "weights": weights, "ctx": ctx,
@@ -298,7 +302,8 @@ def main(argv=None) -> dict:
                 hb = json.dumps(h).encode()
                 other = d / "other.state"
                 other.write_bytes(len(hb).to_bytes(8, "little") + hb + raw[8 + n:])
-            ref["other_export"] = dict(refuse(folder, other, s["Q"], a.threads, a.timeout), file=other.name)
+            ref["other_export"] = dict(refuse(folder, other, s["Q"], a.threads, a.timeout),
+                                      file=str(other.relative_to(work_root)))
             over = default_text()[len(s["P"]) + len(s["Q"]):][:ROOM * 12]  # more than ROOM tokens
             ref["overflow"] = dict(refuse(folder, state, over, a.threads, a.timeout),
                                    prompt_tokens=len(tok.encode(over, add_special_tokens=False).ids))
