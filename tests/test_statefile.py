@@ -188,3 +188,17 @@ def test_save_never_replaces_a_file_edgekv_did_not_write(saved, tmp_path):
     r = run(f, "-p", "x", "-n", 0, "--save-state", again)  # an edgekv state file is replaced
     assert r.exit_code == 0, r.output
     assert json.loads(_header(again)[0]["__metadata__"]["position"]) == 1
+
+
+def test_a_file_saved_by_another_export_is_refused_both_ways(saved, tmp_path):
+    """Not an edited header: a real state file of another export of the same model (kv fp32 at another max_ctx,
+    ONNX only), resumed in this one, and this one's file resumed in it."""
+    f, s = saved
+    other = tmp_path / "other"
+    export_model(ExportOptions(model="fixtures/tiny/llama", strategy="kv:dtype=fp32", formats=("onnx",), max_ctx=32,
+                               out=other, prefill_chunk=8, verify_steps=0), echo=lambda s: None)
+    theirs = tmp_path / "theirs.state"
+    r = run(other, "-p", P, "-n", 0, "--save-state", theirs)
+    assert r.exit_code == 0, r.output
+    _expect_refused(f, theirs, "saved for another export or runtime (strategy 'kv:dtype=fp32'")
+    _expect_refused(other, s, "saved for another export or runtime (strategy 'kv-int8:")
