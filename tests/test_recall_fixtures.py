@@ -38,3 +38,32 @@ def test_the_mask_marks_exactly_the_repeated_values(text, seq):
             seen[name] = value
         assert mask.tolist() == want[1:].tolist()  # mask[i] is about target byte i + 1
         assert b'key_' not in b or not re.search(rb'^key_[0-9a-f]{4} = "', b, re.M)  # never the probe's needle
+
+
+def test_a_batch_depends_only_on_its_step_and_its_masks_only_on_recall_rows(text):
+    """make_batch (the --workers path): the same (seed, step) gives the same batch in any process, another step
+    another batch; text rows carry no copy target, recall rows carry exactly recall_window's mask."""
+    train_tiny._worker_init(text)
+    a = train_tiny.make_batch((7, 6, 320, 0.5, 99))
+    b = train_tiny.make_batch((7, 6, 320, 0.5, 99))
+    c = train_tiny.make_batch((8, 6, 320, 0.5, 99))
+    assert a[0].shape == (6, 321) and a[1].shape == (6, 320) and a[1].dtype == bool
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and not np.array_equal(a[0], c[0])
+    masked = [bool(m.any()) for m in a[1]]
+    assert any(masked) and not all(masked)  # this seed draws both kinds of row
+    for w, m in zip(*a):
+        assert set(w[1:][m].tolist()) <= set(train_tiny.RECALL_VALUE)  # targets are value characters only
+    plain = train_tiny.make_batch((7, 6, 320, 0.0, 99))
+    assert not plain[1].any()
+    for w in plain[0]:  # a text window is a contiguous slice of the training bytes
+        assert bytes(w) in bytes(text)
+
+
+def test_the_budget_schedule_warms_up_linearly_and_ends_decayed_to_a_tenth():
+    peak = 2e-3
+    assert train_tiny.lr_budget(0, 10, 0.0, peak) == pytest.approx(peak / 10)
+    assert train_tiny.lr_budget(9, 10, 0.0, peak) == pytest.approx(peak)
+    assert train_tiny.lr_budget(10, 10, 0.0, peak) == pytest.approx(peak)
+    assert train_tiny.lr_budget(500, 10, 0.5, peak) == pytest.approx(peak * (0.1 + 0.45))
+    assert train_tiny.lr_budget(500, 10, 1.0, peak) == pytest.approx(peak * 0.1)
+    assert train_tiny.lr_budget(500, 10, 3.0, peak) == pytest.approx(peak * 0.1)  # past the budget: stays at the floor
