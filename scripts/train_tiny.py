@@ -19,6 +19,17 @@ names are random identifiers never starting with `key_`, values 3-10 characters 
 or written `name: value`. --seq sets the training window length (default 256) so the copy distance can grow; the
 validation windows and the test slice stay 256 bytes so bits/byte stay comparable with fixtures/tiny/.
 
+GPU and longer runs (scripts/gpu_recall.sh uses these; none changes the defaults above):
+--device cuda; --batch N (default 8); --time-budget SECONDS stops the training loop cleanly, then evaluates and
+saves as usual (the lr's cosine decay follows the larger of the step and time fractions, and a checkpoint is saved at
+every evaluation, marked "partial" in the log until the run finishes); --warmup STEPS; --copy-weight W adds W x the
+mean cross-entropy on the recall windows' copy targets to the loss (a denser copying signal; the logged train
+bits/byte stay the plain next-byte loss); --workers N builds batches in N forked processes, each batch from a
+generator seeded by (seed, step), so the result does not depend on N; --eval-every / --log-every.
+
+    python scripts/train_tiny.py --model llama --device cuda --seq 512 --recall-mix 0.75 --copy-weight 1 \
+        --batch 64 --lr 1.5e-3 --warmup 200 --steps 1000000 --time-budget 210 --workers 4 --out /tmp/tiny-recall
+
 Writes <out>/<model>/ with config.json + model.safetensors (save_pretrained, fp32) and train_log.json (loss curve,
 validation bits/byte, wall time, parameter count, config, data description, versions). Deterministic given the
 same stdlib, torch and thread count (seeded init, seeded windows).
@@ -36,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import collections
 import hashlib
 import json
 import math
@@ -187,6 +199,10 @@ def model_class(name: str):
     }[name]
 
 
+def model_device(model):
+    return next(model.parameters()).device
+
+
 def count_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -197,6 +213,7 @@ def bits_per_byte(model, rows) -> float:
     import torch.nn.functional as F
 
     model.eval()
+    rows = rows.to(model_device(model))
     with torch.no_grad():
         logits = model(input_ids=rows[:, :-1]).logits.float()
         nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1))
@@ -261,9 +278,37 @@ def recall_accuracy(model, rows, masks) -> float:
     import torch
 
     model.eval()
+    rows, masks = rows.to(model_device(model)), masks.to(model_device(model))
     with torch.no_grad():
         pred = model(input_ids=rows[:, :-1]).logits.argmax(-1)
     return float((pred == rows[:, 1:])[masks].float().mean())
+
+
+_WORKER_TRAIN = None  # the training bytes, inherited by forked batch workers
+
+
+def _worker_init(tr):
+    global _WORKER_TRAIN
+    _WORKER_TRAIN = tr
+
+
+def make_batch(args) -> tuple[np.ndarray, np.ndarray]:
+    """One training batch drawn from its own generator, seeded by (seed, step), so the batches do not depend on the
+    number of workers or on the order they finish in -> (bytes uint8 [batch, seq + 1], copy mask bool [batch, seq]).
+    Each row is a recall window with probability recall_mix, else a text window at a uniform random offset."""
+    step, batch, seq, recall_mix, seed = args
+    tr = _WORKER_TRAIN
+    r = np.random.default_rng([seed, step])
+    rows, masks = [], []
+    for _ in range(batch):
+        if recall_mix and r.random() < recall_mix:
+            w, m = recall_window(tr, seq, r)
+        else:
+            s = int(r.integers(0, tr.size - seq - 1))
+            w, m = tr[s:s + seq + 1], np.zeros(seq, bool)
+        rows.append(w)
+        masks.append(m)
+    return np.stack(rows), np.stack(masks)
 
 
 # ------------------------------------------------------------------------------------- Mamba-1 training-only scan
@@ -320,21 +365,46 @@ def lr_at(step: int, steps: int, peak: float) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
 
 
+def lr_budget(step: int, warm: int, progress: float, peak: float) -> float:
+    """The same shape as lr_at with an explicit warmup (steps) and the decay driven by progress in [0, 1] (the larger
+    of the step fraction and the time-budget fraction), so a run stopped by its time budget ends decayed."""
+    if step < warm:
+        return peak * (step + 1) / warm
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, max(0.0, progress)))))
+
+
 def train_one(name: str, steps: int, lr: float, out: Path, data, threads: int, seq: int = SEQ_LEN,
-              recall_mix: float = 0.0) -> dict:
+              recall_mix: float = 0.0, batch: int = BATCH, device: str = "cpu", time_budget: float | None = None,
+              warmup: int | None = None, copy_weight: float = 0.0, workers: int = 0, eval_every: int | None = None,
+              log_every: int = 10) -> dict:
     import torch
     import torch.nn.functional as F
     import transformers
 
     tr, va, val_files, desc = data
     cpu0 = time.process_time()
+    pool = None
+    if workers:  # forked before anything touches the GPU; the workers only run numpy
+        import multiprocessing
+
+        pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init, initargs=(tr,))
     torch.set_num_threads(threads)
     torch.manual_seed(SEED)
+    dev = torch.device(device)
+    if dev.type == "cuda":  # fp32 weights and optimizer; matmuls in TF32 on the GPU
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     cfg = make_config(name)
     model = model_class(name)(cfg).float()
     n_params = count_params(model)
-    print(f"[{name}] {n_params:,} parameters, {steps} steps x {BATCH}x{seq} bytes, lr {lr}"
-          + (f", recall mix {recall_mix}" if recall_mix else ""), flush=True)
+    budget_mode = time_budget is not None or warmup is not None  # the original step schedule otherwise
+    warm = warmup if warmup is not None else max(1, steps // 20)
+    print(f"[{name}] {n_params:,} parameters, {steps} steps x {batch}x{seq} bytes, lr {lr}"
+          + (f", recall mix {recall_mix}" if recall_mix else "")
+          + (f", copy weight {copy_weight}" if copy_weight else "")
+          + (f", time budget {time_budget:.0f}s" if time_budget is not None else "")
+          + f", device {dev}" + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else ""),
+          flush=True)
 
     rng = np.random.default_rng(SEED)
     vrng = np.random.default_rng(SEED + 1)
@@ -361,12 +431,13 @@ def train_one(name: str, steps: int, lr: float, out: Path, data, threads: int, s
         scan_check = float((ref - alt).abs().max())
         print(f"[mamba] training scan vs stock path: max |logit diff| {scan_check:.2e}", flush=True)
         assert scan_check < 1e-4, scan_check
+    model.to(dev)
 
     decay, no_decay = [], []
     for n, p in model.named_parameters():
         (decay if p.dim() >= 2 and "embed" not in n else no_decay).append(p)
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.95), eps=1e-8)
+                            lr=lr, betas=(0.9, 0.95), eps=1e-8, **({"fused": True} if dev.type == "cuda" else {}))
 
     log = {
         "model": name,
@@ -375,11 +446,12 @@ def train_one(name: str, steps: int, lr: float, out: Path, data, threads: int, s
         "config": cfg.to_dict(),
         "data": desc,
         "training": {
-            "steps": steps, "batch": BATCH, "seq_len": seq, "optimizer": "AdamW(betas=(0.9,0.95), "
+            "steps": steps, "batch": batch, "seq_len": seq, "optimizer": "AdamW(betas=(0.9,0.95), "
             "weight_decay=0.1 on matrices, 0 on vectors/embeddings)", "lr_peak": lr,
             "schedule": "linear warmup 5% of steps, cosine decay to 10% of peak", "grad_clip": 1.0, "seed": SEED,
             "windows": "uniform random start offsets into the concatenated training bytes",
             "threads": threads, "dtype": "float32",
+            "device": str(dev) + (f" ({torch.cuda.get_device_name(dev)}, TF32 matmuls)" if dev.type == "cuda" else ""),
             "mamba_training_scan": None if scan_check is None else
             f"equivalent unbind-based selective scan while training; max |logit diff| vs stock {scan_check:.2e}",
         },
@@ -404,6 +476,17 @@ def train_one(name: str, steps: int, lr: float, out: Path, data, threads: int, s
         log["recall_val"] = (f"{RECALL_VAL_WINDOWS} fixed recall windows of {seq + 1} bytes built on the held-out "
                              f"text (seed {SEED + 2}); accuracy = top-1 on the repeated lines' value bytes")
         log["recall_val_curve"] = {"step": [], "accuracy": [], "wall_s": []}
+    if budget_mode:
+        log["training"]["schedule"] = (f"linear warmup {warm} steps, then cosine decay to 10% of peak over the "
+                                       "larger of the step fraction and the time-budget fraction")
+        log["training"]["time_budget_s"] = time_budget
+    if copy_weight:
+        log["training"]["copy_weight"] = (f"loss = mean next-byte cross-entropy + {copy_weight} x mean cross-entropy "
+                                          "on the copy-target bytes (the repeated lines' values); the logged train "
+                                          "bits/byte are the first term only")
+    if workers:
+        log["training"]["batches"] = (f"make_batch in {workers} forked workers: each batch from its own generator "
+                                      f"seeded (SEED + 3, step)")
     d = out / name
     d.mkdir(parents=True, exist_ok=True)
 
@@ -420,39 +503,89 @@ def train_one(name: str, steps: int, lr: float, out: Path, data, threads: int, s
         log["recall_val_curve"]["accuracy"].append(round(recall_accuracy(model, rv_rows, rv_masks), 4))
         log["recall_val_curve"]["wall_s"].append(0.0)
 
-    log_every, val_every = 10, max(10, steps // 8)
+    val_every = eval_every or max(10, steps // 8)
+    pending = collections.deque()  # batches being built by the workers, at most 4 per worker ahead of the loop
+
+    def submit(i):
+        if pool is not None and i < steps:
+            pending.append(pool.apply_async(make_batch, ((i, batch, seq, recall_mix, SEED + 3),)))
+
+    for i in range(4 * workers):
+        submit(i)
     t0 = time.time()
+    t_warm = None  # wall time at the end of warmup (budget mode)
     acc, nacc = 0.0, 0
+    acc_t = torch.zeros((), device=dev)
+    stopped_by = "steps"
     for step in range(steps):
         model.train()
+        el = time.time() - t0
+        if budget_mode:
+            prog = 0.0
+            if step >= warm:
+                if t_warm is None:
+                    t_warm = el
+                prog = (step - warm) / max(1, steps - warm)
+                if time_budget is not None:
+                    prog = max(prog, (el - t_warm) / max(1e-9, time_budget - t_warm))
+            cur_lr = lr_budget(step, warm, prog, lr)
+        else:
+            cur_lr = lr_at(step, steps, lr)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, lr)
-        starts = rng.integers(0, tr.size - seq - 1, size=BATCH)
-        rows = [tr[s : s + seq + 1] for s in starts]
-        if recall_mix:
-            rows = [recall_window(tr, seq, mrng)[0] if mrng.random() < recall_mix else r for r in rows]
-        xb = torch.from_numpy(np.stack(rows).astype(np.int64))
+            g["lr"] = cur_lr
+        if pool is not None:
+            xs, ms = pending.popleft().get()
+            submit(step + 4 * workers)
+            xb = torch.from_numpy(xs.astype(np.int64))
+            mb = torch.from_numpy(ms)
+        else:
+            starts = rng.integers(0, tr.size - seq - 1, size=batch)
+            rows = [tr[s : s + seq + 1] for s in starts]
+            masks = [np.zeros(seq, bool) for _ in rows]
+            if recall_mix:
+                for i in range(len(rows)):
+                    if mrng.random() < recall_mix:
+                        rows[i], masks[i] = recall_window(tr, seq, mrng)
+            xb = torch.from_numpy(np.stack(rows).astype(np.int64))
+            mb = torch.from_numpy(np.stack(masks))
+        xb = xb.to(dev, non_blocking=True)
         if ctx is not None:
             with ctx:
                 logits = model(input_ids=xb[:, :-1]).logits
         else:
             logits = model(input_ids=xb[:, :-1]).logits
-        loss = F.cross_entropy(logits.float().reshape(-1, 256), xb[:, 1:].reshape(-1))
+        if copy_weight:
+            nll = F.cross_entropy(logits.float().reshape(-1, 256), xb[:, 1:].reshape(-1), reduction="none")
+            loss = nll.mean()
+            mflat = mb.to(dev, non_blocking=True).reshape(-1).float()
+            total = loss + copy_weight * (nll * mflat).sum() / mflat.sum().clamp(min=1.0)
+        else:
+            loss = total = F.cross_entropy(logits.float().reshape(-1, 256), xb[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        acc += loss.item() / math.log(2)
+        if dev.type == "cpu":
+            acc += loss.item() / math.log(2)
+        else:  # no host sync per step
+            acc_t += loss.detach()
         nacc += 1
         done = step + 1
-        if done % log_every == 0 or done == steps:
+        over = time_budget is not None and time.time() - t0 >= time_budget
+        if over:
+            stopped_by = "time budget"
+        if done % log_every == 0 or done == steps or over:
+            if dev.type != "cpu":
+                acc, acc_t = float(acc_t) / math.log(2), torch.zeros((), device=dev)
             el = time.time() - t0
             log["train_curve"]["step"].append(done)
             log["train_curve"]["bits_per_byte"].append(round(acc / nacc, 4))
             log["train_curve"]["wall_s"].append(round(el, 1))
             msg = f"[{name}] step {done}/{steps} train {acc / nacc:.3f} bits/byte"
+            if budget_mode:
+                msg += f" lr {cur_lr:.2e}"
             acc, nacc = 0.0, 0
-            if done % val_every == 0 or done == steps:
+            if done % val_every == 0 or done == steps or over:
                 v = bits_per_byte(model, val_rows)
                 log["val_curve"]["step"].append(done)
                 log["val_curve"]["bits_per_byte"].append(round(v, 4))
@@ -464,10 +597,23 @@ def train_one(name: str, steps: int, lr: float, out: Path, data, threads: int, s
                     log["recall_val_curve"]["accuracy"].append(round(ra, 4))
                     log["recall_val_curve"]["wall_s"].append(round(time.time() - t0, 1))
                     msg += f"  recall {ra:.3f}"
+                if time_budget is not None:  # a checkpoint, so a run killed later still leaves a model
+                    log["partial"] = f"checkpoint at step {done}; final evaluation not reached"
+                    model.save_pretrained(d, safe_serialization=True)
                 write_log()
             eta = (time.time() - t0) / done * (steps - done)
+            if time_budget is not None:
+                eta = min(eta, max(0.0, time_budget - (time.time() - t0)))
             print(f"{msg}  {el:.0f}s elapsed, ETA {eta:.0f}s", flush=True)
+        if over:
+            break
     wall = time.time() - t0
+    if pool is not None:
+        pool.terminate()
+    log.pop("partial", None)
+    if budget_mode:
+        log["training"]["steps_done"] = done
+        log["training"]["stopped_by"] = stopped_by
 
     # final numbers with the stock forward: held-out windows, the test slice, and a long held-out sequence
     final_val = log["val_curve"]["bits_per_byte"][-1]
@@ -475,7 +621,7 @@ def train_one(name: str, steps: int, lr: float, out: Path, data, threads: int, s
     spec["bits_per_byte"] = round(slice_bpb, 4)
     long_rel = next(r for r, n in val_files if n >= LONG_EVAL_BYTES + 1024 and r != spec["file"])
     lb = (stdlib_root() / long_rel).read_bytes()[:LONG_EVAL_BYTES + 1]
-    lrow = torch.tensor(list(lb), dtype=torch.long)[None]
+    lrow = torch.tensor(list(lb), dtype=torch.long, device=dev)[None]
     model.eval()
     with torch.no_grad():
         lg = model(input_ids=lrow[:, :-1]).logits.float()[0]
@@ -510,9 +656,39 @@ def main(argv=None) -> int:
     ap.add_argument("--seq", type=int, default=SEQ_LEN, help=f"training window length in bytes (default {SEQ_LEN})")
     ap.add_argument("--recall-mix", type=float, default=0.0, metavar="F",
                     help="fraction of training windows that are associative-recall windows (default 0)")
+    ap.add_argument("--batch", type=int, default=BATCH, help=f"windows per step (default {BATCH})")
+    ap.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
+    ap.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                    help="stop the training loop after this many seconds (the lr decay follows it), then evaluate "
+                         "and save as usual; saves a checkpoint at every evaluation")
+    ap.add_argument("--warmup", type=int, default=None, metavar="STEPS",
+                    help="linear warmup steps (default 5%% of --steps)")
+    ap.add_argument("--copy-weight", type=float, default=0.0, metavar="W",
+                    help="add W x the mean cross-entropy on recall windows' copy targets to the loss (default 0)")
+    ap.add_argument("--workers", type=int, default=0,
+                    help="build batches in this many forked processes (default 0: in the loop, the original stream)")
+    ap.add_argument("--eval-every", type=int, default=None, metavar="STEPS",
+                    help="validation (and recall accuracy) every STEPS steps (default steps / 8)")
+    ap.add_argument("--log-every", type=int, default=10, metavar="STEPS")
     a = ap.parse_args(argv)
     if not 0.0 <= a.recall_mix <= 1.0 or a.seq < 64:
         ap.error("--recall-mix must be in [0, 1] and --seq at least 64")
+    if a.batch < 1 or a.workers < 0 or a.log_every < 1 or (a.eval_every is not None and a.eval_every < 1):
+        ap.error("--batch, --log-every and --eval-every must be positive, --workers non-negative")
+    if (a.time_budget is not None and a.time_budget <= 0) or a.copy_weight < 0 or (a.warmup is not None and a.warmup < 1):
+        ap.error("--time-budget and --warmup must be positive, --copy-weight non-negative")
+    if a.copy_weight and not a.recall_mix:
+        ap.error("--copy-weight needs --recall-mix (the copy targets are in the recall windows)")
+    if a.device != "cpu":
+        import torch
+
+        try:
+            ok = torch.device(a.device).type == "cuda" and torch.cuda.is_available()
+        except RuntimeError:
+            ok = False
+        if not ok:
+            ap.error(f"--device {a.device}: no such device here (torch.cuda.is_available() is "
+                     f"{torch.cuda.is_available()})")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     names = RUN_ORDER if a.model == "all" else (a.model,)
     t = time.time()
@@ -522,7 +698,9 @@ def main(argv=None) -> int:
           flush=True)
     for n in names:
         dflt = DEFAULTS[n]
-        train_one(n, a.steps or dflt["steps"], a.lr or dflt["lr"], a.out, data, a.threads, a.seq, a.recall_mix)
+        train_one(n, a.steps or dflt["steps"], a.lr or dflt["lr"], a.out, data, a.threads, a.seq, a.recall_mix,
+                  batch=a.batch, device=a.device, time_budget=a.time_budget, warmup=a.warmup,
+                  copy_weight=a.copy_weight, workers=a.workers, eval_every=a.eval_every, log_every=a.log_every)
     return 0
 
 
