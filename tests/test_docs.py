@@ -4,6 +4,7 @@ The Markdown docs (README.md, docs/*.md, SECURITY.md and every folder's README.m
 (links, and paths in backticks under a top-level folder); a file that moved or went away leaves a reader at a dead end. The manifest
 schema is the package's own file, the one export and load validate against: a second copy kept by hand drifts.
 """
+import os
 import re
 from pathlib import Path
 
@@ -12,9 +13,20 @@ from edgekv.export import manifest
 ROOT = Path(__file__).resolve().parent.parent
 SKIP_DIRS = {".git", ".venv", ".venv-mutate", ".arm64", "build", "node_modules", "test-artifacts", "__pycache__",
              ".pytest_cache", "out"}
-DOCS = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.md")
-              if not SKIP_DIRS & set(p.relative_to(ROOT).parts[:-1])  # README.md, docs/, SECURITY.md, every README
-              and p.relative_to(ROOT).parts[0] != "export" or p.relative_to(ROOT).as_posix() == "export/README.md")
+
+
+def repo_files(suffix: str) -> list[Path]:
+    """The repository's files whose name ends with suffix, never entering SKIP_DIRS (`make arm64-env`'s .arm64/
+    holds a whole Debian root, with /proc mounted in it while debootstrap runs)."""
+    out = []
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS]
+        out += [Path(folder) / f for f in files if f.endswith(suffix)]
+    return out
+
+
+DOCS = sorted(p.relative_to(ROOT).as_posix() for p in repo_files(".md")  # README.md, docs/, SECURITY.md, every README
+              if p.relative_to(ROOT).parts[0] != "export" or p.relative_to(ROOT).as_posix() == "export/README.md")
 TOP = ("edgekv/", "docs/", "benchmarks/", "tests/", "scripts/", "device_profiles/", "fixtures/", "android_demo/",
        "export/")
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
@@ -49,8 +61,8 @@ def test_the_path_check_finds_a_dead_link(tmp_path):
 
 
 def test_one_manifest_schema_in_the_repository():
-    copies = [p.relative_to(ROOT).as_posix() for p in ROOT.rglob("manifest.schema.json")
-              if not SKIP_DIRS & set(p.relative_to(ROOT).parts)]
+    copies = [p.relative_to(ROOT).as_posix() for p in repo_files("manifest.schema.json")
+              if p.name == "manifest.schema.json"]
     assert copies == ["edgekv/export/manifest.schema.json"], copies
     assert manifest.SCHEMA_PATH.resolve() == (ROOT / copies[0]).resolve()
 

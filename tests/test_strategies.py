@@ -134,3 +134,43 @@ def test_every_cache_dtype_a_spec_accepts_is_planned_on_every_phone_runtime(runt
             assert r.exit_code in (0, 3), (spec, r.output[-300:])
             opt = json.loads(r.output)["options"][0]
             assert opt["bytes"]["total"] > opt["bytes"]["state"] > 0, (spec, opt["bytes"])
+
+
+def test_every_layout_of_every_catalog_model_names_its_state_as_the_manifest_schema_says():
+    """Each state kind (KV, latent, SSM, conv, recurrent, their quantization parameters) has its input/output name
+    pattern and role in edgekv/export/manifest.schema.json: the layout of every catalog model under every strategy
+    that applies (quantized forms included) validates against the schema's state object."""
+    import re
+    from pathlib import Path
+
+    import jsonschema
+
+    from edgekv.arch import catalog_names
+    schema = json.loads((Path(__file__).resolve().parents[1] / "edgekv/export/manifest.schema.json").read_text())
+    state_schema = schema["properties"]["state"]
+    validator = jsonschema.validators.validator_for(schema)(state_schema)
+    specs = [*REGISTRY, "kv-int4", "kv-int2", "ssm:dtype=int8", "linear:dtype=int8", "hybrid:dtype=int8",
+             "hybrid:dtype=int4"]
+    kinds, seen = set(), set()
+    for model in catalog_names():
+        arch = catalog_arch(model)
+        for spec in specs:
+            try:
+                layout = build_layout(arch, parse_strategy(spec), 64)
+            except (NotApplicable, ValueError):
+                continue
+            js, new = layout.to_json(), []
+            for t in js["tensors"]:  # each kind once (its name with the layer index blanked): validation is slow
+                kind = (re.sub("[0-9]+", "#", t["input"]), t["role"])
+                if kind not in seen:
+                    seen.add(kind)
+                    new.append(t)
+            if new:
+                validator.validate({**js, "tensors": new})
+            kinds |= {t.role for t in layout.tensors}
+    assert {"key", "value", "key.scale", "latent", "ssm", "ssm.scale", "conv", "recurrent", "recurrent.scale",
+            "recurrent.max"} <= kinds, kinds
+    bad = build_layout(catalog_arch("smollm2-135m"), parse_strategy("kv"), 64).to_json()
+    bad["tensors"][0]["input"] = "past_cache.0"
+    with pytest.raises(jsonschema.ValidationError, match="past_cache.0"):
+        validator.validate(bad)

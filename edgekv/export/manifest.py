@@ -167,7 +167,10 @@ def check_consistent(manifest: dict, where: str) -> None:
              if t["role"].split(".")[0] in SLOT_ROLES and len(t["shape"]) >= 3]
     if slots and max(slots) > max_ctx:
         raise EdgekvError(f"{where}: a cache of {max(slots)} slots is larger than max_ctx {max_ctx}")
-    if slots and _full_cache(manifest["strategy"]["name"]) and max(slots) != max_ctx:
+    # a full cache keeps every position, but a native sliding-window layer only its W (Phi-3-mini: every layer)
+    windows = ((manifest.get("model") or {}).get("config") or {}).get("windows") or [None]
+    full = max(min(w, max_ctx) if w else max_ctx for w in windows)
+    if slots and _full_cache(manifest["strategy"]["name"]) and max(slots) != full:
         raise EdgekvError(f"{where}: max_ctx is {max_ctx} but the cache holds {max(slots)} tokens")
 
 

@@ -147,7 +147,10 @@ def run_arm64(root: Path, folder: Path, out: Path, runtime: str, prompt, steps, 
            str(folder.resolve()), str(out)]
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
            "PYTHONPATH": str(Path(IN_ROOT["pkg"]).parent), "PYTHONDONTWRITEBYTECODE": "1", **MALLOC_ENV,
-           **{k: v for k, v in os.environ.items() if k.startswith("MALLOC_") or k == "QEMU_CPU"}}
+           **{k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+           # the core is named, not left to the qemu build's default: `max` has ARMv8.2's FP16 arithmetic and dot
+           # product, as phones do, which ExecuTorch's aarch64 LLM kernels need (SIGILL on an ARMv8.0 core)
+           "QEMU_CPU": os.environ.get("QEMU_CPU") or "max"}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     args = {"artifact": IN_ROOT["artifact"], "out": IN_ROOT["out"], "runtime": runtime, "prompt": prompt,
