@@ -8,6 +8,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EDGEKV = [sys.executable, "-m", "edgekv.cli"]
+# seconds one edgekv subprocess may take; a loaded host running the slow family/arm64 tests may need more
+CLI_TIMEOUT = float(os.environ.get("EDGEKV_TEST_CLI_TIMEOUT", "300"))
 
 
 def smollm2_gguf() -> Path:
@@ -25,7 +27,7 @@ def gguf_path() -> Path:
 def run_cli(*args, check=False, env=None):
     e = dict(os.environ)
     e.update(env or {})
-    p = subprocess.run(EDGEKV + [str(a) for a in args], capture_output=True, text=True, cwd=ROOT, env=e, timeout=300)
+    p = subprocess.run(EDGEKV + [str(a) for a in args], capture_output=True, text=True, cwd=ROOT, env=e, timeout=CLI_TIMEOUT)
     if check and p.returncode != 0:
         raise AssertionError(f"edgekv {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stderr}")
     return p
