@@ -45,6 +45,8 @@ ROWS = tuple(f"et-llama:{v}" for v in VARIANTS)
 
 def meta_params(cfg: dict) -> dict:
     """A transformers Llama config (dict) -> ExecuTorch's params.json (ModelArgs fields)."""
+    if cfg.get("model_type", "llama") not in ("llama", "mistral"):
+        raise ValueError(f"a {cfg.get('model_type')} model: ExecuTorch's Llama export takes Llama-family weights here")
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     if head_dim * heads != cfg["hidden_size"]:
