@@ -165,23 +165,45 @@ def build(work: Path, model_path: Path, ctx: int, variant: str, log=print, timeo
         return pte
     ckpt, params = write_checkpoint(model_path, work / "et_llama" / f"{model_path.stem}-meta")
     pte.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "executorch.examples.models.llama.export_llama", "--model", "smollm2",
+    cmd = [sys.executable, __file__, "--export-llama", "--model", "smollm2",
            "-c", str(ckpt), "-p", str(params), "-kv", "--use_sdpa_with_kv_cache", "-X", "-qmode", "8da4w",
            "-G", str(GROUP), "-d", "fp32", "--max_seq_length", str(min(CHUNK, ctx)), "--max_context_length", str(ctx),
            "-o", str(pte.parent), "-n", "model.tmp.pte"] + (["--quantize_kv_cache"] if VARIANTS[variant] else [])
     log(f"  export_llama {variant} ctx {ctx} ...")
     t = time.perf_counter()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=pte.parent, env=env, timeout=timeout)
-    (pte.parent / "export.log").write_text(" ".join(cmd) + "\n\n" + p.stdout + "\n" + p.stderr)
+    logf = pte.parent / "export.log"
+    with logf.open("w") as f:  # streamed, so a long export can be followed
+        f.write(" ".join(cmd) + "\n\n")
+        f.flush()
+        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=pte.parent, env=env, timeout=timeout)
     made = pte.parent / "model.tmp.pte"
     if p.returncode != 0 or not made.is_file():
-        lines = [s for s in p.stderr.splitlines() if s.strip()]
-        raise RuntimeError(f"export_llama failed ({pte.parent / 'export.log'}): "
-                           f"{lines[-1][:300] if lines else p.returncode}")
+        lines = [s for s in logf.read_text().splitlines() if s.strip()]
+        raise RuntimeError(f"export_llama failed ({logf}): {lines[-1][:300] if lines else p.returncode}")
     made.rename(pte)
     log(f"  exported {pte.parent.name} in {time.perf_counter() - t:.0f} s")
     return pte
+
+
+def export_llama_main(argv: list[str]) -> None:
+    """`python -m executorch.examples.models.llama.export_llama ARGV`, with one change that does not alter the
+    program: every attention layer's causal mask (a bool [max_context, max_context] buffer each, 30 x 64 MiB at 8k,
+    which --use_sdpa_with_kv_cache's custom_sdpa never reads) is one shared tensor, so an 8k export fits in memory
+    beside other jobs."""
+    import runpy
+
+    from executorch.examples.models.llama import attention
+
+    init, shared = attention.AttentionMHA.__init__, {}
+
+    def one_mask(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.mask = shared.setdefault(tuple(self.mask.shape), self.mask)
+
+    attention.AttentionMHA.__init__ = one_mask
+    sys.argv = ["export_llama", *argv]
+    runpy.run_module("executorch.examples.models.llama.export_llama", run_name="__main__")
 
 
 # ---- the row (run in filled_context.py's fresh child process) ----
@@ -232,12 +254,16 @@ def child(spec: dict, forced, status_bytes) -> dict:
 
 def bytes_per_token(arch, ctx: int, pos: float, variant: str) -> dict:
     """The planner's arithmetic for the row (decode_speed.peer_bytes): int4 weights; the cache fp32, or int8 with a
-    fp32 scale and zero point per token and KV head (ExecuTorch's QuantizedKVCache)."""
+    fp32 scale and an int8 zero point per token and KV head (ExecuTorch's QuantizedKVCache)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import decode_speed as ds
 
-    kv = "kv-int8" if VARIANTS[variant] else "kv:dtype=fp32"
-    return ds.peer_bytes(arch, "int4", kv, ctx, pos)
+    nb = ds.peer_bytes(arch, "int4", "kv:dtype=fp32", ctx, pos)
+    if VARIANTS[variant]:  # per token and KV head: head_dim int8 codes, a fp32 scale, an int8 zero point
+        hd = next(m.head_dim for b in arch.blocks for m in b.mixers if m.kind == "attention")
+        f = (hd + 4 + 1) / (4 * hd)
+        nb = dict(nb, state_at_pos=nb["state_at_pos"] * f, state_full=nb["state_full"] * f)
+    return nb
 
 
 # ---- by hand ----
@@ -284,4 +310,7 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1 and sys.argv[1] == "--export-llama":
+        export_llama_main(sys.argv[2:])
+    else:
+        main()
