@@ -17,7 +17,7 @@ torchtune (not pinned here), so this module writes the checkpoint itself from th
   child()        the row: ExecuTorch's Python runtime (portable_lib, a loaded Method), the prompt prefilled in calls of
                  CHUNK tokens and the decode tokens fed one per call, as filled_context.py's other rows.
 
-Row names: et-llama:8da4w and et-llama:8da4w-kvq (with --quantize_kv_cache).
+Row names: et-llama:kv-fp32/8da4w and et-llama:kv-int8/8da4w (with --quantize_kv_cache).
 
 Usage (by hand): python benchmarks/et_llama.py --ctx 2048 [--kvq] [--work out/filled_context] exports one .pte;
 python benchmarks/et_llama.py --check [--tokens 8] compares the converted checkpoint in ExecuTorch's eager Llama with
@@ -36,7 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CHUNK = 128  # export_llama's default --max_seq_length: the most tokens one forward call takes
 GROUP = 32  # -G: edgekv's int4 group (edgekv/export/wquant.py GROUP)
-VARIANTS = {"8da4w": False, "8da4w-kvq": True}  # row variant -> --quantize_kv_cache
+# row variant (cache/weights, as edgekv's rows name theirs) -> (the export's folder tag, --quantize_kv_cache)
+VARIANTS = {"kv-fp32/8da4w": ("8da4w", False), "kv-int8/8da4w": ("8da4w-kvq", True)}
 ROWS = tuple(f"et-llama:{v}" for v in VARIANTS)
 
 
@@ -153,7 +154,7 @@ def write_checkpoint(model_path: Path, folder: Path) -> tuple[Path, Path]:
 
 
 def pte_path(work: Path, model_path: Path, ctx: int, variant: str) -> Path:
-    return work / "et_llama" / f"{model_path.stem}-{variant}-c{ctx}" / "model.pte"
+    return work / "et_llama" / f"{model_path.stem}-{VARIANTS[variant][0]}-c{ctx}" / "model.pte"
 
 
 def build(work: Path, model_path: Path, ctx: int, variant: str, log=print, timeout: int = 7200) -> Path:
@@ -168,7 +169,7 @@ def build(work: Path, model_path: Path, ctx: int, variant: str, log=print, timeo
     cmd = [sys.executable, __file__, "--export-llama", "--model", "smollm2",
            "-c", str(ckpt), "-p", str(params), "-kv", "--use_sdpa_with_kv_cache", "-X", "-qmode", "8da4w",
            "-G", str(GROUP), "-d", "fp32", "--max_seq_length", str(min(CHUNK, ctx)), "--max_context_length", str(ctx),
-           "-o", str(pte.parent), "-n", "model.tmp.pte"] + (["--quantize_kv_cache"] if VARIANTS[variant] else [])
+           "-o", str(pte.parent), "-n", "model.tmp.pte"] + (["--quantize_kv_cache"] if VARIANTS[variant][1] else [])
     log(f"  export_llama {variant} ctx {ctx} ...")
     t = time.perf_counter()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
@@ -259,7 +260,7 @@ def bytes_per_token(arch, ctx: int, pos: float, variant: str) -> dict:
     import decode_speed as ds
 
     nb = ds.peer_bytes(arch, "int4", "kv:dtype=fp32", ctx, pos)
-    if VARIANTS[variant]:  # per token and KV head: head_dim int8 codes, a fp32 scale, an int8 zero point
+    if VARIANTS[variant][1]:  # per token and KV head: head_dim int8 codes, a fp32 scale, an int8 zero point
         hd = next(m.head_dim for b in arch.blocks for m in b.mixers if m.kind == "attention")
         f = (hd + 4 + 1) / (4 * hd)
         nb = dict(nb, state_at_pos=nb["state_at_pos"] * f, state_full=nb["state_full"] * f)
@@ -290,7 +291,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--ctx", type=int, default=2048)
-    ap.add_argument("--variant", default="8da4w", choices=list(VARIANTS))
+    ap.add_argument("--variant", default="kv-fp32/8da4w", choices=list(VARIANTS))
     ap.add_argument("--work", default=str(ROOT / "out" / "filled_context"))
     ap.add_argument("--check", action="store_true", help="converted checkpoint vs transformers, a few tokens")
     ap.add_argument("--tokens", type=int, default=8)

@@ -16,7 +16,7 @@ Rows (name = family:variant):
                                         scales, read by GroupQueryAttention), kv-int4, window, mla (converted)
   llamacpp:f16 / q8_0 / q4_0            llama.cpp (llama-cpp-python), the same GGUF, flash attention on, K and V type
   genai:int4                            ONNX Runtime GenAI, its own builder's int4 model of the same weights
-  et-llama:8da4w, et-llama:8da4w-kvq    ExecuTorch's own Llama export (export_llama 8da4w, XNNPACK; -kvq: with
+  et-llama:kv-fp32/8da4w, kv-int8/8da4w ExecuTorch's own Llama export (export_llama 8da4w, XNNPACK; kv-int8: with
                                         --quantize_kv_cache), run by ExecuTorch's runtime (benchmarks/et_llama.py)
 Every row runs in a fresh process (benchmarks/decode_speed.py's run_child) and the repeats go round the rows. Memory
 above baseline: the peak RSS minus the RSS after importing the runtime, before loading the model. Bytes per token:
