@@ -228,7 +228,8 @@ class EtLlama:
 
     def call(self, tokens: list[int], pos: int):
         t = self.torch
-        self.method.set_inputs([t.tensor([tokens], dtype=t.int64), t.tensor([pos], dtype=t.int64)])
+        inputs = [t.tensor([tokens], dtype=t.int64), t.tensor([pos], dtype=t.int64)]  # the method reads them in
+        self.method.set_inputs(inputs)  # place: they must stay alive until execute() returns
         self.method.execute()
         return self.method.get_outputs(clone_outputs=False)[0].float().numpy().reshape(-1).copy()
 
