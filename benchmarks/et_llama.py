@@ -11,11 +11,11 @@ torchtune (not pinned here), so this module writes the checkpoint itself from th
                  ModelArgs.use_hf_rope stays False, its default and what its smollm2 recipe uses), the tied output
                  layer written out as `output.weight`; tests/test_et_llama.py checks it against transformers.
   build()        export_llama -kv --use_sdpa_with_kv_cache -X -qmode 8da4w -G 32 -d fp32 (dynamic token axis, its
-                 default), --max_seq_length CHUNK (tokens per call: ExecuTorch's default 128, how its runner
-                 prefills) --max_context_length ctx, optionally --quantize_kv_cache (int8 codes with a scale and zero
+                 default), --max_seq_length CHUNK (ExecuTorch's default 128; its token axis then takes 1..127
+                 tokens per call, how its runner prefills) --max_context_length ctx, optionally --quantize_kv_cache (int8 codes with a scale and zero
                  point per token and head, read by llama::custom_quantized_sdpa); cached in the work folder.
   child()        the row: ExecuTorch's Python runtime (portable_lib, a loaded Method), the prompt prefilled in calls of
-                 CHUNK tokens and the decode tokens fed one per call, as filled_context.py's other rows.
+                 MAX_TOKENS tokens and the decode tokens fed one per call, as filled_context.py's other rows.
 
 Row names: et-llama:kv-fp32/8da4w and et-llama:kv-int8/8da4w (with --quantize_kv_cache).
 
@@ -34,7 +34,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CHUNK = 128  # export_llama's default --max_seq_length: the most tokens one forward call takes
+CHUNK = 128  # export_llama's default --max_seq_length
+MAX_TOKENS = CHUNK - 1  # the most tokens one forward call takes: its dynamic token axis ends at max_seq_length - 1
 GROUP = 32  # -G: edgekv's int4 group (edgekv/export/wquant.py GROUP)
 # row variant (cache/weights, as edgekv's rows name theirs) -> (the export's folder tag, --quantize_kv_cache)
 VARIANTS = {"kv-fp32/8da4w": ("8da4w", False), "kv-int8/8da4w": ("8da4w-kvq", True)}

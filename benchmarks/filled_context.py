@@ -255,7 +255,7 @@ def plan_row(name: str, work: ds.Work, ctx: int, threads: int, base: dict, arch,
         spec.update(kind="genai", folder=str(work.genai_model(variant)), vocab=arch.vocab)
         return spec, ds.peer_bytes(arch, variant, "kv:dtype=fp32", ctx, pos)
     if family == "et-llama":
-        spec.update(kind="et-llama", chunk=min(et_llama.CHUNK, ctx),
+        spec.update(kind="et-llama", chunk=min(et_llama.MAX_TOKENS, ctx),
                     pte=str(et_llama.build(work.root, work.model_path, ctx, variant, log)))
         return spec, et_llama.bytes_per_token(arch, ctx, pos, variant)
     raise ValueError(name)
