@@ -16,6 +16,8 @@ Rows (name = family:variant):
                                         scales, read by GroupQueryAttention), kv-int4, window, mla (converted)
   llamacpp:f16 / q8_0 / q4_0            llama.cpp (llama-cpp-python), the same GGUF, flash attention on, K and V type
   genai:int4                            ONNX Runtime GenAI, its own builder's int4 model of the same weights
+  et-llama:kv-fp32/8da4w, kv-int8/8da4w ExecuTorch's own Llama export (export_llama 8da4w, XNNPACK; kv-int8: with
+                                        --quantize_kv_cache), run by ExecuTorch's runtime (benchmarks/et_llama.py)
 Every row runs in a fresh process (benchmarks/decode_speed.py's run_child) and the repeats go round the rows. Memory
 above baseline: the peak RSS minus the RSS after importing the runtime, before loading the model. Bytes per token:
 weights read per step plus the state read at the mean decode position (manifest for edgekv, the planner for peers;
@@ -39,11 +41,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import decode_speed as ds
+import et_llama
 
 ROOT = ds.ROOT
 MIB = ds.MIB
 STRATEGIES = ("kv:dtype=fp32", "kv", "kv-int8", "kv-int8c", "kv-int4", "window", "mla")
 PEERS = ("llamacpp:f16", "llamacpp:q8_0", "llamacpp:q4_0", "genai:int4")
+PEERS += et_llama.ROWS
 QUICK = ("edgekv-pte:kv:dtype=fp32/int4", "edgekv-ort:kv:dtype=fp32/int4", "edgekv-pte:kv-int8/int4",
          "edgekv-ort:kv-int8/int4", "llamacpp:f16", "llamacpp:q8_0", "genai:int4")
 # llama.cpp K/V types as planner strategies: q8_0 / q4_0 store blocks of 32 codes with one fp16 scale
@@ -209,6 +213,7 @@ def child_reference(spec: dict) -> dict:
 
 CHILDREN = {"edgekv": child_edgekv, "llamacpp": child_llamacpp, "genai": child_genai,
             "reference": child_reference, "bandwidth": ds.child_bandwidth, "hf_folder": ds.child_hf_folder}
+CHILDREN["et-llama"] = lambda spec: et_llama.child(spec, _forced, ds._status_bytes)
 
 
 def run_child(spec: dict, timeout: int) -> dict:
@@ -249,6 +254,10 @@ def plan_row(name: str, work: ds.Work, ctx: int, threads: int, base: dict, arch,
     if family == "genai":
         spec.update(kind="genai", folder=str(work.genai_model(variant)), vocab=arch.vocab)
         return spec, ds.peer_bytes(arch, variant, "kv:dtype=fp32", ctx, pos)
+    if family == "et-llama":
+        spec.update(kind="et-llama", chunk=min(et_llama.MAX_TOKENS, ctx),
+                    pte=str(et_llama.build(work.root, work.model_path, ctx, variant, log)))
+        return spec, et_llama.bytes_per_token(arch, ctx, pos, variant)
     raise ValueError(name)
 
 
