@@ -177,34 +177,38 @@ def child_genai(spec: dict) -> dict:
 
 
 def child_reference(spec: dict) -> dict:
-    """The fp32 model's logits at the decode positions: transformers LlamaForCausalLM from the GGUF (dequantized to
-    fp32), SDPA attention, the ids run in chunks through a DynamicCache (bounded memory at 16k+)."""
+    """The fp32 model's logits at the decode positions: transformers from the GGUF (dequantized to fp32; its own
+    class for the family: LlamaForCausalLM, Gemma3ForCausalLM) or from an HF folder, SDPA attention, the ids run in
+    chunks through a DynamicCache built from the model's config (Gemma 3's sliding layers keep their window), so
+    memory stays bounded at 16k+. The logits come from the model's own forward (logits_to_keep), so a family's final
+    softcapping is applied as transformers applies it."""
     import numpy as np
     import torch
     import transformers
 
     torch.set_num_threads(spec["threads"])
     p = Path(spec["model_path"])
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32,
-                                                              attn_implementation="sdpa").eval()
+    where, extra = (str(p.parent), {"gguf_file": p.name}) if p.suffix == ".gguf" else (str(p), {})
+    model = transformers.AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, attn_implementation="sdpa",
+                                                              **extra).eval()
     n_prompt, n_new = spec["n_prompt"], spec["new_tokens"]
     ids = spec["ids"][:n_prompt + n_new - 1]
     want = n_prompt - 1  # logits of positions want .. want + n_new - 1
-    cache = transformers.DynamicCache()
+    cache = transformers.DynamicCache(config=model.config)
     rows = []
     t0 = time.perf_counter()
     with torch.no_grad():
         for s in range(0, len(ids), spec["chunk"]):
             part = ids[s:s + spec["chunk"]]
-            out = model.model(input_ids=torch.tensor([part]), past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
             lo = max(want - s, 0)
+            keep = len(part) - lo if lo < len(part) else 1  # the head only where a wanted position is
+            out = model(input_ids=torch.tensor([part]), past_key_values=cache, use_cache=True, logits_to_keep=keep)
             if lo < len(part):
-                rows.append(model.lm_head(out.last_hidden_state[0, lo:]).float().numpy())
+                rows.append(out.logits[0].float().numpy())
     logits = np.concatenate(rows)
     assert logits.shape[0] == n_new, logits.shape
     np.save(spec["logits_out"], logits)
-    return {"baseline": 0, "seconds": time.perf_counter() - t0}
+    return {"baseline": 0, "seconds": time.perf_counter() - t0, "model_class": type(model).__name__}
 
 
 CHILDREN = {"edgekv": child_edgekv, "llamacpp": child_llamacpp, "genai": child_genai,
@@ -367,7 +371,7 @@ def main(argv=None) -> dict:
                            "threads": a.threads, "repeats": a.repeats, "quick": a.quick, "only": a.only,
                            "order": "the repeats go round the rows",
                            "quality": "KL(fp32 || row) mean over the new positions, natural log; top-1 agreement; "
-                                      "fp32 = transformers LlamaForCausalLM from the same GGUF"},
+                                      "fp32 = transformers (LlamaForCausalLM, Gemma3ForCausalLM) from the same GGUF"},
               "bandwidth": {}, "rows": []}
     bw_args = argparse.Namespace(bw_mib=a.bw_mib, bw_runs=a.bw_runs, timeout=a.timeout)
     ds.probe(result["bandwidth"], [a.threads], bw_args, log)
