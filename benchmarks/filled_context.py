@@ -130,6 +130,9 @@ def child_edgekv(spec: dict) -> dict:
 
 
 def child_llamacpp(spec: dict) -> dict:
+    """llama.cpp at its long-context settings: flash attention, K/V of the row's type, and for a model with sliding
+    layers (Gemma 3) a window-sized cache on them (swa_full off; the C API's default sizes those layers' cache at
+    n_ctx too). A model without sliding layers is unaffected."""
     import llama_cpp
     import numpy as np
 
@@ -138,7 +141,7 @@ def child_llamacpp(spec: dict) -> dict:
                "q4_0": llama_cpp.GGML_TYPE_Q4_0}[spec["kv"]]
     llm = llama_cpp.Llama(model_path=spec["model_path"], n_ctx=spec["ctx"], n_batch=512, n_ubatch=512,
                           n_threads=spec["threads"], n_threads_batch=spec["threads"], flash_attn=True,
-                          type_k=kv_type, type_v=kv_type, verbose=False)
+                          type_k=kv_type, type_v=kv_type, swa_full=False, verbose=False)
 
     def logits():
         return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),)).copy()
