@@ -104,3 +104,10 @@ def test_the_reference_logits_are_transformers_own_over_the_whole_sequence(tmp_p
     assert got.shape == (new, 103)
     scale = np.abs(want).max()
     assert scale > 1 and np.abs(got - want).max() <= 1e-5 * scale
+
+
+def test_the_rows_run_in_the_order_of_the_only_keys():
+    got = fc.main(["--list", "--only", "llamacpp:f16,edgekv-ort:kv-int8c,edgekv-ort:kv:dtype=fp32"])["rows"]
+    assert got == ["llamacpp:f16", "edgekv-ort:kv-int8c/int4", "edgekv-ort:kv:dtype=fp32/int4"]
+    got = fc.main(["--list", "--only", "genai,edgekv-ort:kv-int"])["rows"]  # within a key, the usual order
+    assert got == ["genai:int4", "edgekv-ort:kv-int8/int4", "edgekv-ort:kv-int8c/int4", "edgekv-ort:kv-int4/int4"]
