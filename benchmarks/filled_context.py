@@ -6,8 +6,8 @@ configuration fills its context: for a context of C slots the prompt is the firs
 docs (edgekv analyze's default text), then `new` decode steps run at positions C - new .. C - 2, where the state is
 nearly all of what attention reads. The decode steps are fed the text's own next tokens (teacher forcing, not greedy),
 so every row decodes the same tokens at the same positions and its logits can be compared with the fp32 model's
-(transformers, LlamaForCausalLM from the same GGUF, over the same ids): mean KL(fp32 || row) and top-1 agreement
-over the new positions. A fast row that is wrong shows as wrong.
+(transformers, LlamaForCausalLM or Gemma3ForCausalLM from the same GGUF, over the same ids): mean KL(fp32 || row)
+and top-1 agreement over the new positions. A fast row that is wrong shows as wrong.
 
 Rows (name = family:variant):
   edgekv-pte:S/int4, edgekv-ort:S/int4  edgekv export --strategy S --weights int4 (.pte: torchao 8da4w, XNNPACK;
@@ -15,13 +15,15 @@ Rows (name = family:variant):
                                         S in kv:dtype=fp32, kv (fp16), kv-int8, kv-int8c (static per-channel
                                         scales, read by GroupQueryAttention), kv-int4, window, mla (converted)
   llamacpp:f16 / q8_0 / q4_0            llama.cpp (llama-cpp-python), the same GGUF, flash attention on, K and V type
+                                        (sliding layers: a window-sized cache, swa_full off)
   genai:int4                            ONNX Runtime GenAI, its own builder's int4 model of the same weights
 Every row runs in a fresh process (benchmarks/decode_speed.py's run_child) and the repeats go round the rows. Memory
 above baseline: the peak RSS minus the RSS after importing the runtime, before loading the model. Bytes per token:
 weights read per step plus the state read at the mean decode position (manifest for edgekv, the planner for peers;
 an edgekv graph that attends over all slots reads them all, which at a filled context is the same).
 
-Usage: python benchmarks/filled_context.py [--quick] [--ctx 2048,8192] [--only S1,S2] [--repeats N]
+Usage: python benchmarks/filled_context.py [--quick] [--model M] [--ctx 2048,8192] [--only S1,S2] [--repeats N]
+  e.g. --model gemma-3-270m --ctx 16384 --only edgekv-ort:kv-int8c,llamacpp:f16 (rows in the order of --only)
   --quick: ctx 2048, 16 new tokens, rows edgekv kv:dtype=fp32 / kv-int8 in both formats, llamacpp:f16 / q8_0,
   genai:int4; 1 repeat. The full run (default): ctx 2048 and 8192 (capped at the model's trained context), every row.
 Exports, the reference logits and built peer models are cached in --work (default out/filled_context, gitignored).
