@@ -6,8 +6,8 @@ configuration fills its context: for a context of C slots the prompt is the firs
 docs (edgekv analyze's default text), then `new` decode steps run at positions C - new .. C - 2, where the state is
 nearly all of what attention reads. The decode steps are fed the text's own next tokens (teacher forcing, not greedy),
 so every row decodes the same tokens at the same positions and its logits can be compared with the fp32 model's
-(transformers, LlamaForCausalLM from the same GGUF, over the same ids): mean KL(fp32 || row) and top-1 agreement
-over the new positions. A fast row that is wrong shows as wrong.
+(transformers, LlamaForCausalLM or Gemma3ForCausalLM from the same GGUF, over the same ids): mean KL(fp32 || row)
+and top-1 agreement over the new positions. A fast row that is wrong shows as wrong.
 
 Rows (name = family:variant):
   edgekv-pte:S/int4, edgekv-ort:S/int4  edgekv export --strategy S --weights int4 (.pte: torchao 8da4w, XNNPACK;
@@ -15,6 +15,7 @@ Rows (name = family:variant):
                                         S in kv:dtype=fp32, kv (fp16), kv-int8, kv-int8c (static per-channel
                                         scales, read by GroupQueryAttention), kv-int4, window, mla (converted)
   llamacpp:f16 / q8_0 / q4_0            llama.cpp (llama-cpp-python), the same GGUF, flash attention on, K and V type
+                                        (sliding layers: a window-sized cache, swa_full off)
   genai:int4                            ONNX Runtime GenAI, its own builder's int4 model of the same weights
   et-llama:kv-fp32/8da4w, kv-int8/8da4w ExecuTorch's own Llama export (export_llama 8da4w, XNNPACK; kv-int8: with
                                         --quantize_kv_cache), run by ExecuTorch's runtime (benchmarks/et_llama.py)
@@ -23,7 +24,8 @@ above baseline: the peak RSS minus the RSS after importing the runtime, before l
 weights read per step plus the state read at the mean decode position (manifest for edgekv, the planner for peers;
 an edgekv graph that attends over all slots reads them all, which at a filled context is the same).
 
-Usage: python benchmarks/filled_context.py [--quick] [--ctx 2048,8192] [--only S1,S2] [--repeats N]
+Usage: python benchmarks/filled_context.py [--quick] [--model M] [--ctx 2048,8192] [--only S1,S2] [--repeats N]
+  e.g. --model gemma-3-270m --ctx 16384 --only edgekv-ort:kv-int8c,llamacpp:f16 (rows in the order of --only)
   --quick: ctx 2048, 16 new tokens, rows edgekv kv:dtype=fp32 / kv-int8 in both formats, llamacpp:f16 / q8_0,
   genai:int4; 1 repeat. The full run (default): ctx 2048 and 8192 (capped at the model's trained context), every row.
 Exports, the reference logits and built peer models are cached in --work (default out/filled_context, gitignored).
@@ -134,6 +136,9 @@ def child_edgekv(spec: dict) -> dict:
 
 
 def child_llamacpp(spec: dict) -> dict:
+    """llama.cpp at its long-context settings: flash attention, K/V of the row's type, and for a model with sliding
+    layers (Gemma 3) a window-sized cache on them (swa_full off; the C API's default sizes those layers' cache at
+    n_ctx too). A model without sliding layers is unaffected."""
     import llama_cpp
     import numpy as np
 
@@ -142,7 +147,7 @@ def child_llamacpp(spec: dict) -> dict:
                "q4_0": llama_cpp.GGML_TYPE_Q4_0}[spec["kv"]]
     llm = llama_cpp.Llama(model_path=spec["model_path"], n_ctx=spec["ctx"], n_batch=512, n_ubatch=512,
                           n_threads=spec["threads"], n_threads_batch=spec["threads"], flash_attn=True,
-                          type_k=kv_type, type_v=kv_type, verbose=False)
+                          type_k=kv_type, type_v=kv_type, swa_full=False, verbose=False)
 
     def logits():
         return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),)).copy()
@@ -181,34 +186,38 @@ def child_genai(spec: dict) -> dict:
 
 
 def child_reference(spec: dict) -> dict:
-    """The fp32 model's logits at the decode positions: transformers LlamaForCausalLM from the GGUF (dequantized to
-    fp32), SDPA attention, the ids run in chunks through a DynamicCache (bounded memory at 16k+)."""
+    """The fp32 model's logits at the decode positions: transformers from the GGUF (dequantized to fp32; its own
+    class for the family: LlamaForCausalLM, Gemma3ForCausalLM) or from an HF folder, SDPA attention, the ids run in
+    chunks through a DynamicCache built from the model's config (Gemma 3's sliding layers keep their window), so
+    memory stays bounded at 16k+. The logits come from the model's own forward (logits_to_keep), so a family's final
+    softcapping is applied as transformers applies it."""
     import numpy as np
     import torch
     import transformers
 
     torch.set_num_threads(spec["threads"])
     p = Path(spec["model_path"])
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32,
-                                                              attn_implementation="sdpa").eval()
+    where, extra = (str(p.parent), {"gguf_file": p.name}) if p.suffix == ".gguf" else (str(p), {})
+    model = transformers.AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, attn_implementation="sdpa",
+                                                              **extra).eval()
     n_prompt, n_new = spec["n_prompt"], spec["new_tokens"]
     ids = spec["ids"][:n_prompt + n_new - 1]
     want = n_prompt - 1  # logits of positions want .. want + n_new - 1
-    cache = transformers.DynamicCache()
+    cache = transformers.DynamicCache(config=model.config)
     rows = []
     t0 = time.perf_counter()
     with torch.no_grad():
         for s in range(0, len(ids), spec["chunk"]):
             part = ids[s:s + spec["chunk"]]
-            out = model.model(input_ids=torch.tensor([part]), past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
             lo = max(want - s, 0)
+            keep = len(part) - lo if lo < len(part) else 1  # the head only where a wanted position is
+            out = model(input_ids=torch.tensor([part]), past_key_values=cache, use_cache=True, logits_to_keep=keep)
             if lo < len(part):
-                rows.append(model.lm_head(out.last_hidden_state[0, lo:]).float().numpy())
+                rows.append(out.logits[0].float().numpy())
     logits = np.concatenate(rows)
     assert logits.shape[0] == n_new, logits.shape
     np.save(spec["logits_out"], logits)
-    return {"baseline": 0, "seconds": time.perf_counter() - t0}
+    return {"baseline": 0, "seconds": time.perf_counter() - t0, "model_class": type(model).__name__}
 
 
 CHILDREN = {"edgekv": child_edgekv, "llamacpp": child_llamacpp, "genai": child_genai,
@@ -316,7 +325,8 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="ctx 2048, 16 new tokens, 7 rows (minutes)")
-    ap.add_argument("--only", help="comma-separated substrings of row names, e.g. kv-int8,llamacpp")
+    ap.add_argument("--only", help="comma-separated substrings of row names, e.g. kv-int8,llamacpp; the rows run in "
+                                   "the order of these keys")
     ap.add_argument("--list", action="store_true", help="print the row names and exit")
     ap.add_argument("--model", default="smollm2-135m", help="packaged name or .gguf")
     ap.add_argument("--ctx", help="comma-separated contexts to fill (default 2048,8192; --quick 2048); capped at "
@@ -334,6 +344,9 @@ def main(argv=None) -> dict:
     if new < 2 or a.repeats < 1 or a.threads < 1:
         ap.error("--new-tokens must be at least 2, --repeats and --threads at least 1")
     names = ds.select(row_names(a.quick), a.only)
+    if a.only:  # the rows run in the order of the keys they match first (a long run puts the rows it needs first)
+        keys = [k.strip() for k in a.only.split(",") if k.strip()]
+        names.sort(key=lambda n: next(i for i, k in enumerate(keys) if k in n))
     if a.list:
         print("\n".join(names))
         return {"rows": names}
@@ -376,7 +389,7 @@ def main(argv=None) -> dict:
                            "threads": a.threads, "repeats": a.repeats, "quick": a.quick, "only": a.only,
                            "order": "the repeats go round the rows",
                            "quality": "KL(fp32 || row) mean over the new positions, natural log; top-1 agreement; "
-                                      "fp32 = transformers LlamaForCausalLM from the same GGUF"},
+                                      "fp32 = transformers (LlamaForCausalLM, Gemma3ForCausalLM) from the same GGUF"},
               "bandwidth": {}, "rows": []}
     bw_args = argparse.Namespace(bw_mib=a.bw_mib, bw_runs=a.bw_runs, timeout=a.timeout)
     ds.probe(result["bandwidth"], [a.threads], bw_args, log)

@@ -68,3 +68,46 @@ def test_bad_options_are_one_clear_error(args, says):
                        timeout=120)
     assert p.returncode == 2
     assert says in p.stderr and "Traceback" not in p.stderr
+
+
+GEMMA3 = dict(cls="Gemma3TextConfig", vocab_size=103, hidden_size=48, intermediate_size=80, num_hidden_layers=4,
+              num_attention_heads=3, num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
+              sliding_window=8, query_pre_attn_scalar=24, final_logit_softcapping=30.0,
+              layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+              initializer_range=0.2, rope_theta=1e5, rope_local_base_freq=1e3)
+
+
+@pytest.mark.parametrize("chunk", [5, 16])
+def test_the_reference_logits_are_transformers_own_over_the_whole_sequence(tmp_path, chunk):
+    """The fp32 reference a Gemma 3 row is compared with: child_reference's chunked run (through a cache built from
+    the config, sliding layers of 8 slots, chunks shorter and longer than that window, the head only over the wanted
+    positions) against one call of transformers' Gemma3ForCausalLM over all 40 ids, at the 8 positions a row
+    decodes; the tiny model has a final logit softcap, so logits taken past the model's own head would differ."""
+    import torch
+
+    from conftest import tiny_hf
+
+    model = tiny_hf(GEMMA3, tmp_path / "hf")
+    ids = torch.randint(0, 103, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    n_prompt, new = fc.prompt_len(40, 8), 8  # the prefill's last logits (position 32), then 7 steps
+    out = tmp_path / "ref.npy"
+    before = torch.get_num_threads()
+    try:
+        r = fc.child_reference({"model_path": str(tmp_path / "hf"), "ids": ids, "n_prompt": n_prompt,
+                                "new_tokens": new, "threads": 1, "chunk": chunk, "logits_out": str(out)})
+    finally:
+        torch.set_num_threads(before)
+    assert r["model_class"] == "Gemma3ForCausalLM"
+    with torch.no_grad():
+        want = model(torch.tensor([ids[:n_prompt + new - 1]])).logits[0, n_prompt - 1:].numpy()
+    got = np.load(out)
+    assert got.shape == (new, 103)
+    scale = np.abs(want).max()
+    assert scale > 1 and np.abs(got - want).max() <= 1e-5 * scale
+
+
+def test_the_rows_run_in_the_order_of_the_only_keys():
+    got = fc.main(["--list", "--only", "llamacpp:f16,edgekv-ort:kv-int8c,edgekv-ort:kv:dtype=fp32"])["rows"]
+    assert got == ["llamacpp:f16", "edgekv-ort:kv-int8c/int4", "edgekv-ort:kv:dtype=fp32/int4"]
+    got = fc.main(["--list", "--only", "genai,edgekv-ort:kv-int"])["rows"]  # within a key, the usual order
+    assert got == ["genai:int4", "edgekv-ort:kv-int8/int4", "edgekv-ort:kv-int8c/int4", "edgekv-ort:kv-int4/int4"]
