@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from speed_child import (CHILDREN, MIB, ROOT, Work, _greedy, _last_line, _Stamps, _status_bytes,  # noqa: E402,F401
+from speed_child import (CHILDREN, MIB, ROOT, Work, _greedy, entry, _last_line, _Stamps, _status_bytes,  # noqa: E402,F401
                          child_bandwidth, child_edgekv, child_genai, child_hf, child_hf_folder, child_llamacpp,
                          child_main, run_child, slug)
 
@@ -337,14 +337,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        child_main(sys.argv[2])
-    else:
-        try:
-            main()
-        except Exception as e:  # edgekv's own errors (bad --model ...) as one line
-            from edgekv.errors import EdgekvError
-            if not isinstance(e, EdgekvError):
-                raise
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
+    entry(main, child_main)

@@ -350,14 +350,4 @@ def summary(rows: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        child_main(sys.argv[2])
-    else:
-        try:
-            main()
-        except Exception as e:
-            from edgekv.errors import EdgekvError
-            if not isinstance(e, EdgekvError):
-                raise
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
+    fc.ds.entry(main, child_main)

@@ -318,3 +318,19 @@ class Work:
                 raise RuntimeError(f"GenAI builder failed: {_last_line(p.stderr) or p.returncode}")
             tmp.rename(folder)
         return self._once(f"genai-{precision}", folder, build)
+
+
+def entry(main, child_main) -> None:
+    """A benchmark script's `__main__`: `SCRIPT --child JSON` runs one row in this process (the parent's fresh child),
+    anything else runs `main()`; edgekv's own errors (a bad --model ...) are one line and exit 2."""
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        child_main(sys.argv[2])
+        return
+    try:
+        main()
+    except Exception as e:
+        from edgekv.errors import EdgekvError
+        if not isinstance(e, EdgekvError):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
