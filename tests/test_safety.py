@@ -531,7 +531,7 @@ def test_a_killed_export_leaves_nothing_the_next_run_does_not_remove(sig, tmp_pa
     _, err = p.communicate(timeout=60)
     assert not out.exists()
     if sig == "SIGTERM":
-        assert p.returncode == 143 and "export stopped" in err and "Traceback" not in err
+        assert p.returncode == 143 and "export stopped" in err and "Traceback" not in err, err
         assert sorted(os.listdir(tmp_path)) == []
     else:
         assert tmp.exists()
@@ -562,3 +562,22 @@ def test_graph_io_check_reads_a_pte_methods_sizes_as_bounds_of_its_dynamic_axes(
     for bad in (graph(past=(1, 2, 2**20, 8)), graph(dtype="float32"), {"prefill": graph()["forward"]}):
         with pytest.raises(EdgekvError):
             check_graph_io(m, "pte", "model.pte", bad)
+
+
+def test_a_stop_wrapped_by_a_toolchain_error_still_exits_as_the_stop():
+    """SIGTERM's handler calls sys.exit(143); a library catching BaseException may re-raise it as its own error. The
+    stage wrapper must let that exit through (143), not report it as a failed stage (exit 2)."""
+    from edgekv.errors import EdgekvError
+    from edgekv.export.options import Stages
+
+    st = Stages(names=["lower"], echo=lambda *_: None)
+    with pytest.raises(SystemExit) as ex:
+        with st.stage("lower"):
+            try:
+                raise SystemExit(143)
+            except BaseException as e:
+                raise RuntimeError("tracer failed") from e
+    assert ex.value.code == 143
+    with pytest.raises(EdgekvError, match="export failed at stage lower: RuntimeError: tracer failed"):
+        with st.stage("lower"):
+            raise RuntimeError("tracer failed")

@@ -36,6 +36,19 @@ class ExportOptions:
     runners: tuple[str, ...] = ()  # --runner: genai (the ONNX graph GenAI loads), executorch (the runner .pte)
 
 
+def _wrapped_exit(e: BaseException) -> SystemExit | None:
+    """The SystemExit in an exception's chain (its __cause__ / __context__), if any: a toolchain that catches
+    BaseException around user code (a tracer, a worker pool) can turn `sys.exit` from export's SIGTERM handler into
+    an error of its own, which would otherwise become exit 2 instead of the stop's 143."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, SystemExit):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
 @dataclass
 class Stages:
     """Names each stage as it runs (echo: one line per stage; status: a spinner while it runs, e.g. rich's
@@ -57,6 +70,9 @@ class Stages:
         except EdgekvError as e:
             raise EdgekvError(f"export failed at stage {name}: {e}") from e
         except Exception as e:  # a toolchain error: keep its type and first line, never a traceback
+            stop = _wrapped_exit(e)
+            if stop is not None:  # SIGTERM's handler exited inside a toolchain that wrapped it in its own error
+                raise stop from None
             first = (str(e).strip().splitlines() or [""])[0][:300]
             raise EdgekvError(f"export failed at stage {name}: {type(e).__name__}: {first}") from e
         self.timings[name] = round(time.perf_counter() - t0, 2)
