@@ -136,30 +136,9 @@ def child_edgekv(spec: dict) -> dict:
 
 
 def child_llamacpp(spec: dict) -> dict:
-    """llama.cpp at its long-context settings: flash attention, K/V of the row's type, and for a model with sliding
-    layers (Gemma 3) a window-sized cache on them (swa_full off; the C API's default sizes those layers' cache at
-    n_ctx too). A model without sliding layers is unaffected."""
-    import llama_cpp
-    import numpy as np
-
+    """llama.cpp at its long-context settings (decode_speed.llamacpp_session), teacher-forced like the other rows."""
     baseline = ds._status_bytes("VmRSS")
-    kv_type = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0,
-               "q4_0": llama_cpp.GGML_TYPE_Q4_0}[spec["kv"]]
-    llm = llama_cpp.Llama(model_path=spec["model_path"], n_ctx=spec["ctx"], n_batch=512, n_ubatch=512,
-                          n_threads=spec["threads"], n_threads_batch=spec["threads"], flash_attn=True,
-                          type_k=kv_type, type_v=kv_type, swa_full=False, verbose=False)
-
-    def logits():
-        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),)).copy()
-
-    def prefill(ids):
-        llm.eval(ids)
-        return logits()
-
-    def step(t, pos):
-        llm.eval([t])
-        return logits()
-
+    prefill, step = ds.llamacpp_session(spec)
     r = _forced(prefill, step, spec["ids"], spec["n_prompt"], spec["new_tokens"], spec["logits_out"])
     return {"baseline": baseline, **r}
 

@@ -101,19 +101,22 @@ def child_hf(spec: dict) -> dict:
     return {"baseline": baseline, "prefill_s": t1 - t0, "decode_s": t_end - t1, "tokens": stamps.tokens}
 
 
-def child_llamacpp(spec: dict) -> dict:
+def llamacpp_session(spec: dict):
+    """llama.cpp on the GGUF as it is (spec: model_path, ctx, threads, kv = f16 / q8_0 / q4_0): flash attention,
+    K and V of that type, and on a model with sliding-window layers (Gemma 3) a window-sized cache on them (swa_full
+    off; the C API's default sizes those layers' cache at n_ctx too; a model without sliding layers is unaffected).
+    Returns (prefill(ids), step(token, pos)), each giving the last evaluated position's logits (a copy)."""
     import llama_cpp
     import numpy as np
 
-    baseline = _status_bytes("VmRSS")
-    kv_type = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}[spec["kv"]]
+    kv_type = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+               "q4_0": llama_cpp.GGML_TYPE_Q4_0}[spec["kv"]]
     llm = llama_cpp.Llama(model_path=spec["model_path"], n_ctx=spec["ctx"], n_batch=512, n_ubatch=512,
                           n_threads=spec["threads"], n_threads_batch=spec["threads"], flash_attn=True,
-                          type_k=kv_type, type_v=kv_type, verbose=False)
-    ctx = llm.ctx
+                          type_k=kv_type, type_v=kv_type, swa_full=False, verbose=False)
 
-    def logits():  # the last evaluated position's logits, straight from the context
-        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(llm.n_vocab(),))
+    def logits():
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),)).copy()
 
     def prefill(ids):
         llm.eval(ids)
@@ -123,6 +126,12 @@ def child_llamacpp(spec: dict) -> dict:
         llm.eval([t])
         return logits()
 
+    return prefill, step
+
+
+def child_llamacpp(spec: dict) -> dict:
+    baseline = _status_bytes("VmRSS")
+    prefill, step = llamacpp_session(spec)
     return {"baseline": baseline, **_greedy(prefill, step, spec["ids"], spec["new_tokens"])}
 
 
