@@ -70,10 +70,8 @@ VAL_WINDOWS = 32  # fixed validation windows of SEQ_LEN + 1 bytes
 EVAL_SLICE_BYTES = 2048  # the slice tests/test_fixtures.py scores (as 8 rows of 256)
 LONG_EVAL_BYTES = 4096  # one held-out sequence scored past the training length, for the record
 
-# Per-model defaults: the same data for every model (400 steps x 8 x 256 = 819,200 training bytes). Measured on a
-# shared 2-vCPU machine, one thread: llama ~0.5 s/step, mamba2 ~0.8 s, rwkv ~1.1 s, mamba ~3.5 s (with the training
-# scan; its cost is memory traffic on the (batch, 512, 256, 16) scan tensors, so batch 16 is ~4x slower per step,
-# not 2x) -- about 45 min of one core for all four, 27 of them Mamba-1.
+# Per-model defaults: the same data for every model (400 steps x 8 x 256 = 819,200 training bytes); each model's
+# training time is in its train_log.json and fixtures/README.md.
 DEFAULTS = {
     "llama": dict(steps=400, lr=3e-3),
     "mamba2": dict(steps=400, lr=3e-3),
