@@ -9,7 +9,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 EDGEKV = [sys.executable, "-m", "edgekv.cli"]
 # seconds one edgekv subprocess may take; a loaded host running the slow family/arm64 tests may need more
-CLI_TIMEOUT = float(os.environ.get("EDGEKV_TEST_CLI_TIMEOUT", "300"))
+try:
+    CLI_TIMEOUT = float(os.environ.get("EDGEKV_TEST_CLI_TIMEOUT", "300"))
+    assert 0 < CLI_TIMEOUT < float("inf")
+except (ValueError, AssertionError):
+    raise pytest.UsageError("EDGEKV_TEST_CLI_TIMEOUT must be a positive number of seconds") from None
 
 
 def smollm2_gguf() -> Path:
