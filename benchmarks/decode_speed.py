@@ -123,20 +123,22 @@ def select(names: list[str], only: str | None) -> list[str]:
 
 
 def prompt_ids(model_path: Path, n: int) -> list[int]:
-    """The first n tokens of the Python docs (edgekv analyze's default text) in the model's own tokenizer: the
-    same ids go to every runtime. Byte-level models (no tokenizer, vocab 256) read bytes."""
+    """The first n tokens of the Python docs (edgekv analyze's default text) in the model's own tokenizer, after
+    the BOS the model is run with (tokenizer.bos_prefix: Gemma 3's, none for SmolLM2): the same ids go to every
+    runtime. Byte-level models (no tokenizer, vocab 256) read bytes."""
     import tempfile
 
     from edgekv.analyze.run import default_text
-    from edgekv.export.tokenizer import write_tokenizer
+    from edgekv.export.tokenizer import bos_prefix, write_tokenizer
 
     text = default_text()
     with tempfile.TemporaryDirectory() as d:
-        if write_tokenizer(model_path, Path(d)) is None:
+        entry = write_tokenizer(model_path, Path(d))
+        if entry is None:
             ids = list(text.encode("utf-8"))
         else:
             from tokenizers import Tokenizer
-            ids = Tokenizer.from_file(str(Path(d) / "tokenizer.json")).encode(text).ids
+            ids = bos_prefix(entry) + Tokenizer.from_file(str(Path(d) / "tokenizer.json")).encode(text).ids
     return ids[:n]
 
 

@@ -33,6 +33,7 @@ Exports, the reference logits and built peer models are cached in --work (defaul
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -251,7 +252,8 @@ def plan_row(name: str, work: ds.Work, ctx: int, threads: int, base: dict, arch,
 
 def reference(work: ds.Work, ids, n_prompt: int, new: int, a, log) -> Path | dict:
     """The fp32 logits for (n_prompt, new), computed once and cached in the work folder."""
-    out = work.root / "reference" / ds.slug(f"{work.model_path.stem}-p{n_prompt}-n{new}.npy")
+    digest = hashlib.sha256(json.dumps(ids[:n_prompt + new]).encode()).hexdigest()[:12]  # the ids, BOS included
+    out = work.root / "reference" / ds.slug(f"{work.model_path.stem}-p{n_prompt}-n{new}-{digest}.npy")
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -85,9 +85,9 @@ def _graph_loop(spec: dict) -> dict:
     # scales (random codes time the same kernels as real ones)
     dtypes = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8,
               "tensor(uint8)": np.uint8}
-    for n in past:  # [batch, kv heads, slots, head_dim]; GenAI's graph names batch, slots and head_dim
-        b_, h, _, d = ins[n].shape
-        shape = [1, h, slots, d if isinstance(d, int) else head]
+    for n in past:  # [batch, kv heads, slots, head_dim]; GenAI's graph names batch, slots and head_dim; a
+        b_, h, s_, d = ins[n].shape  # sliding layer's ring (Gemma 3: 512 slots) has its own static size
+        shape = [1, h, s_ if isinstance(s_, int) else slots, d if isinstance(d, int) else head]
         dt = dtypes[ins[n].type]
         v = (rng.integers(np.iinfo(dt).min, np.iinfo(dt).max, shape, dtype=dt) if np.issubdtype(dt, np.integer)
              else (rng.standard_normal(shape) * 0.5).astype(dt))

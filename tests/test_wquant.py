@@ -44,7 +44,10 @@ def expected_bytes(fp32_bytes: int, module, bits: int, fmt: str) -> int:
     scales = q // 32 * 4 if fmt == "onnx" else (q // 32 * 2 if bits == 4 else rows * 4)
     # ONNX int4 also stores the embedding table as int4 blocks of 32 with a fp32 scale each (GatherBlockQuantized)
     emb = module.model.embed_tokens.weight.numel() if fmt == "onnx" and bits == 4 else 0
-    return fp32_bytes - 4 * (lin + emb + (head if fmt == "pte" else 0)) + q * bits // 8 + scales + emb // 2 + emb // 8
+    # ONNX int4 blocks are asymmetric: a uint4 zero point per block, two to a byte (matrices and table alike)
+    zeros = (q // 32 + emb // 32) // 2 if fmt == "onnx" and bits == 4 else 0
+    return (fp32_bytes - 4 * (lin + emb + (head if fmt == "pte" else 0)) + q * bits // 8 + scales + emb // 2 + emb // 8
+            + zeros)
 
 
 def manifest_for(layout, vocab, onnx=None, pte=None) -> dict:
@@ -168,6 +171,35 @@ def test_onnx_quantized_file_shrinks_by_the_factor_the_parameter_counts_predict(
 
 
 @pytest.mark.parametrize("w", ["int8", "int4"])
+def test_onnx_int4_blocks_carry_zero_points_and_int8_blocks_do_not(tiny_onnx, w):
+    """int4 is asymmetric (a zero point per block, the grid of the GGUFs' Q4_1 / Q4_K blocks); int8 symmetric.
+    MatMulNBits' 4th input / GatherBlockQuantized's 3rd is the zero points, uint8-packed."""
+    import onnx
+
+    root, _, _ = tiny_onnx
+    model = onnx.load(str(root / w / "model.onnx"), load_external_data=False)
+    zp_at = {"MatMulNBits": 3, "GatherBlockQuantized": 2}
+    nodes = [n for n in model.graph.node if n.op_type in zp_at]
+    has_zp = [len(n.input) > zp_at[n.op_type] and bool(n.input[zp_at[n.op_type]]) for n in nodes]
+    assert nodes and all(has_zp) if w == "int4" else not any(has_zp), (w, has_zp)
+
+
+def test_quality_and_calibration_text_start_with_the_bos_a_model_is_run_with():
+    """Gemma 3's tokenizer adds <bos> (GGUF tokenizer.ggml.add_bos_token); SmolLM2's does not. verify-quant and
+    kv-int8c's calibration read their text after the same BOS `edgekv run` feeds (tokenizer.bos_prefix)."""
+    from edgekv.export.calibrate import calibration_ids
+    from edgekv.export.tokenizer import bos_prefix
+
+    assert bos_prefix({"add_bos_token": True, "bos_token_id": 2}) == [2]
+    assert bos_prefix({"add_bos_token": False, "bos_token_id": 1}) == []
+    assert bos_prefix({"add_bos_token": True, "bos_token_id": None}) == [] and bos_prefix(None) == []
+    plain = wquant.quality_tokens(None, 256, 16)
+    assert wquant.quality_tokens(None, 256, 16, [2]) == [2] + plain[:15]
+    enc = lambda t: list(t.encode("utf-8"))  # noqa: E731 (a tokenizer: str -> ids)
+    assert calibration_ids(enc, 1000, 8, [999]) == [999] + calibration_ids(enc, 1000, 8)[:7]
+
+
+@pytest.mark.parametrize("w", ["int8", "int4"])
 def test_onnx_quantized_graph_keeps_the_manifest_io_and_passes_verify_quant(tiny, tiny_onnx, tokens, w):
     import onnx
 
@@ -193,19 +225,20 @@ def test_onnx_fp16_weights_halve_the_file_and_keep_the_manifest_io(tiny, tiny_on
     assert v["passed"]
 
 
-def test_onnx_int4_with_misplaced_scales_is_caught_by_verify_quant(tiny, tiny_onnx, tokens, tmp_path):
-    """A packing bug: every MatMulNBits' scales shifted by one block (each block scaled by its neighbour's scale).
-    The graph loads and runs; only the comparison with fp32 can tell."""
+def test_onnx_int4_with_swapped_nibbles_is_caught_by_verify_quant(tiny, tiny_onnx, tokens, tmp_path):
+    """A packing bug: every MatMulNBits' codes with the two 4-bit halves of each byte swapped (each weight takes its
+    neighbour's code). The graph loads and runs; only the comparison with fp32 can tell. (Shifting the scales by a
+    block once served here; with asymmetric blocks of a random model a neighbour's scale is about as good.)"""
     import onnx
     from onnx import numpy_helper
 
     root, m, _ = tiny_onnx
     model = onnx.load(str(root / "int4" / "model.onnx"))
-    scales = {n.input[2] for n in model.graph.node if n.op_type == "MatMulNBits"}
+    codes = {n.input[1] for n in model.graph.node if n.op_type == "MatMulNBits"}
     for i, init in enumerate(model.graph.initializer):
-        if init.name in scales:
+        if init.name in codes:
             a = numpy_helper.to_array(init)
-            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(np.roll(a, 1), init.name))
+            model.graph.initializer[i].CopyFrom(numpy_helper.from_array((a >> 4) | ((a & 15) << 4), init.name))
     onnx.save_model(model, str(tmp_path / "model.onnx"))
     with pytest.raises(EdgekvError, match=r"int4 weights \(onnx\) failed verify-quant") as e:
         wquant.verify_quant(EagerStepper(m, tiny), OrtStepper(m, tmp_path, 1, spin=False), tokens, "int4", "onnx")

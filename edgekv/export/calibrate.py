@@ -40,16 +40,16 @@ def calibration_text() -> str:
     return "\n".join(parts)
 
 
-def calibration_ids(tokenizer, vocab: int, n: int) -> list[int]:
+def calibration_ids(tokenizer, vocab: int, n: int, bos: list[int] = ()) -> list[int]:
     """n token ids of calibration_text: bytes for vocab 256, the tokenizer's ids (a tokenizers.Tokenizer or a
-    callable str -> ids), or fixed pseudo-random ids when there is no tokenizer."""
+    callable str -> ids) after `bos` (tokenizer.bos_prefix), or fixed pseudo-random ids when there is no tokenizer."""
     if vocab == 256:
         ids = list(calibration_text().encode("utf-8"))
     elif tokenizer is None:
         ids = []
     else:
         text = calibration_text()
-        ids = tokenizer(text) if callable(tokenizer) else tokenizer.encode(text).ids
+        ids = list(bos) + (tokenizer(text) if callable(tokenizer) else tokenizer.encode(text).ids)
     if len(set(ids[:n])) < 4:  # no tokenizer, or one that reads the text as unknown words: spread ids
         import numpy as np
         ids = np.random.default_rng(1).integers(0, vocab, n).tolist()

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EdgekvError
+from .tokenizer import bos_prefix
 
 CONTEXT_TOKENS = 8
 
@@ -65,8 +66,8 @@ def generate(manifest: dict, stepper, tok, prompt: str, max_new_tokens: int, emi
     if start is not None:
         pos0, history = start["position"], list(start["tokens"])
         ids = ([start["pending"]] if start["pending"] >= 0 else []) + ids
-    elif t_info["add_bos_token"] and t_info["bos_token_id"] is not None and ids[:1] != [t_info["bos_token_id"]]:
-        ids = [t_info["bos_token_id"]] + ids
+    elif bos_prefix(t_info) and ids[:1] != bos_prefix(t_info):
+        ids = bos_prefix(t_info) + ids
     if not ids:
         raise EdgekvError("the prompt encodes to no tokens")
     room = stepper.max_ctx - pos0 - len(ids)

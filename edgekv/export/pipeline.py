@@ -103,7 +103,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
         loaded = load_any(opts.model, strategy, opts.max_ctx)
         module, layout, args = loaded.module, loaded.layout, loaded.args
     with st.stage("tokenizer"):
-        from .tokenizer import write_tokenizer
+        from .tokenizer import bos_prefix, write_tokenizer
         tok_entry = write_tokenizer(loaded.source, tmp, args.vocab)
         tokenizer = None
         if tok_entry:
@@ -114,7 +114,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
         from .calibrate import CALIB_TOKENS, calibrate, calibration_ids
         n = min(CALIB_TOKENS, opts.max_ctx)
         with st.stage("calibrate", f"static K/V scales per channel from {n} tokens of real text (eager fp32)"):
-            module.calibration = calibrate(module, calibration_ids(tokenizer, args.vocab, n))
+            module.calibration = calibrate(module, calibration_ids(tokenizer, args.vocab, n, bos_prefix(tok_entry)))
 
     qmodule, quantization = module, {}
     if "quantize" in st.names:
@@ -285,7 +285,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
         from .wquant import describe_quality, quality_tokens, verify_quant
         with st.stage(f"verify-quant-{fmt}", f"{opts.weights} artifact vs fp32 eager, {QUALITY_TOKENS} tokens of "
                       "real text (top-1, KL)"):
-            tokens = quality_tokens(tokenizer, args.vocab, QUALITY_TOKENS)
+            tokens = quality_tokens(tokenizer, args.vocab, QUALITY_TOKENS, bos_prefix(tok_entry))
             art = OrtStepper(partial, tmp, opts.threads, spin=False) if fmt == "onnx" else \
                 et_runner.RunnerPteStepper(partial, tmp, opts.threads) if et_run else PteStepper(partial, tmp, opts.threads)
             weight_quality[fmt] = verify_quant(EagerStepper(partial, module), art, tokens, opts.weights, fmt)

@@ -75,3 +75,13 @@ def _from_gguf(path: Path, out_dir: Path) -> dict:
             f"pre-tokenizer {pre})", "bos_token_id": ids["bos_token"],
             "eos_token_ids": [ids["eos_token"]] if ids["eos_token"] is not None else [],
             "add_bos_token": bool(tconfig.get("add_bos_token", False))}
+
+
+def bos_prefix(entry: dict | None) -> list[int]:
+    """[bos id] when the model's tokenizer puts one before every text (GGUF tokenizer.ggml.add_bos_token, as Gemma 3's
+    does), else []. What `edgekv run` feeds first (generate.py), so verify-quant and kv-int8c's calibration read their
+    text as the model is run: Gemma-3-270M without its BOS turns its first text token into the attention sink, and
+    its int4 weights then measure about twice the KL against fp32 (benchmarks/README.md, filled_context)."""
+    if entry and entry.get("add_bos_token") and entry.get("bos_token_id") is not None:
+        return [int(entry["bos_token_id"])]
+    return []

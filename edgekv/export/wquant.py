@@ -10,7 +10,8 @@
       XnnpackPartitioner takes each quantized linear as a dynamically quantized (qd8) GEMM.
 .onnx (after export, on the fp32 model.onnx): ONNX Runtime's quantization tools
       int8 = MatMulNBitsQuantizer(bits 8, block 32, symmetric, accuracy_level 4) -> MatMulNBits (int8 blocks)
-      int4 = MatMulNBitsQuantizer(bits 4, block 32, symmetric, accuracy_level 4) -> MatMulNBits (int4 blocks)
+      int4 = MatMulNBitsQuantizer(bits 4, block 32, asymmetric, accuracy_level 4) -> MatMulNBits (int4 blocks,
+             a uint4 zero point per block)
              fp32 scales; accuracy_level 4 = activations quantized to int8 per block at run time, as ONNX Runtime
              GenAI does on CPU. Not quantize_dynamic: its per-tensor uint8 activations (and 7-bit weights) fail
              verify-quant on SmolLM2; accuracy_level 0 (fp32 activations) decodes int8 much slower than fp32
@@ -42,6 +43,10 @@ from ..errors import EdgekvError
 WEIGHTS = ("fp32", "fp16", "int8", "int4")
 BITS = {"fp32": 32, "fp16": 16, "int8": 8, "int4": 4}
 ORT_ACCURACY_LEVEL = 4  # MatMulNBits computes with int8 activations quantized per block (ORT GenAI's CPU setting)
+# int4 blocks carry a zero point (uint4) beside the scale: the GGUFs edgekv reads store asymmetric blocks (Q4_1, Q4_K:
+# scale and minimum), which a symmetric grid rounds twice as coarsely; on Gemma-3-270M's Q4_K_M weights symmetric int4
+# failed verify-quant and asymmetric passes, for about 6 % more time in the 262,144-row head (docs/export.md).
+ORT_SYMMETRIC = {"int8": True, "int4": False}
 GROUP = 32  # int4 block / group size (the runtimes' kernels and ExecuTorch's 8da4w recipe use 32..256)
 PTE_FP16 = ("fp16 weights are not supported for the pte format: XNNPACK's fp16 kernels need ARMv8.2 fp16 "
             "arithmetic, which this export cannot run and verify on x86; use --weights int8 or int4 (or fp32)")
@@ -263,12 +268,13 @@ def quantize_onnx(src: Path, dst: Path, weights: str, entry: dict) -> dict:
                 # axis), as ORT GenAI's int4 models do: about a seventh of the fp32 table's bytes. ORT's
                 # quantizer has no 8-bit Gather, so int8 keeps a fp32 table.
                 ops = ("MatMul", "Gather") if bits == 4 else ("MatMul",)
-                q = MatMulNBitsQuantizer(model, bits=bits, block_size=GROUP, is_symmetric=True,
+                q = MatMulNBitsQuantizer(model, bits=bits, block_size=GROUP, is_symmetric=ORT_SYMMETRIC[weights],
                                          accuracy_level=ORT_ACCURACY_LEVEL, op_types_to_quantize=ops,
                                          quant_axes=(("MatMul", 0), ("Gather", 1)))
                 q.process()
                 save_onnx(q.model.model, dst)
-                tool = (f"onnxruntime.quantization.MatMulNBitsQuantizer(bits {bits}, block {GROUP}, symmetric, "
+                tool = (f"onnxruntime.quantization.MatMulNBitsQuantizer(bits {bits}, block {GROUP}, "
+                        f"{'symmetric' if ORT_SYMMETRIC[weights] else 'asymmetric (zero points)'}, "
                         f"accuracy_level {ORT_ACCURACY_LEVEL})")
             elif weights == "fp16":
                 from onnxruntime.transformers.float16 import convert_float_to_float16
@@ -303,9 +309,9 @@ def quality_text() -> str:
     return "\n\n".join(d for d in docs if d)
 
 
-def quality_tokens(tokenizer, vocab: int, n: int) -> list[int]:
+def quality_tokens(tokenizer, vocab: int, n: int, bos: list[int] = ()) -> list[int]:
     """The first n tokens of quality_text: bytes for byte-level models (vocab 256), else the model's tokenizer
-    (a tokenizers.Tokenizer)."""
+    (a tokenizers.Tokenizer); after `bos` (tokenizer.bos_prefix: the BOS a model that expects one is run with)."""
     text = quality_text()
     if vocab == 256:
         ids = list(text.encode("utf-8"))
@@ -313,6 +319,7 @@ def quality_tokens(tokenizer, vocab: int, n: int) -> list[int]:
         raise EdgekvError("checking quantized weights needs the model's tokenizer to read real text")
     else:
         ids = tokenizer.encode(text).ids
+    ids = list(bos) + ids
     if len(ids) < n:
         raise EdgekvError(f"the quality text has {len(ids)} tokens, {n} wanted")
     return ids[:n]
