@@ -6,7 +6,6 @@ fp32 torch, the text's NLL against transformers' own loss."""
 import copy
 import json
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
