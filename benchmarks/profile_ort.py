@@ -23,7 +23,7 @@ import json
 import statistics
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +31,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import decode_speed  # noqa: E402  (its fresh-process runner)
+
+
+TOP_NODES = 12  # the slowest nodes, each on its own (one of a type can be most of it: a model's output head)
 
 
 def kernel_ms_by_op(events: list[dict], steps: int) -> dict:
@@ -41,11 +44,16 @@ def kernel_ms_by_op(events: list[dict], steps: int) -> dict:
         raise ValueError("the profile has no model_run event")
     start = runs[0]["ts"]
     ops: dict[str, float] = defaultdict(float)
+    nodes: dict[tuple[str, str], float] = defaultdict(float)
     for e in events:
         if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time") and e["ts"] >= start:
             ops[e["args"]["op_name"]] += e["dur"] / 1e3 / len(runs)
+            nodes[(e["args"]["op_name"], e["name"][:-len("_kernel_time")])] += e["dur"] / 1e3 / len(runs)
+    top = sorted(nodes.items(), key=lambda kv: -kv[1])[:TOP_NODES]
     return {"model_run": sum(r["dur"] for r in runs) / 1e3 / len(runs), "kernels": sum(ops.values()),
-            "ops": dict(sorted(ops.items(), key=lambda kv: -kv[1]))}
+            "ops": dict(sorted(ops.items(), key=lambda kv: -kv[1])),
+            "nodes": [{"op": op, "node": name, "ms": ms} for (op, name), ms in top],
+            "node_counts": dict(sorted(Counter(op for op, _ in nodes).items()))}
 
 
 def attention_slope(points: list[tuple[int, float]]) -> float:
@@ -234,7 +242,9 @@ def main(argv=None) -> dict:
             profiles.append({"name": n, "threads": t, "model_run_ms": round(prof["model_run"], 4),
                              "kernels_ms": round(prof["kernels"], 4),
                              "ops_ms": {k: round(v, 4) for k, v in prof["ops"].items()},
-                             "shares": {k: round(v / prof["kernels"], 4) for k, v in prof["ops"].items()}})
+                             "shares": {k: round(v / prof["kernels"], 4) for k, v in prof["ops"].items()},
+                             "top_nodes": [{**x, "ms": round(x["ms"], 4)} for x in prof.get("nodes", [])],
+                             "node_counts": prof.get("node_counts", {})})
     positions = []
     pts = [int(p) for p in a.positions.split(",") if p]
     per_token = manifest["state"]["bytes"] / slots  # a float cache: every state byte is a cached token's

@@ -29,6 +29,10 @@ def test_kernel_time_is_summed_per_op_type_over_the_last_runs_by_hand():
     assert r["model_run"] == pytest.approx(1.5)  # (1000 + 2000) us / 2
     assert r["ops"] == {"MatMul": pytest.approx(0.8), "GroupQueryAttention": pytest.approx(0.1)}
     assert list(r["ops"]) == ["MatMul", "GroupQueryAttention"] and r["kernels"] == pytest.approx(0.9)
+    # node by node: q ran in both counted runs ((600 + 1000) us / 2), g in one (200 us / 2)
+    assert [(n["node"], n["op"]) for n in r["nodes"]] == [("q", "MatMul"), ("g", "GroupQueryAttention")]
+    assert [n["ms"] for n in r["nodes"]] == [pytest.approx(0.8), pytest.approx(0.1)]
+    assert r["node_counts"] == {"GroupQueryAttention": 1, "MatMul": 1}
     assert po.attention_slope([(0, 1.0), (100, 3.0), (200, 5.0)]) == pytest.approx(0.02)
 
 

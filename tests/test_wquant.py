@@ -40,11 +40,13 @@ def expected_bytes(fp32_bytes: int, module, bits: int, fmt: str) -> int:
     lin, head = linear_params(module)
     q = lin + head
     rows = sum(m.weight.shape[0] for m in module.modules() if isinstance(m, torch.nn.Linear)) + module.args.vocab
-    scales = q // 32 * 4 if fmt == "onnx" else (q // 32 * 2 if bits == 4 else rows * 4)
+    hg = wquant.HEAD_GROUP[f"int{bits}"] if fmt == "onnx" else 32  # ONNX: the output head in its own blocks
+    blocks = lin // 32 + head // hg
+    scales = blocks * 4 if fmt == "onnx" else (q // 32 * 2 if bits == 4 else rows * 4)
     # ONNX int4 also stores the embedding table as int4 blocks of 32 with a fp32 scale each (GatherBlockQuantized)
     emb = module.model.embed_tokens.weight.numel() if fmt == "onnx" and bits == 4 else 0
     # ONNX int4 blocks are asymmetric: a uint4 zero point per block, two to a byte (matrices and table alike)
-    zeros = (q // 32 + emb // 32) // 2 if fmt == "onnx" and bits == 4 else 0
+    zeros = (blocks + emb // 32) // 2 if fmt == "onnx" and bits == 4 else 0
     return (fp32_bytes - 4 * (lin + emb + (head if fmt == "pte" else 0)) + q * bits // 8 + scales + emb // 2 + emb // 8
             + zeros)
 
@@ -170,7 +172,7 @@ def test_onnx_quantized_file_shrinks_by_the_factor_the_parameter_counts_predict(
 
 
 @pytest.mark.parametrize("w", ["int8", "int4"])
-def test_onnx_int4_blocks_carry_zero_points_and_int8_blocks_do_not(tiny_onnx, w):
+def test_onnx_int4_blocks_carry_zero_points_and_int8_blocks_do_not(tiny, tiny_onnx, w):
     """int4 is asymmetric (a zero point per block, the grid of the GGUFs' Q4_1 / Q4_K blocks); int8 symmetric.
     MatMulNBits' 4th input / GatherBlockQuantized's 3rd is the zero points, uint8-packed."""
     import onnx
@@ -181,6 +183,11 @@ def test_onnx_int4_blocks_carry_zero_points_and_int8_blocks_do_not(tiny_onnx, w)
     nodes = [n for n in model.graph.node if n.op_type in zp_at]
     has_zp = [len(n.input) > zp_at[n.op_type] and bool(n.input[zp_at[n.op_type]]) for n in nodes]
     assert nodes and all(has_zp) if w == "int4" else not any(has_zp), (w, has_zp)
+    # blocks of 32, the output head (the MatMulNBits of N = vocab) in blocks of wquant.HEAD_GROUP
+    attrs = [({a.name: a.i for a in n.attribute}) for n in nodes if n.op_type == "MatMulNBits"]
+    heads = [a for a in attrs if a["N"] == tiny.args.vocab]
+    assert len(heads) == 1 and heads[0]["block_size"] == wquant.HEAD_GROUP[w]
+    assert all(a["block_size"] == wquant.GROUP for a in attrs if a is not heads[0])
 
 
 def test_quality_and_calibration_text_start_with_the_bos_a_model_is_run_with():

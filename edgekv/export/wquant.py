@@ -47,6 +47,10 @@ ORT_ACCURACY_LEVEL = 4  # MatMulNBits computes with int8 activations quantized p
 # scale and minimum), which a symmetric grid rounds twice as coarsely; on Gemma-3-270M's Q4_K_M weights symmetric int4
 # failed verify-quant and asymmetric passes, for about 6 % more time in the 262,144-row head (docs/export.md).
 ORT_SYMMETRIC = {"int8": True, "int4": False}
+# The output head (V x d, read in full every step) in int4 blocks of 64: MatMulNBits' per-block work, not the bytes,
+# sets its time, and Gemma-3-270M's 262,144 x 640 head took 8.4 ms of CPU per call in blocks of 32 against 5.5 in
+# blocks of 64 (1 thread), for KL 0.348 against 0.329 over verify-quant's text (docs/export.md)
+HEAD_GROUP = {"int8": 32, "int4": 64}
 GROUP = 32  # int4 block / group size (the runtimes' kernels and ExecuTorch's 8da4w recipe use 32..256)
 PTE_FP16 = ("fp16 weights are not supported for the pte format: XNNPACK's fp16 kernels need ARMv8.2 fp16 "
             "arithmetic, which this export cannot run and verify on x86; use --weights int8 or int4 (or fp32)")
@@ -194,6 +198,14 @@ def _drop_unused(model, names: set) -> None:
     model.graph.initializer.extend(inits)
 
 
+def output_heads(model, entry: dict) -> list[str]:
+    """The MatMul nodes whose constant B has the vocabulary's width (entry's logits: [.., V]): the output head."""
+    vocab = entry["outputs"][0]["shape"][-1]
+    inits = {i.name: i for i in model.graph.initializer}
+    return [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits
+            and len(inits[n.input[1]].dims) == 2 and inits[n.input[1]].dims[1] == vocab]
+
+
 def untie_onnx_head(model) -> list[str]:
     """MatMul(x, Transpose(W)) with W an initializer (the tied output layer) -> MatMul(x, W^T) with W^T a new
     initializer, so ORT's weight quantizers (which need a constant B) take it. W itself stays for the Gather.
@@ -268,12 +280,20 @@ def quantize_onnx(src: Path, dst: Path, weights: str, entry: dict) -> dict:
                 # axis), as ORT GenAI's int4 models do: about a seventh of the fp32 table's bytes. ORT's
                 # quantizer has no 8-bit Gather, so int8 keeps a fp32 table.
                 ops = ("MatMul", "Gather") if bits == 4 else ("MatMul",)
-                q = MatMulNBitsQuantizer(model, bits=bits, block_size=GROUP, is_symmetric=ORT_SYMMETRIC[weights],
-                                         accuracy_level=ORT_ACCURACY_LEVEL, op_types_to_quantize=ops,
-                                         quant_axes=(("MatMul", 0), ("Gather", 1)))
-                q.process()
-                save_onnx(q.model.model, dst)
-                tool = (f"onnxruntime.quantization.MatMulNBitsQuantizer(bits {bits}, block {GROUP}, "
+                heads = output_heads(model, entry) if HEAD_GROUP[weights] != GROUP else []
+                for block, only, skip in ((GROUP, None, heads), (HEAD_GROUP[weights], heads, None)):
+                    if only == []:
+                        continue
+                    q = MatMulNBitsQuantizer(model, bits=bits, block_size=block,
+                                             is_symmetric=ORT_SYMMETRIC[weights], accuracy_level=ORT_ACCURACY_LEVEL,
+                                             op_types_to_quantize=ops if only is None else ("MatMul",),
+                                             quant_axes=(("MatMul", 0), ("Gather", 1)), nodes_to_include=only,
+                                             nodes_to_exclude=skip)
+                    q.process()
+                    model = q.model.model
+                save_onnx(model, dst)
+                tool = (f"onnxruntime.quantization.MatMulNBitsQuantizer(bits {bits}, block {GROUP}"
+                        f"{f' (the output head {HEAD_GROUP[weights]})' if heads else ''}, "
                         f"{'symmetric' if ORT_SYMMETRIC[weights] else 'asymmetric (zero points)'}, "
                         f"accuracy_level {ORT_ACCURACY_LEVEL})")
             elif weights == "fp16":

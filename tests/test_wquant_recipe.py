@@ -1,0 +1,52 @@
+"""benchmarks/wquant_recipe.py simulates ONNX Runtime's MatMulNBits blocks in torch to say which part of the int4
+recipe costs quality. Its blocks must be the ones ONNX Runtime's own quantizer writes: a MatMul over a random matrix,
+quantized by MatMulNBitsQuantizer (fp32 activations, accuracy_level 0) and fed the identity, returns the dequantized
+matrix, which q_block must reproduce."""
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("wquant_recipe", ROOT / "benchmarks" / "wquant_recipe.py")
+wr = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(wr)
+
+
+def ort_dequantized(w: np.ndarray, bits: int, symmetric: bool) -> np.ndarray:
+    """w [K, N] (MatMul's B) -> what ONNX Runtime's MatMulNBits multiplies by, read back through an identity input."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    k, n = w.shape
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [k, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [k, n])],
+                          [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    q = MatMulNBitsQuantizer(model, bits=bits, block_size=32, is_symmetric=symmetric, accuracy_level=0)
+    q.process()
+    assert [n.op_type for n in q.model.model.graph.node] == ["MatMulNBits"]
+    s = ort.InferenceSession(q.model.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return s.run(None, {"x": np.eye(k, dtype=np.float32)})[0]
+
+
+@pytest.mark.parametrize("bits,symmetric", [(4, True), (4, False), (8, True)])
+def test_q_block_holds_the_values_onnx_runtimes_blocks_hold(bits, symmetric):
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((64, 48)) * 0.05).astype(np.float32)
+    w[:, 5] += 0.2  # a skewed column: asymmetric blocks need a zero point away from the middle
+    want = ort_dequantized(w, bits, symmetric)
+    got = wr.q_block(torch.from_numpy(w.T.copy()), bits, symmetric).numpy().T
+    assert not np.allclose(want, w, atol=1e-4)  # quantized, so not the matrix itself
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+def test_act_int8_rounds_each_block_of_32_on_its_own_scale():
+    a = torch.cat([torch.linspace(-1, 1, 32), torch.linspace(-100, 100, 32)])[None]
+    q = wr.act_int8(a)
+    assert torch.allclose(q[0, :32], torch.round(a[0, :32] * 127) / 127)
+    assert torch.allclose(q[0, 32:], torch.round(a[0, 32:] / (100 / 127)) * (100 / 127))
