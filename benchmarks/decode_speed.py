@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from speed_child import (CHILDREN, MIB, ROOT, Work, _greedy, entry, _last_line, _Stamps, _status_bytes,  # noqa: E402,F401
                          child_bandwidth, child_edgekv, child_genai, child_hf, child_hf_folder, child_llamacpp, llamacpp_session,
-                         child_main, run_child, slug)
+                         child_main, child_spec, run_child, slug)
 
 # (KV strategy, weight precision) of the edgekv exports; the quick run keeps the first only. kv:dtype=fp32 with
 # int8/int4 weights is the like-for-like row for GenAI, whose models keep a fp32 cache (ORT's GroupQueryAttention

@@ -199,14 +199,15 @@ CHILDREN = {"edgekv": child_edgekv, "hf": child_hf, "llamacpp": child_llamacpp, 
 
 
 def run_child(spec: dict, timeout: int, script: str = str(Path(__file__).with_name("decode_speed.py"))) -> dict:
-    """Run one spec in a fresh process (`script --child SPEC`, which prints `RESULT {json}`; by default
+    """Run one spec in a fresh process (`script --child -`, the spec's JSON on stdin; it prints `RESULT {json}`; by default
     benchmarks/decode_speed.py, whose child_main is this module's); returns its result (here plus peak RSS), or
     {"error": one line}. benchmarks/profile_ort.py and filled_context.py run their children through it too."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                OMP_NUM_THREADS=str(spec.get("threads", 1)), PYTHONPATH=str(ROOT))
     try:
-        p = subprocess.run([sys.executable, script, "--child", json.dumps(spec)], capture_output=True, text=True,
-                           timeout=timeout, env=env, cwd=ROOT)
+        # the spec on stdin: a filled 32k context's ids are more than one argument may hold (MAX_ARG_STRLEN, 128 KiB)
+        p = subprocess.run([sys.executable, script, "--child", "-"], input=json.dumps(spec), capture_output=True,
+                           text=True, timeout=timeout, env=env, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}
     for line in reversed(p.stdout.splitlines()):
@@ -329,11 +330,16 @@ class Work:
         return self._once(f"genai-{precision}", folder, build)
 
 
+def child_spec(arg: str) -> str:
+    """A child's spec: `-` reads it from stdin (what run_child sends), anything else is the JSON itself."""
+    return sys.stdin.read() if arg == "-" else arg
+
+
 def entry(main, child_main) -> None:
     """A benchmark script's `__main__`: `SCRIPT --child JSON` runs one row in this process (the parent's fresh child),
     anything else runs `main()`; edgekv's own errors (a bad --model ...) are one line and exit 2."""
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        child_main(sys.argv[2])
+        child_main(child_spec(sys.argv[2]))
         return
     try:
         main()

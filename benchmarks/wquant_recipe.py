@@ -119,24 +119,26 @@ def measure(model, ids, ref, recipe: dict) -> dict:
 
 
 def speed(shapes: list[tuple[int, int]], threads: int, runs: int) -> list[dict]:
-    """One MatMulNBits (int4, blocks of 32, accuracy_level 4, M = 1: a decode step) per shape [K, N] and symmetry,
-    median CPU time per call (time.process_time: holds on a shared host with one thread)."""
+    """One MatMulNBits (int4, accuracy_level 4, M = 1: a decode step) per shape [K, N]: symmetric and asymmetric
+    blocks of 32, and for the first shape (the output head) asymmetric blocks of 64 and 128 too; median CPU time per
+    call (time.process_time: holds on a shared host with one thread), the calls going round the configurations."""
     import numpy as np
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     rng = np.random.default_rng(0)
-    out = []
+    sessions = []  # (record, session, input): built first, then timed round the configurations
     for k, n in shapes:
         w = numpy_helper.from_array((rng.standard_normal((k, n)) * 0.02).astype(np.float32), "W")
         g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])], [w])
         x = rng.standard_normal((1, k)).astype(np.float32)
-        for symmetric in (True, False):
+        configs = [(True, 32), (False, 32)] + ([(False, 64), (False, 128)] if (k, n) == shapes[0] else [])
+        for symmetric, block in configs:
             q = MatMulNBitsQuantizer(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), bits=4,
-                                     block_size=32, is_symmetric=symmetric, accuracy_level=4)
+                                     block_size=block, is_symmetric=symmetric, accuracy_level=4)
             q.process()
             opts = ort.SessionOptions()
             opts.intra_op_num_threads = threads
@@ -144,15 +146,16 @@ def speed(shapes: list[tuple[int, int]], threads: int, runs: int) -> list[dict]:
                                         providers=["CPUExecutionProvider"])
             for _ in range(3):
                 sess.run(None, {"x": x})
-            times = []
-            for _ in range(runs):
-                c = time.process_time()
-                sess.run(None, {"x": x})
-                times.append(time.process_time() - c)
-            r = {"k": k, "n": n, "symmetric": symmetric, "runs": runs,
-                 "cpu_ms_median": round(sorted(times)[len(times) // 2] * 1e3, 4)}
-            print(json.dumps(r), flush=True)
-            out.append(r)
+            sessions.append(({"k": k, "n": n, "symmetric": symmetric, "block": block, "runs": runs}, sess, x, []))
+    for _ in range(runs):
+        for _, sess, x, times in sessions:
+            c = time.process_time()
+            sess.run(None, {"x": x})
+            times.append(time.process_time() - c)
+    out = []
+    for rec, _, _, times in sessions:
+        out.append({**rec, "cpu_ms_median": round(sorted(times)[len(times) // 2] * 1e3, 4)})
+        print(json.dumps(out[-1]), flush=True)
     return out
 
 
@@ -189,8 +192,9 @@ def main(argv=None) -> dict:
         ffn = next((w.shape[0] for w in arch.weights or [] if w.name.endswith("ffn_up.weight")), 4 * arch.hidden)
         shapes = [(arch.hidden, arch.vocab), (arch.hidden, ffn), (ffn, arch.hidden)]
         result = {"benchmark": "wquant_speed", "model": a.model, "threads": a.threads,
-                  "what": "one MatMulNBits int4 call, M = 1, blocks of 32, accuracy_level 4: symmetric vs "
-                          "asymmetric (zero points); shapes [K, N]: the output head, up/gate, down",
+                  "what": "one MatMulNBits int4 call, M = 1, accuracy_level 4: symmetric vs asymmetric (zero "
+                          "points), blocks of 32 (the head also 64, 128); shapes [K, N]: the output head, up/gate, "
+                          "down",
                   "loadavg_start": list(os.getloadavg()), "calls": speed(shapes, a.threads, a.runs),
                   "loadavg_end": None}
         result["loadavg_end"] = list(os.getloadavg())

@@ -111,3 +111,17 @@ def test_edgekv_onnx_artifact_and_transformers_pick_the_same_greedy_tokens(tmp_p
     assert ort["name"] == "edgekv-ort:kv:dtype=fp32/fp32" and "error" not in ort, ort
     assert ort["first_tokens"] == hf["first_tokens"]
     assert ort["weights_plus_state_bytes"] == hf["weights_plus_state_bytes"]  # manifest vs planner: same bytes
+
+
+def test_a_child_spec_larger_than_one_argument_reaches_the_child_whole(tmp_path):
+    """A filled 32k context's ids (~200 KB of JSON) are more than one command-line argument may hold (Linux
+    MAX_ARG_STRLEN, 128 KiB: the 32k run once died with E2BIG): run_child sends the spec on stdin."""
+    script = tmp_path / "child.py"
+    script.write_text("import json, sys\nsys.path.insert(0, sys.argv[0].rsplit('/', 1)[0])\n"
+                      f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
+                      "from speed_child import child_spec\n"
+                      "spec = json.loads(child_spec(sys.argv[2]))\n"
+                      "print('RESULT ' + json.dumps({'n': len(spec['ids']), 'last': spec['ids'][-1]}))\n")
+    ids = list(range(100_000, 132_768))  # 32,768 six-digit ids: ~262 KB of JSON
+    assert len(json.dumps(ids)) > 128 * 1024
+    assert ds.run_child({"kind": "x", "ids": ids}, 60, script=str(script)) == {"n": 32768, "last": 132767}

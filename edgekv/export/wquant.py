@@ -47,9 +47,9 @@ ORT_ACCURACY_LEVEL = 4  # MatMulNBits computes with int8 activations quantized p
 # scale and minimum), which a symmetric grid rounds twice as coarsely; on Gemma-3-270M's Q4_K_M weights symmetric int4
 # failed verify-quant and asymmetric passes, for about 6 % more time in the 262,144-row head (docs/export.md).
 ORT_SYMMETRIC = {"int8": True, "int4": False}
-# The output head (V x d, read in full every step) in int4 blocks of 64: MatMulNBits' per-block work, not the bytes,
-# sets its time, and Gemma-3-270M's 262,144 x 640 head took 8.4 ms of CPU per call in blocks of 32 against 5.5 in
-# blocks of 64 (1 thread), for KL 0.348 against 0.329 over verify-quant's text (docs/export.md)
+# The output head (V x d, read in full every step) in int4 blocks of 64: MatMulNBits' per-block work, not only the
+# bytes, sets its time, and a large vocabulary makes the head a large part of a decode step (Gemma-3-270M: 262,144
+# rows); blocks of 64 cut its time by about a third for a small KL cost (docs/export.md#weight-quantization)
 HEAD_GROUP = {"int8": 32, "int4": 64}
 GROUP = 32  # int4 block / group size (the runtimes' kernels and ExecuTorch's 8da4w recipe use 32..256)
 PTE_FP16 = ("fp16 weights are not supported for the pte format: XNNPACK's fp16 kernels need ARMv8.2 fp16 "
