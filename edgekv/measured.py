@@ -30,6 +30,23 @@ class Unreadable(Exception):
     """A recall file exists but cannot be used (its one-line reason)."""
 
 
+def folder_key(folder: Path) -> str:
+    """The name a local model folder's recall is stored under: its parent's and its own name
+    (fixtures/tiny-recall/mamba -> tiny-recall-mamba), so two folders of the same name (fixtures/tiny/mamba) do not
+    share a measurement. `edgekv analyze --probe recall --save` stores a folder under it unless --name is given."""
+    folder = Path(folder).resolve()
+    return f"{folder.parent.name}-{folder.name}" if folder.parent.name else folder.name
+
+
+def names_for(name: str, source: str = "") -> list[str]:
+    """The stored names a planned model may have a recall file under, first match wins: a local folder's
+    folder_key (the config.json's folder), then the model's name (a catalog name)."""
+    src = Path(source) if source and "://" not in source else None
+    if src is not None and src.name == "config.json" and src.is_file():
+        return [folder_key(src.parent), name]
+    return [name]
+
+
 def recall_path(model: str, folder: Path | None = None) -> Path:
     return (folder or MEASURED_DIR) / f"{model}__recall.json"
 
@@ -91,6 +108,36 @@ def recall_at(model: str, strategy: Strategy, ctx: int, folder: Path | None = No
             "command": p.get("command"), "seconds": p.get("seconds"), "curve": key,
             "beyond_trained": bool(p.get("beyond_trained")), "reached": pts[-1]["distance"] + TRIAL_EXTRA >= ctx,
             "longest": pts[-1]["distance"], "reference": None if ref is None else float(ref["value"])}
+
+
+POINT_KEYS = ("distance", "value", "trials", "accuracy", "beyond_trained", "cpu_seconds", "seconds", "load_average",
+              "date", "command", "bos")
+
+
+def _points(curve: dict) -> list[dict]:
+    return [{k: p.get(k) for k in POINT_KEYS} for p in sorted(curve.get("points", []), key=lambda p: p["distance"])]
+
+
+def curves(model: str, strategy: Strategy, folder: Path | None = None) -> dict | None:
+    """The stored recall-vs-distance curve of this strategy and the fp32 reference's, for `edgekv plan --explain`:
+    {"file", "trained_ctx", "trained_from", "chance", "curve" (the stored strategy label cited), "label",
+    "points": [{"distance", "value" (exact recall), "trials", "accuracy", "beyond_trained", "cpu_seconds" (this
+    point's own scoring time, where the run recorded it), "seconds" (wall seconds of the whole run that measured
+    it), "load_average", "date", "command", "bos"}], "reference": the same for the fp32 cache, or None}. None when
+    nothing is stored for the strategy; Unreadable for a damaged file."""
+    rec = load(model, folder)
+    if rec is None:
+        return None
+    key = _curve_key(strategy, rec["curves"])
+    if key is None:
+        return None
+    c = rec["curves"][key]
+    ref = rec["curves"].get(REFERENCE) if key != REFERENCE else None
+    return {"file": f"edgekv/measurements/{recall_path(model).name}" if folder is None else str(recall_path(model,
+            folder)), "trained_ctx": rec.get("trained_ctx"), "trained_from": rec.get("trained_from"),
+            "chance": rec.get("chance"), "curve": key, "label": c.get("label", key), "points": _points(c),
+            "reference": None if ref is None else {"curve": REFERENCE, "label": ref.get("label", REFERENCE),
+                                                   "points": _points(ref)}}
 
 
 def cite(q: dict, model: str, strategy: Strategy, ctx: int, folder: Path | None = None) -> dict:
