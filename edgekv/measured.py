@@ -3,7 +3,7 @@
 imports no torch.
 
 A stored file: {"model", "probe": "recall", "value" (what a point's value is), "chance", "trained_ctx",
-"trained_from", "curves": {<strategy label>: {"label", "points": [{"distance", "value" (fraction of trials with the
+"trained_from", "note" (optional: what the curves say as a whole, kept when a run adds points), "curves": {<strategy label>: {"label", "points": [{"distance", "value" (fraction of trials with the
 whole value recalled exactly), "accuracy", "logprob", "trials", "beyond_trained", "command", "date", "seconds",
 "load_average", ...}]}}}. The point cited for a plan at ctx tokens is the longest measured distance within ctx (the
 needle that far back is what a full context asks the model to use); a plan longer than every measured distance cites
@@ -80,6 +80,14 @@ def _curve_key(strategy: Strategy, curves: dict) -> str | None:
     return None
 
 
+def _reference_key(curves: dict) -> str | None:
+    """The probe's fp32 reference curve: the fp32 cache's, else the one `edgekv analyze` labelled 'reference ...' (a
+    recurrent model's fp32 state)."""
+    if REFERENCE in curves:
+        return REFERENCE
+    return next((k for k, c in curves.items() if str(c.get("label", "")).startswith("reference")), None)
+
+
 def _k(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 else f"{n:,}"
 
@@ -100,14 +108,16 @@ def recall_at(model: str, strategy: Strategy, ctx: int, folder: Path | None = No
         return None
     within = [p for p in pts if p["distance"] <= ctx]
     p = within[-1] if within else pts[0]
-    ref = next((r for r in rec["curves"].get(REFERENCE, {}).get("points", []) if r.get("distance") == p["distance"]),
+    ref_key = _reference_key(rec["curves"])
+    ref = next((r for r in rec["curves"].get(ref_key, {}).get("points", []) if r.get("distance") == p["distance"]),
                None)
     acc = p.get("accuracy")
     return {"distance": p["distance"], "value": float(p["value"]), "trials": p.get("trials"), "date": p.get("date"),
             "accuracy": float(acc) if isinstance(acc, (int, float)) else None,
             "command": p.get("command"), "seconds": p.get("seconds"), "curve": key,
             "beyond_trained": bool(p.get("beyond_trained")), "reached": pts[-1]["distance"] + TRIAL_EXTRA >= ctx,
-            "longest": pts[-1]["distance"], "reference": None if ref is None else float(ref["value"])}
+            "longest": pts[-1]["distance"], "reference": None if ref is None else float(ref["value"]),
+            "reference_curve": ref_key}
 
 
 POINT_KEYS = ("distance", "value", "trials", "accuracy", "beyond_trained", "cpu_seconds", "seconds", "load_average",
@@ -123,7 +133,9 @@ def curves(model: str, strategy: Strategy, folder: Path | None = None) -> dict |
     {"file", "trained_ctx", "trained_from", "chance", "curve" (the stored strategy label cited), "label",
     "points": [{"distance", "value" (exact recall), "trials", "accuracy", "beyond_trained", "cpu_seconds" (this
     point's own scoring time, where the run recorded it), "seconds" (wall seconds of the whole run that measured
-    it), "load_average", "date", "command", "bos"}], "reference": the same for the fp32 cache, or None}. None when
+    it), "load_average", "date", "command", "bos"}], "note" (what the file says of its curves, e.g. that a fixture
+    never learned recall; null for none), "reference": the same for the fp32 cache (a recurrent model's fp32
+    state), or None}. None when
     nothing is stored for the strategy; Unreadable for a damaged file."""
     rec = load(model, folder)
     if rec is None:
@@ -132,11 +144,13 @@ def curves(model: str, strategy: Strategy, folder: Path | None = None) -> dict |
     if key is None:
         return None
     c = rec["curves"][key]
-    ref = rec["curves"].get(REFERENCE) if key != REFERENCE else None
+    ref_key = _reference_key(rec["curves"])
+    ref = rec["curves"].get(ref_key) if ref_key and key != ref_key else None
     return {"file": f"edgekv/measurements/{recall_path(model).name}" if folder is None else str(recall_path(model,
             folder)), "trained_ctx": rec.get("trained_ctx"), "trained_from": rec.get("trained_from"),
             "chance": rec.get("chance"), "curve": key, "label": c.get("label", key), "points": _points(c),
-            "reference": None if ref is None else {"curve": REFERENCE, "label": ref.get("label", REFERENCE),
+            "note": rec.get("note"),
+            "reference": None if ref is None else {"curve": ref_key, "label": ref.get("label", ref_key),
                                                    "points": _points(ref)}}
 
 
@@ -155,8 +169,8 @@ def cite(q: dict, model: str, strategy: Strategy, ctx: int, folder: Path | None 
            f"{r['distance']:,}" + (f" (value tokens right: {r['accuracy']:.2f})" if r["accuracy"] is not None else "") + (" (past the trained context)" if r["beyond_trained"] else "")
            + (f" with the fp32 cache (a {strategy.params.get('dtype')} cache keeps the same tokens)"
               if r["curve"] != strategy.label else "")
-           + (f", the fp32 cache {r['reference']:.2f}" if r["reference"] is not None and r["curve"] != REFERENCE
-              else "")
+           + (f", the fp32 {'cache' if r['reference_curve'] == REFERENCE else 'state'} {r['reference']:.2f}"
+              if r["reference"] is not None and r["curve"] != r["reference_curve"] else "")
            + ("" if r["reached"] else f"; measured up to {r['longest']:,}, not {ctx:,}")
            + f" ({r['date']}: {r['command']})")
     out = {**q, "cite": f"{q['cite']}; {short}", "evidence": f"{q['evidence']}; {how}"}

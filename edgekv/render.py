@@ -241,6 +241,8 @@ def recall_lines(c: Console, rec: dict, runs: dict) -> None:
                 runs[key] = (len(runs) + 1, p)
             cells.append(recall_point(p, runs[key][0] if key else None))
         c.print(f"    {escape(label)}: " + " · ".join(cells))
+    if rec.get("note"):
+        c.print(f"    note: {escape(rec['note'])}")
 
 
 def recall_runs(c: Console, runs: dict) -> None:

@@ -229,3 +229,16 @@ def test_plan_stays_free_of_torch_with_the_curves():
             "assert any(o['explain']['recall'] for o in p['options']); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_a_recurrent_models_curves_cite_its_fp32_state_and_the_files_note_is_kept(tmp_path, tiny_llama_curves):
+    (tmp_path / "m__recall.json").write_text(json.dumps({"note": "never learned to copy", "curves": {
+        "ssm:dtype=fp32": {"label": "reference ssm fp32", "points": [{"distance": 64, "value": 0.5, "trials": 4}]},
+        "ssm:dtype=int8": {"label": "state ssm int8", "points": [{"distance": 64, "value": 0.0, "trials": 4}]}}}))
+    c = measured.curves("m", parse_strategy("ssm:dtype=int8"), tmp_path)
+    assert c["reference"]["curve"] == "ssm:dtype=fp32" and c["note"] == "never learned to copy"
+    q = measured.cite(_q(), "m", parse_strategy("ssm:dtype=int8"), 64, tmp_path)
+    assert q["risk"] == "high" and "the fp32 state 0.50" in q["evidence"]
+    result, _, _ = tiny_llama_curves
+    rec = json.loads(store(result, "m", "again", tmp_path).read_text())  # a run that adds points keeps the note
+    assert rec["note"] == "never learned to copy" and "ssm:dtype=int8" in rec["curves"]

@@ -322,7 +322,8 @@ def store(result: dict, name: str, command: str, folder=None):
     planner reads (edgekv.measured): per strategy label a curve of points {distance, value (fraction of trials with
     every value token right), accuracy, logprob, trials, beyond_trained, cpu_seconds (this point's own scoring
     time)}, with the command, date, seconds (wall, the whole run: every variant and distance) and load average of
-    the run that measured it. Curves and distances this run did not measure are kept; the ones it did are replaced.
+    the run that measured it. Curves and distances this run did not measure are kept, and so is the file's note
+    (what the curves say as a whole, written by hand); the ones it did are replaced.
     Only nearest-rounding state variants with float weights are stored (what a plan row's strategy is). Returns
     the file's path."""
     import datetime
@@ -364,6 +365,7 @@ def store(result: dict, name: str, command: str, folder=None):
            "value": "fraction of trials whose every value token is the model's top-1 (exact recall), teacher-forced; "
                     "edgekv/analyze/recall.py",
            "chance": result["chance"], "value_len": result["value_len"],
-           "trained_ctx": result.get("trained_ctx"), "trained_from": result.get("trained_from"), "curves": curves}
+           "trained_ctx": result.get("trained_ctx"), "trained_from": result.get("trained_from"),
+           **({"note": old["note"]} if isinstance(old.get("note"), str) else {}), "curves": curves}
     path.write_text(output_json(out) + "\n")
     return path
