@@ -112,7 +112,9 @@ def recall_at(model: str, strategy: Strategy, ctx: int, folder: Path | None = No
     ref = next((r for r in rec["curves"].get(ref_key, {}).get("points", []) if r.get("distance") == p["distance"]),
                None)
     acc = p.get("accuracy")
-    return {"distance": p["distance"], "value": float(p["value"]), "trials": p.get("trials"), "date": p.get("date"),
+    inside = [float(x["value"]) for x in pts if not x.get("beyond_trained")]
+    return {"inside_best": max(inside) if inside else None,
+            "distance": p["distance"], "value": float(p["value"]), "trials": p.get("trials"), "date": p.get("date"),
             "accuracy": float(acc) if isinstance(acc, (int, float)) else None,
             "command": p.get("command"), "seconds": p.get("seconds"), "curve": key,
             "beyond_trained": bool(p.get("beyond_trained")), "reached": pts[-1]["distance"] + TRIAL_EXTRA >= ctx,
@@ -157,7 +159,8 @@ def curves(model: str, strategy: Strategy, folder: Path | None = None) -> dict |
 def cite(q: dict, model: str, strategy: Strategy, ctx: int, folder: Path | None = None) -> dict:
     """quality()'s answer q with the measured recall beside it: the short cite gains "recall at 8k: 0.94 exact,
     measured", the evidence the trials, date and command; where the strategy recalls less than half of what the fp32
-    cache recalls at that distance the risk becomes high (source measured). Unchanged when nothing is stored."""
+    cache recalls at that distance, or a point past the trained context recalls less than half of the best the same
+    curve recalled inside it, the risk becomes high (source measured). Unchanged when nothing is stored."""
     try:
         r = recall_at(model, strategy, ctx, folder)
     except Unreadable as e:
@@ -175,6 +178,10 @@ def cite(q: dict, model: str, strategy: Strategy, ctx: int, folder: Path | None 
            + f" ({r['date']}: {r['command']})")
     out = {**q, "cite": f"{q['cite']}; {short}", "evidence": f"{q['evidence']}; {how}"}
     lost = r["value"] < LOSS * r["reference"] if r["reference"] else False
-    if lost:  # high, and measured even where a published result already said high
+    past = bool(r["beyond_trained"] and r["inside_best"] and r["value"] < LOSS * r["inside_best"])
+    if past:  # what this curve recalled inside the trained context, lost past it
+        out["evidence"] += (f"; exact recall {r['inside_best']:.2f} inside the trained context, {r['value']:.2f} past "
+                            "it: the usable context ends there")
+    if lost or past:  # high, and measured even where a published result already said high
         out.update(risk="high", source="measured")
     return out

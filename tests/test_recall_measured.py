@@ -242,3 +242,13 @@ def test_a_recurrent_models_curves_cite_its_fp32_state_and_the_files_note_is_kep
     result, _, _ = tiny_llama_curves
     rec = json.loads(store(result, "m", "again", tmp_path).read_text())  # a run that adds points keeps the note
     assert rec["note"] == "never learned to copy" and "ssm:dtype=int8" in rec["curves"]
+
+
+def test_recall_lost_past_the_trained_context_raises_the_risk(tmp_path):
+    pts = [{"distance": 256, "value": 1.0, "trials": 8, "beyond_trained": False},
+           {"distance": 2048, "value": 0.0, "trials": 8, "beyond_trained": True}]
+    (tmp_path / "m__recall.json").write_text(json.dumps({"curves": {"kv:dtype=fp32": {"points": pts}}}))
+    q = measured.cite(_q(), "m", parse_strategy("kv"), 4096, tmp_path)
+    assert q["risk"] == "high" and q["source"] == "measured"
+    assert "exact recall 1.00 inside the trained context, 0.00 past it" in q["evidence"]
+    assert measured.cite(_q(), "m", parse_strategy("kv"), 1024, tmp_path)["risk"] == "low"  # 256 is inside
