@@ -221,38 +221,42 @@ def recall_point(p: dict, run: int | None = None) -> str:
 
 def recall_lines(c: Console, rec: dict, runs: dict) -> None:
     """The stored recall-vs-distance curve of a row's strategy and the fp32 cache's (edgekv.measured.curves), each
-    point with the [n] of the run that measured it; runs: command -> (n, point), filled here, printed once after
-    every row (recall_runs)."""
+    point with the [n] of the run that measured it; runs: {"files": {file: (trained_ctx, source)}, command: (n,
+    point)}, filled here, printed once after every row (recall_runs)."""
     from rich.markup import escape
-    tc = rec.get("trained_ctx")
-    past = any(p.get("beyond_trained") for p in rec["points"] + (rec.get("reference") or {}).get("points", []))
-    c.print(f"  recall   exact recall by needle distance: d value (trials, CPU s of the point)[run], measured "
-            f"({escape(rec['file'])})" + (f"; * = the trial runs past the {tc:,} tokens the model was trained at"
-                                           if tc and past else ""))
+    runs.setdefault("files", {})[rec["file"]] = (rec.get("trained_ctx"), rec.get("trained_from"))
     curves = [(rec["label"], rec["points"])]
     if rec.get("reference"):
         ref = rec["reference"]["label"]
         curves.append((ref if "reference" in ref else f"{ref} (reference)", rec["reference"]["points"]))
-    for label, pts in curves:
+    for i, (label, pts) in enumerate(curves):
         cells = []
         for p in pts:
             key = p.get("command")
             if key and key not in runs:
-                runs[key] = (len(runs) + 1, p)
+                runs[key] = (len(runs), p)
             cells.append(recall_point(p, runs[key][0] if key else None))
-        c.print(f"    {escape(label)}: " + " · ".join(cells))
+        c.print(("  recall   " if i == 0 else "           ") + f"{escape(label)}: " + " · ".join(cells))
     if rec.get("note"):
-        c.print(f"    note: {escape(rec['note'])}")
+        c.print(f"           note: {escape(rec['note'])}")
 
 
 def recall_runs(c: Console, runs: dict) -> None:
-    """The runs the recall curves above cite, once: [n] date, wall seconds of the whole run (every variant and
-    distance it measured), load average, command."""
+    """Once, after the rows: what a recall point shows, the files, and the runs the points cite ([n] date, wall
+    seconds of the whole run: every variant and distance it measured, load average, command)."""
     from rich.markup import escape
-    if not runs:
+    files = runs.get("files", {})
+    if not files:
         return
-    c.print("\nRecall runs (wall seconds of the whole run: every variant and distance it measured):")
-    for cmd, (n, p) in runs.items():
+    c.print("\n[bold]Recall[/] (edgekv analyze --probe recall, stored): per row, needle distance, exact recall (the "
+            "fraction of trials with every value token right), (trials, CPU s of the point) and \\[run]; * = the trial "
+            "runs past the trained context:")
+    for f, (tc, src) in files.items():
+        c.print(f"  {escape(f)}" + (f" (trained at {tc:,}, {escape(str(src))})" if tc else ""))
+    for cmd, v in runs.items():
+        if cmd == "files":
+            continue
+        n, p = v
         wall = f"{p['seconds']:,.0f} s wall" if isinstance(p.get("seconds"), (int, float)) else "time not recorded"
         load = f", load average {p['load_average']:g}" if isinstance(p.get("load_average"), (int, float)) else ""
         c.print(f"  [{n}] {p.get('date')}, {wall}{load}: {escape(cmd)}")
