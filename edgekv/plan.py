@@ -60,6 +60,7 @@ class PlanRow:
     trained_ctx: tuple[int, str] | None = None
     exportable: tuple[bool, str] = (False, "")
     runtime: str = ""
+    recall: dict | None = None  # measured.curves: the stored recall-vs-distance curve of this strategy
 
     @property
     def fits(self) -> bool:
@@ -85,7 +86,8 @@ class PlanRow:
             d["usd_per_m_tokens"] = None if math.isinf(self.serving.usd.value) else round(self.serving.usd.value, 4)
         if explain:
             d["explain"] = {**self.deployment.explain, "runtime": self._runtime_cite,
-                            "decode_tokens_per_s": self.decode.formula, "prefill_seconds": self.prefill.formula}
+                            "decode_tokens_per_s": self.decode.formula, "prefill_seconds": self.prefill.formula,
+                            "recall": self.recall}
         return d
 
     _runtime_cite: str = ""
@@ -116,7 +118,13 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     converted = strategy.converts_to_latent and "mla" not in arch.kinds
     q = past_trained(quality(arch.name, strategy, ctx, strategy.is_native(arch), converted, arch.family),
                      arch.name, strategy, ctx, arch.trained_ctx, arch.family)
-    q = measured.cite(q, arch.name, strategy, ctx)  # recall at distance, where edgekv analyze stored it
+    stored = next((n for n in measured.names_for(arch.name, arch.source) if measured.recall_path(n).is_file()),
+                  arch.name)
+    q = measured.cite(q, stored, strategy, ctx)  # recall at distance, where edgekv analyze stored it
+    try:
+        recall = measured.curves(stored, strategy)  # the whole curve, for --explain
+    except measured.Unreadable:
+        recall = None  # the evidence already says why
     notes = []
     if arch.max_position and ctx > arch.max_position:
         notes.append(f"ctx {ctx} exceeds the model's max_position_embeddings {arch.max_position}")
@@ -124,7 +132,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
         notes.append(f"converted from GQA at rank {dep.layout.tensors[0].shape[-1]}: K and V are re-expanded "
                      f"from the latent every step (compute)")
     row = PlanRow(arch.name, strategy, strategy.is_native(arch), dep, budget or device.budget_bytes, dec, pre, q,
-                  notes, arch.trained_ctx, export_support(arch, strategy, ctx), name)
+                  notes, arch.trained_ctx, export_support(arch, strategy, ctx), name, recall)
     row._runtime_cite = f"{name} overhead {int(ov.value):,} B ({ov.cite})"
     if device.is_datacenter:
         row.serving = serve(device, arch, dep)

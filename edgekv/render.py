@@ -209,6 +209,59 @@ def _first_sentence(text: str, n: int = 160) -> str:
     return text if len(text) <= n else text[:n - 1].rsplit(" ", 1)[0] + " …"
 
 
+def recall_point(p: dict, run: int | None = None) -> str:
+    """'8,064* 0.75 (4, 412 s)': a stored recall point: distance ('*' = its trial runs past the trained context),
+    exact recall, trials and the point's own CPU seconds where its run recorded them; run: the [n] of the run that
+    measured it."""
+    cpu = p.get("cpu_seconds")
+    t = (f", {cpu:,.0f} s" if cpu >= 10 else f", {cpu:.1f} s") if isinstance(cpu, (int, float)) else ""
+    return (f"{p['distance']:,}{'*' if p.get('beyond_trained') else ''} {p['value']:.2f} ({p.get('trials')}{t})"
+            + (f"[{run}]" if run else ""))
+
+
+def recall_lines(c: Console, rec: dict, runs: dict) -> None:
+    """The stored recall-vs-distance curve of a row's strategy and the fp32 cache's (edgekv.measured.curves), each
+    point with the [n] of the run that measured it; runs: {"files": {file: (trained_ctx, source)}, command: (n,
+    point)}, filled here, printed once after every row (recall_runs)."""
+    from rich.markup import escape
+    runs.setdefault("files", {})[rec["file"]] = (rec.get("trained_ctx"), rec.get("trained_from"))
+    curves = [(rec["label"], rec["points"])]
+    if rec.get("reference"):
+        ref = rec["reference"]["label"]
+        curves.append((ref if "reference" in ref else f"{ref} (reference)", rec["reference"]["points"]))
+    for i, (label, pts) in enumerate(curves):
+        cells = []
+        for p in pts:
+            key = p.get("command")
+            if key and key not in runs:
+                runs[key] = (len(runs), p)
+            cells.append(recall_point(p, runs[key][0] if key else None))
+        c.print(("  recall   " if i == 0 else "           ") + f"{escape(label)}: " + " · ".join(cells))
+    if rec.get("note"):
+        c.print(f"           note: {escape(rec['note'])}")
+
+
+def recall_runs(c: Console, runs: dict) -> None:
+    """Once, after the rows: what a recall point shows, the files, and the runs the points cite ([n] date, wall
+    seconds of the whole run: every variant and distance it measured, load average, command)."""
+    from rich.markup import escape
+    files = runs.get("files", {})
+    if not files:
+        return
+    c.print("\n[bold]Recall[/] (edgekv analyze --probe recall, stored): per row, needle distance, exact recall (the "
+            "fraction of trials with every value token right), (trials, CPU s of the point) and \\[run]; * = the trial "
+            "runs past the trained context:")
+    for f, (tc, src) in files.items():
+        c.print(f"  {escape(f)}" + (f" (trained at {tc:,}, {escape(str(src))})" if tc else ""))
+    for cmd, v in runs.items():
+        if cmd == "files":
+            continue
+        n, p = v
+        wall = f"{p['seconds']:,.0f} s wall" if isinstance(p.get("seconds"), (int, float)) else "time not recorded"
+        load = f", load average {p['load_average']:g}" if isinstance(p.get("load_average"), (int, float)) else ""
+        c.print(f"  [{n}] {p.get('date')}, {wall}{load}: {escape(cmd)}")
+
+
 def explain_rows(c: Console, plan, rows) -> None:
     """A short derivation per row; the facts every row shares once, first. --json --explain has every formula."""
     d = plan.device
@@ -227,6 +280,7 @@ def explain_rows(c: Console, plan, rows) -> None:
                    d.overhead(rt["overhead"])))
     for name, value, fact in shared:
         c.print(f"  {name} {value} — " + (_first_sentence(fact.cite) if fact is not None else ""))
+    runs: dict = {}
     for r in rows:
         b = r.deployment.bytes
         parts = [("weights", b["weights"]), ("state", b["state"]), ("workspace", b["workspace"])]
@@ -248,8 +302,11 @@ def explain_rows(c: Console, plan, rows) -> None:
                 f"{fmt_sig(r.prefill.value / div)} {unit}")
         q = r.quality
         c.print(f"  risk     {q['risk']}: {_first_sentence(q['evidence'], 200)} ({q['cite']})")
+        if r.recall:
+            recall_lines(c, r.recall, runs)
         for n in r.notes:
             c.print(f"  note     {n}")
+    recall_runs(c, runs)
     c.print(f"\n{GB_NOTE}. Every formula with its inputs in bytes: --json --explain (options[].explain).")
 
 

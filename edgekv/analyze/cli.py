@@ -120,7 +120,11 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
                                   "--probe recall")
         store_as = None
         if save:
-            store_as = _model_name(model) if name is None else name
+            from pathlib import Path
+
+            from ..measured import folder_key
+            store_as = name if name is not None else (folder_key(Path(model)) if Path(model).is_dir()
+                                                      else _model_name(model))
             save_target(store_as, "--model" if name is None else "--name", "recall")
         return _recall(model, base, _ints(bits, "--bits"), roundings,
                        weight_bits if "weight_bits" in explicit else None, ctx, chunk, text_file, trials, seed,
@@ -184,7 +188,8 @@ def _recall(model, base, bits, roundings, weight_bits, max_distance, chunk, text
     probe = RecallProbe(model, base, variants, max_distance, chunk, seed)
     dists = given or distances(max_distance, probe.trained[0] if probe.trained else None)
     text = open(text_file, errors="replace").read() if text_file else default_text()
-    rows = make_trials(Encoder.for_model(probe.loaded), text, dists, trials, seed)
+    enc = Encoder.for_model(probe.loaded)
+    rows = make_trials(enc, text, dists, trials, seed)
     total = sum(t.value_at + len(t.value) - 1 for row in rows for t in row) * len(probe.modules)
 
     from rich.console import Console
@@ -196,6 +201,7 @@ def _recall(model, base, bits, roundings, weight_bits, max_distance, chunk, text
         tallies = probe.run(rows, on_step=lambda n: bar.advance(task, n))
     result = probe.summarise(rows, tallies, text_file or "Python docs topics + stdlib source")
     result["seconds"] = round(time.perf_counter() - t0, 2)
+    result["bos"] = enc.bos
     if store_as and not result["interrupted"]:
         result["stored"] = str(recall_store(result, store_as, "edgekv " + " ".join(sys.argv[1:])))
     _emit(result, as_json, plot, recall_plot, _recall_table, "the table above covers the trials scored")

@@ -5,6 +5,8 @@ state (SSM, linear attention) loses exact associative recall as the distance gro
 keeps every token. This measures it on real weights, per strategy and state precision, teacher-forced.
 
 One trial, in tokens (bytes for the byte-level fixtures), all of it real stdlib text except the needle:
+  bos      the tokenizer's BOS id, only when the model's metadata says its tokenizer adds one (Gemma 3's GGUF:
+           tokenizer.ggml.add_bos_token; SmolLM2's adds none, the byte-level fixtures have none)
   prefix   PREFIX_LEN tokens of stdlib text from a random line start, the last one a line break
   needle   key_7f3a = "q8vz2k"<LF>        key: 4 random hex digits; value: VALUE_LEN tokens, each drawn uniformly
                                            from the single-character tokens of ALPHABET
@@ -20,10 +22,12 @@ the time, and the best log-prob it can expect is log(1/|ALPHABET|) (mass spread 
 
 JSON (`edgekv analyze --probe recall --json`; other tools parse it, keep the names):
   {"model", "strategy", "probe": "recall", "chunk", "text", "seed", "value_len", "alphabet", "distances": [...],
-   "chance" (top-1 accuracy of a guess), "chance_logprob", "interrupted", "seconds",
+   "chance" (top-1 accuracy of a guess), "chance_logprob", "interrupted", "seconds", "bos" (the id every trial
+   starts with, null for none),
    "variants": [{"label", "strategy", "bits" (32: the fp32 reference, always first), "rounding", "source",
                  "weight_bits", "accuracy": [per distance], "logprob": [...], "exact": [...] (fraction of trials
-                 with every value token right), "trials": [per distance]}]}
+                 with every value token right), "trials": [per distance], "cpu_seconds": [per distance: CPU seconds
+                 spent scoring this variant's trials there]}]}
 
 Each model is stepped as analyze steps it: calls of `chunk` tokens (chunked prefill for caches, C = 1 decode stepping
 for recurrent states), through the export module whose StateLayout quantizes the state (edgekv.quant) at every write.
@@ -53,7 +57,7 @@ TEXT_CHARS = 300_000  # of the text, at least, that fillers and prefixes are dra
 
 @dataclass
 class Trial:
-    tokens: list[int]  # prefix + needle + filler + cue + value + closing quote
+    tokens: list[int]  # [bos] + prefix + needle + filler + cue + value + closing quote
     distance: int  # filler tokens between the needle's end and the cue's start
     key: str
     value: list[int]  # token ids
@@ -129,8 +133,8 @@ def _single(enc, piece: str) -> int:
 
 
 def make_trials(enc, text: str, dists: list[int], n_trials: int, seed: int = 0) -> list[list[Trial]]:
-    """trials[k][j]: trial k at distance dists[j]; enc: str -> token ids (run.Encoder). Needle, prefix and filler
-    offset are drawn once per trial."""
+    """trials[k][j]: trial k at distance dists[j]; enc: str -> token ids (run.Encoder; its bos, when not None, starts
+    every trial). Needle, prefix and filler offset are drawn once per trial."""
     longest = max(dists)
     text = text[:max(TEXT_CHARS, 40 * (longest + PREFIX_LEN))]  # enough to draw from; BPE over all of it takes s
     ids = np.asarray(enc(text))
@@ -153,7 +157,8 @@ def make_trials(enc, text: str, dists: list[int], n_trials: int, seed: int = 0) 
         f = line_start(len(ids) - 2 * longest - 2)
         if key in text or p + PREFIX_LEN > len(ids) or f + longest > len(ids):  # the key occurs only as needle/cue
             continue
-        prefix = ids[p:p + PREFIX_LEN - 1].tolist() + [nl]
+        bos = getattr(enc, "bos", None)
+        prefix = ([] if bos is None else [bos]) + ids[p:p + PREFIX_LEN - 1].tolist() + [nl]
         cue = enc(key + ' = "')
         needle = cue + value + enc('"\n')
         row = []
@@ -192,6 +197,7 @@ def score(module, trial: Trial, chunk: int) -> tuple[torch.Tensor, torch.Tensor]
 class Tally:
     correct: list = field(default_factory=list)  # per distance: per trial [VALUE_LEN] bools
     logprob: list = field(default_factory=list)
+    cpu_seconds: list = field(default_factory=list)  # per distance: CPU seconds this variant spent scoring its trials
 
 
 class RecallProbe:
@@ -224,13 +230,16 @@ class RecallProbe:
     def run(self, trials: list[list[Trial]], on_step=None) -> list[Tally]:
         """Trial-major (every distance of trial 0, then trial 1, ...), so a stopped run still covers every distance.
         on_step(tokens fed) after each scored sequence; KeyboardInterrupt keeps what was scored."""
-        tallies = [Tally([[] for _ in trials[0]], [[] for _ in trials[0]]) for _ in self.modules]
+        tallies = [Tally([[] for _ in trials[0]], [[] for _ in trials[0]], [0.0 for _ in trials[0]])
+                   for _ in self.modules]
         t0 = time.perf_counter()
         try:
             for row in trials:
                 for j, trial in enumerate(row):
                     for module, t in zip(self.modules, tallies):
+                        c0 = time.process_time()
                         ok, lp = score(module, trial, self.chunk)
+                        t.cpu_seconds[j] += time.process_time() - c0
                         t.correct[j].append(ok)
                         t.logprob[j].append(lp)
                         if on_step:
@@ -261,9 +270,11 @@ class RecallProbe:
                 acc.append(float(torch.stack(ok).float().mean()) if ok else None)
                 lps.append(float(torch.stack(lp).mean()) if lp else None)
                 exact.append(float(torch.stack(ok).all(-1).float().mean()) if ok else None)
+            cpu = [round(x, 2) if k else None for x, k in zip(t.cpu_seconds or [0.0] * len(n), n)]
             out["variants"].append({"label": v.label, "strategy": v.strategy.label, "bits": v.bits,
                                     "rounding": v.rounding, "source": v.source, "weight_bits": v.weight_bits,
-                                    "accuracy": acc, "logprob": lps, "exact": exact, "trials": n})
+                                    "accuracy": acc, "logprob": lps, "exact": exact, "trials": n,
+                                    "cpu_seconds": cpu})
         return out
 
 
@@ -309,8 +320,10 @@ def compare_variants(specs: list[str]) -> list[Variant]:
 def store(result: dict, name: str, command: str, folder=None):
     """Merge a recall result into <folder>/<name>__recall.json (edgekv/measurements by default), the file the
     planner reads (edgekv.measured): per strategy label a curve of points {distance, value (fraction of trials with
-    every value token right), accuracy, logprob, trials, beyond_trained}, with the command, date and seconds of the
-    run that measured it. Curves and distances this run did not measure are kept; the ones it did are replaced.
+    every value token right), accuracy, logprob, trials, beyond_trained, cpu_seconds (this point's own scoring
+    time)}, with the command, date, seconds (wall, the whole run: every variant and distance) and load average of
+    the run that measured it. Curves and distances this run did not measure are kept, and so is the file's note
+    (what the curves say as a whole, written by hand); the ones it did are replaced.
     Only nearest-rounding state variants with float weights are stored (what a plan row's strategy is). Returns
     the file's path."""
     import datetime
@@ -337,19 +350,22 @@ def store(result: dict, name: str, command: str, folder=None):
             continue
         run = {"command": command, "date": datetime.date.today().isoformat(), "seconds": result.get("seconds"),
                "load_average": round(load, 2) if load is not None else None, "chunk": result["chunk"],
-               "text": result["text"], "seed": result["seed"]}
+               "text": result["text"], "seed": result["seed"], "bos": result.get("bos")}
         pts = {p["distance"]: p for p in curves.get(v["strategy"], {}).get("points", [])
                if isinstance(p, dict) and "distance" in p}
         for j, d in enumerate(result["distances"]):
             if v["exact"][j] is None:
                 continue
+            cpu = (v.get("cpu_seconds") or [None] * len(result["distances"]))[j]
             pts[d] = {"distance": d, "value": v["exact"][j], "accuracy": v["accuracy"][j], "logprob": v["logprob"][j],
-                      "trials": v["trials"][j], "beyond_trained": result["beyond_trained"][j], **run}
+                      "trials": v["trials"][j], "beyond_trained": result["beyond_trained"][j],
+                      **({"cpu_seconds": cpu} if cpu is not None else {}), **run}
         curves[v["strategy"]] = {"label": v["label"], "points": [pts[d] for d in sorted(pts)]}
     out = {"model": name, "probe": "recall",
            "value": "fraction of trials whose every value token is the model's top-1 (exact recall), teacher-forced; "
                     "edgekv/analyze/recall.py",
            "chance": result["chance"], "value_len": result["value_len"],
-           "trained_ctx": result.get("trained_ctx"), "trained_from": result.get("trained_from"), "curves": curves}
+           "trained_ctx": result.get("trained_ctx"), "trained_from": result.get("trained_from"),
+           **({"note": old["note"]} if isinstance(old.get("note"), str) else {}), "curves": curves}
     path.write_text(output_json(out) + "\n")
     return path

@@ -60,10 +60,12 @@ def default_text() -> str:
 
 
 class Encoder:
-    """str -> token ids: bytes when tokenizer is None (the byte-level fixtures), else a `tokenizers.Tokenizer`."""
+    """str -> token ids: bytes when tokenizer is None (the byte-level fixtures), else a `tokenizers.Tokenizer`.
+    bos: the id a sequence starts with when the model's tokenizer metadata says it adds one (a GGUF's
+    tokenizer.ggml.add_bos_token), else None; encoding a piece of text never adds it."""
 
-    def __init__(self, tokenizer=None):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer=None, bos: int | None = None):
+        self.tokenizer, self.bos = tokenizer, bos
 
     @classmethod
     def for_model(cls, loaded) -> "Encoder":
@@ -76,9 +78,11 @@ class Encoder:
 
         from ..export.tokenizer import write_tokenizer
         with tempfile.TemporaryDirectory() as d:
-            if write_tokenizer(Path(loaded.source), Path(d)) is None:
+            entry = write_tokenizer(Path(loaded.source), Path(d))
+            if entry is None:
                 raise EdgekvError(f"{loaded.source}: no tokenizer to read the text with")
-            return cls(Tokenizer.from_file(str(Path(d) / "tokenizer.json")))
+            bos = entry.get("bos_token_id") if entry.get("add_bos_token") else None
+            return cls(Tokenizer.from_file(str(Path(d) / "tokenizer.json")), bos)
 
     def __call__(self, text: str) -> list[int]:
         return list(text.encode("utf-8")) if self.tokenizer is None else self.tokenizer.encode(text).ids
