@@ -92,15 +92,18 @@ def _k(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 else f"{n:,}"
 
 
+def _stored(model: str, strategy: Strategy, folder: Path | None) -> tuple[dict | None, str | None]:
+    """(the model's stored recall record, the key of this strategy's curve in it); (None or rec, None) when none."""
+    rec = load(model, folder)
+    return rec, (None if rec is None else _curve_key(strategy, rec["curves"]))
+
+
 def recall_at(model: str, strategy: Strategy, ctx: int, folder: Path | None = None) -> dict | None:
     """The point a plan of this model x strategy at ctx cites: {"distance", "value", "trials", "date", "command",
     "curve" (the stored strategy label), "reference" (the fp32 cache's value at that distance, if measured),
     "reached" (False when ctx is past the longest measured trial), "longest"}, or None. Raises Unreadable for a
     damaged file."""
-    rec = load(model, folder)
-    if rec is None:
-        return None
-    key = _curve_key(strategy, rec["curves"])
+    rec, key = _stored(model, strategy, folder)
     if key is None:
         return None
     pts = sorted(rec["curves"][key]["points"], key=lambda p: p["distance"])
@@ -139,10 +142,7 @@ def curves(model: str, strategy: Strategy, folder: Path | None = None) -> dict |
     never learned recall; null for none), "reference": the same for the fp32 cache (a recurrent model's fp32
     state), or None}. None when
     nothing is stored for the strategy; Unreadable for a damaged file."""
-    rec = load(model, folder)
-    if rec is None:
-        return None
-    key = _curve_key(strategy, rec["curves"])
+    rec, key = _stored(model, strategy, folder)
     if key is None:
         return None
     c = rec["curves"][key]

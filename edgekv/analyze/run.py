@@ -76,12 +76,12 @@ class Encoder:
 
         from tokenizers import Tokenizer
 
-        from ..export.tokenizer import write_tokenizer
+        from ..export.tokenizer import bos_prefix, write_tokenizer
         with tempfile.TemporaryDirectory() as d:
             entry = write_tokenizer(Path(loaded.source), Path(d))
             if entry is None:
                 raise EdgekvError(f"{loaded.source}: no tokenizer to read the text with")
-            bos = entry.get("bos_token_id") if entry.get("add_bos_token") else None
+            bos = (bos_prefix(entry) or [None])[0]
             return cls(Tokenizer.from_file(str(Path(d) / "tokenizer.json")), bos)
 
     def __call__(self, text: str) -> list[int]:
