@@ -183,11 +183,31 @@ def test_onnx_int4_blocks_carry_zero_points_and_int8_blocks_do_not(tiny, tiny_on
     nodes = [n for n in model.graph.node if n.op_type in zp_at]
     has_zp = [len(n.input) > zp_at[n.op_type] and bool(n.input[zp_at[n.op_type]]) for n in nodes]
     assert nodes and all(has_zp) if w == "int4" else not any(has_zp), (w, has_zp)
-    # blocks of 32, the output head (the MatMulNBits of N = vocab) in blocks of wquant.HEAD_GROUP
+    # blocks of 32; the output head (the MatMulNBits of N = vocab) in blocks of wquant.HEAD_GROUP when it holds more
+    # weights than the layers' matrices (the tiny Llama's head: vocab x hidden, the layers: its nn.Linear weights)
     attrs = [({a.name: a.i for a in n.attribute}) for n in nodes if n.op_type == "MatMulNBits"]
     heads = [a for a in attrs if a["N"] == tiny.args.vocab]
-    assert len(heads) == 1 and heads[0]["block_size"] == wquant.HEAD_GROUP[w]
+    lin, head = linear_params(tiny)
+    assert len(heads) == 1 and heads[0]["block_size"] == (wquant.HEAD_GROUP[w] if head > lin else wquant.GROUP)
     assert all(a["block_size"] == wquant.GROUP for a in attrs if a is not heads[0])
+
+
+def test_the_head_gets_its_own_blocks_only_where_it_outweighs_the_layers():
+    """Gemma-3-270M's head (262,144 x 640) holds more weights than its 18 layers' MLP matrices (and their attention
+    ones, 29.5M more); SmolLM2-135M's (49,152 x 576) fewer than its 30 layers' MLPs alone (hand arithmetic from the
+    published configs)."""
+    from onnx import TensorProto, helper
+
+    def graph(vocab, d, ffn, layers):
+        mats = [("h", d, vocab)] + [(f"l{i}_{k}", a, b) for i in range(layers)
+                                    for k, (a, b) in enumerate([(d, ffn), (d, ffn), (ffn, d)])]
+        inits = [TensorProto(name=n, data_type=TensorProto.FLOAT, dims=[a, b]) for n, a, b in mats]  # shapes only
+        nodes = [helper.make_node("MatMul", ["x", n], [f"y_{n}"], name=n) for n, _, _ in mats]
+        return helper.make_model(helper.make_graph(nodes, "g", [], [], inits))
+
+    entry = lambda v: {"outputs": [{"name": "logits", "shape": [1, "rows", v]}]}  # noqa: E731
+    assert wquant.output_heads(graph(262144, 640, 2048, 18), entry(262144)) == ["h"]  # 167.8M vs 70.8M
+    assert wquant.output_heads(graph(49152, 576, 1536, 30), entry(49152)) == []  # 28.3M vs 79.6M
 
 
 def test_quality_and_calibration_text_start_with_the_bos_a_model_is_run_with():

@@ -47,9 +47,10 @@ ORT_ACCURACY_LEVEL = 4  # MatMulNBits computes with int8 activations quantized p
 # scale and minimum), which a symmetric grid rounds twice as coarsely; on Gemma-3-270M's Q4_K_M weights symmetric int4
 # failed verify-quant and asymmetric passes, for about 6 % more time in the 262,144-row head (docs/export.md).
 ORT_SYMMETRIC = {"int8": True, "int4": False}
-# The output head (V x d, read in full every step) in int4 blocks of 64: MatMulNBits' per-block work, not only the
-# bytes, sets its time, and a large vocabulary makes the head a large part of a decode step (Gemma-3-270M: 262,144
-# rows); blocks of 64 cut its time by about a third for a small KL cost (docs/export.md#weight-quantization)
+# The output head (V x d, read in full every step) in int4 blocks of 64 when it holds more weights than every other
+# quantized matrix together (Gemma-3-270M: 262,144 x 640 against 18 layers of 640-wide blocks): MatMulNBits'
+# per-block work, not only the bytes, sets its time, and there blocks of 64 cut a large part of the step for a small
+# KL cost; where the head is the smaller part (SmolLM2-135M) they save little and cost more (docs/export.md)
 HEAD_GROUP = {"int8": 32, "int4": 64}
 GROUP = 32  # int4 block / group size (the runtimes' kernels and ExecuTorch's 8da4w recipe use 32..256)
 PTE_FP16 = ("fp16 weights are not supported for the pte format: XNNPACK's fp16 kernels need ARMv8.2 fp16 "
@@ -199,11 +200,15 @@ def _drop_unused(model, names: set) -> None:
 
 
 def output_heads(model, entry: dict) -> list[str]:
-    """The MatMul nodes whose constant B has the vocabulary's width (entry's logits: [.., V]): the output head."""
+    """The MatMul nodes whose constant B has the vocabulary's width (entry's logits: [.., V]): the output head; []
+    unless they hold more weights than the other constant MatMuls together (HEAD_GROUP's rule)."""
     vocab = entry["outputs"][0]["shape"][-1]
     inits = {i.name: i for i in model.graph.initializer}
-    return [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits
-            and len(inits[n.input[1]].dims) == 2 and inits[n.input[1]].dims[1] == vocab]
+    size = {n.name: int(np.prod(inits[n.input[1]].dims)) for n in model.graph.node
+            if n.op_type == "MatMul" and n.input[1] in inits and len(inits[n.input[1]].dims) == 2}
+    heads = [n.name for n in model.graph.node if n.name in size and inits[n.input[1]].dims[1] == vocab]
+    head = sum(size[h] for h in heads)
+    return heads if head > sum(size.values()) - head else []
 
 
 def untie_onnx_head(model) -> list[str]:
