@@ -28,6 +28,17 @@ def gguf_path() -> Path:
     return smollm2_gguf()
 
 
+def load_benchmark(name: str):
+    """benchmarks/NAME.py as a module, with benchmarks/ on sys.path (the scripts import each other)."""
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    if str(bench) not in sys.path:
+        sys.path.insert(0, str(bench))
+    spec = importlib.util.spec_from_file_location(name, bench / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def run_cli(*args, check=False, env=None):
     e = dict(os.environ)
     e.update(env or {})

@@ -1,7 +1,6 @@
 """benchmarks/decode_speed.py: its bytes-per-token arithmetic against the KV sizes llama.cpp itself prints for SmolLM2
 and against hand arithmetic, and the JSON of a tiny real run (transformers on the trained tiny llama fixture; peers
 that need a GGUF become error rows instead of stopping the run)."""
-import importlib.util
 import json
 import os
 import struct
@@ -12,13 +11,13 @@ import pytest
 
 from edgekv.arch import load_arch
 
+from conftest import load_benchmark
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "fixtures" / "tiny" / "llama"
 MIB = 2**20
 
-spec = importlib.util.spec_from_file_location("decode_speed", ROOT / "benchmarks" / "decode_speed.py")
-ds = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ds)
+ds = load_benchmark("decode_speed")
 
 
 def test_roofline_fraction_is_bytes_per_second_over_bandwidth():

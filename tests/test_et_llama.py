@@ -1,17 +1,14 @@
 """benchmarks/et_llama.py: the HF -> Meta checkpoint conversion that feeds ExecuTorch's own Llama export, checked by
 running the converted weights in ExecuTorch's eager Llama (examples/models/llama, the model export_llama traces)
 against transformers' LlamaForCausalLM on a tiny random Llama. No export here."""
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import load_benchmark
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-spec = importlib.util.spec_from_file_location("et_llama", ROOT / "benchmarks" / "et_llama.py")
-et = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(et)
+et = load_benchmark("et_llama")
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

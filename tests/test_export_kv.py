@@ -501,13 +501,8 @@ def test_running_an_onnx_export_needs_no_torch(tiny_export):
 
 
 def _profile_pte():
-    import importlib.util
-
-    root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("profile_pte", root / "benchmarks" / "profile_pte.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from conftest import load_benchmark
+    return load_benchmark("profile_pte")
 
 
 def test_profile_pte_sums_etdump_events_per_call_into_categories():

@@ -1,6 +1,5 @@
 """benchmarks/filled_context.py: the prompt that fills a context, the quality columns (KL and top-1 against the fp32
 model's logits, checked against hand arithmetic), the bytes a window row reads, the row selection and its bad input."""
-import importlib.util
 import math
 import subprocess
 import sys
@@ -9,13 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import load_benchmark
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "filled_context.py"
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
-spec = importlib.util.spec_from_file_location("filled_context", SCRIPT)
-fc = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(fc)
+fc = load_benchmark("filled_context")
 
 
 def test_the_prompt_fills_the_context_up_to_the_last_decode_step():

@@ -1,14 +1,12 @@
 """benchmarks/gpu_baseline.py on the CPU: the modules' parameters and state tensors hold exactly the bytes the planner
 counts for the same config and layout (on a GPU the same script compares torch.cuda.max_memory_allocated)."""
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
-spec = importlib.util.spec_from_file_location("gpu_baseline", Path(__file__).parent.parent / "benchmarks" / "gpu_baseline.py")
-gpu_baseline = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gpu_baseline)
+from conftest import load_benchmark
+
+gpu_baseline = load_benchmark("gpu_baseline")
 
 
 def test_planner_bytes_equal_the_tensors_the_modules_allocate(tmp_path):

@@ -1,5 +1,4 @@
 """benchmarks/profile_ort.py: an ONNX decode step taken apart by ONNX Runtime's own profiler, on a real export."""
-import importlib.util
 import json
 from pathlib import Path
 
@@ -7,13 +6,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from conftest import run_cli
+from conftest import load_benchmark, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "fixtures" / "tiny" / "llama"
-spec = importlib.util.spec_from_file_location("profile_ort", ROOT / "benchmarks" / "profile_ort.py")
-po = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(po)
+po = load_benchmark("profile_ort")
 
 
 def test_kernel_time_is_summed_per_op_type_over_the_last_runs_by_hand():

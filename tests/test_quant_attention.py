@@ -3,21 +3,11 @@ the cache it is given (checked against numpy / torch attention over the dequanti
 what each runtime can read compares kernels that do the same work; the int4 layout ONNX Runtime's GQA reads (two
 codes per byte, low nibble first, value + 8) is pinned here."""
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from conftest import load_benchmark as load
 
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 ARGS = argparse.Namespace(heads=9, kv_heads=3, head_dim=64, threads=1, runs=1)

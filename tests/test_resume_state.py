@@ -1,19 +1,16 @@
 """benchmarks/resume_state.py: the P / Q split that tokenizes as P then Q (a tokenizer with a SentencePiece-style
 dummy prefix makes a naive split unstable: the split must move back to a space), the ratios against hand arithmetic,
 the refusal check and the row selection."""
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import load_benchmark
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "resume_state.py"
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
-spec = importlib.util.spec_from_file_location("resume_state", SCRIPT)
-rs = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(rs)
+rs = load_benchmark("resume_state")
 
 
 class Enc:

@@ -2,17 +2,16 @@
 recipe costs quality. Its blocks must be the ones ONNX Runtime's own quantizer writes: a MatMul over a random matrix,
 quantized by MatMulNBitsQuantizer (fp32 activations, accuracy_level 0) and fed the identity, returns the dequantized
 matrix, which q_block must reproduce."""
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from conftest import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("wquant_recipe", ROOT / "benchmarks" / "wquant_recipe.py")
-wr = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(wr)
+wr = load_benchmark("wquant_recipe")
 
 
 def ort_dequantized(w: np.ndarray, bits: int, symmetric: bool) -> np.ndarray:
