@@ -269,7 +269,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        child_main(decode_speed.child_spec(sys.argv[2]))
-    else:
-        main()
+    decode_speed.entry(main, child_main)

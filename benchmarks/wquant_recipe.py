@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -230,4 +231,7 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(HERE))
+    from speed_child import entry  # edgekv's errors (an unknown --model, too many --tokens) as one line, exit 2
+
+    entry(main, lambda _spec: sys.exit("wquant_recipe.py runs no child rows"))

@@ -221,10 +221,11 @@ def recall_point(p: dict, run: int | None = None) -> str:
 
 def recall_lines(c: Console, rec: dict, runs: dict) -> None:
     """The stored recall-vs-distance curve of a row's strategy and the fp32 cache's (edgekv.measured.curves), each
-    point with the [n] of the run that measured it; runs: {"files": {file: (trained_ctx, source)}, command: (n,
-    point)}, filled here, printed once after every row (recall_runs)."""
+    point with the [n] of the run that measured it; runs: {"files": {file: (trained_ctx, source)}, "commands":
+    {command: (n, point)}}, filled here, printed once after every row (recall_runs)."""
     from rich.markup import escape
     runs.setdefault("files", {})[rec["file"]] = (rec.get("trained_ctx"), rec.get("trained_from"))
+    commands = runs.setdefault("commands", {})
     curves = [(rec["label"], rec["points"])]
     if rec.get("reference"):
         ref = rec["reference"]["label"]
@@ -233,9 +234,9 @@ def recall_lines(c: Console, rec: dict, runs: dict) -> None:
         cells = []
         for p in pts:
             key = p.get("command")
-            if key and key not in runs:
-                runs[key] = (len(runs), p)
-            cells.append(recall_point(p, runs[key][0] if key else None))
+            if key and key not in commands:
+                commands[key] = (len(commands) + 1, p)
+            cells.append(recall_point(p, commands[key][0] if key else None))
         c.print(("  recall   " if i == 0 else "           ") + f"{escape(label)}: " + " · ".join(cells))
     if rec.get("note"):
         c.print(f"           note: {escape(rec['note'])}")
@@ -253,10 +254,7 @@ def recall_runs(c: Console, runs: dict) -> None:
             "runs past the trained context:")
     for f, (tc, src) in files.items():
         c.print(f"  {escape(f)}" + (f" (trained at {tc:,}, {escape(str(src))})" if tc else ""))
-    for cmd, v in runs.items():
-        if cmd == "files":
-            continue
-        n, p = v
+    for cmd, (n, p) in runs.get("commands", {}).items():
         wall = f"{p['seconds']:,.0f} s wall" if isinstance(p.get("seconds"), (int, float)) else "time not recorded"
         load = f", load average {p['load_average']:g}" if isinstance(p.get("load_average"), (int, float)) else ""
         c.print(f"  [{n}] {p.get('date')}, {wall}{load}: {escape(cmd)}")

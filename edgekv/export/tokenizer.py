@@ -80,8 +80,8 @@ def _from_gguf(path: Path, out_dir: Path) -> dict:
 def bos_prefix(entry: dict | None) -> list[int]:
     """[bos id] when the model's tokenizer puts one before every text (GGUF tokenizer.ggml.add_bos_token, as Gemma 3's
     does), else []. What `edgekv run` feeds first (generate.py), so verify-quant and kv-int8c's calibration read their
-    text as the model is run: Gemma-3-270M without its BOS turns its first text token into the attention sink, and
-    its int4 weights then measure about twice the KL against fp32 (benchmarks/README.md, filled_context)."""
+    text as the model is run: without it Gemma 3 reads its first text token as it never does in use, and its int4
+    weights measure far worse against fp32 there (docs/export.md#weight-quantization)."""
     if entry and entry.get("add_bos_token") and entry.get("bos_token_id") is not None:
         return [int(entry["bos_token_id"])]
     return []

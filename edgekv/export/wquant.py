@@ -44,8 +44,8 @@ WEIGHTS = ("fp32", "fp16", "int8", "int4")
 BITS = {"fp32": 32, "fp16": 16, "int8": 8, "int4": 4}
 ORT_ACCURACY_LEVEL = 4  # MatMulNBits computes with int8 activations quantized per block (ORT GenAI's CPU setting)
 # int4 blocks carry a zero point (uint4) beside the scale: the GGUFs edgekv reads store asymmetric blocks (Q4_1, Q4_K:
-# scale and minimum), which a symmetric grid rounds twice as coarsely; on Gemma-3-270M's Q4_K_M weights symmetric int4
-# failed verify-quant and asymmetric passes, for about 6 % more time in the 262,144-row head (docs/export.md).
+# scale and minimum), which a symmetric grid fits worse; on Gemma-3-270M's Q4_K_M weights symmetric int4 failed
+# verify-quant and asymmetric passes (the measurements: docs/export.md#weight-quantization).
 ORT_SYMMETRIC = {"int8": True, "int4": False}
 # The output head (V x d, read in full every step) in int4 blocks of 64 when it holds more weights than every other
 # quantized matrix together (Gemma-3-270M: 262,144 x 640 against 18 layers of 640-wide blocks): MatMulNBits'
@@ -286,16 +286,17 @@ def quantize_onnx(src: Path, dst: Path, weights: str, entry: dict) -> dict:
                 # quantizer has no 8-bit Gather, so int8 keeps a fp32 table.
                 ops = ("MatMul", "Gather") if bits == 4 else ("MatMul",)
                 heads = output_heads(model, entry) if HEAD_GROUP[weights] != GROUP else []
-                for block, only, skip in ((GROUP, None, heads), (HEAD_GROUP[weights], heads, None)):
-                    if only == []:
-                        continue
-                    q = MatMulNBitsQuantizer(model, bits=bits, block_size=block,
-                                             is_symmetric=ORT_SYMMETRIC[weights], accuracy_level=ORT_ACCURACY_LEVEL,
-                                             op_types_to_quantize=ops if only is None else ("MatMul",),
-                                             quant_axes=(("MatMul", 0), ("Gather", 1)), nodes_to_include=only,
-                                             nodes_to_exclude=skip)
+
+                def nbits(m, block: int, op_types, **which):
+                    q = MatMulNBitsQuantizer(m, bits=bits, block_size=block, is_symmetric=ORT_SYMMETRIC[weights],
+                                             accuracy_level=ORT_ACCURACY_LEVEL, op_types_to_quantize=op_types,
+                                             quant_axes=(("MatMul", 0), ("Gather", 1)), **which)
                     q.process()
-                    model = q.model.model
+                    return q.model.model
+
+                model = nbits(model, GROUP, ops, nodes_to_exclude=heads)
+                if heads:  # the head in its own blocks, a second pass over it alone
+                    model = nbits(model, HEAD_GROUP[weights], ("MatMul",), nodes_to_include=heads)
                 save_onnx(model, dst)
                 tool = (f"onnxruntime.quantization.MatMulNBitsQuantizer(bits {bits}, block {GROUP}"
                         f"{f' (the output head {HEAD_GROUP[weights]})' if heads else ''}, "
