@@ -256,6 +256,7 @@ def main(argv=None) -> int:
     if a.export_only:
         return 0
     key = lambda r: (r["strategy"], r["runtime"], r["ctx"])  # noqa: E731
+    old = None
     if a.json_out and Path(a.json_out).is_file():  # keep the rows of earlier (partial) runs this one did not redo
         old = json.loads(Path(a.json_out).read_text())
         done = {key(r) for r in rows + failed}
@@ -310,7 +311,14 @@ def main(argv=None) -> int:
     print(f"({time.perf_counter() - t0:.0f} s)")
     if a.json_out:
         Path(a.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json_out).write_text(json.dumps({"rows": rows, "failed": failed, "ssm_flat_pct": flat}, indent=2))
+        # what else the file says (how it was run, derived figures) stays; a rerun's rows may make it stale, so the
+        # keys kept are named on stderr
+        kept = {k: v for k, v in old.items() if k not in ("rows", "failed", "ssm_flat_pct")} if old else {}
+        if kept:
+            print(f"kept from {a.json_out}: {', '.join(kept)} (update them if this run changed what they say)",
+                  file=sys.stderr)
+        Path(a.json_out).write_text(json.dumps({**kept, "rows": rows, "failed": failed, "ssm_flat_pct": flat},
+                                               indent=2))
     return 0
 
 

@@ -173,17 +173,18 @@ def child_bandwidth(spec: dict) -> dict:
 
 
 def child_hf_folder(spec: dict) -> dict:
-    """An HF safetensors folder of the GGUF's weights, for GenAI's builder: transformers dequantizes the GGUF into
-    LlamaForCausalLM but cannot save_pretrained that model, so its weights are copied into a plain one first."""
+    """An HF safetensors folder of the GGUF's weights, for GenAI's builder: transformers dequantizes the GGUF into the
+    family's own class (LlamaForCausalLM for SmolLM2, Gemma3ForCausalLM for Gemma 3: the class the reference logits
+    come from) but cannot save_pretrained that model, so its weights are copied into a plain one of that class first."""
     import torch
     import transformers
 
     torch.set_num_threads(1)
     p, out = Path(spec["model_path"]), Path(spec["out"])
-    loaded = transformers.LlamaForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32)
     config = loaded.config.to_dict()
     config.pop("quantization_config", None)  # else the builder refuses it as "a gguf quantized model"
-    plain = transformers.LlamaForCausalLM(transformers.LlamaConfig.from_dict(config)).to(torch.float32)
+    plain = type(loaded)(type(loaded.config).from_dict(config)).to(torch.float32)
     plain.load_state_dict(loaded.state_dict())
     tok = transformers.AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
     tmp = out.with_name(out.name + ".tmp")

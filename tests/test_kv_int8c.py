@@ -166,9 +166,9 @@ def test_kv_int8c_takes_no_parameters_and_refuses_a_recurrent_model():
 
 
 def test_gemma3_rings_and_global_layers_both_take_kv_int8c(tmp_path):
-    """A tiny Gemma 3 (transformers' Gemma3TextConfig; sliding windows of 8 that roll within max_ctx 64): its global
-    layer attends through GroupQueryAttention's int8 cache, its sliding layers through the eager graph over the same
-    static-scale codes (calibrated in one call through the rings too); the export's own verification (ONNX Runtime
+    """A tiny Gemma 3 (transformers' Gemma3TextConfig; sliding windows of 8 that roll within max_ctx 64): every layer
+    attends through GroupQueryAttention's int8 cache with the same static-scale codes (calibrated in one call through
+    the eager rings), the sliding ones with the op's window-sized cache; the export's own verification (ONNX Runtime
     against the eager module over a prompt and decode steps past the window) passes, and the logits stay near
     transformers' fp32 model."""
     from test_families import hf_logits
@@ -183,7 +183,8 @@ def test_gemma3_rings_and_global_layers_both_take_kv_int8c(tmp_path):
             "--prefill-chunk", "8", "--out", out, "--threads", "1", check=True)
     m = load_export(out)
     art = m["artifacts"][0]
-    assert art["attention"] == "com.microsoft.GroupQueryAttention" and not art.get("state_in_place")
+    assert art["attention"] == "com.microsoft.GroupQueryAttention" and art["state_in_place"]
+    assert art["sliding_window_cache"]
     assert m["verification"]["onnx"]["passed"] and m["verification"]["onnx"]["top1_agreement"] >= 0.95
     prompt = [5, 9, 33, 12, 40, 7, 21, 3, 18, 50, 11]
     tokens, ours = greedy_rows(OrtStepper(m, out), prompt, 30)

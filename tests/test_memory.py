@@ -161,13 +161,14 @@ def test_gemma_peaks_while_loading_at_every_context_and_its_calls_grow_with_the_
         assert b["weights"] + b["state"] + b["workspace"] == b["weights"] + GEMMA_TABLE
         step = d.workspace.parts["step"]
         assert step < GEMMA_TABLE - b["state"] == d.workspace.parts["load"]  # the load is the larger, here
-        # a call ends with the feed and ORT's outputs: the global layers are GroupQueryAttention nodes (one more
-        # copy: their present), the sliding layers the explicit graph (two more: edgekv/costs/workspace.json)
-        glob, slid = 3 * 2 * 256 * ctx * 4, 15 * 2 * 256 * 512 * 4
-        assert step == glob + 2 * slid + 262144 * 4  # + one row of logits
+        # every layer is a GroupQueryAttention node writing its state in place (the sliding ones with the op's
+        # window-sized cache): a 128-token call holds its activations (4 x hidden + q/k/v + 3 x mlp width, fp32), one
+        # [H, C, T] probability buffer of the widest layer (a global one, T = ctx) and one row of logits
+        act = 128 * (4 * 640 + (4 + 2) * 256 + 3 * 2048) * 4
+        assert step == act + 4 * 128 * ctx * 4 + 262144 * 4
         calls = b["weights"] + b["state"] + step
         if prev is not None:
-            # grows by the global layers' new slots (and their scores/masks), never by a sliding layer's
+            # grows by the global layers' new slots (and their scores), never by a sliding layer's
             assert calls - prev[1] > b["state"] - prev[0] == 3 * 2 * 256 * 4 * (ctx - prev[2])
         prev = (b["state"], calls, ctx)
     # its .pte: custom_sdpa on the global layers tiles its scores, so only the sliding layers' [H, C, 512 + C] are
@@ -181,7 +182,10 @@ def test_the_gemma_rows_measured_beside_the_plan():
     """benchmarks/results/plan_accuracy_gemma3_270m.json (edgekv profile of the real GGUF's ONNX export, kv fp32):
     the plan recomputed here from the catalog's shapes (the GGUF header's) is within 10 % of every row's measured
     peak, and where the row measured the calls' peak apart from the load's (edgekv.profile.child calls_peak), within
-    10 % of that too; the prompt filled the context (prompt tokens = ctx - 8 decode steps)."""
+    10 % of that too where the prompt filled the export's cache (prompt tokens = ctx - 8 decode steps). A 32k export
+    filled to 1k or 8k writes its state in place, so only the filled rows' pages become resident: there the plan,
+    which reserves the whole cache, may be above the measurement by the unfilled part of the global layers' state
+    (3 layers x K and V x 256 x 4 B per slot), and no more than 10 % beyond that."""
     import json
 
     from edgekv.plan import deployment
@@ -199,7 +203,8 @@ def test_the_gemma_rows_measured_beside_the_plan():
         if calls:
             calls_rows += 1
             pc = b["weights"] + b["state"] + d.workspace.parts["step"] + b["load"]
-            if abs(calls - pc) / pc > 0.10:
+            unfilled = 3 * 2 * 256 * 4 * (r.get("max_ctx", r["ctx"]) - r["ctx"])
+            if calls - pc > 0.10 * pc or pc - calls > unfilled + 0.10 * pc:
                 off.append(f"{r['strategy']} {r['ctx']}: calls {100 * (calls - pc) / pc:+.1f} %")
     assert not off, off
     assert {r["ctx"] for r in rows if "max_ctx" not in r} >= {1024, 8192, 32768}

@@ -246,21 +246,27 @@ def test_smollm2_window_64_plus_4_follows_transformers_with_the_mask_over_200_to
     assert (full - want)[100:].abs().max() > 10 * diff  # past W + S the window is another computation
 
 
-@pytest.mark.parametrize("kind,sliding_window,strategy,want", [
-    ("llama", None, "kv", True),  # every layer one slot per position, float cache
-    ("llama", None, "kv:dtype=fp32", True),
-    ("llama", None, "kv-int8", False),  # GroupQueryAttention has no quantized cache (the .pte reads it back)
-    ("llama", None, "kv-int4:group=4", False),
-    ("llama", None, "window:w=16,sinks=4", False),  # rolling layers
-    ("llama", None, "window:w=64,sinks=4", True),  # W + S covers max_ctx 64: a slot per position, a plain cache
-    ("qwen2", 16, "kv", False),  # layer 1 slides, layer 0 does not: not fused at all (state_in_place is all or none)
-    ("mistral", 16, "kv", False),
+@pytest.mark.parametrize("kind,sliding_window,strategy,want,want_rolling_pte", [
+    ("llama", None, "kv", True, None),  # every layer one slot per position, float cache
+    ("llama", None, "kv:dtype=fp32", True, None),
+    ("llama", None, "kv-int8", False, None),  # per-token scales: GroupQueryAttention cannot read them (the .pte can)
+    ("llama", None, "kv-int4:group=4", False, None),
+    ("llama", None, "kv-int8c", True, False),  # static scales: GroupQueryAttention reads the codes; no .pte kernel
+    ("llama", None, "window:w=16,sinks=4", False, None),  # rolling layers under the window strategy
+    ("llama", None, "window:w=64,sinks=4", True, None),  # W + S covers max_ctx 64: a slot per position
+    # native sliding windows of 16 slots: ONNX Runtime's window-sized GroupQueryAttention cache takes them (layer 1
+    # of qwen2 slides, layer 0 does not; every mistral layer slides); ExecuTorch's custom_sdpa does not
+    ("qwen2", 16, "kv", True, False),
+    ("mistral", 16, "kv", True, False),
+    ("mistral", 16, "kv-int8c", True, False),
+    ("mistral", 16, "kv-int8", False, False),
+    ("mistral", 16, "window:w=8,sinks=2", False, False),  # the strategy's window over the model's: eager
 ])
 def test_the_export_module_and_the_planner_agree_on_which_caches_run_through_gqa(tmp_path, kind, sliding_window,
-                                                                                strategy, want):
+                                                                                strategy, want, want_rolling_pte):
     """Llama.fusable() decides the ONNX graph (and the manifest's state_in_place); memory.fused_gqa decides what the
-    planner predicts for it. The cases are written out by hand from the rule: a float cache with one slot per
-    position in every layer."""
+    planner predicts for it. The cases are written out by hand from the rule: a float cache (or static-scale int8
+    codes) with one slot per position, or exactly the layer's native sliding window, in every layer."""
     from edgekv.memory import fused_gqa
 
     tiny_hf(tmp_path, kind, sliding_window=sliding_window)
@@ -268,6 +274,6 @@ def test_the_export_module_and_the_planner_agree_on_which_caches_run_through_gqa
     assert loaded.module.fusable() == want
     assert fused_gqa(loaded.arch, loaded.layout, parse_strategy(strategy), "onnxruntime") == want
     # the .pte's rule (Llama.pte_in_place): also a quantized cache, its written rows read back dequantized
-    want_pte = want or strategy.startswith("kv-int")
+    want_pte = (want or strategy.startswith("kv-int")) if want_rolling_pte is None else want_rolling_pte
     assert loaded.module.pte_in_place() == want_pte
     assert fused_gqa(loaded.arch, loaded.layout, parse_strategy(strategy), "executorch") == want_pte

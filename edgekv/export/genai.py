@@ -73,7 +73,8 @@ def write_config(folder: Path, args, layout, tok: dict, max_ctx: int, fused: boo
     if tok is None:
         raise EdgekvError("GenAI needs a tokenizer: this model folder has no tokenizer.json")
     if not fused:
-        raise EdgekvError("GenAI needs the fused GroupQueryAttention graph (a plain float cache)")
+        raise EdgekvError("GenAI needs the fused GroupQueryAttention graph with one slot per position in every layer "
+                          "(a plain float cache, no sliding-window layer: GenAI sizes every layer's cache itself)")
     eos = list(tok["eos_token_ids"])
     cfg = {
         "model": {

@@ -154,12 +154,13 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
         entries["pte"] = [et_runner.entry_point(args.vocab, chunk)]
     with st.stage("trace", ", ".join(f"{f}:{e['name']}" for f in opts.formats for e in entries[f])):
         eps = {}
-        fused = any_fused = False
+        fused = any_fused = window_cache = False
         if "onnx" in opts.formats:
             # the layers ONNX Runtime's GroupQueryAttention serves, swapped (edgekv.models.swaps); the state is
             # written in place (fused) when every layer is
             onnx_module, swapped = for_runtime(module, "onnxruntime")
             fused, any_fused = bool(swapped) and all(swapped), any(swapped)
+            window_cache = any(getattr(m, "window", None) for m in onnx_module.modules())
             if "genai" in opts.runners:
                 eps["onnx:forward"] = genai.trace(onnx_module, opts.max_ctx)
             else:
@@ -187,13 +188,15 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
                    "opset": to_onnx.opset(model), "entry_points": entries["onnx"]}
             if any_fused:
                 art["attention"] = "com.microsoft.GroupQueryAttention"
+            if window_cache:  # the sliding layers' rows in GroupQueryAttention's own order (the schema says which)
+                art["sliding_window_cache"] = True
             if fused:  # present.* may be bound to past.*'s buffers: the nodes write the new rows in place
                 art["state_in_place"] = True
             art["external_data"] = to_onnx.EXTERNAL_DATA
             from .runners import EDGEKV, GENAI
             art["runners"] = [EDGEKV]
             if "genai" in opts.runners:  # genai_config.json + tokenizer_config.json beside the graph
-                written = genai.write_config(tmp, args, layout, tok_entry, opts.max_ctx, fused)
+                written = genai.write_config(tmp, args, layout, tok_entry, opts.max_ctx, fused and not window_cache)
                 art["runners"].append(GENAI)
                 art["runner_files"] = [to_onnx.EXTERNAL_DATA, *written, tok_entry["file"]]
             artifacts.append(art)

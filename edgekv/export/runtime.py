@@ -74,6 +74,8 @@ class OrtStepper(Stepper):
         self.in_names = [i["name"] for i in ep["inputs"]]
         self.out_names = [o["name"] for o in ep["outputs"]]
         self.ort, self.in_place = ort, bool(a.get("state_in_place"))
+        # the sliding layers' rows in GroupQueryAttention's window order, not the eager ring's (manifest schema)
+        self.window_order = bool(a.get("sliding_window_cache"))
         # a graph for ONNX Runtime GenAI (--runner genai) takes input_ids and attention_mask instead of tokens and pos
         self.genai_io = self.in_names[:2] == ["input_ids", "attention_mask"]
         super().__init__(manifest)

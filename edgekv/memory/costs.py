@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ..arch import Arch
+from ..arch.types import Attention
 from ..models import fused_attention_type  # the family registry (torch-free)
 from ..strategies import StateLayout, Strategy
 
@@ -53,8 +54,8 @@ def fused_gqa(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str)
     """Whether edgekv's export of this (model, strategy) for this runtime attends through a fused op in place
     (ONNX Runtime's GroupQueryAttention, ExecuTorch's custom_sdpa): a float cache with one slot per position in
     every layer (`kv`, or a window that covers the context) of a model whose family attends through the fused op
-    (edgekv.models.FAMILIES: fused_attention) with no rolling (native sliding)
-    layer; for ExecuTorch also a quantized cache
+    (edgekv.models.FAMILIES: fused_attention); for ONNX Runtime also a layer that keeps exactly its native sliding
+    window (a window-sized GroupQueryAttention cache); for ExecuTorch also a quantized cache
     (kv-int8/int4/int2), whose written rows it dequantizes for custom_sdpa (edgekv.models.llama
     Llama.pte_in_place, the same rule). A window whose W + S covers the context keeps a slot per position: a plain
     cache (its measurement: edgekv/costs/workspace.json fused.onnxruntime)."""
@@ -62,7 +63,16 @@ def fused_gqa(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str)
         return False
     if not strategy.fused_attention(runtime):
         return False
-    return all(t.shape[2] == layout.ctx for t in layout.tensors if t.role == "key")
+    return all(t.shape[2] == layout.ctx or (runtime == "onnxruntime" and _native_window(arch, strategy, t))
+               for t in layout.tensors if t.role == "key")
+
+
+def _native_window(arch: Arch, strategy: Strategy, key) -> bool:
+    """A key cache of exactly its layer's native sliding window, with no window strategy over it: ONNX Runtime's
+    GroupQueryAttention keeps it as a window-sized cache (edgekv.models.swaps, _native_window: the same rule)."""
+    windows = [m.window for b in arch.blocks for m in b.mixers if isinstance(m, Attention)]
+    return (strategy.recent_tokens is None and key.layer < len(windows)
+            and windows[key.layer] is not None and key.shape[2] == windows[key.layer])
 
 
 def _traits(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str) -> dict:

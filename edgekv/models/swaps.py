@@ -5,15 +5,19 @@ other layers keep the eager Attention (edgekv.models.attention). The eager model
 serve as the reference a trace is verified against.
 
   onnxruntime   GQAAttention: ONNX Runtime's com.microsoft::GroupQueryAttention (the op ONNX Runtime GenAI's models
-                use), on a float cache, or a static-scale int8 one (kv-int8c), with one slot per position. Every RMSNorm becomes OnnxRMSNorm, the form ORT
-                fuses into SimplifiedLayerNormalization.
+                use), on a float cache, or a static-scale int8 one (kv-int8c), with one slot per position or a
+                native sliding window (below). Every RMSNorm becomes OnnxRMSNorm, the form ORT fuses into
+                SimplifiedLayerNormalization.
   executorch    SdpaAttention: ExecuTorch's llama::custom_sdpa (its LLM custom ops, as ExecuTorch's own Llama
                 export), on a float or quantized cache with one slot per position.
 
-A layer with a rolling cache (the window strategy, native sliding-window layers) keeps the eager path, so a model
-with sliding-window layers (Gemma 3) gets the fused op on its global layers only. The state is written in place
-(the manifest's state_in_place) only when every layer is swapped: an eager layer's outputs are computed from its
-inputs and must not be bound to the same buffers.
+A native sliding-window layer (Gemma 3's local layers, Mistral's) whose cache is exactly its window goes to
+GroupQueryAttention too on ONNX Runtime, with the op's window-sized cache (sliding_window_cache, ONNX Runtime 1.32's
+contract): the op keeps the newest positions contiguously at rows [0, L) and evicts itself, so that layer's state
+rows are in the op's order, not the eager ring's (slot = position mod W); the logits are the same. A layer under the
+window strategy (sinks, a window narrower than the model's) and every rolling layer on ExecuTorch keep the eager
+path. The state is written in place (the manifest's state_in_place) only when every layer is swapped: an eager
+layer's outputs are computed from its inputs and must not be bound to the same buffers.
 
 Adding a runtime's attention: a subclass of Attention with its forward (same signature), and a Swap in SWAPS[runtime]
 (when it applies to a layer, how to make it from the eager layer and the per-model constants); the first Swap whose
@@ -72,7 +76,11 @@ class GQAAttention(Attention):
     (past_present_share_buffer), otherwise it copies the past into the present first. q, k and v come from one
     matmul (qkv_proj: their weights stacked). q/k/v go in as the cache dtype (the op takes one dtype), so a fp16 cache
     also rounds q and the attention output to fp16. rope: None, or Constants with cos, sin [max_ctx, D/2], with
-    which the op rotates q and k itself (do_rotary)."""
+    which the op rotates q and k itself (do_rotary). window: None, or a native sliding window W whose layer keeps a
+    cache of exactly W slots: the op attends to the last W positions (local_window_size W: a query sees itself and
+    the W - 1 before it, as q - k < W in transformers) and manages the W rows itself (sliding_window_cache 1)."""
+
+    window = None
 
     def forward(self, x, cos, sin, k_state, v_state, call: Call):
         import torch.onnx.ops  # noqa: F401 (torch.onnx loads its submodules lazily)
@@ -93,6 +101,8 @@ class GQAAttention(Attention):
             parts = qkv.split([self.h * self.dh, self.hkv * self.dh, self.hkv * self.dh], dim=-1)
             q, k, v = self._rotated(*parts, cos, sin)
             inputs = [*(t.reshape(1, c, -1).to(io) for t in (q, k, v)), k_cache, v_cache, *lens]
+        if self.window is not None:
+            attrs.update(local_window_size=self.window, sliding_window_cache=1)
         if static:  # inputs 12, 13: k_scale, v_scale [1, Hkv, 1, D], after cos/sin, position_ids, bias, head_sink
             inputs += [None] * (12 - len(inputs))
             inputs += [self.kv_scale[0].reshape(1, self.hkv, 1, self.dh), self.kv_scale[1].reshape(1, self.hkv, 1, self.dh)]
@@ -215,6 +225,7 @@ def _gqa_make(at, rope):
             qkv.bias.copy_(torch.cat([p.bias for p in parts]))
     new.qkv_proj = qkv
     new.rope = rope
+    new.window = at.cache.size if at.cache.rolling else None
     return new
 
 
@@ -253,9 +264,16 @@ def _one_slot_per_position(at: Attention) -> bool:
     return at.cache is not None and not at.cache.rolling
 
 
+def _native_window(at: Attention) -> bool:
+    """A rolling layer that is exactly the model's own sliding window: no sinks, no window strategy over it, as many
+    slots as the window (edgekv.models.cache.layer_caches); GroupQueryAttention's window-sized cache serves it."""
+    c = at.cache
+    return c is not None and c.rolling and c.sinks == 0 and c.window is None and c.native == c.size
+
+
 SWAPS: dict[str, list[Swap]] = {
-    "onnxruntime": [Swap(lambda at: _one_slot_per_position(at) and (at.fmt.bits is None or at.fmt.static),
-                         _gqa_make, _gqa_setup)],
+    "onnxruntime": [Swap(lambda at: (_one_slot_per_position(at) or _native_window(at))
+                         and (at.fmt.bits is None or at.fmt.static), _gqa_make, _gqa_setup)],
     # a static-scale int8 cache (kv-int8c) has no ExecuTorch kernel: the .pte keeps the eager layer
     "executorch": [Swap(lambda at: _one_slot_per_position(at) and not at.fmt.static, _sdpa_make, _sdpa_setup)],
 }
