@@ -320,7 +320,7 @@ class Work:
             tmp = folder.with_name(folder.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             self.log(f"  building the GenAI {precision} model ...")
-            cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(tmp),
+            cmd = [sys.executable, "-c", GENAI_BUILDER, "-i", str(hf), "-o", str(tmp),
                    "-p", precision, "-e", "cpu", "-c", str(self.root / "genai" / "cache"),
                    "--extra_options", "hf_token=false"]
             env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
@@ -329,6 +329,35 @@ class Work:
                 raise RuntimeError(f"GenAI builder failed: {_last_line(p.stderr) or p.returncode}")
             tmp.rename(folder)
         return self._once(f"genai-{precision}", folder, build)
+
+
+def builder_config(c):
+    """A transformers config as ONNX Runtime GenAI's builder (0.18) reads it: transformers 5 nests Gemma 3's RoPE per
+    layer type (rope_parameters {"full_attention": {...}, "sliding_attention": {...}}), where the builder's Gemma 3
+    path wants rope_parameters["rope_type"] / ["rope_theta"] and config.rope_local_base_freq. The global layers' entry
+    is lifted to the top and the sliding layers' theta set as rope_local_base_freq; a config without that nesting is
+    returned as it is."""
+    rp = getattr(c, "rope_parameters", None)
+    if isinstance(rp, dict) and "rope_type" not in rp and "full_attention" in rp and "sliding_attention" in rp:
+        c.rope_parameters = {**rp, **rp["full_attention"]}
+        c.rope_local_base_freq = rp["sliding_attention"]["rope_theta"]
+    return c
+
+
+def genai_builder_main(argv: list[str]) -> None:
+    """`python -m onnxruntime_genai.models.builder ARGV`, each config it loads passed through builder_config."""
+    import runpy
+
+    import transformers
+
+    load = transformers.AutoConfig.from_pretrained
+    transformers.AutoConfig.from_pretrained = lambda *a, **k: builder_config(load(*a, **k))
+    sys.argv = ["builder", *argv]
+    runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__")
+
+
+GENAI_BUILDER = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import speed_child; "
+                 "speed_child.genai_builder_main(sys.argv[1:])")
 
 
 def child_spec(arg: str) -> str:

@@ -124,3 +124,21 @@ def test_a_child_spec_larger_than_one_argument_reaches_the_child_whole(tmp_path)
     ids = list(range(100_000, 132_768))  # 32,768 six-digit ids: ~262 KB of JSON
     assert len(json.dumps(ids)) > 128 * 1024
     assert ds.run_child({"kind": "x", "ids": ids}, 60, script=str(script)) == {"n": 32768, "last": 132767}
+
+
+def test_genai_builder_reads_gemma_3s_rope_as_its_gemma_3_path_wants_and_other_configs_unchanged():
+    """transformers 5 nests Gemma 3's RoPE per layer type; ONNX Runtime GenAI's builder (0.18) reads a flat
+    rope_parameters and rope_local_base_freq (Gemma-3-270M's published config: 1e6 global, 1e4 sliding)."""
+    import transformers
+
+    from speed_child import builder_config
+
+    g = builder_config(transformers.Gemma3TextConfig(rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}))
+    assert g.rope_parameters["rope_type"] == "default" and g.rope_parameters["rope_theta"] == 1_000_000.0
+    assert g.rope_local_base_freq == 10_000.0
+    assert g.rope_parameters["sliding_attention"]["rope_theta"] == 10_000.0  # what transformers reads stays
+    llama = transformers.LlamaConfig(rope_parameters={"rope_type": "default", "rope_theta": 10_000.0})
+    before = dict(llama.rope_parameters)
+    assert builder_config(llama).rope_parameters == before and not hasattr(llama, "rope_local_base_freq")
