@@ -166,7 +166,6 @@ def child_genai(spec: dict) -> dict:
 
     r = _forced(lambda ids: run(ids), lambda t, pos: run([t]), spec["ids"], spec["n_prompt"], spec["new_tokens"],
                 spec["logits_out"])
-    r["prompt_chunk"] = GENAI_CHUNK
     return {"baseline": baseline, **r}
 
 
@@ -373,7 +372,7 @@ def main(argv=None) -> dict:
                            "prompt": "first tokens of edgekv.analyze.run.default_text() (Python docs); the decode "
                                      "steps are fed the text's next tokens",
                            "threads": a.threads, "repeats": a.repeats, "quick": a.quick, "only": a.only,
-                           "order": "the repeats go round the rows",
+                           "order": "the repeats go round the rows", "genai_prompt_chunk": GENAI_CHUNK,
                            "quality": "KL(fp32 || row) mean over the new positions, natural log; top-1 agreement; "
                                       "fp32 = transformers (LlamaForCausalLM, Gemma3ForCausalLM) from the same GGUF"},
               "bandwidth": {}, "rows": []}

@@ -142,3 +142,34 @@ def test_genai_builder_reads_gemma_3s_rope_as_its_gemma_3_path_wants_and_other_c
     llama = transformers.LlamaConfig(rope_parameters={"rope_type": "default", "rope_theta": 10_000.0})
     before = dict(llama.rope_parameters)
     assert builder_config(llama).rope_parameters == before and not hasattr(llama, "rope_local_base_freq")
+
+
+@pytest.mark.skipif(not os.uname().sysname == "Linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_row_process_dies_with_the_benchmark_that_started_it(tmp_path):
+    """A benchmark stopped from outside (kill) must not leave its row's child running for up to its timeout."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pidfile = tmp_path / "child.pid"
+    child = tmp_path / "child.py"
+    child.write_text(f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c",
+                               f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import speed_child; "
+                               f"speed_child.run_child({{'kind': 'x'}}, 120, script={str(child)!r})"])
+    for _ in range(200):
+        if pidfile.is_file() and pidfile.read_text():
+            break
+        time.sleep(0.05)
+    pid = int(pidfile.read_text())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail("the row's child outlived the benchmark that started it")

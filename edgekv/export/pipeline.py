@@ -131,7 +131,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
     # length.
     # each attention layer ExecuTorch's custom_sdpa serves is swapped for one that calls it (edgekv.models.swaps);
     # when every layer is, the state is written in place
-    from ..models.swaps import for_runtime
+    from ..models.swaps import GQAAttention, for_runtime
     pte_module, pte_swapped = for_runtime(qmodule, "executorch") if "pte" in opts.formats else (qmodule, [])
     in_place = bool(pte_swapped) and all(pte_swapped)
     # any other state made of caches only (rolling window, MLA latent) traces with a dynamic token axis
@@ -160,7 +160,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             # written in place (fused) when every layer is
             onnx_module, swapped = for_runtime(module, "onnxruntime")
             fused, any_fused = bool(swapped) and all(swapped), any(swapped)
-            window_cache = any(getattr(m, "window", None) for m in onnx_module.modules())
+            window_cache = any(isinstance(m, GQAAttention) and m.window is not None for m in onnx_module.modules())
             if "genai" in opts.runners:
                 eps["onnx:forward"] = genai.trace(onnx_module, opts.max_ctx)
             else:

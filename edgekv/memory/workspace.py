@@ -33,8 +33,8 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
             width[t.layer] = t.shape[-1]
     rolling = False  # a rolling (window) layer's attention reads the old cache + the chunk, not the state it writes
     # A model whose sliding layers keep the explicit graph (Gemma 3's .pte; on ONNX Runtime only under the window
-    # strategy, since its native windows go to GroupQueryAttention's window cache): each layer with one slot per position is the
-    # runtime's fused op all the same (edgekv.models.swaps: the swap is per layer), its state not written in place
+    # strategy, since its native windows go to GroupQueryAttention's window cache): each layer with one slot per
+    # position is the runtime's fused op all the same (edgekv.models.swaps: the swap is per layer), its state not written in place
     # (that takes every layer). ONNX Runtime, a float cache: a GroupQueryAttention node whose present is a second
     # copy beside the feed, its scratch one [H, C, T] probability buffer, no mask (GQA). ExecuTorch, a fp32 cache
     # (nothing to read back): custom_sdpa, which tiles its scores (ET_SDPA); the state copies stay the runtime's.
