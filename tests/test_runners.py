@@ -270,3 +270,22 @@ def test_executorch_runner_with_an_int8_cache_agrees_with_edgekv_run(tmp_path, m
     a, b = run_json(ref_dir, "executorch", prompt, 16), run_json(run_dir, "executorch-runner", prompt, 16)
     assert a["text"] == b["text"] and a["new_tokens"] == b["new_tokens"]
     assert np.isfinite(m["verification"]["pte"]["max_abs_diff"])
+
+
+def test_genai_config_of_a_gqa_model_carries_its_kv_heads_apart_from_its_heads(tmp_path):
+    """SmolLM2-135M's published config (HuggingFaceTB/SmolLM2-135M config.json: 30 layers, 9 heads, 3 KV heads,
+    hidden 576, head_dim 64, vocab 49152): every GQA model's genai_config.json must carry 3 KV heads, not 9 (the
+    fixture above has as many KV heads as heads, so it cannot tell them apart)."""
+    from types import SimpleNamespace
+
+    from edgekv.export.genai import write_config
+    from edgekv.export.tokenizer import write_byte_tokenizer
+
+    write_byte_tokenizer(TINY, tmp_path)
+    args = SimpleNamespace(model_type="llama", vocab=49152, head_dim=64, hidden=576, n_heads=9, n_kv_heads=3,
+                           n_layers=30)
+    tok = {"file": "tokenizer.json", "eos_token_ids": [2], "bos_token_id": 1, "add_bos_token": False}
+    write_config(tmp_path, args, None, tok, 2048, fused=True)
+    d = json.loads((tmp_path / "genai_config.json").read_text())["model"]["decoder"]
+    assert (d["num_hidden_layers"], d["num_attention_heads"], d["num_key_value_heads"], d["head_size"],
+            d["hidden_size"]) == (30, 9, 3, 64, 576)

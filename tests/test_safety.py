@@ -581,3 +581,34 @@ def test_a_stop_wrapped_by_a_toolchain_error_still_exits_as_the_stop():
     with pytest.raises(EdgekvError, match="export failed at stage lower: RuntimeError: tracer failed"):
         with st.stage("lower"):
             raise RuntimeError("tracer failed")
+
+
+def test_force_refuses_a_user_folder_even_beside_files_edgekv_also_writes(export_dir, tmp_path):
+    """report.html, report.md and report.android.json are names edgekv writes into an export afterwards; a folder
+    holding them and a user's file is still the user's (the ownership check is never skipped for them)."""
+    for base in ("user", "export"):
+        d = tmp_path / base
+        if base == "export":
+            shutil.copytree(export_dir, d)
+        else:
+            d.mkdir()
+        for name in ("report.html", "report.md", "report.android.json"):
+            (d / name).write_text("<html>edgekv</html>" if name.endswith("html") else "{}")
+        (d / "thesis.tex").write_text("years of work")
+        code, _, err = cli("export", "--model", TINY_LLAMA, "--out", d, "--force", "--max-ctx", "64")
+        one_line_exit_2(code, err, "thesis.tex" if base == "export" else "not one")
+        assert (d / "thesis.tex").read_text() == "years of work"
+        assert (d / "report.html").is_file()
+
+
+def test_a_dotdot_in_a_manifest_path_is_refused_even_when_it_stays_inside(copy_of):
+    """`sub/../tokenizer.json` resolves inside the folder, so only the no-`..` rule refuses it (the symlink rule,
+    which shares the words 'outside the export folder', cannot)."""
+    from edgekv.errors import EdgekvError
+    from edgekv.export.manifest import member
+
+    (copy_of / "sub").mkdir()
+    assert member(copy_of, "tokenizer.json", "tokenizer") == copy_of / "tokenizer.json"
+    for name in ("sub/../tokenizer.json", "./sub/../tokenizer.json", ".."):
+        with pytest.raises(EdgekvError, match="points outside the export folder"):
+            member(copy_of, name, "tokenizer")
