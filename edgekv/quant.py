@@ -1,7 +1,7 @@
 """The quantizers for state tensors: the ONE place that turns a KV cache or an SSM state into codes and back.
 
 Export (the cache writes inside the exported program), analyze (the error-propagation runs) and the planner's byte
-counts (strategies.py: the .scale / .zero tensors and the packed last axis) all mean exactly this layout:
+counts (strategies/layout.py: the .scale / .zero tensors and the packed last axis) all mean exactly this layout:
 
   bits 8  symmetric:  codes int8 in [-127, 127],            scale = amax / 127 per group          (no zero)
   bits 4  asymmetric: codes in [0, 15], two per uint8,      scale = (max - min) / 15, zero = min  per group

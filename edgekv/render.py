@@ -1,4 +1,4 @@
-"""Tables, JSON and plots. No arithmetic here: everything shown was computed in memory.py / plan.py.
+"""Tables, JSON and plots. No arithmetic here: everything shown was computed in memory/ / plan.py.
 
 Every table goes through `fit_table`: columns declare whether they may give way. The columns a user types or reads
 to tell rows apart (model, strategy, device id) are never cut; the others first take their short header, then drop
