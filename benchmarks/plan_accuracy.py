@@ -20,7 +20,7 @@ every context, so each row also reports the calls' own peak (the profile child r
 grows with the 3 global layers' slots, beside the plan's weights + state + a call's workspace + session.
 
 How the runtime constants in edgekv/costs/workspace.json were probed, and how each planner term moved these rows
-when it was added: benchmarks/plan_accuracy_probes.md.
+when it was added: benchmarks/log/plan_accuracy_probes.md.
 """
 from __future__ import annotations
 

@@ -29,11 +29,16 @@ def gguf_path() -> Path:
 
 
 def load_benchmark(name: str):
-    """benchmarks/NAME.py as a module, with benchmarks/ on sys.path (the scripts import each other)."""
-    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    """benchmarks/NAME.py (or experiments/NAME.py, the one-off probes) as a module, with benchmarks/ on sys.path (the
+    scripts import each other)."""
+    root = Path(__file__).resolve().parent.parent
+    bench = root / "benchmarks"
     if str(bench) not in sys.path:
         sys.path.insert(0, str(bench))
-    spec = importlib.util.spec_from_file_location(name, bench / f"{name}.py")
+    path = bench / f"{name}.py"
+    if not path.is_file():
+        path = root / "experiments" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -1,5 +1,5 @@
 """The planner's phone memory uses the arm64 packing measured by `edgekv profile --arch arm64`
-(edgekv/costs/arm64_packing.json, made by scripts/arm64_packing.py from benchmarks/results/arm64_vs_x86_smollm2.json):
+(edgekv/costs/arm64_packing.json, made by experiments/arm64_packing.py from benchmarks/results/arm64_vs_x86_smollm2.json):
 a phone's plan moves by the measured fraction of its stored weights, an x86 host's and a datacenter GPU's do not."""
 from __future__ import annotations
 

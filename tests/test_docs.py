@@ -28,7 +28,7 @@ def repo_files(suffix: str) -> list[Path]:
 DOCS = sorted(p.relative_to(ROOT).as_posix() for p in repo_files(".md")  # README.md, docs/, SECURITY.md, every README
               if p.relative_to(ROOT).parts[0] != "export" or p.relative_to(ROOT).as_posix() == "export/README.md")
 TOP = ("edgekv/", "docs/", "benchmarks/", "tests/", "scripts/", "device_profiles/", "fixtures/", "android_demo/",
-       "export/")
+       "export/", "experiments/")
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 TICKED = re.compile(r"`([A-Za-z0-9_./-]+)`")
 

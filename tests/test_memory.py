@@ -59,7 +59,7 @@ def test_weight_precisions_order_and_int4_group_scales():
 
 # Runtime load terms and workspace, by hand from SmolLM2-135M's published config (30 layers, hidden 576, 9 query /
 # 3 KV heads of 64, intermediate 1536, vocab 49152, tied embeddings) and the measured constants documented in
-# edgekv/memory.py (ORT session 17 MB, ExecuTorch session 10 MB, 3 ORT score copies, 2 ORT state copies).
+# edgekv/costs/workspace.json (ORT session 17 MB, ExecuTorch session 10 MB, 3 ORT score copies, 2 ORT state copies).
 SMOL = catalog_arch("smollm2-135m")
 SMOL_EMB = 49152 * 576 * 4  # fp32 table: 113,246,208 B
 SMOL_LINEAR = 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536) * 4  # q,o + k,v + gate,up,down: 424,673,280 B

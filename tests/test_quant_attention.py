@@ -1,4 +1,4 @@
-"""benchmarks/ort_quant_cache.py and benchmarks/pte_quant_attention.py: each kernel they time computes attention over
+"""experiments/ort_quant_cache.py and experiments/pte_quant_attention.py: each kernel they time computes attention over
 the cache it is given (checked against numpy / torch attention over the dequantized cache), so the README's table of
 what each runtime can read compares kernels that do the same work; the int4 layout ONNX Runtime's GQA reads (two
 codes per byte, low nibble first, value + 8) is pinned here."""

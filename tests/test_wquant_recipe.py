@@ -1,4 +1,4 @@
-"""benchmarks/wquant_recipe.py simulates ONNX Runtime's MatMulNBits blocks in torch to say which part of the int4
+"""experiments/wquant_recipe.py simulates ONNX Runtime's MatMulNBits blocks in torch to say which part of the int4
 recipe costs quality. Its blocks must be the ones ONNX Runtime's own quantizer writes: a MatMul over a random matrix,
 quantized by MatMulNBitsQuantizer (fp32 activations, accuracy_level 0) and fed the identity, returns the dequantized
 matrix, which q_block must reproduce."""

@@ -24,7 +24,7 @@ from ..errors import EdgekvError
 
 CALIB_TOKENS = 512
 # scale = MARGIN x max |x| / 127: room above the calibration text's largest values, where an unseen value would
-# otherwise clip. Chosen by benchmarks/kv_int8c_margin.py (SmolLM2-135M, KL against the fp32 cache over 2000 tokens
+# otherwise clip. Chosen by experiments/kv_int8c_margin.py (SmolLM2-135M, KL against the fp32 cache over 2000 tokens
 # of analyze's text at margins 1, 1.25, 1.5, 2; results/kv_int8c_margin.json): clipping (1) costs more than the
 # coarser grid of 1.5 or 2.
 MARGIN = 1.25

@@ -1,9 +1,9 @@
 """Where an int4 recipe loses a model's quality: each part of ONNX Runtime's MatMulNBits recipe applied alone to the
 fp32 model (transformers, from the same GGUF), KL and top-1 against fp32 over verify-quant's text.
 
-    python benchmarks/wquant_recipe.py                       # Gemma-3-270M, with and without its BOS
-    python benchmarks/wquant_recipe.py --model smollm2-135m
-    python benchmarks/wquant_recipe.py --speed               # MatMulNBits int4 symmetric vs asymmetric, CPU time
+    python experiments/wquant_recipe.py                       # Gemma-3-270M, with and without its BOS
+    python experiments/wquant_recipe.py --model smollm2-135m
+    python experiments/wquant_recipe.py --speed               # MatMulNBits int4 symmetric vs asymmetric, CPU time
 
 What is simulated, as MatMulNBits computes it (blocks of 32 along the input axis, `q_block` below):
   symmetric   scale = the block's largest-magnitude value / -8, codes round(w / scale) in -8..7
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 LAYER = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -199,7 +199,7 @@ def main(argv=None) -> dict:
                   "loadavg_start": list(os.getloadavg()), "calls": speed(shapes, a.threads, a.runs),
                   "loadavg_end": None}
         result["loadavg_end"] = list(os.getloadavg())
-        out = Path(a.out or HERE / "results" / f"wquant_speed_{Path(a.model).stem.replace('.', '_')}.json")
+        out = Path(a.out or BENCH / "results" / f"wquant_speed_{Path(a.model).stem.replace('.', '_')}.json")
         out.write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {out}")
         return result
@@ -210,7 +210,7 @@ def main(argv=None) -> dict:
     result = {"benchmark": "wquant_recipe", "model": a.model, "gguf": path.name, "tokens": a.tokens,
               "threads": a.threads, "text": "edgekv.export.wquant.quality_text (verify-quant's text)",
               "what": "KL(fp32 || recipe) in nats and top-1 agreement per position, one forward; parts of "
-                      "MatMulNBits' int4 recipe simulated in torch (benchmarks/wquant_recipe.py)",
+                      "MatMulNBits' int4 recipe simulated in torch (experiments/wquant_recipe.py)",
               "loadavg_start": list(load0), "runs": []}
     bos_options = [bos_prefix(entry)] + ([[]] if bos_prefix(entry) else [])
     for bos in bos_options:
@@ -224,14 +224,14 @@ def main(argv=None) -> dict:
             print(json.dumps(r), flush=True)
             result["runs"].append(r)
     result["loadavg_end"] = list(os.getloadavg())
-    out = Path(a.out or HERE / "results" / f"wquant_recipe_{Path(a.model).stem.replace('.', '_')}.json")
+    out = Path(a.out or BENCH / "results" / f"wquant_recipe_{Path(a.model).stem.replace('.', '_')}.json")
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {out}")
     return result
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(BENCH))
     from speed_child import entry  # edgekv's errors (an unknown --model, too many --tokens) as one line, exit 2
 
     entry(main, lambda _spec: sys.exit("wquant_recipe.py runs no child rows"))

@@ -4,7 +4,7 @@ decode steps the ONNX export's verification compares (export.pipeline.verify_pro
 max_ctx given; and the fraction of the int4 code bytes the nudge changes. This is the noise floor the export's
 verification now measures for a quantized cache (export.pipeline `nudged`); the ONNX artifacts' own verification
 against eager (export/arm64-smollm2-kv-int4-*/manifest.json) is added beside it when the export folder exists.
-Usage: python scripts/arm64_kv_int4_floor.py [MAX_CTX,...] (default 128,512); --exports: only refresh the exports'
+Usage: python experiments/arm64_kv_int4_floor.py [MAX_CTX,...] (default 128,512); --exports: only refresh the exports'
 verification records in the existing JSON (no eager runs)."""
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def main() -> None:
                    "export's verification prompt and steps; the fixed limit for a packed int4 cache is 1e-1 of the "
                    "logit scale (edgekv/export/verify.py REL_TOL uint8). exports: the arm64 exports' own "
                    "verification records (ONNX Runtime on x86 against eager), where made.",
-           "made_by": "scripts/arm64_kv_int4_floor.py", "torch_threads": 1, "floor": rows, "exports": exports}
+           "made_by": "experiments/arm64_kv_int4_floor.py", "torch_threads": 1, "floor": rows, "exports": exports}
     OUT.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(doc, indent=1))
 

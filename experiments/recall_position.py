@@ -4,7 +4,7 @@ seed 0, 8 trials) at short distances (16, 64 bytes), with extra stdlib filler pu
 and the cue sit at later absolute positions. Scored with transformers' own forward over the whole sequence (top-1 of
 the 6 value bytes), independent of edgekv's cache code.
 
-    python scripts/recall_position.py fixtures/tiny-recall/llama fixtures/analysis/recall_tiny-recall_llama_position.json
+    python experiments/recall_position.py fixtures/tiny-recall/llama fixtures/analysis/recall_tiny-recall_llama_position.json
 """
 import json
 import sys
@@ -27,7 +27,7 @@ def main(folder: str, out_path: str) -> int:
     text = default_text()
     raw = text.encode()
     rows = make_trials(Encoder(), text, list(DISTANCES), 8, seed=0)
-    out = {"model": folder, "command": "python scripts/recall_position.py " + " ".join(sys.argv[1:]),
+    out = {"model": folder, "command": "python experiments/recall_position.py " + " ".join(sys.argv[1:]),
            "note": f"extra stdlib filler (whole lines from byte {FILLER_AT} of the probe's default text) inserted "
                    "before each trial, moving needle and cue to later absolute positions at the same distance; "
                    "transformers' forward over the whole sequence, top-1 of the 6 value bytes; chance 1/36",

@@ -11,7 +11,7 @@ k_scale / v_scale of shape [1, Hkv, 1, D] (a per-token scale of shape [1, Hkv, T
 "k_scale shape mismatch"), so it cannot read edgekv's kv-int8 cache (one scale per token and head, set at write time)
 as it is; see benchmarks/README.md.
 
-Usage: python benchmarks/ort_quant_cache.py [--ctx 2048,8192,16384] [--threads 1] [--runs 20]
+Usage: python experiments/ort_quant_cache.py [--ctx 2048,8192,16384] [--threads 1] [--runs 20]
 Output: a table and benchmarks/results/ort_quant_cache.json (--out), with the load average. Per configuration the
 median wall time and the median CPU time of the calling process (time.process_time: with one thread, the time the
 kernel ran, which a machine shared with other jobs inflates far less than the wall time).

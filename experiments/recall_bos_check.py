@@ -4,7 +4,7 @@ with the fp32 cache twice over the same trials: starting with the BOS id the mod
 (run.Encoder.bos, from a GGUF's tokenizer.ggml.add_bos_token) and without it. Per trial: which of the 6 value tokens
 are the model's top-1, their mean log-prob, the CPU seconds.
 
-    python scripts/recall_bos_check.py gemma-3-270m 16,1024 8 fixtures/analysis/recall_gemma_bos.json
+    python experiments/recall_bos_check.py gemma-3-270m 16,1024 8 fixtures/analysis/recall_gemma_bos.json
 """
 import json
 import sys
@@ -25,7 +25,7 @@ def main(model: str, dist_text: str, n: int, out_path: str) -> int:
     if enc.bos is None:
         print(f"{model}: its tokenizer metadata adds no BOS; nothing to compare", file=sys.stderr)
         return 2
-    out = {"model": model, "command": "python scripts/recall_bos_check.py " + " ".join(sys.argv[1:]),
+    out = {"model": model, "command": "python experiments/recall_bos_check.py " + " ".join(sys.argv[1:]),
            "bos": enc.bos, "strategy": "kv:dtype=fp32", "chunk": 64, "seed": 0, "trials": []}
     text = default_text()
     for label, bos in (("bos", enc.bos), ("no-bos", None)):

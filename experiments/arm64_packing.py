@@ -6,7 +6,7 @@ same cost model), as a fraction of the artifact's stored weights (manifest weigh
 measured (rows with a quantized cache left out: QUANTIZED_CACHES). The planner adds value x stored weights to a phone's load bytes (edgekv.memory.arm64_load), so a phone's
 plan is what the arm64 process measured; x86 plans are left as they are. Only edgekv's own .pte gets ExecuTorch's entry: ExecuTorch's
 Llama export (cost model executorch-llama) is priced from the sizes and RSS its README measured on phones, which are
-arm64 figures already, so adding the packing measured here would count arm64 twice. Usage: python scripts/arm64_packing.py [RESULTS_JSON] (from the repository root)."""
+arm64 figures already, so adding the packing measured here would count arm64 twice. Usage: python experiments/arm64_packing.py [RESULTS_JSON] (from the repository root)."""
 from __future__ import annotations
 
 import json
@@ -52,7 +52,7 @@ def main() -> None:
                      "precision. The planner adds value x stored weights to the load bytes of a phone "
                      f"(edgekv.memory.arm64_load). Rows with a quantized cache (kv-int8, kv-int4) are left out: their runtime "
                      "holds more than the plan on x86 and arm64 alike, the cache path's cost, not the weights' packing. "
-                     f"Made by scripts/arm64_packing.py from {src}."}
+                     f"Made by experiments/arm64_packing.py from {src}."}
     for (rt, prec), rows in sorted(found.items()):
         diff = sum(ab - hb for _, _, _, ab, hb in rows) / len(rows)
         if abs(diff) < MIN_BYTES or abs(diff) / (sum(w for _, _, w, _, _ in rows) / len(rows)) < MIN_FRACTION:
@@ -81,7 +81,7 @@ def write_derived(path: Path, doc: dict) -> None:
                 "x86_minus_arm64": round((h - a) / 1e6, 1), "x86_minus_plan": round((h - p) / 1e6, 1),
                 "arm64_minus_plan": round((a - p) / 1e6, 1)}
     doc["derived_mb"] = {"how": "differences of the rows' measured_bytes (above the runtime baseline) and "
-                                "predicted_bytes, in MB (1e6 bytes), written by scripts/arm64_packing.py", "rows": rows}
+                                "predicted_bytes, in MB (1e6 bytes), written by experiments/arm64_packing.py", "rows": rows}
     path.write_text(json.dumps(doc, indent=1) + "\n")
 
 

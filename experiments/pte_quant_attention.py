@@ -14,7 +14,7 @@ The dequantize step is timed with torch's own kernels (mul of an int8->fp32 cast
 kernel the .pte runs for it (quantized_decomposed::dequantize_per_token) is measured inside a real decode step by
 benchmarks/profile_pte.py.
 
-Usage: python benchmarks/pte_quant_attention.py [--ctx 2048,8192,16384] [--runs 20]
+Usage: python experiments/pte_quant_attention.py [--ctx 2048,8192,16384] [--runs 20]
 Output: a table and benchmarks/results/pte_quant_attention.json (--out), with the load average.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 it was: runs the export on this host and in the arm64 root (`make arm64-env`; as root) as `edgekv profile --arch
 arm64` does (same prompt, the arm64 run fed the host's tokens), keeps both runs' logits, and writes per position the
 host's top-1 minus top-2 logit, the arm64 argmax, and how far the host's pick sits below it in the arm64 logits.
-Usage (from the repository root): python scripts/arm64_margins.py EXPORT RUNTIME(ort|executorch) CTX STEPS OUT_JSON"""
+Usage (from the repository root): python experiments/arm64_margins.py EXPORT RUNTIME(ort|executorch) CTX STEPS OUT_JSON"""
 from __future__ import annotations
 
 import json
@@ -34,7 +34,7 @@ def main() -> None:
     doc = {"what": "per position of one run (the last prompt position, then each decode step): the x86 host's top-1 "
                    "minus top-2 logit, the arm64 (qemu max core) argmax, and the host's pick's logit below the arm64 "
                    "maximum; the arm64 run is fed the host's tokens",
-           "made_by": f"scripts/arm64_margins.py {folder.name} {rt} {ctx} {steps}", "artifact": folder.name,
+           "made_by": f"experiments/arm64_margins.py {folder.name} {rt} {ctx} {steps}", "artifact": folder.name,
            "runtime": rt, "prompt_tokens": len(prompt), "steps": steps, "host_tokens": h["tokens"],
            "arm64_tokens": a["tokens"], "positions": rows}
     out.write_text(json.dumps(doc, indent=1) + "\n")

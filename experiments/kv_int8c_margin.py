@@ -5,7 +5,7 @@ cache, all on the same eager module's weights (no weight quantization), fed in c
 them. The text measured is analyze's default (the Python docs' topics first); the calibration text is another
 (calibrate.CALIB_FILES), so the margin is judged on values calibration did not see.
 
-Usage: python benchmarks/kv_int8c_margin.py [--model smollm2-135m] [--tokens 2000] [--margins 1,1.25,1.5,2]
+Usage: python experiments/kv_int8c_margin.py [--model smollm2-135m] [--tokens 2000] [--margins 1,1.25,1.5,2]
 Output: a table and benchmarks/results/kv_int8c_margin.json (--out), with the load average.
 """
 from __future__ import annotations
