@@ -16,7 +16,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-DOCS = ["README.md", "benchmarks/README.md"]
+# the status page, and the dated runs behind it (benchmarks/log/: verbatim history, so held to the same rule; its
+# plan_accuracy_probes.md is a probe log whose figures predate the results files)
+DOCS = ["README.md", "benchmarks/README.md"] + sorted(
+    p.relative_to(ROOT).as_posix() for p in (ROOT / "benchmarks" / "log").glob("*.md") if p.name != "plan_accuracy_probes.md")
 
 CITE = re.compile(r"(?:benchmarks/)?results/([\w{},./-]+?)\.json|`([\w{},-]+_[\w{},-]+)\.json`")
 NUM = r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)"  # 1,083 or 18.7
