@@ -159,7 +159,7 @@ def child_genai(spec: dict) -> dict:
 
     def run(tokens):
         # the prompt in calls of GENAI_CHUNK tokens (llama.cpp's n_batch): in one call GenAI's attention holds
-        # [heads, n, n] scores, gigabytes at a 16k prompt (benchmarks/README.md, GenAI at a filled 16k)
+        # [heads, n, n] scores, gigabytes at a 16k prompt (benchmarks/log/filled_context.md, GenAI at a filled 16k)
         for s in range(0, len(tokens), GENAI_CHUNK):
             gen.append_tokens(tokens[s:s + GENAI_CHUNK])  # runs the model over them
         return np.asarray(gen.get_logits(), dtype=np.float32).reshape(-1, spec["vocab"])[-1]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU baseline check as one device run, for a session lent a GPU (an H100/H200: about 2 minutes of its 15):
 #   run(command="bash benchmarks/gpu_run.sh", timeout_s=540)   ->  $OUT/gpu_baseline_*.json, $OUT/gpu_info.txt
-# Copy the JSON into benchmarks/results/ and the table into benchmarks/README.md (gpu_baseline).
+# Copy the JSON into benchmarks/results/ and the table into benchmarks/README.md (GPU baseline).
 # The device machine's python3 holds a CUDA torch; everything else gpu_baseline.py imports is edgekv itself, numpy and
 # sympy (checked with sys.modules), which that image has. Dry run on this machine's CPU (slow, same code path but
 # the allocator statistics): DEVICE=cpu PY=.venv/bin/python OUT=/tmp/gpu bash benchmarks/gpu_run.sh

@@ -111,7 +111,7 @@ def dequantize_planar(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tens
                       group: int = 0) -> torch.Tensor:
     """dequantize() of packed codes with the last axis in planar_order: each plane is dequantized whole and the
     planes are concatenated, with no interleave (unpack's stack is a per-value copy, a portable cat in ExecuTorch: the
-    kv-int4 .pte read-back in benchmarks/README.md). The same products as dequantize(). group must be a multiple of
+    kv-int4 .pte read-back in benchmarks/log/decode_speed.md). The same products as dequantize(). group must be a multiple of
     8/bits (a group then spans the same positions of every plane)."""
     per = 8 // bits
     lead, d = codes.shape[:-1], codes.shape[-1] * per

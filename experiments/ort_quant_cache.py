@@ -9,7 +9,7 @@ Before timing, each quantized call's output is checked against numpy attention o
 row quantized with the same scales). The op's quantized cache takes static scales only: one per (KV head, channel),
 k_scale / v_scale of shape [1, Hkv, 1, D] (a per-token scale of shape [1, Hkv, T, 1] is refused:
 "k_scale shape mismatch"), so it cannot read edgekv's kv-int8 cache (one scale per token and head, set at write time)
-as it is; see benchmarks/README.md.
+as it is; see benchmarks/log/filled_context.md.
 
 Usage: python experiments/ort_quant_cache.py [--ctx 2048,8192,16384] [--threads 1] [--runs 20]
 Output: a table and benchmarks/results/ort_quant_cache.json (--out), with the load average. Per configuration the

@@ -14,7 +14,7 @@ What is simulated, as MatMulNBits computes it (blocks of 32 along the input axis
   act int8    every quantized matmul's input rounded to int8 per block of 32 (accuracy_level 4)
 The output matrix is untied from the embedding table (each quantized on its own), as edgekv's export does. One full
 forward over the text (the export's verify-quant prefills half and steps the rest; the numbers agree to a few %:
-benchmarks/README.md). `tests/test_wquant.py` checks q_block against ONNX Runtime's own quantizer.
+docs/export.md). `tests/test_wquant.py` checks q_block against ONNX Runtime's own quantizer.
 """
 from __future__ import annotations
 

@@ -103,7 +103,7 @@ def test_tiny_fixtures_on_arm64_match_this_host(tmp_path, fixture, strategy, cpu
     within it too, and the arm64 memory above the baseline is measured (non-zero, below the process's RSS).
     An fp16 cache runs on an ARMv8.0 core (cortex-a57): on qemu's default `max` core, which has ARMv8.2 FP16
     arithmetic as phones do, ONNX Runtime's fp16 attention kernels move its cache rows by more than that limit
-    (tokens and logits still agree; benchmarks/README.md, arm64). On that ARMv8.0 core the .pte, whose attention is
+    (tokens and logits still agree; benchmarks/log/arm64.md). On that ARMv8.0 core the .pte, whose attention is
     ExecuTorch's custom_sdpa, stops with SIGILL (the wheel's LLM kernels need ARMv8.2), which the report names."""
     arm64_ready_or_skip()
     out = tmp_path / fixture
