@@ -13,7 +13,7 @@ above the runtime's baseline: the RSS of that process after importing the runtim
 
 Roofline: bytes one decode step must read (weights read per token + the state up to the mean decode position) times
 decode tok/s, over the read bandwidth measured in this run (torch.sum over 512 MiB fp32, best of N, per thread count;
-np.sum is compute-bound on this machine and would flatter everyone, see shared/research/stack.md).
+np.sum is compute-bound on these hosts, 20-25 GB/s where torch.sum reads 39 on one thread, and would flatter everyone).
 Weights and state bytes come from the artifact's manifest for edgekv rows and from the planner (edgekv.memory,
 edgekv.strategies) for peers. A peer that is not installed or fails becomes a row with its error; the run goes on.
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/plan_vs_published.py [--host-profiles DIR | --measure-host WORK] [--out FILE]
 
-Published rows: shared/research/devices.md and anchors.md (ExecuTorch's Llama README table, the React Native
+Published rows, each with its source below (ExecuTorch's Llama README table, the React Native
 ExecuTorch memory benchmark, ExecuTorch's Llama 3 8B decode numbers, MLC / MediaPipe / LiteRT / llama.cpp-app
 numbers). One row per published number: its source, the device profile used, the plan's number and the ratio
 plan / published. `circular` says when the number was used to derive a fact of that profile (its decode efficiency
@@ -35,7 +35,7 @@ EDGEKV = [sys.executable, "-m", "edgekv.cli"]
 HOST_DIR = ROOT / "benchmarks" / "results" / "plan_vs_published_host"  # the stored profiles (default --host-profiles)
 
 ET_README = ("pytorch/executorch examples/models/llama/README.md (commit 007485696ccb), OnePlus 12, XNNPACK + "
-             "KleidiAI, prompt 64, max_seq_length 2048 (shared/research/devices.md)")
+             "KleidiAI, prompt 64, max_seq_length 2048")
 RN_ET = ("React Native ExecuTorch memory benchmark, OnePlus 12 Android (XNNPACK), 'GB' "
          "(https://docs.swmansion.com/react-native-executorch/docs/benchmarks/memory-usage; devices.md)")
 ET_8B = "ExecuTorch README, Llama 3 8B 4-bit g128 (devices.md)"

@@ -1,5 +1,5 @@
 """Quality risk per strategy and precision: edgekv's own measurements where they exist (edgekv analyze writes them to
-edgekv/measurements/), otherwise published results with their citation (../shared/research/anchors.md, section 4).
+edgekv/measurements/), otherwise published results with their citation (each strategy's `evidence`, which names the paper).
 Never blank, never invented: where nothing is published the risk is 'unknown' and the evidence says so.
 """
 from __future__ import annotations

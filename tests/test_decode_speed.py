@@ -33,7 +33,7 @@ def test_mean_decode_position_averages_the_positions_the_decode_steps_run_at():
 
 
 def test_kv_bytes_for_llama_cpp_rows_match_what_llama_cpp_prints(gguf_path):
-    # llama.cpp's own log for SmolLM2-135M (shared/research/stack.md): KV f16 45.00 MiB at n_ctx 2048 and 180.00 at
+    # llama.cpp's own log for SmolLM2-135M (what it prints when it allocates the cache): KV f16 45.00 MiB at n_ctx 2048 and 180.00 at
     # 8192; q8_0 23.91 and 95.62 MiB
     arch = load_arch(str(gguf_path))
     for ctx, f16, q8 in ((2048, 45.00, 23.91), (8192, 180.00, 95.62)):
