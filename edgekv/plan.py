@@ -9,13 +9,15 @@ from . import measured
 from . import memory as M
 from .arch import Arch, catalog_arch, catalog_names
 from .models import family_for_type  # the export registry (edgekv.models imports no torch)
-from .devices import DeviceProfile
+from .devices import Budget, DeviceProfile, artifact_budget
 from .errors import EdgekvError
 from .quality import RISK_ORDER, past_trained, quality
 from .serving import QUADRATIC_TAX, BaselineRow, quadratic_tax, ring_decode_comm_s, serve  # noqa: F401 (re-exported)
 from .strategies import NotApplicable, ParamsDoNotFit, Strategy, defaults_for
 
 DEFAULT_CHUNK = 128
+# a fit: "yes" with more headroom than the budget's own uncertainty, "tight" within it, "no" over the budget
+FIT_ORDER = {"yes": 0, "tight": 1, "no": 2}
 
 
 def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: str, overhead: float,
@@ -61,21 +63,44 @@ class PlanRow:
     exportable: tuple[bool, str] = (False, "")
     runtime: str = ""
     recall: dict | None = None  # measured.curves: the stored recall-vs-distance curve of this strategy
+    budget_basis: Budget | None = None  # devices.artifact_budget: the basis fits is judged on
+    read: M.Item | None = None  # bytes one decode step moves (the decode formula's numerator when bandwidth-bound)
+    decode_flops: M.Item | None = None  # FLOP of one decode step (its numerator when compute-bound)
+    prefill_flops: M.Item | None = None
+    chunk: int = DEFAULT_CHUNK  # prefill tokens per call (the prefill formula's chunks)
+
+    @property
+    def above_baseline(self) -> int:
+        """What this row holds above the runtime's own baseline: the total less the runtime's overhead."""
+        b = self.deployment.bytes
+        return b["total"] - b["runtime"]
 
     @property
     def fits(self) -> bool:
-        return self.deployment.bytes["total"] <= self.budget
+        if self.budget_basis is None:
+            return self.deployment.bytes["total"] <= self.budget
+        return self.above_baseline <= self.budget_basis.above_baseline
 
     @property
     def headroom(self) -> int:
         return self.budget - self.deployment.bytes["total"]
+
+    @property
+    def uncertainty(self) -> int:
+        return self.budget_basis.uncertainty if self.budget_basis else 0
+
+    @property
+    def fit(self) -> str:
+        """"yes" (headroom beyond the budget's uncertainty), "tight" (inside the budget, within its uncertainty) or
+        "no"."""
+        return "no" if not self.fits else "yes" if self.headroom > self.uncertainty else "tight"
 
     def to_json(self, explain: bool = False) -> dict:
         d = {"model": self.model, "strategy": self.strategy.name,
              "params": {**self.strategy.params, "weights": self.deployment.weight_precision,
                         "runtime": self.deployment.runtime},
              "native": self.native, "bytes": self.deployment.bytes, "budget_bytes": self.budget, "fits": self.fits,
-             "headroom_bytes": self.budget - self.deployment.bytes["total"],
+             "fit": self.fit, "headroom_bytes": self.budget - self.deployment.bytes["total"],
              "decode_tokens_per_s": round(self.decode.value, 3), "prefill_seconds": round(self.prefill.value, 3),
              "quality": self.quality, "notes": self.notes,
              "trained_ctx": ({"value": self.trained_ctx[0], "source": self.trained_ctx[1]} if self.trained_ctx
@@ -95,10 +120,15 @@ class PlanRow:
 
 
 def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, weights: str, runtime: str | None = None,
-             budget: int | None = None, chunk: int = DEFAULT_CHUNK) -> PlanRow:
+             budget: int | None = None, chunk: int = DEFAULT_CHUNK, entitled: bool = False) -> PlanRow:
+    """budget: an app budget in place of the device's (its uncertainty stays the device's); entitled: the iOS
+    increased-memory-limit budget."""
     name = runtime or device.runtime
     cost, scheme, how = runtime_cost(name, arch, weights)
     ov = device.overhead(M.PLAN_RUNTIMES[name]["overhead"])
+    basis = artifact_budget(device, M.PLAN_RUNTIMES[name]["overhead"], entitled)
+    if budget is not None and budget != basis.app:
+        basis = Budget(basis.device, budget, basis.runtime, basis.overhead, basis.uncertainty, basis.entitled)
     strategy.check_device(device.is_datacenter)
     dep = deployment(arch, strategy, ctx, weights, cost, ov.value, chunk, scheme=scheme)
     dep.explain["runtime model"] = how
@@ -131,8 +161,9 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     if converted:
         notes.append(f"converted from GQA at rank {dep.layout.tensors[0].shape[-1]}: K and V are re-expanded "
                      f"from the latent every step (compute)")
-    row = PlanRow(arch.name, strategy, strategy.is_native(arch), dep, budget or device.budget_bytes, dec, pre, q,
-                  notes, arch.trained_ctx, export_support(arch, strategy, ctx), name, recall)
+    row = PlanRow(arch.name, strategy, strategy.is_native(arch), dep, basis.app, dec, pre, q,
+                  notes, arch.trained_ctx, export_support(arch, strategy, ctx), name, recall, basis, read, fl, pf,
+                  min(chunk, ctx))
     row._runtime_cite = f"{name} overhead {int(ov.value):,} B ({ov.cite})"
     if device.is_datacenter:
         row.serving = serve(device, arch, dep)
@@ -219,7 +250,7 @@ class Plan:
     budget: int
 
     def ranked(self) -> list[PlanRow]:
-        return sorted(self.rows, key=lambda r: (not r.fits, RISK_ORDER[r.quality["risk"]], not r.exportable[0],
+        return sorted(self.rows, key=lambda r: (FIT_ORDER[r.fit], RISK_ORDER[r.quality["risk"]], not r.exportable[0],
                                                 -r.decode.value))
 
     @property
@@ -230,6 +261,7 @@ class Plan:
 
     def to_json(self, explain: bool = False) -> dict:
         return {"device": self.device.to_json(), "ctx": self.ctx, "budget_bytes": self.budget,
+                "budget_uncertainty_bytes": self.device.budget_uncertainty_bytes,
                 "runtime": {"name": self.runtime, "label": M.PLAN_RUNTIMES[self.runtime]["label"]},
                 "options": [r.to_json(explain) for r in self.ranked()], "not_applicable": self.not_applicable}
 
@@ -237,11 +269,9 @@ class Plan:
 def make_plan(device: DeviceProfile, ctx: int, archs: list[Arch], strategies: list[Strategy] | None = None,
               weights: str | None = None, runtime: str | None = None, entitled: bool = False,
               chunk: int = DEFAULT_CHUNK) -> Plan:
-    budget = device.budget_bytes
-    if entitled:
-        if device.entitled_budget_bytes is None:
-            raise EdgekvError(f"device {device.id} has no increased-memory-limit budget (iOS only)")
-        budget = device.entitled_budget_bytes
+    if entitled and device.entitled_budget_bytes is None:
+        raise EdgekvError(f"device {device.id} has no increased-memory-limit budget (iOS only)")
+    budget = device.entitled_budget_bytes if entitled else device.budget_bytes
     name = runtime or device.runtime
     if name not in M.PLAN_RUNTIMES:
         raise EdgekvError(f"unknown runtime {name!r}; runtimes: {', '.join(M.PLAN_RUNTIMES)}")
@@ -253,7 +283,7 @@ def make_plan(device: DeviceProfile, ctx: int, archs: list[Arch], strategies: li
         w = weights or ("gguf" if arch.gguf_path else ("fp16" if device.is_datacenter else "int4"))
         for s in strategies_for(arch, device, strategies):
             try:
-                rows.append(plan_one(arch, s, device, ctx, w, runtime, budget, chunk))
+                rows.append(plan_one(arch, s, device, ctx, w, runtime, None, chunk, entitled))
             except NotApplicable as e:
                 fam = s.needs_family  # mla converts from any GQA model
                 entry = {"model": arch.name, "strategy": s.name, "reason": str(e)}
