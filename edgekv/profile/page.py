@@ -184,7 +184,8 @@ def build_report(folder: Path, out: str | None, device_name: str, gpu_name: str,
     if prof.get("budget_bytes"):
         budget, budget_label = prof["budget_bytes"], "the profile's budget"
     else:  # the phone's app budget less its runtime's overhead: the same basis as the bars (above the runtime)
-        budget, budget_label = row.budget - b["runtime"], f"{phone.name} budget - {row.deployment.runtime} overhead ="
+        basis = row.budget_basis  # devices.artifact_budget, as profile --device and plan use it
+        budget, budget_label = basis.above_baseline, f"{phone.name} budget - {basis.runtime} overhead ="
     figs = _figures(prof, meas, ctx, budget, budget_label)
     plan_rows = [("model", arch.name), ("strategy", strategy.label), ("context", f"{ctx:,} tokens"),
                  ("weights", f"{weights}: {fmt_mem(b['weights'])}"), ("state", fmt_mem(b["state"])),
