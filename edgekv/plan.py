@@ -11,11 +11,13 @@ from .arch import Arch, catalog_arch, catalog_names
 from .models import family_for_type  # the export registry (edgekv.models imports no torch)
 from .devices import Budget, DeviceProfile, artifact_budget
 from .errors import EdgekvError
-from .quality import RISK_ORDER, past_trained, quality
+from .quality import RISK_ORDER, past_trained, quality, with_weights
 from .serving import QUADRATIC_TAX, BaselineRow, quadratic_tax, ring_decode_comm_s, serve  # noqa: F401 (re-exported)
 from .strategies import NotApplicable, ParamsDoNotFit, Strategy, defaults_for
 
 DEFAULT_CHUNK = 128
+# the artifact format whose measured weight cost (quality.weights_cost) a plan runtime's row cites
+WEIGHT_FORMAT = {"executorch": "pte", "edgekv-pte": "pte", "onnxruntime": "onnx"}
 # a fit: "yes" with more headroom than the budget's own uncertainty, "tight" within it, "no" over the budget
 FIT_ORDER = {"yes": 0, "tight": 1, "no": 2}
 
@@ -151,6 +153,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     stored = next((n for n in measured.names_for(arch.name, arch.source) if measured.recall_path(n).is_file()),
                   arch.name)
     q = measured.cite(q, stored, strategy, ctx)  # recall at distance, where edgekv analyze stored it
+    q = with_weights(q, arch.name, weights, WEIGHT_FORMAT.get(name))  # what quantizing the weights costs, measured
     try:
         recall = measured.curves(stored, strategy)  # the whole curve, for --explain
     except measured.Unreadable:
