@@ -145,10 +145,10 @@ def with_weights(q: dict, model: str, precision: str, fmt: str | None, folder: P
     how = (f"{precision} weights, as {where} quantizes them ({m.get('recipe', '')}): top-1 {m['top1']:.1%}, KL mean "
            f"{m['kl_mean']:.3g} nats against the fp32 model over {m.get('positions')} positions of real text "
            f"(edgekv export's verify-quant; {m.get('source', m['file'])}) -> {risk}")
-    short = f"{precision} weights KL {m['kl_mean']:.2g}, measured"
     weights = {"precision": precision, "format": m["format"], "top1": m["top1"], "kl_mean": m["kl_mean"],
                "risk": risk, "file": m["file"]}
-    if RISK_ORDER[risk] > RISK_ORDER[q["risk"]]:  # the weights set the label: they come first, the state after
-        return {**q, "risk": risk, "source": "measured", "cite": f"{short}; {q['cite']}", "weights": weights,
-                "evidence": f"{how}; the state alone: {q['risk']} ({q['evidence']})"}
-    return {**q, "evidence": f"{q['evidence']}; {how}", "cite": f"{q['cite']}; {short}", "weights": weights}
+    if RISK_ORDER[risk] > RISK_ORDER[q["risk"]]:  # the weights set the label: the short cite is theirs, the evidence
+        return {**q, "risk": risk, "source": "measured", "weights": weights,  # leads with them, the state after
+                "cite": f"{precision} weights: KL {m['kl_mean']:.2g}, top-1 {m['top1']:.0%}, measured",
+                "evidence": f"{how}; the state alone: {q['risk']} ({q['cite']}: {q['evidence']})"}
+    return {**q, "evidence": f"{q['evidence']}; {how}", "weights": weights}

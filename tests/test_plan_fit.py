@@ -189,3 +189,63 @@ def test_a_limit_without_its_unit_is_refused(value, tmp_path):
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "no unit" in lines[0] and "MB" in lines[0] and "GB" in lines[0], p.stderr
+
+
+# ---- point 4: risk counts the weights' measured cost, and the evidence agrees with the label ----
+
+
+def _kv_scale(kl: float) -> str:
+    """The project's KL scale for a cache (quality.risk_from_kl's docstring): < 0.01 low, < 0.1 medium, else high."""
+    return "low" if kl < 0.01 else "medium" if kl < 0.1 else "high"
+
+
+def test_risk_counts_the_measured_cost_of_int4_weights():
+    """gemma-3-270m's fp16 cache was risk 'none' while its int4 export measures KL 0.329, top-1 70.6 % against fp32
+    (docs/export.md): with int4 weights every row is at least as risky as those weights, and says so first."""
+    stored = json.loads((ROOT / "edgekv/measurements/gemma-3-270m__weights-int4.json").read_text())["formats"]["onnx"]
+    assert "70.6 %, KL mean 0.330 / 0.329" in (ROOT / "docs/export.md").read_text()  # where the number comes from
+    assert (stored["kl_mean"], stored["top1"]) == (0.329, 0.706)
+    want = _kv_scale(stored["kl_mean"])
+    order = ["none", "low", "medium", "unknown", "high"]
+    for rt in ("onnxruntime", "executorch"):
+        p = plan_json("-d", "pixel8", "-c", "32k", "-m", "gemma-3-270m", "--runtime", rt)
+        led = 0
+        for o in p["options"]:
+            q = o["quality"]
+            assert order.index(q["risk"]) >= order.index(want), (rt, o["strategy"], q)
+            assert "0.329" in q["evidence"], (rt, o["strategy"], q)
+            if q["cite"].startswith("int4 weights"):  # the weights set the label: the evidence leads with them
+                led += 1
+                assert "KL 0.33" in q["cite"] and q["evidence"].startswith("int4 weights")
+        assert led >= 2  # at least the fp16 and int8 caches, 'none' and 'low' on their own
+    fp16 = plan_json("-d", "pixel8", "-c", "32k", "-m", "gemma-3-270m", "--weights", "fp16", "--strategy", "kv")
+    assert fp16["options"][0]["quality"]["risk"] == "none"  # no weight cost stored for fp16: the cache's own risk
+
+
+def test_the_pte_measurement_is_the_one_the_readme_shows():
+    stored = json.loads((ROOT / "edgekv/measurements/smollm2-135m__weights-int4.json").read_text())["formats"]["pte"]
+    readme = (ROOT / "README.md").read_text()
+    assert f"top-1 {stored['top1']:.1%}, KL mean {stored['kl_mean']:.3f}" in readme
+    p = plan_json("-d", "pixel8", "-c", "2k", "-m", "smollm2-135m", "--strategy", "kv", "--runtime", "edgekv-pte")
+    q = p["options"][0]["quality"]
+    assert q["weights"]["format"] == "pte" and q["weights"]["kl_mean"] == stored["kl_mean"]
+    assert q["risk"] == _kv_scale(stored["kl_mean"])
+
+
+@pytest.mark.parametrize("ctx", ["4k", "16k", "32k"])
+def test_a_recall_cite_beside_none_or_low_shows_the_model_recalls_as_much(ctx):
+    """'low' next to 'recall at 16k: 0.50 exact' read as a contradiction: a cited recall point now carries the fp32
+    reference at the same distance (or says it is the model's own), and a label of none/low only sits beside a value
+    that keeps at least half the reference's (measured.LOSS)."""
+    p = plan_json("-d", "pixel8", "-c", ctx, "--weights", "fp16", "-m", "gemma-3-270m", "-m", "smollm2-135m")
+    seen = 0
+    for o in p["options"]:
+        q = o["quality"]
+        m = re.search(r"recall at [0-9.,k]+: ([0-9.]+) exact(?: \((fp32 ([0-9.]+)|model's own)\))?", q["cite"])
+        if not m:
+            continue
+        seen += 1
+        assert m.group(2), (o["model"], o["strategy"], q["cite"])  # the reference, or that this is the reference
+        if q["risk"] in ("none", "low") and m.group(3):
+            assert float(m.group(1)) >= 0.5 * float(m.group(3)), (o["model"], o["strategy"], q["cite"])
+    assert seen >= 3

@@ -84,7 +84,7 @@ def test_the_plan_side_cites_the_point_within_the_context(tiny_llama_curves):
     _, folder, rec = tiny_llama_curves
     ref = {p["distance"]: p["value"] for p in rec["curves"]["kv:dtype=fp32"]["points"]}
     q = measured.cite(_q(), "tiny-llama", parse_strategy("kv"), 200, folder)  # fp16 cache -> the fp32 curve
-    assert q["cite"] == f"ref; recall at 128: {ref[128]:.2f} exact (the model's own, fp32 cache), measured"
+    assert q["cite"] == f"ref; recall at 128: {ref[128]:.2f} exact (model's own), measured"
     assert "fp32 cache" in q["evidence"] and "(test)" in q["evidence"]
     far = measured.cite(_q(), "tiny-llama", parse_strategy("kv"), 32768, folder)
     assert "recall at 256:" in far["cite"] and "measured up to 256, not 32,768" in far["evidence"]
@@ -103,7 +103,7 @@ def test_the_measured_loss_raises_the_risk(tmp_path):
         "kv-int4:group=32": {"points": pts([(1024, 1.0), (8064, 0.25)])}}}))
     q = measured.cite(_q(), "m", parse_strategy("kv-int4"), 8192, tmp_path)
     assert q["risk"] == "high" and q["source"] == "measured"
-    assert q["cite"] == "ref; recall at 8,064: 0.25 exact (fp32 cache 0.75), measured"
+    assert q["cite"] == "ref; recall at 8,064: 0.25 exact (fp32 0.75), measured"
     assert "the fp32 cache 0.75" in q["evidence"]
     assert measured.cite(_q(), "m", parse_strategy("kv-int4"), 4096, tmp_path)["risk"] == "low"  # 1.0 at 1k
 
@@ -124,7 +124,7 @@ def test_plan_cites_the_stored_smollm2_measurement():
     rec = measured.load("smollm2-135m")
     assert rec is not None, "edgekv/measurements/smollm2-135m__recall.json is missing"
     out = json.loads(run_cli("plan", "--model", "smollm2-135m", "--ctx", "8k", "--device", "pixel8", "--json",
-                             check=True).stdout)
+                             "--weights", "fp16", check=True).stdout)  # fp16: no weight cost sets the cite
     rows = {o["strategy"]: o["quality"] for o in out["options"]}
     for name in ("kv", "kv-int8", "kv-int4", "window", "mla"):
         r = measured.recall_at("smollm2-135m", parse_strategy(name), 8192)
