@@ -14,6 +14,7 @@ from .errors import EdgekvError
 from .quality import RISK_ORDER, past_trained, quality, with_weights
 from .serving import QUADRATIC_TAX, BaselineRow, quadratic_tax, ring_decode_comm_s, serve  # noqa: F401 (re-exported)
 from .strategies import NotApplicable, ParamsDoNotFit, Strategy, defaults_for
+from .units import fmt_mem as fmt_bytes
 
 DEFAULT_CHUNK = 128
 # the artifact format whose measured weight cost (quality.weights_cost) a plan runtime's row cites
@@ -132,11 +133,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     if budget is not None and budget != basis.app:
         basis = Budget(basis.device, budget, basis.runtime, basis.overhead, basis.uncertainty, basis.entitled)
     strategy.check_device(device.is_datacenter)
-    dep = deployment(arch, strategy, ctx, weights, cost, ov.value, chunk, scheme=scheme)
-    dep.explain["runtime model"] = how
-    if device.device_class == "phone":  # a phone runs the runtime's arm64 kernels: their packing, as measured
-        dep.load = M.arm64_load(dep.load, dep.weights["total"], cost, weights)
-        dep.explain["load"] = dep.load.formula
+    dep = device_deployment(arch, strategy, device, ctx, weights, name, chunk)
     rt = cost
     read = M.decode_read_bytes(dep.weights["read_per_token"], dep.layout, strategy, rt)
     fl = M.decode_flops(arch, dep.layout, strategy)
@@ -171,6 +168,20 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     if device.is_datacenter:
         row.serving = serve(device, arch, dep)
     return row
+
+
+def device_deployment(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, weights: str, name: str,
+                      chunk: int = DEFAULT_CHUNK) -> M.Deployment:
+    """The memory side of a plan row: deployment() under plan runtime `name` on this device (its overhead, and on a
+    phone the runtime's arm64 packing at load)."""
+    cost, scheme, how = runtime_cost(name, arch, weights)
+    ov = device.overhead(M.PLAN_RUNTIMES[name]["overhead"])
+    dep = deployment(arch, strategy, ctx, weights, cost, ov.value, chunk, scheme=scheme)
+    dep.explain["runtime model"] = how
+    if device.device_class == "phone":  # a phone runs the runtime's arm64 kernels: their packing, as measured
+        dep.load = M.arm64_load(dep.load, dep.weights["total"], cost, weights)
+        dep.explain["load"] = dep.load.formula
+    return dep
 
 
 def runtime_cost(name: str, arch: Arch, weights: str) -> tuple[str, dict | None, str]:
@@ -348,3 +359,120 @@ def baseline(device: DeviceProfile, arch: Arch, ctxs: list[int], strategies: lis
                 continue
             rows.append(serve(device, arch, dep))
     return rows
+
+
+# ---- the longest context per option (plan --ctx max) ----
+
+CTX_SEARCH_MAX = 1 << 20  # 1m tokens: the search's ceiling where the model names no trained length
+
+
+@dataclass
+class Longest:
+    """One option's longest context on a device: ctx (the total stays within the budget), ctx_yes (headroom stays
+    beyond the budget's uncertainty), what bounds ctx ("memory", "trained" or "search") and why in words; row: the
+    option planned at ctx (None when it fits at no context)."""
+    model: str
+    strategy: Strategy
+    ctx: int
+    ctx_yes: int
+    bound: str
+    why: str
+    row: PlanRow | None = None
+
+    def to_json(self, explain: bool = False) -> dict:
+        d = self.row.to_json(explain) if self.row else {"model": self.model, "strategy": self.strategy.name,
+                                                          "params": self.strategy.params}
+        d["max_ctx"] = {"value": self.ctx, "with_headroom": self.ctx_yes, "bound": self.bound, "why": self.why}
+        return d
+
+
+def _largest(ok, lo: int, hi: int) -> int:
+    """The largest c in [lo, hi] with ok(c), given ok(lo) and not ok(hi + 1) or hi the ceiling; ok must hold below
+    any context where it holds (memory grows with the context)."""
+    if ok(hi):
+        return hi
+    while hi - lo > 1:  # ok(lo), not ok(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
+def longest_ctx(arch: Arch, strategy: Strategy, device: DeviceProfile, weights: str, runtime: str | None = None,
+                chunk: int = DEFAULT_CHUNK, entitled: bool = False) -> Longest:
+    """Bisection over the memory model (device_deployment: the bytes plan_one counts) for the longest context
+    within the budget, capped at the model's trained context (past it the plan's risk is high whatever the memory);
+    the option is then planned at that context."""
+    name = runtime or device.runtime
+    basis = artifact_budget(device, M.PLAN_RUNTIMES[name]["overhead"], entitled)
+    strategy.check_device(device.is_datacenter)
+    memo: dict[int, int] = {}
+
+    def above(c: int) -> int:  # bytes above the runtime's baseline at c tokens
+        if c not in memo:
+            b = device_deployment(arch, strategy, device, c, weights, name, chunk).bytes
+            memo[c] = b["total"] - b["runtime"]
+        return memo[c]
+
+    cap = arch.trained_ctx[0] if arch.trained_ctx else CTX_SEARCH_MAX
+    fits = lambda c: above(c) <= basis.above_baseline  # noqa: E731
+    roomy = lambda c: above(c) + basis.overhead < basis.app - basis.uncertainty  # noqa: E731  (fit "yes")
+    if not fits(1):
+        return Longest(arch.name, strategy, 0, 0, "memory",
+                       f"does not fit at any context: {fmt_bytes(above(1))} above the runtime's baseline at 1 token, "
+                       f"{basis.describe()}")
+    ctx = _largest(fits, 1, cap)
+    yes = _largest(roomy, 1, ctx) if roomy(1) else 0
+    if ctx == cap:
+        bound, why = (("trained", f"the model was trained at {cap:,} tokens ({arch.trained_ctx[1]}); it fits "
+                                  "there, and past it the risk is high") if arch.trained_ctx else
+                      ("search", f"no trained length known; fits at {cap:,} tokens, the longest searched"))
+    else:
+        bound, why = "memory", (f"at {ctx + 1:,} tokens it holds {fmt_bytes(above(ctx + 1))} above the runtime's "
+                                f"baseline, more than {basis.describe()}")
+    row = plan_one(arch, strategy, device, ctx, weights, runtime, None, chunk, entitled)
+    return Longest(arch.name, strategy, ctx, yes, bound, why, row)
+
+
+@dataclass
+class MaxPlan:
+    device: DeviceProfile
+    options: list[Longest]
+    not_applicable: list[dict]
+    budget: int
+    runtime: str
+
+    def ranked(self) -> list[Longest]:
+        return sorted(self.options, key=lambda o: (-o.ctx, RISK_ORDER[o.row.quality["risk"]] if o.row else 9,
+                                                   -(o.row.decode.value if o.row else 0)))
+
+    def to_json(self, explain: bool = False) -> dict:
+        return {"device": self.device.to_json(), "ctx": "max", "budget_bytes": self.budget,
+                "budget_uncertainty_bytes": self.device.budget_uncertainty_bytes,
+                "runtime": {"name": self.runtime, "label": M.PLAN_RUNTIMES[self.runtime]["label"]},
+                "options": [o.to_json(explain) for o in self.ranked()], "not_applicable": self.not_applicable}
+
+
+def make_max_plan(device: DeviceProfile, archs: list[Arch], strategies: list[Strategy] | None = None,
+                  weights: str | None = None, runtime: str | None = None, entitled: bool = False,
+                  chunk: int = DEFAULT_CHUNK) -> MaxPlan:
+    """`plan --ctx max`: every option's longest context on the device (longest_ctx)."""
+    if entitled and device.entitled_budget_bytes is None:
+        raise EdgekvError(f"device {device.id} has no increased-memory-limit budget (iOS only)")
+    name = runtime or device.runtime
+    if name not in M.PLAN_RUNTIMES:
+        raise EdgekvError(f"unknown runtime {name!r}; runtimes: {', '.join(M.PLAN_RUNTIMES)}")
+    device.overhead(M.PLAN_RUNTIMES[name]["overhead"])  # one line naming the runtimes the profile has
+    out, na = [], []
+    for arch in archs:
+        w = weights or ("gguf" if arch.gguf_path else ("fp16" if device.is_datacenter else "int4"))
+        for s in strategies_for(arch, device, strategies):
+            try:
+                out.append(longest_ctx(arch, s, device, w, runtime, chunk, entitled))
+            except NotApplicable as e:
+                na.append({"model": arch.name, "strategy": s.name, "reason": str(e)})
+            except ParamsDoNotFit as e:
+                if strategies:
+                    raise
+                na.append({"model": arch.name, "strategy": s.label, "reason": str(e)})
+    budget = device.entitled_budget_bytes if entitled else device.budget_bytes
+    return MaxPlan(device, out, na, budget, name)

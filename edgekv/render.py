@@ -210,6 +210,48 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
         explain_rows(c, plan, shown)
 
 
+def max_ctx_table(mp, limit: int | None = 30, explain: bool = False) -> None:
+    """`plan --ctx max`: per option the longest context within the budget, what bounds it, and the option planned
+    there."""
+    from rich.markup import escape
+
+    from .memory import PLAN_RUNTIMES
+    c = console()
+    d = mp.device
+    opts = mp.ranked()
+    shown = opts if limit is None else opts[:limit]
+    cols = [Col("model", keep=True), Col("strategy", keep=True), Col("weights", give=4, short="wts"),
+            Col("longest\nctx", "right", keep=True), Col("with head-\nroom", "right", give=2),
+            Col("bound", give=1), Col("total\nGB", "right", give=3), Col("fits", give=5),
+            Col("decode\ntok/s", "right", give=3), Col("risk", give=1), Col("evidence", give=9)]
+    cells = []
+    for o in shown:
+        r = o.row
+        cells.append([o.model + ("" if r is None or r.exportable[0] else " †"), o.strategy.short,
+                      r.deployment.weight_precision if r else "", f"{o.ctx:,}" if o.ctx else "none",
+                      f"{o.ctx_yes:,}" if o.ctx_yes else "-", o.bound, fmt_gb(r.deployment.bytes["total"]) if r else "",
+                      FIT_CELL[r.fit] if r else FIT_CELL["no"], fmt_sig(r.decode.value) if r else "",
+                      f"[{RISK_STYLE[r.quality['risk']]}]{r.quality['risk']}[/]" if r else "",
+                      escape(r.quality["cite"]) if r else ""])
+    rt = PLAN_RUNTIMES[mp.runtime]
+    title = (f"edgekv plan: {d.name} ({d.id}), the longest context per option, budget {fmt_mem(mp.budget)}, "
+             f"runtime {rt['label']} (overhead {fmt_mem(d.overhead(rt['overhead']).value)})")
+    unc = d.budget_uncertainty_bytes
+    footer = (f"{sum(o.ctx > 0 for o in opts)} of {len(opts)} options fit at some context. {GB_NOTE}. longest ctx = "
+              "the most tokens whose total stays within the budget (bisection over the plan's memory model), "
+              "capped at the model's trained context; with headroom = the most tokens that leave more headroom than "
+              f"the budget's uncertainty ({fmt_mem(unc)}); bound = what stops it: memory (the budget), trained (the "
+              "model's trained context: past it the risk is high) or search (no trained length known, searched to "
+              "1m). total, fits, decode and risk are the option planned at its longest ctx. --explain says why per "
+              "row.")
+    print_table(c, title, cols, cells, footer)
+    if limit is not None and len(opts) > limit:
+        c.print(f"{len(opts) - limit} more options: --all shows them, --json gives every number.")
+    if explain:
+        for o in shown:
+            c.print(f"  {escape(o.model)} / {escape(o.strategy.short)}: {o.ctx:,} tokens, {o.bound}: {escape(o.why)}")
+
+
 def _first_sentence(text: str, n: int = 160) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= n else text[:n - 1].rsplit(" ", 1)[0] + " …"
