@@ -99,6 +99,8 @@ def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, ent
             raise SystemExit(EXIT_NO_FIT)
         return
     p = make_plan(device, ctx, archs, strats, weights, runtime, entitled, chunk)
+    from .plan import what_would_fit
+    p.suggestions = what_would_fit(p, archs, strats, weights, entitled, chunk, bool(models))
     if plot:
         _plot(device, archs, strats, weights, runtime, entitled, chunk, p, plot, ctx)
     if as_json:

@@ -273,11 +273,70 @@ class Plan:
 
     _runtime: str | None = None
 
+    suggestions: list[dict] | None = None  # what_would_fit, where the caller asked and nothing fits well
+
     def to_json(self, explain: bool = False) -> dict:
-        return {"device": self.device.to_json(), "ctx": self.ctx, "budget_bytes": self.budget,
-                "budget_uncertainty_bytes": self.device.budget_uncertainty_bytes,
-                "runtime": {"name": self.runtime, "label": M.PLAN_RUNTIMES[self.runtime]["label"]},
-                "options": [r.to_json(explain) for r in self.ranked()], "not_applicable": self.not_applicable}
+        d = {"device": self.device.to_json(), "ctx": self.ctx, "budget_bytes": self.budget,
+             "budget_uncertainty_bytes": self.device.budget_uncertainty_bytes,
+             "runtime": {"name": self.runtime, "label": M.PLAN_RUNTIMES[self.runtime]["label"]},
+             "options": [r.to_json(explain) for r in self.ranked()], "not_applicable": self.not_applicable}
+        if self.suggestions is not None:
+            d["what_would_fit"] = self.suggestions
+        return d
+
+
+def fits_well(r: PlanRow) -> bool:
+    """Fits with headroom beyond the budget's uncertainty, at quality risk none or low."""
+    return r.fit == "yes" and RISK_ORDER[r.quality["risk"]] <= RISK_ORDER["low"]
+
+
+def _suggestion(kind: str, what: str, r: PlanRow, args: list[str]) -> dict:
+    return {"kind": kind, "what": what, "model": r.model, "strategy": r.strategy.label, "short": r.strategy.short,
+            "weights": r.deployment.weight_precision, "runtime": r.runtime, "fit": r.fit,
+            "headroom_bytes": r.headroom, "risk": r.quality["risk"], "decode_tokens_per_s": round(r.decode.value, 3),
+            "command": "edgekv plan " + " ".join(args)}
+
+
+def what_would_fit(plan: Plan, archs: list[Arch], strategies: list[Strategy] | None, weights: str | None,
+                   entitled: bool, chunk: int, models_given: bool) -> list[dict] | None:
+    """None when some row of the plan fits well (fits_well); else the planner's own best row that does under each
+    change one flag makes: every strategy (where --strategy narrowed the plan), each other runtime the device
+    profile has, and the smallest device of the same class with a larger budget (its plausible models unless
+    --model named some). An empty list: nothing the planner knows fits well."""
+    if any(fits_well(r) for r in plan.rows):
+        return None
+    d, ctx, rt = plan.device, plan.ctx, plan.runtime
+    from .units import fmt_ctx
+    base = ["-d", d.id, "-c", fmt_ctx(ctx)] + [a for m in archs for a in ("-m", m.name)] * models_given \
+        + (["--weights", weights] if weights else []) + (["--entitled"] if entitled else [])
+    strat = [a for s in strategies or [] for a in ("--strategy", s.label)]
+    out = []
+
+    def best(p: Plan) -> PlanRow | None:
+        return next((r for r in p.ranked() if fits_well(r)), None)
+
+    if strategies:
+        r = best(make_plan(d, ctx, archs, None, weights, rt, entitled, chunk))
+        if r:
+            out.append(_suggestion("strategy", r.strategy.short, r, base + ["--runtime", rt]))
+    for other, spec in M.PLAN_RUNTIMES.items():
+        if other == rt or spec["overhead"] not in d.runtime_overhead:
+            continue
+        r = best(make_plan(d, ctx, archs, strategies, weights, other, entitled, chunk))
+        if r:
+            out.append(_suggestion("runtime", other, r, base + strat + ["--runtime", other]))
+    from .devices import all_devices
+    budget = plan.budget
+    bigger = sorted((x for x in all_devices() if x.device_class == d.device_class and x.budget_bytes > budget
+                     and M.PLAN_RUNTIMES[rt]["overhead"] in x.runtime_overhead), key=lambda x: x.budget_bytes)
+    for x in bigger:
+        r = best(make_plan(x, ctx, archs if models_given else default_models(x), strategies, weights, rt, False,
+                           chunk))
+        if r:
+            args = ["-d", x.id] + base[2:] + strat + ["--runtime", rt]
+            out.append(_suggestion("device", f"{x.id} ({x.name}, budget {fmt_bytes(x.budget_bytes)})", r, args))
+            break
+    return out
 
 
 def make_plan(device: DeviceProfile, ctx: int, archs: list[Arch], strategies: list[Strategy] | None = None,

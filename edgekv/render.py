@@ -193,6 +193,7 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
               f"`edgekv export -m ./hf-folder-or.gguf --strategy S --from-plan {d.id} -c {fmt_ctx(plan.ctx)} -o OUT` "
               "exports a row as planned.")
     print_table(c, title, plan_columns(dc, head), cells, footer)
+    suggestions_lines(c, plan)
     if limit is not None and len(rows) > limit:
         c.print(f"{len(rows) - limit} more options: --all shows them, --json gives every number.")
     fams = {}
@@ -208,6 +209,27 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
             c.print(f"[dim]{escape(e['model'])} / {escape(e['strategy'])}: not applicable — {escape(e['reason'])}[/]")
     if explain:
         explain_rows(c, plan, shown)
+
+
+def suggestions_lines(c: Console, plan) -> None:
+    """When no option fits well (plan.what_would_fit ran and found none here): what would, from the planner's own
+    rows under one changed flag."""
+    sug = plan.suggestions
+    if sug is None:
+        return
+    from rich.markup import escape
+    head = "No option fits well here (fits with headroom beyond the budget's uncertainty, risk none or low)."
+    if not sug:
+        c.print(f"{head} Nothing the planner knows does: not another strategy, runtime or a larger device of this "
+                "class.")
+        return
+    c.print(f"{head} What would, by the planner's own rows:")
+    for s in sug:
+        where = {"strategy": "another strategy", "runtime": f"runtime {s['what']}",
+                 "device": f"a larger device: {s['what']}"}[s["kind"]]
+        c.print(f"  {escape(where)}: {escape(s['model'])} {escape(s['short'])} ({s['weights']} weights), fits with "
+                f"{fmt_gb(s['headroom_bytes'])} GB headroom, risk {s['risk']}, {fmt_sig(s['decode_tokens_per_s'])} "
+                f"tok/s — `{escape(s['command'])}`")
 
 
 def max_ctx_table(mp, limit: int | None = 30, explain: bool = False) -> None:

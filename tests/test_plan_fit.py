@@ -295,3 +295,29 @@ def test_ctx_max_says_when_nothing_fits_at_any_context():
     code, out, _ = plan("-d", "galaxy-a15", "-c", "max", "-m", "gemma-3-1b", "--strategy", "kv-int8", "--explain")
     assert code == 3
     assert "does not fit at any context" in " ".join(out.split())
+
+
+# ---- point 7: when nothing fits well, the footer names what would ----
+
+
+def test_when_nothing_fits_well_the_plan_names_what_would_from_its_own_rows():
+    """galaxy-a15 at 32k: no option fits with headroom at risk none/low under ExecuTorch; each suggestion is a row
+    the ordinary plan gives under the one flag it changes, and fits well there."""
+    p = plan_json("-d", "galaxy-a15", "-c", "32k")
+    assert not any(o["fit"] == "yes" and o["quality"]["risk"] in ("none", "low") for o in p["options"])
+    sug = p["what_would_fit"]
+    kinds = {s["kind"] for s in sug}
+    assert "runtime" in kinds and "device" in kinds
+    for s in sug:
+        args = s["command"].split()[2:]
+        assert args[:2] == ["-d", "galaxy-a15"] or s["kind"] == "device"
+        other = plan_json(*args)
+        row = next(o for o in other["options"] if o["model"] == s["model"] and o["quality"]["risk"] == s["risk"]
+                   and o["headroom_bytes"] == s["headroom_bytes"])
+        assert row["fit"] == "yes" and row["quality"]["risk"] in ("none", "low")
+    code, out, _ = plan("-d", "galaxy-a15", "-c", "32k")
+    text = " ".join(out.split())
+    assert "No option fits well here" in text
+    for s in sug:
+        assert s["command"] in text and s["model"] in text
+    assert "what_would_fit" not in plan_json("-d", "pixel8", "-c", "32k")  # something fits well: nothing to add
