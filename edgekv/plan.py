@@ -307,8 +307,9 @@ def what_would_fit(plan: Plan, archs: list[Arch], strategies: list[Strategy] | N
         return None
     d, ctx, rt = plan.device, plan.ctx, plan.runtime
     from .units import fmt_ctx
-    base = ["-d", d.id, "-c", fmt_ctx(ctx)] + [a for m in archs for a in ("-m", m.name)] * models_given \
-        + (["--weights", weights] if weights else []) + (["--entitled"] if entitled else [])
+    plain = ["-d", d.id, "-c", fmt_ctx(ctx)] + [a for m in archs for a in ("-m", m.name)] * models_given \
+        + (["--entitled"] if entitled else [])
+    base = plain + (["--weights", weights] if weights else [])
     strat = [a for s in strategies or [] for a in ("--strategy", s.label)]
     out = []
 
@@ -319,12 +320,20 @@ def what_would_fit(plan: Plan, archs: list[Arch], strategies: list[Strategy] | N
         r = best(make_plan(d, ctx, archs, None, weights, rt, entitled, chunk))
         if r:
             out.append(_suggestion("strategy", r.strategy.short, r, base + ["--runtime", rt]))
-    for other, spec in M.PLAN_RUNTIMES.items():
-        if other == rt or spec["overhead"] not in d.runtime_overhead:
-            continue
-        r = best(make_plan(d, ctx, archs, strategies, weights, other, entitled, chunk))
+    w_now = {r.deployment.weight_precision for r in plan.rows}
+    # wider weights, where quantized ones are what the plan used: their measured cost can be what sets the risk
+    wider = [w for w in ("int8", "fp16") if w not in w_now] if w_now and w_now <= {"int4", "int8"} else []
+    for other in [rt] + [k for k, v in M.PLAN_RUNTIMES.items() if k != rt and v["overhead"] in d.runtime_overhead]:
+        r = None if other == rt else best(make_plan(d, ctx, archs, strategies, weights, other, entitled, chunk))
         if r:
             out.append(_suggestion("runtime", other, r, base + strat + ["--runtime", other]))
+            continue
+        for w in wider:  # the runtime alone does not: with wider weights
+            r = best(make_plan(d, ctx, archs, strategies, w, other, entitled, chunk))
+            if r:
+                out.append(_suggestion("weights" if other == rt else "runtime and weights", f"{other}, {w}", r,
+                                       plain + strat + ["--runtime", other, "--weights", w]))
+                break
     from .devices import all_devices
     budget = plan.budget
     bigger = sorted((x for x in all_devices() if x.device_class == d.device_class and x.budget_bytes > budget

@@ -116,10 +116,11 @@ def weights_path(model: str, precision: str, folder: Path | None = None) -> Path
 
 def weights_cost(model: str, precision: str, fmt: str | None, folder: Path | None = None) -> dict | None:
     """The stored verify-quant measurement of this model's weights at this precision: the artifact format's own
-    where stored, else another of edgekv's formats (its "format" says which); None when nothing is stored or
-    readable, or fmt is None (a runtime that quantizes with its own recipe, e.g. llama.cpp's GGUF types)."""
+    where stored, else another format's (its "format" says which: the nearest evidence there is for the same
+    precision, e.g. for llama.cpp, whose planner layout for int4 is edgekv's); None when nothing is stored or
+    readable."""
     p = weights_path(model, precision, folder)
-    if fmt is None or not p.is_file():
+    if not p.is_file():
         return None
     try:
         formats = json.loads(p.read_text()).get("formats") or {}

@@ -226,6 +226,7 @@ def suggestions_lines(c: Console, plan) -> None:
     c.print(f"{head} What would, by the planner's own rows:")
     for s in sug:
         where = {"strategy": "another strategy", "runtime": f"runtime {s['what']}",
+                 "weights": f"{s['weights']} weights", "runtime and weights": f"runtime {s['what']} weights",
                  "device": f"a larger device: {s['what']}"}[s["kind"]]
         c.print(f"  {escape(where)}: {escape(s['model'])} {escape(s['short'])} ({s['weights']} weights), fits with "
                 f"{fmt_gb(s['headroom_bytes'])} GB headroom, risk {s['risk']}, {fmt_sig(s['decode_tokens_per_s'])} "
