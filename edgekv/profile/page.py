@@ -191,7 +191,7 @@ def build_report(folder: Path, out: str | None, device_name: str, gpu_name: str,
                  ("weights", f"{weights}: {fmt_mem(b['weights'])}"), ("state", fmt_mem(b["state"])),
                  ("workspace", fmt_mem(b["workspace"])), ("runtime overhead", fmt_mem(b["runtime"])),
                  ("total", fmt_mem(b["total"])), (f"{phone.name} app budget", fmt_mem(row.budget)),
-                 ("fits", "yes" if row.fits else "no"), ("decode", f"{fmt_sig(row.decode.value)} tok/s"),
+                 ("fits", row.fit), ("decode", f"{fmt_sig(row.decode.value)} tok/s"),
                  ("prefill of the whole context", f"{fmt_sig(row.prefill.value)} s"),
                  ("quality risk", f"{row.quality['risk']} ({row.quality['source']}: {row.quality['evidence']})")]
     gpu_rows = [("per-user state", fmt_mem(base.state_bytes_per_user)), ("users per GPU", str(int(base.users.value))),
