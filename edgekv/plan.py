@@ -14,7 +14,7 @@ from .errors import EdgekvError
 from .quality import RISK_ORDER, past_trained, quality, with_weights
 from .serving import QUADRATIC_TAX, BaselineRow, quadratic_tax, ring_decode_comm_s, serve  # noqa: F401 (re-exported)
 from .strategies import NotApplicable, ParamsDoNotFit, Strategy, defaults_for
-from .units import fmt_mem as fmt_bytes
+from .units import fmt_mem
 
 DEFAULT_CHUNK = 128
 # the artifact format whose measured weight cost (quality.weights_cost) a plan runtime's row cites
@@ -343,7 +343,7 @@ def what_would_fit(plan: Plan, archs: list[Arch], strategies: list[Strategy] | N
                            chunk))
         if r:
             args = ["-d", x.id] + base[2:] + strat + ["--runtime", rt]
-            out.append(_suggestion("device", f"{x.id} ({x.name}, budget {fmt_bytes(x.budget_bytes)})", r, args))
+            out.append(_suggestion("device", f"{x.id} ({x.name}, budget {fmt_mem(x.budget_bytes)})", r, args))
             break
     return out
 
@@ -486,7 +486,7 @@ def longest_ctx(arch: Arch, strategy: Strategy, device: DeviceProfile, weights: 
     roomy = lambda c: above(c) + basis.overhead < basis.app - basis.uncertainty  # noqa: E731  (fit "yes")
     if not fits(1):
         return Longest(arch.name, strategy, 0, 0, "memory",
-                       f"does not fit at any context: {fmt_bytes(above(1))} above the runtime's baseline at 1 token, "
+                       f"does not fit at any context: {fmt_mem(above(1))} above the runtime's baseline at 1 token, "
                        f"{basis.describe()}")
     ctx = _largest(fits, 1, cap)
     yes = _largest(roomy, 1, ctx) if roomy(1) else 0
@@ -495,7 +495,7 @@ def longest_ctx(arch: Arch, strategy: Strategy, device: DeviceProfile, weights: 
                                   "there, and past it the risk is high") if arch.trained_ctx else
                       ("search", f"no trained length known; fits at {cap:,} tokens, the longest searched"))
     else:
-        bound, why = "memory", (f"at {ctx + 1:,} tokens it holds {fmt_bytes(above(ctx + 1))} above the runtime's "
+        bound, why = "memory", (f"at {ctx + 1:,} tokens it holds {fmt_mem(above(ctx + 1))} above the runtime's "
                                 f"baseline, more than {basis.describe()}")
     row = plan_one(arch, strategy, device, ctx, weights, runtime, None, chunk, entitled)
     return Longest(arch.name, strategy, ctx, yes, bound, why, row)

@@ -62,6 +62,18 @@ def test_the_table_says_tight_and_why():
     assert "uncertainty (0.400 GB" in " ".join(out.split())
 
 
+def test_at_80_columns_the_table_keeps_what_it_ranks_by():
+    """Ranked by fit, headroom and risk: at 80 columns those stay (weights, prefill and evidence give way first)."""
+    code, out, _ = plan("-d", "pixel8", "-c", "32k", columns=80)
+    assert code == 0
+    lines = out.splitlines()
+    rule = next(i for i, ln in enumerate(lines) if ln.startswith("─"))
+    head = " ".join(" ".join(lines[rule - 2:rule]).split())
+    for col in ("fits", "head-", "risk", "decode"):
+        assert col in head, head
+    assert all(len(ln) <= 80 for ln in lines[rule - 2:rule + 30])
+
+
 # ---- point 4: --explain's arithmetic reproduces its results ----
 
 NUM = r"([0-9][0-9,]*\.?[0-9]*)"
