@@ -495,8 +495,9 @@ def longest_ctx(arch: Arch, strategy: Strategy, device: DeviceProfile, weights: 
                                   "there, and past it the risk is high") if arch.trained_ctx else
                       ("search", f"no trained length known; fits at {cap:,} tokens, the longest searched"))
     else:
-        bound, why = "memory", (f"at {ctx + 1:,} tokens it holds {fmt_mem(above(ctx + 1))} above the runtime's "
-                                f"baseline, more than {basis.describe()}")
+        over = above(ctx + 1) - basis.above_baseline
+        bound, why = "memory", (f"at {ctx + 1:,} tokens it would hold {above(ctx + 1):,} B above the runtime's "
+                                f"baseline, {over:,} B more than {basis.describe()}")
     row = plan_one(arch, strategy, device, ctx, weights, runtime, None, chunk, entitled)
     return Longest(arch.name, strategy, ctx, yes, bound, why, row)
 
