@@ -45,7 +45,8 @@ def _plan_runtimes() -> list[str]:
 @main.command()
 @click.option("-d", "--device", "device_name", required=True, help="device id (see `edgekv devices`) or a .toml profile")
 @click.option("-c", "--ctx", "--max-ctx", "ctx_text", required=True,
-              help="context length: 4000, 4k (=4096), 32K, 128k, 1m")
+              help="context length: 4000, 4k (=4096), 32K, 128k, 1m; or max: the longest context each option fits "
+                   "(bounded by the budget or the model's trained context)")
 @click.option("-m", "--model", "models", multiple=True, help="catalog name, HF folder, config.json or .gguf (repeatable); "
               "default: every catalog model that could plausibly run on the device")
 @click.option("--strategy", "strategies", multiple=True, help=STRATEGY_HELP + " [default: every strategy that applies]")
@@ -76,14 +77,30 @@ def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, ent
     from .plan import default_models, make_plan
     from .strategies import parse_strategy
 
-    ctx = _ctx(ctx_text)
+    longest = ctx_text.strip().lower() == "max"
+    if longest and plot:
+        from .errors import EdgekvError
+        raise EdgekvError("--plot draws memory against the context: give --ctx a length, not max")
+    ctx = None if longest else _ctx(ctx_text)
     if plot:
         from .jsonfile import PLOT_FORMATS, check_writable
         check_writable(plot, "--plot", PLOT_FORMATS)
     device = load_device(device_name)
     archs = [load_arch(m) for m in models] if models else default_models(device)
     strats = [parse_strategy(s) for s in strategies] or None
+    if longest:
+        from .plan import make_max_plan
+        mp = make_max_plan(device, archs, strats, weights, runtime, entitled, chunk)
+        if as_json:
+            render.print_json(mp.to_json(explain))
+        else:
+            render.max_ctx_table(mp, None if show_all else 30, explain)
+        if models and strategies and mp.options and not any(o.ctx for o in mp.options):
+            raise SystemExit(EXIT_NO_FIT)
+        return
     p = make_plan(device, ctx, archs, strats, weights, runtime, entitled, chunk)
+    from .plan import what_would_fit
+    p.suggestions = what_would_fit(p, archs, strats, weights, entitled, chunk, bool(models))
     if plot:
         _plot(device, archs, strats, weights, runtime, entitled, chunk, p, plot, ctx)
     if as_json:

@@ -19,6 +19,9 @@ REQUIRED = ("ram_bytes", "app_budget_bytes", "mem_bandwidth_bytes_per_s", "compu
 REQUIRED_DATACENTER = ("usd_per_hour",)
 POSITIVE = ("ram_bytes", "app_budget_bytes", "app_budget_entitled_bytes", "mem_bandwidth_bytes_per_s",
             "compute_flops")
+# optional: how far the real budget may be below app_budget_bytes (the budget is a rule of thumb or one measurement,
+# not a limit the OS states); a plan fits "yes" only with more headroom than this, "tight" within it. Absent = 0.
+UNCERTAINTY = "app_budget_uncertainty_bytes"
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,11 @@ class DeviceProfile:
     def entitled_budget_bytes(self) -> int | None:
         f = self.facts.get("app_budget_entitled_bytes")
         return int(f.value) if f else None
+
+    @property
+    def budget_uncertainty_bytes(self) -> int:
+        f = self.facts.get(UNCERTAINTY)
+        return int(f.value) if f else 0
 
     @property
     def bandwidth(self) -> float:
@@ -165,6 +173,9 @@ def parse_profile(data: dict, where: str) -> DeviceProfile:
     for name, link in links.items():
         if not link.bytes_per_s.value > 0:
             raise EdgekvError(f"{where}: 'interconnect.{name}.bytes_per_s.value' must be larger than 0")
+    if UNCERTAINTY in facts and facts[UNCERTAINTY].value >= facts["app_budget_bytes"].value:
+        raise EdgekvError(f"{where}: '{UNCERTAINTY}.value' {facts[UNCERTAINTY].value:.4g} is not less than "
+                          f"app_budget_bytes {facts['app_budget_bytes'].value:.4g}")
     for k in ("app_budget_bytes", "app_budget_entitled_bytes"):
         if k in facts and facts[k].value > facts["ram_bytes"].value:
             raise EdgekvError(f"{where}: '{k}.value' {facts[k].value:.4g} is more than ram_bytes "
@@ -172,6 +183,41 @@ def parse_profile(data: dict, where: str) -> DeviceProfile:
     return DeviceProfile(id=str(data["id"]), name=str(data["name"]), device_class=cls, os=str(data.get("os", "")),
                          soc=str(data.get("soc", "")), runtime=runtime, facts=facts, runtime_overhead=overhead,
                          interconnect=links, path=where)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What an artifact may hold on a device, on the one basis `plan`, `profile --device` and `report` share: the app
+    budget less the runtime's own overhead = the bytes allowed above the runtime's baseline (what `profile` measures;
+    the plan's total is those bytes plus the overhead, so total <= app budget is the same test). uncertainty: how far
+    the app budget itself may be off (app_budget_uncertainty_bytes)."""
+    device: str
+    app: int
+    runtime: str
+    overhead: int
+    uncertainty: int
+    entitled: bool = False
+
+    @property
+    def above_baseline(self) -> int:
+        return self.app - self.overhead
+
+    def describe(self) -> str:
+        from .units import fmt_mem
+        return (f"{self.device} {'entitled ' if self.entitled else ''}app budget {fmt_mem(self.app)} - {self.runtime} "
+                f"overhead {fmt_mem(self.overhead)} = {fmt_mem(self.above_baseline)} above the runtime's baseline")
+
+
+def artifact_budget(device: DeviceProfile, runtime: str, entitled: bool = False) -> Budget:
+    """The Budget of one runtime on one device; runtime: a key of the profile's runtime_overhead_bytes (a plan
+    runtime's "overhead", edgekv/costs/runtimes.json)."""
+    app = device.budget_bytes
+    if entitled:
+        if device.entitled_budget_bytes is None:
+            raise EdgekvError(f"device {device.id} has no increased-memory-limit budget (iOS only)")
+        app = device.entitled_budget_bytes
+    return Budget(device.id, app, runtime, int(device.overhead(runtime).value), device.budget_uncertainty_bytes,
+                  entitled)
 
 
 def device_ids() -> list[str]:

@@ -167,7 +167,11 @@ def cite(q: dict, model: str, strategy: Strategy, ctx: int, folder: Path | None 
         return {**q, "evidence": f"{q['evidence']}; recall measurement not cited: {e}"}
     if r is None:
         return q
-    short = f"recall at {_k(r['distance'])}: {r['value']:.2f} exact, measured"
+    # beside a variant's recall, the fp32 reference's at the same distance: what the model itself recalls there, so
+    # a low value the reference shares reads as the model's, not the strategy's (whose risk the label is)
+    short = (f"recall at {_k(r['distance'])}: {r['value']:.2f} exact"
+             + (f" (fp32 {r['reference']:.2f})" if r["reference"] is not None and r["curve"] != r["reference_curve"]
+                else " (model's own)" if r["curve"] == r["reference_curve"] else "") + ", measured")
     how = (f"edgekv analyze --probe recall: exact recall {r['value']:.2f} over {r['trials']} needle(s) at distance "
            f"{r['distance']:,}" + (f" (value tokens right: {r['accuracy']:.2f})" if r["accuracy"] is not None else "") + (" (past the trained context)" if r["beyond_trained"] else "")
            + (f" with the fp32 cache (a {strategy.params.get('dtype')} cache keeps the same tokens)"

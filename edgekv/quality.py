@@ -105,3 +105,52 @@ def past_trained(q: dict, model: str, strategy: Strategy, ctx: int, trained: tup
 
 def _k(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 else f"{n:,}"
+
+
+def weights_path(model: str, precision: str, folder: Path | None = None) -> Path:
+    """Where the measured cost of a model's quantized weights is stored: <model>__weights-<precision>.json, one entry
+    per artifact format under "formats" (top1, kl_mean, positions, recipe, source): what edgekv export's
+    verify-quant measured against the fp32 model."""
+    return (folder or MEASURED_DIR) / f"{model}__weights-{precision}.json"
+
+
+def weights_cost(model: str, precision: str, fmt: str | None, folder: Path | None = None) -> dict | None:
+    """The stored verify-quant measurement of this model's weights at this precision: the artifact format's own
+    where stored, else another format's (its "format" says which: the nearest evidence there is for the same
+    precision, e.g. for llama.cpp, whose planner layout for int4 is edgekv's); None when nothing is stored or
+    readable."""
+    p = weights_path(model, precision, folder)
+    if not p.is_file():
+        return None
+    try:
+        formats = json.loads(p.read_text()).get("formats") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    order = ([fmt] if fmt in formats else []) + sorted(k for k in formats if k != fmt)
+    for f in order:
+        m = formats[f]
+        if isinstance(m, dict) and isinstance(m.get("kl_mean"), (int, float)) and isinstance(m.get("top1"),
+                                                                                            (int, float)):
+            return {**m, "format": f, "own_format": f == fmt, "file": f"edgekv/measurements/{p.name}"}
+    return None
+
+
+def with_weights(q: dict, model: str, precision: str, fmt: str | None, folder: Path | None = None) -> dict:
+    """q (the state's risk at ctx) with the weights' measured cost beside it: the weights' KL against fp32 on the
+    same scale as a cache's (risk_from_kl), the worse of the two kept, and the evidence and short cite saying what
+    was measured. Unchanged where no measurement of these weights is stored (fp32/fp16 weights have none)."""
+    m = weights_cost(model, precision, fmt, folder)
+    if m is None:
+        return q
+    risk = risk_from_kl(float(m["kl_mean"]), "bounded")
+    where = f"edgekv's {m['format']} export" + ("" if m["own_format"] else " (the format measured, not this plan's)")
+    how = (f"{precision} weights, as {where} quantizes them ({m.get('recipe', '')}): top-1 {m['top1']:.1%}, KL mean "
+           f"{m['kl_mean']:.3g} nats against the fp32 model over {m.get('positions')} positions of real text "
+           f"(edgekv export's verify-quant; {m.get('source', m['file'])}) -> {risk}")
+    weights = {"precision": precision, "format": m["format"], "top1": m["top1"], "kl_mean": m["kl_mean"],
+               "risk": risk, "file": m["file"]}
+    if RISK_ORDER[risk] > RISK_ORDER[q["risk"]]:  # the weights set the label: the short cite is theirs, the evidence
+        return {**q, "risk": risk, "source": "measured", "weights": weights,  # leads with them, the state after
+                "cite": f"{precision} weights: KL {m['kl_mean']:.2g}, top-1 {m['top1']:.0%}, measured",
+                "evidence": f"{how}; the state alone: {q['risk']} ({q['cite']}: {q['evidence']})"}
+    return {**q, "evidence": f"{q['evidence']}; {how}", "weights": weights}

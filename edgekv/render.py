@@ -20,6 +20,7 @@ from rich.text import Text
 
 from .units import GB, fmt_ctx, fmt_gb, fmt_mem, fmt_sig, time_unit
 
+FIT_CELL = {"yes": "[green]yes[/]", "tight": "[yellow]tight[/]", "no": "[red]no[/]"}
 RISK_STYLE = {"none": "green", "low": "green", "medium": "yellow", "unknown": "magenta", "high": "red"}
 GB_NOTE = "GB = 1e9 bytes"
 PIPED_WIDTH = 200  # piped without COLUMNS: wide enough that no table drops a column
@@ -140,11 +141,12 @@ def time_column(name: str, seconds: list[float | None]) -> tuple[str, list[str]]
 
 
 def plan_columns(dc: bool, time_head: str) -> list[Col]:
-    cols = [Col("model", keep=True), Col("strategy", keep=True), Col("weights", give=7, short="wts"),
-            Col("state\nGB", "right", give=4), Col("total\nGB", "right", give=1), Col("fits", give=1),
-            Col("head-\nroom GB", "right", give=6), Col("decode\ntok/s", "right", give=2),
-            Col(time_head, "right", give=5, short=time_head.replace("prefill", "pf")),
-            Col("trained\nctx", "right", give=3), Col("risk", give=3), Col("evidence", give=9)]
+    # what the ranking is by (fits, headroom, risk) stays longest at 80 columns; then decode, total, weights
+    cols = [Col("model", keep=True), Col("strategy", keep=True), Col("weights", give=4, short="wts"),
+            Col("state\nGB", "right", give=7), Col("total\nGB", "right", give=3), Col("fits", give=1),
+            Col("head-\nroom GB", "right", give=1), Col("decode\ntok/s", "right", give=2),
+            Col(time_head, "right", give=6, short=time_head.replace("prefill", "pf")),
+            Col("trained\nctx", "right", give=5), Col("risk", give=1), Col("evidence", give=9)]
     if dc:
         cols += [Col("users\n/GPU", "right", give=6), Col("$/M tok", "right", give=6)]
     return cols
@@ -165,7 +167,7 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
         tc = r.trained_ctx[0] if r.trained_ctx else None
         cells.append([r.model + ("" if r.exportable[0] else " †"), r.strategy.short + ("" if r.native else " *"),
                       r.deployment.weight_precision, fmt_gb(b["state"]), fmt_gb(b["total"]),
-                      "[green]yes[/]" if r.fits else "[red]no[/]", ("" if r.fits else "-") + fmt_gb(abs(r.headroom)),
+                      FIT_CELL[r.fit], ("" if r.fits else "-") + fmt_gb(abs(r.headroom)),
                       fmt_sig(r.decode.value), p,
                       "?" if tc is None else ("[red]" + fmt_ctx(tc) + " ![/]" if plan.ctx > tc else fmt_ctx(tc)),
                       f"[{RISK_STYLE[risk]}]{risk}[/]", r.quality["cite"],
@@ -175,9 +177,13 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
     rt = PLAN_RUNTIMES[plan.runtime]
     title = (f"edgekv plan: {d.name} ({d.id}), ctx {fmt_ctx(plan.ctx)} = {plan.ctx:,} tokens, budget "
              f"{fmt_mem(plan.budget)}, runtime {rt['label']} (overhead {fmt_mem(d.overhead(rt['overhead']).value)})")
-    footer = (f"{n_fit} of {len(rows)} options fit. {GB_NOTE}. total = weights + state + workspace + runtime; "
-              "headroom = budget - total ('-' = over by); "
-              f"decode = tokens/s at ctx; prefill = time to read a {plan.ctx:,}-token prompt. "
+    n_tight = sum(r.fit == "tight" for r in rows)
+    unc = d.budget_uncertainty_bytes
+    footer = (f"{n_fit} of {len(rows)} options fit" + (f", {n_tight} of them tight" if n_tight else "") + f". {GB_NOTE}. "
+              "total = weights + state + workspace + runtime; headroom = budget - total ('-' = over by); "
+              + (f"tight = fits with no more headroom than the budget's own uncertainty ({fmt_mem(unc)}, "
+                 f"{d.id}'s app_budget_uncertainty_bytes). " if unc else "")
+              + f"decode = tokens/s at ctx; prefill = time to read a {plan.ctx:,}-token prompt. "
               "'*' = state changed from what the model was trained with (quantized, windowed or converted). "
               "'†' = edgekv export cannot build this row today (another tool may; --json: exportable_reason). "
               "trained = the context the model was trained at ('!' = ctx is past it: risk high unless edgekv analyze "
@@ -187,6 +193,7 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
               f"`edgekv export -m ./hf-folder-or.gguf --strategy S --from-plan {d.id} -c {fmt_ctx(plan.ctx)} -o OUT` "
               "exports a row as planned.")
     print_table(c, title, plan_columns(dc, head), cells, footer)
+    suggestions_lines(c, plan)
     if limit is not None and len(rows) > limit:
         c.print(f"{len(rows) - limit} more options: --all shows them, --json gives every number.")
     fams = {}
@@ -202,6 +209,70 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
             c.print(f"[dim]{escape(e['model'])} / {escape(e['strategy'])}: not applicable — {escape(e['reason'])}[/]")
     if explain:
         explain_rows(c, plan, shown)
+
+
+def suggestions_lines(c: Console, plan) -> None:
+    """When no option fits well (plan.what_would_fit ran and found none here): what would, from the planner's own
+    rows under one changed flag."""
+    sug = plan.suggestions
+    if sug is None:
+        return
+    from rich.markup import escape
+    head = "No option fits well here (fits with headroom beyond the budget's uncertainty, risk none or low)."
+    if not sug:
+        c.print(f"{head} Nothing the planner knows does: not another strategy, runtime or a larger device of this "
+                "class.")
+        return
+    c.print(f"{head} What would, by the planner's own rows:")
+    for s in sug:
+        where = {"strategy": "another strategy", "runtime": f"runtime {s['what']}",
+                 "weights": f"{s['weights']} weights", "runtime and weights": f"runtime {s['what']} weights",
+                 "device": f"a larger device: {s['what']}"}[s["kind"]]
+        c.print(f"  {escape(where)}: {escape(s['model'])} {escape(s['short'])} ({s['weights']} weights), fits with "
+                f"{fmt_gb(s['headroom_bytes'])} GB headroom, risk {s['risk']}, {fmt_sig(s['decode_tokens_per_s'])} "
+                f"tok/s — `{escape(s['command'])}`")
+
+
+def max_ctx_table(mp, limit: int | None = 30, explain: bool = False) -> None:
+    """`plan --ctx max`: per option the longest context within the budget, what bounds it, and the option planned
+    there."""
+    from rich.markup import escape
+
+    from .memory import PLAN_RUNTIMES
+    c = console()
+    d = mp.device
+    opts = mp.ranked()
+    shown = opts if limit is None else opts[:limit]
+    cols = [Col("model", keep=True), Col("strategy", keep=True), Col("weights", give=4, short="wts"),
+            Col("longest\nctx", "right", keep=True), Col("with head-\nroom", "right", give=2),
+            Col("bound", give=1), Col("total\nGB", "right", give=3), Col("fits", give=5),
+            Col("decode\ntok/s", "right", give=3), Col("risk", give=1), Col("evidence", give=9)]
+    cells = []
+    for o in shown:
+        r = o.row
+        cells.append([o.model + ("" if r is None or r.exportable[0] else " †"), o.strategy.short,
+                      r.deployment.weight_precision if r else "", f"{o.ctx:,}" if o.ctx else "none",
+                      f"{o.ctx_yes:,}" if o.ctx_yes else "-", o.bound, fmt_gb(r.deployment.bytes["total"]) if r else "",
+                      FIT_CELL[r.fit] if r else FIT_CELL["no"], fmt_sig(r.decode.value) if r else "",
+                      f"[{RISK_STYLE[r.quality['risk']]}]{r.quality['risk']}[/]" if r else "",
+                      escape(r.quality["cite"]) if r else ""])
+    rt = PLAN_RUNTIMES[mp.runtime]
+    title = (f"edgekv plan: {d.name} ({d.id}), the longest context per option, budget {fmt_mem(mp.budget)}, "
+             f"runtime {rt['label']} (overhead {fmt_mem(d.overhead(rt['overhead']).value)})")
+    unc = d.budget_uncertainty_bytes
+    footer = (f"{sum(o.ctx > 0 for o in opts)} of {len(opts)} options fit at some context. {GB_NOTE}. longest ctx = "
+              "the most tokens whose total stays within the budget (bisection over the plan's memory model), "
+              "capped at the model's trained context; with headroom = the most tokens that leave more headroom than "
+              f"the budget's uncertainty ({fmt_mem(unc)}); bound = what stops it: memory (the budget), trained (the "
+              "model's trained context: past it the risk is high) or search (no trained length known, searched to "
+              "1m). total, fits, decode and risk are the option planned at its longest ctx. --explain says why per "
+              "row.")
+    print_table(c, title, cols, cells, footer)
+    if limit is not None and len(opts) > limit:
+        c.print(f"{len(opts) - limit} more options: --all shows them, --json gives every number.")
+    if explain:
+        for o in shown:
+            c.print(f"  {escape(o.model)} / {escape(o.strategy.short)}: {o.ctx:,} tokens, {o.bound}: {escape(o.why)}")
 
 
 def _first_sentence(text: str, n: int = 160) -> str:
@@ -260,6 +331,40 @@ def recall_runs(c: Console, runs: dict) -> None:
         c.print(f"  [{n}] {p.get('date')}, {wall}{load}: {escape(cmd)}")
 
 
+def decode_line(r, d) -> str:
+    """The decode derivation whose arithmetic gives the printed tok/s: bytes read per token over the effective
+    bandwidth when bandwidth-bound (with the fp32 copy a runtime writes and reads when it dequantizes the whole
+    cache), FLOP per token over the effective compute when compute-bound."""
+    if "compute-bound" in r.decode.formula and r.decode_flops is not None:
+        return (f"~{fmt_sig(r.decode_flops.value / 1e9)} GFLOP per token / ({d.flops / 1e9:,.0f} GFLOP/s x "
+                f"{d.prefill_efficiency:g}) -> {fmt_sig(r.decode.value)} tok/s (compute-bound)")
+    b = r.deployment.bytes
+    weights = r.deployment.weights.get("read_per_token", b["weights"])
+    read = r.read.value if r.read is not None else weights + b["state"]
+    extra = read - weights - b["state"]
+    parts = (f" (weights {fmt_gb(weights)} + state {fmt_gb(b['state'])} + the fp32 copy of the dequantized cache, "
+             f"written and read, {fmt_gb(extra)})" if extra > 0 else "")
+    return (f"~{fmt_gb(read)} GB read per token{parts} / ({d.bandwidth / 1e9:.1f} GB/s x {d.decode_efficiency:g}) -> "
+            f"{fmt_sig(r.decode.value)} tok/s (bandwidth-bound)")
+
+
+def prefill_line(r, d, ctx: int) -> str:
+    """The prefill derivation whose arithmetic gives the printed time: FLOP over the effective compute, or, where
+    reading the weights once per chunk takes longer, chunks x weights over the effective bandwidth."""
+    unit, div = time_unit([r.prefill.value])
+    t = f"{fmt_sig(r.prefill.value / div)} {unit}"
+    if r.prefill_flops is None:
+        return f"{ctx:,} tokens at {d.flops / 1e9:,.0f} GFLOP/s x {d.prefill_efficiency:g} -> {t}"
+    fl = r.prefill_flops.value
+    if fl / (d.flops * d.prefill_efficiency) >= r.prefill.value * (1 - 1e-9):
+        return (f"{ctx:,} tokens: ~{fmt_sig(fl / 1e12)} TFLOP / ({d.flops / 1e9:,.0f} GFLOP/s x "
+                f"{d.prefill_efficiency:g}) -> {t} (compute-bound)")
+    chunks = math.ceil(ctx / r.chunk)
+    return (f"{ctx:,} tokens in {chunks:,} chunks, each reading the weights: {chunks:,} x "
+            f"{fmt_gb(r.deployment.bytes['weights'])} GB / ({d.bandwidth / 1e9:.1f} GB/s x {d.decode_efficiency:g}) "
+            f"-> {t} (bandwidth-bound)")
+
+
 def explain_rows(c: Console, plan, rows) -> None:
     """A short derivation per row; the facts every row shares once, first. --json --explain has every formula."""
     d = plan.device
@@ -287,17 +392,13 @@ def explain_rows(c: Console, plan, rows) -> None:
         parts.append(("runtime", b["runtime"]))
         mem = " + ".join(f"{fmt_gb(v)} {k}" for k, v in parts)
         head = plan.budget - b["total"]
-        verdict = (f"fits, {fmt_gb(head)} GB to spare" if r.fits else f"does not fit, {fmt_gb(-head)} GB over")
-        read = r.deployment.weights.get("read_per_token", b["weights"]) + b["state"]
+        verdict = (f"does not fit, {fmt_gb(-head)} GB over" if not r.fits else
+                   f"fits, {fmt_gb(head)} GB to spare" if r.fit == "yes" else
+                   f"tight: {fmt_gb(head)} GB to spare, within the budget's uncertainty {fmt_gb(r.uncertainty)} GB")
         c.print(f"\n[bold]{r.model} / {r.strategy.short}[/] ({r.deployment.weight_precision} weights)")
         c.print(f"  memory   {mem} = {fmt_gb(b['total'])} GB vs budget {fmt_gb(plan.budget)} GB: {verdict}")
-        bound = "bandwidth-bound" if "bandwidth-bound" in r.decode.formula else (
-            "compute-bound" if "compute-bound" in r.decode.formula else "")
-        c.print(f"  decode   ~{fmt_gb(read)} GB read per token / ({d.bandwidth / 1e9:.1f} GB/s x "
-                f"{d.decode_efficiency:g}) -> {fmt_sig(r.decode.value)} tok/s" + (f" ({bound})" if bound else ""))
-        unit, div = time_unit([r.prefill.value])
-        c.print(f"  prefill  {plan.ctx:,} tokens at {d.flops / 1e9:,.0f} GFLOP/s x {d.prefill_efficiency:g} -> "
-                f"{fmt_sig(r.prefill.value / div)} {unit}")
+        c.print(f"  decode   {decode_line(r, d)}")
+        c.print(f"  prefill  {prefill_line(r, d, plan.ctx)}")
         q = r.quality
         c.print(f"  risk     {q['risk']}: {_first_sentence(q['evidence'], 200)} ({q['cite']})")
         if r.recall:

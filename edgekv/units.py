@@ -47,12 +47,18 @@ def parse_ctx_list(text: str) -> list[int]:
     return [parse_ctx(p) for p in parts]
 
 
+BYTE_UNITS = ("B", "KB", "KiB", "MB", "MiB", "GB", "GiB")
+
+
 def parse_bytes(text: str) -> int:
-    """'512MB' -> 512e6, '3GiB' -> 3*2**30, '1500' (MB by default) -> 1.5e9."""
+    """'512MB' -> 512e6, '3GiB' -> 3*2**30; a number without its unit is refused ('0.6' could be GB or MB)."""
     m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|KiB|MB|MiB|GB|GiB)?\s*$", str(text), re.I | re.A)
     if not m:
         raise EdgekvError(f"memory size {text!r} is not a size: use e.g. 3500MB or 3.5GB or 3GiB")
-    unit = (m.group(2) or "MB").lower()
+    if not m.group(2):
+        raise EdgekvError(f"memory size {text!r} has no unit: give one of {', '.join(BYTE_UNITS)} "
+                          f"(e.g. {m.group(1)}GB or {m.group(1)}MB)")
+    unit = m.group(2).lower()
     mult = {"b": 1, "kb": 10**3, "kib": 2**10, "mb": MB, "mib": MiB, "gb": GB, "gib": GiB}[unit]
     value = int(float(m.group(1)) * mult)
     if value <= 0:

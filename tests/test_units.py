@@ -26,4 +26,5 @@ def test_bytes_say_their_unit():
     assert fmt_bytes(3.5e9) == "3.50 GB"
     assert fmt_bytes(2**30, "GiB") == "1.00 GiB"
     assert parse_bytes("3GiB") == 3 * 2**30 and parse_bytes("3500MB") == 3_500_000_000
-    assert parse_bytes("1500") == 1_500_000_000  # a plain number is MB
+    with pytest.raises(EdgekvError, match="no unit"):  # "0.6" could be GB or MB
+        parse_bytes("1500")

@@ -27,11 +27,14 @@ REMOTE_REPORT = f"/sdcard/Android/data/{APP}/files/report.json"
               help="runtime to run in (default: ort when the export has model.onnx, else executorch); genai / "
               "executorch-runner: through ONNX Runtime GenAI's Generator / the ExecuTorch runner .pte's "
               "forward(tokens, input_pos), as those APIs run it (an export made with --runner)")
-@click.option("--limit", "limit_text", default=None, help="memory budget for the run, e.g. 600MB, counted as the "
+@click.option("--limit", "limit_text", default=None, help="memory budget for the run with its unit (B, KB, KiB, MB, "
+              "MiB, GB, GiB), e.g. 600MB, counted as the "
               "measured column counts (peak above the runtime's baseline): a run above it is stopped, reported with "
               "the step it reached, and the command exits 3 (default: no limit)")
 @click.option("-d", "--device", "device_name", default=None,
-              help="use this device profile's app budget as --limit (default: none)")
+              help="use this device profile's app budget less its runtime's overhead as --limit: the bytes an "
+              "artifact may hold above the runtime's baseline, the basis `plan` and `report` judge fits on "
+              "(default: none)")
 @click.option("-t", "--threads", default=None, type=click.IntRange(1, 256),
               help="compute threads (ONNX Runtime intra-op, ExecuTorch XNNPACK threadpool); default: the runtime's")
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(1, 50),

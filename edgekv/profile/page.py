@@ -184,13 +184,14 @@ def build_report(folder: Path, out: str | None, device_name: str, gpu_name: str,
     if prof.get("budget_bytes"):
         budget, budget_label = prof["budget_bytes"], "the profile's budget"
     else:  # the phone's app budget less its runtime's overhead: the same basis as the bars (above the runtime)
-        budget, budget_label = row.budget - b["runtime"], f"{phone.name} budget - {row.deployment.runtime} overhead ="
+        basis = row.budget_basis  # devices.artifact_budget, as profile --device and plan use it
+        budget, budget_label = basis.above_baseline, f"{phone.name} budget - {basis.runtime} overhead ="
     figs = _figures(prof, meas, ctx, budget, budget_label)
     plan_rows = [("model", arch.name), ("strategy", strategy.label), ("context", f"{ctx:,} tokens"),
                  ("weights", f"{weights}: {fmt_mem(b['weights'])}"), ("state", fmt_mem(b["state"])),
                  ("workspace", fmt_mem(b["workspace"])), ("runtime overhead", fmt_mem(b["runtime"])),
                  ("total", fmt_mem(b["total"])), (f"{phone.name} app budget", fmt_mem(row.budget)),
-                 ("fits", "yes" if row.fits else "no"), ("decode", f"{fmt_sig(row.decode.value)} tok/s"),
+                 ("fits", row.fit), ("decode", f"{fmt_sig(row.decode.value)} tok/s"),
                  ("prefill of the whole context", f"{fmt_sig(row.prefill.value)} s"),
                  ("quality risk", f"{row.quality['risk']} ({row.quality['source']}: {row.quality['evidence']})")]
     gpu_rows = [("per-user state", fmt_mem(base.state_bytes_per_user)), ("users per GPU", str(int(base.users.value))),

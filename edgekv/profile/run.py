@@ -218,6 +218,16 @@ def median_run(results: list[dict]) -> dict:
 
 
 BUDGET_BASIS = "measured_bytes: peak resident bytes above the runtime's baseline (the same number as measured)"
+# the device profile's runtime_overhead_bytes entry each `profile --runtime` runs under (a --device budget is the app
+# budget less that overhead: devices.artifact_budget, the basis plan and report use)
+RUNTIME_OVERHEAD = {"ort": "onnxruntime", "genai": "onnxruntime", "executorch": "executorch",
+                    "executorch-runner": "executorch"}
+
+
+def device_budget(device, runtime: str):
+    """devices.artifact_budget of the device profile for a profile runtime (ort, genai, executorch, ...)."""
+    from ..devices import artifact_budget
+    return artifact_budget(device, RUNTIME_OVERHEAD[runtime])
 
 
 def profile(folder: str, ctxs: list[int], steps: int, runtime: str | None, limit: int | None,
@@ -239,7 +249,8 @@ def profile(folder: str, ctxs: list[int], steps: int, runtime: str | None, limit
         if c <= steps:
             raise EdgekvError(f"ctx {c} must be larger than --steps {steps} (a run is ctx - steps prompt tokens, "
                               f"then steps decoded)")
-    budget = limit or (device.budget_bytes if device else None)
+    basis = device_budget(device, runtime) if device is not None and limit is None else None
+    budget = limit or (basis.above_baseline if basis else None)
     pred = predicted(manifest, runtime)
     explain = pred.pop("explain", None)
     pred_calls = explain.pop("calls_bytes", None) if explain else None
@@ -306,7 +317,7 @@ def profile(folder: str, ctxs: list[int], steps: int, runtime: str | None, limit
     host["bandwidth_bytes_per_s"] = bw
     host["threads"] = threads
     return {"artifact": str(folder), "runtime": runtime, "host": host, "budget_bytes": budget,
-            "budget_basis": BUDGET_BASIS,
+            "budget_basis": BUDGET_BASIS + (f"; {basis.describe()}" if basis else ""),
             "model": manifest["model"]["name"], "strategy": manifest["strategy"]["label"], "max_ctx": max_ctx,
             "prefill_chunk": prefill_chunk(manifest, runtime), "predicted_explain": explain, "runs": runs}
 
