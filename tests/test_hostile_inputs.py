@@ -1,0 +1,110 @@
+"""A careless or hostile user, round two (issue 37): inputs that grew memory without end or ended in a traceback
+now end in one line on stderr and exit code 2."""
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import EDGEKV, ROOT
+
+
+def cli(*args, env=None, cwd=None):
+    """edgekv in this process: (exit code, stdout, stderr)."""
+    from edgekv.cli import main
+    old = os.getcwd()
+    if cwd:
+        os.chdir(cwd)
+    try:
+        r = CliRunner().invoke(main, [str(a) for a in args], env=env)
+    finally:
+        os.chdir(old)
+    return r.exit_code, r.stdout, r.stderr
+
+
+def one_line_exit_2(code, err, needle=""):
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("edgekv: error: "), err
+    assert "Traceback" not in err
+    assert needle in err, err
+
+
+def bounded(args, seconds=60, mem_mb=600, env=None, cwd=ROOT):
+    """edgekv as a child with its address space capped (a runaway fails fast instead of filling the host)."""
+    def limit():
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (mem_mb << 20, mem_mb << 20))
+    e = dict(os.environ)
+    e.update(env or {})
+    p = subprocess.run(EDGEKV + [str(a) for a in args], capture_output=True, cwd=cwd, env=e, timeout=seconds,
+                       preexec_fn=limit)
+    return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+
+
+# ---- 1. a GGUF whose counts claim more than the file holds ----
+
+
+def _gguf(path, n_scores=8000):
+    """A small valid llama GGUF written by gguf-py's own writer (the reference for the layout)."""
+    import gguf
+    import numpy as np
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_embedding_length(8)
+    w.add_array("tokenizer.ggml.tokens", ["a"] * 8)
+    w.add_array("tokenizer.ggml.scores", [0.5] * n_scores)
+    w.add_key_value("tokenizer.ggml.token_type", [1] * 8, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.UINT8)
+    w.add_tensor("token_embd.weight", np.zeros((8, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _patch(path, old: bytes, new: bytes):
+    b = path.read_bytes()
+    assert b.count(old) == 1
+    path.write_bytes(b.replace(old, new))
+
+
+GGUF_ARRAY, GGUF_UINT8, GGUF_FLOAT32 = 9, 0, 6
+
+
+@pytest.mark.parametrize("key,itype,n", [(b"tokenizer.ggml.token_type", GGUF_UINT8, 8),
+                                         (b"tokenizer.ggml.scores", GGUF_FLOAT32, 8000)])
+def test_a_gguf_array_claiming_2_62_items_is_one_line(tmp_path, key, itype, n):
+    """gguf-py's reader reads one-byte items past the end of the file as empty arrays and goes on appending them:
+    before the header check, this 66 KB file grew plan's memory without end (here: into the address-space cap)."""
+    f = _gguf(tmp_path / "huge.gguf")
+    _patch(f, key + struct.pack("<IIQ", GGUF_ARRAY, itype, n), key + struct.pack("<IIQ", GGUF_ARRAY, itype, 2**62))
+    assert f.stat().st_size < 70_000
+    code, _, err = bounded(["plan", "--device", "pixel8", "--ctx", "4k", "-m", f])
+    one_line_exit_2(code, err, "item count")
+
+
+def test_a_gguf_tensor_count_of_2_62_is_one_line(tmp_path):
+    f = _gguf(tmp_path / "tensors.gguf")
+    head = f.read_bytes()[:24]
+    assert struct.unpack("<4sIQQ", head)[2] == 1  # one tensor, as written
+    _patch(f, head, head[:8] + struct.pack("<Q", 2**62) + head[16:])
+    code, _, err = bounded(["plan", "--device", "pixel8", "--ctx", "4k", "-m", f])
+    one_line_exit_2(code, err, "tensor count")
+
+
+def test_a_gguf_string_longer_than_the_file_is_one_line(tmp_path):
+    f = _gguf(tmp_path / "string.gguf")
+    _patch(f, struct.pack("<Q", 1) + b"a" + struct.pack("<Q", 1) + b"a" + struct.pack("<Q", 1) + b"a"
+           + struct.pack("<Q", 1) + b"a" + struct.pack("<Q", 1) + b"a" + struct.pack("<Q", 1) + b"a"
+           + struct.pack("<Q", 1) + b"a" + struct.pack("<Q", 1) + b"a",
+           struct.pack("<Q", 2**62) + b"a" + (struct.pack("<Q", 1) + b"a") * 7)
+    code, _, err = bounded(["plan", "--device", "pixel8", "--ctx", "4k", "-m", f])
+    one_line_exit_2(code, err, "past the end of the file")
+
+
+def test_the_gguf_header_check_passes_a_real_gguf(gguf_path):
+    from edgekv.arch.gguf import check_gguf_header
+    check_gguf_header(gguf_path)  # SmolLM2's 49,152-token vocabulary and its merges, as llama.cpp wrote them
