@@ -3,7 +3,6 @@ now end in one line on stderr and exit code 2."""
 import os
 import struct
 import subprocess
-import sys
 
 import pytest
 from click.testing import CliRunner
