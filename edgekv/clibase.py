@@ -37,10 +37,26 @@ def _usage_line(e: click.ClickException) -> str:
     return msg
 
 
+def sane_terminal_env() -> None:
+    """COLUMNS and LINES as rich reads them: rich takes str.isdigit() for a number, and '²'.isdigit() is true while
+    int('²') fails; a value that is not plain ASCII digits is dropped (the terminal's own size then counts), and
+    COLUMNS is held within render's MIN_WIDTH..MAX_WIDTH (COLUMNS=1 printed a table one character per line)."""
+    from .render import MAX_WIDTH, MIN_WIDTH
+    for name in ("COLUMNS", "LINES"):
+        v = os.environ.get(name)
+        if v is None:
+            continue
+        if not (v.isascii() and v.isdigit() and len(v) <= 6 and int(v) > 0):
+            del os.environ[name]
+        elif name == "COLUMNS":
+            os.environ[name] = str(min(max(int(v), MIN_WIDTH), MAX_WIDTH))
+
+
 class Group(click.Group):
     """Every EdgekvError and usage error becomes one line on stderr and exit code 2, never a traceback."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        sane_terminal_env()
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:

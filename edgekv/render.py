@@ -25,14 +25,21 @@ GB_NOTE = "GB = 1e9 bytes"
 PIPED_WIDTH = 200  # piped without COLUMNS: wide enough that no table drops a column
 
 
+MIN_WIDTH = 40  # narrower, a table breaks into a line per character: render at this width and let the terminal wrap
+MAX_WIDTH = 10_000
+
+
 def width() -> int:
-    """Columns to render for: $COLUMNS when set (also when piped), else the terminal's, else PIPED_WIDTH."""
-    cols = os.environ.get("COLUMNS", "")
-    if cols.isdigit() and int(cols) > 0:
-        return int(cols)
-    if sys.stdout.isatty():
-        return Console().width
-    return PIPED_WIDTH
+    """Columns to render for: $COLUMNS when set (also when piped), else the terminal's, else PIPED_WIDTH; held
+    within MIN_WIDTH..MAX_WIDTH. A COLUMNS that is not a number of ASCII digits ('²', '-1', '') is ignored."""
+    cols = os.environ.get("COLUMNS", "").strip()
+    if cols.isascii() and cols.isdigit() and len(cols) <= 6 and int(cols) > 0:
+        n = int(cols)
+    elif sys.stdout.isatty():
+        n = Console().width
+    else:
+        n = PIPED_WIDTH
+    return min(max(n, MIN_WIDTH), MAX_WIDTH)
 
 
 def console(stderr: bool = False) -> Console:

@@ -1,5 +1,6 @@
 """A careless or hostile user, round two (issue 37): inputs that grew memory without end or ended in a traceback
 now end in one line on stderr and exit code 2."""
+import json
 import os
 import struct
 import subprocess
@@ -107,3 +108,45 @@ def test_a_gguf_string_longer_than_the_file_is_one_line(tmp_path):
 def test_the_gguf_header_check_passes_a_real_gguf(gguf_path):
     from edgekv.arch.gguf import check_gguf_header
     check_gguf_header(gguf_path)  # SmolLM2's 49,152-token vocabulary and its merges, as llama.cpp wrote them
+
+
+# ---- 4. digits that str.isdigit() accepts and int() refuses ----
+
+
+def _state_header(path):
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def test_a_state_file_position_of_superscript_two_is_one_line(tiny_onnx_export, tmp_path):
+    s = tmp_path / "p.state"
+    code, _, err = cli("run", tiny_onnx_export, "-p", "abc", "-n", "0", "--threads", "1", "--save-state", s)
+    assert code == 0, err
+    header, data = _state_header(s)
+    assert header["__metadata__"]["position"] == "3"
+    header["__metadata__"]["position"] = "\u00b2"  # '²': str.isdigit() is True, int() raises ValueError
+    h = json.dumps(header).encode()
+    s.write_bytes(struct.pack("<Q", len(h)) + h + data)
+    code, _, err = cli("run", tiny_onnx_export, "-p", "d", "-n", "1", "--threads", "1", "--resume", s)
+    one_line_exit_2(code, err, "not an integer")
+
+
+@pytest.mark.parametrize("var", ["COLUMNS", "LINES"])
+def test_a_terminal_size_of_superscript_two_is_ignored(var):
+    """rich reads COLUMNS and LINES with str.isdigit() then int()."""
+    p = subprocess.run(EDGEKV + ["devices"], capture_output=True, cwd=ROOT, timeout=120,
+                       env={**os.environ, var: "\u00b2"})
+    assert p.returncode == 0 and b"pixel8" in p.stdout, p.stderr
+
+
+def test_columns_1_is_held_to_a_readable_width():
+    """COLUMNS=1 printed the plan one character per line (10,585 lines where COLUMNS=80 prints 234)."""
+    def lines(cols):
+        p = subprocess.run(EDGEKV + ["plan", "-d", "pixel8", "-c", "4k"], capture_output=True, text=True, cwd=ROOT,
+                           timeout=120, env={**os.environ, "COLUMNS": cols})
+        assert p.returncode == 0, p.stderr
+        return p.stdout.splitlines()
+    narrow, normal = lines("1"), lines("80")
+    assert len(narrow) < 2 * len(normal), (len(narrow), len(normal))
+    assert any("gemma-3-270m" in ln for ln in narrow)  # the model names are not cut
