@@ -14,19 +14,22 @@ import sys
 import click
 
 from .errors import EdgekvError
+from .safetext import printable
 
 TRACEBACK_ENV = "EDGEKV_TRACEBACK"
 
 
 def one_line(text, limit: int | None = 400) -> str:
-    """The first non-empty line of text, at most `limit` characters (None: no limit)."""
+    """The first non-empty line of text, at most `limit` characters (None: no limit), control characters escaped
+    (a message may quote a file name or a value read from a file)."""
     first = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    first = printable(first)
     return first if limit is None or len(first) <= limit else first[:limit - 3] + "..."
 
 
 def joined(text) -> str:
-    """Every non-empty line of text, joined into one."""
-    return "; ".join(ln.strip() for ln in str(text).splitlines() if ln.strip())
+    """Every non-empty line of text, joined into one, control characters escaped."""
+    return printable("; ".join(ln.strip() for ln in str(text).splitlines() if ln.strip()))
 
 
 def _usage_line(e: click.ClickException) -> str:

@@ -15,9 +15,12 @@ from dataclasses import dataclass
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
+from .safetext import printable
 from .units import GB, fmt_ctx, fmt_gb, fmt_mem, fmt_sig, time_unit
 
 RISK_STYLE = {"none": "green", "low": "green", "medium": "yellow", "unknown": "magenta", "high": "red"}
@@ -42,8 +45,17 @@ def width() -> int:
     return min(max(n, MIN_WIDTH), MAX_WIDTH)
 
 
+class SafeConsole(Console):
+    """A rich Console that prints the text it was given with control characters escaped (a device name or a manifest
+    field carrying ESC sequences must not reach the terminal raw); the styles rich adds itself are kept."""
+
+    def _render_buffer(self, buffer) -> str:
+        return super()._render_buffer(seg if seg.control else Segment(printable(seg.text), seg.style, seg.control)
+                                      for seg in buffer)
+
+
 def console(stderr: bool = False) -> Console:
-    return Console(width=width(), stderr=stderr, soft_wrap=False)
+    return SafeConsole(width=width(), stderr=stderr, soft_wrap=False)
 
 
 def print_json(obj) -> None:
@@ -180,7 +192,7 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
                          else f"{r.serving.usd.value:.2f}") if dc else ())])
     from .memory import PLAN_RUNTIMES
     rt = PLAN_RUNTIMES[plan.runtime]
-    title = (f"edgekv plan: {d.name} ({d.id}), ctx {fmt_ctx(plan.ctx)} = {plan.ctx:,} tokens, budget "
+    title = (f"edgekv plan: {escape(d.name)} ({escape(d.id)}), ctx {fmt_ctx(plan.ctx)} = {plan.ctx:,} tokens, budget "
              f"{fmt_mem(plan.budget)}, runtime {rt['label']} (overhead {fmt_mem(d.overhead(rt['overhead']).value)})")
     footer = (f"{n_fit} of {len(rows)} options fit. {GB_NOTE}. total = weights + state + workspace + runtime; "
               "headroom = budget - total ('-' = over by); "
@@ -191,7 +203,7 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
               "measured this model that far; '?' = unknown: risk at least 'unknown'). risk 'unknown' = no published "
               "or measured result covers this option. "
               "A catalog model is a shape (its published config); the weights come from you: "
-              f"`edgekv export -m ./hf-folder-or.gguf --strategy S --from-plan {d.id} -c {fmt_ctx(plan.ctx)} -o OUT` "
+              f"`edgekv export -m ./hf-folder-or.gguf --strategy S --from-plan {escape(d.id)} -c {fmt_ctx(plan.ctx)} -o OUT` "
               "exports a row as planned.")
     print_table(c, title, plan_columns(dc, head), cells, footer)
     if limit is not None and len(rows) > limit:
@@ -205,7 +217,6 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
         c.print(f"[dim]{fam}: needs a model built that way ({fam} family) — catalog models: {models}[/]")
     for e in plan.not_applicable:  # a strategy of the right family whose parameters do not fit the model
         if "needs_family" not in e:
-            from rich.markup import escape
             c.print(f"[dim]{escape(e['model'])} / {escape(e['strategy'])}: not applicable — {escape(e['reason'])}[/]")
     if explain:
         explain_rows(c, plan, shown)
@@ -230,7 +241,6 @@ def recall_lines(c: Console, rec: dict, runs: dict) -> None:
     """The stored recall-vs-distance curve of a row's strategy and the fp32 cache's (edgekv.measured.curves), each
     point with the [n] of the run that measured it; runs: {"files": {file: (trained_ctx, source)}, "commands":
     {command: (n, point)}}, filled here, printed once after every row (recall_runs)."""
-    from rich.markup import escape
     runs.setdefault("files", {})[rec["file"]] = (rec.get("trained_ctx"), rec.get("trained_from"))
     commands = runs.setdefault("commands", {})
     curves = [(rec["label"], rec["points"])]
@@ -252,7 +262,6 @@ def recall_lines(c: Console, rec: dict, runs: dict) -> None:
 def recall_runs(c: Console, runs: dict) -> None:
     """Once, after the rows: what a recall point shows, the files, and the runs the points cite ([n] date, wall
     seconds of the whole run: every variant and distance it measured, load average, command)."""
-    from rich.markup import escape
     files = runs.get("files", {})
     if not files:
         return
@@ -273,7 +282,7 @@ def explain_rows(c: Console, plan, rows) -> None:
     f = d.facts
     budget_fact = f["app_budget_bytes"] if plan.budget == d.budget_bytes else f.get("app_budget_entitled_bytes")
     where = os.path.relpath(d.path) if d.path and not os.path.relpath(d.path).startswith("..") else d.path
-    c.print(f"\n[bold]Shared by every row[/] ({d.id}, {where or 'device_profiles/'}):")
+    c.print(f"\n[bold]Shared by every row[/] ({escape(d.id)}, {escape(where or 'device_profiles/')}):")
     shared = [("app budget", fmt_mem(plan.budget), budget_fact),
               ("memory bandwidth", f"{d.bandwidth / 1e9:.1f} GB/s", f["mem_bandwidth_bytes_per_s"]),
               ("decode efficiency", f"{d.decode_efficiency:g}", f["decode_efficiency"]),
@@ -284,7 +293,7 @@ def explain_rows(c: Console, plan, rows) -> None:
     shared.append((f"{rt['label']} runtime overhead", fmt_mem(d.overhead(rt["overhead"]).value),
                    d.overhead(rt["overhead"])))
     for name, value, fact in shared:
-        c.print(f"  {name} {value} — " + (_first_sentence(fact.cite) if fact is not None else ""))
+        c.print(f"  {name} {value} — " + (escape(_first_sentence(fact.cite)) if fact is not None else ""))
     runs: dict = {}
     for r in rows:
         b = r.deployment.bytes
@@ -341,7 +350,7 @@ def devices_table(ds) -> None:
             Col("app budget\nGB", "right"), Col("entitled\nGB", "right", give=3),
             Col("bandwidth\nGB/s", "right", give=1), Col("compute\nTFLOP/s", "right", give=1),
             Col("$/h", "right", give=6)]
-    cells = [[d.id, d.name, d.device_class, fmt_gb(d.ram_bytes), fmt_gb(d.budget_bytes),
+    cells = [[escape(d.id), escape(d.name), d.device_class, fmt_gb(d.ram_bytes), fmt_gb(d.budget_bytes),
               fmt_gb(d.entitled_budget_bytes) if d.entitled_budget_bytes else "",
               fmt_sig(d.bandwidth / 1e9), fmt_sig(d.flops / 1e12), f"{d.usd_per_hour:.2f}" if d.usd_per_hour else ""]
              for d in ds]

@@ -150,3 +150,75 @@ def test_columns_1_is_held_to_a_readable_width():
     narrow, normal = lines("1"), lines("80")
     assert len(narrow) < 2 * len(normal), (len(narrow), len(normal))
     assert any("gemma-3-270m" in ln for ln in narrow)  # the model names are not cut
+
+
+# ---- 5. device profiles: wrong types and sizes, control characters, a folder named like a device ----
+
+PIXEL8 = (ROOT / "device_profiles" / "pixel8.toml").read_text()
+
+
+def _device(tmp_path, old_line_start: str, new_line: str, name="d.toml"):
+    lines = PIXEL8.splitlines()
+    hits = [i for i, ln in enumerate(lines) if ln.startswith(old_line_start)]
+    lines[hits[0]] = new_line
+    f = tmp_path / name
+    f.write_text("\n".join(lines) + "\n")
+    return f
+
+
+def _plan(device, cwd=None):
+    return cli("plan", "--device", device, "--ctx", "4k", "-m", "smollm2-135m", cwd=cwd)
+
+
+@pytest.mark.parametrize("old,new,needle", [
+    ("value = 8_000_000_000", "value = 1" + "0" * 400, "ram_bytes.value"),     # a 401-digit integer
+    ("name = ", 'name = ["Pixel", 8]', "'name' must be a string"),
+    ("runtime = ", 'runtime = ["executorch"]', "'runtime' must be a string"),
+    ("estimate = ", 'estimate = ["derived"]', "estimate' must be a string"),
+    ("notes = ", "notes = " + "[" * 100_000 + "]" * 100_000, "nested too deep"),
+])
+def test_device_values_of_the_wrong_type_or_size_are_one_line(tmp_path, old, new, needle):
+    code, _, err = _plan(_device(tmp_path, old, new))
+    one_line_exit_2(code, err, needle)
+
+
+def test_a_device_name_with_terminal_escapes_never_reaches_the_terminal_raw(tmp_path):
+    code, out, err = _plan(_device(tmp_path, "name = ", r'name = "\u001b]0;owned\u0007\u001b[2JPixel"'))
+    one_line_exit_2(code, err, "control characters")
+    assert "\x1b" not in err + out and "\\x1b" in err
+
+
+def test_tables_escape_control_characters_in_what_they_print(capsys):
+    from rich.table import Table
+
+    from edgekv import render
+    t = Table()
+    t.add_column("model")
+    t.add_row("tiny\x1b]0;owned\x1b\\\x1b[2J")  # a model name as a manifest could carry it
+    render.console().print(t)
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "tiny\\x1b]0;owned" in out
+
+
+def test_a_device_name_that_looks_like_markup_is_printed_as_it_is(tmp_path):
+    code, out, err = _plan(_device(tmp_path, "name = ", 'name = "[/]Pixel [bold]8"'))
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("edgekv plan: [/]Pixel [bold]8 (pixel8)")
+
+
+def test_an_error_naming_a_file_escapes_its_control_characters(tmp_path):
+    code, _, err = cli("plan", "--device", "x\x1b[2J.toml", "--ctx", "4k")
+    one_line_exit_2(code, err, "x\\x1b[2J.toml")
+    assert "\x1b" not in err
+
+
+def test_a_folder_named_like_a_built_in_device_does_not_hide_it(tmp_path):
+    (tmp_path / "pixel8").mkdir()
+    code, out, err = _plan("pixel8", cwd=tmp_path)
+    assert code == 0, err
+    assert "Google Pixel 8 (pixel8)" in out.splitlines()[0]
+    code, _, err = _plan("./pixel8", cwd=tmp_path)  # written as a path, it is the folder: said so
+    one_line_exit_2(code, err, "is a folder, not a .toml profile")
+    (tmp_path / "mine").write_text(PIXEL8.replace('name = "Google Pixel 8"', 'name = "My phone"'))
+    code, out, err = _plan("mine", cwd=tmp_path)  # an existing file that is no built-in id is a profile
+    assert code == 0 and "My phone (pixel8)" in out.splitlines()[0], err
