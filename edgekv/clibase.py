@@ -55,11 +55,39 @@ def sane_terminal_env() -> None:
             os.environ[name] = str(min(max(int(v), MIN_WIDTH), MAX_WIDTH))
 
 
+def argv_text(value: str, what: str) -> str:
+    """A command-line argument as the UTF-8 text its bytes are. Python decodes argv with the locale's encoding: under
+    LANG=C (ASCII, outside Python's UTF-8 mode) the bytes of 'héllo' arrive as lone surrogates, which os.fsencode
+    turns back into the bytes; only bytes that are not UTF-8 are refused."""
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:  # lone surrogates: bytes the locale's codec could not decode
+        pass
+    try:
+        return os.fsencode(value).decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        raise EdgekvError(f"{what} is not valid UTF-8 text") from None
+
+
+def utf8_streams() -> None:
+    """Under an ASCII locale (LANG=C outside Python's UTF-8 mode) stdout and stderr would fail on the first non-ASCII
+    character (a prompt, a model's text): write UTF-8 there, as Python's UTF-8 mode does for the C locale."""
+    import codecs
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if codecs.lookup(stream.encoding).name == "ascii":
+                stream.reconfigure(encoding="utf-8", errors="backslashreplace")
+        except (AttributeError, LookupError, TypeError, ValueError, OSError):
+            pass  # not a text stream that can be reconfigured (a test's capture)
+
+
 class Group(click.Group):
     """Every EdgekvError and usage error becomes one line on stderr and exit code 2, never a traceback."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         sane_terminal_env()
+        utf8_streams()
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:

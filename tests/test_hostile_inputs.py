@@ -1,9 +1,12 @@
 """A careless or hostile user, round two (issue 37): inputs that grew memory without end or ended in a traceback
 now end in one line on stderr and exit code 2."""
+import hashlib
 import json
 import os
+import shutil
 import struct
 import subprocess
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -222,3 +225,81 @@ def test_a_folder_named_like_a_built_in_device_does_not_hide_it(tmp_path):
     (tmp_path / "mine").write_text(PIXEL8.replace('name = "Google Pixel 8"', 'name = "My phone"'))
     code, out, err = _plan("mine", cwd=tmp_path)  # an existing file that is no built-in id is a profile
     assert code == 0 and "My phone (pixel8)" in out.splitlines()[0], err
+
+
+# ---- 2, 3, 6: the tokenizer of an export, the folder it is in, the prompt ----
+
+
+@pytest.fixture
+def copy_of(tiny_onnx_export, tmp_path):
+    d = tmp_path / "copy"
+    shutil.copytree(tiny_onnx_export, d)
+    return d
+
+
+def _retokenize(folder, edit):
+    """Edit folder/tokenizer.json and make the manifest vouch for it (what someone who edits both would do)."""
+    t = json.loads((folder / "tokenizer.json").read_text())
+    edit(t)
+    b = json.dumps(t).encode()
+    (folder / "tokenizer.json").write_bytes(b)
+    m = json.loads((folder / "manifest.json").read_text())
+    m["files"]["tokenizer.json"] = {"sha256": hashlib.sha256(b).hexdigest(), "bytes": len(b)}
+    (folder / "manifest.json").write_text(json.dumps(m))
+
+
+def test_a_tokenizer_regex_that_panics_the_rust_library_is_one_line(copy_of):
+    """'(a|a)*[^a]' over 40 a's backtracks 2**40 times: Oniguruma stops at its retry limit, the tokenizers library
+    unwraps that search error (a Rust panic: its message and backtrace on fd 2, a PanicException in Python)."""
+    _retokenize(copy_of, lambda t: t.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "(a|a)*[^a]"}, "behavior": "Isolated", "invert": False},
+        t["pre_tokenizer"]]}))
+    p = subprocess.run(EDGEKV + ["run", str(copy_of), "-p", "a" * 40, "-n", "2", "--threads", "1"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300, env={**os.environ, "RUST_BACKTRACE": "1"})
+    one_line_exit_2(p.returncode, p.stderr, "panic in the tokenizers library")
+    assert "retry-limit-in-match" in p.stderr
+
+
+def test_a_tokenizer_whose_vocabulary_passes_the_models_is_refused_on_load(copy_of):
+    def edit(t):
+        vocab = t["model"]["vocab"]
+        vocab[next(k for k, v in vocab.items() if v == ord("a"))] = 300  # the model's vocabulary is 256 bytes
+    _retokenize(copy_of, edit)
+    code, _, err = cli("run", copy_of, "-p", "abc", "-n", "2", "--threads", "1")
+    one_line_exit_2(code, err, "reaches id 300, past the model's 256 tokens")
+
+
+def test_a_token_id_past_the_models_vocabulary_is_refused_before_the_runtime(copy_of):
+    """An added token with id 256, the first past the 256 bytes: ONNX Runtime's Gather on the embedding failed
+    with its own error (exit 1)."""
+    _retokenize(copy_of, lambda t: t.update(added_tokens=[
+        {"id": 256, "content": "<tool>", "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": True}]))
+    code, _, err = cli("run", copy_of, "-p", "x<tool>", "-n", "2", "--threads", "1")
+    one_line_exit_2(code, err, "token id 256, outside the model's vocabulary of 256")
+    code, _, err = cli("run", copy_of, "-p", "x", "-n", "2", "--threads", "1")
+    assert code == 0, err  # the tokenizer is fine for text without that token
+
+
+def test_an_export_in_a_folder_whose_name_is_not_utf8_says_so(copy_of, tmp_path):
+    bad = Path(os.fsdecode(bytes(tmp_path) + b"/caf\xff"))
+    shutil.move(copy_of, bad)
+    p = subprocess.run(EDGEKV + ["run", os.fsencode(bad), "-p", "ab", "-n", "2", "--threads", "1"],
+                       capture_output=True, cwd=ROOT, timeout=300)
+    err = p.stderr.decode(errors="replace")
+    one_line_exit_2(p.returncode, err, "path is not valid UTF-8")
+    assert "tokenizer" not in err and "caf\\xff" in err
+
+
+def test_a_utf8_prompt_is_taken_under_the_c_locale(tiny_onnx_export):
+    """LC_ALL=C outside Python's UTF-8 mode: argv's UTF-8 bytes arrive as lone surrogates; they are the prompt's
+    bytes all the same. The tiny model is byte-level: 'héllo' is 6 tokens (é is 2 bytes in UTF-8)."""
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0"}
+    p = subprocess.run(EDGEKV + ["run", str(tiny_onnx_export), "-p", "h\u00e9llo", "-n", "2", "--threads", "1"],
+                       capture_output=True, cwd=ROOT, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.decode("utf-8").startswith("h\u00e9llo")
+    assert b"[6 prompt tokens" in p.stderr
+    p = subprocess.run(EDGEKV + ["run", str(tiny_onnx_export), "-p", os.fsdecode(b"caf\xe9"), "-n", "2"],
+                       capture_output=True, cwd=ROOT, timeout=300, env=env)
+    one_line_exit_2(p.returncode, p.stderr.decode(errors="replace"), "not valid UTF-8")  # Latin-1 bytes: refused
