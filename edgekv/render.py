@@ -382,9 +382,8 @@ def plot_plan(curves: dict, budget: int, title: str, out: str, ctx: int | None =
     """Memory against context per option (linear GB axis, x labelled 1k/4k/32k), the device budget as a line, the
     requested context marked. fits: label -> whether the option fits at ctx; those that do not are drawn faint and
     dotted and say so in the legend."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .mpl import pyplot
+    plt = pyplot()
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     fig, ax = plt.subplots(figsize=(10, 6))

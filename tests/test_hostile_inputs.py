@@ -303,3 +303,34 @@ def test_a_utf8_prompt_is_taken_under_the_c_locale(tiny_onnx_export):
     p = subprocess.run(EDGEKV + ["run", str(tiny_onnx_export), "-p", os.fsdecode(b"caf\xe9"), "-n", "2"],
                        capture_output=True, cwd=ROOT, timeout=300, env=env)
     one_line_exit_2(p.returncode, p.stderr.decode(errors="replace"), "not valid UTF-8")  # Latin-1 bytes: refused
+
+
+# ---- 6. report --profile from a pipe; matplotlib without a usable HOME ----
+
+
+def test_report_reads_a_profile_from_a_pipe(tiny_onnx_export, tmp_path):
+    """--profile /dev/stdin was read twice (validated, then read again for the page: empty the second time)."""
+    prof = tmp_path / "profile.json"
+    p = subprocess.run(EDGEKV + ["profile", str(tiny_onnx_export), "-c", "32", "-n", "2", "--threads", "1",
+                                 "-o", str(prof)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 0, p.stderr
+    page = tmp_path / "report.md"
+    p = subprocess.run(EDGEKV + ["report", str(tiny_onnx_export), "--profile", "/dev/stdin", "--out", str(page),
+                                 "--json"], input=prof.read_text(), capture_output=True, text=True, cwd=ROOT,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    measured = [r["ctx"] for r in json.loads(prof.read_text())["runs"]]
+    assert [r["ctx"] for r in json.loads(p.stdout)["profile"]["runs"]] == measured == [32]
+
+
+def test_a_plot_without_a_usable_home_says_nothing_on_stderr(tmp_path):
+    """matplotlib logs two warnings when its config and cache folders cannot be made (HOME a file: not even root
+    can make a folder under it)."""
+    home = tmp_path / "home-is-a-file"
+    home.write_text("")
+    env = {k: v for k, v in os.environ.items() if k not in ("MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME")}
+    png = tmp_path / "plan.png"
+    p = subprocess.run(EDGEKV + ["plan", "-d", "pixel8", "-c", "4k", "-m", "smollm2-135m", "--plot", str(png)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300, env={**env, "HOME": str(home)})
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
