@@ -82,9 +82,9 @@ class Tokenizer:
     def __init__(self, tok, path: Path, vocab: int | None):
         self.tok, self.path, self.vocab = tok, path, vocab
 
-    def encode(self, text: str):
+    def encode(self, text: str, *args, **kw):
         with _tokenizer_calls(self.path, "encode this text"):
-            enc = self.tok.encode(text)
+            enc = self.tok.encode(text, *args, **kw)
         if self.vocab is not None:
             check_ids(enc.ids, self.vocab, f"{printable(self.path)}: the tokenizer")
         return enc
