@@ -144,7 +144,8 @@ def _text(where: str, key: str, value, default: str | None = None) -> str:
 def _fact(where: str, key: str, raw) -> Fact:
     if not isinstance(raw, dict) or "value" not in raw:
         raise EdgekvError(f"{where}: '{printable(key)}' must be a table with 'value' and 'source' or 'estimate'")
-    _text(where, "key", key)
+    if has_control(key):
+        raise EdgekvError(f"{where}: a key holds terminal control characters ({_shown(key)})")
     value = raw["value"]
     try:  # an integer of hundreds of digits has no float (OverflowError)
         ok = not isinstance(value, bool) and isinstance(value, (int, float)) and 0 <= float(value) <= MAX_VALUE

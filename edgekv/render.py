@@ -47,7 +47,8 @@ def width() -> int:
 
 class SafeConsole(Console):
     """A rich Console that prints the text it was given with control characters escaped (a device name or a manifest
-    field carrying ESC sequences must not reach the terminal raw); the styles rich adds itself are kept."""
+    field carrying ESC sequences must not reach the terminal raw); the styles rich adds itself are kept. It overrides
+    rich's Console._render_buffer (rich 15, requirements.lock), where the text of each segment meets its style."""
 
     def _render_buffer(self, buffer) -> str:
         return super()._render_buffer(seg if seg.control else Segment(printable(seg.text), seg.style, seg.control)

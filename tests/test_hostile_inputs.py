@@ -334,3 +334,11 @@ def test_a_plot_without_a_usable_home_says_nothing_on_stderr(tmp_path):
                        capture_output=True, text=True, cwd=ROOT, timeout=300, env={**env, "HOME": str(home)})
     assert p.returncode == 0 and p.stderr == "", p.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_export_into_a_folder_whose_name_is_not_utf8_says_so_before_the_work(tmp_path):
+    out = Path(os.fsdecode(bytes(tmp_path) + b"/out\xff")) / "tiny"
+    code, _, err = cli("export", "--model", ROOT / "fixtures" / "tiny" / "llama", "--format", "onnx", "--max-ctx", "64",
+                       "--out", out)
+    one_line_exit_2(code, err, "--out")
+    assert "path is not valid UTF-8" in err and "stage" not in err

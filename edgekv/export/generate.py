@@ -54,8 +54,12 @@ def _tokenizer_calls(path: Path, what: str):
     pyo3 raises that panic as PanicException, a BaseException that `except Exception` lets through, and Rust's panic
     hook writes the panic and its backtrace to file descriptor 2 before Python sees it; both become one line here."""
     sys.stderr.flush()
-    saved, quiet = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(quiet, 2)
+    try:
+        saved, quiet = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:  # no stderr to keep quiet (closed)
+        saved = quiet = None
+    if quiet is not None:
+        os.dup2(quiet, 2)
     try:
         yield
     except EdgekvError:
@@ -69,9 +73,10 @@ def _tokenizer_calls(path: Path, what: str):
         raise EdgekvError(f"{printable(path)}: the tokenizer failed to {what} (a panic in the tokenizers library: "
                           f"{one_line(e, 200)})") from None
     finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(quiet)
+        if quiet is not None:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(quiet)
 
 
 class Tokenizer:

@@ -242,15 +242,15 @@ def check_onnx_external(manifest: dict, folder: Path, graph_file: str) -> None:
                               "to load a file the manifest does not vouch for")
 
 
-def utf8_path(d: Path) -> None:
-    """ONNX Runtime, ExecuTorch and the tokenizers library take a file's path as UTF-8 text: a folder whose name holds
+def utf8_path(d: Path, what: str = "") -> None:
+    """ONNX Runtime, ExecuTorch and the tokenizers library take a file's path as UTF-8 text: a path whose name holds
     other bytes (b'\\xff') cannot be opened by them, which is said here instead of as the first library's failure."""
     try:
-        str(d.resolve()).encode("utf-8")
+        str(Path(d).resolve()).encode("utf-8")
     except UnicodeEncodeError:
         shown = os.fsencode(str(d)).decode("utf-8", "backslashreplace")
-        raise EdgekvError(f"{shown}: the folder's path is not valid UTF-8, and the runtimes open files by UTF-8 path; "
-                          f"rename the folder") from None
+        raise EdgekvError(f"{what + ' ' if what else ''}{shown}: the path is not valid UTF-8, and the runtimes open "
+                          f"files by UTF-8 path; rename it") from None
 
 
 def load_export(folder: str | Path, check_hashes: bool = True) -> dict:

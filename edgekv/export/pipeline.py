@@ -36,6 +36,9 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
 
     out = Path(opts.out)
     check_out(out, opts.model, opts.force)
+    mf.utf8_path(out, "--out")
+    if Path(opts.model).exists():  # a path, not a packaged name
+        mf.utf8_path(Path(opts.model), "--model")
     strategy = parse_strategy(opts.strategy)
     if not strategy.exportable:
         raise EdgekvError(f"strategy {strategy.name} is planned but not exported (exportable: {', '.join(EXPORTABLE)})")
