@@ -40,11 +40,14 @@ def _usage_line(e: click.ClickException) -> str:
     return msg
 
 
+MIN_WIDTH = 40  # columns: narrower, a table breaks into a line per character; render at this width, the terminal wraps
+MAX_WIDTH = 10_000
+
+
 def sane_terminal_env() -> None:
     """COLUMNS and LINES as rich reads them: rich takes str.isdigit() for a number, and '²'.isdigit() is true while
     int('²') fails; a value that is not plain ASCII digits is dropped (the terminal's own size then counts), and
-    COLUMNS is held within render's MIN_WIDTH..MAX_WIDTH (COLUMNS=1 printed a table one character per line)."""
-    from .render import MAX_WIDTH, MIN_WIDTH
+    COLUMNS is held within MIN_WIDTH..MAX_WIDTH (COLUMNS=1 printed a table one character per line)."""
     for name in ("COLUMNS", "LINES"):
         v = os.environ.get(name)
         if v is None:

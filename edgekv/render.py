@@ -20,16 +20,13 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
+from .clibase import MAX_WIDTH, MIN_WIDTH
 from .safetext import printable
 from .units import GB, fmt_ctx, fmt_gb, fmt_mem, fmt_sig, time_unit
 
 RISK_STYLE = {"none": "green", "low": "green", "medium": "yellow", "unknown": "magenta", "high": "red"}
 GB_NOTE = "GB = 1e9 bytes"
 PIPED_WIDTH = 200  # piped without COLUMNS: wide enough that no table drops a column
-
-
-MIN_WIDTH = 40  # narrower, a table breaks into a line per character: render at this width and let the terminal wrap
-MAX_WIDTH = 10_000
 
 
 def width() -> int:
