@@ -40,8 +40,7 @@ def bounded(args, seconds=60, mem_mb=600, env=None, cwd=ROOT):
     def limit():
         import resource
         resource.setrlimit(resource.RLIMIT_AS, (mem_mb << 20, mem_mb << 20))
-    e = dict(os.environ)
-    e.update(env or {})
+    e = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", **(env or {})}  # no per-thread arenas
     p = subprocess.run(EDGEKV + [str(a) for a in args], capture_output=True, cwd=cwd, env=e, timeout=seconds,
                        preexec_fn=limit)
     return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
@@ -100,10 +99,8 @@ def test_a_gguf_tensor_count_of_2_62_is_one_line(tmp_path):
 
 def test_a_gguf_string_longer_than_the_file_is_one_line(tmp_path):
     f = _gguf(tmp_path / "string.gguf")
-    _patch(f, struct.pack("<Q", 1) + b"a" + struct.pack("<Q", 1) + b"a" + struct.pack("<Q", 1) + b"a"
-           + struct.pack("<Q", 1) + b"a" + struct.pack("<Q", 1) + b"a" + struct.pack("<Q", 1) + b"a"
-           + struct.pack("<Q", 1) + b"a" + struct.pack("<Q", 1) + b"a",
-           struct.pack("<Q", 2**62) + b"a" + (struct.pack("<Q", 1) + b"a") * 7)
+    token = struct.pack("<Q", 1) + b"a"  # the vocabulary: 8 one-byte strings; the first now claims 2**62 bytes
+    _patch(f, token * 8, struct.pack("<Q", 2**62) + b"a" + token * 7)
     code, _, err = bounded(["plan", "--device", "pixel8", "--ctx", "4k", "-m", f])
     one_line_exit_2(code, err, "past the end of the file")
 
