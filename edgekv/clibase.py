@@ -14,19 +14,22 @@ import sys
 import click
 
 from .errors import EdgekvError
+from .safetext import printable
 
 TRACEBACK_ENV = "EDGEKV_TRACEBACK"
 
 
 def one_line(text, limit: int | None = 400) -> str:
-    """The first non-empty line of text, at most `limit` characters (None: no limit)."""
+    """The first non-empty line of text, at most `limit` characters (None: no limit), control characters escaped
+    (a message may quote a file name or a value read from a file)."""
     first = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    first = printable(first)
     return first if limit is None or len(first) <= limit else first[:limit - 3] + "..."
 
 
 def joined(text) -> str:
-    """Every non-empty line of text, joined into one."""
-    return "; ".join(ln.strip() for ln in str(text).splitlines() if ln.strip())
+    """Every non-empty line of text, joined into one, control characters escaped."""
+    return printable("; ".join(ln.strip() for ln in str(text).splitlines() if ln.strip()))
 
 
 def _usage_line(e: click.ClickException) -> str:
@@ -37,10 +40,57 @@ def _usage_line(e: click.ClickException) -> str:
     return msg
 
 
+MIN_WIDTH = 40  # columns: narrower, a table breaks into a line per character; render at this width, the terminal wraps
+MAX_WIDTH = 10_000
+
+
+def sane_terminal_env() -> None:
+    """COLUMNS and LINES as rich reads them: rich takes str.isdigit() for a number, and '²'.isdigit() is true while
+    int('²') fails; a value that is not plain ASCII digits is dropped (the terminal's own size then counts), and
+    COLUMNS is held within MIN_WIDTH..MAX_WIDTH (COLUMNS=1 printed a table one character per line)."""
+    for name in ("COLUMNS", "LINES"):
+        v = os.environ.get(name)
+        if v is None:
+            continue
+        if not (v.isascii() and v.isdigit() and len(v) <= 6 and int(v) > 0):
+            del os.environ[name]
+        elif name == "COLUMNS":
+            os.environ[name] = str(min(max(int(v), MIN_WIDTH), MAX_WIDTH))
+
+
+def argv_text(value: str, what: str) -> str:
+    """A command-line argument as the UTF-8 text its bytes are. Python decodes argv with the locale's encoding: under
+    LANG=C (ASCII, outside Python's UTF-8 mode) the bytes of 'héllo' arrive as lone surrogates, which os.fsencode
+    turns back into the bytes; only bytes that are not UTF-8 are refused."""
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:  # lone surrogates: bytes the locale's codec could not decode
+        pass
+    try:
+        return os.fsencode(value).decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        raise EdgekvError(f"{what} is not valid UTF-8 text") from None
+
+
+def utf8_streams() -> None:
+    """Under an ASCII locale (LANG=C outside Python's UTF-8 mode) stdout and stderr would fail on the first non-ASCII
+    character (a prompt, a model's text): write UTF-8 there, as Python's UTF-8 mode does for the C locale."""
+    import codecs
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if codecs.lookup(stream.encoding).name == "ascii":
+                stream.reconfigure(encoding="utf-8", errors="backslashreplace")
+        except (AttributeError, LookupError, TypeError, ValueError, OSError):
+            pass  # not a text stream that can be reconfigured (a test's capture)
+
+
 class Group(click.Group):
     """Every EdgekvError and usage error becomes one line on stderr and exit code 2, never a traceback."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        sane_terminal_env()
+        utf8_streams()
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:

@@ -5,12 +5,13 @@ source/estimate). `load_device("pixel8")` reads device_profiles/pixel8.toml; `lo
 """
 from __future__ import annotations
 
-import math
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import EdgekvError
+from .safetext import has_control, printable
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "device_profiles"
 CLASSES = ("phone", "datacenter", "host")
@@ -122,15 +123,50 @@ class DeviceProfile:
         }
 
 
+MAX_PROFILE_BYTES = 1 << 20  # the built-in profiles are a few KB
+MAX_VALUE = 1e30  # larger than any device fact (bytes, bytes/s, FLOP/s, $/h) by orders of magnitude
+MAX_TEXT = 4096   # characters in one string field
+
+
+def _shown(value, limit: int = 60) -> str:
+    """A value quoted in a one-line error: cut short (a 401-digit integer) and with control characters escaped."""
+    if isinstance(value, int) and abs(value) >= 10**20:
+        return f"an integer of {value.bit_length():,} bits"
+    r = printable(repr(value))
+    return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
+def _text(where: str, key: str, value, default: str | None = None) -> str:
+    """A string field: a string of printable characters, not another type."""
+    if value is None and default is not None:
+        return default
+    if not isinstance(value, str):
+        raise EdgekvError(f"{where}: '{key}' must be a string, got {type(value).__name__} {_shown(value)}")
+    if len(value) > MAX_TEXT:
+        raise EdgekvError(f"{where}: '{key}' is {len(value):,} characters long (at most {MAX_TEXT:,})")
+    if has_control(value):
+        raise EdgekvError(f"{where}: '{key}' holds terminal control characters ({_shown(value)})")
+    return value
+
+
 def _fact(where: str, key: str, raw) -> Fact:
     if not isinstance(raw, dict) or "value" not in raw:
-        raise EdgekvError(f"{where}: '{key}' must be a table with 'value' and 'source' or 'estimate'")
+        raise EdgekvError(f"{where}: '{printable(key)}' must be a table with 'value' and 'source' or 'estimate'")
+    if has_control(key):
+        raise EdgekvError(f"{where}: a key holds terminal control characters ({_shown(key)})")
     value = raw["value"]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise EdgekvError(f"{where}: '{key}.value' must be a finite non-negative number, got {value!r}")
+    try:  # an integer of hundreds of digits has no float (OverflowError)
+        ok = not isinstance(value, bool) and isinstance(value, (int, float)) and 0 <= float(value) <= MAX_VALUE
+    except OverflowError:
+        ok = False
+    if not ok:
+        raise EdgekvError(f"{where}: '{key}.value' must be a finite non-negative number up to {MAX_VALUE:g}, "
+                          f"got {_shown(value)}")
     src, est = raw.get("source"), raw.get("estimate")
     if bool(src) == bool(est):
         raise EdgekvError(f"{where}: '{key}' needs exactly one of 'source' or 'estimate'")
+    src = _text(where, f"{key}.source", src) if src else None
+    est = _text(where, f"{key}.estimate", est) if est else None
     return Fact(value, src, est)
 
 
@@ -138,6 +174,12 @@ def parse_profile(data: dict, where: str) -> DeviceProfile:
     for k in ("id", "name", "class"):
         if k not in data:
             raise EdgekvError(f"{where}: missing field '{k}'")
+    for k in ("id", "name", "class", "os", "soc", "runtime", "notes"):
+        if k in data:
+            _text(where, k, data[k])
+    for k in ("runtime_overhead_bytes", "interconnect"):
+        if k in data and not isinstance(data[k], dict):
+            raise EdgekvError(f"{where}: '{k}' must be a table, got {type(data[k]).__name__}")
     cls = data["class"]
     if cls not in CLASSES:
         raise EdgekvError(f"{where}: class must be one of {', '.join(CLASSES)}, got {cls!r}")
@@ -224,23 +266,45 @@ def device_ids() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
 
 
+def _looks_like_path(name: str) -> bool:
+    return name.endswith(".toml") or "/" in name or os.sep in name or name.startswith(("~", "."))
+
+
 def load_device(name_or_path: str) -> DeviceProfile:
-    """A built-in id ('pixel8') or the path of a user's TOML file."""
-    p = Path(name_or_path)
-    if p.suffix == ".toml" or p.exists():
-        if not p.is_file():
-            raise EdgekvError(f"device file {name_or_path} does not exist")
-        path = p
-    else:
-        path = PROFILE_DIR / f"{name_or_path}.toml"
+    """A built-in id ('pixel8') or the path of a user's TOML file. A name is a path when it looks like one (a .toml
+    suffix, a folder separator, a leading '.' or '~') or, failing a built-in id, names an existing file: a folder
+    ./pixel8/ in the working directory does not hide the built-in pixel8."""
+    shown = printable(name_or_path)
+    builtin = PROFILE_DIR / f"{name_or_path}.toml"
+    if not _looks_like_path(name_or_path) and name_or_path in device_ids():
+        path = builtin
+    elif _looks_like_path(name_or_path) or os.path.isfile(name_or_path):
+        path = Path(name_or_path).expanduser()
+        if path.is_dir():
+            raise EdgekvError(f"device file {shown} is a folder, not a .toml profile")
         if not path.is_file():
-            raise EdgekvError(f"unknown device {name_or_path!r}; known devices: {', '.join(device_ids())} "
-                              f"(or pass the path of a .toml profile)")
+            raise EdgekvError(f"device file {shown} does not exist" + ("" if path.exists() else
+                              f" (built-in devices: {', '.join(device_ids())})"))
+    else:
+        raise EdgekvError(f"unknown device {shown!r}; known devices: {', '.join(device_ids())} "
+                          f"(or pass the path of a .toml profile)")
+    where = printable(path)
     try:
-        data = tomllib.loads(path.read_text())
+        with open(path, "rb") as f:
+            raw = f.read(MAX_PROFILE_BYTES + 1)
+    except OSError as e:
+        raise EdgekvError(f"{where}: cannot read it ({e.strerror or e})") from None
+    if len(raw) > MAX_PROFILE_BYTES:
+        raise EdgekvError(f"{where}: larger than {MAX_PROFILE_BYTES >> 20} MiB; not a device profile")
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise EdgekvError(f"{path}: not valid TOML ({e})") from None
-    return parse_profile(data, str(path))
+        raise EdgekvError(f"{where}: not valid TOML ({printable(e)})") from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise EdgekvError(f"{where}: not valid TOML (nested too deep)") from None
+    except (ValueError, MemoryError) as e:  # an integer past Python's 4300-digit limit for int(str)
+        raise EdgekvError(f"{where}: not valid TOML ({type(e).__name__}: {printable(e)[:200]})") from None
+    return parse_profile(data, where)
 
 
 def all_devices() -> list[DeviceProfile]:

@@ -53,10 +53,11 @@ def read_json(path: str | Path, what: str = "", nonfinite: bool = False):
     p = Path(path)
     name = what or str(p)
     try:
-        if p.stat().st_size > MAX_JSON_BYTES:
-            raise EdgekvError(f"{name}: {p.stat().st_size:,} bytes, larger than any edgekv JSON file "
-                              f"({MAX_JSON_BYTES:,} bytes at most)")
-        text = p.read_text(encoding="utf-8")
+        with open(p, "rb") as f:  # one read, bounded: a pipe (/dev/stdin) has no size to check first
+            raw = f.read(MAX_JSON_BYTES + 1)
+        if len(raw) > MAX_JSON_BYTES:
+            raise EdgekvError(f"{name}: larger than any edgekv JSON file ({MAX_JSON_BYTES:,} bytes at most)")
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise EdgekvError(f"{name}: cannot read it ({type(e).__name__}: {e})") from None
     if "[" in text or "{" in text:

@@ -15,9 +15,13 @@ from dataclasses import dataclass
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
+from .clibase import MAX_WIDTH, MIN_WIDTH
+from .safetext import printable
 from .units import GB, fmt_ctx, fmt_gb, fmt_mem, fmt_sig, time_unit
 
 FIT_CELL = {"yes": "[green]yes[/]", "tight": "[yellow]tight[/]", "no": "[red]no[/]"}
@@ -27,17 +31,30 @@ PIPED_WIDTH = 200  # piped without COLUMNS: wide enough that no table drops a co
 
 
 def width() -> int:
-    """Columns to render for: $COLUMNS when set (also when piped), else the terminal's, else PIPED_WIDTH."""
-    cols = os.environ.get("COLUMNS", "")
-    if cols.isdigit() and int(cols) > 0:
-        return int(cols)
-    if sys.stdout.isatty():
-        return Console().width
-    return PIPED_WIDTH
+    """Columns to render for: $COLUMNS when set (also when piped), else the terminal's, else PIPED_WIDTH; held
+    within MIN_WIDTH..MAX_WIDTH. A COLUMNS that is not a number of ASCII digits ('²', '-1', '') is ignored."""
+    cols = os.environ.get("COLUMNS", "").strip()
+    if cols.isascii() and cols.isdigit() and len(cols) <= 6 and int(cols) > 0:
+        n = int(cols)
+    elif sys.stdout.isatty():
+        n = Console().width
+    else:
+        n = PIPED_WIDTH
+    return min(max(n, MIN_WIDTH), MAX_WIDTH)
+
+
+class SafeConsole(Console):
+    """A rich Console that prints the text it was given with control characters escaped (a device name or a manifest
+    field carrying ESC sequences must not reach the terminal raw); the styles rich adds itself are kept. It overrides
+    rich's Console._render_buffer (rich 15, requirements.lock), where the text of each segment meets its style."""
+
+    def _render_buffer(self, buffer) -> str:
+        return super()._render_buffer(seg if seg.control else Segment(printable(seg.text), seg.style, seg.control)
+                                      for seg in buffer)
 
 
 def console(stderr: bool = False) -> Console:
-    return Console(width=width(), stderr=stderr, soft_wrap=False)
+    return SafeConsole(width=width(), stderr=stderr, soft_wrap=False)
 
 
 def print_json(obj) -> None:
@@ -175,7 +192,7 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
                          else f"{r.serving.usd.value:.2f}") if dc else ())])
     from .memory import PLAN_RUNTIMES
     rt = PLAN_RUNTIMES[plan.runtime]
-    title = (f"edgekv plan: {d.name} ({d.id}), ctx {fmt_ctx(plan.ctx)} = {plan.ctx:,} tokens, budget "
+    title = (f"edgekv plan: {escape(d.name)} ({escape(d.id)}), ctx {fmt_ctx(plan.ctx)} = {plan.ctx:,} tokens, budget "
              f"{fmt_mem(plan.budget)}, runtime {rt['label']} (overhead {fmt_mem(d.overhead(rt['overhead']).value)})")
     n_tight = sum(r.fit == "tight" for r in rows)
     unc = d.budget_uncertainty_bytes
@@ -190,7 +207,7 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
               "measured this model that far; '?' = unknown: risk at least 'unknown'). risk 'unknown' = no published "
               "or measured result covers this option. "
               "A catalog model is a shape (its published config); the weights come from you: "
-              f"`edgekv export -m ./hf-folder-or.gguf --strategy S --from-plan {d.id} -c {fmt_ctx(plan.ctx)} -o OUT` "
+              f"`edgekv export -m ./hf-folder-or.gguf --strategy S --from-plan {escape(d.id)} -c {fmt_ctx(plan.ctx)} -o OUT` "
               "exports a row as planned.")
     print_table(c, title, plan_columns(dc, head), cells, footer)
     suggestions_lines(c, plan)
@@ -205,7 +222,6 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
         c.print(f"[dim]{fam}: needs a model built that way ({fam} family) — catalog models: {models}[/]")
     for e in plan.not_applicable:  # a strategy of the right family whose parameters do not fit the model
         if "needs_family" not in e:
-            from rich.markup import escape
             c.print(f"[dim]{escape(e['model'])} / {escape(e['strategy'])}: not applicable — {escape(e['reason'])}[/]")
     if explain:
         explain_rows(c, plan, shown)
@@ -294,7 +310,6 @@ def recall_lines(c: Console, rec: dict, runs: dict) -> None:
     """The stored recall-vs-distance curve of a row's strategy and the fp32 cache's (edgekv.measured.curves), each
     point with the [n] of the run that measured it; runs: {"files": {file: (trained_ctx, source)}, "commands":
     {command: (n, point)}}, filled here, printed once after every row (recall_runs)."""
-    from rich.markup import escape
     runs.setdefault("files", {})[rec["file"]] = (rec.get("trained_ctx"), rec.get("trained_from"))
     commands = runs.setdefault("commands", {})
     curves = [(rec["label"], rec["points"])]
@@ -316,7 +331,6 @@ def recall_lines(c: Console, rec: dict, runs: dict) -> None:
 def recall_runs(c: Console, runs: dict) -> None:
     """Once, after the rows: what a recall point shows, the files, and the runs the points cite ([n] date, wall
     seconds of the whole run: every variant and distance it measured, load average, command)."""
-    from rich.markup import escape
     files = runs.get("files", {})
     if not files:
         return
@@ -371,7 +385,7 @@ def explain_rows(c: Console, plan, rows) -> None:
     f = d.facts
     budget_fact = f["app_budget_bytes"] if plan.budget == d.budget_bytes else f.get("app_budget_entitled_bytes")
     where = os.path.relpath(d.path) if d.path and not os.path.relpath(d.path).startswith("..") else d.path
-    c.print(f"\n[bold]Shared by every row[/] ({d.id}, {where or 'device_profiles/'}):")
+    c.print(f"\n[bold]Shared by every row[/] ({escape(d.id)}, {escape(where or 'device_profiles/')}):")
     shared = [("app budget", fmt_mem(plan.budget), budget_fact),
               ("memory bandwidth", f"{d.bandwidth / 1e9:.1f} GB/s", f["mem_bandwidth_bytes_per_s"]),
               ("decode efficiency", f"{d.decode_efficiency:g}", f["decode_efficiency"]),
@@ -382,7 +396,7 @@ def explain_rows(c: Console, plan, rows) -> None:
     shared.append((f"{rt['label']} runtime overhead", fmt_mem(d.overhead(rt["overhead"]).value),
                    d.overhead(rt["overhead"])))
     for name, value, fact in shared:
-        c.print(f"  {name} {value} — " + (_first_sentence(fact.cite) if fact is not None else ""))
+        c.print(f"  {name} {value} — " + (escape(_first_sentence(fact.cite)) if fact is not None else ""))
     runs: dict = {}
     for r in rows:
         b = r.deployment.bytes
@@ -435,7 +449,7 @@ def devices_table(ds) -> None:
             Col("app budget\nGB", "right"), Col("entitled\nGB", "right", give=3),
             Col("bandwidth\nGB/s", "right", give=1), Col("compute\nTFLOP/s", "right", give=1),
             Col("$/h", "right", give=6)]
-    cells = [[d.id, d.name, d.device_class, fmt_gb(d.ram_bytes), fmt_gb(d.budget_bytes),
+    cells = [[escape(d.id), escape(d.name), d.device_class, fmt_gb(d.ram_bytes), fmt_gb(d.budget_bytes),
               fmt_gb(d.entitled_budget_bytes) if d.entitled_budget_bytes else "",
               fmt_sig(d.bandwidth / 1e9), fmt_sig(d.flops / 1e12), f"{d.usd_per_hour:.2f}" if d.usd_per_hour else ""]
              for d in ds]
@@ -467,9 +481,8 @@ def plot_plan(curves: dict, budget: int, title: str, out: str, ctx: int | None =
     """Memory against context per option (linear GB axis, x labelled 1k/4k/32k), the device budget as a line, the
     requested context marked. fits: label -> whether the option fits at ctx; those that do not are drawn faint and
     dotted and say so in the legend."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .mpl import pyplot
+    plt = pyplot()
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     fig, ax = plt.subplots(figsize=(10, 6))

@@ -281,9 +281,8 @@ class RecallProbe:
 def plot(result: dict, out: str) -> None:
     """Accuracy and mean log-prob of the value tokens against distance (log x), chance dashed."""
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..mpl import pyplot
+    plt = pyplot()
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5))
     for v in result["variants"]:

@@ -101,9 +101,8 @@ def store(result: dict, model_name: str, out_dir: Path | None = None, applies_to
 
 
 def plot(result: dict, out: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..mpl import pyplot
+    plt = pyplot()
 
     analytic = result.get("analytic")
     fig, axes = plt.subplots(1, 2 if analytic else 1, figsize=(13 if analytic else 8, 5), squeeze=False)

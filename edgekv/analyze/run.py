@@ -74,15 +74,14 @@ class Encoder:
             return cls()
         import tempfile
 
-        from tokenizers import Tokenizer
-
+        from ..export.generate import load_tokenizer
         from ..export.tokenizer import bos_prefix, write_tokenizer
         with tempfile.TemporaryDirectory() as d:
             entry = write_tokenizer(Path(loaded.source), Path(d))
             if entry is None:
                 raise EdgekvError(f"{loaded.source}: no tokenizer to read the text with")
             bos = (bos_prefix(entry) or [None])[0]
-            return cls(Tokenizer.from_file(str(Path(d) / "tokenizer.json")), bos)
+            return cls(load_tokenizer(Path(d) / "tokenizer.json", loaded.arch.vocab), bos)
 
     def __call__(self, text: str) -> list[int]:
         return list(text.encode("utf-8")) if self.tokenizer is None else self.tokenizer.encode(text).ids

@@ -4,6 +4,9 @@ read_gguf and the export's weight loader (edgekv.models.weights) both build on i
 only)."""
 from __future__ import annotations
 
+import mmap
+import os
+import struct
 from pathlib import Path
 
 from ..errors import EdgekvError
@@ -14,6 +17,143 @@ GGUF_ARCH = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": 
              "gemma3": "gemma3_text", "phi3": "phi3", "mamba": "mamba", "mamba2": "mamba2"}
 # transformers' config default activation per GGUF architecture (hidden_act; Gemma's hidden_activation)
 _ACT = {"llama": "silu", "mistral": "silu", "qwen2": "silu", "qwen3": "silu", "phi3": "silu"}
+
+
+# Bounds on what a GGUF header may claim, checked before gguf-py's GGUFReader sees the file: the reader trusts every
+# count (an array claiming 2**62 items makes it loop past the end of the file, appending empty reads, without end).
+# GGUF layout (ggml/docs/gguf.md): magic, version u32, tensor_count u64, kv_count u64; each KV a string key, a u32 type
+# and a value; an array is an item type u32, a count u64 and the items; a string is a u64 length and the bytes; each
+# tensor info a string name, n_dims u32, n_dims u64 dims, a u32 type and a u64 offset.
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUFValueType -> bytes
+_STRING, _ARRAY = 8, 9
+MAX_ARRAY_ITEMS = 2**22  # the largest vocabulary config.py's LIMITS allows: llama.cpp's arrays are per token or less
+MAX_TOTAL_ITEMS = 2**23  # all arrays together (tokens, scores, token types and merges of a 2**21-token vocabulary)
+MAX_KV = 2**16           # real files carry tens of keys
+MAX_TENSORS = 2**20      # real files carry thousands (DeepSeek-V3 with every expert apart: ~46k)
+MAX_DIMS = 4             # GGML_MAX_DIMS
+MAX_ARRAY_DEPTH = 4      # arrays of arrays (the spec allows them; no writer nests them)
+
+
+class _Scan:
+    """A walk over a GGUF header that checks every count against the bytes left before reading on."""
+
+    def __init__(self, buf, where: str):
+        self.buf, self.where, self.off, self.items = buf, where, 0, 0
+        self.order = "<"
+
+    def fail(self, what: str):
+        raise EdgekvError(f"{self.where}: not a readable GGUF file ({what} at byte {self.off:,}, "
+                          f"file size {len(self.buf):,})")
+
+    def need(self, n: int, what: str):
+        if n > len(self.buf) - self.off:
+            self.fail(f"{what} ({n:,} bytes) runs past the end of the file")
+
+    def u32(self, what: str) -> int:
+        self.need(4, what)
+        (v,) = struct.unpack_from(self.order + "I", self.buf, self.off)
+        self.off += 4
+        return v
+
+    def u64(self, what: str) -> int:
+        self.need(8, what)
+        (v,) = struct.unpack_from(self.order + "Q", self.buf, self.off)
+        self.off += 8
+        return v
+
+    def string(self, what: str) -> bytes:
+        """Skip a string; -> its first 80 bytes (for naming a key)."""
+        n = self.u64(f"{what}'s length")
+        self.need(n, what)
+        self.off += n
+        return bytes(self.buf[self.off - n:self.off - n + min(n, 80)])
+
+    def count(self, what: str, n: int, least: int, limit: int):
+        """A claimed number of items, each at least `least` bytes: refused past `limit` or the bytes left."""
+        if n > limit:
+            self.fail(f"{what} {n:,} is more than any real model's ({limit:,} at most)")
+        if n * least > len(self.buf) - self.off:
+            self.fail(f"{what} {n:,} needs at least {n * least:,} bytes, more than are left")
+
+    def value(self, vtype: int, what: str, depth: int = 0):
+        if vtype in _SCALAR_BYTES:
+            self.need(_SCALAR_BYTES[vtype], what)
+            self.off += _SCALAR_BYTES[vtype]
+        elif vtype == _STRING:
+            self.string(what)
+        elif vtype == _ARRAY:
+            if depth >= MAX_ARRAY_DEPTH:
+                self.fail(f"{what}: arrays nested more than {MAX_ARRAY_DEPTH} deep")
+            itype = self.u32(f"{what}'s item type")
+            n = self.u64(f"{what}'s item count")
+            least = _SCALAR_BYTES.get(itype, 8 if itype == _STRING else 12)  # a string's length; an array's head
+            self.count(f"{what}'s item count", n, least, MAX_ARRAY_ITEMS)
+            self.items += n
+            if self.items > MAX_TOTAL_ITEMS:
+                self.fail(f"more than {MAX_TOTAL_ITEMS:,} array items in all")
+            if itype in _SCALAR_BYTES:
+                self.off += n * _SCALAR_BYTES[itype]
+            else:
+                for _ in range(n):
+                    self.value(itype, what, depth + 1)
+        else:
+            self.fail(f"{what} has unknown value type {vtype}")
+
+
+def check_gguf_header(path: Path, where: str | None = None) -> None:
+    """Refuse a GGUF whose header claims more than the file holds (or than any real model has), in one line, before
+    GGUFReader reads it: every count is checked against the bytes left, so nothing here or in the reader grows with a
+    claimed count beyond the file's size."""
+    where = where or str(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 24:
+                raise EdgekvError(f"{where}: not a readable GGUF file ({size} bytes: shorter than a GGUF header)")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                _scan(buf, where)
+    except OSError as e:
+        raise EdgekvError(f"{where}: cannot read the GGUF file ({e.strerror or e})") from None
+
+
+def _scan(buf, where: str) -> None:
+    s = _Scan(buf, where)
+    if bytes(buf[:4]) != b"GGUF":
+        s.fail("no GGUF magic")
+    s.off = 4
+    version = s.u32("version")
+    if version & 0xFFFF == 0:  # written on a machine of the other byte order (as GGUFReader detects it)
+        s.order = ">"
+        version = struct.unpack_from(">I", buf, 4)[0]
+    if version not in (2, 3):
+        s.fail(f"GGUF version {version} (edgekv reads versions 2 and 3)")
+    n_tensors = s.u64("tensor count")
+    n_kv = s.u64("key/value count")
+    s.count("key/value count", n_kv, 8 + 4 + 1, MAX_KV)  # a key's length, a type, the smallest value
+    for i in range(n_kv):
+        key = s.string(f"key {i}").decode("utf-8", "replace")
+        s.value(s.u32(f"key {i}'s type"), f"metadata {key!r}" if key.isprintable() else f"metadata value {i}")
+    s.count("tensor count", n_tensors, 8 + 4 + 4 + 8, MAX_TENSORS)  # a name's length, n_dims, a type, an offset
+    for i in range(n_tensors):
+        s.string(f"tensor {i}'s name")
+        n_dims = s.u32(f"tensor {i}'s dimension count")
+        if n_dims > MAX_DIMS:
+            s.fail(f"tensor {i} has {n_dims:,} dimensions (GGML has at most {MAX_DIMS})")
+        s.need(8 * n_dims + 4 + 8, f"tensor {i}'s dimensions, type and offset")
+        s.off += 8 * n_dims + 4 + 8
+
+
+def open_gguf(path: str | Path, where: str | None = None):
+    """gguf-py's GGUFReader on a file whose header was checked first (check_gguf_header); any error is one line."""
+    p = Path(path)
+    where = where or str(p)
+    check_gguf_header(p, where)
+    try:
+        import gguf  # pure Python, numpy only
+        return gguf.GGUFReader(str(p))
+    except Exception as e:  # the reader raises many kinds of error on a damaged file
+        raise EdgekvError(f"{where}: not a readable GGUF file (truncated or corrupt?: {type(e).__name__}: "
+                          f"{e})") from None
 
 
 def _gguf_class(name: str) -> str:
@@ -105,11 +245,7 @@ def read_gguf(path: str | Path) -> Arch:
     p = Path(path)
     if not p.is_file():
         raise EdgekvError(f"{path}: no such GGUF file")
-    try:
-        import gguf  # pure Python, numpy only
-        reader = gguf.GGUFReader(str(p))
-    except Exception as e:  # the reader raises many kinds of error on a damaged file
-        raise EdgekvError(f"{p}: not a readable GGUF file (truncated or corrupt?: {type(e).__name__}: {e})") from None
+    reader = open_gguf(p)
     size = p.stat().st_size
     for t in reader.tensors:
         if t.data_offset + t.n_bytes > size:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from ..clibase import Group
+from ..clibase import Group, argv_text
 from ..errors import EdgekvError
 
 
@@ -216,10 +216,7 @@ def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json, save_stat
     """Greedy generation from an export folder: its runtime, manifest and tokenizer only (hashes checked)."""
     from .generate import generate, generate_with_runner, open_export
 
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError:  # bytes that are not UTF-8 reach Python as lone surrogates
-        raise EdgekvError("--prompt is not valid UTF-8 text") from None
+    prompt = argv_text(prompt, "--prompt")
     needs = {"executorch": ("torch", "executorch"), "executorch-runner": ("torch", "executorch"),
              "genai": ("onnxruntime_genai",)}
     for module in needs.get(runtime, ("onnxruntime",)):

@@ -1,12 +1,17 @@
 """`edgekv run`: greedy generation from an export with nothing but its runtime, its manifest and its tokenizer."""
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from ..clibase import one_line
 from ..errors import EdgekvError
+from ..safetext import printable
 from .tokenizer import bos_prefix
 
 CONTEXT_TOKENS = 8
@@ -24,7 +29,7 @@ def open_export(folder: str | Path, runtime: str | None = None, threads: int | N
         runtime = "ort" if "onnx" in formats else "executorch"
     if manifest["tokenizer"] is None:
         raise EdgekvError(f"{d}: this export carries no tokenizer (its model folder had no tokenizer.json)")
-    tok = load_tokenizer(d / manifest["tokenizer"]["file"])
+    tok = load_tokenizer(d / manifest["tokenizer"]["file"], manifest["model"]["vocab"])
     return manifest, open_stepper(d, manifest, runtime, threads), tok
 
 
@@ -42,14 +47,89 @@ def generate_with_runner(folder: str | Path, runtime: str, prompt: str, max_new_
     return run(d, manifest, prompt, max_new_tokens, emit=emit, after_prefill=after_prefill, threads=threads)
 
 
-def load_tokenizer(path: Path):
-    """A `tokenizers` Tokenizer from its tokenizer.json; one EdgekvError line when the library cannot read it."""
-    from tokenizers import Tokenizer
+@contextlib.contextmanager
+def _tokenizer_calls(path: Path, what: str):
+    """Around every call into the `tokenizers` library: its Rust code can panic on a hostile tokenizer.json (an
+    Oniguruma pre-tokenizer regex that backtracks past the library's retry limit: the search error is unwrapped).
+    pyo3 raises that panic as PanicException, a BaseException that `except Exception` lets through, and Rust's panic
+    hook writes the panic and its backtrace to file descriptor 2 before Python sees it; both become one line here."""
+    sys.stderr.flush()
     try:
-        return Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises its own Exception for a malformed file
-        raise EdgekvError(f"{path}: not a tokenizer the tokenizers library can read ({type(e).__name__}: "
-                          f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''})") from None
+        saved, quiet = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:  # no stderr to keep quiet (closed)
+        saved = quiet = None
+    if quiet is not None:
+        os.dup2(quiet, 2)
+    try:
+        yield
+    except EdgekvError:
+        raise
+    except Exception as e:  # tokenizers' own errors
+        raise EdgekvError(f"{printable(path)}: the tokenizer cannot {what} ({type(e).__name__}: "
+                          f"{one_line(e, 200)})") from None
+    except BaseException as e:  # pyo3_runtime.PanicException: a panic in the Rust library
+        if type(e).__name__ != "PanicException":
+            raise
+        raise EdgekvError(f"{printable(path)}: the tokenizer failed to {what} (a panic in the tokenizers library: "
+                          f"{one_line(e, 200)})") from None
+    finally:
+        if quiet is not None:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(quiet)
+
+
+class Tokenizer:
+    """A `tokenizers` Tokenizer whose calls end in one EdgekvError line, never a panic's traceback, and whose ids
+    are checked against the model's vocabulary (ONNX Runtime's Gather fails on an id past the embedding; ExecuTorch
+    reads past it)."""
+
+    def __init__(self, tok, path: Path, vocab: int | None):
+        self.tok, self.path, self.vocab = tok, path, vocab
+
+    def encode(self, text: str, *args, **kw):
+        with _tokenizer_calls(self.path, "encode this text"):
+            enc = self.tok.encode(text, *args, **kw)
+        if self.vocab is not None:
+            check_ids(enc.ids, self.vocab, f"{printable(self.path)}: the tokenizer")
+        return enc
+
+    def decode(self, ids, **kw) -> str:
+        with _tokenizer_calls(self.path, "decode these ids"):
+            return self.tok.decode(ids, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+
+def check_ids(ids, vocab: int, who: str) -> None:
+    """Every id inside the model's vocabulary [0, vocab), or one line naming the first that is not."""
+    bad = next((i for i in ids if not 0 <= int(i) < vocab), None)
+    if bad is not None:
+        raise EdgekvError(f"{who} gives token id {bad}, outside the model's vocabulary of {vocab:,} (ids 0 to "
+                          f"{vocab - 1:,}): the tokenizer does not belong to this model")
+
+
+def load_tokenizer(path: Path, vocab: int | None = None) -> Tokenizer:
+    """A `tokenizers` Tokenizer from its tokenizer.json (read here, so a path that is not UTF-8 does not matter to
+    the library); one EdgekvError line when the library cannot read it or its vocabulary has an id past the model's
+    (vocab: the manifest's; an added token past it, such as an unused special token, is refused when encoded)."""
+    from tokenizers import Tokenizer as HFTokenizer
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise EdgekvError(f"{printable(path)}: cannot read the tokenizer ({e.strerror or e})") from None
+    with _tokenizer_calls(path, "be read"):
+        try:
+            tok = HFTokenizer.from_buffer(data)
+        except Exception as e:  # tokenizers raises its own Exception for a malformed file
+            raise EdgekvError(f"{printable(path)}: not a tokenizer the tokenizers library can read "
+                              f"({type(e).__name__}: {one_line(e, 200)})") from None
+        top = max(tok.get_vocab(with_added_tokens=False).values(), default=-1)
+    if vocab is not None and top >= vocab:
+        raise EdgekvError(f"{printable(path)}: the tokenizer's vocabulary reaches id {top:,}, past the model's "
+                          f"{vocab:,} tokens (ids 0 to {vocab - 1:,}): the tokenizer does not belong to this model")
+    return Tokenizer(tok, Path(path), vocab)
 
 
 def generate(manifest: dict, stepper, tok, prompt: str, max_new_tokens: int, emit=None, after_prefill=None,
@@ -70,6 +150,7 @@ def generate(manifest: dict, stepper, tok, prompt: str, max_new_tokens: int, emi
         ids = bos_prefix(t_info) + ids
     if not ids:
         raise EdgekvError("the prompt encodes to no tokens")
+    check_ids(ids, int(manifest["model"]["vocab"]), "the prompt (with the manifest's special tokens)")
     room = stepper.max_ctx - pos0 - len(ids)
     if room < (1 if max_new_tokens else 0):
         held = f" after the {pos0} resumed" if pos0 else ""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from ..errors import EdgekvError
@@ -241,6 +242,17 @@ def check_onnx_external(manifest: dict, folder: Path, graph_file: str) -> None:
                               "to load a file the manifest does not vouch for")
 
 
+def utf8_path(d: Path, what: str = "") -> None:
+    """ONNX Runtime, ExecuTorch and the tokenizers library take a file's path as UTF-8 text: a path whose name holds
+    other bytes (b'\\xff') cannot be opened by them, which is said here instead of as the first library's failure."""
+    try:
+        str(Path(d).resolve()).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(str(d)).decode("utf-8", "backslashreplace")
+        raise EdgekvError(f"{what + ' ' if what else ''}{shown}: the path is not valid UTF-8, and the runtimes open "
+                          f"files by UTF-8 path; rename it") from None
+
+
 def load_export(folder: str | Path, check_hashes: bool = True) -> dict:
     """Read and validate folder/manifest.json (schema, paths inside the folder, every opened file listed, the
     manifest consistent with itself); with check_hashes, every listed file must exist with its size and sha256."""
@@ -248,6 +260,7 @@ def load_export(folder: str | Path, check_hashes: bool = True) -> dict:
     mp = d / MANIFEST
     if not mp.is_file():
         raise EdgekvError(f"{d}: no {MANIFEST} there (not an edgekv export?)")
+    utf8_path(d)
     manifest = read_json(mp, nonfinite=True)
     validate(manifest, str(mp))
     files = manifest["files"]

@@ -36,6 +36,9 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
 
     out = Path(opts.out)
     check_out(out, opts.model, opts.force)
+    mf.utf8_path(out, "--out")
+    if Path(opts.model).exists():  # a path, not a packaged name
+        mf.utf8_path(Path(opts.model), "--model")
     strategy = parse_strategy(opts.strategy)
     if not strategy.exportable:
         raise EdgekvError(f"strategy {strategy.name} is planned but not exported (exportable: {', '.join(EXPORTABLE)})")
@@ -106,9 +109,9 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
         from .tokenizer import bos_prefix, write_tokenizer
         tok_entry = write_tokenizer(loaded.source, tmp, args.vocab)
         tokenizer = None
-        if tok_entry:
-            from tokenizers import Tokenizer
-            tokenizer = Tokenizer.from_file(str(tmp / tok_entry["file"]))
+        if tok_entry:  # the model folder's tokenizer.json: its panics and errors one line, its ids inside the vocab
+            from .generate import load_tokenizer
+            tokenizer = load_tokenizer(tmp / tok_entry["file"], args.vocab)
 
     if "calibrate" in st.names:  # kv-int8c: the static per-channel scales, before any copy of the module is made
         from .calibrate import CALIB_TOKENS, calibrate, calibration_ids

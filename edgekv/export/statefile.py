@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -150,7 +151,8 @@ def save(path: str | Path, manifest: dict, stepper, position: int, tokens: list[
 
 def _int(meta: dict, key: str, path: Path) -> int:
     v = meta.get(key)
-    if not isinstance(v, str) or not v.lstrip("-").isdigit() or len(v) > 20:
+    # ASCII digits only: str.isdigit() is also true of '²', which int() refuses
+    if not isinstance(v, str) or not re.fullmatch(r"-?[0-9]{1,19}", v):
         raise EdgekvError(f"{path}: damaged state file ({key} is {v!r}, not an integer)")
     return int(v)
 

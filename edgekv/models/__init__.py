@@ -152,17 +152,19 @@ def gguf_architecture(path: Path) -> str:
             magic, _version, _n_tensors, n_kv = struct.unpack("<4sIQQ", f.read(24))
             if magic == b"GGUF" and n_kv:
                 (klen,) = struct.unpack("<Q", f.read(8))
-                key = f.read(klen)
+                key = f.read(min(klen, 64))  # lengths as claimed: a hostile one must not size a read
                 (vtype,) = struct.unpack("<I", f.read(4))
                 if key == b"general.architecture" and vtype == 8:  # GGUF_TYPE_STRING
                     (slen,) = struct.unpack("<Q", f.read(8))
-                    return f.read(slen).decode("utf-8")
+                    if slen <= 64:
+                        return f.read(slen).decode("utf-8")
     except (OSError, struct.error, UnicodeDecodeError):
         pass
-    import gguf
+    from ..arch.gguf import open_gguf
+    reader = open_gguf(path)
     try:
-        return gguf.GGUFReader(str(path)).fields["general.architecture"].contents()
-    except Exception as e:  # the reader raises many kinds of error on a damaged file
+        return reader.fields["general.architecture"].contents()
+    except Exception as e:  # a missing key, or a value of the wrong type
         raise EdgekvError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
 
 

@@ -155,11 +155,10 @@ def load_gguf(path: str | Path) -> tuple[dict, dict, list[float] | None, list[st
     import gguf
     import torch
 
+    from ..arch.gguf import open_gguf
+
     p = Path(path)
-    try:
-        reader = gguf.GGUFReader(str(p))
-    except Exception as e:  # the reader raises many kinds of error on a damaged file
-        raise EdgekvError(f"{p}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+    reader = open_gguf(p)
     cfg = gguf_config(reader, str(p))
     arch = reader.fields["general.architecture"].contents()
     sd, freq_factors = {}, None

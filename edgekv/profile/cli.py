@@ -245,12 +245,14 @@ def report(export_dir, out, device_name, gpu_name, ctx_text, profile_json, as_js
         raise EdgekvError(f"--gpu {gpu_name}: not a datacenter GPU profile (try h100, h200, a100)")
     if load_device(device_name).is_datacenter:
         raise EdgekvError(f"--device {device_name}: a datacenter GPU; --device is the phone to plan for (e.g. pixel8)")
-    if profile_json:
-        validate_report(read_json(profile_json), f"--profile {profile_json}")
+    profile = None
+    if profile_json:  # read once: --profile /dev/stdin is a pipe
+        profile = read_json(profile_json, f"--profile {profile_json}")
+        validate_report(profile, f"--profile {profile_json}")
     if ctx_text is not None:
         from ..units import parse_ctx
         parse_ctx(ctx_text)
-    path, data = build_report(Path(export_dir), out, device_name, gpu_name, ctx_text, profile_json,
+    path, data = build_report(Path(export_dir), out, device_name, gpu_name, ctx_text, profile,
                               progress=not as_json)
     if as_json:
         from ..render import print_json

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 from pathlib import Path
 
 from ..errors import EdgekvError
@@ -49,9 +48,8 @@ def _png(fig) -> str:
 def memory_figure(runs: list[dict], budget: int | None, budget_label: str):
     """Predicted vs measured bytes per context (linear GB axis), the budget as a line when it is on the same scale,
     else said in the title; the legend below the axes, never over the bars."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..mpl import pyplot
+    plt = pyplot()
     import numpy as np
 
     from ..units import GB, fmt_mem
@@ -81,9 +79,8 @@ def memory_figure(runs: list[dict], budget: int | None, budget_label: str):
 
 def speed_figure(runs: list[dict]):
     """Measured decode tokens/s beside the bandwidth roofline, linear axis, legend below the axes."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..mpl import pyplot
+    plt = pyplot()
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(6.2, 4.6))
@@ -103,9 +100,8 @@ def speed_figure(runs: list[dict]):
 def quality_figure(fit: dict, measured_ctx: int, ctx: int | None, label: str):
     """The analyzer's fitted error law: solid over the measured positions, dashed beyond (extrapolated), the
     requested context marked."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..mpl import pyplot
+    plt = pyplot()
     import numpy as np
 
     from ..quality import kl_at
@@ -150,8 +146,9 @@ def _figures(prof: dict, meas: dict | None, ctx: int | None, budget: int | None,
 
 
 def build_report(folder: Path, out: str | None, device_name: str, gpu_name: str, ctx_text: str | None,
-                 profile_json: str | None, progress: bool = True) -> tuple[Path, dict]:
-    """Writes the page; returns its path and what it shows, as data (`edgekv report --json`)."""
+                 profile_json: str | dict | None, progress: bool = True) -> tuple[Path, dict]:
+    """Writes the page; returns its path and what it shows, as data (`edgekv report --json`). profile_json: an
+    `edgekv profile --out` JSON, its path or already read; None: profile now."""
     from ..devices import load_device
     from ..export.manifest import load_export
     from ..plan import deployment, plan_one, serve
@@ -170,8 +167,11 @@ def build_report(folder: Path, out: str | None, device_name: str, gpu_name: str,
     row = plan_one(arch, strategy, phone, ctx, weights, runtime if runtime in phone.runtime_overhead
                    or runtime == "edgekv-pte" and "executorch" in phone.runtime_overhead else None)
     base = serve(gpu, arch, deployment(arch, strategy, ctx, "fp16", gpu.runtime, gpu.overhead().value))
-    if profile_json:
-        prof = json.loads(Path(profile_json).read_text())
+    if isinstance(profile_json, dict):  # read (once) and validated by the caller: a pipe cannot be read twice
+        prof = profile_json
+    elif profile_json:
+        from ..jsonfile import read_json
+        prof = read_json(profile_json, f"--profile {profile_json}")
     else:
         mc = int(manifest["max_ctx"])
         steps = max(1, min(16, mc // 4))

@@ -62,7 +62,7 @@ def prompt_tokens(folder: Path, manifest: dict, n: int) -> list[int]:
     text = default_text()
     if tok and tok.get("file") and (folder / tok["file"]).is_file():
         from ..export.generate import load_tokenizer
-        ids = load_tokenizer(folder / tok["file"]).encode(text[:400_000]).ids
+        ids = load_tokenizer(folder / tok["file"], manifest["model"]["vocab"]).encode(text[:400_000]).ids
     else:
         ids = [b % manifest["model"]["vocab"] for b in text.encode()]
     reps = n // max(len(ids), 1) + 1
