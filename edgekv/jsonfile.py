@@ -49,7 +49,8 @@ def _no_constant(name: str):
 def read_json(path: str | Path, what: str = "", nonfinite: bool = False):
     """The parsed JSON of path; files beyond MAX_JSON_BYTES or MAX_DEPTH levels of nesting are refused, and so are
     NaN / Infinity (not JSON) unless nonfinite (manifests of earlier edgekv versions carry a Mamba's dt_limit as
-    Infinity). what: how to name the file in errors (default: its path)."""
+    Infinity). what: how to name the file in errors (default: its path). A model's config.json is read with
+    read_config, which takes them."""
     p = Path(path)
     name = what or str(p)
     try:
@@ -67,6 +68,14 @@ def read_json(path: str | Path, what: str = "", nonfinite: bool = False):
         return json.loads(text) if nonfinite else json.loads(text, parse_constant=_no_constant)
     except (json.JSONDecodeError, ValueError, RecursionError) as e:
         raise EdgekvError(f"{name}: not valid JSON ({type(e).__name__}: {e})") from None
+
+
+def read_config(path: str | Path, what: str = ""):
+    """A model's config.json as transformers reads it: Python's json module, which takes the bare NaN / Infinity /
+    -Infinity that transformers writes for a non-finite float (Mamba-2's time_step_limit [0.0, Infinity] in
+    mistralai/Mamba-Codestral-7B-v0.1). Only files edgekv writes itself are read strictly (read_json). A non-finite
+    size is still refused where it is read (arch.config.Cfg.int)."""
+    return read_json(path, what, nonfinite=True)
 
 
 def dumps(obj, indent: int | None = 2) -> str:

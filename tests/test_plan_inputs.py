@@ -1,0 +1,176 @@
+"""What `edgekv plan` reads and says before any arithmetic: published configs read as transformers reads them (bare
+Infinity / NaN, Zyphra's own Zamba2 names), one-line did-you-mean answers for a mistyped name, and a demo whose
+output is the table, not a list of what does not apply."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from edgekv.errors import EdgekvError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# mistralai/Mamba-Codestral-7B-v0.1, config.json as published on the Hub (transformers' Mamba2Config names; written
+# by transformers 4.44, which writes float infinity as the bare token Infinity)
+CODESTRAL_CONFIG = """{
+  "_name_or_path": "/raid/pablog/codestral-mamba",
+  "architectures": ["Mamba2ForCausalLM"],
+  "bos_token_id": 0,
+  "chunk_size": 256,
+  "conv_kernel": 4,
+  "eos_token_id": 0,
+  "expand": 2,
+  "head_dim": 64,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.1,
+  "layer_norm_epsilon": 1e-05,
+  "model_type": "mamba2",
+  "n_groups": 8,
+  "norm_before_gate": true,
+  "num_heads": 128,
+  "num_hidden_layers": 64,
+  "pad_token_id": 0,
+  "rescale_prenorm_residual": false,
+  "residual_in_fp32": true,
+  "rms_norm": true,
+  "state_size": 128,
+  "tie_word_embeddings": false,
+  "time_step_floor": 0.0001,
+  "time_step_init_scheme": "random",
+  "time_step_limit": [0.0, Infinity],
+  "time_step_max": 0.1,
+  "time_step_min": 0.001,
+  "time_step_rank": 256,
+  "time_step_scale": 1.0,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.44.0.dev0",
+  "use_bias": false,
+  "use_cache": true,
+  "use_conv_bias": true,
+  "vocab_size": 32768
+}
+"""
+
+
+def cli(*args, env=None):
+    """edgekv in a fresh process: (exit code, stdout, stderr)."""
+    e = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    e.pop("COLUMNS", None)
+    p = subprocess.run([sys.executable, "-m", "edgekv.cli", *map(str, args)], capture_output=True, text=True,
+                       cwd=ROOT, env=e, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def invoke(*args):
+    """edgekv in this process (click's runner): (exit code, stdout, stderr)."""
+    from edgekv.cli import main
+    r = CliRunner().invoke(main, [str(a) for a in args])
+    return r.exit_code, r.stdout, r.stderr
+
+
+def one_line_exit_2(code, err, needle=""):
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("edgekv: error: "), err
+    assert needle in err, err
+
+
+# ---- configs as transformers reads them ----
+
+
+def test_mamba_codestral_config_with_a_bare_infinity_plans(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(CODESTRAL_CONFIG)
+    # transformers reads it with Python's json module, which takes the bare Infinity
+    assert json.loads(CODESTRAL_CONFIG)["time_step_limit"] == [0.0, float("inf")]
+    code, out, err = cli("plan", "-d", "pixel8", "-c", "32k", "-m", p, "--strategy", "ssm", "--json")
+    assert code in (0, 3), err  # 3: it does not fit a phone's budget; it was planned
+    assert "NaN" not in out and "Infinity" not in out
+    opt = json.loads(out)["options"][0]
+    # by hand: 64 layers x (128 heads x 64 head size x 128 state x 4 B fp32 SSM state
+    #                       + conv state over d_inner 8192 + 2 x 8 groups x 128 channels, kernel 4 - 1 columns, fp32)
+    assert opt["bytes"]["state"] == 64 * (128 * 64 * 128 * 4 + (8192 + 2 * 8 * 128) * 3 * 4)
+    # weights: 7.3B parameters (the model card's "7.3B"), int4 on a phone: 3-5 GB
+    assert 3.0e9 < opt["bytes"]["weights"] < 5.0e9
+
+
+def test_edgekv_own_files_stay_strict(tmp_path):
+    from edgekv.jsonfile import read_json
+    p = tmp_path / "report.json"
+    p.write_text('{"peak": NaN}')
+    with pytest.raises(EdgekvError, match="not valid JSON"):
+        read_json(p)
+
+
+@pytest.mark.parametrize("model,field,value", [
+    ("deepseek-v3", ("q_lora_rank",), "Infinity"),
+    ("deepseek-v3", ("q_lora_rank",), "NaN"),
+    ("deepseek-v2-lite", ("rope_scaling", "original_max_position_embeddings"), "Infinity"),
+    ("deepseek-v2-lite", ("rope_scaling", "original_max_position_embeddings"), "NaN"),
+    ("llama-3.2-1b", ("max_position_embeddings",), "Infinity"),
+])
+def test_a_non_finite_size_in_a_config_is_one_line(model, field, value, tmp_path):
+    """A bare Infinity / NaN is read (as transformers reads it), but one that would reach the arithmetic as a size is
+    refused in one line naming the field, not a traceback nor NaN in the plan."""
+    from edgekv.arch import catalog_entry
+    cfg = catalog_entry(model)["config"]
+    d = cfg
+    for k in field[:-1]:
+        d = d[k]
+    d[field[-1]] = "@@"
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg).replace('"@@"', value))
+    code, out, err = invoke("plan", "-d", "h100", "-c", "4k", "-m", p, "--json")
+    one_line_exit_2(code, err, field[-1])
+
+
+# ---- Zyphra's own Zamba2 config ----
+
+
+# Zyphra/Zamba2-1.2B config.json at revision 4f8e85cd31975fe07d8fc3145239d58913192294, written by Zyphra's
+# transformers fork before transformers read Zamba2. The fork's own names (transformers' in brackets):
+# layers_block_type 'm' / 'g' ('mamba' / 'hybrid'), state_size (mamba_d_state), conv_dimension (mamba_d_conv),
+# expansion_factor (mamba_expand), mamba_headdim (transformers derives it from n_mamba_heads), lora_rank
+# (adapter_rank), use_shared_attention_lora (use_shared_attention_adapter), ffn_hidden_size (intermediate_size);
+# num_mem_blocks is the same name in both. Values as edgekv/catalog/zamba2-1.2b.json's config_notes record them.
+ZAMBA2_FORK = {
+    "add_bias_linear": False, "architectures": ["Zamba2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+    "conv_dimension": 4, "eos_token_id": 2, "expansion_factor": 2, "ffn_hidden_size": 8192, "hidden_size": 2048,
+    "initializer_range": 0.02, "kv_channels": 64,
+    "layers_block_type": (["m"] * 5 + ["g"]) * 6 + ["m"] * 2,
+    "lora_rank": 128, "mamba_headdim": 64, "mamba_ngroups": 1, "max_position_embeddings": 4096,
+    "model_type": "zamba2", "num_attention_heads": 32, "num_hidden_layers": 38, "num_key_value_heads": 32,
+    "num_logits_to_keep": 1, "num_mem_blocks": 1, "num_query_groups": 32, "pad_token_id": 0, "rms_norm_eps": 1e-05,
+    "rope_theta": 10000, "state_size": 128, "time_step_floor": 0.0001, "time_step_max": 0.1, "time_step_min": 0.001,
+    "torch_dtype": "bfloat16", "use_cache": True, "use_mem_rope": True, "use_shared_attention_lora": True,
+    "vocab_size": 32000,
+}
+
+
+def test_zamba2_fork_config_plans_as_the_transformers_config(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(ZAMBA2_FORK))
+    fork, native = {}, {}
+    for ctx in ("1k", "4k", "32k", "128k"):
+        for m, got in ((p, fork), ("zamba2-1.2b", native)):
+            code, out, err = invoke("plan", "-d", "h100", "-c", ctx, "-m", m, "--strategy", "hybrid", "--json")
+            assert code == 0, err
+            o = json.loads(out)["options"][0]
+            got[ctx] = (o["bytes"]["state"], o["bytes"]["weights"])
+    assert fork == native
+    # by hand: 6 hybrid layers keep K and V (32 KV heads x 128, fp16) per token; 38 Mamba-2 layers keep 64 heads x
+    # 64 x d_state 128 fp32 and a 3-column fp32 conv state over 4096 + 2 x 128 channels, whatever the context
+    recurrent = 38 * (64 * 64 * 128 * 4 + (4096 + 2 * 128) * 3 * 4)
+    for ctx, n in (("1k", 1024), ("32k", 32768)):
+        assert fork[ctx][0] == 6 * 2 * 32 * 128 * 2 * n + recurrent
+
+
+def test_zamba2_fork_and_transformers_names_must_agree(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**ZAMBA2_FORK, "mamba_d_state": 64}))
+    one_line_exit_2(*invoke("plan", "-d", "h100", "-c", "4k", "-m", p)[::2], "state_size")
