@@ -159,7 +159,7 @@ def runtime_cost(name: str, arch: Arch, weights: str) -> tuple[str, dict | None,
 
 def export_support(arch: Arch, strategy: Strategy, ctx: int) -> tuple[bool, str]:
     """(whether `edgekv export --model M --strategy S --max-ctx ctx` builds this row today, why not)."""
-    from .export.pipeline import EXPORTABLE  # torch-free at import
+    from .export.options import EXPORTABLE  # torch-free and numpy-free at import
 
     if not strategy.exportable:
         return False, f"edgekv export does not build {strategy.name} (exportable: {', '.join(EXPORTABLE)})"
