@@ -202,6 +202,39 @@ def models(as_json):
     render.models_table(out)
 
 
+# `edgekv --help`: each command's one-line summary, whole (click cuts a summary it derives at 45 characters with
+# "..."), and one example each command's own --help ends with
+HELP = {
+    "plan": ("Which model and cache strategy fit a device at a context, how fast, at what risk.",
+             "edgekv plan --device pixel8 --ctx 32k --model llama-3.2-1b"),
+    "baseline": ("The same model on a datacenter GPU: users per GPU, $ per million tokens.",
+                 "edgekv baseline --device h100 --model llama-3-70b --ctx 4000,32k,128000"),
+    "devices": ("List the built-in device profiles.", "edgekv devices --json"),
+    "models": ("List the built-in model catalog.", "edgekv models"),
+    "export": ("Export a model's decode step to ONNX / ExecuTorch, verified.",
+               "edgekv export -m smollm2-135m --from-plan pixel8 -c 2k -o export/smollm2"),
+    "run": ("Generate text from an export folder with its runtime.",
+            'edgekv run export/smollm2-pixel8 -p "The capital of France is" -n 16'),
+    "analyze": ("Measure a cache's error or recall against distance on real weights.",
+                "edgekv analyze --model smollm2-135m --strategy kv-int4 --ctx 2k --plot kv4.png"),
+    "profile": ("Measure an export's peak memory and speed against its plan.",
+                "edgekv profile export/smollm2-pixel8 -c 512,2k -d pixel8 -o prof.json"),
+    "report": ("One page: plan, measured profile, quality curve and GPU baseline.",
+               "edgekv report export/smollm2-pixel8 --profile prof.json"),
+    "ring": ("Exact attention with the KV cache split over N ranks, vs the ring model.",
+             "edgekv ring --world 4 --ctx 4k --check"),
+}
+
+
+def _summaries_and_examples() -> None:
+    import inspect
+    for name, cmd in main.commands.items():
+        if name in HELP:
+            summary, example = HELP[name]
+            cmd.short_help = summary
+            cmd.help = inspect.cleandoc(cmd.help or summary) + f"\n\n\b\nExample:\n  {example}"
+
+
 def _register_optional():
     """Commands that live in their own packages (they import torch lazily, inside the command)."""
     import importlib
@@ -217,6 +250,7 @@ def _register_optional():
 
 
 _register_optional()
+_summaries_and_examples()
 
 if __name__ == "__main__":
     main()

@@ -188,8 +188,11 @@ def load_device(name_or_path: str) -> DeviceProfile:
     else:
         path = PROFILE_DIR / f"{name_or_path}.toml"
         if not path.is_file():
-            raise EdgekvError(f"unknown device {name_or_path!r}; known devices: {', '.join(device_ids())} "
-                              f"(or pass the path of a .toml profile)")
+            from .names import suggestion
+            hint = suggestion(name_or_path, device_ids())
+            raise EdgekvError(f"unknown device {name_or_path!r}; " + (
+                f"{hint} (`edgekv devices` lists every profile; or pass the path of a .toml profile)" if hint else
+                f"known devices: {', '.join(device_ids())} (or pass the path of a .toml profile)"))
     try:
         data = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:

@@ -344,18 +344,40 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
     print_table(c, title, plan_columns(dc, head), cells, footer)
     if limit is not None and len(rows) > limit:
         c.print(f"{len(rows) - limit} more options: --all shows them, --json gives every number.")
-    fams = {}
+    not_applicable_lines(c, plan, each=limit is None or explain)
+    if explain:
+        explain_rows(c, plan, shown)
+
+
+def not_applicable_lines(c: Console, plan, each: bool) -> None:
+    """What the plan left out. A strategy that needs another family of model: the catalog models of that family
+    that could run here and are not rows of this plan already. Options that do not apply to a model (kv on a Mamba):
+    one summary line, or one line each with `each` (--all, --explain)."""
+    planned = {r.model for r in plan.rows}
+    fams: dict[str, set] = {}
     for e in plan.not_applicable:
         if "needs_family" in e:
             fams.setdefault(e["needs_family"], set()).update(e.get("alternatives", []))
     for fam, alts in sorted(fams.items()):
-        models = ", ".join(sorted(alts)) if alts else "none in the catalog could run on this device"
+        if alts and alts <= planned:
+            continue  # every such model is a row already
+        models = ", ".join(sorted(alts - planned)) if alts else "none in the catalog could run on this device"
         c.print(f"[dim]{fam}: needs a model built that way ({fam} family) — catalog models: {models}[/]")
-    for e in plan.not_applicable:  # a strategy of the right family whose parameters do not fit the model
-        if "needs_family" not in e:
+    rest = [e for e in plan.not_applicable if "needs_family" not in e]
+    if each:
+        for e in rest:  # e.g. a kv cache on a model with recurrent layers, a window that covers the whole context
             c.print(f"[dim]{escape(e['model'])} / {escape(e['strategy'])}: not applicable — {escape(e['reason'])}[/]")
-    if explain:
-        explain_rows(c, plan, shown)
+    elif rest:
+        by_reason: dict[str, list[dict]] = {}
+        for e in rest:
+            by_reason.setdefault(e["reason"], []).append(e)
+        top = sorted(by_reason.items(), key=lambda kv: -len(kv[1]))
+        reason, es = top[0]
+        others = len(rest) - len(es)
+        c.print(f"[dim]{len(rest)} option{'s do' if len(rest) > 1 else ' does'} not apply — " + (f"{len(es)} of them: " if others else "")
+                + f"{escape(reason)} (e.g. {escape(es[0]['model'])} / {escape(es[0]['strategy'])})"
+                + (f"; {others} for {len(top) - 1} other reason{'s' if len(top) > 2 else ''}" if others else "")
+                + "; --all or --explain lists each.[/]")
 
 
 def _first_sentence(text: str, n: int = 160) -> str:

@@ -97,14 +97,12 @@ def test_mamba_codestral_config_with_a_bare_infinity_plans(tmp_path):
     assert opt["bytes"]["state"] == 64 * (128 * 64 * 128 * 4 + (8192 + 2 * 8 * 128) * 3 * 4)
     # weights: 7.3B parameters (the model card's "7.3B"), int4 on a phone: 3-5 GB
     assert 3.0e9 < opt["bytes"]["weights"] < 5.0e9
-
-
-def test_edgekv_own_files_stay_strict(tmp_path):
+    # a file edgekv writes itself (a profile report, a manifest) stays strict JSON
     from edgekv.jsonfile import read_json
-    p = tmp_path / "report.json"
-    p.write_text('{"peak": NaN}')
+    r = tmp_path / "report.json"
+    r.write_text('{"peak": NaN}')
     with pytest.raises(EdgekvError, match="not valid JSON"):
-        read_json(p)
+        read_json(r)
 
 
 @pytest.mark.parametrize("model,field,value", [
@@ -174,3 +172,78 @@ def test_zamba2_fork_and_transformers_names_must_agree(tmp_path):
     p = tmp_path / "config.json"
     p.write_text(json.dumps({**ZAMBA2_FORK, "mamba_d_state": 64}))
     one_line_exit_2(*invoke("plan", "-d", "h100", "-c", "4k", "-m", p)[::2], "state_size")
+
+
+# ---- the demo's output: the table, not what does not apply ----
+
+
+def test_demo_says_what_does_not_apply_in_one_line_and_names_no_planned_model():
+    code, out, err = invoke("plan", "-d", "pixel8", "-c", "32k")
+    assert code == 0, err
+    data = json.loads(invoke("plan", "-d", "pixel8", "-c", "32k", "--json")[1])
+    planned = {o["model"] for o in data["options"]}
+    rest = [e for e in data["not_applicable"] if "needs_family" not in e]
+    assert len(rest) > 50  # kv, window, mla on every recurrent catalog model: what used to be a line each
+    lines = out.splitlines()
+    assert not [ln for ln in lines if "not applicable —" in ln]
+    summary = [ln for ln in lines if "do not apply" in ln]
+    assert len(summary) == 1 and f"{len(rest)} options do not apply" in summary[0] and "--all" in summary[0]
+    for ln in lines:  # a family's "needs a model built that way" line names only models the table does not hold
+        if "needs a model built that way" in ln:
+            named = set(ln.split("catalog models: ", 1)[1].split(", "))
+            assert not named & planned, ln
+
+
+    # --all or --explain lists each one instead
+    args = ("plan", "-d", "pixel8", "-c", "4k", "-m", "mamba-130m", "-m", "gemma-3-270m")
+    data = json.loads(invoke(*args, "--json")[1])
+    want = [e for e in data["not_applicable"] if "needs_family" not in e]
+    assert len(want) == 6  # mamba-130m: kv, kv-int8, kv-int4, window, mla; gemma-3-270m's 4096 window covers 4k
+    for flag in ("--all", "--explain"):
+        code, out, err = invoke(*args, flag)
+        assert code == 0, err
+        assert len([ln for ln in out.splitlines() if "not applicable —" in ln]) == len(want)
+        assert "do not apply" not in out
+
+
+# ---- did you mean ----
+
+
+@pytest.mark.parametrize("args,want", [
+    (("plan", "-d", "pixle8", "-c", "4k"), "did you mean pixel8?"),
+    (("plan", "-d", "Pixel8", "-c", "4k"), "did you mean pixel8?"),
+    (("plan", "-d", "iphone15pro", "-c", "4k"), "did you mean iphone15-pro?"),
+    (("plan", "-d", "pixel8", "-c", "4k", "-m", "llama3.2-1b"), "did you mean llama-3.2-1b?"),
+    (("plan", "-d", "pixel8", "-c", "4k", "-m", "Qwen/Qwen2.5-0.5B"), "did you mean qwen2.5-0.5b?"),
+    (("plan", "-d", "pixel8", "-c", "4k", "-m", "HuggingFaceTB/SmolLM2-135M"), "did you mean smollm2-135m?"),
+    (("baseline", "-m", "Meta-Llama-3-70B"), "did you mean llama-3-70b?"),
+])
+def test_a_mistyped_name_gets_did_you_mean_in_one_short_line(args, want):
+    code, out, err = invoke(*args)
+    one_line_exit_2(code, err, want)
+    assert len(err) < 300, err  # not the whole catalog
+
+
+def test_nothing_close_is_not_guessed():
+    code, out, err = invoke("plan", "-d", "pixel8", "-c", "4k", "-m", "gpt-5")
+    one_line_exit_2(code, err, "unknown model 'gpt-5'")
+    assert "did you mean" not in err and "edgekv models" in err
+
+
+# ---- help ----
+
+
+def test_help_summaries_are_whole_and_every_command_has_an_example():
+    code, out, err = cli("--help", env={"COLUMNS": "80"})
+    assert code == 0, err
+    commands = out.split("Commands:", 1)[1]
+    assert "..." not in commands
+    assert max(len(ln) for ln in out.splitlines()) <= 80
+    from edgekv.cli import main
+    names = sorted(main.commands)
+    assert {"plan", "export", "run", "profile", "report", "analyze", "ring"} <= set(names)
+    for name in names:
+        code, out, err = invoke(name, "--help")
+        assert code == 0, err
+        example = out.split("Example:", 1)[1].split("Options:", 1)[0].strip()
+        assert example.startswith(f"edgekv {name}"), (name, out)
