@@ -226,31 +226,85 @@ HELP = {
 }
 
 
-def _summaries_and_examples() -> None:
+def _with_help(name: str, cmd: click.Command) -> click.Command:
+    """cmd with its whole summary and its example (HELP)."""
     import inspect
-    for name, cmd in main.commands.items():
-        if name in HELP:
-            summary, example = HELP[name]
-            cmd.short_help = summary
-            cmd.help = inspect.cleandoc(cmd.help or summary) + f"\n\n\b\nExample:\n  {example}"
+    if name in HELP:
+        summary, example = HELP[name]
+        cmd.short_help = summary
+        cmd.help = inspect.cleandoc(cmd.help or summary) + f"\n\n\b\nExample:\n  {example}"
+    return cmd
 
 
-def _register_optional():
-    """Commands that live in their own packages (they import torch lazily, inside the command)."""
-    import importlib
-    for module, names in ((".ring.cli", ("ring",)), (".export.cli", ("export", "run")),
-                          (".analyze.cli", ("analyze",)), (".profile.cli", ("profile", "report"))):
+# Commands that live in their own packages (they import torch lazily, inside the command), by the module that
+# defines them: imported when the command is looked up, so that `edgekv plan` does not import four command modules
+# it does not run.
+OPTIONAL = {"ring": ".ring.cli", "export": ".export.cli", "run": ".export.cli", "analyze": ".analyze.cli",
+            "profile": ".profile.cli", "report": ".profile.cli"}
+
+
+class _LazyCommands(dict):
+    """main.commands: the optional commands are imported on first use (a lookup, or listing them all); a module that
+    cannot be imported (a missing optional dependency) leaves its commands out, as before."""
+
+    def __init__(self, commands: dict, lazy: dict[str, str]):
+        super().__init__(commands)
+        self._lazy = dict(lazy)
+
+    def _load(self, name: str) -> None:
+        import importlib
+        module = self._lazy.get(name)
+        if module is None:
+            return
+        names = [n for n, m in self._lazy.items() if m == module]
+        for n in names:
+            del self._lazy[n]
         try:
             mod = importlib.import_module(module, __package__)
         except ImportError:
-            continue
+            return
         for n in names:
             if hasattr(mod, n):
-                main.add_command(getattr(mod, n))
+                super().__setitem__(n, _with_help(n, getattr(mod, n)))
+
+    def _load_all(self) -> None:
+        for n in list(self._lazy):
+            self._load(n)
+
+    def __getitem__(self, name):
+        self._load(name)
+        return super().__getitem__(name)
+
+    def get(self, name, default=None):
+        self._load(name)
+        return super().get(name, default)
+
+    def __contains__(self, name) -> bool:
+        self._load(name)
+        return super().__contains__(name)
+
+    def __iter__(self):
+        self._load_all()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._load_all()
+        return super().__len__()
+
+    def keys(self):
+        self._load_all()
+        return super().keys()
+
+    def items(self):
+        self._load_all()
+        return super().items()
+
+    def values(self):
+        self._load_all()
+        return super().values()
 
 
-_register_optional()
-_summaries_and_examples()
+main.commands = _LazyCommands({n: _with_help(n, c) for n, c in main.commands.items()}, OPTIONAL)
 
 if __name__ == "__main__":
     main()

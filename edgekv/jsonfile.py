@@ -7,6 +7,7 @@ nesting level, so MAX_DEPTH levels (no edgekv file has more than 8) are checked 
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -76,6 +77,19 @@ def read_config(path: str | Path, what: str = ""):
     mistralai/Mamba-Codestral-7B-v0.1). Only files edgekv writes itself are read strictly (read_json). A non-finite
     size is still refused where it is read (arch.config.Cfg.int)."""
     return read_json(path, what, nonfinite=True)
+
+
+def parsed(path: str | Path):
+    """json.loads of a file edgekv ships and reads on every plan row (edgekv/measurements/), parsed once per process
+    while its modification time and size stay the same. The result is shared between callers: read it, never change
+    it. Raises what reading and json.loads raise (OSError, ValueError)."""
+    st = os.stat(path)
+    return _parsed(str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+@functools.lru_cache(maxsize=128)
+def _parsed(path: str, mtime_ns: int, size: int, inode: int):
+    return json.loads(Path(path).read_text())
 
 
 def dumps(obj, indent: int | None = 2) -> str:

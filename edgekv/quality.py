@@ -4,10 +4,10 @@ Never blank, never invented: where nothing is published the risk is 'unknown' an
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
+from .jsonfile import parsed
 from .strategies import REGISTRY, Strategy
 
 RISK_ORDER = {"none": 0, "low": 1, "medium": 2, "unknown": 3, "high": 4}
@@ -55,8 +55,8 @@ def measured(model: str, strategy: Strategy, family: str | None = None) -> dict 
         candidates = sorted(MEASURED_DIR.glob(f"*__{_safe(strategy.label)}.json"))
     for c in candidates:
         try:
-            rec = json.loads(c.read_text())
-        except (OSError, json.JSONDecodeError):
+            rec = parsed(c)  # shared, read-only
+        except (OSError, ValueError):
             continue
         if c == p or rec.get("applies_to") == f"family:{family}":
             return rec

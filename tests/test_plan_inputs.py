@@ -247,3 +247,46 @@ def test_help_summaries_are_whole_and_every_command_has_an_example():
         assert code == 0, err
         example = out.split("Example:", 1)[1].split("Options:", 1)[0].strip()
         assert example.startswith(f"edgekv {name}"), (name, out)
+
+
+# ---- the plan's own speed (benchmarks/plan_speed.py measures it; these keep its causes away) ----
+
+
+def test_the_demo_imports_no_numpy_nor_rich_and_builds_only_models_that_could_run():
+    """Importing numpy, or rich and laying its tables out, cost the demo more CPU than its planning; building every
+    catalog model (DeepSeek-V3's 45,000 weight tensors) to drop the ones that cannot run on a phone cost a third."""
+    code = ("import sys, runpy, io, contextlib\n"
+            "sys.argv = ['edgekv', 'plan', '--device', 'pixel8', '--ctx', '32k']\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n        runpy.run_module('edgekv.cli', run_name='__main__')\n"
+            "    except SystemExit:\n        pass\n"
+            "from edgekv.arch import catalog_arch\n"
+            "from edgekv.devices import load_device\n"
+            "from edgekv.plan import default_models\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'rich', 'torch')))\n"
+            "print(catalog_arch.cache_info().currsize, len(default_models(load_device('pixel8'))))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    heavy, built = p.stdout.strip().splitlines()[-2:]
+    assert heavy == "[]", p.stdout[-500:] + p.stderr[-2000:]
+    n_built, n_plausible = map(int, built.split())
+    assert n_built == n_plausible < 35
+
+
+def test_the_catalog_index_is_current_and_a_stale_entry_is_not_used(monkeypatch):
+    """edgekv/arch/catalog_index.json holds what the planner would compute (`python -m edgekv.catalog_index`
+    rewrites it); an entry whose catalog file changed is computed from the Arch instead."""
+    from edgekv import catalog_index as ci
+    from edgekv.arch import catalog_entry
+    stored = json.loads(ci.INDEX.read_text())
+    assert stored == json.loads(json.dumps(ci.build())), "stale: run python -m edgekv.catalog_index"
+    # the parameter counts against the catalog's published ones (a model card's "1.2B", a file's bytes)
+    for name, e in stored["models"].items():
+        pub = catalog_entry(name).get("params", {}).get("published")
+        if pub:
+            assert abs(e["n_params"] / pub - 1) < 0.1, name
+    ci.summary.cache_clear()
+    monkeypatch.setattr(ci, "_stored", lambda: {"smollm2-135m": {**stored["models"]["smollm2-135m"],
+                                                                  "file": "0" * 64, "int4_bytes": 1.0}})
+    assert ci.summary("smollm2-135m")["int4_bytes"] == stored["models"]["smollm2-135m"]["int4_bytes"] != 1.0
+    ci.summary.cache_clear()
