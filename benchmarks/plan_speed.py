@@ -7,10 +7,10 @@ time (user + system, from wait4) is what is compared: on a shared host wall time
 untimed run of each comes first, with bytecode caching on, so that every timed run starts from compiled bytecode as an
 installed edgekv does. The load average before and after is recorded beside the times.
 
-Usage: python benchmarks/plan_speed.py [--runs 7] [--device pixel8] [--ctx 32k] [--out FILE]
+Usage: python benchmarks/plan_speed.py [--runs 7] [--device pixel8] [--ctx 32k] [--out FILE] [--note TEXT]
 JSON: {"command", "runs", "cpu_s": {"plan", "plan_json", "import_numpy"}: {"median", "min", "all"}, "ratio_to_numpy"
 (median plan CPU / median numpy CPU), "target_ratio", "wall_median_s", "load_average": {"before", "after"},
-"in_process_s", "models", "options", "heavy_modules_imported", "python", "host"}
+"in_process_s", "models", "options", "heavy_modules_imported", "python", "host", "note", "date"}
 """
 import argparse
 import json
@@ -58,6 +58,7 @@ def main():
     ap.add_argument("--device", default="pixel8")
     ap.add_argument("--ctx", default="32k")
     ap.add_argument("--out")
+    ap.add_argument("--note", default=None, help="what this run measured (e.g. the commit of the edgekv it ran)")
     a = ap.parse_args()
     env = child_env()
     plan = [sys.executable, "-m", "edgekv.cli", "plan", "--device", a.device, "--ctx", a.ctx]
@@ -99,7 +100,7 @@ def main():
                                "after": [round(x, 2) for x in load_after], "cpus": os.cpu_count()},
               "in_process_s": round(in_proc, 4), "models": len(archs), "options": len(p.rows),
               "heavy_modules_imported": json.loads(heavy.replace("'", '"')) if heavy else None,
-              "python": platform.python_version(), "host": platform.machine(),
+              "python": platform.python_version(), "host": platform.machine(), "note": a.note,
               "date": time.strftime("%Y-%m-%d", time.gmtime())}
     text = json.dumps(result, indent=2)
     if a.out:
