@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import shutil
 import sys
 import unicodedata
 from dataclasses import dataclass
@@ -33,7 +32,10 @@ def width() -> int:
     if cols.isdigit() and int(cols) > 0:
         return int(cols)
     if sys.stdout.isatty():
-        return shutil.get_terminal_size((80, 24)).columns
+        try:
+            return os.get_terminal_size(sys.stdout.fileno()).columns or 80
+        except (OSError, ValueError):
+            return 80
     return PIPED_WIDTH
 
 
@@ -152,8 +154,8 @@ class Console:
             text = "\n".join(obj.lines(self.color))
         elif isinstance(obj, str):
             plain, spans = parse_markup(obj)
-            text = "\n".join((_styled(plain, spans, a, b) if self.color and spans else plain[a:b]).rstrip()
-                             for a, b in _wrap(plain, self.width))
+            lines = [(a, a + len(plain[a:b].rstrip())) for a, b in _wrap(plain, self.width)]  # no trailing spaces
+            text = "\n".join(_styled(plain, spans, a, b) if self.color and spans else plain[a:b] for a, b in lines)
         else:
             from rich.console import Console as RichConsole
             RichConsole(width=self.width, stderr=self.stderr, soft_wrap=False).print(obj)
