@@ -290,3 +290,48 @@ def test_the_catalog_index_is_current_and_a_stale_entry_is_not_used(monkeypatch)
                                                                   "file": "0" * 64, "int4_bytes": 1.0}})
     assert ci.summary("smollm2-135m")["int4_bytes"] == stored["models"]["smollm2-135m"]["int4_bytes"] != 1.0
     ci.summary.cache_clear()
+
+
+# one catalog config per reader (edgekv.arch.READERS' families)
+READER_SAMPLES = ("smollm2-135m", "gemma-3-270m", "deepseek-v2-lite", "mamba-130m", "mamba2-1.3b", "jamba-v0.1",
+                  "falcon-h1-0.5b", "zamba2-1.2b", "rwkv-4-169m-pile", "lfm2-350m", "granite-4.0-h-350m",
+                  "qwen3.5-0.8b", "phi-4-mini")
+
+
+def _numeric_leaves(d: dict, path=()):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _numeric_leaves(v, path + (k,))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            yield path + (k,)
+        elif isinstance(v, list) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+            yield path + (k, 0)
+
+
+@pytest.mark.parametrize("model", READER_SAMPLES)
+def test_every_number_of_a_config_as_infinity_or_nan_is_planned_finite_or_refused_in_one_line(model):
+    """transformers reads a bare Infinity / NaN anywhere in a config; edgekv reads it too, and then either plans
+    with it (a field it does not use: finite numbers in the plan, never NaN) or refuses it as an EdgekvError naming
+    the file, never a Python error."""
+    import copy
+    import math
+
+    from edgekv.arch import arch_from_config, catalog_entry
+    from edgekv.devices import load_device
+    from edgekv.jsonfile import finite
+    from edgekv.plan import make_plan
+    base = catalog_entry(model)["config"]
+    dev = load_device("pixel8")
+    for path in _numeric_leaves(base):
+        for value in (math.inf, math.nan):
+            cfg = copy.deepcopy(base)
+            d = cfg
+            for k in path[:-1]:
+                d = d[k]
+            d[path[-1]] = value
+            try:
+                plan = make_plan(dev, 32768, [arch_from_config(cfg, model, "config.json")])
+            except EdgekvError as e:
+                assert str(e).startswith("config.json"), (path, value, e)
+                continue
+            assert finite(plan.to_json(explain=True)), (path, value)
