@@ -14,8 +14,10 @@ from edgekv.errors import EdgekvError
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# mistralai/Mamba-Codestral-7B-v0.1, config.json as published on the Hub (transformers' Mamba2Config names; written
-# by transformers 4.44, which writes float infinity as the bare token Infinity)
+# mistralai/Mamba-Codestral-7B-v0.1, config.json as published on the Hub
+# (https://huggingface.co/mistralai/Mamba-Codestral-7B-v0.1/blob/main/config.json; transformers' Mamba2Config names,
+# written by transformers 4.44, which writes float infinity as the bare token Infinity), field for field as recorded
+# when this test was written (the test machine cannot download it)
 CODESTRAL_CONFIG = """{
   "_name_or_path": "/raid/pablog/codestral-mamba",
   "architectures": ["Mamba2ForCausalLM"],
