@@ -165,6 +165,9 @@ def test_zamba2_fork_config_plans_as_the_transformers_config(tmp_path):
             o = json.loads(out)["options"][0]
             got[ctx] = (o["bytes"]["state"], o["bytes"]["weights"])
     assert fork == native
+    # and the shape is the checkpoint's: model.safetensors is 2.43 GB of bf16 (the HF file listing) = 1.215B parameters
+    from edgekv.arch import arch_from_config
+    assert abs(arch_from_config(ZAMBA2_FORK, "z", "config.json").n_params / 1.215e9 - 1) < 0.005
     # by hand: 6 hybrid layers keep K and V (32 KV heads x 128, fp16) per token; 38 Mamba-2 layers keep 64 heads x
     # 64 x d_state 128 fp32 and a 3-column fp32 conv state over 4096 + 2 x 128 channels, whatever the context
     recurrent = 38 * (64 * 64 * 128 * 4 + (4096 + 2 * 128) * 3 * 4)
