@@ -56,7 +56,7 @@ test-all: $(STAMP) test-deps lint android-test
 	$(BIN)/python -m pytest -q -m ''
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/plan_speed.py
+	$(BIN)/python benchmarks/plan_speed.py --out benchmarks/results/plan_speed.json
 
 # benchmarks/decode_speed.py: edgekv's artifacts vs transformers, llama.cpp, ONNX Runtime GenAI (JSON in
 # benchmarks/results/). llama-cpp-python compiles llama.cpp on first install (~4 min on 2 cores), for this CPU but

@@ -219,21 +219,109 @@ def models(as_json):
     render.models_table(out)
 
 
-def _register_optional():
-    """Commands that live in their own packages (they import torch lazily, inside the command)."""
-    import importlib
-    for module, names in ((".ring.cli", ("ring",)), (".export.cli", ("export", "run")),
-                          (".analyze.cli", ("analyze",)), (".profile.cli", ("profile", "report"))):
+# `edgekv --help`: each command's one-line summary, whole (click cuts a summary it derives at 45 characters with
+# "..."), and one example each command's own --help ends with
+HELP = {
+    "plan": ("Which model and cache strategy fit a device at a context, how fast, at what risk.",
+             "edgekv plan --device pixel8 --ctx 32k --model llama-3.2-1b"),
+    "baseline": ("The same model on a datacenter GPU: users per GPU, $ per million tokens.",
+                 "edgekv baseline --device h100 --model llama-3-70b --ctx 4000,32k,128000"),
+    "devices": ("List the built-in device profiles.", "edgekv devices --json"),
+    "models": ("List the built-in model catalog.", "edgekv models"),
+    "export": ("Export a model's decode step to ONNX / ExecuTorch, verified.",
+               "edgekv export -m smollm2-135m --from-plan pixel8 -c 2k -o export/smollm2"),
+    "run": ("Generate text from an export folder with its runtime.",
+            'edgekv run export/smollm2-pixel8 -p "The capital of France is" -n 16'),
+    "analyze": ("Measure a cache's error or recall against distance on real weights.",
+                "edgekv analyze --model smollm2-135m --strategy kv-int4 --ctx 2k --plot kv4.png"),
+    "profile": ("Measure an export's peak memory and speed against its plan.",
+                "edgekv profile export/smollm2-pixel8 -c 512,2k -d pixel8 -o prof.json"),
+    "report": ("One page: plan, measured profile, quality curve and GPU baseline.",
+               "edgekv report export/smollm2-pixel8 --profile prof.json"),
+    "ring": ("Exact attention with the KV cache split over N ranks, vs the ring model.",
+             "edgekv ring --world 4 --ctx 4k --check"),
+}
+
+
+def _with_help(name: str, cmd: click.Command) -> click.Command:
+    """cmd with its whole summary and its example (HELP)."""
+    import inspect
+    if name in HELP:
+        summary, example = HELP[name]
+        cmd.short_help = summary
+        cmd.help = inspect.cleandoc(cmd.help or summary) + f"\n\n\b\nExample:\n  {example}"
+    return cmd
+
+
+# Commands that live in their own packages (they import torch lazily, inside the command), by the module that
+# defines them: imported when the command is looked up, so that `edgekv plan` does not import four command modules
+# it does not run.
+OPTIONAL = {"ring": ".ring.cli", "export": ".export.cli", "run": ".export.cli", "analyze": ".analyze.cli",
+            "profile": ".profile.cli", "report": ".profile.cli"}
+
+
+class _LazyCommands(dict):
+    """main.commands: the optional commands are imported on first use (a lookup, or listing them all); a module that
+    cannot be imported (a missing optional dependency) leaves its commands out, as before."""
+
+    def __init__(self, commands: dict, lazy: dict[str, str]):
+        super().__init__(commands)
+        self._lazy = dict(lazy)
+
+    def _load(self, name: str) -> None:
+        import importlib
+        module = self._lazy.get(name)
+        if module is None:
+            return
+        names = [n for n, m in self._lazy.items() if m == module]
+        for n in names:
+            del self._lazy[n]
         try:
             mod = importlib.import_module(module, __package__)
         except ImportError:
-            continue
+            return
         for n in names:
             if hasattr(mod, n):
-                main.add_command(getattr(mod, n))
+                super().__setitem__(n, _with_help(n, getattr(mod, n)))
+
+    def _load_all(self) -> None:
+        for n in list(self._lazy):
+            self._load(n)
+
+    def __getitem__(self, name):
+        self._load(name)
+        return super().__getitem__(name)
+
+    def get(self, name, default=None):
+        self._load(name)
+        return super().get(name, default)
+
+    def __contains__(self, name) -> bool:
+        self._load(name)
+        return super().__contains__(name)
+
+    def __iter__(self):
+        self._load_all()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._load_all()
+        return super().__len__()
+
+    def keys(self):
+        self._load_all()
+        return super().keys()
+
+    def items(self):
+        self._load_all()
+        return super().items()
+
+    def values(self):
+        self._load_all()
+        return super().values()
 
 
-_register_optional()
+main.commands = _LazyCommands({n: _with_help(n, c) for n, c in main.commands.items()}, OPTIONAL)
 
 if __name__ == "__main__":
     main()

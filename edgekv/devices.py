@@ -286,8 +286,11 @@ def load_device(name_or_path: str) -> DeviceProfile:
             raise EdgekvError(f"device file {shown} does not exist" + ("" if path.exists() else
                               f" (built-in devices: {', '.join(device_ids())})"))
     else:
-        raise EdgekvError(f"unknown device {shown!r}; known devices: {', '.join(device_ids())} "
-                          f"(or pass the path of a .toml profile)")
+        from .names import suggestion
+        hint = suggestion(name_or_path, device_ids())
+        raise EdgekvError(f"unknown device {shown!r}; " + (
+            f"{hint} (`edgekv devices` lists every profile; or pass the path of a .toml profile)" if hint else
+            f"known devices: {', '.join(device_ids())} (or pass the path of a .toml profile)"))
     where = printable(path)
     try:
         with open(path, "rb") as f:

@@ -7,10 +7,12 @@ nesting level, so MAX_DEPTH levels (no edgekv file has more than 8) are checked 
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import tempfile
+import time
 from pathlib import Path
 
 from .errors import EdgekvError
@@ -49,7 +51,8 @@ def _no_constant(name: str):
 def read_json(path: str | Path, what: str = "", nonfinite: bool = False):
     """The parsed JSON of path; files beyond MAX_JSON_BYTES or MAX_DEPTH levels of nesting are refused, and so are
     NaN / Infinity (not JSON) unless nonfinite (manifests of earlier edgekv versions carry a Mamba's dt_limit as
-    Infinity). what: how to name the file in errors (default: its path)."""
+    Infinity). what: how to name the file in errors (default: its path). A model's config.json is read with
+    read_config, which takes them."""
     p = Path(path)
     name = what or str(p)
     try:
@@ -68,6 +71,33 @@ def read_json(path: str | Path, what: str = "", nonfinite: bool = False):
         return json.loads(text) if nonfinite else json.loads(text, parse_constant=_no_constant)
     except (json.JSONDecodeError, ValueError, RecursionError) as e:
         raise EdgekvError(f"{name}: not valid JSON ({type(e).__name__}: {e})") from None
+
+
+def read_config(path: str | Path, what: str = ""):
+    """A model's config.json as transformers reads it: Python's json module, which takes the bare NaN / Infinity /
+    -Infinity that transformers writes for a non-finite float (Mamba-2's time_step_limit [0.0, Infinity] in
+    mistralai/Mamba-Codestral-7B-v0.1). Only files edgekv writes itself are read strictly (read_json). A non-finite
+    size is still refused where it is read (arch.config.Cfg.int)."""
+    return read_json(path, what, nonfinite=True)
+
+
+STABLE_S = 2  # a file changed this recently is read afresh: its time may not move within one clock tick
+
+
+def parsed(path: str | Path):
+    """json.loads of a file edgekv ships and reads on every plan row (edgekv/measurements/), parsed once per process
+    while its modification time, size and inode stay the same; one changed in the last STABLE_S seconds is parsed
+    each time. The result is shared between callers: read it, never change it. Raises what reading and json.loads
+    raise (OSError, ValueError)."""
+    st = os.stat(path)
+    if time.time_ns() - st.st_mtime_ns < STABLE_S * 1e9:
+        return json.loads(Path(path).read_text())
+    return _parsed(str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+@functools.lru_cache(maxsize=128)
+def _parsed(path: str, mtime_ns: int, size: int, inode: int):
+    return json.loads(Path(path).read_text())
 
 
 def dumps(obj, indent: int | None = 2) -> str:

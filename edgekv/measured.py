@@ -14,9 +14,9 @@ evidence (one note, never an exception: the plan must not fail on a damaged data
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from .jsonfile import parsed
 from .strategies import Strategy
 
 MEASURED_DIR = Path(__file__).resolve().parent / "measurements"
@@ -57,7 +57,7 @@ def load(model: str, folder: Path | None = None) -> dict | None:
     if not p.is_file():
         return None
     try:
-        rec = json.loads(p.read_text())
+        rec = parsed(p)  # shared, read-only: a plan reads it for every row of the model
     except (OSError, ValueError) as e:
         raise Unreadable(f"{p.name} unreadable ({type(e).__name__})") from None
     curves = rec.get("curves") if isinstance(rec, dict) else None

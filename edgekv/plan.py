@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from . import measured
 from . import memory as M
 from .arch import Arch, catalog_arch, catalog_names
+from .catalog_index import summary as catalog_summary
 from .models import family_for_type  # the export registry (edgekv.models imports no torch)
 from .devices import Budget, DeviceProfile, artifact_budget
 from .errors import EdgekvError
@@ -204,7 +205,7 @@ def runtime_cost(name: str, arch: Arch, weights: str) -> tuple[str, dict | None,
 
 def export_support(arch: Arch, strategy: Strategy, ctx: int) -> tuple[bool, str]:
     """(whether `edgekv export --model M --strategy S --max-ctx ctx` builds this row today, why not)."""
-    from .export.pipeline import EXPORTABLE  # torch-free at import
+    from .export.options import EXPORTABLE  # torch-free and numpy-free at import
 
     if not strategy.exportable:
         return False, f"edgekv export does not build {strategy.name} (exportable: {', '.join(EXPORTABLE)})"
@@ -235,19 +236,23 @@ def strategies_for(arch: Arch, device: DeviceProfile, only: list[Strategy] | Non
 
 @functools.lru_cache(maxsize=None)
 def _family_members(family: str) -> tuple[tuple[int, str], ...]:
-    return tuple((a.n_params, a.name) for a in map(catalog_arch, catalog_names()) if a.family == family)
+    return tuple((s["n_params"], n) for n in catalog_names() for s in [catalog_summary(n)] if s["family"] == family)
 
 
 def alternatives(family: str, near_params: float, device: DeviceProfile | None = None, k: int = 3) -> list[str]:
     """Catalog models of that family that could run on the device, closest in parameter count to near_params."""
     cands = [(abs(math.log(n / near_params)), name) for n, name in _family_members(family)
-             if device is None or plausible(catalog_arch(name), device)]
+             if device is None or _plausible_bytes(catalog_summary(name)["int4_bytes"], device)]
     return [name for _, name in sorted(cands)[:k]]
 
 
 def plausible(arch: Arch, device: DeviceProfile) -> bool:
     """Could this model run on the device at all? Its int4 weights must fit the app budget."""
-    return device.is_datacenter or _int4_bytes(arch) <= device.budget_bytes
+    return _plausible_bytes(_int4_bytes(arch), device)
+
+
+def _plausible_bytes(int4_bytes: float, device: DeviceProfile) -> bool:
+    return device.is_datacenter or int4_bytes <= device.budget_bytes
 
 
 @functools.lru_cache(maxsize=None)
@@ -404,7 +409,8 @@ def _drop_windows_equal_to_kv(rows: list[PlanRow]) -> tuple[list[PlanRow], list[
 
 
 def default_models(device: DeviceProfile) -> list[Arch]:
-    return [a for a in (catalog_arch(n) for n in catalog_names()) if plausible(a, device)]
+    """The catalog models that could plausibly run on the device; only those are built (edgekv.catalog_index)."""
+    return [catalog_arch(n) for n in catalog_names() if _plausible_bytes(catalog_summary(n)["int4_bytes"], device)]
 
 
 # ---- datacenter baseline ----

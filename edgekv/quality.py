@@ -4,10 +4,13 @@ Never blank, never invented: where nothing is published the risk is 'unknown' an
 """
 from __future__ import annotations
 
-import json
+import functools
 import math
+import os
+import time
 from pathlib import Path
 
+from .jsonfile import STABLE_S, parsed
 from .strategies import REGISTRY, Strategy
 
 RISK_ORDER = {"none": 0, "low": 1, "medium": 2, "unknown": 3, "high": 4}
@@ -46,17 +49,38 @@ def _safe(label: str) -> str:
     return label.replace(":", "_").replace(",", "_").replace("=", "-")
 
 
+def _listing(folder: Path) -> tuple[str, ...]:
+    """The file names in folder, sorted, hidden ones left out as glob leaves them (none when it is not a folder):
+    listed once while the folder's modification time stays the same, as a plan asks for every row. A folder changed
+    in the last STABLE_S seconds is listed afresh each time (a file added within the clock tick of a listing does
+    not change the folder's time)."""
+    try:
+        mtime = folder.stat().st_mtime_ns
+        if time.time_ns() - mtime < STABLE_S * 1e9:
+            return _names.__wrapped__(str(folder), mtime)
+        return _names(str(folder), mtime)
+    except OSError:
+        return ()
+
+
+@functools.lru_cache(maxsize=16)
+def _names(folder: str, mtime_ns: int) -> tuple[str, ...]:
+    return tuple(sorted(n for n in os.listdir(folder) if not n.startswith(".")))
+
+
 def measured(model: str, strategy: Strategy, family: str | None = None) -> dict | None:
     """A stored edgekv analyze result for this model x strategy x precision, else one stored for the model's family
     (e.g. the trained Mamba fixture for every ssm model), else None."""
     p = measurement_path(model, strategy.label)
-    candidates = [p] if p.is_file() else []
-    if not candidates and family and MEASURED_DIR.is_dir():
-        candidates = sorted(MEASURED_DIR.glob(f"*__{_safe(strategy.label)}.json"))
+    names = _listing(MEASURED_DIR)
+    candidates = [p] if p.name in names and p.is_file() else []
+    if not candidates and family:
+        suffix = f"__{_safe(strategy.label)}.json"
+        candidates = [MEASURED_DIR / n for n in names if n.endswith(suffix)]
     for c in candidates:
         try:
-            rec = json.loads(c.read_text())
-        except (OSError, json.JSONDecodeError):
+            rec = parsed(c)  # shared, read-only
+        except (OSError, ValueError):
             continue
         if c == p or rec.get("applies_to") == f"family:{family}":
             return rec
@@ -123,7 +147,7 @@ def weights_cost(model: str, precision: str, fmt: str | None, folder: Path | Non
     if not p.is_file():
         return None
     try:
-        formats = json.loads(p.read_text()).get("formats") or {}
+        formats = parsed(p).get("formats") or {}
     except (OSError, ValueError, AttributeError):
         return None
     order = ([fmt] if fmt in formats else []) + sorted(k for k in formats if k != fmt)

@@ -22,12 +22,29 @@ def catalog_names() -> list[str]:
 def catalog_entry(name: str) -> dict:
     p = CATALOG_DIR / f"{name.lower()}.json"
     if not p.is_file() and ("/" in name or "\\" in name or name.lower().endswith((".json", ".gguf"))):
+        hint = _suggest(name)  # an HF repo id the catalog holds the shape of: Qwen/Qwen2.5-0.5B -> qwen2.5-0.5b
         raise EdgekvError(f"{name}: no such file or folder (a model is a catalog name, a config.json, an HF model "
-                          "folder or a .gguf file, on this machine: nothing is downloaded; `edgekv models` lists the catalog)")
+                          "folder or a .gguf file, on this machine: nothing is downloaded; "
+                          + (f"the catalog has a model's shape: {hint})" if hint else "`edgekv models` lists the catalog)"))
     if not p.is_file():
-        raise EdgekvError(f"unknown model {name!r}; catalog models: {', '.join(catalog_names())} "
-                          f"(or pass a config.json, an HF model folder or a .gguf file)")
+        hint = _suggest(name)
+        raise EdgekvError(f"unknown model {name!r}; " + (f"{hint} (" if hint else "") + "`edgekv models` lists the "
+                          "catalog" + ("; or" if hint else " (or") + " pass a config.json, an HF model folder or a "
+                          ".gguf file)")
     return json.loads(p.read_text())
+
+
+def _suggest(name: str) -> str:
+    """'did you mean NAME?' for a catalog name typed loosely or an HF repo id (whole, or its last part) the catalog
+    holds, else ''."""
+    from ..names import suggestion
+    aliases = {}
+    for n in catalog_names():
+        repo = json.loads((CATALOG_DIR / f"{n}.json").read_text()).get("hf_repo") or ""
+        if repo:
+            aliases[repo] = n
+            aliases.setdefault(repo.rsplit("/", 1)[-1], n)
+    return suggestion(name, catalog_names(), aliases)
 
 
 @functools.lru_cache(maxsize=None)

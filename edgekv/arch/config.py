@@ -75,14 +75,15 @@ def trained_ctx_of(c: Cfg) -> tuple[int, str] | None:
         rope = rope.get("full_attention") or next(iter(rope.values()))
     kind = rope.get("rope_type", rope.get("type"))
     orig = rope.get("original_max_position_embeddings") or c.get("original_max_position_embeddings", default=None)
-    if kind in STRETCHING_ROPE and orig:
-        return int(orig), f"config rope_scaling.original_max_position_embeddings ({kind} stretches it at inference)"
+    if kind in STRETCHING_ROPE and orig:  # a length: finite and whole (NaN, Infinity refused)
+        orig = Cfg({"original_max_position_embeddings": orig}, c.where).int("original_max_position_embeddings")
+        return orig, f"config rope_scaling.original_max_position_embeddings ({kind} stretches it at inference)"
     if kind not in TRAINED_ROPE:
         raise EdgekvError(f"{c.where}: rope_scaling type {kind!r} is not one edgekv reads (known: "
                           f"{', '.join(k for k in STRETCHING_ROPE + TRAINED_ROPE if k)}): the trained context "
                           "depends on it")
     for f in ("max_position_embeddings", "n_positions", "context_length"):
-        v = c.get(f, default=None)
+        v = c.int(f, default=None)
         if v:
-            return int(v), f"config {f}"
+            return v, f"config {f}"
     return None

@@ -16,7 +16,7 @@ def _deepseek(c: Cfg, mt: str):
     rope = c.int("qk_rope_head_dim")
     nope = c.int("qk_nope_head_dim")
     vhd = c.int("v_head_dim")
-    q_rank = c.get("q_lora_rank", default=None)
+    q_rank = c.int("q_lora_rank", default=None)  # null in V2-Lite: no query compression
     inter = c.int("intermediate_size")
     moe_inter = c.int("moe_intermediate_size")
     n_routed = c.int("n_routed_experts", default=0)

@@ -165,3 +165,44 @@ def _zamba2(c: Cfg, mt: str):
     _vec(ws, "model.final_layernorm", hidden)
     _embed_and_head(ws, vocab, hidden, bool(c.get("tie_word_embeddings", default=True)))
     return hidden, vocab, blocks, ws
+
+
+# Zyphra's own Zamba2 config (its transformers fork, written before transformers 4.48 read Zamba2; e.g.
+# Zyphra/Zamba2-1.2B at revision 4f8e85cd) -> transformers' Zamba2Config names. One to one, except that transformers
+# derives n_mamba_heads' head size (mamba_headdim = mamba_expand * hidden_size // n_mamba_heads) where the fork
+# stores the head size itself.
+_ZAMBA2_FORK_NAMES = {"state_size": "mamba_d_state", "conv_dimension": "mamba_d_conv",
+                      "expansion_factor": "mamba_expand", "lora_rank": "adapter_rank",
+                      "use_shared_attention_lora": "use_shared_attention_adapter",
+                      "ffn_hidden_size": "intermediate_size"}
+_ZAMBA2_FORK_KINDS = {"m": "mamba", "g": "hybrid"}
+
+
+def is_zamba2_fork(config: dict) -> bool:
+    """Does this zamba2 config use the fork's names ('m'/'g' layer kinds, state_size, expansion_factor, ...)?"""
+    kinds = config.get("layers_block_type")
+    return (any(k in config for k in ("state_size", "conv_dimension", "expansion_factor"))
+            or (isinstance(kinds, list) and any(k in _ZAMBA2_FORK_KINDS for k in kinds)))
+
+
+def from_zamba2_fork(config: dict, source: str) -> dict:
+    """The fork's config in transformers' Zamba2Config names; a field given under both names with different values
+    is refused (which one the checkpoint was built with is unknown)."""
+    out = dict(config)
+    for fork, name in _ZAMBA2_FORK_NAMES.items():
+        if fork not in config:
+            continue
+        v = out.pop(fork)
+        if name in config and config[name] != v:
+            raise EdgekvError(f"{source}: zamba2 config gives both {fork} {v!r} (Zyphra's fork's name) and "
+                              f"{name} {config[name]!r} (transformers'); they must agree")
+        out[name] = v
+    kinds = config.get("layers_block_type")
+    if isinstance(kinds, list):
+        out["layers_block_type"] = [_ZAMBA2_FORK_KINDS.get(k, k) if isinstance(k, str) else k for k in kinds]
+    hd = config.get("mamba_headdim")
+    if "n_mamba_heads" not in config and isinstance(hd, int) and not isinstance(hd, bool) and hd > 0:
+        hidden, expand = config.get("hidden_size"), out.get("mamba_expand", 2)
+        if isinstance(hidden, int) and isinstance(expand, (int, float)) and math.isfinite(expand):
+            out["n_mamba_heads"] = int(expand * hidden) // hd
+    return out

@@ -7,7 +7,7 @@ from ..errors import EdgekvError
 from .config import Cfg, trained_ctx_of
 from .deepseek import _deepseek
 from .granite import _granite_hybrid
-from .hybrid import _falcon_h1, _jamba, _zamba2
+from .hybrid import _falcon_h1, _jamba, _zamba2, from_zamba2_fork, is_zamba2_fork
 from .lfm2 import _lfm2
 from .mamba import _from_mamba_ssm, _mamba
 from .qwen3_5 import _qwen3_5
@@ -48,6 +48,8 @@ def arch_from_config(config: dict, name: str, source: str) -> Arch:
         config = {"tie_word_embeddings": config.get("tie_word_embeddings"), **config["text_config"],
                   "model_type": "qwen3_5_text"}
         mt = "qwen3_5_text"
+    if mt == "zamba2" and is_zamba2_fork(config):  # Zyphra's fork's names (Zamba2-1.2B before transformers 4.48)
+        config = from_zamba2_fork(config, source)
     if not isinstance(mt, str) or mt not in READERS:
         raise EdgekvError(f"{source}: model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED)}")
     c = Cfg(config, source)
@@ -69,8 +71,8 @@ def read_config_json(path: str | Path) -> Arch:
         p = p / "config.json"
     if not p.is_file():
         raise EdgekvError(f"{path}: no config.json there")
-    from ..jsonfile import read_json
-    config = read_json(p)
+    from ..jsonfile import read_config
+    config = read_config(p)
     name = p.parent.name if p.name == "config.json" else p.stem
     return arch_from_config(config, name or "model", str(p))
 

@@ -134,7 +134,7 @@ class Arch:
     def kinds(self) -> set[str]:
         return {m.kind for b in self.blocks for m in b.mixers}
 
-    @property
+    @functools.cached_property  # the weights never change once the Arch is built
     def mlp_width(self) -> int:
         """The widest MLP up projection's output width: transformers names it `*up_proj.weight`, GGUF
         `blk.N.ffn_up.weight`; 4 x hidden when there is none."""

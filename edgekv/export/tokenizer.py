@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from ..errors import EdgekvError
-from ..jsonfile import read_json
+from ..jsonfile import read_config
 
 
 def write_tokenizer(source: Path, out_dir: Path, vocab: int | None = None) -> dict | None:
@@ -30,7 +30,7 @@ def write_tokenizer(source: Path, out_dir: Path, vocab: int | None = None) -> di
 
 def _special_ids(folder: Path) -> dict:
     """bos / eos ids from the folder's config.json (eos may be one id or a list), for the manifest."""
-    cfg = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
+    cfg = read_config(folder / "config.json") if (folder / "config.json").is_file() else {}
     eos = cfg.get("eos_token_id")
     return {"bos_token_id": cfg.get("bos_token_id"),
             "eos_token_ids": eos if isinstance(eos, list) else ([eos] if eos is not None else []),

@@ -1,6 +1,8 @@
 """FLOP and bytes per decode step and prefill, and the tokens per second and seconds they take on a device."""
 from __future__ import annotations
 
+import functools
+
 import math
 
 from ..arch import MLA, SSM, Arch, Attention, Linear, ShortConv
@@ -16,10 +18,16 @@ def _attn_tokens(ctx: int, window: int | None) -> float:
     return window * (window + 1) / 2 + (ctx - window) * window
 
 
+@functools.lru_cache(maxsize=512)  # per (Arch, classes): the same for every row of a model
+def _active_params(arch: Arch, classes: tuple[str, ...]) -> float:
+    """Parameters of those weight classes one token reads (routed experts weighted by top_k / n_experts)."""
+    return sum(w.numel * w.read_fraction for w in arch.weights if w.cls in classes)
+
+
 def decode_flops(arch: Arch, layout: StateLayout, strategy: Strategy) -> Item:
     """FLOP for one new token at the layout's context: 2 x active matmul params + attention over the kept tokens
     (+ reconstructing K and V from a converted MLA latent, + the SSM/linear recurrences)."""
-    lin = 2 * sum(w.numel * w.read_fraction for w in arch.weights if w.cls in ("linear", "lm_head")) \
+    lin = 2 * _active_params(arch, ("linear", "lm_head")) \
         + (2 * arch.vocab * arch.hidden if not any(w.cls == "lm_head" for w in arch.weights) else 0)
     kept = {t.layer: t.shape[2] if t.role in ("key",) else t.shape[1] for t in layout.tensors
             if t.role in ("key", "latent")}
@@ -58,7 +66,7 @@ def layout_rank(layout: StateLayout, layer: int) -> int:
 def prefill_flops(arch: Arch, strategy: Strategy, ctx: int, chunk: int) -> Item:
     """FLOP to prefill ctx tokens in chunks: 2 x active params per token, causal attention summed over positions
     (windows cap it), a converted-MLA latent re-expanded for every chunk, SSM scans linear in ctx."""
-    lin = 2 * sum(w.numel * w.read_fraction for w in arch.weights if w.cls == "linear") * ctx
+    lin = 2 * _active_params(arch, ("linear",)) * ctx
     head = 2 * arch.vocab * arch.hidden * math.ceil(ctx / chunk)  # logits for the last token of each chunk
     attn = extra = rec = 0.0
     w_cap = strategy.window_tokens

@@ -1,6 +1,9 @@
 """Stored and per-token read bytes of a model's weights at a precision, or in a runtime's own quantization scheme."""
 from __future__ import annotations
 
+import functools
+import json
+
 from ..arch import Arch, Weight
 
 
@@ -35,6 +38,13 @@ def weight_bytes(arch: Arch, precision: str, scheme: dict | None = None) -> dict
     """Bytes by tensor class (embedding, linear, lm_head, small), stored, and 'read' per decode token. scheme: a
     runtime's own layout for this precision (edgekv/costs/runtimes.json weights: ExecuTorch's Llama export keeps
     fp32 group scales, an int8 embedding and its own int8 output layer, tied or not); None = edgekv's layout."""
+    key = None if scheme is None else json.dumps(scheme, sort_keys=True)
+    return dict(_weight_bytes(arch, precision, key))  # a copy: the cached dict is never handed out
+
+
+@functools.lru_cache(maxsize=512)  # an Arch hashes by identity and is not changed once built; a plan asks per row
+def _weight_bytes(arch: Arch, precision: str, scheme_key: str | None) -> dict[str, float]:
+    scheme = None if scheme_key is None else json.loads(scheme_key)
     out: dict[str, float] = {}
     read = 0.0
     for w in arch.weights:

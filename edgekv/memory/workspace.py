@@ -2,6 +2,8 @@
 runtime adds once the model is loaded (session, packed copies, kernel code), from the cost models in costs.py."""
 from __future__ import annotations
 
+import functools
+
 from ..arch import MLA, SSM, Arch, Attention
 from ..models import fused_attention_type  # the family registry (torch-free)
 from ..strategies import StateLayout, Strategy, per_token_int8
@@ -182,12 +184,14 @@ def _kernel_code(arch: Arch, strategy: Strategy, rt: dict) -> float:
     return rt["kernel_code"].get(_readback_source(att, strategy), 0) if "kernel_code" in rt and att else 0
 
 
+@functools.lru_cache(maxsize=512)  # per (Arch, precision): the same for every row of a model
 def _largest_packed(arch: Arch, precision: str) -> float:
     """Bytes of the largest matrix XNNPACK packs: a linear, the lm_head, or the embedding a tied lm_head reads."""
     sizes = [weight_bytes_one(w, precision) for w in arch.weights if w.cls in ("linear", "lm_head")]
     return max(sizes + [_tied_bytes(arch, precision)])
 
 
+@functools.lru_cache(maxsize=512)  # per (Arch, precision): the same for every row of a model
 def _tied_bytes(arch: Arch, precision: str) -> float:
     """The embedding table's bytes when the lm_head is tied to it (no lm_head tensor), else 0."""
     if any(w.cls == "lm_head" for w in arch.weights):

