@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from ..clibase import threads_option
 from ..errors import EdgekvError
 
 APP = "org.edgekv.demo"
@@ -32,8 +33,7 @@ REMOTE_REPORT = f"/sdcard/Android/data/{APP}/files/report.json"
               "the step it reached, and the command exits 3 (default: no limit)")
 @click.option("-d", "--device", "device_name", default=None,
               help="use this device profile's app budget as --limit (default: none)")
-@click.option("-t", "--threads", default=None, type=click.IntRange(1, 256),
-              help="compute threads (ONNX Runtime intra-op, ExecuTorch XNNPACK threadpool); default: the runtime's")
+@threads_option(help="compute threads (ONNX Runtime intra-op, ExecuTorch XNNPACK threadpool); default: the runtime's")
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(1, 50),
               help="fresh processes per context; the run with the median memory is reported, with every run's "
                    "measured bytes (measured_bytes_runs)")
