@@ -88,7 +88,9 @@ def _pythonpath() -> str:
 def _run(cmd: list[str], env: dict, args: dict, timeout: float, root: Path | None) -> dict:
     """Start the child, answer its marks (reading the host's smaps of it when root is given), return its JSON."""
     err = tempfile.TemporaryFile()
-    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+    from ..children import child_setup
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+                         preexec_fn=child_setup())
     timer = threading.Timer(timeout, p.kill)
     timer.start()
     marks, result = {}, None
@@ -109,6 +111,9 @@ def _run(cmd: list[str], env: dict, args: dict, timeout: float, root: Path | Non
         p.wait()
     finally:
         timer.cancel()
+        if p.poll() is None:  # left by an error or SIGTERM (edgekv.children): the child goes with us
+            p.kill()
+            p.wait()
     if result is None:
         err.seek(0)
         lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]

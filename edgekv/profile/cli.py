@@ -171,7 +171,8 @@ def profile_table(report: dict) -> None:
 
 def _adb(serial: str | None, *args, timeout: float = 120) -> subprocess.CompletedProcess:
     cmd = ["adb"] + (["-s", serial] if serial else []) + list(args)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    from ..children import child_setup
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, preexec_fn=child_setup())
 
 
 def adb_profile(folder: Path, ctxs: list[int], steps: int, runtime: str, serial: str | None) -> dict:

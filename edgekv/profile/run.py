@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..children import child_setup
 from ..errors import EdgekvError
 from .child import TRIM_RULE
 
@@ -165,8 +166,9 @@ def run_child(folder: Path, runtime: str, ctx: int, steps: int, tokens: list[int
         env["OMP_NUM_THREADS"] = str(threads)
     try:
         # the arguments go through stdin: 32k token ids exceed the kernel's 128 KiB limit on one argv string
+        # the child dies with this process, SIGKILL included (edgekv.children); SIGTERM here kills it on the way out
         p = subprocess.run([sys.executable, "-m", "edgekv.profile.child"], input=json.dumps(args),
-                           capture_output=True, text=True, timeout=timeout, env=env)
+                           capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=child_setup())
     except subprocess.TimeoutExpired:
         return {"ctx": ctx, "status": f"failed: timed out after {timeout:.0f} s"}
     return child_result(ctx, p.returncode, p.stdout, p.stderr)
