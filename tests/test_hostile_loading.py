@@ -107,9 +107,25 @@ def _assert_all_gone(procs: list[psutil.Process], within: float = 5.0) -> None:
 
 
 def _start(script: str, tmp_path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"))
+    """The command in its own process, its output in files (a pipe would stay open while a child holds it)."""
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], cwd=ROOT, stdout=out, stderr=err,
+                                env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"))
+
+
+def _stop_and_check(parent: subprocess.Popen, sig: int, tmp_path) -> None:
+    """Signal the command, then: every process it had started is gone within seconds (a SIGTERM'd command says
+    so in one line and exits 143)."""
+    kids = _descendants(parent.pid)
+    assert kids
+    parent.send_signal(sig)
+    parent.wait(timeout=30)
+    try:
+        _assert_all_gone(kids)
+    finally:
+        if sig == signal.SIGTERM:
+            err = (tmp_path / "err").read_text()
+            assert parent.returncode == 143 and err.strip().splitlines()[-1] == "edgekv: terminated", err
 
 
 PROFILE = """
@@ -130,13 +146,8 @@ def test_profile_measuring_child_dies_with_profile(tiny_onnx_export, tmp_path, s
     sleeper.chmod(0o755)
     parent = _start(PROFILE.format(sleeper=str(sleeper), export=str(tiny_onnx_export)), tmp_path)
     try:
-        kids = _wait_for(lambda: [p for p in _descendants(parent.pid) if p.name() == "sleep"], 60, "the child")
-        kids = _descendants(parent.pid)
-        parent.send_signal(sig)
-        out, err = parent.communicate(timeout=30)
-        if sig == signal.SIGTERM:
-            assert parent.returncode == 143 and err.strip().splitlines()[-1] == "edgekv: terminated", err
-        _assert_all_gone(kids)
+        _wait_for(lambda: [p for p in _descendants(parent.pid) if p.name() == "sleep"], 60, "the child")
+        _stop_and_check(parent, sig, tmp_path)
     finally:
         parent.kill()
 
@@ -161,14 +172,8 @@ def test_ring_ranks_and_their_helpers_die_with_ring(tmp_path, sig):
         def ranks():
             found = [p for p in _descendants(parent.pid) if any("spawn_main" in c for c in p.cmdline())]
             return found if len(found) >= 2 else None
-        ranks = _wait_for(ranks, 120, "two ranks")
+        _wait_for(ranks, 120, "two ranks")
         time.sleep(3)  # past the warm-up: rank 1 hangs, rank 0 waits on it
-        kids = _descendants(parent.pid)
-        assert len(kids) >= len(ranks) >= 1
-        parent.send_signal(sig)
-        out, err = parent.communicate(timeout=30)
-        if sig == signal.SIGTERM:
-            assert parent.returncode == 143 and err.strip().splitlines()[-1] == "edgekv: terminated", err
-        _assert_all_gone(kids)
+        _stop_and_check(parent, sig, tmp_path)
     finally:
         parent.kill()
