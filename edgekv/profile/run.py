@@ -229,7 +229,7 @@ def profile(folder: str, ctxs: list[int], steps: int, runtime: str | None, limit
     from ..export.manifest import load_export
 
     folder = Path(folder)
-    manifest = load_export(folder)  # checks every file's sha256 first
+    manifest = load_export(folder, check_hashes=False)
     formats = [a["format"] for a in manifest["artifacts"]]
     runtime = runtime or ("ort" if "onnx" in formats else "executorch")
     entry_points(manifest, runtime)  # the export has an artifact for that runtime: one line now, not from a child
@@ -241,6 +241,25 @@ def profile(folder: str, ctxs: list[int], steps: int, runtime: str | None, limit
         if c <= steps:
             raise EdgekvError(f"ctx {c} must be larger than --steps {steps} (a run is ctx - steps prompt tokens, "
                               f"then steps decoded)")
+    with checked_copy(folder, manifest, runtime) as copy:
+        report = _profile(folder, copy, manifest, ctxs, steps, runtime, limit, threads, device, progress, repeats)
+    return report
+
+
+def checked_copy(folder: Path, manifest: dict, runtime: str):
+    """The files `runtime` loads, copied into a private folder and hashed as they are copied (private_copy), every
+    other listed file hashed in place: each child loads the copy, so every run measures the bytes the manifest
+    vouches for, whatever happens to the export folder meanwhile."""
+    from ..export.manifest import check_files, loaded_files, private_copy
+    names = loaded_files(manifest, runtime)
+    check_files(folder, manifest, skip=names)
+    return private_copy(folder, manifest, names)
+
+
+def _profile(folder: Path, copy: Path, manifest: dict, ctxs, steps, runtime, limit, threads, device, progress,
+             repeats) -> dict:
+    """profile() over the private copy `copy` of the export at `folder`."""
+    max_ctx = int(manifest["max_ctx"])
     budget = limit or (device.budget_bytes if device else None)
     pred = predicted(manifest, runtime)
     explain = pred.pop("explain", None)
@@ -248,14 +267,17 @@ def profile(folder: str, ctxs: list[int], steps: int, runtime: str | None, limit
     pred_total = sum(pred.values())
     bw = measure_bandwidth(threads=threads)
     read_per_token = pred["weights"] + pred["state"]  # every decode step reads the weights and the whole state
-    tokens = prompt_tokens(folder, manifest, max(ctxs))
+    tokens = prompt_tokens(copy, manifest, max(ctxs))
     runs = []
     for c in ctxs:
         results = []
         for i in range(repeats):
             if progress:
                 progress(c, i, repeats)
-            results.append(run_child(folder, runtime, c - steps, steps, tokens, budget, threads))
+            r = run_child(copy, runtime, c - steps, steps, tokens, budget, threads)
+            if isinstance(r.get("status"), str):  # a failure names the export, not the copy
+                r["status"] = r["status"].replace(str(copy), str(folder))
+            results.append(r)
             if results[-1].get("status", "ok") != "ok":
                 break
         r = median_run(results)
