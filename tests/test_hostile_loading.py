@@ -107,10 +107,13 @@ def _assert_all_gone(procs: list[psutil.Process], within: float = 5.0) -> None:
 
 
 def _start(script: str, tmp_path) -> subprocess.Popen:
-    """The command in its own process, its output in files (a pipe would stay open while a child holds it)."""
+    """The command in its own process, its output in files (a pipe would stay open while a child holds it), its
+    temporary files in tmp_path/tmp."""
+    (tmp_path / "tmp").mkdir()
     with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
         return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], cwd=ROOT, stdout=out, stderr=err,
-                                env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"))
+                                env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
+                                         TMPDIR=str(tmp_path / "tmp")))
 
 
 def _stop_and_check(parent: subprocess.Popen, sig: int, tmp_path) -> None:
@@ -126,6 +129,8 @@ def _stop_and_check(parent: subprocess.Popen, sig: int, tmp_path) -> None:
         if sig == signal.SIGTERM:
             err = (tmp_path / "err").read_text()
             assert parent.returncode == 143 and err.strip().splitlines()[-1] == "edgekv: terminated", err
+            # and what it wrote for itself is gone with it (the profile's private copy, the ring's result folder)
+            assert not list((tmp_path / "tmp").iterdir())
 
 
 PROFILE = """
@@ -177,3 +182,189 @@ def test_ring_ranks_and_their_helpers_die_with_ring(tmp_path, sig):
         _stop_and_check(parent, sig, tmp_path)
     finally:
         parent.kill()
+
+
+# ---------------------------------------------------------------------------------------------- what is loaded
+
+def _run_json(folder, *extra):
+    r = CliRunner().invoke(main, ["run", str(folder), "--prompt", "The cat", "--max-new-tokens", "6", "--threads",
+                                  "1", "--json", *extra])
+    return r.exit_code, (json.loads(r.stdout) if r.exit_code == 0 else None), r.stderr
+
+
+def _swap_when_called(monkeypatch, module, attr: str, victim, evil: bytes, seen: list):
+    """Replace module.attr by a function that first renames a file holding `evil` over `victim` (as another process
+    could, after every check edgekv makes and just before the runtime opens its file), then calls the real one."""
+    real = getattr(module, attr)
+
+    def swapped(*a, **k):
+        other = victim.with_name(victim.name + ".other")
+        other.write_bytes(evil)
+        os.replace(other, victim)
+        seen.append(a[0] if a else None)
+        return real(*a, **k)
+    return real, swapped
+
+
+@pytest.fixture
+def export_copy(tiny_onnx_export, tmp_path):
+    import shutil
+    d = tmp_path / "export"
+    shutil.copytree(tiny_onnx_export, d)
+    return d
+
+
+def _reference_tokens(folder) -> list[int]:
+    code, out, err = _run_json(folder)
+    assert code == 0, err
+    return out["tokens"]
+
+
+def test_onnx_weights_renamed_over_the_checked_ones_are_never_run(export_copy, monkeypatch):
+    """model.onnx.data swapped for other weights of the same size between edgekv's hash check and ONNX Runtime's
+    load: the run either fails or generates what the vouched weights generate (here: the same export, untouched)."""
+    import onnxruntime
+
+    want = _reference_tokens(export_copy)
+    data = export_copy / "model.onnx.data"
+    evil = bytes(len(data.read_bytes()))  # all weights zero: a model that generates something else
+    # the swapped weights do change what runs: ONNX Runtime alone, on a folder holding them
+    from edgekv.export.manifest import load_export
+    from edgekv.export.runtime import OrtStepper
+    other = export_copy.parent / "other"
+    other.mkdir()
+    for name in ("model.onnx", "manifest.json"):
+        (other / name).write_bytes((export_copy / name).read_bytes())
+    (other / "model.onnx.data").write_bytes(evil)
+    manifest = load_export(export_copy)
+    ref = OrtStepper(manifest, export_copy, 1).prefill([84, 104, 101], last=True)
+    assert (OrtStepper(manifest, other, 1).prefill([84, 104, 101], last=True) != ref).any()
+
+    seen = []
+    real, swapped = _swap_when_called(monkeypatch, onnxruntime, "InferenceSession", data, evil, seen)
+    monkeypatch.setattr(onnxruntime, "InferenceSession", swapped)
+    code, out, err = _run_json(export_copy)
+    assert seen, "ONNX Runtime was not called"
+    assert data.read_bytes() == evil  # the swap happened
+    if code == 0:
+        assert out["tokens"] == want
+    else:
+        assert code == 2 and "sha256 does not match" in err
+
+
+def test_a_tokenizer_renamed_over_the_checked_one_is_never_read(export_copy, monkeypatch):
+    """tokenizer.json swapped between the check and `tokenizers` reading it (another byte mapping: every id + 7)."""
+    import tokenizers
+
+    want = _reference_tokens(export_copy)
+    tj = export_copy / "tokenizer.json"
+    spec = json.loads(tj.read_text())
+    spec["model"]["vocab"] = {k: (v + 7) % 256 for k, v in spec["model"]["vocab"].items()}
+    evil = json.dumps(spec).encode()
+    seen = []
+    real = tokenizers.Tokenizer
+    _, swap = _swap_when_called(monkeypatch, tokenizers.Tokenizer, "from_file", tj, evil, seen)
+
+    class Swapping:  # tokenizers.Tokenizer is a native type: its methods cannot be patched, the name can
+        from_file = staticmethod(swap)
+
+        @staticmethod
+        def from_str(text):
+            seen.append("from_str")
+            return real.from_str(text)
+    # the swapped tokenizer does change the run: the ids of the same prompt differ
+    assert real.from_str(evil.decode()).encode("The cat").ids != real.from_file(str(tj)).encode("The cat").ids
+    monkeypatch.setattr(tokenizers, "Tokenizer", Swapping)
+    code, out, err = _run_json(export_copy)
+    assert seen
+    if code == 0:
+        assert out["tokens"] == want
+    else:
+        assert code == 2 and "sha256 does not match" in err
+
+
+def test_the_private_copy_is_the_users_alone_and_removed_afterwards(export_copy, monkeypatch):
+    import stat
+    import tempfile
+
+    import onnxruntime
+    made, modes = [], []
+    real_mkdtemp = tempfile.mkdtemp
+
+    def mkdtemp(*a, **k):
+        made.append(real_mkdtemp(*a, **k))
+        return made[-1]
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    real = onnxruntime.InferenceSession
+
+    def session(path, *a, **k):
+        modes.append((path, stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode)))
+        return real(path, *a, **k)
+    monkeypatch.setattr(onnxruntime, "InferenceSession", session)
+    code, out, err = _run_json(export_copy)
+    assert code == 0, err
+    loaded = [p for p, _ in modes]
+    assert loaded and all(any(p.startswith(m + os.sep) for m in made) for p in loaded)  # not the export folder
+    assert all(mode == 0o700 for _, mode in modes)
+    assert made and not any(os.path.exists(m) for m in made)
+    # an error while loading removes it too (the graph refused by ONNX Runtime)
+    monkeypatch.setattr(onnxruntime, "InferenceSession", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no")))
+    code, _, err = _run_json(export_copy)
+    assert code == 2 and str(export_copy / "model.onnx") in err and "edgekv-load" not in err
+    assert not any(os.path.exists(m) for m in made)
+
+
+def test_a_fifo_in_place_of_a_listed_file_is_refused_not_read(export_copy):
+    """A file the manifest lists replaced by a FIFO: one line, at once (reading it would wait for a writer)."""
+    (export_copy / "tokenizer.json").unlink()
+    os.mkfifo(export_copy / "tokenizer.json")
+    code, _, err = _run_json(export_copy)
+    assert code == 2 and "tokenizer.json" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def pte_export(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pte") / "tiny"
+    r = CliRunner().invoke(main, ["export", "--model", str(ROOT / "fixtures" / "tiny" / "llama"), "--format", "pte",
+                                  "--max-ctx", "64", "--verify-steps", "1", "--threads", "1", "--out", str(out)])
+    assert r.exit_code == 0, r.stderr
+    return out
+
+
+@pytest.mark.slow  # an XNNPACK lowering: a minute or two on 2 shared cores
+def test_a_pte_renamed_over_the_checked_one_is_never_run(pte_export, tmp_path, monkeypatch):
+    """model.pte swapped, just before ExecuTorch opens it, for the same program with its embedding table negated
+    (found in the file by the fixture's own fp32 weights): the run fails or generates what the vouched .pte does."""
+    import shutil
+
+    import numpy as np
+    from executorch.extension.pybindings import portable_lib
+    from safetensors.numpy import load_file
+
+    d = tmp_path / "export"
+    shutil.copytree(pte_export, d)
+    want = _reference_tokens(d)
+    pte = d / "model.pte"
+    data = bytearray(pte.read_bytes())
+    table = load_file(ROOT / "fixtures" / "tiny" / "llama" / "model.safetensors")["model.embed_tokens.weight"]
+    at = bytes(data).find(table.astype(np.float32).tobytes())
+    assert at > 0, "the embedding table is not stored as is in the .pte"
+    data[at:at + table.nbytes] = (-table.astype(np.float32)).tobytes()
+    evil = bytes(data)
+    other = tmp_path / "other"  # the swapped program does change the run (loaded without edgekv's checks)
+    shutil.copytree(d, other)
+    (other / "model.pte").write_bytes(evil)
+    from edgekv.export.manifest import load_export
+    from edgekv.export.runtime import PteStepper
+    m = load_export(d)
+    assert (PteStepper(m, other, 1).prefill([84, 104, 101], last=True)
+            != PteStepper(m, d, 1).prefill([84, 104, 101], last=True)).any()
+    seen = []
+    _, swapped = _swap_when_called(monkeypatch, portable_lib, "_load_program", pte, evil, seen)
+    monkeypatch.setattr(portable_lib, "_load_program", swapped)
+    code, out, err = _run_json(d, "--runtime", "executorch")
+    assert seen and pte.read_bytes() == evil
+    if code == 0:
+        assert out["tokens"] == want
+    else:
+        assert code == 2 and "sha256 does not match" in err
