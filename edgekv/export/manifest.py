@@ -8,7 +8,9 @@ Pure Python + jsonschema (+ onnx for an ONNX artifact's graph): no torch. What l
   one line;
 - the manifest agrees with itself: each entry point's state inputs / outputs are the state's tensors (name, dtype,
   shape), the state was laid out for max_ctx, and a cache's slots hold max_ctx tokens (a window's at most that);
-- the ONNX graph's own external-data locations (read from model.onnx without its weights) are listed files too.
+- the ONNX graph's own external-data locations (read from model.onnx without its weights) are listed files too;
+- what a runtime loads is what was hashed: the files it opens are copied into a private folder, hashed as they are
+  copied, and loaded from there (private_copy), so a file swapped in the export folder after the check never runs.
 The runtimes then check the manifest against the graph's own inputs and outputs (runtime.check_graph_io).
 Nothing in an export folder is executed or unpickled: ONNX and .pte are data for their runtimes, JSON is parsed.
 """
