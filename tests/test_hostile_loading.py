@@ -323,7 +323,8 @@ def test_a_fifo_in_place_of_a_listed_file_is_refused_not_read(export_copy):
     (export_copy / "tokenizer.json").unlink()
     os.mkfifo(export_copy / "tokenizer.json")
     code, _, err = _run_json(export_copy)
-    assert code == 2 and "tokenizer.json" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"{export_copy / 'tokenizer.json'}: not a regular file" in err
 
 
 @pytest.fixture(scope="module")
