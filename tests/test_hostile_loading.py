@@ -373,3 +373,28 @@ def test_a_pte_renamed_over_the_checked_one_is_never_run(pte_export, tmp_path, m
         assert out["tokens"] == want
     else:
         assert code == 2 and "sha256 does not match" in err
+
+
+@pytest.mark.skipif(not LINUX, reason="/proc/self/mounts")
+def test_the_copy_is_not_made_in_memory_when_the_temporary_folder_is_a_tmpfs(export_copy, tmp_path, monkeypatch):
+    """A tmpfs $TMPDIR would hold the copied weights in RAM beside the runtime's use of them: the copy goes to the
+    user's cache folder instead (on disk here, as tmp_path is)."""
+    import tempfile
+
+    import onnxruntime
+    mounts = {ln.split()[1]: ln.split()[2] for ln in open("/proc/self/mounts") if len(ln.split()) > 2}
+    if mounts.get("/dev/shm") != "tmpfs":
+        pytest.skip("no tmpfs at /dev/shm")
+    monkeypatch.setenv("TMPDIR", "/dev/shm")
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    real, loaded = onnxruntime.InferenceSession, []
+
+    def session(path, *a, **k):
+        loaded.append(path)
+        return real(path, *a, **k)
+    monkeypatch.setattr(onnxruntime, "InferenceSession", session)
+    code, out, err = _run_json(export_copy)
+    assert code == 0, err
+    assert loaded and all(p.startswith(str(tmp_path / "cache" / "edgekv") + os.sep) for p in loaded)
+    assert not list((tmp_path / "cache" / "edgekv").iterdir())  # and removed

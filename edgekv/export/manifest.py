@@ -340,10 +340,45 @@ def copy_checked(src: Path, dst: Path, want: dict) -> None:
         os.close(fd)
 
 
+def in_memory(path: str | Path) -> bool:
+    """Whether path lies on a file system held in RAM (tmpfs, ramfs: /proc/self/mounts on Linux; elsewhere False)."""
+    import os
+    try:
+        real = os.path.realpath(path)
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    best, kind = "", ""
+    for line in mounts:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = parts[1].replace("\\040", " ")
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            best, kind = point, parts[2]
+    return kind in ("tmpfs", "ramfs")
+
+
+def copy_folder() -> str | None:
+    """Where private_copy makes its folder: the system's temporary folder ($TMPDIR), unless that is held in RAM (a
+    tmpfs /tmp), where a copy of the weights would take memory the runtime's own mapping of them does not: then the
+    user's cache folder ($XDG_CACHE_HOME or ~/.cache)/edgekv when that is on disk. None: tempfile's default."""
+    import os
+    import tempfile
+    if not in_memory(tempfile.gettempdir()):
+        return None
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edgekv"
+    try:
+        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return None if in_memory(cache) else str(cache)
+
+
 class private_copy:
     """`with private_copy(folder, manifest, names) as d:` the named files (listed in `files`) copied into a new
-    private folder d (mode 0700, in the system's temporary folder: $TMPDIR), each hashed as it is copied
-    (copy_checked), with the manifest as read beside them. A runtime loads from d, so what it loads is what was
+    private folder d (mode 0700, in the system's temporary folder unless that is in RAM: copy_folder), each hashed as
+    it is copied (copy_checked), with the manifest as read beside them. A runtime loads from d, so what it loads is what was
     hashed: a file renamed over, or rewritten in, the export folder after the check is never read. The folder is
     removed when the block ends, also on an error or SIGTERM (edgekv.children); a runtime that maps a file it
     loaded keeps its copy's pages until it is closed. An EdgekvError from inside the block names the export folder,
@@ -355,7 +390,8 @@ class private_copy:
 
     def __enter__(self) -> Path:
         import tempfile
-        self.path = Path(tempfile.mkdtemp(prefix="edgekv-load-"))  # mode 0700: only this user reads or writes it
+        # mode 0700: only this user reads or writes it
+        self.path = Path(tempfile.mkdtemp(prefix="edgekv-load-", dir=copy_folder()))
         try:
             (self.path / MANIFEST).write_text(dumps(encode_nonfinite(self.manifest)) + "\n")
             for name in self.names:
