@@ -27,25 +27,35 @@ class Terminated(SystemExit):
         self.signum = signum
 
 
-def die_with_parent(parent: int | None = None, sig: int = signal.SIGTERM) -> None:
-    """In a child: have the kernel send `sig` when its parent dies (Linux; elsewhere nothing). parent: the pid the
-    child was started by; if that process is already gone (it died before the request was made, and the kernel would
-    never signal), the child signals itself."""
+def _prctl():
+    """libc's prctl, or None (not Linux, no libc)."""
     if not sys.platform.startswith("linux"):
-        return
+        return None
     import ctypes
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
+        return None
+
+
+def die_with_parent(parent: int | None = None, sig: int = signal.SIGTERM, prctl=None) -> None:
+    """In a child: have the kernel send `sig` when its parent dies (Linux; elsewhere nothing). parent: the pid the
+    child was started by; if that process is already gone (it died before the request was made, and the kernel would
+    never signal), the child signals itself. prctl: libc's, looked up beforehand (child_setup)."""
+    prctl = prctl or _prctl()
+    if prctl is None:
         return
+    prctl(PR_SET_PDEATHSIG, int(sig))
     if parent is not None and os.getppid() != parent:
         os.kill(os.getpid(), sig)
 
 
 def child_setup():
-    """preexec_fn for subprocess.run / Popen: the child dies with this process (die_with_parent)."""
-    parent = os.getpid()
-    return lambda: die_with_parent(parent)
+    """preexec_fn for subprocess.run / Popen: the child dies with this process (die_with_parent). libc is looked up
+    here, in the parent: between fork and exec the child only makes the call (no dlopen, whose lock another thread
+    of the parent may hold at the fork)."""
+    parent, prctl = os.getpid(), _prctl()
+    return lambda: die_with_parent(parent, prctl=prctl) if prctl is not None else None
 
 
 def _raise(signum, frame):
