@@ -199,26 +199,17 @@ CHILDREN = {"edgekv": child_edgekv, "hf": child_hf, "llamacpp": child_llamacpp, 
             "bandwidth": child_bandwidth, "hf_folder": child_hf_folder}
 
 
-def _die_with_parent() -> None:
-    """In a child, before it runs: on Linux, ask for SIGTERM when the process that started it dies (prctl
-    PR_SET_PDEATHSIG), so a benchmark stopped from outside does not leave its row running for up to its timeout.
-    Elsewhere nothing."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-
-
 def run_child(spec: dict, timeout: int, script: str = str(Path(__file__).with_name("decode_speed.py"))) -> dict:
     """Run one spec in a fresh process (`script --child -`, the spec's JSON on stdin; it prints `RESULT {json}`; by default
     benchmarks/decode_speed.py, whose child_main is this module's); returns its result (here plus peak RSS), or
     {"error": one line}. benchmarks/profile_ort.py and filled_context.py run their children through it too."""
+    from edgekv.children import child_setup  # the row dies with the benchmark, SIGKILL included
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                OMP_NUM_THREADS=str(spec.get("threads", 1)), PYTHONPATH=str(ROOT))
     try:
         # the spec on stdin: a filled 32k context's ids are more than one argument may hold (MAX_ARG_STRLEN, 128 KiB)
         p = subprocess.run([sys.executable, script, "--child", "-"], input=json.dumps(spec), capture_output=True,
-                           preexec_fn=_die_with_parent,
+                           preexec_fn=child_setup(),
                            text=True, timeout=timeout, env=env, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}

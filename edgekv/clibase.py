@@ -2,7 +2,8 @@
 
 - EdgekvError (bad input: a file, a flag, a name) and click's usage errors (a missing option, a bad choice, an
   unknown flag): `edgekv: error: ...`, exit code 2.
-- Ctrl-C: `edgekv: interrupted`, exit code 130.
+- Ctrl-C: `edgekv: interrupted`, exit code 130; SIGTERM or SIGHUP: `edgekv: terminated`, exit code 143, after the
+  children the command started are stopped (edgekv.children).
 - Anything else is a bug in edgekv or in a library it calls: `edgekv: internal error: TYPE: first line`, exit code
   1; EDGEKV_TRACEBACK=1 shows the traceback instead.
 """
@@ -13,10 +14,19 @@ import sys
 
 import click
 
+from .children import Terminated
 from .errors import EdgekvError
 from .safetext import printable
 
 TRACEBACK_ENV = "EDGEKV_TRACEBACK"
+# --threads of every command: more threads than this is a typo or a hostile value, not a machine (ONNX Runtime and
+# XNNPACK create the pool up front, one stack per thread)
+MAX_THREADS = 256
+
+
+def threads_option(help: str):
+    """The one -t/--threads option of every command that runs compute: 1..MAX_THREADS, else one line and exit 2."""
+    return click.option("-t", "--threads", default=None, type=click.IntRange(1, MAX_THREADS), help=help)
 
 
 def one_line(text, limit: int | None = 400) -> str:
@@ -93,6 +103,8 @@ class Group(click.Group):
         utf8_streams()
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        from .children import on_sigterm
+        restore = on_sigterm()
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.exceptions.NoArgsIsHelpError as e:  # `edgekv` alone: the help is the answer
@@ -104,6 +116,8 @@ class Group(click.Group):
         except click.Abort:  # click's own Ctrl-C / end of input at a prompt
             click.echo("edgekv: interrupted", err=True)
             sys.exit(130)
+        finally:
+            restore()
         sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
 
     def invoke(self, ctx):
@@ -115,6 +129,9 @@ class Group(click.Group):
         except KeyboardInterrupt:
             click.echo("edgekv: interrupted", err=True)
             sys.exit(130)
+        except Terminated:  # SIGTERM / SIGHUP: the clean-up on the way here stopped the children
+            click.echo("edgekv: terminated", err=True)
+            raise
         except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
             raise
         except BrokenPipeError:  # `edgekv plan | head`: the reader left, nothing to say

@@ -15,6 +15,7 @@ import time
 
 import click
 
+from ..clibase import threads_option
 from ..errors import EdgekvError
 from . import WEIGHT_BITS
 
@@ -77,7 +78,7 @@ def _ints(text: str | None, what: str) -> list[int] | None:
 @click.option("--compare", "compare", multiple=True,
               help="recall: another strategy to probe over the same trials, e.g. --compare kv-int8 --compare "
               "window:w=512,sinks=4 --compare mla (repeatable; default: --strategy alone)")
-@click.option("-t", "--threads", default=None, type=click.IntRange(1, 256), help="torch threads (default: torch's)")
+@threads_option(help="torch threads (default: torch's)")
 @click.pass_context
 def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, ranks, windows, ctx_text, target_text,
             chunk, text_file, analytic, save, name, applies_to, as_json, plot, trials, seed, distance_text, compare,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from ..clibase import Group, argv_text
+from ..clibase import Group, argv_text, threads_option
 from ..errors import EdgekvError
 
 
@@ -92,8 +92,7 @@ def _need(module: str) -> None:
               "GenAI: genai_config.json, tokenizer_config.json, a graph fed input_ids / attention_mask; plain float "
               "kv), executorch (a .pte for ExecuTorch's LLM runner / LlmModule: the cache in the program's buffers, "
               "its metadata methods; kv and kv-int8/int4/int2); comma-separated (default: none)")
-@click.option("-t", "--threads", type=click.IntRange(1), default=None,
-              help="compute threads for tracing and verification (torch, ONNX Runtime, XNNPACK); on a machine "
+@threads_option(help="compute threads for tracing and verification (torch, ONNX Runtime, XNNPACK); on a machine "
               "shared with other jobs, 1 avoids thread-barrier stalls (default: the libraries' own)")
 @click.option("--json", "as_json", is_flag=True,
               help="print one JSON object, {\"out\", \"manifest\"} (the manifest as written), instead of the summary; "
@@ -202,8 +201,7 @@ def _from_plan(cctx, device_name, model, strategy, formats, weights, prefill_chu
               "executorch: edgekv's own loop over the explicit-state artifact; genai: ONNX Runtime GenAI's own loop "
               "and tokenizer (an export made with --runner genai); executorch-runner: ExecuTorch's LLM runner, "
               "TextLLMRunner (--runner executorch)")
-@click.option("-t", "--threads", type=click.IntRange(1), default=None,
-              help="compute threads (ONNX Runtime intra-op, ExecuTorch XNNPACK threadpool); default: the runtime's")
+@threads_option(help="compute threads (ONNX Runtime intra-op, ExecuTorch XNNPACK threadpool); default: the runtime's")
 @click.option("--json", "as_json", is_flag=True,
               help="print one JSON object when done (text, token ids, prefill / decode speed) instead of streaming")
 @click.option("--save-state", "save_state", type=click.Path(dir_okay=False), default=None,

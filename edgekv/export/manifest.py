@@ -8,7 +8,9 @@ Pure Python + jsonschema (+ onnx for an ONNX artifact's graph): no torch. What l
   one line;
 - the manifest agrees with itself: each entry point's state inputs / outputs are the state's tensors (name, dtype,
   shape), the state was laid out for max_ctx, and a cache's slots hold max_ctx tokens (a window's at most that);
-- the ONNX graph's own external-data locations (read from model.onnx without its weights) are listed files too.
+- the ONNX graph's own external-data locations (read from model.onnx without its weights) are listed files too;
+- what a runtime loads is what was hashed: the files it opens are copied into a private folder, hashed as they are
+  copied, and loaded from there (private_copy), so a file swapped in the export folder after the check never runs.
 The runtimes then check the manifest against the graph's own inputs and outputs (runtime.check_graph_io).
 Nothing in an export folder is executed or unpickled: ONNX and .pte are data for their runtimes, JSON is parsed.
 """
@@ -253,9 +255,25 @@ def utf8_path(d: Path, what: str = "") -> None:
                           f"files by UTF-8 path; rename it") from None
 
 
-def load_export(folder: str | Path, check_hashes: bool = True) -> dict:
+def check_files(folder: Path, manifest: dict, skip=()) -> None:
+    """Every listed file but `skip` (files the caller hashes as it copies them: private_copy) exists with its size and
+    sha256; one EdgekvError line otherwise."""
+    for name, want in manifest["files"].items():
+        if name in skip:
+            continue
+        p = folder / name
+        if not p.is_file():
+            raise EdgekvError(f"{p}: listed in the manifest but missing")
+        if p.stat().st_size != want["bytes"] or sha256_file(p) != want["sha256"]:
+            raise EdgekvError(f"{p}: sha256 does not match the manifest (changed or corrupted since export; "
+                              "export again)")
+
+
+def load_export(folder: str | Path, check_hashes: bool = True, copied_for: str | None = None) -> dict:
     """Read and validate folder/manifest.json (schema, paths inside the folder, every opened file listed, the
-    manifest consistent with itself); with check_hashes, every listed file must exist with its size and sha256."""
+    manifest consistent with itself); with check_hashes, every listed file must exist with its size and sha256.
+    copied_for: a runtime whose files (loaded_files) the caller hashes as it copies them (private_copy): those are
+    not read twice."""
     d = Path(folder)
     mp = d / MANIFEST
     if not mp.is_file():
@@ -273,16 +291,143 @@ def load_export(folder: str | Path, check_hashes: bool = True) -> dict:
                               "file the manifest does not vouch for (export again)")
     check_consistent(manifest, str(mp))
     if check_hashes:
-        for name, want in files.items():
-            p = d / name
-            if not p.is_file():
-                raise EdgekvError(f"{p}: listed in the manifest but missing")
-            if p.stat().st_size != want["bytes"] or sha256_file(p) != want["sha256"]:
-                raise EdgekvError(f"{p}: sha256 does not match the manifest (changed or corrupted since export; "
-                                  "export again)")
+        check_files(d, manifest, set(loaded_files(manifest, copied_for)) if copied_for else ())
     for a in manifest["artifacts"]:
         if a["format"] == "onnx" and (d / a["file"]).is_file():
             # here, not in OrtStepper: a profile child reads the manifest before its memory baseline, so the onnx
             # import and the graph's parse are not counted as the model's memory
             check_onnx_external(manifest, d, a["file"])
     return manifest
+
+
+# --runtime -> the artifact format it loads
+RUNTIME_FORMATS = {"ort": "onnx", "executorch": "pte", "genai": "onnx", "executorch-runner": "pte"}
+
+
+def loaded_files(manifest: dict, runtime: str) -> list[str]:
+    """The listed files `runtime` opens: every artifact of its format (the file, its ONNX external data, the runner
+    files: GenAI's genai_config.json and tokenizer_config.json) and the tokenizer."""
+    fmt = RUNTIME_FORMATS.get(runtime, runtime)
+    names = []
+    for a in manifest["artifacts"]:
+        if a["format"] == fmt:
+            names += [a["file"], *([a["external_data"]] if a.get("external_data") else []), *a.get("runner_files", [])]
+    tok = manifest.get("tokenizer")
+    if tok and tok.get("file"):
+        names.append(tok["file"])
+    return [n for n in dict.fromkeys(names) if n in manifest["files"]]
+
+
+def copy_checked(src: Path, dst: Path, want: dict) -> None:
+    """Copy src to a new file dst (mode 0600), hashing the bytes as they are copied: dst holds exactly the bytes the
+    manifest's size and sha256 vouch for, else one EdgekvError line (and no dst). src must be a regular file (a FIFO
+    or a device swapped in is refused, not read); at most the listed size plus one byte is read."""
+    import os
+    import stat
+    size = int(want["bytes"])
+    try:
+        fd = os.open(src, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO opens at once, to be refused
+    except FileNotFoundError:
+        raise EdgekvError(f"{src}: listed in the manifest but missing") from None
+    except OSError as e:
+        raise EdgekvError(f"{src}: cannot read it ({e.strerror})") from None
+    h = hashlib.sha256()
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise EdgekvError(f"{src}: not a regular file")
+        with open(dst, "xb") as out, os.fdopen(fd, "rb", closefd=False) as f:
+            os.chmod(dst, 0o600)
+            left = size + 1
+            while left > 0:
+                block = f.read(min(1 << 20, left))
+                if not block:
+                    break
+                left -= len(block)
+                h.update(block)
+                out.write(block)
+        if left != 1 or h.hexdigest() != want["sha256"]:
+            dst.unlink()
+            raise EdgekvError(f"{src}: sha256 does not match the manifest (changed or corrupted since export; "
+                              "export again)")
+    finally:
+        os.close(fd)
+
+
+def in_memory(path: str | Path) -> bool:
+    """Whether path lies on a file system held in RAM (tmpfs, ramfs: /proc/self/mounts on Linux; elsewhere False)."""
+    import os
+    try:
+        real = os.path.realpath(path)
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    best, kind = "", ""
+    for line in mounts:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = parts[1].replace("\\040", " ")
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            best, kind = point, parts[2]
+    return kind in ("tmpfs", "ramfs")
+
+
+def copy_folder() -> str | None:
+    """Where private_copy makes its folder: the system's temporary folder ($TMPDIR), unless that is held in RAM (a
+    tmpfs /tmp), where a copy of the weights would take memory the runtime's own mapping of them does not: then the
+    user's cache folder ($XDG_CACHE_HOME or ~/.cache)/edgekv when that is on disk. None: tempfile's default."""
+    import os
+    import tempfile
+    if not in_memory(tempfile.gettempdir()):
+        return None
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edgekv"
+    try:
+        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return None if in_memory(cache) else str(cache)
+
+
+class private_copy:
+    """`with private_copy(folder, manifest, names) as d:` the named files (listed in `files`) copied into a new
+    private folder d (mode 0700, in the system's temporary folder unless that is in RAM: copy_folder), each hashed as
+    it is copied (copy_checked), with the manifest as read beside them. A runtime loads from d, so what it loads is what was
+    hashed: a file renamed over, or rewritten in, the export folder after the check is never read. The folder is
+    removed when the block ends, also on an error or SIGTERM (edgekv.children); a runtime that maps a file it
+    loaded keeps its copy's pages until it is closed. An EdgekvError from inside the block names the export folder,
+    not the copy."""
+
+    def __init__(self, folder: Path, manifest: dict, names):
+        self.folder, self.manifest, self.names = Path(folder), manifest, list(names)
+        self.path: Path | None = None
+
+    def __enter__(self) -> Path:
+        import tempfile
+        # mode 0700: only this user reads or writes it
+        self.path = Path(tempfile.mkdtemp(prefix="edgekv-load-", dir=copy_folder()))
+        try:
+            (self.path / MANIFEST).write_text(dumps(encode_nonfinite(self.manifest)) + "\n")
+            for name in self.names:
+                member(self.folder, name, "file")
+                dst = self.path / name
+                dst.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                copy_checked(self.folder / name, dst, self.manifest["files"][name])
+            for a in self.manifest["artifacts"]:
+                if a["format"] == "onnx" and a["file"] in self.names:  # the copy's graph names only listed files
+                    check_onnx_external(self.manifest, self.path, a["file"])
+        except BaseException as e:
+            self.__exit__(type(e), e, None)
+            raise
+        return self.path
+
+    def __exit__(self, kind, e, tb):
+        import shutil
+        if self.path is not None:
+            shutil.rmtree(self.path, ignore_errors=True)
+        if isinstance(e, EdgekvError) and self.path is not None and str(self.path) in str(e):
+            raise EdgekvError(self.rename(str(e))) from None
+        return False
+
+    def rename(self, text: str) -> str:
+        """text with the copy's folder named as the export folder."""
+        return text.replace(str(self.path), str(self.folder)) if self.path is not None else text

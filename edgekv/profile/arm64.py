@@ -88,7 +88,9 @@ def _pythonpath() -> str:
 def _run(cmd: list[str], env: dict, args: dict, timeout: float, root: Path | None) -> dict:
     """Start the child, answer its marks (reading the host's smaps of it when root is given), return its JSON."""
     err = tempfile.TemporaryFile()
-    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+    from ..children import child_setup
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+                         preexec_fn=child_setup())
     timer = threading.Timer(timeout, p.kill)
     timer.start()
     marks, result = {}, None
@@ -109,6 +111,9 @@ def _run(cmd: list[str], env: dict, args: dict, timeout: float, root: Path | Non
         p.wait()
     finally:
         timer.cancel()
+        if p.poll() is None:  # left by an error or SIGTERM (edgekv.children): the child goes with us
+            p.kill()
+            p.wait()
     if result is None:
         err.seek(0)
         lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
@@ -228,16 +233,13 @@ def interpreter_check(root: Path) -> dict:
 def profile_arch(folder: str, arch: str, ctx: int | None, steps: int | None, runtime: str | None,
                  threads: int | None, progress=None) -> dict:
     """Both formats (or --runtime's) on the host and in the arm64 root; see the module docstring."""
-    import numpy as np
-
-    from ..export.manifest import load_export
-    from .run import predicted, prompt_tokens
+    from ..export.manifest import check_files, load_export, loaded_files, private_copy
     arch = check_arch(arch)
     if arch != "arm64":
         raise EdgekvError("--arch host is the plain `edgekv profile` (no --arch)")
     root = check_env()
     folder = Path(folder)
-    manifest = load_export(folder)
+    manifest = load_export(folder, check_hashes=False)  # hashed below: in place, and the loaded files as copied
     ctx, steps = ctx or DEFAULT_CTX, steps if steps is not None else DEFAULT_STEPS
     if ctx <= steps:
         raise EdgekvError(f"ctx {ctx} must be larger than --steps {steps} (a run is ctx - steps prompt tokens, "
@@ -246,7 +248,19 @@ def profile_arch(folder: str, arch: str, ctx: int | None, steps: int | None, run
         raise EdgekvError(f"ctx {ctx} exceeds this export's max_ctx {manifest['max_ctx']}")
     formats = [a["format"] for a in manifest["artifacts"]]
     runtimes = [runtime] if runtime else [r for r, f in (("ort", "onnx"), ("executorch", "pte")) if f in formats]
-    prompt = prompt_tokens(folder, manifest, ctx - steps)
+    names = list(dict.fromkeys(n for rt in runtimes for n in loaded_files(manifest, rt)))
+    check_files(folder, manifest, skip=names)
+    # both sides load a private copy, hashed as it was copied (edgekv.export.manifest.private_copy)
+    with private_copy(folder, manifest, names) as copy:
+        return _profile_arch(folder, copy, manifest, root, ctx, steps, runtimes, formats, threads, progress)
+
+
+def _profile_arch(folder: Path, copy: Path, manifest: dict, root: Path, ctx: int, steps: int, runtimes, formats,
+                  threads, progress) -> dict:
+    import numpy as np
+
+    from .run import predicted, prompt_tokens
+    prompt = prompt_tokens(copy, manifest, ctx - steps)
     say = progress or (lambda s: None)
     say("arm64: the interpreter alone, for qemu's own memory ...")
     rep = {"artifact": str(folder), "model": manifest["model"]["name"], "strategy": manifest["strategy"]["label"],
@@ -269,13 +283,13 @@ def profile_arch(folder: str, arch: str, ctx: int | None, steps: int | None, run
             continue
         with tempfile.TemporaryDirectory() as hd, tempfile.TemporaryDirectory() as ad:
             say(f"arm64: {fmt} on this host ({platform.machine()}) ...")
-            h = run_host(folder, Path(hd), rt, prompt, steps, threads)
+            h = run_host(copy, Path(hd), rt, prompt, steps, threads)
             if h["status"] != "ok":
                 run["status"] = f"host run {h['status']}"
                 rep["runs"].append(run)
                 continue
             say(f"arm64: {fmt} in the arm64 root under qemu (slow) ...")
-            a = run_arm64(root, folder, Path(ad), rt, prompt, steps, threads, force=h["tokens"][:steps])
+            a = run_arm64(root, copy, Path(ad), rt, prompt, steps, threads, force=h["tokens"][:steps])
             if a["status"] != "ok":
                 run["status"] = f"arm64 run {a['status']}"
                 rep["runs"].append(run)

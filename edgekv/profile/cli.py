@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from ..clibase import threads_option
 from ..errors import EdgekvError
 
 APP = "org.edgekv.demo"
@@ -35,8 +36,7 @@ REMOTE_REPORT = f"/sdcard/Android/data/{APP}/files/report.json"
               help="use this device profile's app budget less its runtime's overhead as --limit: the bytes an "
               "artifact may hold above the runtime's baseline, the basis `plan` and `report` judge fits on "
               "(default: none)")
-@click.option("-t", "--threads", default=None, type=click.IntRange(1, 256),
-              help="compute threads (ONNX Runtime intra-op, ExecuTorch XNNPACK threadpool); default: the runtime's")
+@threads_option(help="compute threads (ONNX Runtime intra-op, ExecuTorch XNNPACK threadpool); default: the runtime's")
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(1, 50),
               help="fresh processes per context; the run with the median memory is reported, with every run's "
                    "measured bytes (measured_bytes_runs)")
@@ -174,7 +174,8 @@ def profile_table(report: dict) -> None:
 
 def _adb(serial: str | None, *args, timeout: float = 120) -> subprocess.CompletedProcess:
     cmd = ["adb"] + (["-s", serial] if serial else []) + list(args)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    from ..children import child_setup
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, preexec_fn=child_setup())
 
 
 def adb_profile(folder: Path, ctxs: list[int], steps: int, runtime: str, serial: str | None) -> dict:

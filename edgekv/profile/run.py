@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..children import child_setup
 from ..errors import EdgekvError
 from .child import TRIM_RULE
 
@@ -165,8 +166,9 @@ def run_child(folder: Path, runtime: str, ctx: int, steps: int, tokens: list[int
         env["OMP_NUM_THREADS"] = str(threads)
     try:
         # the arguments go through stdin: 32k token ids exceed the kernel's 128 KiB limit on one argv string
+        # the child dies with this process, SIGKILL included (edgekv.children); SIGTERM here kills it on the way out
         p = subprocess.run([sys.executable, "-m", "edgekv.profile.child"], input=json.dumps(args),
-                           capture_output=True, text=True, timeout=timeout, env=env)
+                           capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=child_setup())
     except subprocess.TimeoutExpired:
         return {"ctx": ctx, "status": f"failed: timed out after {timeout:.0f} s"}
     return child_result(ctx, p.returncode, p.stdout, p.stderr)
@@ -237,7 +239,7 @@ def profile(folder: str, ctxs: list[int], steps: int, runtime: str | None, limit
     from ..export.manifest import load_export
 
     folder = Path(folder)
-    manifest = load_export(folder)  # checks every file's sha256 first
+    manifest = load_export(folder, check_hashes=False)
     formats = [a["format"] for a in manifest["artifacts"]]
     runtime = runtime or ("ort" if "onnx" in formats else "executorch")
     entry_points(manifest, runtime)  # the export has an artifact for that runtime: one line now, not from a child
@@ -249,6 +251,25 @@ def profile(folder: str, ctxs: list[int], steps: int, runtime: str | None, limit
         if c <= steps:
             raise EdgekvError(f"ctx {c} must be larger than --steps {steps} (a run is ctx - steps prompt tokens, "
                               f"then steps decoded)")
+    with checked_copy(folder, manifest, runtime) as copy:
+        report = _profile(folder, copy, manifest, ctxs, steps, runtime, limit, threads, device, progress, repeats)
+    return report
+
+
+def checked_copy(folder: Path, manifest: dict, runtime: str):
+    """The files `runtime` loads, copied into a private folder and hashed as they are copied (private_copy), every
+    other listed file hashed in place: each child loads the copy, so every run measures the bytes the manifest
+    vouches for, whatever happens to the export folder meanwhile."""
+    from ..export.manifest import check_files, loaded_files, private_copy
+    names = loaded_files(manifest, runtime)
+    check_files(folder, manifest, skip=names)
+    return private_copy(folder, manifest, names)
+
+
+def _profile(folder: Path, copy: Path, manifest: dict, ctxs, steps, runtime, limit, threads, device, progress,
+             repeats) -> dict:
+    """profile() over the private copy `copy` of the export at `folder`."""
+    max_ctx = int(manifest["max_ctx"])
     basis = device_budget(device, runtime) if device is not None and limit is None else None
     budget = limit or (basis.above_baseline if basis else None)
     pred = predicted(manifest, runtime)
@@ -257,14 +278,17 @@ def profile(folder: str, ctxs: list[int], steps: int, runtime: str | None, limit
     pred_total = sum(pred.values())
     bw = measure_bandwidth(threads=threads)
     read_per_token = pred["weights"] + pred["state"]  # every decode step reads the weights and the whole state
-    tokens = prompt_tokens(folder, manifest, max(ctxs))
+    tokens = prompt_tokens(copy, manifest, max(ctxs))
     runs = []
     for c in ctxs:
         results = []
         for i in range(repeats):
             if progress:
                 progress(c, i, repeats)
-            results.append(run_child(folder, runtime, c - steps, steps, tokens, budget, threads))
+            r = run_child(copy, runtime, c - steps, steps, tokens, budget, threads)
+            if isinstance(r.get("status"), str):  # a failure names the export, not the copy
+                r["status"] = r["status"].replace(str(copy), str(folder))
+            results.append(r)
             if results[-1].get("status", "ok") != "ok":
                 break
         r = median_run(results)

@@ -60,6 +60,9 @@ def ring(world, ctx_text, heads, kv_heads, head_dim, layers, decode_steps, dtype
                      decode_steps=decode_steps, dtype=dtype, seed=seed, port=port, timeout_s=timeout_s,
                      keep_outputs=check)
     cfg.validate()
+    if not predict_only:  # before any rank starts: the world within the cores, the run's memory within what is free
+        from .config import check_resources
+        check_resources(cfg)
     predicted = {"prefill": model.predict_for_device("prefill", device, link, world, ctx, heads, kv_heads,
                                                      head_dim, layers, cfg.dtype_bytes)}
     if decode_steps:   # step s attends over ctx + s + 1 tokens: predict the middle one, as the median measured

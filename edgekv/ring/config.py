@@ -51,3 +51,75 @@ class RingConfig:
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+
+# What one rank process holds before any tensor: the interpreter with torch and torch.distributed imported, gloo's
+# buffers (about 240 MiB of peak RSS for `import torch, torch.distributed` on x86-64 Linux, torch 2.x; rounded up)
+RANK_PROCESS_BYTES = 320 * 2**20
+TILE_BYTES = 16 * 2**20         # attention.TILE_ELEMENTS fp32 scores: one tile's scores and probabilities at a time
+MIN_WORLD_LIMIT = 4             # the default --world runs on any machine, one core included
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    import os
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def max_world() -> int:
+    """The most ranks `edgekv ring` starts on this machine: two per usable core (a rank waits on messages part of the
+    time), at least MIN_WORLD_LIMIT. Every rank is a whole torch process: more only time-share the cores and add
+    RANK_PROCESS_BYTES each."""
+    return max(MIN_WORLD_LIMIT, 2 * usable_cores())
+
+
+def memory_bytes(cfg: RingConfig) -> int:
+    """Bytes a run of cfg needs on this machine, all ranks and the parent together (an upper estimate from the shapes
+    launch.py allocates; h heads, g KV heads, d head_dim, b dtype bytes, L layers, c the largest shard):
+    each rank: its process (RANK_PROCESS_BYTES); per layer a KV shard of c + decode_steps // world + 1 slots
+    (2*g*d*b per slot), kept for decode; while one layer runs, its q (c*h*d*b) and K/V (2*c*g*d*b) as drawn, the block
+    in hand, the one arriving and the warm-up's, the fp32 out and accumulator (2 * c*h*d*4) and the score tiles;
+    with --check each rank keeps every layer's fp32 outputs (L*c*h*d*4) and the parent gathers and concatenates them
+    (2 * L*ctx*h*d*4) and draws the whole sequence for its reference (q and K/V in the dtype and in fp32, its out)."""
+    b, h, g, d, L = cfg.dtype_bytes, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.n_layers
+    c = -(-cfg.ctx // cfg.world)
+    kv_slot = 2 * g * d * b
+    shards = L * (c + cfg.decode_steps // cfg.world + 1) * kv_slot
+    live = c * h * d * b + 4 * c * kv_slot + 2 * c * h * d * 4 + 3 * TILE_BYTES
+    outs = L * c * h * d * 4 if cfg.keep_outputs else 0
+    rank = RANK_PROCESS_BYTES + shards + live + outs
+    parent = 0
+    if cfg.keep_outputs:
+        n = cfg.ctx + cfg.decode_steps
+        parent = 2 * L * n * h * d * 4 + n * (h * d + 2 * g * d) * (b + 4) + n * h * d * 4
+    return cfg.world * rank + parent
+
+
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), else None (not checked)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_resources(cfg: RingConfig) -> None:
+    """Before any rank starts: the world within max_world() and the run's memory_bytes within the memory available
+    now; else one line naming the limit."""
+    limit = max_world()
+    if cfg.world > limit:
+        raise EdgekvError(f"--world {cfg.world}: this machine runs at most {limit} ranks (two per usable core, "
+                          f"{usable_cores()} here; at least {MIN_WORLD_LIMIT}); every rank is a torch process "
+                          "(--predict-only predicts any world without starting ranks)")
+    need, have = memory_bytes(cfg), available_bytes()
+    if have is not None and need > have:
+        raise EdgekvError(f"this run needs about {need / 2**30:,.1f} GiB (ranks' processes, K/V shards and buffers"
+                          f"{', --check outputs' if cfg.keep_outputs else ''}) but {have / 2**30:,.1f} GiB is "
+                          "available: lower --ctx, --layers or --world, or use --predict-only")

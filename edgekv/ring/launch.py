@@ -2,7 +2,8 @@
 
     result = run_ring(RingConfig(world=4, ctx=4096, n_heads=32, n_kv_heads=8, head_dim=128))
 
-Ranks are torch.multiprocessing "spawn" processes. The parent hosts the rendezvous TCPStore itself (port 0 = a free
+Ranks are torch.multiprocessing "spawn" processes, at most config.max_world() of them and only when the run's
+estimated memory (config.memory_bytes) is available; each dies with the parent (edgekv.children). The parent hosts the rendezvous TCPStore itself (port 0 = a free
 port picked by the OS, so no race between choosing and binding), ranks join it as clients and form a gloo group
 (nccl when CUDA has a GPU per rank). Every wait has a timeout (init, barriers, each isend/irecv). The parent polls
 the ranks: the first one that exits non-zero stops the rest (terminate, join with a timeout, then kill) and becomes
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 
 from ..errors import EdgekvError
 from .attention import KVShard, StepStats, decode_leader, ring_decode_step, ring_prefill
-from .config import RingConfig
+from .config import RingConfig, check_resources
 from .model import split_sizes
 
 CHUNK = 64                       # tokens per seeded chunk of inputs
@@ -118,7 +119,9 @@ def check_errors(result: RingResult) -> dict:
 
 # ---------------------------------------------------------------------------------------------- one rank
 
-def _rank_main(rank: int, cfg: RingConfig, port: int, outdir: str, backend: str) -> None:
+def _rank_main(rank: int, cfg: RingConfig, port: int, outdir: str, backend: str, parent: int | None = None) -> None:
+    from ..children import die_with_parent
+    die_with_parent(parent)  # a parent killed outright (SIGKILL) takes its ranks with it
     log = os.open(Path(outdir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)   # gloo/c10d log from C++ straight to fd 2: keep it in the rank's log, not on the user's terminal
     os.dup2(log, 2)
@@ -243,13 +246,14 @@ def _open_store(port: int, timeout_s: float) -> dist.TCPStore:
 def run_ring(cfg: RingConfig, run_timeout_s: float | None = None) -> RingResult:
     """Run the ranks to completion; any failure becomes one EdgekvError line and no process is left behind."""
     cfg.validate()
+    check_resources(cfg)
     backend = pick_backend(cfg)
     store = _open_store(cfg.port, cfg.timeout_s)
     ctx = mp.get_context("spawn")
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="edgekv-ring-") as outdir:
-        procs = [ctx.Process(target=_rank_main, args=(r, cfg, store.port, outdir, backend), daemon=True,
-                             name=f"edgekv-ring-{r}") for r in range(cfg.world)]
+        procs = [ctx.Process(target=_rank_main, args=(r, cfg, store.port, outdir, backend, os.getpid()),
+                             daemon=True, name=f"edgekv-ring-{r}") for r in range(cfg.world)]
         try:
             for p in procs:
                 p.start()
