@@ -172,7 +172,7 @@ def _kind(mode: int) -> str | None:
     if stat.S_ISDIR(mode):
         return "it is a folder"
     if not stat.S_ISREG(mode):
-        return "it is not a plain file (a FIFO, socket or device)"
+        return "it is a FIFO, socket or device, not a plain file"
     return None
 
 
@@ -307,8 +307,18 @@ def path_text(p, limit: int = 120) -> str:
     return s if len(s) <= limit else f"{s[:limit // 2]}...{s[-limit // 2:]} ({len(s)} characters)"
 
 
-def _replaceable(p: Path, option: str, force: bool) -> None:
-    """An existing p may be replaced: edgekv wrote it and force; else one EdgekvError line naming --force."""
+def _may_write(p: Path, option: str, force: bool) -> None:
+    """The output rule for p: not inside an export folder but for the pages edgekv writes there, and an existing
+    file only if edgekv wrote it and force; else one EdgekvError line naming --force."""
+    from .export.manifest import AFTERWARDS
+
+    held = export_holding(p)
+    if held and held[1] not in AFTERWARDS:
+        raise EdgekvError(f"{option} {path_text(p)}: inside the edgekv export {path_text(held[0])}, where edgekv "
+                          f"writes only its pages ({', '.join(AFTERWARDS)}); not written, with or without --force: "
+                          "choose a path outside the export")
+    if not os.path.lexists(p):
+        return
     why = edgekv_wrote(p)
     if why is not None:
         raise EdgekvError(f"{option} {path_text(p)}: exists and edgekv did not write it ({why}); not replaced, "
@@ -324,8 +334,6 @@ def check_writable(path: str | Path, option: str, suffixes: tuple[str, ...] | No
     system, its folder exists and is writable, it is not inside an export folder (but for the pages edgekv writes
     there), and an existing file there is edgekv's and force is given. suffixes: the allowed name endings (e.g.
     PLOT_FORMATS). Raises one EdgekvError line naming the option; returns the Path."""
-    from .export.manifest import AFTERWARDS
-
     p = Path(path)
     if suffixes is not None and p.suffix.lower() not in suffixes:
         raise EdgekvError(f"{option} {path_text(path)}: the name must end in {', '.join(suffixes)} (it picks the "
@@ -334,13 +342,7 @@ def check_writable(path: str | Path, option: str, suffixes: tuple[str, ...] | No
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise EdgekvError(f"{option} {path_text(path)}: folder {path_text(parent)} does not exist")
-    held = export_holding(p)
-    if held and held[1] not in AFTERWARDS:
-        raise EdgekvError(f"{option} {path_text(path)}: inside the edgekv export {path_text(held[0])}, where edgekv "
-                          f"writes only its pages ({', '.join(AFTERWARDS)}); not written, with or without --force: "
-                          "choose a path outside the export")
-    if os.path.lexists(p):
-        _replaceable(p, option, force)
+    _may_write(p, option, force)
     try:  # a real file, removed at once: permission bits alone do not say it (root, read-only mounts, /proc)
         fd, probe = tempfile.mkstemp(prefix=f".{p.name}.probe-{os.getpid()}-", dir=parent)
         os.close(fd)
@@ -423,8 +425,7 @@ def write_atomic(path: str | Path, data: str | bytes = b"", writer=None, option:
         if writer is not None:
             writer(tmp)
         os.chmod(tmp, file_mode())
-        if os.path.lexists(p):
-            _replaceable(p, option or "--out", force)
+        _may_write(p, option or "--out", force)
         os.replace(tmp, p)
     except OSError as e:
         raise EdgekvError(f"{what}: {e.strerror or e}") from None
