@@ -213,7 +213,6 @@ LONG = "x" * 256  # file systems take names of 255 bytes at most (NAME_MAX)
 
 
 @pytest.mark.parametrize("args", [("plan", "-d", "pixel8", "-c", "4k", "--plot", "{T}/" + LONG + ".png"),
-                                  ("plan", "-d", "pixel8", "-c", "4k", "--plot", "{T}/" + LONG[:240] + ".png"),
                                   ("profile", "{E}", "-c", "32", "-o", "{T}/" + LONG + ".json"),
                                   ("run", "{E}", "-p", "hi", "--save-state", "{T}/" + LONG + ".state"),
                                   ("run", "{E}", "-p", "hi", "--save-state", "{T}/" + LONG[:245] + ".state"),
