@@ -163,7 +163,9 @@ def load(path: str | Path, manifest: dict, stepper) -> dict:
     path = Path(path)
     try:
         os.stat(path)
-    except OSError as e:  # ENOENT, and a name too long for the file system (ENAMETOOLONG)
+    except FileNotFoundError:
+        raise EdgekvError(f"--resume {path_text(path)}: no such file") from None
+    except OSError as e:  # a name too long for the file system (ENAMETOOLONG), a folder that cannot be searched
         raise EdgekvError(f"--resume {path_text(path)}: {e.strerror or e}") from None
     if not path.is_file():
         raise EdgekvError(f"--resume {path_text(path)}: not a plain file")
