@@ -1,5 +1,6 @@
 """Files a user hands us or asks for: read JSON with one clear line on failure (config.json, manifest.json, a
-safetensors index, a profile report), check an output path before the work starts, and write it atomically.
+safetensors index, a profile report), check an output path before the work starts (the output rule: only a file
+edgekv wrote is replaced, with --force; SECURITY.md), and write it atomically.
 
 Limits on JSON a user hands us: a config or a manifest is a few hundred KB (SmolLM2's manifest: 10 KB; a
 tokenizer.json is not read here); MAX_JSON_BYTES leaves room for 1000x that, and Python's parser recurses once per
