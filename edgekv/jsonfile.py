@@ -226,7 +226,7 @@ def edgekv_wrote(path: str | Path) -> str | None:
     try:
         f = open_regular(path)
     except EdgekvError as e:
-        return str(e).split(": ", 1)[-1]
+        return str(e).removeprefix(f"{path}: ")
     with f:
         size = os.fstat(f.fileno()).st_size
         head = f.read(MARK_WINDOW)
@@ -234,6 +234,10 @@ def edgekv_wrote(path: str | Path) -> str | None:
         if size > MARK_WINDOW:
             f.seek(max(size - MARK_WINDOW, MARK_WINDOW))
             tail = f.read(MARK_WINDOW)
+        if len(head) >= 8 and b'"edgekv-state"' in head:  # a safetensors header naming statefile.FORMAT (its
+            from .export.statefile import is_state_file  # 8-byte length may start with "{", 0x7b: looked at first)
+            if is_state_file(Path(path)):
+                return None
         body = head.lstrip(b"\xef\xbb\xbf \t\r\n")
         if body[:1] == b"{" and size <= MAX_JSON_BYTES:
             f.seek(0)
@@ -242,10 +246,6 @@ def edgekv_wrote(path: str | Path) -> str | None:
             except (EdgekvError, UnicodeDecodeError):
                 obj = None
             return None if _json_wrote(obj) else "a JSON file without edgekv's mark"
-    if len(head) >= 8 and b'"edgekv-state"' in head:  # a safetensors header naming statefile.FORMAT
-        from .export.statefile import is_state_file
-        if is_state_file(Path(path)):
-            return None
     for kind, pat in _MARKS:
         if pat.search(head) or (tail and kind == "PDF" and pat.search(tail)):
             return None

@@ -172,6 +172,22 @@ def before_names(before: dict, folder: Path, t: Path) -> set:
     return {k[len(rel):] for k in before if k.startswith(rel) and "/" not in k[len(rel):]}
 
 
+def test_a_state_file_whose_header_length_reads_as_a_brace_is_still_edgekvs(tmp_path):
+    """A safetensors file starts with its header's length, little-endian: a length of 0x17b begins with "{", as JSON
+    does. Built here by the safetensors layout (https://github.com/huggingface/safetensors), not by statefile."""
+    import struct
+
+    from edgekv.jsonfile import edgekv_wrote
+    header = json.dumps({"__metadata__": {"format": "edgekv-state"}}).encode()
+    header += b" " * (0x17B - len(header))
+    p = tmp_path / "s.state"
+    p.write_bytes(struct.pack("<Q", len(header)) + header)
+    assert p.read_bytes()[:1] == b"{"
+    assert edgekv_wrote(p) is None
+    p.write_bytes(struct.pack("<Q", len(header)) + header.replace(b"edgekv-state", b"someone-else"))
+    assert edgekv_wrote(p) is not None
+
+
 # --- the command lines the issue ran ---
 
 @pytest.fixture
