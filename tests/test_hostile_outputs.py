@@ -324,3 +324,21 @@ def test_stdout_on_a_full_device_is_one_line(args):
         p = subprocess.run(EDGEKV + list(args), stdout=full, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                            timeout=CLI_TIMEOUT)
     _one_line_2(p, ["No space left on device"])
+
+
+def test_analyze_save_updates_its_own_measurement_and_nothing_else(tmp_path):
+    """--save's store (analyze.report.store): its own earlier file is updated without --force; a file of that name
+    that edgekv did not write is left as it was."""
+    from edgekv.analyze.report import store
+    fit = {"law": "power", "class": "flat", "params": {"a": 1e-4, "b": 0.01}}
+    result = {"model": "m", "ctx": 64, "text": "t", "variants": [
+        {"source": "state", "rounding": "nearest", "fit": fit, "strategy": "kv-int8", "kl": [1e-4], "mean_top1": 1.0}]}
+    [p] = store(result, "m", tmp_path)
+    first = json.loads(p.read_text())
+    assert first["strategy"] == "kv-int8" and first["measured_ctx"] == 64
+    result["ctx"] = 128
+    assert store(result, "m", tmp_path) == [p] and json.loads(p.read_text())["measured_ctx"] == 128
+    p.write_text('{"my": "numbers"}\n')
+    with pytest.raises(EdgekvError, match="edgekv did not write it"):
+        store(result, "m", tmp_path)
+    assert p.read_text() == '{"my": "numbers"}\n' and [q.name for q in tmp_path.iterdir()] == [p.name]
