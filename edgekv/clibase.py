@@ -94,15 +94,9 @@ class Group(click.Group):
         except BrokenPipeError:  # `edgekv plan | head`: the reader left, nothing to say
             sys.stderr.close()
             sys.exit(1)
-        except OSError as e:
-            if e.errno in NO_ROOM:
-                _no_room(e)
-            if os.environ.get(TRACEBACK_ENV):
-                raise
-            click.echo(f"edgekv: internal error: {type(e).__name__}: {one_line(e) or '(no message)'} "
-                       f"(set {TRACEBACK_ENV}=1 for the traceback)", err=True)
-            sys.exit(1)
         except Exception as e:  # noqa: BLE001 - a bug, still one line
+            if isinstance(e, OSError) and e.errno in NO_ROOM:  # not a bug: a full disk, `> /dev/full`
+                _no_room(e)
             if os.environ.get(TRACEBACK_ENV):
                 raise
             click.echo(f"edgekv: internal error: {type(e).__name__}: {one_line(e) or '(no message)'} "
