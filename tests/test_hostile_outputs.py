@@ -342,3 +342,22 @@ def test_analyze_save_updates_its_own_measurement_and_nothing_else(tmp_path):
     with pytest.raises(EdgekvError, match="edgekv did not write it"):
         store(result, "m", tmp_path)
     assert p.read_text() == '{"my": "numbers"}\n' and [q.name for q in tmp_path.iterdir()] == [p.name]
+
+
+def test_a_write_killed_midway_leaves_a_temporary_the_next_save_removes(tiny_onnx_export, tmp_path):
+    """SIGKILL while the new file is being written (a writer that stops after 1 MiB): its hidden temporary stays,
+    the old file is intact, and the next save to that name removes the temporary."""
+    import signal
+    s = tmp_path / "s.state"
+    code = ("import sys, time\nfrom edgekv.jsonfile import write_atomic\n"
+            "def w(tmp):\n    open(tmp, 'wb').write(b'0' * 2**20)\n    print('half', flush=True)\n    time.sleep(120)\n"
+            "write_atomic(sys.argv[1], b'', writer=w)\n")
+    p = subprocess.Popen([sys.executable, "-c", code, str(s)], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.stdout.readline().strip() == "half"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    left = [q for q in tmp_path.iterdir() if q.name.startswith(".s.state")]
+    assert len(left) == 1 and left[0].stat().st_size == 2**20 and not s.exists()
+    run_cli("run", tiny_onnx_export, "-p", "hi", "-n", "0", "--threads", "1", "--save-state", s, check=True)
+    assert [q.name for q in tmp_path.iterdir()] == ["s.state"]
