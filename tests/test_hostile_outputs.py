@@ -103,7 +103,7 @@ def _user_files():
                                      max_size=5).map(lambda d: json.dumps(d).encode()))
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(writer=st.sampled_from(WRITERS), existing=st.sampled_from(["none", "user", "own", "link-own", "link-user",
                                                                   "folder"]),
