@@ -64,8 +64,9 @@ def _plan_runtimes() -> list[str]:
 @click.option("--explain", is_flag=True, help="a short derivation per row (memory sum vs budget, decode, prefill, "
               "risk), the shared device facts once; with --json every formula and input")
 @click.option("--all", "show_all", is_flag=True, help="show every option in the table, not the top 30")
+@click.option("--force", is_flag=True, help="replace an existing --plot, only if edgekv wrote it (default: refuse)")
 def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, entitled, as_json, plot, explain,
-         show_all):
+         show_all, force):
     """Which model and long-context strategy fits a device at a context, how fast, at what quality risk.
 
     A catalog model is a shape (its published config.json): enough to plan; `edgekv export` needs its weights (an
@@ -84,7 +85,7 @@ def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, ent
     ctx = None if longest else _ctx(ctx_text)
     if plot:
         from .jsonfile import PLOT_FORMATS, check_writable
-        check_writable(plot, "--plot", PLOT_FORMATS)
+        check_writable(plot, "--plot", PLOT_FORMATS, force=force)
     device = load_device(device_name)
     archs = [load_arch(m) for m in models] if models else default_models(device)
     strats = [parse_strategy(s) for s in strategies] or None
@@ -102,7 +103,7 @@ def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, ent
     from .plan import what_would_fit
     p.suggestions = what_would_fit(p, archs, strats, weights, entitled, chunk, bool(models))
     if plot:
-        _plot(device, archs, strats, weights, runtime, entitled, chunk, p, plot, ctx)
+        _plot(device, archs, strats, weights, runtime, entitled, chunk, p, plot, ctx, force)
     if as_json:
         render.print_json(p.to_json(explain))
     else:
@@ -113,7 +114,7 @@ def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, ent
         raise SystemExit(EXIT_NO_FIT)
 
 
-def _plot(device, archs, strats, weights, runtime, entitled, chunk, p, out, ctx):
+def _plot(device, archs, strats, weights, runtime, entitled, chunk, p, out, ctx, force=False):
     from . import render
     from .plan import make_plan
     from .units import fmt_ctx
@@ -139,7 +140,8 @@ def _plot(device, archs, strats, weights, runtime, entitled, chunk, p, out, ctx)
     fits = {f"{r.model} {r.strategy.short}": r.fits for r in ranked}
     from .jsonfile import write_atomic
     write_atomic(out, b"", writer=lambda tmp: render.plot_plan(  # the format follows the name's suffix
-        curves, p.budget, f"{device.name}: total memory vs context (requested {fmt_ctx(ctx)})", tmp, ctx=ctx, fits=fits))
+        curves, p.budget, f"{device.name}: total memory vs context (requested {fmt_ctx(ctx)})", tmp, ctx=ctx, fits=fits),
+        option="--plot", force=force)
 
 
 @main.command()

@@ -4,11 +4,14 @@
   unknown flag): `edgekv: error: ...`, exit code 2.
 - Ctrl-C: `edgekv: interrupted`, exit code 130; SIGTERM or SIGHUP: `edgekv: terminated`, exit code 143, after the
   children the command started are stopped (edgekv.children).
+- Output that cannot be written (stdout on a full device, `> /dev/full`; a disk that fills while writing): one
+  line, exit code 2; it is the machine's state, not a bug.
 - Anything else is a bug in edgekv or in a library it calls: `edgekv: internal error: TYPE: first line`, exit code
   1; EDGEKV_TRACEBACK=1 shows the traceback instead.
 """
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -95,6 +98,21 @@ def utf8_streams() -> None:
             pass  # not a text stream that can be reconfigured (a test's capture)
 
 
+NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+def _no_room(e: OSError) -> None:
+    """One line for a write the device had no room for, then exit 2. stdout is pointed at /dev/null first: what is
+    still in its buffer would otherwise fail again when Python flushes it at exit (a second message, exit 120)."""
+    click.echo(f"edgekv: error: cannot write the output: {e.strerror or e}", err=True)
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real stdout (a test runner's)
+        pass
+    sys.exit(2)
+
+
 class Group(click.Group):
     """Every EdgekvError and usage error becomes one line on stderr and exit code 2, never a traceback."""
 
@@ -118,6 +136,12 @@ class Group(click.Group):
             sys.exit(130)
         finally:
             restore()
+        try:  # what is still buffered: `> /dev/full` fails here, not in Python's flush at exit
+            sys.stdout.flush()
+        except OSError as e:
+            if e.errno in NO_ROOM:
+                _no_room(e)
+            raise
         sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
 
     def invoke(self, ctx):
@@ -138,6 +162,8 @@ class Group(click.Group):
             sys.stderr.close()
             sys.exit(1)
         except Exception as e:  # noqa: BLE001 - a bug, still one line
+            if isinstance(e, OSError) and e.errno in NO_ROOM:  # not a bug: a full disk, `> /dev/full`
+                _no_room(e)
             if os.environ.get(TRACEBACK_ENV):
                 raise
             click.echo(f"edgekv: internal error: {type(e).__name__}: {one_line(e) or '(no message)'} "

@@ -377,7 +377,8 @@ def test_report_page_in_headless_chromium(export_dir, monkeypatch):
     prof = run_cli("profile", export_dir, "--ctx", "128,512", "--steps", "8", "--threads", "1", "--json",
                    check=True).stdout
     (ARTIFACTS / "profile.json").write_text(prof)
-    _, data = build_report(export_dir, str(page), "pixel8", "h100", None, str(ARTIFACTS / "profile.json"))
+    _, data = build_report(export_dir, str(page), "pixel8", "h100", None, str(ARTIFACTS / "profile.json"),
+                           force=True)  # the page of an earlier run is replaced
     text = page.read_text()
     for alt in ("memory", "speed", "quality"):
         assert f'alt="{alt}"' in text

@@ -179,13 +179,16 @@ def test_save_never_replaces_a_file_edgekv_did_not_write(saved, tmp_path):
     f, s = saved
     mine = tmp_path / "notes.txt"
     mine.write_text("keep me")
-    r = run(f, "-p", P, "-n", 0, "--save-state", mine)
-    assert r.exit_code == 2 and "not an edgekv state file" in r.stderr
-    assert mine.read_text() == "keep me"
-    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]  # no temporary file left behind
+    for force in ((), ("--force",)):
+        r = run(f, "-p", P, "-n", 0, "--save-state", mine, *force)
+        assert r.exit_code == 2 and "edgekv did not write it" in r.stderr
+        assert mine.read_text() == "keep me"
+        assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]  # no temporary file left behind
     again = tmp_path / "again.state"
     again.write_bytes(s.read_bytes())
-    r = run(f, "-p", "x", "-n", 0, "--save-state", again)  # an edgekv state file is replaced
+    r = run(f, "-p", "x", "-n", 0, "--save-state", again)  # an edgekv state file is replaced with --force only
+    assert r.exit_code == 2 and "--force" in r.stderr
+    r = run(f, "-p", "x", "-n", 0, "--save-state", again, "--force")
     assert r.exit_code == 0, r.output
     assert json.loads(_header(again)[0]["__metadata__"]["position"]) == 1
 

@@ -79,10 +79,11 @@ def _ints(text: str | None, what: str) -> list[int] | None:
               help="recall: another strategy to probe over the same trials, e.g. --compare kv-int8 --compare "
               "window:w=512,sinks=4 --compare mla (repeatable; default: --strategy alone)")
 @threads_option(help="torch threads (default: torch's)")
+@click.option("--force", is_flag=True, help="replace an existing --plot, only if edgekv wrote it (default: refuse)")
 @click.pass_context
 def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, ranks, windows, ctx_text, target_text,
             chunk, text_file, analytic, save, name, applies_to, as_json, plot, trials, seed, distance_text, compare,
-            threads):
+            threads, force):
     """Measure error vs position for quantized/compressed state on real weights, fit a growth law, extrapolate;
     or (--probe recall) needle-retrieval accuracy vs distance at each state precision."""
     from ..strategies import parse_strategy
@@ -100,7 +101,7 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
     # where the results go, checked before the measurement starts (minutes of work are not lost to a bad path)
     if plot:
         from ..jsonfile import PLOT_FORMATS, check_writable
-        check_writable(plot, "--plot", PLOT_FORMATS)
+        check_writable(plot, "--plot", PLOT_FORMATS, force=force)
     if save and probe == "error":
         save_target(_model_name(model) if name is None else name, "--model" if name is None else "--name")
 
@@ -129,7 +130,7 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
             save_target(store_as, "--model" if name is None else "--name", "recall")
         return _recall(model, base, _ints(bits, "--bits"), roundings,
                        weight_bits if "weight_bits" in explicit else None, ctx, chunk, text_file, trials, seed,
-                       as_json, plot, list(compare), store_as, distance_text)
+                       as_json, plot, list(compare), store_as, distance_text, force)
     if compare or distance_text:
         raise EdgekvError(f"--{'compare' if compare else 'distances'} belongs to the recall probe (--probe recall)")
     variants = make_variants(base, _ints(bits, "--bits"), roundings, weight_bits or None, _ints(ranks, "--rank"),
@@ -157,11 +158,12 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
     if save:
         written = report.store(result, _model_name(model) if name is None else name, applies_to=applies_to)
         result["stored"] = [str(p) for p in written]
-    _emit(result, as_json, plot, report.plot, _table, "the curves above cover what was measured")
+    _emit(result, as_json, plot, lambda r, p: report.plot(r, p, force), _table,
+          "the curves above cover what was measured")
 
 
 def _recall(model, base, bits, roundings, weight_bits, max_distance, chunk, text_file, trials, seed, as_json, plot,
-            compare=(), store_as=None, distance_text=None):
+            compare=(), store_as=None, distance_text=None, force=False):
     from .recall import FIRST_DISTANCE, RecallProbe, compare_variants, distances, make_trials
     from .recall import plot as recall_plot
     from .recall import store as recall_store
@@ -185,7 +187,7 @@ def _recall(model, base, bits, roundings, weight_bits, max_distance, chunk, text
     distances(max_distance)  # a too-short --ctx is one line before any weight is read
     if plot:
         from ..jsonfile import PLOT_FORMATS, check_writable
-        check_writable(plot, "--plot", PLOT_FORMATS)
+        check_writable(plot, "--plot", PLOT_FORMATS, force=force)
     probe = RecallProbe(model, base, variants, max_distance, chunk, seed)
     dists = given or distances(max_distance, probe.trained[0] if probe.trained else None)
     text = open(text_file, errors="replace").read() if text_file else default_text()
@@ -205,7 +207,8 @@ def _recall(model, base, bits, roundings, weight_bits, max_distance, chunk, text
     result["bos"] = enc.bos
     if store_as and not result["interrupted"]:
         result["stored"] = str(recall_store(result, store_as, "edgekv " + " ".join(sys.argv[1:])))
-    _emit(result, as_json, plot, recall_plot, _recall_table, "the table above covers the trials scored")
+    _emit(result, as_json, plot, lambda r, p: recall_plot(r, p, force), _recall_table,
+          "the table above covers the trials scored")
 
 
 def _emit(result: dict, as_json: bool, plot: str | None, plotter, table, covered: str) -> None:
@@ -256,7 +259,7 @@ def save_target(name: str, option: str, probe: str = "probe"):
     if not re.fullmatch(NAME_RE, name) or len(name) > 128:
         raise EdgekvError(f"{option}: {name!r} cannot name a stored measurement: use letters, digits, '.', '_' and "
                           "'-' (e.g. --name my-model)")
-    check_writable(MEASURED_DIR / f"{name}__{probe}.json", "--save")
+    check_writable(MEASURED_DIR / f"{name}__{probe}.json", "--save", force=True)  # the store updates its own files
 
 
 def _model_name(spec: str) -> str:

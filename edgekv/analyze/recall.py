@@ -278,7 +278,7 @@ class RecallProbe:
         return out
 
 
-def plot(result: dict, out: str) -> None:
+def plot(result: dict, out: str, force: bool = False) -> None:
     """Accuracy and mean log-prob of the value tokens against distance (log x), chance dashed."""
 
     from ..mpl import pyplot
@@ -301,7 +301,7 @@ def plot(result: dict, out: str) -> None:
     fig.suptitle(f"{result['model']} ({result['strategy']}): recall at distance, {n} trials x "
                  f"{result['value_len']} value tokens per point")
     from .report import save_png
-    save_png(fig, out)
+    save_png(fig, out, force)
 
 
 def compare_variants(specs: list[str]) -> list[Variant]:
@@ -330,7 +330,7 @@ def store(result: dict, name: str, command: str, folder=None):
     import os
     from pathlib import Path
 
-    from ..jsonfile import output_json
+    from ..jsonfile import marked, output_json, write_atomic
     from ..quality import MEASURED_DIR
 
     path = Path(folder or MEASURED_DIR) / f"{name}__recall.json"
@@ -366,5 +366,5 @@ def store(result: dict, name: str, command: str, folder=None):
            "chance": result["chance"], "value_len": result["value_len"],
            "trained_ctx": result.get("trained_ctx"), "trained_from": result.get("trained_from"),
            **({"note": old["note"]} if isinstance(old.get("note"), str) else {}), "curves": curves}
-    path.write_text(output_json(out) + "\n")
+    write_atomic(path, output_json(marked(out)) + "\n", option="--save", force=True)  # updates its own file
     return path

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EdgekvError
-from ..jsonfile import output_json, write_atomic
+from ..jsonfile import marked, output_json, plot_marks, write_atomic
 from ..quality import MEASURED_DIR, measurement_path
 from .fit import extrapolate, fit_growth, windowed
 
@@ -95,12 +95,12 @@ def store(result: dict, model_name: str, out_dir: Path | None = None, applies_to
         p = measurement_path(model_name, label, out_dir)
         if p.resolve().parent != out_dir.resolve():  # a model name is one file name part (analyze.cli.save_target)
             raise EdgekvError(f"{model_name!r}: a stored measurement must stay in {out_dir}")
-        write_atomic(p, output_json(rec) + "\n")
+        write_atomic(p, output_json(marked(rec)) + "\n", option="--save", force=True)  # updates its own files
         written.append(p)
     return written
 
 
-def plot(result: dict, out: str) -> None:
+def plot(result: dict, out: str, force: bool = False) -> None:
     from ..mpl import pyplot
     plt = pyplot()
 
@@ -142,15 +142,16 @@ def plot(result: dict, out: str) -> None:
         ax2.set_title("recurrent state: analytic prediction vs measured")
         ax2.grid(True, which="both", alpha=0.3)
         ax2.legend(fontsize=7)
-    save_png(fig, out)
+    save_png(fig, out, force)
 
 
-def save_png(fig, out) -> None:
+def save_png(fig, out, force: bool = False) -> None:
     """tight_layout, write the figure to a hidden sibling and rename it into place (never a half-written PNG)."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
     try:
-        write_atomic(out, b"", writer=lambda tmp: fig.savefig(tmp, dpi=110))  # the format follows out's suffix
+        write_atomic(out, b"", writer=lambda tmp: fig.savefig(tmp, dpi=110, **plot_marks(tmp)),  # format: the suffix
+                     option="--plot", force=force)
     finally:
         plt.close(fig)

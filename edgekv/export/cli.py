@@ -205,12 +205,15 @@ def _from_plan(cctx, device_name, model, strategy, formats, weights, prefill_chu
 @click.option("--json", "as_json", is_flag=True,
               help="print one JSON object when done (text, token ids, prefill / decode speed) instead of streaming")
 @click.option("--save-state", "save_state", type=click.Path(dir_okay=False), default=None,
-              help="after the run, write the state (tensors, position, token ids) to this safetensors file; an "
-              "existing file is replaced only if it is an edgekv state file (default: none, the state is not kept)")
+              help="after the run, write the state (tensors, position, token ids) to this safetensors file, checked "
+              "before the run; an existing file is replaced only with --force and only if edgekv wrote it (default: "
+              "none, the state is not kept)")
 @click.option("--resume", type=click.Path(dir_okay=False), default=None,
               help="start from a state file written by --save-state for this export and runtime (checked first): "
               "the prompt continues it (default: none, start from an empty state)")
-def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json, save_state, resume):
+@click.option("--force", is_flag=True, help="replace an existing --save-state file, only if edgekv wrote it (e.g. "
+              "--resume S --save-state S --force; default: refuse)")
+def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json, save_state, resume, force):
     """Greedy generation from an export folder: its runtime, manifest and tokenizer only (hashes checked)."""
     from .generate import generate, generate_with_runner, open_export
 
@@ -223,6 +226,9 @@ def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json, save_stat
     if (save_state or resume) and runtime not in (None, "ort", "executorch"):
         raise EdgekvError(f"--save-state / --resume need a runtime whose state is explicit I/O (ort, executorch); "
                           f"{runtime} keeps its state inside")
+    if save_state:  # before the run: its prefill is not lost to a path that cannot be written
+        from ..jsonfile import check_writable
+        check_writable(save_state, "--save-state", force=force)
     if runtime in ("genai", "executorch-runner"):  # the runtime's own generation loop and tokenizer
         stream = not as_json
         r = generate_with_runner(folder, runtime, prompt, max_new_tokens, threads,
@@ -251,7 +257,7 @@ def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json, save_stat
         from . import statefile
         r["saved_state"] = {"file": str(save_state), "position": len(state_tokens),
                             "bytes": statefile.save(save_state, manifest, stepper, len(state_tokens), state_tokens,
-                                                    pending)}
+                                                    pending, force)}
     if as_json:
         from ..render import print_json
         print_json({"folder": str(folder), "runtime": stepper.runtime, "threads": threads, "prompt": prompt, **r})

@@ -14,8 +14,11 @@ then the tensors' bytes, contiguous in header order), so any safetensors reader 
 Reading trusts nothing in the file: the header's declared length is bounded by the file size and MAX_HEADER before
 it is read, every tensor's name, dtype, shape and byte range must be the manifest's (so every size read comes from
 the manifest, not the file), the byte ranges must tile the data exactly, and the bytes are read straight into the
-stepper's own state buffers. Writing goes to a temporary file in the same folder, then os.replace: a crash leaves
-either the old file or the new one. An existing FILE that is not an edgekv state file is never replaced.
+stepper's own state buffers. Writing goes to a temporary file in the same folder, then os.replace (jsonfile.write_atomic):
+a crash leaves either the old file or the new one, and the next save removes the temporary a killed one left. The
+output rule of every edgekv output holds (jsonfile.check_writable, checked before the run and again before the
+rename): an existing FILE is replaced only with --force and only if edgekv wrote it; a FIFO or device is refused
+without being opened for reading.
 """
 from __future__ import annotations
 
@@ -72,9 +75,12 @@ def _nbytes(dtype: str, shape: list[int]) -> int:
 
 def _read_header(path: Path) -> tuple[dict, int, int]:
     """(header, data start, file size), with the declared header length checked before it is read."""
+    from ..jsonfile import open_regular
+
+    f = open_regular(path, follow=True)  # a FIFO or device is refused before it is opened for reading
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        with f:
             head = f.read(8)
             if len(head) < 8:
                 raise EdgekvError(f"{path}: not an edgekv state file (too short: {size} bytes)")
@@ -103,14 +109,13 @@ def is_state_file(path: Path) -> bool:
         return False
 
 
-def save(path: str | Path, manifest: dict, stepper, position: int, tokens: list[int], pending: int) -> int:
-    """Write the stepper's state atomically; returns the bytes written."""
-    path = Path(path)
-    if path.is_dir():
-        raise EdgekvError(f"--save-state {path}: is a folder")
-    if path.exists() and not is_state_file(path):
-        raise EdgekvError(f"--save-state {path}: exists and is not an edgekv state file; not replaced "
-                          f"(remove it or choose another name)")
+def save(path: str | Path, manifest: dict, stepper, position: int, tokens: list[int], pending: int,
+         force: bool = False) -> int:
+    """Write the stepper's state atomically; returns the bytes written. force: --force (replace an existing file
+    edgekv wrote)."""
+    from ..jsonfile import check_writable, write_atomic
+
+    path = check_writable(path, "--save-state", force=force)
     specs = expected(manifest)
     arrays = stepper.state_arrays()
     if len(arrays) != len(specs) or len(tokens) != position:
@@ -130,8 +135,8 @@ def save(path: str | Path, manifest: dict, stepper, position: int, tokens: list[
         at += a.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # safetensors pads the header with spaces to 8-byte alignment
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+
+    def writer(tmp):
         with open(tmp, "wb") as f:
             f.write(struct.pack("<Q", len(raw)))
             f.write(raw)
@@ -139,13 +144,8 @@ def save(path: str | Path, manifest: dict, stepper, position: int, tokens: list[
                 f.write(memoryview(a).cast("B"))
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise EdgekvError(f"--save-state {path}: cannot write it ({e.strerror or e})") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+
+    write_atomic(path, writer=writer, option="--save-state", force=force)
     return 8 + len(raw) + at
 
 
@@ -160,9 +160,17 @@ def _int(meta: dict, key: str, path: Path) -> int:
 def load(path: str | Path, manifest: dict, stepper) -> dict:
     """Check the file against the manifest and the stepper's runtime, then read its state into the stepper.
     Returns {"position", "tokens", "pending"}."""
+    from ..jsonfile import path_text
+
     path = Path(path)
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        raise EdgekvError(f"--resume {path_text(path)}: no such file") from None
+    except OSError as e:  # a name too long for the file system (ENAMETOOLONG), a folder that cannot be searched
+        raise EdgekvError(f"--resume {path_text(path)}: {e.strerror or e}") from None
     if not path.is_file():
-        raise EdgekvError(f"--resume {path}: no such file")
+        raise EdgekvError(f"--resume {path_text(path)}: not a plain file")
     header, start, size = _read_header(path)
     meta = header["__metadata__"]
     if meta.get("format_version") != str(FORMAT_VERSION):

@@ -339,7 +339,7 @@ def print_table(rep: dict) -> None:
             + ". No speed: under emulation a step's time is qemu's, not a phone's.")
 
 
-def arch_command(cctx, export_dir, arch, ctxs, steps, runtime, threads, as_json, out) -> None:
+def arch_command(cctx, export_dir, arch, ctxs, steps, runtime, threads, as_json, out, force=False) -> None:
     """`edgekv profile --arch arm64`: refuses the options that do not apply, runs profile_arch, prints, writes."""
     from click.core import ParameterSource
     given = {p: cctx.get_parameter_source(p) not in (ParameterSource.DEFAULT, None) for p in cctx.params}
@@ -355,9 +355,8 @@ def arch_command(cctx, export_dir, arch, ctxs, steps, runtime, threads, as_json,
                        steps if given.get("steps") else None, runtime, threads,
                        progress=lambda s: (err.write(s + "\n"), err.flush()))
     if out:
-        tmp = Path(out).with_suffix(".tmp")
-        tmp.write_text(json.dumps(rep, indent=2) + "\n")
-        os.replace(tmp, out)
+        from ..jsonfile import marked, write_atomic
+        write_atomic(out, json.dumps(marked(rep), indent=2) + "\n", option="--out", force=force)
     if as_json:
         sys.stdout.write(json.dumps(rep, indent=2) + "\n")
     else:

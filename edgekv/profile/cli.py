@@ -1,7 +1,6 @@
 """`edgekv profile` and `edgekv report`. torch and the runtimes are imported inside the commands only."""
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -50,30 +49,33 @@ REMOTE_REPORT = f"/sdcard/Android/data/{APP}/files/report.json"
               help="arm64: run the export in the arm64 root under qemu (make arm64-env, as root) and compare it with "
                    "this host's run: greedy tokens, logits, state, memory above the baseline (no speed); --ctx and "
                    "--steps default to 40 and 8 there")
+@click.option("--force", is_flag=True, help="replace an existing --out (and --adb's report.android.json), only if "
+              "edgekv wrote it (default: refuse)")
 def profile(export_dir, ctx_text, steps, runtime, limit_text, device_name, threads, repeats, use_adb, serial, as_json,
-            out, arch):
+            out, arch, force):
     """Measured peak memory (minus the runtime's baseline) and tokens/s of an export, against the plan.
 
     Exit codes: 0 every run finished within the budget (or no budget was given); 2 bad input; 3 a run went over
     --limit / the --device budget or did not finish."""
-    from ..jsonfile import check_writable, output_json, write_atomic
+    from ..jsonfile import check_writable, marked, output_json, write_atomic
     from ..units import parse_bytes, parse_ctx_list
 
     ctxs = parse_ctx_list(ctx_text)
     if out:  # before the runs: a finished profile is not lost to an unwritable path
-        check_writable(out, "--out")
+        check_writable(out, "--out", force=force)
     from .arm64 import check_arch
     if check_arch(arch) != "host":
         from .arm64 import arch_command
         return arch_command(click.get_current_context(), export_dir, arch, ctxs, steps, runtime, threads, as_json,
-                            out)
+                            out, force)
     if use_adb:
         if repeats > 1:
             raise EdgekvError("--repeats is for runs on this machine; with --adb the app runs each context once")
         if runtime in ("genai", "executorch-runner"):
             raise EdgekvError(f"--adb: the Android demo runs edgekv's explicit-state artifacts (--runtime ort or "
                               f"executorch), not {runtime}; see android_demo/README.md")
-        report = adb_profile(Path(export_dir), ctxs, steps, runtime or "ort", serial)
+        check_writable(Path(export_dir) / "report.android.json", "--adb", force=force)
+        report = adb_profile(Path(export_dir), ctxs, steps, runtime or "ort", serial, force)
     else:
         from ..devices import load_device
         from .run import validate_report
@@ -82,9 +84,9 @@ def profile(export_dir, ctx_text, steps, runtime, limit_text, device_name, threa
         report = profile_with_progress(export_dir, ctxs, steps, runtime, limit, threads, device, repeats,
                                        enabled=not as_json)
         validate_report(report)
-    text = output_json(report)
+    text = output_json(marked(report))
     if out:
-        write_atomic(out, text + "\n")
+        write_atomic(out, text + "\n", option="--out", force=force)
     if as_json:
         sys.stdout.write(text + "\n")
     else:
@@ -178,7 +180,8 @@ def _adb(serial: str | None, *args, timeout: float = 120) -> subprocess.Complete
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, preexec_fn=child_setup())
 
 
-def adb_profile(folder: Path, ctxs: list[int], steps: int, runtime: str, serial: str | None) -> dict:
+def adb_profile(folder: Path, ctxs: list[int], steps: int, runtime: str, serial: str | None,
+                force: bool = False) -> dict:
     if shutil.which("adb") is None:
         raise EdgekvError("--adb needs the adb tool (apt-get install adb) and a phone with USB debugging on")
     devs = [ln.split()[0] for ln in _adb(None, "devices").stdout.splitlines()[1:] if ln.strip().endswith("device")]
@@ -209,13 +212,18 @@ def adb_profile(folder: Path, ctxs: list[int], steps: int, runtime: str, serial:
         time.sleep(2)
     else:
         raise EdgekvError("the app did not finish within an hour (adb logcat -s edgekv shows its progress)")
-    local = folder / "report.android.json"
-    p = _adb(serial, "pull", REMOTE_REPORT, str(local))
-    if p.returncode != 0:
-        raise EdgekvError(f"could not pull {REMOTE_REPORT}: {(p.stderr or p.stdout).strip()}")
+    import tempfile
+
+    from ..jsonfile import read_json, write_atomic
     from .run import validate_report
-    report = json.loads(local.read_text())
-    validate_report(report)
+    with tempfile.TemporaryDirectory(prefix="edgekv-adb-") as pulled:  # then written beside the export atomically
+        local = Path(pulled) / "report.json"
+        p = _adb(serial, "pull", REMOTE_REPORT, str(local))
+        if p.returncode != 0:
+            raise EdgekvError(f"could not pull {REMOTE_REPORT}: {(p.stderr or p.stdout).strip()}")
+        report = read_json(local, f"the app's {REMOTE_REPORT}")
+        validate_report(report)
+        write_atomic(folder / "report.android.json", local.read_bytes(), option="--adb", force=force)
     return report
 
 
@@ -233,7 +241,8 @@ def adb_profile(folder: Path, ctxs: list[int], steps: int, runtime: str, serial:
 @click.option("--json", "as_json", is_flag=True,
               help="also print what the page shows as one JSON object: {\"out\", \"plan\", \"profile\", \"analyzer\", "
               "\"baseline\", ...}")
-def report(export_dir, out, device_name, gpu_name, ctx_text, profile_json, as_json):
+@click.option("--force", is_flag=True, help="replace an existing --out, only if edgekv wrote it (default: refuse)")
+def report(export_dir, out, device_name, gpu_name, ctx_text, profile_json, as_json, force):
     """One page: the plan, the measured profile, the analyzer's quality curve and the H100 baseline, side by side."""
     from ..devices import load_device
     from ..jsonfile import check_writable, read_json
@@ -241,7 +250,7 @@ def report(export_dir, out, device_name, gpu_name, ctx_text, profile_json, as_js
     from .run import validate_report
 
     # every input checked before the profile runs: its minutes are not lost to a bad flag
-    check_writable(out or Path(export_dir) / "report.html", "--out")
+    check_writable(out or Path(export_dir) / "report.html", "--out", force=force)
     if not load_device(gpu_name).is_datacenter:
         raise EdgekvError(f"--gpu {gpu_name}: not a datacenter GPU profile (try h100, h200, a100)")
     if load_device(device_name).is_datacenter:
@@ -254,7 +263,7 @@ def report(export_dir, out, device_name, gpu_name, ctx_text, profile_json, as_js
         from ..units import parse_ctx
         parse_ctx(ctx_text)
     path, data = build_report(Path(export_dir), out, device_name, gpu_name, ctx_text, profile,
-                              progress=not as_json)
+                              progress=not as_json, force=force)
     if as_json:
         from ..render import print_json
         print_json(data)

@@ -146,7 +146,7 @@ def _figures(prof: dict, meas: dict | None, ctx: int | None, budget: int | None,
 
 
 def build_report(folder: Path, out: str | None, device_name: str, gpu_name: str, ctx_text: str | None,
-                 profile_json: str | dict | None, progress: bool = True) -> tuple[Path, dict]:
+                 profile_json: str | dict | None, progress: bool = True, force: bool = False) -> tuple[Path, dict]:
     """Writes the page; returns its path and what it shows, as data (`edgekv report --json`). profile_json: an
     `edgekv profile --out` JSON, its path or already read; None: profile now."""
     from ..devices import load_device
@@ -216,7 +216,7 @@ def build_report(folder: Path, out: str | None, device_name: str, gpu_name: str,
     else:
         text = _html(title, plan_rows, prof, prof_rows, gpu.name, gpu_rows, meas, figs, phone.name, hint)
     from ..jsonfile import write_atomic
-    write_atomic(target, text)
+    write_atomic(target, text, option="--out", force=force)
     data = {"out": str(target), "artifact": str(folder), "model": arch.name, "strategy": strategy.label, "ctx": ctx,
             "plan": {"device": phone.name, **row.to_json()}, "profile": prof, "analyzer": meas,
             "baseline": {"gpu": gpu.name, **base.to_json(), "assumptions": base.assumptions}}
@@ -232,7 +232,8 @@ BASIS_NOTE = ("The phone plan's total and the profile's predicted count differen
 
 
 def _markdown(title, plan_rows, prof, prof_rows, gpu_name, gpu_rows, meas, phone_name, hint) -> str:
-    md = [f"# {title}", "", UNITS_NOTE, "", f"## Plan on {phone_name}", "", "| | |", "|---|---|"]
+    from ..jsonfile import generator
+    md = [f"<!-- generator: {generator()} -->", f"# {title}", "", UNITS_NOTE, "", f"## Plan on {phone_name}", "", "| | |", "|---|---|"]
     md += [f"| {k} | {v} |" for k, v in plan_rows]
     md += ["", f"## Measured on this host ({prof['host']['kind']}, {prof['runtime']})", "", BASIS_NOTE, "",
            "| " + " | ".join(PROFILE_COLS) + " |", "|" + "---|" * len(PROFILE_COLS)]
@@ -253,7 +254,9 @@ def _html(title, plan_rows, prof, prof_rows, gpu_name, gpu_rows, meas, figs, pho
                  + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in prof_rows) + "</table>")
     img = lambda k: f'<img alt="{k}" src="data:image/png;base64,{figs[k]}">' if k in figs else ""
     quality = e(meas["evidence"]) if meas else e(hint)
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>{e(title)}</title>
+    from ..jsonfile import generator
+    return f"""<!doctype html><html><head><meta charset="utf-8"><meta name="generator" content="{e(generator())}">
+<title>{e(title)}</title>
 <style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto}} table{{border-collapse:collapse;margin:1em 0}}
 th,td{{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}} .cols{{display:flex;gap:2em}}
 .cols>div{{flex:1;min-width:0}} img{{max-width:100%}} .note{{background:#f6f6f6;padding:.5em 1em}}</style>
