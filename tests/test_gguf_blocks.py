@@ -64,8 +64,11 @@ def test_a_fractional_minimum_is_an_integer_zero_point_plus_a_small_remainder():
 
 def test_a_zero_point_clipped_far_from_the_minimum_falls_back_to_an_exact_block():
     raw = gguf_rows("Q4_1", n=1, k=32)
-    raw[0, 2:4] = np.array([-400.0], np.float16).view(np.uint8)  # m = -400 d-steps away: z would be 400, clipped
-    raw[0, 0:2] = np.array([0.999], np.float16).view(np.uint8)
+    # m = -5732 with d = 0.1791: z would be 32000, clipped at 15, and m + 15 d rounds in fp32 (codes 1, 2, 9, 10
+    # then land one ulp off gguf's d * q + m)
+    raw[0, 2:4] = np.array([-5732.0], np.float16).view(np.uint8)
+    raw[0, 0:2] = np.array([0.1791], np.float16).view(np.uint8)
+    raw[0, 4:] = (np.arange(16) * 17).astype(np.uint8)  # byte j holds code j twice: every code 0..15 appears
     p = gb.pack(gb.unpack(raw, "Q4_1", 32))
     want = reference(raw, "Q4_1", 1, 32)
     assert np.array_equal(p.dequantize().view(np.uint32), want.view(np.uint32))

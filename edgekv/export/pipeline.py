@@ -304,6 +304,10 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             st.echo(f"      {describe_quality(weight_quality[fmt])}")
 
     with st.stage("manifest", "manifest.json (sha256 of every file)"):
+        plan_arch = loaded.arch
+        if opts.weights == "gguf":  # the plan's gguf weights are the file's tensors as stored (its header)
+            from ..arch import read_gguf
+            plan_arch = read_gguf(loaded.source)
         n_params = sum(p.numel() for p in module.parameters())
         from .wquant import BITS
         manifest = {
@@ -322,7 +326,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             "runners_unsupported": runners_unsupported(layout, artifacts),
             "verification": verification, **({"weight_quality": weight_quality} if weight_quality else {}),
             "timings_s": dict(st.timings),
-            "deployment": planned(loaded.arch, strategy, opts.max_ctx, opts.formats, chunk, opts.weights,
+            "deployment": planned(plan_arch, strategy, opts.max_ctx, opts.formats, chunk, opts.weights,
                                   pte_methods=len(entries["pte"])),
             "files": mf.file_table(tmp)}
         mf.write_manifest(tmp, manifest)
