@@ -154,3 +154,26 @@ def test_export_refuses_gguf_weights_for_an_hf_folder_and_for_the_pte_in_one_lin
         assert p.returncode == 2 and msg in p.stderr and "Traceback" not in p.stderr, p.stderr
         assert len(p.stderr.strip().splitlines()) == 1, p.stderr
         assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("types", [("Q5_0", "Q5_0", "Q8_0"), ("Q4_1", "Q6_K", "Q4_0"), ("Q4_K", "Q4_K", "Q5_1")])
+def test_a_fused_projection_carries_each_of_its_gguf_matrices_exactly(types):
+    """q, k and v in one MatMul (the export's fused projection for GroupQueryAttention): B = [Wq; Wk; Wv]^T, the
+    parts of different types (4 and 8 bits, blocks of 16 and 32, with and without a minimum)."""
+    rows = (32, 8, 8)
+    raws = [gguf_rows(t, n=r, seed=10 + i) for i, (t, r) in enumerate(zip(types, rows))]
+    ws = [reference(raw, t, r) for raw, t, r in zip(raws, types, rows)]
+    mats = {}
+    for i, (raw, t, r) in enumerate(zip(raws, types, rows)):
+        mats.update(gb.matrix(f"blk.0.attn_{'qkv'[i]}.weight", t, raw, r, K))
+    w = np.concatenate(ws)
+    model = one_matmul(w)
+    record = gb.carry(model, mats, accuracy_level=0)
+    assert [n.op_type for n in model.graph.node].count("MatMulNBits") == 1
+    assert sorted(record["tensors"]) == [f"blk.0.attn_{c}.weight" for c in "kqv"]
+    assert all(t["exact"] for t in record["tensors"].values()), record
+    x = np.random.default_rng(6).standard_normal((1, 3, K)).astype(np.float32)
+    (y,) = run(model, x=x)
+    want = x.astype(np.float64) @ w.T.astype(np.float64)
+    scale = np.abs(x).astype(np.float64) @ np.abs(w.T).astype(np.float64)
+    assert np.all(np.abs(y - want) <= 1e-5 * scale + 1e-6), np.abs(y - want).max()

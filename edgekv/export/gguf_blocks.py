@@ -209,6 +209,48 @@ def pack(f: FileBlocks) -> Packed:
     return Packed(f.type, bits, f.block, f.q.astype(np.uint8), f.scale, z.astype(np.uint8), r)
 
 
+def concat(parts: list[Packed]) -> Packed:
+    """Packed matrices stacked along N (a fused projection: q, k and v in one MatMul), still exact: the widest bits
+    (a 4-bit code is an 8-bit code of the same value), the smallest block (a block's scale, zero point and remainder
+    repeated over its halves), explicit zero points (the default 2^(bits-1) of the part's own bits) and zero
+    remainders where a part had none (fl(x + 0) = x)."""
+    if len(parts) == 1:
+        return parts[0]
+    bits, block = max(p.bits for p in parts), min(p.block for p in parts)
+    zps = any(p.zero_points is not None for p in parts) or len({p.bits for p in parts}) > 1
+    rem = any(p.remainder is not None for p in parts)
+
+    def per_block(a, p):
+        return np.repeat(a, p.block // block, axis=1)
+
+    codes, scales, zp, r = [], [], [], []
+    for p in parts:
+        codes.append(p.codes)
+        scales.append(per_block(p.scales, p))
+        z = p.zero_points if p.zero_points is not None else np.full(p.scales.shape, 1 << (p.bits - 1), np.uint8)
+        zp.append(per_block(z, p))
+        r.append(per_block(p.remainder if p.remainder is not None else np.zeros(p.scales.shape, np.float32), p))
+    return Packed("+".join(dict.fromkeys(p.type for p in parts)), bits, block, np.concatenate(codes),
+                  np.concatenate(scales), np.concatenate(zp) if zps else None, np.concatenate(r) if rem else None)
+
+
+def split_rows(w: np.ndarray, mats: dict, by_first_row: dict) -> list[tuple] | None:
+    """W [N, K] as consecutive GGUF matrices along N (a fused projection), each matched by its fingerprint -> their
+    mats entries in order, or None."""
+    out, at = [], 0
+    while at < w.shape[0]:
+        hit = None
+        for n_rows, key in by_first_row.get(fingerprint(w[at]), ()):
+            if at + n_rows <= w.shape[0] and fingerprint(w[at:at + n_rows]) == key:
+                hit = mats[key]
+                break
+        if hit is None:
+            return None
+        out.append(hit)
+        at += n_rows
+    return out
+
+
 # ---- ONNX tensors of a Packed matrix ----
 
 
@@ -328,6 +370,11 @@ def carry(model, mats: dict, accuracy_level: int) -> dict:
             return array(b).T, {b}
         return None
 
+    by_first_row: dict[str, list] = {}  # a matrix's first row -> (its rows, its key): to find fused projections
+    for key, (name, type_name, raw, k) in mats.items():
+        if type_name in SIZES:
+            w0 = pack(unpack(raw[:1], type_name, k)).dequantize()
+            by_first_row.setdefault(fingerprint(w0[0]), []).append((raw.shape[0], key))
     record, packs, dead = {}, {}, set()
     sums: dict[tuple, str] = {}  # (input, K, block) -> its block sums, shared by the projections of one input
     nodes = []
@@ -337,18 +384,22 @@ def carry(model, mats: dict, accuracy_level: int) -> dict:
                 inits[node.input[0]].data_type == TensorProto.FLOAT:
             found = array(node.input[0]), {node.input[0]}
         hit = mats.get(fingerprint(found[0])) if found is not None else None
-        if hit is None or hit[1] not in SIZES:
-            if hit is not None:
-                record[hit[0]] = {"type": hit[1], "onnx": f"{node.op_type} on the file's {hit[1]} values as fp32",
-                                  "exact": True}
+        hits = [hit] if hit is not None else \
+            split_rows(found[0], mats, by_first_row) if found is not None and node.op_type == "MatMul" else None
+        if not hits or any(h[1] not in SIZES for h in hits):
+            for h in hits or ():
+                record[h[0]] = {"type": h[1], "onnx": f"{node.op_type} on the file's {h[1]} values as fp32",
+                                "exact": True}
             nodes.append(node)
             continue
-        name, type_name, raw, k = hit
+        name = "+".join(h[0] for h in hits)
+        type_name = "+".join(dict.fromkeys(h[1] for h in hits))
         w = found[0]
         if name not in packs:
-            p = pack(unpack(raw, type_name, k))
-            packs[name] = (p, bool(np.array_equal(p.dequantize().view(np.uint32),
-                                                  np.ascontiguousarray(w, np.float32).view(np.uint32))))
+            p = concat([pack(unpack(raw, t, k)) for _, t, raw, k in hits])
+            # equal values: a fused part without a remainder adds +0.0, which turns gguf's -0.0 (a zero code times a
+            # negative scale) into +0.0, the same number
+            packs[name] = (p, bool(np.array_equal(p.dequantize(), np.asarray(w, np.float32))))
         p, exact = packs[name]
         n, k = p.shape
         base = name.replace(".", "_")
@@ -403,7 +454,9 @@ def carry(model, mats: dict, accuracy_level: int) -> dict:
             r = const(base + f".remainder.{len(nodes)}", np.ascontiguousarray(p.remainder.T))
             nodes += [helper.make_node("MatMul", [sums[key], r], [out + ".rem"], name=node.name + ".remainder"),
                       helper.make_node("Add", [y, out + ".rem"], [out], name=node.name + ".add")]
-        record[name] = {"type": type_name, "onnx": _describe(p), "exact": exact}
+        for h in hits:  # a fused projection: each GGUF tensor, and the one MatMulNBits it is part of
+            record[h[0]] = {"type": h[1], "onnx": _describe(p) + (f" (fused: {name})" if len(hits) > 1 else ""),
+                            "exact": exact}
         dead |= found[1]
     del model.graph.node[:]
     model.graph.node.extend(nodes)
