@@ -371,7 +371,7 @@ def carry(model, mats: dict, accuracy_level: int) -> dict:
         return None
 
     by_first_row: dict[str, list] = {}  # a matrix's first row -> (its rows, its key): to find fused projections
-    for key, (name, type_name, raw, k) in mats.items():
+    for key, (_, type_name, raw, k) in mats.items():
         if type_name in SIZES:
             w0 = pack(unpack(raw[:1], type_name, k)).dequantize()
             by_first_row.setdefault(fingerprint(w0[0]), []).append((raw.shape[0], key))
