@@ -347,11 +347,14 @@ def _carry_onnx(model, dst: Path, entry: dict, source: Path | None) -> dict:
     check_io(out, entry)
     after = Counter(n.op_type for n in out.graph.node)
     new_ops = {k: v for k, v in sorted(after.items()) if v > before.get(k, 0)}
+    # a MatMul over a constant weight the file did not supply (the remainders' small matrices are not weights)
+    weights_left = {i.name for i in out.graph.initializer if len(i.dims) == 2 and ".remainder." not in i.name}
+    weights_left |= {n.output[0] for n in out.graph.node if n.op_type == "Transpose" and n.input[0] in weights_left}
     return {"dtype": "gguf", "source": Path(source).name, "source_format": "gguf",
             "tool": f"edgekv.export.gguf_blocks: the file's blocks as com.microsoft MatMulNBits / GatherBlockQuantized "
                     f"(onnxruntime {_version('onnxruntime')}, accuracy_level {ORT_ACCURACY_LEVEL})",
             "new_ops": new_ops, "matmuls_left_float": sum(1 for n in out.graph.node if n.op_type == "MatMul"
-                                                          and not n.name.endswith(".remainder")),
+                                                          and n.input[1] in weights_left),
             **record}
 
 
