@@ -1,6 +1,9 @@
 """Weight quantization through each runtime's own tooling, and the check that the result is still the model.
 
-    --weights fp32 | fp16 | int8 | int4
+    --weights fp32 | fp16 | int8 | int4 | gguf
+
+gguf (.onnx from a .gguf only): the file's own blocks carried into MatMulNBits / GatherBlockQuantized, no second
+quantization (edgekv.export.gguf_blocks; quantize_onnx hands it over).
 
 .pte  (before torch.export, on the eager module): torchao `quantize_` on every nn.Linear, the output matrix included
       int8 = Int8DynamicActivationIntxWeightConfig(int8, PerAxis(0))    dynamic int8 activations, int8 weights per
@@ -64,8 +67,9 @@ THRESHOLDS = {
     "fp16": {"min_top1": 0.95, "max_kl_mean": 0.02},
     "int8": {"min_top1": 0.90, "max_kl_mean": 0.10},
     "int4": {"min_top1": 0.60, "max_kl_mean": 0.60},
-    # the file's own blocks: only the runtime's rounding (int8 activations per block) is left
-    "gguf": {"min_top1": 0.95, "max_kl_mean": 0.02},
+    # the file's own blocks: only the runtime's rounding (int8 activations per block) is left; SmolLM2 (Q4_1) and
+    # Gemma-3-270M (Q4_K_M) measure top-1 97 %, KL 0.002-0.003 here, a carry that misplaces blocks tens of nats
+    "gguf": {"min_top1": 0.90, "max_kl_mean": 0.02},
 }
 GGUF_ONLY = ("--weights gguf carries a GGUF file's own weight blocks: the model must be a .gguf file "
              "(an HF folder has none; use fp32, fp16, int8 or int4)")
