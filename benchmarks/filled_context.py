@@ -14,6 +14,8 @@ Rows (name = family:variant):
                                         ONNX: MatMulNBits), run by edgekv/export/runtime.py's steppers, for
                                         S in kv:dtype=fp32, kv (fp16), kv-int8, kv-int8c (static per-channel
                                         scales, read by GroupQueryAttention), kv-int4, window, mla (converted)
+  edgekv-ort:S/gguf                     edgekv export --weights gguf: the GGUF's own blocks carried into MatMulNBits /
+                                        GatherBlockQuantized, no second quantization (edgekv.export.gguf_blocks)
   llamacpp:f16 / q8_0 / q4_0            llama.cpp (llama-cpp-python), the same GGUF, flash attention on, K and V type
                                         (sliding layers: a window-sized cache, swa_full off)
   genai:int4                            ONNX Runtime GenAI, its own builder's int4 model of the same weights
@@ -226,7 +228,8 @@ def child_main(spec_json: str) -> None:
 def row_names(quick: bool) -> list[str]:
     if quick:
         return list(QUICK)
-    return [f"edgekv-{rt}:{s}/int4" for s in STRATEGIES for rt in ("pte", "ort")] + list(PEERS)
+    return [f"edgekv-{rt}:{s}/int4" for s in STRATEGIES for rt in ("pte", "ort")] \
+        + [f"edgekv-ort:{s}/gguf" for s in STRATEGIES] + list(PEERS)
 
 
 def plan_row(name: str, work: ds.Work, ctx: int, threads: int, base: dict, arch, pos: float, formats: dict, log):
@@ -329,6 +332,8 @@ def main(argv=None) -> dict:
     if new < 2 or a.repeats < 1 or a.threads < 1:
         ap.error("--new-tokens must be at least 2, --repeats and --threads at least 1")
     names = ds.select(row_names(a.quick), a.only)
+    if not a.only or "gguf" not in a.only:  # the carried-weight rows run when a key names them (--only .../gguf)
+        names = [n for n in names if not n.endswith("/gguf")]
     if a.only:  # the rows run in the order of the keys they match first (a long run puts the rows it needs first)
         keys = [k.strip() for k in a.only.split(",") if k.strip()]
         names.sort(key=lambda n: next(i for i, k in enumerate(keys) if k in n))

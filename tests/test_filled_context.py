@@ -52,7 +52,7 @@ def test_quick_rows_are_a_subset_and_every_row_has_int4_weights_or_is_a_peer():
     full, quick = fc.row_names(False), fc.row_names(True)
     assert set(quick) <= set(full) and len(quick) < len(full)
     for n in full:
-        assert n.endswith("/int4") or n.split(":")[0] in ("llamacpp", "genai") or (n.startswith("et-llama:") and n.endswith("/8da4w")), n
+        assert n.endswith(("/int4", "/gguf")) or n.split(":")[0] in ("llamacpp", "genai") or (n.startswith("et-llama:") and n.endswith("/8da4w")), n
     for s in fc.STRATEGIES:  # both formats for every strategy
         assert f"edgekv-pte:{s}/int4" in full and f"edgekv-ort:{s}/int4" in full
     assert set(fc.LLAMACPP_KV) == {n.split(":")[1] for n in full if n.startswith("llamacpp:")}
@@ -109,3 +109,6 @@ def test_the_rows_run_in_the_order_of_the_only_keys():
     assert got == ["llamacpp:f16", "edgekv-ort:kv-int8c/int4", "edgekv-ort:kv:dtype=fp32/int4"]
     got = fc.main(["--list", "--only", "genai,edgekv-ort:kv-int"])["rows"]  # within a key, the usual order
     assert got == ["genai:int4", "edgekv-ort:kv-int8/int4", "edgekv-ort:kv-int8c/int4", "edgekv-ort:kv-int4/int4"]
+    # the carried GGUF rows only where a key names them
+    got = fc.main(["--list", "--only", "edgekv-ort:kv-int8c/gguf,edgekv-ort:kv-int8c"])["rows"]
+    assert got == ["edgekv-ort:kv-int8c/gguf", "edgekv-ort:kv-int8c/int4"]

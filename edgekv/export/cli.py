@@ -79,7 +79,8 @@ def _need(module: str) -> None:
 @click.option("--force", is_flag=True, help="replace --out if it exists (default: refuse)")
 @click.option("--weights", default="fp32", show_default=True,
               help="weight precision, through each runtime's own tooling: fp32, int8, int4 (torchao 8da4w for "
-              ".pte, ONNX Runtime MatMulNBits for ONNX), fp16 (ONNX only); a quantized artifact is checked "
+              ".pte, ONNX Runtime MatMulNBits for ONNX), fp16 (ONNX only), gguf (ONNX from a .gguf only: the file's "
+              "own blocks carried, no second quantization); a quantized artifact is checked "
               "against fp32 over real text (top-1, KL) and refused beyond edgekv.export.wquant's thresholds "
               "(with --from-plan: the plan's, int4 on phones)")
 @click.option("--from-plan", "from_plan", default=None, metavar="DEVICE",
@@ -147,6 +148,13 @@ def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefi
         click.echo(f"verified {fmt}: max |logit diff| {v['max_abs_diff']:.2e} (scale {v['logit_scale']:.1f}), "
                    f"top-1 {v['top1_agreement']:.1%} over {v['positions_compared']} positions")
     for fmt, v in m.get("weight_quality", {}).items():
+        carried = m["weights"].get("quantization", {}).get(fmt, {})
+        if carried.get("source_format") == "gguf":  # where the weights came from, and how exactly
+            types = ", ".join(f"{t} x {n}" for t, n in carried["source_types"].items())
+            exact = sum(t["exact"] for t in carried["tensors"].values())
+            click.echo(f"weights: the GGUF's own blocks ({carried['source']}: {types}), {exact} of "
+                       f"{len(carried['tensors'])} tensors bit-exact; {carried['matmuls_left_float']} MatMuls left "
+                       "float")
         click.echo(f"{v['weights']} weights ({fmt}) vs fp32 over {v['positions']} positions of real text: top-1 "
                    f"{v['top1_agreement']:.1%}, KL mean {v['kl_mean']:.3g} nats")
     click.echo("loaded by: " + "; ".join(f"{a['file']}: {', '.join(a.get('runners', ['edgekv']))}"

@@ -12,7 +12,8 @@ from ..errors import EdgekvError
 from ..strategies import REGISTRY
 
 FORMATS = ("onnx", "pte")
-WEIGHT_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8", "int4": "int4"}
+WEIGHT_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8", "int4": "int4",
+                 "gguf": "gguf blocks"}  # gguf: the file's own blocks (edgekv.export.gguf_blocks)
 # what `edgekv export --strategy` takes: the registered strategies whose class says it is exported (ring splits a
 # datacenter KV over GPUs: planned, never exported)
 EXPORTABLE = tuple(n for n, c in REGISTRY.items() if c.exportable)

@@ -53,6 +53,13 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
     quantized = opts.weights != "fp32"
     if quantized and "pte" in opts.formats and opts.weights == "fp16":
         raise EdgekvError(PTE_FP16)
+    if opts.weights == "gguf":
+        from ..models.weights import resolve_model
+        from .wquant import GGUF_ONLY, GGUF_PTE
+        if resolve_model(opts.model).suffix.lower() != ".gguf":
+            raise EdgekvError(GGUF_ONLY)
+        if "pte" in opts.formats:
+            raise EdgekvError(GGUF_PTE)
     if quantized and opts.max_ctx < QUALITY_TOKENS:
         raise EdgekvError(f"--weights {opts.weights} is checked against fp32 over {QUALITY_TOKENS} tokens of real "
                           f"text: use --max-ctx {QUALITY_TOKENS} or more")
@@ -206,9 +213,11 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             del model
         if "quantize-onnx" in st.names:
             from .wquant import quantize_onnx
-            with st.stage("quantize-onnx", f"{opts.weights} weights (ONNX Runtime quantization tools)"):
+            how = "the GGUF's own blocks, carried" if opts.weights == "gguf" else \
+                f"{opts.weights} weights (ONNX Runtime quantization tools)"
+            with st.stage("quantize-onnx", how):
                 quantization["onnx"] = quantize_onnx(tmp / "model.onnx", tmp / "model.onnx", opts.weights,
-                                                     entries["onnx"][0])
+                                                     entries["onnx"][0], loaded.source)
     if "pte" in opts.formats:
         from . import to_pte
         with st.stage("lower-pte", "to_edge_transform_and_lower + XnnpackPartitioner"):
@@ -298,6 +307,10 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             st.echo(f"      {describe_quality(weight_quality[fmt])}")
 
     with st.stage("manifest", "manifest.json (sha256 of every file)"):
+        plan_arch = loaded.arch
+        if opts.weights == "gguf":  # the plan's gguf weights are the file's tensors as stored (its header)
+            from ..arch import read_gguf
+            plan_arch = read_gguf(loaded.source)
         n_params = sum(p.numel() for p in module.parameters())
         from .wquant import BITS
         manifest = {
@@ -308,13 +321,15 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
                       "n_layers": args.n_layers, "config": args.to_json()},
             "strategy": strategy_entry(strategy, module),
             "max_ctx": opts.max_ctx,
-            "weights": {"dtype": WEIGHT_DTYPES[opts.weights], "bytes": int(n_params * BITS[opts.weights] // 8),
+            "weights": {"dtype": WEIGHT_DTYPES[opts.weights],
+                        "bytes": int(quantization["onnx"]["bytes"]) if opts.weights == "gguf" else
+                        int(n_params * BITS[opts.weights] // 8),
                         **({"quantization": quantization} if quantization else {})},
             "state": layout.to_json(), "artifacts": artifacts, "tokenizer": tok_entry,
             "runners_unsupported": runners_unsupported(layout, artifacts),
             "verification": verification, **({"weight_quality": weight_quality} if weight_quality else {}),
             "timings_s": dict(st.timings),
-            "deployment": planned(loaded.arch, strategy, opts.max_ctx, opts.formats, chunk, opts.weights,
+            "deployment": planned(plan_arch, strategy, opts.max_ctx, opts.formats, chunk, opts.weights,
                                   pte_methods=len(entries["pte"])),
             "files": mf.file_table(tmp)}
         mf.write_manifest(tmp, manifest)

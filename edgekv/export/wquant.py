@@ -1,6 +1,9 @@
 """Weight quantization through each runtime's own tooling, and the check that the result is still the model.
 
-    --weights fp32 | fp16 | int8 | int4
+    --weights fp32 | fp16 | int8 | int4 | gguf
+
+gguf (.onnx from a .gguf only): the file's own blocks carried into MatMulNBits / GatherBlockQuantized, no second
+quantization (edgekv.export.gguf_blocks; quantize_onnx hands it over).
 
 .pte  (before torch.export, on the eager module): torchao `quantize_` on every nn.Linear, the output matrix included
       int8 = Int8DynamicActivationIntxWeightConfig(int8, PerAxis(0))    dynamic int8 activations, int8 weights per
@@ -40,8 +43,8 @@ import numpy as np
 
 from ..errors import EdgekvError
 
-WEIGHTS = ("fp32", "fp16", "int8", "int4")
-BITS = {"fp32": 32, "fp16": 16, "int8": 8, "int4": 4}
+WEIGHTS = ("fp32", "fp16", "int8", "int4", "gguf")
+BITS = {"fp32": 32, "fp16": 16, "int8": 8, "int4": 4}  # gguf: the file's own mix (its record's bytes)
 ORT_ACCURACY_LEVEL = 4  # MatMulNBits computes with int8 activations quantized per block (ORT GenAI's CPU setting)
 # int4 blocks carry a zero point (uint4) beside the scale: the GGUFs edgekv reads store asymmetric blocks (Q4_1, Q4_K:
 # scale and minimum), which a symmetric grid fits worse; on Gemma-3-270M's Q4_K_M weights symmetric int4 failed
@@ -64,7 +67,14 @@ THRESHOLDS = {
     "fp16": {"min_top1": 0.95, "max_kl_mean": 0.02},
     "int8": {"min_top1": 0.90, "max_kl_mean": 0.10},
     "int4": {"min_top1": 0.60, "max_kl_mean": 0.60},
+    # the file's own blocks: only the runtime's rounding (int8 activations per block) is left; SmolLM2 (Q4_1) and
+    # Gemma-3-270M (Q4_K_M) measure top-1 97 %, KL 0.002-0.003 here, a carry that misplaces blocks tens of nats
+    "gguf": {"min_top1": 0.90, "max_kl_mean": 0.02},
 }
+GGUF_ONLY = ("--weights gguf carries a GGUF file's own weight blocks: the model must be a .gguf file "
+             "(an HF folder has none; use fp32, fp16, int8 or int4)")
+GGUF_PTE = ("--weights gguf is for the onnx format only: ExecuTorch's quantized linears hold integer zero points "
+            "only, which cannot carry Q4_1 / Q4_K blocks exactly; use --format onnx, or int8 / int4 for the .pte")
 
 
 def parse_weights(text: str) -> str:
@@ -255,9 +265,10 @@ def fuse_tied_head(model) -> list[str]:
     return fused
 
 
-def quantize_onnx(src: Path, dst: Path, weights: str, entry: dict) -> dict:
+def quantize_onnx(src: Path, dst: Path, weights: str, entry: dict, source: Path | None = None) -> dict:
     """Quantize the fp32 model at src into dst (may be the same path). The graph's inputs and outputs are checked
-    against the manifest entry point afterwards. Returns what was done, for the manifest."""
+    against the manifest entry point afterwards. weights gguf: the GGUF file `source`'s own blocks
+    (edgekv.export.gguf_blocks). Returns what was done, for the manifest."""
     import contextlib
     import io
     import logging
@@ -269,6 +280,8 @@ def quantize_onnx(src: Path, dst: Path, weights: str, entry: dict) -> dict:
     if weights == "fp32":
         return {"dtype": "float32"}
     model = onnx.load(str(src))
+    if weights == "gguf":
+        return _carry_onnx(model, dst, entry, source)
     untied = untie_onnx_head(model) if weights in ("int8", "int4") else []  # fp16 needs no second copy
     before = Counter(n.op_type for n in model.graph.node)
     # ORT's quantizers log every node at INFO on their own module loggers
@@ -319,6 +332,34 @@ def quantize_onnx(src: Path, dst: Path, weights: str, entry: dict) -> dict:
             "matmuls_left_float": after.get("MatMul", 0),
             "output_layer": "untied copy, quantized" if untied else "tied" if weights == "fp16" else "own MatMul",
             "embedding": {"fp16": "float16", "int4": "int4 (GatherBlockQuantized)"}.get(weights, "float32")}
+
+
+def _carry_onnx(model, dst: Path, entry: dict, source: Path | None) -> dict:
+    """--weights gguf: the GGUF's blocks into the graph (gguf_blocks.carry), saved to dst and checked like the
+    other recipes."""
+    import onnx
+
+    from .gguf_blocks import carry, gguf_matrices
+    from .to_onnx import check_io, save_onnx
+
+    if source is None or Path(source).suffix.lower() != ".gguf":
+        raise EdgekvError(GGUF_ONLY)
+    before = Counter(n.op_type for n in model.graph.node)
+    record = carry(model, gguf_matrices(source), ORT_ACCURACY_LEVEL)
+    save_onnx(model, dst)
+    out = onnx.load(str(dst), load_external_data=False)
+    check_io(out, entry)
+    after = Counter(n.op_type for n in out.graph.node)
+    new_ops = {k: v for k, v in sorted(after.items()) if v > before.get(k, 0)}
+    # a MatMul over a constant weight the file did not supply (the remainders' small matrices are not weights)
+    weights_left = {i.name for i in out.graph.initializer if len(i.dims) == 2 and ".remainder." not in i.name}
+    weights_left |= {n.output[0] for n in out.graph.node if n.op_type == "Transpose" and n.input[0] in weights_left}
+    return {"dtype": "gguf", "source": Path(source).name, "source_format": "gguf",
+            "tool": f"edgekv.export.gguf_blocks: the file's blocks as com.microsoft MatMulNBits / GatherBlockQuantized "
+                    f"(onnxruntime {_version('onnxruntime')}, accuracy_level {ORT_ACCURACY_LEVEL})",
+            "new_ops": new_ops, "matmuls_left_float": sum(1 for n in out.graph.node if n.op_type == "MatMul"
+                                                          and n.input[1] in weights_left),
+            **record}
 
 
 # ---- verify-quant: the quantized artifact against fp32 over real text ----

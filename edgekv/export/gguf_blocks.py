@@ -1,0 +1,469 @@
+"""--weights gguf for ONNX: a GGUF's weight blocks carried into the graph as they are, no second quantization.
+
+Each GGUF row is decoded into the file's own form, w = scale * q + offset per block (unpack), and mapped onto what
+ONNX Runtime's com.microsoft.MatMulNBits represents on its fast path, w = scale * (code - zero_point) (pack):
+
+    Q4_0  d * (q - 8)                  4-bit, block 32, default zero point 8        codes and fp16 scale as they are
+    Q8_0  d * q, q int8                8-bit, block 32, default zero point 128      codes + 128
+    Q5_0  d * (q - 16)                 8-bit, block 32, default zero point 128      codes + 112
+    Q6_K  d * sc * (q - 32)            8-bit, block 16 (its int8 sub-scales folded into per-16 fp32 scales)
+    Q4_1  d * q + m                    4-bit, block 32, per-block uint4 zero point z = round(-m / d), and the
+    Q4_K  d*sc * q - dmin*mn             remainder r = m + d * z as an fp32 term: sum over blocks of r times the
+    Q5_1, Q5_K (8-bit, same form)        input's block sums (Reshape, ReduceSum, MatMul, Add)
+
+A zero point alone cannot hold Q4_1 / Q4_K's fractional minimum, and MatMulNBits with float zero points leaves the
+fast path (its CPU kernel dequantizes the whole matrix every call); the remainder term is small: one [K/32, N]
+fp32 matrix per projection. z is the integer nearest the minimum, so the 4-bit part carries almost the whole weight
+and the int8 activations of accuracy_level 4 see the same magnitudes as without the term.
+
+Exact means: the packed form dequantized in the runtime's definition, fl(scale * (code - z) + r), is bit for bit the
+fp32 weight gguf.quants.dequantize gives (the graph's own fp32 initializer, which edgekv traced from it). That holds
+because scale * (code - z) and r are both exact in fp32 (a 17-bit scale times a 5-bit integer; r, a few ulps of the
+scale) and the one rounding left is the same sum gguf rounds. carry() checks it per tensor and records the result; a
+block where r would round (a zero point clipped at 15) falls back to z = 0, r = minimum, exact by the same argument.
+
+The embedding table: com.microsoft.GatherBlockQuantized on the same codes, scales and zero points as the output
+head's MatMulNBits when the table is tied and its type needs no remainder (Q8_0, Q4_0, Q5_0, Q6_K): one copy of the
+codes in the file, read by both. A table that needs a remainder stays the fp32 dequantized table (exact, larger).
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import EdgekvError
+
+QK = 32  # elements per block of the simple types
+QK_K = 256  # elements per super-block of the k-quants
+# bytes per block and elements per block, per GGUF type name (ggml.h / gguf.constants.GGML_QUANT_SIZES)
+SIZES = {"Q4_0": (18, QK), "Q4_1": (20, QK), "Q5_0": (22, QK), "Q5_1": (24, QK), "Q8_0": (34, QK),
+         "Q4_K": (144, QK_K), "Q5_K": (176, QK_K), "Q6_K": (210, QK_K)}
+CARRIED = tuple(SIZES)
+FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+@dataclass
+class FileBlocks:
+    """One GGUF matrix [N, K] in the file's own form: w = scale * q + offset, per block of `block` elements along K."""
+    type: str
+    q: np.ndarray  # int16 [N, K]
+    scale: np.ndarray  # fp32 [N, K / block]
+    offset: np.ndarray | None  # fp32 [N, K / block]: the block's minimum (Q4_1, Q5_1; -dmin*mn in the k-quants)
+    block: int
+
+
+@dataclass
+class Packed:
+    """MatMulNBits' form of one matrix [N, K]: w = scale * (code - zero_point) [+ remainder], per block along K."""
+    type: str
+    bits: int
+    block: int
+    codes: np.ndarray  # uint8 [N, K], one code per element (unpacked)
+    scales: np.ndarray  # fp32 [N, n_blocks]
+    zero_points: np.ndarray | None  # uint8 [N, n_blocks]; None: the default 2^(bits-1)
+    remainder: np.ndarray | None  # fp32 [N, n_blocks]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.codes.shape
+
+    def dequantize(self) -> np.ndarray:
+        """fl(scale * (code - zero_point) + remainder) in fp32: what the packed form holds, by MatMulNBits'
+        definition (com.microsoft contrib ops), evaluated with numpy."""
+        n, k = self.codes.shape
+        zp = np.float32(1 << (self.bits - 1)) if self.zero_points is None else \
+            self.zero_points.astype(np.float32)[:, :, None]
+        c = self.codes.reshape(n, -1, self.block).astype(np.float32)
+        w = (c - zp) * self.scales[:, :, None]
+        if self.remainder is not None:
+            w = w + self.remainder[:, :, None]
+        return w.reshape(n, k)
+
+    def nbytes(self) -> int:
+        n, k = self.codes.shape
+        b = n * k * self.bits // 8 + self.scales.nbytes
+        b += 0 if self.zero_points is None else self.zero_points.size * self.bits // 8
+        return b + (0 if self.remainder is None else self.remainder.nbytes)
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """[n, 2] uint8 -> fp32 [n] (a little-endian fp16)."""
+    return np.ascontiguousarray(b).view(np.float16).astype(np.float32).reshape(-1)
+
+
+def _nibbles16(qs: np.ndarray) -> np.ndarray:
+    """[n, 16] bytes -> [n, 32]: element j is byte j's low nibble, element j + 16 its high nibble (ggml's block_q4_0)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=1)
+
+
+def _high_bits32(qh: np.ndarray) -> np.ndarray:
+    """[n, 4] bytes (a little-endian uint32) -> [n, 32]: bit j of element j."""
+    return np.unpackbits(qh, axis=1, bitorder="little")
+
+
+def _k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K's 12 bytes -> 8 six-bit scales and 8 six-bit minimums (ggml-quants.c get_scale_min_k4)."""
+    s = s.astype(np.uint8)
+    sc = np.empty((len(s), 8), np.uint8)
+    mn = np.empty((len(s), 8), np.uint8)
+    sc[:, :4] = s[:, 0:4] & 63
+    mn[:, :4] = s[:, 4:8] & 63
+    sc[:, 4:] = (s[:, 8:12] & 0x0F) | ((s[:, 0:4] >> 6) << 4)
+    mn[:, 4:] = (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)
+    return sc, mn
+
+
+def unpack(raw: np.ndarray, type_name: str, k: int) -> FileBlocks:
+    """A GGUF matrix's raw rows (uint8 [N, bytes per row], as gguf.GGUFReader gives them) -> its FileBlocks."""
+    if type_name not in SIZES:
+        raise EdgekvError(f"GGUF type {type_name} is not carried (carried: {', '.join(CARRIED)})")
+    size, per = SIZES[type_name]
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    n = raw.shape[0]
+    if k % per or raw.size != n * (k // per) * size:
+        raise EdgekvError(f"a {type_name} matrix of {n} rows x {k} holds {raw.size} bytes, not "
+                          f"{n * (k // max(per, 1)) * size}")
+    b = raw.reshape(-1, size)  # one row per block
+    offset = None
+    if type_name in ("Q4_0", "Q4_1"):
+        head = 2 if type_name == "Q4_0" else 4
+        q = _nibbles16(b[:, head:]).astype(np.int16)
+        d = _f16(b[:, 0:2])
+        if type_name == "Q4_0":
+            q -= 8
+        else:
+            offset = _f16(b[:, 2:4])
+        blk, scale = QK, d
+    elif type_name in ("Q5_0", "Q5_1"):
+        head = 2 if type_name == "Q5_0" else 4
+        q = (_nibbles16(b[:, head + 4:]) | (_high_bits32(b[:, head:head + 4]) << 4)).astype(np.int16)
+        d = _f16(b[:, 0:2])
+        if type_name == "Q5_0":
+            q -= 16
+        else:
+            offset = _f16(b[:, 2:4])
+        blk, scale = QK, d
+    elif type_name == "Q8_0":
+        q = b[:, 2:].view(np.int8).astype(np.int16)
+        blk, scale = QK, _f16(b[:, 0:2])
+    elif type_name in ("Q4_K", "Q5_K"):
+        d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+        sc, mn = _k_scales(b[:, 4:16])
+        qs = b[:, 16 + (32 if type_name == "Q5_K" else 0):].reshape(-1, 4, 32)  # 4 chunks of 32 bytes
+        # chunk c: low nibbles are sub-block 2c, high nibbles sub-block 2c + 1
+        q = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 8, 32).astype(np.int16)
+        if type_name == "Q5_K":  # bit j of qh[l] is element l of sub-block j's fifth bit
+            qh = b[:, 16:48]
+            q |= ((qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1).astype(np.int16) << 4
+        q = q.reshape(-1, QK_K)
+        blk = QK
+        scale = (d[:, None] * sc.astype(np.float32)).reshape(-1)
+        offset = -(dmin[:, None] * mn.astype(np.float32)).reshape(-1)
+    elif type_name == "Q6_K":
+        ql, qh = b[:, :128].reshape(-1, 2, 64), b[:, 128:192].reshape(-1, 2, 32)
+        sc = b[:, 192:208].view(np.int8).astype(np.float32)
+        d = _f16(b[:, 208:210])
+        # each half of 128: elements 32j + l (j = 0..3) take ql's low/high nibbles of bytes l / l + 32 and qh's
+        # bits 2j..2j+1 of byte l (ggml-quants.c dequantize_row_q6_K)
+        lo = np.stack([ql[:, :, :32] & 0x0F, ql[:, :, 32:] & 0x0F, ql[:, :, :32] >> 4, ql[:, :, 32:] >> 4], axis=2)
+        hi = np.stack([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=2)
+        q = (lo | (hi << 4)).astype(np.int16).reshape(-1, QK_K) - 32
+        blk = 16
+        scale = (d[:, None] * sc).reshape(-1)
+    return FileBlocks(type_name, q.reshape(n, k), scale.reshape(n, -1).astype(np.float32),
+                      None if offset is None else offset.reshape(n, -1).astype(np.float32), blk)
+
+
+def file_dequantize(f: FileBlocks) -> np.ndarray:
+    """fl(scale * q + offset) in fp32: the file's own definition, evaluated with numpy."""
+    n, k = f.q.shape
+    w = f.q.reshape(n, -1, f.block).astype(np.float32) * f.scale[:, :, None]
+    if f.offset is not None:
+        w = w + f.offset[:, :, None]
+    return w.reshape(n, k)
+
+
+def pack(f: FileBlocks) -> Packed:
+    """FileBlocks -> MatMulNBits' form, exact (see the module docstring); 4 bits where the codes fit, else 8."""
+    lo, hi = int(f.q.min(initial=0)), int(f.q.max(initial=0))
+    if f.offset is None:  # symmetric around the default zero point
+        bits = 4 if lo >= -8 and hi <= 7 and f.type in ("Q4_0",) else 8
+        codes = (f.q + (1 << (bits - 1))).astype(np.uint8)
+        return Packed(f.type, bits, f.block, codes, f.scale, None, None)
+    bits = 4 if lo >= 0 and hi <= 15 and f.type in ("Q4_1", "Q4_K") else 8
+    top = (1 << bits) - 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(f.scale != 0, np.rint(-f.offset / f.scale), 0)
+    z = np.clip(np.nan_to_num(z), 0, top).astype(np.float32)
+    r = (f.offset + f.scale * z).astype(np.float32)
+    # where r rounded in fp32 (z clipped far from the minimum), the block keeps z = 0 and r = its minimum
+    n = f.q.shape[0]
+    q = f.q.reshape(n, -1, f.block).astype(np.float32)
+    want = q * f.scale[:, :, None] + f.offset[:, :, None]
+    got = (q - z[:, :, None]) * f.scale[:, :, None] + r[:, :, None]
+    bad = ~(got == want).all(-1)
+    z[bad], r[bad] = 0, f.offset[bad]
+    return Packed(f.type, bits, f.block, f.q.astype(np.uint8), f.scale, z.astype(np.uint8), r)
+
+
+def concat(parts: list[Packed]) -> Packed:
+    """Packed matrices stacked along N (a fused projection: q, k and v in one MatMul), still exact: the widest bits
+    (a 4-bit code is an 8-bit code of the same value), the smallest block (a block's scale, zero point and remainder
+    repeated over its halves), explicit zero points (the default 2^(bits-1) of the part's own bits) and zero
+    remainders where a part had none (fl(x + 0) = x)."""
+    if len(parts) == 1:
+        return parts[0]
+    bits, block = max(p.bits for p in parts), min(p.block for p in parts)
+    zps = any(p.zero_points is not None for p in parts) or len({p.bits for p in parts}) > 1
+    rem = any(p.remainder is not None for p in parts)
+
+    def per_block(a, p):
+        return np.repeat(a, p.block // block, axis=1)
+
+    codes, scales, zp, r = [], [], [], []
+    for p in parts:
+        codes.append(p.codes)
+        scales.append(per_block(p.scales, p))
+        z = p.zero_points if p.zero_points is not None else np.full(p.scales.shape, 1 << (p.bits - 1), np.uint8)
+        zp.append(per_block(z, p))
+        r.append(per_block(p.remainder if p.remainder is not None else np.zeros(p.scales.shape, np.float32), p))
+    return Packed("+".join(dict.fromkeys(p.type for p in parts)), bits, block, np.concatenate(codes),
+                  np.concatenate(scales), np.concatenate(zp) if zps else None, np.concatenate(r) if rem else None)
+
+
+def split_rows(w: np.ndarray, mats: dict, by_first_row: dict) -> list[tuple] | None:
+    """W [N, K] as consecutive GGUF matrices along N (a fused projection), each matched by its fingerprint -> their
+    mats entries in order, or None."""
+    out, at = [], 0
+    while at < w.shape[0]:
+        hit = None
+        for n_rows, key in by_first_row.get(fingerprint(w[at]), ()):
+            if at + n_rows <= w.shape[0] and fingerprint(w[at:at + n_rows]) == key:
+                hit = mats[key]
+                break
+        if hit is None:
+            return None
+        out.append(hit)
+        at += n_rows
+    return out
+
+
+# ---- ONNX tensors of a Packed matrix ----
+
+
+def nbits_b(p: Packed) -> np.ndarray:
+    """MatMulNBits' B: uint8 [N, n_blocks, block * bits / 8]; 4-bit codes two to a byte, the even element in the low
+    nibble."""
+    n, k = p.codes.shape
+    c = p.codes.reshape(n, k // p.block, p.block)
+    if p.bits == 8:
+        return np.ascontiguousarray(c)
+    return np.ascontiguousarray(c[..., 0::2] | (c[..., 1::2] << 4))
+
+
+def nbits_zero_points(p: Packed) -> np.ndarray:
+    """MatMulNBits' zero_points: uint8 [N * ceil(n_blocks * bits / 8)]; 4-bit ones two to a byte per row (the even
+    block in the low nibble, a row's odd last block padded)."""
+    z = p.zero_points
+    if p.bits == 8:
+        return np.ascontiguousarray(z).reshape(-1)
+    if z.shape[1] % 2:
+        z = np.concatenate([z, np.zeros((z.shape[0], 1), np.uint8)], axis=1)
+    return np.ascontiguousarray(z[:, 0::2] | (z[:, 1::2] << 4)).reshape(-1)
+
+
+def fingerprint(a: np.ndarray) -> str:
+    """The bytes of a fp32 array in C order, hashed: how a graph's initializer is matched to its GGUF tensor."""
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    return f"{a.shape}:" + hashlib.blake2b(a.tobytes(), digest_size=16).hexdigest()
+
+
+def gguf_matrices(path) -> dict:
+    """A GGUF file's 2-D tensors -> {fingerprint of the fp32 matrix edgekv's loader builds from it (transformers'
+    row order): (name, type name, raw rows in that order, K)}. Raw rows are the GGUF's, permuted like the loader's
+    q/k rows (edgekv.models.weights.unpermute_qk) where the architecture needs it."""
+    import gguf
+
+    from ..models.weights import _PERMUTED_ARCHS, gguf_config, unpermute_qk
+
+    reader = gguf.GGUFReader(str(path))
+    arch = reader.fields["general.architecture"].contents()
+    cfg = gguf_config(reader, str(path))
+    out = {}
+    for t in reader.tensors:
+        dims = [int(d) for d in t.shape.tolist()]
+        if len(dims) != 2:
+            continue
+        k, n = dims
+        raw = np.asarray(t.data)
+        if t.tensor_type.name not in SIZES and t.tensor_type.name not in FLOAT_TYPES:
+            continue
+        if t.tensor_type.name in FLOAT_TYPES:
+            w = np.asarray(gguf.quants.dequantize(raw, t.tensor_type), np.float32).reshape(n, k)
+        else:
+            raw = raw.reshape(n, -1)
+            w = np.asarray(gguf.quants.dequantize(raw, t.tensor_type), np.float32).reshape(n, k)
+        part = t.name.split(".")[-2] if t.name.startswith("blk.") else ""
+        if arch in _PERMUTED_ARCHS and part in ("attn_q", "attn_k"):
+            heads = cfg["num_attention_heads"] if part == "attn_q" else cfg["num_key_value_heads"]
+            w = unpermute_qk(w, heads)
+            raw = unpermute_qk(raw, heads)
+        out[fingerprint(w)] = (t.name, t.tensor_type.name, raw, k)
+    return out
+
+
+def matrix(name: str, type_name: str, raw: np.ndarray, n: int, k: int) -> dict:
+    """One entry of gguf_matrices for a matrix [n, k] of raw GGUF rows (what a test builds without a file)."""
+    import gguf
+
+    raw = np.asarray(raw).reshape(n, -1)
+    w = np.asarray(gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, type_name)), np.float32)
+    return {fingerprint(w.reshape(n, k)): (name, type_name, raw, k)}
+
+
+# ---- the graph: MatMul / Gather on a GGUF tensor's fp32 copy -> MatMulNBits / GatherBlockQuantized on its blocks ----
+
+
+def _describe(p: Packed, table: bool = False) -> str:
+    zp = "default zero point" if p.zero_points is None else f"uint{p.bits} zero points"
+    op = "GatherBlockQuantized" if table else "MatMulNBits"
+    return f"{op} {p.bits}-bit block {p.block}, {zp}" + (", fp32 block-sum remainder" if p.remainder is not None
+                                                          else "")
+
+
+def carry(model, mats: dict, accuracy_level: int) -> dict:
+    """Rewrite `model` (onnx.ModelProto, in memory whole) in place: every MatMul whose constant B is a GGUF matrix's
+    fp32 copy (B = W^T, or Transpose(W) for a tied head) becomes MatMulNBits on the file's blocks (plus the
+    remainder term where the type has a fractional minimum); a Gather on a table that needs no remainder becomes
+    GatherBlockQuantized on the same codes. mats: gguf_matrices(the file). Returns the record for the manifest: per GGUF tensor its type, the
+    ONNX form and whether the packed form is bit-identical to the fp32 weight the graph held (`exact`)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from .wquant import _drop_unused
+
+    inits = {i.name: i for i in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    arrays: dict[str, np.ndarray] = {}
+
+    def array(name):
+        if name not in arrays:
+            arrays[name] = numpy_helper.to_array(inits[name])
+        return arrays[name]
+
+    def const(name, value):
+        model.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def weight_of(node):
+        """(the fp32 W [N, K] in transformers' layout, the names that die with the rewrite) or None."""
+        b = node.input[1]
+        t = producer.get(b)
+        if t is not None and t.op_type == "Transpose" and t.input[0] in inits:
+            perm = next((list(a.ints) for a in t.attribute if a.name == "perm"), None)
+            w = array(t.input[0])
+            if perm in (None, [1, 0]) and w.ndim == 2 and w.dtype == np.float32:
+                return w, {b}
+        if b in inits and inits[b].data_type == TensorProto.FLOAT and len(inits[b].dims) == 2:
+            return array(b).T, {b}
+        return None
+
+    by_first_row: dict[str, list] = {}  # a matrix's first row -> (its rows, its key): to find fused projections
+    for key, (_, type_name, raw, k) in mats.items():
+        if type_name in SIZES:
+            w0 = pack(unpack(raw[:1], type_name, k)).dequantize()
+            by_first_row.setdefault(fingerprint(w0[0]), []).append((raw.shape[0], key))
+    record, packs, dead = {}, {}, set()
+    sums: dict[tuple, str] = {}  # (input, K, block) -> its block sums, shared by the projections of one input
+    nodes = []
+    for node in model.graph.node:
+        found = weight_of(node) if node.op_type == "MatMul" else None
+        if node.op_type == "Gather" and node.input[0] in inits and len(inits[node.input[0]].dims) == 2 and \
+                inits[node.input[0]].data_type == TensorProto.FLOAT:
+            found = array(node.input[0]), {node.input[0]}
+        hit = mats.get(fingerprint(found[0])) if found is not None else None
+        hits = [hit] if hit is not None else \
+            split_rows(found[0], mats, by_first_row) if found is not None and node.op_type == "MatMul" else None
+        if not hits or any(h[1] not in SIZES for h in hits):
+            for h in hits or ():
+                record[h[0]] = {"type": h[1], "onnx": f"{node.op_type} on the file's {h[1]} values as fp32",
+                                "exact": True}
+            nodes.append(node)
+            continue
+        name = "+".join(h[0] for h in hits)
+        type_name = "+".join(dict.fromkeys(h[1] for h in hits))
+        w = found[0]
+        if name not in packs:
+            p = concat([pack(unpack(raw, t, k)) for _, t, raw, k in hits])
+            # equal values: a fused part without a remainder adds +0.0, which turns gguf's -0.0 (a zero code times a
+            # negative scale) into +0.0, the same number
+            packs[name] = (p, bool(np.array_equal(p.dequantize(), np.asarray(w, np.float32))))
+        p, exact = packs[name]
+        n, k = p.shape
+        base = name.replace(".", "_")
+        nb = k // p.block
+        codes = base + ".codes"
+        if codes not in inits:
+            inits[codes] = None
+            const(codes, nbits_b(p))
+        if node.op_type == "Gather":
+            if p.remainder is not None or p.bits != 8:  # the fp32 table stays (exact, not smaller)
+                record.setdefault(name + " (table)", {"type": type_name, "onnx": "Gather on the fp32 dequantized "
+                                                      "table", "exact": exact})
+                nodes.append(node)
+                continue
+            ids, out = node.input[1], node.output[0]
+            s3 = const(base + ".scales3", p.scales.reshape(n, nb, 1))
+            ins = [codes, ids, s3]
+            if p.zero_points is not None:
+                ins.append(const(base + ".zp3", p.zero_points.reshape(n, nb, 1)))
+            nodes += [
+                helper.make_node("GatherBlockQuantized", ins, [out + ".blocks"], name=node.name + ".gbq",
+                                 domain="com.microsoft", gather_axis=0, quantize_axis=2, block_size=p.block, bits=8),
+                helper.make_node("Shape", [ids], [out + ".ids_shape"], name=node.name + ".shape"),
+                helper.make_node("Concat", [out + ".ids_shape", const(base + ".width", np.array([k], np.int64))],
+                                 [out + ".shape"], name=node.name + ".concat", axis=0),
+                helper.make_node("Reshape", [out + ".blocks", out + ".shape"], [out], name=node.name)]
+            record[name + " (table)"] = {"type": type_name, "onnx": _describe(p, table=True), "exact": exact}
+            dead |= found[1]
+            continue
+        x, out = node.input[0], node.output[0]
+        ins = [x, codes, const(base + f".scales.{len(nodes)}", p.scales.reshape(-1))]
+        if p.zero_points is not None:
+            ins.append(const(base + f".zp.{len(nodes)}", nbits_zero_points(p)))
+        y = out if p.remainder is None else out + ".nbits"
+        nodes.append(helper.make_node("MatMulNBits", ins, [y], name=node.name, domain="com.microsoft", K=k, N=n,
+                                      bits=p.bits, block_size=p.block, accuracy_level=accuracy_level))
+        if p.remainder is not None:
+            key = (x, k, p.block)
+            if key not in sums:
+                s = f"{x}.blocksums{p.block}"
+                nodes += [
+                    helper.make_node("Shape", [x], [s + ".xs"], name=s + ".shape"),
+                    helper.make_node("Slice", [s + ".xs", const(s + ".0", np.array([0], np.int64)),
+                                               const(s + ".-1", np.array([-1], np.int64))], [s + ".lead"],
+                                     name=s + ".slice"),
+                    helper.make_node("Concat", [s + ".lead", const(s + ".tail", np.array([nb, p.block], np.int64))],
+                                     [s + ".shape"], name=s + ".concat", axis=0),
+                    helper.make_node("Reshape", [x, s + ".shape"], [s + ".blocks"], name=s + ".reshape"),
+                    helper.make_node("ReduceSum", [s + ".blocks", const(s + ".axes", np.array([-1], np.int64))],
+                                     [s], name=s, keepdims=0)]
+                sums[key] = s
+            r = const(base + f".remainder.{len(nodes)}", np.ascontiguousarray(p.remainder.T))
+            nodes += [helper.make_node("MatMul", [sums[key], r], [out + ".rem"], name=node.name + ".remainder"),
+                      helper.make_node("Add", [y, out + ".rem"], [out], name=node.name + ".add")]
+        for h in hits:  # a fused projection: each GGUF tensor, and the one MatMulNBits it is part of
+            record[h[0]] = {"type": h[1], "onnx": _describe(p) + (f" (fused: {name})" if len(hits) > 1 else ""),
+                            "exact": exact}
+        dead |= found[1]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    _drop_unused(model, dead)
+    return {"tensors": dict(sorted(record.items())),
+            "bytes": int(sum(p.nbytes() for p, _ in packs.values())),
+            "source_types": dict(sorted(Counter(t["type"] for t in record.values()).items())),
+            "exact": all(t["exact"] for t in record.values())}
