@@ -86,7 +86,7 @@ def random_tensor(name: str, shape: tuple[int, ...], seed: int, std: float, gemm
     if len(shape) == 1 and "norm" in name:
         return torch.zeros(shape) if gemma_norm else torch.ones(shape)
     g = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
-    return torch.randn(shape, generator=g) * std
+    return torch.randn(shape, generator=g).mul_(std)
 
 
 def write_safetensors(path: Path, specs, dtype: str, seed: int, std: float, gemma_norm: bool) -> int:
@@ -233,7 +233,7 @@ def write_gguf(path: Path, folder: Path, config, specs) -> None:
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
-        for gname, name, shape, dt in order:
+        for gname, name, _, dt in order:
             if name is None:
                 a = llama3_rope_factors(cfg, head_dim)
             else:

@@ -53,6 +53,8 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
     if quantized and opts.max_ctx < QUALITY_TOKENS:
         raise EdgekvError(f"--weights {opts.weights} is checked against fp32 over {QUALITY_TOKENS} tokens of real "
                           f"text: use --max-ctx {QUALITY_TOKENS} or more")
+    from .budget import check_export
+    check_export(opts, strategy, echo)  # the memory and time it will need; refused here, before any weight is read
     names = ["load", "tokenizer"] + (["calibrate"] if strategy.static_scales else []) \
         + (["quantize"] if quantized and "pte" in opts.formats else []) + ["trace"]
     for f in opts.formats:
