@@ -8,7 +8,9 @@ before it started (edgekv.export.budget, the `estimate:` line).
 Everything after `--` is passed to `edgekv export` (run as `python -m edgekv.cli export ...`, a child that dies with
 this process). The child's RSS (with its own children's) is sampled every 0.2 s with psutil; each sample is charged to
 the stage whose `[i/n] NAME` line the export printed last, so the stage that holds the peak is named. The JSON is
-written atomically; a run that fails is stored too, with its last stderr line.
+written atomically, and rewritten while the export runs (its stages and an RSS timeline, a point every 10 s and at each
+stage change); a run that fails is stored too, with its last stderr line. `--kill-above SIZE` stops the export when it
+passes SIZE (a shared host) and records the stage it had reached.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 STAGE = re.compile(r"^\[(\d+)/(\d+)\] ([\w-]+)")
 
 
@@ -45,7 +48,7 @@ def _tree_rss(proc) -> int:
     return total
 
 
-def measure(args: list[str], interval: float = 0.2) -> dict:
+def measure(args: list[str], interval: float = 0.2, kill_above: int | None = None, progress=None) -> dict:
     import psutil
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false")
@@ -67,7 +70,7 @@ def measure(args: list[str], interval: float = 0.2) -> dict:
                 stages.setdefault(m.group(3), {"start_s": round(time.perf_counter() - t0, 1), "peak_rss": 0})
     reader = threading.Thread(target=read_err, daemon=True)
     reader.start()
-    peak = 0
+    peak, timeline, stopped = 0, [], None
     while child.poll() is None:
         rss = _tree_rss(proc)
         try:
@@ -78,6 +81,16 @@ def measure(args: list[str], interval: float = 0.2) -> dict:
         peak = max(peak, rss)
         s = stages.setdefault(state["stage"], {"start_s": round(time.perf_counter() - t0, 1), "peak_rss": 0})
         s["peak_rss"] = max(s["peak_rss"], rss)
+        if progress and (len(timeline) == 0 or timeline[-1][2] != state["stage"] or
+                         time.perf_counter() - t0 - timeline[-1][0] >= 10):
+            timeline.append((round(time.perf_counter() - t0, 1), rss, state["stage"]))
+            progress({"stages": stages, "timeline": timeline, "peak_rss": peak, "running": True})
+        if kill_above and rss > kill_above and stopped is None:
+            # a shared host: stop the export before it takes the memory other jobs need; its stage is the finding
+            stopped = {"stage": state["stage"], "rss": rss, "at_s": round(time.perf_counter() - t0, 1)}
+            child.terminate()
+        if stopped and time.perf_counter() - t0 - stopped["at_s"] > 5:
+            child.kill()  # SIGTERM waits for the toolchain's C code to return to Python; memory does not
         time.sleep(interval)
     out = child.stdout.read()
     reader.join(timeout=5)
@@ -85,7 +98,7 @@ def measure(args: list[str], interval: float = 0.2) -> dict:
     estimate = next((ln for ln in state["lines"] if ln.startswith("estimate:")), None)
     r = {"argv": ["edgekv", "export", *args], "returncode": child.returncode, "wall_s": round(wall, 1),
          "cpu_s": round(cpu["s"], 1), "peak_rss": peak, "stages": stages, "estimate_line": estimate,
-         "timings_s": None}
+         "timings_s": None, "timeline": timeline, **({"stopped_above_kill_limit": stopped} if stopped else {})}
     if child.returncode == 0:
         try:
             m = json.loads(out)["manifest"]
@@ -103,21 +116,28 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--name", required=True)
     ap.add_argument("--out", required=True, type=Path, help="the JSON to write")
+    ap.add_argument("--kill-above", default=None,
+                    help="stop the export when its RSS passes this size (e.g. 16GB), recording the stage it was in")
     ap.add_argument("export_args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
     args = [x for x in a.export_args if x != "--"]
     if "--json" not in args:
         args.append("--json")
-    r = measure(args)
     import psutil
-    r = {"name": a.name, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-         "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "kernel": platform.release(),
-                  "mem_total": psutil.virtual_memory().total,
-                  "load_avg_at_end": [round(x, 2) for x in os.getloadavg()]}, **r}
-    tmp = a.out.with_name(f".{a.out.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(r, indent=2) + "\n")
-    tmp.replace(a.out)
-    print(json.dumps({k: r[k] for k in ("name", "returncode", "wall_s", "peak_rss")}))
+
+    from edgekv.units import parse_bytes
+    head = {"name": a.name, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "kernel": platform.release(),
+                     "mem_total": psutil.virtual_memory().total}}
+
+    def write(r):  # atomically; also while the export runs, so a run stopped from outside leaves its profile
+        tmp = a.out.with_name(f".{a.out.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps({**head, **r}, indent=2) + "\n")
+        tmp.replace(a.out)
+    r = measure(args, kill_above=parse_bytes(a.kill_above) if a.kill_above else None, progress=write)
+    head["host"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    write(r)
+    print(json.dumps({"name": a.name, **{k: r[k] for k in ("returncode", "wall_s", "peak_rss")}}))
 
 
 if __name__ == "__main__":
