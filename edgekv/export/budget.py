@@ -41,7 +41,7 @@ STATE_COPIES = 3  # the eager state, the runtime's past and present state while 
 # serialize and verify per format; the quantize and verify-quant stages on top for int8 / int4 / fp16. A busy host
 # takes longer in wall time.
 SEC_PER_GPARAM = {"onnx": 150.0, "quantize-onnx": 150.0, "pte": 1000.0, "quantize-pte": 300.0}
-SEC_BASE = 20.0  # imports, tokenizer, the verify prompt's steps
+SEC_BASE = 45.0  # imports, tokenizer, the verify prompt's steps
 
 
 def estimate(arch, strategy, max_ctx: int, formats, weights: str, chunk: int) -> dict:
