@@ -16,8 +16,8 @@ What is written:
   model class (built on the meta device, so nothing is allocated); a tied lm_head is not stored, as save_pretrained
   does. Written tensor by tensor (header first, then each tensor's bytes), so memory stays about one fp32 tensor.
 - values: normal(0, --std, default 0.02, transformers' initializer_range) for matrices and embeddings, seeded per
-  tensor from (--seed, name), so every run writes the same bytes; RMSNorm weights 1 (Gemma's 0: its norm multiplies
-  by 1 + w) and biases 0, so activations stay finite through every layer.
+  tensor from (--seed, name), so every run writes the same bytes (biases too, so that a misplaced one shows); RMSNorm
+  weights 1 (Gemma's 0: its norm multiplies by 1 + w), so activations stay finite through every layer.
 - tokenizer.json: edgekv's byte-level tokenizer (edgekv.export.tokenizer.write_byte_tokenizer: token id = UTF-8 byte
   value). Every catalog vocab is larger than 256, so ids 0-255 are bytes and the rest are never produced; the
   config's bos/eos ids are kept as published (they name ids above 255, which the byte tokenizer never emits).
@@ -79,10 +79,8 @@ def tensor_specs(config) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def random_tensor(name: str, shape: tuple[int, ...], seed: int, std: float, gemma_norm: bool):
-    """The tensor's fp32 values: normal(0, std) seeded by (seed, name); norms 1 (Gemma: 0), biases 0."""
+    """The tensor's fp32 values: normal(0, std) seeded by (seed, name), biases included; norms 1 (Gemma: 0)."""
     import torch
-    if name.endswith(".bias"):
-        return torch.zeros(shape)
     if len(shape) == 1 and "norm" in name:
         return torch.zeros(shape) if gemma_norm else torch.ones(shape)
     g = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)

@@ -37,9 +37,34 @@ def _make(tmp_path, name, **over):
     return mrm.make(str(entry), tmp_path / name, echo=lambda s: None)
 
 
+# catalog-like configs of the other GGUF architectures the script writes: Qwen2 (q/k/v biases, tied head, fp16) and
+# Gemma 3 (norms stored as 1 + w, qk-norm, sliding layers; head_dim 256 as the 1B's, the query scale that a GGUF does
+# not carry and both llama.cpp and transformers' GGUF reader take as 1/sqrt(256))
+QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu", "hidden_size": H, "intermediate_size": FF,
+         "max_position_embeddings": 4096, "model_type": "qwen2", "num_attention_heads": HEADS, "num_hidden_layers": L,
+         "num_key_value_heads": KV, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": True,
+         "torch_dtype": "float16", "vocab_size": V, "bos_token_id": 1, "eos_token_id": 2}
+GEMMA3 = {"architectures": ["Gemma3ForCausalLM"], "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+          "hidden_size": H, "intermediate_size": FF, "max_position_embeddings": 4096, "model_type": "gemma3_text",
+          "num_attention_heads": 2, "num_hidden_layers": 6, "num_key_value_heads": 1, "query_pre_attn_scalar": 256,
+          "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000, "rope_theta": 1000000, "sliding_window": 8,
+          "sliding_window_pattern": 6, "torch_dtype": "bfloat16", "vocab_size": V, "bos_token_id": 2,
+          "eos_token_id": [1, 106], "pad_token_id": 0}
+
+
 @pytest.fixture(scope="module")
 def untied(tmp_path_factory):
     return _make(tmp_path_factory.mktemp("rand"), "tiny-llama")
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma3"])
+def made(request, tmp_path_factory, untied):
+    if request.param == "llama":
+        return untied
+    entry = tmp_path_factory.mktemp("rand") / f"tiny-{request.param}.json"
+    entry.write_text(json.dumps({"name": f"tiny-{request.param}",
+                                 "config": {"qwen2": QWEN2, "gemma3": GEMMA3}[request.param]}))
+    return mrm.make(str(entry), entry.parent / request.param, echo=lambda s: None)
 
 
 def test_folder_loads_in_transformers_at_the_hand_counted_shapes(untied):
@@ -66,13 +91,13 @@ def test_tied_head_is_stored_once(tmp_path):
     assert sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(made["folder"]).parameters()) == PARAMS_TIED
 
 
-def test_gguf_is_the_same_model_for_transformers_and_for_the_plan(untied):
-    """transformers' GGUF reader (its own name map and q/k un-permutation) gives the folder's logits, to f16 rounding;
-    `edgekv plan` reads the folder and the GGUF to the same weight bytes at fp16."""
+def test_gguf_is_the_same_model_for_transformers_and_for_the_plan(made):
+    """transformers' GGUF reader (its own name map, q/k un-permutation and Gemma norm offset) gives the folder's
+    logits, to f16 rounding; `edgekv plan` reads the folder and the GGUF to the same weight and state bytes at fp16."""
     from pathlib import Path
 
     from transformers import AutoModelForCausalLM
-    folder, gguf_file = untied["folder"], Path(untied["gguf"])
+    folder, gguf_file = made["folder"], Path(made["gguf"])
     a = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     b = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file.name, dtype=torch.float32)
     ids = (torch.arange(24)[None] * 37) % V
@@ -100,3 +125,16 @@ def test_llama3_rope_scaling_is_written_as_llama_cpp_rope_freqs(tmp_path):
     _, _, factors, types = load_gguf(made["gguf"])
     assert factors is not None and types == ["F16", "F32"]
     assert torch.allclose(torch.tensor(factors), base / scaled, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["llama-3.2-1b", "llama-3.2-3b", "qwen2.5-1.5b", "gemma-3-1b", "lfm2-350m",
+                                  "smollm2-135m"])
+def test_catalog_shapes_give_the_published_parameter_count(name):
+    """The tensors the script writes for a catalog model (transformers' class on the meta device, a tied head once)
+    add up to the parameter count the model's publisher gives (the catalog's params.published, precision exact)."""
+    import math
+
+    entry = mrm.read_entry(name)
+    assert entry["params"]["precision"] == "exact"
+    specs = mrm.tensor_specs(mrm.hf_config(entry))
+    assert sum(math.prod(shape) for _, shape in specs) == entry["params"]["published"]
