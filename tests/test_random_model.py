@@ -125,6 +125,9 @@ def test_llama3_rope_scaling_is_written_as_llama_cpp_rope_freqs(tmp_path):
     _, _, factors, types = load_gguf(made["gguf"])
     assert factors is not None and types == ["F16", "F32"]
     assert torch.allclose(torch.tensor(factors), base / scaled, rtol=1e-4)
+    # the table is not a parameter: the plan reads the GGUF to the folder's hand-counted parameters
+    from edgekv.arch import load_arch
+    assert load_arch(made["gguf"]).n_params == load_arch(made["folder"]).n_params == PARAMS_TIED + V * H
 
 
 @pytest.mark.parametrize("name", ["llama-3.2-1b", "llama-3.2-3b", "qwen2.5-1.5b", "gemma-3-1b", "lfm2-350m",
