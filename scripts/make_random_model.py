@@ -209,9 +209,14 @@ def write_gguf(path: Path, folder: Path, config, specs) -> None:
     symbol = {b: chr(b) for b in printable} | {b: chr(256 + n) for n, b in enumerate(rest)}
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
-    w.add_token_list([symbol[b] for b in range(256)] + [f"<unused_{i}>" for i in range(256, vocab)])
+    # llama.cpp's BPE vocabulary needs a merges key with one merge at least, and transformers' converter a merge whose
+    # parts and result are tokens: two fillers and their concatenation, which no text reaches (bytes never become a
+    # filler), so the GGUF's tokenizer encodes text as the folder's byte-level tokenizer.json does
+    fillers = [f"<unused_{i}>" for i in range(256, vocab)]
+    fillers[-1] = fillers[0] + fillers[1]
+    w.add_token_list([symbol[b] for b in range(256)] + fillers)
     w.add_token_types([gguf.TokenType.NORMAL] * 256 + [gguf.TokenType.UNUSED] * (vocab - 256))
-    w.add_token_merges(["Ġ Ġ"])  # llama.cpp's BPE vocab needs the key; one merge whose result is never reached
+    w.add_token_merges([f"{fillers[0]} {fillers[1]}"])
     for key, add in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id)):
         v = cfg.get(key)
         v = v[0] if isinstance(v, list) else v

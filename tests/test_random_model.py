@@ -141,3 +141,17 @@ def test_catalog_shapes_give_the_published_parameter_count(name):
     assert entry["params"]["precision"] == "exact"
     specs = mrm.tensor_specs(mrm.hf_config(entry))
     assert sum(math.prod(shape) for _, shape in specs) == entry["params"]["published"]
+
+
+def test_gguf_vocabulary_encodes_text_as_the_folder_tokenizer(untied, tmp_path):
+    """The GGUF's byte vocabulary, through transformers' GGUF tokenizer converter (what `edgekv export` of a GGUF
+    uses), encodes text to the same ids as the folder's byte-level tokenizer.json: its UTF-8 bytes."""
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    from edgekv.export.tokenizer import write_tokenizer
+    write_tokenizer(Path(untied["gguf"]), tmp_path)
+    text = "Hello  wörld, 123\n\n\ttabs  €"
+    ids = Tokenizer.from_file(str(tmp_path / "tokenizer.json")).encode(text).ids
+    assert ids == Tokenizer.from_file(untied["folder"] + "/tokenizer.json").encode(text).ids == list(text.encode())
