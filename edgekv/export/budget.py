@@ -116,9 +116,9 @@ def _cgroup_headroom() -> int | None:
         return None
 
 
-def check(arch, strategy, max_ctx, formats, weights, chunk, max_memory=None, echo=print) -> dict:
-    """Refuse with one line when the memory available is below the estimated peak; else print the estimate (one
-    line) and return it."""
+def check(arch, strategy, max_ctx, formats, weights, chunk, max_memory=None) -> dict:
+    """Refuse with one line when the memory available is below the estimated peak; else return the estimate, its
+    one-line summary under "line" (printed by the caller where its output starts)."""
     e = estimate(arch, strategy, max_ctx, formats, weights, chunk)
     limit, source = available(max_memory)
     p = e["params"]
@@ -129,12 +129,12 @@ def check(arch, strategy, max_ctx, formats, weights, chunk, max_memory=None, ech
                           f"{fmt_mem(limit)} is available ({source}): free memory, export a smaller --max-ctx or "
                           f"one --format at a time, or state the memory to plan for with --max-memory / {ENV}")
     mins = max(1, round(e["seconds"] / 60))
-    echo(f"estimate: peak memory about {fmt_mem(e['peak_bytes'])} ({what}), about {mins} min of CPU time (one "
-         "x86-64 core; longer on a busy host)" + (f"; {fmt_mem(limit)} available ({source})" if limit else ""))
-    return {**e, "available": limit, "available_source": source}
+    line = (f"estimate: peak memory about {fmt_mem(e['peak_bytes'])} ({what}), about {mins} min of CPU time (one "
+            "x86-64 core; longer on a busy host)" + (f"; {fmt_mem(limit)} available ({source})" if limit else ""))
+    return {**e, "available": limit, "available_source": source, "line": line}
 
 
-def check_export(opts, strategy, echo=print) -> dict:
+def check_export(opts, strategy) -> dict:
     """check() for an `edgekv export`'s options: the model's Arch from its config.json or GGUF header (no weights)."""
     from ..arch import read_config_json, read_gguf
     from ..models.weights import resolve_model
@@ -142,4 +142,4 @@ def check_export(opts, strategy, echo=print) -> dict:
     src = resolve_model(opts.model)
     arch = read_gguf(src) if src.suffix.lower() == ".gguf" else read_config_json(src)
     return check(arch, strategy, opts.max_ctx, opts.formats, opts.weights, max(1, min(opts.prefill_chunk, opts.max_ctx)),
-                 opts.max_memory, echo)
+                 opts.max_memory)
