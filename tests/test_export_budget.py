@@ -60,3 +60,11 @@ def test_estimate_counts_the_fp32_weights_and_the_state_by_hand():
     assert e["peak_bytes"] > 4 * params * 2 + STATE_COPIES * state  # at least the module and its loaded copy
     more = estimate(read_config_json(TINY), parse_strategy("kv"), 4 * ctx, ("onnx",), "fp32", 32)
     assert more["peak_bytes"] - e["peak_bytes"] == STATE_COPIES * 3 * state
+
+
+def test_a_malformed_environment_limit_is_one_line_naming_it(tmp_path):
+    out = tmp_path / "exp"
+    p = run_cli("export", "-m", _garbage_weights(tmp_path), "-o", out, env={"EDGEKV_MAX_MEMORY": "lots"})
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "edgekv: error: EDGEKV_MAX_MEMORY: memory size 'lots' is not a size: use e.g. 3500MB or 3.5GB or 3GiB"]
+    assert not out.exists()

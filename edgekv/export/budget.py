@@ -76,7 +76,11 @@ def available(max_memory: str | None = None) -> tuple[int | None, str]:
     """(bytes the export may use, where that figure comes from); (None, ...) where nothing is known."""
     given = max_memory or os.environ.get(ENV)
     if given:  # a limit the user states replaces what the machine reports (swap, a share of a shared host)
-        return parse_bytes(given), "--max-memory" if max_memory else ENV
+        source = "--max-memory" if max_memory else ENV
+        try:
+            return parse_bytes(given), source
+        except EdgekvError as e:
+            raise EdgekvError(f"{source}: {e}") from None
     found = []
     mem = _meminfo_available()
     if mem is not None:
