@@ -64,10 +64,11 @@ def estimate(arch, strategy, max_ctx: int, formats, weights: str, chunk: int) ->
 def _state_bytes(arch, strategy, max_ctx, formats, weights, chunk) -> int:
     """The plan's state bytes at max_ctx for this strategy (edgekv.export.options.planned), the largest over the
     formats; 0 where the planner has no row for it (the weights term then carries the estimate)."""
+    from ..strategies import NotApplicable
     from .options import planned
     try:
         p = planned(arch, strategy, max_ctx, formats, chunk, weights)
-    except (EdgekvError, KeyError, ValueError, TypeError):
+    except (EdgekvError, NotApplicable, KeyError, ValueError, TypeError):
         return 0
     return max(int(f["bytes"].get("state", 0)) for f in p["formats"].values())
 
