@@ -255,8 +255,12 @@ def read_gguf(path: str | Path) -> Arch:
     # stretched (rope.scaling.original_context_length), so its scaling is not passed on to trained_ctx_of
     cfg.pop("rope_scaling", None)
     base = arch_from_config(cfg, p.stem, str(p))
+    # rope_freqs.weight (Llama 3's rope scaling as per-frequency factors, convert_hf_to_gguf.py's
+    # generate_extra_tensors) is a rope table, not a parameter: an HF folder computes it at load and is planned
+    # without it, so the GGUF is too
     weights = tuple(Weight(t.name, tuple(int(d) for d in reversed(t.shape.tolist())), _gguf_class(t.name),
-                           gguf_type=t.tensor_type.name, gguf_bytes=int(t.n_bytes)) for t in reader.tensors)
+                           gguf_type=t.tensor_type.name, gguf_bytes=int(t.n_bytes)) for t in reader.tensors
+                    if t.name != "rope_freqs.weight")
     ftype = gguf_field(reader, str(p))("general.file_type", None)
     base.weights = weights
     base.gguf_path = str(p)

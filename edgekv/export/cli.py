@@ -95,12 +95,15 @@ def _need(module: str) -> None:
               "its metadata methods; kv and kv-int8/int4/int2); comma-separated (default: none)")
 @threads_option(help="compute threads for tracing and verification (torch, ONNX Runtime, XNNPACK); on a machine "
               "shared with other jobs, 1 avoids thread-barrier stalls (default: the libraries' own)")
+@click.option("--max-memory", "max_memory", default=None, metavar="SIZE",
+              help="memory the export may use, e.g. 8GB: it says its estimated peak before it starts and refuses, "
+              "one line, when that is more (default: EDGEKV_MAX_MEMORY, else what the machine has available)")
 @click.option("--json", "as_json", is_flag=True,
               help="print one JSON object, {\"out\", \"manifest\"} (the manifest as written), instead of the summary; "
               "the stage lines stay on stderr, the progress bar is off")
 @click.pass_context
 def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefill_chunk, verify_steps, force, weights,
-               from_plan, runners, threads, as_json):
+               from_plan, runners, threads, max_memory, as_json):
     """Export a model's decode step (state as explicit inputs/outputs) to ONNX and/or ExecuTorch, verify it
     against eager PyTorch, and write manifest.json + tokenizer.json beside it."""
     from pathlib import Path
@@ -120,7 +123,7 @@ def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefi
     opts = ExportOptions(model=model, strategy=strategy_spec(strategy, rank, window), formats=fmts,
                          max_ctx=parse_ctx(max_ctx),
                          out=Path(out), prefill_chunk=prefill_chunk, verify_steps=verify_steps, force=force,
-                         threads=threads, weights=weights, runners=parse_runners(runners, fmts))
+                         threads=threads, weights=weights, runners=parse_runners(runners, fmts), max_memory=max_memory)
     if "genai" in opts.runners:
         _need("onnxruntime_genai")
     from ..progress import stage_status

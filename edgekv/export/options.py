@@ -35,6 +35,7 @@ class ExportOptions:
     threads: int | None = None  # torch / ONNX Runtime / XNNPACK threads while exporting and verifying
     weights: str = "fp32"  # fp32 | fp16 | int8 | int4 (edgekv.export.wquant)
     runners: tuple[str, ...] = ()  # --runner: genai (the ONNX graph GenAI loads), executorch (the runner .pte)
+    max_memory: str | None = None  # --max-memory: the memory to plan for (edgekv.export.budget), e.g. "8GB"
 
 
 def _wrapped_exit(e: BaseException) -> SystemExit | None:

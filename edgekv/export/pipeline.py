@@ -63,6 +63,9 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
     if quantized and opts.max_ctx < QUALITY_TOKENS:
         raise EdgekvError(f"--weights {opts.weights} is checked against fp32 over {QUALITY_TOKENS} tokens of real "
                           f"text: use --max-ctx {QUALITY_TOKENS} or more")
+    from .budget import check_export
+    # the memory and time it will need: refused here, before anything is written or read; said where the output starts
+    budget = check_export(opts, strategy)
     names = ["load", "tokenizer"] + (["calibrate"] if strategy.static_scales else []) \
         + (["quantize"] if quantized and "pte" in opts.formats else []) + ["trace"]
     for f in opts.formats:
@@ -84,6 +87,7 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
         raise EdgekvError(f"cannot write beside {out}: {e.strerror or e}") from None
     published = False
     try:
+        echo(budget["line"])
         manifest = _run(opts, strategy, st, tmp, mf, __version__)
         with st.stage("publish", str(out)):
             publish(tmp, out, opts.model, opts.force, echo)

@@ -1,0 +1,150 @@
+"""What an `edgekv export` will need, said before it starts: peak resident memory and CPU time from the model's
+shapes (the Arch read from config.json or the GGUF header, no weights loaded), the formats and the weight recipe;
+and a refusal, one line, when the machine does not have that memory (instead of an OOM kill an hour in).
+
+The peak is modelled as
+
+    peak = BASE + k(format, recipe) x 4 x params + STATE_COPIES x state bytes at max_ctx
+
+4 x params is the fp32 eager module every export builds (edgekv.models loads every weight as fp32); k counts the
+copies of it alive at the worst stage: the module itself, the state dict it was loaded from, the traced program's
+constants, the ONNX proto (and ONNX Runtime's quantizer's copy for int8 / int4), the .pte path's quantized deep copy
+and XNNPACK's packed weights. The state term is the eager cache plus the runtime's inputs and outputs while verifying.
+The constants are fitted to measured exports (benchmarks/export_cost.py; the figures are in
+benchmarks/results/export_cost_*.json and benchmarks/README.md, "What an export costs"), rounded up: an estimate on
+the high side of what was measured.
+
+The memory available is --max-memory / EDGEKV_MAX_MEMORY where given (a limit the user states, e.g. a share of a
+shared host: it replaces what the machine reports), else the smaller of the kernel's MemAvailable (/proc/meminfo) and
+a cgroup v2 limit's headroom (memory.max - memory.current); where none is known, nothing is refused.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import EdgekvError
+from ..units import fmt_mem, parse_bytes
+
+ENV = "EDGEKV_MAX_MEMORY"
+BASE = 0.5e9  # the process with torch, ONNX Runtime and the exporters imported, before any weight
+# copies of the fp32 weights alive at the worst stage, per format and weight recipe, rounded up from the exports
+# measured by benchmarks/export_cost.py (benchmarks/results/export_cost_*.json; which stage holds what: benchmarks/
+# README.md, "What an export costs"): for ONNX the worst stage is quantize-onnx (onnx.load of the whole fp32 graph and
+# ONNX Runtime's quantizer's arrays beside the eager module, which verify-quant still needs), else lower/serialize-onnx.
+# The .pte fp32 figure is Gemma-3-270M's at 32k; the quantized .pte recipes (a quantized deep copy of the module
+# besides) are not measured: one copy more is assumed.
+K_ONNX = {"fp32": 3.75, "fp16": 4.75, "int8": 4.75, "int4": 4.75}
+K_PTE = {"fp32": 5.0, "int8": 6.0, "int4": 6.0}
+STATE_COPIES = 3  # the eager state, the runtime's past and present state while verifying
+# CPU seconds per billion parameters (one core of the 2-core reference VM, x86-64 AMD EPYC): load, trace, lower,
+# serialize and verify per format; the quantize and verify-quant stages on top for int8 / int4 / fp16. A busy host
+# takes longer in wall time.
+SEC_PER_GPARAM = {"onnx": 150.0, "quantize-onnx": 150.0, "pte": 1000.0, "quantize-pte": 300.0}
+SEC_BASE = 45.0  # imports, tokenizer, the verify prompt's steps
+
+
+def estimate(arch, strategy, max_ctx: int, formats, weights: str, chunk: int) -> dict:
+    """{"peak_bytes", "seconds", "params", "weights_fp32", "state_bytes"}: what the export is expected to need."""
+    params = arch.n_params
+    w32 = 4 * params
+    state = _state_bytes(arch, strategy, max_ctx, formats, weights, chunk)
+    k = max(K_ONNX.get(weights, 4.75) if f == "onnx" else K_PTE.get(weights, 6.0) for f in formats)
+    peak = BASE + k * w32 + STATE_COPIES * state
+    g = params / 1e9
+    secs = SEC_BASE
+    for f in formats:
+        secs += SEC_PER_GPARAM[f] * g
+        if weights != "fp32":
+            secs += SEC_PER_GPARAM[f"quantize-{f}"] * g
+    return {"peak_bytes": int(peak), "seconds": round(secs), "params": params, "weights_fp32": w32,
+            "state_bytes": state, "copies": k}
+
+
+def _state_bytes(arch, strategy, max_ctx, formats, weights, chunk) -> int:
+    """The plan's state bytes at max_ctx for this strategy (edgekv.export.options.planned), the largest over the
+    formats; 0 where the planner has no row for it (the weights term then carries the estimate)."""
+    from ..strategies import NotApplicable
+    from .options import planned
+    try:
+        p = planned(arch, strategy, max_ctx, formats, chunk, weights)
+    except (EdgekvError, NotApplicable, KeyError, ValueError, TypeError):
+        return 0
+    return max(int(f["bytes"].get("state", 0)) for f in p["formats"].values())
+
+
+def available(max_memory: str | None = None) -> tuple[int | None, str]:
+    """(bytes the export may use, where that figure comes from); (None, ...) where nothing is known."""
+    given = max_memory or os.environ.get(ENV)
+    if given:  # a limit the user states replaces what the machine reports (swap, a share of a shared host)
+        source = "--max-memory" if max_memory else ENV
+        try:
+            return parse_bytes(given), source
+        except EdgekvError as e:
+            raise EdgekvError(f"{source}: {e}") from None
+    found = []
+    mem = _meminfo_available()
+    if mem is not None:
+        found.append((mem, "MemAvailable"))
+    cg = _cgroup_headroom()
+    if cg is not None:
+        found.append((cg, "the cgroup's memory.max"))
+    if not found:
+        return None, "unknown"
+    return min(found)
+
+
+def _meminfo_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+        return int(psutil.virtual_memory().available)
+    except Exception:  # no psutil, or a platform it does not read
+        return None
+
+
+def _cgroup_headroom() -> int | None:
+    try:
+        cg = Path("/proc/self/cgroup").read_text().strip().splitlines()
+        rel = next(ln.split("::", 1)[1] for ln in cg if ln.startswith("0::"))
+        d = Path("/sys/fs/cgroup") / rel.lstrip("/")
+        limit = (d / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return int(limit) - int((d / "memory.current").read_text().strip())
+    except (OSError, ValueError, StopIteration, IndexError):
+        return None
+
+
+def check(arch, strategy, max_ctx, formats, weights, chunk, max_memory=None) -> dict:
+    """Refuse with one line when the memory available is below the estimated peak; else return the estimate, its
+    one-line summary under "line" (printed by the caller where its output starts)."""
+    e = estimate(arch, strategy, max_ctx, formats, weights, chunk)
+    limit, source = available(max_memory)
+    p = e["params"]
+    what = (f"{p / 1e9:.2f}B" if p >= 1e9 else f"{p / 1e6:.3g}M") + f" parameters: fp32 weights " \
+        f"{fmt_mem(e['weights_fp32'])} x {e['copies']:g}, state {fmt_mem(e['state_bytes'])} x {STATE_COPIES}"
+    if limit is not None and e["peak_bytes"] > limit:
+        raise EdgekvError(f"this export needs about {fmt_mem(e['peak_bytes'])} of memory at its peak ({what}) and "
+                          f"{fmt_mem(limit)} is available ({source}): free memory, export a smaller --max-ctx or "
+                          f"one --format at a time, or state the memory to plan for with --max-memory / {ENV}")
+    mins = max(1, round(e["seconds"] / 60))
+    line = (f"estimate: peak memory about {fmt_mem(e['peak_bytes'])} ({what}), about {mins} min of CPU time (one "
+            "x86-64 core; longer on a busy host)" + (f"; {fmt_mem(limit)} available ({source})" if limit else ""))
+    return {**e, "available": limit, "available_source": source, "line": line}
+
+
+def check_export(opts, strategy) -> dict:
+    """check() for an `edgekv export`'s options: the model's Arch from its config.json or GGUF header (no weights)."""
+    from ..arch import read_config_json, read_gguf
+    from ..models.weights import resolve_model
+
+    src = resolve_model(opts.model)
+    arch = read_gguf(src) if src.suffix.lower() == ".gguf" else read_config_json(src)
+    return check(arch, strategy, opts.max_ctx, opts.formats, opts.weights, max(1, min(opts.prefill_chunk, opts.max_ctx)),
+                 opts.max_memory)

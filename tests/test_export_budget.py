@@ -1,0 +1,70 @@
+"""`edgekv export` says what it will need before it starts and refuses, one line, exit 2, when the memory it may use
+(--max-memory / EDGEKV_MAX_MEMORY, a made-up small limit here) is below its estimated peak: before any weight is
+read (a folder whose weights file is garbage is refused for memory, not at the load stage).
+
+References: hand arithmetic from the fixture's config (its KV state at max_ctx) and the safetensors header's shapes
+(its parameters, independent of edgekv's Arch)."""
+import json
+import math
+import shutil
+import struct
+
+from conftest import ROOT, run_cli
+
+TINY = ROOT / "fixtures" / "tiny" / "llama"
+
+
+def _garbage_weights(tmp_path):
+    d = tmp_path / "model"
+    d.mkdir()
+    shutil.copy(TINY / "config.json", d / "config.json")
+    (d / "model.safetensors").write_bytes(b"\x00" * 64)  # not a safetensors file: loading it would fail
+    return d
+
+
+def _refused(p, out):
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2, p.stderr
+    assert len(lines) == 1 and lines[0].startswith("edgekv: error: this export needs about "), p.stderr
+    assert "of memory at its peak" in lines[0] and "is available" in lines[0]
+    assert not out.exists() and not any(out.parent.glob(f".{out.name}.tmp-*"))
+
+
+def test_small_max_memory_is_refused_before_weights_are_read(tmp_path):
+    out = tmp_path / "exp"
+    _refused(run_cli("export", "-m", _garbage_weights(tmp_path), "-o", out, "--max-memory", "100MB"), out)
+
+
+def test_small_environment_limit_is_refused(tmp_path):
+    out = tmp_path / "exp"
+    p = run_cli("export", "-m", _garbage_weights(tmp_path), "-o", out, env={"EDGEKV_MAX_MEMORY": "0.1GB"})
+    _refused(p, out)
+    assert "(EDGEKV_MAX_MEMORY)" in p.stderr
+
+
+def test_estimate_counts_the_fp32_weights_and_the_state_by_hand():
+    from edgekv.arch import read_config_json
+    from edgekv.export.budget import STATE_COPIES, estimate
+    from edgekv.strategies import parse_strategy
+
+    raw = (TINY / "model.safetensors").read_bytes()
+    header = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+    params = sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+    cfg = json.loads((TINY / "config.json").read_text())
+    ctx = 1024
+    # K and V, fp16 (the default kv strategy's cache), every layer, every KV head, head_dim each, at max_ctx
+    state = 2 * 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * ctx
+    e = estimate(read_config_json(TINY), parse_strategy("kv"), ctx, ("onnx",), "fp32", 32)
+    assert e["weights_fp32"] == 4 * params
+    assert e["state_bytes"] == state
+    assert e["peak_bytes"] > 4 * params * 2 + STATE_COPIES * state  # at least the module and its loaded copy
+    more = estimate(read_config_json(TINY), parse_strategy("kv"), 4 * ctx, ("onnx",), "fp32", 32)
+    assert more["peak_bytes"] - e["peak_bytes"] == STATE_COPIES * 3 * state
+
+
+def test_a_malformed_environment_limit_is_one_line_naming_it(tmp_path):
+    out = tmp_path / "exp"
+    p = run_cli("export", "-m", _garbage_weights(tmp_path), "-o", out, env={"EDGEKV_MAX_MEMORY": "lots"})
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "edgekv: error: EDGEKV_MAX_MEMORY: memory size 'lots' is not a size: use e.g. 3500MB or 3.5GB or 3GiB"]
+    assert not out.exists()
