@@ -433,7 +433,7 @@ def clean_stale_temps(path: str | Path) -> list[Path]:
 
 
 def write_atomic(path: str | Path, data: str | bytes = b"", writer=None, option: str | None = None,
-                 force: bool = False) -> Path:
+                 force: bool = False, package_file: bool = False) -> Path:
     """Write data (or call writer(tmp_path)) to a hidden file of a fresh name beside path, synced, then rename it
     into place: readers see the old file or the whole new one, never a part. Right before the rename an existing
     path is checked again as check_writable checks it (option names it in errors; force: the --force given), so a
@@ -457,7 +457,8 @@ def write_atomic(path: str | Path, data: str | bytes = b"", writer=None, option:
         if writer is not None:
             writer(tmp)
         os.chmod(tmp, file_mode())
-        _may_write(p, option or "--out", force)
+        if not package_file:  # package_file: a data file of edgekv's own source tree that a dev tool regenerates
+            _may_write(p, option or "--out", force)
         os.replace(tmp, p)
     except OSError as e:
         raise EdgekvError(f"{what}: {e.strerror or e}") from None
