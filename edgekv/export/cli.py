@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from ..clibase import Group, argv_text
+from ..clibase import Group, argv_text, artifact_runtime, artifact_runtime_choice
 from ..errors import EdgekvError
 
 
@@ -197,7 +197,7 @@ def _from_plan(cctx, device_name, model, strategy, formats, weights, prefill_chu
 @click.option("-p", "--prompt", required=True, help="text to continue (tokenized with the export's tokenizer.json)")
 @click.option("-n", "--max-new-tokens", default=32, show_default=True, type=click.IntRange(0),
               help="tokens to generate at most (greedy; stops early at the end-of-text token; 0: prefill only)")
-@click.option("--runtime", type=click.Choice(["ort", "executorch", "genai", "executorch-runner"]), default=None,
+@click.option("--runtime", type=artifact_runtime_choice(), default=None, callback=artifact_runtime,
               help="runtime to run in (default: ort when the export has an ONNX model, else executorch). ort / "
               "executorch: edgekv's own loop over the explicit-state artifact; genai: ONNX Runtime GenAI's own loop "
               "and tokenizer (an export made with --runner genai); executorch-runner: ExecuTorch's LLM runner, "

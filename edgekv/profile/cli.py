@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from ..clibase import artifact_runtime, artifact_runtime_choice
 from ..errors import EdgekvError
 
 APP = "org.edgekv.demo"
@@ -23,7 +24,7 @@ REMOTE_REPORT = f"/sdcard/Android/data/{APP}/files/report.json"
 @click.option("-c", "--ctx", "ctx_text", default="256,1k", show_default=True,
               help="contexts, comma-separated: each run is ctx - steps prompt tokens, then steps decoded")
 @click.option("-n", "--steps", default=32, show_default=True, type=click.IntRange(1, 100000), help="decode steps per run")
-@click.option("--runtime", type=click.Choice(["ort", "executorch", "genai", "executorch-runner"]), default=None,
+@click.option("--runtime", type=artifact_runtime_choice(), default=None, callback=artifact_runtime,
               help="runtime to run in (default: ort when the export has model.onnx, else executorch); genai / "
               "executorch-runner: through ONNX Runtime GenAI's Generator / the ExecuTorch runner .pte's "
               "forward(tokens, input_pos), as those APIs run it (an export made with --runner)")
