@@ -6,7 +6,6 @@ import os
 import pty
 import re
 import select
-import subprocess
 import sys
 from pathlib import Path
 
