@@ -127,7 +127,7 @@ def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefi
     _stop_on_sigterm()
     bar, status = stage_status("export", enabled=not as_json)
     with bar:
-        m = export_model(opts, echo=lambda s: click.echo(s, err=True), status=status if bar.on else None)
+        m = export_model(opts, echo=bar.message, status=status if bar.on else None)
     if as_json:
         from ..render import print_json
         print_json({"out": str(opts.out), "manifest": m})
