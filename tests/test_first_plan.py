@@ -142,3 +142,27 @@ def test_the_demo_shows_its_table_and_footer_on_an_80x40_screen():
     assert sum(ln.startswith(("qwen", "gemma", "llama", "mamba", "rwkv", "granite")) for ln in last) >= 5
     assert "--from-plan pixel8 -c 32k" in " ".join(" ".join(last).split())
     assert all(len(ln) <= 80 for ln in out)
+
+
+def test_the_readme_lists_every_device_profile():
+    text = (ROOT / "README.md").read_text()
+    line = text[text.index("`device_profiles/*.toml`: "):].split(". Each fact")[0]
+    listed = {w.strip(" ,\n") for w in re.sub(r"\([^)]*\)", "", line.split(": ", 1)[1]).split(",")}
+    assert listed == {p.stem for p in (ROOT / "device_profiles").glob("*.toml")}
+
+
+def test_a_gguf_named_for_its_quantization_plans_and_cites_as_its_catalog_model(tmp_path, gguf_path):
+    """SmolLM2's GGUF under the name llama.cpp's converters give (smollm2-135m-instruct-q4_k_m.gguf): the plan row
+    is smollm2-135m with the catalog model's stored analyzer measurement in its evidence; a GGUF whose name is a
+    catalog model of another shape keeps its file name."""
+    renamed = tmp_path / "SmolLM2-135M-Instruct-Q4_K_M.gguf"
+    renamed.symlink_to(gguf_path)
+    args = ("-d", "pixel8", "-c", "4k", "--strategy", "kv")
+    row = plan_json(*args, "-m", renamed)["options"][0]
+    cat = plan_json(*args, "-m", "smollm2-135m")["options"][0]
+    assert row["model"] == "smollm2-135m"
+    assert "exact recall 0.75" in cat["quality"]["evidence"]  # the stored analyzer measurement
+    assert "exact recall 0.75" in row["quality"]["evidence"]
+    other = tmp_path / "qwen2.5-0.5b-q4_0.gguf"
+    other.symlink_to(gguf_path)
+    assert plan_json(*args, "-m", other)["options"][0]["model"] == "qwen2.5-0.5b-q4_0"
