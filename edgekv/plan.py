@@ -301,7 +301,8 @@ class Plan:
     def to_json(self, explain: bool = False) -> dict:
         d = {"device": self.device.to_json(), "ctx": self.ctx, "budget_bytes": self.budget,
              "budget_uncertainty_bytes": self.device.budget_uncertainty_bytes,
-             "runtime": {"name": self.runtime, "label": M.PLAN_RUNTIMES[self.runtime]["label"]},
+             "runtime": {"name": self.runtime, "flag": plan_flag(self.runtime),
+                         "label": M.PLAN_RUNTIMES[self.runtime]["label"]},
              "options": [r.to_json(explain) for r in self.ranked()], "not_applicable": self.not_applicable}
         if self.suggestions is not None:
             d["what_would_fit"] = self.suggestions
@@ -542,7 +543,8 @@ class MaxPlan:
     def to_json(self, explain: bool = False) -> dict:
         return {"device": self.device.to_json(), "ctx": "max", "budget_bytes": self.budget,
                 "budget_uncertainty_bytes": self.device.budget_uncertainty_bytes,
-                "runtime": {"name": self.runtime, "label": M.PLAN_RUNTIMES[self.runtime]["label"]},
+                "runtime": {"name": self.runtime, "flag": plan_flag(self.runtime),
+                         "label": M.PLAN_RUNTIMES[self.runtime]["label"]},
                 "options": [o.to_json(explain) for o in self.ranked()], "not_applicable": self.not_applicable}
 
 
