@@ -140,7 +140,7 @@ ARTIFACT_SPELLINGS = {"onnxruntime": "ort", "edgekv-pte": "executorch"}
 # plan's --runtime -> the planner's key in edgekv/costs/runtimes.json (its "executorch" is ExecuTorch's Llama export)
 PLAN_SPELLINGS = {"ort": "onnxruntime", "onnxruntime": "onnxruntime", "executorch": "edgekv-pte",
                   "edgekv-pte": "edgekv-pte", "executorch-llama": "executorch"}
-PLAN_FLAG = {"executorch": "executorch-llama"}  # the planner's key -> the --runtime value that names it
+PLAN_FLAG = {"executorch": "executorch-llama", "edgekv-pte": "executorch", "onnxruntime": "ort"}  # planner key -> --runtime
 
 
 def artifact_runtime(ctx, param, value):

@@ -129,8 +129,10 @@ class PlanRow:
 # the table shows. ExecuTorch's own Llama export (the planner's "executorch") is smaller, but edgekv does not build it:
 # a plan for it is asked for by name (--runtime executorch-llama).
 BUILT_ON = {"executorch": "edgekv-pte"}
-# the plan runtimes whose artifact `edgekv export` builds (its .pte, its ONNX)
+# the plan runtimes whose artifact `edgekv export` builds (its .pte, its ONNX); ExecuTorch's own Llama export is an
+# artifact another tool builds (its examples/models/llama); llama.cpp and vLLM run the model's own GGUF / HF weights
 EDGEKV_BUILDS = ("edgekv-pte", "onnxruntime")
+OTHERS_BUILD = ("executorch",)
 
 
 def default_runtime(device: DeviceProfile) -> str:
@@ -222,7 +224,7 @@ def export_support(arch: Arch, strategy: Strategy, ctx: int, runtime: str = "edg
     today, why not)."""
     from .export.options import EXPORTABLE  # torch-free and numpy-free at import
 
-    if runtime not in EDGEKV_BUILDS:
+    if runtime in OTHERS_BUILD:
         return False, (f"edgekv export does not build {M.PLAN_RUNTIMES[runtime]['label']}; it builds "
                        + " and ".join(M.PLAN_RUNTIMES[k]["label"] for k in EDGEKV_BUILDS))
     if not strategy.exportable:

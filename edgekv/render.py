@@ -379,14 +379,20 @@ def export_sentence(plan) -> str:
     """The footer's way from a row to an artifact: `export --from-plan` where edgekv builds this runtime's artifact
     (it builds the .pte and ONNX the default runtime plans), else which --runtime plans what it builds."""
     from .clibase import plan_flag
-    from .plan import EDGEKV_BUILDS, default_runtime
+    from .plan import EDGEKV_BUILDS, OTHERS_BUILD, default_runtime
     d, ctx = plan.device, fmt_ctx(plan.ctx)
     if plan.runtime in EDGEKV_BUILDS:
         fmt = " --format onnx" if plan.runtime == "onnxruntime" and default_runtime(d) != "onnxruntime" else ""
         return (f"`edgekv export -m ./hf-folder-or.gguf --strategy S --from-plan {escape(d.id)} -c {ctx}{fmt} -o OUT` "
                 "builds a row as planned.")
-    return (f"edgekv export does not build --runtime {plan_flag(plan.runtime)}'s format ('†' on every row); "
-            f"`edgekv plan -d {escape(d.id)} -c {ctx} --runtime executorch` (or ort) plans the .pte (ONNX) it builds.")
+    from .memory import PLAN_RUNTIMES
+    ours = [k for k in EDGEKV_BUILDS if PLAN_RUNTIMES[k]["overhead"] in d.runtime_overhead]
+    other = (f" `edgekv plan -d {escape(d.id)} -c {ctx} --runtime {plan_flag(ours[0])}` plans the "
+             f"{'.pte' if ours[0] == 'edgekv-pte' else 'ONNX'} edgekv export builds." if ours else "")
+    if plan.runtime in OTHERS_BUILD:
+        return (f"edgekv export does not build --runtime {plan_flag(plan.runtime)}'s artifact ('†' on every row; "
+                "ExecuTorch's examples/models/llama does)." + other)
+    return f"{PLAN_RUNTIMES[plan.runtime]['label']} runs the model's own weights: nothing to export." + other
 
 
 def screen_lines() -> int | None:
