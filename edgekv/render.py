@@ -419,7 +419,7 @@ def plan_screen(plan, limit: int | None = 30, explain: bool = False) -> None:
     from contextlib import redirect_stdout
     while True:
         buf = io.StringIO()
-        buf.isatty = sys.stdout.isatty  # the same colours as printed directly
+        buf.isatty, buf.fileno = sys.stdout.isatty, sys.stdout.fileno  # the same width and colours as printed
         with redirect_stdout(buf):
             plan_table(plan, limit, explain)
         text = buf.getvalue()

@@ -113,6 +113,7 @@ def _screen(argv, cols=80, lines=40, timeout=120):
         os.environ.pop("LINES", None)
         os.environ["PYTHONPATH"] = str(ROOT)
         os.chdir(ROOT)
+        fcntl.ioctl(1, termios.TIOCSWINSZ, struct.pack("HHHH", lines, cols, 0, 0))  # before the command starts
         os.execv(sys.executable, [sys.executable, "-m", "edgekv.cli", *argv])
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", lines, cols, 0, 0))
     buf = b""

@@ -67,6 +67,7 @@ def test_on_an_80_column_terminal_the_status_line_leaves_nothing_behind():
     if pid == 0:
         os.environ["PYTHONPATH"] = str(ROOT)
         os.environ.pop("EDGEKV_PROGRESS", None)
+        fcntl.ioctl(2, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # before the script starts
         os.execv(sys.executable, [sys.executable, "-c", SCRIPT])
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     buf = b""
