@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from . import __version__
-from .clibase import Group
+from .clibase import PLAN_SPELLINGS, Group, plan_runtime
 
 
 EXIT_NO_FIT = 3  # ran, but what was asked for does not fit its budget (plan, profile --limit / --device)
@@ -39,7 +39,8 @@ def _plan_runtimes() -> list[str]:
     import json
     from pathlib import Path
     data = json.loads((Path(__file__).resolve().parent / "costs" / "runtimes.json").read_text())
-    return [k for k in data if not k.startswith("_")]
+    keys = [k for k in data if not k.startswith("_") and k != "executorch"]
+    return keys + [k for k in PLAN_SPELLINGS if k not in keys]
 
 
 @main.command()
@@ -52,9 +53,11 @@ def _plan_runtimes() -> list[str]:
 @click.option("--strategy", "strategies", multiple=True, help=STRATEGY_HELP + " [default: every strategy that applies]")
 @click.option("--weights", type=click.Choice(["fp32", "fp16", "int8", "int4", "gguf"]), default=None,
               help="weight precision (default: int4 on phones, fp16 on GPUs, as stored for a GGUF)")
-@click.option("--runtime", default=None, type=click.Choice(_plan_runtimes()),
-              help="runtime whose costs to plan with (edgekv/costs/runtimes.json: executorch = ExecuTorch's own Llama "
-                   "export, edgekv-pte / onnxruntime = edgekv's artifacts, llama.cpp, vllm; default: the device's)")
+@click.option("--runtime", default=None, type=click.Choice(_plan_runtimes()), callback=plan_runtime,
+              help="runtime whose costs to plan with: executorch (= edgekv-pte) and ort (= onnxruntime) are the .pte "
+                   "and ONNX edgekv export builds; executorch-llama = ExecuTorch's own Llama export, llama.cpp, vllm: "
+                   "formats edgekv does not build (edgekv/costs/runtimes.json; default: what export --from-plan "
+                   "builds for the device)")
 @click.option("--chunk", "--prefill-chunk", "chunk", default=128, show_default=True, type=click.IntRange(1, 65536),
               help="prefill chunk (tokens per call)")
 @click.option("--entitled", is_flag=True, help="iOS: use the increased-memory-limit entitlement's budget")
@@ -107,7 +110,7 @@ def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, ent
     if as_json:
         render.print_json(p.to_json(explain))
     else:
-        render.plan_table(p, None if show_all else 30, explain)
+        render.plan_screen(p, None if show_all else 30, explain)
         if plot:
             click.echo(f"plot written to {plot}")
     if models and strategies and p.rows and not any(r.fits for r in p.rows):

@@ -169,3 +169,37 @@ class Group(click.Group):
             click.echo(f"edgekv: internal error: {type(e).__name__}: {one_line(e) or '(no message)'} "
                        f"(set {TRACEBACK_ENV}=1 for the traceback)", err=True)
             sys.exit(1)
+
+
+# One --runtime vocabulary for plan, run, profile and report (docs/cli.md "Runtime names"): each name means the same
+# artifact and runtime wherever it is accepted, and both spellings of a runtime are taken everywhere.
+#   ort = onnxruntime       edgekv's ONNX on ONNX Runtime (edgekv's own loop over the explicit state)
+#   executorch = edgekv-pte edgekv's .pte on ExecuTorch (edgekv's own loop over the explicit state)
+#   genai, executorch-runner   the same artifacts through ONNX Runtime GenAI / ExecuTorch's TextLLMRunner
+#   executorch-llama        plan only: ExecuTorch's own Llama export (examples/models/llama), which edgekv does not build
+#   llama.cpp, vllm         plan only: those runtimes' own formats, which edgekv does not build
+ARTIFACT_RUNTIMES = ("ort", "executorch", "genai", "executorch-runner")  # what run / profile execute
+ARTIFACT_SPELLINGS = {"onnxruntime": "ort", "edgekv-pte": "executorch"}
+# plan's --runtime -> the planner's key in edgekv/costs/runtimes.json (its "executorch" is ExecuTorch's Llama export)
+PLAN_SPELLINGS = {"ort": "onnxruntime", "onnxruntime": "onnxruntime", "executorch": "edgekv-pte",
+                  "edgekv-pte": "edgekv-pte", "executorch-llama": "executorch"}
+PLAN_FLAG = {"executorch": "executorch-llama", "edgekv-pte": "executorch", "onnxruntime": "ort"}  # planner key -> --runtime
+
+
+def artifact_runtime(ctx, param, value):
+    """click callback: run / profile --runtime, either spelling -> ort, executorch, genai or executorch-runner."""
+    return ARTIFACT_SPELLINGS.get(value, value) if value is not None else None
+
+
+def artifact_runtime_choice() -> click.Choice:
+    return click.Choice(list(ARTIFACT_RUNTIMES) + list(ARTIFACT_SPELLINGS))
+
+
+def plan_runtime(ctx, param, value):
+    """click callback: plan --runtime, any spelling -> the planner's key."""
+    return PLAN_SPELLINGS.get(value, value) if value is not None else None
+
+
+def plan_flag(key: str) -> str:
+    """The --runtime value a user types for the planner's runtime key."""
+    return PLAN_FLAG.get(key, key)

@@ -15,6 +15,7 @@ from .errors import EdgekvError
 from .quality import RISK_ORDER, past_trained, quality, with_weights
 from .serving import QUADRATIC_TAX, BaselineRow, quadratic_tax, ring_decode_comm_s, serve  # noqa: F401 (re-exported)
 from .strategies import NotApplicable, ParamsDoNotFit, Strategy, defaults_for
+from .clibase import plan_flag
 from .units import fmt_mem
 
 DEFAULT_CHUNK = 128
@@ -123,11 +124,26 @@ class PlanRow:
     serving: "BaselineRow | None" = None
 
 
+# The plan's default runtime on a device: what `edgekv export --from-plan DEVICE` builds for the device profile's
+# runtime (edgekv's .pte on ExecuTorch, its ONNX on ONNX Runtime), so that the footer's export command builds the row
+# the table shows. ExecuTorch's own Llama export (the planner's "executorch") is smaller, but edgekv does not build it:
+# a plan for it is asked for by name (--runtime executorch-llama).
+BUILT_ON = {"executorch": "edgekv-pte"}
+# the plan runtimes whose artifact `edgekv export` builds (its .pte, its ONNX); ExecuTorch's own Llama export is an
+# artifact another tool builds (its examples/models/llama); llama.cpp and vLLM run the model's own GGUF / HF weights
+EDGEKV_BUILDS = ("edgekv-pte", "onnxruntime")
+OTHERS_BUILD = ("executorch",)
+
+
+def default_runtime(device: DeviceProfile) -> str:
+    return BUILT_ON.get(device.runtime, device.runtime)
+
+
 def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, weights: str, runtime: str | None = None,
              budget: int | None = None, chunk: int = DEFAULT_CHUNK, entitled: bool = False) -> PlanRow:
     """budget: an app budget in place of the device's (its uncertainty stays the device's); entitled: the iOS
     increased-memory-limit budget."""
-    name = runtime or device.runtime
+    name = runtime or default_runtime(device)
     cost, scheme, how = runtime_cost(name, arch, weights)
     ov = device.overhead(M.PLAN_RUNTIMES[name]["overhead"])
     basis = artifact_budget(device, M.PLAN_RUNTIMES[name]["overhead"], entitled)
@@ -163,7 +179,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
         notes.append(f"converted from GQA at rank {dep.layout.tensors[0].shape[-1]}: K and V are re-expanded "
                      f"from the latent every step (compute)")
     row = PlanRow(arch.name, strategy, strategy.is_native(arch), dep, basis.app, dec, pre, q,
-                  notes, arch.trained_ctx, export_support(arch, strategy, ctx), name, recall, basis, read, fl, pf,
+                  notes, arch.trained_ctx, export_support(arch, strategy, ctx, name), name, recall, basis, read, fl, pf,
                   min(chunk, ctx))
     row._runtime_cite = f"{name} overhead {int(ov.value):,} B ({ov.cite})"
     if device.is_datacenter:
@@ -203,10 +219,14 @@ def runtime_cost(name: str, arch: Arch, weights: str) -> tuple[str, dict | None,
         + (f"; weights: {spec['weights']['source']}" if scheme else "")
 
 
-def export_support(arch: Arch, strategy: Strategy, ctx: int) -> tuple[bool, str]:
-    """(whether `edgekv export --model M --strategy S --max-ctx ctx` builds this row today, why not)."""
+def export_support(arch: Arch, strategy: Strategy, ctx: int, runtime: str = "edgekv-pte") -> tuple[bool, str]:
+    """(whether `edgekv export --model M --strategy S --max-ctx ctx` builds this row for plan runtime `runtime`
+    today, why not)."""
     from .export.options import EXPORTABLE  # torch-free and numpy-free at import
 
+    if runtime in OTHERS_BUILD:
+        return False, (f"edgekv export does not build {M.PLAN_RUNTIMES[runtime]['label']}; it builds "
+                       + " and ".join(M.PLAN_RUNTIMES[k]["label"] for k in EDGEKV_BUILDS))
     if not strategy.exportable:
         return False, f"edgekv export does not build {strategy.name} (exportable: {', '.join(EXPORTABLE)})"
     found = family_for_type(arch.model_type)  # the export registry (edgekv.models: FAMILIES, torch-free)
@@ -274,7 +294,7 @@ class Plan:
 
     @property
     def runtime(self) -> str:
-        return self.rows[0].runtime if self.rows else (self._runtime or self.device.runtime)
+        return self.rows[0].runtime if self.rows else (self._runtime or default_runtime(self.device))
 
     _runtime: str | None = None
 
@@ -283,7 +303,8 @@ class Plan:
     def to_json(self, explain: bool = False) -> dict:
         d = {"device": self.device.to_json(), "ctx": self.ctx, "budget_bytes": self.budget,
              "budget_uncertainty_bytes": self.device.budget_uncertainty_bytes,
-             "runtime": {"name": self.runtime, "label": M.PLAN_RUNTIMES[self.runtime]["label"]},
+             "runtime": {"name": self.runtime, "flag": plan_flag(self.runtime),
+                         "label": M.PLAN_RUNTIMES[self.runtime]["label"]},
              "options": [r.to_json(explain) for r in self.ranked()], "not_applicable": self.not_applicable}
         if self.suggestions is not None:
             d["what_would_fit"] = self.suggestions
@@ -299,7 +320,8 @@ def _suggestion(kind: str, what: str, r: PlanRow, args: list[str]) -> dict:
     return {"kind": kind, "what": what, "model": r.model, "strategy": r.strategy.label, "short": r.strategy.short,
             "weights": r.deployment.weight_precision, "runtime": r.runtime, "fit": r.fit,
             "headroom_bytes": r.headroom, "risk": r.quality["risk"], "decode_tokens_per_s": round(r.decode.value, 3),
-            "command": "edgekv plan " + " ".join(args)}
+            "command": "edgekv plan " + " ".join(plan_flag(a) if i and args[i - 1] == "--runtime" else a
+                                                 for i, a in enumerate(args))}
 
 
 def what_would_fit(plan: Plan, archs: list[Arch], strategies: list[Strategy] | None, weights: str | None,
@@ -331,12 +353,12 @@ def what_would_fit(plan: Plan, archs: list[Arch], strategies: list[Strategy] | N
     for other in [rt] + [k for k, v in M.PLAN_RUNTIMES.items() if k != rt and v["overhead"] in d.runtime_overhead]:
         r = None if other == rt else best(make_plan(d, ctx, archs, strategies, weights, other, entitled, chunk))
         if r:
-            out.append(_suggestion("runtime", other, r, base + strat + ["--runtime", other]))
+            out.append(_suggestion("runtime", plan_flag(other), r, base + strat + ["--runtime", other]))
             continue
         for w in wider:  # the runtime alone does not: with wider weights
             r = best(make_plan(d, ctx, archs, strategies, w, other, entitled, chunk))
             if r:
-                out.append(_suggestion("weights" if other == rt else "runtime and weights", f"{other}, {w}", r,
+                out.append(_suggestion("weights" if other == rt else "runtime and weights", f"{plan_flag(other)}, {w}", r,
                                        plain + strat + ["--runtime", other, "--weights", w]))
                 break
     from .devices import all_devices
@@ -359,7 +381,7 @@ def make_plan(device: DeviceProfile, ctx: int, archs: list[Arch], strategies: li
     if entitled and device.entitled_budget_bytes is None:
         raise EdgekvError(f"device {device.id} has no increased-memory-limit budget (iOS only)")
     budget = device.entitled_budget_bytes if entitled else device.budget_bytes
-    name = runtime or device.runtime
+    name = runtime or default_runtime(device)
     if name not in M.PLAN_RUNTIMES:
         raise EdgekvError(f"unknown runtime {name!r}; runtimes: {', '.join(M.PLAN_RUNTIMES)}")
     if M.PLAN_RUNTIMES[name]["overhead"] not in device.runtime_overhead:
@@ -476,7 +498,7 @@ def longest_ctx(arch: Arch, strategy: Strategy, device: DeviceProfile, weights: 
     """Bisection over the memory model (device_deployment: the bytes plan_one counts) for the longest context
     within the budget, capped at the model's trained context (past it the plan's risk is high whatever the memory);
     the option is then planned at that context."""
-    name = runtime or device.runtime
+    name = runtime or default_runtime(device)
     basis = artifact_budget(device, M.PLAN_RUNTIMES[name]["overhead"], entitled)
     strategy.check_device(device.is_datacenter)
     memo: dict[int, int] = {}
@@ -523,7 +545,8 @@ class MaxPlan:
     def to_json(self, explain: bool = False) -> dict:
         return {"device": self.device.to_json(), "ctx": "max", "budget_bytes": self.budget,
                 "budget_uncertainty_bytes": self.device.budget_uncertainty_bytes,
-                "runtime": {"name": self.runtime, "label": M.PLAN_RUNTIMES[self.runtime]["label"]},
+                "runtime": {"name": self.runtime, "flag": plan_flag(self.runtime),
+                         "label": M.PLAN_RUNTIMES[self.runtime]["label"]},
                 "options": [o.to_json(explain) for o in self.ranked()], "not_applicable": self.not_applicable}
 
 
@@ -533,7 +556,7 @@ def make_max_plan(device: DeviceProfile, archs: list[Arch], strategies: list[Str
     """`plan --ctx max`: every option's longest context on the device (longest_ctx)."""
     if entitled and device.entitled_budget_bytes is None:
         raise EdgekvError(f"device {device.id} has no increased-memory-limit budget (iOS only)")
-    name = runtime or device.runtime
+    name = runtime or default_runtime(device)
     if name not in M.PLAN_RUNTIMES:
         raise EdgekvError(f"unknown runtime {name!r}; runtimes: {', '.join(M.PLAN_RUNTIMES)}")
     device.overhead(M.PLAN_RUNTIMES[name]["overhead"])  # one line naming the runtimes the profile has

@@ -365,8 +365,7 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
               "measured this model that far; '?' = unknown: risk at least 'unknown'). risk 'unknown' = no published "
               "or measured result covers this option. "
               "A catalog model is a shape (its published config); the weights come from you: "
-              f"`edgekv export -m ./hf-folder-or.gguf --strategy S --from-plan {escape(d.id)} -c {fmt_ctx(plan.ctx)} -o OUT` "
-              "exports a row as planned.")
+              + export_sentence(plan))
     print_table(c, title, plan_columns(dc, head), cells, footer)
     suggestions_lines(c, plan)
     if limit is not None and len(rows) > limit:
@@ -374,6 +373,61 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
     not_applicable_lines(c, plan, each=limit is None or explain)
     if explain:
         explain_rows(c, plan, shown)
+
+
+def export_sentence(plan) -> str:
+    """The footer's way from a row to an artifact: `export --from-plan` where edgekv builds this runtime's artifact
+    (it builds the .pte and ONNX the default runtime plans), else which --runtime plans what it builds."""
+    from .clibase import plan_flag
+    from .plan import EDGEKV_BUILDS, OTHERS_BUILD, default_runtime
+    d, ctx = plan.device, fmt_ctx(plan.ctx)
+    if plan.runtime in EDGEKV_BUILDS:
+        fmt = " --format onnx" if plan.runtime == "onnxruntime" and default_runtime(d) != "onnxruntime" else ""
+        return (f"`edgekv export -m ./hf-folder-or.gguf --strategy S --from-plan {escape(d.id)} -c {ctx}{fmt} -o OUT` "
+                "builds a row as planned.")
+    from .memory import PLAN_RUNTIMES
+    ours = [k for k in EDGEKV_BUILDS if PLAN_RUNTIMES[k]["overhead"] in d.runtime_overhead]
+    other = (f" `edgekv plan -d {escape(d.id)} -c {ctx} --runtime {plan_flag(ours[0])}` plans the "
+             f"{'.pte' if ours[0] == 'edgekv-pte' else 'ONNX'} edgekv export builds." if ours else "")
+    if plan.runtime in OTHERS_BUILD:
+        return (f"edgekv export does not build --runtime {plan_flag(plan.runtime)}'s artifact ('†' on every row; "
+                "ExecuTorch's examples/models/llama does)." + other)
+    return f"{PLAN_RUNTIMES[plan.runtime]['label']} runs the model's own weights: nothing to export." + other
+
+
+def screen_lines() -> int | None:
+    """The terminal's height in lines: $LINES when set, else the terminal's when stdout is one; None when piped."""
+    v = os.environ.get("LINES", "").strip()
+    if v.isascii() and v.isdigit() and 0 < len(v) <= 6 and int(v) > 0:
+        return int(v)
+    if sys.stdout.isatty():
+        try:
+            return os.get_terminal_size(sys.stdout.fileno()).lines or None
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+def plan_screen(plan, limit: int | None = 30, explain: bool = False) -> None:
+    """plan_table, with the default top-N cut so that the title, the table and its footer fit one screen of the
+    terminal (a 40-line terminal shows them whole; 5 rows at least); --all, --explain and a pipe print all of it."""
+    lines = screen_lines()
+    if limit is None or explain or lines is None:
+        plan_table(plan, limit, explain)
+        return
+    import io
+    from contextlib import redirect_stdout
+    while True:
+        buf = io.StringIO()
+        buf.isatty, buf.fileno = sys.stdout.isatty, sys.stdout.fileno  # the same width and colours as printed
+        with redirect_stdout(buf):
+            plan_table(plan, limit, explain)
+        text = buf.getvalue()
+        over = text.count("\n") - lines + 1  # the shell's prompt takes the last line
+        if over <= 0 or limit <= 5:
+            break
+        limit = max(5, limit - over)
+    sys.stdout.write(text)
 
 
 def not_applicable_lines(c: Console, plan, each: bool) -> None:

@@ -73,11 +73,11 @@ def test_devices_models_and_version():
 
 
 def test_explain_shows_formulas_and_sources():
-    p = run_cli("plan", "--device", "pixel8", "--ctx", "32k", "--model", "llama-3.2-1b", "--strategy", "kv",
+    p = run_cli("plan", "--device", "pixel8", "--ctx", "32k", "--model", "qwen2.5-0.5b", "--strategy", "kv",
                 "--explain", check=True)
     # the terminal: a short derivation with the device facts and their sources; --json --explain: every formula
     assert "vs budget" in p.stdout and "FLOP" in p.stdout and "overhead" in p.stdout and "estimate:" in p.stdout
-    p = run_cli("plan", "--device", "pixel8", "--ctx", "32k", "--model", "llama-3.2-1b", "--strategy", "kv",
+    p = run_cli("plan", "--device", "pixel8", "--ctx", "32k", "--model", "qwen2.5-0.5b", "--strategy", "kv",
                 "--explain", "--json", check=True)
     ex = json.loads(p.stdout)["options"][0]["explain"]
     assert "state tensors" in ex["state"] and "FLOP" in ex["prefill_seconds"] and "overhead" in ex["runtime"]

@@ -110,20 +110,21 @@ def _row(device, ctx, model, spec, runtime=None, *extra):
 def test_executorch_weights_match_the_published_pte_sizes():
     # examples/models/llama/README.md: 1B SpinQuant .pte 1,083 MiB, 3B SpinQuant .pte 2,435 MiB
     for model, pte in (("llama-3.2-1b", 1083), ("llama-3.2-3b", 2435)):
-        w = _row("galaxy-s24", 2048, model, "kv")["bytes"]["weights"] / MiB
+        w = _row("galaxy-s24", 2048, model, "kv", "executorch-llama")["bytes"]["weights"] / MiB
         assert w == pytest.approx(pte, rel=0.01), (model, w)
     # RSS at max_seq_length 2048 (fp32 cache): 1,921 MiB for 1B SpinQuant
-    r = _row("galaxy-s24", 2048, "llama-3.2-1b", "kv:dtype=fp32")["bytes"]["total"] / MiB
+    r = _row("galaxy-s24", 2048, "llama-3.2-1b", "kv:dtype=fp32", "executorch-llama")["bytes"]["total"] / MiB
     assert r == pytest.approx(1921, rel=0.03)
 
 
 def test_llama_3_2_3b_at_2k_does_not_fit_a_galaxy_s24():
     # published RSS 3,726 MiB (3.91 GB) against the S24 profile's 3.5 GB app budget
-    out = plan_json("--device", "galaxy-s24", "--ctx", "2k", "--model", "llama-3.2-3b", "--strategy", "kv")
+    out = plan_json("--device", "galaxy-s24", "--ctx", "2k", "--model", "llama-3.2-3b", "--strategy", "kv", "--runtime",
+                    "executorch-llama")
     assert out["options"][0]["fits"] is False and out["options"][0]["bytes"]["total"] > 3.5e9
 
 
-@pytest.mark.parametrize("runtime", ["executorch", "llama.cpp"])
+@pytest.mark.parametrize("runtime", ["executorch-llama", "llama.cpp"])
 def test_kv_int8_is_not_slower_than_fp16_where_the_runtime_reads_int8_in_place(runtime):
     dev = "pixel8"
     fp16 = _row(dev, 32768, "llama-3.2-1b", "kv", runtime)["decode_tokens_per_s"]
@@ -135,18 +136,18 @@ def test_kv_int8_is_not_slower_than_fp16_where_the_runtime_reads_int8_in_place(r
 
 def test_qwen3_and_gemma3_run_fused_attention_under_executorch():
     for model in ("qwen3-0.6b", "gemma-3-1b"):
-        r = _row("pixel8", 32768, model, "kv", None, "--explain")
+        r = _row("pixel8", 32768, model, "kv", "executorch-llama", "--explain")
         b = r["bytes"]
         # no [H, C, T] fp32 scores (qwen3: 16 heads x 128 x 32768 x 4 B = 268 MB each), no extra state copies:
         # activations and one row of logits (gemma: 262,144 x 4 B) only
         assert b["workspace"] < 20e6, (model, b)
         assert "scores not materialised" in r["explain"]["workspace"]
-    assert _row("pixel8", 32768, "qwen3-0.6b", "kv")["bytes"]["total"] < 6e9  # was 13.3 GB unfused
+    assert _row("pixel8", 32768, "qwen3-0.6b", "kv", "executorch-llama")["bytes"]["total"] < 6e9  # was 13.3 GB unfused
 
 
 def test_the_title_names_the_runtime_and_help_lists_them():
     p = run_cli("plan", "--device", "pixel8", "--ctx", "4k", "--model", "qwen2.5-0.5b", check=True)
-    assert "runtime ExecuTorch" in p.stdout.replace("\n", " ")
+    assert "runtime edgekv's own .pte on ExecuTorch" in p.stdout.replace("\n", " ")  # what export builds
     p = run_cli("plan", "--device", "pixel8", "--ctx", "4k", "--model", "qwen2.5-0.5b", "--runtime", "llama.cpp",
                 check=True)
     assert "runtime llama.cpp" in p.stdout.replace("\n", " ")

@@ -219,9 +219,11 @@ def test_explain_is_a_short_derivation_whose_numbers_add_up():
             lines = lines[:at] + lines[end:]
         assert len(lines) <= 8
         mem = next(ln for ln in b.splitlines() if ln.strip().startswith("memory"))
-        terms = [float(x) for x in re.findall(r"([\d.]+) (?:weights|state|workspace|load|runtime)", mem)]
+        found = re.findall(r"(-?[\d.]+) (weights|state|workspace|load|runtime)", mem)
+        terms = [float(x) for x, _ in found]
         total = float(re.search(r"= ([\d.]+) GB vs budget", mem).group(1))
-        assert all(t >= 0 for t in terms)
+        # load may be negative: the arm64 packing of edgekv's .pte at load is smaller than its weights' file
+        assert all(float(x) >= 0 for x, k in found if k != "load")
         assert abs(sum(terms) - total) <= 0.01 * total + 0.002
         head = b.splitlines()[0]
         o = next(o for o in js if head.startswith(f"{o['model']} / ") and strategy_short(o).rstrip(" *") in head)
@@ -274,12 +276,14 @@ def test_progress_bar_on_stderr_with_an_estimate_and_off_when_asked():
     stdout stays clean; enabled=False (--json) or EDGEKV_PROGRESS=0 shows nothing."""
     code = """
 import time
-from edgekv.progress import stage_status
+from edgekv.progress import stage_status, work
 bar, status = stage_status("export", enabled={enabled})
 with bar:
     for i, name in enumerate(("load", "trace", "lower-pte"), 1):
         with status(f"[{{i}}/3] {{name}}: detail"):
             time.sleep(0.05)
+            work(1, 2)
+            bar.update()
 print("stdout")
 """
     env = {**os.environ, "PYTHONPATH": str(ROOT), "EDGEKV_PROGRESS": "1"}

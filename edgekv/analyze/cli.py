@@ -146,7 +146,10 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
 
     t0 = time.perf_counter()
     with Bar(f"analyze {len(variants)} variants", ctx, not as_json, "tokens") as bar:
-        runner.run(tokens, on_step=lambda done: bar.update(completed=done))
+        def step(done):
+            bar.update(completed=done)
+            bar.work(done, ctx)
+        runner.run(tokens, on_step=step)
     seconds = time.perf_counter() - t0
     an = None
     from ..strategies import Ssm
@@ -195,13 +198,14 @@ def _recall(model, base, bits, roundings, weight_bits, max_distance, chunk, text
     rows = make_trials(enc, text, dists, trials, seed)
     total = sum(t.value_at + len(t.value) - 1 for row in rows for t in row) * len(probe.modules)
 
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from ..progress import Bar
     t0 = time.perf_counter()
-    with Progress(TextColumn("recall {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} tok"),
-                  TimeElapsedColumn(), TimeRemainingColumn(), transient=True, console=Console(stderr=True)) as bar:
-        task = bar.add_task(f"{len(probe.modules)} variants x {len(dists)} distances x {trials} trials", total=total)
-        tallies = probe.run(rows, on_step=lambda n: bar.advance(task, n))
+    with Bar(f"recall {len(probe.modules)} variants x {len(dists)} distances x {trials} trials", total,
+             not as_json, "tok") as bar:
+        def step(n):
+            bar.advance(n)
+            bar.work(bar.completed, total)
+        tallies = probe.run(rows, on_step=step)
     result = probe.summarise(rows, tallies, text_file or "Python docs topics + stdlib source")
     result["seconds"] = round(time.perf_counter() - t0, 2)
     result["bos"] = enc.bos

@@ -4,6 +4,8 @@ read_gguf and the export's weight loader (edgekv.models.weights) both build on i
 only)."""
 from __future__ import annotations
 
+import re
+
 import mmap
 import os
 import struct
@@ -241,6 +243,31 @@ def _config(arch: str, field, reader) -> dict:
     return cfg
 
 
+# what a GGUF file name adds to the model's name: the quantization (Q4_K_M, q4_1, IQ4_XS, f16, bf16) and the tuning
+# (instruct, it, chat), e.g. gemma-3-270m-it-Q4_K_M.gguf, SmolLM2-135M-Instruct.Q4_1.gguf
+_GGUF_TAGS = re.compile(r"[-._](?:i?q\d[a-z0-9_]*|f16|f32|bf16|fp16|instruct|it|chat)$")
+
+
+def catalog_name_for(stem: str, cfg: dict) -> str:
+    """The catalog name of the model a GGUF file holds (gemma-3-270m for gemma-3-270m-q4_k_m.gguf), so that the plan
+    and the report cite what is stored under that name (analyzer measurements, weight costs): the file name without
+    its quantization and tuning tags, where the catalog has that name with the same layers, hidden size and vocabulary.
+    Else the file name as it is."""
+    from .catalog import catalog_entry, catalog_names
+    name = stem.lower()
+    while True:
+        cut = _GGUF_TAGS.sub("", name)
+        if cut == name:
+            break
+        name = cut
+    if name == stem.lower() or name not in catalog_names():
+        return stem
+    ref = catalog_entry(name)["config"]
+    ref = ref.get("text_config", ref)
+    same = all(ref.get(k) == cfg.get(k) for k in ("num_hidden_layers", "hidden_size", "vocab_size"))
+    return name if same else stem
+
+
 def read_gguf(path: str | Path) -> Arch:
     p = Path(path)
     if not p.is_file():
@@ -254,7 +281,7 @@ def read_gguf(path: str | Path) -> Arch:
     # the planner takes context_length as the trained length: a GGUF header rarely names the length a rope scaling
     # stretched (rope.scaling.original_context_length), so its scaling is not passed on to trained_ctx_of
     cfg.pop("rope_scaling", None)
-    base = arch_from_config(cfg, p.stem, str(p))
+    base = arch_from_config(cfg, catalog_name_for(p.stem, cfg), str(p))
     # rope_freqs.weight (Llama 3's rope scaling as per-frequency factors, convert_hf_to_gguf.py's
     # generate_extra_tensors) is a rope table, not a parameter: an HF folder computes it at load and is planned
     # without it, so the GGUF is too

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from ..clibase import Group, argv_text, threads_option
+from ..clibase import Group, argv_text, artifact_runtime, artifact_runtime_choice, threads_option
 from ..errors import EdgekvError
 
 
@@ -130,7 +130,7 @@ def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefi
     _stop_on_sigterm()
     bar, status = stage_status("export", enabled=not as_json)
     with bar:
-        m = export_model(opts, echo=lambda s: click.echo(s, err=True), status=status if bar.on else None)
+        m = export_model(opts, echo=bar.message, status=status if bar.on else None)
     if as_json:
         from ..render import print_json
         print_json({"out": str(opts.out), "manifest": m})
@@ -148,6 +148,12 @@ def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefi
                    f"median {statistics.median(errors):.3f}, lowest {errors[lo]:.3f} (layer {lo}), highest "
                    f"{errors[hi]:.3f} (layer {hi}); every layer's in manifest.json strategy.factorisation_error")
     for fmt, v in m["verification"].items():
+        if fmt.endswith("-quant"):  # the runtime's tools quantized it: held to verify-quant's thresholds vs fp32
+            t = v["thresholds"]
+            click.echo(f"verified {fmt[:-len('-quant')]}: {v['weights']} weights vs fp32 over {v['positions']} "
+                       f"positions of real text: top-1 {v['top1_agreement']:.1%} (needs >= {t['min_top1']:.0%}), "
+                       f"KL mean {v['kl_mean']:.3g} nats (needs <= {t['max_kl_mean']})")
+            continue
         click.echo(f"verified {fmt}: max |logit diff| {v['max_abs_diff']:.2e} (scale {v['logit_scale']:.1f}), "
                    f"top-1 {v['top1_agreement']:.1%} over {v['positions_compared']} positions")
     for fmt, v in m.get("weight_quality", {}).items():
@@ -158,10 +164,12 @@ def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefi
             click.echo(f"weights: the GGUF's own blocks ({carried['source']}: {types}), {exact} of "
                        f"{len(carried['tensors'])} tensors bit-exact; {carried['matmuls_left_float']} MatMuls left "
                        "float")
+        if f"{fmt}-quant" in m["verification"]:
+            continue  # said on its verified line
         click.echo(f"{v['weights']} weights ({fmt}) vs fp32 over {v['positions']} positions of real text: top-1 "
                    f"{v['top1_agreement']:.1%}, KL mean {v['kl_mean']:.3g} nats")
-    click.echo("loaded by: " + "; ".join(f"{a['file']}: {', '.join(a.get('runners', ['edgekv']))}"
-                                         for a in m["artifacts"]))
+    for a in m["artifacts"]:
+        click.echo(f"{a['file']} runs in: " + "; ".join(RUNNER_WORDS.get(r, r) for r in a.get("runners", ["edgekv"])))
     for runner, why in m.get("runners_unsupported", {}).items():
         click.echo(f"not for {runner}: {why}")
     if plan_cmd:
@@ -173,6 +181,14 @@ def strategy_spec_text(strategy, rank, window) -> str:
     return strategy_spec(strategy, rank, window)
 
 
+# manifest artifacts[].runners (edgekv.export.runners) in words a newcomer reads: which app API loads the file, how
+RUNNER_WORDS = {
+    "edgekv": "edgekv run / edgekv profile, and an app through android_demo/ (edgekv's loop feeds the state back "
+              "each call: android_demo/README.md)",
+    "onnxruntime-genai": "ONNX Runtime GenAI's Generator (og.Model on this folder; Java, C#, Objective-C APIs)",
+    "executorch-llm-runner": "ExecuTorch's TextLLMRunner / Android LlmModule (first `import "
+                             "executorch.extension.llm.custom_ops` in Python, or link extension/llm/custom_ops)",
+}
 PLAN_FORMAT = {"executorch": "pte", "onnxruntime": "onnx"}
 
 
@@ -207,7 +223,7 @@ def _from_plan(cctx, device_name, model, strategy, formats, weights, prefill_chu
 @click.option("-p", "--prompt", required=True, help="text to continue (tokenized with the export's tokenizer.json)")
 @click.option("-n", "--max-new-tokens", default=32, show_default=True, type=click.IntRange(0),
               help="tokens to generate at most (greedy; stops early at the end-of-text token; 0: prefill only)")
-@click.option("--runtime", type=click.Choice(["ort", "executorch", "genai", "executorch-runner"]), default=None,
+@click.option("--runtime", type=artifact_runtime_choice(), default=None, callback=artifact_runtime,
               help="runtime to run in (default: ort when the export has an ONNX model, else executorch). ort / "
               "executorch: edgekv's own loop over the explicit-state artifact; genai: ONNX Runtime GenAI's own loop "
               "and tokenizer (an export made with --runner genai); executorch-runner: ExecuTorch's LLM runner, "

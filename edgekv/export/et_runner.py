@@ -175,6 +175,12 @@ class RunnerPteStepper:
         return self.method.get_outputs(clone_outputs=False)[0].float().numpy().copy()
 
 
+# TextLLMRunner's bare "Generation failed" on a --runner executorch .pte: its attention is llama::custom_sdpa, whose
+# kernels are registered only once executorch.extension.llm.custom_ops is imported (Python) or linked (C++)
+CUSTOM_OPS_HINT = ("this .pte's attention is ExecuTorch's llama::custom_sdpa: in Python `import "
+                   "executorch.extension.llm.custom_ops` before TextLLMRunner; in C++ link extension/llm/custom_ops")
+
+
 def generate(folder: Path, manifest: dict, prompt: str, max_new_tokens: int, emit=None, after_prefill=None,
              threads: int | None = None) -> dict:
     """Greedy generation with ExecuTorch's TextLLMRunner (its tokenizer, its prefill and decode loop, its stop on the
@@ -219,7 +225,8 @@ def generate(folder: Path, manifest: dict, prompt: str, max_new_tokens: int, emi
         try:
             runner.generate(prompt, cfg, token_callback=on_token, stats_callback=stats.append)
         except Exception as e:
-            raise EdgekvError(f"ExecuTorch's LLM runner failed: {type(e).__name__}: {e}") from None
+            raise EdgekvError(f"ExecuTorch's LLM runner failed: {type(e).__name__}: {e}" + (
+                f" ({CUSTOM_OPS_HINT})" if "Generation failed" in str(e) else "")) from None
     wall = time.perf_counter() - t0
     s = stats[-1] if stats else None
     n_prompt = s.num_prompt_tokens if s else None

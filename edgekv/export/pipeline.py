@@ -124,6 +124,11 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
             from .generate import load_tokenizer
             tokenizer = load_tokenizer(tmp / tok_entry["file"], args.vocab)
 
+    from .licenses import license_files  # a Gemma export's NOTICE (and the terms): what its distributor must ship
+    for name, data in license_files(loaded.arch.model_type, loaded.arch.name, f"{', '.join(opts.formats)} artifact(s), "
+                                    f"{opts.weights} weights, state {strategy.label}").items():
+        (tmp / name).write_bytes(data)
+
     if "calibrate" in st.names:  # kv-int8c: the static per-channel scales, before any copy of the module is made
         from .calibrate import CALIB_TOKENS, calibrate, calibration_ids
         n = min(CALIB_TOKENS, opts.max_ctx)
@@ -309,6 +314,10 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
                 et_runner.RunnerPteStepper(partial, tmp, opts.threads) if et_run else PteStepper(partial, tmp, opts.threads)
             weight_quality[fmt] = verify_quant(EagerStepper(partial, module), art, tokens, opts.weights, fmt)
             st.echo(f"      {describe_quality(weight_quality[fmt])}")
+            if fmt not in verification:  # ONNX Runtime's tools quantized it: no quantized torch module to hold it to
+                verification[f"{fmt}-quant"] = {  # so verify-quant is its verification, thresholds and all
+                    "runtime": artifacts[[a["format"] for a in artifacts].index(fmt)]["runtime"],
+                    "against": "the fp32 eager torch module, teacher-forced over real text", **weight_quality[fmt]}
 
     with st.stage("manifest", "manifest.json (sha256 of every file)"):
         plan_arch = loaded.arch

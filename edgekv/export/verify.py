@@ -109,7 +109,9 @@ def verify(artifact, reference, prompt: list[int], steps: int, cache_dtype: str,
     compare(outs, r)
     scale = float(np.abs(r).max())
     pos, times = len(prompt), []
-    for _ in range(steps):
+    from ..progress import work
+    for k in range(steps):
+        work(k, steps)  # the stage's own work, for its estimate of the time left
         nxt = int(r[-1].argmax())
         t = time.perf_counter()
         a = artifact.step([nxt], pos)

@@ -409,10 +409,14 @@ def compare_to_fp32(fp32_stepper, quant_stepper, tokens: list[int], n_prefill: i
         raise EdgekvError("compare_to_fp32 needs at least 3 tokens")
     n_prefill = max(1, min(len(tokens) - 1, n_prefill or len(tokens) // 2))
     rows = {}
-    for key, s in (("fp32", fp32_stepper), ("quant", quant_stepper)):
+    from ..progress import work
+    n_steps = len(tokens) - 1 - n_prefill
+    for side, (key, s) in enumerate((("fp32", fp32_stepper), ("quant", quant_stepper))):
         s.reset()
         got = [s.prefill(tokens[:n_prefill])]
-        got += [s.step([t], p) for p, t in enumerate(tokens[n_prefill:-1], start=n_prefill)]
+        for p, t in enumerate(tokens[n_prefill:-1], start=n_prefill):
+            work(side * n_steps + p - n_prefill, 2 * n_steps)  # the stage's own work: its estimate of the time left
+            got.append(s.step([t], p))
         rows[key] = np.concatenate(got)  # [len(tokens) - 1, V]
     lp, lq = _log_softmax(rows["fp32"]), _log_softmax(rows["quant"])
     if not np.isfinite(lq).all():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ..clibase import threads_option
+from ..clibase import artifact_runtime, artifact_runtime_choice, threads_option
 from ..errors import EdgekvError
 
 APP = "org.edgekv.demo"
@@ -23,7 +23,7 @@ REMOTE_REPORT = f"/sdcard/Android/data/{APP}/files/report.json"
 @click.option("-c", "--ctx", "ctx_text", default="256,1k", show_default=True,
               help="contexts, comma-separated: each run is ctx - steps prompt tokens, then steps decoded")
 @click.option("-n", "--steps", default=32, show_default=True, type=click.IntRange(1, 100000), help="decode steps per run")
-@click.option("--runtime", type=click.Choice(["ort", "executorch", "genai", "executorch-runner"]), default=None,
+@click.option("--runtime", type=artifact_runtime_choice(), default=None, callback=artifact_runtime,
               help="runtime to run in (default: ort when the export has model.onnx, else executorch); genai / "
               "executorch-runner: through ONNX Runtime GenAI's Generator / the ExecuTorch runner .pte's "
               "forward(tokens, input_pos), as those APIs run it (an export made with --runner)")
@@ -106,15 +106,19 @@ def profile_with_progress(export_dir, ctxs, steps, runtime, limit, threads, devi
     from ..progress import Bar
     from .run import profile as run_profile
 
-    err = click.get_text_stream("stderr")
     total = len(ctxs) * repeats
     with Bar("profile", total, enabled, "runs") as bar:
-        done = [0]
+        done = [0, 0]
+        tokens = sum(ctxs) * repeats  # the runs' own work: a run's time grows with its context, so the estimate of
+        # the time left counts the tokens the runs done so far took, not an average per run
 
         def progress(c, i, n):
-            err.write(f"profile: ctx {c} in a fresh process" + (f" ({i + 1} of {n})" if n > 1 else "") + "...\n")
-            bar.update(completed=done[0], description=f"profile ctx {c}")
+            bar.message(f"profile: ctx {c} in a fresh process" + (f" ({i + 1} of {n})" if n > 1 else "") + "...")
+            bar.update(completed=done[0])
+            if done[1]:
+                bar.work(done[1], tokens)
             done[0] += 1
+            done[1] += c
 
         report = run_profile(export_dir, ctxs, steps, runtime, limit, threads, device, progress=progress,
                              repeats=repeats)
@@ -236,8 +240,9 @@ def adb_profile(folder: Path, ctxs: list[int], steps: int, runtime: str, serial:
 @click.option("-c", "--ctx", "ctx_text", default=None,
               help="context for the plan and the baseline (default: the export's max_ctx)")
 @click.option("--profile", "profile_json", type=click.Path(exists=True, dir_okay=False),
-              help="an `edgekv profile --out` JSON to include (default: run a quick profile now, with progress on "
-              "stderr)")
+              help="an `edgekv profile --out` JSON to include (default: a quick profile now at 256 and 1k tokens, "
+              "with progress on stderr; profile the full context with `edgekv profile -c CTX --out P`, then "
+              "--profile P)")
 @click.option("--json", "as_json", is_flag=True,
               help="also print what the page shows as one JSON object: {\"out\", \"plan\", \"profile\", \"analyzer\", "
               "\"baseline\", ...}")

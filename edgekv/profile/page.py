@@ -145,6 +145,15 @@ def _figures(prof: dict, meas: dict | None, ctx: int | None, budget: int | None,
     return figs
 
 
+QUICK_CTXS = (256, 1024)  # report's own profile: short contexts, seconds each (an export's full 32k took 19 min)
+
+
+def quick_contexts(max_ctx: int, steps: int) -> list[int]:
+    """The contexts `edgekv report` profiles when no --profile is given: 256 and 1k tokens (at most the export's
+    max_ctx). The full context is `edgekv profile -c ... --out P` then `report --profile P`."""
+    return sorted({min(c, max_ctx) for c in QUICK_CTXS}) if max_ctx > steps + 1 else [max_ctx]
+
+
 def build_report(folder: Path, out: str | None, device_name: str, gpu_name: str, ctx_text: str | None,
                  profile_json: str | dict | None, progress: bool = True, force: bool = False) -> tuple[Path, dict]:
     """Writes the page; returns its path and what it shows, as data (`edgekv report --json`). profile_json: an
@@ -175,7 +184,7 @@ def build_report(folder: Path, out: str | None, device_name: str, gpu_name: str,
     else:
         mc = int(manifest["max_ctx"])
         steps = max(1, min(16, mc // 4))
-        ctxs = sorted({min(256, mc), mc}) if mc > steps + 1 else [mc]
+        ctxs = quick_contexts(mc, steps)
         from .cli import profile_with_progress
         prof = profile_with_progress(str(folder), [c for c in ctxs if c > steps], steps, None, None, None, None, 1,
                                      enabled=progress)
