@@ -53,6 +53,30 @@ def run_cli(*args, check=False, env=None):
     return p
 
 
+def cli(*args, env=None, cwd=None):
+    """edgekv in this process through click's CliRunner: (exit code, stdout, stderr)."""
+    from click.testing import CliRunner
+
+    from edgekv.cli import main
+    old = os.getcwd()
+    if cwd:
+        os.chdir(cwd)
+    try:
+        r = CliRunner().invoke(main, [str(a) for a in args], env=env)
+    finally:
+        os.chdir(old)
+    return r.exit_code, r.stdout, r.stderr
+
+
+def one_line_exit_2(code, err, needle=""):
+    """A user's mistake: exit code 2 and one `edgekv: error:` line on stderr holding needle, no traceback."""
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("edgekv: error: "), err
+    assert "Traceback" not in err
+    assert needle in err, err
+
+
 def greedy_with_state(module, prompt, steps, chunk=None):
     import torch
 

@@ -9,30 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from conftest import EDGEKV, ROOT
-
-
-def cli(*args, env=None, cwd=None):
-    """edgekv in this process: (exit code, stdout, stderr)."""
-    from edgekv.cli import main
-    old = os.getcwd()
-    if cwd:
-        os.chdir(cwd)
-    try:
-        r = CliRunner().invoke(main, [str(a) for a in args], env=env)
-    finally:
-        os.chdir(old)
-    return r.exit_code, r.stdout, r.stderr
-
-
-def one_line_exit_2(code, err, needle=""):
-    lines = err.strip().splitlines()
-    assert code == 2, err
-    assert len(lines) == 1 and lines[0].startswith("edgekv: error: "), err
-    assert "Traceback" not in err
-    assert needle in err, err
+from conftest import EDGEKV, ROOT, cli, one_line_exit_2
 
 
 def bounded(args, seconds=60, mem_mb=600, env=None, cwd=ROOT):

@@ -10,32 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from conftest import EDGEKV, ROOT
+from conftest import EDGEKV, ROOT, cli, one_line_exit_2
 
 TINY_LLAMA = ROOT / "fixtures" / "tiny" / "llama"
-
-
-def cli(*args, cwd=None):
-    """edgekv in this process: (exit code, stdout, stderr)."""
-    from edgekv.cli import main
-    old = Path.cwd()
-    if cwd:
-        os.chdir(cwd)
-    try:
-        r = CliRunner().invoke(main, [str(a) for a in args])
-    finally:
-        os.chdir(old)
-    return r.exit_code, r.stdout, r.stderr
-
-
-def one_line_exit_2(code, err, needle=""):
-    lines = err.strip().splitlines()
-    assert code == 2, err
-    assert len(lines) == 1 and lines[0].startswith("edgekv: error: "), err
-    assert "Traceback" not in err
-    assert needle in err, err
 
 
 def tree(folder: Path) -> dict:
