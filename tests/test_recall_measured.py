@@ -234,7 +234,9 @@ def test_plan_stays_free_of_torch_with_the_curves():
 
 
 def test_a_recurrent_models_curves_cite_its_fp32_state_and_the_files_note_is_kept(tmp_path, tiny_llama_curves):
-    (tmp_path / "m__recall.json").write_text(json.dumps({"note": "never learned to copy", "curves": {
+    # a stored curve as edgekv analyze writes one (its "value" names the probe), with a note a person added
+    value = json.loads((ROOT / "edgekv/measurements/tiny-recall-mamba__recall.json").read_text())["value"]
+    (tmp_path / "m__recall.json").write_text(json.dumps({"value": value, "note": "never learned to copy", "curves": {
         "ssm:dtype=fp32": {"label": "reference ssm fp32", "points": [{"distance": 64, "value": 0.5, "trials": 4}]},
         "ssm:dtype=int8": {"label": "state ssm int8", "points": [{"distance": 64, "value": 0.0, "trials": 4}]}}}))
     c = measured.curves("m", parse_strategy("ssm:dtype=int8"), tmp_path)
