@@ -289,3 +289,22 @@ def test_genai_config_of_a_gqa_model_carries_its_kv_heads_apart_from_its_heads(t
     d = json.loads((tmp_path / "genai_config.json").read_text())["model"]["decoder"]
     assert (d["num_hidden_layers"], d["num_attention_heads"], d["num_key_value_heads"], d["head_size"],
             d["hidden_size"]) == (30, 9, 3, 64, 576)
+
+
+def test_an_int4_genai_export_is_held_to_the_same_graph_in_onnx_runtime(tmp_path):
+    """With int4 weights there is no quantized torch module: GenAI runs the same model.onnx as edgekv's ONNX Runtime
+    session and is held to it at the fp32 tolerance (an int4 graph held to fp32 logits fails on rounding alone); the
+    graph itself is held to the fp32 model by verify-quant-onnx."""
+    import jsonschema
+
+    from edgekv.export.manifest import schema
+
+    m = export_model(ExportOptions(model=str(TINY), strategy="kv:dtype=fp32", formats=("onnx",), max_ctx=256,
+                                   out=tmp_path / "int4", prefill_chunk=CHUNK, verify_steps=8, threads=1,
+                                   runners=("genai",), weights="int4"), echo=lambda s: None)
+    jsonschema.validate(m, schema())
+    g = m["verification"]["genai"]
+    # one graph, two hosts of it: they differ by activation rounding only, far less than int4 weights from fp32
+    assert g["passed"] and g["top1_agreement"] == 1.0 and g["max_abs_diff"] < 0.01 * g["logit_scale"], g
+    assert "ONNX Runtime session" in g["against"]
+    assert m["verification"]["onnx-quant"]["passed"]
