@@ -167,3 +167,27 @@ def test_a_gguf_named_for_its_quantization_plans_and_cites_as_its_catalog_model(
     other = tmp_path / "qwen2.5-0.5b-q4_0.gguf"
     other.symlink_to(gguf_path)
     assert plan_json(*args, "-m", other)["options"][0]["model"] == "qwen2.5-0.5b-q4_0"
+
+
+def test_report_plans_for_the_device_the_export_was_planned_for(tmp_path):
+    """`export --from-plan galaxy-s24` records the device in the manifest; `report` without -d plans for it (it
+    planned for pixel8 whatever the export was made for); an export made without --from-plan keeps pixel8."""
+    import jsonschema
+
+    from edgekv.export.manifest import schema
+    from edgekv.profile.cli import planned_device
+
+    tiny = ROOT / "fixtures" / "tiny" / "llama"
+    out = tmp_path / "s24"
+    p = run_cli("export", "-m", tiny, "--from-plan", "galaxy-s24", "--format", "onnx", "--weights", "fp32",
+                "--max-ctx", "64", "--verify-steps", "1", "-t", "1", "-o", out)
+    assert p.returncode == 0, p.stderr
+    m = json.loads((out / "manifest.json").read_text())
+    jsonschema.validate(m, schema())
+    assert m["planned_for"] == "galaxy-s24" and planned_device(out) == "galaxy-s24"
+    m.pop("planned_for")
+    (out / "manifest.json").write_text(json.dumps(m))
+    assert planned_device(out) == "pixel8"
+    m["planned_for"] = "../../etc/not-a-device"
+    (out / "manifest.json").write_text(json.dumps(m))
+    assert planned_device(out) == "pixel8"

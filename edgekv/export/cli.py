@@ -123,7 +123,8 @@ def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefi
     opts = ExportOptions(model=model, strategy=strategy_spec(strategy, rank, window), formats=fmts,
                          max_ctx=parse_ctx(max_ctx),
                          out=Path(out), prefill_chunk=prefill_chunk, verify_steps=verify_steps, force=force,
-                         threads=threads, weights=weights, runners=parse_runners(runners, fmts), max_memory=max_memory)
+                         threads=threads, weights=weights, runners=parse_runners(runners, fmts), max_memory=max_memory,
+                         planned_for=_device_id(from_plan) if from_plan else None)
     if "genai" in opts.runners:
         _need("onnxruntime_genai")
     from ..progress import stage_status
@@ -190,6 +191,12 @@ RUNNER_WORDS = {
                              "executorch.extension.llm.custom_ops` in Python, or link extension/llm/custom_ops)",
 }
 PLAN_FORMAT = {"executorch": "pte", "onnxruntime": "onnx"}
+
+
+def _device_id(name: str) -> str:
+    """The id of the device profile `name` loads (a built-in id, or a TOML file's own id), for the manifest."""
+    from ..devices import load_device
+    return load_device(name).id
 
 
 def _from_plan(cctx, device_name, model, strategy, formats, weights, prefill_chunk, max_ctx):

@@ -36,6 +36,7 @@ class ExportOptions:
     weights: str = "fp32"  # fp32 | fp16 | int8 | int4 (edgekv.export.wquant)
     runners: tuple[str, ...] = ()  # --runner: genai (the ONNX graph GenAI loads), executorch (the runner .pte)
     max_memory: str | None = None  # --max-memory: the memory to plan for (edgekv.export.budget), e.g. "8GB"
+    planned_for: str | None = None  # --from-plan DEVICE: the device profile the export was planned for
 
 
 def _wrapped_exit(e: BaseException) -> SystemExit | None:

@@ -345,6 +345,7 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
                       "n_layers": args.n_layers, "config": args.to_json()},
             "strategy": strategy_entry(strategy, module),
             "max_ctx": opts.max_ctx,
+            **({"planned_for": opts.planned_for} if opts.planned_for else {}),
             "weights": {"dtype": WEIGHT_DTYPES[opts.weights],
                         "bytes": int(quantization["onnx"]["bytes"]) if opts.weights == "gguf" else
                         int(n_params * BITS[opts.weights] // 8),

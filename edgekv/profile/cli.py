@@ -231,11 +231,25 @@ def adb_profile(folder: Path, ctxs: list[int], steps: int, runtime: str, serial:
     return report
 
 
+def planned_device(folder: Path) -> str:
+    """The built-in device an export was planned for (its manifest's planned_for, from export --from-plan), else
+    pixel8. A manifest that cannot be read says so later, in load_export's own words."""
+    from ..devices import device_ids
+    from ..jsonfile import read_json
+    try:
+        planned = read_json(folder / "manifest.json").get("planned_for")
+    except (EdgekvError, AttributeError):
+        return "pixel8"
+    return planned if isinstance(planned, str) and planned in device_ids() else "pixel8"
+
+
 @click.command("report")
 @click.argument("export_dir", type=click.Path(file_okay=False))
 @click.option("-o", "--out", type=click.Path(dir_okay=False), default=None,
               help="report.html (default: EXPORT_DIR/report.html); a .md name writes markdown")
-@click.option("-d", "--device", "device_name", default="pixel8", show_default=True, help="the phone to plan for")
+@click.option("-d", "--device", "device_name", default=None,
+              help="the phone to plan for (default: the device the export was planned for with --from-plan, else "
+              "pixel8)")
 @click.option("--gpu", "gpu_name", default="h100", show_default=True, help="the datacenter baseline")
 @click.option("-c", "--ctx", "ctx_text", default=None,
               help="context for the plan and the baseline (default: the export's max_ctx)")
@@ -255,6 +269,8 @@ def report(export_dir, out, device_name, gpu_name, ctx_text, profile_json, as_js
     from .run import validate_report
 
     # every input checked before the profile runs: its minutes are not lost to a bad flag
+    if device_name is None:
+        device_name = planned_device(Path(export_dir))
     check_writable(out or Path(export_dir) / "report.html", "--out", force=force)
     if not load_device(gpu_name).is_datacenter:
         raise EdgekvError(f"--gpu {gpu_name}: not a datacenter GPU profile (try h100, h200, a100)")
