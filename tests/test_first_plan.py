@@ -191,3 +191,11 @@ def test_report_plans_for_the_device_the_export_was_planned_for(tmp_path):
     m["planned_for"] = "../../etc/not-a-device"
     (out / "manifest.json").write_text(json.dumps(m))
     assert planned_device(out) == "pixel8"
+
+
+def test_an_export_past_the_trained_context_is_refused_before_any_stage(tmp_path):
+    """fixtures/tiny/llama's config.json: max_position_embeddings 8192; -c 16k was refused only in the load stage,
+    after the weights were read (44 s for SmolLM2)."""
+    p = run_cli("export", "-m", ROOT / "fixtures" / "tiny" / "llama", "-c", "16k", "-o", tmp_path / "x")
+    assert p.returncode == 2 and "exceeds the model's trained context 8192" in p.stderr, p.stderr
+    assert "load" not in p.stderr and not (tmp_path / "x").exists()

@@ -184,7 +184,9 @@ def check_applies(spec: str, strategy, max_ctx: int):
 
     path = resolve_model(spec)
     family = family_of(path)  # a model type with an export module (edgekv.models.FAMILIES)
-    layout = layout_for(read_gguf(path) if path.suffix.lower() == ".gguf" else read_config_json(path), strategy,
-                        max_ctx)
+    arch = read_gguf(path) if path.suffix.lower() == ".gguf" else read_config_json(path)
+    if arch.max_position and max_ctx > arch.max_position:  # as the load stage checks it, before the weights are read
+        raise EdgekvError(f"max_ctx {max_ctx} exceeds the model's trained context {arch.max_position}")
+    layout = layout_for(arch, strategy, max_ctx)
     check_strategy(family, strategy)  # whose module keeps this state
     return layout
