@@ -88,7 +88,6 @@ def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, ent
     HF folder or a .gguf). Exit codes: 0 done; 2 bad input; 3 --model and --strategy were both given and no option
     fits the budget (so a script can gate on it)."""
     from . import render
-    from .arch import load_arch
     from .devices import load_device
     from .plan import default_models, make_plan
     from .strategies import parse_strategy
