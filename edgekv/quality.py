@@ -171,7 +171,8 @@ def with_weights(q: dict, model: str, precision: str, fmt: str | None, folder: P
         return q
     risk = risk_from_kl(float(m["kl_mean"]), "bounded")
     where = f"edgekv's {m['format']} export" + ("" if m["own_format"] else " (the format measured, not this plan's)")
-    how = (f"{precision} weights, as {where} quantizes them ({m.get('recipe', '')}): top-1 {m['top1']:.1%}, KL mean "
+    verb = "carries" if precision == "gguf" else "quantizes"  # gguf: the file's own blocks, not quantized again
+    how = (f"{precision} weights, as {where} {verb} them ({m.get('recipe', '')}): top-1 {m['top1']:.1%}, KL mean "
            f"{m['kl_mean']:.3g} nats against the fp32 model over {m.get('positions')} positions of real text "
            f"({m.get('measured_by', VERIFY_QUANT)}; {m.get('source', m['file'])}) -> {risk}")
     weights = {"precision": precision, "format": m["format"], "top1": m["top1"], "kl_mean": m["kl_mean"],
