@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from edgekv.arch import Arch, Weight, catalog_arch, read_gguf
+from edgekv.arch import Arch, Weight, read_gguf
 from edgekv.cli import main
 from edgekv.memory import GGUF_CARRIED, carried_matrix_bytes, weight_bytes
 from edgekv.plan import deployment
@@ -131,6 +131,10 @@ def test_a_gguf_plan_row_cites_the_carried_weights_measured_kl_and_int4_its_own(
     (row,) = plan_json("-m", "smollm2-135m", "--weights", "int4", "--device", "pixel8", "--ctx", "2k", "--runtime",
                        "ort", "--strategy", "kv:dtype=fp16")["options"]
     assert row["quality"]["weights"]["risk"] == "high" and row["quality"]["risk"] == "high"
+    # a catalog name without known weights has no GGUF to read: one line, exit 2
+    r = CliRunner().invoke(main, ["plan", "-m", "llama-3.2-1b", "--weights", "gguf", "--device", "pixel8", "--ctx",
+                                  "2k"])
+    assert r.exit_code == 2 and "--weights gguf needs a GGUF model" in r.stderr
 
 
 def test_gemmas_carried_weights_have_their_measured_kl():
@@ -141,9 +145,3 @@ def test_gemmas_carried_weights_have_their_measured_kl():
     assert "filled_context_1024_gguf_gemma3_n129.json" in m["source"]
     assert weights_cost("gemma-3-270m", "int4", "onnx")["kl_mean"] > 10 * m["kl_mean"]
 
-
-def test_a_catalog_model_without_known_weights_still_needs_a_gguf_for_gguf_weights():
-    assert catalog_arch("llama-3.2-1b").gguf_path is None
-    r = CliRunner().invoke(main, ["plan", "-m", "llama-3.2-1b", "--weights", "gguf", "--device", "pixel8", "--ctx",
-                                  "2k"])
-    assert r.exit_code == 2 and "--weights gguf needs a GGUF model" in r.stderr
