@@ -8,6 +8,8 @@ gguf_carried_bytes_smollm2-135m.json, model.onnx.data); the KL and top-1 benchma
 (benchmarks/results/filled_context_1024_gguf_*_n129.json), read here from the results, not from edgekv's copy."""
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -131,6 +133,12 @@ def test_a_gguf_plan_row_cites_the_carried_weights_measured_kl_and_int4_its_own(
     (row,) = plan_json("-m", "smollm2-135m", "--weights", "int4", "--device", "pixel8", "--ctx", "2k", "--runtime",
                        "ort", "--strategy", "kv:dtype=fp16")["options"]
     assert row["quality"]["weights"]["risk"] == "high" and row["quality"]["risk"] == "high"
+    # the plan stays free of torch with a GGUF read for its tensor types
+    code = ("import sys; from click.testing import CliRunner; from edgekv.cli import main; "
+            "r = CliRunner().invoke(main, ['plan', '-m', 'smollm2-135m', '--weights', 'gguf', '-d', 'pixel8', '-c', "
+            "'2k', '--runtime', 'ort']); assert r.exit_code == 0, r.output; assert 'torch' not in sys.modules")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 0, p.stderr
     # a catalog name without known weights has no GGUF to read: one line, exit 2
     r = CliRunner().invoke(main, ["plan", "-m", "llama-3.2-1b", "--weights", "gguf", "--device", "pixel8", "--ctx",
                                   "2k"])
