@@ -15,6 +15,18 @@ def _ctx(value: str) -> int:
     return parse_ctx(value)
 
 
+def _plan_arch(spec: str, weights: str | None):
+    """--model for a plan: with --weights gguf, a model with known weights (smollm2-135m, gemma-3-270m) is read from
+    its GGUF (the tensors' own types), where a catalog name alone carries shapes only."""
+    from .arch import load_arch
+    if weights == "gguf":
+        from .models.weights import known_gguf
+        found = known_gguf(spec)
+        if found is not None:
+            return load_arch(str(found))
+    return load_arch(spec)
+
+
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="edgekv")
 def main():
@@ -76,7 +88,6 @@ def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, ent
     HF folder or a .gguf). Exit codes: 0 done; 2 bad input; 3 --model and --strategy were both given and no option
     fits the budget (so a script can gate on it)."""
     from . import render
-    from .arch import load_arch
     from .devices import load_device
     from .plan import default_models, make_plan
     from .strategies import parse_strategy
@@ -90,7 +101,7 @@ def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, ent
         from .jsonfile import PLOT_FORMATS, check_writable
         check_writable(plot, "--plot", PLOT_FORMATS, force=force)
     device = load_device(device_name)
-    archs = [load_arch(m) for m in models] if models else default_models(device)
+    archs = [_plan_arch(m, weights) for m in models] if models else default_models(device)
     strats = [parse_strategy(s) for s in strategies] or None
     if longest:
         from .plan import make_max_plan

@@ -33,6 +33,9 @@ def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: 
     if weights == "gguf" and not arch.gguf_path:
         raise EdgekvError(f"--weights gguf needs a GGUF model; {arch.name} was read from {arch.source}")
     layout = strategy.layout(arch, ctx)
+    carried = weights == "gguf" and runtime == "onnxruntime" and scheme is None
+    if carried:  # edgekv's ONNX carries the file's blocks in MatMulNBits' form, larger than the file (memory.weights)
+        scheme = M.GGUF_CARRIED
     wb = M.weight_bytes(arch, weights, scheme)
     ws = M.workspace_bytes(arch, layout, strategy, runtime, min(chunk, ctx), weights, methods)
     load = M.runtime_load_bytes(arch, weights, runtime, methods, layout, strategy)
@@ -40,7 +43,9 @@ def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: 
     d.explain = {
         "weights": f"{weights}: " + ", ".join(f"{k} {v:,.0f} B" for k, v in wb.items() if k not in ("total",
                    "read_per_token")) + f" = {wb['total']:,.0f} B (from {len(arch.weights)} tensor shapes; "
-                   + ("exact GGUF bytes" if weights == "gguf" else
+                   + ("the GGUF's blocks as edgekv's ONNX carries them: MatMulNBits codes (Q5_0, Q6_K, Q8_0 at 8 "
+                      "bits), fp32 scales, Q4_1/Q4_K zero points + fp32 remainders, a tied 8-bit table's own scales"
+                      if carried else "exact GGUF bytes" if weights == "gguf" else
                       f"the runtime's layout: {scheme}" if scheme else
                       "int4 = 4-bit g32 + fp16 scales for linear layers, int8 rows for embeddings; "
                       "int8 = 1 B + fp16 scale per row; norms/conv/A/D fp32") + ")",

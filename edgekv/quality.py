@@ -159,6 +159,9 @@ def weights_cost(model: str, precision: str, fmt: str | None, folder: Path | Non
     return None
 
 
+VERIFY_QUANT = "edgekv export's verify-quant"  # who measured a stored weights cost that names no measured_by
+
+
 def with_weights(q: dict, model: str, precision: str, fmt: str | None, folder: Path | None = None) -> dict:
     """q (the state's risk at ctx) with the weights' measured cost beside it: the weights' KL against fp32 on the
     same scale as a cache's (risk_from_kl), the worse of the two kept, and the evidence and short cite saying what
@@ -168,9 +171,10 @@ def with_weights(q: dict, model: str, precision: str, fmt: str | None, folder: P
         return q
     risk = risk_from_kl(float(m["kl_mean"]), "bounded")
     where = f"edgekv's {m['format']} export" + ("" if m["own_format"] else " (the format measured, not this plan's)")
-    how = (f"{precision} weights, as {where} quantizes them ({m.get('recipe', '')}): top-1 {m['top1']:.1%}, KL mean "
+    verb = "carries" if precision == "gguf" else "quantizes"  # gguf: the file's own blocks, not quantized again
+    how = (f"{precision} weights, as {where} {verb} them ({m.get('recipe', '')}): top-1 {m['top1']:.1%}, KL mean "
            f"{m['kl_mean']:.3g} nats against the fp32 model over {m.get('positions')} positions of real text "
-           f"(edgekv export's verify-quant; {m.get('source', m['file'])}) -> {risk}")
+           f"({m.get('measured_by', VERIFY_QUANT)}; {m.get('source', m['file'])}) -> {risk}")
     weights = {"precision": precision, "format": m["format"], "top1": m["top1"], "kl_mean": m["kl_mean"],
                "risk": risk, "file": m["file"]}
     if RISK_ORDER[risk] > RISK_ORDER[q["risk"]]:  # the weights set the label: the short cite is theirs, the evidence

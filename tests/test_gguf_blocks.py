@@ -206,3 +206,31 @@ def test_smollm2_exported_with_its_own_blocks_is_exact_and_within_the_quality_ta
     v = m["weight_quality"]["onnx"]
     assert v["kl_mean"] <= 0.01 and v["top1_agreement"] >= 0.95, v
     assert "the GGUF's own blocks" in p.stdout and "KL mean" in p.stdout
+
+
+def stored_bytes(model) -> int:
+    """The bytes of a carried graph's weights: its initializers other than the int64 shape and axis constants."""
+    return sum(numpy_helper.to_array(i).nbytes for i in model.graph.initializer if i.data_type != TensorProto.INT64)
+
+
+@pytest.mark.parametrize("type_name", gb.CARRIED)
+def test_the_planners_bytes_per_type_are_what_carry_writes(type_name):
+    """edgekv.memory's arithmetic for --weights gguf on ONNX Runtime against the initializers carry() really writes."""
+    from edgekv.memory import carried_matrix_bytes
+    raw = gguf_rows(type_name, seed=5)
+    model = one_matmul(reference(raw, type_name))
+    gb.carry(model, gb.matrix("blk.0.ffn_up.weight", type_name, raw, N, K), accuracy_level=0)
+    assert stored_bytes(model) == carried_matrix_bytes(type_name, N, K)
+
+
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_1"])
+def test_the_planners_bytes_for_a_tied_table_are_what_carry_writes(type_name):
+    """A tied table: Q8_0 gathered from the head's codes (GatherBlockQuantized's own scales), Q4_1 kept fp32."""
+    from edgekv.arch import Arch, Weight
+    from edgekv.memory import GGUF_CARRIED, weight_bytes
+    raw = gguf_rows(type_name, n=40, k=64, seed=6)
+    model = one_matmul(reference(raw, type_name, 40, 64), tied_table=True)
+    gb.carry(model, gb.matrix("token_embd.weight", type_name, raw, 40, 64), accuracy_level=0)
+    arch = Arch("tiny", "llama", "transformer", 64, 40, (), (Weight("token_embd.weight", (40, 64), "embedding",
+                                                                      gguf_type=type_name, gguf_bytes=raw.size),))
+    assert stored_bytes(model) == weight_bytes(arch, "gguf", GGUF_CARRIED)["total"]

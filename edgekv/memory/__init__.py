@@ -17,7 +17,8 @@ from .dollars import usd_per_m_tokens, users_per_gpu
 from .item import Item
 from .speed import (_attn_tokens, decode_flops, decode_read_bytes, decode_tokens_per_s, layout_rank, prefill_flops,
                     prefill_seconds)
-from .weights import _scheme_bytes, weight_bytes, weight_bytes_one
+from .weights import (CARRIED_FORM, GGUF_CARRIED, _scheme_bytes, carried_matrix_bytes, gathered_bytes,
+                      weight_bytes, weight_bytes_one)
 from .workspace import (_kernel_code, _largest_packed, _layer_scratch, _readback_source, _tied_bytes,
                         runtime_load_bytes, workspace_bytes)
 
@@ -42,5 +43,6 @@ __all__ = ["ARM64_PACKING", "arm64_load", "ET_SDPA", "GQA", "KV_READ", "MEASURED
            "UNPACK_EXTRA_COPIES", "WHERE_WRITTEN_TYPES", "_rt", "_traits", "fused_gqa", "kv_read",
            "WEIGHT_PRECISIONS", "Deployment", "usd_per_m_tokens", "users_per_gpu", "Item", "_attn_tokens",
            "decode_flops", "decode_read_bytes", "decode_tokens_per_s", "layout_rank", "prefill_flops",
-           "prefill_seconds", "_scheme_bytes", "weight_bytes", "weight_bytes_one", "_kernel_code", "_largest_packed",
+           "prefill_seconds", "_scheme_bytes", "CARRIED_FORM", "GGUF_CARRIED", "carried_matrix_bytes",
+           "gathered_bytes", "weight_bytes", "weight_bytes_one", "_kernel_code", "_largest_packed",
            "_layer_scratch", "_readback_source", "_tied_bytes", "runtime_load_bytes", "workspace_bytes"]

@@ -3,8 +3,52 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 
 from ..arch import Arch, Weight
+
+# --weights gguf in edgekv's ONNX: the form each GGUF type's blocks are carried in (edgekv.export.gguf_blocks.pack,
+# docs/export.md "The file's own blocks"): (bits per code, elements per fp32 scale, a uint zero point per block, an
+# fp32 remainder per block). The carried form is larger than the file: fp32 scales for fp16 ones, 5- and 6-bit codes
+# stored in 8 bits, and Q4_1 / Q4_K's fractional minimum as an integer zero point plus an fp32 remainder term.
+CARRIED_FORM = {
+    "Q4_0": (4, 32, False, False),  # default zero point 8
+    "Q8_0": (8, 32, False, False),  # default zero point 128
+    "Q5_0": (8, 32, False, False),
+    "Q6_K": (8, 16, False, False),  # its int8 sub-scales folded into one fp32 scale per 16
+    "Q4_1": (4, 32, True, True),
+    "Q4_K": (4, 32, True, True),
+    "Q5_1": (8, 32, True, True),
+    "Q5_K": (8, 32, True, True),
+}
+# the scheme (weight_bytes' `scheme`) that prices --weights gguf as edgekv's ONNX carries it; without it a GGUF's
+# weights are the file's own bytes (llama.cpp runs them as they are)
+GGUF_CARRIED = {"gguf_blocks": "onnx"}
+
+
+def carried_matrix_bytes(type_name: str, n: int, k: int) -> int | None:
+    """Bytes of one GGUF matrix [n, k] (n output rows) as MatMulNBits holds it: codes (4-bit two to a byte), fp32
+    scales, zero points (4-bit ones two to a byte per row, an odd last block padded) and fp32 remainders, as
+    gguf_blocks.nbits_b / nbits_zero_points write them. None: a type that is not carried (a float type, or a quant
+    type gguf_blocks does not read: the graph keeps its fp32 copy)."""
+    if type_name not in CARRIED_FORM:
+        return None
+    bits, block, zp, rem = CARRIED_FORM[type_name]
+    nb = k // block
+    out = n * k * bits // 8 + 4 * n * nb
+    if zp:
+        out += n * (nb if bits == 8 else math.ceil(nb / 2))
+    return out + (4 * n * nb if rem else 0)
+
+
+def gathered_bytes(type_name: str, n: int, k: int) -> tuple[int, bool]:
+    """(bytes of an embedding table [n, k] as edgekv's ONNX gathers it, whether its codes are shared with a tied
+    head's MatMulNBits). An 8-bit type with no remainder (Q8_0, Q5_0, Q6_K) is read by GatherBlockQuantized: its own
+    fp32 scales [n, k / block, 1] beside the codes; any other table stays the fp32 dequantized table."""
+    form = CARRIED_FORM.get(type_name)
+    if form is None or form[0] != 8 or form[3]:
+        return 4 * n * k, False
+    return n * k + 4 * n * (k // form[1]), True
 
 
 def weight_bytes_one(w: Weight, precision: str) -> float:
@@ -45,6 +89,8 @@ def weight_bytes(arch: Arch, precision: str, scheme: dict | None = None) -> dict
 @functools.lru_cache(maxsize=512)  # an Arch hashes by identity and is not changed once built; a plan asks per row
 def _weight_bytes(arch: Arch, precision: str, scheme_key: str | None) -> dict[str, float]:
     scheme = None if scheme_key is None else json.loads(scheme_key)
+    if precision == "gguf" and scheme and scheme.get("gguf_blocks") == "onnx":
+        return _carried_onnx(arch)
     out: dict[str, float] = {}
     read = 0.0
     for w in arch.weights:
@@ -64,5 +110,37 @@ def _weight_bytes(arch: Arch, precision: str, scheme_key: str | None) -> dict[st
         read += out.get("embedding", 0) - sum(weight_bytes_one(w, precision) / w.shape[0]
                                                for w in arch.weights if w.cls == "embedding")
     out["total"] = sum(v for k, v in out.items())
+    out["read_per_token"] = read
+    return out
+
+
+def _carried_onnx(arch: Arch) -> dict[str, float]:
+    """weight_bytes for --weights gguf as edgekv's ONNX carries the file (CARRIED_FORM): every matrix of a carried
+    type as MatMulNBits, others (and norms, biases) as fp32. A tied table is the head's MatMulNBits plus what the
+    Gather reads: GatherBlockQuantized's own scales on the head's codes, or the fp32 table. A projection the export
+    fuses from parts of different forms (q/k/v of mixed types) is priced part by part: the fused matrix's widest
+    bits, smallest block and explicit zero points are not counted."""
+    out: dict[str, float] = {}
+    read = 0.0
+    tied = not any(w.cls == "lm_head" for w in arch.weights)
+    for w in arch.weights:
+        if w.gguf_type is None:
+            raise ValueError("gguf precision needs a GGUF-read Arch")
+        n, k = (w.shape[0], math.prod(w.shape[1:])) if len(w.shape) >= 2 else (1, w.numel)
+        mm = carried_matrix_bytes(w.gguf_type, n, k) if len(w.shape) == 2 else None
+        if w.cls == "embedding":
+            table, shared = gathered_bytes(w.gguf_type, n, k)
+            b = table / n  # a decode step gathers one row
+            if tied:  # the output head reads the whole matrix every token, from the gather's codes when shared
+                head = mm if mm is not None else 4 * w.numel
+                table -= n * k if shared else 0
+                b, table = b + head, table + head
+            out[w.cls] = out.get(w.cls, 0) + table
+            read += b * w.read_fraction
+            continue
+        b = mm if mm is not None and w.cls != "small" else 4 * w.numel
+        out[w.cls] = out.get(w.cls, 0) + b
+        read += b * w.read_fraction
+    out["total"] = sum(out.values())
     out["read_per_token"] = read
     return out

@@ -54,6 +54,24 @@ def resolve_model(spec: str) -> Path:
                       "not weights)")
 
 
+def known_gguf(spec: str) -> Path | None:
+    """The GGUF of a model with known weights (PACKAGED, or ASSEMBLED and already assembled) without writing
+    anything, for a plan of --weights gguf; None for any other spec or when the file is not there yet."""
+    name = spec.lower()
+    if Path(spec).exists() or name not in {**PACKAGED, **ASSEMBLED}:
+        return None
+    if name in PACKAGED:
+        try:
+            return resolve_model(spec)
+        except EdgekvError:
+            return None
+    pkg = ASSEMBLED[name]
+    if importlib.util.find_spec(pkg) is None or not (Path.home() / ".cache" / pkg).is_dir():
+        return None  # default_output_path would create its cache folder
+    f = Path(importlib.import_module(pkg).default_output_path())
+    return f if f.is_file() else None
+
+
 def _assembled(spec: str, pkg: str) -> Path:
     """The GGUF an installed chunked package assembles (ASSEMBLED), or one line saying what to install."""
     if importlib.util.find_spec(pkg) is None:
