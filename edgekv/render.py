@@ -343,7 +343,7 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
         cells.append([r.model + ("" if r.exportable[0] else " †"), r.strategy.short + ("" if r.native else " *"),
                       r.deployment.weight_precision, fmt_gb(b["state"]), fmt_gb(b["total"]),
                       FIT_CELL[r.fit], ("" if r.fits else "-") + fmt_gb(abs(r.headroom)),
-                      fmt_sig(r.decode.value), p,
+                      decode_cell(r), p,
                       "?" if tc is None else ("[red]" + fmt_ctx(tc) + " ![/]" if plan.ctx > tc else fmt_ctx(tc)),
                       f"[{RISK_STYLE[risk]}]{risk}[/]", r.quality["cite"],
                       *((str(int(r.serving.users.value)), "-" if math.isinf(r.serving.usd.value)
@@ -500,7 +500,7 @@ def max_ctx_table(mp, limit: int | None = 30, explain: bool = False) -> None:
         cells.append([o.model + ("" if r is None or r.exportable[0] else " †"), o.strategy.short,
                       r.deployment.weight_precision if r else "", f"{o.ctx:,}" if o.ctx else "none",
                       f"{o.ctx_yes:,}" if o.ctx_yes else "-", o.bound, fmt_gb(r.deployment.bytes["total"]) if r else "",
-                      FIT_CELL[r.fit] if r else FIT_CELL["no"], fmt_sig(r.decode.value) if r else "",
+                      FIT_CELL[r.fit] if r else FIT_CELL["no"], decode_cell(r) if r else "",
                       f"[{RISK_STYLE[r.quality['risk']]}]{r.quality['risk']}[/]" if r else "",
                       escape(r.quality["cite"]) if r else ""])
     rt = PLAN_RUNTIMES[mp.runtime]
@@ -576,10 +576,21 @@ def recall_runs(c: Console, runs: dict) -> None:
         c.print(f"  [{n}] {p.get('date')}, {wall}{load}: {escape(cmd)}")
 
 
+def decode_cell(r) -> str:
+    """The decode tok/s cell: a range "low-high" where the attention rate is a guessed range (a phone on ONNX
+    Runtime: edgekv/costs/attention_rates.json), else the one number."""
+    rng = getattr(r, "decode_range", None)
+    return f"{fmt_sig(rng[0])}-{fmt_sig(rng[1])}" if rng else fmt_sig(r.decode.value)
+
+
 def decode_line(r, d) -> str:
     """The decode derivation whose arithmetic gives the printed tok/s: bytes read per token over the effective
     bandwidth when bandwidth-bound (with the fp32 copy a runtime writes and reads when it dequantizes the whole
-    cache), FLOP per token over the effective compute when compute-bound."""
+    cache), FLOP per token over the effective compute when compute-bound; where the attention is charged at its
+    kernel rate (ONNX Runtime's GroupQueryAttention), the weights term plus the attention term."""
+    if "GroupQueryAttention" in r.decode.formula:
+        return escape(r.decode.formula.split("; ", 1)[1].split(" (measured: ")[0].split(" (guessed: ")[0]
+                      + "; " + r.decode.formula.split("; ", 1)[0])
     if "compute-bound" in r.decode.formula and r.decode_flops is not None:
         return (f"~{fmt_sig(r.decode_flops.value / 1e9)} GFLOP per token / ({d.flops / 1e9:,.0f} GFLOP/s x "
                 f"{d.prefill_efficiency:g}) -> {fmt_sig(r.decode.value)} tok/s (compute-bound)")
