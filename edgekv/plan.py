@@ -123,6 +123,7 @@ class PlanRow:
 
     _runtime_cite: str = ""
     decode_range: tuple[float, float] | None = None  # (low, high) tok/s where the attention rate is a guessed range
+    attention_terms: dict | None = None  # the weights and attention terms where attention is charged at its kernel rate
     serving: "BaselineRow | None" = None
 
 
@@ -159,7 +160,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     dec = M.decode_tokens_per_s(read.value, fl.value, device.bandwidth, device.decode_efficiency, device.flops,
                                 device.prefill_efficiency)
     dec.formula = read.formula + "; " + fl.formula + "; " + dec.formula
-    dec_range = None
+    dec_range = attn_terms = None
     rates = M.attention_rates(rt, device.id, device.device_class) if rt == "onnxruntime" else None
     kind = M.cache_kind(strategy, dep.layout) if rates and M.fused_gqa(arch, dep.layout, strategy, rt) else None
     if kind in (rates or {}).get("kinds", {}):
@@ -168,12 +169,12 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
         attn_s, attn_f = M.attention_seconds(arch, dep.layout, kind, rates["kinds"])
         lin = fl.value - M.attention_flops(arch, dep.layout)
         w_rate = rates["weights"].get(dep.weight_precision, {}).get("read_bytes_per_s")
-        dec, dec_range = M.decode_with_attention(dep.weights["read_per_token"], lin, attn_s, rates["scale"],
-                                                 device.bandwidth, device.decode_efficiency, device.flops,
-                                                 device.prefill_efficiency, w_rate)
+        dec, attn_terms = M.decode_with_attention(dep.weights["read_per_token"], lin, attn_s, rates["scale"],
+                                                  device.bandwidth, device.decode_efficiency, device.flops,
+                                                  device.prefill_efficiency, w_rate)
         dec.formula = f"{attn_f}; {dec.formula} ({rates['basis']}: {rates['source']})"
-        if dec_range[0] == dec_range[1]:
-            dec_range = None
+        attn_terms["formula"] = attn_f.split(" = ", 1)[1].rsplit(" = ", 1)[0]
+        dec_range = attn_terms["tok_s"] if attn_terms["tok_s"][0] != attn_terms["tok_s"][1] else None
     pf = M.prefill_flops(arch, strategy, ctx, chunk)
     pre = M.prefill_seconds(pf.value, dep.weights["total"], ctx, min(chunk, ctx), device.bandwidth,
                             device.decode_efficiency, device.flops, device.prefill_efficiency)
@@ -198,7 +199,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     row = PlanRow(arch.name, strategy, strategy.is_native(arch), dep, basis.app, dec, pre, q,
                   notes, arch.trained_ctx, export_support(arch, strategy, ctx, name), name, recall, basis, read, fl, pf,
                   min(chunk, ctx))
-    row.decode_range = dec_range
+    row.decode_range, row.attention_terms = dec_range, attn_terms
     row._runtime_cite = f"{name} overhead {int(ov.value):,} B ({ov.cite})"
     if device.is_datacenter:
         row.serving = serve(device, arch, dep)

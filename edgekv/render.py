@@ -588,9 +588,13 @@ def decode_line(r, d) -> str:
     bandwidth when bandwidth-bound (with the fp32 copy a runtime writes and reads when it dequantizes the whole
     cache), FLOP per token over the effective compute when compute-bound; where the attention is charged at its
     kernel rate (ONNX Runtime's GroupQueryAttention), the weights term plus the attention term."""
-    if "GroupQueryAttention" in r.decode.formula:
-        return escape(r.decode.formula.split("; ", 1)[1].split(" (measured: ")[0].split(" (guessed: ")[0]
-                      + "; " + r.decode.formula.split("; ", 1)[0])
+    a = getattr(r, "attention_terms", None)
+    if a:
+        lo, hi = a["scale"]
+        scale = f" / device scale {lo:g}-{hi:g}" if (lo, hi) != (1.0, 1.0) else ""
+        return escape(f"{a['weights']} = {fmt_sig(a['weights_s'] * 1e3)} ms + attention "
+                      f"{fmt_sig(a['attention_s'] * 1e3)} ms{scale} -> {decode_cell(r)} tok/s (GroupQueryAttention "
+                      f"at its kernel rate: {a['formula']})")
     if "compute-bound" in r.decode.formula and r.decode_flops is not None:
         return (f"~{fmt_sig(r.decode_flops.value / 1e9)} GFLOP per token / ({d.flops / 1e9:,.0f} GFLOP/s x "
                 f"{d.prefill_efficiency:g}) -> {fmt_sig(r.decode.value)} tok/s (compute-bound)")

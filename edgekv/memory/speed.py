@@ -197,20 +197,23 @@ def _per_pos_us(h: int, hkv: int, d: int, kind: str, rate: float | None, comp: f
 
 def decode_with_attention(weights_read: float, lin_flops: float, attn_s: float, scale: tuple[float, float],
                           bandwidth: float, bw_eff: float, peak_flops: float, flop_eff: float,
-                          weights_rate: float | None = None) -> tuple[Item, tuple[float, float]]:
+                          weights_rate: float | None = None) -> tuple[Item, dict]:
     """tok/s = 1 / (weights term + attention term): the weights term is the roofline over the weights alone (or
     the weights over a measured rate of the runtime's weight kernels where stored), the attention term the fitted
-    kernel time divided by the device's scale (low, high). Returns the low end's Item and (low, high) tok/s."""
+    kernel time divided by the device's scale (low, high). Returns the low end's Item and the terms
+    ({weights_s, weights, attention_s, scale, tok_s: (low, high)}) for the explain line."""
     if weights_rate:
-        t_w, how = weights_read / weights_rate, f"weights {weights_read:.3g} B / {weights_rate:.3g} B/s (measured rate)"
+        t_w = weights_read / weights_rate
+        how = f"~{weights_read / 1e9:.3g} GB weights / {weights_rate / 1e9:.3g} GB/s (measured)"
     else:
         t_bw, t_fl = weights_read / (bandwidth * bw_eff), lin_flops / (peak_flops * flop_eff)
         t_w = max(t_bw, t_fl)
-        how = (f"max(weights {weights_read:.3g} B / ({bandwidth:.3g} B/s x {bw_eff}), matmul FLOP {lin_flops:.3g} / "
-               f"({peak_flops:.3g} FLOP/s x {flop_eff}))")
+        how = (f"~{weights_read / 1e9:.3g} GB weights / ({bandwidth / 1e9:.3g} GB/s x {bw_eff:g})" if t_bw >= t_fl
+               else f"~{lin_flops / 1e9:.3g} GFLOP matmuls / ({peak_flops / 1e9:.3g} GFLOP/s x {flop_eff:g})")
     lo, hi = scale
     slow, fast = 1 / (t_w + attn_s / lo), 1 / (t_w + attn_s / hi)
     f = (f"1 / ({how} = {t_w * 1e3:.3g} ms + attention {attn_s * 1e3:.3g} ms"
          + (f" / device scale {lo:g}-{hi:g}" if scale != (1.0, 1.0) else "") + ") = "
          + (f"{slow:.3g}-{fast:.3g} tok/s" if slow != fast else f"{slow:.3g} tok/s"))
-    return Item(slow, f), (slow, fast)
+    return Item(slow, f), {"weights_s": t_w, "weights": how, "attention_s": attn_s, "scale": scale,
+                           "tok_s": (slow, fast)}
