@@ -358,7 +358,10 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
               "total = weights + state + workspace + runtime; headroom = budget - total ('-' = over by); "
               + (f"tight = fits with no more headroom than the budget's own uncertainty ({fmt_mem(unc)}, "
                  f"{d.id}'s app_budget_uncertainty_bytes). " if unc else "")
-              + f"decode = tokens/s at ctx; prefill = time to read a {plan.ctx:,}-token prompt. "
+              + "decode = tokens/s at ctx" + ("; low-high where the runtime's attention rate on this device is a "
+                                              "guess, not a measurement (--explain)"
+                                              if any(getattr(r, "decode_range", None) for r in shown) else "")
+              + f"; prefill = time to read a {plan.ctx:,}-token prompt. "
               "'*' = state changed from what the model was trained with (quantized, windowed or converted). "
               "'†' = edgekv export cannot build this row today (another tool may; --json: exportable_reason). "
               "trained = the context the model was trained at ('!' = ctx is past it: risk high unless edgekv analyze "
