@@ -112,6 +112,7 @@ class PlanRow:
              "native": self.native, "bytes": self.deployment.bytes, "budget_bytes": self.budget, "fits": self.fits,
              "fit": self.fit, "headroom_bytes": self.budget - self.deployment.bytes["total"],
              "decode_tokens_per_s": round(self.decode.value, 3), "prefill_seconds": round(self.prefill.value, 3),
+             **({"decode_tokens_per_s_range": [round(v, 3) for v in self.decode_range]} if self.decode_range else {}),
              "quality": self.quality, "notes": self.notes,
              "trained_ctx": ({"value": self.trained_ctx[0], "source": self.trained_ctx[1]} if self.trained_ctx
                              else {"value": None, "source": "unknown: the config names no trained length"}),
@@ -126,6 +127,8 @@ class PlanRow:
         return d
 
     _runtime_cite: str = ""
+    decode_range: tuple[float, float] | None = None  # (low, high) tok/s where the attention rate is a guessed range
+    attention_terms: dict | None = None  # the weights and attention terms where attention is charged at its kernel rate
     serving: "BaselineRow | None" = None
 
 
@@ -162,6 +165,21 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     dec = M.decode_tokens_per_s(read.value, fl.value, device.bandwidth, device.decode_efficiency, device.flops,
                                 device.prefill_efficiency)
     dec.formula = read.formula + "; " + fl.formula + "; " + dec.formula
+    dec_range = attn_terms = None
+    rates = M.attention_rates(rt, device.id, device.device_class) if rt == "onnxruntime" else None
+    kind = M.cache_kind(strategy, dep.layout) if rates and M.fused_gqa(arch, dep.layout, strategy, rt) else None
+    if kind in (rates or {}).get("kinds", {}):
+        # GroupQueryAttention reads the cache at its own kernel rate, far below the memory bandwidth: the roofline
+        # keeps the weights, the attention is charged at the fitted kernel cost (edgekv/costs/attention_rates.json)
+        attn_s, attn_f = M.attention_seconds(arch, dep.layout, kind, rates["kinds"])
+        lin = fl.value - M.attention_flops(arch, dep.layout)
+        w_rate = rates["weights"].get(dep.weight_precision, {}).get("read_bytes_per_s")
+        dec, attn_terms = M.decode_with_attention(dep.weights["read_per_token"], lin, attn_s, rates["scale"],
+                                                  device.bandwidth, device.decode_efficiency, device.flops,
+                                                  device.prefill_efficiency, w_rate)
+        dec.formula = f"{attn_f}; {dec.formula} ({rates['basis']}: {rates['source']})"
+        attn_terms["formula"] = attn_f.split(" = ", 1)[1].rsplit(" = ", 1)[0]
+        dec_range = attn_terms["tok_s"] if attn_terms["tok_s"][0] != attn_terms["tok_s"][1] else None
     pf = M.prefill_flops(arch, strategy, ctx, chunk)
     pre = M.prefill_seconds(pf.value, dep.weights["total"], ctx, min(chunk, ctx), device.bandwidth,
                             device.decode_efficiency, device.flops, device.prefill_efficiency)
@@ -186,6 +204,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     row = PlanRow(arch.name, strategy, strategy.is_native(arch), dep, basis.app, dec, pre, q,
                   notes, arch.trained_ctx, export_support(arch, strategy, ctx, name), name, recall, basis, read, fl, pf,
                   min(chunk, ctx))
+    row.decode_range, row.attention_terms = dec_range, attn_terms
     row._runtime_cite = f"{name} overhead {int(ov.value):,} B ({ov.cite})"
     if device.is_datacenter:
         row.serving = serve(device, arch, dep)

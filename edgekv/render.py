@@ -343,7 +343,7 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
         cells.append([r.model + ("" if r.exportable[0] else " †"), r.strategy.short + ("" if r.native else " *"),
                       r.deployment.weight_precision, fmt_gb(b["state"]), fmt_gb(b["total"]),
                       FIT_CELL[r.fit], ("" if r.fits else "-") + fmt_gb(abs(r.headroom)),
-                      fmt_sig(r.decode.value), p,
+                      decode_cell(r), p,
                       "?" if tc is None else ("[red]" + fmt_ctx(tc) + " ![/]" if plan.ctx > tc else fmt_ctx(tc)),
                       f"[{RISK_STYLE[risk]}]{risk}[/]", r.quality["cite"],
                       *((str(int(r.serving.users.value)), "-" if math.isinf(r.serving.usd.value)
@@ -358,7 +358,10 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
               "total = weights + state + workspace + runtime; headroom = budget - total ('-' = over by); "
               + (f"tight = fits with no more headroom than the budget's own uncertainty ({fmt_mem(unc)}, "
                  f"{d.id}'s app_budget_uncertainty_bytes). " if unc else "")
-              + f"decode = tokens/s at ctx; prefill = time to read a {plan.ctx:,}-token prompt. "
+              + "decode = tokens/s at ctx" + ("; low-high where the runtime's attention rate on this device is a "
+                                              "guess, not a measurement (--explain)"
+                                              if any(getattr(r, "decode_range", None) for r in shown) else "")
+              + f"; prefill = time to read a {plan.ctx:,}-token prompt. "
               "'*' = state changed from what the model was trained with (quantized, windowed or converted). "
               "'†' = edgekv export cannot build this row today (another tool may; --json: exportable_reason). "
               "trained = the context the model was trained at ('!' = ctx is past it: risk high unless edgekv analyze "
@@ -500,7 +503,7 @@ def max_ctx_table(mp, limit: int | None = 30, explain: bool = False) -> None:
         cells.append([o.model + ("" if r is None or r.exportable[0] else " †"), o.strategy.short,
                       r.deployment.weight_precision if r else "", f"{o.ctx:,}" if o.ctx else "none",
                       f"{o.ctx_yes:,}" if o.ctx_yes else "-", o.bound, fmt_gb(r.deployment.bytes["total"]) if r else "",
-                      FIT_CELL[r.fit] if r else FIT_CELL["no"], fmt_sig(r.decode.value) if r else "",
+                      FIT_CELL[r.fit] if r else FIT_CELL["no"], decode_cell(r) if r else "",
                       f"[{RISK_STYLE[r.quality['risk']]}]{r.quality['risk']}[/]" if r else "",
                       escape(r.quality["cite"]) if r else ""])
     rt = PLAN_RUNTIMES[mp.runtime]
@@ -576,10 +579,25 @@ def recall_runs(c: Console, runs: dict) -> None:
         c.print(f"  [{n}] {p.get('date')}, {wall}{load}: {escape(cmd)}")
 
 
+def decode_cell(r) -> str:
+    """The decode tok/s cell: a range "low-high" where the attention rate is a guessed range (a phone on ONNX
+    Runtime: edgekv/costs/attention_rates.json), else the one number."""
+    rng = getattr(r, "decode_range", None)
+    return f"{fmt_sig(rng[0])}-{fmt_sig(rng[1])}" if rng else fmt_sig(r.decode.value)
+
+
 def decode_line(r, d) -> str:
     """The decode derivation whose arithmetic gives the printed tok/s: bytes read per token over the effective
     bandwidth when bandwidth-bound (with the fp32 copy a runtime writes and reads when it dequantizes the whole
-    cache), FLOP per token over the effective compute when compute-bound."""
+    cache), FLOP per token over the effective compute when compute-bound; where the attention is charged at its
+    kernel rate (ONNX Runtime's GroupQueryAttention), the weights term plus the attention term."""
+    a = getattr(r, "attention_terms", None)
+    if a:
+        lo, hi = a["scale"]
+        scale = f" / device scale {lo:g}-{hi:g}" if (lo, hi) != (1.0, 1.0) else ""
+        return escape(f"{a['weights']} = {fmt_sig(a['weights_s'] * 1e3)} ms + attention "
+                      f"{fmt_sig(a['attention_s'] * 1e3)} ms{scale} -> {decode_cell(r)} tok/s (GroupQueryAttention "
+                      f"at its kernel rate: {a['formula']})")
     if "compute-bound" in r.decode.formula and r.decode_flops is not None:
         return (f"~{fmt_sig(r.decode_flops.value / 1e9)} GFLOP per token / ({d.flops / 1e9:,.0f} GFLOP/s x "
                 f"{d.prefill_efficiency:g}) -> {fmt_sig(r.decode.value)} tok/s (compute-bound)")

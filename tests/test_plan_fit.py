@@ -126,16 +126,24 @@ def test_every_explain_line_reproduces_its_result(args):
         assert math.isclose(_f(spare.group(1)), abs(budget - total), abs_tol=0.006 + 0.5 * 10 ** -digits), \
             (head, b["memory"])
         d = b["decode"]
-        bw = re.match(rf"decode +~{NUM} GB read per token.* / \({NUM} GB/s x {NUM}\) -> {NUM} tok/s \(bandwidth-bound\)$",
+        if "GroupQueryAttention" in d:
+            _check_attention_line(head, d)
+            checked["attention"] = checked.get("attention", 0) + 1
+            continue_decode = False
+        else:
+            continue_decode = True
+        bw = None if not continue_decode else re.match(rf"decode +~{NUM} GB read per token.* / \({NUM} GB/s x {NUM}\) -> {NUM} tok/s \(bandwidth-bound\)$",
                       d)
-        fl = re.match(rf"decode +~{NUM} GFLOP per token / \({NUM} GFLOP/s x {NUM}\) -> {NUM} tok/s \(compute-bound\)$", d)
-        assert bw or fl, (head, d)
-        g = (bw or fl).groups()
-        assert _close(_f(g[3]), 1 / (_f(g[0]) / (_f(g[1]) * _f(g[2])))), (head, d)
-        if bw and "(weights" in d:  # the parts of the bytes read add up to the bytes read
-            parts = re.search(rf"\(weights {NUM} \+ state {NUM} \+ .*, {NUM}\)", d)
-            assert _close(_f(g[0]), sum(_f(x) for x in parts.groups())), (head, d)
-        checked["bandwidth-bound" if bw else "compute-bound"] += 1
+        fl = None if not continue_decode else re.match(
+            rf"decode +~{NUM} GFLOP per token / \({NUM} GFLOP/s x {NUM}\) -> {NUM} tok/s \(compute-bound\)$", d)
+        if continue_decode:
+            assert bw or fl, (head, d)
+            g = (bw or fl).groups()
+            assert _close(_f(g[3]), 1 / (_f(g[0]) / (_f(g[1]) * _f(g[2])))), (head, d)
+            if bw and "(weights" in d:  # the parts of the bytes read add up to the bytes read
+                parts = re.search(rf"\(weights {NUM} \+ state {NUM} \+ .*, {NUM}\)", d)
+                assert _close(_f(g[0]), sum(_f(x) for x in parts.groups())), (head, d)
+            checked["bandwidth-bound" if bw else "compute-bound"] += 1
         p = b["prefill"]
         pc = re.search(rf"~{NUM} TFLOP / \({NUM} GFLOP/s x {NUM}\) -> {NUM} (s|min|h|ms) \(compute-bound\)$", p)
         pb = re.search(rf"{NUM} x {NUM} GB / \({NUM} GB/s x {NUM}\) -> {NUM} (s|min|h|ms) \(bandwidth-bound\)$", p)
@@ -148,6 +156,32 @@ def test_every_explain_line_reproduces_its_result(args):
             x = pb.groups()
             assert _close(_f(x[4]) * scale[x[5]], _f(x[0]) * _f(x[1]) / (_f(x[2]) * _f(x[3]))), (head, p)
     assert checked["bandwidth-bound"] > 0
+    assert checked.get("attention", 0) > 0 or "onnxruntime" not in args
+
+
+def _check_attention_line(head: str, d: str) -> None:
+    """ONNX Runtime's GroupQueryAttention at its kernel rate: weights term + the attention's layers x (overhead +
+    keys x per-key cost), the attention divided by the device's scale range, give the printed tok/s (range)."""
+    m = re.match(rf"decode +~{NUM} (GB weights / \({NUM} GB/s x {NUM}\)|GB weights / {NUM} GB/s \(measured\)|"
+                 rf"GFLOP matmuls / \({NUM} GFLOP/s x {NUM}\)) = {NUM} ms \+ attention {NUM} ms"
+                 rf"(?: / device scale {NUM}-{NUM})? -> {NUM}(?:-{NUM})? tok/s \(GroupQueryAttention at its kernel "
+                 rf"rate: (.*)\)$", d)
+    assert m, (head, d)
+    g = m.groups()
+    num, how = _f(g[0]), g[1]
+    if "(measured)" in how:
+        t_w = num * 1e9 / (_f(g[4]) * 1e9)
+    else:
+        rate, eff = (_f(g[2]), _f(g[3])) if "GB weights" in how else (_f(g[5]), _f(g[6]))
+        t_w = num / (rate * eff)
+    assert _close(_f(g[7]) * 1e-3, t_w), (head, d)
+    attn = sum(_f(n) * (_f(o) * 1e-6 + _f(t) * _f(c) * 1e-6) for n, o, t, c in
+               re.findall(rf"{NUM} x \({NUM} us \+ {NUM} x {NUM} us\)", g[13]))
+    assert _close(_f(g[8]) * 1e-3, attn), (head, d)
+    lo, hi = (_f(g[9]), _f(g[10])) if g[9] else (1.0, 1.0)
+    assert _close(_f(g[11]), 1 / (t_w + attn / lo)), (head, d)
+    if g[12]:
+        assert _close(_f(g[12]), 1 / (t_w + attn / hi)), (head, d)
 
 
 def test_kv_int4_decode_counts_the_dequantized_copy_it_reads():

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import functools
-
+import json
 import math
+from pathlib import Path
 
 from ..arch import MLA, SSM, Arch, Attention, Linear, ShortConv
 from ..strategies import StateLayout, Strategy, mla_rank
@@ -124,3 +125,95 @@ def prefill_seconds(flops: float, weights_stored: float, ctx: int, chunk: int, b
     t = max(t_fl, t_bw)
     return Item(t, f"max(FLOP {flops:.3g} / ({peak_flops:.3g} x {flop_eff}), {math.ceil(ctx / chunk)} chunks x weights "
                    f"{weights_stored:.3g} B / ({bandwidth:.3g} x {bw_eff})) = {t:.3g} s")
+
+
+# One decode step's attention as ONNX Runtime's GroupQueryAttention runs it (edgekv's fused ONNX graphs): per layer
+# overhead + T * (2 * Hkv * D * bytes / read rate + H * D * compute), T the keys the layer keeps. The rates per
+# device and cache kind, with their sources: edgekv/costs/attention_rates.json (measured on the host by
+# benchmarks/attention_rates.py; phones: the host's scaled by an assumed range, hence a speed range).
+ATTENTION_RATES = json.loads((Path(__file__).resolve().parent.parent / "costs" / "attention_rates.json").read_text())
+_KIND_BYTES = {"fp32": 4, "fp16": 2, "int8c": 1}
+_FLOAT_KIND = {"float32": "fp32", "float16": "fp16"}  # a layout tensor's dtype -> its stored kernel rate
+
+
+def attention_rates(runtime: str, device_id: str, device_class: str) -> dict | None:
+    """The stored attention rates of this runtime on this device: {"kinds", "scale": (low, high), "weights",
+    "source"}; None where none apply (a runtime or device class with no entry)."""
+    rt = ATTENTION_RATES.get(runtime)
+    if rt is None:
+        return None
+    dev = rt["devices"].get(device_id)
+    if dev is not None:
+        return {"kinds": dev["kinds"], "scale": (1.0, 1.0), "weights": dev.get("weights", {}), "source": dev["source"],
+                "basis": dev["basis"]}
+    cls = rt["classes"].get(device_class)
+    if cls is None:
+        return None
+    base = rt["devices"][cls["scaled_from"]]
+    return {"kinds": base["kinds"], "scale": tuple(cls["scale"]), "weights": {}, "source": cls["source"],
+            "basis": cls["basis"]}
+
+
+def cache_kind(strategy: Strategy, layout: StateLayout) -> str | None:
+    """The stored kernel rate a fused layer's cache reads at: kv-int8c's codes, or the float cache's dtype."""
+    if strategy.name == "kv-int8c":
+        return "int8c"
+    dtypes = {_FLOAT_KIND.get(t.dtype) for t in layout.tensors if t.role == "key"}
+    return dtypes.pop() if len(dtypes) == 1 else None
+
+
+def attention_seconds(arch: Arch, layout: StateLayout, kind: str, rates: dict) -> tuple[float, str]:
+    """Seconds of one decode step's attention at the device's measured kernel rate (scale 1), summed over the
+    layers: overhead + T * (2 * Hkv * D * bytes / read_rate + H * D * c_compute), T the layer's kept keys."""
+    r = rates[kind]
+    rate, comp, over = r["read_bytes_per_s"], r["compute_s_per_head_dim_position"], r["overhead_s"]
+    kept = {t.layer: t.shape[2] for t in layout.tensors if t.role == "key"}
+    total, groups = 0.0, {}
+    for i, b in enumerate(arch.blocks):
+        for m in b.mixers:
+            if isinstance(m, Attention) and i in kept:
+                per_pos = (2 * m.n_kv_heads * m.head_dim * _KIND_BYTES[kind] / rate if rate else 0.0) \
+                    + m.n_heads * m.head_dim * comp
+                t = over + kept[i] * per_pos
+                total += t
+                key = (kept[i], m.n_heads, m.n_kv_heads, m.head_dim)
+                groups[key] = groups.get(key, 0) + 1
+    parts = " + ".join(f"{n} x ({over * 1e6:.3g} us + {T} x {_per_pos_us(h, hkv, d, kind, rate, comp):.4g} us)"
+                       for (T, h, hkv, d), n in groups.items())
+    return total, f"attention ({kind} GroupQueryAttention: layers x (overhead + kept keys x per-key cost)) = " \
+                  f"{parts} = {total * 1e3:.3g} ms"
+
+
+def attention_flops(arch: Arch, layout: StateLayout) -> float:
+    """The attention part of decode_flops for a plain cache: 4 * H * D * T per layer."""
+    kept = {t.layer: t.shape[2] for t in layout.tensors if t.role == "key"}
+    return sum(4 * m.n_heads * m.head_dim * kept[i] for i, b in enumerate(arch.blocks) for m in b.mixers
+               if isinstance(m, Attention) and i in kept)
+
+
+def _per_pos_us(h: int, hkv: int, d: int, kind: str, rate: float | None, comp: float) -> float:
+    return ((2 * hkv * d * _KIND_BYTES[kind] / rate if rate else 0.0) + h * d * comp) * 1e6
+
+
+def decode_with_attention(weights_read: float, lin_flops: float, attn_s: float, scale: tuple[float, float],
+                          bandwidth: float, bw_eff: float, peak_flops: float, flop_eff: float,
+                          weights_rate: float | None = None) -> tuple[Item, dict]:
+    """tok/s = 1 / (weights term + attention term): the weights term is the roofline over the weights alone (or
+    the weights over a measured rate of the runtime's weight kernels where stored), the attention term the fitted
+    kernel time divided by the device's scale (low, high). Returns the low end's Item and the terms
+    ({weights_s, weights, attention_s, scale, tok_s: (low, high)}) for the explain line."""
+    if weights_rate:
+        t_w = weights_read / weights_rate
+        how = f"~{weights_read / 1e9:.3g} GB weights / {weights_rate / 1e9:.3g} GB/s (measured)"
+    else:
+        t_bw, t_fl = weights_read / (bandwidth * bw_eff), lin_flops / (peak_flops * flop_eff)
+        t_w = max(t_bw, t_fl)
+        how = (f"~{weights_read / 1e9:.3g} GB weights / ({bandwidth / 1e9:.3g} GB/s x {bw_eff:g})" if t_bw >= t_fl
+               else f"~{lin_flops / 1e9:.3g} GFLOP matmuls / ({peak_flops / 1e9:.3g} GFLOP/s x {flop_eff:g})")
+    lo, hi = scale
+    slow, fast = 1 / (t_w + attn_s / lo), 1 / (t_w + attn_s / hi)
+    f = (f"1 / ({how} = {t_w * 1e3:.3g} ms + attention {attn_s * 1e3:.3g} ms"
+         + (f" / device scale {lo:g}-{hi:g}" if scale != (1.0, 1.0) else "") + ") = "
+         + (f"{slow:.3g}-{fast:.3g} tok/s" if slow != fast else f"{slow:.3g} tok/s"))
+    return Item(slow, f), {"weights_s": t_w, "weights": how, "attention_s": attn_s, "scale": scale,
+                           "tok_s": (slow, fast)}
