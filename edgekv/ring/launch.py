@@ -35,11 +35,17 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from ..errors import EdgekvError
-from .attention import KVShard, StepStats, decode_leader, ring_decode_step, ring_prefill
+from .attention import (KVShard, StepStats, decode_leader, fan_out_pings, ping_pong, ring_decode_step,
+                        ring_prefill)
 from .config import RingConfig, check_resources
 from .model import split_sizes
 
 CHUNK = 64                       # tokens per seeded chunk of inputs
+PROBE_LARGE_BYTES = (1 << 20, 8 << 20)   # the link probe's large message: the prefill's K/V block, within these
+PROBE_PAIR_ROUNDS = 100          # ping-pong round trips of ranks 0 and 1, and fan-out pings after the prefill
+PROBE_STEP_PINGS = 16            # fan-out pings before each decode step: the latency sampled beside the decode
+PROBE_EXCHANGES = 10             # large exchanges per pair
+PROBE_DECODE_REPEATS = 3         # the decode step's messages without compute, timed this many times per step
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HOST = "127.0.0.1"
 __all__ = ["RingConfig", "RingResult", "run_ring", "check_errors", "make_rows", "reference_attention"]
@@ -56,23 +62,43 @@ class RingResult:
     prefill_out: list[torch.Tensor] | None    # [layer] -> [l, h, d], when keep_outputs
     decode_out: list[torch.Tensor] | None     # [layer] -> [decode_steps, h, d], when keep_outputs
     elapsed_s: float = 0.0
+    link_probe: list[dict] | None = None      # [rank] attention.ping_pong's share of the link probe
+
+    def link(self) -> dict | None:
+        """The transport as attention.ping_pong measured it in this run: latency_s (one message when rank 0 pings
+        every rank at once), pair_latency_s (ranks 0 and 1 alone), bytes_per_s (per rank while every pair
+        exchanges large messages at once: their bytes over the time beyond the latency), messages. None at world 1."""
+        probes = self.link_probe or []
+        if len(probes) < 2 or not probes[0]["fan_s"]:
+            return None
+        large = statistics.median(p["large_s"] for p in probes if "large_s" in p)
+        small, nbytes, world = statistics.median(probes[0]["fan_s"]), probes[0]["large_bytes"], len(probes)
+        pings = len(probes[0]["fan_s"])
+        return {"latency_s": small, "pair_latency_s": probes[0]["pair_s"],
+                "bytes_per_s": nbytes / max(large - small, large / 2), "large_bytes": nbytes,
+                "small_bytes": probes[0]["small_bytes"], "pings": pings,
+                "messages": 2 * (world - 1) * pings + 2 * PROBE_PAIR_ROUNDS + 2 * (world // 2) * PROBE_EXCHANGES}
 
     def measured(self) -> dict:
         """Per phase: the busiest rank's compute_s, comm_s (from the probe), bytes_per_rank, wall_s, exposed comm."""
         out = {"prefill": _phase(self.prefill, self.prefill_probe)}
         if self.decode:
-            steps = [_phase(real, probe) for real, probe in zip(self.decode, self.decode_probe)]
+            cfg = self.config
+            steps = [_phase(real, probe, decode_leader(cfg.ctx + s, cfg.world))
+                     for s, (real, probe) in enumerate(zip(self.decode, self.decode_probe))]
             out["decode"] = {k: (statistics.median(s[k] for s in steps) if k != "bytes_per_rank"
                                  else max(s[k] for s in steps)) for k in steps[0]}
         return out
 
 
-def _phase(real: list[StepStats], probe: list[StepStats]) -> dict:
-    """compute: the busiest rank's; comm: the slowest rank's probe (messages only); bytes: the busiest link's;
-    exposed_comm: what the busiest rank spent blocked on messages in the real, overlapped run."""
+def _phase(real: list[StepStats], probe: list[StepStats], leader: int | None = None) -> dict:
+    """compute: the busiest rank's; comm: the slowest rank's probe (messages only), or at decode the leader's (from
+    its query out to the last partial in: the step's own path; the others' probe clocks also hold how late the
+    leader left the barrier before it); bytes: the busiest link's; exposed_comm: what the busiest rank spent
+    blocked on messages in the real, overlapped run."""
     busiest = max(real, key=lambda s: s.compute_s)
     return {"compute_s": busiest.compute_s,
-            "comm_s": max(s.wall_s for s in probe),
+            "comm_s": probe[leader].wall_s if leader is not None else max(s.wall_s for s in probe),
             "bytes_per_rank": max(s.bytes_sent + s.bytes_recv for s in real),
             "wall_s": max(s.wall_s for s in real),
             "exposed_comm_s": busiest.wait_s}
@@ -172,11 +198,19 @@ def _rank_body(rank: int, cfg: RingConfig, port: int, outdir: str, backend: str)
             pre_out.append(out.cpu())
         shards.append(KVShard.from_prefill(kv, start, cfg.decode_steps // world + 1))
 
+    # the transport's own latency and bandwidth, between the phases, so the model can be fed what this run sees
+    block = 2 * max(sizes) * g * d * cfg.dtype_bytes
+    _barrier(timeout, "before the link probe")
+    link = ping_pong(timeout, device, small_bytes=h * d * cfg.dtype_bytes, n_small=PROBE_PAIR_ROUNDS,
+                     large_bytes=min(max(block, PROBE_LARGE_BYTES[0]), PROBE_LARGE_BYTES[1]), n_large=PROBE_EXCHANGES)
+
     dec_stats, dec_probe, dec_out = [], [], [[] for _ in range(cfg.n_layers)]
     for step in range(cfg.decode_steps):
         pos = cfg.ctx + step
         leader = decode_leader(pos, world)
         real, probe = StepStats(), StepStats()
+        _barrier(timeout, f"before the link probe of decode step {step}")
+        link["fan_s"] += fan_out_pings(timeout, device, h * d * cfg.dtype_bytes, PROBE_STEP_PINGS)
         _barrier(timeout, f"before decode step {step}")
         for layer in range(cfg.n_layers):
             qn = kvn = None
@@ -188,15 +222,21 @@ def _rank_body(rank: int, cfg: RingConfig, port: int, outdir: str, backend: str)
             if out is not None and cfg.keep_outputs:
                 dec_out[layer].append(out[0].cpu())
         _barrier(timeout, f"after decode step {step}")
-        for layer in range(cfg.n_layers):
-            qn = torch.zeros(1, h, d, dtype=dtype, device=device) if rank == leader else None
-            kvn = torch.zeros(2, 1, g, d, dtype=dtype, device=device) if rank == leader else None
-            probe.add(ring_decode_step(shards[layer], pos, timeout, qn, kvn, n_heads=h, compute=False)[1])
+        # the messages alone, PROBE_DECODE_REPEATS times back to back; the median is kept: the first after the
+        # barrier also pays for the ranks leaving it one after another, which a decode loop does not do
+        repeats = []
+        for _ in range(PROBE_DECODE_REPEATS):
+            probe = StepStats()
+            for layer in range(cfg.n_layers):
+                qn = torch.zeros(1, h, d, dtype=dtype, device=device) if rank == leader else None
+                kvn = torch.zeros(2, 1, g, d, dtype=dtype, device=device) if rank == leader else None
+                probe.add(ring_decode_step(shards[layer], pos, timeout, qn, kvn, n_heads=h, compute=False)[1])
+            repeats.append(probe)
         dec_stats.append(real)
-        dec_probe.append(probe)
+        dec_probe.append(sorted(repeats, key=lambda st: st.wall_s)[len(repeats) // 2])
 
     torch.save({"prefill": pre_stats, "prefill_probe": probe_stats, "decode": dec_stats, "decode_probe": dec_probe,
-                "prefill_out": pre_out, "decode_out": dec_out},
+                "prefill_out": pre_out, "decode_out": dec_out, "link": link},
                Path(outdir, f"rank{rank}.pt"))
     _barrier(timeout, "at the end")
     dist.destroy_process_group()
@@ -275,7 +315,8 @@ def run_ring(cfg: RingConfig, run_timeout_s: float | None = None) -> RingResult:
                       prefill=[rk["prefill"] for rk in ranks], prefill_probe=[rk["prefill_probe"] for rk in ranks],
                       decode=[[rk["decode"][s] for rk in ranks] for s in range(cfg.decode_steps)],
                       decode_probe=[[rk["decode_probe"][s] for rk in ranks] for s in range(cfg.decode_steps)],
-                      prefill_out=prefill_out, decode_out=decode_out, elapsed_s=elapsed)
+                      prefill_out=prefill_out, decode_out=decode_out, elapsed_s=elapsed,
+                      link_probe=[rk["link"] for rk in ranks])
 
 
 def _leader_index(cfg: RingConfig, step: int) -> int:
