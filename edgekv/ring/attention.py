@@ -284,9 +284,9 @@ def _timed(n: int, once, device: torch.device) -> list[float]:
     return times
 
 
-def fan_out_pings(timeout: timedelta, device: torch.device, nbytes: int, n: int) -> list[float]:
-    """Every rank calls it: rank 0 sends nbytes to every other rank at once and waits for each one's answer, n times,
-    as a decode step's query and partials travel. Returns half of each round trip (rank 0's; [] elsewhere): one
+def fan_out_pings(timeout: timedelta, device: torch.device, nbytes: int, n: int, root: int = 0) -> list[float]:
+    """Every rank calls it: root sends nbytes to every other rank at once and waits for each one's answer, n times,
+    as a decode step's query and partials travel. Returns half of each round trip (root's; [] elsewhere): one
     message's latency as the ring sees it. When the ranks outnumber the cores, a woken rank may wait for a core,
     and that wait is in the number."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -294,18 +294,19 @@ def fan_out_pings(timeout: timedelta, device: torch.device, nbytes: int, n: int)
         return []
     buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
     what = f"rank {rank}: link probe"
+    others = [p for p in range(world) if p != root]
 
     def once():
-        if rank == 0:
-            _wait([dist.isend(buf, p, tag=4) for p in range(1, world)], timeout, what)
-            bufs = [torch.empty_like(buf) for _ in range(1, world)]
-            _wait([dist.irecv(b, p, tag=5) for p, b in zip(range(1, world), bufs)], timeout, what)
+        if rank == root:
+            _wait([dist.isend(buf, p, tag=4) for p in others], timeout, what)
+            bufs = [torch.empty_like(buf) for _ in others]
+            _wait([dist.irecv(b, p, tag=5) for p, b in zip(others, bufs)], timeout, what)
         else:
-            _wait([dist.irecv(buf, 0, tag=4)], timeout, what)
-            _wait([dist.isend(buf, 0, tag=5)], timeout, what)
+            _wait([dist.irecv(buf, root, tag=4)], timeout, what)
+            _wait([dist.isend(buf, root, tag=5)], timeout, what)
 
     times = _timed(n, once, device)
-    return [t / 2 for t in times] if rank == 0 else []
+    return [t / 2 for t in times] if rank == root else []
 
 
 def ping_pong(timeout: timedelta, device: torch.device, small_bytes: int = 64, large_bytes: int = 4 << 20,
@@ -313,9 +314,9 @@ def ping_pong(timeout: timedelta, device: torch.device, small_bytes: int = 64, l
     """Time messages over the group's own transport; every rank calls it. Returns this rank's share:
 
     pair_s     (rank 0) median one-way time of a small_bytes ping-pong between ranks 0 and 1 alone
-    fan_s      (rank 0) fan_out_pings' half round trips (a list: more are added between decode steps)
-    large_s    (ranks with a partner, 2k and 2k+1) median time of one exchange of large_bytes in both directions,
-               every pair at once, as every rank sends and receives one K/V block in a prefill ring step
+    fan_s      (rank 0) fan_out_pings' half round trips (a list; launch.py samples more beside each decode step)
+    large_s    median time of one ring step with large_bytes: every rank sends to the next and receives from the
+               previous at once, as in a prefill ring step (the ranks share the cores here as they do there)
     A hundred or more small messages make the medians stable against the odd scheduling hiccup; the large ones
     are few because each costs milliseconds."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -334,12 +335,11 @@ def ping_pong(timeout: timedelta, device: torch.device, small_bytes: int = 64, l
         if rank == 0:
             out["pair_s"] = sorted(t)[len(t) // 2] / 2
     out["fan_s"] = fan_out_pings(timeout, device, small_bytes, n_small)
-    peer = rank ^ 1
-    if peer < world:
-        send = torch.zeros(max(1, large_bytes // 4), dtype=torch.float32, device=device)
-        recv = torch.empty_like(send)
-        t = _timed(n_large, lambda: _wait(dist.batch_isend_irecv(
-            [dist.P2POp(dist.isend, send, peer, tag=6), dist.P2POp(dist.irecv, recv, peer, tag=6)]), timeout, what),
-            device)
-        out["large_s"] = sorted(t)[len(t) // 2]
+    send = torch.zeros(max(1, large_bytes // 4), dtype=torch.float32, device=device)
+    recv = torch.empty_like(send)
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    t = _timed(n_large, lambda: _wait(dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend, send, nxt, tag=6), dist.P2POp(dist.irecv, recv, prv, tag=6)]), timeout, what),
+        device)
+    out["large_s"] = sorted(t)[len(t) // 2]
     return out

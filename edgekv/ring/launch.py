@@ -44,8 +44,8 @@ CHUNK = 64                       # tokens per seeded chunk of inputs
 PROBE_LARGE_BYTES = (1 << 20, 8 << 20)   # the link probe's large message: the prefill's K/V block, within these
 PROBE_PAIR_ROUNDS = 100          # ping-pong round trips of ranks 0 and 1, and fan-out pings after the prefill
 PROBE_STEP_PINGS = 16            # fan-out pings before each decode step: the latency sampled beside the decode
-PROBE_EXCHANGES = 10             # large exchanges per pair
-PROBE_DECODE_REPEATS = 3         # the decode step's messages without compute, timed this many times per step
+PROBE_RING_STEPS = 10            # ring steps of large messages
+PROBE_REPEATS = 3                # a phase's messages without compute, timed this many times (per layer, per step)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HOST = "127.0.0.1"
 __all__ = ["RingConfig", "RingResult", "run_ring", "check_errors", "make_rows", "reference_attention"]
@@ -65,19 +65,20 @@ class RingResult:
     link_probe: list[dict] | None = None      # [rank] attention.ping_pong's share of the link probe
 
     def link(self) -> dict | None:
-        """The transport as attention.ping_pong measured it in this run: latency_s (one message when rank 0 pings
-        every rank at once), pair_latency_s (ranks 0 and 1 alone), bytes_per_s (per rank while every pair
-        exchanges large messages at once: their bytes over the time beyond the latency), messages. None at world 1."""
+        """The transport as attention.ping_pong measured it in this run: latency_s (one message when one rank pings
+        every rank at once, sampled beside every decode step), pair_latency_s (ranks 0 and 1 alone), bytes_per_s (per
+        rank in a ring step of large messages: their bytes over the time beyond the latency), messages (about: the
+        warm-up ones included). None at world 1."""
         probes = self.link_probe or []
         if len(probes) < 2 or not probes[0]["fan_s"]:
             return None
-        large = statistics.median(p["large_s"] for p in probes if "large_s" in p)
-        small, nbytes, world = statistics.median(probes[0]["fan_s"]), probes[0]["large_bytes"], len(probes)
-        pings = len(probes[0]["fan_s"])
+        fan = [t for p in probes for t in p["fan_s"] + p.get("step_fan_s", [])]
+        large = statistics.median(p["large_s"] for p in probes)
+        small, nbytes, world, pings = statistics.median(fan), probes[0]["large_bytes"], len(probes), len(fan)
         return {"latency_s": small, "pair_latency_s": probes[0]["pair_s"],
                 "bytes_per_s": nbytes / max(large - small, large / 2), "large_bytes": nbytes,
                 "small_bytes": probes[0]["small_bytes"], "pings": pings,
-                "messages": 2 * (world - 1) * pings + 2 * PROBE_PAIR_ROUNDS + 2 * (world // 2) * PROBE_EXCHANGES}
+                "messages": 2 * (world - 1) * (pings + 2) + 2 * (PROBE_PAIR_ROUNDS + 2) + world * (PROBE_RING_STEPS + 2)}
 
     def measured(self) -> dict:
         """Per phase: the busiest rank's compute_s, comm_s (from the probe), bytes_per_rank, wall_s, exposed comm."""
@@ -193,7 +194,11 @@ def _rank_body(rank: int, cfg: RingConfig, port: int, outdir: str, backend: str)
         out, _, st = ring_prefill(q, kv, cfg.ctx, timeout)
         pre_stats.add(st)
         _barrier(timeout, f"after prefill of layer {layer}")
-        probe_stats.add(ring_prefill(q, kv, cfg.ctx, timeout, compute=False)[2])
+        # the messages alone, PROBE_REPEATS times back to back, the median kept: the first after a barrier also
+        # pays for the ranks leaving it one after another
+        repeats = sorted((ring_prefill(q, kv, cfg.ctx, timeout, compute=False)[2] for _ in range(PROBE_REPEATS)),
+                         key=lambda st: st.wall_s)
+        probe_stats.add(repeats[len(repeats) // 2])
         if cfg.keep_outputs:
             pre_out.append(out.cpu())
         shards.append(KVShard.from_prefill(kv, start, cfg.decode_steps // world + 1))
@@ -202,15 +207,13 @@ def _rank_body(rank: int, cfg: RingConfig, port: int, outdir: str, backend: str)
     block = 2 * max(sizes) * g * d * cfg.dtype_bytes
     _barrier(timeout, "before the link probe")
     link = ping_pong(timeout, device, small_bytes=h * d * cfg.dtype_bytes, n_small=PROBE_PAIR_ROUNDS,
-                     large_bytes=min(max(block, PROBE_LARGE_BYTES[0]), PROBE_LARGE_BYTES[1]), n_large=PROBE_EXCHANGES)
+                     large_bytes=min(max(block, PROBE_LARGE_BYTES[0]), PROBE_LARGE_BYTES[1]), n_large=PROBE_RING_STEPS)
 
     dec_stats, dec_probe, dec_out = [], [], [[] for _ in range(cfg.n_layers)]
     for step in range(cfg.decode_steps):
         pos = cfg.ctx + step
         leader = decode_leader(pos, world)
         real, probe = StepStats(), StepStats()
-        _barrier(timeout, f"before the link probe of decode step {step}")
-        link["fan_s"] += fan_out_pings(timeout, device, h * d * cfg.dtype_bytes, PROBE_STEP_PINGS)
         _barrier(timeout, f"before decode step {step}")
         for layer in range(cfg.n_layers):
             qn = kvn = None
@@ -222,10 +225,12 @@ def _rank_body(rank: int, cfg: RingConfig, port: int, outdir: str, backend: str)
             if out is not None and cfg.keep_outputs:
                 dec_out[layer].append(out[0].cpu())
         _barrier(timeout, f"after decode step {step}")
-        # the messages alone, PROBE_DECODE_REPEATS times back to back; the median is kept: the first after the
-        # barrier also pays for the ranks leaving it one after another, which a decode loop does not do
+        # the link's latency sampled here, from this step's leader, just before its messages are timed alone
+        pings = fan_out_pings(timeout, device, h * d * cfg.dtype_bytes, PROBE_STEP_PINGS, root=leader)
+        link.setdefault("step_fan_s", []).extend(pings)
+        # the messages alone, PROBE_REPEATS times back to back, the median kept (as at prefill)
         repeats = []
-        for _ in range(PROBE_DECODE_REPEATS):
+        for _ in range(PROBE_REPEATS):
             probe = StepStats()
             for layer in range(cfg.n_layers):
                 qn = torch.zeros(1, h, d, dtype=dtype, device=device) if rank == leader else None

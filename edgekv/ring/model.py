@@ -223,7 +223,8 @@ def predict_for_device(phase: str, device, link: str, world: int, ctx: int, n_he
                    flops=device.flops * eff / share, mem_bandwidth=device.bandwidth * eff / share, q_tokens=q_tokens)
     extra = (f"device {device.id}: {device.flops:.4g} FLOP/s and {device.bandwidth:.4g} B/s x {phase} efficiency "
              f"{eff:g}" + (f"; {share} ranks share one machine: each gets 1/{share} of its compute, memory "
-                           f"bandwidth and {link} bandwidth (all ranks send at once)" if share > 1
+                           "bandwidth" + ("" if measured_link else f" and {link} bandwidth (all ranks send at once)")
+                           if share > 1
                            else "; one device and one link per rank"),
              (f"link {link} as measured in this run (ping-pong, all rank pairs at once): latency {link_lat:.3g} s "
               f"per message, {link_bw:.4g} B/s per rank" if measured_link else
