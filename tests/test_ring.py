@@ -273,13 +273,14 @@ def test_prediction_from_a_measured_link_by_hand():
 
 
 def test_link_measured_from_the_probe_timings_by_hand():
-    """RingResult.link from made-up probe timings: the latency is the median of every fan-out ping (rank 0's after
-    the prefill and each leader's beside the decode steps), the bandwidth the large message over the ring step's
-    time beyond that latency."""
+    """RingResult.link from made-up probe timings: the latency is the median of the fan-out pings beside the decode
+    steps (each step's leader's; rank 0's after the prefill only when there is no decode), the bandwidth the large
+    message over the ring step's time beyond that latency."""
     from edgekv.ring.launch import RingResult
-    probes = [{"small_bytes": 16384, "large_bytes": 4 << 20, "fan_s": [1e-3, 3e-3, 2e-3], "pair_s": 1e-4,
-               "large_s": 10e-3, "step_fan_s": [9e-3]},
-              {"small_bytes": 16384, "large_bytes": 4 << 20, "fan_s": [], "large_s": 12e-3, "step_fan_s": [4e-3]},
+    probes = [{"small_bytes": 16384, "large_bytes": 4 << 20, "fan_s": [7e-3, 8e-3], "pair_s": 1e-4,
+               "large_s": 10e-3, "step_fan_s": [9e-3, 1e-3]},
+              {"small_bytes": 16384, "large_bytes": 4 << 20, "fan_s": [], "large_s": 12e-3,
+               "step_fan_s": [3e-3, 2e-3, 4e-3]},
               {"small_bytes": 16384, "large_bytes": 4 << 20, "fan_s": [], "large_s": 14e-3}]
     res = RingResult(config=RingConfig(world=3, ctx=30), backend="gloo", prefill=[], prefill_probe=[], decode=[],
                      decode_probe=[], prefill_out=None, decode_out=None, link_probe=probes)
@@ -288,6 +289,10 @@ def test_link_measured_from_the_probe_timings_by_hand():
     assert link["pair_latency_s"] == pytest.approx(1e-4)
     assert link["bytes_per_s"] == pytest.approx((4 << 20) / (12e-3 - 3e-3))   # median ring step 12 ms
     assert link["pings"] == 5
+    for p in probes:
+        p.pop("step_fan_s", None)                                         # no decode: the pings after the prefill
+    assert res.link()["latency_s"] == pytest.approx(7.5e-3)
+    assert res.link()["bytes_per_s"] == pytest.approx((4 << 20) / (12e-3 - 7.5e-3))
 
 
 def test_planner_modules_never_import_torch():

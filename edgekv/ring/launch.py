@@ -66,13 +66,16 @@ class RingResult:
 
     def link(self) -> dict | None:
         """The transport as attention.ping_pong measured it in this run: latency_s (one message when one rank pings
-        every rank at once, sampled beside every decode step), pair_latency_s (ranks 0 and 1 alone), bytes_per_s (per
+        every rank at once: the median of the pings beside the decode steps, else of those after the prefill),
+        pair_latency_s (ranks 0 and 1 alone), bytes_per_s (per
         rank in a ring step of large messages: their bytes over the time beyond the latency), messages (about: the
         warm-up ones included). None at world 1."""
         probes = self.link_probe or []
         if len(probes) < 2 or not probes[0]["fan_s"]:
             return None
-        fan = [t for p in probes for t in p["fan_s"] + p.get("step_fan_s", [])]
+        # the pings beside the decode steps when there are any: the host's load moves within a run, and these
+        # share the decode's moments; the prefill's ring steps are mostly bandwidth
+        fan = [t for p in probes for t in p.get("step_fan_s", [])] or probes[0]["fan_s"]
         large = statistics.median(p["large_s"] for p in probes)
         small, nbytes, world, pings = statistics.median(fan), probes[0]["large_bytes"], len(probes), len(fan)
         return {"latency_s": small, "pair_latency_s": probes[0]["pair_s"],
