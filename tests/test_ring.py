@@ -277,7 +277,7 @@ def test_link_measured_from_the_probe_timings_by_hand():
     steps (each step's leader's; rank 0's after the prefill only when there is no decode), the bandwidth the large
     message over the ring step's time beyond that latency."""
     from edgekv.ring.launch import RingResult
-    probes = [{"small_bytes": 16384, "large_bytes": 4 << 20, "fan_s": [7e-3, 8e-3], "pair_s": 1e-4,
+    probes = [{"small_bytes": 16384, "large_bytes": 4 << 20, "fan_s": [1e-3, 2e-3], "pair_s": 1e-4,
                "large_s": 10e-3, "step_fan_s": [9e-3, 1e-3]},
               {"small_bytes": 16384, "large_bytes": 4 << 20, "fan_s": [], "large_s": 12e-3,
                "step_fan_s": [3e-3, 2e-3, 4e-3]},
@@ -291,8 +291,8 @@ def test_link_measured_from_the_probe_timings_by_hand():
     assert link["pings"] == 5
     for p in probes:
         p.pop("step_fan_s", None)                                         # no decode: the pings after the prefill
-    assert res.link()["latency_s"] == pytest.approx(7.5e-3)
-    assert res.link()["bytes_per_s"] == pytest.approx((4 << 20) / (12e-3 - 7.5e-3))
+    assert res.link()["latency_s"] == pytest.approx(1.5e-3)
+    assert res.link()["bytes_per_s"] == pytest.approx((4 << 20) / (12e-3 - 1.5e-3))
 
 
 def test_planner_modules_never_import_torch():
