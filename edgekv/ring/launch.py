@@ -37,11 +37,10 @@ import torch.nn.functional as F
 from ..errors import EdgekvError
 from .attention import (KVShard, StepStats, decode_leader, fan_out_pings, ping_pong, ring_decode_step,
                         ring_prefill)
-from .config import RingConfig, check_resources
+from .config import RingConfig, check_resources, probe_large_bytes
 from .model import split_sizes
 
 CHUNK = 64                       # tokens per seeded chunk of inputs
-PROBE_LARGE_BYTES = (1 << 20, 8 << 20)   # the link probe's large message: the prefill's K/V block, within these
 PROBE_PAIR_ROUNDS = 100          # ping-pong round trips of ranks 0 and 1, and fan-out pings after the prefill
 PROBE_STEP_PINGS = 16            # fan-out pings before each decode step: the latency sampled beside the decode
 PROBE_RING_STEPS = 10            # ring steps of large messages
@@ -207,10 +206,9 @@ def _rank_body(rank: int, cfg: RingConfig, port: int, outdir: str, backend: str)
         shards.append(KVShard.from_prefill(kv, start, cfg.decode_steps // world + 1))
 
     # the transport's own latency and bandwidth, between the phases, so the model can be fed what this run sees
-    block = 2 * max(sizes) * g * d * cfg.dtype_bytes
     _barrier(timeout, "before the link probe")
     link = ping_pong(timeout, device, small_bytes=h * d * cfg.dtype_bytes, n_small=PROBE_PAIR_ROUNDS,
-                     large_bytes=min(max(block, PROBE_LARGE_BYTES[0]), PROBE_LARGE_BYTES[1]), n_large=PROBE_RING_STEPS)
+                     large_bytes=probe_large_bytes(cfg), n_large=PROBE_RING_STEPS)
 
     dec_stats, dec_probe, dec_out = [], [], [[] for _ in range(cfg.n_layers)]
     for step in range(cfg.decode_steps):
