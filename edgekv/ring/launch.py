@@ -67,8 +67,8 @@ class RingResult:
         """The transport as attention.ping_pong measured it in this run: latency_s (one message when one rank pings
         every rank at once: the median of the pings beside the decode steps, else of those after the prefill),
         pair_latency_s (ranks 0 and 1 alone), bytes_per_s (per
-        rank in a ring step of large messages: their bytes over the time beyond the latency), messages (about: the
-        warm-up ones included). None at world 1."""
+        rank in a ring step of large messages: their bytes over the time beyond the latency), messages (timed ones).
+        None at world 1."""
         probes = self.link_probe or []
         if len(probes) < 2 or not probes[0]["fan_s"]:
             return None
@@ -80,7 +80,7 @@ class RingResult:
         return {"latency_s": small, "pair_latency_s": probes[0]["pair_s"],
                 "bytes_per_s": nbytes / max(large - small, large / 2), "large_bytes": nbytes,
                 "small_bytes": probes[0]["small_bytes"], "pings": pings,
-                "messages": 2 * (world - 1) * (pings + 2) + 2 * (PROBE_PAIR_ROUNDS + 2) + world * (PROBE_RING_STEPS + 2)}
+                "messages": _probe_messages(world, probes)}
 
     def measured(self) -> dict:
         """Per phase: the busiest rank's compute_s, comm_s (from the probe), bytes_per_rank, wall_s, exposed comm."""
@@ -92,6 +92,13 @@ class RingResult:
             out["decode"] = {k: (statistics.median(s[k] for s in steps) if k != "bytes_per_rank"
                                  else max(s[k] for s in steps)) for k in steps[0]}
         return out
+
+
+def _probe_messages(world: int, probes: list[dict]) -> int:
+    """Timed messages of the link probe (warm-up rounds not counted): a fan-out ping is 2 (world - 1) messages, a
+    pair round trip 2, a ring step one per rank."""
+    pings = sum(len(p["fan_s"]) + len(p.get("step_fan_s", [])) for p in probes)
+    return 2 * (world - 1) * pings + 2 * PROBE_PAIR_ROUNDS + world * PROBE_RING_STEPS
 
 
 def _phase(real: list[StepStats], probe: list[StepStats], leader: int | None = None) -> dict:
