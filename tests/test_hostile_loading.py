@@ -76,8 +76,10 @@ def test_ring_memory_estimate_is_the_shards_by_hand_plus_the_processes():
     from edgekv.ring.config import RANK_PROCESS_BYTES, TILE_BYTES, RingConfig, memory_bytes
     cfg = RingConfig(world=2, ctx=1000, n_heads=4, n_kv_heads=2, head_dim=16, n_layers=3, decode_steps=4)
     # shard c = 500 tokens (+ 4 // 2 + 1 decode slots) x 2 x 2 heads x 16 x 4 bytes, 3 layers; live: q 500x4x16x4,
-    # K/V four times 500 x 256 bytes, fp32 out + accumulator 2 x 500x4x16x4, three score tiles
-    per_rank = RANK_PROCESS_BYTES + 3 * 503 * 256 + 500 * 256 + 4 * 500 * 256 + 2 * 500 * 256 + 3 * TILE_BYTES
+    # K/V four times 500 x 256 bytes, fp32 out + accumulator 2 x 500x4x16x4, three score tiles; the link probe sends
+    # and receives a 1 MiB message (its floor: the 128,000-byte K/V block is smaller)
+    per_rank = (RANK_PROCESS_BYTES + 3 * 503 * 256 + 500 * 256 + 4 * 500 * 256 + 2 * 500 * 256 + 3 * TILE_BYTES
+                + 2 * 2**20)
     assert memory_bytes(cfg) == 2 * per_rank
 
 

@@ -246,6 +246,55 @@ def test_datacenter_ratio_from_the_shipped_h100_profile():
             assert 0 < r.ratio < r.naive_ratio
 
 
+def _fake_host(bytes_per_s=2e9, latency_s=4e-5):
+    fact = lambda v: SimpleNamespace(value=v, source=None, estimate="test")  # noqa: E731
+    link = SimpleNamespace(bytes_per_s=fact(bytes_per_s), latency_s=fact(latency_s))
+    return SimpleNamespace(id="cpu", device_class="host", flops=2e11, bandwidth=4e10, decode_efficiency=0.5,
+                           prefill_efficiency=0.5, interconnect={"loopback": link})
+
+
+def test_prediction_from_a_measured_link_by_hand():
+    """The link a run measured (2 ms per message, 0.5 GB/s per rank while all ranks send) replaces the profile's
+    latency and bandwidth as it is (the machine's sharing is already in it); compute is still shared 4 ways."""
+    link = {"latency_s": 2e-3, "bytes_per_s": 5e8}
+    h, g, d, b, w = 32, 8, 128, 4, 4
+    dec = model.predict_for_device("decode", _fake_host(), "loopback", w, 2052, h, g, d, 2, b, measured_link=link)
+    q_msg, partial = h * d * b, h * (d + 1) * 4                           # 16,384 B out, 16,512 B back
+    assert dec.comm_s == pytest.approx(2 * (2 * 2e-3 + 3 * (q_msg + partial) / 5e8))   # 2 layers: 8.39 ms
+    c = 514                                                               # ceil(2053 / 4)
+    assert dec.compute_s == pytest.approx(2 * (2 * g * d * c * b + 2 * h * d * b) / (4e10 * 0.5 / 4))
+    pre = model.predict_for_device("prefill", _fake_host(), "loopback", w, 2048, h, g, d, 1, b, measured_link=link)
+    block = 2 * 512 * g * d * b                                           # 4 MiB of K/V per ring step
+    assert pre.comm_s == pytest.approx(3 * (2e-3 + block / 5e8))          # 31.2 ms
+    # without a measured link: the profile's 40 us and 2 GB/s shared by the 4 ranks
+    prof = model.predict_for_device("prefill", _fake_host(), "loopback", w, 2048, h, g, d, 1, b)
+    assert prof.comm_s == pytest.approx(3 * (4e-5 + block / (2e9 / 4)))
+    assert any("measured in this run" in a for a in pre.assumptions)
+
+
+def test_link_measured_from_the_probe_timings_by_hand():
+    """RingResult.link from made-up probe timings: the latency is the median of the fan-out pings beside the decode
+    steps (each step's leader's; rank 0's after the prefill only when there is no decode), the bandwidth the large
+    message over the ring step's time beyond that latency."""
+    from edgekv.ring.launch import RingResult
+    probes = [{"small_bytes": 16384, "large_bytes": 4 << 20, "fan_s": [1e-3, 2e-3], "pair_s": 1e-4,
+               "large_s": 10e-3, "step_fan_s": [9e-3, 1e-3]},
+              {"small_bytes": 16384, "large_bytes": 4 << 20, "fan_s": [], "large_s": 12e-3,
+               "step_fan_s": [3e-3, 2e-3, 4e-3]},
+              {"small_bytes": 16384, "large_bytes": 4 << 20, "fan_s": [], "large_s": 14e-3}]
+    res = RingResult(config=RingConfig(world=3, ctx=30), backend="gloo", prefill=[], prefill_probe=[], decode=[],
+                     decode_probe=[], prefill_out=None, decode_out=None, link_probe=probes)
+    link = res.link()
+    assert link["latency_s"] == pytest.approx(3e-3)                      # median of 1, 3, 2, 9, 4 ms
+    assert link["pair_latency_s"] == pytest.approx(1e-4)
+    assert link["bytes_per_s"] == pytest.approx((4 << 20) / (12e-3 - 3e-3))   # median ring step 12 ms
+    assert link["pings"] == 5
+    for p in probes:
+        p.pop("step_fan_s", None)                                         # no decode: the pings after the prefill
+    assert res.link()["latency_s"] == pytest.approx(1.5e-3)
+    assert res.link()["bytes_per_s"] == pytest.approx((4 << 20) / (12e-3 - 1.5e-3))
+
+
 def test_planner_modules_never_import_torch():
     code = ("import sys, edgekv.ring.model, edgekv.ring.cli, edgekv.ring.config; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
@@ -273,6 +322,26 @@ def test_cli_check_json_one_token_shards_multi_head():
         assert out[side]["compute_s"] > 0 and out[side]["comm_s"] > 0
     assert out["measured"]["bytes_per_rank"] == out["predicted"]["bytes_per_rank"]
     assert out["measured"]["prefill"]["bytes_per_rank"] == out["predicted"]["prefill"]["bytes_per_rank"]
+
+
+def test_cli_check_json_reports_the_measured_link_and_comm_predicted_from_it():
+    """--check --json carries the link the run measured and, beside the profile's prediction and the measurement,
+    the comm the model predicts from that link: recomputed here by hand from the reported latency and bandwidth."""
+    res = _invoke(["--world", "2", "--ctx", "64", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
+                   "--decode-steps", "2", "--check", "--json", "--timeout", "30"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    link = out["link_measured"]
+    assert link["latency_s"] > 0 and link["bytes_per_s"] > 0 and link["messages"] >= 200
+    assert link["usable_cores"] >= 1 and link["oversubscribed"] == (2 > link["usable_cores"])
+    a, B = link["latency_s"], link["bytes_per_s"]
+    pred = out["predicted_from_measured_link"]
+    assert pred["decode"]["comm_s"] == pytest.approx(2 * a + (4 * 16 * 4 + 4 * 17 * 4) / B)
+    assert pred["prefill"]["comm_s"] == pytest.approx(a + 2 * 32 * 2 * 16 * 4 / B)      # one step, 32-token block
+    for phase in ("prefill", "decode"):
+        assert out["comm_measured_over_predicted"][phase] == pytest.approx(
+            out["measured"][phase]["comm_s"] / pred[phase]["comm_s"])
+        assert out["predicted"][phase]["comm_s"] != pred[phase]["comm_s"]   # the profile's, kept beside it
 
 
 def test_check_reports_the_error_of_a_ring_that_is_wrong(monkeypatch):

@@ -266,3 +266,80 @@ def ring_decode_step(shard: KVShard, length: int, timeout: timedelta, q: torch.T
     stats.compute_s += time.perf_counter() - t0
     stats.wall_s = time.perf_counter() - t_start
     return out.to(q.dtype), stats
+
+
+
+
+
+
+def _timed(n: int, once, device: torch.device) -> list[float]:
+    """Seconds of each of n calls of once(), after two uncounted ones that warm the path up."""
+    times = []
+    for i in range(n + 2):
+        t0 = time.perf_counter()
+        once()
+        _sync(device)
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def fan_out_pings(timeout: timedelta, device: torch.device, nbytes: int, n: int, root: int = 0) -> list[float]:
+    """Every rank calls it: root sends nbytes to every other rank at once and waits for each one's answer, n times,
+    as a decode step's query and partials travel. Returns half of each round trip (root's; [] elsewhere): one
+    message's latency as the ring sees it. When the ranks outnumber the cores, a woken rank may wait for a core,
+    and that wait is in the number."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world == 1:
+        return []
+    buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
+    what = f"rank {rank}: link probe"
+    others = [p for p in range(world) if p != root]
+
+    def once():
+        if rank == root:
+            _wait([dist.isend(buf, p, tag=4) for p in others], timeout, what)
+            bufs = [torch.empty_like(buf) for _ in others]
+            _wait([dist.irecv(b, p, tag=5) for p, b in zip(others, bufs)], timeout, what)
+        else:
+            _wait([dist.irecv(buf, root, tag=4)], timeout, what)
+            _wait([dist.isend(buf, root, tag=5)], timeout, what)
+
+    times = _timed(n, once, device)
+    return [t / 2 for t in times] if rank == root else []
+
+
+def ping_pong(timeout: timedelta, device: torch.device, small_bytes: int = 64, large_bytes: int = 4 << 20,
+              n_small: int = 100, n_large: int = 10) -> dict:
+    """Time messages over the group's own transport; every rank calls it. Returns this rank's share:
+
+    pair_s     (rank 0) median one-way time of a small_bytes ping-pong between ranks 0 and 1 alone
+    fan_s      (rank 0) fan_out_pings' half round trips (a list; launch.py samples more beside each decode step)
+    large_s    median time of one ring step with large_bytes: every rank sends to the next and receives from the
+               previous at once, as in a prefill ring step (the ranks share the cores here as they do there)
+    A hundred or more small messages make the medians stable against the odd scheduling hiccup; the large ones
+    are few because each costs milliseconds."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {"small_bytes": small_bytes, "large_bytes": large_bytes, "fan_s": []}
+    if world == 1:
+        return out
+    what = f"rank {rank}: link probe"
+    small = torch.zeros(max(1, small_bytes // 4), dtype=torch.float32, device=device)
+
+    def pair_round():
+        for op in ((dist.isend, dist.irecv) if rank == 0 else (dist.irecv, dist.isend)):
+            _wait([op(small, 1 - rank, tag=3)], timeout, what)
+
+    if rank < 2:
+        t = _timed(n_small, pair_round, device)
+        if rank == 0:
+            out["pair_s"] = sorted(t)[len(t) // 2] / 2
+    out["fan_s"] = fan_out_pings(timeout, device, small_bytes, n_small)
+    send = torch.zeros(max(1, large_bytes // 4), dtype=torch.float32, device=device)
+    recv = torch.empty_like(send)
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    t = _timed(n_large, lambda: _wait(dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend, send, nxt, tag=6), dist.P2POp(dist.irecv, recv, prv, tag=6)]), timeout, what),
+        device)
+    out["large_s"] = sorted(t)[len(t) // 2]
+    return out

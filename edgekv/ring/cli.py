@@ -75,11 +75,31 @@ def ring(world, ctx_text, heads, kv_heads, head_dim, layers, decode_steps, dtype
         if check:
             errors = check_errors(result)
     measured = result.measured() if result else None
+    probe = result.link() if result else None
+    from_link = {}
+    if probe:     # the same model fed the transport this run measured: the prediction to set beside the measurement
+        from_link = {phase: model.predict_for_device(phase, device, link, world, p.ctx, heads, kv_heads, head_dim,
+                                                     layers, cfg.dtype_bytes, measured_link=probe)
+                     for phase, p in predicted.items()}
     datacenter = _datacenter() if (explain or as_json) else []
     if as_json:
-        _print_json(cfg, device.id, link, predicted, measured, errors, result, datacenter)
+        _print_json(cfg, device.id, link, predicted, measured, errors, result, datacenter, probe, from_link)
     else:
-        _print_tables(cfg, device, link, predicted, measured, errors, result, datacenter if explain else [], explain)
+        _print_tables(cfg, device, link, predicted, measured, errors, result, datacenter if explain else [], explain,
+                      probe, from_link)
+
+
+def _sharing(world: int) -> dict:
+    from .config import usable_cores
+    cores = usable_cores()
+    return {"usable_cores": cores, "oversubscribed": world > cores}
+
+
+def _comm_ratio(measured: dict | None, from_link: dict) -> dict:
+    """measured comm / comm predicted from the measured link, per phase."""
+    if not measured:
+        return {}
+    return {phase: measured[phase]["comm_s"] / p.comm_s for phase, p in from_link.items() if p.comm_s > 0}
 
 
 def _datacenter() -> list:
@@ -101,14 +121,18 @@ def _top(phases: dict) -> dict:
             "bytes_per_rank": int(phases[step]["bytes_per_rank"]), **phases}
 
 
-def _print_json(cfg, device_id, link, predicted, measured, errors, result, datacenter) -> None:
+def _print_json(cfg, device_id, link, predicted, measured, errors, result, datacenter, probe, from_link) -> None:
     pred = {k: v.to_json() for k, v in predicted.items()}
+    pred_link = {k: v.to_json() for k, v in from_link.items()}
     obj = {
         "world": cfg.world, "ctx": cfg.ctx,
         "prefill_max_abs_err": errors["prefill_max_abs_err"] if errors else None,
         "decode_max_abs_err": errors["decode_max_abs_err"] if errors else None,
         "measured": _top(measured) if measured else None,
         "predicted": _top(pred),
+        "predicted_from_measured_link": _top(pred_link) if pred_link else None,
+        "comm_measured_over_predicted": _comm_ratio(measured, from_link) or None,
+        "link_measured": {**probe, **_sharing(cfg.world)} if probe else None,
         "step": "decode (one token, all layers)" if cfg.decode_steps else "prefill (all layers)",
         "heads": cfg.n_heads, "kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "layers": cfg.n_layers,
         "decode_steps": cfg.decode_steps, "dtype": cfg.dtype, "backend": result.backend if result else None,
@@ -129,7 +153,8 @@ def _secs(s: float | None) -> str:
     return f"{s * 1e6:.1f} µs"
 
 
-def _print_tables(cfg, device, link, predicted, measured, errors, result, datacenter, explain) -> None:
+def _print_tables(cfg, device, link, predicted, measured, errors, result, datacenter, explain, probe,
+                  from_link) -> None:
     from ..render import GB_NOTE, Col, console, print_table, time_column
     from ..units import fmt_gb
 
@@ -139,7 +164,11 @@ def _print_tables(cfg, device, link, predicted, measured, errors, result, datace
     names = {"prefill": "prefill", "decode": "decode, 1 token"}
     rows = []  # (phase, what, compute s, comm s, bytes per rank, wall s)
     for phase, p in predicted.items():
-        rows.append((names[phase], "predicted", p.compute_s, p.comm_s, p.bytes_per_rank, p.wall_s))
+        rows.append((names[phase], f"predicted ({device.id} profile)" if from_link else "predicted", p.compute_s,
+                     p.comm_s, p.bytes_per_rank, p.wall_s))
+        if phase in from_link:
+            q = from_link[phase]
+            rows.append(("", "predicted (link measured)", q.compute_s, q.comm_s, q.bytes_per_rank, q.wall_s))
         if measured:
             m = measured[phase]
             rows.append(("", f"measured ({result.backend})", m["compute_s"], m["comm_s"], m["bytes_per_rank"],
@@ -158,6 +187,22 @@ def _print_tables(cfg, device, link, predicted, measured, errors, result, datace
     if measured:
         notes.append(f"prefill comm hidden behind compute: the busiest rank waited {_secs(measured['prefill']['exposed_comm_s'])} "
                      f"of {_secs(measured['prefill']['wall_s'])}; {result.elapsed_s:.1f} s in all (incl. start-up)")
+    if probe:
+        share = _sharing(cfg.world)
+        notes.append(f"link measured in this run over {result.backend}: {_secs(probe['latency_s'])} per message "
+                     f"(median of {probe['pings']} pings from one rank to all {cfg.world - 1} others at once, "
+                     "beside every decode step; "
+                     f"{_secs(probe['pair_latency_s'])} between two ranks alone), "
+                     f"{probe['bytes_per_s'] / 1e9:.2f} GB/s per rank while every rank sends "
+                     f"({probe['large_bytes'] / 2**20:.0f} MiB ring steps); {probe['messages']:,} messages")
+        if share["oversubscribed"]:
+            notes.append(f"{cfg.world} ranks on {share['usable_cores']} usable cores: oversubscribed; a rank woken "
+                         "by a message may wait for a core (milliseconds when the cores are busy); the probe runs "
+                         "all ranks at once, so its latency holds that wait and so does the prediction from it")
+        ratios = _comm_ratio(measured, from_link)
+        if ratios:
+            notes.append("comm measured / predicted from the measured link: "
+                         + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
     if errors:
         dec = errors["decode_max_abs_err"]
         notes.append(f"max |ring - single-process attention|: prefill {errors['prefill_max_abs_err']:.3g}"

@@ -58,6 +58,13 @@ class RingConfig:
 RANK_PROCESS_BYTES = 320 * 2**20
 TILE_BYTES = 16 * 2**20         # attention.TILE_ELEMENTS fp32 scores: one tile's scores and probabilities at a time
 MIN_WORLD_LIMIT = 4             # the default --world runs on any machine, one core included
+PROBE_LARGE_BYTES = (1 << 20, 8 << 20)   # the link probe's large message: the prefill's K/V block, within these
+
+
+def probe_large_bytes(cfg: "RingConfig") -> int:
+    """Bytes of the link probe's large message (launch.py): one prefill K/V block, clamped to PROBE_LARGE_BYTES."""
+    block = 2 * -(-cfg.ctx // cfg.world) * cfg.n_kv_heads * cfg.head_dim * cfg.dtype_bytes
+    return min(max(block, PROBE_LARGE_BYTES[0]), PROBE_LARGE_BYTES[1])
 
 
 def usable_cores() -> int:
@@ -83,14 +90,16 @@ def memory_bytes(cfg: RingConfig) -> int:
     (2*g*d*b per slot), kept for decode; while one layer runs, its q (c*h*d*b) and K/V (2*c*g*d*b) as drawn, the block
     in hand, the one arriving and the warm-up's, the fp32 out and accumulator (2 * c*h*d*4) and the score tiles;
     with --check each rank keeps every layer's fp32 outputs (L*c*h*d*4) and the parent gathers and concatenates them
-    (2 * L*ctx*h*d*4) and draws the whole sequence for its reference (q and K/V in the dtype and in fp32, its out)."""
+    (2 * L*ctx*h*d*4) and draws the whole sequence for its reference (q and K/V in the dtype and in fp32, its out);
+    with more than one rank, the link probe's two large buffers (probe_large_bytes)."""
     b, h, g, d, L = cfg.dtype_bytes, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.n_layers
     c = -(-cfg.ctx // cfg.world)
     kv_slot = 2 * g * d * b
     shards = L * (c + cfg.decode_steps // cfg.world + 1) * kv_slot
     live = c * h * d * b + 4 * c * kv_slot + 2 * c * h * d * 4 + 3 * TILE_BYTES
     outs = L * c * h * d * 4 if cfg.keep_outputs else 0
-    rank = RANK_PROCESS_BYTES + shards + live + outs
+    probe = 2 * probe_large_bytes(cfg) if cfg.world > 1 else 0     # the link probe's send and receive buffers
+    rank = RANK_PROCESS_BYTES + shards + live + outs + probe
     parent = 0
     if cfg.keep_outputs:
         n = cfg.ctx + cfg.decode_steps

@@ -35,11 +35,16 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from ..errors import EdgekvError
-from .attention import KVShard, StepStats, decode_leader, ring_decode_step, ring_prefill
-from .config import RingConfig, check_resources
+from .attention import (KVShard, StepStats, decode_leader, fan_out_pings, ping_pong, ring_decode_step,
+                        ring_prefill)
+from .config import RingConfig, check_resources, probe_large_bytes
 from .model import split_sizes
 
 CHUNK = 64                       # tokens per seeded chunk of inputs
+PROBE_PAIR_ROUNDS = 100          # ping-pong round trips of ranks 0 and 1, and fan-out pings after the prefill
+PROBE_STEP_PINGS = 16            # fan-out pings before each decode step: the latency sampled beside the decode
+PROBE_RING_STEPS = 10            # ring steps of large messages
+PROBE_REPEATS = 3                # a phase's messages without compute, timed this many times (per layer, per step)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HOST = "127.0.0.1"
 __all__ = ["RingConfig", "RingResult", "run_ring", "check_errors", "make_rows", "reference_attention"]
@@ -56,23 +61,54 @@ class RingResult:
     prefill_out: list[torch.Tensor] | None    # [layer] -> [l, h, d], when keep_outputs
     decode_out: list[torch.Tensor] | None     # [layer] -> [decode_steps, h, d], when keep_outputs
     elapsed_s: float = 0.0
+    link_probe: list[dict] | None = None      # [rank] attention.ping_pong's share of the link probe
+
+    def link(self) -> dict | None:
+        """The transport as attention.ping_pong measured it in this run: latency_s (one message when one rank pings
+        every rank at once: the median of the pings beside the decode steps, else of those after the prefill),
+        pair_latency_s (ranks 0 and 1 alone), bytes_per_s (per
+        rank in a ring step of large messages: their bytes over the time beyond the latency), messages (timed ones).
+        None at world 1."""
+        probes = self.link_probe or []
+        if len(probes) < 2 or not probes[0]["fan_s"]:
+            return None
+        # the pings beside the decode steps when there are any: the host's load moves within a run, and these
+        # share the decode's moments; the prefill's ring steps are mostly bandwidth
+        fan = [t for p in probes for t in p.get("step_fan_s", [])] or probes[0]["fan_s"]
+        large = statistics.median(p["large_s"] for p in probes)
+        small, nbytes, world, pings = statistics.median(fan), probes[0]["large_bytes"], len(probes), len(fan)
+        return {"latency_s": small, "pair_latency_s": probes[0]["pair_s"],
+                "bytes_per_s": nbytes / max(large - small, large / 2), "large_bytes": nbytes,
+                "small_bytes": probes[0]["small_bytes"], "pings": pings,
+                "messages": _probe_messages(world, probes)}
 
     def measured(self) -> dict:
         """Per phase: the busiest rank's compute_s, comm_s (from the probe), bytes_per_rank, wall_s, exposed comm."""
         out = {"prefill": _phase(self.prefill, self.prefill_probe)}
         if self.decode:
-            steps = [_phase(real, probe) for real, probe in zip(self.decode, self.decode_probe)]
+            cfg = self.config
+            steps = [_phase(real, probe, decode_leader(cfg.ctx + s, cfg.world))
+                     for s, (real, probe) in enumerate(zip(self.decode, self.decode_probe))]
             out["decode"] = {k: (statistics.median(s[k] for s in steps) if k != "bytes_per_rank"
                                  else max(s[k] for s in steps)) for k in steps[0]}
         return out
 
 
-def _phase(real: list[StepStats], probe: list[StepStats]) -> dict:
-    """compute: the busiest rank's; comm: the slowest rank's probe (messages only); bytes: the busiest link's;
-    exposed_comm: what the busiest rank spent blocked on messages in the real, overlapped run."""
+def _probe_messages(world: int, probes: list[dict]) -> int:
+    """Timed messages of the link probe (warm-up rounds not counted): a fan-out ping is 2 (world - 1) messages, a
+    pair round trip 2, a ring step one per rank."""
+    pings = sum(len(p["fan_s"]) + len(p.get("step_fan_s", [])) for p in probes)
+    return 2 * (world - 1) * pings + 2 * PROBE_PAIR_ROUNDS + world * PROBE_RING_STEPS
+
+
+def _phase(real: list[StepStats], probe: list[StepStats], leader: int | None = None) -> dict:
+    """compute: the busiest rank's; comm: the slowest rank's probe (messages only), or at decode the leader's (from
+    its query out to the last partial in: the step's own path; the others' probe clocks also hold how late the
+    leader left the barrier before it); bytes: the busiest link's; exposed_comm: what the busiest rank spent
+    blocked on messages in the real, overlapped run."""
     busiest = max(real, key=lambda s: s.compute_s)
     return {"compute_s": busiest.compute_s,
-            "comm_s": max(s.wall_s for s in probe),
+            "comm_s": probe[leader].wall_s if leader is not None else max(s.wall_s for s in probe),
             "bytes_per_rank": max(s.bytes_sent + s.bytes_recv for s in real),
             "wall_s": max(s.wall_s for s in real),
             "exposed_comm_s": busiest.wait_s}
@@ -167,10 +203,19 @@ def _rank_body(rank: int, cfg: RingConfig, port: int, outdir: str, backend: str)
         out, _, st = ring_prefill(q, kv, cfg.ctx, timeout)
         pre_stats.add(st)
         _barrier(timeout, f"after prefill of layer {layer}")
-        probe_stats.add(ring_prefill(q, kv, cfg.ctx, timeout, compute=False)[2])
+        # the messages alone, PROBE_REPEATS times back to back, the median kept: the first after a barrier also
+        # pays for the ranks leaving it one after another
+        repeats = sorted((ring_prefill(q, kv, cfg.ctx, timeout, compute=False)[2] for _ in range(PROBE_REPEATS)),
+                         key=lambda st: st.wall_s)
+        probe_stats.add(repeats[len(repeats) // 2])
         if cfg.keep_outputs:
             pre_out.append(out.cpu())
         shards.append(KVShard.from_prefill(kv, start, cfg.decode_steps // world + 1))
+
+    # the transport's own latency and bandwidth, between the phases, so the model can be fed what this run sees
+    _barrier(timeout, "before the link probe")
+    link = ping_pong(timeout, device, small_bytes=h * d * cfg.dtype_bytes, n_small=PROBE_PAIR_ROUNDS,
+                     large_bytes=probe_large_bytes(cfg), n_large=PROBE_RING_STEPS)
 
     dec_stats, dec_probe, dec_out = [], [], [[] for _ in range(cfg.n_layers)]
     for step in range(cfg.decode_steps):
@@ -188,15 +233,23 @@ def _rank_body(rank: int, cfg: RingConfig, port: int, outdir: str, backend: str)
             if out is not None and cfg.keep_outputs:
                 dec_out[layer].append(out[0].cpu())
         _barrier(timeout, f"after decode step {step}")
-        for layer in range(cfg.n_layers):
-            qn = torch.zeros(1, h, d, dtype=dtype, device=device) if rank == leader else None
-            kvn = torch.zeros(2, 1, g, d, dtype=dtype, device=device) if rank == leader else None
-            probe.add(ring_decode_step(shards[layer], pos, timeout, qn, kvn, n_heads=h, compute=False)[1])
+        # the link's latency sampled here, from this step's leader, just before its messages are timed alone
+        pings = fan_out_pings(timeout, device, h * d * cfg.dtype_bytes, PROBE_STEP_PINGS, root=leader)
+        link.setdefault("step_fan_s", []).extend(pings)
+        # the messages alone, PROBE_REPEATS times back to back, the median kept (as at prefill)
+        repeats = []
+        for _ in range(PROBE_REPEATS):
+            probe = StepStats()
+            for layer in range(cfg.n_layers):
+                qn = torch.zeros(1, h, d, dtype=dtype, device=device) if rank == leader else None
+                kvn = torch.zeros(2, 1, g, d, dtype=dtype, device=device) if rank == leader else None
+                probe.add(ring_decode_step(shards[layer], pos, timeout, qn, kvn, n_heads=h, compute=False)[1])
+            repeats.append(probe)
         dec_stats.append(real)
-        dec_probe.append(probe)
+        dec_probe.append(sorted(repeats, key=lambda st: st.wall_s)[len(repeats) // 2])
 
     torch.save({"prefill": pre_stats, "prefill_probe": probe_stats, "decode": dec_stats, "decode_probe": dec_probe,
-                "prefill_out": pre_out, "decode_out": dec_out},
+                "prefill_out": pre_out, "decode_out": dec_out, "link": link},
                Path(outdir, f"rank{rank}.pt"))
     _barrier(timeout, "at the end")
     dist.destroy_process_group()
@@ -275,7 +328,8 @@ def run_ring(cfg: RingConfig, run_timeout_s: float | None = None) -> RingResult:
                       prefill=[rk["prefill"] for rk in ranks], prefill_probe=[rk["prefill_probe"] for rk in ranks],
                       decode=[[rk["decode"][s] for rk in ranks] for s in range(cfg.decode_steps)],
                       decode_probe=[[rk["decode_probe"][s] for rk in ranks] for s in range(cfg.decode_steps)],
-                      prefill_out=prefill_out, decode_out=decode_out, elapsed_s=elapsed)
+                      prefill_out=prefill_out, decode_out=decode_out, elapsed_s=elapsed,
+                      link_probe=[rk["link"] for rk in ranks])
 
 
 def _leader_index(cfg: RingConfig, step: int) -> int:

@@ -200,26 +200,36 @@ def _predict_decode(world, ctx, h, g, d, b, L, alpha, B, peak, bw, t, p) -> Ring
 
 def predict_for_device(phase: str, device, link: str, world: int, ctx: int, n_heads: int, n_kv_heads: int,
                        head_dim: int, n_layers: int = 1, dtype_bytes: int = 2, shared_host: bool | None = None,
-                       q_tokens: int = 1) -> RingCost:
+                       q_tokens: int = 1, measured_link: dict | None = None) -> RingCost:
     """predict() with the link, flops and bandwidth read from a DeviceProfile (edgekv.devices.load_device).
 
     shared_host: all ranks share the one machine (default: the profile's class is "host"), so each rank gets
-    flops/world and bandwidth/world."""
+    flops/world and bandwidth/world.
+    measured_link: {"latency_s", "bytes_per_s"} as a ping-pong over the run's own transport measured them, every
+    pair of ranks at once (launch.RingResult.link): used instead of the profile's link, as they are (the sharing
+    of the machine is already in them)."""
     if link not in device.interconnect:
         have = ", ".join(sorted(device.interconnect)) or "none"
         raise KeyError(f"device {device.id!r} has no interconnect {link!r} (it has: {have})")
     ic = device.interconnect[link]
     eff = device.prefill_efficiency if phase == "prefill" else device.decode_efficiency
     share = world if (shared_host if shared_host is not None else device.device_class == "host") else 1
+    if measured_link:
+        link_bw, link_lat = float(measured_link["bytes_per_s"]), float(measured_link["latency_s"])
+    else:
+        link_bw, link_lat = float(ic.bytes_per_s.value) / share, float(ic.latency_s.value)
     cost = predict(phase, world, ctx, n_heads, n_kv_heads, head_dim, n_layers, dtype_bytes,
-                   link_bytes_per_s=float(ic.bytes_per_s.value) / share, link_latency_s=float(ic.latency_s.value),
+                   link_bytes_per_s=link_bw, link_latency_s=link_lat,
                    flops=device.flops * eff / share, mem_bandwidth=device.bandwidth * eff / share, q_tokens=q_tokens)
     extra = (f"device {device.id}: {device.flops:.4g} FLOP/s and {device.bandwidth:.4g} B/s x {phase} efficiency "
              f"{eff:g}" + (f"; {share} ranks share one machine: each gets 1/{share} of its compute, memory "
-                           f"bandwidth and {link} bandwidth (all ranks send at once)" if share > 1
+                           "bandwidth" + ("" if measured_link else f" and {link} bandwidth (all ranks send at once)")
+                           if share > 1
                            else "; one device and one link per rank"),
-             f"link {link}: {ic.bytes_per_s.value:.4g} B/s per direction ({_why(ic.bytes_per_s)}); latency "
-             f"{ic.latency_s.value:.3g} s ({_why(ic.latency_s)})")
+             (f"link {link} as measured in this run (ping-pong, all rank pairs at once): latency {link_lat:.3g} s "
+              f"per message, {link_bw:.4g} B/s per rank" if measured_link else
+              f"link {link}: {ic.bytes_per_s.value:.4g} B/s per direction ({_why(ic.bytes_per_s)}); latency "
+              f"{ic.latency_s.value:.3g} s ({_why(ic.latency_s)})"))
     return RingCost(**{**cost.__dict__, "assumptions": cost.assumptions + extra})
 
 
