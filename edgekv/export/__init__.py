@@ -1,10 +1,12 @@
 """Export a decode step to ONNX / ExecuTorch, verify it, describe it in manifest.json, and run it.
 
-Stages (each a module, each returning a value you can inspect), in the order pipeline.export_model runs them:
+Stages (each a module, each returning a value you can inspect), in the order pipeline.export_model runs them
+(pipeline._run: one small function per stage over the export in progress, pipeline.Export):
   trace.py      eager module -> torch.export ExportedPrograms (one per entry point)
   to_onnx.py    -> onnx.ModelProto: one graph `forward`, dynamic token axis `seq`
   to_pte.py     -> ExecuTorch EdgeProgramManager, XNNPACK: `forward` (1..C tokens; a plain kv cache written in
                    place) or `prefill` (fixed chunk) and `decode`
+  targets.py    one object per format (ONNX, .pte): trace its entry points, lower + serialize, its verify steppers
   verify.py     artifact in its runtime vs the eager module, same calls, state fed back
   manifest.py   manifest.json + manifest.schema.json; sha256 of every file, checked on load
   tokenizer.py  tokenizer.json from the GGUF vocabulary (or the HF folder's own)

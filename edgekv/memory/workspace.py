@@ -3,6 +3,7 @@ runtime adds once the model is loaded (session, packed copies, kernel code), fro
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 from ..arch import MLA, SSM, Arch, Attention
 from ..models import fused_attention_type  # the family registry (torch-free)
@@ -13,114 +14,110 @@ from .item import Item
 from .weights import weight_bytes_one
 
 
+@dataclass(frozen=True)
+class Term:
+    """One named part of the workspace: its bytes and how they are computed, as `--explain` prints it."""
+    name: str
+    bytes: float
+    formula: str
+    fmt: str | None = ","  # how the bytes print after the formula; None: the formula says it all
+    note: str = ""  # said after the bytes
+
+    def __str__(self) -> str:
+        return self.formula + ("" if self.fmt is None else f" = {self.bytes:{self.fmt}}") + self.note
+
+
+def _larger(name: str, a: Term, b: Term, text: str) -> Term:
+    """Two terms a memory plan keeps alive one at a time (it lays one over the other): the larger counts."""
+    return Term(name, max(a.bytes, b.bytes), text, None)
+
+
+@dataclass
+class _Attention:
+    """The largest per-layer sizes of one call over the model's mixers (fp32 bytes, or widths in elements)."""
+    qkv: int = 0  # widest q + k + v (or MLA's q + latent) projection, elements per token
+    ssm_w: int = 0  # widest SSM in-projection + conv, elements per token
+    scores: float = 0  # one copy of the largest materialised [H, C, T] scores
+    masks: float = 0  # one copy of the largest [C, T] mask
+    probs: float = 0  # the fused (GroupQueryAttention) layers' probability buffers
+    scratch: float = 0  # the largest one layer's dequant/reconstruction scratch
+    scratch_how: str = ""
+    scan: float = 0  # selective-scan inputs
+    rolling: bool = False  # a rolling (window) layer reads the old cache + the chunk, not the state it writes
+    fused_layers: frozenset = frozenset()
+
+
 def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, chunk: int,
                     precision: str = "fp32", methods: int = 1) -> Item:
     """Transient memory at the worst moment of a prefill chunk or a decode step (fp32 activations):
     chunk activations + attention scores (x the copies the runtime keeps alive, if it materialises them) + logits
     + dequant/reconstruction scratch for one layer + the extra state copies alive during a call; or, where larger, the
-    runtime's load-time transient (ORT packing a tied lm_head from the table's mapped pages)."""
+    runtime's load-time transient (ORT packing a tied lm_head from the table's mapped pages). Each is a named Term,
+    and the explanation is theirs."""
     rt = _traits(arch, layout, strategy, runtime)
-    inter = arch.mlp_width
-    qkv = 0
-    ssm_w = 0
-    scores = 0
-    scratch = 0
-    scan = 0
-    masks = 0
-    scratch_how = ""
-    kept, width = {}, {}
-    for t in layout.tensors:
-        if t.role in ("key", "latent"):
-            kept[t.layer] = t.shape[2] if t.role == "key" else t.shape[1]
-            width[t.layer] = t.shape[-1]
-    rolling = False  # a rolling (window) layer's attention reads the old cache + the chunk, not the state it writes
-    # A model whose sliding layers keep the explicit graph (Gemma 3's .pte; on ONNX Runtime only under the window
-    # strategy, since its native windows go to GroupQueryAttention's window cache): each layer with one slot per
-    # position is the runtime's fused op all the same (edgekv.models.swaps: the swap is per layer), its state not written in place
-    # (that takes every layer). ONNX Runtime, a float cache: a GroupQueryAttention node whose present is a second
-    # copy beside the feed, its scratch one [H, C, T] probability buffer, no mask (GQA). ExecuTorch, a fp32 cache
-    # (nothing to read back): custom_sdpa, which tiles its scores (ET_SDPA); the state copies stay the runtime's.
-    ort_mixed = runtime == "onnxruntime"
-    et_mixed = runtime == "executorch" and not strategy.kv_bits and strategy.params.get("dtype", "fp32") == "fp32"
-    mixed = ((ort_mixed or et_mixed) and fused_attention_type(arch.model_type) and strategy.fused_attention(runtime)
-             and not fused_gqa(arch, layout, strategy, runtime))
-    fused_layers = {i for i, t in kept.items() if mixed and t == layout.ctx}
-    probs = 0
-    for i, b in enumerate(arch.blocks):
-        for m in b.mixers:
-            if isinstance(m, Attention):
-                qkv = max(qkv, (m.n_heads + 2 * m.n_kv_heads) * m.head_dim)
-                t = kept.get(i, 0)
-                rolling |= 0 < t < layout.ctx and rt.get("rolling_attends_first", False)
-                if i in fused_layers:
-                    if ort_mixed:
-                        probs = max(probs, GQA["score_copies"] * m.n_heads * chunk * t * 4)
-                    continue
-                if rt["scores"]:
-                    seen = t if t == layout.ctx else t + chunk  # a static cache already holds the chunk
-                    scores = max(scores, m.n_heads * chunk * seen * 4)
-                    masks = max(masks, chunk * seen * 4)
-                layer, how = _layer_scratch(arch, m, t, width.get(i, 0), strategy, rt, chunk)
-                if layer > scratch:
-                    scratch, scratch_how = layer, how
-            elif isinstance(m, MLA):
-                qkv = max(qkv, m.n_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim) + m.kv_lora_rank)
-                if rt["scores"]:
-                    scores = max(scores, m.n_heads * chunk * (kept.get(i, 0) + chunk) * 4)
-            elif isinstance(m, SSM):
-                ssm_w = max(ssm_w, 2 * m.d_inner + m.conv_dim)
-                scan = max(scan, SCAN_COPIES * chunk * m.d_inner * m.d_state * 4)
+    a = _attention(arch, layout, strategy, runtime, rt, chunk)
     copies = rt.get("score_copies", 1)
-    n_state = rt.get("state_copies", 1)
+    n_state, scratch = rt.get("state_copies", 1), a.scratch
     if rt.get("packs_per_method"):  # every method has its own planned buffers: state in + state out, dequant scratch
         n_state, scratch = (1 if rt.get("in_place") else 1 + 2 * methods), scratch * methods
-    fused_state = sum(t.nbytes for t in layout.tensors if t.layer in fused_layers) if ort_mixed else 0
+    fused_state = sum(t.nbytes for t in layout.tensors if t.layer in a.fused_layers) if runtime == "onnxruntime" else 0
     extra_state = (n_state - 1) * (layout.nbytes - fused_state) + fused_state
-    act = chunk * (4 * arch.hidden + qkv + 3 * inter + ssm_w) * 4
     # the exported step returns the logits of the rows the caller asks for (edgekv.models.head): one in generation
     # and prefill. A memory-planned runtime (ExecuTorch) holds a slot for the most rows a call can ask for, the chunk
-    logits_rows = chunk if rt.get("logits_planned") else 1
-    logits = logits_rows * arch.vocab * 4
-    masks *= rt.get("mask_copies", 0)
-    pack = _largest_packed(arch, precision) if rt.get("pack_transient") else 0
-    # a memory plan that lays the logits over the attention's scratch: the larger of the two
-    attend = act + max(copies * scores, probs) + masks + scan + (max(logits, scratch) if rt.get("logits_over_scratch")
-                                                                 else logits + scratch)
+    rows = chunk if rt.get("logits_planned") else 1
+    logits = Term("logits", rows * arch.vocab * 4, f"logits {'chunk' if rows > 1 else '1 row'} x vocab x 4 B")
+    terms = [Term("activations", chunk * (4 * arch.hidden + a.qkv + 3 * arch.mlp_width + a.ssm_w) * 4,
+                  f"activations {chunk} tok x (4*hidden + qkv + 3*inter{' + ssm' if a.ssm_w else ''}) x 4 B", ",.0f")]
+    scores = Term("scores", copies * a.scores, f"scores {copies} x H x chunk x T x 4 B") if rt["scores"] else         Term("scores", 0, "scores not materialised", None)
+    if a.probs:
+        probs = Term("probs", a.probs, "the global layers' GroupQueryAttention: 1 x H x chunk x T x 4 B",
+                     note=" (the larger of the two scores)")
+        scores = _larger("scores", scores, probs, f"{scores} + {probs}")
+    terms.append(scores)
+    masks = a.masks * rt.get("mask_copies", 0)
+    if masks:
+        terms.append(Term("masks", masks, f"masks {rt['mask_copies']} x chunk x T x 4 B"))
+    scratch_t = Term("scratch", scratch, a.scratch_how, ",.0f")
+    if scratch and rt.get("logits_over_scratch"):  # a memory plan that lays the logits over the attention's scratch
+        terms.append(_larger("logits", logits, scratch_t, f"max({logits}, {scratch_t}) (the plan lays the logits over "
+                                                          "the attention's scratch)"))
+    else:
+        terms += [logits] + ([scratch_t] if scratch else [])
+    if a.scan:
+        terms.append(Term("scan", a.scan, f"selective-scan inputs {SCAN_COPIES} x chunk x d_inner x d_state x 4 B"))
+    attend = sum(t.bytes for t in terms)
     # static caches: attention reads the state the call writes, so the written copies are alive with its scratch;
     # rolling layers: the written state is an output no node reads, and ORT's order runs the attention first, so the
     # call peaks at the larger of the two (edgekv/costs/workspace.json fields.rolling_attends_first: measured).
-    step = max(attend, extra_state + logits) if rolling else attend + extra_state
+    if a.rolling:
+        step = max(attend, extra_state + logits.bytes)
+        more = (f"{n_state - 1} more copies of the explicit layers' state + 1 of the GroupQueryAttention layers'"
+                if fused_state else f"{n_state - 1} more state copies")
+        f = (f"max(attention: {' + '.join(map(str, terms))} = {attend:,.0f}, end of the call: {more}"
+             f" {extra_state:,} + logits) = {step:,.0f} (rolling layers attend before they write)")
+    else:
+        if extra_state:
+            terms.append(Term("state copies", extra_state, f"{n_state - 1} more state copies during a call"))
+        step = sum(t.bytes for t in terms)
+        f = " + ".join(map(str, terms)) + f" = {step:,.0f}"
+    load, packing, f = _load_transients(arch, layout, precision, rt, n_state, extra_state, step, f)
+    total = max(step, load, packing)
+    return Item(total, f + f" [{runtime}: {rt['why']}" + (f"; measured: {MEASURED[runtime]}" if runtime in MEASURED
+                                                           else "") + "]",
+                {"step": step, "load": load, "packing": packing})
+
+
+def _load_transients(arch: Arch, layout: StateLayout, precision: str, rt: dict, n_state: int, extra_state: float,
+                     step: float, f: str) -> tuple[float, float, str]:
+    """What loading holds for a moment, where larger than a call: (tied head, XNNPACK packing, the explanation)."""
     # loading packs a tied head from the table's mapped pages (given back after), before the state is resident
     load = _tied_bytes(arch, precision) - layout.nbytes if rt.get("load_transient_tied") else 0
     # XNNPACK packs while the methods load: their planned buffers exist, the caller's state does not yet (a loaded
     # ExecuTorch method allocates the buffers of its in-place outputs, where the state then lives, on its first
     # call); the embedding's pages were given back before loading
+    pack = _largest_packed(arch, precision) if rt.get("pack_transient") else 0
     packing = pack + extra_state - layout.nbytes if pack else 0
     total = max(step, load, packing)
-    parts = [f"activations {chunk} tok x (4*hidden + qkv + 3*inter{' + ssm' if ssm_w else ''}) x 4 B = {act:,.0f}",
-             (f"scores {copies} x H x chunk x T x 4 B = {copies * scores:,}" if rt["scores"]
-              else "scores not materialised"),
-             *([f"masks {rt['mask_copies']} x chunk x T x 4 B = {masks:,}"] if masks else []),
-             f"logits {'chunk' if logits_rows > 1 else '1 row'} x vocab x 4 B = {logits:,}"]
-    if probs:
-        parts.insert(2, f"the global layers' GroupQueryAttention: 1 x H x chunk x T x 4 B = {probs:,} (the larger "
-                        "of the two scores)")
-    if scratch and rt.get("logits_over_scratch"):
-        parts[-1] = (f"max({parts[-1]}, {scratch_how} = {scratch:,.0f}) (the plan lays the logits over the "
-                     "attention's scratch)")
-    elif scratch:
-        parts.append(f"{scratch_how} = {scratch:,.0f}")
-    if scan:
-        parts.append(f"selective-scan inputs {SCAN_COPIES} x chunk x d_inner x d_state x 4 B = {scan:,}")
-    if rolling:
-        more = (f"{n_state - 1} more copies of the explicit layers' state + 1 of the GroupQueryAttention layers'"
-                if fused_state else f"{n_state - 1} more state copies")
-        f = (f"max(attention: {' + '.join(parts)} = {attend:,.0f}, end of the call: {more}"
-             f" {extra_state:,} + logits) = {step:,.0f} (rolling layers attend before they write)")
-    else:
-        if extra_state:
-            parts.append(f"{n_state - 1} more state copies during a call = {extra_state:,}")
-        f = " + ".join(parts) + f" = {step:,.0f}"
     if load:
         f = (f"max(step: {f}, load: the tied table's pages read while packing the head, before the state is "
              f"resident {load:,.0f}) = {total:,.0f}")
@@ -128,9 +125,55 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
         f = (f"max(step: {f}, load: the largest delegated weight matrix unpacked while XNNPACK packs it {pack:,.0f}"
              + (f" + {n_state - 1} planned state copies" if extra_state else "")
              + f" - the state, not yet resident = {packing:,.0f}) = {total:,.0f}")
-    return Item(total, f + f" [{runtime}: {rt['why']}" + (f"; measured: {MEASURED[runtime]}" if runtime in MEASURED
-                                                           else "") + "]",
-                {"step": step, "load": load, "packing": packing})
+    return load, packing, f
+
+
+def _attention(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, rt: dict, chunk: int
+               ) -> _Attention:
+    """The largest sizes one call's mixers reach (_Attention), layer by layer."""
+    a = _Attention()
+    kept, width = {}, {}
+    for t in layout.tensors:
+        if t.role in ("key", "latent"):
+            kept[t.layer] = t.shape[2] if t.role == "key" else t.shape[1]
+            width[t.layer] = t.shape[-1]
+    # A model whose sliding layers keep the explicit graph (Gemma 3's .pte; on ONNX Runtime only under the window
+    # strategy, since its native windows go to GroupQueryAttention's window cache): each layer with one slot per
+    # position is the runtime's fused op all the same (edgekv.models.swaps: the swap is per layer), its state not
+    # written in place (that takes every layer). ONNX Runtime, a float cache: a GroupQueryAttention node whose present
+    # is a second copy beside the feed, its scratch one [H, C, T] probability buffer, no mask (GQA). ExecuTorch, a
+    # fp32 cache (nothing to read back): custom_sdpa, which tiles its scores (ET_SDPA); the state copies stay the
+    # runtime's.
+    ort_mixed = runtime == "onnxruntime"
+    et_mixed = runtime == "executorch" and not strategy.kv_bits and strategy.params.get("dtype", "fp32") == "fp32"
+    mixed = ((ort_mixed or et_mixed) and fused_attention_type(arch.model_type) and strategy.fused_attention(runtime)
+             and not fused_gqa(arch, layout, strategy, runtime))
+    a.fused_layers = frozenset(i for i, t in kept.items() if mixed and t == layout.ctx)
+    for i, b in enumerate(arch.blocks):
+        for m in b.mixers:
+            if isinstance(m, Attention):
+                a.qkv = max(a.qkv, (m.n_heads + 2 * m.n_kv_heads) * m.head_dim)
+                t = kept.get(i, 0)
+                a.rolling |= 0 < t < layout.ctx and rt.get("rolling_attends_first", False)
+                if i in a.fused_layers:
+                    if ort_mixed:
+                        a.probs = max(a.probs, GQA["score_copies"] * m.n_heads * chunk * t * 4)
+                    continue
+                if rt["scores"]:
+                    seen = t if t == layout.ctx else t + chunk  # a static cache already holds the chunk
+                    a.scores = max(a.scores, m.n_heads * chunk * seen * 4)
+                    a.masks = max(a.masks, chunk * seen * 4)
+                layer, how = _layer_scratch(arch, m, t, width.get(i, 0), strategy, rt, chunk)
+                if layer > a.scratch:
+                    a.scratch, a.scratch_how = layer, how
+            elif isinstance(m, MLA):
+                a.qkv = max(a.qkv, m.n_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim) + m.kv_lora_rank)
+                if rt["scores"]:
+                    a.scores = max(a.scores, m.n_heads * chunk * (kept.get(i, 0) + chunk) * 4)
+            elif isinstance(m, SSM):
+                a.ssm_w = max(a.ssm_w, 2 * m.d_inner + m.conv_dim)
+                a.scan = max(a.scan, SCAN_COPIES * chunk * m.d_inner * m.d_state * 4)
+    return a
 
 
 def _layer_scratch(arch: Arch, m: Attention, t: int, width: int, strategy: Strategy, rt: dict, chunk: int

@@ -1,0 +1,169 @@
+"""One object per artifact format, with the same face: trace its entry points, lower and serialize them into the
+export folder (its manifest entry), and the steppers its verification runs (the artifact and its eager reference).
+ExecuTorch's source_transformation/ in spirit: what differs between ONNX Runtime and ExecuTorch lives in its target,
+and pipeline._run only walks the formats in order. `x` is the export in progress (pipeline.Export)."""
+from __future__ import annotations
+
+from ..errors import EdgekvError
+
+
+class OnnxTarget:
+    fmt = "onnx"
+
+    @staticmethod
+    def trace(x, trace) -> None:
+        """The layers ONNX Runtime's GroupQueryAttention serves, swapped (edgekv.models.swaps), traced; the state is
+        written in place (fused) when every layer is."""
+        from ..models.swaps import GQAAttention, for_runtime
+        from . import genai
+        onnx_module, swapped = for_runtime(x.module, "onnxruntime")
+        x.fused, x.any_fused = bool(swapped) and all(swapped), any(swapped)
+        x.window_cache = any(isinstance(m, GQAAttention) and m.window is not None for m in onnx_module.modules())
+        if "genai" in x.opts.runners:
+            x.eps["onnx:forward"] = genai.trace(onnx_module, x.opts.max_ctx)
+        else:
+            x.eps.update(trace(onnx_module, {"onnx:forward": None}))
+
+    @staticmethod
+    def write(x) -> None:
+        """lower-onnx, serialize-onnx and (quantized weights) quantize-onnx."""
+        from . import to_onnx
+        opts, st, tmp = x.opts, x.st, x.tmp
+        with st.stage("lower-onnx", "torch.onnx.export(dynamo=True)"):
+            model = to_onnx.lower_onnx(x.eps["onnx:forward"], x.entries["onnx"][0])
+            if opts.weights == "fp32":  # the quantized recipes untie the head instead (wquant.quantize_onnx)
+                from .wquant import fuse_tied_head
+                fuse_tied_head(model)
+        with st.stage("serialize-onnx", f"model.onnx + {to_onnx.EXTERNAL_DATA}"):
+            to_onnx.save_onnx(model, tmp / "model.onnx")
+            x.artifacts.append(OnnxTarget._artifact(x, to_onnx.opset(model)))
+            del model
+        if "quantize-onnx" in st.names:
+            from .wquant import quantize_onnx
+            how = "the GGUF's own blocks, carried" if opts.weights == "gguf" else \
+                f"{opts.weights} weights (ONNX Runtime quantization tools)"
+            with st.stage("quantize-onnx", how):
+                x.quantization["onnx"] = quantize_onnx(tmp / "model.onnx", tmp / "model.onnx", opts.weights,
+                                                       x.entries["onnx"][0], x.loaded.source)
+
+    @staticmethod
+    def _artifact(x, opset: int) -> dict:
+        """model.onnx's manifest entry (and, for GenAI, its config files written beside the graph)."""
+        import onnxruntime
+
+        from . import genai, to_onnx
+        from .runners import EDGEKV, GENAI
+        art = {"format": "onnx", "file": "model.onnx", "runtime": f"onnxruntime {onnxruntime.__version__}",
+               "opset": opset, "entry_points": x.entries["onnx"]}
+        if x.any_fused:
+            art["attention"] = "com.microsoft.GroupQueryAttention"
+        if x.window_cache:  # the sliding layers' rows in GroupQueryAttention's own order (the schema says which)
+            art["sliding_window_cache"] = True
+        if x.fused:  # present.* may be bound to past.*'s buffers: the nodes write the new rows in place
+            art["state_in_place"] = True
+        art["external_data"] = to_onnx.EXTERNAL_DATA
+        art["runners"] = [EDGEKV]
+        if "genai" in x.opts.runners:  # genai_config.json + tokenizer_config.json beside the graph
+            written = genai.write_config(x.tmp, x.args, x.layout, x.tok_entry, x.opts.max_ctx,
+                                         x.fused and not x.window_cache)
+            art["runners"].append(GENAI)
+            art["runner_files"] = [to_onnx.EXTERNAL_DATA, *written, x.tok_entry["file"]]
+        return art
+
+    @staticmethod
+    def stepper(x):
+        from .runtime import OrtStepper
+        return OrtStepper(x.partial, x.tmp, x.opts.threads, spin=False)
+
+    @staticmethod
+    def references(x):
+        """The eager module the graph is held to, and (fp32 weights, a quantized cache) the same module with codes a
+        last bit flips (verify.limits)."""
+        from .runtime import EagerStepper
+        from .verify import nudged
+        noise = EagerStepper(x.partial, nudged(x.module)) if x.opts.weights == "fp32" and x.strategy.kv_bits else None
+        return EagerStepper(x.partial, x.module), noise
+
+    @staticmethod
+    def tolerance(x) -> str:
+        from .verify import tolerance_dtype
+        return "quantized-weights" if x.opts.weights != "fp32" else tolerance_dtype(x.layout, x.any_fused)
+
+
+class PteTarget:
+    fmt = "pte"
+
+    @staticmethod
+    def trace(x, trace) -> None:
+        """ExecuTorch's LLM runner's forward, one method with a dynamic token axis, or prefill + decode."""
+        from . import et_runner
+        if x.et_run:
+            x.eps["pte:forward"] = et_runner.trace(x.pte_module, x.chunk)
+        elif x.dynamic:
+            x.eps.update(trace(x.pte_module, {"pte:forward": None}, max_tokens=x.chunk))
+        else:
+            x.eps.update(trace(x.qmodule, {"pte:prefill": x.chunk, "pte:decode": 1}))
+
+    @staticmethod
+    def write(x) -> None:
+        """lower-pte and serialize-pte."""
+        from . import et_runner, to_pte
+        st, tmp = x.st, x.tmp
+        with st.stage("lower-pte", "to_edge_transform_and_lower + XnnpackPartitioner"):
+            if x.et_run:
+                if x.tok_entry is None:
+                    raise EdgekvError("ExecuTorch's LLM runner needs a tokenizer: this model folder has none")
+                edge = et_runner.lower(x.eps["pte:forward"],
+                                       et_runner.metadata(x.args, x.tok_entry, x.opts.max_ctx, x.chunk))
+            else:
+                edge = to_pte.lower_pte({e["name"]: x.eps[f"pte:{e['name']}"] for e in x.entries["pte"]}, x.in_place)
+        with st.stage("serialize-pte", "model.pte"):
+            delegation = to_pte.delegation_summary(edge)  # before to_executorch, which rewrites the graphs
+            (tmp / "model.pte").write_bytes(et_runner.to_buffer(edge) if x.et_run else to_pte.to_buffer(edge, x.in_place))
+            x.artifacts.append(PteTarget._artifact(x, delegation))
+            del edge
+
+    @staticmethod
+    def _artifact(x, delegation: dict) -> dict:
+        from importlib.metadata import version as pkg_version
+
+        from . import to_pte
+        from .runners import EDGEKV, ET_RUNNER
+        art = {"format": "pte", "file": "model.pte", "runtime": f"executorch {pkg_version('executorch')}",
+               "backend": "xnnpack", "entry_points": x.entries["pte"], "delegation": delegation}
+        if any(x.pte_swapped):  # the runtime must register ExecuTorch's LLM kernels
+            art["attention"] = to_pte.LLM_KERNELS
+        if x.in_place:  # `forward` writes its rows into the past.* inputs and returns them as present.*
+            art["state_in_place"] = True
+        art["runners"] = [ET_RUNNER] if x.et_run else [EDGEKV]
+        if x.et_run:  # the cache lives in the program's mutable buffers; the runner loads tokenizer.json
+            art["state_location"] = "mutable_buffers"
+            art["runner_files"] = [x.tok_entry["file"]]
+        return art
+
+    @staticmethod
+    def stepper(x):
+        from . import et_runner
+        from .runtime import PteStepper
+        return et_runner.RunnerPteStepper(x.partial, x.tmp, x.opts.threads) if x.et_run else \
+            PteStepper(x.partial, x.tmp, x.opts.threads)
+
+    @staticmethod
+    def references(x, art):
+        """The eager module the .pte was traced from, called in the .pte's own chunks, and (quantized weights) its own
+        rounding noise (verify.limits)."""
+        from .runtime import EagerStepper
+        from .verify import nudged_quantized
+
+        def eager(m):
+            return EagerStepper(x.partial, m, chunk=art.chunk, tail=art.tail, max_chunk=art.max_chunk)
+        ref = eager(x.qmodule)
+        return ref, eager(nudged_quantized(x.module, x.opts.weights)) if x.quantization.get("pte") else None
+
+    @staticmethod
+    def tolerance(x) -> str:
+        from .verify import tolerance_dtype
+        return "quantized-weights" if x.opts.weights != "fp32" else tolerance_dtype(x.layout, False)
+
+
+TARGETS = {"onnx": OnnxTarget, "pte": PteTarget}
