@@ -156,7 +156,7 @@ def attention_rates(runtime: str, device_id: str, device_class: str) -> dict | N
 
 def cache_kind(strategy: Strategy, layout: StateLayout) -> str | None:
     """The stored kernel rate a fused layer's cache reads at: kv-int8c's codes, or the float cache's dtype."""
-    if strategy.name == "kv-int8c":
+    if strategy.static_scales and strategy.kv_bits == 8:  # int8 codes at static scales, read in place
         return "int8c"
     dtypes = {_FLOAT_KIND.get(t.dtype) for t in layout.tensors if t.role == "key"}
     return dtypes.pop() if len(dtypes) == 1 else None
