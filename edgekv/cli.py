@@ -87,7 +87,7 @@ def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, ent
     A catalog model is a shape (its published config.json): enough to plan; `edgekv export` needs its weights (an
     HF folder or a .gguf). Exit codes: 0 done; 2 bad input; 3 --model and --strategy were both given and no option
     fits the budget (so a script can gate on it)."""
-    from . import render
+    from . import render, termtext
     from .devices import load_device
     from .plan import default_models, make_plan
     from .strategies import parse_strategy
@@ -107,7 +107,7 @@ def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, ent
         from .plan import make_max_plan
         mp = make_max_plan(device, archs, strats, weights, runtime, entitled, chunk)
         if as_json:
-            render.print_json(mp.to_json(explain))
+            termtext.print_json(mp.to_json(explain))
         else:
             render.max_ctx_table(mp, None if show_all else 30, explain)
         if models and strategies and mp.options and not any(o.ctx for o in mp.options):
@@ -119,7 +119,7 @@ def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, ent
     if plot:
         _plot(device, archs, strats, weights, runtime, entitled, chunk, p, plot, ctx, force)
     if as_json:
-        render.print_json(p.to_json(explain))
+        termtext.print_json(p.to_json(explain))
     else:
         render.plan_screen(p, None if show_all else 30, explain)
         if plot:
@@ -172,7 +172,7 @@ def _plot(device, archs, strats, weights, runtime, entitled, chunk, p, out, ctx,
 @click.option("--explain", is_flag=True, help="print the formula and assumptions behind every number")
 def baseline(device_name, model, ctx_text, strategies, weights, preset, as_json, explain):
     """The same model on a datacenter GPU: per-user state, users per GPU, $ per million tokens."""
-    from . import render
+    from . import render, termtext
     from .plan import baseline as run_baseline, quadratic_tax, QUADRATIC_TAX
 
     if preset == "quadratic-tax":
@@ -180,7 +180,7 @@ def baseline(device_name, model, ctx_text, strategies, weights, preset, as_json,
         title = ("quadratic tax (AI Made Simple): Llama-3-70B shape on one H100, 39 GB KV pool, "
                  f"${QUADRATIC_TAX['usd_per_hour']:.2f}/GPU-h, {QUADRATIC_TAX['tok_s_per_user']:.0f} tok/s per user")
         if as_json:
-            render.print_json({"preset": preset, "assumptions": QUADRATIC_TAX,
+            termtext.print_json({"preset": preset, "assumptions": QUADRATIC_TAX,
                                "rows": [r.to_json(explain) for r in rows]})
         else:
             render.baseline_table(rows, title, explain)
@@ -196,7 +196,7 @@ def baseline(device_name, model, ctx_text, strategies, weights, preset, as_json,
     strats = [parse_strategy(s) for s in strategies] or None
     rows = run_baseline(device, arch, ctxs, strats, weights)
     if as_json:
-        render.print_json({"device": device.to_json(), "model": arch.name, "weights": weights,
+        termtext.print_json({"device": device.to_json(), "model": arch.name, "weights": weights,
                            "rows": [r.to_json(explain) for r in rows]})
     else:
         render.baseline_table(rows, f"{arch.name} on {device.name}, {weights} weights", explain)
@@ -206,12 +206,12 @@ def baseline(device_name, model, ctx_text, strategies, weights, preset, as_json,
 @click.option("--json", "as_json", is_flag=True, help="print the profiles as JSON (every fact with its source)")
 def devices(as_json):
     """List the built-in device profiles."""
-    from . import render
+    from . import render, termtext
     from .devices import all_devices
 
     ds = all_devices()
     if as_json:
-        render.print_json([d.to_json() for d in ds])
+        termtext.print_json([d.to_json() for d in ds])
         return
     render.devices_table(ds)
 
@@ -220,7 +220,7 @@ def devices(as_json):
 @click.option("--json", "as_json", is_flag=True, help="print the catalog as JSON")
 def models(as_json):
     """List the built-in model catalog."""
-    from . import render
+    from . import render, termtext
     from .arch import catalog_arch, catalog_entry, catalog_names
 
     out = []
@@ -230,7 +230,7 @@ def models(as_json):
                     "params": a.n_params, "layers": a.n_layers, "hf_repo": e.get("hf_repo"),
                     "config_source": e.get("config_source")})
     if as_json:
-        render.print_json(out)
+        termtext.print_json(out)
         return
     render.models_table(out)
 

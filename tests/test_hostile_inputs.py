@@ -171,11 +171,11 @@ def test_a_device_name_with_terminal_escapes_never_reaches_the_terminal_raw(tmp_
 def test_tables_escape_control_characters_in_what_they_print(capsys):
     from rich.table import Table
 
-    from edgekv import render
+    from edgekv import termtext
     t = Table()
     t.add_column("model")
     t.add_row("tiny\x1b]0;owned\x1b\\\x1b[2J")  # a model name as a manifest could carry it
-    render.console().print(t)
+    termtext.console().print(t)
     out = capsys.readouterr().out
     assert "\x1b" not in out and "tiny\\x1b]0;owned" in out
 

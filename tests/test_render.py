@@ -339,20 +339,20 @@ def test_plain_text_tables_and_prose_are_laid_out_as_rich_lays_them_out(width):
     from rich.console import Console as RichConsole
     from rich.table import Table
 
-    from edgekv import render
+    from edgekv import render, termtext
     from edgekv.devices import load_device
     from edgekv.plan import default_models, make_plan
 
     plan = make_plan(load_device("pixel8"), 32768, default_models(load_device("pixel8")))
     rows = plan.ranked()[:12]
-    head, pre = render.time_column("prefill", [r.prefill.value for r in rows])
+    head, pre = termtext.time_column("prefill", [r.prefill.value for r in rows])
     cols = render.plan_columns(False, head)
     cells = [[r.model + ("" if r.exportable[0] else " †"), r.strategy.short, r.deployment.weight_precision,
               render.fmt_gb(r.deployment.bytes["state"]), render.fmt_gb(r.deployment.bytes["total"]),
               "[green]yes[/]" if r.fits else "[red]no[/]", render.fmt_gb(abs(r.headroom)), render.fmt_sig(r.decode.value),
               p, "32k", f"[{render.RISK_STYLE[r.quality['risk']]}]{r.quality['risk']}[/]", r.quality["cite"]]
              for r, p in zip(rows, pre)]
-    table, dropped = render.fit_table(cols, cells, width)
+    table, dropped = termtext.fit_table(cols, cells, width)
     kept = [i for i, c in enumerate(cols) if c.header.replace("\n", " ") not in dropped]
     ref = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True)
     for j, i in enumerate(kept):  # the header fit_table chose (full or short)
@@ -365,11 +365,11 @@ def test_plain_text_tables_and_prose_are_laid_out_as_rich_lays_them_out(width):
     assert table.width <= width
     # prose: the footer and an escaped markup tag, wrapped at the width
     text = ("[bold]edgekv plan:[/] " + "a footer with words of several lengths, a `command --with flags` and "
-            "numbers 0.0281 GB; " * 6 + render.escape("[run] stays literal"))
+            "numbers 0.0281 GB; " * 6 + termtext.escape("[run] stays literal"))
     buf = io.StringIO()
     RichConsole(width=width, file=buf, color_system=None, soft_wrap=False).print(text)
     out = io.StringIO()
     import contextlib
     with contextlib.redirect_stdout(out):
-        render.Console(width).print(text)
+        termtext.Console(width).print(text)
     assert [ln.rstrip() for ln in buf.getvalue().splitlines()] == out.getvalue().splitlines()

@@ -427,7 +427,7 @@ def test_impossible_device_values_are_refused(values, tmp_path):
 
 
 def test_json_output_never_holds_nan_or_infinity(capsys):
-    from edgekv.render import print_json
+    from edgekv.termtext import print_json
     print_json({"a": float("inf"), "b": [float("nan"), 1.5], "c": {"d": -float("inf")}})
     assert json.loads(capsys.readouterr().out) == {"a": None, "b": [None, 1.5], "c": {"d": None}}
 

@@ -229,7 +229,7 @@ def _emit(result: dict, as_json: bool, plot: str | None, plotter, table, covered
 
 
 def _recall_table(result: dict, plot: str | None) -> None:
-    from ..render import Col, console, print_table
+    from ..termtext import Col, console, print_table
     title = (f"edgekv analyze --probe recall — {result['model']}, chunk {result['chunk']}: top-1 accuracy of the "
              f"{result['value_len']} value tokens (mean log-prob) by needle distance d")
     beyond = result.get("beyond_trained") or [False] * len(result["distances"])
@@ -273,7 +273,7 @@ def _model_name(spec: str) -> str:
 
 
 def _table(result: dict, plot: str | None) -> None:
-    from ..render import Col, console, print_table
+    from ..termtext import Col, console, print_table
     title = (f"edgekv analyze — {result['model']}, {result['ctx']} tokens measured, chunk {result['chunk']}, "
              f"extrapolated to {result['target_ctx']}")
     cols = [Col("variant", keep=True), Col("source", give=3), Col("mean\nKL", "right", give=1),

@@ -133,7 +133,7 @@ def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefi
     with bar:
         m = export_model(opts, echo=bar.message, status=status if bar.on else None)
     if as_json:
-        from ..render import print_json
+        from ..termtext import print_json
         print_json({"out": str(opts.out), "manifest": m})
         return
     click.echo(f"wrote {out}: " + ", ".join(f"{n} ({fmt_mem(f['bytes'])})" for n, f in m["files"].items())
@@ -269,7 +269,7 @@ def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json, save_stat
                                  (lambda s: click.echo(s, nl=False)) if stream else None,
                                  (lambda: click.echo(prompt, nl=False)) if stream else None)
         if as_json:
-            from ..render import print_json
+            from ..termtext import print_json
             print_json({"folder": str(folder), "runtime": runtime, "threads": threads, "prompt": prompt, **r})
             return
         click.echo()
@@ -293,7 +293,7 @@ def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json, save_stat
                             "bytes": statefile.save(save_state, manifest, stepper, len(state_tokens), state_tokens,
                                                     pending, force)}
     if as_json:
-        from ..render import print_json
+        from ..termtext import print_json
         print_json({"folder": str(folder), "runtime": stepper.runtime, "threads": threads, "prompt": prompt, **r})
         return
     click.echo()

@@ -311,7 +311,7 @@ def _profile_arch(folder: Path, copy: Path, manifest: dict, root: Path, ctx: int
 def print_table(rep: dict) -> None:
     from rich.table import Table
 
-    from ..render import console
+    from ..termtext import console
     from ..units import fmt_bytes
     t = Table(title=f"edgekv profile --arch arm64 — {rep['artifact']} ({rep['strategy']}, weights {rep['weights']}): "
                     f"{rep['prompt_tokens']} prompt tokens + {rep['steps']} steps, arm64 (qemu cpu {rep['qemu_cpu']}) vs "

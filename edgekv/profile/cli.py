@@ -127,7 +127,8 @@ def profile_with_progress(export_dir, ctxs, steps, runtime, limit, threads, devi
 
 
 def profile_table(report: dict) -> None:
-    from ..render import GB_NOTE, Col, console, print_table, time_column
+    from ..termtext import Col, console, print_table, time_column
+    from ..render import GB_NOTE
     from ..units import fmt_gb, fmt_mem
     h = report["host"]
     runs = report["runs"]
@@ -286,7 +287,7 @@ def report(export_dir, out, device_name, gpu_name, ctx_text, profile_json, as_js
     path, data = build_report(Path(export_dir), out, device_name, gpu_name, ctx_text, profile,
                               progress=not as_json, force=force)
     if as_json:
-        from ..render import print_json
+        from ..termtext import print_json
         print_json(data)
     else:
         click.echo(f"report written to {path}")

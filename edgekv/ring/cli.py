@@ -155,7 +155,8 @@ def _secs(s: float | None) -> str:
 
 def _print_tables(cfg, device, link, predicted, measured, errors, result, datacenter, explain, probe,
                   from_link) -> None:
-    from ..render import GB_NOTE, Col, console, print_table, time_column
+    from ..termtext import Col, console, print_table, time_column
+    from ..render import GB_NOTE
     from ..units import fmt_gb
 
     con = console()
