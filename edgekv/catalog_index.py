@@ -72,6 +72,7 @@ def build() -> dict:
 
 
 if __name__ == "__main__":
-    from .jsonfile import dumps, write_atomic
+    from .jsonfile import dumps
+    from .outputs import write_atomic
     write_atomic(INDEX, dumps(build(), indent=1) + "\n", package_file=True)
     print(f"wrote {INDEX}")

@@ -98,7 +98,7 @@ def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, ent
         raise EdgekvError("--plot draws memory against the context: give --ctx a length, not max")
     ctx = None if longest else _ctx(ctx_text)
     if plot:
-        from .jsonfile import PLOT_FORMATS, check_writable
+        from .outputs import PLOT_FORMATS, check_writable
         check_writable(plot, "--plot", PLOT_FORMATS, force=force)
     device = load_device(device_name)
     archs = [_plan_arch(m, weights) for m in models] if models else default_models(device)
@@ -152,7 +152,7 @@ def _plot(device, archs, strats, weights, runtime, entitled, chunk, p, out, ctx,
                 xs.append(c)
                 ys.append(r.deployment.bytes["total"])
     fits = {f"{r.model} {r.strategy.short}": r.fits for r in ranked}
-    from .jsonfile import write_atomic
+    from .outputs import write_atomic
     write_atomic(out, b"", writer=lambda tmp: render.plot_plan(  # the format follows the name's suffix
         curves, p.budget, f"{device.name}: total memory vs context (requested {fmt_ctx(ctx)})", tmp, ctx=ctx, fits=fits),
         option="--plot", force=force)

@@ -465,6 +465,6 @@ def plot_plan(curves: dict, budget: int, title: str, out: str, ctx: int | None =
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
-    from .jsonfile import plot_marks
+    from .outputs import plot_marks
     fig.savefig(out, dpi=120, bbox_inches="tight", **plot_marks(out))
     plt.close(fig)

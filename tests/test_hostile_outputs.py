@@ -5,8 +5,8 @@ run --save-state, profile --adb's report.android.json): a path where nothing is 
 wrote is replaced with --force; nothing else ever: a user's file, a symlink, a folder, a FIFO, and no path inside an
 export folder but the pages edgekv writes there. The property test draws existing files (a user's text and binary
 files, JSON, edgekv's own earlier outputs made by the real commands, an export's manifest.json / model.onnx /
-tokenizer.json, symlinks) and holds the check (jsonfile.check_writable, what every command calls before its work)
-and the write (jsonfile.write_atomic, which checks again right before the rename) to what the draw says, worked out
+tokenizer.json, symlinks) and holds the check (outputs.check_writable, what every command calls before its work)
+and the write (outputs.write_atomic, which checks again right before the rename) to what the draw says, worked out
 here from how each file was made, not from edgekv's recognition. Then real command lines for the cases the issue
 found: each refused in one line with exit code 2, before the work, leaving the file as it was.
 """
@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from conftest import CLI_TIMEOUT, EDGEKV, ROOT, run_cli
 from edgekv.errors import EdgekvError
-from edgekv.jsonfile import PLOT_FORMATS, check_writable, write_atomic
+from edgekv.outputs import PLOT_FORMATS, check_writable, write_atomic
 
 pytest.importorskip("onnxruntime")
 
@@ -177,7 +177,7 @@ def test_a_state_file_whose_header_length_reads_as_a_brace_is_still_edgekvs(tmp_
     does. Built here by the safetensors layout (https://github.com/huggingface/safetensors), not by statefile."""
     import struct
 
-    from edgekv.jsonfile import edgekv_wrote
+    from edgekv.outputs import edgekv_wrote
     header = json.dumps({"__metadata__": {"format": "edgekv-state"}}).encode()
     header += b" " * (0x17B - len(header))
     p = tmp_path / "s.state"
@@ -349,7 +349,7 @@ def test_a_write_killed_midway_leaves_a_temporary_the_next_save_removes(tiny_onn
     the old file is intact, and the next save to that name removes the temporary."""
     import signal
     s = tmp_path / "s.state"
-    code = ("import sys, time\nfrom edgekv.jsonfile import write_atomic\n"
+    code = ("import sys, time\nfrom edgekv.outputs import write_atomic\n"
             "def w(tmp):\n    open(tmp, 'wb').write(b'0' * 2**20)\n    print('half', flush=True)\n    time.sleep(120)\n"
             "write_atomic(sys.argv[1], b'', writer=w)\n")
     p = subprocess.Popen([sys.executable, "-c", code, str(s)], stdout=subprocess.PIPE, text=True, cwd=ROOT,

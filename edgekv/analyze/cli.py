@@ -100,7 +100,7 @@ def analyze(cctx, model, strategy_spec, probe, bits, rounding, weight_bits, rank
             raise EdgekvError(f"--rounding {r!r}: use nearest, stochastic or nearest,stochastic")
     # where the results go, checked before the measurement starts (minutes of work are not lost to a bad path)
     if plot:
-        from ..jsonfile import PLOT_FORMATS, check_writable
+        from ..outputs import PLOT_FORMATS, check_writable
         check_writable(plot, "--plot", PLOT_FORMATS, force=force)
     if save and probe == "error":
         save_target(_model_name(model) if name is None else name, "--model" if name is None else "--name")
@@ -189,7 +189,7 @@ def _recall(model, base, bits, roundings, weight_bits, max_distance, chunk, text
         max_distance = given[-1]
     distances(max_distance)  # a too-short --ctx is one line before any weight is read
     if plot:
-        from ..jsonfile import PLOT_FORMATS, check_writable
+        from ..outputs import PLOT_FORMATS, check_writable
         check_writable(plot, "--plot", PLOT_FORMATS, force=force)
     probe = RecallProbe(model, base, variants, max_distance, chunk, seed)
     dists = given or distances(max_distance, probe.trained[0] if probe.trained else None)
@@ -258,7 +258,7 @@ def save_target(name: str, option: str, probe: str = "probe"):
     a dot) whose files stay in edgekv/measurements/, a folder that can be written."""
     import re
 
-    from ..jsonfile import check_writable
+    from ..outputs import check_writable
     from ..quality import MEASURED_DIR
     if not re.fullmatch(NAME_RE, name) or len(name) > 128:
         raise EdgekvError(f"{option}: {name!r} cannot name a stored measurement: use letters, digits, '.', '_' and "

@@ -330,7 +330,8 @@ def store(result: dict, name: str, command: str, folder=None):
     import os
     from pathlib import Path
 
-    from ..jsonfile import marked, output_json, write_atomic
+    from ..jsonfile import output_json
+    from ..outputs import marked, write_atomic
     from ..quality import MEASURED_DIR
 
     path = Path(folder or MEASURED_DIR) / f"{name}__recall.json"

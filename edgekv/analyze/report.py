@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EdgekvError
-from ..jsonfile import marked, output_json, plot_marks, write_atomic
+from ..jsonfile import output_json
+from ..outputs import marked, plot_marks, write_atomic
 from ..quality import MEASURED_DIR, measurement_path
 from .fit import extrapolate, fit_growth, windowed
 

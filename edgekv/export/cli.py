@@ -261,7 +261,7 @@ def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json, save_stat
         raise EdgekvError(f"--save-state / --resume need a runtime whose state is explicit I/O (ort, executorch); "
                           f"{runtime} keeps its state inside")
     if save_state:  # before the run: its prefill is not lost to a path that cannot be written
-        from ..jsonfile import check_writable
+        from ..outputs import check_writable
         check_writable(save_state, "--save-state", force=force)
     if runtime in ("genai", "executorch-runner"):  # the runtime's own generation loop and tokenizer
         stream = not as_json

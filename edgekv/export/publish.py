@@ -116,7 +116,7 @@ def publish(tmp: Path, out: Path, model: str, force: bool, echo=print) -> None:
     folder that appeared meanwhile is refused, and with --force only an edgekv export is replaced: moved aside
     (`.NAME.old-PID`), the new one renamed into place (never over anything), the old one removed once it is seen to
     be still only an edgekv export. Every file gets the mode open() gives (0644 under umask 022)."""
-    from ..jsonfile import file_mode
+    from ..outputs import file_mode
 
     try:
         check_out(out, model, force)

@@ -14,9 +14,9 @@ then the tensors' bytes, contiguous in header order), so any safetensors reader 
 Reading trusts nothing in the file: the header's declared length is bounded by the file size and MAX_HEADER before
 it is read, every tensor's name, dtype, shape and byte range must be the manifest's (so every size read comes from
 the manifest, not the file), the byte ranges must tile the data exactly, and the bytes are read straight into the
-stepper's own state buffers. Writing goes to a temporary file in the same folder, then os.replace (jsonfile.write_atomic):
+stepper's own state buffers. Writing goes to a temporary file in the same folder, then os.replace (outputs.write_atomic):
 a crash leaves either the old file or the new one, and the next save removes the temporary a killed one left. The
-output rule of every edgekv output holds (jsonfile.check_writable, checked before the run and again before the
+output rule of every edgekv output holds (outputs.check_writable, checked before the run and again before the
 rename): an existing FILE is replaced only with --force and only if edgekv wrote it; a FIFO or device is refused
 without being opened for reading.
 """
@@ -75,7 +75,7 @@ def _nbytes(dtype: str, shape: list[int]) -> int:
 
 def _read_header(path: Path) -> tuple[dict, int, int]:
     """(header, data start, file size), with the declared header length checked before it is read."""
-    from ..jsonfile import open_regular
+    from ..outputs import open_regular
 
     f = open_regular(path, follow=True)  # a FIFO or device is refused before it is opened for reading
     try:
@@ -113,7 +113,7 @@ def save(path: str | Path, manifest: dict, stepper, position: int, tokens: list[
          force: bool = False) -> int:
     """Write the stepper's state atomically; returns the bytes written. force: --force (replace an existing file
     edgekv wrote)."""
-    from ..jsonfile import check_writable, write_atomic
+    from ..outputs import check_writable, write_atomic
 
     path = check_writable(path, "--save-state", force=force)
     specs = expected(manifest)
@@ -160,7 +160,7 @@ def _int(meta: dict, key: str, path: Path) -> int:
 def load(path: str | Path, manifest: dict, stepper) -> dict:
     """Check the file against the manifest and the stepper's runtime, then read its state into the stepper.
     Returns {"position", "tokens", "pending"}."""
-    from ..jsonfile import path_text
+    from ..outputs import path_text
 
     path = Path(path)
     try:

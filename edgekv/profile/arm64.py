@@ -355,7 +355,7 @@ def arch_command(cctx, export_dir, arch, ctxs, steps, runtime, threads, as_json,
                        steps if given.get("steps") else None, runtime, threads,
                        progress=lambda s: (err.write(s + "\n"), err.flush()))
     if out:
-        from ..jsonfile import marked, write_atomic
+        from ..outputs import marked, write_atomic
         write_atomic(out, json.dumps(marked(rep), indent=2) + "\n", option="--out", force=force)
     if as_json:
         sys.stdout.write(json.dumps(rep, indent=2) + "\n")

@@ -57,7 +57,8 @@ def profile(export_dir, ctx_text, steps, runtime, limit_text, device_name, threa
 
     Exit codes: 0 every run finished within the budget (or no budget was given); 2 bad input; 3 a run went over
     --limit / the --device budget or did not finish."""
-    from ..jsonfile import check_writable, marked, output_json, write_atomic
+    from ..jsonfile import output_json
+    from ..outputs import check_writable, marked, write_atomic
     from ..units import parse_bytes, parse_ctx_list
 
     ctxs = parse_ctx_list(ctx_text)
@@ -219,7 +220,8 @@ def adb_profile(folder: Path, ctxs: list[int], steps: int, runtime: str, serial:
         raise EdgekvError("the app did not finish within an hour (adb logcat -s edgekv shows its progress)")
     import tempfile
 
-    from ..jsonfile import read_json, write_atomic
+    from ..jsonfile import read_json
+    from ..outputs import write_atomic
     from .run import validate_report
     with tempfile.TemporaryDirectory(prefix="edgekv-adb-") as pulled:  # then written beside the export atomically
         local = Path(pulled) / "report.json"
@@ -265,7 +267,8 @@ def planned_device(folder: Path) -> str:
 def report(export_dir, out, device_name, gpu_name, ctx_text, profile_json, as_json, force):
     """One page: the plan, the measured profile, the analyzer's quality curve and the H100 baseline, side by side."""
     from ..devices import load_device
-    from ..jsonfile import check_writable, read_json
+    from ..jsonfile import read_json
+    from ..outputs import check_writable
     from .page import build_report
     from .run import validate_report
 

@@ -224,7 +224,7 @@ def build_report(folder: Path, out: str | None, device_name: str, gpu_name: str,
         text = _markdown(title, plan_rows, prof, prof_rows, gpu_name, gpu_rows, meas, phone.name, hint)
     else:
         text = _html(title, plan_rows, prof, prof_rows, gpu.name, gpu_rows, meas, figs, phone.name, hint)
-    from ..jsonfile import write_atomic
+    from ..outputs import write_atomic
     write_atomic(target, text, option="--out", force=force)
     data = {"out": str(target), "artifact": str(folder), "model": arch.name, "strategy": strategy.label, "ctx": ctx,
             "plan": {"device": phone.name, **row.to_json()}, "profile": prof, "analyzer": meas,
@@ -241,7 +241,7 @@ BASIS_NOTE = ("The phone plan's total and the profile's predicted count differen
 
 
 def _markdown(title, plan_rows, prof, prof_rows, gpu_name, gpu_rows, meas, phone_name, hint) -> str:
-    from ..jsonfile import generator
+    from ..outputs import generator
     md = [f"<!-- generator: {generator()} -->", f"# {title}", "", UNITS_NOTE, "", f"## Plan on {phone_name}", "", "| | |", "|---|---|"]
     md += [f"| {k} | {v} |" for k, v in plan_rows]
     md += ["", f"## Measured on this host ({prof['host']['kind']}, {prof['runtime']})", "", BASIS_NOTE, "",
@@ -263,7 +263,7 @@ def _html(title, plan_rows, prof, prof_rows, gpu_name, gpu_rows, meas, figs, pho
                  + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in prof_rows) + "</table>")
     img = lambda k: f'<img alt="{k}" src="data:image/png;base64,{figs[k]}">' if k in figs else ""
     quality = e(meas["evidence"]) if meas else e(hint)
-    from ..jsonfile import generator
+    from ..outputs import generator
     return f"""<!doctype html><html><head><meta charset="utf-8"><meta name="generator" content="{e(generator())}">
 <title>{e(title)}</title>
 <style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto}} table{{border-collapse:collapse;margin:1em 0}}
