@@ -104,7 +104,7 @@ def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, ent
     archs = [_plan_arch(m, weights) for m in models] if models else default_models(device)
     strats = [parse_strategy(s) for s in strategies] or None
     if longest:
-        from .plan import make_max_plan
+        from .plan_search import make_max_plan
         mp = make_max_plan(device, archs, strats, weights, runtime, entitled, chunk)
         if as_json:
             termtext.print_json(mp.to_json(explain))
@@ -114,7 +114,7 @@ def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, ent
             raise SystemExit(EXIT_NO_FIT)
         return
     p = make_plan(device, ctx, archs, strats, weights, runtime, entitled, chunk)
-    from .plan import what_would_fit
+    from .plan_search import what_would_fit
     p.suggestions = what_would_fit(p, archs, strats, weights, entitled, chunk, bool(models))
     if plot:
         _plot(device, archs, strats, weights, runtime, entitled, chunk, p, plot, ctx, force)

@@ -171,7 +171,7 @@ def not_applicable_lines(c: Console, plan, each: bool) -> None:
 
 
 def suggestions_lines(c: Console, plan) -> None:
-    """When no option fits well (plan.what_would_fit ran and found none here): what would, from the planner's own
+    """When no option fits well (plan_search.what_would_fit ran and found none here): what would, from the planner's own
     rows under one changed flag."""
     sug = plan.suggestions
     if sug is None:
