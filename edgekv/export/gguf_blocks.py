@@ -128,21 +128,16 @@ def unpack(raw: np.ndarray, type_name: str, k: int) -> FileBlocks:
                           f"{n * (k // max(per, 1)) * size}")
     b = raw.reshape(-1, size)  # one row per block
     offset = None
-    if type_name in ("Q4_0", "Q4_1"):
-        head = 2 if type_name == "Q4_0" else 4
-        q = _nibbles16(b[:, head:]).astype(np.int16)
+    if type_name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):  # the legacy types: fp16 d (_1: and m), [Q5: 32 high bits,] nibbles
+        symmetric, five = type_name.endswith("_0"), type_name.startswith("Q5")
+        head = 2 if symmetric else 4
+        q = _nibbles16(b[:, head + 4 * five:])
+        if five:
+            q = q | (_high_bits32(b[:, head:head + 4]) << 4)
+        q = q.astype(np.int16)
         d = _f16(b[:, 0:2])
-        if type_name == "Q4_0":
-            q -= 8
-        else:
-            offset = _f16(b[:, 2:4])
-        blk, scale = QK, d
-    elif type_name in ("Q5_0", "Q5_1"):
-        head = 2 if type_name == "Q5_0" else 4
-        q = (_nibbles16(b[:, head + 4:]) | (_high_bits32(b[:, head:head + 4]) << 4)).astype(np.int16)
-        d = _f16(b[:, 0:2])
-        if type_name == "Q5_0":
-            q -= 16
+        if symmetric:
+            q -= 16 if five else 8
         else:
             offset = _f16(b[:, 2:4])
         blk, scale = QK, d

@@ -54,7 +54,7 @@ class RingConfig:
 
 
 # What one rank process holds before any tensor: the interpreter with torch and torch.distributed imported, gloo's
-# buffers (about 240 MiB of peak RSS for `import torch, torch.distributed` on x86-64 Linux, torch 2.x; rounded up)
+# buffers: the peak RSS of `import torch, torch.distributed` with headroom (rounded up from the import's own peak)
 RANK_PROCESS_BYTES = 320 * 2**20
 TILE_BYTES = 16 * 2**20         # attention.TILE_ELEMENTS fp32 scores: one tile's scores and probabilities at a time
 MIN_WORLD_LIMIT = 4             # the default --world runs on any machine, one core included
