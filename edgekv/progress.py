@@ -18,6 +18,8 @@ a 580 s stage). Nothing here writes to stdout, so tables and JSON on stdout stay
 """
 from __future__ import annotations
 
+import math
+
 import os
 import re
 import sys
@@ -204,9 +206,10 @@ class Bar:
 def _every() -> float:
     v = os.environ.get("EDGEKV_PROGRESS_EVERY", "")
     try:
-        return max(float(v), 0.0) if v else EVERY
+        s = float(v) if v else EVERY
     except ValueError:
         return EVERY
+    return min(max(s, 0.1), 3600.0) if math.isfinite(s) else EVERY  # NaN, 0 or 1e300: a sane interval
 
 
 def stage_status(description: str, enabled: bool = True):

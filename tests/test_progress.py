@@ -150,3 +150,12 @@ def test_report_profiles_short_contexts_not_the_exports_full_one():
     assert quick_contexts(32768, 16) == [256, 1024]
     assert quick_contexts(512, 16) == [256, 512]
     assert quick_contexts(8, 2) == [8]
+
+
+def test_a_wrong_piped_interval_falls_back_to_a_sane_one(monkeypatch):
+    """EDGEKV_PROGRESS_EVERY: NaN would compare false with every elapsed time (no line ever), 0 a line per tick."""
+    from edgekv import progress
+    for v, want in (("nan", progress.EVERY), ("abc", progress.EVERY), ("inf", progress.EVERY), ("0", 0.1),
+                    ("1e300", 3600.0), ("5", 5.0)):
+        monkeypatch.setenv("EDGEKV_PROGRESS_EVERY", v)
+        assert progress._every() == want, v
