@@ -25,7 +25,7 @@ def test_gemma_3_270m_catalog_config_is_what_the_gguf_header_and_gemma3textconfi
     import gguf
     from transformers.models.gemma3.configuration_gemma3 import Gemma3TextConfig
 
-    from test_families import gemma_270m_gguf
+    from tiny_families import gemma_270m_gguf
 
     from edgekv.models.weights import gguf_config
 

@@ -29,10 +29,10 @@ def export(args):
 
 def test_a_gemma_export_ships_the_notice_its_terms_require(tmp_path):
     pytest.importorskip("onnxruntime")
-    from test_families import tiny_hf
+    from tiny_families import tiny
 
     from edgekv.export.manifest import load_export
-    tiny_hf("gemma3", tmp_path / "hf")
+    tiny("gemma3", tmp_path / "hf")
     out = tmp_path / "export"
     export(["--model", tmp_path / "hf", "--strategy", "kv:dtype=fp32", "--format", "onnx", "--max-ctx", "64",
             "--out", out])

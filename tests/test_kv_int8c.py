@@ -176,13 +176,12 @@ def test_gemma3_rings_and_global_layers_both_take_kv_int8c(tmp_path):
     the eager rings), the sliding ones with the op's window-sized cache; the export's own verification (ONNX Runtime
     against the eager module over a prompt and decode steps past the window) passes, and the logits stay near
     transformers' fp32 model."""
-    from test_families import hf_logits
-    from test_families import tiny_hf as family_hf
+    from tiny_families import hf_logits, tiny
 
     from edgekv.export.manifest import load_export
     from edgekv.export.runtime import OrtStepper
 
-    ref = family_hf("gemma3", tmp_path / "hf")
+    ref = tiny("gemma3", tmp_path / "hf")
     out = tmp_path / "export"
     run_cli("export", "--model", tmp_path / "hf", "--strategy", "kv-int8c", "--format", "onnx", "--max-ctx", "64",
             "--prefill-chunk", "8", "--out", out, "--threads", "1", check=True)

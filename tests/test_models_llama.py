@@ -19,11 +19,8 @@ FP32 = parse_strategy("kv:dtype=fp32")
 FP16 = parse_strategy("kv:dtype=fp16")
 from edgekv.arch import read_config_json  # noqa: E402
 from edgekv.strategies import build_layout  # noqa: E402
+from tiny_families import hf_logits  # noqa: E402
 
-
-def hf_logits(model, tokens: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return model(torch.tensor([tokens])).logits[0]
 
 
 TINY = {

@@ -22,6 +22,7 @@ from edgekv.models.converted_mla import factorisation_errors, load_converted_mla
 from edgekv.models.mla import load_deepseek  # noqa: E402
 from edgekv.models.recurrent import LinearAttention, LinearArgs, LinearLM, linear_arch, load_rwkv, phi  # noqa: E402
 from edgekv.strategies import build_layout, parse_strategy  # noqa: E402
+from tiny_families import hf_logits  # noqa: E402
 
 PROMPT = [3, 17, 42, 5, 8, 60, 11]
 
@@ -78,10 +79,6 @@ def load(kind, folder, max_ctx=64, strategy=None):
     _, loader, spec = TINY[kind]
     return loader(str(folder), parse_strategy(strategy or spec), max_ctx)
 
-
-def hf_logits(model, tokens):
-    with torch.no_grad():
-        return model(torch.tensor([tokens])).logits[0]
 
 
 # ---- parity with transformers ----

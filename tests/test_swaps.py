@@ -20,9 +20,9 @@ PROMPT = [3, 17, 42, 5, 8, 60, 11, 30, 2, 77, 9, 4, 6, 7, 1, 2, 3, 4, 5, 6]
 
 
 def tiny_gemma3(folder):
-    """A random Gemma 3 with 4 layers, layer 2 global, sliding window 8 (test_families' tiny config)."""
-    from test_families import tiny_hf
-    tiny_hf("gemma3", folder)
+    """A random Gemma 3 with 4 layers, layer 2 global, sliding window 8 (tests/tiny_families.py's)."""
+    from tiny_families import tiny
+    tiny("gemma3", folder)
     return folder
 
 
