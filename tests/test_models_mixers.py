@@ -16,7 +16,7 @@ from conftest import greedy_with_state, tiny_models  # noqa: E402
 from conftest import tiny_hf as conftest_tiny_hf  # noqa: E402
 from edgekv.arch import Arch, arch_from_config, read_config_json  # noqa: E402
 from edgekv.errors import EdgekvError  # noqa: E402
-from edgekv.models.hybrid import load_jamba  # noqa: E402
+from edgekv.models.jamba import load_jamba  # noqa: E402
 from edgekv.models.mamba import load_mamba  # noqa: E402
 from edgekv.models.converted_mla import factorisation_errors, load_converted_mla  # noqa: E402
 from edgekv.models.mla import load_deepseek  # noqa: E402

@@ -337,7 +337,7 @@ def test_report_figures_put_legends_beside_bars_and_draw_the_budget():
     matplotlib.use("Agg")
     from matplotlib.patches import Rectangle
 
-    from edgekv.profile.page import memory_figure, quality_figure, speed_figure
+    from edgekv.profile.report import memory_figure, quality_figure, speed_figure
     runs = [{"ctx": 256, "predicted_bytes": 40_000_000, "measured_bytes": 42_000_000, "tokens_per_s": 300.0,
              "roofline_tokens_per_s": 900.0},
             {"ctx": 1024, "predicted_bytes": 60_000_000, "measured_bytes": 58_000_000, "tokens_per_s": 250.0,
@@ -368,7 +368,7 @@ def test_report_page_in_headless_chromium(export_dir, monkeypatch):
     import subprocess
 
     import edgekv.quality
-    from edgekv.profile.page import build_report
+    from edgekv.profile.report import build_report
     stored = json.loads((Path(edgekv.quality.__file__).parent / "measurements"
                          / "smollm2-135m__kv-int4_group-32.json").read_text())
     monkeypatch.setattr(edgekv.quality, "measured", lambda *a, **k: stored)

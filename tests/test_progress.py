@@ -146,7 +146,7 @@ def test_the_time_left_is_the_running_steps_own():
 
 
 def test_report_profiles_short_contexts_not_the_exports_full_one():
-    from edgekv.profile.page import quick_contexts
+    from edgekv.profile.report import quick_contexts
     assert quick_contexts(32768, 16) == [256, 1024]
     assert quick_contexts(512, 16) == [256, 512]
     assert quick_contexts(8, 2) == [8]

@@ -70,7 +70,7 @@ FAMILIES = (
            what="Mamba-1 / Mamba-2", state_dtypes=("fp32", "fp16", "bf16", "int8")),
     Family("rwkv-4", ("rwkv",), ("linear",), "edgekv.models.recurrent:read_rwkv",
            "edgekv.models.recurrent:build_rwkv", what="RWKV-4", state_dtypes=("fp32", "fp16", "bf16", "int8")),
-    Family("jamba", ("jamba",), ("hybrid",), "edgekv.models.hybrid:read_jamba", "edgekv.models.hybrid:build_jamba",
+    Family("jamba", ("jamba",), ("hybrid",), "edgekv.models.jamba:read_jamba", "edgekv.models.jamba:build_jamba",
            what="Mamba-1 + attention + MoE", state_dtypes=("fp32", "fp16", "bf16")),
     Family("lfm2", ("lfm2",), ("hybrid",), "edgekv.models.lfm2:read_lfm2", "edgekv.models.lfm2:build_lfm2",
            what="LFM2 / LFM2.5: gated short convolutions + GQA attention (qk-norm)", state_dtypes=("fp32", "fp16"),
@@ -134,8 +134,6 @@ class Source:
     args: FamilyArgs  # the family's args (LlamaArgs: llama.cpp rope factors applied)
     arch: Arch
 
-
-LlamaSource = Source
 
 
 def _function(path: str):

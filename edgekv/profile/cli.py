@@ -269,7 +269,7 @@ def report(export_dir, out, device_name, gpu_name, ctx_text, profile_json, as_js
     from ..devices import load_device
     from ..jsonfile import read_json
     from ..outputs import check_writable
-    from .page import build_report
+    from .report import build_report
     from .run import validate_report
 
     # every input checked before the profile runs: its minutes are not lost to a bad flag
