@@ -314,6 +314,42 @@ def test_the_private_copy_is_the_users_alone_and_removed_afterwards(export_copy,
     assert not any(os.path.exists(m) for m in made)
 
 
+def test_a_copy_left_by_a_killed_run_is_removed_by_the_next_and_nothing_else_is(export_copy, tmp_path, monkeypatch):
+    """A SIGKILL runs no cleanup: the next private copy removes copies of this host's dead processes, and leaves a
+    live process's copy, a symlink, a file, another host's copy and a folder merely named alike."""
+    import tempfile
+
+    from edgekv.export import manifest as M
+
+    where = tmp_path / "tmp"
+    where.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(where))
+    monkeypatch.setattr(M, "copy_folder", lambda: str(where))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that no process holds now
+    host = M._host()
+    killed = where / f"edgekv-load-{host}-{dead.pid}-abc123"
+    (killed / "sub").mkdir(parents=True)
+    (killed / "sub" / "model.onnx").write_bytes(b"x" * 100)
+    live = where / f"edgekv-load-{host}-{os.getppid()}-live99"
+    live.mkdir()
+    other_host = where / f"edgekv-load-otherbox-{dead.pid}-abc123"
+    other_host.mkdir()
+    users = where / f"edgekv-load-{host}-{dead.pid}-notes.txt"
+    users.write_text("mine")
+    target = tmp_path / "keep"
+    target.mkdir()
+    (target / "precious").write_text("keep")
+    link = where / f"edgekv-load-{host}-{dead.pid}-link"
+    link.symlink_to(target)
+    code, _, err = _run_json(export_copy)
+    assert code == 0, err
+    assert not killed.exists()
+    assert live.is_dir() and other_host.is_dir() and users.read_text() == "mine"
+    assert link.is_symlink() and (target / "precious").read_text() == "keep"
+    assert sorted(p.name for p in where.iterdir()) == sorted(p.name for p in (live, other_host, users, link))
+
+
 def test_a_fifo_in_place_of_a_listed_file_is_refused_not_read(export_copy):
     """A file the manifest lists replaced by a FIFO: one line, at once (reading it would wait for a writer)."""
     (export_copy / "tokenizer.json").unlink()

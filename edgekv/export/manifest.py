@@ -388,12 +388,54 @@ def copy_folder() -> str | None:
     return None if in_memory(cache) else str(cache)
 
 
+COPY_PREFIX = "edgekv-load-"  # + host + "-" + pid + "-" + mkdtemp's random part
+
+
+def _host() -> str:
+    """This machine's name as it goes into a copy's folder name (letters, digits, '.', '_'; a home folder shared
+    between machines holds copies of processes of several)."""
+    import re
+    import socket
+    return re.sub(r"[^A-Za-z0-9._]", "_", socket.gethostname())[:64] or "host"
+
+
+def clean_dead_copies(where: Path) -> list[Path]:
+    """Remove the private copies (private_copy) in `where` that a killed edgekv left: a SIGKILL runs no cleanup. A
+    folder goes only if all of these hold: its name is COPY_PREFIX + this host + "-" + a pid + "-" + a suffix, it
+    is a directory (not a symlink) owned by this user, and that pid is not a living process. Anything else there
+    is left alone. Returns what was removed."""
+    import re
+    import shutil
+
+    from .publish import _pid_alive
+
+    pat = re.compile(rf"^{re.escape(COPY_PREFIX + _host())}-(\d+)-[A-Za-z0-9_]+$")
+    removed = []
+    try:
+        entries = list(os.scandir(where))
+    except OSError:
+        return removed
+    for e in entries:
+        m = pat.match(e.name)
+        if m is None or int(m[1]) == os.getpid() or _pid_alive(int(m[1])):
+            continue
+        try:
+            if not e.is_dir(follow_symlinks=False) or e.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(e.path, ignore_errors=True)
+        removed.append(Path(e.path))
+    return removed
+
+
 class private_copy:
     """`with private_copy(folder, manifest, names) as d:` the named files (listed in `files`) copied into a new
     private folder d (mode 0700, in the system's temporary folder unless that is in RAM: copy_folder), each hashed as
     it is copied (copy_checked), with the manifest as read beside them. A runtime loads from d, so what it loads is what was
     hashed: a file renamed over, or rewritten in, the export folder after the check is never read. The folder is
-    removed when the block ends, also on an error or SIGTERM (edgekv.children); a runtime that maps a file it
+    removed when the block ends, also on an error or SIGTERM (edgekv.children), and after a SIGKILL by the next
+    copy made (clean_dead_copies); a runtime that maps a file it
     loaded keeps its copy's pages until it is closed. An EdgekvError from inside the block names the export folder,
     not the copy."""
 
@@ -403,8 +445,10 @@ class private_copy:
 
     def __enter__(self) -> Path:
         import tempfile
+        where = copy_folder()
+        clean_dead_copies(Path(where or tempfile.gettempdir()))
         # mode 0700: only this user reads or writes it
-        self.path = Path(tempfile.mkdtemp(prefix="edgekv-load-", dir=copy_folder()))
+        self.path = Path(tempfile.mkdtemp(prefix=f"{COPY_PREFIX}{_host()}-{os.getpid()}-", dir=where))
         try:
             (self.path / MANIFEST).write_text(dumps(encode_nonfinite(self.manifest)) + "\n")
             for name in self.names:
