@@ -186,3 +186,40 @@ def tiny_onnx_export(tmp_path_factory) -> Path:
                                   "--max-ctx", "64", "--verify-steps", "1", "--threads", "1", "--out", str(out)])
     assert r.exit_code == 0, r.stderr
     return out
+
+
+def pty_run(argv: list[str], cols: int, lines: int, timeout: float = 60, winsize_fd: int = 1,
+            env: dict | None = None) -> bytes:
+    """Run argv (a Python command line after the interpreter: ["-m", "edgekv.cli", ...] or ["-c", SCRIPT]) in a
+    pseudo-terminal of cols x lines with this checkout first on PYTHONPATH and cwd at the repository root; set/unset
+    env entries (a None value unsets); return everything it wrote until it closed the terminal or was silent for
+    `timeout` seconds. winsize_fd: the child's fd whose terminal size is set before the command starts."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.environ["PYTHONPATH"] = str(ROOT)
+        for k, v in (env or {}).items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        os.chdir(ROOT)
+        fcntl.ioctl(winsize_fd, termios.TIOCSWINSZ, struct.pack("HHHH", lines, cols, 0, 0))
+        os.execv(sys.executable, [sys.executable, *argv])
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", lines, cols, 0, 0))
+    buf = b""
+    while select.select([fd], [], [], timeout)[0]:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        buf += chunk
+    os.waitpid(pid, 0)
+    return buf

@@ -2,16 +2,12 @@
 vocabulary, the README's shown plan output is the real output, and the demo's table with its footer fits an 80x40
 screen. References: the export command's own plan line (what it builds), the README text, a pty's screen."""
 import json
-import os
-import pty
 import re
-import select
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import pty_run, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -104,31 +100,7 @@ def test_the_readme_shows_the_plans_real_output(cmd, shown):
 def _screen(argv, cols=80, lines=40, timeout=120):
     """What a cols x lines terminal shows at the end: the command's output through a pty of that size, the last
     `lines` - 1 lines (the shell's prompt takes the last)."""
-    import fcntl
-    import struct
-    import termios
-    pid, fd = pty.fork()
-    if pid == 0:
-        os.environ.pop("COLUMNS", None)
-        os.environ.pop("LINES", None)
-        os.environ["PYTHONPATH"] = str(ROOT)
-        os.chdir(ROOT)
-        fcntl.ioctl(1, termios.TIOCSWINSZ, struct.pack("HHHH", lines, cols, 0, 0))  # before the command starts
-        os.execv(sys.executable, [sys.executable, "-m", "edgekv.cli", *argv])
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", lines, cols, 0, 0))
-    buf = b""
-    while True:
-        r, _, _ = select.select([fd], [], [], timeout)
-        if not r:
-            break
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        buf += chunk
-    os.waitpid(pid, 0)
+    buf = pty_run(["-m", "edgekv.cli", *argv], cols, lines, timeout, env={"COLUMNS": None, "LINES": None})
     text = re.sub(r"\x1b\[[0-9;]*m", "", buf.decode()).replace("\r\n", "\n")
     return text.rstrip("\n").split("\n")
 

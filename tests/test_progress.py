@@ -4,12 +4,11 @@ model: carriage return, erase-line, newline, wrap at the last column); piped, a 
 with nothing else added; the time left is the running step's own (hand arithmetic on a fake clock), not an
 average over steps."""
 import os
-import pty
-import select
 import subprocess
 import sys
 from pathlib import Path
 
+from conftest import pty_run
 from edgekv.progress import Bar
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,26 +59,7 @@ def screen(data: str, cols: int) -> list[str]:
 
 
 def test_on_an_80_column_terminal_the_status_line_leaves_nothing_behind():
-    import fcntl
-    import struct
-    import termios
-    pid, fd = pty.fork()
-    if pid == 0:
-        os.environ["PYTHONPATH"] = str(ROOT)
-        os.environ.pop("EDGEKV_PROGRESS", None)
-        fcntl.ioctl(2, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # before the script starts
-        os.execv(sys.executable, [sys.executable, "-c", SCRIPT])
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
-    buf = b""
-    while select.select([fd], [], [], 60)[0]:
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        buf += chunk
-    os.waitpid(pid, 0)
+    buf = pty_run(["-c", SCRIPT], 80, 24, winsize_fd=2, env={"EDGEKV_PROGRESS": None})
     data = buf.decode()
     assert "elapsed" in data and "left ~" in data  # the status line was drawn, with the step's own estimate
     shown = [ln.rstrip() for ln in screen(data, 80)]
