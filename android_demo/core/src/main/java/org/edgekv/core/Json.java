@@ -386,6 +386,14 @@ public final class Json {
     }
 
     private static void quote(StringBuilder b, String s) {
+        quote(b, s, false);
+    }
+
+    /**
+     * A JSON string: ensureAscii false escapes only what JSON requires (quote, backslash, controls); true also every
+     * character outside space..~, as Python's json.dumps writes it by default (ensure_ascii).
+     */
+    static void quote(StringBuilder b, String s, boolean ensureAscii) {
         b.append('"');
         for (int k = 0; k < s.length(); k++) {
             char c = s.charAt(k);
@@ -398,7 +406,7 @@ public final class Json {
                 case '\b': b.append("\\b"); break;
                 case '\f': b.append("\\f"); break;
                 default:
-                    if (c < 0x20) {
+                    if (c < 0x20 || (ensureAscii && c > 0x7e)) {
                         b.append(String.format("\\u%04x", (int) c));
                     } else {
                         b.append(c);

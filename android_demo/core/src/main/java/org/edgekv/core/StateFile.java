@@ -569,25 +569,6 @@ public final class StateFile {
 
     /** A JSON string as Python's json.dumps writes it (ensure_ascii: every character outside space..~ escaped). */
     static void pyQuote(StringBuilder b, String s) {
-        b.append('"');
-        for (int k = 0; k < s.length(); k++) {
-            char c = s.charAt(k);
-            switch (c) {
-                case '"': b.append("\\\""); break;
-                case '\\': b.append("\\\\"); break;
-                case '\n': b.append("\\n"); break;
-                case '\r': b.append("\\r"); break;
-                case '\t': b.append("\\t"); break;
-                case '\b': b.append("\\b"); break;
-                case '\f': b.append("\\f"); break;
-                default:
-                    if (c < 0x20 || c > 0x7e) {
-                        b.append(String.format("\\u%04x", (int) c));
-                    } else {
-                        b.append(c);
-                    }
-            }
-        }
-        b.append('"');
+        Json.quote(b, s, true);
     }
 }

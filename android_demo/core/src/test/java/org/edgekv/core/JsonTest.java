@@ -47,6 +47,18 @@ public class JsonTest {
     }
 
     @Test
+    public void quotesAsPythonsJsonDumpsWithEnsureAsciiAndOnlyWhatJsonNeedsWithout() {
+        String s = "\u00e9\"\n\u0001\ud83d\ude00~ \u007f";
+        StringBuilder ascii = new StringBuilder();
+        Json.quote(ascii, s, true);
+        // python3 -c 'import json; print(json.dumps("\u00e9\"\n\u0001\U0001F600~ \x7f"))'
+        assertEquals("\"\\u00e9\\\"\\n\\u0001\\ud83d\\ude00~ \\u007f\"", ascii.toString());
+        StringBuilder plain = new StringBuilder();
+        Json.quote(plain, s, false);
+        assertEquals("\"\u00e9\\\"\\n\\u0001\ud83d\ude00~ \u007f\"", plain.toString());
+    }
+
+    @Test
     public void writesAndReadsBack() {
         Map<String, Object> m = new LinkedHashMap<>();
         m.put("int", 42L);
