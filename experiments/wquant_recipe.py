@@ -29,12 +29,15 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 LAYER = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def q_block(w, bits: int = 4, symmetric: bool = True, block: int = 32):
-    """w [out, in] -> the values MatMulNBits' blocks of `block` along `in` hold (dequantized)."""
+def q_block(w, bits: int = 4, symmetric: bool = True, block: int = 32, search: bool = False):
+    """w [out, in] -> the values MatMulNBits' blocks of `block` along `in` hold (dequantized). search: the
+    asymmetric block's scale and (integer) zero point chosen by least squared error (searched_block)."""
     import torch
 
     o, i = w.shape
     b = w.reshape(o, i // block, block)
+    if search:
+        return searched_block(b, bits).reshape(o, i)
     if symmetric:
         lo, hi = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
         vmax = torch.gather(b, -1, b.abs().argmax(-1, keepdim=True))
@@ -48,6 +51,45 @@ def q_block(w, bits: int = 4, symmetric: bool = True, block: int = 32):
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
     zp = torch.clamp(torch.round(-mn / scale), 0, n)
     return ((torch.clamp(torch.round(b / scale) + zp, 0, n) - zp) * scale).reshape(o, i)
+
+
+def searched_block(b, bits: int = 4, steps: int = 24, chunk: int = 1 << 16):
+    """Blocks b [..., block] -> their values dequantized from the codes, scale and integer zero point with the least
+    squared error among candidates, in the spirit of llama.cpp's make_qkx2_quants (ggml-quants.c: scales tried
+    around (max - min) / nmax, then a least-squares refit of scale and minimum to the codes), but with the zero
+    point an integer, as MatMulNBits' uint4 zero points are: for each candidate scale s = f (max - min) / nmax
+    (f in 0.75 .. 1.05) the zero points round(-min / s) and its two neighbours, codes clamp(round(x / s) + z),
+    then s refit by least squares to those codes; the candidate with the least error wins."""
+    import torch
+
+    n = 2 ** bits - 1
+    shape = b.shape
+    flat = b.reshape(-1, shape[-1])
+    out = torch.empty_like(flat)
+    facs = torch.linspace(0.75, 1.05, steps, dtype=flat.dtype)
+    for s0 in range(0, flat.shape[0], chunk):
+        x = flat[s0:s0 + chunk]  # [B, K]
+        mn = torch.clamp(x.min(-1, keepdim=True).values, max=0)
+        mx = torch.clamp(x.max(-1, keepdim=True).values, min=0)
+        rng = torch.where(mx - mn == 0, torch.ones_like(mx), mx - mn)
+        best_err = torch.full_like(mn, float("inf"))
+        best = torch.zeros_like(x)
+        for f in facs:
+            s = rng / n * f  # [B, 1]
+            z0 = torch.round(-mn / s)
+            for dz in (-1.0, 0.0, 1.0):
+                z = torch.clamp(z0 + dz, 0, n)
+                c = torch.clamp(torch.round(x / s) + z, 0, n) - z  # codes minus zero point
+                den = (c * c).sum(-1, keepdim=True)
+                s_fit = torch.where(den > 0, (x * c).sum(-1, keepdim=True) / den.clamp(min=1e-30), s)
+                s_fit = torch.where(s_fit > 0, s_fit, s)
+                y = c * s_fit
+                err = ((x - y) ** 2).sum(-1, keepdim=True)
+                take = err < best_err
+                best_err = torch.where(take, err, best_err)
+                best = torch.where(take, y, best)
+        out[s0:s0 + chunk] = best
+    return out.reshape(shape)
 
 
 def act_int8(a, block: int = 32):
@@ -74,6 +116,12 @@ def recipes() -> list[tuple[str, dict]]:
            ("table int4 symmetric alone", {"table": sym}),
            ("layers int4 symmetric alone", {"layers": sym}),
            ("layers int4 asymmetric alone", {"layers": asym})]
+    srch = {"bits": 4, "symmetric": False, "search": True}
+    out += [("int4 searched + act int8", {"layers": srch, "head": srch, "table": srch, "act": 1}),
+            ("int4 searched layers, head and table int8, act int8", {"layers": srch, "head": i8, "table": i8,
+                                                                      "act": 1}),
+            ("layers int4 searched alone", {"layers": srch}),
+            ("head int4 searched alone", {"head": srch})]
     out += [(f"{k} int4 symmetric alone", {"layers": sym, "only": k}) for k in LAYER]
     for block in (64, 128):
         wide = {"bits": 4, "symmetric": False, "block": block}

@@ -49,3 +49,22 @@ def test_act_int8_rounds_each_block_of_32_on_its_own_scale():
     q = wr.act_int8(a)
     assert torch.allclose(q[0, :32], torch.round(a[0, :32] * 127) / 127)
     assert torch.allclose(q[0, 32:], torch.round(a[0, 32:] / (100 / 127)) * (100 / 127))
+
+
+def test_searched_blocks_are_on_an_integer_zero_point_grid_and_no_worse_than_min_max_blocks():
+    """Each searched block is s * (c - z) with codes c and zero point z integers in 0..15 (what MatMulNBits' uint4
+    codes and zero points can hold), and its squared error is at most that of ONNX Runtime's min/max block (one of
+    the candidates, before the refit) — strictly less over the whole matrix."""
+    rng = np.random.default_rng(1)
+    w = torch.from_numpy((rng.standard_normal((16, 64)) * 0.05).astype(np.float32))
+    w[:, 3] += 0.3
+    got = wr.q_block(w, 4, False, search=True)
+    minmax = wr.q_block(w, 4, False)
+    blocks, mm = (w - got).reshape(-1, 32), (w - minmax).reshape(-1, 32)
+    assert ((blocks ** 2).sum(-1) <= (mm ** 2).sum(-1) + 1e-9).all()
+    assert (blocks ** 2).sum() < 0.95 * (mm ** 2).sum()
+    for b in got.reshape(-1, 32):  # a block's values are integer multiples of its step (0 on the grid: the
+        v = torch.unique(b)  # zero point an integer), at most 15 steps from end to end
+        step = (v[1:] - v[:-1]).min()
+        assert torch.allclose(v / step, torch.round(v / step), atol=1e-3), v / step
+        assert round(float((v[-1] - v[0]) / step)) <= 15
