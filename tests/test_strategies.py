@@ -22,6 +22,7 @@ HAND = {
     "kv-int4": ("smollm2-135m", 2 * 30 * 3 * CTX * (64 // 2 + 2 * (64 // 32) * 2)),  # packed + fp16 scale, zero / 32
     "kv-int2": ("smollm2-135m", 2 * 30 * 3 * CTX * (64 // 4 + 2 * (64 // 32) * 2)),
     "kv-int8c": ("smollm2-135m", 2 * 30 * 3 * CTX * 64),  # int8 codes alone: the static scales are the graph's
+    "kv-fp8": ("smollm2-135m", 2 * 30 * 3 * CTX * (64 * 1 + 1 * 2)),  # e4m3 codes + one fp16 scale per token, head
     "window": ("smollm2-135m", 2 * 30 * 3 * min(CTX, 4096 + 4) * 64 * 2),  # W + sinks cover 1024: every token
     "mla": ("smollm2-135m", 30 * CTX * (3 * 64) * 2),  # converted: a latent of rank Hkv x D = 192, fp16
     "ssm": ("mamba-130m", 24 * (1536 * 3 * 4 + 1536 * 16 * 4)),  # conv state (K - 1 taps) + SSM state, fp32
@@ -64,7 +65,7 @@ def test_traits_are_the_strategies_own():
     w = parse_strategy("window:w=100,sinks=2")
     assert (w.recent_tokens, w.sink_tokens) == (100, 2) and parse_strategy("kv").recent_tokens is None
     assert [n for n, c in REGISTRY.items() if c.kv_cache] == ["kv", "kv-int8", "kv-int4", "kv-int2", "kv-int8c",
-                                                              "window"]
+                                                              "kv-fp8", "window"]
     assert parse_strategy("ring:n=4").n_gpus == 4 and parse_strategy("kv").n_gpus == 1
     assert [n for n, c in REGISTRY.items() if not c.exportable] == ["ring"]
     assert [n for n, c in REGISTRY.items() if c.converts_to_latent] == ["mla"]
@@ -79,6 +80,9 @@ def test_traits_are_the_strategies_own():
     assert c.kv_bits == 8 and c.static_scales and c.fused_attention("onnxruntime") and not c.fused_attention(
         "executorch")
     assert [n for n, c in REGISTRY.items() if c.static_scales] == ["kv-int8c"]
+    # kv-fp8: no fused op reads e4m3 codes with per-group scales; the eager graph decodes them on every runtime
+    f = parse_strategy("kv-fp8")
+    assert f.kv_bits == 8 and not f.fused_attention("onnxruntime") and not f.fused_attention("executorch")
 
 
 class KvHalf(Kv):

@@ -6,7 +6,7 @@ from ..arch import Arch, Attention
 from ..errors import EdgekvError
 from .base import NotApplicable, Strategy, register
 from .layout import StateTensor, _kv_pair
-from .storage import FloatStorage, GroupQuantStorage, KvStorage, StaticInt8Storage
+from .storage import Fp8GroupStorage, FloatStorage, GroupQuantStorage, KvStorage, StaticInt8Storage
 
 RECURRENT_MSG = "a model with recurrent layers: plan it with hybrid/ssm/linear"
 RECURRENT_KINDS = {"ssm", "linear", "conv"}  # mixers that carry a recurrent (or conv) state
@@ -179,6 +179,28 @@ class KvInt8Channel(_QuantizedKv):
         """ONNX Runtime's GroupQueryAttention reads the codes with their static scales (edgekv.models.swaps); the
         .pte attends through the eager graph, which dequantizes the layer (ExecuTorch has no kernel for them)."""
         return self.kv_storage.fused(runtime)
+
+
+@register
+class KvFp8(_QuantizedKv):
+    """fp8 e4m3 codes (one uint8 per value) with an fp16 scale per group (group 0: one per (token, head)):
+    Fp8GroupStorage. Read back dequantized by the eager graph on every runtime (no fused op reads it)."""
+    name = "kv-fp8"
+    defaults = {"group": 0}
+    help = "kv-fp8[:group=0]"
+    # published evidence of its quality risk: key (quality_key) -> (risk, evidence, short citation for tables)
+    evidence = {
+        'kv-fp8': ('low',
+            "fp8 e4m3 KV: vLLM's docs (Quantized KV Cache) report it 'typically only minimally degrades inference "
+            "accuracy' with one scale per tensor; here one fp16 scale per group: run edgekv analyze --strategy kv-fp8",
+            'vLLM fp8 KV docs'),
+    }
+    kv_bits = 8
+    planned_on = "none"  # asked for by name (edgekv plan --strategy kv-fp8)
+
+    @property
+    def kv_storage(self) -> KvStorage:
+        return Fp8GroupStorage(self.params.get("group") or 0)
 
 
 @register

@@ -267,3 +267,84 @@ class StaticInt8Storage(KvStorage):
         """A call's codes [C, Hkv, D] against the [Hkv, D] scales."""
         from ..quant import dequantize_static
         return dequantize_static(parts[0], scale)
+
+
+E4M3_MAX = 448.0  # the largest finite float8_e4m3fn (S.1111.110)
+
+
+def _e4m3_exponent(a):
+    """a >= 0 fp32 (at most E4M3_MAX) -> max(floor(log2 a), -6), exactly: counted with comparisons against powers of
+    two rather than taken from a log, which is inexact at the powers themselves. -6 is the smallest normal exponent;
+    below 2^-6 the subnormals share its step."""
+    import torch
+    e = torch.full_like(a, -6.0)
+    for k in range(-5, 9):
+        e = e + (a >= 2.0 ** k).float()
+    return e
+
+
+@dataclass(frozen=True)
+class Fp8GroupStorage(KvStorage):
+    """fp8 e4m3 codes with an fp16 scale per group (group 0: one per (token, head)): x / scale is rounded to the
+    nearest float8_e4m3fn (round half to even, scale = amax / 448 so that nothing saturates) and its bit pattern
+    (sign, 4 exponent bits biased by 7, 3 mantissa bits) is kept as one uint8 per value. The graph computes the
+    codes and reads them back with elementwise float ops (comparisons, Pow, Round, Where), so any runtime runs it: no
+    float8 tensor type or bitcast is needed in the exported program. vLLM's fp8 cache (docs: Quantized KV Cache) is
+    the same format with one scale per tensor."""
+    bits: ClassVar[int] = 8
+    group: int = 0
+
+    def parts(self, d: int) -> tuple[Part, ...]:
+        return Part("", "uint8"), Part(".scale", "float16", self.group or d)
+
+    def check(self, label: str, d: int) -> None:
+        from .base import ParamsDoNotFit
+        g = self.group or d
+        if d % g:
+            raise ParamsDoNotFit(f"{label}: head_dim {d} is not a multiple of group {g}")
+
+    @property
+    def kv_read_key(self) -> str:
+        return "fp8-group"
+
+    @property
+    def tolerance(self) -> str:
+        # a code one step off moves a value by 1/16 to 1/8 of itself (3 mantissa bits): nearer an int4 step (1/15 of
+        # a group's range) than an int8 one (1/254), so it takes the packed codes' limit
+        return "uint8"
+
+    def _grouped(self, x):
+        d = x.shape[-1]
+        g = self.group or d
+        return x.reshape(*x.shape[:-1], d // g, g)
+
+    def store(self, x, scale=None, rounding: str = "nearest", generator=None) -> tuple:
+        import torch
+
+        from ..quant import EPS, SCALE_DTYPE
+        xg = self._grouped(x.float())
+        s = (xg.abs().amax(-1, keepdim=True) / E4M3_MAX).clamp_min(EPS).to(SCALE_DTYPE)
+        y = xg / s.float()
+        a = y.abs().clamp(max=E4M3_MAX)
+        step = torch.pow(2.0, _e4m3_exponent(a) - 3)  # 3 mantissa bits: 8 steps per binade
+        if rounding == "nearest":
+            n = torch.round(a / step)
+        elif rounding == "stochastic":
+            n = torch.floor(a / step + torch.rand(a.shape, generator=generator, dtype=a.dtype, device=a.device))
+        else:
+            raise ValueError(f"rounding must be nearest or stochastic, got {rounding!r}")
+        q = (n * step).clamp(max=E4M3_MAX)  # the fp8 value; rounding up may reach the next binade
+        e = _e4m3_exponent(q)
+        code = torch.where(q >= 2.0 ** -6, 8 * e + 48 + q / torch.pow(2.0, e - 3), q * 512.0)  # normal | subnormal
+        code = code + 128.0 * (y < 0).float()
+        return code.reshape(x.shape).to(torch.uint8), s.squeeze(-1)
+
+    def read(self, parts, scale=None):
+        import torch
+        c = parts[0].float()
+        neg = (c >= 128).float()
+        m = c - 128.0 * neg
+        ex = torch.floor(m / 8)
+        man = m - 8 * ex
+        v = torch.where(ex > 0, (8 + man) * torch.pow(2.0, ex - 10), man / 512.0) * (1 - 2 * neg)
+        return (self._grouped(v) * parts[1].float().unsqueeze(-1)).reshape(c.shape)
