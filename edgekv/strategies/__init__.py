@@ -5,6 +5,8 @@ hybrid; ring.py), each registered by name in REGISTRY (base.py). A StateLayout (
 arithmetic, the exported program's extra inputs/outputs, the manifest, the profiler's expectation and the analyzer's
 quantizers. Adding a strategy: a class with @register in one of these modules (or a new one imported below), and its
 tests; `parse_strategy`, `edgekv plan`'s default list, export's exportable list and the CLI's list read REGISTRY.
+How a KV cache stores its rows is its storage (storage.py: one class per kind, Strategy.kv_storage); a new kind of KV
+storage is a class there and a strategy that names it (kv-fp8 is the example: Fp8GroupStorage and KvFp8).
 """
 from . import kv, mla, recurrent, ring  # noqa: F401  (registers the classes, in this order)
 from .base import (REGISTRY, NotApplicable, ParamsDoNotFit, Strategy, build_layout, defaults_for, native_strategy,
