@@ -36,8 +36,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # module: (functions to mutate (None: the whole file), the fast tests that guard them, timeout per run in s)
 MODULES = {
-    "strategies": ("edgekv/strategies/layout.py", ["per_token_int8", "_kv_pair", "_ssm_pair", "_linear_state"],
+    "strategies": ("edgekv/strategies/layout.py", ["_kv_pair", "_ssm_pair", "_linear_state"],
                    "tests/test_state_bytes.py tests/test_memory.py tests/test_verify.py", 120),
+    "storage": ("edgekv/strategies/storage.py", None,
+                "tests/test_strategies.py tests/test_state_bytes.py tests/test_memory.py tests/test_verify.py "
+                "tests/test_kv_fp8.py", 180),
     "weights": ("edgekv/memory/weights.py", ["weight_bytes_one", "weight_bytes"],
                 "tests/test_memory.py tests/test_state_bytes.py tests/test_arch.py -k 'memory or state or catalog_config'",
                 180),

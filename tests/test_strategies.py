@@ -22,6 +22,7 @@ HAND = {
     "kv-int4": ("smollm2-135m", 2 * 30 * 3 * CTX * (64 // 2 + 2 * (64 // 32) * 2)),  # packed + fp16 scale, zero / 32
     "kv-int2": ("smollm2-135m", 2 * 30 * 3 * CTX * (64 // 4 + 2 * (64 // 32) * 2)),
     "kv-int8c": ("smollm2-135m", 2 * 30 * 3 * CTX * 64),  # int8 codes alone: the static scales are the graph's
+    "kv-fp8": ("smollm2-135m", 2 * 30 * 3 * CTX * (64 * 1 + 1 * 2)),  # e4m3 codes + one fp16 scale per token, head
     "window": ("smollm2-135m", 2 * 30 * 3 * min(CTX, 4096 + 4) * 64 * 2),  # W + sinks cover 1024: every token
     "mla": ("smollm2-135m", 30 * CTX * (3 * 64) * 2),  # converted: a latent of rank Hkv x D = 192, fp16
     "ssm": ("mamba-130m", 24 * (1536 * 3 * 4 + 1536 * 16 * 4)),  # conv state (K - 1 taps) + SSM state, fp32
@@ -64,7 +65,7 @@ def test_traits_are_the_strategies_own():
     w = parse_strategy("window:w=100,sinks=2")
     assert (w.recent_tokens, w.sink_tokens) == (100, 2) and parse_strategy("kv").recent_tokens is None
     assert [n for n, c in REGISTRY.items() if c.kv_cache] == ["kv", "kv-int8", "kv-int4", "kv-int2", "kv-int8c",
-                                                              "window"]
+                                                              "kv-fp8", "window"]
     assert parse_strategy("ring:n=4").n_gpus == 4 and parse_strategy("kv").n_gpus == 1
     assert [n for n, c in REGISTRY.items() if not c.exportable] == ["ring"]
     assert [n for n, c in REGISTRY.items() if c.converts_to_latent] == ["mla"]
@@ -79,6 +80,9 @@ def test_traits_are_the_strategies_own():
     assert c.kv_bits == 8 and c.static_scales and c.fused_attention("onnxruntime") and not c.fused_attention(
         "executorch")
     assert [n for n, c in REGISTRY.items() if c.static_scales] == ["kv-int8c"]
+    # kv-fp8: no fused op reads e4m3 codes with per-group scales; the eager graph decodes them on every runtime
+    f = parse_strategy("kv-fp8")
+    assert f.kv_bits == 8 and not f.fused_attention("onnxruntime") and not f.fused_attention("executorch")
 
 
 class KvHalf(Kv):
@@ -174,3 +178,36 @@ def test_every_layout_of_every_catalog_model_names_its_state_as_the_manifest_sch
     bad["tensors"][0]["input"] = "past_cache.0"
     with pytest.raises(jsonschema.ValidationError, match="past_cache.0"):
         validator.validate(bad)
+
+
+def test_every_kv_cache_declares_its_storage_and_the_layout_is_what_the_storage_says():
+    """A KV cache strategy names its storage (edgekv.strategies.storage): its bits and static scales are the
+    storage's, and the layout's K/V tensors of a layer are the storage's parts (role suffix, dtype, width) for
+    SmolLM2's head_dim 64, with the bytes per row the storage counts."""
+    arch = catalog_arch("smollm2-135m")
+    for name, cls in REGISTRY.items():
+        if not cls.kv_cache:
+            assert parse_strategy(name).kv_storage is None or name in ("hybrid", "ring"), name
+            continue
+        st = parse_strategy(name)
+        storage = st.kv_storage
+        assert (st.kv_bits, st.static_scales) == (storage.bits, storage.static_scales), name
+        layer0 = [t for t in build_layout(arch, st, 128).tensors if t.layer == 0]
+        assert [(t.role, t.dtype, t.shape[-1]) for t in layer0] == [
+            (r + p.suffix, p.dtype, p.width(64)) for r in ("key", "value") for p in storage.parts(64)], name
+        assert sum(t.nbytes for t in layer0) == 2 * 3 * 128 * storage.row_bytes(64), name
+
+
+def test_every_exportable_storage_dtype_is_one_the_manifest_and_the_steppers_know():
+    """A storage whose parts use a tensor dtype the manifest schema, the ONNX reader or the numpy steppers do not
+    know would export a manifest that fails validation: the dtypes of every exportable KV cache are in all three."""
+    from edgekv.export.manifest import schema
+    from edgekv.export.stepper import NP_DTYPES
+    from edgekv.export.to_onnx import ONNX_DTYPES
+
+    allowed = set(schema()["$defs"]["tensors"]["items"]["properties"]["dtype"]["enum"])  # entry points' tensors
+    used = {p.dtype for name, cls in REGISTRY.items() if cls.kv_cache and cls.exportable
+            for st in [parse_strategy(name)] + [Kv({"dtype": d}) for d in ("fp32", "fp16")]
+            if st.kv_storage.exportable for p in st.kv_storage.parts(64)}
+    assert used == {"float32", "float16", "int8", "uint8"}
+    assert used <= allowed and used <= set(NP_DTYPES) and used <= set(ONNX_DTYPES.values())

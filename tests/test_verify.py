@@ -125,16 +125,22 @@ def test_a_noise_floor_widens_the_limits_to_twice_what_the_reference_moves_again
 
 
 def test_the_tolerance_is_set_by_the_coarsest_state_tensor():
-    from types import SimpleNamespace as NS
+    """A KV cache's tensors take its storage's tolerance (codes and their fp16 scales alike), any other state its
+    dtype's; the coarsest wins."""
+    from edgekv.arch import catalog_arch
+    from edgekv.strategies import build_layout, parse_strategy
 
-    def layout(*dtypes):
-        return NS(tensors=[NS(dtype=d) for d in dtypes])
+    def tol(model, spec, fused=False):
+        return tolerance_dtype(build_layout(catalog_arch(model), parse_strategy(spec), 64), fused_attention=fused)
 
-    assert tolerance_dtype(layout("float32", "float16")) == "float16"
-    assert tolerance_dtype(layout("float32", "int8", "float32")) == "int8"
-    assert tolerance_dtype(layout("uint8", "float16", "int8")) == "uint8"
-    assert tolerance_dtype(layout("float16", "float32"), fused_attention=True) == "float16-attention"
-    assert tolerance_dtype(layout("int8", "float16"), fused_attention=True) == "int8"
+    assert tol("smollm2-135m", "kv:dtype=fp32") == "float32"
+    assert tol("smollm2-135m", "kv:dtype=fp16") == "float16"
+    assert tol("smollm2-135m", "kv-int8") == "int8"  # int8 codes beside fp16 scales
+    assert tol("smollm2-135m", "kv-int4") == "uint8"
+    assert tol("smollm2-135m", "kv:dtype=fp16", fused=True) == "float16-attention"
+    assert tol("smollm2-135m", "kv-int8", fused=True) == "int8"
+    assert tol("jamba-v0.1", "hybrid:dtype=fp16,state_dtype=fp32") == "float16"  # fp16 KV beside an fp32 SSM state
+    assert tol("mamba-130m", "ssm:dtype=int8") == "int8"  # int8 state beside fp32 conv state and scales
 
 
 # ---- manifest checking: a real manifest (the Android tests' tiny Llama) over files written here ----

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ..errors import EdgekvError
 from . import WEIGHT_BITS
-from ..strategies import DEFAULTS, REGISTRY, Kv, Strategy, parse_strategy
+from ..strategies import DEFAULTS, REGISTRY, Kv, KvStorage, Strategy, kv_storage_of, parse_strategy
 
 
 @dataclass
@@ -158,12 +158,20 @@ class StateDiff:
         ref = {(t.layer, t.role): (i, t) for i, t in enumerate(layout_ref.tensors)}
         var = {(t.layer, t.role): (i, t) for i, t in enumerate(layout_var.tensors)}
         groups: dict = {}
+        st = kv_storage_of(layout_var)
         for (layer, role), (ri, rt) in ref.items():
             if "." in role or role == "conv" or (layer, role) not in var:
                 continue
             vi, vt = var[(layer, role)]
             sc, z = var.get((layer, role + ".scale")), var.get((layer, role + ".zero"))
-            if vt.dtype in ("int8", "uint8") and sc is not None:
+            if role in ("key", "value") and st is not None and st.quantized and len(st.suffixes(1)) > 1:
+                # a KV cache's codes and their scale tensors: read back as its storage reads them
+                d = rt.shape[-1]
+                if vt.shape[:-1] != rt.shape[:-1] or vt.shape[-1] != st.stored_width(d):
+                    continue
+                spec = st
+                idx = (ri, vi, tuple(var[(layer, role + x)][0] for x in st.suffixes(d)[1:]), None)
+            elif vt.dtype in ("int8", "uint8") and sc is not None:
                 bits = 8 if vt.dtype == "int8" else vt.packed_bits
                 d = vt.shape[-1] * (8 // bits if bits < 8 else 1)
                 group = 0 if sc[1].shape[-1] == 1 else d // sc[1].shape[-1]
@@ -200,6 +208,9 @@ class StateDiff:
             v = torch.stack([cut(var_state[i[1]]) for i in idx])
             if spec is None:
                 v = v.float()
+            elif isinstance(spec, KvStorage):
+                v = spec.read((v, *(torch.stack([cut(var_state[i[2][k]]) for i in idx])
+                                    for k in range(len(idx[0][2])))))
             else:
                 sc = torch.stack([cut(var_state[i[2]]) for i in idx])
                 z = torch.stack([cut(var_state[i[3]]) for i in idx]) if idx[0][3] is not None else None
@@ -333,13 +344,16 @@ def reference_strategy(base: Strategy) -> Strategy:
     return base.reference()
 
 
-def _kv_spec(bits: int, static_scales: bool) -> str:
-    """The spec of the registered KV cache that stores `bits` per value (16: the float cache in fp16), asked of the
-    strategy classes' traits (kv_bits, static_scales, plain_kv), not spelled here."""
+def _kv_spec(bits: int, base: Strategy) -> str:
+    """The spec of the registered KV cache that stores `bits` per value (16: the float cache in fp16): the base's own
+    quantized cache where it stores that many bits (its storage: kv-int8c's static scales, another kind's codes),
+    else the first class with those bits, asked of the strategy classes' traits (kv_bits, static_scales, plain_kv),
+    not spelled here."""
     if bits == 16:
         return next(n for n, c in REGISTRY.items() if c.plain_kv) + ":dtype=fp16"
-    static = static_scales and bits == 8
-    return next(n for n, c in REGISTRY.items() if c.kv_cache and c.kv_bits == bits and c.static_scales == static)
+    if base.kv_bits == bits:
+        return base.name
+    return next(n for n, c in REGISTRY.items() if c.kv_cache and c.kv_bits == bits and not c.static_scales)
 
 
 def make_variants(base: Strategy, bits: list[int] | None, roundings: list[str], weight_bits: int | None,
@@ -350,7 +364,7 @@ def make_variants(base: Strategy, bits: list[int] | None, roundings: list[str], 
         for b in bits or [base.kv_bits or 4]:
             if b not in (8, 4, 2, 16):
                 raise EdgekvError(f"--bits {b}: a KV cache is stored in 16 (fp16), 8, 4 or 2 bits")
-            spec = _kv_spec(b, base.static_scales)
+            spec = _kv_spec(b, base)
             group = base.params.get("group") if base.kv_bits and base.kv_bits < 8 else None
             if b < 8 and group not in (None, DEFAULTS[spec]["group"]):  # the group the user asked for, e.g. 16
                 spec += f":group={group}"

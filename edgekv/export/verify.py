@@ -71,11 +71,16 @@ def nudge_one_ulp(module, up: bool = True) -> None:
 
 
 def tolerance_dtype(layout, fused_attention: bool = False) -> str:
-    """The state dtype that sets the tolerance: the coarsest one the layout stores (a hybrid's fp16 KV next to its
-    fp32 SSM state, an int8 SSM state next to its fp32 conv state and scales), since its rounding bounds the
-    agreement of the whole step; a fp16 cache read by a fused attention op that computes in fp16 (the ONNX graph's
+    """The REL_TOL key that sets the tolerance: the coarsest one the layout stores (a KV cache's is its storage's
+    tolerance, edgekv.strategies.storage; any other state its dtype's: a hybrid's fp16 KV next to its fp32 SSM
+    state, an int8 SSM state next to its fp32 conv state and scales), since its rounding bounds the agreement of the
+    whole step; a fp16 cache read by a fused attention op that computes in fp16 (the ONNX graph's
     GroupQueryAttention) is "float16-attention"."""
-    dtype = max((t.dtype for t in layout.tensors), key=lambda d: REL_TOL[d])
+    from ..strategies import kv_storage_of
+
+    st = kv_storage_of(layout)  # a KV cache's tensors take its storage's tolerance, the others their dtype's
+    keys = [st.tolerance if st and t.role.split(".")[0] in ("key", "value") else t.dtype for t in layout.tensors]
+    dtype = max(keys, key=lambda d: REL_TOL[d])
     return "float16-attention" if fused_attention and dtype == "float16" else dtype
 
 

@@ -20,7 +20,7 @@ from .speed import (ATTENTION_RATES, _attn_tokens, attention_flops, attention_ra
                     prefill_flops, prefill_seconds)
 from .weights import (CARRIED_FORM, GGUF_CARRIED, _scheme_bytes, carried_matrix_bytes, gathered_bytes,
                       weight_bytes, weight_bytes_one)
-from .workspace import (_kernel_code, _largest_packed, _layer_scratch, _readback_source, _tied_bytes,
+from .workspace import (_kernel_code, _largest_packed, _layer_scratch, _tied_bytes,
                         runtime_load_bytes, workspace_bytes)
 
 # What a runtime's arm64 kernels pack beyond its x86 kernels, as a fraction of the stored weights, by cost model and
@@ -48,4 +48,4 @@ __all__ = ["ARM64_PACKING", "arm64_load", "ET_SDPA", "GQA", "KV_READ", "MEASURED
            "decode_with_attention",
            "prefill_seconds", "_scheme_bytes", "CARRIED_FORM", "GGUF_CARRIED", "carried_matrix_bytes",
            "gathered_bytes", "weight_bytes", "weight_bytes_one", "_kernel_code", "_largest_packed",
-           "_layer_scratch", "_readback_source", "_tied_bytes", "runtime_load_bytes", "workspace_bytes"]
+           "_layer_scratch", "_tied_bytes", "runtime_load_bytes", "workspace_bytes"]

@@ -44,10 +44,11 @@ KV_READ = {v["cost_model"]: v["kv_read"]["value"] for v in PLAN_RUNTIMES.values(
 
 def kv_read(runtime: str, strategy: Strategy) -> str:
     """How the runtime's attention reads this strategy's cache: 'in place', 'cast' or 'dequantized copy'
-    (edgekv/costs/runtimes.json kv_read; a runtime not listed there dequantizes whole layers)."""
-    key = strategy.kv_read_key or {8: "int8", 4: "int4", 2: "int2"}.get(strategy.kv_bits or 0) \
-        or strategy.params.get("dtype", "fp32")
-    return KV_READ.get(runtime, {}).get(key, "dequantized copy" if strategy.kv_bits else "cast")
+    (edgekv/costs/runtimes.json kv_read, keyed by the storage's kv_read_key; a runtime or storage not listed there
+    casts a float cache and dequantizes quantized codes whole)."""
+    st = strategy.kv_storage
+    key, default = (st.kv_read_key, st.default_kv_read) if st else (strategy.params.get("dtype", "fp32"), "cast")
+    return KV_READ.get(runtime, {}).get(key, default)
 
 
 def fused_gqa(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str) -> bool:

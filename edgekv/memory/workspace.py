@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..arch import MLA, SSM, Arch, Attention
 from ..models import fused_attention_type  # the family registry (torch-free)
-from ..strategies import StateLayout, Strategy, per_token_int8
+from ..strategies import FloatStorage, KvStorage, StateLayout, Strategy
 from .costs import (GQA, MEASURED, MLA_REBUILD_COPIES, SCAN_COPIES, UNPACK_EXTRA_COPIES, WHERE_WRITTEN_TYPES, _rt,
                     _traits, fused_gqa)
 from .item import Item
@@ -145,7 +145,7 @@ def _attention(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str
     # fp32 cache (nothing to read back): custom_sdpa, which tiles its scores (ET_SDPA); the state copies stay the
     # runtime's.
     ort_mixed = runtime == "onnxruntime"
-    et_mixed = runtime == "executorch" and not strategy.kv_bits and strategy.params.get("dtype", "fp32") == "fp32"
+    et_mixed = runtime == "executorch" and _storage(strategy) == FloatStorage("fp32")
     mixed = ((ort_mixed or et_mixed) and fused_attention_type(arch.model_type) and strategy.fused_attention(runtime)
              and not fused_gqa(arch, layout, strategy, runtime))
     a.fused_layers = frozenset(i for i, t in kept.items() if mixed and t == layout.ctx)
@@ -176,55 +176,51 @@ def _attention(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str
     return a
 
 
+def _storage(strategy: Strategy) -> KvStorage:
+    """The strategy's KV storage; one without a KV cache (a latent, a recurrent state) reads as a float cache of its
+    dtype."""
+    return strategy.kv_storage or FloatStorage(strategy.params.get("dtype", "fp32"))
+
+
 def _layer_scratch(arch: Arch, m: Attention, t: int, width: int, strategy: Strategy, rt: dict, chunk: int
                    ) -> tuple[float, str]:
-    """fp32 scratch one attention layer of t slots needs beside its scores, and what it is (for --explain)."""
+    """fp32 scratch one attention layer of t slots needs beside its scores, and what it is (for --explain): asked of
+    the cache's storage (quantized codes: dequantized; a float dtype other than fp32: cast)."""
     unit = m.n_kv_heads * t * m.head_dim * 4  # one layer's K (or V) for every slot, fp32
-    dtype = strategy.params.get("dtype", "fp32")
+    st = _storage(strategy)
     if strategy.converts_to_latent:  # converted: the fp32 latent + the keys rebuilt and rotated for every slot
         return (t * width * 4 + MLA_REBUILD_COPIES * unit,
                 f"one layer's latent in fp32 + {MLA_REBUILD_COPIES} key-sized fp32 tensors while its keys are "
                 "rebuilt and rotated for every slot")
-    if rt["kv_dequant"] == "head":
-        if dtype == "fp32":
+    if rt["kv_dequant"] == "head":  # the fused op converts one head of a float cache; codes it reads in place
+        if st.quantized or st.kv_read_key == "fp32":
             return 0, ""
-        return 2 * (t + chunk) * m.head_dim * 4, f"one head's K,V in fp32 (cast from {dtype})"
-    if rt["kv_dequant"] != "layer" or not (strategy.kv_bits or dtype != "fp32"):
+        return 2 * (t + chunk) * m.head_dim * 4, f"one head's K,V in fp32 (cast from {st.kv_read_key})"
+    if rt["kv_dequant"] != "layer" or not (st.quantized or st.kv_read_key != "fp32"):
         return 0, ""
+    src = st.readback_source(m.head_dim)
     if "readback_copies" in rt:
-        bits = strategy.kv_bits
-        src = _readback_source(m, strategy)
         # a float cache the table does not list (bf16, fp8) is read back by the same cast as fp16's
-        key = src if src in rt["readback_copies"] or bits else "fp16"
+        key = src if src in rt["readback_copies"] or st.quantized else "fp16"
         copies = rt["readback_copies"][key]
-        how = (f"{'dequantized' if bits else 'cast'} from {src}; {copies} K-sized fp32 tensors in each "
+        how = (f"{'dequantized' if st.quantized else 'cast'} from {src}; {copies} K-sized fp32 tensors in each "
                "method's memory plan, shared by the layers" + ("" if key == src else " (as measured for fp16)"))
-    elif strategy.kv_bits:
-        sub = strategy.kv_bits < 8
+    elif st.quantized:
+        sub = any(p.packed_bits for p in st.parts(m.head_dim))
         copies = 2 + (UNPACK_EXTRA_COPIES if sub else 0)
         how = "dequantized" + (f", + {UNPACK_EXTRA_COPIES} K-sized unpacking planes" if sub else "")
     elif arch.model_type in WHERE_WRITTEN_TYPES and rt.get("where_casts_fp16"):
-        copies, how = 4, f"cast from {dtype}, past and present: ONNX Runtime's Where has no fp16 kernel"
+        copies, how = 4, f"cast from {src}, past and present: ONNX Runtime's Where has no fp16 kernel"
     else:
-        copies, how = 2, f"cast from {dtype}"
+        copies, how = 2, f"cast from {src}"
     return copies * unit, f"one layer's K,V in fp32 ({how})"
-
-
-def _readback_source(m: Attention, strategy: Strategy) -> str:
-    """What a fused .pte reads its cache rows back from (ET_SDPA's keys): the float dtype, int8 with one scale per
-    token and head, int8 with finer groups, or packed sub-byte codes."""
-    bits = strategy.kv_bits
-    if not bits:
-        return strategy.params.get("dtype", "fp32")
-    if bits < 8:
-        return "packed"
-    return "int8" if per_token_int8(bits, strategy.params.get("group"), m.head_dim) else "int8 groups"
 
 
 def _kernel_code(arch: Arch, strategy: Strategy, rt: dict) -> float:
     """Code pages of the extra kernels a fused .pte's quantized read-back runs (ET_SDPA kernel_code), else 0."""
     att = next((m for b in arch.blocks for m in b.mixers if isinstance(m, Attention)), None)
-    return rt["kernel_code"].get(_readback_source(att, strategy), 0) if "kernel_code" in rt and att else 0
+    return rt["kernel_code"].get(_storage(strategy).readback_source(att.head_dim), 0) if "kernel_code" in rt and att \
+        else 0
 
 
 @functools.lru_cache(maxsize=512)  # per (Arch, precision): the same for every row of a model

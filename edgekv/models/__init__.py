@@ -218,15 +218,16 @@ def load_any(spec: str, strategy, max_ctx: int) -> Loaded:
 def hybrid_alias(family: Family, strategy):
     """A transformer's cache strategy on a family that keeps only the hybrid form of it (LFM2, Granite-4.0-H): kv:dtype=D is its
     native state with the KV in D (hybrid:dtype=D,state_dtype=fp32: what analyze's fp32 reference, kv:dtype=fp32, asks
-    of a model with attention layers); kv-int8 / kv-int4 are hybrid:dtype=int8 / int4 where the family's attention
-    layers keep quantized caches (Family.kv_quantized). Any other strategy is returned as is."""
+    of a model with attention layers); a quantized cache is hybrid:dtype=<its storage's hybrid_dtype> (kv-int8 /
+    kv-int4: int8 / int4) where the family's attention layers keep quantized caches (Family.kv_quantized). Any other
+    strategy is returned as is."""
     from ..strategies import parse_strategy
     if "hybrid" not in family.strategies or strategy.name in family.strategies:
         return strategy
-    if strategy.plain_kv:
-        return parse_strategy(f"hybrid:dtype={strategy.params['dtype']},state_dtype=fp32")
-    if strategy.kv_bits in (8, 4) and family.kv_quantized:
-        return parse_strategy(f"hybrid:dtype=int{strategy.kv_bits},state_dtype=fp32")
+    st = strategy.kv_storage  # its storage names the hybrid dtype that keeps the same cache (None: none does)
+    if strategy.plain_kv or (st is not None and st.quantized and family.kv_quantized):
+        if st.hybrid_dtype:
+            return parse_strategy(f"hybrid:dtype={st.hybrid_dtype},state_dtype=fp32")
     return strategy
 
 

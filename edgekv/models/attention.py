@@ -24,10 +24,11 @@ import math
 import torch
 from torch import nn
 
+from ..strategies import FloatStorage
 from .cache import KVFormat
 from .layers import RMSNorm, rotate_half
 
-FLOAT_FMT = KVFormat(torch.float32)  # the exact rows a calibration call attends over
+FLOAT_FMT = KVFormat(FloatStorage("fp32"))  # the exact rows a calibration call attends over
 
 
 class Call:

@@ -11,7 +11,6 @@ from .head import head, output_weight
 from .weights import load_strict  # noqa: F401  (the modules' builders load through it)
 
 STATE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int8": torch.int8}
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}  # a float KV cache
 STATE_TORCH = {**STATE_DTYPES, "uint8": torch.uint8}  # and a packed (int4/int2) cache's codes
 
 

@@ -21,41 +21,44 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import EdgekvError
-from ..quant import dequantize, dequantize_static, quantize, quantize_static
-from ..strategies import DTYPE_BYTES, StateLayout, parse_strategy
-from .base import STATE_TORCH, TORCH_DTYPES
+from ..strategies import FloatStorage, KvStorage, StateLayout, kv_storage_of, parse_strategy
 from .layers import slot_plan
 
 
 class KVFormat:
-    """How one key (or value) cache is stored: a plain tensor in a float dtype, or quantized codes + fp16 scale
-    (+ fp16 zero below 8 bits) per group of head_dim channels, exactly as edgekv.quant defines them (the planner's
-    StateLayout counts the same tensors). Each call quantizes only its new tokens and reads the cache back
-    dequantized to fp32, one layer at a time."""
+    """How one key (or value) cache is stored: its storage (edgekv.strategies.storage: plain values in a float dtype,
+    edgekv.quant's codes with per-group scales, static-scale int8 codes) plus the rounding an analyze run asks for.
+    Each call stores only its new tokens and reads the cache back in fp32, one layer at a time."""
 
-    def __init__(self, dtype: torch.dtype | None, bits: int | None = None, group: int = 0, static: bool = False):
-        self.dtype, self.bits, self.group, self.static = dtype, bits, group, static
-        # state tensors per key (or value): a static-scale int8 cache (kv-int8c) keeps its codes only
-        self.n = 1 if bits is None or static else (2 if bits == 8 else 3)
+    def __init__(self, storage: KvStorage):
+        self.storage = storage
+        self.n = len(storage.suffixes(1))  # state tensors per key (or value): codes, scale, zero
         self.rounding, self.generator = "nearest", None  # edgekv analyze may switch to stochastic rounding
 
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """A float cache's torch dtype; None for codes."""
+        return None if self.storage.quantized else self.storage.torch_dtype
+
+    @property
+    def bits(self) -> int | None:
+        return self.storage.bits
+
+    @property
+    def group(self) -> int:
+        return getattr(self.storage, "group", 0)
+
+    @property
+    def static(self) -> bool:
+        return self.storage.static_scales
+
     def store(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        """x [C, Hkv, D] fp32 -> the n tensors that hold it: (x,) for a float cache (cast where it is written),
-        (codes, scale[, zero]), or for a static-scale cache (codes,) with scale [Hkv, D] the layer's constant."""
-        if self.bits is None:
-            return (x,)
-        if self.static:
-            return (quantize_static(x, scale),)
-        codes, scale, zero = quantize(x, self.bits, self.group, self.rounding, self.generator)
-        return (codes, scale) if self.bits == 8 else (codes, scale, zero)
+        """x [C, Hkv, D] fp32 -> the n tensors that hold it (scale: a static-scale cache's [Hkv, D] constant)."""
+        return self.storage.store(x, scale, self.rounding, self.generator)
 
     def read(self, parts, scale: torch.Tensor | None = None) -> torch.Tensor:
         """The n state tensors of one cache (or their [Hkv, T, X] slices) -> fp32 [..., D]."""
-        if self.bits is None:
-            return parts[0].float()
-        if self.static:
-            return dequantize_static(parts[0], scale[:, None, :])
-        return dequantize(parts[0], parts[1], parts[2] if self.bits < 8 else None, self.bits, self.group)
+        return self.storage.read(parts, scale)
 
     def write(self, put, x, state, write, keep, scale=None):
         """x [C, Hkv, D] fp32 -> (new state tuple, fp32 cache [Hkv, T, D] for attention)."""
@@ -67,23 +70,19 @@ class KVFormat:
         call, then this call's C tokens as the cache stores them, i.e. rounded to its dtype or its quantizer)."""
         parts = self.store(x, scale)
         old = self.read(tuple(t[0] for t in state), scale)
-        if self.bits is None:
-            new = x.to(self.dtype).float()
-        elif self.static:  # codes [C, Hkv, D]
-            new = dequantize_static(parts[0], scale)
-        else:
-            new = self.read(parts)
+        new = self.storage.as_stored(x, parts, scale)
         new_state = tuple(put(o, part, write, keep) for o, part in zip(state, parts))
         return new_state, torch.cat((old, new.permute(1, 0, 2)), 1)
 
     def row_bytes(self, head_dim: int) -> int:
-        """Bytes one (token, KV head) row of this cache takes: codes plus fp16 scale (and zero) per group."""
-        if self.bits is None:
-            return int(head_dim * DTYPE_BYTES[str(self.dtype).removeprefix("torch.")])
-        if self.static:
-            return head_dim
-        groups = head_dim // (self.group or head_dim)
-        return head_dim * self.bits // 8 + groups * 2 * (1 if self.bits == 8 else 2)
+        """Bytes one (token, KV head) row of this cache takes: every part its storage declares."""
+        return self.storage.row_bytes(head_dim)
+
+
+def layout_storage(layout: StateLayout) -> KvStorage:
+    """The KV storage the layout's strategy declares (a strategy with no KV cache: plain fp32, so that a layout
+    of another kind fails the role check with the roles a float cache keeps)."""
+    return kv_storage_of(layout) or FloatStorage("fp32")
 
 
 @dataclass(frozen=True)
@@ -205,52 +204,38 @@ def layer_caches(n_layers: int, windows: list[int | None] | None,
 
 
 def check_layout(a, layout: StateLayout) -> tuple[KVFormat, list[FullCache | RollingCache]]:
-    """The layout must be, per layer, a key and a value [1, Hkv, T, D] in fp32/fp16, or their quantized codes with
-    .scale (and .zero) tensors as edgekv.quant writes them (kv-int8, kv-int4, kv-int2), with T = ctx or the
+    """The layout must be, per layer, a key and a value [1, Hkv, T, D] with the parts the strategy's storage declares
+    (fp32/fp16 values, or codes with .scale (and .zero) tensors as edgekv.quant writes them), with T = ctx or the
     layer's rolling size (a: LlamaArgs). Returns how each is stored and each layer's cache."""
-    bits = 8 if any(t.dtype == "int8" for t in layout.tensors) else \
-        next((t.packed_bits for t in layout.tensors if t.packed_bits), None)
-    static = bits == 8 and not any(t.role.endswith(".scale") for t in layout.tensors)  # kv-int8c
-    if bits is None or static:
-        roles = ["key", "value"]
-    elif bits == 8:
-        roles = ["key", "key.scale", "value", "value.scale"]
-    else:
-        roles = ["key", "key.scale", "key.zero", "value", "value.scale", "value.zero"]
+    st = layout_storage(layout)
+    roles = [r + s for r in ("key", "value") for s in st.suffixes(a.head_dim)]
     want = [(i, role) for i in range(a.n_layers) for role in roles]
     got = [(t.layer, t.role) for t in layout.tensors]
     if got != want:
         raise EdgekvError(f"strategy {layout.strategy}: the llama export module keeps per layer {roles} "
                           f"(this layout has {sorted({t.role for t in layout.tensors})})")
-    stored_d = a.head_dim if bits in (None, 8) else a.head_dim * bits // 8
+    stored_d = st.stored_width(a.head_dim)
     caches = layer_caches(a.n_layers, a.windows, layout)
     for t in layout.tensors:
         cache = caches[t.layer]
         if t.role in ("key", "value") and t.shape != (1, a.n_kv_heads, cache.slots, stored_d):
             raise EdgekvError(f"{t.name}: shape {t.shape} is not [1, {a.n_kv_heads}, {cache.slots}, {stored_d}] "
                               f"(layer {t.layer}: {'ctx slots' if not cache.rolling else cache})")
-    if static:
-        return KVFormat(None, 8, 0, static=True), caches
-    if bits is not None:
-        return KVFormat(None, bits, a.head_dim // layout.tensors[1].shape[-1]), caches
-    dtypes = {t.dtype for t in layout.tensors}
-    if len(dtypes) != 1 or not dtypes <= set(TORCH_DTYPES):
+    if not st.exportable:
+        dtypes = {t.dtype for t in layout.tensors}
         raise EdgekvError(f"strategy {layout.strategy}: cache dtype {', '.join(sorted(dtypes))} is not supported "
                           f"by the export yet (supported: fp32, fp16)")
-    return KVFormat(TORCH_DTYPES[dtypes.pop()]), caches
+    return KVFormat(st), caches
 
 
 def hybrid_kv_format(layout: StateLayout, attn_layers: list[int], n_kv_heads: int, head_dim: int,
                      other: dict[int, tuple[str, ...]]) -> KVFormat:
     """How the attention layers' KV is stored, checked against the layout: per attention layer a key and a value
-    [1, Hkv, T, D] (fp32/fp16), or kv-int8/int4/int2 codes with .scale (and .zero); the other roles as `other` names
-    them (layer -> roles), after the KV where a layer has both (Falcon-H1: attention and Mamba-2 in one block). One
-    clear line when the layout is another."""
-    bits = 8 if any(t.dtype == "int8" and t.role == "key" for t in layout.tensors) else \
-        next((t.packed_bits for t in layout.tensors if t.packed_bits), None)
-    kv_roles = ("key", "value") if bits is None else (("key", "key.scale", "value", "value.scale") if bits == 8 else
-                                                      ("key", "key.scale", "key.zero", "value", "value.scale",
-                                                       "value.zero"))
+    [1, Hkv, T, D] with the parts the strategy's storage declares (fp32/fp16, or kv-int8/int4/int2 codes with .scale
+    (and .zero)); the other roles as `other` names them (layer -> roles), after the KV where a layer has both
+    (Falcon-H1: attention and Mamba-2 in one block). One clear line when the layout is another."""
+    st = layout_storage(layout)
+    kv_roles = st.roles(head_dim)
     n = max([*attn_layers, *other], default=-1) + 1
     want = [(i, r) for i in range(n) for r in (kv_roles if i in attn_layers else ()) + other.get(i, ())]
     got = [(t.layer, t.role) for t in layout.tensors]
@@ -258,18 +243,17 @@ def hybrid_kv_format(layout: StateLayout, attn_layers: list[int], n_kv_heads: in
         raise EdgekvError(f"strategy {layout.strategy}: this module keeps per attention layer {list(kv_roles)} and "
                           f"per other layer {sorted({r for rs in other.values() for r in rs})} "
                           f"(this layout has {sorted({t.role for t in layout.tensors})})")
-    stored_d = head_dim if bits in (None, 8) else head_dim * bits // 8
+    stored_d = st.stored_width(head_dim)
     for t in layout.tensors:
         if t.role in ("key", "value") and t.shape != (1, n_kv_heads, layout.ctx, stored_d):
             raise EdgekvError(f"{t.name}: shape {t.shape} is not [1, {n_kv_heads}, {layout.ctx}, {stored_d}]")
-    if bits is not None:
-        scale = next(t for t in layout.tensors if t.role == "key.scale")
-        return KVFormat(None, bits, head_dim // scale.shape[-1])
-    dtypes = {t.dtype for t in layout.tensors if t.role in ("key", "value")}
-    if not dtypes <= {"float32", "float16"} or len(dtypes) > 1:
+    if not attn_layers:
+        return KVFormat(FloatStorage("fp32"))
+    if not st.exportable:
+        dtypes = {t.dtype for t in layout.tensors if t.role in ("key", "value")}
         raise EdgekvError(f"strategy {layout.strategy}: cache dtype {', '.join(sorted(dtypes))} is not supported by "
                           "the export (fp32, fp16, kv-int8/int4/int2)")
-    return KVFormat(STATE_TORCH[dtypes.pop()] if dtypes else torch.float32)
+    return KVFormat(st)
 
 
 def cache_plan(pos: torch.Tensor, c: int, t_slots: int, g: int, cache_dtype: torch.dtype):

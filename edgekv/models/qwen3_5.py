@@ -57,11 +57,10 @@ from ..errors import EdgekvError
 from ..strategies import StateLayout
 from .attention import Attention
 from .base import DecoderShell, load_strict, read_source, state_dtype
-from .cache import KVFormat
+from .cache import KVFormat, layout_storage
 from .layers import MLP, RMSNorm, causal_conv_step, rope_cos_sin, rope_inv_freq, scan_tokens
 from .llama import LlamaArgs
 
-KV_TORCH = {"float32": torch.float32, "float16": torch.float16}
 
 
 @dataclass
@@ -227,19 +226,17 @@ class Layer(nn.Module):
 
 
 def kv_format(a: Qwen35Args, layout: StateLayout) -> KVFormat:
-    """The layout must hold, in layer order, (key, value) for full attention layers (float, or edgekv.quant codes with
-    scales) and (conv, recurrent) for linear ones, in the shapes this module keeps; returns how the KV is stored."""
-    kv = [t for t in layout.tensors if t.role.split(".")[0] in ("key", "value")]
-    bits = 8 if any(t.dtype == "int8" for t in kv) else next((t.packed_bits for t in kv if t.packed_bits), None)
-    kv_roles = ("key", "value") if bits is None else (("key", "key.scale", "value", "value.scale") if bits == 8 else
-                                                       ("key", "key.scale", "key.zero", "value", "value.scale",
-                                                        "value.zero"))
+    """The layout must hold, in layer order, (key, value) for full attention layers (the parts the strategy's KV
+    storage declares: float, or edgekv.quant codes with scales) and (conv, recurrent) for linear ones, in the shapes
+    this module keeps; returns how the KV is stored."""
+    st = layout_storage(layout)
+    kv_roles = st.roles(a.head_dim)
     want = [(i, r) for i, k in enumerate(a.kinds) for r in (kv_roles if k == "full_attention" else
                                                             ("conv", "recurrent"))]
     if [(t.layer, t.role) for t in layout.tensors] != want:
         raise EdgekvError(f"strategy {layout.strategy}: the qwen3_5 module keeps (key, value) per full attention layer "
                           f"and (conv, recurrent) per linear layer (roles {sorted({t.role for t in layout.tensors})})")
-    stored = a.head_dim if bits in (None, 8) else a.head_dim * bits // 8
+    stored = st.stored_width(a.head_dim)
     shapes = {"key": (1, a.n_kv_heads, layout.ctx, stored), "value": (1, a.n_kv_heads, layout.ctx, stored),
               "conv": (1, a.conv_dim, a.conv_kernel - 1), "recurrent": (1, a.v_heads, a.k_dim, a.v_dim)}
     for t in layout.tensors:
@@ -250,14 +247,11 @@ def kv_format(a: Qwen35Args, layout: StateLayout) -> KVFormat:
             if t.role == "conv" and t.dtype != "float32" or t.dtype == "int8":
                 raise EdgekvError(f"{t.name}: the qwen3_5 module keeps its {t.role} state in a float dtype, not "
                                   f"{t.dtype}")
-    if bits is not None:
-        scale = next(t for t in kv if t.role == "key.scale")
-        return KVFormat(None, bits, a.head_dim // scale.shape[-1])
-    dtypes = {t.dtype for t in kv}
-    if len(dtypes) != 1 or not dtypes <= set(KV_TORCH):
+    if not st.exportable:
+        dtypes = {t.dtype for t in layout.tensors if t.role in ("key", "value")}
         raise EdgekvError(f"strategy {layout.strategy}: KV dtype {', '.join(sorted(dtypes))} is not supported "
                           "(fp32, fp16)")
-    return KVFormat(KV_TORCH[dtypes.pop()])
+    return KVFormat(st)
 
 
 class Qwen35(DecoderShell):

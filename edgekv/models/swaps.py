@@ -272,10 +272,12 @@ def _native_window(at: Attention) -> bool:
 
 
 SWAPS: dict[str, list[Swap]] = {
+    # the cache's storage says which fused ops read it (edgekv.strategies.storage: fused_runtimes)
     "onnxruntime": [Swap(lambda at: (_one_slot_per_position(at) or _native_window(at))
-                         and (at.fmt.bits is None or at.fmt.static), _gqa_make, _gqa_setup)],
+                         and at.fmt.storage.fused("onnxruntime"), _gqa_make, _gqa_setup)],
     # a static-scale int8 cache (kv-int8c) has no ExecuTorch kernel: the .pte keeps the eager layer
-    "executorch": [Swap(lambda at: _one_slot_per_position(at) and not at.fmt.static, _sdpa_make, _sdpa_setup)],
+    "executorch": [Swap(lambda at: _one_slot_per_position(at) and at.fmt.storage.fused("executorch"), _sdpa_make,
+                        _sdpa_setup)],
 }
 NORM_SWAPS = {"onnxruntime": OnnxRMSNorm}  # the norms' form where any layer is swapped
 

@@ -15,6 +15,7 @@ from typing import ClassVar
 from ..arch import MLA, SSM, Arch, Attention, Linear, ShortConv
 from ..errors import EdgekvError
 from .layout import KV_DTYPES, StateLayout, StateTensor, _linear_state, _short_conv_state, _ssm_pair
+from .storage import KvStorage
 
 REGISTRY: dict[str, type["Strategy"]] = {}  # name -> class, in the order strategies are listed and planned
 FLOAT_DTYPES = ("fp32", "fp16", "bf16")
@@ -56,7 +57,7 @@ class Strategy:
     evidence: ClassVar[dict] = {}
 
     # ---- traits the planner, memory model, quality table, export and analyze code ask about ----
-    kv_bits: ClassVar[int | None] = None  # quantized KV cache: 8, 4 or 2 bits per value
+    kv_bits: ClassVar[int | None] = None  # quantized KV cache: 8, 4 or 2 bits per value (its kv_storage's bits)
     plain_kv: ClassVar[bool] = False  # a float cache of every token (the baseline a covering window equals)
     full_cache: ClassVar[bool] = False  # one cache row per position up to max_ctx (export's manifest check)
     converts_to_latent: ClassVar[bool] = False  # a GQA cache factorised into a latent K and V are rebuilt from
@@ -68,7 +69,6 @@ class Strategy:
     recurrent: ClassVar[bool] = False  # keeps a recurrent state (analyze runs it one token per call)
     kv_cache: ClassVar[bool] = False  # keeps K and V per attention layer (kv, kv-int8/int4/int2, window)
     static_scales: ClassVar[bool] = False  # a quantized cache whose scales are constants of the graph (kv-int8c)
-    kv_read_key: ClassVar[str | None] = None  # the key of runtimes.json kv_read, where not its bits or dtype
     shortcut: ClassVar[tuple[str, str] | None] = None  # (export's option, the parameter it sets): --rank r is mla:rank=r
 
     # ---- parsing and naming ----
@@ -152,6 +152,12 @@ class Strategy:
     @property
     def n_gpus(self) -> int:
         return 1
+
+    @property
+    def kv_storage(self) -> "KvStorage | None":
+        """How its attention layers store K and V (edgekv.strategies.storage); None: it keeps no KV cache. The layout,
+        the memory model, the torch modules, verify and analyze ask this object, not the strategy's bits or dtype."""
+        return None
 
     @property
     def state_dtype(self) -> str:

@@ -6,6 +6,7 @@ from ..arch import Arch, Attention
 from ..errors import EdgekvError
 from .base import NotApplicable, Strategy, register
 from .layout import StateTensor, _kv_pair
+from .storage import Fp8GroupStorage, FloatStorage, GroupQuantStorage, KvStorage, StaticInt8Storage
 
 RECURRENT_MSG = "a model with recurrent layers: plan it with hybrid/ssm/linear"
 RECURRENT_KINDS = {"ssm", "linear", "conv"}  # mixers that carry a recurrent (or conv) state
@@ -47,6 +48,10 @@ class Kv(Strategy):
     def short(self) -> str:
         return f"kv {self.params['dtype']}"
 
+    @property
+    def kv_storage(self) -> KvStorage:
+        return FloatStorage(self.params["dtype"])
+
     def check(self, arch: Arch) -> None:
         _check_cache(arch)
 
@@ -54,7 +59,8 @@ class Kv(Strategy):
         return _kv_pair(i, m.n_kv_heads, _slots(m, ctx), m.head_dim, self)
 
     def fused_attention(self, runtime: str) -> bool:
-        return True
+        """Its storage says (a float cache: every runtime's fused op reads it)."""
+        return self.kv_storage.fused(runtime)
 
     def quality_key(self, ctx: int, converted: bool) -> str:
         return f"kv:{self.params['dtype']}"
@@ -75,9 +81,13 @@ class _QuantizedKv(Kv):
     def short(self) -> str:
         return self.name + (f" g{self.params['group']}" if self.params.get("group") else "")
 
+    @property
+    def kv_storage(self) -> KvStorage:
+        return GroupQuantStorage(self.kv_bits, self.params.get("group") or 0)
+
     def fused_attention(self, runtime: str) -> bool:
         """ExecuTorch's custom_sdpa reads the written rows dequantized (edgekv.models.llama Llama.pte_in_place)."""
-        return runtime == "executorch"
+        return self.kv_storage.fused(runtime)
 
     def quality_key(self, ctx: int, converted: bool) -> str:
         return self.name
@@ -156,16 +166,41 @@ class KvInt8Channel(_QuantizedKv):
     kv_bits = 8
     static_scales = True
     planned_on = "none"  # asked for by name (edgekv plan --strategy kv-int8c)
-    kv_read_key = "int8-channel"
 
     @property
     def short(self) -> str:
         return "kv-int8c"
 
+    @property
+    def kv_storage(self) -> KvStorage:
+        return StaticInt8Storage()
+
     def fused_attention(self, runtime: str) -> bool:
         """ONNX Runtime's GroupQueryAttention reads the codes with their static scales (edgekv.models.swaps); the
         .pte attends through the eager graph, which dequantizes the layer (ExecuTorch has no kernel for them)."""
-        return runtime == "onnxruntime"
+        return self.kv_storage.fused(runtime)
+
+
+@register
+class KvFp8(_QuantizedKv):
+    """fp8 e4m3 codes (one uint8 per value) with an fp16 scale per group (group 0: one per (token, head)):
+    Fp8GroupStorage. Read back dequantized by the eager graph on every runtime (no fused op reads it)."""
+    name = "kv-fp8"
+    defaults = {"group": 0}
+    help = "kv-fp8[:group=0]"
+    # published evidence of its quality risk: key (quality_key) -> (risk, evidence, short citation for tables)
+    evidence = {
+        'kv-fp8': ('low',
+            "fp8 e4m3 KV: vLLM's docs (Quantized KV Cache) report it 'typically only minimally degrades inference "
+            "accuracy' with one scale per tensor; here one fp16 scale per group: run edgekv analyze --strategy kv-fp8",
+            'vLLM fp8 KV docs'),
+    }
+    kv_bits = 8
+    planned_on = "none"  # asked for by name (edgekv plan --strategy kv-fp8)
+
+    @property
+    def kv_storage(self) -> KvStorage:
+        return Fp8GroupStorage(self.params.get("group") or 0)
 
 
 @register
@@ -211,6 +246,10 @@ class Window(Strategy):
         """A window whose W + S reach ctx keeps every token: plain kv's state."""
         return ctx <= self.window_tokens
 
+    @property
+    def kv_storage(self) -> KvStorage:
+        return FloatStorage(self.params["dtype"])
+
     def check(self, arch: Arch) -> None:
         _check_cache(arch)
 
@@ -219,7 +258,7 @@ class Window(Strategy):
                         Kv({"dtype": self.params["dtype"]}))
 
     def fused_attention(self, runtime: str) -> bool:
-        return True
+        return self.kv_storage.fused(runtime)
 
     def quality_key(self, ctx: int, converted: bool) -> str:
         return "window:short" if self.covers(ctx) else "window"

@@ -15,9 +15,7 @@ import math
 from dataclasses import dataclass
 
 from ..arch import SSM, Linear, ShortConv
-
-DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float8_e4m3fn": 1.0, "int8": 1.0, "uint8": 1.0}
-KV_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "float8_e4m3fn"}
+from .storage import DTYPE_BYTES, KV_DTYPES, per_token_int8  # noqa: F401 (per_token_int8: re-exported)
 
 
 @dataclass(frozen=True)
@@ -68,37 +66,16 @@ def _short_conv_state(i: int, m: ShortConv) -> list[StateTensor]:
     return [StateTensor(f"past_conv.{i}", f"present_conv.{i}", (1, m.width, m.d_conv - 1), "float32", i, "conv")]
 
 
-def per_token_int8(bits: int | None, group: int | None, head_dim: int) -> bool:
-    """Whether a cache is int8 with one scale per token and head (group 0 or head_dim): the cache a fused .pte
-    reads back with ExecuTorch's one quantized kernel (edgekv.models.swaps.SdpaAttention), and that the planner
-    counts as such (edgekv.memory._readback_source). One rule for both."""
-    return bits == 8 and group in (0, head_dim)
-
-
 def _kv_pair(i: int, hkv: int, t: int, d: int, strategy) -> list[StateTensor]:
-    """K and V for one attention layer: plain dtype, or quantized codes plus per-group scale (and zero)."""
-    from .base import ParamsDoNotFit
-
+    """K and V for one attention layer: each the parts its storage declares (strategy.kv_storage: plain values, or
+    codes plus per-group scale and zero), [1, Hkv, T, width]."""
+    storage = strategy.kv_storage
+    storage.check(strategy.label, d)
     out = []
     for role, (inp, outp) in (("key", (f"past_key_values.{i}.key", f"present.{i}.key")),
                               ("value", (f"past_key_values.{i}.value", f"present.{i}.value"))):
-        bits = strategy.kv_bits
-        if bits is None:
-            out.append(StateTensor(inp, outp, (1, hkv, t, d), KV_DTYPES[strategy.params["dtype"]], i, role))
-            continue
-        g = strategy.params.get("group") or d
-        if d % g:
-            raise ParamsDoNotFit(f"{strategy.label}: head_dim {d} is not a multiple of group {g}")
-        if bits == 8:
-            out.append(StateTensor(inp, outp, (1, hkv, t, d), "int8", i, role))
-            if strategy.static_scales:  # the scales are the graph's constants, not state
-                continue
-        else:
-            per_byte = 8 // bits
-            out.append(StateTensor(inp, outp, (1, hkv, t, d // per_byte), "uint8", i, role, packed_bits=bits))
-        out.append(StateTensor(inp + ".scale", outp + ".scale", (1, hkv, t, d // g), "float16", i, role + ".scale"))
-        if bits < 8:  # asymmetric below 8 bits: a zero point per group as well
-            out.append(StateTensor(inp + ".zero", outp + ".zero", (1, hkv, t, d // g), "float16", i, role + ".zero"))
+        out += [StateTensor(inp + p.suffix, outp + p.suffix, (1, hkv, t, p.width(d)), p.dtype, i, role + p.suffix,
+                            packed_bits=p.packed_bits) for p in storage.parts(d)]
     return out
 
 

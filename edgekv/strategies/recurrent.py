@@ -106,6 +106,10 @@ class Hybrid(Strategy):
     def attention_kv(self) -> Strategy:
         return hybrid_kv(self)
 
+    @property
+    def kv_storage(self):
+        return hybrid_kv(self).kv_storage
+
     def attention_state(self, arch: Arch, i: int, m: Attention, ctx: int) -> list[StateTensor]:
         return _kv_pair(i, m.n_kv_heads, _slots(m, ctx), m.head_dim, hybrid_kv(self))
 

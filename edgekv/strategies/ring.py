@@ -8,6 +8,7 @@ from ..arch import Arch
 from ..errors import EdgekvError
 from .base import NotApplicable, Strategy, register
 from .kv import Kv
+from .storage import FloatStorage
 from .layout import StateLayout
 
 
@@ -38,6 +39,10 @@ class Ring(Strategy):
     @property
     def n_gpus(self) -> int:
         return self.params["n"]
+
+    @property
+    def kv_storage(self) -> FloatStorage:
+        return FloatStorage(self.params["dtype"])
 
     def check_device(self, datacenter: bool) -> None:
         if not datacenter:
