@@ -62,7 +62,7 @@ FAMILIES = (
            routes=(("mla", "converted-mla"),), ctx_capped=True, fused_attention=True,
            what="GQA + RoPE decoders: Llama-2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3 (qk-norm), Gemma 3 "
                 "(sliding + global layers), SmolLM3 (NoPE layers), Phi-3 / Phi-4-mini (fused projections split, "
-                "partial rotary, longrope)"),
+                "partial rotary, longrope), OLMo-2 (post-sublayer norms, whole-projection qk-norm)"),
     Family("converted-mla", (), ("mla",), "edgekv.models:read_llama", "edgekv.models.converted_mla:build_converted",
            what="a llama-family model with its KV converted to a low-rank latent (mla on a GQA model)"),
     Family("deepseek-v2", ("deepseek_v2",), ("mla",), "edgekv.models.mla:read_deepseek",
