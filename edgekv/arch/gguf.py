@@ -228,7 +228,7 @@ def _config(arch: str, field, reader) -> dict:
         cfg["hidden_act"] = v.act
     if v.qkv_bias is not None:  # q/k/v always biased (Qwen2): its config has no attention_bias
         cfg.pop("attention_bias")
-    if v.query_pre_attn_scalar is not None:  # llama.cpp scales the scores by 1/sqrt(head_dim) (f_attention_scale)
+    if v.gguf_scale_by_head_dim:  # llama.cpp scales the scores by 1/sqrt(head_dim) (f_attention_scale)
         cfg["query_pre_attn_scalar"] = cfg["head_dim"]
     rtype = field(f"{arch}.rope.scaling.type", "none")
     if rtype not in ("none", ""):

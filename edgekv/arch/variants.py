@@ -62,6 +62,7 @@ class Llama:
     gguf_export = True  # edgekv.models.weights loads its GGUF weights (else: planned from a GGUF only)
     gguf_permuted = True  # convert_hf_to_gguf.py permuted q/k rows for llama.cpp's interleaved RoPE
     gguf_defaults: dict = {}  # config values a GGUF header does not carry, as llama.cpp's loader fixes them
+    gguf_scale_by_head_dim = False  # llama.cpp scales the scores by head_dim^-1/2: query_pre_attn_scalar = head_dim
 
     @classmethod
     def biases(cls, attention_bias: bool) -> tuple[bool, bool]:
@@ -97,6 +98,7 @@ class Qwen3(Qwen2):
 
 class Phi3(Llama):
     model_type = gguf_arch = "phi3"
+    rms_eps = 1e-5
     windows = "every"
     rewrite = "edgekv.models.phi3:to_llama"  # fused q/k/v and gate/up, partial rotary, longrope
     mla_convertible = False
@@ -121,6 +123,8 @@ class Gemma2(Llama):
     windows, window_default = "even", 4096  # Gemma2: even layers (0, 2, ...) slide, odd layers are global
     embed_scale = True
     act_field, act = "hidden_activation", "gelu_pytorch_tanh"
+    query_pre_attn_scalar = 256.0
+    logit_softcap = True
     gemma_terms = True
     exported = mla_convertible = gguf_export = False
     gguf_permuted = False
@@ -132,8 +136,6 @@ class Gemma3Text(Gemma2):
     qk_norm = "head"
     rope_theta = 1_000_000.0
     windows = "pattern"  # sliding_window_pattern (default 6): every 6th layer global
-    query_pre_attn_scalar = 256.0
-    logit_softcap = True
     local_rope_theta = 10_000.0
     refused = ("attn_logit_softcapping", "use_bidirectional_attention")
     exported = gguf_export = True
@@ -144,6 +146,7 @@ class Gemma3Text(Gemma2):
     # Gemma 3 has no logit softcapping
     gguf_defaults = {"hidden_activation": "gelu_pytorch_tanh", "sliding_window_pattern": 6,
                      "rope_local_base_freq": 10000.0}
+    gguf_scale_by_head_dim = True
 
 
 class Gemma3(Gemma3Text):
