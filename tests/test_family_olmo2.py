@@ -65,3 +65,47 @@ def test_the_catalog_entry_plans():
     kv = next(o for o in rows if o["strategy"] == "kv")
     # fp16 K and V: 16 layers x 16 KV heads x 128 channels x 2 (K, V) x 2 bytes per token
     assert kv["bytes"]["state"] == 16 * 16 * 128 * 2 * 2 * 4096
+
+
+# ---- exported, run by the runtimes alone (minutes on 2 shared cores: `make test-all` runs it) ----
+
+
+@pytest.fixture(scope="module", params=[pytest.param("olmo2", marks=pytest.mark.slow)])
+def exported(request, tmp_path_factory):
+    from click.testing import CliRunner
+
+    from edgekv.export.cli import cli as export_cli
+
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("executorch")
+    root = tmp_path_factory.mktemp("olmo2")
+    ref = tiny_olmo2(root / "hf")
+    out = root / "export"
+    r = CliRunner().invoke(export_cli, ["export", "--model", str(root / "hf"), "--strategy", "kv:dtype=fp32",
+                                        "--format", "onnx,pte", "--max-ctx", "32", "--prefill-chunk", "8",
+                                        "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    return ref, out
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "pte"])
+def test_exported_olmo2_matches_transformers_step_by_step_in_the_runtime(exported, fmt):
+    """The runtimes' fused attention (GroupQueryAttention, custom_sdpa) with the whole-projection qk-norm before it."""
+    import numpy as np
+
+    from conftest import greedy_rows
+    from edgekv.export.manifest import load_export
+    from edgekv.export.runtime import OrtStepper, PteStepper
+
+    ref, out = exported
+    manifest = load_export(out)
+    art = next(a for a in manifest["artifacts"] if a["format"] == fmt)
+    assert art.get("state_in_place"), art
+    stepper = OrtStepper(manifest, out) if fmt == "onnx" else PteStepper(manifest, out)
+    prompt = [5, 9, 33, 12, 40, 7, 21, 3, 18, 50, 11]
+    tokens, ours = greedy_rows(stepper, prompt, 32 - len(prompt) - 1)
+    with torch.no_grad():
+        want = ref(torch.tensor([tokens])).logits[0].numpy()
+    assert np.abs(want).max() > 1.0
+    diff = np.abs(ours - want).max()
+    assert diff <= 1e-3, f"{fmt}: max abs diff {diff:.3g}"
