@@ -8,7 +8,7 @@ edgekv.models.weights) and the family registry (edgekv.models.FAMILIES). Adding 
 config and a test; nothing outside this module compares a model_type string of these (tests/test_registry_names.py).
 
 Every default is the transformers config class's for that model_type (the value a config.json that leaves the field
-out gets).
+out gets; tests/test_variants.py checks them against the config classes).
 """
 from __future__ import annotations
 
