@@ -70,14 +70,13 @@ def serving_step(module, token: int, pos: int, state: list) -> torch.Tensor:
     x = module.model.embed_tokens(torch.tensor([[token]], device=dev))
     for i, blk in enumerate(module.model.layers):
         at = blk.self_attn
-        q, k, v = at._qkv(blk.input_layernorm(x), cos, sin)  # [1, H, D], [1, Hkv, D]
+        q, k, v = at._qkv(blk.norm("attn_in", x), cos, sin)  # [1, H, D], [1, Hkv, D]
         kc, vc = state[2 * i], state[2 * i + 1]  # [1, Hkv, T, D]
         kc[0, :, pos] = k[0].to(kc.dtype)
         vc[0, :, pos] = v[0].to(vc.dtype)
         o = F.scaled_dot_product_attention(q.permute(1, 0, 2)[None].to(kc.dtype), kc[:, :, :pos + 1],
                                            vc[:, :, :pos + 1], enable_gqa=True).to(q.dtype)  # [1, H, 1, D]
-        x = x + at.o_proj(o.permute(0, 2, 1, 3).reshape(1, 1, -1))
-        x = x + blk.mlp(blk.post_attention_layernorm(x))
+        x = blk.residual(x, at.o_proj(o.permute(0, 2, 1, 3).reshape(1, 1, -1)))  # the variant's norms and MLP
     return head(x, module.model.norm, output_weight(module.model.embed_tokens, module.lm_head))[0, -1]
 
 

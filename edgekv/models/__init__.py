@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..arch import LLAMA_EXPORT_TYPES
+from ..arch.variants import VARIANTS
 from ..errors import EdgekvError
 from ..jsonfile import read_config
 from ..strategies import REGISTRY
@@ -33,8 +34,8 @@ if TYPE_CHECKING:  # annotations only: this module imports no torch
 # decoder's module exports
 KV_STRATEGIES = tuple(n for n, c in REGISTRY.items() if c.kv_cache and c.exportable)
 # the llama-family model types whose attention edgekv.models.converted_mla.ConvertedMLA reproduces (no qk-norm, one
-# RoPE base, Llama's norms and MLP): mla on these converts the GQA cache to a latent
-MLA_CONVERTIBLE = ("llama", "mistral", "qwen2")
+# RoPE base, Llama's norms and MLP; the variant's mla_convertible): mla on these converts the GQA cache to a latent
+MLA_CONVERTIBLE = tuple(mt for mt, v in VARIANTS.items() if v.mla_convertible)
 
 
 @dataclass(frozen=True)
@@ -57,11 +58,11 @@ class Family:
 
 FAMILIES = (
     Family("llama", LLAMA_EXPORT_TYPES, KV_STRATEGIES + ("mla",),
-           "edgekv.models:read_llama", "edgekv.models.llama:build", gguf_archs=("llama", "mistral", "qwen2", "gemma3"),
+           "edgekv.models:read_llama", "edgekv.models.llama:build", gguf_archs=tuple(v.gguf_arch for v in VARIANTS.values() if v.gguf_arch and v.gguf_export),
            routes=(("mla", "converted-mla"),), ctx_capped=True, fused_attention=True,
            what="GQA + RoPE decoders: Llama-2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3 (qk-norm), Gemma 3 "
                 "(sliding + global layers), SmolLM3 (NoPE layers), Phi-3 / Phi-4-mini (fused projections split, "
-                "partial rotary, longrope)"),
+                "partial rotary, longrope), OLMo-2 (post-sublayer norms, whole-projection qk-norm)"),
     Family("converted-mla", (), ("mla",), "edgekv.models:read_llama", "edgekv.models.converted_mla:build_converted",
            what="a llama-family model with its KV converted to a low-rank latent (mla on a GQA model)"),
     Family("deepseek-v2", ("deepseek_v2",), ("mla",), "edgekv.models.mla:read_deepseek",
@@ -249,9 +250,10 @@ def read_llama(spec: str, max_ctx: int | None = None) -> Source:
         cfg, sd = load_hf_folder(path)
         factors, fmt = None, "safetensors"
         arch = read_config_json(path)
-        if cfg.get("model_type") == "phi3":  # fused q/k/v and gate/up, partial rotary, longrope: edgekv.models.phi3
-            from .phi3 import to_llama
-            cfg, sd, factors = to_llama(cfg, sd, max_ctx, str(path / "config.json"))
+        v = VARIANTS.get(cfg.get("model_type"))
+        if v is not None and v.rewrite:  # a checkpoint in other shapes (Phi-3's fused q/k/v and gate/up, partial
+            # rotary, longrope: edgekv.models.phi3) rewritten into Llama's first
+            cfg, sd, factors = _function(v.rewrite)(cfg, sd, max_ctx, str(path / "config.json"))
     args = args_from_hf_config(cfg, str(path))
     args.rope_freq_factors = factors
     if max_ctx is not None and args.max_position and max_ctx > args.max_position:

@@ -79,9 +79,12 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(a.hidden, a.n_kv_heads * a.head_dim, bias=a.qkv_bias)
         self.o_proj = nn.Linear(a.n_heads * a.head_dim, a.hidden, bias=a.o_bias)
         self.scale = a.attn_scale if a.attn_scale is not None else 1.0 / math.sqrt(a.head_dim)
-        if a.qk_norm:  # per head, over D (Qwen3RMSNorm / Gemma3RMSNorm of q and k)
-            off = 1.0 if a.gemma else 0.0
-            self.q_norm, self.k_norm = RMSNorm(a.head_dim, a.rms_eps, off), RMSNorm(a.head_dim, a.rms_eps, off)
+        # qk-norm: per head over D (Qwen3RMSNorm / Gemma3RMSNorm of q and k), or over the whole projection before the
+        # heads are split (Olmo2Attention: q_norm of H*D, k_norm of Hkv*D channels)
+        self.qk_whole = a.qk_norm == "proj"
+        if a.qk_norm:
+            dq, dk = (a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim) if self.qk_whole else (a.head_dim, a.head_dim)
+            self.q_norm, self.k_norm = RMSNorm(dq, a.rms_eps, a.norm_offset), RMSNorm(dk, a.rms_eps, a.norm_offset)
         else:
             self.q_norm = self.k_norm = None
         self.cache = self.fmt = None  # set by the model (Llama) from its layout
@@ -95,8 +98,10 @@ class Attention(nn.Module):
     def _rotated(self, q, k, v, cos, sin):
         """q [1, C, H*D], k, v [1, C, Hkv*D] -> q [C, H, D], k, v [C, Hkv, D], q and k rotated (RoPE at their
         absolute positions)."""
+        if self.qk_whole:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.reshape(-1, self.h, self.dh), k.reshape(-1, self.hkv, self.dh), v.reshape(-1, self.hkv, self.dh)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.qk_whole:
             q, k = self.q_norm(q), self.k_norm(k)
         if cos is None:  # a NoPE layer (SmolLM3)
             return q, k, v

@@ -50,7 +50,7 @@ from .attention import Attention
 from .base import DecoderShell
 from .layers import MLP, RMSNorm, rope_cos_sin, rope_inv_freq
 from .cache import cache_plan, hybrid_kv_format
-from .llama import LlamaArgs
+from .llama import LlamaArgs, attention_args
 from .ssm import Mamba2Mixer, MambaArgs, check_ssm_layout
 
 
@@ -93,11 +93,7 @@ class FalconH1Args:
 
     def attention_args(self) -> LlamaArgs:
         """The numbers edgekv.models.attention's Attention and layers' MLP take (D^-1/2 scores, one RoPE base)."""
-        return LlamaArgs(vocab=self.vocab, hidden=self.hidden, n_layers=self.n_layers, n_heads=self.n_heads,
-                         n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, intermediate=self.intermediate,
-                         rms_eps=self.eps, rope_theta=self.rope_theta, qkv_bias=self.attention_bias,
-                         o_bias=self.attention_bias, mlp_bias=self.mlp_bias, tied=self.tied,
-                         max_position=self.max_position, model_type=self.model_type)
+        return attention_args(self, mlp_bias=self.mlp_bias)
 
     def ssm_args(self) -> MambaArgs:
         return MambaArgs(2, self.vocab, self.hidden, self.n_layers, self.m_heads * self.m_head_dim, self.d_state,

@@ -45,7 +45,7 @@ from .base import DecoderShell
 from .layers import RMSNorm, rope_cos_sin, rope_inv_freq
 from .attention import Attention
 from .cache import cache_plan, hybrid_kv_format
-from .llama import LlamaArgs
+from .llama import LlamaArgs, attention_args
 from .ssm import Mamba2Mixer, MambaArgs, check_ssm_layout
 
 
@@ -84,11 +84,7 @@ class GraniteHybridArgs:
 
     def attention_args(self) -> LlamaArgs:
         """The numbers edgekv.models.llama's Attention takes: attention_multiplier as the scale, one RoPE base."""
-        return LlamaArgs(vocab=self.vocab, hidden=self.hidden, n_layers=self.n_layers, n_heads=self.n_heads,
-                         n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, intermediate=self.shared_intermediate,
-                         rms_eps=self.eps, rope_theta=self.rope_theta, qkv_bias=self.attention_bias,
-                         o_bias=self.attention_bias, attn_scale=self.attention_multiplier, tied=self.tied,
-                         max_position=self.max_position, model_type=self.model_type)
+        return attention_args(self, intermediate=self.shared_intermediate, attn_scale=self.attention_multiplier)
 
     def ssm_args(self) -> MambaArgs:
         return MambaArgs(2, self.vocab, self.hidden, self.n_layers, self.m_heads * self.m_head_dim, self.d_state,

@@ -43,7 +43,7 @@ from .base import DecoderShell
 from .layers import MLP, RMSNorm, causal_conv_step, rope_cos_sin, rope_inv_freq
 from .attention import Attention
 from .cache import cache_plan, hybrid_kv_format
-from .llama import LlamaArgs
+from .llama import LlamaArgs, attention_args
 
 
 @dataclass
@@ -66,10 +66,7 @@ class Lfm2Args:
 
     def attention_args(self) -> LlamaArgs:
         """The numbers edgekv.models.llama's Attention and MLP take: qk-norm, one RoPE base, no biases."""
-        return LlamaArgs(vocab=self.vocab, hidden=self.hidden, n_layers=self.n_layers, n_heads=self.n_heads,
-                         n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, intermediate=self.intermediate,
-                         rms_eps=self.eps, rope_theta=self.rope_theta, qk_norm=True, tied=self.tied,
-                         max_position=self.max_position, model_type=self.model_type)
+        return attention_args(self, qk_norm="head")
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -1,16 +1,18 @@
 """Llama-family decode step, written for export: forward(tokens, pos, *state) -> (logits, *new_state).
 
-Covers the decoders transformers builds as LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM,
-Qwen3ForCausalLM, SmolLM3ForCausalLM and Gemma3ForCausalLM (Llama-2/3.x, SmolLM2, Qwen2/2.5, Mistral, Qwen3, SmolLM3,
-Gemma 3 text): GQA attention with RoPE (default, linear or llama3 scaling, or llama.cpp's per-frequency `rope_freqs`
-factors), RMSNorm, a SwiGLU MLP and optional q/k/v biases; and the parts Qwen3, Gemma 3 and SmolLM3 add (LlamaArgs):
-  - qk-norm (Qwen3, Gemma 3): an RMSNorm over each head's D channels of q and k, before RoPE.
-  - Gemma 3: RMSNorms that scale by (1 + w) (Gemma3RMSNorm), a norm after attention and around the MLP as well
-    (post_attention / pre_feedforward / post_feedforward), embeddings scaled by sqrt(d), a GeGLU MLP (gelu with the
-    tanh approximation), scores scaled by query_pre_attn_scalar^-1/2 instead of D^-1/2, separate RoPE bases for the
-    sliding layers (rope_local_base_freq) and the global ones (rope_theta), the final logits soft-capped
-    (tanh(x / cap) * cap) when final_logit_softcapping is set. Its sliding layers keep a RollingCache of W slots,
-    the global layers one slot per position: the model's native state.
+Covers every decoder edgekv.arch.variants declares exported (Llama-2/3.x, SmolLM2, Qwen2/2.5, Mistral, Qwen3, SmolLM3,
+Gemma 3 text, OLMo-2, Phi-3 through its rewrite): GQA attention with RoPE (default, linear or llama3 scaling, or
+llama.cpp's per-frequency `rope_freqs` factors), RMSNorm, a gated MLP and optional q/k/v biases; and what the variants
+declare beyond that, each a LlamaArgs field read from the variant:
+  - norms: where a layer's RMSNorms sit (pre: before attention and MLP; sandwich: Gemma's, before and after each;
+    post: OLMo-2's, after each only), norm_offset 1 for Gemma's (1 + w) norms.
+  - qk_norm: an RMSNorm of q and k before RoPE, over each head's D channels ("head": Qwen3, Gemma 3) or over the whole
+    projection ("proj": OLMo-2).
+  - Gemma 3: embeddings scaled by sqrt(d), a GeGLU MLP (gelu with the tanh approximation), scores scaled by
+    query_pre_attn_scalar^-1/2 instead of D^-1/2, separate RoPE bases for the sliding layers (rope_local_base_freq)
+    and the global ones (rope_theta), the final logits soft-capped (tanh(x / cap) * cap) when
+    final_logit_softcapping is set. Its sliding layers keep a RollingCache of W slots, the global layers one slot per
+    position: the model's native state.
   - SmolLM3: NoPE layers (no_rope_layers[i] == 0) attend without any rotary embedding.
 
 Shape symbols:
@@ -36,6 +38,7 @@ import torch
 from torch import nn
 
 from ..arch import LLAMA_EXPORT_TYPES, Cfg, layer_windows
+from ..arch.variants import NORM_LAYOUTS, variant
 from ..errors import EdgekvError
 from ..strategies import StateLayout
 from .attention import Attention, Call
@@ -65,8 +68,11 @@ class LlamaArgs:
     max_position: int | None = None
     model_type: str = "llama"
     windows: list[int | None] | None = None  # per layer: native sliding window in tokens, None = global
-    qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3)
-    gemma: bool = False  # (1 + w) norms, post-attention / pre- and post-MLP norms, sqrt(d)-scaled embeddings
+    qk_norm: str | None = None  # RMSNorm of q and k before RoPE: "head" (each head's D: Qwen3, Gemma 3) | "proj"
+    # (the whole projection: OLMo-2) | None
+    norms: str = "pre"  # where the layer's norms sit (edgekv.arch.variants.NORM_LAYOUTS): pre | sandwich | post
+    norm_offset: float = 0.0  # RMSNorms scale by (norm_offset + w): 1 for Gemma's
+    embed_scale: bool = False  # embeddings multiplied by sqrt(hidden) (Gemma)
     act: str = "silu"  # the MLP's gate: silu (SwiGLU) | gelu_tanh (GeGLU, Gemma)
     attn_scale: float | None = None  # the scores' scale; None: 1 / sqrt(head_dim)
     final_softcap: float | None = None  # logits -> tanh(logits / cap) * cap
@@ -89,8 +95,9 @@ SUPPORTED_TYPES = LLAMA_EXPORT_TYPES
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 
-def _gemma_rope(cfg: dict, where: str) -> tuple[dict, float]:
-    """Gemma 3's two RoPEs -> (the global layers' rope dict as the other models spell it, the local base).
+def _two_ropes(cfg: dict, v, where: str) -> tuple[dict, float]:
+    """A variant with two RoPE bases (Gemma 3) -> (the global layers' rope dict as the other models spell it, the
+    local base).
     transformers >= 5 nests them per layer type in rope_parameters ({"full_attention": {...}, "sliding_attention":
     {...}}); published configs carry rope_theta, rope_local_base_freq and rope_scaling (the global layers' scaling),
     with Gemma3TextConfig's defaults 1e6 and 1e4 (default_theta)."""
@@ -101,37 +108,38 @@ def _gemma_rope(cfg: dict, where: str) -> tuple[dict, float]:
         full.update(cfg["rope_scaling"])
         if "type" in full and "rope_type" not in full:
             full["rope_type"] = full["type"]
-    full.setdefault("rope_theta", cfg.get("rope_theta", 1_000_000.0))
-    local_theta = float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10_000.0)))
+    full.setdefault("rope_theta", cfg.get("rope_theta", v.rope_theta))
+    local_theta = float(local.get("rope_theta", cfg.get("rope_local_base_freq", v.local_rope_theta)))
     if local.get("rope_type", "default") != "default":
         raise EdgekvError(f"{where}: sliding-layer rope type {local['rope_type']!r} is not supported (default)")
     return full, local_theta
 
 
 def args_from_hf_config(cfg: dict, where: str = "config.json") -> LlamaArgs:
-    """transformers' config.json -> LlamaArgs, with transformers' defaults for the fields it defaults."""
+    """transformers' config.json -> LlamaArgs: what the model_type's variant (edgekv.arch.variants) declares, and its
+    config class's defaults for the fields the config leaves out."""
     mt = cfg.get("model_type")
-    if mt not in SUPPORTED_TYPES:
+    v = variant(mt)
+    if mt not in SUPPORTED_TYPES or v is None:
         raise EdgekvError(f"{where}: model_type {mt!r} has no export module yet "
                           f"(supported: {', '.join(SUPPORTED_TYPES)})")
-    gemma = mt == "gemma3_text"
-    act = cfg.get("hidden_activation" if gemma else "hidden_act", "gelu_pytorch_tanh" if gemma else "silu")
+    act = cfg.get(v.act_field, v.act)
     if act not in ACTIVATIONS:
         raise EdgekvError(f"{where}: activation {act!r} is not supported (the llama module implements "
                           f"{', '.join(ACTIVATIONS)})")
-    if gemma and cfg.get("attn_logit_softcapping") is not None:
-        raise EdgekvError(f"{where}: attn_logit_softcapping is not supported (Gemma 3 checkpoints leave it unset)")
-    if gemma and cfg.get("use_bidirectional_attention"):
-        raise EdgekvError(f"{where}: use_bidirectional_attention (an encoder) is not a decoder to export")
+    for f in v.refused:
+        if cfg.get(f):
+            raise EdgekvError(f"{where}: {f} is set: the llama module does not implement it for {mt} (its published "
+                              "checkpoints leave it unset)")
 
     c = Cfg(cfg, where)
     need = c.int  # a required non-negative integer, one line naming it if missing
 
-    hidden, n_heads = need("hidden_size"), need("num_attention_heads")
+    hidden, n_heads, n_layers = need("hidden_size"), need("num_attention_heads"), need("num_hidden_layers")
     local_theta = None
-    if gemma:
-        rope, local_theta = _gemma_rope(cfg, where)
-        cfg = {k: v for k, v in cfg.items() if k not in ("rope_parameters", "rope_scaling")}
+    if v.local_rope_theta is not None:
+        rope, local_theta = _two_ropes(cfg, v, where)
+        cfg = {k: val for k, val in cfg.items() if k not in ("rope_parameters", "rope_scaling")}
     else:
         rope = dict(cfg.get("rope_parameters") or {})  # transformers >= 5
     legacy = cfg.get("rope_scaling") or {}  # transformers 4.x / most checkpoints on the hub
@@ -139,33 +147,47 @@ def args_from_hf_config(cfg: dict, where: str = "config.json") -> LlamaArgs:
         rope.update(legacy)
         if "type" in legacy and "rope_type" not in legacy:
             rope["rope_type"] = legacy["type"]
-    # SmolLM3Config.default_theta 2e6 where the config names none; the others' 1e4
-    theta = float(rope.pop("rope_theta", cfg.get("rope_theta", 2e6 if mt == "smollm3" else 10000.0)))
+    theta = float(rope.pop("rope_theta", cfg.get("rope_theta", v.rope_theta)))
     rtype = rope.get("rope_type", "default")
     if rtype not in ("default", "linear", "llama3"):
         raise EdgekvError(f"{where}: rope type {rtype!r} is not supported yet (default, linear, llama3)")
+    qkv_bias, o_bias = v.biases(bool(cfg.get("attention_bias", False)))
+    cap = cfg.get("final_logit_softcapping") if v.logit_softcap else None
     return LlamaArgs(
-        vocab=need("vocab_size"), hidden=hidden, n_layers=need("num_hidden_layers"), n_heads=n_heads,
+        vocab=need("vocab_size"), hidden=hidden, n_layers=n_layers, n_heads=n_heads,
         n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
         head_dim=int(cfg.get("head_dim") or hidden // n_heads), intermediate=need("intermediate_size"),
-        rms_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=theta,
-        rope_scaling=rope if rtype != "default" else None,
-        qkv_bias=True if mt == "qwen2" else bool(cfg.get("attention_bias", False)),
-        o_bias=False if mt == "qwen2" else bool(cfg.get("attention_bias", False)),
-        mlp_bias=bool(cfg.get("mlp_bias", False)), tied=bool(cfg.get("tie_word_embeddings", gemma)),
+        rms_eps=float(cfg.get("rms_norm_eps", v.rms_eps)), rope_theta=theta,
+        rope_scaling=rope if rtype != "default" else None, qkv_bias=qkv_bias, o_bias=o_bias,
+        mlp_bias=bool(cfg.get("mlp_bias", False)), tied=bool(cfg.get("tie_word_embeddings", v.tied)),
         max_position=cfg.get("max_position_embeddings"), model_type=mt,
         # the planner's own reading of which layers slide (edgekv.arch), so this module and its StateLayout agree
-        windows=layer_windows(c, mt, need("num_hidden_layers")),
-        qk_norm=mt in ("qwen3", "gemma3_text"), gemma=gemma, act=ACTIVATIONS[act],
-        attn_scale=float(cfg.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma else None,
-        final_softcap=float(cfg["final_logit_softcapping"]) if gemma and cfg.get("final_logit_softcapping") else None,
-        local_rope_theta=local_theta, rope_layers=_rope_layers(cfg, mt, need("num_hidden_layers"), where))
+        windows=layer_windows(c, mt, n_layers),
+        qk_norm=v.qk_norm, norms=v.norms, norm_offset=v.norm_offset, embed_scale=v.embed_scale, act=ACTIVATIONS[act],
+        attn_scale=(float(cfg.get("query_pre_attn_scalar", v.query_pre_attn_scalar)) ** -0.5
+                    if v.query_pre_attn_scalar is not None else None),
+        final_softcap=float(cap) if cap else None,
+        local_rope_theta=local_theta, rope_layers=_rope_layers(cfg, v, n_layers, where))
 
 
-def _rope_layers(cfg: dict, mt: str, n: int, where: str) -> list[bool] | None:
-    """SmolLM3's no_rope_layers (1 = RoPE, 0 = NoPE; SmolLM3Config derives it from no_rope_layer_interval, default 4:
-    layer i rotates iff (i + 1) % 4 != 0) -> per layer whether it rotates; None for every other model type."""
-    if mt != "smollm3":
+def attention_args(src, **differences) -> LlamaArgs:
+    """LlamaArgs for a hybrid family's attention (and MLP) layers, from its own args: the fields both name alike
+    (vocab, hidden, n_layers, n_heads, n_kv_heads, head_dim, intermediate, rope_theta, tied, max_position,
+    model_type), its eps (`eps` or `rms_eps`) and attention_bias (q/k/v and o; none where it has no such field), then
+    the family's declared differences (edgekv.models.lfm2, granite_hybrid, falcon_h1, zamba2, qwen3_5)."""
+    same = {f: getattr(src, f) for f in ("vocab", "hidden", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                                         "intermediate", "rope_theta", "tied", "max_position", "model_type")
+            if f not in differences}
+    bias = bool(getattr(src, "attention_bias", False))
+    eps = src.rms_eps if hasattr(src, "rms_eps") else src.eps
+    return LlamaArgs(**same, **{"rms_eps": eps, "qkv_bias": bias, "o_bias": bias, **differences})
+
+
+def _rope_layers(cfg: dict, v, n: int, where: str) -> list[bool] | None:
+    """A variant with NoPE layers (SmolLM3): no_rope_layers (1 = RoPE, 0 = NoPE; SmolLM3Config derives it from
+    no_rope_layer_interval, default 4: layer i rotates iff (i + 1) % 4 != 0) -> per layer whether it rotates; None
+    for the variants without."""
+    if not v.nope_layers:
         return None
     flags = cfg.get("no_rope_layers")
     if flags is None:
@@ -180,25 +202,26 @@ def _rope_layers(cfg: dict, mt: str, n: int, where: str) -> list[bool] | None:
 
 
 class Block(nn.Module):
+    """One decoder layer; its norms sit where the variant's layout (LlamaArgs.norms, NORM_LAYOUTS) puts them, under
+    transformers' parameter names: x += attn_out(attn(attn_in(x))); x += mlp_out(mlp(mlp_in(x))), a slot the layout
+    leaves out passing its input through."""
+
     def __init__(self, a: LlamaArgs):
         super().__init__()
         self.self_attn = Attention(a)
         self.mlp = MLP(a)
-        off = 1.0 if a.gemma else 0.0
-        self.input_layernorm = RMSNorm(a.hidden, a.rms_eps, off)
-        self.post_attention_layernorm = RMSNorm(a.hidden, a.rms_eps, off)
-        if a.gemma:  # Gemma3DecoderLayer: post_attention_layernorm normalises the attention output instead
-            self.pre_feedforward_layernorm = RMSNorm(a.hidden, a.rms_eps, off)
-            self.post_feedforward_layernorm = RMSNorm(a.hidden, a.rms_eps, off)
-        self.gemma = a.gemma
+        self.slots = NORM_LAYOUTS[a.norms]
+        for name in self.slots.values():
+            setattr(self, name, RMSNorm(a.hidden, a.rms_eps, a.norm_offset))
+
+    def norm(self, slot: str, x):
+        name = self.slots.get(slot)
+        return x if name is None else getattr(self, name)(x)
 
     def residual(self, x, h):
         """x + the attention output h, then the MLP's residual: x -> the block's output."""
-        if self.gemma:
-            x = x + self.post_attention_layernorm(h)
-            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
-        x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.norm("attn_out", h)
+        return x + self.norm("mlp_out", self.mlp(self.norm("mlp_in", x)))
 
 
 class Llama(DecoderShell):
@@ -213,7 +236,7 @@ class Llama(DecoderShell):
         super().__init__(args, layout)
         self.kv, self.caches = check_layout(args, layout)
         self.make_body([Block(args) for _ in range(args.n_layers)], RMSNorm(args.hidden, args.rms_eps,
-                                                                            1.0 if args.gemma else 0.0))
+                                                                            args.norm_offset))
         for blk, cache in zip(self.model.layers, self.caches):
             blk.self_attn.cache, blk.self_attn.fmt = cache, self.kv
             if self.kv.static:
@@ -224,7 +247,7 @@ class Llama(DecoderShell):
         if self.local_rope:
             local = replace(args, rope_theta=args.local_rope_theta, rope_scaling=None, rope_freq_factors=None)
             self.register_buffer("inv_freq_local", rope_inv_freq(local), persistent=False)
-        self.embed_scale = args.hidden ** 0.5 if args.gemma else None  # Gemma3TextScaledWordEmbedding
+        self.embed_scale = args.hidden ** 0.5 if args.embed_scale else None  # Gemma3TextScaledWordEmbedding
 
     def fusable(self) -> bool:
         """Whether ONNX Runtime's GroupQueryAttention serves every layer (edgekv.models.swaps), so the graph writes the
@@ -262,7 +285,7 @@ class Llama(DecoderShell):
             rope = local if windows[i] is not None else glob
             if a.rope_layers is not None and not a.rope_layers[i]:
                 rope = (None, None)  # NoPE
-            h, k, v = blk.self_attn(blk.input_layernorm(x), *rope, state[b:b + n], state[b + n:b + 2 * n], call)
+            h, k, v = blk.self_attn(blk.norm("attn_in", x), *rope, state[b:b + n], state[b + n:b + 2 * n], call)
             x = blk.residual(x, h)
             new_state += [*k, *v]
         logits = self.logits(x, rows)

@@ -59,7 +59,7 @@ from .attention import Attention
 from .base import DecoderShell, load_strict, read_source, state_dtype
 from .cache import KVFormat, layout_storage
 from .layers import MLP, RMSNorm, causal_conv_step, rope_cos_sin, rope_inv_freq, scan_tokens
-from .llama import LlamaArgs
+from .llama import LlamaArgs, attention_args
 
 
 
@@ -98,11 +98,7 @@ class Qwen35Args:
         over all D channels with zero frequencies past R/2 (rope_freq_factors inf), q/k permuted at load."""
         d, r = self.head_dim, self.rotary
         factors = [self.rope_theta ** (2 * j / r - 2 * j / d) if j < r // 2 else float("inf") for j in range(d // 2)]
-        return LlamaArgs(vocab=self.vocab, hidden=self.hidden, n_layers=self.n_layers, n_heads=self.n_heads,
-                         n_kv_heads=self.n_kv_heads, head_dim=d, intermediate=self.intermediate, rms_eps=self.rms_eps,
-                         rope_theta=self.rope_theta, qkv_bias=self.attention_bias, o_bias=self.attention_bias,
-                         tied=self.tied, max_position=self.max_position, model_type=self.model_type, qk_norm=True,
-                         gemma=True, rope_freq_factors=factors)
+        return attention_args(self, qk_norm="head", norm_offset=1.0, rope_freq_factors=factors)
 
 
 def text_config(cfg: dict) -> dict:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..arch.variants import GGUF_NORM_SLOTS, GGUF_VARIANTS
 from ..errors import EdgekvError
 from ..jsonfile import read_config, read_json
 
@@ -114,26 +115,30 @@ def load_hf_folder(folder: str | Path) -> tuple[dict, dict]:
 
 # ---- GGUF ----
 
-# llama.cpp tensor names (gguf-py/gguf/constants.py, MODEL_TENSORS) -> transformers names
+# llama.cpp tensor names (gguf-py/gguf/constants.py, MODEL_TENSORS) -> transformers names; a block's norms by the slot
+# they fill (edgekv.arch.variants.GGUF_NORM_SLOTS), named as the variant's norm layout names them
 _GGUF_BLOCK = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
+_GGUF_QK_NORM = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 _GGUF_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
              "output.weight": "lm_head.weight"}
-# convert_hf_to_gguf.py permutes q/k rows (LlamaModel.modify_tensors) for llama.cpp's interleaved RoPE; the NEOX-rope
-# architectures (qwen2) are stored as HF has them. transformers undoes it the same way (LlamaTensorProcessor).
-_PERMUTED_ARCHS = {"llama", "mistral"}
-# Gemma 3 (llama.cpp src/llama-arch.cpp LLM_ARCH_GEMMA3): its ffn_norm is the pre-MLP norm and it has two more norms
-# per block plus qk-norm; convert_hf_to_gguf.py stores every Gemma norm weight as 1 + w (ggml's rms_norm multiplies by
-# the weight), which transformers undoes on loading (modeling_gguf_pytorch_utils.Gemma2TensorProcessor: weights - 1,
-# also used for gemma3); q/k rows are not permuted (Gemma's RoPE is NEOX in llama.cpp).
-_GGUF_BLOCK_GEMMA3 = {**_GGUF_BLOCK, "ffn_norm": "pre_feedforward_layernorm",
-                      "post_attention_norm": "post_attention_layernorm",
-                      "post_ffw_norm": "post_feedforward_layernorm",
-                      "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+# Variant traits the loader follows (edgekv.arch.variants): convert_hf_to_gguf.py permutes q/k rows
+# (LlamaModel.modify_tensors) for llama.cpp's interleaved RoPE where gguf_permuted (llama, mistral; the NEOX-rope
+# architectures are stored as HF has them), which transformers undoes the same way (LlamaTensorProcessor); it stores
+# every (1 + w) norm weight (norm_offset 1: Gemma) as 1 + w (ggml's rms_norm multiplies by the weight), which
+# transformers undoes on loading (modeling_gguf_pytorch_utils.Gemma2TensorProcessor: weights - 1, also used for
+# gemma3).
+
+
+def gguf_block_names(v) -> dict[str, str]:
+    """llama.cpp's per-block tensor names -> transformers' names for a variant: projections, MLP, its qk-norm and its
+    norms where its layout puts them (Gemma 3's ffn_norm is the pre-MLP norm, Llama's the post-attention one)."""
+    names = {**_GGUF_BLOCK, **(_GGUF_QK_NORM if v.qk_norm else {})}
+    layout = v.norm_names()
+    return {**names, **{g: layout[slot] for g, slot in GGUF_NORM_SLOTS.items() if slot in layout}}
 
 
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -143,7 +148,7 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def gguf_config(reader, where: str) -> dict:
-    """GGUF metadata -> a transformers-style config dict (llama / mistral / qwen2 / gemma3), read by edgekv.arch's one
+    """GGUF metadata -> a transformers-style config dict (the variants edgekv.models.llama loads from a GGUF), read by edgekv.arch's one
     GGUF metadata reader; refused here: what the export modules do not build."""
     from ..arch.gguf import gguf_config as read_config
     from ..arch.gguf import gguf_field
@@ -179,6 +184,8 @@ def load_gguf(path: str | Path) -> tuple[dict, dict, list[float] | None, list[st
     reader = open_gguf(p)
     cfg = gguf_config(reader, str(p))
     arch = reader.fields["general.architecture"].contents()
+    v = GGUF_VARIANTS[arch]
+    block_names = gguf_block_names(v)
     sd, freq_factors = {}, None
     blk = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
     for t in reader.tensors:
@@ -192,22 +199,19 @@ def load_gguf(path: str | Path) -> tuple[dict, dict, list[float] | None, list[st
             freq_factors = a.tolist()
             continue
         if t.name in _GGUF_TOP:
-            if arch == "gemma3" and t.name == "output_norm.weight":
-                a = a - 1.0  # stored as 1 + w (see _GGUF_BLOCK_GEMMA3)
+            if v.norm_offset and t.name == "output_norm.weight":
+                a = a - v.norm_offset  # stored as offset + w
             sd[_GGUF_TOP[t.name]] = torch.from_numpy(np.array(a))  # copy: F32 tensors are read-only memmaps
             continue
         m = blk.match(t.name)
-        if not m or m.group(2) not in (_GGUF_BLOCK_GEMMA3 if arch == "gemma3" else _GGUF_BLOCK):
+        if not m or m.group(2) not in block_names:
             raise EdgekvError(f"{p}: unexpected tensor {t.name} for a {arch} model")
         i, part, kind = m.groups()
-        if arch == "gemma3":
-            if part.endswith("norm"):
-                a = a - 1.0  # stored as 1 + w (see _GGUF_BLOCK_GEMMA3)
-            sd[f"model.layers.{i}.{_GGUF_BLOCK_GEMMA3[part]}.{kind}"] = torch.from_numpy(np.array(a))
-            continue
-        if arch in _PERMUTED_ARCHS and part in ("attn_q", "attn_k"):
+        if v.norm_offset and part.endswith("norm"):
+            a = a - v.norm_offset  # stored as offset + w
+        if v.gguf_permuted and part in ("attn_q", "attn_k"):
             a = unpermute_qk(a, cfg["num_attention_heads"] if part == "attn_q" else cfg["num_key_value_heads"])
-        sd[f"model.layers.{i}.{_GGUF_BLOCK[part]}.{kind}"] = torch.from_numpy(np.array(a))
+        sd[f"model.layers.{i}.{block_names[part]}.{kind}"] = torch.from_numpy(np.array(a))
     return cfg, sd, freq_factors, sorted({t.tensor_type.name for t in reader.tensors})
 
 

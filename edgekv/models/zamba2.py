@@ -58,7 +58,7 @@ from .attention import Attention
 from .base import DecoderShell
 from .layers import RMSNorm, rope_cos_sin, rope_inv_freq
 from .cache import cache_plan, hybrid_kv_format
-from .llama import LlamaArgs
+from .llama import LlamaArgs, attention_args
 from .ssm import Mamba2Mixer, MambaArgs, check_ssm_layout
 
 ACTS = {"gelu": F.gelu, "silu": F.silu, "swish": F.silu}  # transformers' ACT2FN for the names Zamba2 configs use
@@ -99,10 +99,7 @@ class Zamba2Args:
     def attention_args(self) -> LlamaArgs:
         """The shared attention as edgekv.models.attention's Attention takes it: inputs of width 2d (the stream and
         the embeddings), scores scaled by (Dz / 2)^-1/2, one RoPE base, no biases."""
-        return LlamaArgs(vocab=self.vocab, hidden=2 * self.hidden, n_layers=self.n_layers, n_heads=self.n_heads,
-                         n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, intermediate=self.intermediate,
-                         rms_eps=self.eps, rope_theta=self.rope_theta, attn_scale=(self.head_dim / 2) ** -0.5,
-                         tied=self.tied, max_position=self.max_position, model_type=self.model_type)
+        return attention_args(self, hidden=2 * self.hidden, attn_scale=(self.head_dim / 2) ** -0.5)
 
     def ssm_args(self) -> MambaArgs:
         return MambaArgs(2, self.vocab, self.hidden, self.n_layers, self.m_heads * self.m_head_dim, self.d_state,
