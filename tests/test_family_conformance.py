@@ -48,6 +48,8 @@ EAGER = [
     ("zamba2", HYBRID, 2e-5, {"use_mem_rope": False, "use_shared_attention_adapter": False, "num_mem_blocks": 1,
                               "num_key_value_heads": 2, "hidden_act": "silu"}, 64, 16, 4),  # NoPE, GQA 3, no LoRA
     ("zamba2", "hybrid:dtype=int8", 0.05, {}, 64, 16, 4),
+    ("olmo2", FP32, 2e-5, {}, 48, 20, None),  # post-sublayer norms, qk-norm over the whole projection
+    ("olmo2", FP32, 2e-5, {}, 48, 20, 4),
     ("qwen3_5", QWEN3_5, 2e-5, {}, 64, 12, 1),  # the conv state and the delta rule one token at a time
     ("qwen3_5", QWEN3_5, 2e-5, {}, 64, 12, 5),  # and in chunks that straddle the conv kernel
 ]
@@ -55,7 +57,7 @@ EAGER = [
 
 def _eager_id(case):
     kind, strategy, _, over, ctx, _, chunk = case
-    return "-".join([kind, strategy.split(":")[-1], f"ctx{ctx}", f"chunk{chunk}",
+    return "-".join([kind, strategy.split(":")[-1], f"ctx{ctx}", f"chunk{chunk or 'all'}",
                      *(f"{k}={v}" for k, v in sorted(over.items()))])
 
 
@@ -87,6 +89,7 @@ EXPORTS = {
     "falcon_h1": ("falcon_h1", HYBRID, 32, {"mamba_rms_norm": True, "mamba_norm_before_gate": False}, None),
     "zamba2": ("zamba2", HYBRID, 32, {}, None),
     "qwen3_5": ("qwen3_5", QWEN3_5, 32, {}, 10),
+    "olmo2": ("olmo2", FP32, 32, {}, None),  # the fused ops with the whole-projection qk-norm before them
 }
 # minutes on 2 cores each: `make test-all`. qwen3's fused path with qk-norm before it is also the path of gemma3's
 # global layer, which the default suite exports and checks
@@ -96,7 +99,7 @@ DEFAULT_EXPORTS = ("gemma3",)
 def _check_artifact(name, manifest, art, fmt):
     """What one family's artifact must say of itself in its manifest (which attention ran, which state it keeps)."""
     names = [t["input"] for t in manifest["state"]["tensors"]]
-    if name in ("gemma3-fused", "phi4mini"):  # no rolling layer: the fused ops (with their own rotary) ran in place
+    if name in ("gemma3-fused", "phi4mini", "olmo2"):  # no rolling layer: the fused ops (with their own rotary) ran in place
         assert art.get("state_in_place"), art
     if name == "gemma3":  # ONNX: GroupQueryAttention on every layer, the sliding ones with the op's window-sized
         # cache, in place; the .pte: custom_sdpa on the global layer, the rings in the explicit graph, not in place

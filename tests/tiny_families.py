@@ -80,6 +80,10 @@ TINY = {
                    num_key_value_heads=6, mamba_d_state=8, mamba_d_conv=4, n_mamba_heads=4, mamba_ngroups=2,
                    intermediate_size=40, num_mem_blocks=2, adapter_rank=5, use_shared_attention_adapter=True,
                    use_mem_rope=True, max_position_embeddings=256, initializer_range=0.1),
+    # OLMo-2: norms after each sublayer only, qk-norm over the whole q / k projection; GQA 6:2
+    "olmo2": dict(cls="Olmo2Config", vocab_size=101, hidden_size=96, intermediate_size=80, num_hidden_layers=3,
+                  num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64, rope_theta=500000.0,
+                  initializer_range=0.2, pad_token_id=0, bos_token_id=1, eos_token_id=2),
     # Gated DeltaNet linear layers (3 value heads per key head, Dk 8, Dv 12, conv kernel 4) and gated full attention
     # (GQA 6:2, head_dim 16, a quarter of it rotated: Qwen3.5's partial_rotary_factor 0.25)
     "qwen3_5": dict(cls="Qwen3_5TextConfig", vocab_size=101, hidden_size=48, intermediate_size=80, num_hidden_layers=4,
@@ -99,7 +103,8 @@ SHAKEN = {"granite": SSM, "falcon_h1": SSM, "zamba2": (("norm", "adapter"), ("dt
 WORDS = ("lfm2", "falcon_h1", "zamba2")
 # transformers class to build with where AutoModelForCausalLM.from_config would pick another (Qwen3.5's config is
 # its text part; Phi-3 is the class itself)
-MODEL_CLS = {"qwen3_5": "Qwen3_5ForCausalLM", "phi4mini": "Phi3ForCausalLM", "phi3mini": "Phi3ForCausalLM"}
+MODEL_CLS = {"qwen3_5": "Qwen3_5ForCausalLM", "phi4mini": "Phi3ForCausalLM", "phi3mini": "Phi3ForCausalLM",
+             "olmo2": "Olmo2ForCausalLM"}
 
 
 def tiny(kind: str, folder, **over):
