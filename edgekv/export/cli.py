@@ -229,7 +229,8 @@ def _from_plan(cctx, device_name, model, strategy, formats, weights, prefill_chu
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("-p", "--prompt", required=True, help="text to continue (tokenized with the export's tokenizer.json)")
 @click.option("-n", "--max-new-tokens", default=32, show_default=True, type=click.IntRange(0),
-              help="tokens to generate at most (greedy; stops early at the end-of-text token; 0: prefill only)")
+              help="new tokens to generate at most, the first from the prefill (greedy; stops early at the end-of-text "
+                   "token; 0: prefill only); `profile --steps` counts decode calls instead")
 @click.option("--runtime", type=artifact_runtime_choice(), default=None, callback=artifact_runtime,
               help="runtime to run in (default: ort when the export has an ONNX model, else executorch). ort / "
               "executorch: edgekv's own loop over the explicit-state artifact; genai: ONNX Runtime GenAI's own loop "
