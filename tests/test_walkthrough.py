@@ -143,3 +143,14 @@ def test_the_readme_walkthrough_on_a_fresh_clone(tmp_path):
     assert [s["exit_code"] for s in summary["steps"]] == [0] * 5, p.stderr
     assert {s["step"]: s["differs"] for s in summary["steps"]} == {i: [] for i in range(1, 6)}, p.stderr
     assert p.returncode == 0, p.stderr
+
+
+def test_what_a_new_user_mistypes_is_named_in_one_line(tmp_path):
+    """A mistyped export folder given to report is named as not an export (it was named as the folder --out would be
+    written in); a runner whose format is missing reads as English."""
+    from conftest import cli, one_line_exit_2
+    code, _, err = cli("report", tmp_path / "exprot/smollm2-pixel8")
+    one_line_exit_2(code, err, "exprot/smollm2-pixel8: no manifest.json there (not an edgekv export?)")
+    code, _, err = cli("export", "-m", "smollm2-135m", "-o", tmp_path / "o", "--runner", "genai", "--format", "pte")
+    one_line_exit_2(code, err, "--runner genai writes an onnx artifact: add onnx to --format")
+    assert not (tmp_path / "o").exists()

@@ -37,7 +37,8 @@ def parse_runners(text: str | None, formats) -> tuple[str, ...]:
     for r in names:
         fmt = OPTIONS[r][1]
         if fmt not in formats:
-            raise EdgekvError(f"--runner {r} writes a {fmt} artifact: add {fmt} to --format (got {','.join(formats)})")
+            raise EdgekvError(f"--runner {r} writes {'an' if fmt[0] in 'aeiou' else 'a'} {fmt} artifact: add {fmt} "
+                              f"to --format (got {','.join(formats)})")
     return names
 
 

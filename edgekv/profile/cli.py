@@ -293,7 +293,10 @@ def report(export_dir, out, device_name, gpu_name, ctx_text, profile_json, as_js
     from .page import build_report
     from .run import validate_report
 
-    # every input checked before the profile runs: its minutes are not lost to a bad flag
+    # every input checked before the profile runs: its minutes are not lost to a bad flag; the folder first, so that
+    # a mistyped one is named as such, not as the folder --out would be written in
+    from ..export.manifest import load_export
+    load_export(export_dir, check_hashes=False)
     if device_name is None:
         device_name = planned_device(Path(export_dir))
     check_writable(out or Path(export_dir) / "report.html", "--out", force=force)
