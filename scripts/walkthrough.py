@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -100,23 +101,29 @@ def clone(dest: Path) -> str:
                           check=True).stdout.strip()
 
 
-def run_step(step: dict, repo: Path, bin_dir: Path, timeout: float) -> dict:
+def run_step(step: dict, repo: Path, bin_dir: Path, timeout: float, echo: bool = True) -> dict:
     rule = next((ln for ln in step["shown"] if ln and set(ln) == {"─"}), None)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(repo),
            "COLUMNS": str(len(rule) if rule else 100)}
     env.pop("LINES", None)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
+    p = subprocess.Popen(["bash", "-c", step["command"]], cwd=repo, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, errors="replace", preexec_fn=child_setup())
+    timer = threading.Timer(timeout, p.kill)  # a step past its time is stopped and reported (exit code null)
+    timer.start()
+    real = []
     try:
-        p = subprocess.run(["bash", "-c", step["command"]], cwd=repo, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, timeout=timeout, preexec_fn=child_setup())
-        code, text = p.returncode, p.stdout
-    except subprocess.TimeoutExpired as e:
-        code = None
-        text = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        for line in p.stdout:  # echoed as it comes: a long export is not silent
+            real.append(line.rstrip("\n"))
+            if echo:
+                print(f"      | {real[-1]}", file=sys.stderr, flush=True)
+        p.wait()
+    finally:
+        timer.cancel()
+    code = p.returncode if p.returncode >= 0 else None
     wall = time.monotonic() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    real = text.splitlines()
     return {"step": step["step"], "title": step["title"], "command": step["command"], "exit_code": code,
             "wall_s": round(wall, 1), "cpu_s": round(after.ru_utime - before.ru_utime + after.ru_stime
                                                      - before.ru_stime, 1),
@@ -130,6 +137,7 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="print the README's commands and exit")
     ap.add_argument("--keep", action="store_true", help="keep the clone (its path is printed)")
     ap.add_argument("--timeout", type=float, default=STEP_TIMEOUT_S, help="seconds per step")
+    ap.add_argument("--quiet", action="store_true", help="do not echo each step's output as it comes")
     args = ap.parse_args(argv)
     plan = steps((ROOT / "README.md").read_text())
     if args.list:
@@ -148,7 +156,7 @@ def main(argv=None) -> int:
         load0 = os.getloadavg()
         for s in plan:
             print(f"[{s['step']}/{len(plan)}] $ {s['command']}", file=sys.stderr, flush=True)
-            r = run_step(s, repo, bin_dir, args.timeout)
+            r = run_step(s, repo, bin_dir, args.timeout, not args.quiet)
             results.append(r)
             print(f"      exit {r['exit_code']}, {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU; "
                   f"{r['readme_lines'] - len(r['differs'])} of {r['readme_lines']} README lines found",

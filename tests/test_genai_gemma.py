@@ -101,6 +101,16 @@ def test_genai_runs_edgekvs_gemma3_graph_as_transformers_computes_it(tmp_path):
     with torch.no_grad():
         full = ref_model(torch.tensor([seq])).logits[0, 35:].double().numpy()
     assert np.abs(full - want).max() > 0.1 * scale
+    # `edgekv run --runtime genai` (GenAI's own loop and tokenizer, max_length kept at max_ctx) generates what
+    # edgekv's own loop generates on the same graph, past the window
+    runs = {}
+    for rt in ("genai", "ort"):
+        p = run_cli("run", out, "--runtime", rt, "-p", "The capital of France is a city", "-n", 12, "--json",
+                    "--threads", 1)
+        assert p.returncode == 0, p.stderr
+        runs[rt] = json.loads(p.stdout)
+    assert runs["genai"]["new_tokens"] == 12 and runs["genai"]["prompt_tokens"] > 8
+    assert runs["genai"]["tokens"] == runs["ort"]["tokens"]
 
 
 def test_gemma3_refused_by_the_executorch_runner_says_whose_limit_it_is():

@@ -91,8 +91,9 @@ def _need(module: str) -> None:
 @click.option("--runner", "runners", default=None,
               help="also make the artifact a runtime's own LLM API loads: genai (the ONNX folder for ONNX Runtime "
               "GenAI: genai_config.json, tokenizer_config.json, a graph fed input_ids / attention_mask; plain float "
-              "kv), executorch (a .pte for ExecuTorch's LLM runner / LlmModule: the cache in the program's buffers, "
-              "its metadata methods; kv and kv-int8/int4/int2); comma-separated (default: none)")
+              "kv, Gemma 3's sliding layers included), executorch (a .pte for ExecuTorch's LLM runner / LlmModule: "
+              "the cache in the program's buffers, its metadata methods; kv and kv-int8/int4/int2, no sliding-window "
+              "layers yet); comma-separated (default: none)")
 @threads_option(help="compute threads for tracing and verification (torch, ONNX Runtime, XNNPACK); on a machine "
               "shared with other jobs, 1 avoids thread-barrier stalls (default: the libraries' own)")
 @click.option("--max-memory", "max_memory", default=None, metavar="SIZE",
