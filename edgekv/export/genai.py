@@ -75,7 +75,8 @@ def sliding_window(layout) -> dict | None:
 
     GenAI sizes such a layer's cache itself: C = window_size + slack rows, the slack being cache_slack, or its CPU
     default of 16 when cache_slack is 0 (onnxruntime-genai src/models/windowed_kv_cache.cpp,
-    ComputeWindowedKvCacheSize), and binds that buffer to the graph's past input, which is W rows here. So the config
+    ComputeWindowedKvCacheSize; the pinned 0.18.0 checked by tests/test_genai_gemma.py), and binds that buffer to the
+    graph's past input, which is W rows here. So the config
     says window_size W - 1 and cache_slack 1: C = W. With slide_inputs and slide_key_value_cache false GenAI reads
     window_size for that size only; the attention window itself is the graph's (local_window_size W on each node),
     and `layers` names the sliding layers (their past_key_values.%d index)."""
