@@ -154,3 +154,8 @@ def test_what_a_new_user_mistypes_is_named_in_one_line(tmp_path):
     code, _, err = cli("export", "-m", "smollm2-135m", "-o", tmp_path / "o", "--runner", "genai", "--format", "pte")
     one_line_exit_2(code, err, "--runner genai writes an onnx artifact: add onnx to --format")
     assert not (tmp_path / "o").exists()
+    # run / profile's runner names given to plan: answered with the runtime whose costs they run on
+    for name, plan_as in (("genai", "ort"), ("executorch-runner", "executorch")):
+        code, _, err = cli("plan", "-d", "pixel8", "-c", "2k", "-m", "smollm2-135m", "--runtime", name)
+        one_line_exit_2(code, err, f"plan with --runtime {plan_as}")
+        assert "is not one of" not in err
