@@ -41,7 +41,10 @@ STEP = re.compile(r"^\*\*(\d+)\. ([^*]+?)\*\*", re.M)
 BLOCK = re.compile(r"```\n(.*?)```", re.S)
 INLINE = re.compile(r"`(edgekv [^`]+)`")
 NUMBER = re.compile(r"[-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:e[-+]?\d+)?%?", re.I)
-STEP_TIMEOUT_S = 3600  # the export's XNNPACK lowering takes minutes on a loaded 2-core host
+STAGE_DONE = re.compile(r"^\s+\S+ done in ")  # an export stage's closing line: "      load done in 0.2 s"
+# seconds per step: on a loaded shared host the .pte export (XNNPACK lowering, then its int4 weights against fp32
+# over 256 tokens) runs past an hour of wall time (benchmarks/results/walkthrough.json)
+STEP_TIMEOUT_S = 3 * 3600
 
 
 def worked_example(readme: str) -> str:
@@ -128,7 +131,8 @@ def run_step(step: dict, repo: Path, bin_dir: Path, timeout: float, echo: bool =
             "wall_s": round(wall, 1), "cpu_s": round(after.ru_utime - before.ru_utime + after.ru_stime
                                                      - before.ru_stime, 1),
             "readme_lines": len([ln for ln in step["shown"] if ln.strip() != "..."]),
-            "differs": differs(step["shown"], real), "output_lines": len(real), "tail": real[-3:]}
+            "differs": differs(step["shown"], real), "output_lines": len(real),
+            "stages": [ln.strip() for ln in real if STAGE_DONE.match(ln)], "tail": real[-3:]}
 
 
 def main(argv=None) -> int:
@@ -154,6 +158,7 @@ def main(argv=None) -> int:
         commit = clone(repo)
         print(f"walkthrough: fresh clone of {commit[:12]} in {repo}", file=sys.stderr)
         load0 = os.getloadavg()
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         for s in plan:
             print(f"[{s['step']}/{len(plan)}] $ {s['command']}", file=sys.stderr, flush=True)
             r = run_step(s, repo, bin_dir, args.timeout, not args.quiet)
@@ -170,7 +175,8 @@ def main(argv=None) -> int:
             ok = ok and not r["differs"]
         summary = {"benchmark": "walkthrough", "what": "README.md's worked example, each step's command copied "
                    "from the README, run on a fresh clone with the installed toolchain (scripts/walkthrough.py)",
-                   "commit": commit, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   "commit": commit, "started_utc": started,
+                   "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                    "machine": {"cores": os.cpu_count(), "platform": platform.platform(),
                                "loadavg_start": [round(x, 2) for x in load0],
                                "loadavg_end": [round(x, 2) for x in os.getloadavg()]},

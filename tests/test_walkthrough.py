@@ -134,11 +134,11 @@ def test_profile_steps_are_spelled_steps_and_n_is_new_tokens(tiny_onnx_export):
 @pytest.mark.slow
 def test_the_readme_walkthrough_on_a_fresh_clone(tmp_path):
     """README steps 1-5 (plan, export, run, profile, report) on a fresh clone, every command as the README gives it;
-    each exits 0 and prints every line the README shows (numbers aside). Minutes: the .pte export lowers to
-    XNNPACK."""
+    each exits 0 and prints every line the README shows (numbers aside). Minutes on a quiet host; past an hour at
+    load average 11 on 2 cores (the .pte export: XNNPACK lowering, then int4 against fp32 over 256 tokens)."""
     out = tmp_path / "walkthrough.json"
     p = subprocess.run([sys.executable, str(ROOT / "scripts" / "walkthrough.py"), "--out", str(out)],
-                       capture_output=True, text=True, timeout=5400)
+                       capture_output=True, text=True, timeout=6 * 3600)
     summary = json.loads(out.read_text())
     assert [s["exit_code"] for s in summary["steps"]] == [0] * 5, p.stderr
     assert {s["step"]: s["differs"] for s in summary["steps"]} == {i: [] for i in range(1, 6)}, p.stderr
