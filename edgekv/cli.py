@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from . import __version__
-from .clibase import PLAN_SPELLINGS, Group, plan_runtime
+from .clibase import PLAN_SPELLINGS, Group, PlanRuntimeChoice, plan_runtime
 
 
 EXIT_NO_FIT = 3  # ran, but what was asked for does not fit its budget (plan, profile --limit / --device)
@@ -65,7 +65,7 @@ def _plan_runtimes() -> list[str]:
 @click.option("--strategy", "strategies", multiple=True, help=STRATEGY_HELP + " [default: every strategy that applies]")
 @click.option("--weights", type=click.Choice(["fp32", "fp16", "int8", "int4", "gguf"]), default=None,
               help="weight precision (default: int4 on phones, fp16 on GPUs, as stored for a GGUF)")
-@click.option("--runtime", default=None, type=click.Choice(_plan_runtimes()), callback=plan_runtime,
+@click.option("--runtime", default=None, type=PlanRuntimeChoice(_plan_runtimes()), callback=plan_runtime,
               help="runtime whose costs to plan with: executorch (= edgekv-pte) and ort (= onnxruntime) are the .pte "
                    "and ONNX edgekv export builds; executorch-llama = ExecuTorch's own Llama export, llama.cpp, vllm: "
                    "formats edgekv does not build (edgekv/costs/runtimes.json; default: what export --from-plan "

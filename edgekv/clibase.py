@@ -195,6 +195,21 @@ def artifact_runtime_choice() -> click.Choice:
     return click.Choice(list(ARTIFACT_RUNTIMES) + list(ARTIFACT_SPELLINGS))
 
 
+# run / profile runtimes that are not a plan's: the API that drives an artifact, whose costs are its runtime's
+RUNNER_PLANS = {"genai": "ort", "executorch-runner": "executorch"}
+
+
+class PlanRuntimeChoice(click.Choice):
+    """plan --runtime's choices; genai / executorch-runner (run and profile names) are answered with the runtime
+    whose costs they run on, not with the list of choices."""
+
+    def convert(self, value, param, ctx):
+        if value in RUNNER_PLANS:
+            self.fail(f"{value} drives an export made with --runner (edgekv run / profile); it runs on "
+                      f"{RUNNER_PLANS[value]}'s costs: plan with --runtime {RUNNER_PLANS[value]}", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def plan_runtime(ctx, param, value):
     """click callback: plan --runtime, any spelling -> the planner's key."""
     return PLAN_SPELLINGS.get(value, value) if value is not None else None

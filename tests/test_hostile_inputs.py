@@ -288,7 +288,7 @@ def test_a_utf8_prompt_is_taken_under_the_c_locale(tiny_onnx_export):
 def test_report_reads_a_profile_from_a_pipe(tiny_onnx_export, tmp_path):
     """--profile /dev/stdin was read twice (validated, then read again for the page: empty the second time)."""
     prof = tmp_path / "profile.json"
-    p = subprocess.run(EDGEKV + ["profile", str(tiny_onnx_export), "-c", "32", "-n", "2", "--threads", "1",
+    p = subprocess.run(EDGEKV + ["profile", str(tiny_onnx_export), "-c", "32", "--steps", "2", "--threads", "1",
                                  "-o", str(prof)], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert p.returncode == 0, p.stderr
     page = tmp_path / "report.md"

@@ -198,11 +198,11 @@ def export_copy(tiny_onnx_export, tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("args,victim", [
-    (("profile", "{E}", "-c", "32", "-n", "2", "-o", "{E}/manifest.json"), "manifest.json"),
+    (("profile", "{E}", "-c", "32", "--steps", "2", "-o", "{E}/manifest.json"), "manifest.json"),
     (("report", "{E}", "--out", "{E}/model.onnx"), "model.onnx"),
-    (("profile", "{E}", "-c", "32", "-n", "2", "-o", "{T}/thesis.txt"), "thesis.txt"),
+    (("profile", "{E}", "-c", "32", "--steps", "2", "-o", "{T}/thesis.txt"), "thesis.txt"),
     (("report", "{E}", "--out", "{T}/notes.html"), "notes.html"),
-    (("profile", "{E}", "-c", "32", "-n", "2", "-o", "{T}/thesis.txt", "--force"), "thesis.txt"),
+    (("profile", "{E}", "-c", "32", "--steps", "2", "-o", "{T}/thesis.txt", "--force"), "thesis.txt"),
 ])
 def test_profile_and_report_never_replace_an_export_file_or_a_users_file(export_copy, tmp_path, args, victim):
     (tmp_path / "thesis.txt").write_text("chapter one")

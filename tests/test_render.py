@@ -181,7 +181,7 @@ def test_short_flags_and_aliases():
     opts = {name: {o for p in cmd.params for o in p.opts + p.secondary_opts} for name, cmd in _commands()}
     for name, flags in (("plan", {"-m", "-c", "-d", "--max-ctx", "--prefill-chunk"}),
                         ("export", {"-m", "-c", "-t", "-o", "--ctx", "--chunk"}),
-                        ("run", {"-p", "-n", "-t"}), ("profile", {"-c", "-n", "-t", "-o"}),
+                        ("run", {"-p", "-n", "-t"}), ("profile", {"-c", "--steps", "-t", "-o"}),
                         ("analyze", {"-m", "-c", "-t"}), ("baseline", {"-m", "-c", "-d"})):
         assert flags <= opts[name], (name, flags - opts[name])
     a = json.loads(cli("plan", "-d", "pixel8", "-c", "8k", "-m", "qwen2.5-0.5b", "--prefill-chunk", "64",

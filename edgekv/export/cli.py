@@ -91,8 +91,9 @@ def _need(module: str) -> None:
 @click.option("--runner", "runners", default=None,
               help="also make the artifact a runtime's own LLM API loads: genai (the ONNX folder for ONNX Runtime "
               "GenAI: genai_config.json, tokenizer_config.json, a graph fed input_ids / attention_mask; plain float "
-              "kv), executorch (a .pte for ExecuTorch's LLM runner / LlmModule: the cache in the program's buffers, "
-              "its metadata methods; kv and kv-int8/int4/int2); comma-separated (default: none)")
+              "kv, Gemma 3's sliding layers included), executorch (a .pte for ExecuTorch's LLM runner / LlmModule: "
+              "the cache in the program's buffers, its metadata methods; kv and kv-int8/int4/int2, no sliding-window "
+              "layers yet); comma-separated (default: none)")
 @threads_option(help="compute threads for tracing and verification (torch, ONNX Runtime, XNNPACK); on a machine "
               "shared with other jobs, 1 avoids thread-barrier stalls (default: the libraries' own)")
 @click.option("--max-memory", "max_memory", default=None, metavar="SIZE",
@@ -229,7 +230,8 @@ def _from_plan(cctx, device_name, model, strategy, formats, weights, prefill_chu
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("-p", "--prompt", required=True, help="text to continue (tokenized with the export's tokenizer.json)")
 @click.option("-n", "--max-new-tokens", default=32, show_default=True, type=click.IntRange(0),
-              help="tokens to generate at most (greedy; stops early at the end-of-text token; 0: prefill only)")
+              help="new tokens to generate at most, the first from the prefill (greedy; stops early at the end-of-text "
+                   "token; 0: prefill only); `profile --steps` counts decode calls instead")
 @click.option("--runtime", type=artifact_runtime_choice(), default=None, callback=artifact_runtime,
               help="runtime to run in (default: ort when the export has an ONNX model, else executorch). ort / "
               "executorch: edgekv's own loop over the explicit-state artifact; genai: ONNX Runtime GenAI's own loop "

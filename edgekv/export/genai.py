@@ -68,13 +68,42 @@ def trace(module, max_ctx: int):
     return torch.export.export(GenaiInputs(module).eval(), ex, dynamic_shapes=shapes, strict=False)
 
 
-def write_config(folder: Path, args, layout, tok: dict, max_ctx: int, fused: bool) -> list[str]:
-    """genai_config.json and tokenizer_config.json beside model.onnx and tokenizer.json; returns the files written."""
+def sliding_window(layout) -> dict | None:
+    """genai_config.json's model.decoder.sliding_window for a graph whose native sliding layers keep
+    GroupQueryAttention's window-sized cache (Gemma 3's local layers: W rows), or None when every layer keeps one slot
+    per position.
+
+    GenAI sizes such a layer's cache itself: C = window_size + slack rows, the slack being cache_slack, or its CPU
+    default of 16 when cache_slack is 0 (onnxruntime-genai src/models/windowed_kv_cache.cpp,
+    ComputeWindowedKvCacheSize; the pinned 0.18.0 checked by tests/test_genai_gemma.py), and binds that buffer to the
+    graph's past input, which is W rows here. So the config
+    says window_size W - 1 and cache_slack 1: C = W. With slide_inputs and slide_key_value_cache false GenAI reads
+    window_size for that size only; the attention window itself is the graph's (local_window_size W on each node),
+    and `layers` names the sliding layers (their past_key_values.%d index)."""
+    slots = {t.layer: t.shape[2] for t in layout.tensors if t.role == "key" and t.shape[2] != layout.ctx}
+    if not slots:
+        return None
+    widths = set(slots.values())
+    if len(widths) != 1 or min(widths) < 2:
+        raise EdgekvError(f"GenAI sizes every sliding layer's cache from one window; this graph's sliding layers keep "
+                          f"{sorted(widths)} rows")
+    w = widths.pop()
+    return {"window_size": w - 1, "cache_slack": 1, "slide_key_value_cache": False, "slide_inputs": False,
+            "layers": sorted(slots)}
+
+
+def write_config(folder: Path, args, layout, tok: dict, max_ctx: int, fused: bool, window_cache: bool = False
+                 ) -> list[str]:
+    """genai_config.json and tokenizer_config.json beside model.onnx and tokenizer.json; returns the files written.
+    fused: every layer is GroupQueryAttention over the state in place; window_cache: the sliding layers keep the op's
+    window-sized cache (the manifest's sliding_window_cache)."""
     if tok is None:
         raise EdgekvError("GenAI needs a tokenizer: this model folder has no tokenizer.json")
-    if not fused:
-        raise EdgekvError("GenAI needs the fused GroupQueryAttention graph with one slot per position in every layer "
-                          "(a plain float cache, no sliding-window layer: GenAI sizes every layer's cache itself)")
+    window = sliding_window(layout)
+    if not fused or (window is not None and not window_cache):
+        raise EdgekvError("GenAI needs the fused GroupQueryAttention graph: a plain float cache with one slot per "
+                          "position in every layer, or a model's own sliding-window layers in the op's window cache "
+                          "(GenAI sizes every layer's cache itself)")
     eos = list(tok["eos_token_ids"])
     cfg = {
         "model": {
@@ -94,7 +123,8 @@ def write_config(folder: Path, args, layout, tok: dict, max_ctx: int, fused: boo
                 "inputs": {"input_ids": IDS, "attention_mask": MASK, "past_key_names": "past_key_values.%d.key",
                            "past_value_names": "past_key_values.%d.value"},
                 "outputs": {"logits": "logits", "present_key_names": "present.%d.key",
-                            "present_value_names": "present.%d.value"}}},
+                            "present_value_names": "present.%d.value"},
+                **({"sliding_window": window} if window else {})}},
         "search": {"do_sample": False, "num_beams": 1, "num_return_sequences": 1, "max_length": max_ctx,
                    "min_length": 0, "past_present_share_buffer": True, "temperature": 1.0, "top_k": 1, "top_p": 1.0,
                    "repetition_penalty": 1.0, "length_penalty": 1.0, "early_stopping": True,
@@ -192,7 +222,9 @@ def generate(folder: Path, manifest: dict, prompt: str, max_new_tokens: int, emi
         raise EdgekvError(f"the prompt is {len(ids)} tokens; this export holds {max_ctx} (max_ctx)")
     n_new = min(max_new_tokens, room)
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(ids) + n_new, do_sample=False)
+    # max_length is the export's max_ctx, and the loop below stops at n_new: with a sliding_window in its config
+    # GenAI sizes every layer's cache from max_length (a shorter one no longer matches the graph's inputs)
+    params.set_search_options(max_length=max_ctx, do_sample=False)
     gen = og.Generator(model, params)
     stream = tok.create_stream()
     t0 = time.perf_counter()
@@ -202,7 +234,7 @@ def generate(folder: Path, manifest: dict, prompt: str, max_new_tokens: int, emi
         after_prefill()
     out, pieces = [], []
     t1 = time.perf_counter()
-    while not gen.is_done():
+    while not gen.is_done() and len(out) < n_new:
         gen.generate_next_token()
         nxt = int(gen.get_next_tokens()[0])
         out.append(nxt)

@@ -37,7 +37,8 @@ def parse_runners(text: str | None, formats) -> tuple[str, ...]:
     for r in names:
         fmt = OPTIONS[r][1]
         if fmt not in formats:
-            raise EdgekvError(f"--runner {r} writes a {fmt} artifact: add {fmt} to --format (got {','.join(formats)})")
+            raise EdgekvError(f"--runner {r} writes {'an' if fmt[0] in 'aeiou' else 'a'} {fmt} artifact: add {fmt} "
+                              f"to --format (got {','.join(formats)})")
     return names
 
 
@@ -51,13 +52,17 @@ def why_not(runner: str, layout) -> str | None:
 
     GenAI: its decoder feeds past_key_values.%d.key / .value of one slot per position ([1, Hkv, context_length, D],
     past_present_share_buffer) in a float dtype, read by GroupQueryAttention (the op its own builder emits, and the
-    one edgekv's fused float-cache graph already uses). Its quantized caches are PagedAttention's with static
-    per-channel scales (onnxruntime_genai/models/kv_cache_variant.py), not per-token group codes; a ring of W + S
-    slots is not a cache it sizes; a latent or a recurrent state is not a key/value cache.
+    one edgekv's fused float-cache graph already uses). A model's own sliding-window layers (Gemma 3) are what its
+    builder emits too: GroupQueryAttention's window-sized cache (sliding_window_cache 1), whose rows GenAI sizes
+    from genai_config.json's sliding_window (edgekv.export.genai.sliding_window). Its quantized caches are
+    PagedAttention's with static per-channel scales (onnxruntime_genai/models/kv_cache_variant.py), not per-token
+    group codes; the `window` strategy's ring of W + S slots (sinks) is not a cache it sizes; a latent or a recurrent
+    state is not a key/value cache.
     ExecuTorch's runner: it calls forward(tokens, input_pos) and keeps nothing itself, so any state the program writes
-    in place works; edgekv writes plain and quantized caches with one slot per position in place
-    (edgekv.models.swaps: custom_sdpa in every layer). A rolling window, a latent or a recurrent state is not exported
-    as runner variant."""
+    in place works (its own Llama export gives Gemma 3's local layers a ring, CustomRingKVCache); edgekv writes plain
+    and quantized caches with one slot per position in place (edgekv.models.swaps: custom_sdpa in every layer). A
+    rolling window (the strategy's or a model's own sliding layers), a latent or a recurrent state is not exported as
+    runner variant."""
     roles = {t.role for t in layout.tensors}
     rolling = any(t.role in ("key", "value") and t.shape[2] != layout.ctx for t in layout.tensors)
     kv_only = roles <= {"key", "value", "key.scale", "value.scale", "key.zero", "value.zero"}
@@ -68,19 +73,31 @@ def why_not(runner: str, layout) -> str | None:
         if roles != {"key", "value"} or {t.dtype for t in layout.tensors} - {"float32", "float16"}:
             return (f"GenAI's CPU cache holds float keys and values; {layout.strategy} stores quantized codes "
                     "(use kv or kv:dtype=fp16, or edgekv's stepper / the ExecuTorch runner for a quantized cache)")
-        if rolling:
-            return (f"GenAI keeps one cache slot per position up to context_length; {layout.strategy} keeps a ring of "
-                    "fewer slots (use edgekv's stepper: edgekv run --runtime ort)")
+        if rolling and _strategy_ring(layout):
+            return (f"GenAI keeps one cache slot per position, or a model's own sliding window; {layout.strategy} "
+                    "keeps a ring of window + sink slots (use edgekv's stepper: edgekv run --runtime ort)")
         return None
     if runner == ET_RUNNER:
         if not kv_only:
             return (f"the runner variant keeps a key/value cache in the program's buffers; {_describe(layout)} is not "
                     "exported that way yet (use edgekv's stepper: edgekv run --runtime executorch)")
-        if rolling:
+        if rolling and _strategy_ring(layout):
             return (f"the runner variant writes one cache slot per position in place; {layout.strategy} keeps a ring "
                     "buffer, not exported that way yet (use edgekv run --runtime executorch)")
+        if rolling:  # ExecuTorch's runner only calls forward: its own Llama export keeps such layers in a ring
+            return ("edgekv's runner .pte writes one cache slot per position in place, and this model's sliding-"
+                    "window layers keep a ring that edgekv does not write in place yet (an edgekv limit: ExecuTorch's "
+                    "runner runs a ring, as export_llama --local_global_attention builds it); use --runner genai, or "
+                    "edgekv run --runtime executorch")
         return None
     raise ValueError(runner)
+
+
+def _strategy_ring(layout) -> bool:
+    """Whether the layout's fewer-than-ctx slots are the strategy's own ring (its window_tokens trait), not the
+    model's native sliding-window layers."""
+    from ..strategies import parse_strategy
+    return bool(parse_strategy(layout.strategy).window_tokens)
 
 
 def check_runners(runners, layout) -> None:

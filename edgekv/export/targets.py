@@ -64,8 +64,8 @@ class OnnxTarget:
         art["external_data"] = to_onnx.EXTERNAL_DATA
         art["runners"] = [EDGEKV]
         if "genai" in x.opts.runners:  # genai_config.json + tokenizer_config.json beside the graph
-            written = genai.write_config(x.tmp, x.args, x.layout, x.tok_entry, x.opts.max_ctx,
-                                         x.fused and not x.window_cache)
+            written = genai.write_config(x.tmp, x.args, x.layout, x.tok_entry, x.opts.max_ctx, x.fused,
+                                         x.window_cache)
             art["runners"].append(GENAI)
             art["runner_files"] = [to_onnx.EXTERNAL_DATA, *written, x.tok_entry["file"]]
         return art

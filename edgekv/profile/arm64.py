@@ -352,7 +352,7 @@ def arch_command(cctx, export_dir, arch, ctxs, steps, runtime, threads, as_json,
         raise EdgekvError("--arch arm64 runs one context: give one --ctx")
     err = sys.stderr
     rep = profile_arch(export_dir, arch, ctxs[0] if given.get("ctx_text") else None,
-                       steps if given.get("steps") else None, runtime, threads,
+                       steps, runtime, threads,
                        progress=lambda s: (err.write(s + "\n"), err.flush()))
     if out:
         from ..outputs import marked, write_atomic

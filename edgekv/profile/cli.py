@@ -22,7 +22,11 @@ REMOTE_REPORT = f"/sdcard/Android/data/{APP}/files/report.json"
 @click.argument("export_dir", type=click.Path(file_okay=False))
 @click.option("-c", "--ctx", "ctx_text", default="256,1k", show_default=True,
               help="contexts, comma-separated: each run is ctx - steps prompt tokens, then steps decoded")
-@click.option("-n", "--steps", default=32, show_default=True, type=click.IntRange(1, 100000), help="decode steps per run")
+@click.option("--steps", default=None, type=click.IntRange(1, 100000),
+              help="decode steps per run, after ctx - steps prompt tokens (default: 32; `run -n` counts new tokens, "
+                   "the first of which comes from the prefill)")
+@click.option("-n", "steps_n", default=None, type=click.IntRange(1, 100000), hidden=True,
+              help="deprecated spelling of --steps (-n is new tokens in `edgekv run`; default: none)")
 @click.option("--runtime", type=artifact_runtime_choice(), default=None, callback=artifact_runtime,
               help="runtime to run in (default: ort when the export has model.onnx, else executorch); genai / "
               "executorch-runner: through ONNX Runtime GenAI's Generator / the ExecuTorch runner .pte's "
@@ -51,12 +55,13 @@ REMOTE_REPORT = f"/sdcard/Android/data/{APP}/files/report.json"
                    "--steps default to 40 and 8 there")
 @click.option("--force", is_flag=True, help="replace an existing --out (and --adb's report.android.json), only if "
               "edgekv wrote it (default: refuse)")
-def profile(export_dir, ctx_text, steps, runtime, limit_text, device_name, threads, repeats, use_adb, serial, as_json,
-            out, arch, force):
+def profile(export_dir, ctx_text, steps, steps_n, runtime, limit_text, device_name, threads, repeats, use_adb, serial,
+            as_json, out, arch, force):
     """Measured peak memory (minus the runtime's baseline) and tokens/s of an export, against the plan.
 
     Exit codes: 0 every run finished within the budget (or no budget was given); 2 bad input; 3 a run went over
     --limit / the --device budget or did not finish."""
+    steps = _steps(steps, steps_n)  # None: not given (--arch arm64 has its own default)
     from ..jsonfile import output_json
     from ..outputs import check_writable, marked, write_atomic
     from ..units import parse_bytes, parse_ctx_list
@@ -69,6 +74,7 @@ def profile(export_dir, ctx_text, steps, runtime, limit_text, device_name, threa
         from .arm64 import arch_command
         return arch_command(click.get_current_context(), export_dir, arch, ctxs, steps, runtime, threads, as_json,
                             out, force)
+    steps = DEFAULT_STEPS if steps is None else steps
     if use_adb:
         if repeats > 1:
             raise EdgekvError("--repeats is for runs on this machine; with --adb the app runs each context once")
@@ -100,6 +106,21 @@ def profile(export_dir, ctx_text, steps, runtime, limit_text, device_name, threa
     if not all(r.get("fits") for r in report["runs"]):  # over the budget, or did not finish
         from ..cli import EXIT_NO_FIT
         raise SystemExit(EXIT_NO_FIT)
+
+
+DEFAULT_STEPS = 32
+
+
+def _steps(steps: int | None, steps_n: int | None) -> int | None:
+    """--steps, or the deprecated -n with one line on stderr: -n is new tokens in `edgekv run` (llama.cpp's and ONNX
+    Runtime GenAI's meaning), so profile's decode steps are spelled --steps only."""
+    if steps_n is None:
+        return steps
+    if steps is not None and steps != steps_n:
+        raise EdgekvError(f"-n {steps_n} and --steps {steps} disagree: give --steps only (-n is deprecated here)")
+    click.echo(f"edgekv: profile -n is deprecated: use --steps {steps_n} (decode steps per run; -n is new tokens in "
+               f"edgekv run)", err=True)
+    return steps_n
 
 
 def profile_with_progress(export_dir, ctxs, steps, runtime, limit, threads, device, repeats, enabled=True):
@@ -272,7 +293,10 @@ def report(export_dir, out, device_name, gpu_name, ctx_text, profile_json, as_js
     from .report import build_report
     from .run import validate_report
 
-    # every input checked before the profile runs: its minutes are not lost to a bad flag
+    # every input checked before the profile runs: its minutes are not lost to a bad flag; the folder first, so that
+    # a mistyped one is named as such, not as the folder --out would be written in
+    from ..export.manifest import load_export
+    load_export(export_dir, check_hashes=False)
     if device_name is None:
         device_name = planned_device(Path(export_dir))
     check_writable(out or Path(export_dir) / "report.html", "--out", force=force)
