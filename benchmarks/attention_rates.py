@@ -240,6 +240,41 @@ def fit(rows: list[dict]) -> dict:
             "max_abs_rel_error": round(max(abs(e) for e in err), 3), "rows": len(rows)}
 
 
+def fit_head_dim(rows: list[dict]) -> dict:
+    """One head size's rows: least squares (relative error) of time = overhead + ctx x H x D x c_compute, the per-key
+    cost at that head size alone (the plan uses it for models of that head size: the cross-shape law misses how
+    a head of 256 costs more per value than one of 64 when each query head re-reads its KV head's cache)."""
+    x = np.array([[1.0, r["ctx"] * r["heads"] * r["head_dim"]] for r in rows])
+    y = np.array([r["median_us"] * 1e-6 for r in rows])
+    coef, *_ = np.linalg.lstsq(x / y[:, None], np.ones_like(y), rcond=None)
+    over, comp = (float(c) for c in coef)
+    if over < 0:  # no overhead: refit the slope alone
+        over, comp = 0.0, float(np.sum(x[:, 1] / y) / np.sum((x[:, 1] / y) ** 2))
+    err = [(over + comp * xi) / yi - 1 for xi, yi in zip(x[:, 1], y)]
+    return {"overhead_s": over, "read_bytes_per_s": None, "compute_s_per_head_dim_position": comp,
+            "max_abs_rel_error": round(max(abs(e) for e in err), 3), "rows": len(rows)}
+
+
+def fits_of(rows: list[dict], kinds: list[str]) -> dict:
+    """fit per cache kind over both head shapes, and fit_head_dim per head size."""
+    fits = {k: fit([r for r in rows if r["kind"] == k]) for k in kinds}
+    for k in kinds:
+        dims = sorted({r["head_dim"] for r in rows if r["kind"] == k})
+        fits[k]["by_head_dim"] = {str(d): fit_head_dim([r for r in rows if r["kind"] == k and r["head_dim"] == d])
+                                  for d in dims}
+    return fits
+
+
+def print_fits(fits: dict) -> None:
+    for k, f in fits.items():
+        rate = f"{f['read_bytes_per_s'] / 1e9:.2f} GB/s" if f["read_bytes_per_s"] else "no read term"
+        print(f"fit {k}: overhead {f['overhead_s'] * 1e6:.1f} us, read {rate}, compute "
+              f"{f['compute_s_per_head_dim_position'] * 1e12:.2f} ps per head x dim x position; worst row "
+              f"{f['max_abs_rel_error']:.0%}; per head size: "
+              + ", ".join(f"{d}: {g['overhead_s'] * 1e6:.1f} us + {g['compute_s_per_head_dim_position'] * 1e12:.1f} ps "
+                          f"(worst {g['max_abs_rel_error']:.0%})" for d, g in f["by_head_dim"].items()))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runtime", choices=("onnxruntime", "executorch"), default="onnxruntime")
@@ -247,7 +282,18 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--kinds", help="cache kinds (onnxruntime: fp32,fp16,int8c; executorch: fp32,fp16,int8,int8c)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--refit", type=Path, help="fit the rows of this results JSON again (no timing)")
     a = ap.parse_args(argv)
+    if a.refit:
+        res = json.loads(a.refit.read_text())
+        res["fits"] = fits_of(res["rows"], list(dict.fromkeys(r["kind"] for r in res["rows"])))
+        print_fits(res["fits"])
+        dest = a.out or a.refit
+        tmp = dest.with_suffix(".tmp")
+        tmp.write_text(json.dumps(res, indent=1) + "\n")
+        os.replace(tmp, dest)
+        print(f"wrote {dest}")
+        return 0
     et = a.runtime == "executorch"
     kinds = (a.kinds or ",".join(ET_KINDS if et else KINDS)).split(",")
     out_path = a.out or Path(__file__).parent / "results" / ("attention_rates_executorch.json" if et
@@ -279,12 +325,8 @@ def main(argv=None) -> int:
                 rows.append(r)
                 print(f"{kind:6} {name:14} ctx {ctx:6}: {r['median_us']:9.1f} us  {r['cache_read_gb_s']:5.2f} GB/s  "
                       f"{r['us_per_position']:.4f} us/position  (load {r['loadavg']})", flush=True)
-    fits = {k: fit([r for r in rows if r["kind"] == k]) for k in kinds}
-    for k, f in fits.items():
-        rate = f"{f['read_bytes_per_s'] / 1e9:.2f} GB/s" if f["read_bytes_per_s"] else "no read term"
-        print(f"fit {k}: overhead {f['overhead_s'] * 1e6:.1f} us, read {rate}, compute "
-              f"{f['compute_s_per_head_dim_position'] * 1e12:.2f} ps per head x dim x position; worst row "
-              f"{f['max_abs_rel_error']:.0%}")
+    fits = fits_of(rows, kinds)
+    print_fits(fits)
     out = {"benchmark": "attention_rates", "runtime": a.runtime,
            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)), **versions,
            "machine": platform.processor() or platform.machine(), "platform": platform.platform(),

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -201,19 +200,23 @@ def main(argv=None) -> int:
             r["model_attention_s"] = r["attention_s"]
     w_rates = {"llama.cpp": {"rate": lc["weights_rate"], "per_row": None}}
     for cost in ("onnxruntime", "executorch"):
-        per = [r["weights_bytes"] / (1 / r["tok_s"] - r["model_attention_s"]) for r in fit
-               if r["cost"] == cost and "eager" not in r and 1 / r["tok_s"] > r["model_attention_s"]]
-        if per:
-            w_rates[cost] = {"rate": statistics.median(per), "per_row": per}
+        sub = [r for r in fit if r["cost"] == cost and "eager" not in r]
+        if sub:  # least squares in relative error of t = weights / rate + the attention at the kernel rate
+            num = sum(r["weights_bytes"] * r["tok_s"] * (1 - r["model_attention_s"] * r["tok_s"]) for r in sub)
+            den = sum((r["weights_bytes"] * r["tok_s"]) ** 2 for r in sub)
+            # each row's own rate (its seconds less the attention, over the weights), where the rest is positive
+            per = [r["weights_bytes"] / (1 / r["tok_s"] - r["model_attention_s"]) for r in sub
+                   if 1 / r["tok_s"] > r["model_attention_s"]]
+            w_rates[cost] = {"rate": den / num, "per_row": per}
     # ONNX Runtime's eager graphs (no GroupQueryAttention: a quantized cache dequantized whole, a window with sinks):
     # the weights term above plus a per key x query head x head size cost (repeat_kv expands K and V to every query
     # head before the two matmuls), least squares in relative error over the fit rows of each cache kind
     eager, acc = {}, {}
     for r in fit:
         if "eager" in r:
-            a, k = r["weights_bytes"] / w_rates["onnxruntime"]["rate"] * r["tok_s"], r["key_work"] * r["tok_s"]
+            w_t, k = r["weights_bytes"] / w_rates["onnxruntime"]["rate"] * r["tok_s"], r["key_work"] * r["tok_s"]
             num, den = acc.get(r["eager"], (0.0, 0.0))
-            acc[r["eager"]] = (num + k * (1 - a), den + k * k)
+            acc[r["eager"]] = (num + k * (1 - w_t), den + k * k)
     eager = {kind: num / den for kind, (num, den) in acc.items()}
     for r in rows:
         if "eager" in r:
@@ -226,7 +229,7 @@ def main(argv=None) -> int:
     print("onnxruntime eager graphs per key x query head x head size: "
           + ", ".join(f"{k} {c * 1e12:.1f} ps" for k, c in eager.items()))
     for cost, w in w_rates.items():
-        extra = f" (median of {', '.join(f'{x / 1e9:.2f}' for x in sorted(w['per_row']))})" if w["per_row"] else ""
+        extra = f" (rows alone: {', '.join(f'{x / 1e9:.2f}' for x in sorted(w['per_row']))})" if w["per_row"] else ""
         print(f"{cost}: weights rate fitted on SmolLM2-135M rows: {w['rate'] / 1e9:.2f} GB/s{extra}")
     print("llama.cpp flash attention per key x query head x head size: "
           + ", ".join(f"{k} {c * 1e12:.1f} ps" for k, c in lc["per_key"].items()))
@@ -237,6 +240,9 @@ def main(argv=None) -> int:
     for cost in ("onnxruntime", "executorch", "llama.cpp"):
         sub = [r for r in pre_rows if r["set"] == "fit" and r["cost"] == cost and r["prefill_kind"]
                and r["file"] not in NOT_FITTED]
+        if len({r["ctx"] for r in sub}) < 2:  # one context: matmul (linear) and attention (quadratic) inseparable
+            print(f"{cost} prefill: not fitted (its rows are at one context)")
+            continue
         if sub:
             pre_fits[cost] = fit_prefill(sub)
             p = pre_fits[cost]

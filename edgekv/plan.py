@@ -172,7 +172,8 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
         # the runtime's attention kernel (GroupQueryAttention, custom_sdpa, llama.cpp's flash attention) reads the
         # cache at its own rate, far below the memory bandwidth: the roofline keeps the weights, the attention is
         # charged at the fitted kernel cost (edgekv/costs/attention_rates.json)
-        attn_s, attn_f = M.attention_seconds(arch, dep.layout, kind, rates["kinds"], rates["kernel"])
+        kernel = rates["kinds"][kind].get("kernel", rates["kernel"])
+        attn_s, attn_f = M.attention_seconds(arch, dep.layout, kind, rates["kinds"], kernel)
         lin = fl.value - M.attention_flops(arch, dep.layout)
         w_rate = rates["weights"].get(dep.weight_precision, {}).get("read_bytes_per_s")
         dec, attn_terms = M.decode_with_attention(dep.weights["read_per_token"], lin, attn_s, rates["scale"],
@@ -180,7 +181,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
                                                   device.prefill_efficiency, w_rate)
         dec.formula = f"{attn_f}; {dec.formula} ({rates['basis']}: {rates['source']})"
         attn_terms["formula"] = attn_f.split(" = ", 1)[1].rsplit(" = ", 1)[0]
-        attn_terms["kernel"] = rates["kernel"]
+        attn_terms["kernel"] = kernel
         dec_range = attn_terms["tok_s"] if attn_terms["tok_s"][0] != attn_terms["tok_s"][1] else None
     pf = M.prefill_flops(arch, strategy, ctx, chunk)
     pre = M.prefill_seconds(pf.value, dep.weights["total"], ctx, min(chunk, ctx), device.bandwidth,

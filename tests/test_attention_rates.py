@@ -78,7 +78,7 @@ def test_phone_shows_the_range_of_its_guessed_scale():
     et = ALL["executorch"]["devices"]["host"]["kinds"]["fp16"]
     slow, fast = plan("--device", "pixel8", "-m", "smollm2-135m", "--ctx", "32k", "--strategy", "kv")[
         "decode_tokens_per_s_range"]
-    attn = L * (et["overhead_s"] + 32768 * per_key(et, H, HKV, D, 2))
+    attn = L * layer_s(et, 32768, H, HKV, D, 2)
     assert 1 / slow - 1 / fast == pytest.approx(attn * (1 / lo_e - 1 / hi_e), rel=0.01)
 
 
@@ -110,9 +110,16 @@ def test_the_benchmark_fit_recovers_a_known_law():
 
 
 def per_key(r: dict, h: int, hkv: int, d: int, nbytes: float) -> float:
-    """One stored kind's seconds per kept key of one layer: 2 x Hkv x D x bytes / read rate + H x D x compute."""
+    """One stored kind's seconds per kept key of one layer: 2 x Hkv x D x bytes / read rate + H x D x compute (the
+    kind's own fit at head size d where one is stored: by_head_dim)."""
+    r = r.get("by_head_dim", {}).get(str(d), r)
     read = 2 * hkv * d * nbytes / r["read_bytes_per_s"] if r["read_bytes_per_s"] else 0.0
     return read + h * d * r["compute_s_per_head_dim_position"]
+
+
+def layer_s(r: dict, keys: int, h: int, hkv: int, d: int, nbytes: float) -> float:
+    """One layer's attention seconds: overhead + keys x per_key."""
+    return r.get("by_head_dim", {}).get(str(d), r)["overhead_s"] + keys * per_key(r, h, hkv, d, nbytes)
 
 
 def slope(runtime: str, strategy: str) -> float:
@@ -150,9 +157,9 @@ def test_plan_host_8k_executorch_rows_use_the_pte_rates():
     assert set(rows) == {"fp16", "fp32", "int8"}
     for dtype, (kind, nbytes) in {"fp16": ("fp16", 2), "fp32": ("fp32", 4), "int8": ("int8", 1)}.items():
         r = rows[dtype]
-        assert "custom_sdpa" in r["formulas"]["decode_tokens_per_s"]
+        assert "custom_sdpa" in r["explain"]["decode_tokens_per_s"]
         k = host["kinds"][kind]
-        attn = L * (k["overhead_s"] + 8192 * per_key(k, H, HKV, D, nbytes))
+        attn = L * layer_s(k, 8192, H, HKV, D, nbytes)
         w_s = 1 / r["decode_tokens_per_s"] - attn
         # SmolLM2's int4 weights read per token over the stored rate: tens of MB at GB/s, milliseconds
         assert 0.02e9 < w_s * host["weights"]["int4"]["read_bytes_per_s"] < 0.2e9, r

@@ -142,7 +142,8 @@ def prefill_seconds(flops: float, weights_stored: float, ctx: int, chunk: int, b
 # decode rows by benchmarks/plan_vs_filled.py; phones: the host's scaled by an assumed range, hence a speed range).
 ATTENTION_RATES = json.loads((Path(__file__).resolve().parent.parent / "costs" / "attention_rates.json").read_text())
 # bytes per cached value of each stored kind (llama.cpp's q8_0 / q4_0: 32 values in a 34 / 18-byte block)
-_KIND_BYTES = {"fp32": 4, "fp16": 2, "int8c": 1, "int8": 1, "f16": 2, "q8_0": 34 / 32, "q4_0": 18 / 32}
+_KIND_BYTES = {"fp32": 4, "fp16": 2, "int8c": 1, "int8": 1, "int4": 0.5, "int2": 0.25, "f16": 2, "q8_0": 34 / 32,
+               "q4_0": 18 / 32}
 _FLOAT_KIND = {"float32": "fp32", "float16": "fp16"}  # a layout tensor's dtype -> its stored kernel rate
 _GGML_KIND = {"float16": "f16", 8: "q8_0", 4: "q4_0"}  # llama.cpp's cache type for a float16 / 8-bit / 4-bit cache
 
@@ -214,34 +215,39 @@ def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtim
 
 
 def attention_kind(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, rates: dict | None) -> str | None:
-    """The cache kind whose stored kernel rate charges this row's attention, or None (the roofline charges it):
-    ONNX Runtime and edgekv's .pte where edgekv's export attends through the fused op (fused_gqa), llama.cpp
-    always (its attention is its own flash attention over the cache it keeps), and a rate stored for the kind."""
-    if not rates or (runtime != "llama.cpp" and not fused_gqa(arch, layout, strategy, runtime)):
+    """The cache kind whose stored rate charges this row's attention, or None (the roofline charges it): ONNX
+    Runtime and edgekv's .pte where edgekv's export attends through the fused op (fused_gqa), llama.cpp always (its
+    attention is its own flash attention over the cache it keeps); ONNX Runtime's eager graph (no
+    GroupQueryAttention) at its "eager <kind>" rate; and only a kind with a stored rate."""
+    if not rates:
         return None
-    kind = cache_kind(strategy, layout, runtime)
+    if runtime == "llama.cpp" or fused_gqa(arch, layout, strategy, runtime):
+        kind = cache_kind(strategy, layout, runtime)
+    else:
+        kind = prefill_kind(strategy, layout, runtime)
+        kind = kind and f"eager {kind}"
     return kind if kind in rates["kinds"] else None
 
 
 def attention_seconds(arch: Arch, layout: StateLayout, kind: str, rates: dict, kernel: str = "GroupQueryAttention"
                       ) -> tuple[float, str]:
     """Seconds of one decode step's attention at the device's measured kernel rate (scale 1), summed over the
-    layers: overhead + T * (2 * Hkv * D * bytes / read_rate + H * D * c_compute), T the layer's kept keys."""
-    r = rates[kind]
-    rate, comp, over = r["read_bytes_per_s"], r["compute_s_per_head_dim_position"], r["overhead_s"]
+    layers: overhead + T * (2 * Hkv * D * bytes / read_rate + H * D * c_compute), T the layer's kept keys; a kind's
+    fit for the layer's own head size where one is stored (by_head_dim), else its fit over the measured shapes."""
     kept = {t.layer: t.shape[2] for t in layout.tensors if t.role == "key"}
     total, groups = 0.0, {}
     for i, b in enumerate(arch.blocks):
         for m in b.mixers:
             if isinstance(m, Attention) and i in kept:
-                per_pos = (2 * m.n_kv_heads * m.head_dim * _KIND_BYTES[kind] / rate if rate else 0.0) \
+                r = rates[kind].get("by_head_dim", {}).get(str(m.head_dim), rates[kind])
+                rate, comp, over = r["read_bytes_per_s"], r["compute_s_per_head_dim_position"], r["overhead_s"]
+                per_pos = (2 * m.n_kv_heads * m.head_dim * _KIND_BYTES[kind.split()[-1]] / rate if rate else 0.0) \
                     + m.n_heads * m.head_dim * comp
-                t = over + kept[i] * per_pos
-                total += t
-                key = (kept[i], m.n_heads, m.n_kv_heads, m.head_dim)
+                total += over + kept[i] * per_pos
+                key = (kept[i], over, per_pos)
                 groups[key] = groups.get(key, 0) + 1
-    parts = " + ".join(f"{n} x ({over * 1e6:.3g} us + {T} x {_per_pos_us(h, hkv, d, kind, rate, comp):.4g} us)"
-                       for (T, h, hkv, d), n in groups.items())
+    parts = " + ".join(f"{n} x ({over * 1e6:.3g} us + {T} x {per_pos * 1e6:.4g} us)"
+                       for (T, over, per_pos), n in groups.items())
     return total, f"attention ({kind} {kernel}: layers x (overhead + kept keys x per-key cost)) = " \
                   f"{parts} = {total * 1e3:.3g} ms"
 
@@ -251,10 +257,6 @@ def attention_flops(arch: Arch, layout: StateLayout) -> float:
     kept = {t.layer: t.shape[2] for t in layout.tensors if t.role == "key"}
     return sum(4 * m.n_heads * m.head_dim * kept[i] for i, b in enumerate(arch.blocks) for m in b.mixers
                if isinstance(m, Attention) and i in kept)
-
-
-def _per_pos_us(h: int, hkv: int, d: int, kind: str, rate: float | None, comp: float) -> float:
-    return ((2 * hkv * d * _KIND_BYTES[kind] / rate if rate else 0.0) + h * d * comp) * 1e6
 
 
 def decode_with_attention(weights_read: float, lin_flops: float, attn_s: float, scale: tuple[float, float],
