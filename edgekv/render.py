@@ -286,10 +286,11 @@ def recall_runs(c: Console, runs: dict) -> None:
 
 
 def decode_cell(r) -> str:
-    """The decode tok/s cell: a range "low-high" where the attention rate is a guessed range (a phone whose
-    runtime's kernel rate is the host's scaled: edgekv/costs/attention_rates.json), else the one number."""
-    rng = getattr(r, "decode_range", None)
-    return f"{fmt_sig(rng[0])}-{fmt_sig(rng[1])}" if rng else fmt_sig(r.decode.value)
+    """The decode tok/s cell: a range "low-high" (two significant digits) where the attention rate is a guessed
+    range (a phone whose runtime's kernel rate is the host's scaled: edgekv/costs/attention_rates.json), else the
+    one number."""
+    rng = getattr(r, "decode_range", None)  # a guessed range: two significant digits say as much as it knows
+    return f"{fmt_sig(rng[0], 2)}-{fmt_sig(rng[1], 2)}" if rng else fmt_sig(r.decode.value)
 
 
 def decode_line(r, d) -> str:
@@ -302,7 +303,8 @@ def decode_line(r, d) -> str:
         lo, hi = a["scale"]
         scale = f" / device scale {lo:g}-{hi:g}" if (lo, hi) != (1.0, 1.0) else ""
         return escape(f"{a['weights']} = {fmt_sig(a['weights_s'] * 1e3)} ms + attention "
-                      f"{fmt_sig(a['attention_s'] * 1e3)} ms{scale} -> {decode_cell(r)} tok/s ({a.get('kernel', 'attention')} "
+                      f"{fmt_sig(a['attention_s'] * 1e3)} ms{scale} -> {'-'.join(fmt_sig(v) for v in sorted(set(a['tok_s'])))} "
+                      f"tok/s ({a.get('kernel', 'attention')} "
                       f"at its kernel rate: {a['formula']})")
     if "compute-bound" in r.decode.formula and r.decode_flops is not None:
         return (f"~{fmt_sig(r.decode_flops.value / 1e9)} GFLOP per token / ({d.flops / 1e9:,.0f} GFLOP/s x "
