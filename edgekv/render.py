@@ -326,7 +326,7 @@ def prefill_line(r, d, ctx: int) -> str:
     unit, div = time_unit([r.prefill.value])
     t = f"{fmt_sig(r.prefill.value / div)} {unit}"
     if getattr(r, "prefill_measured", None):  # at the device's fitted prefill rates
-        return escape(f"{ctx:,} tokens: {r.prefill_measured} -> {t}")
+        return escape(f"{ctx:,} tokens: {r.prefill_measured}")
     if r.prefill_flops is None:
         return f"{ctx:,} tokens at {d.flops / 1e9:,.0f} GFLOP/s x {d.prefill_efficiency:g} -> {t}"
     fl = r.prefill_flops.value

@@ -214,7 +214,7 @@ def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtim
     mm, attn, mm_rate = p["matmul"] + p["logits"] + p["scans"], p["attention"] + p["reexpand"], rates["matmul_flop_per_s"]
     t = mm / mm_rate + attn / rate
     return Item(t, f"matmul {mm:.3g} FLOP / {mm_rate / 1e9:.3g} GFLOP/s + attention {attn:.3g} FLOP / "
-                   f"{rate / 1e9:.3g} GFLOP/s ({kind}, measured) = {t:.3g} s")
+                   f"{rate / 1e9:.3g} GFLOP/s ({kind}; rates fitted on this device's measured prefills) = {t:.3g} s")
 
 
 def attention_kind(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, rates: dict | None) -> str | None:
