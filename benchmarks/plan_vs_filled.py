@@ -1,14 +1,31 @@
-"""The planner's decode speed at a filled context against this host's measured rows, on rows it was not fitted to.
+"""The planner's decode and prefill at a filled context against this host's measured rows, on rows it was not fitted
+to.
 
-Decode time per token = weights term + attention term. The attention term is the fitted GroupQueryAttention kernel
-cost (edgekv/costs/attention_rates.json, from benchmarks/attention_rates.py: a kernel benchmark, no model rows). The
-weights term's one parameter, the rate at which ONNX Runtime's int4 MatMulNBits reads the weights on 1 thread, is
-fitted here on SmolLM2-135M's filled rows only (measured step time less the attention term, median of the rows'
-rates); Gemma-3-270M's rows (other heads, head size 256, sliding windows on 5 of 6 layers, a 4x larger vocabulary)
-are predicted with it and are the held-out check. edgekv plan's own number (`edgekv plan --device host --runtime
-onnxruntime --weights int4`) is printed beside: it equals the model where the stored weights rate is the one fitted
-here. Rows of graphs the model does not cover (edgekv's explicit kv-int8/kv-int4 graphs, llama.cpp, GenAI, .pte)
-are listed as not modelled.
+Every row of every benchmarks/results/filled_context_*.json (benchmarks/filled_context.py: a real prompt of ctx - n
+tokens, then n decode steps, 1 thread) is predicted and compared with its tokens per CPU second of the row's own
+process (decode_tok_per_cpu_s, prefill_tok_per_cpu_s: on a shared 2-core host the wall time also counts the time
+the one thread waits for a core). SmolLM2-135M's rows are the fit set, Gemma-3-270M's (other heads, head size 256,
+sliding windows on 15 of 18 layers, a 4x larger vocabulary) the held-out check.
+
+Decode time per token = weights term + attention term, per runtime (a memory.RUNTIMES cost model):
+  onnxruntime (edgekv's ONNX), executorch (edgekv's .pte): the attention term at the kernel rate measured by
+    benchmarks/attention_rates.py (one GroupQueryAttention / custom_sdpa call, no model rows:
+    edgekv/costs/attention_rates.json); the weights term's one parameter, the rate the runtime's int4 weight kernels
+    read the weights at, is fitted here on SmolLM2's rows (the measured seconds per token less the attention term
+    over the weights bytes, median of the rows).
+  llama.cpp: no kernel benchmark (llama-cpp-python builds from source); the per-key cost of its flash attention per
+    cache type (f16, q8_0, q4_0) and its weights rate are fitted together here on SmolLM2's rows at a filled 2k and
+    8k (least squares in relative error): the per-key cost is charged per query head x head size (the kernel's
+    work: one dot product and one axpy of D values per query head and key), so Gemma's 4 x 256 heads are predicted
+    from SmolLM2's 9 x 64.
+Prefill time = matmul FLOP / a matmul rate + attention FLOP / an attention rate per cache kind, both per runtime,
+fitted on SmolLM2's rows (memory.prefill_parts: the FLOP of each part; Gemma's windows cap its attention FLOP).
+
+The fitted numbers are what edgekv/costs/attention_rates.json stores for the host (weights, prefill, llama.cpp's
+kinds; tests/test_attention_rates.py checks that they agree); `edgekv plan --device host --runtime R --weights int4`
+prints the plan's own number beside each row. Rows the planner has no rate for (edgekv's explicit kv-int8 / kv-int4
+ONNX graphs, a .pte's eager attention, GGUF-carried weights, GenAI, ExecuTorch's own Llama export) are listed with
+the reason they are not modelled.
 
     python benchmarks/plan_vs_filled.py [--out benchmarks/results/plan_vs_filled.json]
 """
@@ -17,100 +34,278 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
+
+import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-FIT = {"smollm2-135m": ("filled_context_2048_all.json", "filled_context_8192_int8c.json")}
-HELD_OUT = {"gemma-3-270m": ("filled_context_gemma3_16384_window_gqa.json",
-                             "filled_context_gemma3_32768_window_gqa.json")}
-# row name in the filled-context benchmark -> edgekv strategy spec (edgekv ONNX, int4 weights)
-SPECS = {"edgekv-ort:kv:dtype=fp32/int4": "kv:dtype=fp32", "edgekv-ort:kv/int4": "kv",
-         "edgekv-ort:kv-int8c/int4": "kv-int8c", "edgekv-ort:window/int4": "window"}
+FIT_MODEL, HELD_OUT_MODEL = "smollm2-135m", "gemma-3-270m"
 TOLERANCE = 0.25
+# row family in the filled-context benchmark -> the planner's runtime (plan --runtime) and cost model
+RUNTIMES = {"edgekv-ort": ("onnxruntime", "onnxruntime"), "edgekv-pte": ("edgekv-pte", "executorch"),
+            "llamacpp": ("llama.cpp", "llama.cpp")}
+# llama.cpp's K and V type -> the edgekv strategy whose cache it is (kv-int4's group of 32: q4_0's block)
+LLAMACPP_CACHE = {"f16": "kv", "q8_0": "kv-int8", "q4_0": "kv-int4"}
+NOT_MODELLED = {"genai": "ONNX Runtime GenAI's own graphs: no rate stored",
+                "et-llama": "ExecuTorch's own Llama export (export_llama): its SDPA with a cache update, no rate stored"}
+# the cache kinds benchmarks/attention_rates.py times per runtime (the rest are fitted here on model rows)
+KERNEL_KINDS = {"onnxruntime": ("fp32", "fp16", "int8c"), "executorch": ("fp32", "fp16", "int8")}
+# runs listed in the table but not fitted to, and why
+NOT_FITTED = {
+    "filled_context_8192_int8c.json": "its attention-heavy rows (fp32 and fp16 cache, llama.cpp f16) ran 1.6-2.5x "
+    "slower than every other measurement of the same rows (filled_context_8192, _etllama_kvq, _etllama_side, "
+    "_etpeer_edgekv, profile_ort_kv_fp32_8192) while its kv-int8c row agrees with them: a run on a slower memory "
+    "path, not the host's typical rate",
+}
+# Gemma-3-270M's edgekv ONNX rows measured before edgekv's export put its sliding layers on GroupQueryAttention's
+# window-sized cache (commit 48159e8, 2026-12-05 00:51 UTC; the window_gqa runs measured that export before it was
+# committed): another graph than the one the planner plans (memory.fused_gqa takes native windows), not compared
+SUPERSEDED_BEFORE = ("gemma-3-270m", "edgekv-ort:", "2026-12-05T00:23")
 # another measurement of the same export at the same fill, where one exists: benchmarks/profile_ort.py's step time
 # (1 thread), printed beside a row the filled-context run may have measured on a busier or slower VM
-PROFILED = {("edgekv-ort:kv:dtype=fp32/int4", 8192): "profile_ort_kv_fp32_8192.json",
-            ("edgekv-ort:kv-int8c/int4", 8192): "profile_ort_kv_int8c_8192_epyc.json",
-            ("edgekv-ort:kv-int8c/int4", 16384): "profile_ort_gemma3_kv_int8c_16384_window_gqa.json"}
+PROFILED = {("smollm2-135m", "edgekv-ort:kv:dtype=fp32/int4", 8192): "profile_ort_kv_fp32_8192.json",
+            ("smollm2-135m", "edgekv-ort:kv-int8c/int4", 8192): "profile_ort_kv_int8c_8192_epyc.json",
+            ("gemma-3-270m", "edgekv-ort:kv-int8c/int4", 16384): "profile_ort_gemma3_kv_int8c_16384_window_gqa.json"}
 
 
-def rows_of(model: str, files: tuple[str, ...]) -> list[dict]:
+def measured_rows() -> list[dict]:
     out = []
-    for f in files:
-        for r in json.loads((HERE / "results" / f).read_text())["rows"]:
+    for f in sorted((HERE / "results").glob("filled_context_*.json")):
+        d = json.loads(f.read_text())
+        model = d["settings"]["model"]
+        for r in d["rows"]:
             if r.get("decode_tok_s"):
-                out.append({"model": model, "file": f, **r})
+                out.append({"model": model, "file": f.name, "vm": d["machine"].get("platform", ""),
+                             "started_utc": d["started_utc"],
+                            "bandwidth_gb_s": round(max(float(b["best_bytes_s"]) for b in d.get("bandwidth", {})
+                                                        .values()) / 1e9, 1) if d.get("bandwidth") else None, **r})
     return out
 
 
-def terms(model: str, spec: str, ctx: int, weights_rate: float | None = None) -> dict:
-    """The planner's weights bytes and attention seconds for this row, and its own decode tok/s."""
+def parse(name: str) -> tuple[str, str, str] | str:
+    """A row name -> (plan runtime, strategy spec, weights), or the reason it is not modelled."""
+    family, _, rest = name.partition(":")
+    if family in NOT_MODELLED:
+        return NOT_MODELLED[family]
+    if family == "llamacpp":
+        return "llama.cpp", LLAMACPP_CACHE[rest], "int4"
+    spec, _, weights = rest.rpartition("/")
+    if weights != "int4":
+        return f"{weights} weights carried from the GGUF: no weights rate stored"
+    return RUNTIMES[family][0], spec, "int4"
+
+
+def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int) -> dict:
+    """The planner's pieces for this row: weights bytes per token, the attention seconds at the stored kernel rate
+    (None: no rate for this row), the prefill FLOP by part and the prefill kind, and plan's own decode / prefill."""
     from edgekv import memory as M
-    from edgekv.arch import catalog_arch
+    from edgekv.arch import Attention, catalog_arch
     from edgekv.devices import load_device
-    from edgekv.plan import plan_one
+    from edgekv.plan import DEFAULT_CHUNK, plan_one
     from edgekv.strategies import parse_strategy
 
     arch, dev, strategy = catalog_arch(model), load_device("host"), parse_strategy(spec)
-    row = plan_one(arch, strategy, dev, ctx, "int4", runtime="onnxruntime")
-    kind = M.cache_kind(strategy, row.deployment.layout)
-    rates = M.attention_rates("onnxruntime", "host", dev.device_class)
-    if not M.fused_gqa(arch, row.deployment.layout, strategy, "onnxruntime") or kind not in rates["kinds"]:
-        return {"modelled": False}
-    attn, formula = M.attention_seconds(arch, row.deployment.layout, kind, rates["kinds"])
-    return {"modelled": True, "weights_bytes": row.deployment.weights["read_per_token"], "attention_s": attn,
-            "attention_formula": formula, "plan_tok_s": row.decode.value}
+    row = plan_one(arch, strategy, dev, ctx, "int4", runtime=runtime)
+    cost = RUNTIMES["llamacpp" if runtime == "llama.cpp" else "edgekv-pte" if runtime == "edgekv-pte"
+                    else "edgekv-ort"][1]
+    layout = row.deployment.layout
+    rates = M.attention_rates(cost, "host", dev.device_class)
+    kind = M.attention_kind(arch, layout, strategy, cost, rates)
+    out = {"cost": cost, "weights_bytes": row.deployment.weights["read_per_token"], "plan_tok_s": row.decode.value,
+           "plan_prefill_s": row.prefill.value, "kind": kind, "cache": M.cache_kind(strategy, layout, cost),
+           "prefill_kind": M.prefill_kind(strategy, layout, cost),
+           "prefill_parts": M.prefill_parts(arch, strategy, prompt, min(DEFAULT_CHUNK, prompt)),
+           "fused": cost == "llama.cpp" or M.fused_gqa(arch, layout, strategy, cost)}
+    if kind:
+        out["attention_s"], out["attention_formula"] = M.attention_seconds(arch, layout, kind, rates["kinds"],
+                                                                           rates["kernel"])
+    # the per-key work of each layer (sum over layers of kept keys x query heads x head size): llama.cpp's fit
+    kept = {t.layer: t.shape[2] for t in layout.tensors if t.role == "key"}
+    out["key_work"] = float(sum(kept[i] * m.n_heads * m.head_dim for i, b in enumerate(arch.blocks)
+                                for m in b.mixers if isinstance(m, Attention) and i in kept))
+    return out
+
+
+def fit_llamacpp(rows: list[dict]) -> dict:
+    """Least squares in relative error of t = weights_bytes / rate + key_work x c[cache type] over llama.cpp's fit
+    rows: {"weights_rate", "per_key": {type: c}}."""
+    kinds = sorted({r["cache"] for r in rows})
+    x = np.array([[r["weights_bytes"]] + [r["key_work"] * (r["cache"] == k) for k in kinds] for r in rows])
+    y = np.array([1 / r["tok_s"] for r in rows])
+    coef, *_ = np.linalg.lstsq(x / y[:, None], np.ones_like(y), rcond=None)
+    return {"weights_rate": 1 / coef[0], "per_key": dict(zip(kinds, (float(c) for c in coef[1:])))}
+
+
+def fit_prefill(rows: list[dict]) -> dict:
+    """Least squares in relative error of t = (matmul + logits FLOP) / matmul rate + attention FLOP / rate[kind]
+    over one runtime's fit rows: {"matmul_flop_per_s", "attention_flop_per_s": {kind: rate}}."""
+    kinds = sorted({r["prefill_kind"] for r in rows})
+    x = np.array([[r["prefill_parts"]["matmul"] + r["prefill_parts"]["logits"]]
+                  + [r["prefill_parts"]["attention"] * (r["prefill_kind"] == k) for k in kinds] for r in rows])
+    y = np.array([r["prefill_s"] for r in rows])
+    coef, *_ = np.linalg.lstsq(x / y[:, None], np.ones_like(y), rcond=None)
+    return {"matmul_flop_per_s": 1 / coef[0],
+            "attention_flop_per_s": {k: (1 / c if c > 0 else None) for k, c in zip(kinds, coef[1:])}}
+
+
+def prefill_pred(r: dict, p: dict) -> float | None:
+    rate = p["attention_flop_per_s"].get(r["prefill_kind"])
+    if not rate:
+        return None
+    return (r["prefill_parts"]["matmul"] + r["prefill_parts"]["logits"]) / p["matmul_flop_per_s"] \
+        + r["prefill_parts"]["attention"] / rate
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=HERE / "results" / "plan_vs_filled.json")
     a = ap.parse_args(argv)
-    fit_rows = [r for m, f in FIT.items() for r in rows_of(m, f)]
-    held = [r for m, f in HELD_OUT.items() for r in rows_of(m, f)]
-    for r in fit_rows + held:
-        spec = SPECS.get(r["name"])
-        r.update(terms(r["model"], spec, r["ctx"]) if spec else {"modelled": False})
-    # the weights term's rate: measured seconds per token less the attention term, over the weights bytes
-    rates = [r["weights_bytes"] / (1 / r["decode_tok_s"] - r["attention_s"]) for r in fit_rows
-             if r["modelled"] and 1 / r["decode_tok_s"] > r["attention_s"]]
-    w_rate = statistics.median(rates)
-    print(f"weights rate fitted on {len(rates)} SmolLM2-135M rows: {w_rate / 1e9:.2f} GB/s (median of "
-          f"{', '.join(f'{x / 1e9:.2f}' for x in sorted(rates))})")
-    out_rows = []
-    print(f"{'set':9} {'model':14} {'row':32} {'ctx':>6} {'measured':>9} {'model':>8} {'plan':>8} {'error':>7}  within")
-    for set_name, rows in (("fit", fit_rows), ("held-out", held)):
-        for r in rows:
-            o = {"set": set_name, "model": r["model"], "row": r["name"], "ctx": r["ctx"], "file": r["file"],
-                 "measured_tok_s": r["decode_tok_s"], "measured_tok_per_cpu_s": r.get("decode_tok_per_cpu_s"),
-                 "modelled": r["modelled"]}
-            if r["modelled"]:
-                pred = 1 / (r["weights_bytes"] / w_rate + r["attention_s"])
-                err = pred / r["decode_tok_s"] - 1
-                prof = PROFILED.get((r["name"], r["ctx"]))
-                if prof and (r["model"] == "gemma-3-270m") == ("gemma3" in prof):
-                    ms = json.loads((HERE / "results" / prof).read_text())["rows"][0]["ms_per_step"]
-                    o["profiled"] = {"file": prof, "tok_s": round(1e3 / ms, 2), "error": round(pred * ms / 1e3 - 1, 3)}
-                o.update(predicted_tok_s=round(pred, 2), plan_tok_s=round(r["plan_tok_s"], 2), error=round(err, 3),
-                         within_25=abs(err) <= TOLERANCE, weights_bytes=r["weights_bytes"],
-                         attention_ms=round(r["attention_s"] * 1e3, 3), attention_formula=r["attention_formula"])
-                print(f"{set_name:9} {r['model']:14} {r['name']:32} {r['ctx']:6} {r['decode_tok_s']:9.2f} "
-                      f"{pred:8.2f} {r['plan_tok_s']:8.2f} {err:+7.0%}  {'yes' if o['within_25'] else 'NO'}"
-                      + (f"  (profile_ort: {o['profiled']['tok_s']:.2f} tok/s, {o['profiled']['error']:+.0%})"
-                         if "profiled" in o else ""))
+    rows = []
+    for r in measured_rows():
+        if r["model"] not in (FIT_MODEL, HELD_OUT_MODEL):
+            continue
+        r["set"] = "fit" if r["model"] == FIT_MODEL else "held-out"
+        r["tok_s"] = r.get("decode_tok_per_cpu_s") or r["decode_tok_s"]
+        prompt = r.get("prompt_tokens") or r["ctx"]
+        pf = r.get("prefill_tok_per_cpu_s") or r.get("prefill_tok_s")
+        r["prefill_s"] = prompt / pf if pf else None
+        how = parse(r["name"])
+        m, fam, before = SUPERSEDED_BEFORE
+        if r["model"] == m and r["name"].startswith(fam) and r["started_utc"] < before:
+            how = "superseded export: measured before edgekv's ONNX put Gemma 3's sliding layers on GroupQueryAttention"
+        if isinstance(how, str):
+            r["why_not"] = how
+        else:
+            r["runtime"], r["spec"], _ = how
+            r.update(terms(r["model"], r["runtime"], r["spec"], r["ctx"], prompt))
+            if r["cost"] != "llama.cpp" and not r["fused"] and r["prefill_kind"]:
+                r["eager"] = f"eager {r['prefill_kind']}"  # the eager graph: a rate fitted on model rows below
+            elif r["cost"] != "llama.cpp" and r["fused"] and r["prefill_kind"] and r["kind"] in (
+                    None, r["prefill_kind"]) and r["prefill_kind"] not in KERNEL_KINDS[r["cost"]]:
+                r["eager"] = r["prefill_kind"]  # the fused op on a cache the kernel benchmark does not time
+            elif r["cost"] != "llama.cpp" and not r["kind"]:
+                r["why_not"] = f"no {r['cost']} kernel rate stored for this cache ({r['cache']})"
+        rows.append(r)
+    fit = [r for r in rows if r["set"] == "fit" and "why_not" not in r and r["file"] not in NOT_FITTED]
+    # llama.cpp: its per-key costs and weights rate together
+    lc = fit_llamacpp([r for r in fit if r["cost"] == "llama.cpp"])
+    for r in rows:
+        if r.get("cost") == "llama.cpp" and "why_not" not in r:
+            r["model_attention_s"] = r["key_work"] * lc["per_key"][r["cache"]]
+            r["attention_formula"] = (f"{r['key_work']:.4g} key x head x dim per step x "
+                                      f"{lc['per_key'][r['cache']] * 1e12:.3g} ps ({r['cache']})")
+        elif "why_not" not in r and "cost" in r and "eager" not in r:
+            r["model_attention_s"] = r["attention_s"]
+    w_rates = {"llama.cpp": {"rate": lc["weights_rate"], "per_row": None}}
+    for cost in ("onnxruntime", "executorch"):
+        sub = [r for r in fit if r["cost"] == cost and "eager" not in r]
+        if sub:  # least squares in relative error of t = weights / rate + the attention at the kernel rate
+            num = sum(r["weights_bytes"] * r["tok_s"] * (1 - r["model_attention_s"] * r["tok_s"]) for r in sub)
+            den = sum((r["weights_bytes"] * r["tok_s"]) ** 2 for r in sub)
+            # each row's own rate (its seconds less the attention, over the weights), where the rest is positive
+            per = [r["weights_bytes"] / (1 / r["tok_s"] - r["model_attention_s"]) for r in sub
+                   if 1 / r["tok_s"] > r["model_attention_s"]]
+            w_rates[cost] = {"rate": den / num, "per_row": per}
+    # the graphs no kernel benchmark times (ONNX Runtime's and the .pte's eager graphs: a quantized cache dequantized
+    # whole, a window with sinks; the .pte's custom_sdpa on an int4 cache read back by dequantize_planar): the
+    # weights term above plus a per key x query head x head size cost (repeat_kv expands K and V to every query
+    # head before the two matmuls), least squares in relative error over the fit rows of each runtime and cache kind
+    fitted, acc = {}, {}
+    for r in fit:
+        if "eager" in r:
+            w_t, k = r["weights_bytes"] / w_rates[r["cost"]]["rate"] * r["tok_s"], r["key_work"] * r["tok_s"]
+            num, den = acc.get((r["cost"], r["eager"]), (0.0, 0.0))
+            acc[r["cost"], r["eager"]] = (num + k * (1 - w_t), den + k * k)
+    for (cost, kind), (num, den) in acc.items():
+        fitted.setdefault(cost, {})[kind] = num / den
+    for r in rows:
+        if "eager" in r:
+            c = fitted.get(r["cost"], {}).get(r["eager"])
+            if c:
+                r["model_attention_s"] = r["key_work"] * c
+                r["attention_formula"] = (f"{r['key_work']:.4g} key x head x dim per step x {c * 1e12:.3g} ps "
+                                          f"({r['eager']}, fitted on model rows)")
             else:
-                print(f"{set_name:9} {r['model']:14} {r['name']:32} {r['ctx']:6} {r['decode_tok_s']:9.2f} "
-                      f"{'':>8} {'':>8} {'':>7}  not modelled")
-            out_rows.append(o)
-    held_m = [o for o in out_rows if o["set"] == "held-out" and o["modelled"]]
-    print(f"held-out rows within {TOLERANCE:.0%}: {sum(o['within_25'] for o in held_m)} of {len(held_m)} modelled "
-          f"({sum(not o['modelled'] for o in out_rows if o['set'] == 'held-out')} held-out rows not modelled)")
-    res = {"benchmark": "plan_vs_filled", "weights_rate_bytes_per_s": w_rate, "weights_rates_per_fit_row": rates,
-           "tolerance": TOLERANCE, "rows": out_rows}
+                r["why_not"] = f"no SmolLM2-135M row of {r['cost']}'s {r['eager']} graph to fit its rate on"
+    for cost, kinds in fitted.items():
+        print(f"{cost} graphs without a kernel rate, per key x query head x head size: "
+              + ", ".join(f"{k} {c * 1e12:.1f} ps" for k, c in kinds.items()))
+    for cost, w in w_rates.items():
+        extra = f" (rows alone: {', '.join(f'{x / 1e9:.2f}' for x in sorted(w['per_row']))})" if w["per_row"] else ""
+        print(f"{cost}: weights rate fitted on SmolLM2-135M rows: {w['rate'] / 1e9:.2f} GB/s{extra}")
+    print("llama.cpp flash attention per key x query head x head size: "
+          + ", ".join(f"{k} {c * 1e12:.1f} ps" for k, c in lc["per_key"].items()))
+    # prefill: per runtime, on the fit rows with a measured prefill (the explicit graphs included: their prefill
+    # kind is their cache's, and the attention FLOP are the same)
+    pre_rows = [r for r in rows if "cost" in r and r.get("prefill_s") and not r.get("why_not", "").startswith("super")]
+    pre_fits = {}
+    for cost in ("onnxruntime", "executorch", "llama.cpp"):
+        sub = [r for r in pre_rows if r["set"] == "fit" and r["cost"] == cost and r["prefill_kind"]
+               and r["file"] not in NOT_FITTED]
+        if len({r["ctx"] for r in sub}) < 2:  # one context: matmul (linear) and attention (quadratic) inseparable
+            print(f"{cost} prefill: not fitted (its rows are at one context)")
+            continue
+        if sub:
+            pre_fits[cost] = fit_prefill(sub)
+            p = pre_fits[cost]
+            print(f"{cost} prefill: matmul {p['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s, attention "
+                  + ", ".join(f"{k} {v / 1e9:.1f}" if v else f"{k} -" for k, v in p["attention_flop_per_s"].items())
+                  + " GFLOP/s")
+    out_rows = []
+    print(f"{'set':9} {'model':13} {'row':31} {'ctx':>6} {'file':30} {'dec meas':>8} {'model':>7} {'plan':>7} "
+          f"{'error':>6}  {'pre s':>6} {'model':>6} {'error':>6}")
+    for r in sorted(rows, key=lambda r: (r["set"] != "fit", r["model"], r["ctx"], r["name"], r["file"])):
+        o = {"set": r["set"], "model": r["model"], "row": r["name"], "ctx": r["ctx"], "file": r["file"],
+             "vm": r["vm"], "bandwidth_gb_s": r["bandwidth_gb_s"], "measured_tok_per_cpu_s": r["tok_s"],
+             "measured_tok_s_wall": r["decode_tok_s"], "measured_prefill_s": r["prefill_s"],
+             "modelled": "why_not" not in r}
+        pre = None
+        if "cost" in r and r.get("prefill_s") and r["cost"] in pre_fits and r["prefill_kind"]:
+            pre = prefill_pred(r, pre_fits[r["cost"]])
+            if pre:
+                pre = float(pre)
+                o.update(predicted_prefill_s=round(pre, 2), plan_prefill_s=round(r["plan_prefill_s"], 2),
+                         prefill_error=round(pre / r["prefill_s"] - 1, 3),
+                         prefill_within_25=bool(abs(pre / r["prefill_s"] - 1) <= TOLERANCE))
+        pcol = (f"{r['prefill_s']:6.1f} {pre:6.1f} {pre / r['prefill_s'] - 1:+6.0%}" if pre else "")
+        if o["modelled"] and r["cost"] not in w_rates:
+            r["why_not"], o["modelled"] = f"no {r['cost']} row to fit its weights rate on", False
+        if o["modelled"]:
+            pred = float(1 / (r["weights_bytes"] / w_rates[r["cost"]]["rate"] + r["model_attention_s"]))
+            err = pred / r["tok_s"] - 1
+            prof = PROFILED.get((r["model"], r["name"], r["ctx"]))
+            if prof:
+                ms = json.loads((HERE / "results" / prof).read_text())["rows"][0]["ms_per_step"]
+                o["profiled"] = {"file": prof, "tok_s": round(1e3 / ms, 2), "error": round(pred * ms / 1e3 - 1, 3)}
+            o.update(runtime=r["runtime"], cache=r["cache"], predicted_tok_s=round(pred, 2),
+                     plan_tok_s=round(r["plan_tok_s"], 2), error=round(err, 3), within_25=abs(err) <= TOLERANCE,
+                     weights_bytes=r["weights_bytes"], attention_ms=round(r["model_attention_s"] * 1e3, 3),
+                     attention_formula=r["attention_formula"])
+            print(f"{r['set']:9} {r['model']:13} {r['name']:31} {r['ctx']:6} {r['file'][15:-5]:30} {r['tok_s']:8.2f} "
+                  f"{pred:7.2f} {r['plan_tok_s']:7.2f} {err:+6.0%}{' ' if o['within_25'] else '!'} {pcol}")
+        else:
+            o["why_not"] = r["why_not"]
+            plan = ""
+            if "plan_tok_s" in r and not r["why_not"].startswith("super"):  # the roofline's number, for comparison
+                o.update(plan_tok_s=round(r["plan_tok_s"], 2), plan_error=round(r["plan_tok_s"] / r["tok_s"] - 1, 3))
+                plan = f"{r['plan_tok_s']:7.2f} {o['plan_error']:+6.0%} "
+            print(f"{r['set']:9} {r['model']:13} {r['name']:31} {r['ctx']:6} {r['file'][15:-5]:30} {r['tok_s']:8.2f} "
+                  f"{'-':>7} {plan or f'{chr(45):>7} {chr(32) * 7}'} {pcol}  (not modelled"
+                  f"{': roofline' if plan else ''})")
+        out_rows.append(o)
+    for s in ("fit", "held-out"):
+        m = [o for o in out_rows if o["set"] == s and o["modelled"]]
+        p = [o for o in out_rows if o["set"] == s and "prefill_error" in o]
+        print(f"{s} rows: decode within {TOLERANCE:.0%}: {sum(o['within_25'] for o in m)} of {len(m)} modelled "
+              f"({sum(not o['modelled'] for o in out_rows if o['set'] == s)} not modelled); prefill within "
+              f"{TOLERANCE:.0%}: {sum(o['prefill_within_25'] for o in p)} of {len(p)}")
+    res = {"benchmark": "plan_vs_filled", "speed": "tokens per CPU second of the row's process (1 thread)",
+           "weights_rates_bytes_per_s": {k: v["rate"] for k, v in w_rates.items()},
+           "weights_rates_per_fit_row": {k: v["per_row"] for k, v in w_rates.items() if v["per_row"]},
+           "llamacpp_per_key_s": lc["per_key"], "fitted_per_key_s": fitted, "prefill": pre_fits, "not_fitted": NOT_FITTED, "tolerance": TOLERANCE, "rows": out_rows}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = a.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(res, indent=1) + "\n")

@@ -128,6 +128,7 @@ class PlanRow:
     _runtime_cite: str = ""
     decode_range: tuple[float, float] | None = None  # (low, high) tok/s where the attention rate is a guessed range
     attention_terms: dict | None = None  # the weights and attention terms where attention is charged at its kernel rate
+    prefill_measured: str | None = None  # the prefill formula where charged at the device's fitted prefill rates
     serving: "BaselineRow | None" = None
 
 
@@ -165,12 +166,14 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
                                 device.prefill_efficiency)
     dec.formula = read.formula + "; " + fl.formula + "; " + dec.formula
     dec_range = attn_terms = None
-    rates = M.attention_rates(rt, device.id, device.device_class) if rt == "onnxruntime" else None
-    kind = M.cache_kind(strategy, dep.layout) if rates and M.fused_gqa(arch, dep.layout, strategy, rt) else None
-    if kind in (rates or {}).get("kinds", {}):
-        # GroupQueryAttention reads the cache at its own kernel rate, far below the memory bandwidth: the roofline
-        # keeps the weights, the attention is charged at the fitted kernel cost (edgekv/costs/attention_rates.json)
-        attn_s, attn_f = M.attention_seconds(arch, dep.layout, kind, rates["kinds"])
+    rates = M.attention_rates(rt, device.id, device.device_class)
+    kind = M.attention_kind(arch, dep.layout, strategy, rt, rates)
+    if kind:
+        # the runtime's attention kernel (GroupQueryAttention, custom_sdpa, llama.cpp's flash attention) reads the
+        # cache at its own rate, far below the memory bandwidth: the roofline keeps the weights, the attention is
+        # charged at the fitted kernel cost (edgekv/costs/attention_rates.json)
+        kernel = rates["kinds"][kind].get("kernel", rates["kernel"])
+        attn_s, attn_f = M.attention_seconds(arch, dep.layout, kind, rates["kinds"], kernel)
         lin = fl.value - M.attention_flops(arch, dep.layout)
         w_rate = rates["weights"].get(dep.weight_precision, {}).get("read_bytes_per_s")
         dec, attn_terms = M.decode_with_attention(dep.weights["read_per_token"], lin, attn_s, rates["scale"],
@@ -178,11 +181,18 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
                                                   device.prefill_efficiency, w_rate)
         dec.formula = f"{attn_f}; {dec.formula} ({rates['basis']}: {rates['source']})"
         attn_terms["formula"] = attn_f.split(" = ", 1)[1].rsplit(" = ", 1)[0]
+        attn_terms["kernel"] = kernel
         dec_range = attn_terms["tok_s"] if attn_terms["tok_s"][0] != attn_terms["tok_s"][1] else None
     pf = M.prefill_flops(arch, strategy, ctx, chunk)
     pre = M.prefill_seconds(pf.value, dep.weights["total"], ctx, min(chunk, ctx), device.bandwidth,
                             device.decode_efficiency, device.flops, device.prefill_efficiency)
     pre.formula = pf.formula + "; " + pre.formula
+    fitted = M.prefill_at_rates(arch, strategy, dep.layout, rt, ctx, min(chunk, ctx), rates["prefill"]) \
+        if rates and rates.get("prefill") else None
+    pre_fitted = fitted.formula if fitted else None
+    if fitted:  # the runtime's prefill rates measured on this device (benchmarks/plan_vs_filled.py)
+        fitted.formula = f"{pf.formula}; {fitted.formula} ({rates['prefill']['source']})"
+        pre = fitted
     converted = strategy.converts_to_latent and "mla" not in arch.kinds
     q = past_trained(quality(arch.name, strategy, ctx, strategy.is_native(arch), converted, arch.family),
                      arch.name, strategy, ctx, arch.trained_ctx, arch.family)
@@ -204,6 +214,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
                   notes, arch.trained_ctx, export_support(arch, strategy, ctx, name), name, recall, basis, read, fl, pf,
                   min(chunk, ctx))
     row.decode_range, row.attention_terms = dec_range, attn_terms
+    row.prefill_measured = pre_fitted
     row._runtime_cite = f"{name} overhead {int(ov.value):,} B ({ov.cite})"
     if device.is_datacenter:
         row.serving = serve(device, arch, dep)

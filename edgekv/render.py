@@ -286,23 +286,25 @@ def recall_runs(c: Console, runs: dict) -> None:
 
 
 def decode_cell(r) -> str:
-    """The decode tok/s cell: a range "low-high" where the attention rate is a guessed range (a phone on ONNX
-    Runtime: edgekv/costs/attention_rates.json), else the one number."""
-    rng = getattr(r, "decode_range", None)
-    return f"{fmt_sig(rng[0])}-{fmt_sig(rng[1])}" if rng else fmt_sig(r.decode.value)
+    """The decode tok/s cell: a range "low-high" (two significant digits) where the attention rate is a guessed
+    range (a phone whose runtime's kernel rate is the host's scaled: edgekv/costs/attention_rates.json), else the
+    one number."""
+    rng = getattr(r, "decode_range", None)  # a guessed range: two significant digits say as much as it knows
+    return f"{fmt_sig(rng[0], 2)}-{fmt_sig(rng[1], 2)}" if rng else fmt_sig(r.decode.value)
 
 
 def decode_line(r, d) -> str:
     """The decode derivation whose arithmetic gives the printed tok/s: bytes read per token over the effective
     bandwidth when bandwidth-bound (with the fp32 copy a runtime writes and reads when it dequantizes the whole
     cache), FLOP per token over the effective compute when compute-bound; where the attention is charged at its
-    kernel rate (ONNX Runtime's GroupQueryAttention), the weights term plus the attention term."""
+    kernel rate (edgekv/costs/attention_rates.json), the weights term plus the attention term."""
     a = getattr(r, "attention_terms", None)
     if a:
         lo, hi = a["scale"]
         scale = f" / device scale {lo:g}-{hi:g}" if (lo, hi) != (1.0, 1.0) else ""
         return escape(f"{a['weights']} = {fmt_sig(a['weights_s'] * 1e3)} ms + attention "
-                      f"{fmt_sig(a['attention_s'] * 1e3)} ms{scale} -> {decode_cell(r)} tok/s (GroupQueryAttention "
+                      f"{fmt_sig(a['attention_s'] * 1e3)} ms{scale} -> {'-'.join(fmt_sig(v) for v in sorted(set(a['tok_s'])))} "
+                      f"tok/s ({a.get('kernel', 'attention')} "
                       f"at its kernel rate: {a['formula']})")
     if "compute-bound" in r.decode.formula and r.decode_flops is not None:
         return (f"~{fmt_sig(r.decode_flops.value / 1e9)} GFLOP per token / ({d.flops / 1e9:,.0f} GFLOP/s x "
@@ -319,9 +321,12 @@ def decode_line(r, d) -> str:
 
 def prefill_line(r, d, ctx: int) -> str:
     """The prefill derivation whose arithmetic gives the printed time: FLOP over the effective compute, or, where
-    reading the weights once per chunk takes longer, chunks x weights over the effective bandwidth."""
+    reading the weights once per chunk takes longer, chunks x weights over the effective bandwidth; on a device
+    with fitted prefill rates, matmul and attention FLOP over those."""
     unit, div = time_unit([r.prefill.value])
     t = f"{fmt_sig(r.prefill.value / div)} {unit}"
+    if getattr(r, "prefill_measured", None):  # at the device's fitted prefill rates
+        return escape(f"{ctx:,} tokens: {r.prefill_measured}")
     if r.prefill_flops is None:
         return f"{ctx:,} tokens at {d.flops / 1e9:,.0f} GFLOP/s x {d.prefill_efficiency:g} -> {t}"
     fl = r.prefill_flops.value

@@ -104,10 +104,10 @@ def test_the_state_is_the_codes_alone_by_hand_for_smollm2():
     codes = 2 * 30 * 3 * 8192 * 64
     assert rows["kv-int8c"]["bytes"]["state"] == codes
     assert rows["kv-int8"]["bytes"]["state"] == codes + 2 * 30 * 3 * 8192 * 2
-    # kv-int8 reads a fp32 copy of the whole cache, written and read (2 x 4 B per value); kv-int8c reads the codes
-    # in place, at GroupQueryAttention's measured int8 kernel rate (edgekv/costs/attention_rates.json), no copy
-    copy = 2 * (2 * 30 * 3 * 8192 * 64 * 4)
-    assert f"fp32 dequant copy written and read {copy:,}" in rows["kv-int8"]["explain"]["decode_tokens_per_s"]
+    # kv-int8 is dequantized whole by the eager graph (no GroupQueryAttention), charged at that graph's rate
+    # (edgekv/costs/attention_rates.json "eager int8"); kv-int8c reads the codes in place, at GroupQueryAttention's
+    # measured int8 kernel rate, no copy
+    assert "eager int8 eager graph" in rows["kv-int8"]["explain"]["decode_tokens_per_s"]
     int8c = rows["kv-int8c"]["explain"]["decode_tokens_per_s"]
     assert "dequant copy" not in int8c and "int8c GroupQueryAttention" in int8c
 

@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 
 from ..arch import MLA, SSM, Arch, Attention, Linear, ShortConv
-from ..strategies import StateLayout, Strategy, mla_rank
-from .costs import kv_read
+from ..strategies import StateLayout, Strategy, mla_rank, per_token_int8
+from .costs import fused_gqa, kv_read
 from .item import Item
 
 
@@ -67,6 +67,17 @@ def layout_rank(layout: StateLayout, layer: int) -> int:
 def prefill_flops(arch: Arch, strategy: Strategy, ctx: int, chunk: int) -> Item:
     """FLOP to prefill ctx tokens in chunks: 2 x active params per token, causal attention summed over positions
     (windows cap it), a converted-MLA latent re-expanded for every chunk, SSM scans linear in ctx."""
+    p = prefill_parts(arch, strategy, ctx, chunk)
+    lin, head, attn, extra, rec = (p[k] for k in ("matmul", "logits", "attention", "reexpand", "scans"))
+    total = lin + head + attn + extra + rec
+    return Item(total, f"2*params*ctx ({lin:.3g}) + logits per chunk ({head:.3g}) + causal attention ({attn:.3g})"
+                       + (f" + latent re-expansion ({extra:.3g})" if extra else "")
+                       + (f" + scans ({rec:.3g})" if rec else "") + f" = {total:.3g} FLOP")
+
+
+def prefill_parts(arch: Arch, strategy: Strategy, ctx: int, chunk: int) -> dict:
+    """prefill_flops by part: matmul (2 x params x ctx), logits (the last token of each chunk), attention (causal,
+    windows cap it), reexpand (a converted-MLA latent), scans (recurrences)."""
     lin = 2 * _active_params(arch, ("linear",)) * ctx
     head = 2 * arch.vocab * arch.hidden * math.ceil(ctx / chunk)  # logits for the last token of each chunk
     attn = extra = rec = 0.0
@@ -89,10 +100,7 @@ def prefill_flops(arch: Arch, strategy: Strategy, ctx: int, chunk: int) -> Item:
                 rec += 6 * (m.n_vectors * m.width if m.n_vectors else m.n_heads * m.d_k * m.d_v) * ctx
             elif isinstance(m, ShortConv):
                 rec += 2 * m.width * (m.d_conv + 1) * ctx
-    total = lin + head + attn + extra + rec
-    return Item(total, f"2*params*ctx ({lin:.3g}) + logits per chunk ({head:.3g}) + causal attention ({attn:.3g})"
-                       + (f" + latent re-expansion ({extra:.3g})" if extra else "")
-                       + (f" + scans ({rec:.3g})" if rec else "") + f" = {total:.3g} FLOP")
+    return {"matmul": lin, "logits": head, "attention": attn, "reexpand": extra, "scans": rec}
 
 
 def decode_read_bytes(weights_read: float, layout: StateLayout, strategy: Strategy, runtime: str) -> Item:
@@ -127,60 +135,123 @@ def prefill_seconds(flops: float, weights_stored: float, ctx: int, chunk: int, b
                    f"{weights_stored:.3g} B / ({bandwidth:.3g} x {bw_eff})) = {t:.3g} s")
 
 
-# One decode step's attention as ONNX Runtime's GroupQueryAttention runs it (edgekv's fused ONNX graphs): per layer
-# overhead + T * (2 * Hkv * D * bytes / read rate + H * D * compute), T the keys the layer keeps. The rates per
-# device and cache kind, with their sources: edgekv/costs/attention_rates.json (measured on the host by
-# benchmarks/attention_rates.py; phones: the host's scaled by an assumed range, hence a speed range).
+# One decode step's attention as each runtime's kernel runs it: per layer overhead + T * (2 * Hkv * D * bytes / read
+# rate + H * D * compute), T the keys the layer keeps. The rates per runtime, device and cache kind, with their
+# sources: edgekv/costs/attention_rates.json (ONNX Runtime's GroupQueryAttention and edgekv's .pte custom_sdpa
+# measured on the host by benchmarks/attention_rates.py, llama.cpp's flash attention fitted on its filled-context
+# decode rows by benchmarks/plan_vs_filled.py; phones: the host's scaled by an assumed range, hence a speed range).
 ATTENTION_RATES = json.loads((Path(__file__).resolve().parent.parent / "costs" / "attention_rates.json").read_text())
-_KIND_BYTES = {"fp32": 4, "fp16": 2, "int8c": 1}
+# bytes per cached value of each stored kind (llama.cpp's q8_0 / q4_0: 32 values in a 34 / 18-byte block)
+_KIND_BYTES = {"fp32": 4, "fp16": 2, "int8c": 1, "int8": 1, "int4": 0.5, "int2": 0.25, "f16": 2, "q8_0": 34 / 32,
+               "q4_0": 18 / 32}
 _FLOAT_KIND = {"float32": "fp32", "float16": "fp16"}  # a layout tensor's dtype -> its stored kernel rate
+_GGML_KIND = {"float16": "f16", 8: "q8_0", 4: "q4_0"}  # llama.cpp's cache type for a float16 / 8-bit / 4-bit cache
 
 
 def attention_rates(runtime: str, device_id: str, device_class: str) -> dict | None:
-    """The stored attention rates of this runtime on this device: {"kinds", "scale": (low, high), "weights",
-    "source"}; None where none apply (a runtime or device class with no entry)."""
+    """The stored attention rates of this runtime (a memory.RUNTIMES cost model) on this device: {"kinds", "scale":
+    (low, high), "weights", "prefill", "kernel", "source", "basis"}; None where none apply (a runtime or device class
+    with no entry)."""
     rt = ATTENTION_RATES.get(runtime)
     if rt is None:
         return None
     dev = rt["devices"].get(device_id)
     if dev is not None:
-        return {"kinds": dev["kinds"], "scale": (1.0, 1.0), "weights": dev.get("weights", {}), "source": dev["source"],
-                "basis": dev["basis"]}
+        return {"kinds": dev["kinds"], "scale": (1.0, 1.0), "weights": dev.get("weights", {}),
+                "prefill": dev.get("prefill"), "source": dev["source"], "basis": dev["basis"], "kernel": rt["label"]}
     cls = rt["classes"].get(device_class)
     if cls is None:
         return None
     base = rt["devices"][cls["scaled_from"]]
-    return {"kinds": base["kinds"], "scale": tuple(cls["scale"]), "weights": {}, "source": cls["source"],
-            "basis": cls["basis"]}
+    return {"kinds": base["kinds"], "scale": tuple(cls["scale"]), "weights": {}, "prefill": None,
+            "source": cls["source"], "basis": cls["basis"], "kernel": rt["label"]}
 
 
-def cache_kind(strategy: Strategy, layout: StateLayout) -> str | None:
-    """The stored kernel rate a fused layer's cache reads at: kv-int8c's codes, or the float cache's dtype."""
+def cache_kind(strategy: Strategy, layout: StateLayout, runtime: str = "onnxruntime") -> str | None:
+    """The stored rate a layer's cache reads at on this runtime: ONNX Runtime: kv-int8c's codes or the float cache's
+    dtype; edgekv's .pte: the float cache's dtype, an int8 cache with a scale per token and head (the one quantized
+    kernel it reads back with) or packed int4 / int2 codes; llama.cpp: its cache type (f16, q8_0, q4_0)."""
+    dtypes = {t.dtype for t in layout.tensors if t.role == "key"}
+    if len(dtypes) != 1:
+        return None
+    dtype = dtypes.pop()
+    if runtime == "llama.cpp":
+        if strategy.kv_bits and strategy.static_scales:
+            return None
+        return _GGML_KIND.get(strategy.kv_bits or dtype)
     if strategy.static_scales and strategy.kv_bits == 8:  # int8 codes at static scales, read in place
-        return "int8c"
-    dtypes = {_FLOAT_KIND.get(t.dtype) for t in layout.tensors if t.role == "key"}
-    return dtypes.pop() if len(dtypes) == 1 else None
+        return "int8c" if runtime == "onnxruntime" else None
+    if strategy.kv_bits:  # the .pte reads a quantized cache back before custom_sdpa; ONNX Runtime: no fused kind
+        if runtime != "executorch":
+            return None
+        if strategy.kv_bits < 8:  # packed codes, dequantize_planar
+            return f"int{strategy.kv_bits}"
+        heads = {t.shape[-1] for t in layout.tensors if t.role == "key"}
+        group = strategy.params.get("group")
+        return "int8" if all(per_token_int8(8, group, d) for d in heads) else None
+    return _FLOAT_KIND.get(dtype)
 
 
-def attention_seconds(arch: Arch, layout: StateLayout, kind: str, rates: dict) -> tuple[float, str]:
+def prefill_kind(strategy: Strategy, layout: StateLayout, runtime: str) -> str | None:
+    """The cache kind a prefill's attention rate is stored under: the decode kernel's kind (cache_kind), else the
+    quantized cache's bits (int8c for static scales, int8 / int4 / int2 codes) on a graph that dequantizes it."""
+    kind = cache_kind(strategy, layout, runtime)
+    if kind or not strategy.kv_bits:
+        return kind
+    return "int8c" if strategy.static_scales else f"int{strategy.kv_bits}"
+
+
+def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtime: str, ctx: int, chunk: int,
+                     rates: dict) -> Item | None:
+    """Prefill seconds at the device's fitted prefill rates (edgekv/costs/attention_rates.json "prefill": fitted on
+    measured filled-context prefills by benchmarks/plan_vs_filled.py): matmul FLOP (with the logits and scans) over
+    the runtime's matmul rate + attention FLOP over the rate of this cache kind; None where no rate is stored."""
+    kind = prefill_kind(strategy, layout, runtime)
+    rate = rates["attention_flop_per_s"].get(kind) if kind else None
+    if not rate:
+        return None
+    p = prefill_parts(arch, strategy, ctx, chunk)
+    mm, attn, mm_rate = p["matmul"] + p["logits"] + p["scans"], p["attention"] + p["reexpand"], rates["matmul_flop_per_s"]
+    t = mm / mm_rate + attn / rate
+    return Item(t, f"matmul {mm:.3g} FLOP / {mm_rate / 1e9:.3g} GFLOP/s + attention {attn:.3g} FLOP / "
+                   f"{rate / 1e9:.3g} GFLOP/s ({kind}; rates fitted on this device's measured prefills) = {t:.3g} s")
+
+
+def attention_kind(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, rates: dict | None) -> str | None:
+    """The cache kind whose stored rate charges this row's attention, or None (the roofline charges it): ONNX
+    Runtime and edgekv's .pte where edgekv's export attends through the fused op (fused_gqa), llama.cpp always (its
+    attention is its own flash attention over the cache it keeps); ONNX Runtime's eager graph (no
+    GroupQueryAttention) at its "eager <kind>" rate; and only a kind with a stored rate."""
+    if not rates:
+        return None
+    if runtime == "llama.cpp" or fused_gqa(arch, layout, strategy, runtime):
+        kind = cache_kind(strategy, layout, runtime)
+    else:
+        kind = prefill_kind(strategy, layout, runtime)
+        kind = kind and f"eager {kind}"
+    return kind if kind in rates["kinds"] else None
+
+
+def attention_seconds(arch: Arch, layout: StateLayout, kind: str, rates: dict, kernel: str = "GroupQueryAttention"
+                      ) -> tuple[float, str]:
     """Seconds of one decode step's attention at the device's measured kernel rate (scale 1), summed over the
-    layers: overhead + T * (2 * Hkv * D * bytes / read_rate + H * D * c_compute), T the layer's kept keys."""
-    r = rates[kind]
-    rate, comp, over = r["read_bytes_per_s"], r["compute_s_per_head_dim_position"], r["overhead_s"]
+    layers: overhead + T * (2 * Hkv * D * bytes / read_rate + H * D * c_compute), T the layer's kept keys; a kind's
+    fit for the layer's own head size where one is stored (by_head_dim), else its fit over the measured shapes."""
     kept = {t.layer: t.shape[2] for t in layout.tensors if t.role == "key"}
     total, groups = 0.0, {}
     for i, b in enumerate(arch.blocks):
         for m in b.mixers:
             if isinstance(m, Attention) and i in kept:
-                per_pos = (2 * m.n_kv_heads * m.head_dim * _KIND_BYTES[kind] / rate if rate else 0.0) \
+                r = rates[kind].get("by_head_dim", {}).get(str(m.head_dim), rates[kind])
+                rate, comp, over = r["read_bytes_per_s"], r["compute_s_per_head_dim_position"], r["overhead_s"]
+                per_pos = (2 * m.n_kv_heads * m.head_dim * _KIND_BYTES[kind.split()[-1]] / rate if rate else 0.0) \
                     + m.n_heads * m.head_dim * comp
-                t = over + kept[i] * per_pos
-                total += t
-                key = (kept[i], m.n_heads, m.n_kv_heads, m.head_dim)
+                total += over + kept[i] * per_pos
+                key = (kept[i], over, per_pos)
                 groups[key] = groups.get(key, 0) + 1
-    parts = " + ".join(f"{n} x ({over * 1e6:.3g} us + {T} x {_per_pos_us(h, hkv, d, kind, rate, comp):.4g} us)"
-                       for (T, h, hkv, d), n in groups.items())
-    return total, f"attention ({kind} GroupQueryAttention: layers x (overhead + kept keys x per-key cost)) = " \
+    parts = " + ".join(f"{n} x ({over * 1e6:.3g} us + {T} x {per_pos * 1e6:.4g} us)"
+                       for (T, over, per_pos), n in groups.items())
+    return total, f"attention ({kind} {kernel}: layers x (overhead + kept keys x per-key cost)) = " \
                   f"{parts} = {total * 1e3:.3g} ms"
 
 
@@ -189,10 +260,6 @@ def attention_flops(arch: Arch, layout: StateLayout) -> float:
     kept = {t.layer: t.shape[2] for t in layout.tensors if t.role == "key"}
     return sum(4 * m.n_heads * m.head_dim * kept[i] for i, b in enumerate(arch.blocks) for m in b.mixers
                if isinstance(m, Attention) and i in kept)
-
-
-def _per_pos_us(h: int, hkv: int, d: int, kind: str, rate: float | None, comp: float) -> float:
-    return ((2 * hkv * d * _KIND_BYTES[kind] / rate if rate else 0.0) + h * d * comp) * 1e6
 
 
 def decode_with_attention(weights_read: float, lin_flops: float, attn_s: float, scale: tuple[float, float],
