@@ -54,11 +54,48 @@ def run_cell(model: str, ctx: int, extra: list[str], work: Path) -> dict:
     return {"model": model, "max_ctx": ctx, **r}
 
 
+def lowering_side_by_side(model: str, ctx: int, repeats: int = 1) -> dict:
+    """One process: load and trace once, then lower the same program with ExecuTorch's full XNNPACK pass list and
+    edge IR checks (as before edgekv trimmed them) and with edgekv's lower_pte, alternately; CPU seconds of each
+    lowering + to_executorch, and the sha256 of each .pte (they must be equal)."""
+    import hashlib
+
+    import torch
+
+    import edgekv.export.manifest as mf
+    from edgekv.export import to_pte
+    from edgekv.export.pipeline import Export, ExportOptions, Stages, _entry_points, _load, _trace
+    from edgekv.strategies import parse_strategy
+    torch.set_num_threads(1)
+    opts = ExportOptions(model=model, formats=("pte",), max_ctx=ctx, threads=1)
+    x = Export(opts, parse_strategy("kv"), Stages(["load", "trace"], echo=lambda *a: None), Path("/tmp"), mf)
+    _load(x)
+    x.qmodule = x.module
+    _entry_points(x)
+    _trace(x)
+    eps = {e["name"]: x.eps[f"pte:{e['name']}"] for e in x.entries["pte"]}
+
+    def full():  # ExecuTorch's own defaults: every XNNPACK pass, the edge dialect verified after each step
+        from executorch.exir import to_edge_transform_and_lower
+        return to_edge_transform_and_lower(eps, partitioner=[to_pte._partitioner(x.in_place)])
+    rows = {"full": [], "edgekv": []}
+    for _ in range(repeats):
+        for name, lower in (("full", full), ("edgekv", lambda: to_pte.lower_pte(eps, x.in_place))):
+            t = time.process_time()
+            buf = to_pte.to_buffer(lower(), x.in_place)
+            rows[name].append({"cpu_s": round(time.process_time() - t, 2),
+                               "sha256": hashlib.sha256(buf).hexdigest(), "bytes": len(buf)})
+    return {"model": model, "max_ctx": ctx, "n_layers": x.args.n_layers, "lowering": rows,
+            "load_avg_end": [round(v, 2) for v in os.getloadavg()]}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", action="append", required=True, help="MODEL:CTX[,CTX...] (repeatable)")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--note", default="", help="what differs in this run (stored as `how`)")
+    ap.add_argument("--lowering", action="store_true", help="lower each cell's traced program both ways in one "
+                    "process (lowering_side_by_side) instead of running exports")
     ap.add_argument("export_args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
     extra = [x for x in a.export_args if x != "--"]
@@ -74,6 +111,12 @@ def main(argv=None) -> None:
         tmp = a.out.with_name(f".{a.out.name}.tmp-{os.getpid()}")
         tmp.write_text(json.dumps(doc, indent=2) + "\n")
         tmp.replace(a.out)
+    if a.lowering:
+        for model, ctx in cells(a.model):
+            doc["rows"].append(lowering_side_by_side(model, ctx))
+            write()
+            print(json.dumps(doc["rows"][-1]), flush=True)
+        return
     with tempfile.TemporaryDirectory(prefix="pte_export_cost.") as work:
         for model, ctx in cells(a.model):
             row = run_cell(model, ctx, extra, Path(work))
