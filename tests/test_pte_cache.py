@@ -164,3 +164,23 @@ def test_trimmed_xnnpack_passes_give_the_same_pte_as_executorch_s_full_list():
     names = [p for r in ran[:half] for p in r]
     left = [p.__name__ for p in needed_passes([type(n, (), {}) for n in dict.fromkeys(names)], llm)]
     assert len(dict.fromkeys(names)) - len(left) == 8 and "FuseActivationPass" not in left
+
+
+@pytest.mark.slow
+def test_a_second_export_of_the_same_model_takes_the_cached_pte_and_still_verifies(cache_home, tmp_path):
+    """Two exports of the tiny Llama to .pte: the second copies the first's model.pte from the cache (the same
+    bytes, lower-pte in well under a second) and is verified against eager torch as the first was."""
+    from click.testing import CliRunner
+
+    from edgekv.cli import main
+    runs = []
+    for name in ("a", "b"):
+        r = CliRunner().invoke(main, ["export", "--model", str(TINY), "--format", "pte", "--max-ctx", "64",
+                                      "--out", str(tmp_path / name), "--verify-steps", "2", "--threads", "1", "--json"])
+        assert r.exit_code == 0, r.output
+        runs.append(json.loads((tmp_path / name / "manifest.json").read_text()))
+    first, second = runs
+    assert first["files"]["model.pte"]["sha256"] == second["files"]["model.pte"]["sha256"]
+    assert second["timings_s"]["lower-pte"] < 1 < first["timings_s"]["lower-pte"]
+    assert second["verification"]["pte"]["passed"]
+    assert len(list(cache_home.glob("*.pte"))) == 1
