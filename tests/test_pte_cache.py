@@ -82,6 +82,9 @@ def test_the_cache_is_bounded_least_recently_used_first_and_removes_only_its_own
     cache_home.mkdir(parents=True)
     mine = cache_home / "notes.txt"
     mine.write_bytes(b"x" * 5000)  # not an entry: never counted, never removed
+    dead, live = cache_home / f".{'d' * 64}.pte.tmp-999999999", cache_home / f".{'d' * 64}.pte.tmp-{os.getpid()}"
+    dead.write_bytes(b"")  # a store killed midway (no such process) / one still running (this one)
+    live.write_bytes(b"")
     pte_cache.store(keys[0], src, {"delegation": {}})
     os.utime(cache_home / f"{keys[0]}.json", (1, 1))
     pte_cache.store(keys[1], src, {"delegation": {}})
@@ -89,7 +92,8 @@ def test_the_cache_is_bounded_least_recently_used_first_and_removes_only_its_own
     assert pte_cache.fetch(keys[0], tmp_path / "hit.pte")  # a hit: keys[0] is now the most recently used
     pte_cache.store(keys[2], src, {"delegation": {}})
     left = sorted(p.name for p in cache_home.iterdir())
-    assert left == sorted([f"{keys[0]}.json", f"{keys[0]}.pte", f"{keys[2]}.json", f"{keys[2]}.pte", "notes.txt"])
+    assert left == sorted([f"{keys[0]}.json", f"{keys[0]}.pte", f"{keys[2]}.json", f"{keys[2]}.pte", "notes.txt",
+                           live.name])
     assert json.loads((cache_home / f"{keys[2]}.json").read_text())["generator"].startswith("edgekv ")
 
 

@@ -14,7 +14,8 @@ against the sha256 recorded when it was stored, and the export verifies the .pte
 
 Where: $XDG_CACHE_HOME/edgekv/pte (default ~/.cache/edgekv/pte), one KEY.pte and its KEY.json per entry. Bounded:
 EDGEKV_PTE_CACHE is the most it holds (e.g. 4GB; default DEFAULT_LIMIT), least recently used entries removed first
-after each store; EDGEKV_PTE_CACHE=off (or 0) turns it off. Only files named like its entries are ever removed.
+after each store; EDGEKV_PTE_CACHE=off (or 0) turns it off. Only files named like its entries are ever removed, and
+the temporaries of its own stores whose process is gone.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from pathlib import Path
 DEFAULT_LIMIT = 8 * 10**9
 ENV = "EDGEKV_PTE_CACHE"
 _ENTRY = re.compile(r"\A[0-9a-f]{64}\.(pte|json)\Z")
+_TEMP = re.compile(r"\A\.[0-9a-f]{64}\.(pte|json)\.tmp-(\d+)\Z")  # a store's temporary (store), of process PID
 _CODE = ("to_pte.py", "et_runner.py", "pte_cache.py")  # the lowering code (beside this file)
 
 
@@ -192,9 +194,17 @@ def evict(cap: int, keep: str | None = None) -> list[str]:
     removed. Only files named like entries (64 hex digits + .pte / .json) are looked at."""
     d = folder()
     try:
-        names = [p for p in d.iterdir() if _ENTRY.match(p.name) and p.is_file() and not p.is_symlink()]
+        listed = list(d.iterdir())
     except OSError:
         return []
+    for p in listed:  # temporaries of stores that were killed (their process is gone)
+        m = _TEMP.match(p.name)
+        if m and not _alive(int(m.group(2))):
+            try:
+                p.unlink()
+            except OSError:
+                pass
+    names = [p for p in listed if _ENTRY.match(p.name) and p.is_file() and not p.is_symlink()]
     entries: dict[str, dict] = {}
     for p in names:
         e = entries.setdefault(p.stem, {"bytes": 0, "used": -1.0, "files": []})
@@ -218,3 +228,13 @@ def evict(cap: int, keep: str | None = None) -> list[str]:
         total -= e["bytes"]
         removed.append(k)
     return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process: alive
+    return True
