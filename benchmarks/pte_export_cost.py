@@ -55,8 +55,8 @@ def run_cell(model: str, ctx: int, extra: list[str], work: Path) -> dict:
 
 
 def lowering_side_by_side(model: str, ctx: int, repeats: int = 1) -> dict:
-    """One process: load and trace once, then lower the same program with ExecuTorch's full XNNPACK pass list and
-    edge IR checks (as before edgekv trimmed them) and with edgekv's lower_pte, alternately; CPU seconds of each
+    """One process: load once, then lower the same traced program with ExecuTorch's full XNNPACK pass list and edge
+    IR checks (as before edgekv trimmed them) and with edgekv's lower_pte, alternately; CPU seconds of each trace +
     lowering + to_executorch, and the sha256 of each .pte (they must be equal)."""
     import hashlib
 
@@ -72,15 +72,18 @@ def lowering_side_by_side(model: str, ctx: int, repeats: int = 1) -> dict:
     _load(x)
     x.qmodule = x.module
     _entry_points(x)
-    _trace(x)
-    eps = {e["name"]: x.eps[f"pte:{e['name']}"] for e in x.entries["pte"]}
+
+    def traced():  # lowering consumes the ExportedProgram's constants: each lowering gets its own trace
+        x.eps.clear()
+        _trace(x)
+        return {e["name"]: x.eps[f"pte:{e['name']}"] for e in x.entries["pte"]}
 
     def full():  # ExecuTorch's own defaults: every XNNPACK pass, the edge dialect verified after each step
         from executorch.exir import to_edge_transform_and_lower
-        return to_edge_transform_and_lower(eps, partitioner=[to_pte._partitioner(x.in_place)])
+        return to_edge_transform_and_lower(traced(), partitioner=[to_pte._partitioner(x.in_place)])
     rows = {"full": [], "edgekv": []}
     for _ in range(repeats):
-        for name, lower in (("full", full), ("edgekv", lambda: to_pte.lower_pte(eps, x.in_place))):
+        for name, lower in (("full", full), ("edgekv", lambda: to_pte.lower_pte(traced(), x.in_place))):
             t = time.process_time()
             buf = to_pte.to_buffer(lower(), x.in_place)
             rows[name].append({"cpu_s": round(time.process_time() - t, 2),
