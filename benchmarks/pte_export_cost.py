@@ -80,7 +80,11 @@ def lowering_side_by_side(model: str, ctx: int, repeats: int = 1) -> dict:
 
     def full():  # ExecuTorch's own defaults: every XNNPACK pass, the edge dialect verified after each step
         from executorch.exir import to_edge_transform_and_lower
-        return to_edge_transform_and_lower(traced(), partitioner=[to_pte._partitioner(x.in_place)])
+        edge = to_edge_transform_and_lower(traced(), partitioner=[to_pte._partitioner(x.in_place)])
+        if x.in_place:  # as lower_pte does
+            for method in edge.methods:
+                to_pte.write_state_in_place(edge.exported_program(method))
+        return edge
     rows = {"full": [], "edgekv": []}
     for _ in range(repeats):
         for name, lower in (("full", full), ("edgekv", lambda: to_pte.lower_pte(traced(), x.in_place))):
