@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# the suite's .pte exports lower afresh and leave nothing in the user's ~/.cache/edgekv/pte (edgekv.export.pte_cache);
+# tests/test_pte_cache.py turns the cache on in a temporary folder
+os.environ["EDGEKV_PTE_CACHE"] = "off"
 EDGEKV = [sys.executable, "-m", "edgekv.cli"]
 # seconds one edgekv subprocess may take; a loaded host running the slow family/arm64 tests may need more
 try:

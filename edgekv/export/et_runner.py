@@ -87,8 +87,9 @@ def trace(module, chunk: int):
 def lower(ep, meta: dict):
     from executorch.exir import to_edge_transform_and_lower
 
-    from .to_pte import _partitioner
-    return to_edge_transform_and_lower({"forward": ep}, partitioner=[_partitioner(True)], constant_methods=meta)
+    from .to_pte import _only_needed_xnnpack_passes, _partitioner
+    with _only_needed_xnnpack_passes():
+        return to_edge_transform_and_lower({"forward": ep}, partitioner=[_partitioner(True)], constant_methods=meta)
 
 
 def to_buffer(edge) -> bytes:

@@ -9,6 +9,10 @@ then compares the .pte with that quantized eager module (catches lowering bugs);
 has no eager twin, so verify-onnx is replaced by verify-quant-onnx; verify-quant-* compares each quantized artifact with
 the fp32 eager model over real text (top-1, KL) and refuses it beyond wquant.THRESHOLDS.
 
+lower-pte and serialize-pte are skipped when the same traced program (weights, lowering code and toolchain
+versions included) was lowered before: model.pte comes from edgekv.export.pte_cache (EDGEKV_PTE_CACHE=off turns it
+off), checked by its sha256 and then verified like a new one.
+
 Everything is written into a temporary sibling folder (`.NAME.tmp-PID`) and renamed into place at the end (publish),
 so a failure at any stage leaves nothing half-written at --out; what a killed run left is removed by the next export
 to the same --out. --force replaces only an earlier edgekv export (check_out), checked again right before the

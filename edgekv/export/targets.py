@@ -107,21 +107,35 @@ class PteTarget:
     @staticmethod
     def write(x) -> None:
         """lower-pte and serialize-pte."""
-        from . import et_runner, to_pte
+        from . import et_runner, pte_cache, to_pte
         st, tmp = x.st, x.tmp
+        eps = {e["name"]: x.eps[f"pte:{e['name']}"] for e in x.entries["pte"]}
+        meta = None
+        if x.et_run:
+            if x.tok_entry is None:
+                raise EdgekvError("ExecuTorch's LLM runner needs a tokenizer: this model folder has none")
+            meta = et_runner.metadata(x.args, x.tok_entry, x.opts.max_ctx, x.chunk)
+        key = pte_cache.program_key(eps, in_place=x.in_place, runner_metadata=meta) \
+            if pte_cache.limit() is not None else None
+        hit = key and pte_cache.fetch(key, tmp / "model.pte")
+        if hit:  # the same traced program, weights and lowering code as an earlier export's (edgekv.export.pte_cache)
+            with st.stage("lower-pte", f"the same program was lowered before: {pte_cache.folder() / key}.pte"):
+                pass
+            with st.stage("serialize-pte", "model.pte (from the cache, its sha256 checked)"):
+                x.artifacts.append(PteTarget._artifact(x, hit["delegation"]))
+            return
         with st.stage("lower-pte", "to_edge_transform_and_lower + XnnpackPartitioner"):
             if x.et_run:
-                if x.tok_entry is None:
-                    raise EdgekvError("ExecuTorch's LLM runner needs a tokenizer: this model folder has none")
-                edge = et_runner.lower(x.eps["pte:forward"],
-                                       et_runner.metadata(x.args, x.tok_entry, x.opts.max_ctx, x.chunk))
+                edge = et_runner.lower(x.eps["pte:forward"], meta)
             else:
-                edge = to_pte.lower_pte({e["name"]: x.eps[f"pte:{e['name']}"] for e in x.entries["pte"]}, x.in_place)
+                edge = to_pte.lower_pte(eps, x.in_place)
         with st.stage("serialize-pte", "model.pte"):
             delegation = to_pte.delegation_summary(edge)  # before to_executorch, which rewrites the graphs
             (tmp / "model.pte").write_bytes(et_runner.to_buffer(edge) if x.et_run else to_pte.to_buffer(edge, x.in_place))
             x.artifacts.append(PteTarget._artifact(x, delegation))
             del edge
+            if key:
+                pte_cache.store(key, tmp / "model.pte", {"delegation": delegation})
 
     @staticmethod
     def _artifact(x, delegation: dict) -> dict:

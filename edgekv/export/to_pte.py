@@ -16,6 +16,7 @@ no copy of the state per call. ExecuTorch plans the method's other buffers for i
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import contextmanager
 
 from .manifest import ROWS
 
@@ -106,13 +107,59 @@ def lower_pte(eps: dict, in_place: bool = False):
     """{method: ExportedProgram} -> EdgeProgramManager (inspect it with delegation_summary). in_place: the programs
     were traced with custom_sdpa in every attention layer (edgekv.models.swaps): every state input is written in
     place."""
-    from executorch.exir import to_edge_transform_and_lower
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
-    edge = to_edge_transform_and_lower(eps, partitioner=[_partitioner(in_place)])
+    # _check_ir_validity=False: the edge-dialect verifier re-walks every graph after each step (about a tenth of the
+    # lowering's CPU time); it checks, it does not change the program (the same .pte bytes either way), and the
+    # export's verify-pte stage runs the lowered program against eager torch anyway
+    with _only_needed_xnnpack_passes():
+        edge = to_edge_transform_and_lower(eps, partitioner=[_partitioner(in_place)],
+                                           compile_config=EdgeCompileConfig(_check_ir_validity=False))
     if in_place:
         for method in edge.methods:
             write_state_in_place(edge.exported_program(method))
     return edge
+
+
+# XNNPACK's passes (executorch/backends/xnnpack/_passes) that rewrite only nodes of the listed ops: a partition with
+# none of them is left exactly as it was, but each pass still re-traces the partition with fake tensors and rebuilds
+# its ExportedProgram. XnnpackBackend.preprocess runs all 17 passes on each of a model's partitions (about 2 per
+# layer): these 8 were a third of the lowering's CPU time on an LLM, which has no convolution, pooling, batch norm,
+# upsampling, padding, PReLU or ReLU. A pass not listed here always runs.
+XNNPACK_PASS_OPS = {
+    "ConvertToUpsampleBilinear2d": ("upsample",), "FuseBatchNormPass": ("batch_norm",),
+    "DecomposeBatchNorm": ("batch_norm",), "Conv1dUnsqueezePass": ("convolution",), "PReLUReshapePass": ("prelu",),
+    "InsertPadQDQPass": ("constant_pad_nd",), "RemoveGetItemPass": ("max_pool",),
+    "FuseActivationPass": ("relu", "hardtanh"),
+}
+
+
+def needed_passes(passes: list, op_names: set[str]) -> list:
+    """passes (XNNPACK pass classes) less the ones XNNPACK_PASS_OPS says cannot change a graph of these ops."""
+    return [p for p in passes if p.__name__ not in XNNPACK_PASS_OPS
+            or any(w in op for w in XNNPACK_PASS_OPS[p.__name__] for op in op_names)]
+
+
+@contextmanager
+def _only_needed_xnnpack_passes():
+    """While lowering: XnnpackBackend.preprocess runs, per partition, only the passes that can change it
+    (needed_passes); the default pass list is restored after."""
+    import executorch.backends.xnnpack.xnnpack_preprocess as xp
+
+    base = xp.XNNPACKPassManager
+
+    class Needed(base):
+        def __init__(self, exported_program, passes=None):
+            super().__init__(exported_program, passes)
+            if not passes:  # the default list (a compile spec's own list runs as given)
+                self.passes = needed_passes(self.passes, {str(n.target) for n in exported_program.graph.nodes
+                                                          if n.op == "call_function"})
+
+    xp.XNNPACKPassManager = Needed
+    try:
+        yield
+    finally:
+        xp.XNNPACKPassManager = base
 
 
 def write_state_in_place(ep) -> None:
