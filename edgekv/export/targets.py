@@ -29,15 +29,18 @@ class OnnxTarget:
         """lower-onnx, serialize-onnx and (quantized weights) quantize-onnx."""
         from . import to_onnx
         opts, st, tmp = x.opts, x.st, x.tmp
+        # int8 / int4 weights are quantized one at a time from the graph's own W (wquant.quantize_onnx): lowering
+        # leaves their transposes unfolded, so no fp32 copy of the weights is made beside the module's
+        streamed = opts.weights in ("int8", "int4")
         with st.stage("lower-onnx", "torch.onnx.export(dynamo=True)"):
-            model = to_onnx.lower_onnx(x.eps["onnx:forward"], x.entries["onnx"][0])
-            if opts.weights == "fp32":  # the quantized recipes untie the head instead (wquant.quantize_onnx)
-                from .wquant import fuse_tied_head
-                fuse_tied_head(model)
+            model = to_onnx.lower_onnx(x.eps["onnx:forward"], x.entries["onnx"][0], fold_weights=not streamed)
         with st.stage("serialize-onnx", f"model.onnx + {to_onnx.EXTERNAL_DATA}"):
-            to_onnx.save_onnx(model, tmp / "model.onnx")
-            x.artifacts.append(OnnxTarget._artifact(x, to_onnx.opset(model)))
+            to_onnx.save_onnx(model, tmp / "model.onnx")  # one tensor at a time
             del model
+            if opts.weights == "fp32":  # the quantized recipes untie the head instead (wquant.quantize_onnx)
+                from .wquant import fuse_tied_head_file
+                fuse_tied_head_file(tmp / "model.onnx")
+            x.artifacts.append(OnnxTarget._artifact(x, to_onnx.opset_of(tmp / "model.onnx")))
         if "quantize-onnx" in st.names:
             from .wquant import quantize_onnx
             how = "the GGUF's own blocks, carried" if opts.weights == "gguf" else \
