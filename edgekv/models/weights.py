@@ -5,6 +5,7 @@ No pickle anywhere: GGUF through gguf.GGUFReader + gguf.quants.dequantize, HF we
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import re
 from pathlib import Path
@@ -211,9 +212,32 @@ def load_gguf(path: str | Path) -> tuple[dict, dict, list[float] | None, list[st
     return cfg, sd, freq_factors, sorted({t.tensor_type.name for t in reader.tensors})
 
 
+@contextlib.contextmanager
+def no_init():
+    """Build a module without filling its nn.Linear and nn.Embedding weights with random values. Every parameter is
+    then replaced from the checkpoint (load_strict refuses a missing one), and an allocation nothing wrote to is not
+    resident memory: the module's random init and the loaded weights are never both in memory (the fp32 weights
+    twice at the load stage of an export)."""
+    from torch import nn
+
+    saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters
+    nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None
+    try:
+        yield
+    finally:
+        nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved
+
+
 def load_strict(module, sd: dict, where: Path, what: str):
-    """Load every parameter (nothing missing, nothing left over), then freeze and switch to eval."""
-    missing, unexpected = module.load_state_dict(sd, strict=False)
+    """Load every parameter (nothing missing, nothing left over), then freeze and switch to eval. The state dict's
+    tensors become the module's (assign, in the module's dtypes: no second copy of the weights) unless the module
+    shares a parameter between two names, which assigning would untie."""
+    own = module.state_dict(keep_vars=True)
+    shared = len({id(p) for _, p in module.named_parameters(remove_duplicate=False)}) < \
+        len(list(module.named_parameters(remove_duplicate=False)))
+    if not shared:
+        sd = {k: v.to(own[k].dtype) if k in own and v.dtype != own[k].dtype else v for k, v in sd.items()}
+    missing, unexpected = module.load_state_dict(sd, strict=False, assign=not shared)
     if missing or unexpected:
         raise EdgekvError(f"{where}: weights do not match a {what} model "
                           f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
