@@ -34,7 +34,7 @@ BASE = 0.5e9  # the process with torch, ONNX Runtime and the exporters imported,
 # ONNX Runtime's quantizer's arrays beside the eager module, which verify-quant still needs), else lower/serialize-onnx.
 # The .pte fp32 figure is Gemma-3-270M's at 32k; the quantized .pte recipes (a quantized deep copy of the module
 # besides) are not measured: one copy more is assumed.
-K_ONNX = {"fp32": 3.75, "fp16": 4.75, "int8": 4.75, "int4": 4.75}
+K_ONNX = {"fp32": 3.75, "fp16": 4.75, "int8": 1.5, "int4": 1.5}
 K_PTE = {"fp32": 5.0, "int8": 6.0, "int4": 6.0}
 STATE_COPIES = 3  # the eager state, the runtime's past and present state while verifying
 # CPU seconds per billion parameters (one core of the 2-core reference VM, x86-64 AMD EPYC): load, trace, lower,

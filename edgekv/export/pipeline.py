@@ -133,6 +133,8 @@ class Export:
     steps: int = 0
     verification: dict = field(default_factory=dict)
     weight_quality: dict = field(default_factory=dict)
+    fp32_rows: object = None  # verify-quant's fp32 logits (wquant.teacher_forced), computed once
+    n_params: int = 0  # counted before verify-quant frees the eager module's weights
 
     module = property(lambda self: self.loaded.module)
     layout = property(lambda self: self.loaded.layout)
@@ -317,18 +319,32 @@ def _verify_quant(x: Export, target) -> None:
     """verify-quant-FMT: the weight-quantized artifact against the fp32 eager module over real text (top-1, KL)."""
     from .runtime import EagerStepper
     from .tokenizer import bos_prefix
-    from .wquant import describe_quality, quality_tokens, verify_quant
+    from .wquant import check_quality, compare_rows, describe_quality, quality_tokens, teacher_forced
     fmt, opts = target.fmt, x.opts
     with x.st.stage(f"verify-quant-{fmt}", f"{opts.weights} artifact vs fp32 eager, {QUALITY_TOKENS} tokens of "
                     "real text (top-1, KL)"):
         tokens = quality_tokens(x.tokenizer, x.args.vocab, QUALITY_TOKENS, bos_prefix(x.tok_entry))
+        if x.fp32_rows is None:  # the fp32 side once for every format: the eager module's last use
+            x.fp32_rows = teacher_forced(EagerStepper(x.partial, x.module), tokens)
+            x.n_params = sum(p.numel() for p in x.module.parameters())
+            _release(x.module)  # its weights freed before the artifact's runtime loads
         art = target.stepper(x)
-        q = x.weight_quality[fmt] = verify_quant(EagerStepper(x.partial, x.module), art, tokens, opts.weights, fmt)
+        q = x.weight_quality[fmt] = check_quality(compare_rows(x.fp32_rows, art, tokens), opts.weights, fmt)
         x.st.echo(f"      {describe_quality(q)}")
         if fmt not in x.verification:  # ONNX Runtime's tools quantized it: no quantized torch module to hold it to
             x.verification[f"{fmt}-quant"] = {  # so verify-quant is its verification, thresholds and all
                 "runtime": _runtime(x, fmt),
                 "against": "the fp32 eager torch module, teacher-forced over real text", **q}
+
+
+def _release(module) -> None:
+    """Drop the eager module's weights (each parameter keeps its object and dtype, not its storage) and collect."""
+    import gc
+
+    import torch
+    for p in module.parameters():
+        p.data = torch.empty(0, dtype=p.dtype)
+    gc.collect()
 
 
 def _manifest(x: Export, version: str) -> dict:
@@ -340,7 +356,7 @@ def _manifest(x: Export, version: str) -> dict:
         if opts.weights == "gguf":  # the plan's gguf weights are the file's tensors as stored (its header)
             from ..arch import read_gguf
             plan_arch = read_gguf(loaded.source)
-        n_params = sum(p.numel() for p in module.parameters())
+        n_params = x.n_params or sum(p.numel() for p in module.parameters())
         manifest = {
             "schema_version": 1, "edgekv_version": version,
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),

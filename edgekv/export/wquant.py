@@ -688,20 +688,36 @@ def compare_to_fp32(fp32_stepper, quant_stepper, tokens: list[int], n_prefill: i
         top1_agreement  fraction where both argmaxes agree
         kl_mean/kl_max  KL(p_fp32 || p_quant) in nats
         nll_fp32/quant  mean negative log-likelihood of the text (nats/token): the quality cost in absolute terms"""
+    ref = teacher_forced(fp32_stepper, tokens, n_prefill, side=0)
+    return compare_rows(ref, quant_stepper, tokens, n_prefill)
+
+
+def _split(tokens: list[int], n_prefill: int | None) -> int:
     if len(tokens) < 3:
         raise EdgekvError("compare_to_fp32 needs at least 3 tokens")
-    n_prefill = max(1, min(len(tokens) - 1, n_prefill or len(tokens) // 2))
-    rows = {}
+    return max(1, min(len(tokens) - 1, n_prefill or len(tokens) // 2))
+
+
+def teacher_forced(stepper, tokens: list[int], n_prefill: int | None = None, side: int = 0) -> np.ndarray:
+    """The stepper's logits [len(tokens) - 1, V] over `tokens`, prefilling tokens[:n_prefill] (default half) and then
+    one token at a time (compare_to_fp32's either side; side 0 / 1: the first / second half of the stage's work).
+    The fp32 side computed on its own lets an export free the eager module before the artifact's runtime loads."""
     from ..progress import work
+    n_prefill = _split(tokens, n_prefill)
     n_steps = len(tokens) - 1 - n_prefill
-    for side, (key, s) in enumerate((("fp32", fp32_stepper), ("quant", quant_stepper))):
-        s.reset()
-        got = [s.prefill(tokens[:n_prefill])]
-        for p, t in enumerate(tokens[n_prefill:-1], start=n_prefill):
-            work(side * n_steps + p - n_prefill, 2 * n_steps)  # the stage's own work: its estimate of the time left
-            got.append(s.step([t], p))
-        rows[key] = np.concatenate(got)  # [len(tokens) - 1, V]
-    lp, lq = _log_softmax(rows["fp32"]), _log_softmax(rows["quant"])
+    stepper.reset()
+    got = [stepper.prefill(tokens[:n_prefill])]
+    for p, t in enumerate(tokens[n_prefill:-1], start=n_prefill):
+        work(side * n_steps + p - n_prefill, 2 * n_steps)  # the stage's own work: its estimate of the time left
+        got.append(stepper.step([t], p))
+    return np.concatenate(got)
+
+
+def compare_rows(fp32_rows: np.ndarray, quant_stepper, tokens: list[int], n_prefill: int | None = None) -> dict:
+    """compare_to_fp32 with the fp32 side's logits already computed (teacher_forced)."""
+    n_prefill = _split(tokens, n_prefill)
+    rows = teacher_forced(quant_stepper, tokens, n_prefill, side=1)
+    lp, lq = _log_softmax(fp32_rows), _log_softmax(rows)
     if not np.isfinite(lq).all():
         kl = np.full(len(lp), np.inf)
     else:

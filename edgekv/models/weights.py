@@ -106,7 +106,12 @@ def load_hf_folder(folder: str | Path) -> tuple[dict, dict]:
     for name in files:
         try:
             with safe_open(str(d / name), framework="pt") as f:
-                for k in f.keys():
+                keys = list(f.keys())
+            # one tensor per opening: safe_open maps the file, and every page of it read stays resident (counted in
+            # the process's memory) while the map is open; closed after each tensor, the stored bf16 / fp16 weights
+            # are never resident beside their fp32 copies
+            for k in keys:
+                with safe_open(str(d / name), framework="pt") as f:
                     sd[k] = f.get_tensor(k).to(torch.float32)
         except Exception as e:  # safetensors raises its own error types on damaged files
             raise EdgekvError(f"{d / name}: not a readable safetensors file ({type(e).__name__}: {e})") from None
