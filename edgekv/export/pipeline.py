@@ -317,17 +317,11 @@ def _verify_genai(x: Export) -> None:
 
 def _verify_quant(x: Export, target) -> None:
     """verify-quant-FMT: the weight-quantized artifact against the fp32 eager module over real text (top-1, KL)."""
-    from .runtime import EagerStepper
-    from .tokenizer import bos_prefix
-    from .wquant import check_quality, compare_rows, describe_quality, quality_tokens, teacher_forced
+    from .wquant import check_quality, compare_rows, describe_quality
     fmt, opts = target.fmt, x.opts
     with x.st.stage(f"verify-quant-{fmt}", f"{opts.weights} artifact vs fp32 eager, {QUALITY_TOKENS} tokens of "
                     "real text (top-1, KL)"):
-        tokens = quality_tokens(x.tokenizer, x.args.vocab, QUALITY_TOKENS, bos_prefix(x.tok_entry))
-        if x.fp32_rows is None:  # the fp32 side once for every format: the eager module's last use
-            x.fp32_rows = teacher_forced(EagerStepper(x.partial, x.module), tokens)
-            x.n_params = sum(p.numel() for p in x.module.parameters())
-            _release(x.module)  # its weights freed before the artifact's runtime loads
+        tokens = fp32_reference(x)
         art = target.stepper(x)
         q = x.weight_quality[fmt] = check_quality(compare_rows(x.fp32_rows, art, tokens), opts.weights, fmt)
         x.st.echo(f"      {describe_quality(q)}")
@@ -337,14 +331,38 @@ def _verify_quant(x: Export, target) -> None:
                 "against": "the fp32 eager torch module, teacher-forced over real text", **q}
 
 
-def _release(module) -> None:
-    """Drop the eager module's weights (each parameter keeps its object and dtype, not its storage) and collect."""
+def fp32_reference(x: Export, release: bool = True) -> list[int]:
+    """verify-quant's fp32 side, once for every format: the eager module's logits over the quality text
+    (wquant.teacher_forced). That is the module's last use but for tracing: with release its weights are freed after
+    it, before a quantized artifact's runtime loads (an ONNX-only int8 / int4 export computes it before tracing and
+    frees them as the graph no longer needs them: OnnxTarget). Returns the tokens."""
+    from .runtime import EagerStepper
+    from .tokenizer import bos_prefix
+    from .wquant import quality_tokens, teacher_forced
+    tokens = quality_tokens(x.tokenizer, x.args.vocab, QUALITY_TOKENS, bos_prefix(x.tok_entry))
+    if x.fp32_rows is None:
+        state = {"max_ctx": x.opts.max_ctx, "state": x.layout.to_json(), "artifacts": x.artifacts}
+        x.fp32_rows = teacher_forced(EagerStepper(state, x.module), tokens)
+        x.n_params = sum(p.numel() for p in x.module.parameters())
+    if release:
+        release_weights(x.module)
+    return tokens
+
+
+def release_weights(module, keep=None) -> None:
+    """Drop the eager module's weights (each parameter keeps its object and dtype, not its storage), but those whose
+    storage `keep` (a module: the runtime's swapped copy being traced) shares; and collect."""
     import gc
 
     import torch
+    kept = set() if keep is None else {t.untyped_storage().data_ptr()
+                                       for t in (*keep.parameters(), *keep.buffers())}
     for p in module.parameters():
-        p.data = torch.empty(0, dtype=p.dtype)
+        if p.numel() and p.untyped_storage().data_ptr() not in kept:
+            p.data = torch.empty(0, dtype=p.dtype)
     gc.collect()
+    from .wquant import trim
+    trim()
 
 
 def _manifest(x: Export, version: str) -> dict:

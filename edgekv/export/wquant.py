@@ -593,9 +593,11 @@ def _quantize_stream(model, src: Path, dst: Path, weights: str, entry: dict) -> 
                 untied |= tr and w.name in gathered
                 block = HEAD_GROUP[weights] if n.name in heads else GROUP
                 new_nodes.append(_nbits_matmul(n, w, tr, k, cols, bits, block, data, new_inits))
+                trim()
             elif bits == 4 and n.op_type == "Gather" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2 \
                     and inits[n.input[0]].data_type == TensorProto.FLOAT:
                 new_nodes.append(_block_gather(n, inits[n.input[0]], GROUP, data, new_inits))
+                trim()
             else:
                 new_nodes.append(n)
         del model.graph.node[:]
@@ -710,7 +712,28 @@ def teacher_forced(stepper, tokens: list[int], n_prefill: int | None = None, sid
     for p, t in enumerate(tokens[n_prefill:-1], start=n_prefill):
         work(side * n_steps + p - n_prefill, 2 * n_steps)  # the stage's own work: its estimate of the time left
         got.append(stepper.step([t], p))
+        trim()
     return np.concatenate(got)
+
+
+def trim() -> None:
+    """Give the C heap's free pages back to the kernel (glibc malloc_trim). An eager step at a long context frees
+    cache-sized tensors that glibc's adaptive mmap threshold then serves from its heap; without a trim the freed
+    space stays resident and the process grows step after step. A no-op where there is no glibc."""
+    import ctypes
+    import ctypes.util
+    global _LIBC
+    if _LIBC is None:
+        try:
+            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.malloc_trim  # noqa: B018 (absent outside glibc)
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC = None
 
 
 def compare_rows(fp32_rows: np.ndarray, quant_stepper, tokens: list[int], n_prefill: int | None = None) -> dict:
