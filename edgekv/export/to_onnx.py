@@ -98,7 +98,11 @@ def save_onnx(model, path) -> None:
         tmp = path.parent / f".{EXTERNAL_DATA}.tmp-{os.getpid()}"
         # written under a temporary name (ir.save refuses to overwrite a file its own tensors may read), then
         # renamed: the graph names EXTERNAL_DATA; large tensors at 64 KiB offsets, as ONNX Runtime maps them
-        ir.save(model.model, str(path), external_data=tmp.name, size_threshold_bytes=1024, alignment=65536)
+        try:
+            ir.save(model.model, str(path), external_data=tmp.name, size_threshold_bytes=1024, alignment=65536)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # nothing half-written is left
+            raise
         proto = onnx.load(str(path), load_external_data=False)
         for t in proto.graph.initializer:
             for e in t.external_data:

@@ -282,6 +282,9 @@ def fuse_tied_head_file(path: Path) -> list[str]:
         try:
             for i in model.graph.initializer:
                 data.copy(i)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         finally:
             data.f.close()
         os.replace(tmp, path.parent / EXTERNAL_DATA)
@@ -618,8 +621,11 @@ def _quantize_stream(model, src: Path, dst: Path, weights: str, entry: dict) -> 
         vi = [v for v in model.graph.value_info if v.name not in dead]
         del model.graph.value_info[:]
         model.graph.value_info.extend(vi)
-    finally:
+    except BaseException:
         data.f.close()
+        tmp.unlink(missing_ok=True)  # nothing half-written is left beside dst
+        raise
+    data.f.close()
     # the opsets ORT's quantizer sets: its contrib domain; int4 tensors need opset 21 and IR version 10
     _set_opset(model, "com.microsoft", 1)
     if bits == 4:
