@@ -149,3 +149,46 @@ def test_streamed_quantization_never_holds_the_fp32_weights(tmp_path):
     assert rise < weights / 4, (rise, weights)
     q = onnx.load(str(tmp_path / "q" / "model.onnx"), load_external_data=False)
     assert [nd.op_type for nd in q.graph.node] == ["MatMulNBits"] * n
+
+
+LOAD_CHILD = """
+import json, re, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import torch
+from edgekv.models import load_any
+from edgekv.strategies import parse_strategy
+def status(key):
+    return int(re.search(key + r":\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1))
+Path("/proc/self/clear_refs").write_text("5")  # the kernel's peak resident size (VmHWM) starts again from now
+base = status("VmRSS")
+m = load_any(sys.argv[2], parse_strategy("kv:dtype=fp32"), 64).module
+print(json.dumps({"base_kb": base, "peak_kb": status("VmHWM"),
+                  "fp32_bytes": sum(p.numel() * p.element_size() for p in m.parameters())}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the kernel's VmHWM (/proc/self/status)")
+def test_loading_holds_the_fp32_weights_once(tmp_path):
+    """A bf16 HF folder of ~44M parameters (scripts/make_random_model.py, 8 layers of 512): building the module and
+    loading its weights raises the peak resident size by less than 1.5x the module's fp32 weights (the weights once,
+    and a tensor being converted), where a randomly initialised module beside a loaded fp32 state dict is 2x."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mrm", ROOT / "scripts" / "make_random_model.py")
+    mrm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mrm)
+    cfg = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "head_dim": 64, "hidden_act": "silu",
+           "hidden_size": 512, "intermediate_size": 1536, "max_position_embeddings": 4096, "mlp_bias": False,
+           "model_type": "llama", "num_attention_heads": 8, "num_hidden_layers": 8, "num_key_value_heads": 8,
+           "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+           "vocab_size": 32000, "bos_token_id": 1, "eos_token_id": 2}
+    entry = tmp_path / "m.json"
+    entry.write_text(json.dumps({"name": "m", "config": cfg}))
+    mrm.make(str(entry), tmp_path / "m", echo=lambda s: None, gguf_file=False)
+    p = subprocess.run([sys.executable, "-c", LOAD_CHILD, str(ROOT), str(tmp_path / "m")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    rise = (r["peak_kb"] - r["base_kb"]) * 1024
+    assert r["fp32_bytes"] > 150e6 and rise < 1.5 * r["fp32_bytes"], (rise, r["fp32_bytes"])
