@@ -9,6 +9,7 @@ import math
 import shutil
 import struct
 
+import pytest
 from conftest import ROOT, run_cli
 
 TINY = ROOT / "fixtures" / "tiny" / "llama"
@@ -68,3 +69,27 @@ def test_a_malformed_environment_limit_is_one_line_naming_it(tmp_path):
     assert p.returncode == 2 and p.stderr.strip().splitlines() == [
         "edgekv: error: EDGEKV_MAX_MEMORY: memory size 'lots' is not a size: use e.g. 3500MB or 3.5GB or 3GiB"]
     assert not out.exists()
+
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+@pytest.mark.parametrize("name, model, ctx", [
+    ("export_cost_llama_3.2_1b_random_onnx_int4_8k_streamed", "llama-3.2-1b", 8192),
+    ("export_cost_smollm2_135m_onnx_int4_512_streamed", "smollm2-135m", 512)])
+def test_estimate_is_within_a_stated_factor_of_a_measured_streamed_export(name, model, ctx):
+    """The estimate for a streamed int4 ONNX export (a random Llama-3.2-1B at 8k; SmolLM2-135M at 512, where the
+    imports and the runtime's session, not the weights, set the peak) is at least the peak RSS
+    benchmarks/export_cost.py measured for it (the export as a child, sampled every 0.2 s) and at most 1.5x that:
+    high enough that an export it lets start does not run out of memory, low enough not to refuse one that fits.
+    Each run went through every stage; verify-quant refused the random 1B's weights (nearly flat logits: int4
+    rounding flips the top-1 token at a small KL), which does not change what it cost."""
+    from edgekv.arch.catalog import catalog_arch
+    from edgekv.export.budget import estimate
+    from edgekv.strategies import parse_strategy
+
+    r = json.loads((RESULTS / f"{name}.json").read_text())
+    assert r["argv"][r["argv"].index("--weights") + 1] == "int4" and "verify-quant-onnx" in r["stages"]
+    assert r["returncode"] == 0 or "failed verify-quant" in r["error"]
+    e = estimate(catalog_arch(model), parse_strategy("kv"), ctx, ("onnx",), "int4", 32)
+    assert r["peak_rss"] <= e["peak_bytes"] <= 1.5 * r["peak_rss"], (e["peak_bytes"], r["peak_rss"])

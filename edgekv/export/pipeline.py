@@ -137,6 +137,8 @@ class Export:
     steps: int = 0
     verification: dict = field(default_factory=dict)
     weight_quality: dict = field(default_factory=dict)
+    fp32_rows: object = None  # verify-quant's fp32 logits (wquant.teacher_forced), computed once
+    n_params: int = 0  # counted before verify-quant frees the eager module's weights
 
     module = property(lambda self: self.loaded.module)
     layout = property(lambda self: self.loaded.layout)
@@ -319,20 +321,52 @@ def _verify_genai(x: Export) -> None:
 
 def _verify_quant(x: Export, target) -> None:
     """verify-quant-FMT: the weight-quantized artifact against the fp32 eager module over real text (top-1, KL)."""
-    from .runtime import EagerStepper
-    from .tokenizer import bos_prefix
-    from .wquant import describe_quality, quality_tokens, verify_quant
+    from .wquant import check_quality, compare_rows, describe_quality
     fmt, opts = target.fmt, x.opts
     with x.st.stage(f"verify-quant-{fmt}", f"{opts.weights} artifact vs fp32 eager, {QUALITY_TOKENS} tokens of "
                     "real text (top-1, KL)"):
-        tokens = quality_tokens(x.tokenizer, x.args.vocab, QUALITY_TOKENS, bos_prefix(x.tok_entry))
+        tokens = fp32_reference(x)
         art = target.stepper(x)
-        q = x.weight_quality[fmt] = verify_quant(EagerStepper(x.partial, x.module), art, tokens, opts.weights, fmt)
+        q = x.weight_quality[fmt] = check_quality(compare_rows(x.fp32_rows, art, tokens), opts.weights, fmt)
         x.st.echo(f"      {describe_quality(q)}")
         if fmt not in x.verification:  # ONNX Runtime's tools quantized it: no quantized torch module to hold it to
             x.verification[f"{fmt}-quant"] = {  # so verify-quant is its verification, thresholds and all
                 "runtime": _runtime(x, fmt),
                 "against": "the fp32 eager torch module, teacher-forced over real text", **q}
+
+
+def fp32_reference(x: Export, release: bool = True) -> list[int]:
+    """verify-quant's fp32 side, once for every format: the eager module's logits over the quality text
+    (wquant.teacher_forced). That is the module's last use but for tracing: with release its weights are freed after
+    it, before a quantized artifact's runtime loads (an ONNX-only int8 / int4 export computes it before tracing and
+    frees them as the graph no longer needs them: OnnxTarget). Returns the tokens."""
+    from .runtime import EagerStepper
+    from .tokenizer import bos_prefix
+    from .wquant import quality_tokens, teacher_forced
+    tokens = quality_tokens(x.tokenizer, x.args.vocab, QUALITY_TOKENS, bos_prefix(x.tok_entry))
+    if x.fp32_rows is None:
+        state = {"max_ctx": x.opts.max_ctx, "state": x.layout.to_json(), "artifacts": x.artifacts}
+        x.fp32_rows = teacher_forced(EagerStepper(state, x.module), tokens)
+        x.n_params = sum(p.numel() for p in x.module.parameters())
+    if release:
+        release_weights(x.module)
+    return tokens
+
+
+def release_weights(module, keep=None) -> None:
+    """Drop the eager module's weights (each parameter keeps its object and dtype, not its storage), but those whose
+    storage `keep` (a module: the runtime's swapped copy being traced) shares; and collect."""
+    import gc
+
+    import torch
+    kept = set() if keep is None else {t.untyped_storage().data_ptr()
+                                       for t in (*keep.parameters(), *keep.buffers())}
+    for p in module.parameters():
+        if p.numel() and p.untyped_storage().data_ptr() not in kept:
+            p.data = torch.empty(0, dtype=p.dtype)
+    gc.collect()
+    from .wquant import trim
+    trim()
 
 
 def _manifest(x: Export, version: str) -> dict:
@@ -344,7 +378,7 @@ def _manifest(x: Export, version: str) -> dict:
         if opts.weights == "gguf":  # the plan's gguf weights are the file's tensors as stored (its header)
             from ..arch import read_gguf
             plan_arch = read_gguf(loaded.source)
-        n_params = sum(p.numel() for p in module.parameters())
+        n_params = x.n_params or sum(p.numel() for p in module.parameters())
         manifest = {
             "schema_version": 1, "edgekv_version": version,
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -16,7 +16,14 @@ class OnnxTarget:
         written in place (fused) when every layer is."""
         from ..models.swaps import GQAAttention, for_runtime
         from . import genai
+        alone = OnnxTarget.streamed(x) and "pte" not in x.opts.formats and "genai" not in x.opts.runners
+        if alone:  # the eager module is needed for nothing but this graph: verify-quant's fp32 side first
+            from .pipeline import fp32_reference
+            fp32_reference(x, release=False)
         onnx_module, swapped = for_runtime(x.module, "onnxruntime")
+        if alone:  # then what the swapped copy does not share (the separate q/k/v of its fused ones) freed
+            from .pipeline import release_weights
+            release_weights(x.module, keep=onnx_module)
         x.fused, x.any_fused = bool(swapped) and all(swapped), any(swapped)
         x.window_cache = any(isinstance(m, GQAAttention) and m.window is not None for m in onnx_module.modules())
         if "genai" in x.opts.runners:
@@ -25,24 +32,34 @@ class OnnxTarget:
             x.eps.update(trace(onnx_module, {"onnx:forward": None}))
 
     @staticmethod
+    def streamed(x) -> bool:
+        """int8 / int4 weights are quantized one at a time from the graph's own W (wquant.quantize_onnx): lowering
+        leaves their transposes unfolded, so no fp32 copy of the weights is made beside the module's."""
+        return x.opts.weights in ("int8", "int4")
+
+    @staticmethod
     def write(x) -> None:
         """lower-onnx, serialize-onnx and (quantized weights) quantize-onnx."""
         from . import to_onnx
         opts, st, tmp = x.opts, x.st, x.tmp
+        streamed = OnnxTarget.streamed(x)
         with st.stage("lower-onnx", "torch.onnx.export(dynamo=True)"):
-            model = to_onnx.lower_onnx(x.eps["onnx:forward"], x.entries["onnx"][0])
-            if opts.weights == "fp32":  # the quantized recipes untie the head instead (wquant.quantize_onnx)
-                from .wquant import fuse_tied_head
-                fuse_tied_head(model)
+            model = to_onnx.lower_onnx(x.eps.pop("onnx:forward"), x.entries["onnx"][0], fold_weights=not streamed)
         with st.stage("serialize-onnx", f"model.onnx + {to_onnx.EXTERNAL_DATA}"):
-            to_onnx.save_onnx(model, tmp / "model.onnx")
-            x.artifacts.append(OnnxTarget._artifact(x, to_onnx.opset(model)))
+            to_onnx.save_onnx(model, tmp / "model.onnx")  # one tensor at a time
             del model
+            if opts.weights == "fp32":  # the quantized recipes untie the head instead (wquant.quantize_onnx)
+                from .wquant import fuse_tied_head_file
+                fuse_tied_head_file(tmp / "model.onnx")
+            x.artifacts.append(OnnxTarget._artifact(x, to_onnx.opset_of(tmp / "model.onnx")))
         if "quantize-onnx" in st.names:
             from .wquant import quantize_onnx
             how = "the GGUF's own blocks, carried" if opts.weights == "gguf" else \
                 f"{opts.weights} weights (ONNX Runtime quantization tools)"
             with st.stage("quantize-onnx", how):
+                if streamed and "pte" not in opts.formats:  # the eager module is not traced again: verify-quant's
+                    from .pipeline import fp32_reference     # fp32 side (if not yet), its weights freed before
+                    fp32_reference(x)                        # quantizing
                 x.quantization["onnx"] = quantize_onnx(tmp / "model.onnx", tmp / "model.onnx", opts.weights,
                                                        x.entries["onnx"][0], x.loaded.source)
 

@@ -199,7 +199,9 @@ def load_family(family: Family | str, spec: str, strategy, max_ctx: int) -> Load
     src = _function(fam.read)(spec, max_ctx)
     fam = check_strategy(fam, strategy)
     layout = layout_for(src.arch, strategy, max_ctx)
-    module = _function(fam.build)(src, layout)
+    from .weights import no_init
+    with no_init():  # every weight comes from src: the module is never in memory twice
+        module = _function(fam.build)(src, layout)
     return Loaded(module, src.args, src.arch, layout, src.path, src.fmt)
 
 

@@ -5,6 +5,7 @@ No pickle anywhere: GGUF through gguf.GGUFReader + gguf.quants.dequantize, HF we
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import re
 from pathlib import Path
@@ -106,7 +107,12 @@ def load_hf_folder(folder: str | Path) -> tuple[dict, dict]:
     for name in files:
         try:
             with safe_open(str(d / name), framework="pt") as f:
-                for k in f.keys():
+                keys = list(f.keys())
+            # one tensor per opening: safe_open maps the file, and every page of it read stays resident (counted in
+            # the process's memory) while the map is open; closed after each tensor, the stored bf16 / fp16 weights
+            # are never resident beside their fp32 copies
+            for k in keys:
+                with safe_open(str(d / name), framework="pt") as f:
                     sd[k] = f.get_tensor(k).to(torch.float32)
         except Exception as e:  # safetensors raises its own error types on damaged files
             raise EdgekvError(f"{d / name}: not a readable safetensors file ({type(e).__name__}: {e})") from None
@@ -215,9 +221,32 @@ def load_gguf(path: str | Path) -> tuple[dict, dict, list[float] | None, list[st
     return cfg, sd, freq_factors, sorted({t.tensor_type.name for t in reader.tensors})
 
 
+@contextlib.contextmanager
+def no_init():
+    """Build a module without filling its nn.Linear and nn.Embedding weights with random values. Every parameter is
+    then replaced from the checkpoint (load_strict refuses a missing one), and an allocation nothing wrote to is not
+    resident memory: the module's random init and the loaded weights are never both in memory (the fp32 weights
+    twice at the load stage of an export)."""
+    from torch import nn
+
+    saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters
+    nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None
+    try:
+        yield
+    finally:
+        nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved
+
+
 def load_strict(module, sd: dict, where: Path, what: str):
-    """Load every parameter (nothing missing, nothing left over), then freeze and switch to eval."""
-    missing, unexpected = module.load_state_dict(sd, strict=False)
+    """Load every parameter (nothing missing, nothing left over), then freeze and switch to eval. The state dict's
+    tensors become the module's (assign, in the module's dtypes: no second copy of the weights) unless the module
+    shares a parameter between two names, which assigning would untie."""
+    own = module.state_dict(keep_vars=True)
+    shared = len({id(p) for _, p in module.named_parameters(remove_duplicate=False)}) < \
+        len(list(module.named_parameters(remove_duplicate=False)))
+    if not shared:
+        sd = {k: v.to(own[k].dtype) if k in own and v.dtype != own[k].dtype else v for k, v in sd.items()}
+    missing, unexpected = module.load_state_dict(sd, strict=False, assign=not shared)
     if missing or unexpected:
         raise EdgekvError(f"{where}: weights do not match a {what} model "
                           f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
