@@ -9,6 +9,7 @@ quantization (edgekv.export.gguf_blocks; quantize_onnx hands it over).
       int8 = Int8DynamicActivationIntxWeightConfig(int8, PerAxis(0))    dynamic int8 activations, int8 weights per
                                                                          output channel
       int4 = Int8DynamicActivationIntxWeightConfig(int4, PerGroup(32))   "8da4w": ExecuTorch's own llama recipe
+             (Gemma 3: the output layer 8da4w, the decoder layers int8 per channel, PTE_INT4_LAYERS_INT8)
       fp16 = refused (see PTE_FP16)
       XnnpackPartitioner takes each quantized linear as a dynamically quantized (qd8) GEMM.
 .onnx (after export, on the fp32 model.onnx): ONNX Runtime's quantization tools
