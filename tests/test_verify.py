@@ -255,3 +255,21 @@ def test_a_tokenizer_that_reads_the_text_as_one_id_is_replaced_by_spread_ids():
     ids = verify_prompt(Unknown(), V, 100)
     assert len(set(ids)) >= 4 and all(0 <= i < V for i in ids)
     assert verify_prompt(Bytes(), 256, 100) == list(VERIFY_TEXT.encode())[:100]  # a real tokenizer's ids are kept
+
+
+def test_the_verify_prompt_starts_with_the_bos_the_model_is_run_with():
+    """A model whose tokenizer puts a BOS before every text (Gemma 3) is verified on a prompt that starts with it, as
+    `edgekv run` feeds it (tokenizer.bos_prefix); a model without one gets the text's ids alone."""
+    from types import SimpleNamespace
+
+    from edgekv.export.options import VERIFY_TEXT, verify_prompt
+    from edgekv.export.tokenizer import bos_prefix
+
+    class Bytes:
+        def encode(self, text):
+            return SimpleNamespace(ids=list(text.encode()))
+
+    text = list(VERIFY_TEXT.encode())
+    gemma = bos_prefix({"add_bos_token": True, "bos_token_id": 2})
+    assert verify_prompt(Bytes(), 256, 100, gemma) == [2] + text[:99]
+    assert verify_prompt(Bytes(), 256, 100, bos_prefix({"add_bos_token": False, "bos_token_id": 1})) == text[:100]

@@ -458,3 +458,27 @@ def test_export_cli_refuses_fp16_pte_and_a_too_short_quality_context_in_one_line
         p = run_cli("export", "--model", TINY, "--out", tmp_path / "x", *extra)
         assert p.returncode == 2 and msg in p.stderr and "Traceback" not in p.stderr, p.stderr
         assert not (tmp_path / "x").exists()
+
+
+def test_gemma_int4_pte_keeps_its_layers_int8_per_channel_and_the_head_8da4w(tmp_path):
+    """Gemma 3's int4 .pte (wquant.PTE_INT4_LAYERS_INT8): the decoder layers' linears int8 per output channel, the
+    untied output layer int4 in groups of 32; the scale counts by hand from the layer shapes, the code ranges from
+    the bit widths. A llama keeps 8da4w everywhere (test_torchao_recipe_quantizes_every_linear_...)."""
+    from conftest import tiny_hf
+
+    from edgekv.models import load_any
+
+    tiny_hf(dict(cls="Gemma3TextConfig", vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
+                 sliding_window=8, query_pre_attn_scalar=16, layer_types=["sliding_attention", "full_attention"],
+                 initializer_range=0.2, rope_theta=1e5, rope_local_base_freq=1e3), tmp_path)
+    q = load_any(str(tmp_path), parse_strategy("kv:dtype=fp32"), 32).module
+    rec = wquant.quantize_module(q, "int4")
+    layers = {n: m for n, m in q.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"}
+    assert len(layers) == 2 * 7 == rec["layers_int8"]["linears"] and rec["linears_quantized"] == 2 * 7 + 1
+    for name, lin in layers.items():
+        out_f, _ = lin.weight.shape
+        assert lin.weight.scale.numel() == out_f, name  # one scale per output channel
+        assert int(lin.weight.qdata.abs().max()) > 8, name  # int8 codes use more than the int4 range
+    head = q.lm_head.weight
+    assert head.scale.numel() == 96 * 64 // 32 and -8 <= int(head.qdata.min()) and int(head.qdata.max()) <= 7

@@ -104,7 +104,8 @@ def tokenize(loaded, text: str, n: int) -> list[int]:
 
 def fake_quantize_weights(module: torch.nn.Module, bits: int) -> None:
     """Quantize the module's weights in place exactly as `edgekv export --weights int{bits}` does for the .pte
-    (edgekv.export.wquant.quantize_module: torchao, symmetric int4 in groups of 32 or int8 per output channel, every
+    (edgekv.export.wquant.quantize_module: torchao, symmetric int4 in groups of 32 or int8 per output channel (Gemma 3's
+    int4: its decoder layers int8, wquant.PTE_INT4_LAYERS_INT8), every
     linear whose input width is a multiple of 32, the tied output matrix untied into its own quantized copy, and the
     activations into each of them rounded to int8 per token at run time), so the weights line is what a quantized
     artifact computes, up to the runtime's kernels. Rounding the linears alone, asymmetrically, would change none of

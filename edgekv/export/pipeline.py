@@ -267,7 +267,8 @@ def _prompt(x: Export) -> None:
     opts = x.opts
     x.partial = {"max_ctx": opts.max_ctx, "state": x.layout.to_json(), "artifacts": x.artifacts}
     n_max = opts.max_ctx - opts.verify_steps
-    x.prompt = verify_prompt(x.tokenizer, x.args.vocab, n_max if n_max > 0 else opts.max_ctx - 1)
+    from .tokenizer import bos_prefix
+    x.prompt = verify_prompt(x.tokenizer, x.args.vocab, n_max if n_max > 0 else opts.max_ctx - 1, bos_prefix(x.tok_entry))
     x.steps = max(0, min(opts.verify_steps, opts.max_ctx - len(x.prompt)))
 
 

@@ -9,6 +9,7 @@ quantization (edgekv.export.gguf_blocks; quantize_onnx hands it over).
       int8 = Int8DynamicActivationIntxWeightConfig(int8, PerAxis(0))    dynamic int8 activations, int8 weights per
                                                                          output channel
       int4 = Int8DynamicActivationIntxWeightConfig(int4, PerGroup(32))   "8da4w": ExecuTorch's own llama recipe
+             (Gemma 3: the output layer 8da4w, the decoder layers int8 per channel, PTE_INT4_LAYERS_INT8)
       fp16 = refused (see PTE_FP16)
       XnnpackPartitioner takes each quantized linear as a dynamically quantized (qd8) GEMM.
 .onnx (after export, on the fp32 model.onnx): ONNX Runtime's quantization tools
@@ -56,6 +57,15 @@ ORT_SYMMETRIC = {"int8": True, "int4": False}
 # KL cost; where the head is the smaller part (SmolLM2-135M) they save little and cost more (docs/export.md)
 HEAD_GROUP = {"int8": 32, "int4": 64}
 GROUP = 32  # int4 block / group size (the runtimes' kernels and ExecuTorch's 8da4w recipe use 32..256)
+# int4 for the .pte on Gemma 3: the output layer 8da4w, the decoder layers' linears int8 per output channel (8da8w).
+# XNNPACK's 4-bit kernels hold symmetric blocks only (no zero points), and Gemma's Q4_K_M weights (scale and minimum
+# per block) requantized to that grid cost most of the KL: eager, over real text, 8da4w everywhere KL 0.53 (the same
+# weights with fp32 activations 0.50, so not the int8 activations), int8 layers with the head 8da4w 0.15, and the
+# quantized model's own rounding noise (verify's floor) no larger. The head stays int4: it is most of the bytes read
+# per step. The measurements: docs/export.md#weight-quantization.
+PTE_INT4_LAYERS_INT8 = ("the decoder layers' linears int8 per channel, the output layer 8da4w: XNNPACK's 4-bit "
+                        "blocks are symmetric, and Gemma 3's asymmetric GGUF blocks requantized to them lose most "
+                        "of the KL (docs/export.md#weight-quantization)")
 PTE_FP16 = ("fp16 weights are not supported for the pte format: XNNPACK's fp16 kernels need ARMv8.2 fp16 "
             "arithmetic, which this export cannot run and verify on x86; use --weights int8 or int4 (or fp32)")
 
@@ -122,10 +132,16 @@ def torchao_config(weights: str):
     raise EdgekvError(PTE_FP16 if weights == "fp16" else f"no torchao recipe for weights {weights!r}")
 
 
+def int8_layers(module, weights: str) -> bool:
+    """Whether an int4 .pte keeps this model's decoder-layer linears at int8 (PTE_INT4_LAYERS_INT8)."""
+    return weights == "int4" and bool(getattr(getattr(module, "args", None), "gemma", False))
+
+
 def quantize_module(module, weights: str) -> dict:
     """Quantize the eager module in place for the .pte path (call it on a copy: the fp32 module stays the reference).
-    Every nn.Linear whose input width is a multiple of GROUP, the untied output layer included. Returns what was
-    done, for the manifest."""
+    Every nn.Linear whose input width is a multiple of GROUP, the untied output layer included; int4 on a model
+    PTE_INT4_LAYERS_INT8 names: the output layer 8da4w, the decoder layers' linears int8 per channel. Returns what
+    was done, for the manifest."""
     import contextlib
     import io
     import logging
@@ -147,11 +163,16 @@ def quantize_module(module, weights: str) -> dict:
         untied = untie_head(module)
         linears = {n: m for n, m in module.named_modules() if isinstance(m, nn.Linear)}
         take = {n for n, m in linears.items() if m.in_features % GROUP == 0}
-        quantize_(module, config, filter_fn=lambda m, fqn: fqn in take)
+        wide = {n for n in take if n != "lm_head"} if int8_layers(module, weights) else set()  # untie_head's
+        if wide:
+            quantize_(module, torchao_config("int8"), filter_fn=lambda m, fqn: fqn in wide)
+        quantize_(module, config, filter_fn=lambda m, fqn: fqn in take - wide)
     finally:
         pytree_log.setLevel(level)
+    more = {"layers_int8": {"linears": len(wide), "scheme": "Int8DynamicActivationIntxWeightConfig"
+                            + _describe_config(torchao_config("int8")), "why": PTE_INT4_LAYERS_INT8}} if wide else {}
     return {"dtype": weights, "tool": f"torchao {_version('torchao')} quantize_",
-            "scheme": type(config).__name__ + _describe_config(config),
+            "scheme": type(config).__name__ + _describe_config(config), **more,
             "linears_quantized": len(take), "linears_kept_fp32": sorted(set(linears) - take),
             "output_layer": "untied copy, quantized" if untied else "own linear, quantized",
             "embedding": "float32"}
