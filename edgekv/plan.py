@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from . import measured
 from . import memory as M
 from .arch import Arch, catalog_arch, catalog_names
+from .arch.variants import variant
 from .catalog_index import summary as catalog_summary
 from .models import family_for_type  # the export registry (edgekv.models imports no torch)
 from .devices import Budget, DeviceProfile, artifact_budget
@@ -248,6 +249,11 @@ def runtime_cost(name: str, arch: Arch, weights: str) -> tuple[str, dict | None,
         return fb["cost_model"], None, (f"{spec['label']}: {arch.model_type} is not one of its model types, so "
                                         f"planned as {fb['label']} ({spec['fallback']['source']})")
     scheme = (spec.get("weights") or {}).get("value", {}).get(weights)
+    declared = variant(arch.model_type)
+    wide = (spec.get("weights") or {}).get("variant_layers")
+    if weights == "int4" and scheme and wide and declared is not None and getattr(declared, wide) != "int4":
+        # the variant keeps its decoder layers wider in this runtime's int4 (edgekv.arch.variants pte_int4_layers)
+        scheme = {**scheme, "linear": spec["weights"]["value"][getattr(declared, wide)]["linear"]}
     return spec["cost_model"], scheme, (f"{spec['label']}; attention over {', '.join(fused['value'])}: fused "
                                         f"({fused['source']})" if fused else spec["label"]) \
         + (f"; weights: {spec['weights']['source']}" if scheme else "")

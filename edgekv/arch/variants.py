@@ -63,6 +63,8 @@ class Llama:
     gguf_permuted = True  # convert_hf_to_gguf.py permuted q/k rows for llama.cpp's interleaved RoPE
     gguf_defaults: dict = {}  # config values a GGUF header does not carry, as llama.cpp's loader fixes them
     gguf_scale_by_head_dim = False  # llama.cpp scales the scores by head_dim^-1/2: query_pre_attn_scalar = head_dim
+    pte_int4_layers = "int4"  # the decoder layers' linears in edgekv's int4 .pte: "int4" (8da4w) | "int8" (int8 per
+    # output channel, the output layer still 8da4w: edgekv.export.wquant.PTE_INT4_LAYERS_INT8)
 
     @classmethod
     def biases(cls, attention_bias: bool) -> tuple[bool, bool]:
@@ -147,6 +149,9 @@ class Gemma3Text(Gemma2):
     gguf_defaults = {"hidden_activation": "gelu_pytorch_tanh", "sliding_window_pattern": 6,
                      "rope_local_base_freq": 10000.0}
     gguf_scale_by_head_dim = True
+    # XNNPACK's symmetric 4-bit blocks lose most of the KL on Gemma 3's asymmetric GGUF blocks
+    # (docs/export.md#weight-quantization: 8da4w everywhere KL 0.53, layers int8 0.145)
+    pte_int4_layers = "int8"
 
 
 class Gemma3(Gemma3Text):

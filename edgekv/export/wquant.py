@@ -134,7 +134,10 @@ def torchao_config(weights: str):
 
 def int8_layers(module, weights: str) -> bool:
     """Whether an int4 .pte keeps this model's decoder-layer linears at int8 (PTE_INT4_LAYERS_INT8)."""
-    return weights == "int4" and bool(getattr(getattr(module, "args", None), "gemma", False))
+    from ..arch.variants import variant
+
+    declared = variant(getattr(getattr(module, "args", None), "model_type", "") or "")
+    return weights == "int4" and declared is not None and declared.pte_int4_layers == "int8"
 
 
 def quantize_module(module, weights: str) -> dict:
