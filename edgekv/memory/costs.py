@@ -42,12 +42,17 @@ PLAN_RUNTIMES = {k: v for k, v in json.loads((_COSTS / "runtimes.json")
 KV_READ = {v["cost_model"]: v["kv_read"]["value"] for v in PLAN_RUNTIMES.values()}
 
 
+def cache_key(strategy: Strategy) -> str:
+    """The cache's kind as runtimes.json names it (kv_read, cannot_build): int8-channel (kv-int8c's static scales),
+    int8 / int4 / int2, or the float dtype."""
+    return strategy.kv_read_key or {8: "int8", 4: "int4", 2: "int2"}.get(strategy.kv_bits or 0) \
+        or strategy.params.get("dtype", "fp32")
+
+
 def kv_read(runtime: str, strategy: Strategy) -> str:
     """How the runtime's attention reads this strategy's cache: 'in place', 'cast' or 'dequantized copy'
     (edgekv/costs/runtimes.json kv_read; a runtime not listed there dequantizes whole layers)."""
-    key = strategy.kv_read_key or {8: "int8", 4: "int4", 2: "int2"}.get(strategy.kv_bits or 0) \
-        or strategy.params.get("dtype", "fp32")
-    return KV_READ.get(runtime, {}).get(key, "dequantized copy" if strategy.kv_bits else "cast")
+    return KV_READ.get(runtime, {}).get(cache_key(strategy), "dequantized copy" if strategy.kv_bits else "cast")
 
 
 def fused_gqa(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str) -> bool:
