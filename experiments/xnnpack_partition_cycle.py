@@ -5,17 +5,21 @@ One attention layer as edgekv's .pte traced Gemma 3's global layers under an int
 on k, RoPE's rotate_half as a matmul by a constant, the new K/V rows quantized per token (abs, amax, div, round,
 clamp: XNNPACK takes abs/div/clamp/mul, not amax/round), the codes and fp16 scales written into the caches with a
 functional index_put at the call's positions (a dynamic token count, a start position read from a tensor), and the
-written rows read back (slice, cast, multiply by the scale) for ExecuTorch's llama::custom_sdpa.
+written rows read back (a slice, quantized_decomposed::dequantize_per_token) for ExecuTorch's llama::custom_sdpa.
 
-Run: python experiments/xnnpack_partition_cycle.py [--guarded]; it prints the exception, or "lowered". --guarded
-lowers with the workaround edgekv uses (edgekv/export/to_pte.py _partitioner: the ops between a new row and its
-index_put, and between an index_put and the attention, kept off XNNPACK), copied here so that the script stays
-standalone.
+Run: python experiments/xnnpack_partition_cycle.py [GRAPH.pt2] [--guarded]; it prints the exception, or "lowered".
+--guarded lowers with the workaround edgekv uses (edgekv/export/to_pte.py _partitioner: the ops between a new row and
+its index_put, and between an index_put and the attention, kept off XNNPACK), copied here so that the script stays
+standalone. The one layer built here lowers with the default partitioner too: the cycle needs more of the model. A
+GRAPH.pt2 written by `python experiments/xnnpack_partition_cycle.py --save-edgekv-gemma3 GRAPH.pt2` (that step needs
+edgekv; loading it needs torch + executorch only) is the graph that fails (docs/upstream_xnnpack_partition_cycle.md).
 """
 import sys
 
 import torch
 import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (torch.ops.llama.custom_sdpa)
+import executorch.kernels.quantized  # noqa: F401 (dequantize_per_token's out variant)
+from torch.ao.quantization.fx._decomposed import quantized_decomposed_lib  # noqa: F401
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge_transform_and_lower
 
@@ -54,7 +58,10 @@ class Layer(torch.nn.Module):
             codes = torch.ops.aten.index_put(codes, [None, None, positions], q8.permute(1, 0, 2)[None])
             scales = torch.ops.aten.index_put(scales, [None, None, positions], s.permute(1, 0, 2)[None])
             n = start + c
-            read = (codes[:, :, :n].float() * scales[:, :, :n].float()).view(HKV, n, 1, D)
+            zero = torch.zeros(1, HKV, n, 1, dtype=torch.int64)
+            read = torch.ops.quantized_decomposed.dequantize_per_token(
+                codes[:, :, :n], scales[:, :, :n].float(), zero, -128, 127, torch.int8, torch.float32)
+            read = read.view(HKV, n, 1, D)
             return codes, scales, read
 
         k_codes, k_scales, kc = write(k_codes, k_scales, k)
@@ -87,15 +94,44 @@ def guarded():
     return XnnpackPartitioner(configs=[wrap(c) for c in ALL_PARTITIONER_CONFIGS])
 
 
+def save_edgekv_gemma3(path: str) -> None:
+    """Writes the ExportedProgram that reproduces the cycle for certain: edgekv's trace of a tiny random Gemma 3
+    (tests/test_families.py's config: 4 layers, layer 2 global, sliding window 8) under kv-int8, its global layer
+    swapped for custom_sdpa. Needs edgekv (run from the repository root); the .pt2 then needs torch + executorch only."""
+    import tempfile
+    from pathlib import Path
+
+    sys.path.insert(0, "tests")
+    from test_families import tiny_hf
+
+    from edgekv.export.trace import trace
+    from edgekv.models import load_any
+    from edgekv.models.swaps import for_runtime
+    from edgekv.strategies import parse_strategy
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tiny_hf("gemma3", Path(tmp))
+        module, _ = for_runtime(load_any(tmp, parse_strategy("kv-int8"), 64).module.eval(), "executorch")
+        torch.export.save(trace(module, {"forward": None}, max_tokens=8)["forward"], path)
+
+
 def main() -> int:
-    torch.manual_seed(0)
-    c = 2
-    args = (torch.randn(1, c, HID), torch.tensor([0]), torch.zeros(1, HKV, T, D, dtype=torch.int8),
-            torch.zeros(1, HKV, T, 1, dtype=torch.float16), torch.zeros(1, HKV, T, D, dtype=torch.int8),
-            torch.zeros(1, HKV, T, 1, dtype=torch.float16))
-    dyn = {"x": {1: torch.export.Dim.DYNAMIC(min=1, max=8)}, "pos": None, "k_codes": None, "k_scales": None,
-           "v_codes": None, "v_scales": None}
-    ep = torch.export.export(Layer().eval(), args, dynamic_shapes=dyn, strict=False)
+    pt2 = next((a for a in sys.argv[1:] if a.endswith(".pt2")), None)
+    if "--save-edgekv-gemma3" in sys.argv:
+        save_edgekv_gemma3(pt2)
+        print(f"wrote {pt2}")
+        return 0
+    if pt2:
+        ep = torch.export.load(pt2)
+    else:
+        torch.manual_seed(0)
+        c = 2
+        args = (torch.randn(1, c, HID), torch.tensor([0]), torch.zeros(1, HKV, T, D, dtype=torch.int8),
+                torch.zeros(1, HKV, T, 1, dtype=torch.float16), torch.zeros(1, HKV, T, D, dtype=torch.int8),
+                torch.zeros(1, HKV, T, 1, dtype=torch.float16))
+        dyn = {"x": {1: torch.export.Dim.DYNAMIC(min=1, max=8)}, "pos": None, "k_codes": None, "k_scales": None,
+               "v_codes": None, "v_scales": None}
+        ep = torch.export.export(Layer().eval(), args, dynamic_shapes=dyn, strict=False)
     part = guarded() if "--guarded" in sys.argv else XnnpackPartitioner()
     try:
         to_edge_transform_and_lower(ep, partitioner=[part])

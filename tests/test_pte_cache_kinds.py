@@ -27,6 +27,7 @@ from edgekv.strategies import parse_strategy  # noqa: E402
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 CTX, CHUNK, PROMPT = 32, 4, 6
+QUANT_CTX = 256  # export checks quantized weights against fp32 over 256 tokens of text (edgekv.export.options)
 WINDOW = "window:w=8,sinks=2,dtype=fp32"  # 10 slots: the 26 positions below wrap it twice
 STREAM = [int(t) for t in np.random.default_rng(7).integers(3, 60, 26)]
 
@@ -39,7 +40,7 @@ def llama(tmp_path_factory):
     return tiny_llama_folder(src), src
 
 
-def eager_module(src, strategy: str, weights: str, manifest: dict):
+def eager_module(src, strategy: str, weights: str, manifest: dict, ctx: int = CTX):
     """The module the export traces, built as the pipeline builds it (edgekv.export.pipeline: load, calibrate on the
     same text, quantize), run here by eager PyTorch."""
     from edgekv.export.calibrate import CALIB_TOKENS, calibrate, calibration_ids
@@ -48,12 +49,12 @@ def eager_module(src, strategy: str, weights: str, manifest: dict):
     from edgekv.export.wquant import quantize_module
 
     strat = parse_strategy(strategy)
-    loaded = load_any(str(src), strat, CTX)
+    loaded = load_any(str(src), strat, ctx)
     module = loaded.module.eval()
     if strat.static_scales:
         vocab, entry = loaded.args.vocab, manifest["tokenizer"]
         tok = load_tokenizer(src / "tokenizer.json", vocab)
-        module.calibration = calibrate(module, calibration_ids(tok, vocab, min(CALIB_TOKENS, CTX), bos_prefix(entry)))
+        module.calibration = calibrate(module, calibration_ids(tok, vocab, min(CALIB_TOKENS, ctx), bos_prefix(entry)))
     if weights != "fp32":
         module = copy.deepcopy(module)
         quantize_module(module, weights)
@@ -79,8 +80,8 @@ def pte_rows(out, stream):
     return np.concatenate(rows)
 
 
-def export(src, out, strategy, weights):
-    return export_model(ExportOptions(model=str(src), strategy=strategy, formats=("pte",), max_ctx=CTX, out=out,
+def export(src, out, strategy, weights, ctx=CTX):
+    return export_model(ExportOptions(model=str(src), strategy=strategy, formats=("pte",), max_ctx=ctx, out=out,
                                       prefill_chunk=CHUNK, verify_steps=1, weights=weights, threads=1),
                         echo=lambda s: None)
 
@@ -101,15 +102,16 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("strategy,weights,tol", CASES, ids=[f"{s.split(':')[0]}-{w}" if s != WINDOW else f"window-{w}"
-                                                           for s, w, _ in CASES])
+@pytest.mark.parametrize("strategy,weights,tol", CASES, ids=["fp32", "fp16", "kv-int8", "kv-int8c", "kv-int4", "window",
+                                                           "fp32-8da4w", "kv-int8-8da4w"])
 def test_each_cache_kind_pte_decodes_what_eager_torch_does_past_the_window(llama, tmp_path, strategy, weights, tol):
     ref, src = llama
     out = tmp_path / "pte"
-    m = export(src, out, strategy, weights)
+    ctx = CTX if weights == "fp32" else QUANT_CTX
+    m = export(src, out, strategy, weights, ctx)
     assert m["verification"]["pte"]["passed"], m["verification"]["pte"]
     got = pte_rows(out, STREAM)
-    want = eager_rows(eager_module(src, strategy, weights, m), STREAM)
+    want = eager_rows(eager_module(src, strategy, weights, m, ctx), STREAM)
     assert got.shape == want.shape == (len(STREAM), ref.config.vocab_size)
     scale = np.abs(want).max()
     assert scale > 1.0
