@@ -126,6 +126,7 @@ def test_each_cache_kind_pte_decodes_what_eager_torch_does_past_the_window(llama
         assert np.abs(got - hf).max() <= 1e-4 * np.abs(hf).max()
 
 
+@pytest.mark.slow  # 47 s of CPU up to the partitioner alone (41 XNNPACK partitions: the rings stay explicit)
 def test_gemma3_kv_int8_pte_lowers_with_custom_sdpa_global_layers_beside_rolling_ones(tmp_path):
     """Gemma 3's shape (sliding layers with a ring of 8 slots, one global layer): kv-int8's global layer takes
     custom_sdpa, its sliding layers keep the eager ring, and XNNPACK's partitioner stopped on that graph with
