@@ -212,7 +212,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
         notes.append(f"converted from GQA at rank {dep.layout.tensors[0].shape[-1]}: K and V are re-expanded "
                      f"from the latent every step (compute)")
     row = PlanRow(arch.name, strategy, strategy.is_native(arch), dep, basis.app, dec, pre, q,
-                  notes, arch.trained_ctx, export_support(arch, strategy, ctx, name), name, recall, basis, read, fl, pf,
+                  notes, arch.trained_ctx, export_support(arch, strategy, ctx, name, weights), name, recall, basis, read, fl, pf,
                   min(chunk, ctx))
     row.decode_range, row.attention_terms = dec_range, attn_terms
     row.prefill_measured = pre_fitted
@@ -259,9 +259,20 @@ def runtime_cost(name: str, arch: Arch, weights: str) -> tuple[str, dict | None,
         + (f"; weights: {spec['weights']['source']}" if scheme else "")
 
 
-def export_support(arch: Arch, strategy: Strategy, ctx: int, runtime: str = "edgekv-pte") -> tuple[bool, str]:
-    """(whether `edgekv export --model M --strategy S --max-ctx ctx` builds this row for plan runtime `runtime`
-    today, why not)."""
+def cannot_build(arch: Arch, strategy: Strategy, ctx: int, runtime: str, weights: str | None) -> str:
+    """Why edgekv export fails to build this (model type, weights, cache kind, ctx) for the runtime although its
+    family takes the strategy (runtimes.json cannot_build: each entry a failed run), or ""."""
+    for e in M.PLAN_RUNTIMES.get(runtime, {}).get("cannot_build", {}).get("value", []):
+        if arch.model_type in e["model_types"] and weights in e["weights"] and M.cache_key(strategy) in e["caches"] \
+                and strategy.full_cache == e["full_cache"] and ctx >= e.get("min_ctx", 0):
+            return f"edgekv export cannot build this row yet: {e['reason']} ({e['evidence']})"
+    return ""
+
+
+def export_support(arch: Arch, strategy: Strategy, ctx: int, runtime: str = "edgekv-pte",
+                   weights: str | None = None) -> tuple[bool, str]:
+    """(whether `edgekv export --model M --strategy S --max-ctx ctx [--weights W]` builds this row for plan runtime
+    `runtime` today, why not)."""
     from .export.options import EXPORTABLE  # torch-free and numpy-free at import
 
     if runtime in OTHERS_BUILD:
@@ -285,7 +296,8 @@ def export_support(arch: Arch, strategy: Strategy, ctx: int, runtime: str = "edg
             return False, f"edgekv's {arch.model_type} module stores {', '.join(dtypes)}, not {d}"
     if capped and arch.max_position and ctx > arch.max_position:
         return False, f"export refuses max_ctx {ctx} > max_position_embeddings {arch.max_position}"
-    return True, ""
+    why = cannot_build(arch, strategy, ctx, runtime, weights)
+    return (False, why) if why else (True, "")
 
 
 def strategies_for(arch: Arch, device: DeviceProfile, only: list[Strategy] | None) -> list[Strategy]:

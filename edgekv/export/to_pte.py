@@ -65,11 +65,21 @@ def _feeds_state_write(node, depth: int = 12) -> bool:
     return False
 
 
-def _partitioner(in_place: bool):
+def writes_state(eps: dict) -> bool:
+    """Whether any of the traced programs writes a state tensor with an index_put: a layer swapped for ExecuTorch's
+    custom_sdpa (edgekv.models.swaps; the eager layers blend, they have no index_put), in place or not."""
+    return any(_is_index_put(n) for ep in eps.values() for n in ep.graph.nodes)
+
+
+def _partitioner(guard_state: bool):
+    """XNNPACK's partitioner; guard_state: with the state reads and writes of custom_sdpa layers left to ExecuTorch's
+    kernels (leaves_state_io). Needed wherever such a layer is, not only when every layer is one (the state written
+    in place): Gemma 3's global layers take custom_sdpa while its sliding layers keep the eager ring, and a kv-int8
+    cache there stopped the plain partitioner with the same dependency cycle (docs/upstream_xnnpack_partition_cycle.md)."""
     from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-    if not in_place:
+    if not guard_state:
         return XnnpackPartitioner()
 
     def leaves_state_io(config, rule):
@@ -113,7 +123,7 @@ def lower_pte(eps: dict, in_place: bool = False):
     # lowering's CPU time); it checks, it does not change the program (the same .pte bytes either way), and the
     # export's verify-pte stage runs the lowered program against eager torch anyway
     with _only_needed_xnnpack_passes():
-        edge = to_edge_transform_and_lower(eps, partitioner=[_partitioner(in_place)],
+        edge = to_edge_transform_and_lower(eps, partitioner=[_partitioner(in_place or writes_state(eps))],
                                            compile_config=EdgeCompileConfig(_check_ir_validity=False))
     if in_place:
         for method in edge.methods:

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from .costs import (ET_SDPA, GQA, KV_READ, MEASURED, MLA_REBUILD_COPIES, PLAN_RUNTIMES, RUNTIMES, SCAN_COPIES,
-                    UNPACK_EXTRA_COPIES, WHERE_WRITTEN_TYPES, _rt, _traits, fused_gqa, kv_read)
+                    UNPACK_EXTRA_COPIES, WHERE_WRITTEN_TYPES, _rt, _traits, cache_key, fused_gqa, kv_read)
 from .deployment import WEIGHT_PRECISIONS, Deployment
 from .dollars import usd_per_m_tokens, users_per_gpu
 from .item import Item
@@ -41,7 +41,7 @@ def arm64_load(load: Item, weights_stored: float, runtime: str, precision: str) 
 
 
 __all__ = ["ARM64_PACKING", "arm64_load", "ET_SDPA", "GQA", "KV_READ", "MEASURED", "MLA_REBUILD_COPIES", "PLAN_RUNTIMES", "RUNTIMES", "SCAN_COPIES",
-           "UNPACK_EXTRA_COPIES", "WHERE_WRITTEN_TYPES", "_rt", "_traits", "fused_gqa", "kv_read",
+           "UNPACK_EXTRA_COPIES", "WHERE_WRITTEN_TYPES", "_rt", "_traits", "cache_key", "fused_gqa", "kv_read",
            "WEIGHT_PRECISIONS", "Deployment", "usd_per_m_tokens", "users_per_gpu", "Item", "_attn_tokens",
            "decode_flops", "decode_read_bytes", "decode_tokens_per_s", "layout_rank", "prefill_flops",
            "ATTENTION_RATES", "attention_flops", "attention_kind", "attention_rates", "attention_seconds", "cache_kind",

@@ -42,6 +42,13 @@ PLAN_RUNTIMES = {k: v for k, v in json.loads((_COSTS / "runtimes.json")
 KV_READ = {v["cost_model"]: v["kv_read"]["value"] for v in PLAN_RUNTIMES.values()}
 
 
+def cache_key(strategy: Strategy) -> str:
+    """The cache's kind as runtimes.json names it (kv_read, cannot_build): its storage's kv_read_key (int8-channel
+    for kv-int8c's static scales, int8 / int4 / int2, fp8-group, or the float dtype)."""
+    st = strategy.kv_storage
+    return st.kv_read_key if st else strategy.params.get("dtype", "fp32")
+
+
 def kv_read(runtime: str, strategy: Strategy) -> str:
     """How the runtime's attention reads this strategy's cache: 'in place', 'cast' or 'dequantized copy'
     (edgekv/costs/runtimes.json kv_read, keyed by the storage's kv_read_key; a runtime or storage not listed there

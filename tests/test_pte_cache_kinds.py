@@ -1,0 +1,148 @@
+"""Every cache kind the plan offers for ExecuTorch lowers to a .pte and decodes what eager PyTorch computes, past one
+full window (issue 39).
+
+Each case exports a tiny random model with `edgekv export --format pte` (the whole pipeline: calibration for kv-int8c,
+torchao 8da4w weights, XNNPACK lowering, the state written in place where every layer takes custom_sdpa), runs the
+.pte in ExecuTorch's runtime with a fixed token stream (calls of 4 tokens, then one token a call) and compares every
+row of logits with the same module run by eager PyTorch (the module the export traced: same strategy, same static
+scales, same quantized weights). A float cache with fp32 weights is also held to transformers' own forward.
+The stream is longer than the window (w + sinks) and than the tiny Gemma 3's sliding window, so the rolling caches
+wrap around before the last rows are compared.
+"""
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("executorch")
+
+from edgekv.export.manifest import load_export  # noqa: E402
+from edgekv.export.pipeline import ExportOptions, export_model  # noqa: E402
+from edgekv.export.runtime import PteStepper  # noqa: E402
+from edgekv.models import load_any  # noqa: E402
+from edgekv.strategies import parse_strategy  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CTX, CHUNK, PROMPT = 32, 4, 6
+QUANT_CTX = 256  # export checks quantized weights against fp32 over 256 tokens of text (edgekv.export.options)
+WINDOW = "window:w=8,sinks=2,dtype=fp32"  # 10 slots: the 26 positions below wrap it twice
+STREAM = [int(t) for t in np.random.default_rng(7).integers(3, 60, 26)]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    from test_export_kv import tiny_llama_folder  # 2 layers, 4 query heads on 2 KV heads, head_dim 16, a tokenizer
+
+    src = tmp_path_factory.mktemp("pte-kinds") / "tiny"
+    return tiny_llama_folder(src), src
+
+
+def eager_module(src, strategy: str, weights: str, manifest: dict, ctx: int = CTX):
+    """The module the export traces, built as the pipeline builds it (edgekv.export.pipeline: load, calibrate on the
+    same text, quantize), run here by eager PyTorch."""
+    from edgekv.export.calibrate import CALIB_TOKENS, calibrate, calibration_ids
+    from edgekv.export.generate import load_tokenizer
+    from edgekv.export.tokenizer import bos_prefix
+    from edgekv.export.wquant import quantize_module
+
+    strat = parse_strategy(strategy)
+    loaded = load_any(str(src), strat, ctx)
+    module = loaded.module.eval()
+    if strat.static_scales:
+        vocab, entry = loaded.args.vocab, manifest["tokenizer"]
+        tok = load_tokenizer(src / "tokenizer.json", vocab)
+        module.calibration = calibrate(module, calibration_ids(tok, vocab, min(CALIB_TOKENS, ctx), bos_prefix(entry)))
+    if weights != "fp32":
+        module = copy.deepcopy(module)
+        quantize_module(module, weights)
+    return module
+
+
+def eager_rows(module, stream):
+    state, rows, pos = module.empty_state(), [], 0
+    calls = [stream[:CHUNK], stream[CHUNK:PROMPT]] + [[t] for t in stream[PROMPT:]]
+    with torch.no_grad():
+        for toks in calls:
+            logits, *state = module(torch.tensor([toks]), torch.tensor([pos]), *state)
+            rows.append(logits[0].numpy())
+            pos += len(toks)
+    return np.concatenate(rows)
+
+
+def pte_rows(out, stream):
+    st = PteStepper(load_export(out), out, 1)
+    rows = [st.prefill(stream[:PROMPT])]  # calls of at most --prefill-chunk (4) tokens: 4 + 2
+    for pos in range(PROMPT, len(stream)):
+        rows.append(st.step([stream[pos]], pos))
+    return np.concatenate(rows)
+
+
+def export(src, out, strategy, weights, ctx=CTX):
+    return export_model(ExportOptions(model=str(src), strategy=strategy, formats=("pte",), max_ctx=ctx, out=out,
+                                      prefill_chunk=CHUNK, verify_steps=1, weights=weights, threads=1),
+                        echo=lambda s: None)
+
+
+# (strategy, weights, the largest |pte - eager| over the logit scale). fp32 / kv-int8 / kv-int4 / kv-int8c caches are
+# computed by the same fp32 arithmetic in both (the codes are the same where the rows are), fp16 by the same casts.
+# 8da4w weights quantize each activation row to int8 at run time, XNNPACK's kernels in the .pte and torchao's in
+# eager torch: on this random model (weights at initializer_range 0.2) the fp32-cache .pte sat 0.32 from eager torch
+# at a logit scale of 5.5 (5.8 %); why the two int8 activation paths part that far is not yet known (issue 39), so the
+# bound is 10 % with 90 % top-1 agreement. The weight-quantized exports take minutes on the shared cores (`-m slow`).
+SLOW = pytest.mark.slow
+CASES = [
+    ("kv:dtype=fp32", "fp32", 1e-4),
+    ("kv:dtype=fp16", "fp32", 1e-3),
+    ("kv-int8", "fp32", 1e-3),
+    ("kv-int8c", "fp32", 1e-3),
+    ("kv-int4:group=8", "fp32", 1e-3),
+    (WINDOW, "fp32", 1e-4),
+    pytest.param("kv:dtype=fp32", "int4", 0.1, marks=SLOW),
+    pytest.param("kv-int8", "int4", 0.1, marks=SLOW),
+]
+
+
+@pytest.mark.parametrize("strategy,weights,tol", CASES, ids=["fp32", "fp16", "kv-int8", "kv-int8c", "kv-int4", "window",
+                                                           "fp32-8da4w", "kv-int8-8da4w"])
+def test_each_cache_kind_pte_decodes_what_eager_torch_does_past_the_window(llama, tmp_path, strategy, weights, tol):
+    ref, src = llama
+    out = tmp_path / "pte"
+    ctx = CTX if weights == "fp32" else QUANT_CTX
+    m = export(src, out, strategy, weights, ctx)
+    assert m["verification"]["pte"]["passed"], m["verification"]["pte"]
+    got = pte_rows(out, STREAM)
+    want = eager_rows(eager_module(src, strategy, weights, m, ctx), STREAM)
+    assert got.shape == want.shape == (len(STREAM), ref.config.vocab_size)
+    scale = np.abs(want).max()
+    assert scale > 1.0
+    assert np.abs(got - want).max() <= tol * scale, (strategy, weights, np.abs(got - want).max(), scale)
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= (1.0 if weights == "fp32" else 0.9)
+    if weights == "fp32" and strategy in ("kv:dtype=fp32",):  # the float cache is transformers' own attention
+        with torch.no_grad():
+            hf = ref(torch.tensor([STREAM])).logits[0].numpy()
+        assert np.abs(got - hf).max() <= 1e-4 * np.abs(hf).max()
+
+
+@pytest.mark.slow  # 47 s of CPU up to the partitioner alone (41 XNNPACK partitions: the rings stay explicit)
+def test_gemma3_kv_int8_pte_lowers_with_custom_sdpa_global_layers_beside_rolling_ones(tmp_path):
+    """Gemma 3's shape (sliding layers with a ring of 8 slots, one global layer): kv-int8's global layer takes
+    custom_sdpa, its sliding layers keep the eager ring, and XNNPACK's partitioner stopped on that graph with
+    "Invalid partition, found dependency cycles" (benchmarks/README.md, Gemma-3-270M at a filled 16k). Now it lowers,
+    and 26 positions (three turns of each ring) decode what eager torch does."""
+    from test_families import tiny_hf
+
+    src = tmp_path / "gemma3"
+    tiny_hf("gemma3", src)
+    out = tmp_path / "pte"
+    m = export(src, out, "kv-int8", "fp32")
+    art = m["artifacts"][0]
+    assert art["delegation"]["forward"]["portable_ops"]["llama.custom_sdpa"] == 1  # the one global layer
+    stream = [t % 100 for t in STREAM]
+    got = pte_rows(out, stream)
+    want = eager_rows(eager_module(src, "kv-int8", "fp32", m), stream)
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() <= 1e-3 * scale
+    assert (got.argmax(-1) == want.argmax(-1)).all()
