@@ -285,7 +285,10 @@ def test_genai_config_of_a_gqa_model_carries_its_kv_heads_apart_from_its_heads(t
     args = SimpleNamespace(model_type="llama", vocab=49152, head_dim=64, hidden=576, n_heads=9, n_kv_heads=3,
                            n_layers=30)
     tok = {"file": "tokenizer.json", "eos_token_ids": [2], "bos_token_id": 1, "add_bos_token": False}
-    write_config(tmp_path, args, None, tok, 2048, fused=True)
+    from edgekv.arch import catalog_arch
+    from edgekv.strategies import build_layout, parse_strategy
+    layout = build_layout(catalog_arch("smollm2-135m"), parse_strategy("kv:dtype=fp32"), 2048)  # no sliding layer
+    write_config(tmp_path, args, layout, tok, 2048, fused=True)
     d = json.loads((tmp_path / "genai_config.json").read_text())["model"]["decoder"]
     assert (d["num_hidden_layers"], d["num_attention_heads"], d["num_key_value_heads"], d["head_size"],
             d["hidden_size"]) == (30, 9, 3, 64, 576)
