@@ -262,27 +262,35 @@ def _tmp_suffix(p: Path) -> str:
     return p.suffix if 0 < len(p.suffix) <= 8 else ""
 
 
+def dead_process_entries(folder: Path, patterns) -> list[os.DirEntry]:
+    """The entries of folder whose name one of the compiled patterns matches whole, its group 1 a process id that is
+    neither this process nor a living one: what a killed edgekv left there (an unreadable folder: none)."""
+    from .export.publish import _pid_alive
+
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return []
+    out = []
+    for e in entries:
+        m = next((m for m in (pat.fullmatch(e.name) for pat in patterns) if m), None)
+        if m is not None and int(m[1]) != os.getpid() and not _pid_alive(int(m[1])):
+            out.append(e)
+    return out
+
+
 def clean_stale_temps(path: str | Path) -> list[Path]:
     """Remove the hidden temporaries a killed write to path left beside it: names of edgekv's own patterns
     (write_atomic's `.NAME.tmp-PID-XXXXXXXX[.suffix]`, check_writable's `.NAME.probe-PID-XXXXXXXX`, and
     `.NAME.PID.tmp`, which --save-state used) whose PID is no longer alive (publish.clean_leftovers' test), and only
     plain files. Returns what was removed."""
-    from .export.publish import _pid_alive
-
     p = Path(path)
     parent = p.parent if str(p.parent) else Path(".")
     name = re.escape(p.name)
     pats = (re.compile(rf"\.{name}\.(?:tmp|probe)-(\d+)-[a-z0-9_]{{8}}(?:{re.escape(_tmp_suffix(p))})?"),
             re.compile(rf"\.{name}\.(\d+)\.tmp"))
     removed = []
-    try:
-        entries = list(os.scandir(parent))
-    except OSError:
-        return removed
-    for e in entries:
-        m = next((m for m in (pat.fullmatch(e.name) for pat in pats) if m), None)
-        if m is None or int(m[1]) == os.getpid() or _pid_alive(int(m[1])):
-            continue
+    for e in dead_process_entries(parent, pats):
         try:
             if e.is_file(follow_symlinks=False):
                 os.unlink(e.path)

@@ -79,9 +79,9 @@ def test_streamed_blocks_are_ort_quantizers_own_bit_for_bit(lowered, tmp_path, w
     last chunk; the blocks laid end to end must be what ORT writes for each whole matrix."""
     import onnx
 
-    from edgekv.export import wquant
+    from edgekv.export import onnx_stream, wquant
     root, entry = lowered
-    monkeypatch.setattr(wquant, "CHUNK_ELEMS", 4096)
+    monkeypatch.setattr(onnx_stream, "CHUNK_ELEMS", 4096)
     out = tmp_path / "model.onnx"
     rec = wquant.quantize_onnx(root / "False" / "model.onnx", out, w, entry)
     got = _blocks(onnx.load(str(out), load_external_data=False), str(tmp_path))
@@ -99,9 +99,9 @@ CHILD = """
 import json, re, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from edgekv.export import wquant
+from edgekv.export import onnx_stream, wquant
 import onnxruntime.quantization.matmul_nbits_quantizer  # noqa: F401 (imported before the baseline)
-wquant.CHUNK_ELEMS = 1 << 20  # 4 MB of fp32 per chunk: the test's weights are 32 MB each
+onnx_stream.CHUNK_ELEMS = 1 << 20  # 4 MB of fp32 per chunk: the test's weights are 32 MB each
 def status(key):
     return int(re.search(key + r":\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1))
 Path("/proc/self/clear_refs").write_text("5")  # the kernel's peak resident size (VmHWM) starts again from now

@@ -149,8 +149,8 @@ class Gemma3Text(Gemma2):
     gguf_defaults = {"hidden_activation": "gelu_pytorch_tanh", "sliding_window_pattern": 6,
                      "rope_local_base_freq": 10000.0}
     gguf_scale_by_head_dim = True
-    # XNNPACK's symmetric 4-bit blocks lose most of the KL on Gemma 3's asymmetric GGUF blocks
-    # (docs/export.md#weight-quantization: 8da4w everywhere KL 0.53, layers int8 0.145)
+    # XNNPACK's symmetric 4-bit blocks lose most of the KL on Gemma 3's asymmetric GGUF blocks (measured:
+    # docs/export.md#weight-quantization)
     pte_int4_layers = "int8"
 
 

@@ -31,7 +31,7 @@ from ..units import fmt_mem, parse_bytes
 
 ENV = "EDGEKV_MAX_MEMORY"
 # the process with torch, ONNX Runtime and the exporters imported, before any weight, and the floor a small model
-# never gets under: SmolLM2-135M's streamed int4 ONNX export peaks at 1.31 GB in verify-quant, its eager module freed
+# never gets under (SmolLM2-135M's streamed int4 export: benchmarks/results/export_cost_*.json)
 BASE = 0.75e9
 # copies of the fp32 weights alive at the worst stage, per format and weight recipe, rounded up from the exports
 # measured by benchmarks/export_cost.py (benchmarks/results/export_cost_*.json; which stage holds what: benchmarks/

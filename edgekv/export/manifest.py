@@ -407,18 +407,11 @@ def clean_dead_copies(where: Path) -> list[Path]:
     import re
     import shutil
 
-    from .publish import _pid_alive
+    from ..outputs import dead_process_entries
 
-    pat = re.compile(rf"^{re.escape(COPY_PREFIX + _host())}-(\d+)-[A-Za-z0-9_]+$")
+    pat = re.compile(rf"{re.escape(COPY_PREFIX + _host())}-(\d+)-[A-Za-z0-9_]+")
     removed = []
-    try:
-        entries = list(os.scandir(where))
-    except OSError:
-        return removed
-    for e in entries:
-        m = pat.match(e.name)
-        if m is None or int(m[1]) == os.getpid() or _pid_alive(int(m[1])):
-            continue
+    for e in dead_process_entries(where, (pat,)):
         try:
             if not e.is_dir(follow_symlinks=False) or e.stat(follow_symlinks=False).st_uid != os.getuid():
                 continue

@@ -49,7 +49,7 @@ class OnnxTarget:
             to_onnx.save_onnx(model, tmp / "model.onnx")  # one tensor at a time
             del model
             if opts.weights == "fp32":  # the quantized recipes untie the head instead (wquant.quantize_onnx)
-                from .wquant import fuse_tied_head_file
+                from .onnx_stream import fuse_tied_head_file
                 fuse_tied_head_file(tmp / "model.onnx")
             x.artifacts.append(OnnxTarget._artifact(x, to_onnx.opset_of(tmp / "model.onnx")))
         if "quantize-onnx" in st.names:

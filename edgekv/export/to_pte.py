@@ -119,8 +119,8 @@ def lower_pte(eps: dict, in_place: bool = False):
     place."""
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
-    # _check_ir_validity=False: the edge-dialect verifier re-walks every graph after each step (about a tenth of the
-    # lowering's CPU time); it checks, it does not change the program (the same .pte bytes either way), and the
+    # _check_ir_validity=False: the edge-dialect verifier re-walks every graph after each step (a measurable part of
+    # the lowering's CPU time: benchmarks/results/pte_lowering_tiny_llama.json); it checks, it does not change the program (the same .pte bytes either way), and the
     # export's verify-pte stage runs the lowered program against eager torch anyway
     with _only_needed_xnnpack_passes():
         edge = to_edge_transform_and_lower(eps, partitioner=[_partitioner(in_place or writes_state(eps))],
@@ -134,8 +134,9 @@ def lower_pte(eps: dict, in_place: bool = False):
 # XNNPACK's passes (executorch/backends/xnnpack/_passes) that rewrite only nodes of the listed ops: a partition with
 # none of them is left exactly as it was, but each pass still re-traces the partition with fake tensors and rebuilds
 # its ExportedProgram. XnnpackBackend.preprocess runs all 17 passes on each of a model's partitions (about 2 per
-# layer): these 8 were a third of the lowering's CPU time on an LLM, which has no convolution, pooling, batch norm,
-# upsampling, padding, PReLU or ReLU. A pass not listed here always runs.
+# layer): these 8 cannot change an LLM's partitions, which hold no convolution, pooling, batch norm, upsampling,
+# padding, PReLU or ReLU (what skipping them saves: benchmarks/pte_export_cost.py --lowering). A pass not listed here
+# always runs.
 XNNPACK_PASS_OPS = {
     "ConvertToUpsampleBilinear2d": ("upsample",), "FuseBatchNormPass": ("batch_norm",),
     "DecomposeBatchNorm": ("batch_norm",), "Conv1dUnsqueezePass": ("convolution",), "PReLUReshapePass": ("prelu",),

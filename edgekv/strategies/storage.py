@@ -37,6 +37,14 @@ def per_token_int8(bits: int | None, group: int | None, head_dim: int) -> bool:
     return bits == 8 and group in (0, head_dim)
 
 
+def _check_group(label: str, d: int, group: int) -> None:
+    """A storage with a scale per group of `group` channels (0: the whole head) needs head_dim a multiple of it."""
+    from .base import ParamsDoNotFit
+    g = group or d
+    if d % g:
+        raise ParamsDoNotFit(f"{label}: head_dim {d} is not a multiple of group {g}")
+
+
 @dataclass(frozen=True)
 class Part:
     """One state tensor of a key (or value) cache: role suffix ('' for the values or codes, '.scale', '.zero'), dtype,
@@ -196,10 +204,7 @@ class GroupQuantStorage(KvStorage):
         return (Part("", "uint8", per_byte, self.bits), Part(".scale", "float16", g), Part(".zero", "float16", g))
 
     def check(self, label: str, d: int) -> None:
-        from .base import ParamsDoNotFit
-        g = self.group or d
-        if d % g:
-            raise ParamsDoNotFit(f"{label}: head_dim {d} is not a multiple of group {g}")
+        _check_group(label, d, self.group)
 
     @property
     def kv_read_key(self) -> str:
@@ -298,10 +303,7 @@ class Fp8GroupStorage(KvStorage):
         return Part("", "uint8"), Part(".scale", "float16", self.group or d)
 
     def check(self, label: str, d: int) -> None:
-        from .base import ParamsDoNotFit
-        g = self.group or d
-        if d % g:
-            raise ParamsDoNotFit(f"{label}: head_dim {d} is not a multiple of group {g}")
+        _check_group(label, d, self.group)
 
     @property
     def kv_read_key(self) -> str:
