@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from ..arch import MLA, SSM, Arch, Attention, Linear, ShortConv
-from ..strategies import StateLayout, Strategy, mla_rank, per_token_int8
+from ..strategies import StateLayout, Strategy, mla_rank
 from .costs import fused_gqa, kv_read
 from .item import Item
 
@@ -108,7 +108,8 @@ def decode_read_bytes(weights_read: float, layout: StateLayout, strategy: Strate
     copy of the cache when the runtime dequantizes whole layers)."""
     state = layout.nbytes
     extra = 0
-    if strategy.kv_bits and kv_read(runtime, strategy) == "dequantized copy":
+    st = strategy.kv_storage
+    if st is not None and st.quantized and kv_read(runtime, strategy) == "dequantized copy":
         extra = 2 * sum(math.prod(t.shape[:3]) * (t.shape[3] * (8 // t.packed_bits if t.packed_bits else 1)) * 4
                         for t in layout.tensors if t.role in ("key", "value"))
     total = weights_read + state + extra
@@ -175,20 +176,23 @@ def cache_kind(strategy: Strategy, layout: StateLayout, runtime: str = "onnxrunt
     if len(dtypes) != 1:
         return None
     dtype = dtypes.pop()
+    st = strategy.kv_storage
+    bits = st.bits if st is not None else None
     if runtime == "llama.cpp":
-        if strategy.kv_bits and strategy.static_scales:
+        if bits and st.static_scales:
             return None
-        return _GGML_KIND.get(strategy.kv_bits or dtype)
-    if strategy.static_scales and strategy.kv_bits == 8:  # int8 codes at static scales, read in place
+        return _GGML_KIND.get(bits or dtype)
+    if bits and st.static_scales:  # int8 codes at static scales, read in place
         return "int8c" if runtime == "onnxruntime" else None
-    if strategy.kv_bits:  # the .pte reads a quantized cache back before custom_sdpa; ONNX Runtime: no fused kind
+    if bits:  # the .pte reads a quantized cache back before custom_sdpa; ONNX Runtime: no fused kind
         if runtime != "executorch":
             return None
-        if strategy.kv_bits < 8:  # packed codes, dequantize_planar
-            return f"int{strategy.kv_bits}"
+        if bits < 8:  # packed codes, dequantize_planar
+            return f"int{bits}"
         heads = {t.shape[-1] for t in layout.tensors if t.role == "key"}
-        group = strategy.params.get("group")
-        return "int8" if all(per_token_int8(8, group, d) for d in heads) else None
+        # one scale per token and head: the cache ExecuTorch's dequantize_per_token reads back (an fp8 or grouped
+        # int8 cache has no stored rate)
+        return "int8" if all(st.readback_source(d) == "int8" for d in heads) else None
     return _FLOAT_KIND.get(dtype)
 
 
@@ -196,9 +200,10 @@ def prefill_kind(strategy: Strategy, layout: StateLayout, runtime: str) -> str |
     """The cache kind a prefill's attention rate is stored under: the decode kernel's kind (cache_kind), else the
     quantized cache's bits (int8c for static scales, int8 / int4 / int2 codes) on a graph that dequantizes it."""
     kind = cache_kind(strategy, layout, runtime)
-    if kind or not strategy.kv_bits:
+    st = strategy.kv_storage
+    if kind or st is None or not st.quantized:
         return kind
-    return "int8c" if strategy.static_scales else f"int{strategy.kv_bits}"
+    return "int8c" if st.static_scales else f"int{st.bits}"
 
 
 def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtime: str, ctx: int, chunk: int,
