@@ -7,8 +7,8 @@ call at several filled contexts, cache kinds and head shapes, on 1 thread. Fits,
 (2: keys and values) and writes the measured rows and the fitted terms as JSON. The fitted terms are what
 edgekv/costs/attention_rates.json stores for the host (`edgekv plan` reads that file, never this script).
 
-    python benchmarks/attention_rates.py [--runtime onnxruntime|executorch] [--ctx 1024,...,32768] [--runs 7]
-                                         [--out FILE]
+    python benchmarks/attention_rates.py [--runtime onnxruntime|executorch|llamacpp] [--ctx 1024,...,32768]
+                                         [--runs 7] [--prefill] [--out FILE]
 
 The graph is built as edgekv.models.swaps.GQAAttention emits it: inputs 0-6 (packed qkv, no separate k/v, past
 key/value, seqlens_k, total_sequence_length, cos, sin; do_rotary 1), and for kv-int8c the static per-channel
@@ -22,6 +22,17 @@ into the cache with index_put_, the cache read back as custom_sdpa takes it ([Hk
 a fp16 cache cast to fp32 rows 0..pos, and a per-token int8 cache (kv-int8) through
 quantized_decomposed::dequantize_per_token), then
 llama::custom_sdpa over slots 0..pos. The read-back is part of what a layer costs there, so it is in the time.
+
+--runtime llamacpp: llama.cpp (llama-cpp-python, `make bench-deps`) has no single attention op to call from Python,
+so it times a decode step of a random-weight f16 GGUF of one layer at each head shape (lc_gguf: a 512-token
+vocabulary and a 64-wide MLP, so the step outside attention is a small constant), flash attention on, K and V of
+each cache type (f16, q8_0, q4_0), 1 thread, the cache filled by a real prefill; each kind is fitted per head size
+(by_head_dim) and over both (time = step overhead + layers x ctx x H x D x c). The fill of each context is timed too:
+its attention FLOP over its time is llama.cpp's prefill attention rate per kind and head size (prefill_fits).
+
+--prefill (onnxruntime): one GroupQueryAttention call of 128 queries (edgekv's ONNX prefills in calls of 128 tokens)
+at positions ctx - 128 .. ctx - 1, per kind and shape: the prefill's attention FLOP rate per kind and head size
+(prefill_fits, attention_rates_prefill.json).
 """
 from __future__ import annotations
 
@@ -52,7 +63,7 @@ def graph(h: int, hkv: int, d: int, kind: str) -> bytes:
 
     cache_t = {"fp32": TP.FLOAT, "fp16": TP.FLOAT16, "int8c": TP.INT8}[kind]
     io_t = TP.FLOAT16 if kind == "fp16" else TP.FLOAT
-    vi = [helper.make_tensor_value_info("qkv", io_t, [1, 1, (h + 2 * hkv) * d]),
+    vi = [helper.make_tensor_value_info("qkv", io_t, [1, "S", (h + 2 * hkv) * d]),
           helper.make_tensor_value_info("pk", cache_t, [1, hkv, "T", d]),
           helper.make_tensor_value_info("pv", cache_t, [1, hkv, "T", d]),
           helper.make_tensor_value_info("seqlens", TP.INT32, [1]),
@@ -73,8 +84,10 @@ def graph(h: int, hkv: int, d: int, kind: str) -> bytes:
     return m.SerializeToString()
 
 
-def time_call(ort, h: int, hkv: int, d: int, kind: str, ctx: int, runs: int) -> dict:
-    """Median and best CPU time (and median wall time) of one decode call at position ctx - 1 (ctx keys attended), cache of ctx slots."""
+def time_call(ort, h: int, hkv: int, d: int, kind: str, ctx: int, runs: int, chunk: int = 1) -> dict:
+    """Median and best CPU time (and median wall time) of one decode call at position ctx - 1 (ctx keys attended), cache of ctx slots;
+    chunk > 1: one prefill call of `chunk` queries at positions ctx - chunk .. ctx - 1 (edgekv's ONNX prefills in calls
+    of 128 tokens: edgekv.export.stepper.Stepper.max_chunk)."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = so.inter_op_num_threads = 1
     sess = ort.InferenceSession(graph(h, hkv, d, kind), so, providers=["CPUExecutionProvider"])
@@ -85,10 +98,10 @@ def time_call(ort, h: int, hkv: int, d: int, kind: str, ctx: int, runs: int) -> 
     # as many layers' caches as fill COLD_BYTES, called in turn: in a model each layer's cache is read once per step
     # and evicted by the others' before its next read, so a single cache re-read from the CPU's caches would flatter
     # the rate (at 2k SmolLM2's fp32 layer is 3 MiB, inside the last-level cache)
-    n = min(max(2, -(-COLD_BYTES // cache_bytes)), 30)
+    n = min(max(2, -(-COLD_BYTES // cache_bytes)), 30) if chunk == 1 else 2  # a prefill call: compute-bound
     inv = 1.0 / 10000 ** (np.arange(0, d, 2) / d)
     ang = np.arange(ctx)[:, None] * inv[None]
-    vals = {"qkv": rng.standard_normal((1, 1, (h + 2 * hkv) * d)).astype(io),
+    vals = {"qkv": rng.standard_normal((1, chunk, (h + 2 * hkv) * d)).astype(io),
             "seqlens": np.array([ctx - 1], np.int32), "total": np.array(ctx, np.int32),
             "cos": np.cos(ang).astype(io), "sin": np.sin(ang).astype(io)}
     if kind == "int8c":
@@ -123,6 +136,12 @@ def time_call(ort, h: int, hkv: int, d: int, kind: str, ctx: int, runs: int) -> 
     # the fit uses the process's CPU time: on a shared host the wall time also counts the time the one thread
     # waits for a core (the filled-context rows it is compared with record both, decode_tok_per_cpu_s)
     med = statistics.median(cpu)
+    if chunk > 1:  # the call's attention FLOP: 4 x H x D per query and key it attends (causal within the chunk)
+        flop = 4 * h * d * sum(ctx - chunk + i + 1 for i in range(chunk))
+        return {"ctx": ctx, "chunk": chunk, "kind": kind, "heads": h, "kv_heads": hkv, "head_dim": d,
+                "median_us": round(med * 1e6, 1), "wall_median_us": round(statistics.median(ts) * 1e6, 1),
+                "best_us": round(min(cpu) * 1e6, 1), "attention_flop": flop,
+                "attention_gflop_s": round(flop / med / 1e9, 2)}
     return {"ctx": ctx, "kind": kind, "heads": h, "kv_heads": hkv, "head_dim": d, "median_us": round(med * 1e6, 1),
             "wall_median_us": round(statistics.median(ts) * 1e6, 1), "best_us": round(min(cpu) * 1e6, 1), "caches": n, "cache_bytes": cache_bytes,
             "cache_read_gb_s": round(cache_bytes / med / 1e9, 2), "us_per_position": round(med * 1e6 / ctx, 4)}
@@ -217,11 +236,126 @@ def et_time_call(h: int, hkv: int, d: int, kind: str, ctx: int, runs: int) -> di
             "us_per_position": round(med * 1e6 / ctx, 4)}
 
 
+# llama.cpp: its K and V cache types (bytes per value: q8_0 / q4_0 keep 32 values in a 34 / 18-byte block)
+LC_KINDS = {"f16": 2, "q8_0": 34 / 32, "q4_0": 18 / 32}
+# the contexts each llama.cpp kind is timed at by default: the fill is a real prefill (its attention quadratic in the
+# context), and llama.cpp's flash attention prefills over a quantized cache at a few GFLOP/s
+LC_CTX = {"f16": (1024, 2048, 4096, 8192, 16384, 32768), "q8_0": (1024, 2048, 4096, 8192), "q4_0": (1024, 2048, 4096, 8192)}
+LC_VOCAB, LC_FF = 512, 64  # a small vocabulary and MLP: the step's time outside attention stays small
+
+
+def lc_gguf(path: Path, h: int, hkv: int, d: int, layers: int) -> None:
+    """A random-weight f16 GGUF (llama architecture) of `layers` layers at this head shape (hidden = heads x head
+    size, key_length / value_length = head size), its vocabulary the 256 byte symbols and unused fillers (as
+    scripts/make_random_model.py writes one): what llama.cpp runs is the shape, the values do not change its time."""
+    import gguf
+
+    hidden = h * d
+    rng = np.random.default_rng(0)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_vocab_size(LC_VOCAB)
+    w.add_context_length(65536)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(LC_FF)
+    w.add_head_count(h)
+    w.add_head_count_kv(hkv)
+    w.add_key_length(d)
+    w.add_value_length(d)
+    w.add_rope_dimension_count(d)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    fillers = [f"<unused_{i}>" for i in range(256, LC_VOCAB)]
+    fillers[-1] = fillers[0] + fillers[1]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list([chr(256 + b) for b in range(256)] + fillers)
+    w.add_token_types([gguf.TokenType.NORMAL] * 256 + [gguf.TokenType.UNUSED] * (LC_VOCAB - 256))
+    w.add_token_merges([f"{fillers[0]} {fillers[1]}"])
+    w.add_add_bos_token(False)
+
+    def mat(rows, cols):
+        return (rng.standard_normal((rows, cols)) * 0.02).astype(np.float16)
+
+    w.add_tensor("token_embd.weight", mat(LC_VOCAB, hidden))
+    for i in range(layers):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
+        w.add_tensor(f"blk.{i}.attn_q.weight", mat(h * d, hidden))
+        w.add_tensor(f"blk.{i}.attn_k.weight", mat(hkv * d, hidden))
+        w.add_tensor(f"blk.{i}.attn_v.weight", mat(hkv * d, hidden))
+        w.add_tensor(f"blk.{i}.attn_output.weight", mat(hidden, h * d))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", mat(LC_FF, hidden))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", mat(LC_FF, hidden))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", mat(hidden, LC_FF))
+    w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def lc_time_rows(h: int, hkv: int, d: int, kind: str, ctxs, runs: int, layers: int = 1) -> list[dict]:
+    """llama.cpp's decode step on a random model of `layers` layers at this head shape, K and V of this type, flash
+    attention, 1 thread (as benchmarks/speed_child.llamacpp_session runs a model), at each filled context: the cache
+    filled by a real prefill up to ctx - 1 (one session, filled further between contexts), then `runs` single-token
+    steps, each after a 256 MiB buffer is swept so that the layer's cache is read cold, as in a model whose other
+    layers' caches evict it. The step's time outside attention (a 512-token vocabulary, a 64-wide MLP) is the fit's
+    overhead; a second layer count (--lc-layers) checks that the per-key cost scales with the layers."""
+    import tempfile
+
+    import llama_cpp
+
+    kv_type = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+               "q4_0": llama_cpp.GGML_TYPE_Q4_0}[kind]
+    rng = np.random.default_rng(0)
+    sweep = np.zeros(COLD_BYTES // 8)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="edgekv-attn-") as tmp:
+        path = Path(tmp) / "attn.gguf"
+        lc_gguf(path, h, hkv, d, layers)
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=max(ctxs) + runs + 8, n_batch=512, n_ubatch=512,
+                              n_threads=1, n_threads_batch=1, flash_attn=True, type_k=kv_type, type_v=kv_type,
+                              verbose=False)
+        filled = 0
+        for ctx in sorted(ctxs):
+            n_fill = ctx - 1 - filled
+            c0 = time.process_time()
+            llm.eval([int(t) for t in rng.integers(0, 256, n_fill)])
+            fill_s = time.process_time() - c0
+            # the prefill's attention FLOP for positions filled+1 .. ctx-1 (4 x H x D per key and query, causal)
+            fill_flop = 4 * h * d * layers * (ctx - 1 + filled + 1) * n_fill / 2
+            filled = ctx - 1
+            llm.eval([int(rng.integers(0, 256))])  # warm-up step
+            filled += 1
+            ts, cpu = [], []
+            for _ in range(runs):
+                sweep += 1.0
+                t0, c0 = time.perf_counter(), time.process_time()
+                llm.eval([int(rng.integers(0, 256))])
+                cpu.append(time.process_time() - c0)
+                ts.append(time.perf_counter() - t0)
+                filled += 1
+            n = filled - runs // 2  # the keys the median step attended (ctx + 1 .. ctx + runs)
+            med = statistics.median(cpu)
+            cache_bytes = int(2 * layers * hkv * n * d * LC_KINDS[kind])
+            rows.append({"ctx": n, "kind": kind, "heads": h, "kv_heads": hkv, "head_dim": d, "layers": layers,
+                         "median_us": round(med * 1e6, 1), "wall_median_us": round(statistics.median(ts) * 1e6, 1),
+                         "best_us": round(min(cpu) * 1e6, 1), "cache_bytes": cache_bytes,
+                         "cache_read_gb_s": round(cache_bytes / med / 1e9, 2),
+                         "us_per_position": round(med * 1e6 / n / layers, 4),
+                         "prefill": {"from": ctx - 1 - n_fill, "tokens": n_fill, "cpu_s": round(fill_s, 3),
+                                     "attention_flop": fill_flop}})
+        del llm
+    return rows
+
+
 def fit(rows: list[dict]) -> dict:
     """Least squares of time = overhead + ctx * (kv_bytes_per_position / read_rate + heads * head_dim * c_compute)
     over one cache kind's rows (both shapes: the two per-position features differ between them). A term that fits
     negative is dropped (set to 0) and the rest refitted."""
-    x = np.array([[1.0, r["cache_bytes"], r["ctx"] * r["heads"] * r["head_dim"]] for r in rows])
+    x = np.array([[1.0, r["cache_bytes"], r.get("layers", 1) * r["ctx"] * r["heads"] * r["head_dim"]] for r in rows])
     y = np.array([r["median_us"] * 1e-6 for r in rows])
     w = 1 / y  # relative error: the long contexts must not drown the short ones
     keep = [0, 1, 2]
@@ -244,7 +378,7 @@ def fit_head_dim(rows: list[dict]) -> dict:
     """One head size's rows: least squares (relative error) of time = overhead + ctx x H x D x c_compute, the per-key
     cost at that head size alone (the plan uses it for models of that head size: the cross-shape law misses how
     a head of 256 costs more per value than one of 64 when each query head re-reads its KV head's cache)."""
-    x = np.array([[1.0, r["ctx"] * r["heads"] * r["head_dim"]] for r in rows])
+    x = np.array([[1.0, r.get("layers", 1) * r["ctx"] * r["heads"] * r["head_dim"]] for r in rows])
     y = np.array([r["median_us"] * 1e-6 for r in rows])
     coef, *_ = np.linalg.lstsq(x / y[:, None], np.ones_like(y), rcond=None)
     over, comp = (float(c) for c in coef)
@@ -253,6 +387,35 @@ def fit_head_dim(rows: list[dict]) -> dict:
     err = [(over + comp * xi) / yi - 1 for xi, yi in zip(x[:, 1], y)]
     return {"overhead_s": over, "read_bytes_per_s": None, "compute_s_per_head_dim_position": comp,
             "max_abs_rel_error": round(max(abs(e) for e in err), 3), "rows": len(rows)}
+
+
+def fit_prefill_rate(rows: list[dict]) -> dict:
+    """One cache kind's prefill rows at one head size: least squares (relative error) of time = overhead + attention
+    FLOP / rate (onnxruntime: per call of 128 queries; llama.cpp: per fill, whose few-MFLOP-per-token matmuls are the
+    overhead, per token). Returns {"attention_flop_per_s", "overhead_s" or "per_token_s", "max_abs_rel_error"}."""
+    per_token = "tokens" in rows[0]
+    x = np.array([[r["tokens"] if per_token else 1.0, r["attention_flop"]] for r in rows])
+    y = np.array([r["cpu_s"] if per_token else r["median_us"] * 1e-6 for r in rows])
+    coef, *_ = np.linalg.lstsq(x / y[:, None], np.ones_like(y), rcond=None)
+    a, b = (float(c) for c in coef)
+    if a < 0:  # no overhead: the slope alone
+        a, b = 0.0, float(np.sum(x[:, 1] / y) / np.sum((x[:, 1] / y) ** 2))
+    err = [(a * xi[0] + b * xi[1]) / yi - 1 for xi, yi in zip(x, y)]
+    return {"attention_flop_per_s": 1 / b, ("per_token_s" if per_token else "overhead_s"): a,
+            "max_abs_rel_error": round(max(abs(e) for e in err), 3), "rows": len(rows)}
+
+
+def prefill_fits(rows: list[dict]) -> dict:
+    """fit_prefill_rate per cache kind and head size: {kind: {head_dim: fit}}; llama.cpp's rows carry their fill."""
+    pre = [{**r["prefill"], "kind": r["kind"], "head_dim": r["head_dim"]} if "prefill" in r else r for r in rows
+           if "prefill" in r or "chunk" in r]
+    out = {}
+    for k in dict.fromkeys(r["kind"] for r in pre):
+        for d in sorted({r["head_dim"] for r in pre if r["kind"] == k}):
+            sub = [r for r in pre if r["kind"] == k and r["head_dim"] == d and (r.get("tokens") or 1) > 0]
+            if len(sub) >= 2:
+                out.setdefault(k, {})[str(d)] = fit_prefill_rate(sub)
+    return out
 
 
 def fits_of(rows: list[dict], kinds: list[str]) -> dict:
@@ -277,28 +440,44 @@ def print_fits(fits: dict) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runtime", choices=("onnxruntime", "executorch"), default="onnxruntime")
-    ap.add_argument("--ctx", default="1024,2048,4096,8192,16384,32768")
+    ap.add_argument("--runtime", choices=("onnxruntime", "executorch", "llamacpp"), default="onnxruntime")
+    ap.add_argument("--ctx", help="filled contexts (default 1024,...,32768; llamacpp: per kind, LC_CTX)")
     ap.add_argument("--runs", type=int, default=7)
-    ap.add_argument("--kinds", help="cache kinds (onnxruntime: fp32,fp16,int8c; executorch: fp32,fp16,int8,int8c)")
+    ap.add_argument("--kinds", help="cache kinds (onnxruntime: fp32,fp16,int8c; executorch: fp32,fp16,int8; "
+                                    "llamacpp: f16,q8_0,q4_0)")
+    ap.add_argument("--lc-layers", type=int, default=1, help="llamacpp: the random model's layers")
+    ap.add_argument("--prefill", action="store_true", help="onnxruntime: time prefill calls of 128 queries instead "
+                    "(attention_rates_prefill.json); llama.cpp's prefill rates come from its fills")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--refit", type=Path, help="fit the rows of this results JSON again (no timing)")
     a = ap.parse_args(argv)
     if a.refit:
         res = json.loads(a.refit.read_text())
-        res["fits"] = fits_of(res["rows"], list(dict.fromkeys(r["kind"] for r in res["rows"])))
-        print_fits(res["fits"])
+        if not any("chunk" in r for r in res["rows"]):
+            res["fits"] = fits_of(res["rows"], list(dict.fromkeys(r["kind"] for r in res["rows"])))
+            print_fits(res["fits"])
+        if any("chunk" in r or "prefill" in r for r in res["rows"]):
+            res["prefill_fits"] = prefill_fits(res["rows"])
         dest = a.out or a.refit
         tmp = dest.with_suffix(".tmp")
         tmp.write_text(json.dumps(res, indent=1) + "\n")
         os.replace(tmp, dest)
         print(f"wrote {dest}")
         return 0
-    et = a.runtime == "executorch"
-    kinds = (a.kinds or ",".join(ET_KINDS if et else KINDS)).split(",")
-    out_path = a.out or Path(__file__).parent / "results" / ("attention_rates_executorch.json" if et
-                                                             else "attention_rates.json")
-    if et:
+    et, lc = a.runtime == "executorch", a.runtime == "llamacpp"
+    kinds = (a.kinds or ",".join(ET_KINDS if et else LC_KINDS if lc else KINDS)).split(",")
+    out_path = a.out or Path(__file__).parent / "results" / ("attention_rates_executorch.json" if et else
+                                                             "attention_rates_llamacpp.json" if lc else
+                                                             "attention_rates_prefill.json" if a.prefill else
+                                                             "attention_rates.json")
+    if lc:
+        import llama_cpp
+
+        versions = {"llama_cpp_python": llama_cpp.__version__}
+        what = ("one llama.cpp decode step (flash attention, K and V of the kind, 1 thread) on a random f16 model of "
+                f"{a.lc_layers} layer(s) at the head shape, the cache filled by a real prefill, each step after a "
+                "256 MiB sweep (the cache read cold)")
+    elif et:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
         import executorch
         import torch
@@ -318,20 +497,38 @@ def main(argv=None) -> int:
     # the repeats go round the rows (each row's runs in one go, the rows in turn), shapes and contexts interleaved
     for kind in kinds:
         for name, (h, hkv, d) in SHAPES.items():
-            for ctx in (int(c) for c in a.ctx.split(",")):
+            if lc:
+                ctxs = [int(c) for c in a.ctx.split(",")] if a.ctx else LC_CTX[kind]
+                for r in lc_time_rows(h, hkv, d, kind, ctxs, a.runs, a.lc_layers):
+                    r = {"shape": name, **r, "loadavg": round(os.getloadavg()[0], 2)}
+                    rows.append(r)
+                    print(f"{kind:6} {name:14} ctx {r['ctx']:6}: {r['median_us']:9.1f} us  "
+                          f"{r['us_per_position']:.4f} us/position  (load {r['loadavg']})", flush=True)
+                continue
+            for ctx in (int(c) for c in (a.ctx or "1024,2048,4096,8192,16384,32768").split(",")):
                 r = {"shape": name, **(et_time_call(h, hkv, d, kind, ctx, a.runs) if et
-                                       else time_call(ort, h, hkv, d, kind, ctx, a.runs))}
+                                       else time_call(ort, h, hkv, d, kind, ctx, a.runs, 128 if a.prefill else 1))}
+                if a.prefill:
+                    r["loadavg"] = round(os.getloadavg()[0], 2)
+                    rows.append(r)
+                    print(f"{kind:6} {name:14} ctx {ctx:6} prefill call of 128: {r['median_us']:10.1f} us  "
+                          f"{r['attention_gflop_s']:6.2f} GFLOP/s  (load {r['loadavg']})", flush=True)
+                    continue
                 r["loadavg"] = round(os.getloadavg()[0], 2)
                 rows.append(r)
                 print(f"{kind:6} {name:14} ctx {ctx:6}: {r['median_us']:9.1f} us  {r['cache_read_gb_s']:5.2f} GB/s  "
                       f"{r['us_per_position']:.4f} us/position  (load {r['loadavg']})", flush=True)
-    fits = fits_of(rows, kinds)
+    fits = {} if a.prefill else fits_of(rows, kinds)
     print_fits(fits)
+    pre = prefill_fits(rows)
+    for k, by in pre.items():
+        print(f"prefill {k}: " + ", ".join(f"head size {d}: {f['attention_flop_per_s'] / 1e9:.1f} GFLOP/s (worst row "
+                                           f"{f['max_abs_rel_error']:.0%})" for d, f in by.items()))
     out = {"benchmark": "attention_rates", "runtime": a.runtime,
            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)), **versions,
            "machine": platform.processor() or platform.machine(), "platform": platform.platform(),
            "loadavg": list(os.getloadavg()), "threads": 1, "runs": a.runs, "what": what,
-           "rows": rows, "fits": fits, "seconds": round(time.time() - t0, 1)}
+           "rows": rows, "fits": fits, "prefill_fits": pre, "seconds": round(time.time() - t0, 1)}
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(out, indent=1) + "\n")

@@ -8,22 +8,21 @@ the one thread waits for a core). SmolLM2-135M's rows are the fit set, Gemma-3-2
 sliding windows on 15 of 18 layers, a 4x larger vocabulary) the held-out check.
 
 Decode time per token = weights term + attention term, per runtime (a memory.RUNTIMES cost model):
-  onnxruntime (edgekv's ONNX), executorch (edgekv's .pte): the attention term at the kernel rate measured by
-    benchmarks/attention_rates.py (one GroupQueryAttention / custom_sdpa call, no model rows:
-    edgekv/costs/attention_rates.json); the weights term's one parameter, the rate the runtime's int4 weight kernels
-    read the weights at, is fitted here on SmolLM2's rows (the measured seconds per token less the attention term
-    over the weights bytes, median of the rows).
-  llama.cpp: no kernel benchmark (llama-cpp-python builds from source); the per-key cost of its flash attention per
-    cache type (f16, q8_0, q4_0) and its weights rate are fitted together here on SmolLM2's rows at a filled 2k and
-    8k (least squares in relative error): the per-key cost is charged per query head x head size (the kernel's
-    work: one dot product and one axpy of D values per query head and key), so Gemma's 4 x 256 heads are predicted
-    from SmolLM2's 9 x 64.
-Prefill time = matmul FLOP / a matmul rate + attention FLOP / an attention rate per cache kind, both per runtime,
-fitted on SmolLM2's rows (memory.prefill_parts: the FLOP of each part; Gemma's windows cap its attention FLOP).
+  onnxruntime (edgekv's ONNX), executorch (edgekv's .pte), llama.cpp: the attention term at the kernel rate measured
+    by benchmarks/attention_rates.py (one GroupQueryAttention / custom_sdpa call; llama.cpp: a decode step of a
+    1-layer random model at the head shape, flash attention, per cache type f16 / q8_0 / q4_0; no model rows:
+    edgekv/costs/attention_rates.json, each kind's fit at the model's own head size where one is stored); the
+    weights term's one parameter, the rate the runtime's int4 weight kernels read the weights at (and, for llama.cpp,
+    the step's fixed costs), is fitted here on SmolLM2's rows (least squares in relative error of the measured
+    seconds per token less the attention term, over the weights bytes).
+Prefill time = matmul FLOP / a matmul rate + attention FLOP / an attention rate per cache kind, per runtime: the
+attention rate is the kernel's at the model's head size where benchmarks/attention_rates.py measures one (ONNX
+Runtime: a GroupQueryAttention call of 128 queries, --prefill; llama.cpp: the prefill that fills its cache), else it
+is fitted here with the matmul rate on SmolLM2's rows (memory.prefill_parts: the FLOP of each part; Gemma's windows
+cap its attention FLOP).
 
-The fitted numbers are what edgekv/costs/attention_rates.json stores for the host (weights, prefill, llama.cpp's
-kinds; tests/test_attention_rates.py checks that they agree); `edgekv plan --device host --runtime R --weights int4`
-prints the plan's own number beside each row. Rows the planner has no rate for (edgekv's explicit kv-int8 / kv-int4
+The fitted numbers are what edgekv/costs/attention_rates.json stores for the host (weights, prefill;
+tests/test_attention_rates.py checks that they agree); `edgekv plan --device host --runtime R --weights int4` prints the plan's own number beside each row. Rows the planner has no rate for (edgekv's explicit kv-int8 / kv-int4
 ONNX graphs, a .pte's eager attention, GGUF-carried weights, GenAI, ExecuTorch's own Llama export) are listed with
 the reason they are not modelled.
 
@@ -52,7 +51,8 @@ LLAMACPP_CACHE = {"f16": "kv", "q8_0": "kv-int8", "q4_0": "kv-int4"}
 NOT_MODELLED = {"genai": "ONNX Runtime GenAI's own graphs: no rate stored",
                 "et-llama": "ExecuTorch's own Llama export (export_llama): its SDPA with a cache update, no rate stored"}
 # the cache kinds benchmarks/attention_rates.py times per runtime (the rest are fitted here on model rows)
-KERNEL_KINDS = {"onnxruntime": ("fp32", "fp16", "int8c"), "executorch": ("fp32", "fp16", "int8")}
+KERNEL_KINDS = {"onnxruntime": ("fp32", "fp16", "int8c"), "executorch": ("fp32", "fp16", "int8"),
+                "llama.cpp": ("f16", "q8_0", "q4_0")}
 # runs listed in the table but not fitted to, and why
 NOT_FITTED = {
     "filled_context_8192_int8c.json": "its attention-heavy rows (fp32 and fp16 cache, llama.cpp f16) ran 1.6-2.5x "
@@ -122,6 +122,13 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int) -> dict:
     if kind:
         out["attention_s"], out["attention_formula"] = M.attention_seconds(arch, layout, kind, rates["kinds"],
                                                                            rates["kernel"])
+    # the prefill attention rate benchmarks/attention_rates.py measured for this kind at this head size (None: the
+    # kind's rate is fitted below on the prefills themselves)
+    by = (rates or {}).get("prefill") or {}
+    by = by.get("attention_flop_per_s_by_head_dim", {})
+    out["prefill_kernel_rate"] = (M.speed._prefill_rate({"attention_flop_per_s_by_head_dim": by,
+                                                         "attention_flop_per_s": {}}, out["prefill_kind"], arch)[0]
+                                  if out["prefill_kind"] in by else None)
     # the per-key work of each layer (sum over layers of kept keys x query heads x head size): llama.cpp's fit
     kept = {t.layer: t.shape[2] for t in layout.tensors if t.role == "key"}
     out["key_work"] = float(sum(kept[i] * m.n_heads * m.head_dim for i, b in enumerate(arch.blocks)
@@ -129,30 +136,24 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int) -> dict:
     return out
 
 
-def fit_llamacpp(rows: list[dict]) -> dict:
-    """Least squares in relative error of t = weights_bytes / rate + key_work x c[cache type] over llama.cpp's fit
-    rows: {"weights_rate", "per_key": {type: c}}."""
-    kinds = sorted({r["cache"] for r in rows})
-    x = np.array([[r["weights_bytes"]] + [r["key_work"] * (r["cache"] == k) for k in kinds] for r in rows])
-    y = np.array([1 / r["tok_s"] for r in rows])
-    coef, *_ = np.linalg.lstsq(x / y[:, None], np.ones_like(y), rcond=None)
-    return {"weights_rate": 1 / coef[0], "per_key": dict(zip(kinds, (float(c) for c in coef[1:])))}
-
-
 def fit_prefill(rows: list[dict]) -> dict:
     """Least squares in relative error of t = (matmul + logits FLOP) / matmul rate + attention FLOP / rate[kind]
-    over one runtime's fit rows: {"matmul_flop_per_s", "attention_flop_per_s": {kind: rate}}."""
-    kinds = sorted({r["prefill_kind"] for r in rows})
+    over one runtime's fit rows, a kind's rate fixed at the kernel's (prefill_kernel_rate: benchmarks/
+    attention_rates.py at the model's head size) where one is measured, else fitted here: {"matmul_flop_per_s",
+    "attention_flop_per_s": {fitted kind: rate}}."""
+    kinds = sorted({r["prefill_kind"] for r in rows if not r["prefill_kernel_rate"]})
     x = np.array([[r["prefill_parts"]["matmul"] + r["prefill_parts"]["logits"]]
                   + [r["prefill_parts"]["attention"] * (r["prefill_kind"] == k) for k in kinds] for r in rows])
     y = np.array([r["prefill_s"] for r in rows])
-    coef, *_ = np.linalg.lstsq(x / y[:, None], np.ones_like(y), rcond=None)
+    fixed = np.array([r["prefill_parts"]["attention"] / r["prefill_kernel_rate"] if r["prefill_kernel_rate"] else 0.0
+                      for r in rows])
+    coef, *_ = np.linalg.lstsq(x / y[:, None], (y - fixed) / y, rcond=None)
     return {"matmul_flop_per_s": 1 / coef[0],
             "attention_flop_per_s": {k: (1 / c if c > 0 else None) for k, c in zip(kinds, coef[1:])}}
 
 
 def prefill_pred(r: dict, p: dict) -> float | None:
-    rate = p["attention_flop_per_s"].get(r["prefill_kind"])
+    rate = r["prefill_kernel_rate"] or p["attention_flop_per_s"].get(r["prefill_kind"])
     if not rate:
         return None
     return (r["prefill_parts"]["matmul"] + r["prefill_parts"]["logits"]) / p["matmul_flop_per_s"] \
@@ -186,21 +187,15 @@ def main(argv=None) -> int:
             elif r["cost"] != "llama.cpp" and r["fused"] and r["prefill_kind"] and r["kind"] in (
                     None, r["prefill_kind"]) and r["prefill_kind"] not in KERNEL_KINDS[r["cost"]]:
                 r["eager"] = r["prefill_kind"]  # the fused op on a cache the kernel benchmark does not time
-            elif r["cost"] != "llama.cpp" and not r["kind"]:
+            elif not r["kind"]:
                 r["why_not"] = f"no {r['cost']} kernel rate stored for this cache ({r['cache']})"
         rows.append(r)
     fit = [r for r in rows if r["set"] == "fit" and "why_not" not in r and r["file"] not in NOT_FITTED]
-    # llama.cpp: its per-key costs and weights rate together
-    lc = fit_llamacpp([r for r in fit if r["cost"] == "llama.cpp"])
     for r in rows:
-        if r.get("cost") == "llama.cpp" and "why_not" not in r:
-            r["model_attention_s"] = r["key_work"] * lc["per_key"][r["cache"]]
-            r["attention_formula"] = (f"{r['key_work']:.4g} key x head x dim per step x "
-                                      f"{lc['per_key'][r['cache']] * 1e12:.3g} ps ({r['cache']})")
-        elif "why_not" not in r and "cost" in r and "eager" not in r:
+        if "why_not" not in r and "cost" in r and "eager" not in r:
             r["model_attention_s"] = r["attention_s"]
-    w_rates = {"llama.cpp": {"rate": lc["weights_rate"], "per_row": None}}
-    for cost in ("onnxruntime", "executorch"):
+    w_rates = {}
+    for cost in ("onnxruntime", "executorch", "llama.cpp"):
         sub = [r for r in fit if r["cost"] == cost and "eager" not in r]
         if sub:  # least squares in relative error of t = weights / rate + the attention at the kernel rate
             num = sum(r["weights_bytes"] * r["tok_s"] * (1 - r["model_attention_s"] * r["tok_s"]) for r in sub)
@@ -236,8 +231,6 @@ def main(argv=None) -> int:
     for cost, w in w_rates.items():
         extra = f" (rows alone: {', '.join(f'{x / 1e9:.2f}' for x in sorted(w['per_row']))})" if w["per_row"] else ""
         print(f"{cost}: weights rate fitted on SmolLM2-135M rows: {w['rate'] / 1e9:.2f} GB/s{extra}")
-    print("llama.cpp flash attention per key x query head x head size: "
-          + ", ".join(f"{k} {c * 1e12:.1f} ps" for k, c in lc["per_key"].items()))
     # prefill: per runtime, on the fit rows with a measured prefill (the explicit graphs included: their prefill
     # kind is their cache's, and the attention FLOP are the same)
     pre_rows = [r for r in rows if "cost" in r and r.get("prefill_s") and not r.get("why_not", "").startswith("super")]
@@ -305,7 +298,7 @@ def main(argv=None) -> int:
     res = {"benchmark": "plan_vs_filled", "speed": "tokens per CPU second of the row's process (1 thread)",
            "weights_rates_bytes_per_s": {k: v["rate"] for k, v in w_rates.items()},
            "weights_rates_per_fit_row": {k: v["per_row"] for k, v in w_rates.items() if v["per_row"]},
-           "llamacpp_per_key_s": lc["per_key"], "fitted_per_key_s": fitted, "prefill": pre_fits, "not_fitted": NOT_FITTED, "tolerance": TOLERANCE, "rows": out_rows}
+           "fitted_per_key_s": fitted, "prefill": pre_fits, "not_fitted": NOT_FITTED, "tolerance": TOLERANCE, "rows": out_rows}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = a.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(res, indent=1) + "\n")

@@ -206,20 +206,44 @@ def prefill_kind(strategy: Strategy, layout: StateLayout, runtime: str) -> str |
     return "int8c" if st.static_scales else f"int{st.bits}"
 
 
+def _prefill_rate(rates: dict, kind: str, arch: Arch) -> tuple[float | None, str]:
+    """The prefill attention rate of this cache kind for the model's head size: the kernel's rate measured at that
+    head size (attention_flop_per_s_by_head_dim, benchmarks/attention_rates.py), between two measured head sizes
+    interpolated in log2(head size) (clamped at the ends; a model with several head sizes: its smallest); else the
+    kind's rate fitted on model rows."""
+    by = rates.get("attention_flop_per_s_by_head_dim", {}).get(kind)
+    dims = {m.head_dim for b in arch.blocks for m in b.mixers if isinstance(m, Attention)}
+    if by and dims:
+        d = min(dims)
+        if str(d) in by:
+            return by[str(d)], f"{kind}, kernel rate at head size {d}"
+        pts = sorted((int(k), v) for k, v in by.items())
+        lo = max([p for p in pts if p[0] < d], default=pts[0])
+        hi = min([p for p in pts if p[0] > d], default=pts[-1])
+        if lo == hi:
+            return lo[1], f"{kind}, kernel rate at head size {lo[0]} (nearest measured to {d})"
+        f = (math.log2(d) - math.log2(lo[0])) / (math.log2(hi[0]) - math.log2(lo[0]))
+        return lo[1] + f * (hi[1] - lo[1]), f"{kind}, kernel rates at head sizes {lo[0]} and {hi[0]} interpolated to {d}"
+    rate = rates["attention_flop_per_s"].get(kind)
+    return rate, f"{kind}; rates fitted on this device's measured prefills"
+
+
 def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtime: str, ctx: int, chunk: int,
                      rates: dict) -> Item | None:
-    """Prefill seconds at the device's fitted prefill rates (edgekv/costs/attention_rates.json "prefill": fitted on
-    measured filled-context prefills by benchmarks/plan_vs_filled.py): matmul FLOP (with the logits and scans) over
-    the runtime's matmul rate + attention FLOP over the rate of this cache kind; None where no rate is stored."""
+    """Prefill seconds at the device's prefill rates (edgekv/costs/attention_rates.json "prefill"): matmul FLOP (with
+    the logits and scans) over the runtime's matmul rate (fitted on measured filled-context prefills by
+    benchmarks/plan_vs_filled.py) + attention FLOP over the rate of this cache kind (the kernel's at the model's head
+    size where benchmarks/attention_rates.py measured one, else fitted on the same prefills); None where no rate is
+    stored."""
     kind = prefill_kind(strategy, layout, runtime)
-    rate = rates["attention_flop_per_s"].get(kind) if kind else None
+    rate, how = _prefill_rate(rates, kind, arch) if kind else (None, "")
     if not rate:
         return None
     p = prefill_parts(arch, strategy, ctx, chunk)
     mm, attn, mm_rate = p["matmul"] + p["logits"] + p["scans"], p["attention"] + p["reexpand"], rates["matmul_flop_per_s"]
     t = mm / mm_rate + attn / rate
     return Item(t, f"matmul {mm:.3g} FLOP / {mm_rate / 1e9:.3g} GFLOP/s + attention {attn:.3g} FLOP / "
-                   f"{rate / 1e9:.3g} GFLOP/s ({kind}; rates fitted on this device's measured prefills) = {t:.3g} s")
+                   f"{rate / 1e9:.3g} GFLOP/s ({how}) = {t:.3g} s")
 
 
 def attention_kind(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, rates: dict | None) -> str | None:
