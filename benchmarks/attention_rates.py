@@ -351,6 +351,26 @@ def lc_time_rows(h: int, hkv: int, d: int, kind: str, ctxs, runs: int, layers: i
     return rows
 
 
+def lc_gguf_prefill(path: Path, tokens: int = 512, runs: int = 3) -> dict:
+    """The CPU seconds (median of `runs`) of a `tokens`-token prefill of a real GGUF on llama.cpp, 1 thread, f16 cache,
+    flash attention (speed_child.llamacpp_session's settings): its matmuls dominate, at the rate of that file's weight
+    types (benchmarks/plan_vs_filled.py takes the attention at the kernel rate out)."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=tokens + 8, n_batch=512, n_ubatch=512, n_threads=1,
+                          n_threads_batch=1, flash_attn=True, swa_full=False, verbose=False)
+    rng = np.random.default_rng(0)
+    cpu = []
+    for _ in range(runs):
+        llm.reset()
+        ids = [int(t) for t in rng.integers(300, 5000, tokens)]
+        c0 = time.process_time()
+        llm.eval(ids)
+        cpu.append(time.process_time() - c0)
+    del llm
+    return {"tokens": tokens, "cpu_s": round(statistics.median(cpu), 4), "runs_cpu_s": [round(c, 4) for c in cpu]}
+
+
 def fit(rows: list[dict]) -> dict:
     """Least squares of time = overhead + ctx * (kv_bytes_per_position / read_rate + heads * head_dim * c_compute)
     over one cache kind's rows (both shapes: the two per-position features differ between them). A term that fits
@@ -446,6 +466,9 @@ def main(argv=None) -> int:
     ap.add_argument("--kinds", help="cache kinds (onnxruntime: fp32,fp16,int8c; executorch: fp32,fp16,int8; "
                                     "llamacpp: f16,q8_0,q4_0)")
     ap.add_argument("--lc-layers", type=int, default=1, help="llamacpp: the random model's layers")
+    ap.add_argument("--gguf-prefill", nargs="+", type=Path, metavar="GGUF",
+                    help="llamacpp: time a 512-token prefill of each real GGUF (its weight types' matmul rate) into "
+                         "results/llamacpp_gguf_prefill.json")
     ap.add_argument("--prefill", action="store_true", help="onnxruntime: time prefill calls of 128 queries instead "
                     "(attention_rates_prefill.json); llama.cpp's prefill rates come from its fills")
     ap.add_argument("--out", type=Path)
@@ -459,6 +482,22 @@ def main(argv=None) -> int:
         if any("chunk" in r or "prefill" in r for r in res["rows"]):
             res["prefill_fits"] = prefill_fits(res["rows"])
         dest = a.out or a.refit
+        tmp = dest.with_suffix(".tmp")
+        tmp.write_text(json.dumps(res, indent=1) + "\n")
+        os.replace(tmp, dest)
+        print(f"wrote {dest}")
+        return 0
+    if a.gguf_prefill:
+        import llama_cpp
+
+        res = {"benchmark": "llamacpp_gguf_prefill", "llama_cpp_python": llama_cpp.__version__,
+               "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "threads": 1,
+               "what": "a 512-token prefill of each GGUF, 1 thread, f16 cache, flash attention, process CPU time",
+               "files": {}}
+        for g in a.gguf_prefill:
+            res["files"][g.name] = {**lc_gguf_prefill(g), "loadavg": round(os.getloadavg()[0], 2)}
+            print(g.name, res["files"][g.name], flush=True)
+        dest = a.out or Path(__file__).parent / "results" / "llamacpp_gguf_prefill.json"
         tmp = dest.with_suffix(".tmp")
         tmp.write_text(json.dumps(res, indent=1) + "\n")
         os.replace(tmp, dest)

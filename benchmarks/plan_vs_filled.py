@@ -80,6 +80,7 @@ def measured_rows() -> list[dict]:
             if r.get("decode_tok_s"):
                 out.append({"model": model, "file": f.name, "vm": d["machine"].get("platform", ""),
                              "started_utc": d["started_utc"],
+                             "gguf": Path(d["settings"].get("model_path") or "").name,
                             "bandwidth_gb_s": round(max(float(b["best_bytes_s"]) for b in d.get("bandwidth", {})
                                                         .values()) / 1e9, 1) if d.get("bandwidth") else None, **r})
     return out
@@ -150,6 +151,38 @@ def fit_prefill(rows: list[dict]) -> dict:
     coef, *_ = np.linalg.lstsq(x / y[:, None], (y - fixed) / y, rcond=None)
     return {"matmul_flop_per_s": 1 / coef[0],
             "attention_flop_per_s": {k: (1 / c if c > 0 else None) for k, c in zip(kinds, coef[1:])}}
+
+
+def gguf_matmul_rates() -> dict:
+    """llama.cpp's matmul rate per GGUF file: results/llamacpp_gguf_prefill.json's 512-token prefill (benchmarks/
+    attention_rates.py --runtime llamacpp --gguf-prefill) less its attention at the kernel's f16 prefill rate, over
+    the matmul and logits FLOP of 512 tokens (memory.prefill_parts, one chunk: llama.cpp computes the last token's
+    logits). The weight types differ per file (SmolLM2's Q4_1, Gemma 3's Q4_K_M: Q5_0 / Q4_K / Q6_K / Q8_0 rows), and
+    so does the rate their matmul kernels run at; the plan's int4 weights do not say which."""
+    from edgekv import memory as M
+    from edgekv.arch import catalog_arch
+    from edgekv.strategies import parse_strategy
+
+    f = HERE / "results" / "llamacpp_gguf_prefill.json"
+    if not f.exists():
+        return {}
+    files = json.loads(f.read_text())["files"]
+    models = {}
+    for path in (HERE / "results").glob("filled_context_*.json"):
+        s = json.loads(path.read_text())["settings"]
+        if s.get("model_path"):
+            models[Path(s["model_path"]).name] = s["model"]
+    rates = M.attention_rates("llama.cpp", "host", "desktop")["prefill"]
+    out = {}
+    for name, g in files.items():
+        if name not in models:
+            continue
+        arch = catalog_arch(models[name])
+        parts = M.prefill_parts(arch, parse_strategy("kv"), g["tokens"], g["tokens"])
+        attn_rate = M.speed._prefill_rate(rates, "f16", arch)[0]
+        t_mm = g["cpu_s"] - parts["attention"] / attn_rate
+        out[name] = {"matmul_flop_per_s": (parts["matmul"] + parts["logits"]) / t_mm, "model": models[name]}
+    return out
 
 
 def prefill_pred(r: dict, p: dict) -> float | None:
@@ -247,6 +280,10 @@ def main(argv=None) -> int:
             print(f"{cost} prefill: matmul {p['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s, attention "
                   + ", ".join(f"{k} {v / 1e9:.1f}" if v else f"{k} -" for k, v in p["attention_flop_per_s"].items())
                   + " GFLOP/s")
+    gguf_mm = gguf_matmul_rates()
+    for name, g in gguf_mm.items():
+        print(f"llama.cpp matmul rate of {name} (a 512-token prefill less its attention at the kernel rate): "
+              f"{g['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s")
     out_rows = []
     print(f"{'set':9} {'model':13} {'row':31} {'ctx':>6} {'file':30} {'dec meas':>8} {'model':>7} {'plan':>7} "
           f"{'error':>6}  {'pre s':>6} {'model':>6} {'error':>6}")
@@ -257,7 +294,12 @@ def main(argv=None) -> int:
              "modelled": "why_not" not in r}
         pre = None
         if "cost" in r and r.get("prefill_s") and r["cost"] in pre_fits and r["prefill_kind"]:
-            pre = prefill_pred(r, pre_fits[r["cost"]])
+            p = pre_fits[r["cost"]]
+            g = gguf_mm.get(r["gguf"]) if r["cost"] == "llama.cpp" else None
+            if g:  # llama.cpp's matmuls at the rate of the row's own GGUF's weight types (measured, not fitted)
+                p = {**p, "matmul_flop_per_s": g["matmul_flop_per_s"]}
+                o["prefill_matmul"] = f"{r['gguf']}: {g['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s (llamacpp_gguf_prefill)"
+            pre = prefill_pred(r, p)
             if pre:
                 pre = float(pre)
                 o.update(predicted_prefill_s=round(pre, 2), plan_prefill_s=round(r["plan_prefill_s"], 2),

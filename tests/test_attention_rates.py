@@ -205,18 +205,19 @@ def test_gemma3_prefill_charges_attention_at_the_kernel_rate_of_its_head_size_by
 
 
 def test_llamacpp_gemma3_decode_grows_as_its_kernel_rows():
-    """llama.cpp on Gemma-3-270M, f16 cache: from a filled 16k to 32k only its 3 global layers keep 16384 more keys
-    (its sliding layers keep 512), so the decode step grows by 3 x 16384 x the per-key time of one layer at 4 x 256
+    """llama.cpp on Gemma-3-270M, f16 cache: from a filled 8k to 16k only its 3 global layers keep 8192 more keys
+    (its sliding layers keep 512), so the decode step grows by 3 x 8192 x the per-key time of one layer at 4 x 256
     heads, which benchmarks/attention_rates.py --runtime llamacpp measured directly: the step time of its 1-layer
-    model at 32k less at 16k, per key (its rows, not its fit). The cost fitted on SmolLM2's 9 x 64 heads, charged
-    per head x head size, made this twice as large."""
+    model at 16k less at 8k, per key (its rows, not its fit). The cost fitted on SmolLM2's 9 x 64 heads, charged
+    per head x head size, made this about 1.3x as large."""
     kr = json.loads((ROOT / "benchmarks" / "results" / "attention_rates_llamacpp.json").read_text())["rows"]
-    g = sorted((r["ctx"], r["median_us"] * 1e-6) for r in kr if r["kind"] == "f16" and r["head_dim"] == 256)
-    (c16, t16), (c32, t32) = g[-2], g[-1]
-    measured = 3 * 16384 * (t32 - t16) / (c32 - c16)
+    g = {round(r["ctx"] / 1024): (r["ctx"], r["median_us"] * 1e-6) for r in kr
+         if r["kind"] == "f16" and r["head_dim"] == 256}
+    (c8, t8), (c16, t16) = g[8], g[16]
+    measured = 3 * 8192 * (t16 - t8) / (c16 - c8)
     args = ("--device", "host", "-m", "gemma-3-270m", "--runtime", "llama.cpp", "--strategy", "kv", "--weights",
             "int4")
-    grow = 1 / plan(*args, "--ctx", "32768")["decode_tokens_per_s"] - 1 / plan(*args, "--ctx", "16384")[
+    grow = 1 / plan(*args, "--ctx", "16384")["decode_tokens_per_s"] - 1 / plan(*args, "--ctx", "8192")[
         "decode_tokens_per_s"]
     assert grow == pytest.approx(measured, rel=0.2)
 
@@ -255,7 +256,7 @@ def test_filled_rows_against_the_plan(tmp_path):
         pre = ALL[cost]["devices"]["host"]["prefill"]
         assert pre["matmul_flop_per_s"] == pytest.approx(p["matmul_flop_per_s"], rel=0.005), cost
         for kind, rate in p["attention_flop_per_s"].items():
-            assert pre["attention_flop_per_s"][kind] == pytest.approx(rate, rel=0.005), (cost, kind)
+            assert pre["attention_flop_per_s"][kind] == (pytest.approx(rate, rel=0.005) if rate else None), (cost, kind)
     for cost, kinds in res["fitted_per_key_s"].items():
         for kind, c in kinds.items():
             stored = ALL[cost]["devices"]["host"]["kinds"][kind]["compute_s_per_head_dim_position"]
