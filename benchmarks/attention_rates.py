@@ -351,24 +351,30 @@ def lc_time_rows(h: int, hkv: int, d: int, kind: str, ctxs, runs: int, layers: i
     return rows
 
 
-def lc_gguf_prefill(path: Path, tokens: int = 512, runs: int = 3) -> dict:
+def lc_gguf_prefill(path: Path, tokens: int = 512, runs: int = 3, steps: int = 17) -> dict:
     """The CPU seconds (median of `runs`) of a `tokens`-token prefill of a real GGUF on llama.cpp, 1 thread, f16 cache,
-    flash attention (speed_child.llamacpp_session's settings): its matmuls dominate, at the rate of that file's weight
-    types (benchmarks/plan_vs_filled.py takes the attention at the kernel rate out)."""
+    flash attention (speed_child.llamacpp_session's settings), and the median of `steps` decode steps after it: the
+    prefill's matmuls and the step's weight reads dominate, at the rates of that file's weight types
+    (benchmarks/plan_vs_filled.py takes the attention at the kernel rates out)."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=tokens + 8, n_batch=512, n_ubatch=512, n_threads=1,
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=tokens + steps + 8, n_batch=512, n_ubatch=512, n_threads=1,
                           n_threads_batch=1, flash_attn=True, swa_full=False, verbose=False)
     rng = np.random.default_rng(0)
-    cpu = []
+    cpu, step = [], []
     for _ in range(runs):
         llm.reset()
         ids = [int(t) for t in rng.integers(300, 5000, tokens)]
         c0 = time.process_time()
         llm.eval(ids)
         cpu.append(time.process_time() - c0)
+    for _ in range(steps):  # decode steps after the last prefill: the step's time outside long-context attention
+        c0 = time.process_time()
+        llm.eval([int(rng.integers(300, 5000))])
+        step.append(time.process_time() - c0)
     del llm
-    return {"tokens": tokens, "cpu_s": round(statistics.median(cpu), 4), "runs_cpu_s": [round(c, 4) for c in cpu]}
+    return {"tokens": tokens, "cpu_s": round(statistics.median(cpu), 4), "runs_cpu_s": [round(c, 4) for c in cpu],
+            "steps": steps, "step_ctx": tokens + steps // 2, "step_cpu_s": round(statistics.median(step), 5)}
 
 
 def fit(rows: list[dict]) -> dict:
@@ -492,7 +498,8 @@ def main(argv=None) -> int:
 
         res = {"benchmark": "llamacpp_gguf_prefill", "llama_cpp_python": llama_cpp.__version__,
                "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "threads": 1,
-               "what": "a 512-token prefill of each GGUF, 1 thread, f16 cache, flash attention, process CPU time",
+               "what": "a 512-token prefill of each GGUF, then 17 decode steps, 1 thread, f16 cache, flash attention, "
+                       "process CPU time",
                "files": {}}
         for g in a.gguf_prefill:
             res["files"][g.name] = {**lc_gguf_prefill(g), "loadavg": round(os.getloadavg()[0], 2)}

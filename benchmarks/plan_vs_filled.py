@@ -157,7 +157,8 @@ def gguf_matmul_rates() -> dict:
     """llama.cpp's matmul rate per GGUF file: results/llamacpp_gguf_prefill.json's 512-token prefill (benchmarks/
     attention_rates.py --runtime llamacpp --gguf-prefill) less its attention at the kernel's f16 prefill rate, over
     the matmul and logits FLOP of 512 tokens (memory.prefill_parts, one chunk: llama.cpp computes the last token's
-    logits). The weight types differ per file (SmolLM2's Q4_1, Gemma 3's Q4_K_M: Q5_0 / Q4_K / Q6_K / Q8_0 rows), and
+    logits); and the decode step's time outside attention (step_rest_s: its step after that prefill less the
+    attention at the kernel's f16 decode rate), which replaces bytes / fitted rate for that file's rows. The weight types differ per file (SmolLM2's Q4_1, Gemma 3's Q4_K_M: Q5_0 / Q4_K / Q6_K / Q8_0 rows), and
     so does the rate their matmul kernels run at; the plan's int4 weights do not say which."""
     from edgekv import memory as M
     from edgekv.arch import catalog_arch
@@ -182,6 +183,9 @@ def gguf_matmul_rates() -> dict:
         attn_rate = M.speed._prefill_rate(rates, "f16", arch)[0]
         t_mm = g["cpu_s"] - parts["attention"] / attn_rate
         out[name] = {"matmul_flop_per_s": (parts["matmul"] + parts["logits"]) / t_mm, "model": models[name]}
+        if "step_cpu_s" in g:  # the decode step less its attention (f16 cache, kernel rate) at step_ctx keys
+            t = terms(models[name], "llama.cpp", "kv", g["step_ctx"], g["step_ctx"])
+            out[name].update(step_ctx=g["step_ctx"], step_rest_s=g["step_cpu_s"] - t["attention_s"])
     return out
 
 
@@ -282,8 +286,9 @@ def main(argv=None) -> int:
                   + " GFLOP/s")
     gguf_mm = gguf_matmul_rates()
     for name, g in gguf_mm.items():
-        print(f"llama.cpp matmul rate of {name} (a 512-token prefill less its attention at the kernel rate): "
-              f"{g['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s")
+        print(f"llama.cpp on {name} (a 512-token prefill and the steps after it, less their attention at the kernel "
+              f"rates): matmul {g['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s, step outside attention "
+              f"{g.get('step_rest_s', 0) * 1e3:.2f} ms")
     out_rows = []
     print(f"{'set':9} {'model':13} {'row':31} {'ctx':>6} {'file':30} {'dec meas':>8} {'model':>7} {'plan':>7} "
           f"{'error':>6}  {'pre s':>6} {'model':>6} {'error':>6}")
@@ -309,7 +314,13 @@ def main(argv=None) -> int:
         if o["modelled"] and r["cost"] not in w_rates:
             r["why_not"], o["modelled"] = f"no {r['cost']} row to fit its weights rate on", False
         if o["modelled"]:
-            pred = float(1 / (r["weights_bytes"] / w_rates[r["cost"]]["rate"] + r["model_attention_s"]))
+            w_s = r["weights_bytes"] / w_rates[r["cost"]]["rate"]
+            g = gguf_mm.get(r["gguf"]) if r["cost"] == "llama.cpp" else None
+            if g:  # the step outside attention measured on the row's own GGUF at a short context (not fitted)
+                w_s = g["step_rest_s"]
+                o["weights_term"] = (f"{r['gguf']}: {w_s * 1e3:.2f} ms (its step at {g['step_ctx']} keys less the "
+                                     f"attention at the kernel rate, llamacpp_gguf_prefill)")
+            pred = float(1 / (w_s + r["model_attention_s"]))
             err = pred / r["tok_s"] - 1
             prof = PROFILED.get((r["model"], r["name"], r["ctx"]))
             if prof:
