@@ -7,7 +7,7 @@
 module with torchao before tracing, the ONNX path post-processes model.onnx with ONNX Runtime's quantizer. verify-pte
 then compares the .pte with that quantized eager module (catches lowering bugs); an ONNX graph quantized after export
 has no eager twin, so verify-onnx is replaced by verify-quant-onnx; verify-quant-* compares each quantized artifact with
-the fp32 eager model over real text (top-1, KL) and refuses it beyond wquant.THRESHOLDS.
+the fp32 eager model over real text (top-1, KL) and refuses it beyond quality.THRESHOLDS.
 
 lower-pte and serialize-pte are skipped when the same traced program (weights, lowering code and toolchain
 versions included) was lowered before: model.pte comes from edgekv.export.pte_cache (EDGEKV_PTE_CACHE=off turns it
@@ -137,7 +137,7 @@ class Export:
     steps: int = 0
     verification: dict = field(default_factory=dict)
     weight_quality: dict = field(default_factory=dict)
-    fp32_rows: object = None  # verify-quant's fp32 logits (wquant.teacher_forced), computed once
+    fp32_rows: object = None  # verify-quant's fp32 logits (quality.teacher_forced), computed once
     n_params: int = 0  # counted before verify-quant frees the eager module's weights
 
     module = property(lambda self: self.loaded.module)
@@ -322,7 +322,7 @@ def _verify_genai(x: Export) -> None:
 
 def _verify_quant(x: Export, target) -> None:
     """verify-quant-FMT: the weight-quantized artifact against the fp32 eager module over real text (top-1, KL)."""
-    from .wquant import check_quality, compare_rows, describe_quality
+    from .quality import check_quality, compare_rows, describe_quality
     fmt, opts = target.fmt, x.opts
     with x.st.stage(f"verify-quant-{fmt}", f"{opts.weights} artifact vs fp32 eager, {QUALITY_TOKENS} tokens of "
                     "real text (top-1, KL)"):
@@ -338,12 +338,12 @@ def _verify_quant(x: Export, target) -> None:
 
 def fp32_reference(x: Export, release: bool = True) -> list[int]:
     """verify-quant's fp32 side, once for every format: the eager module's logits over the quality text
-    (wquant.teacher_forced). That is the module's last use but for tracing: with release its weights are freed after
+    (quality.teacher_forced). That is the module's last use but for tracing: with release its weights are freed after
     it, before a quantized artifact's runtime loads (an ONNX-only int8 / int4 export computes it before tracing and
     frees them as the graph no longer needs them: OnnxTarget). Returns the tokens."""
     from .runtime import EagerStepper
     from .tokenizer import bos_prefix
-    from .wquant import quality_tokens, teacher_forced
+    from .quality import quality_tokens, teacher_forced
     tokens = quality_tokens(x.tokenizer, x.args.vocab, QUALITY_TOKENS, bos_prefix(x.tok_entry))
     if x.fp32_rows is None:
         state = {"max_ctx": x.opts.max_ctx, "state": x.layout.to_json(), "artifacts": x.artifacts}
