@@ -110,19 +110,51 @@ def compare_rows(fp32_rows: np.ndarray, quant_stepper, tokens: list[int], n_pref
     return {"top1_agreement": float(np.mean(lp.argmax(-1) == lq.argmax(-1))),
             "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
             "nll_fp32": float(-lp[at, target].mean()), "nll_quant": float(-lq[at, target].mean()),
+            "nll_uniform": float(np.log(lp.shape[-1])),
+            "kl_fp32_uniform": float(np.mean(np.log(lp.shape[-1]) + (np.exp(lp) * lp).sum(-1))),
             "positions": int(len(target)), "prefill_tokens": n_prefill}
+
+
+def reference_is_noise(result: dict) -> bool:
+    """The fp32 model reads the text no better than a uniform guess over its vocabulary: its NLL is at least
+    NOISE_NLL of ln V (result["nll_uniform"]). Random weights at a model's published shapes (scripts/
+    make_random_model.py) do: their logits are nearly flat, so which token is largest is decided by noise that any
+    rounding moves, and top-1 agreement measures nothing. A trained model is far below (SmolLM2-135M about a quarter
+    of ln V; the byte-level test model, trained a few minutes, under three quarters of ln 256)."""
+    return "nll_uniform" in result and result["nll_fp32"] >= NOISE_NLL * result["nll_uniform"]
+
+
+NOISE_NLL = 0.9
+
+
+def limits(result: dict, weights: str) -> dict:
+    """The thresholds this result is held to: THRESHOLDS[weights], or where the fp32 reference is noise
+    (reference_is_noise) no top-1 limit and a KL limit of at most the reference's own KL from a uniform guess
+    (result["kl_fp32_uniform"]): a faithful quantization stays well inside what fp32 says beyond uniform, while
+    logits unrelated to fp32's but as far from uniform (a misplaced block) measure about twice it (the random tiny
+    test model: 0.06 and 2.0 times it, tests/test_quality_random.py)."""
+    t = THRESHOLDS[weights]
+    if not reference_is_noise(result):
+        return t
+    return {"min_top1": None, "max_kl_mean": min(t["max_kl_mean"], result["kl_fp32_uniform"])}
 
 
 def check_quality(result: dict, weights: str, fmt: str) -> dict:
     """result (compare_to_fp32) -> the same with thresholds and passed; an EdgekvError naming verify-quant when it
-    fails. NaN/inf compare as failures."""
-    t = THRESHOLDS[weights]
-    ok = result["top1_agreement"] >= t["min_top1"] and result["kl_mean"] <= t["max_kl_mean"]
+    fails. NaN/inf compare as failures. Where the fp32 reference is noise (random weights) top-1 agreement is
+    recorded, not held ("top1": "not measured: ..."), and KL is held to limits()."""
+    t = limits(result, weights)
+    noise = t["min_top1"] is None
+    ok = (noise or result["top1_agreement"] >= t["min_top1"]) and result["kl_mean"] <= t["max_kl_mean"]
     out = {**result, "weights": weights, "thresholds": t, "passed": bool(ok)}
+    if noise:
+        out["top1"] = (f"not measured: random weights (the fp32 model's NLL of the text, {result['nll_fp32']:.2f} "
+                       f"nats, is at least {NOISE_NLL:.0%} of a uniform guess's ln V = {result['nll_uniform']:.2f})")
     if not ok:
+        needs = (f"KL mean <= {t['max_kl_mean']:.3g}, fp32's own KL from uniform; top-1 not held: random weights"
+                 if noise else f"top-1 >= {t['min_top1']:.0%}, KL mean <= {t['max_kl_mean']}")
         raise EdgekvError(f"{weights} weights ({fmt}) failed verify-quant against fp32 over {result['positions']} "
-                          f"positions of real text: {describe_quality(out)} (needs top-1 >= {t['min_top1']:.0%}, "
-                          f"KL mean <= {t['max_kl_mean']})")
+                          f"positions of real text: {describe_quality(out)} (needs {needs})")
     return out
 
 
@@ -133,4 +165,6 @@ def verify_quant(fp32_stepper, quant_stepper, tokens: list[int], weights: str, f
 
 def describe_quality(v: dict) -> str:
     return (f"top-1 {v['top1_agreement']:.1%}, KL mean {v['kl_mean']:.3g} max {v['kl_max']:.3g} nats, "
-            f"NLL {v['nll_quant']:.3f} vs fp32 {v['nll_fp32']:.3f} nats/token")
+            f"NLL {v['nll_quant']:.3f} vs fp32 {v['nll_fp32']:.3f} nats/token"
+            + ("; top-1 not held: the fp32 model reads the text no better than chance (random weights)"
+               if v.get("top1", "").startswith("not measured") else ""))
