@@ -64,7 +64,13 @@ CASES = [
     ("kv fp32 Gemma-3-270M", "gemma-3-270m", "kv:dtype=fp32", "ort", (1024, 8192, 32768)),
     # the 32k export (the same folder as the row above at 32768) with shorter prompts: its state is allocated whole
     ("kv fp32 Gemma-3-270M (max_ctx 32768 export)", "gemma-3-270m", "kv:dtype=fp32", "ort", (1024, 8192), 32768),
+    # Llama-3.2-1B at its published shapes with seeded random weights (scripts/make_random_model.py, written into
+    # --work; memory follows the shapes, not trained values), int4 weights: one 8k export, profiled at a filled 1k
+    # and 8k. Its export peaks near 6 GB: on a shared host run it under the host's lock (its rows: --only 'kv fp16
+    # Llama-3.2-1B random int4' --json benchmarks/results/plan_accuracy_llama32_1b_random.json)
+    ("kv fp16 Llama-3.2-1B random int4", "random:llama-3.2-1b", "kv", "ort", (1024, 8192), 8192),
 ]
+WEIGHTS = {"kv fp16 Llama-3.2-1B random int4": "int4"}  # --weights of a row's export where not fp32
 QUICK_CTX = (1024, 8192)
 
 
@@ -90,6 +96,13 @@ def model_path(name: str | None, ctx: int, work: Path) -> str | None:
         return None
     if name == "jamba":
         return str(tiny_jamba(work))
+    if name.startswith("random:"):  # a catalog config's shapes, seeded random weights, made once into --work
+        dst = work / name.split(":", 1)[1]
+        if not (dst / "config.json").is_file():
+            sys.path.insert(0, str(ROOT / "scripts"))
+            from make_random_model import make
+            make(dst.name, dst, gguf_file=False)
+        return str(dst)
     if name == "llama" and ctx > 8192:
         dst = work / "llama32k"
         if not (dst / "config.json").is_file():
@@ -114,12 +127,13 @@ def folder_name(label: str, fmt: str, max_ctx: int) -> str:
     return f"{label.split(' (max_ctx')[0].replace(' ', '_')}-{fmt}-{max_ctx}"
 
 
-def export(model: str, strategy: str, fmt: str, ctx: int, out: Path) -> str | None:
+def export(model: str, strategy: str, fmt: str, ctx: int, out: Path, weights: str = "fp32") -> str | None:
     """None when out holds a finished export, else the error line."""
     if (out / "manifest.json").is_file():
         return None
     p = subprocess.run(EDGEKV + ["export", "--model", model, "--strategy", strategy, "--format", fmt, "--max-ctx",
-                                 str(ctx), "--out", str(out), "--verify-steps", "0", "--threads", "1", "--force"],
+                                 str(ctx), "--out", str(out), "--verify-steps", "0", "--threads", "1", "--force",
+                                 "--weights", weights],
                        capture_output=True, text=True, cwd=ROOT)
     return None if p.returncode == 0 else last_line(p.stderr or p.stdout)
 
@@ -238,7 +252,7 @@ def main(argv=None) -> int:
                 continue
             fmt = "onnx" if runtime == "ort" else "pte"
             out = work / folder_name(label, fmt, max_ctx)
-            err = export(src, strategy, fmt, max_ctx, out)
+            err = export(src, strategy, fmt, max_ctx, out, WEIGHTS.get(label, "fp32"))
             row = {"strategy": label, "runtime": runtime, "ctx": ctx, **({"max_ctx": max_ctx} if fixed else {})}
             if a.export_only:
                 print(f"  {label} {runtime} {ctx}: export " + (err or "ok"), file=sys.stderr, flush=True)

@@ -224,7 +224,7 @@ def main(argv=None) -> dict:
     import torch
     import transformers
 
-    from edgekv.export import wquant
+    from edgekv.export import quality
     from edgekv.export.tokenizer import bos_prefix, write_tokenizer
     from edgekv.models.weights import resolve_model
 
@@ -256,13 +256,13 @@ def main(argv=None) -> dict:
     model._edgekv_orig = {n: p.detach().clone() for n, p in model.named_parameters()}
     load0 = os.getloadavg()
     result = {"benchmark": "wquant_recipe", "model": a.model, "gguf": path.name, "tokens": a.tokens,
-              "threads": a.threads, "text": "edgekv.export.wquant.quality_text (verify-quant's text)",
+              "threads": a.threads, "text": "edgekv.export.quality.quality_text (verify-quant's text)",
               "what": "KL(fp32 || recipe) in nats and top-1 agreement per position, one forward; parts of "
                       "MatMulNBits' int4 recipe simulated in torch (experiments/wquant_recipe.py)",
               "loadavg_start": list(load0), "runs": []}
     bos_options = [bos_prefix(entry)] + ([[]] if bos_prefix(entry) else [])
     for bos in bos_options:
-        ids = wquant.quality_tokens(tok, model.config.vocab_size, a.tokens, bos)
+        ids = quality.quality_tokens(tok, model.config.vocab_size, a.tokens, bos)
         with torch.no_grad():
             for n, p in model.named_parameters():  # the last recipe's weights out: the reference is fp32
                 p.copy_(model._edgekv_orig[n])

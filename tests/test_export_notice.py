@@ -1,7 +1,7 @@
 """What an export carries for its user (issue 42, point 9): a Gemma export writes the NOTICE the Gemma Terms of Use
 require of a distributor (the sentence quoted in README.md, the independent source here), listed in the manifest; an
 int4 ONNX export records its verification in the manifest and prints a `verified onnx:` line (README: every artifact
-is verified), held to verify-quant's thresholds (edgekv.export.wquant.THRESHOLDS) against fp32."""
+is verified), held to verify-quant's thresholds (edgekv.export.quality.THRESHOLDS) against fp32."""
 import json
 import re
 import sys
@@ -54,7 +54,7 @@ def test_an_int4_onnx_export_is_verified_and_says_so(tmp_path):
     import jsonschema
 
     from edgekv.export import manifest as mf
-    from edgekv.export.wquant import THRESHOLDS
+    from edgekv.export.quality import THRESHOLDS
     out = tmp_path / "int4"
     text = export(["--model", "fixtures/tiny/llama", "--weights", "int4", "--format", "onnx", "--max-ctx", "320",
                    "--verify-steps", "4", "--out", out])

@@ -14,7 +14,7 @@ pytest.importorskip("executorch")
 
 from edgekv.errors import EdgekvError  # noqa: E402
 from edgekv.export import manifest as mf  # noqa: E402
-from edgekv.export import wquant  # noqa: E402
+from edgekv.export import quality, wquant  # noqa: E402
 from edgekv.export.runtime import EagerStepper, OrtStepper, PteStepper  # noqa: E402
 from edgekv.export.trace import trace  # noqa: E402
 from edgekv.models import load_model  # noqa: E402
@@ -88,7 +88,7 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def tokens():
-    return wquant.quality_tokens(None, 256, N_TOKENS)
+    return quality.quality_tokens(None, 256, N_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +137,7 @@ def test_compare_to_fp32_nll_is_transformers_loss_on_the_same_text(tiny, tokens)
     with torch.no_grad():
         loss = float(ref(torch.tensor([tokens]), labels=torch.tensor([tokens])).loss)
     m = manifest_for(tiny.layout, 256)
-    r = wquant.compare_to_fp32(EagerStepper(m, tiny), EagerStepper(m, tiny, chunk=CHUNK), tokens)
+    r = quality.compare_to_fp32(EagerStepper(m, tiny), EagerStepper(m, tiny, chunk=CHUNK), tokens)
     assert r["positions"] == N_TOKENS - 1 and r["prefill_tokens"] == N_TOKENS // 2
     assert abs(r["nll_fp32"] - loss) < 1e-4 and abs(r["nll_quant"] - loss) < 1e-4
     assert r["top1_agreement"] == 1.0 and r["kl_max"] < 1e-8
@@ -145,7 +145,7 @@ def test_compare_to_fp32_nll_is_transformers_loss_on_the_same_text(tiny, tokens)
 
 
 def test_quality_text_is_real_english_from_the_standard_library():
-    text = wquant.quality_text()
+    text = quality.quality_text()
     assert "TextWrapper" in text or "wrap" in text
     words = text.split()
     assert len(words) > 200 and sum(w.isalpha() for w in words) > 0.6 * len(words)
@@ -219,8 +219,8 @@ def test_quality_and_calibration_text_start_with_the_bos_a_model_is_run_with():
     assert bos_prefix({"add_bos_token": True, "bos_token_id": 2}) == [2]
     assert bos_prefix({"add_bos_token": False, "bos_token_id": 1}) == []
     assert bos_prefix({"add_bos_token": True, "bos_token_id": None}) == [] and bos_prefix(None) == []
-    plain = wquant.quality_tokens(None, 256, 16)
-    assert wquant.quality_tokens(None, 256, 16, [2]) == [2] + plain[:15]
+    plain = quality.quality_tokens(None, 256, 16)
+    assert quality.quality_tokens(None, 256, 16, [2]) == [2] + plain[:15]
     enc = lambda t: list(t.encode("utf-8"))  # noqa: E731 (a tokenizer: str -> ids)
     assert calibration_ids(enc, 1000, 8, [999]) == [999] + calibration_ids(enc, 1000, 8)[:7]
 
@@ -235,9 +235,9 @@ def test_onnx_quantized_graph_keeps_the_manifest_io_and_passes_verify_quant(tiny
     ins, outs = io_of(onnx.load(str(root / w / "model.onnx")))
     assert (ins, outs) == (m["artifacts"][0]["entry_points"][0]["inputs"],
                            m["artifacts"][0]["entry_points"][0]["outputs"])
-    v = wquant.verify_quant(EagerStepper(m, tiny), OrtStepper(m, root / w, 1, spin=False), tokens, w, "onnx")
-    assert v["passed"] and v["top1_agreement"] >= wquant.THRESHOLDS[w]["min_top1"]
-    assert 0 < v["kl_mean"] <= wquant.THRESHOLDS[w]["max_kl_mean"]  # quantized, so not bit-identical
+    v = quality.verify_quant(EagerStepper(m, tiny), OrtStepper(m, root / w, 1, spin=False), tokens, w, "onnx")
+    assert v["passed"] and v["top1_agreement"] >= quality.THRESHOLDS[w]["min_top1"]
+    assert 0 < v["kl_mean"] <= quality.THRESHOLDS[w]["max_kl_mean"]  # quantized, so not bit-identical
     assert abs(v["nll_quant"] - v["nll_fp32"]) < 0.1
 
 
@@ -247,7 +247,7 @@ def test_onnx_fp16_weights_halve_the_file_and_keep_the_manifest_io(tiny, tiny_on
                                m["artifacts"][0]["entry_points"][0])
     ratio = onnx_bytes(root / "fp32") / onnx_bytes(tmp_path)
     assert 1.8 < ratio < 2.1 and rec["output_layer"] == "tied"
-    v = wquant.verify_quant(EagerStepper(m, tiny), OrtStepper(m, tmp_path, 1, spin=False), tokens, "fp16", "onnx")
+    v = quality.verify_quant(EagerStepper(m, tiny), OrtStepper(m, tmp_path, 1, spin=False), tokens, "fp16", "onnx")
     assert v["passed"]
 
 
@@ -267,7 +267,7 @@ def test_onnx_int4_with_swapped_nibbles_is_caught_by_verify_quant(tiny, tiny_onn
             model.graph.initializer[i].CopyFrom(numpy_helper.from_array((a >> 4) | ((a & 15) << 4), init.name))
     onnx.save_model(model, str(tmp_path / "model.onnx"))
     with pytest.raises(EdgekvError, match=r"int4 weights \(onnx\) failed verify-quant") as e:
-        wquant.verify_quant(EagerStepper(m, tiny), OrtStepper(m, tmp_path, 1, spin=False), tokens, "int4", "onnx")
+        quality.verify_quant(EagerStepper(m, tiny), OrtStepper(m, tmp_path, 1, spin=False), tokens, "int4", "onnx")
     assert "\n" not in str(e.value)
 
 
@@ -287,7 +287,7 @@ def test_torchao_recipe_quantizes_every_linear_and_the_untied_output_layer(tiny,
         assert int(lin.weight.qdata.abs().max()) <= (8 if w == "int4" else 128)
     assert tiny.lm_head is None and q.lm_head is not None  # the fp32 reference stays tied and untouched
     m = manifest_for(tiny.layout, 256)
-    v = wquant.verify_quant(EagerStepper(m, tiny), EagerStepper(m, q, chunk=CHUNK), tokens, w, "pte")
+    v = quality.verify_quant(EagerStepper(m, tiny), EagerStepper(m, q, chunk=CHUNK), tokens, w, "pte")
     assert 0 < v["kl_mean"]
 
 
@@ -358,7 +358,7 @@ def test_pte_quantized_linears_are_delegated_smaller_and_pass_verify_quant(tiny,
     got = (tmp_path / "model.pte").stat().st_size
     want = expected_bytes(fp32, tiny, wquant.BITS[w], "pte")
     assert abs(got - want) <= 0.05 * want, (got, want)
-    v = wquant.verify_quant(EagerStepper(m, tiny), PteStepper(m, tmp_path, 1), tokens, w, "pte")
+    v = quality.verify_quant(EagerStepper(m, tiny), PteStepper(m, tmp_path, 1), tokens, w, "pte")
     assert v["passed"] and v["kl_mean"] > 0
 
 
@@ -375,7 +375,7 @@ def test_pte_int8_weight_only_trap_is_caught_by_verify_quant(tiny, tokens, tmp_p
     m, summary = export_pte(q, tmp_path)
     assert not any("mm" in op or "linear" in op for op in summary["decode"]["portable_ops"])  # all delegated
     with pytest.raises(EdgekvError, match=r"int8 weights \(pte\) failed verify-quant"):
-        wquant.verify_quant(EagerStepper(m, tiny), PteStepper(m, tmp_path, 1), tokens, "int8", "pte")
+        quality.verify_quant(EagerStepper(m, tiny), PteStepper(m, tmp_path, 1), tokens, "int8", "pte")
 
 
 @pytest.mark.slow
@@ -388,7 +388,7 @@ def test_smollm2_int8_and_int4_pass_verify_quant_in_both_runtimes(tmp_path):
     loaded = load_model("smollm2-135m", parse_strategy("kv"), 512)
     fp32 = loaded.module
     tok = Tokenizer.from_file(str(tmp_path / write_tokenizer(loaded.source, tmp_path)["file"]))
-    toks = wquant.quality_tokens(tok, loaded.args.vocab, 192)
+    toks = quality.quality_tokens(tok, loaded.args.vocab, 192)
     (tmp_path / "fp32").mkdir()
     m_onnx = export_onnx(fp32, tmp_path / "fp32")
     ref = OrtStepper(m_onnx, tmp_path / "fp32", 1, spin=False)
@@ -397,15 +397,15 @@ def test_smollm2_int8_and_int4_pass_verify_quant_in_both_runtimes(tmp_path):
         (tmp_path / w).mkdir()
         wquant.quantize_onnx(tmp_path / "fp32" / "model.onnx", tmp_path / w / "model.onnx", w,
                              m_onnx["artifacts"][0]["entry_points"][0])
-        results[("onnx", w)] = wquant.verify_quant(ref, OrtStepper(m_onnx, tmp_path / w, 1, spin=False), toks, w,
+        results[("onnx", w)] = quality.verify_quant(ref, OrtStepper(m_onnx, tmp_path / w, 1, spin=False), toks, w,
                                                    "onnx")
         q = copy.deepcopy(fp32)
         wquant.quantize_module(q, w)
         m_pte, _ = export_pte(q, tmp_path / w)
         del q
-        results[("pte", w)] = wquant.verify_quant(EagerStepper(m_pte, fp32), PteStepper(m_pte, tmp_path / w, 1),
+        results[("pte", w)] = quality.verify_quant(EagerStepper(m_pte, fp32), PteStepper(m_pte, tmp_path / w, 1),
                                                   toks, w, "pte")
-    print(json.dumps({f"{k[0]}-{k[1]}": wquant.describe_quality(v) for k, v in results.items()}, indent=1))
+    print(json.dumps({f"{k[0]}-{k[1]}": quality.describe_quality(v) for k, v in results.items()}, indent=1))
     # the text's NLL cost (nats/token). Measured 2026-12-02 (192 tokens, 1 thread): int8 ONNX +0.006, .pte +0.007;
     # int4 ONNX +0.29 (top-1 68.1 %, KL 0.345; its embedding table is int4 too), .pte +0.45 (61.8 %, KL 0.51) with
     # torchao's default scale, +0.31 (67.0 %, KL 0.398) with the non-clipping one it uses now
@@ -416,7 +416,7 @@ def test_smollm2_int8_and_int4_pass_verify_quant_in_both_runtimes(tmp_path):
     # embedding table; both int4 artifacts measured above it on 2026-12-02, the .pte with the old scale.)
     for (fmt, w), v in results.items():
         assert v["passed"], (fmt, w, v)
-        assert v["nll_quant"] - v["nll_fp32"] < {"int8": 0.05, "int4": wquant.THRESHOLDS["int4"]["max_kl_mean"]}[w]
+        assert v["nll_quant"] - v["nll_fp32"] < {"int8": 0.05, "int4": quality.THRESHOLDS["int4"]["max_kl_mean"]}[w]
 
 
 # ---- through `edgekv export --weights` (the pipeline's quantize / verify-quant stages) ----
@@ -442,7 +442,7 @@ def test_export_cli_int4_onnx_writes_a_checked_smaller_artifact(tmp_path):
     q = m["weight_quality"]["onnx"]
     from edgekv.export.pipeline import QUALITY_TOKENS
     assert q["passed"] and q["positions"] == QUALITY_TOKENS - 1
-    assert q["top1_agreement"] >= wquant.THRESHOLDS["int4"]["min_top1"]
+    assert q["top1_agreement"] >= quality.THRESHOLDS["int4"]["min_top1"]
     assert "onnx" not in m["verification"]  # no eager twin for a graph quantized after export: verify-quant instead
     loaded = load_model(TINY, parse_strategy("kv"), 320)
     fp32, int4 = onnx_bytes(tmp_path / "fp32"), onnx_bytes(tmp_path / "int4")

@@ -29,7 +29,7 @@ class OnnxTarget:
         if "genai" in x.opts.runners:
             x.eps["onnx:forward"] = genai.trace(onnx_module, x.opts.max_ctx)
         else:
-            x.eps.update(trace(onnx_module, {"onnx:forward": None}))
+            x.eps.update(trace(onnx_module, {"onnx:forward": None}, lazy_state=True))
 
     @staticmethod
     def streamed(x) -> bool:

@@ -29,14 +29,10 @@ projection (V x d, read in full every step) is quantized like every other linear
 embedding table stays fp32 (a gather reads one row per token). ExecuTorch's own llama export does the same (its output
 layer is an untied linear; embedding quantization is a separate option, not done here).
 
-The trap (stack.md): torchao IntxWeightOnlyConfig int8 lowered to XNNPACK gives wrong logits with no error raised.
-So a quantized artifact is never trusted: compare_to_fp32 runs it against fp32 teacher-forced over real text, and
-check_quality rejects it (stage verify-quant) when top-1 agreement or KL divergence is outside THRESHOLDS.
+A quantized artifact is never trusted: edgekv.export.quality (verify-quant) holds it to fp32 over real text.
 """
 from __future__ import annotations
 
-import ast
-import sysconfig
 from collections import Counter
 from pathlib import Path
 
@@ -68,18 +64,6 @@ PTE_INT4_LAYERS_INT8 = ("the decoder layers' linears int8 per channel, the outpu
 PTE_FP16 = ("fp16 weights are not supported for the pte format: XNNPACK's fp16 kernels need ARMv8.2 fp16 "
             "arithmetic, which this export cannot run and verify on x86; use --weights int8 or int4 (or fp32)")
 
-# Quality thresholds vs fp32, teacher-forced over quality_text (compare_to_fp32): a margin on KL over what correct
-# recipes measure on SmolLM2-135M (int4 is low: its weights come from a Q4_1 GGUF, so requantizing to symmetric int4
-# compounds two roundings), tight enough to reject what broken quantizations measure (the XNNPACK weight-only trap,
-# ORT quantize_dynamic's per-tensor activations). The measurements: docs/export.md#weight-quantization.
-THRESHOLDS = {
-    "fp16": {"min_top1": 0.95, "max_kl_mean": 0.02},
-    "int8": {"min_top1": 0.90, "max_kl_mean": 0.10},
-    "int4": {"min_top1": 0.60, "max_kl_mean": 0.60},
-    # the file's own blocks: only the runtime's rounding (int8 activations per block) is left, far inside these
-    # limits (the measured KL: benchmarks/README.md, Weights); a carry that misplaces blocks is off by tens of nats
-    "gguf": {"min_top1": 0.90, "max_kl_mean": 0.02},
-}
 GGUF_ONLY = ("--weights gguf carries a GGUF file's own weight blocks: the model must be a .gguf file "
              "(an HF folder has none; use fp32, fp16, int8 or int4)")
 GGUF_PTE = ("--weights gguf is for the onnx format only: ExecuTorch's quantized linears hold integer zero points "
@@ -401,75 +385,6 @@ def _carry_onnx(model, dst: Path, entry: dict, source: Path | None) -> dict:
             **record}
 
 
-# ---- verify-quant: the quantized artifact against fp32 over real text ----
-
-
-def quality_text() -> str:
-    """Real English prose about Python on every machine: the docstrings of the standard library's textwrap and
-    argparse modules and their classes, read from the source files."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    docs = []
-    for rel in ("textwrap.py", "argparse.py"):
-        tree = ast.parse((stdlib / rel).read_text(errors="replace"))
-        docs += [ast.get_docstring(n) for n in [tree] + [c for c in tree.body if isinstance(c, ast.ClassDef)]]
-    return "\n\n".join(d for d in docs if d)
-
-
-def quality_tokens(tokenizer, vocab: int, n: int, bos: list[int] = ()) -> list[int]:
-    """The first n tokens of quality_text: bytes for byte-level models (vocab 256), else the model's tokenizer
-    (a tokenizers.Tokenizer); after `bos` (tokenizer.bos_prefix: the BOS a model that expects one is run with)."""
-    text = quality_text()
-    if vocab == 256:
-        ids = list(text.encode("utf-8"))
-    elif tokenizer is None:
-        raise EdgekvError("checking quantized weights needs the model's tokenizer to read real text")
-    else:
-        ids = tokenizer.encode(text).ids
-    ids = list(bos) + ids
-    if len(ids) < n:
-        raise EdgekvError(f"the quality text has {len(ids)} tokens, {n} wanted")
-    return ids[:n]
-
-
-def _log_softmax(z: np.ndarray) -> np.ndarray:
-    z = z.astype(np.float64)
-    z = z - z.max(-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(-1, keepdims=True))
-
-
-def compare_to_fp32(fp32_stepper, quant_stepper, tokens: list[int], n_prefill: int | None = None) -> dict:
-    """Teacher-forced over `tokens` (real text): both steppers prefill tokens[:n_prefill] (default half) and then
-    step one token at a time through the rest, so the artifact's prefill and decode paths are both compared.
-    Position i's logits predict tokens[i + 1]; over those len(tokens) - 1 positions:
-        top1_agreement  fraction where both argmaxes agree
-        kl_mean/kl_max  KL(p_fp32 || p_quant) in nats
-        nll_fp32/quant  mean negative log-likelihood of the text (nats/token): the quality cost in absolute terms"""
-    ref = teacher_forced(fp32_stepper, tokens, n_prefill, side=0)
-    return compare_rows(ref, quant_stepper, tokens, n_prefill)
-
-
-def _split(tokens: list[int], n_prefill: int | None) -> int:
-    if len(tokens) < 3:
-        raise EdgekvError("compare_to_fp32 needs at least 3 tokens")
-    return max(1, min(len(tokens) - 1, n_prefill or len(tokens) // 2))
-
-
-def teacher_forced(stepper, tokens: list[int], n_prefill: int | None = None, side: int = 0) -> np.ndarray:
-    """The stepper's logits [len(tokens) - 1, V] over `tokens`, prefilling tokens[:n_prefill] (default half) and then
-    one token at a time (compare_to_fp32's either side; side 0 / 1: the first / second half of the stage's work).
-    The fp32 side computed on its own lets an export free the eager module before the artifact's runtime loads."""
-    from ..progress import work
-    n_prefill = _split(tokens, n_prefill)
-    n_steps = len(tokens) - 1 - n_prefill
-    stepper.reset()
-    got = [stepper.prefill(tokens[:n_prefill])]
-    for p, t in enumerate(tokens[n_prefill:-1], start=n_prefill):
-        work(side * n_steps + p - n_prefill, 2 * n_steps)  # the stage's own work: its estimate of the time left
-        got.append(stepper.step([t], p))
-        trim()
-    return np.concatenate(got)
-
-
 def trim() -> None:
     """Give the C heap's free pages back to the kernel (glibc malloc_trim). An eager step at a long context frees
     cache-sized tensors that glibc's adaptive mmap threshold then serves from its heap; without a trim the freed
@@ -488,43 +403,3 @@ def trim() -> None:
 
 
 _LIBC = None
-
-
-def compare_rows(fp32_rows: np.ndarray, quant_stepper, tokens: list[int], n_prefill: int | None = None) -> dict:
-    """compare_to_fp32 with the fp32 side's logits already computed (teacher_forced)."""
-    n_prefill = _split(tokens, n_prefill)
-    rows = teacher_forced(quant_stepper, tokens, n_prefill, side=1)
-    lp, lq = _log_softmax(fp32_rows), _log_softmax(rows)
-    if not np.isfinite(lq).all():
-        kl = np.full(len(lp), np.inf)
-    else:
-        kl = (np.exp(lp) * (lp - lq)).sum(-1)
-    target = np.asarray(tokens[1:])
-    at = np.arange(len(target))
-    return {"top1_agreement": float(np.mean(lp.argmax(-1) == lq.argmax(-1))),
-            "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
-            "nll_fp32": float(-lp[at, target].mean()), "nll_quant": float(-lq[at, target].mean()),
-            "positions": int(len(target)), "prefill_tokens": n_prefill}
-
-
-def check_quality(result: dict, weights: str, fmt: str) -> dict:
-    """result (compare_to_fp32) -> the same with thresholds and passed; an EdgekvError naming verify-quant when it
-    fails. NaN/inf compare as failures."""
-    t = THRESHOLDS[weights]
-    ok = result["top1_agreement"] >= t["min_top1"] and result["kl_mean"] <= t["max_kl_mean"]
-    out = {**result, "weights": weights, "thresholds": t, "passed": bool(ok)}
-    if not ok:
-        raise EdgekvError(f"{weights} weights ({fmt}) failed verify-quant against fp32 over {result['positions']} "
-                          f"positions of real text: {describe_quality(out)} (needs top-1 >= {t['min_top1']:.0%}, "
-                          f"KL mean <= {t['max_kl_mean']})")
-    return out
-
-
-def verify_quant(fp32_stepper, quant_stepper, tokens: list[int], weights: str, fmt: str) -> dict:
-    """compare_to_fp32 + check_quality: the record for manifest["verification"][f"{fmt}-quant"]."""
-    return check_quality(compare_to_fp32(fp32_stepper, quant_stepper, tokens), weights, fmt)
-
-
-def describe_quality(v: dict) -> str:
-    return (f"top-1 {v['top1_agreement']:.1%}, KL mean {v['kl_mean']:.3g} max {v['kl_max']:.3g} nats, "
-            f"NLL {v['nll_quant']:.3f} vs fp32 {v['nll_fp32']:.3f} nats/token")
