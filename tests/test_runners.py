@@ -15,7 +15,8 @@ pytest.importorskip("onnxruntime_genai")
 from conftest import ROOT, run_cli  # noqa: E402
 
 from edgekv.export.manifest import load_export  # noqa: E402
-from edgekv.export.pipeline import ExportOptions, export_model  # noqa: E402
+from edgekv.export.pipeline import export_model  # noqa: E402
+from edgekv.export.options import ExportOptions  # noqa: E402
 
 TINY = ROOT / "fixtures/tiny/llama"
 MAX_CTX, CHUNK = 128, 16

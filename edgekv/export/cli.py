@@ -117,7 +117,8 @@ def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefi
             strategy, rank, window), formats, weights, prefill_chunk, max_ctx)
     _need("torch")  # first: torch configures its loggers on import, _quiet then quiets them
     _quiet()
-    from .pipeline import ExportOptions, export_model, parse_formats, strategy_spec
+    from .pipeline import export_model
+    from .options import ExportOptions, parse_formats, strategy_spec
     from .runners import parse_runners
 
     fmts = parse_formats(formats)
@@ -179,7 +180,7 @@ def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefi
 
 
 def strategy_spec_text(strategy, rank, window) -> str:
-    from .pipeline import strategy_spec
+    from .options import strategy_spec
     return strategy_spec(strategy, rank, window)
 
 
