@@ -21,8 +21,7 @@ class ModelType:
 
 class Mamba(ModelType):
     """MambaConfig: Mamba-1 mixers (a time-step rank, no heads)."""
-    model_type = "mamba"
-    reader = "_mamba"
+    model_type, reader = "mamba", "_mamba"
     ssm_layer = "Mamba1"  # mamba_ssm's ssm_cfg.layer for it (the original state-spaces config.json)
     state_size = 16  # MambaConfig.state_size
     gguf_arch = "mamba"
@@ -39,8 +38,7 @@ class Mamba2(Mamba):
 
 
 class DeepseekV2(ModelType):
-    model_type = "deepseek_v2"
-    reader = "_deepseek"
+    model_type, reader = "deepseek_v2", "_deepseek"
     score_bias = False  # the router adds e_score_correction_bias before top-k (DeepSeek-V3's noaux_tc routing)
 
 
@@ -50,39 +48,32 @@ class DeepseekV3(DeepseekV2):
 
 
 class Jamba(ModelType):
-    model_type = "jamba"
-    reader = "_jamba"
+    model_type, reader = "jamba", "_jamba"
 
 
 class FalconH1(ModelType):
-    model_type = "falcon_h1"
-    reader = "_falcon_h1"
+    model_type, reader = "falcon_h1", "_falcon_h1"
 
 
 class Zamba2(ModelType):
-    model_type = "zamba2"
-    reader = "_zamba2"
+    model_type, reader = "zamba2", "_zamba2"
     fork_names = True  # Zyphra's fork (Zamba2-1.2B before transformers 4.48): edgekv.arch.hybrid.from_zamba2_fork
 
 
 class Rwkv(ModelType):
-    model_type = "rwkv"
-    reader = "_rwkv"
+    model_type, reader = "rwkv", "_rwkv"
 
 
 class Lfm2(ModelType):
-    model_type = "lfm2"
-    reader = "_lfm2"
+    model_type, reader = "lfm2", "_lfm2"
 
 
 class GraniteMoeHybrid(ModelType):
-    model_type = "granitemoehybrid"
-    reader = "_granite_hybrid"
+    model_type, reader = "granitemoehybrid", "_granite_hybrid"
 
 
 class Qwen3_5Text(ModelType):
-    model_type = "qwen3_5_text"
-    reader = "_qwen3_5"
+    model_type, reader = "qwen3_5_text", "_qwen3_5"
 
 
 class Qwen3_5(Qwen3_5Text):
