@@ -126,7 +126,7 @@ def child_edgekv(spec: dict) -> dict:
         import torch  # noqa: F401  (the ExecuTorch Python runtime; part of its baseline)
         from executorch.extension.pybindings import portable_lib  # noqa: F401
 
-        from edgekv.export.runtime import PteStepper as Stepper
+        from edgekv.export.pte_stepper import PteStepper as Stepper
     else:
         import onnxruntime  # noqa: F401
 

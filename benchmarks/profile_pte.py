@@ -98,7 +98,7 @@ def scaled(profile: dict, wall_ms: float, profiled_wall_ms: float) -> dict:
 def _run(folder: Path, manifest: dict, threads: int, ids: list[int], new: int, etdump: Path | None) -> dict:
     import numpy as np
 
-    from edgekv.export.runtime import PteStepper
+    from edgekv.export.pte_stepper import PteStepper
 
     st = PteStepper(manifest, folder, threads, etdump=etdump is not None)
     warm = 1 + (1 if st.chunk else 0)

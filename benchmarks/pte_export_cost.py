@@ -64,7 +64,8 @@ def lowering_side_by_side(model: str, ctx: int, repeats: int = 1) -> dict:
 
     import edgekv.export.manifest as mf
     from edgekv.export import to_pte
-    from edgekv.export.pipeline import Export, ExportOptions, Stages, _entry_points, _load, _trace
+    from edgekv.export.pipeline import Export, _entry_points, _load, _trace
+    from edgekv.export.options import ExportOptions, Stages
     from edgekv.strategies import parse_strategy
     torch.set_num_threads(1)
     opts = ExportOptions(model=model, formats=("pte",), max_ctx=ctx, threads=1)

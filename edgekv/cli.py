@@ -173,7 +173,8 @@ def _plot(device, archs, strats, weights, runtime, entitled, chunk, p, out, ctx,
 def baseline(device_name, model, ctx_text, strategies, weights, preset, as_json, explain):
     """The same model on a datacenter GPU: per-user state, users per GPU, $ per million tokens."""
     from . import render, termtext
-    from .plan import baseline as run_baseline, quadratic_tax, QUADRATIC_TAX
+    from .plan import baseline as run_baseline
+    from .serving import QUADRATIC_TAX, quadratic_tax
 
     if preset == "quadratic-tax":
         rows = quadratic_tax()

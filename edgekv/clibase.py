@@ -175,7 +175,7 @@ class Group(click.Group):
 # artifact and runtime wherever it is accepted, and both spellings of a runtime are taken everywhere.
 #   ort = onnxruntime       edgekv's ONNX on ONNX Runtime (edgekv's own loop over the explicit state)
 #   executorch = edgekv-pte edgekv's .pte on ExecuTorch (edgekv's own loop over the explicit state)
-#   genai, executorch-runner   the same artifacts through ONNX Runtime GenAI / ExecuTorch's TextLLMRunner
+#   genai, executorch-runner   the same artifacts through ONNX Runtime GenAI / the calls of ExecuTorch's LLM runner
 #   executorch-llama        plan only: ExecuTorch's own Llama export (examples/models/llama), which edgekv does not build
 #   llama.cpp, vllm         plan only: those runtimes' own formats, which edgekv does not build
 ARTIFACT_RUNTIMES = ("ort", "executorch", "genai", "executorch-runner")  # what run / profile execute

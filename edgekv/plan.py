@@ -14,7 +14,7 @@ from .models import family_for_type  # the export registry (edgekv.models import
 from .devices import Budget, DeviceProfile, artifact_budget
 from .errors import EdgekvError
 from .quality import RISK_ORDER, past_trained, quality, with_weights
-from .serving import QUADRATIC_TAX, BaselineRow, quadratic_tax, ring_decode_comm_s, serve  # noqa: F401 (re-exported)
+from .serving import BaselineRow, serve
 from .strategies import NotApplicable, ParamsDoNotFit, Strategy, defaults_for
 from .clibase import plan_flag
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edgekv.export.pipeline import verify_prompt
+from edgekv.export.options import verify_prompt
 from edgekv.export.runtime import EagerStepper, state_as_numpy
 from edgekv.export.tokenizer import write_tokenizer
 from edgekv.export.verify import nudge_one_ulp, verify

@@ -47,6 +47,7 @@ MODULES = {
     "costs": ("edgekv/memory/workspace.py", ["workspace_bytes", "_layer_scratch", "runtime_load_bytes"],
               "tests/test_memory.py tests/test_state_bytes.py tests/test_arch.py -k 'memory or state or catalog_config'",
               180),
+    "variants": ("edgekv/arch/variants.py", None, "tests/test_variants.py", 120),
     "quant": ("edgekv/quant.py", None, "tests/test_quant.py", 120),
     "verify": ("edgekv/export/verify.py", ["tolerance_dtype", "limits", "verify", "min_top1"],
                "tests/test_verify.py", 120),
@@ -111,6 +112,8 @@ ACCEPTED = {
               ("copies = 1 +", "below the 10 % band of the measured peaks (test_memory)"),
               ("if not rt.get(\"logits_planned\")", "below the 10 % band of the measured peaks (test_memory)"),
               ('if not rt["scores"]', "native MLA (DeepSeek) has no measured peak yet: a gap")],
+    "storage": [('rounding <= "nearest"', "equivalent over the two roundings callers pass (nearest, stochastic)"),
+                ("frozen=False", "equivalent: nothing assigns to a storage after it is made")],
 }
 
 

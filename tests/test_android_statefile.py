@@ -11,7 +11,7 @@ import pytest
 
 from edgekv.errors import EdgekvError
 from edgekv.export import statefile
-from edgekv.export.runtime import NP_DTYPES
+from edgekv.export.stepper import NP_DTYPES
 
 FIXTURE = Path(__file__).resolve().parents[1] / "android_demo/core/src/test/resources/tiny-llama-kv-int4-state"
 

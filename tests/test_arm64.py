@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, run_cli
-from edgekv.profile.arm64 import compare, guest_base, parse_smaps, split_rss
+from edgekv.profile.arm64 import compare
+from edgekv.profile.qemu_rss import guest_base, parse_smaps, split_rss
 
 
 def one_line_error(p):

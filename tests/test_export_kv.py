@@ -18,8 +18,10 @@ from click.testing import CliRunner  # noqa: E402
 from edgekv.errors import EdgekvError  # noqa: E402
 from edgekv.export.cli import cli  # noqa: E402
 from edgekv.export.manifest import load_export, validate  # noqa: E402
-from edgekv.export.pipeline import ExportOptions, export_model  # noqa: E402
-from edgekv.export.runtime import EagerStepper, OrtStepper, PteStepper  # noqa: E402
+from edgekv.export.pipeline import export_model  # noqa: E402
+from edgekv.export.options import ExportOptions  # noqa: E402
+from edgekv.export.runtime import EagerStepper, OrtStepper  # noqa: E402
+from edgekv.export.pte_stepper import PteStepper  # noqa: E402
 from conftest import greedy_rows  # noqa: E402
 
 VOCAB = 64

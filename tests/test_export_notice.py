@@ -78,27 +78,3 @@ def test_the_app_route_is_linked_from_the_readmes_top_and_the_runner_needs_custo
     flat = " ".join(text.split())
     at = flat.index("`TextLLMRunner`, `LlmModule` on Android")
     assert "import executorch.extension.llm.custom_ops" in flat[at:at + 400]
-
-
-def test_the_runners_bare_generation_failed_names_the_custom_ops(monkeypatch, tmp_path):
-    """TextLLMRunner.generate raising RuntimeError('Generation failed') (what it says when llama::custom_sdpa is not
-    registered): edgekv's one line says what to import."""
-    pytest.importorskip("executorch")
-    import executorch.extension.llm.runner as er
-
-    from edgekv.errors import EdgekvError
-    from edgekv.export import et_runner, runners
-
-    class Fake:
-        def __init__(self, *a):
-            pass
-
-        def generate(self, *a, **k):
-            raise RuntimeError("Generation failed")
-    monkeypatch.setattr(er, "TextLLMRunner", Fake)
-    monkeypatch.setattr(runners, "require", lambda *a: {"file": "model.pte"})
-    monkeypatch.setattr(et_runner, "_kernels", lambda: None)
-    manifest = {"tokenizer": {"file": "tokenizer.json", "add_bos_token": False, "bos_token_id": None},
-                "max_ctx": 64}
-    with pytest.raises(EdgekvError, match=r"Generation failed \(.*import executorch\.extension\.llm\.custom_ops"):
-        et_runner.generate(tmp_path, manifest, "hi", 4)

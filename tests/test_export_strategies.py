@@ -23,11 +23,12 @@ pytest.importorskip("executorch")
 from click.testing import CliRunner  # noqa: E402
 from conftest import ROOT, mapped_rss, tiny_models  # noqa: E402
 from conftest import tiny_hf as conftest_tiny_hf  # noqa: E402
-from edgekv.export import pipeline  # noqa: E402
 from edgekv.export.cli import cli  # noqa: E402
 from edgekv.export.manifest import load_export  # noqa: E402
-from edgekv.export.pipeline import ExportOptions, export_model  # noqa: E402
-from edgekv.export.runtime import OrtStepper, PteStepper  # noqa: E402
+from edgekv.export.pipeline import export_model  # noqa: E402
+from edgekv.export.options import EXPORTABLE, ExportOptions  # noqa: E402
+from edgekv.export.runtime import OrtStepper  # noqa: E402
+from edgekv.export.pte_stepper import PteStepper  # noqa: E402
 from edgekv.strategies import parse_strategy  # noqa: E402
 
 MAX_CTX, CHUNK, STEPS = 128, 6, 8  # the 40-token verify prompt runs as 6 chunks of 6 + a tail of 4 in the .pte
@@ -297,7 +298,7 @@ def test_a_strategy_that_does_not_fit_the_model_is_one_line_and_exit_2(tmp_path,
 
 def test_rank_and_window_flags_are_strategy_shortcuts():
     from edgekv.errors import EdgekvError
-    from edgekv.export.pipeline import strategy_spec
+    from edgekv.export.options import strategy_spec
 
     assert strategy_spec(None, rank=64) == "mla:rank=64"
     assert strategy_spec("mla:dtype=fp32", rank=64) == "mla:dtype=fp32,rank=64"
@@ -312,6 +313,6 @@ def test_rank_and_window_flags_are_strategy_shortcuts():
 def test_export_help_lists_every_exportable_strategy():
     r = CliRunner().invoke(cli, ["export", "--help"], terminal_width=200)
     assert r.exit_code == 0
-    for name in pipeline.EXPORTABLE:
+    for name in EXPORTABLE:
         assert name in r.output
     assert "--rank" in r.output and "--window" in r.output

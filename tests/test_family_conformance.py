@@ -136,7 +136,8 @@ def exported(request, tmp_path_factory):
 @pytest.mark.parametrize("fmt", ["onnx", "pte"])
 def test_export_matches_transformers_step_by_step_in_the_runtime(exported, fmt):
     from edgekv.export.manifest import load_export
-    from edgekv.export.runtime import OrtStepper, PteStepper
+    from edgekv.export.runtime import OrtStepper
+    from edgekv.export.pte_stepper import PteStepper
 
     name, ref, out = exported
     _, _, ctx, _, steps = EXPORTS[name]

@@ -101,7 +101,7 @@ def test_genai_runs_edgekvs_gemma3_graph_as_transformers_computes_it(tmp_path):
     with torch.no_grad():
         full = ref_model(torch.tensor([seq])).logits[0, 35:].double().numpy()
     assert np.abs(full - want).max() > 0.1 * scale
-    # `edgekv run --runtime genai` (GenAI's own loop and tokenizer, max_length kept at max_ctx) generates what
+    # `edgekv run --runtime genai` (GenAI's Generator and tokenizer, max_length kept at max_ctx) generates what
     # edgekv's own loop generates on the same graph, past the window
     runs = {}
     for rt in ("genai", "ort"):

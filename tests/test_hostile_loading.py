@@ -392,7 +392,7 @@ def test_a_pte_renamed_over_the_checked_one_is_never_run(pte_export, tmp_path, m
     shutil.copytree(d, other)
     (other / "model.pte").write_bytes(evil)
     from edgekv.export.manifest import load_export
-    from edgekv.export.runtime import PteStepper
+    from edgekv.export.pte_stepper import PteStepper
     m = load_export(d)
     assert (PteStepper(m, other, 1).prefill([84, 104, 101], last=True)
             != PteStepper(m, d, 1).prefill([84, 104, 101], last=True)).any()

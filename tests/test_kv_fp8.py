@@ -135,7 +135,8 @@ def test_kv_fp8_exports_to_onnx_and_verifies(tiny, tmp_path, monkeypatch):
     eager module) passed; and the artifact, stepped by ONNX Runtime, agrees with transformers whose K and V are
     rounded by torch's float8 cast."""
     from edgekv.export.manifest import load_export
-    from edgekv.export.pipeline import ExportOptions, export_model
+    from edgekv.export.pipeline import export_model
+    from edgekv.export.options import ExportOptions
     from edgekv.export.runtime import OrtStepper
 
     ref, folder = tiny

@@ -7,7 +7,8 @@ from conftest import run_cli
 from edgekv.arch import catalog_arch
 from edgekv.devices import all_devices, load_device
 from edgekv.errors import EdgekvError
-from edgekv.plan import make_plan, quadratic_tax
+from edgekv.plan import make_plan
+from edgekv.serving import quadratic_tax
 from edgekv.strategies import parse_strategy
 
 OPTION_KEYS = {"model", "strategy", "params", "native", "bytes", "budget_bytes", "fits", "decode_tokens_per_s",

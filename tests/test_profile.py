@@ -299,7 +299,8 @@ def test_the_ort_prefill_call_size_is_the_one_the_export_recorded(export_dir):
     """The export plans each format for a call size and records it; OrtStepper calls with that size (an older
     manifest without one falls back to Stepper.max_chunk), and profile reports and predicts with the same size."""
     from edgekv.export.manifest import load_export
-    from edgekv.export.runtime import OrtStepper, Stepper
+    from edgekv.export.runtime import OrtStepper
+    from edgekv.export.stepper import Stepper
     m = load_export(export_dir)
     dep = m["deployment"]["formats"]["onnx"]
     assert dep["runtime"] == "onnxruntime" and dep["prefill_chunk"] == min(Stepper.max_chunk, 512)

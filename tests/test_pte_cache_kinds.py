@@ -19,8 +19,9 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("executorch")
 
 from edgekv.export.manifest import load_export  # noqa: E402
-from edgekv.export.pipeline import ExportOptions, export_model  # noqa: E402
-from edgekv.export.runtime import PteStepper  # noqa: E402
+from edgekv.export.pipeline import export_model  # noqa: E402
+from edgekv.export.options import ExportOptions  # noqa: E402
+from edgekv.export.pte_stepper import PteStepper  # noqa: E402
 from edgekv.models import load_any  # noqa: E402
 from edgekv.strategies import parse_strategy  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""edgekv.export.runtime.release_file_pages against the kernel's own accounting (/proc/self/smaps): the resident
+"""edgekv.export.pte_stepper.release_file_pages against the kernel's own accounting (/proc/self/smaps): the resident
 pages of a mapped file are given back and the mapping still reads the same bytes."""
 import mmap
 import sys
@@ -6,7 +6,7 @@ import sys
 import pytest
 from conftest import mapped_rss as _resident
 
-from edgekv.export.runtime import release_file_pages
+from edgekv.export.pte_stepper import release_file_pages
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps is Linux's")
 

@@ -15,7 +15,8 @@ pytest.importorskip("onnxruntime_genai")
 from conftest import ROOT, run_cli  # noqa: E402
 
 from edgekv.export.manifest import load_export  # noqa: E402
-from edgekv.export.pipeline import ExportOptions, export_model  # noqa: E402
+from edgekv.export.pipeline import export_model  # noqa: E402
+from edgekv.export.options import ExportOptions  # noqa: E402
 
 TINY = ROOT / "fixtures/tiny/llama"
 MAX_CTX, CHUNK = 128, 16
@@ -58,25 +59,24 @@ def test_genai_generates_what_edgekv_run_generates_on_the_explicit_state_pte(exp
 
 
 def test_executorch_runner_generates_what_edgekv_run_generates_on_the_explicit_state_pte(exports):
-    """TextLLMRunner (its HF tokenizer over tokenizer.json, its chunked prefill, its decode loop) vs edgekv's loop
-    on the explicit-state .pte; and the runner .pte driven call by call (the runner's calls, last-token logits)
-    gives the same token ids."""
-    from edgekv.export.et_runner import RunnerPteStepper
+    """`edgekv run --runtime executorch-runner` (edgekv's loop over the runner .pte, called as the runner calls it:
+    chunked prefill, last-token logits) vs edgekv's loop on the explicit-state .pte: the same token ids; and
+    TextLLMRunner itself (its HF tokenizer over tokenizer.json, its chunked prefill, its decode loop, as an app runs
+    it) generates the same text."""
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (llama::custom_sdpa, as the README says)
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
     runner, manifest, explicit, _ = exports
     et = run_json(runner, "executorch-runner")
     ref = run_json(explicit, "executorch")
     assert et["runtime"] == "executorch-runner" and et["prompt_tokens"] == ref["prompt_tokens"]
     assert et["new_tokens"] == ref["new_tokens"] == 24
-    assert et["text"] == ref["text"]
-    s = RunnerPteStepper(manifest, runner, threads=1)
-    ids = list(PROMPT.encode())
-    nxt, pos, got = int(s.prefill(ids, last=True)[-1].argmax()), len(ids), []
-    for _ in range(24):
-        got.append(nxt)
-        nxt = int(s.step([nxt], pos)[-1].argmax())
-        pos += 1
-    assert got == ref["tokens"]
+    assert et["tokens"] == ref["tokens"] and et["text"] == ref["text"]
+    pieces = []
+    TextLLMRunner(str(runner / "model.pte"), str(runner / manifest["tokenizer"]["file"])).generate(
+        PROMPT, GenerationConfig(echo=False, max_new_tokens=24, temperature=0.0, num_bos=0, num_eos=0,
+                                 seq_len=MAX_CTX), token_callback=pieces.append)
+    assert len(pieces) == 24 and "".join(pieces) == ref["text"]
 
 
 def test_manifest_says_which_runners_load_each_artifact(exports):

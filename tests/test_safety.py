@@ -117,6 +117,7 @@ def _fake_run(make_out_meanwhile):
 def test_publish_refuses_an_out_that_appeared_meanwhile(who, export_dir, tmp_path, monkeypatch):
     from edgekv.errors import EdgekvError
     from edgekv.export import pipeline
+    from edgekv.export.options import ExportOptions
 
     out = tmp_path / "out"
 
@@ -128,7 +129,7 @@ def test_publish_refuses_an_out_that_appeared_meanwhile(who, export_dir, tmp_pat
             shutil.copytree(export_dir, o)
     monkeypatch.setattr(pipeline, "_run", _fake_run(appear))
     with pytest.raises(EdgekvError, match="publish"):
-        pipeline.export_model(pipeline.ExportOptions(model=str(TINY_LLAMA), out=out, max_ctx=64), echo=lambda s: None)
+        pipeline.export_model(ExportOptions(model=str(TINY_LLAMA), out=out, max_ctx=64), echo=lambda s: None)
     if who == "user":
         assert (out / "mine.txt").read_text() == "mine" and sorted(os.listdir(out)) == ["mine.txt"]
     else:
@@ -138,6 +139,7 @@ def test_publish_refuses_an_out_that_appeared_meanwhile(who, export_dir, tmp_pat
 
 def test_leftovers_of_killed_exports_are_removed_and_nothing_else(export_dir, tmp_path, monkeypatch):
     from edgekv.export import pipeline
+    from edgekv.export.options import ExportOptions
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -153,7 +155,7 @@ def test_leftovers_of_killed_exports_are_removed_and_nothing_else(export_dir, tm
     (foreign / "x").write_text("x")
     said = []
     monkeypatch.setattr(pipeline, "_run", _fake_run(lambda o: None))
-    pipeline.export_model(pipeline.ExportOptions(model=str(TINY_LLAMA), out=out, max_ctx=64), echo=said.append)
+    pipeline.export_model(ExportOptions(model=str(TINY_LLAMA), out=out, max_ctx=64), echo=said.append)
     assert not partial.exists() and not old.exists()
     assert (foreign / "x").read_text() == "x"
     assert any("removed 2 leftover" in s for s in said), said
@@ -495,7 +497,7 @@ def test_a_killed_export_leaves_nothing_the_next_run_does_not_remove(sig, tmp_pa
     import signal
     import time
 
-    from edgekv.export.pipeline import clean_leftovers
+    from edgekv.export.publish import clean_leftovers
 
     out = tmp_path / "out"
     p = subprocess.Popen(EDGEKV + ["export", "--model", str(TINY_LLAMA), "--max-ctx", "64", "--out", str(out)],
@@ -520,7 +522,7 @@ def test_graph_io_check_reads_a_pte_methods_sizes_as_bounds_of_its_dynamic_axes(
     """check_graph_io on .pte-style metadata: a dynamic axis ('seq', 'rows') takes the method's upper bound, a state
     tensor must match exactly, a dtype must match."""
     from edgekv.errors import EdgekvError
-    from edgekv.export.runtime import check_graph_io
+    from edgekv.export.stepper import check_graph_io
 
     state = [{"input": "past.0", "output": "present.0", "shape": [1, 2, 64, 8], "dtype": "float16"}]
     ep = {"name": "forward", "tokens": "seq",

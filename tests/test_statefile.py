@@ -19,7 +19,8 @@ pytest.importorskip("executorch")
 from click.testing import CliRunner  # noqa: E402
 
 from edgekv.export.cli import cli  # noqa: E402
-from edgekv.export.pipeline import ExportOptions, export_model  # noqa: E402
+from edgekv.export.pipeline import export_model  # noqa: E402
+from edgekv.export.options import ExportOptions  # noqa: E402
 
 P, Q = "foo_bar_baz = 1\nfoo_", "bar"  # Q's continuation depends on P: a zeroed state gives another
 MAX_CTX = 64

@@ -11,7 +11,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-from edgekv.export.pipeline import ExportOptions, export_model
+from edgekv.export.pipeline import export_model
+from edgekv.export.options import ExportOptions
 
 TINY = str(Path(__file__).resolve().parents[1] / "fixtures/tiny/llama")
 

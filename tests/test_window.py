@@ -158,7 +158,8 @@ def test_exported_window_onnx_matches_eager_and_transformers_well_past_the_windo
     slow part), the same window, prompt and 40 decode steps, against the eager module and transformers with the
     mask."""
     from edgekv.export.manifest import load_export
-    from edgekv.export.pipeline import ExportOptions, export_model
+    from edgekv.export.pipeline import export_model
+    from edgekv.export.options import ExportOptions
     from edgekv.export.runtime import EagerStepper, OrtStepper
 
     out = tmp_path / "win"
@@ -193,8 +194,10 @@ def test_exported_window_artifact_matches_eager_and_transformers_in_ort_and_exec
     past the window (48 prompt tokens in three .pte prefill calls of 16, no padding, + 40 decode steps = 88
     positions), both runtimes follow the eager module and transformers with the mask."""
     from edgekv.export.manifest import load_export
-    from edgekv.export.pipeline import ExportOptions, export_model
-    from edgekv.export.runtime import EagerStepper, OrtStepper, PteStepper
+    from edgekv.export.pipeline import export_model
+    from edgekv.export.options import ExportOptions
+    from edgekv.export.runtime import EagerStepper, OrtStepper
+    from edgekv.export.pte_stepper import PteStepper
 
     out = tmp_path / "win"
     manifest = export_model(ExportOptions(model=str(TINY_LLAMA), strategy="window:w=16,sinks=4",

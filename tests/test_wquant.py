@@ -15,7 +15,8 @@ pytest.importorskip("executorch")
 from edgekv.errors import EdgekvError  # noqa: E402
 from edgekv.export import manifest as mf  # noqa: E402
 from edgekv.export import quality, wquant  # noqa: E402
-from edgekv.export.runtime import EagerStepper, OrtStepper, PteStepper  # noqa: E402
+from edgekv.export.runtime import EagerStepper, OrtStepper  # noqa: E402
+from edgekv.export.pte_stepper import PteStepper  # noqa: E402
 from edgekv.export.trace import trace  # noqa: E402
 from edgekv.models import load_model  # noqa: E402
 from edgekv.strategies import parse_strategy  # noqa: E402
@@ -298,7 +299,7 @@ def test_verify_of_quantized_weights_passes_rounding_noise_and_refuses_a_layout_
     ulp away, measured in the same export). Another sample of that noise (one ulp down) must pass; a layer whose
     weight rows were laid out in reverse before quantization (a lowering bug) must not; and a chaotic model's floor
     widens the limits by the stated rule."""
-    from edgekv.export.pipeline import nudged_quantized
+    from edgekv.export.verify import nudged_quantized
     from edgekv.export.verify import FLOOR_FACTOR, REL_TOL, limits, nudge_one_ulp, verify
 
     m = manifest_for(tiny.layout, 256)
@@ -440,7 +441,7 @@ def test_export_cli_int4_onnx_writes_a_checked_smaller_artifact(tmp_path):
     jsonschema.validate(m, json.loads(mf.SCHEMA_PATH.read_text()))
     assert m["weights"]["dtype"] == "int4" and "MatMulNBits" in m["weights"]["quantization"]["onnx"]["new_ops"]
     q = m["weight_quality"]["onnx"]
-    from edgekv.export.pipeline import QUALITY_TOKENS
+    from edgekv.export.options import QUALITY_TOKENS
     assert q["passed"] and q["positions"] == QUALITY_TOKENS - 1
     assert q["top1_agreement"] >= quality.THRESHOLDS["int4"]["min_top1"]
     assert "onnx" not in m["verification"]  # no eager twin for a graph quantized after export: verify-quant instead

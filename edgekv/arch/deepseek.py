@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..errors import EdgekvError
 from .config import Cfg
+from .model_types import MODEL_TYPES
 from .types import MLA, Block
 from .weights import _embed_and_head, _lin, _mlp, _moe_mlp, _vec
 
@@ -42,7 +43,8 @@ def _deepseek(c: Cfg, mt: str):
         if n_routed and i >= first_dense and i % freq == 0:
             if not top_k:
                 raise EdgekvError(f"{c.where}: config lacks 'num_experts_per_tok' for its MoE layers")
-            _moe_mlp(ws, f"{p}.mlp", hidden, moe_inter, n_routed, top_k, n_shared, score_bias=(mt == "deepseek_v3"))
+            _moe_mlp(ws, f"{p}.mlp", hidden, moe_inter, n_routed, top_k, n_shared,
+                     score_bias=MODEL_TYPES[mt].score_bias)
         else:
             _mlp(ws, f"{p}.mlp", hidden, inter)
         _vec(ws, f"{p}.input_layernorm", hidden)

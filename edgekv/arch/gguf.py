@@ -12,13 +12,14 @@ import struct
 from pathlib import Path
 
 from ..errors import EdgekvError
+from .model_types import GGUF_TYPES, Mamba
 from .readers import arch_from_config
 from .types import Arch, Weight
 from .variants import GGUF_VARIANTS
 
 # GGUF general.architecture -> the model_type read: the Llama-family variants that name one (edgekv.arch.variants),
 # and Mamba-1 / Mamba-2
-GGUF_ARCH = {**{a: v.model_type for a, v in GGUF_VARIANTS.items()}, **{a: a for a in ("mamba", "mamba2")}}
+GGUF_ARCH = {a: v.model_type for a, v in (*GGUF_VARIANTS.items(), *GGUF_TYPES.items())}
 
 
 # Bounds on what a GGUF header may claim, checked before gguf-py's GGUFReader sees the file: the reader trusts every
@@ -205,7 +206,7 @@ def _config(arch: str, field, reader) -> dict:
            "hidden_size": int(field(f"{arch}.embedding_length")), "num_hidden_layers": int(field(f"{arch}.block_count")),
            "max_position_embeddings": field(f"{arch}.context_length", None),
            "tie_word_embeddings": "output.weight" not in names}
-    if arch.startswith("mamba"):
+    if issubclass(GGUF_TYPES.get(arch, object), Mamba):
         cfg.update(intermediate_size=field(f"{arch}.ssm.inner_size"), state_size=field(f"{arch}.ssm.state_size"),
                    conv_kernel=field(f"{arch}.ssm.conv_kernel"), time_step_rank=field(f"{arch}.ssm.time_step_rank"))
         return cfg

@@ -5,18 +5,20 @@ import math
 
 from ..errors import EdgekvError
 from .config import Cfg
+from .model_types import MODEL_TYPES, SSM_LAYERS
 from .types import Block, Weight
 from .weights import _mamba1_mixer, _mamba2_mixer, _vec
 
 
 def _mamba(c: Cfg, mt: str):
+    t = MODEL_TYPES[mt]
     layer = (c.get("ssm_cfg", default=None) or {}).get("layer")
-    if layer and {"Mamba1": "mamba", "Mamba2": "mamba2"}.get(layer) != mt:
+    if layer and layer != t.ssm_layer:
         raise EdgekvError(f"{c.where}: ssm_cfg.layer {layer!r} does not match model_type {mt!r}")
     hidden = c.int("hidden_size", "d_model")
     n_layers = c.int("num_hidden_layers", "n_layer")
     vocab = c.int("vocab_size")
-    d_state = c.int("state_size", "d_state", default=16 if mt == "mamba" else 128)
+    d_state = c.int("state_size", "d_state", default=t.state_size)
     d_conv = c.int("conv_kernel", "d_conv", default=4)
     expand = c.get("expand", default=2)
     d_inner = int(c.get("intermediate_size", default=int(expand * hidden)))
@@ -26,7 +28,7 @@ def _mamba(c: Cfg, mt: str):
     ws, blocks = [], []
     for i in range(n_layers):
         p = f"backbone.layers.{i}"
-        if mt == "mamba":
+        if not t.heads:
             dt_rank = c.get("time_step_rank", "dt_rank", default="auto")
             dt_rank = math.ceil(hidden / 16) if dt_rank == "auto" else int(dt_rank)
             m = _mamba1_mixer(ws, f"{p}.mixer", hidden, d_inner, d_state, d_conv, dt_rank, conv_bias, proj_bias)
@@ -52,22 +54,22 @@ def _from_mamba_ssm(config: dict, source: str) -> dict:
     layers (attn_layer_idx) is a hybrid this translation does not read."""
     ssm = config["ssm_cfg"]
     layer = ssm.get("layer", "Mamba1")
-    if layer not in ("Mamba1", "Mamba2"):
-        raise EdgekvError(f"{source}: ssm_cfg.layer {layer!r} is not Mamba1 or Mamba2")
+    if layer not in SSM_LAYERS:
+        raise EdgekvError(f"{source}: ssm_cfg.layer {layer!r} is not {' or '.join(SSM_LAYERS)}")
     if config.get("attn_layer_idx"):
         raise EdgekvError(f"{source}: attn_layer_idx is set: a mamba_ssm hybrid with attention layers, which "
                           "edgekv does not read")
-    mt = "mamba" if layer == "Mamba1" else "mamba2"
+    t = SSM_LAYERS[layer]
     d = config["d_model"]
     vocab, pad = config.get("vocab_size"), config.get("pad_vocab_size_multiple", 8)
     if not isinstance(vocab, int) or not isinstance(pad, int) or pad < 1:
         raise EdgekvError(f"{source}: config lacks an integer 'vocab_size' / 'pad_vocab_size_multiple'")
     expand = ssm.get("expand", 2)
-    out = {"model_type": mt, "hidden_size": d, "num_hidden_layers": config.get("n_layer"),
+    out = {"model_type": t.model_type, "hidden_size": d, "num_hidden_layers": config.get("n_layer"),
            "vocab_size": vocab + (-vocab) % pad, "expand": expand, "intermediate_size": int(expand * d),
            "tie_word_embeddings": config.get("tie_embeddings", True),
-           "state_size": ssm.get("d_state", 16 if mt == "mamba" else 128), "conv_kernel": ssm.get("d_conv", 4)}
-    if mt == "mamba2":
+           "state_size": ssm.get("d_state", t.state_size), "conv_kernel": ssm.get("d_conv", 4)}
+    if t.heads:
         hd = ssm.get("headdim", 64)
         out.update(head_dim=hd, num_heads=int(expand * d) // hd, n_groups=ssm.get("ngroups", 1))
     return out

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..errors import EdgekvError
 from .config import Cfg
+from .model_types import MODEL_TYPES
 from .hybrid import _check_kinds
 from .types import Attention, Block, Linear, Weight
 from .weights import _embed_and_head, _lin, _mlp, _vec
@@ -14,7 +15,7 @@ def _qwen3_5(c: Cfg, mt: str):
     DeltaNet layers (linear_attention: a causal conv over q, k, v and a [Hv, Dk, Dv] recurrent matrix) and gated full
     attention layers (q_proj also emits a sigmoid gate per channel; qk-norm; partial RoPE), every
     full_attention_interval-th layer (default 4) full attention."""
-    if mt == "qwen3_5":
+    if MODEL_TYPES[mt].text_model:
         text = c.get("text_config", default=None)
         if not isinstance(text, dict):
             raise EdgekvError(f"{c.where}: a qwen3_5 config needs its text_config")

@@ -10,6 +10,7 @@ from .granite import _granite_hybrid
 from .hybrid import _falcon_h1, _jamba, _zamba2, from_zamba2_fork, is_zamba2_fork
 from .lfm2 import _lfm2
 from .mamba import _from_mamba_ssm, _mamba
+from .model_types import MODEL_TYPES, model_type
 from .qwen3_5 import _qwen3_5
 from .rwkv import _rwkv
 from .transformer import _decoder
@@ -17,13 +18,11 @@ from .types import Arch, Block
 from .variants import EXPORTED, VARIANTS, variant
 
 
+_READER_FUNCTIONS = {f.__name__: f for f in (_deepseek, _mamba, _jamba, _falcon_h1, _zamba2, _rwkv, _lfm2,
+                                              _granite_hybrid, _qwen3_5)}
 READERS = {
     **{mt: _decoder for mt in VARIANTS},  # the Llama-family variants, declared in edgekv.arch.variants
-    "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
-    "mamba": _mamba, "mamba2": _mamba,
-    "jamba": _jamba, "falcon_h1": _falcon_h1, "zamba2": _zamba2, "rwkv": _rwkv,
-    "lfm2": _lfm2, "granitemoehybrid": _granite_hybrid,
-    "qwen3_5_text": _qwen3_5, "qwen3_5": _qwen3_5,
+    **{mt: _READER_FUNCTIONS[t.reader] for mt, t in MODEL_TYPES.items()},  # the others, edgekv.arch.model_types
 }
 SUPPORTED = sorted(READERS)
 
@@ -41,16 +40,13 @@ def arch_from_config(config: dict, name: str, source: str) -> Arch:
     if "model_type" not in config and isinstance(config.get("ssm_cfg"), dict) and "d_model" in config:
         config = _from_mamba_ssm(config, source)
     mt = config.get("model_type")
-    wrapper = variant(mt)
+    wrapper = variant(mt) or model_type(mt)
     if wrapper and wrapper.text_model and isinstance(config.get("text_config"), dict):  # a multimodal wrapper (Gemma
-        # 3): plan the text model
+        # 3, Qwen3.5): plan the text model, with the wrapper's fields it falls back to
         mt = wrapper.text_model
-        config = {**config["text_config"], "model_type": mt}
-    if mt == "qwen3_5" and isinstance(config.get("text_config"), dict):  # Qwen3.5's image-text wrapper: its text model
-        config = {"tie_word_embeddings": config.get("tie_word_embeddings"), **config["text_config"],
-                  "model_type": "qwen3_5_text"}
-        mt = "qwen3_5_text"
-    if mt == "zamba2" and is_zamba2_fork(config):  # Zyphra's fork's names (Zamba2-1.2B before transformers 4.48)
+        config = {**{f: config.get(f) for f in wrapper.wrapper_fields}, **config["text_config"], "model_type": mt}
+    # Zyphra's fork's names (Zamba2-1.2B before transformers 4.48)
+    if getattr(model_type(mt), "fork_names", False) and is_zamba2_fork(config):
         config = from_zamba2_fork(config, source)
     if not isinstance(mt, str) or mt not in READERS:
         raise EdgekvError(f"{source}: model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED)}")

@@ -53,6 +53,7 @@ class Llama:
     # base for every layer
     refused: tuple[str, ...] = ()  # config fields the export module refuses when set (one line naming the field)
     text_model: str | None = None  # a wrapper config: the model_type of its text_config (planned and exported alone)
+    wrapper_fields: tuple[str, ...] = ()  # a wrapper's fields its text model falls back to
     exported = True  # edgekv.models.llama builds it (the llama family's model_types)
     rewrite: str | None = None  # "module:function" that rewrites the checkpoint into Llama's shapes first
     mla_convertible = True  # edgekv.models.converted_mla reproduces its attention (no qk-norm, one RoPE base)

@@ -117,7 +117,8 @@ def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefi
             strategy, rank, window), formats, weights, prefill_chunk, max_ctx)
     _need("torch")  # first: torch configures its loggers on import, _quiet then quiets them
     _quiet()
-    from .pipeline import ExportOptions, export_model, parse_formats, strategy_spec
+    from .pipeline import export_model
+    from .options import ExportOptions, parse_formats, strategy_spec
     from .runners import parse_runners
 
     fmts = parse_formats(formats)
@@ -181,7 +182,7 @@ def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefi
 
 
 def strategy_spec_text(strategy, rank, window) -> str:
-    from .pipeline import strategy_spec
+    from .options import strategy_spec
     return strategy_spec(strategy, rank, window)
 
 
@@ -235,10 +236,10 @@ def _from_plan(cctx, device_name, model, strategy, formats, weights, prefill_chu
               help="new tokens to generate at most, the first from the prefill (greedy; stops early at the end-of-text "
                    "token; 0: prefill only); `profile --steps` counts decode calls instead")
 @click.option("--runtime", type=artifact_runtime_choice(), default=None, callback=artifact_runtime,
-              help="runtime to run in (default: ort when the export has an ONNX model, else executorch). ort / "
-              "executorch: edgekv's own loop over the explicit-state artifact; genai: ONNX Runtime GenAI's own loop "
-              "and tokenizer (an export made with --runner genai); executorch-runner: ExecuTorch's LLM runner, "
-              "TextLLMRunner (--runner executorch)")
+              help="runtime to run in (default: ort when the export has an ONNX model, else executorch); edgekv's "
+              "greedy loop drives each. ort / executorch: the explicit-state artifact; genai: ONNX Runtime GenAI's "
+              "Generator and tokenizer (an export made with --runner genai); executorch-runner: the runner .pte "
+              "called as ExecuTorch's LLM runner calls it (--runner executorch)")
 @threads_option(help="compute threads (ONNX Runtime intra-op, ExecuTorch XNNPACK threadpool); default: the runtime's")
 @click.option("--json", "as_json", is_flag=True,
               help="print one JSON object when done (text, token ids, prefill / decode speed) instead of streaming")
@@ -253,7 +254,7 @@ def _from_plan(cctx, device_name, model, strategy, formats, weights, prefill_chu
               "--resume S --save-state S --force; default: refuse)")
 def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json, save_state, resume, force):
     """Greedy generation from an export folder: its runtime, manifest and tokenizer only (hashes checked)."""
-    from .generate import generate, generate_with_runner, open_export
+    from .generate import generate, open_export
 
     prompt = argv_text(prompt, "--prompt")
     needs = {"executorch": ("torch", "executorch"), "executorch-runner": ("torch", "executorch"),
@@ -267,20 +268,6 @@ def run_cmd(folder, prompt, max_new_tokens, runtime, threads, as_json, save_stat
     if save_state:  # before the run: its prefill is not lost to a path that cannot be written
         from ..outputs import check_writable
         check_writable(save_state, "--save-state", force=force)
-    if runtime in ("genai", "executorch-runner"):  # the runtime's own generation loop and tokenizer
-        stream = not as_json
-        r = generate_with_runner(folder, runtime, prompt, max_new_tokens, threads,
-                                 (lambda s: click.echo(s, nl=False)) if stream else None,
-                                 (lambda: click.echo(prompt, nl=False)) if stream else None)
-        if as_json:
-            from ..termtext import print_json
-            print_json({"folder": str(folder), "runtime": runtime, "threads": threads, "prompt": prompt, **r})
-            return
-        click.echo()
-        rate = f", decode {r['decode_tok_s']:.1f} tok/s" if r["decode_tok_s"] else ""
-        click.echo(f"[{r['prompt_tokens']} prompt tokens, prefill {r['prefill_s'] * 1e3:.0f} ms; {r['new_tokens']} "
-                   f"new tokens{rate}; stopped at {r['stopped']}]", err=True)
-        return
     manifest, stepper, tok = open_export(folder, runtime, threads)
     start = None
     if resume:

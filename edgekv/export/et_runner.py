@@ -27,13 +27,12 @@ an earlier or the same call.
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-import numpy as np
 
 from ..errors import EdgekvError
 from . import manifest as mf
+from .stepper import Stepper
 
 TOKENS, INPUT_POS = "tokens", "input_pos"
 
@@ -113,22 +112,23 @@ def _kernels():
     import executorch.kernels.quantized  # noqa: F401 (dequantize_per_token, an int8 cache's read-back)
 
 
-class RunnerPteStepper:
+class RunnerPteStepper(Stepper):
     """The runner .pte through ExecuTorch's Method API, making the runner's calls (forward(tokens, input_pos), at most
-    get_max_seq_len tokens per call, the last token's logits back): the export's verification and `edgekv profile`
-    (TextLLMRunner returns text, not logits). The state is the program's; reset() reloads the method."""
+    get_max_seq_len tokens per call, the last token's logits back: Stepper.last_row_only): `edgekv run` and `edgekv
+    profile --runtime executorch-runner`, the export's verification. TextLLMRunner itself returns text, not logits
+    (tests/test_runners.py holds its text to this stepper's). The state is the program's; reset() reloads the
+    method."""
 
     runtime = "executorch-runner"
-    chunk = None
-    tail = "pad"
+    last_row_only = True
     in_place = True
 
     def __init__(self, manifest: dict, folder: Path, threads: int | None = None):
         import torch
         from executorch.extension.pybindings import portable_lib
 
+        from .pte_stepper import quiet_native_stderr, release_file_pages
         from .runners import ET_RUNNER, require
-        from .runtime import quiet_native_stderr, release_file_pages
         a = require(manifest, folder, ET_RUNNER)
         _kernels()
         with quiet_native_stderr():
@@ -136,135 +136,26 @@ class RunnerPteStepper:
                 portable_lib._unsafe_reset_threadpool(threads)
             torch.set_num_threads(threads or portable_lib._threadpool_get_thread_count())
         self.torch, self.where = torch, Path(folder) / a["file"]
-        self.max_ctx = int(manifest["max_ctx"])
         self.max_chunk = int(a["entry_points"][0]["max_tokens"])
-        self.manifest, self.state = manifest, None
         try:
             self.program = portable_lib._load_program(str(self.where))
         except Exception as e:
             raise EdgekvError(f"{self.where}: ExecuTorch cannot load it ({type(e).__name__}: {e})") from None
         release_file_pages(self.where)
-        self.reset()
+        super().__init__(manifest)
 
     def reset(self):
-        self.method = None  # free the old method's buffers first
+        self.method, self.state = None, None  # free the old method's buffers first
         try:
             self.method = self.program.load_method("forward")
         except Exception as e:
             raise EdgekvError(f"{self.where}: ExecuTorch cannot load forward ({type(e).__name__}: {e})") from None
 
-    def prefill(self, tokens: list[int], pos: int = 0, last: bool = False, after_call=None) -> np.ndarray:
-        """last=True: calls of up to get_max_seq_len tokens, as the runner prefills, and the last row. Every row
-        (verify, the quality check): one token per call, the .pte returning the last token's logits only."""
-        n = self.max_chunk if last else 1
-        rows = []
-        for s in range(0, len(tokens), n):
-            rows.append(self.step(tokens[s:s + n], pos + s))
-            if after_call:
-                after_call()
-        return rows[-1] if last else np.concatenate(rows)
-
-    def step(self, tokens: list[int], pos: int, last: bool = True) -> np.ndarray:
-        if not tokens or len(tokens) > self.max_chunk:
+    def _call(self, tokens, pos, rows):
+        if len(tokens) > self.max_chunk:
             raise EdgekvError(f"the runner .pte takes 1..{self.max_chunk} tokens per call, got {len(tokens)}")
-        if pos < 0 or pos + len(tokens) > self.max_ctx:
-            raise EdgekvError(f"positions {pos}..{pos + len(tokens) - 1} are outside max_ctx {self.max_ctx}")
         t = self.torch
         inputs = [t.tensor([tokens], dtype=t.int64), t.tensor([pos], dtype=t.int64)]  # alive until execute ends
         self.method.set_inputs(inputs)
         self.method.execute()
         return self.method.get_outputs(clone_outputs=False)[0].float().numpy().copy()
-
-
-# TextLLMRunner's bare "Generation failed" on a --runner executorch .pte: its attention is llama::custom_sdpa, whose
-# kernels are registered only once executorch.extension.llm.custom_ops is imported (Python) or linked (C++)
-CUSTOM_OPS_HINT = ("this .pte's attention is ExecuTorch's llama::custom_sdpa: in Python `import "
-                   "executorch.extension.llm.custom_ops` before TextLLMRunner; in C++ link extension/llm/custom_ops")
-
-
-def generate(folder: Path, manifest: dict, prompt: str, max_new_tokens: int, emit=None, after_prefill=None,
-             threads: int | None = None) -> dict:
-    """Greedy generation with ExecuTorch's TextLLMRunner (its tokenizer, its prefill and decode loop, its stop on the
-    .pte's eos ids); the same dict as edgekv.export.generate.generate, with the runner's text pieces (one per new
-    token) where that has token ids: the Python runner hands back text only."""
-    from .runners import ET_RUNNER, require
-    from .runtime import quiet_native_stderr
-    a = require(manifest, folder, ET_RUNNER)
-    tok = manifest["tokenizer"]
-    if tok is None:
-        raise EdgekvError(f"{folder}: ExecuTorch's runner needs a tokenizer file; this export carries none")
-    import torch  # the runner's extension links libtorch
-    _kernels()
-    if threads:  # the llama:: kernels run on torch's pool, XNNPACK on ExecuTorch's (PteStepper says why both)
-        from executorch.extension.pybindings import portable_lib
-        with quiet_native_stderr():
-            portable_lib._unsafe_reset_threadpool(threads)
-        torch.set_num_threads(threads)
-    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
-    with quiet_native_stdout(), quiet_native_stderr():  # its load logs the metadata it read, line by line
-        try:
-            runner = TextLLMRunner(str(Path(folder) / a["file"]), str(Path(folder) / tok["file"]))
-        except Exception as e:
-            raise EdgekvError(f"{folder}: ExecuTorch's LLM runner cannot load it ({type(e).__name__}: {e})") from None
-    max_ctx = int(manifest["max_ctx"])
-    pieces, stats = [], []
-    first = [True]
-
-    def on_token(piece: str):
-        if first[0] and after_prefill:
-            after_prefill()
-        first[0] = False
-        pieces.append(piece)
-        if emit and piece:
-            emit(piece)
-
-    bos = 1 if tok["add_bos_token"] and tok["bos_token_id"] is not None else 0
-    cfg = GenerationConfig(echo=False, max_new_tokens=max_new_tokens, temperature=0.0, num_bos=bos, num_eos=0,
-                           seq_len=max_ctx)
-    t0 = time.perf_counter()
-    with quiet_native_stdout(), quiet_native_stderr():
-        try:
-            runner.generate(prompt, cfg, token_callback=on_token, stats_callback=stats.append)
-        except Exception as e:
-            raise EdgekvError(f"ExecuTorch's LLM runner failed: {type(e).__name__}: {e}" + (
-                f" ({CUSTOM_OPS_HINT})" if "Generation failed" in str(e) else "")) from None
-    wall = time.perf_counter() - t0
-    s = stats[-1] if stats else None
-    n_prompt = s.num_prompt_tokens if s else None
-    prefill_s = (s.prompt_eval_end_ms - s.inference_start_ms) / 1e3 if s else None
-    decode_s = (s.inference_end_ms - s.prompt_eval_end_ms) / 1e3 if s else None
-    steps = len(pieces) - 1
-    stopped = "max_new_tokens" if len(pieces) >= max_new_tokens else (
-        "max_ctx" if n_prompt and n_prompt + len(pieces) >= max_ctx else "eos")
-    return {"prompt_tokens": n_prompt, "new_tokens": len(pieces), "tokens": None, "pieces": pieces,
-            "text": "".join(pieces), "prefill_s": prefill_s if prefill_s is not None else wall,
-            "prefill_tok_s": n_prompt / prefill_s if prefill_s else None,
-            "decode_tok_s": steps / decode_s if steps > 0 and decode_s else None, "stopped": stopped}
-
-
-class quiet_native_stdout:
-    """The runner prints what it generates and its stats to file descriptor 1 from C++; edgekv prints the text itself
-    (and --json must stay one JSON object). Inside, fd 1 goes nowhere and sys.stdout writes to the real stdout."""
-
-    def __enter__(self):
-        import os
-        import sys
-        import tempfile
-        sys.stdout.flush()
-        self._saved = os.dup(1)
-        self._sink = tempfile.TemporaryFile()
-        os.dup2(self._sink.fileno(), 1)
-        # Python's own prints (edgekv's streamed text) still reach the real stdout
-        self._py, sys.stdout = sys.stdout, os.fdopen(os.dup(self._saved), "w", buffering=1)
-        return self
-
-    def __exit__(self, *exc):
-        import os
-        import sys
-        sys.stdout.flush()
-        sys.stdout.close()
-        sys.stdout = self._py
-        os.dup2(self._saved, 1)
-        os.close(self._saved)
-        self._sink.close()
-        return False

@@ -23,14 +23,15 @@ computes the last row only; GenAI feeds no such input). OrtStepper drives the sa
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 from ..arch.variants import variant
 from ..errors import EdgekvError
 from . import manifest as mf
+from .stepper import Stepper
 
 CONFIG = "genai_config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -160,93 +161,51 @@ def _load(folder: Path, threads: int | None = None):
         raise EdgekvError(f"{folder}: ONNX Runtime GenAI cannot load it ({first})") from None
 
 
-class GenaiStepper:
-    """GenAI's Generator behind edgekv's Stepper calls, for `edgekv profile` and the agreement checks: prefill =
-    append_tokens(prompt) (GenAI runs the prompt in one call), step = append_tokens([token]); the logits are GenAI's
-    get_logits() (the last token's). The cache and its buffers are GenAI's own."""
+class GenaiStepper(Stepper):
+    """GenAI's Generator as a Stepper (`edgekv run` and `edgekv profile --runtime genai`, the export's verification):
+    a call is append_tokens(tokens), its logits GenAI's get_logits() (the last token's), so the prompt goes in one
+    call, as GenAI's own loop appends it; every row of a prompt takes one token per call (Stepper.last_row_only).
+    The cache and its buffers are GenAI's own; the tokenizer is GenAI's (og.Tokenizer), as an app's."""
 
     runtime = "genai"
-    chunk = None
+    last_row_only = True
 
     def __init__(self, manifest: dict, folder: Path, threads: int | None = None):
         from .runners import GENAI, require
         require(manifest, folder, GENAI)
         self.og, self.model = _load(folder, threads)
-        self.manifest, self.threads = manifest, threads
-        self.max_ctx = int(manifest["max_ctx"])
-        self.max_chunk = self.max_ctx
-        self.state = None
-        self.reset()
+        self.threads = threads
+        self.max_chunk = int(manifest["max_ctx"])
+        super().__init__(manifest)
 
     def reset(self):
         p = self.og.GeneratorParams(self.model)
+        # max_length is the export's max_ctx, whatever the run's length: with a sliding_window in its config GenAI
+        # sizes every layer's cache from max_length (a shorter one no longer matches the graph's inputs)
         p.set_search_options(max_length=self.max_ctx, do_sample=False)
         self.gen = self.og.Generator(self.model, p)
-        self.pos = 0
+        self.pos, self.state = 0, None
 
-    def prefill(self, tokens: list[int], pos: int = 0, last: bool = False, after_call=None) -> np.ndarray:
-        """last=True: the prompt in one call (as GenAI's own loop appends it), its last row. Every row (verify,
-        the quality check): one token per call, GenAI's get_logits() being the last token's."""
-        calls = [tokens] if last else [[t] for t in tokens]
-        rows = []
-        for i, part in enumerate(calls):
-            rows.append(self.step(part, pos + (0 if last else i)))
-            if after_call:
-                after_call()
-        return np.concatenate(rows)
-
-    def step(self, tokens: list[int], pos: int, last: bool = True) -> np.ndarray:
+    def _call(self, tokens, pos, rows):
         if pos != self.pos:
             raise EdgekvError(f"GenAI continues its own sequence at position {self.pos}, not {pos}")
-        if pos + len(tokens) > self.max_ctx:
-            raise EdgekvError(f"{pos + len(tokens)} tokens exceed this export's max_ctx {self.max_ctx}")
         self.gen.append_tokens(np.asarray(tokens, dtype=np.int32))
         self.pos += len(tokens)
         return self.gen.get_logits()[0, -1:].astype(np.float32)
 
+    def own_tokenizer(self):
+        return GenaiTokenizer(self.og.Tokenizer(self.model))
 
-def generate(folder: Path, manifest: dict, prompt: str, max_new_tokens: int, emit=None, after_prefill=None,
-             threads: int | None = None) -> dict:
-    """Greedy generation with GenAI's own loop and tokenizer (og.Tokenizer, og.Generator.generate_next_token), as an
-    app calls it; the same dict as edgekv.export.generate.generate."""
-    from .runners import GENAI, require
-    require(manifest, folder, GENAI)
-    og, model = _load(folder, threads)
-    tok = og.Tokenizer(model)
-    ids = [int(i) for i in tok.encode(prompt)]
-    if not ids:
-        raise EdgekvError("the prompt encodes to no tokens")
-    max_ctx = int(manifest["max_ctx"])
-    room = max_ctx - len(ids)
-    if room < 1:
-        raise EdgekvError(f"the prompt is {len(ids)} tokens; this export holds {max_ctx} (max_ctx)")
-    n_new = min(max_new_tokens, room)
-    params = og.GeneratorParams(model)
-    # max_length is the export's max_ctx, and the loop below stops at n_new: with a sliding_window in its config
-    # GenAI sizes every layer's cache from max_length (a shorter one no longer matches the graph's inputs)
-    params.set_search_options(max_length=max_ctx, do_sample=False)
-    gen = og.Generator(model, params)
-    stream = tok.create_stream()
-    t0 = time.perf_counter()
-    gen.append_tokens(np.asarray(ids, dtype=np.int32))
-    t_prefill = time.perf_counter() - t0
-    if after_prefill:
-        after_prefill()
-    out, pieces = [], []
-    t1 = time.perf_counter()
-    while not gen.is_done() and len(out) < n_new:
-        gen.generate_next_token()
-        nxt = int(gen.get_next_tokens()[0])
-        out.append(nxt)
-        piece = stream.decode(nxt)
-        pieces.append(piece)
-        if emit and piece:
-            emit(piece)
-    t_decode = time.perf_counter() - t1
-    eos = set(manifest["tokenizer"]["eos_token_ids"])
-    steps = len(out) - 1
-    return {"prompt_tokens": len(ids), "new_tokens": len(out), "tokens": out, "text": "".join(pieces),
-            "prefill_s": t_prefill, "prefill_tok_s": len(ids) / t_prefill if t_prefill > 0 else None,
-            "decode_tok_s": steps / t_decode if steps > 0 and t_decode > 0 else None,
-            "stopped": "eos" if out and out[-1] in eos else ("max_ctx" if n_new < max_new_tokens else
-                                                             "max_new_tokens")}
+
+class GenaiTokenizer:
+    """og.Tokenizer (ONNX Runtime Extensions over tokenizer.json and tokenizer_config.json) behind the calls edgekv's
+    generation loop makes."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def encode(self, text: str) -> SimpleNamespace:
+        return SimpleNamespace(ids=[int(i) for i in self.tok.encode(text)])
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self.tok.decode(np.asarray(ids, dtype=np.int32))

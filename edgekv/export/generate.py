@@ -18,8 +18,10 @@ CONTEXT_TOKENS = 8
 
 
 def open_export(folder: str | Path, runtime: str | None = None, threads: int | None = None):
-    """(manifest, stepper, tokenizer) for an export folder. The runtime and the tokenizer load a private copy of the
-    files they open, hashed as it was copied (manifest.private_copy), which is removed once they have loaded it."""
+    """(manifest, stepper, tokenizer) for an export folder, for any --runtime (edgekv.export.runtime.open_stepper):
+    the tokenizer is the runtime's own where its LLM API has one (Stepper.own_tokenizer), else tokenizer.json's.
+    The runtime and the tokenizer load a private copy of the files they open, hashed as it was copied
+    (manifest.private_copy), which is removed once they have loaded it."""
     from .manifest import check_files, load_export, loaded_files, private_copy
     from .runtime import open_stepper
 
@@ -32,25 +34,12 @@ def open_export(folder: str | Path, runtime: str | None = None, threads: int | N
     check_files(d, manifest, skip=names)  # the files loaded are hashed as they are copied, below
     if manifest["tokenizer"] is None:
         raise EdgekvError(f"{d}: this export carries no tokenizer (its model folder had no tokenizer.json)")
+    vocab = manifest["model"]["vocab"]
     with private_copy(d, manifest, names) as copy:
-        tok = load_tokenizer(copy / manifest["tokenizer"]["file"], manifest["model"]["vocab"])
-        return manifest, open_stepper(copy, manifest, runtime, threads), tok
-
-
-def generate_with_runner(folder: str | Path, runtime: str, prompt: str, max_new_tokens: int, threads=None,
-                         emit=None, after_prefill=None) -> dict:
-    """`edgekv run --runtime genai|executorch-runner`: the runtime's own LLM API generates (its tokenizer, its loop,
-    greedy), from an export made with --runner, loading a private copy of its files hashed as it was copied
-    (manifest.private_copy), kept until the generation ends. The same dict as generate()."""
-    from .manifest import load_export, loaded_files, private_copy
-    d = Path(folder)
-    manifest = load_export(d, copied_for=runtime)  # the loaded files are hashed as they are copied, below
-    if runtime == "genai":
-        from .genai import generate as run
-    else:
-        from .et_runner import generate as run
-    with private_copy(d, manifest, loaded_files(manifest, runtime)) as copy:
-        return run(copy, manifest, prompt, max_new_tokens, emit=emit, after_prefill=after_prefill, threads=threads)
+        tok = load_tokenizer(copy / manifest["tokenizer"]["file"], vocab)
+        stepper = open_stepper(copy, manifest, runtime, threads)
+        own = stepper.own_tokenizer()
+        return manifest, stepper, (Tokenizer(own, tok.path, vocab) if own is not None else tok)
 
 
 @contextlib.contextmanager

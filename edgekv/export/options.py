@@ -142,7 +142,7 @@ def planned(arch, strategy, max_ctx: int, formats, pte_chunk: int, weights: str 
     The top-level bytes are the first format's. Runtime overhead is the device's, not the artifact's, so it is left
     out (0) here."""
     from ..plan import deployment
-    from .runtime import Stepper
+    from .stepper import Stepper
     plans = {"onnx": ("onnxruntime", min(Stepper.max_chunk, max_ctx), 1), "pte": ("executorch", pte_chunk, pte_methods)}
     out = {}
     for fmt in formats:

@@ -28,11 +28,9 @@ from pathlib import Path
 
 from ..errors import EdgekvError
 from .manifest import PARTIAL  # inside a `.NAME.tmp-PID` folder while it is being written
-from .options import (  # noqa: F401 (re-exported: the export API)
-    EXPORTABLE, FORMATS, QUALITY_TOKENS, VERIFY_TEXT, WEIGHT_DTYPES, ExportOptions, Stages, attends_only, check_applies,
-    family_form, parse_formats, planned, strategy_entry, strategy_spec, verify_prompt)
-from .publish import _make_parents, _remove_partial, check_out, clean_leftovers, publish  # noqa: F401 (re-exported)
-from .verify import nudged, nudged_quantized  # noqa: F401 (re-exported)
+from .options import (EXPORTABLE, QUALITY_TOKENS, WEIGHT_DTYPES, ExportOptions, Stages, attends_only, check_applies,
+                      family_form, planned, strategy_entry, verify_prompt)
+from .publish import _make_parents, _remove_partial, check_out, clean_leftovers, publish
 
 
 def export_model(opts: ExportOptions, echo=print, status=None) -> dict:

@@ -23,9 +23,8 @@ import numpy as np
 
 from ..errors import EdgekvError
 from .manifest import ROWS
-from .pte_stepper import PteStepper, pte_calls, quiet_native_stderr, release_file_pages  # noqa: F401 (re-exported)
-from .stepper import (  # noqa: F401 (re-exported)
-    ET_DTYPES, NP_DTYPES, ORT_DTYPES, Stepper, check_graph_io, entry, recorded_chunk)
+from .pte_stepper import PteStepper, release_file_pages
+from .stepper import NP_DTYPES, ORT_DTYPES, Stepper, check_graph_io, entry, recorded_chunk
 
 
 class OrtStepper(Stepper):

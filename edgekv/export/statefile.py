@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EdgekvError
-from .runtime import NP_DTYPES, entry
+from .stepper import NP_DTYPES, entry
 
 FORMAT = "edgekv-state"
 FORMAT_VERSION = 1

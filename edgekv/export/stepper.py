@@ -72,6 +72,9 @@ class Stepper:
     # (benchmarks/plan_accuracy.py measures the peak this default gives)
     max_chunk: int = 128
     runtime: str = ""  # what `edgekv run --runtime` calls it
+    # a call gives the last token's logits only (the runtimes' LLM APIs: GenAI's get_logits, the runner .pte's
+    # forward): every row of a prompt then takes one token per call, and its last row calls of max_chunk tokens
+    last_row_only: bool = False
 
     def __init__(self, manifest: dict):
         self.manifest = manifest
@@ -90,7 +93,7 @@ class Stepper:
         app keeps it: every row costs len x vocab x 4 B, which is the caller's memory, not the model's). after_call: called with no arguments after each chunk (the profile trims the heap)."""
         if pos + len(tokens) > self.max_ctx:
             raise EdgekvError(f"{pos + len(tokens)} tokens exceed this export's max_ctx {self.max_ctx}")
-        rows, n = [], self.chunk or self.max_chunk
+        rows, n = [], 1 if self.last_row_only and not last else self.chunk or self.max_chunk
         for s in range(0, len(tokens), n):
             part = tokens[s:s + n]
             out = self.step(part, pos + s, last=last)
@@ -115,12 +118,19 @@ class Stepper:
             outs = [self._call([t], pos + i, [0]) for i, t in enumerate(tokens)]
             return outs[-1] if last else np.concatenate(outs)
         n = len(tokens)
+        if self.last_row_only and not last and n > 1:
+            raise EdgekvError(f"{self.runtime} gives the last token's logits only: step one token, or pass last=True")
         return self._call(tokens, pos, [n - 1] if last else list(range(n)))
 
     def state_arrays(self) -> list[np.ndarray]:
         """The state tensors as numpy arrays in the manifest's order, sharing memory with the buffers the next call
         reads (torch tensors through .numpy()): writing into them sets the state (edgekv.export.statefile)."""
         return [s if isinstance(s, np.ndarray) else s.numpy() for s in self.state]
+
+    def own_tokenizer(self):
+        """The runtime's own tokenizer (encode(text).ids, decode(ids)) where its LLM API has one an app uses (GenAI's
+        og.Tokenizer), or None: edgekv's, from the export's tokenizer.json (edgekv.export.generate)."""
+        return None
 
     def _pick(self, logits: np.ndarray, rows: list[int]) -> np.ndarray:
         """The artifact's logits [R, V] for `rows`; an export without the rows input gave every row: pick them."""

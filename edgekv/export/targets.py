@@ -175,7 +175,7 @@ class PteTarget:
     @staticmethod
     def stepper(x):
         from . import et_runner
-        from .runtime import PteStepper
+        from .pte_stepper import PteStepper
         return et_runner.RunnerPteStepper(x.partial, x.tmp, x.opts.threads) if x.et_run else \
             PteStepper(x.partial, x.tmp, x.opts.threads)
 

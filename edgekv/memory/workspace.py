@@ -68,7 +68,8 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     logits = Term("logits", rows * arch.vocab * 4, f"logits {'chunk' if rows > 1 else '1 row'} x vocab x 4 B")
     terms = [Term("activations", chunk * (4 * arch.hidden + a.qkv + 3 * arch.mlp_width + a.ssm_w) * 4,
                   f"activations {chunk} tok x (4*hidden + qkv + 3*inter{' + ssm' if a.ssm_w else ''}) x 4 B", ",.0f")]
-    scores = Term("scores", copies * a.scores, f"scores {copies} x H x chunk x T x 4 B") if rt["scores"] else         Term("scores", 0, "scores not materialised", None)
+    scores = (Term("scores", copies * a.scores, f"scores {copies} x H x chunk x T x 4 B") if rt["scores"]
+              else Term("scores", 0, "scores not materialised", None))
     if a.probs:
         probs = Term("probs", a.probs, "the global layers' GroupQueryAttention: 1 x H x chunk x T x 4 B",
                      note=" (the larger of the two scores)")

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..arch import LLAMA_EXPORT_TYPES
+from ..arch.model_types import (DeepseekV2, FalconH1, GraniteMoeHybrid, Jamba, Lfm2, Mamba, Mamba2, Qwen3_5,
+                                Qwen3_5Text, Rwkv, Zamba2)
 from ..arch.variants import VARIANTS
 from ..errors import EdgekvError
 from ..jsonfile import read_config
@@ -65,27 +67,32 @@ FAMILIES = (
                 "partial rotary, longrope), OLMo-2 (post-sublayer norms, whole-projection qk-norm)"),
     Family("converted-mla", (), ("mla",), "edgekv.models:read_llama", "edgekv.models.converted_mla:build_converted",
            what="a llama-family model with its KV converted to a low-rank latent (mla on a GQA model)"),
-    Family("deepseek-v2", ("deepseek_v2",), ("mla",), "edgekv.models.mla:read_deepseek",
+    Family("deepseek-v2", (DeepseekV2.model_type,), ("mla",), "edgekv.models.mla:read_deepseek",
            "edgekv.models.mla:build_deepseek", what="native MLA", ctx_capped=True),
-    Family("mamba", ("mamba", "mamba2"), ("ssm",), "edgekv.models.mamba:read_mamba", "edgekv.models.mamba:build_mamba",
+    Family("mamba", (Mamba.model_type, Mamba2.model_type), ("ssm",), "edgekv.models.mamba:read_mamba",
+           "edgekv.models.mamba:build_mamba",
            what="Mamba-1 / Mamba-2", state_dtypes=("fp32", "fp16", "bf16", "int8")),
-    Family("rwkv-4", ("rwkv",), ("linear",), "edgekv.models.recurrent:read_rwkv",
+    Family("rwkv-4", (Rwkv.model_type,), ("linear",), "edgekv.models.recurrent:read_rwkv",
            "edgekv.models.recurrent:build_rwkv", what="RWKV-4", state_dtypes=("fp32", "fp16", "bf16", "int8")),
-    Family("jamba", ("jamba",), ("hybrid",), "edgekv.models.jamba:read_jamba", "edgekv.models.jamba:build_jamba",
+    Family("jamba", (Jamba.model_type,), ("hybrid",), "edgekv.models.jamba:read_jamba",
+           "edgekv.models.jamba:build_jamba",
            what="Mamba-1 + attention + MoE", state_dtypes=("fp32", "fp16", "bf16")),
-    Family("lfm2", ("lfm2",), ("hybrid",), "edgekv.models.lfm2:read_lfm2", "edgekv.models.lfm2:build_lfm2",
+    Family("lfm2", (Lfm2.model_type,), ("hybrid",), "edgekv.models.lfm2:read_lfm2", "edgekv.models.lfm2:build_lfm2",
            what="LFM2 / LFM2.5: gated short convolutions + GQA attention (qk-norm)", state_dtypes=("fp32", "fp16"),
            ctx_capped=True, kv_quantized=True),
-    Family("granite-hybrid", ("granitemoehybrid",), ("hybrid",), "edgekv.models.granite_hybrid:read_granite_hybrid",
+    Family("granite-hybrid", (GraniteMoeHybrid.model_type,), ("hybrid",),
+           "edgekv.models.granite_hybrid:read_granite_hybrid",
            "edgekv.models.granite_hybrid:build_granite_hybrid", state_dtypes=("fp32", "fp16"), ctx_capped=True,
            kv_quantized=True, what="Granite-4.0-H, dense configs: Mamba-2 + GQA attention (NoPE)"),
-    Family("falcon-h1", ("falcon_h1",), ("hybrid",), "edgekv.models.falcon_h1:read_falcon_h1",
+    Family("falcon-h1", (FalconH1.model_type,), ("hybrid",), "edgekv.models.falcon_h1:read_falcon_h1",
            "edgekv.models.falcon_h1:build_falcon_h1", state_dtypes=("fp32", "fp16"), ctx_capped=True,
            kv_quantized=True, what="Falcon-H1: attention and Mamba-2 side by side in every layer, muP multipliers"),
-    Family("zamba2", ("zamba2",), ("hybrid",), "edgekv.models.zamba2:read_zamba2", "edgekv.models.zamba2:build_zamba2",
+    Family("zamba2", (Zamba2.model_type,), ("hybrid",), "edgekv.models.zamba2:read_zamba2",
+           "edgekv.models.zamba2:build_zamba2",
            state_dtypes=("fp32", "fp16"), ctx_capped=True, kv_quantized=True,
            what="Zamba2: Mamba-2 layers, shared attention blocks with per-layer LoRA at the hybrid layers"),
-    Family("qwen3_5", ("qwen3_5_text", "qwen3_5"), ("hybrid",), "edgekv.models.qwen3_5:read_qwen3_5",
+    Family("qwen3_5", (Qwen3_5Text.model_type, Qwen3_5.model_type), ("hybrid",),
+           "edgekv.models.qwen3_5:read_qwen3_5",
            "edgekv.models.qwen3_5:build_qwen3_5", what="Qwen3.5: Gated DeltaNet + gated full attention",
            state_dtypes=("fp32", "fp16", "bf16"), ctx_capped=True, kv_quantized=True),
 )

@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from ..arch import Cfg
+from ..arch import model_types
 from ..errors import EdgekvError
 from ..strategies import StateLayout
 from .attention import Attention
@@ -115,8 +116,8 @@ def _multipliers(cfg: dict, key: str, n: int, where: str) -> list[float]:
 def falcon_h1_args(cfg: dict, arch, where: str = "config.json") -> FalconH1Args:
     """FalconH1Config's fields and defaults; the attention and Mamba shapes as the planner's reader read them.
     What this module does not run is refused in one line: another activation or RoPE type."""
-    if cfg.get("model_type") != "falcon_h1":
-        raise EdgekvError(f"{where}: model_type {cfg.get('model_type')!r} is not falcon_h1")
+    if cfg.get("model_type") != model_types.FalconH1.model_type:
+        raise EdgekvError(f"{where}: model_type {cfg.get('model_type')!r} is not {model_types.FalconH1.model_type}")
     c = Cfg(cfg, where)
     if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
         raise EdgekvError(f"{where}: hidden_act {cfg['hidden_act']!r} is not supported by the falcon-h1 export "

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..arch import Cfg
+from ..arch import model_types
 from ..errors import EdgekvError
 from ..strategies import StateLayout
 from .base import DecoderShell
@@ -97,8 +98,9 @@ class GraniteHybridArgs:
 def granite_args(cfg: dict, arch, where: str = "config.json") -> GraniteHybridArgs:
     """GraniteMoeHybridConfig's fields and defaults; the layer kinds and Mamba shapes as the planner's reader read
     them. MoE configs (num_local_experts > 0) are refused in one line: this module runs the dense configs."""
-    if cfg.get("model_type") != "granitemoehybrid":
-        raise EdgekvError(f"{where}: model_type {cfg.get('model_type')!r} is not granitemoehybrid")
+    if cfg.get("model_type") != model_types.GraniteMoeHybrid.model_type:
+        raise EdgekvError(f"{where}: model_type {cfg.get('model_type')!r} is not "
+                          f"{model_types.GraniteMoeHybrid.model_type}")
     c = Cfg(cfg, where)
     if c.int("num_local_experts", default=8) > 0:
         raise EdgekvError(f"{where}: num_local_experts {cfg.get('num_local_experts', 8)}: the granite export module "

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ..arch import Cfg
+from ..arch import model_types
 from ..errors import EdgekvError
 from ..strategies import StateLayout
 from .base import DecoderShell, load_strict, read_source, state_dtype
@@ -71,8 +72,8 @@ class JambaArgs:
 
 def jamba_args(cfg: dict, where: str = "config.json") -> JambaArgs:
     """JambaConfig's fields and defaults (layers_block_type and layers_num_experts are derived, as there)."""
-    if cfg.get("model_type") != "jamba":
-        raise EdgekvError(f"{where}: model_type {cfg.get('model_type')!r} is not jamba")
+    if cfg.get("model_type") != model_types.Jamba.model_type:
+        raise EdgekvError(f"{where}: model_type {cfg.get('model_type')!r} is not {model_types.Jamba.model_type}")
     if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
         raise EdgekvError(f"{where}: hidden_act {cfg['hidden_act']!r} is not supported (silu)")
     need = Cfg(cfg, where).int  # a required non-negative integer, one line naming it if missing

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from ..arch import Cfg
+from ..arch import model_types
 from ..errors import EdgekvError
 from ..strategies import StateLayout
 from .base import DecoderShell
@@ -74,8 +75,8 @@ class Lfm2Args:
 
 def lfm2_args(cfg: dict, arch, where: str = "config.json") -> Lfm2Args:
     """Lfm2Config's fields and defaults; the layer kinds and MLP width as the planner's reader derived them."""
-    if cfg.get("model_type") != "lfm2":
-        raise EdgekvError(f"{where}: model_type {cfg.get('model_type')!r} is not lfm2")
+    if cfg.get("model_type") != model_types.Lfm2.model_type:
+        raise EdgekvError(f"{where}: model_type {cfg.get('model_type')!r} is not {model_types.Lfm2.model_type}")
     c = Cfg(cfg, where)
     rope = dict(cfg.get("rope_parameters") or {})
     rope.update(cfg.get("rope_scaling") or {})

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from ..arch import Cfg
+from ..arch.model_types import SSM_LAYERS, Mamba, model_type
 from ..errors import EdgekvError
 from ..quant import dequantize, quantize
 from ..strategies import StateLayout
@@ -48,8 +49,10 @@ from .ssm import GatedRMSNorm, Mamba1Mixer, Mamba2Mixer, MambaArgs, check_ssm_la
 
 def args_from_hf_config(cfg: dict, where: str = "config.json") -> MambaArgs:
     mt = cfg.get("model_type")
-    if mt not in ("mamba", "mamba2"):
-        raise EdgekvError(f"{where}: model_type {mt!r} is not a mamba model (mamba, mamba2)")
+    decl = model_type(mt)
+    if decl is None or not issubclass(decl, Mamba):
+        names = ", ".join(t.model_type for t in SSM_LAYERS.values())
+        raise EdgekvError(f"{where}: model_type {mt!r} is not a mamba model ({names})")
     if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
         raise EdgekvError(f"{where}: hidden_act {cfg['hidden_act']!r} is not supported (Mamba uses silu)")
 
@@ -59,10 +62,10 @@ def args_from_hf_config(cfg: dict, where: str = "config.json") -> MambaArgs:
     common = dict(vocab=need("vocab_size"), hidden=hidden, n_layers=need("num_hidden_layers"),
                   eps=float(cfg.get("layer_norm_epsilon", 1e-5)), conv_bias=bool(cfg.get("use_conv_bias", True)),
                   proj_bias=bool(cfg.get("use_bias", False)), model_type=mt)
-    if mt == "mamba":  # MambaConfig: intermediate_size = expand * hidden, time_step_rank "auto" = ceil(hidden / 16)
+    if not decl.heads:  # MambaConfig: intermediate_size = expand * hidden, time_step_rank "auto" = ceil(hidden / 16)
         rank = cfg.get("time_step_rank", "auto")
         return MambaArgs(version=1, d_inner=int(cfg.get("intermediate_size") or cfg.get("expand", 2) * hidden),
-                         d_state=int(cfg.get("state_size", 16)), d_conv=int(cfg.get("conv_kernel", 4)),
+                         d_state=int(cfg.get("state_size", decl.state_size)), d_conv=int(cfg.get("conv_kernel", 4)),
                          dt_rank=math.ceil(hidden / 16) if rank == "auto" else int(rank),
                          tied=bool(cfg.get("tie_word_embeddings", True)), **common)
     heads, hd = need("num_heads"), int(cfg.get("head_dim", 64))
@@ -71,7 +74,7 @@ def args_from_hf_config(cfg: dict, where: str = "config.json") -> MambaArgs:
     groups = int(cfg.get("n_groups", 8))
     if heads % groups:
         raise EdgekvError(f"{where}: num_heads {heads} is not a multiple of n_groups {groups}")
-    return MambaArgs(version=2, d_inner=heads * hd, d_state=int(cfg.get("state_size", 128)),
+    return MambaArgs(version=2, d_inner=heads * hd, d_state=int(cfg.get("state_size", decl.state_size)),
                      d_conv=int(cfg.get("conv_kernel", 4)), n_heads=heads, head_dim=hd, n_groups=groups,
                      dt_limit=tuple(float(v) for v in cfg.get("time_step_limit", (0.0, math.inf))),
                      tied=bool(cfg.get("tie_word_embeddings", False)), **common)

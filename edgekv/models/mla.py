@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from ..arch import Cfg
+from ..arch import model_types
 from ..errors import EdgekvError
 from ..strategies import StateLayout
 from .base import STATE_DTYPES, DecoderShell, load_strict, read_source
@@ -151,8 +152,9 @@ def rope_params(cfg: dict) -> dict:
 
 
 def deepseek_args(cfg: dict, where: str = "config.json") -> DeepseekArgs:
-    if cfg.get("model_type") != "deepseek_v2":
-        raise EdgekvError(f"{where}: model_type {cfg.get('model_type')!r} has no MLA module (deepseek_v2)")
+    if cfg.get("model_type") != model_types.DeepseekV2.model_type:
+        raise EdgekvError(f"{where}: model_type {cfg.get('model_type')!r} has no MLA module "
+                          f"({model_types.DeepseekV2.model_type})")
     if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
         raise EdgekvError(f"{where}: hidden_act {cfg['hidden_act']!r} is not supported (SwiGLU/silu)")
 

@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..arch import Cfg
+from ..arch.model_types import model_type
 from ..errors import EdgekvError
 from ..strategies import StateLayout
 from .attention import Attention
@@ -104,8 +105,9 @@ class Qwen35Args:
 def text_config(cfg: dict) -> dict:
     """The Qwen3_5TextConfig fields of a config.json: itself (qwen3_5_text) or the text_config of a qwen3_5 wrapper
     (tie_word_embeddings falls back to the wrapper's)."""
-    if cfg.get("model_type") == "qwen3_5" and isinstance(cfg.get("text_config"), dict):
-        return {"tie_word_embeddings": cfg.get("tie_word_embeddings"), **cfg["text_config"]}
+    wrapper = model_type(cfg.get("model_type"))
+    if wrapper is not None and wrapper.text_model and isinstance(cfg.get("text_config"), dict):
+        return {**{f: cfg.get(f) for f in wrapper.wrapper_fields}, **cfg["text_config"]}
     return cfg
 
 

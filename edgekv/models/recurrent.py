@@ -62,6 +62,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..arch import Cfg
+from ..arch import model_types
 from ..errors import EdgekvError
 from ..quant import dequantize, quantize
 from ..strategies import StateLayout
@@ -211,8 +212,8 @@ class RwkvArgs:
 
 
 def rwkv_args(cfg: dict, where: str = "config.json") -> RwkvArgs:
-    if cfg.get("model_type") != "rwkv":
-        raise EdgekvError(f"{where}: model_type {cfg.get('model_type')!r} is not rwkv")
+    if cfg.get("model_type") != model_types.Rwkv.model_type:
+        raise EdgekvError(f"{where}: model_type {cfg.get('model_type')!r} is not {model_types.Rwkv.model_type}")
     need = Cfg(cfg, where).int  # a required non-negative integer, one line naming it if missing
     hidden = need("hidden_size")
     att = int(cfg.get("attention_hidden_size") or hidden)

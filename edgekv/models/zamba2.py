@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..arch import Cfg
+from ..arch import model_types
 from ..errors import EdgekvError
 from ..strategies import StateLayout
 from .attention import Attention
@@ -113,8 +114,8 @@ def zamba2_args(cfg: dict, arch, where: str = "config.json") -> Zamba2Args:
     """Zamba2Config's fields and defaults; the layer kinds and shapes as the planner's reader read them. What this
     module does not run is refused in one line: another activation or RoPE type, use_long_context, attention
     adapters on a GQA block (transformers cannot add them either)."""
-    if cfg.get("model_type") != "zamba2":
-        raise EdgekvError(f"{where}: model_type {cfg.get('model_type')!r} is not zamba2")
+    if cfg.get("model_type") != model_types.Zamba2.model_type:
+        raise EdgekvError(f"{where}: model_type {cfg.get('model_type')!r} is not {model_types.Zamba2.model_type}")
     c = Cfg(cfg, where)
     act = cfg.get("hidden_act", "gelu")
     if act not in ACTS:

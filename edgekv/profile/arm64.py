@@ -40,7 +40,7 @@ import threading
 from pathlib import Path
 
 from ..errors import EdgekvError
-from .qemu_rss import guest_base, parse_maps, parse_smaps, split_rss  # noqa: F401 (re-exported)
+from .qemu_rss import split_rss
 
 ARCHES = ("host", "arm64")
 # under emulation a run is 10-50x slower than on the host: a short prompt and few steps by default

@@ -160,7 +160,8 @@ def build_report(folder: Path, out: str | None, device_name: str, gpu_name: str,
     `edgekv profile --out` JSON, its path or already read; None: profile now."""
     from ..devices import load_device
     from ..export.manifest import load_export
-    from ..plan import deployment, plan_one, serve
+    from ..plan import deployment, plan_one
+    from ..serving import serve
     from ..quality import measured
     from ..strategies import parse_strategy
     from ..units import fmt_mem, fmt_sig, parse_ctx

@@ -80,7 +80,8 @@ def prefill_chunk(manifest: dict, runtime: str) -> int:
     """Tokens per prefill call the child really makes: the .pte's most tokens per call (its `forward` method's
     max_tokens, or its `prefill` method's fixed length), or the call size the export recorded for ORT (OrtStepper
     uses it; an older manifest without one: Stepper.max_chunk)."""
-    from ..export.runtime import Stepper, entry, pte_calls, recorded_chunk
+    from ..export.pte_stepper import pte_calls
+    from ..export.stepper import Stepper, entry, recorded_chunk
     if runtime == "executorch":
         return pte_calls(manifest)[3]
     if runtime == "executorch-runner":  # calls of up to get_max_seq_len tokens, as the runner prefills
@@ -92,7 +93,7 @@ def prefill_chunk(manifest: dict, runtime: str) -> int:
 
 def weight_precision(manifest: dict) -> str:
     """The planner's name (fp32, fp16, int8, int4) for the weights the export stored (manifest weights.dtype)."""
-    from ..export.pipeline import WEIGHT_DTYPES
+    from ..export.options import WEIGHT_DTYPES
     stored = manifest["weights"]["dtype"]
     return next((k for k, v in WEIGHT_DTYPES.items() if v == stored), "fp32")
 
@@ -130,7 +131,7 @@ def predicted(manifest: dict, runtime: str | None = None) -> dict:
 
 
 def entry_points(manifest: dict, runtime: str) -> list:
-    from ..export.runtime import entry
+    from ..export.stepper import entry
     return entry(manifest, FORMAT[runtime])["entry_points"]
 
 
