@@ -110,7 +110,7 @@ def lowering_side_by_side(model: str, ctx: int, repeats: int = 1, variants: tupl
             "load_avg_end": [round(v, 2) for v in os.getloadavg()]}
 
 
-# py-spy's frames (`function (file:line)`) that mark what a sample was doing: a sample counts once per row whose any
+# py-spy's frames (`Class.function (file:line)`, the file's path from its package's root) that mark what a sample was doing: a sample counts once per row whose any
 # pattern one of its frames contains (a "A / B" row: both A's and B's)
 PROFILE_ROWS = {
     "export (edgekv export, whole)": ("export_model (edgekv/export/pipeline.py",),
@@ -122,11 +122,10 @@ PROFILE_ROWS = {
     "verify-pte": ("_verify (edgekv/export/pipeline.py",),
     "run_decompositions (to_edge)": ("run_decompositions (",),
     "edge-dialect program (_generate_edge_program)": ("_generate_edge_program (",),
-    "partitioner (partition)": ("partition (executorch/exir/backend/canonical_partitioners",
-                                "partition (executorch/backends/xnnpack/partition"),
+    "partitioner (partition)": ("XnnpackPartitioner.partition (",),
     "partition submodules (create_submodule_from_nodes)": ("create_submodule_from_nodes (",),
-    "XNNPACK preprocess (per partition)": ("preprocess (executorch/backends/xnnpack/xnnpack_preprocess.py",),
-    "XNNPACK passes (XNNPACKPassManager)": ("transform (executorch/backends/xnnpack/_passes/__init__.py",),
+    "XNNPACK preprocess (per partition)": ("XnnpackBackend.preprocess (",),
+    "XNNPACK passes (XNNPACKPassManager)": ("XNNPACKPassManager.transform (",),
     "to_executorch (memory planning, emit)": ("to_executorch (",),
     "serialize (flatbuffer, the file's bytes)": ("serialize_pte_binary (", "_program_json_to_flatbuffer (",
                                                  "write_bytes ("),
@@ -153,9 +152,8 @@ def summarize_profile(raw: Path) -> dict:
         for name, pats in PROFILE_ROWS.items():
             if any(p in stack for p in pats):
                 rows[name] += n
-        m = re.search(r"(?:call|__call__) \(executorch/backends/xnnpack/_passes/(\w+)\.py", stack) or \
-            re.search(r"(?:call|__call__) \(executorch/exir/passes/(const_prop_pass|memory_format_ops_pass)\.py", stack)
-        if m and "XNNPACKPassManager" not in m.group(1):
+        m = re.search(r"(\w+)\.call \((?:backends/xnnpack/_passes|exir/passes)/", stack)
+        if m and "XNNPACKPassManager.transform (" in stack:
             passes[m.group(1)] = passes.get(m.group(1), 0) + n
     whole = rows["export (edgekv export, whole)"] or total
     return {"samples_total": total, "samples": rows,

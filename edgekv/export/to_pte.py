@@ -139,13 +139,16 @@ def lower_pte(eps: dict, in_place: bool = False, decompose_once: bool = True):
 # none of them is left exactly as it was, but each pass still re-traces the partition with fake tensors and rebuilds
 # its ExportedProgram. XnnpackBackend.preprocess runs all 17 passes on each of a model's partitions (about 2 per
 # layer): these 8 cannot change an LLM's partitions, which hold no convolution, pooling, batch norm, upsampling,
-# padding, PReLU or ReLU (what skipping them saves: benchmarks/pte_export_cost.py --lowering). A pass not listed here
-# always runs.
+# padding, PReLU or ReLU (what skipping them saves: benchmarks/pte_export_cost.py --lowering), and 2 more run only on a
+# partition with an attention's softmax or a concatenation. A pass not listed here always runs.
 XNNPACK_PASS_OPS = {
     "ConvertToUpsampleBilinear2d": ("upsample",), "FuseBatchNormPass": ("batch_norm",),
     "DecomposeBatchNorm": ("batch_norm",), "Conv1dUnsqueezePass": ("convolution",), "PReLUReshapePass": ("prelu",),
     "InsertPadQDQPass": ("constant_pad_nd",), "RemoveGetItemPass": ("max_pool",),
     "FuseActivationPass": ("relu", "hardtanh"),
+    # the attention pattern it fuses (backends/xnnpack/partition/graphs/sdpa.py, torch's math SDPA) has a softmax;
+    # it splits only concatenations (of quantized inputs with more inputs than XNNPACK takes)
+    "ConvertToSDPAPass": ("softmax",), "DecomposeConcatenate": ("cat",),
 }
 
 
