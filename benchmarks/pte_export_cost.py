@@ -41,23 +41,33 @@ def cells(specs: list[str]) -> list[tuple[str, int]]:
     return out
 
 
-def run_cell(model: str, ctx: int, extra: list[str], work: Path) -> dict:
-    from export_cost import measure, with_gb
+def run_cell(model: str, ctx: int, extra: list[str], work: Path, code: Path | None = None) -> dict:
+    """One export; code: another checkout of edgekv whose export runs instead of this one (--before)."""
+    import export_cost
     out = work / f"{Path(model).name}-{ctx}"
     load0 = os.getloadavg()
-    r = with_gb(measure(["-m", model, "--format", "pte", "--max-ctx", str(ctx), "-o", str(out), "--force", "--json",
-                         *extra]))
+    root = export_cost.ROOT
+    export_cost.ROOT = code or root  # measure runs `python -m edgekv.cli` with PYTHONPATH and cwd = ROOT
+    try:
+        r = export_cost.with_gb(export_cost.measure(["-m", model, "--format", "pte", "--max-ctx", str(ctx), "-o",
+                                                     str(out), "--force", "--json", *extra]))
+    finally:
+        export_cost.ROOT = root
     r.pop("timeline", None)
     r["load_avg"] = {"start": [round(x, 2) for x in load0], "end": [round(x, 2) for x in os.getloadavg()]}
     r["pte_bytes"] = (r.get("files") or {}).get("model.pte")
     shutil.rmtree(out, ignore_errors=True)
-    return {"model": model, "max_ctx": ctx, **r}
+    return {"model": model, "max_ctx": ctx, "code": "before" if code else "this checkout", **r}
 
 
-def lowering_side_by_side(model: str, ctx: int, repeats: int = 1) -> dict:
-    """One process: load once, then lower the same traced program with ExecuTorch's full XNNPACK pass list and edge
-    IR checks (as before edgekv trimmed them) and with edgekv's lower_pte, alternately; CPU seconds of each trace +
-    lowering + to_executorch, and the sha256 of each .pte (they must be equal)."""
+LOWERINGS = ("full", "trimmed", "edgekv")
+
+
+def lowering_side_by_side(model: str, ctx: int, repeats: int = 1, variants: tuple = LOWERINGS) -> dict:
+    """One process: load once, then lower the same traced program each way in variants, alternately: `full`
+    ExecuTorch's full XNNPACK pass list and edge IR checks (as before edgekv trimmed them), `trimmed` edgekv's
+    lower_pte with ExecuTorch's three re-decompositions (before _decompose_once), `edgekv` lower_pte as it is; CPU
+    and wall seconds of each trace + lowering + to_executorch, and the sha256 of each .pte (they must be equal)."""
     import hashlib
 
     import torch
@@ -86,15 +96,70 @@ def lowering_side_by_side(model: str, ctx: int, repeats: int = 1) -> dict:
             for method in edge.methods:
                 to_pte.write_state_in_place(edge.exported_program(method))
         return edge
-    rows = {"full": [], "edgekv": []}
+    ways = {"full": full, "trimmed": lambda: to_pte.lower_pte(traced(), x.in_place, decompose_once=False),
+            "edgekv": lambda: to_pte.lower_pte(traced(), x.in_place)}
+    rows = {name: [] for name in variants}
     for _ in range(repeats):
-        for name, lower in (("full", full), ("edgekv", lambda: to_pte.lower_pte(traced(), x.in_place))):
-            t = time.process_time()
-            buf = to_pte.to_buffer(lower(), x.in_place)
-            rows[name].append({"cpu_s": round(time.process_time() - t, 2),
+        for name in variants:
+            t, w, load0 = time.process_time(), time.perf_counter(), os.getloadavg()[0]
+            buf = to_pte.to_buffer(ways[name](), x.in_place)
+            rows[name].append({"cpu_s": round(time.process_time() - t, 2), "wall_s": round(time.perf_counter() - w, 2),
+                               "load_avg_1min": [round(load0, 2), round(os.getloadavg()[0], 2)],
                                "sha256": hashlib.sha256(buf).hexdigest(), "bytes": len(buf)})
+            del buf
     return {"model": model, "max_ctx": ctx, "n_layers": x.args.n_layers, "lowering": rows,
             "load_avg_end": [round(v, 2) for v in os.getloadavg()]}
+
+
+# py-spy's frames (`Class.function (file:line)`, the file's path from its package's root) that mark what a sample was doing: a sample counts once per row whose any
+# pattern one of its frames contains (a "A / B" row: both A's and B's)
+PROFILE_ROWS = {
+    "export (edgekv export, whole)": ("export_model (edgekv/export/pipeline.py",),
+    "load": ("_load (edgekv/export/pipeline.py",),
+    "tokenizer": ("_tokenizer (edgekv/export/pipeline.py",),
+    "trace": ("_trace (edgekv/export/pipeline.py",),
+    "lower-pte": ("lower_pte (", "lower (edgekv/export/et_runner.py"),
+    "serialize-pte (to_executorch, write)": ("to_buffer (",),
+    "verify-pte": ("_verify (edgekv/export/pipeline.py",),
+    "run_decompositions (to_edge)": ("run_decompositions (",),
+    "edge-dialect program (_generate_edge_program)": ("_generate_edge_program (",),
+    "partitioner (partition)": ("XnnpackPartitioner.partition (",),
+    "partition submodules (create_submodule_from_nodes)": ("create_submodule_from_nodes (",),
+    "XNNPACK preprocess (per partition)": ("XnnpackBackend.preprocess (",),
+    "XNNPACK passes (XNNPACKPassManager)": ("XNNPACKPassManager.transform (",),
+    "to_executorch (memory planning, emit)": ("to_executorch (",),
+    "serialize (flatbuffer, the file's bytes)": ("serialize_pte_binary (", "_program_json_to_flatbuffer (",
+                                                 "write_bytes ("),
+    "any: fake-tensor dispatch": ("torch/_subclasses/fake_tensor.py",),
+    "any: symbolic shapes (sym_node.py, symbolic_shapes.py, sympy)": ("symbolic_shapes.py", "sym_node.py", "sympy/"),
+    "any: GraphModule.recompile": ("recompile (torch/fx/graph_module.py",),
+    "any: verifier (Verifier.check)": ("check (torch/_export/verifier.py",),
+}
+
+
+def summarize_profile(raw: Path) -> dict:
+    """py-spy's `record -f raw` output (one line per distinct stack: frames joined by ;, then the sample count) ->
+    samples per PROFILE_ROWS row and their share of the export's samples, plus the XNNPACK passes' own samples."""
+    import re
+    rows = dict.fromkeys(PROFILE_ROWS, 0)
+    passes: dict[str, int] = {}
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not n.isdigit():
+            continue
+        n = int(n)
+        total += n
+        for name, pats in PROFILE_ROWS.items():
+            if any(p in stack for p in pats):
+                rows[name] += n
+        m = re.search(r"(\w+)\.call \((?:backends/xnnpack/_passes|exir/passes)/", stack)
+        if m and "XNNPACKPassManager.transform (" in stack:
+            passes[m.group(1)] = passes.get(m.group(1), 0) + n
+    whole = rows["export (edgekv export, whole)"] or total
+    return {"samples_total": total, "samples": rows,
+            "share_of_export": {k: round(v / whole, 3) for k, v in rows.items()},
+            "xnnpack_pass_samples": dict(sorted(passes.items(), key=lambda kv: -kv[1]))}
 
 
 def main(argv=None) -> None:
@@ -104,6 +169,12 @@ def main(argv=None) -> None:
     ap.add_argument("--note", default="", help="what differs in this run (stored as `how`)")
     ap.add_argument("--lowering", action="store_true", help="lower each cell's traced program both ways in one "
                     "process (lowering_side_by_side) instead of running exports")
+    ap.add_argument("--variants", default=",".join(LOWERINGS), help="with --lowering: which lowerings, of "
+                    f"{', '.join(LOWERINGS)}")
+    ap.add_argument("--before", type=Path, help="another checkout of edgekv (e.g. `git archive` of the commit before "
+                    "a change): each cell's export runs with it first, then with this one, in the same run")
+    ap.add_argument("--profile", type=Path, help="summarize this py-spy `record -f raw` file of an export "
+                    "(summarize_profile) into --out, and run nothing")
     ap.add_argument("export_args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
     extra = [x for x in a.export_args if x != "--"]
@@ -119,19 +190,26 @@ def main(argv=None) -> None:
         tmp = a.out.with_name(f".{a.out.name}.tmp-{os.getpid()}")
         tmp.write_text(json.dumps(doc, indent=2) + "\n")
         tmp.replace(a.out)
+    if a.profile:
+        doc = {"how": a.note or f"py-spy record -f raw of an export: {a.profile.name}", "date_utc": doc["date_utc"],
+               **summarize_profile(a.profile)}
+        write()
+        return
+    os.environ.setdefault("EDGEKV_PTE_CACHE", "off")  # the lowering is what is measured: no cached .pte
     if a.lowering:
         for model, ctx in cells(a.model):
-            doc["rows"].append(lowering_side_by_side(model, ctx))
+            doc["rows"].append(lowering_side_by_side(model, ctx, variants=tuple(a.variants.split(","))))
             write()
             print(json.dumps(doc["rows"][-1]), flush=True)
         return
     with tempfile.TemporaryDirectory(prefix="pte_export_cost.") as work:
         for model, ctx in cells(a.model):
-            row = run_cell(model, ctx, extra, Path(work))
-            doc["rows"].append(row)
-            write()
-            print(json.dumps({k: row.get(k) for k in ("model", "max_ctx", "returncode", "wall_s", "cpu_s",
-                                                      "peak_rss_gb", "pte_bytes", "timings_s")}), flush=True)
+            for code in ([a.before.resolve()] if a.before else []) + [None]:
+                row = run_cell(model, ctx, extra, Path(work), code)
+                doc["rows"].append(row)
+                write()
+                print(json.dumps({k: row.get(k) for k in ("model", "max_ctx", "code", "returncode", "wall_s", "cpu_s",
+                                                          "peak_rss_gb", "pte_bytes", "timings_s")}), flush=True)
 
 
 if __name__ == "__main__":

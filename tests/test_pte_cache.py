@@ -167,7 +167,63 @@ def test_trimmed_xnnpack_passes_give_the_same_pte_as_executorch_s_full_list():
         {"aten.mul.Tensor", "aten.add.Tensor", "aten.pow.Tensor_Scalar"}
     names = [p for r in ran[:half] for p in r]
     left = [p.__name__ for p in needed_passes([type(n, (), {}) for n in dict.fromkeys(names)], llm)]
-    assert len(dict.fromkeys(names)) - len(left) == 8 and "FuseActivationPass" not in left
+    # 8 passes for ops an LLM does not have, and the two for a softmax (ConvertToSDPAPass) and a concatenation
+    assert len(dict.fromkeys(names)) - len(left) == 10 and "FuseActivationPass" not in left
+    attention = llm | {"aten._softmax.default", "aten.cat.default"}
+    assert {"ConvertToSDPAPass", "DecomposeConcatenate"} <= {
+        p.__name__ for p in needed_passes([type(n, (), {}) for n in dict.fromkeys(names)], attention)}
+
+
+class _Attention(torch.nn.Module):
+    """A causal attention over a dynamic token axis, with a rotate-half concatenation: what an LLM's layer gives
+    ExecuTorch's decompositions (matmul, softmax, cat, the token axis's symbolic sizes)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.qkv, self.out = torch.nn.Linear(8, 24), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).split(8, dim=-1)
+        q = q + torch.cat([-q[..., 4:], q[..., :4]], dim=-1)
+        t = x.shape[1]
+        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        w = (q @ k.transpose(-1, -2) / 8 ** 0.5).masked_fill(~mask, float("-inf")).softmax(-1)
+        return self.out(w @ v)
+
+
+def test_lowering_decomposes_each_program_once_and_gives_executorch_s_bytes():
+    """ExecuTorch 1.5's to_edge_transform_and_lower re-traces a program three times (run_decompositions with an empty
+    table, with the default table less XNNPACK's ops, with the default table: _gen_edge_manager_for_partitioners);
+    lower_pte re-traces it once, and the .pte is byte for byte the one ExecuTorch's own three calls give."""
+    from torch.export import ExportedProgram
+
+    from edgekv.export import to_pte
+    base = ExportedProgram.run_decompositions
+    calls = []
+
+    def counted(self, *a, **k):
+        calls.append(self)
+        return base(self, *a, **k)
+
+    def lowered(once: bool) -> tuple[bytes, int]:
+        ep = torch.export.export(_Attention().eval(), (torch.randn(1, 5, 8),),
+                                 dynamic_shapes=({1: torch.export.Dim("t", min=2, max=64)},))
+        calls.clear()
+        ExportedProgram.run_decompositions = counted
+        try:
+            edge = to_pte.lower_pte({"forward": ep}, decompose_once=once)
+            # the pattern graphs XNNPACK's ConvertToSDPAPass builds once per process are not this program's
+            n = sum(c.graph_signature.user_inputs == ep.graph_signature.user_inputs for c in calls)
+        finally:
+            ExportedProgram.run_decompositions = base
+        return to_pte.to_buffer(edge), n
+
+    executorch_s, n3 = lowered(False)
+    ours, n1 = lowered(True)
+    assert ExportedProgram.run_decompositions is base
+    assert (n3, n1) == (3, 1)
+    assert ours == executorch_s
 
 
 @pytest.mark.slow

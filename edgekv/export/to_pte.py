@@ -16,7 +16,7 @@ no copy of the state per call. ExecuTorch plans the method's other buffers for i
 from __future__ import annotations
 
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from .manifest import ROWS
 
@@ -113,17 +113,21 @@ def _partitioner(guard_state: bool):
     return XnnpackPartitioner(configs=configs)
 
 
-def lower_pte(eps: dict, in_place: bool = False):
+def lower_pte(eps: dict, in_place: bool = False, decompose_once: bool = True):
     """{method: ExportedProgram} -> EdgeProgramManager (inspect it with delegation_summary). in_place: the programs
     were traced with custom_sdpa in every attention layer (edgekv.models.swaps): every state input is written in
-    place."""
+    place. decompose_once=False: ExecuTorch's three re-decompositions as it runs them (_decompose_once; for
+    benchmarks/pte_export_cost.py --lowering)."""
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
     # _check_ir_validity=False: the edge-dialect verifier re-walks every graph after each step (a measurable part of
     # the lowering's CPU time: benchmarks/results/pte_lowering_tiny_llama.json); it checks, it does not change the program (the same .pte bytes either way), and the
     # export's verify-pte stage runs the lowered program against eager torch anyway
-    with _only_needed_xnnpack_passes():
-        edge = to_edge_transform_and_lower(eps, partitioner=[_partitioner(in_place or writes_state(eps))],
+    partitioner = _partitioner(in_place or writes_state(eps))
+    with _only_needed_xnnpack_passes(), (_decompose_once() if decompose_once else nullcontext()):
+        if decompose_once:
+            eps = _decomposed_for(eps, partitioner)
+        edge = to_edge_transform_and_lower(eps, partitioner=[partitioner],
                                            compile_config=EdgeCompileConfig(_check_ir_validity=False))
     if in_place:
         for method in edge.methods:
@@ -135,13 +139,16 @@ def lower_pte(eps: dict, in_place: bool = False):
 # none of them is left exactly as it was, but each pass still re-traces the partition with fake tensors and rebuilds
 # its ExportedProgram. XnnpackBackend.preprocess runs all 17 passes on each of a model's partitions (about 2 per
 # layer): these 8 cannot change an LLM's partitions, which hold no convolution, pooling, batch norm, upsampling,
-# padding, PReLU or ReLU (what skipping them saves: benchmarks/pte_export_cost.py --lowering). A pass not listed here
-# always runs.
+# padding, PReLU or ReLU (what skipping them saves: benchmarks/pte_export_cost.py --lowering), and 2 more run only on a
+# partition with an attention's softmax or a concatenation. A pass not listed here always runs.
 XNNPACK_PASS_OPS = {
     "ConvertToUpsampleBilinear2d": ("upsample",), "FuseBatchNormPass": ("batch_norm",),
     "DecomposeBatchNorm": ("batch_norm",), "Conv1dUnsqueezePass": ("convolution",), "PReLUReshapePass": ("prelu",),
     "InsertPadQDQPass": ("constant_pad_nd",), "RemoveGetItemPass": ("max_pool",),
     "FuseActivationPass": ("relu", "hardtanh"),
+    # the attention pattern it fuses (backends/xnnpack/partition/graphs/sdpa.py, torch's math SDPA) has a softmax;
+    # it splits only concatenations (of quantized inputs with more inputs than XNNPACK takes)
+    "ConvertToSDPAPass": ("softmax",), "DecomposeConcatenate": ("cat",),
 }
 
 
@@ -171,6 +178,80 @@ def _only_needed_xnnpack_passes():
         yield
     finally:
         xp.XNNPACKPassManager = base
+
+
+# ops that a decomposition leaves as they were: tracing their decomposition (the size, stride, ... of a tensor with
+# a symbolic shape) records the same op again, so a graph holding them has nothing left for a table to decompose
+_FIXED_POINTS = ("aten.sym_size.int", "aten.sym_stride.int", "aten.sym_numel.default",
+                 "aten.sym_storage_offset.default")
+
+
+def _nothing_to_decompose(ep, table) -> bool:
+    """Whether no call in ep's graph is an op of table (a decomposition table) but those in _FIXED_POINTS."""
+    import torch
+
+    for n in ep.graph_module.graph.nodes:
+        if n.op != "call_function":
+            continue
+        t = n.target if isinstance(n.target, torch._ops.OpOverload) else getattr(n.target, "_op", n.target)
+        if t in table and str(t) not in _FIXED_POINTS:
+            return False
+    return True
+
+
+def _decomposed_for(eps: dict, partitioner) -> dict:
+    """Each program decomposed, in one re-trace, as to_edge_transform_and_lower's first two run_decompositions leave
+    it for partitioner (ExecuTorch 1.5, _gen_edge_manager_for_partitioners: the default table less the ops the
+    partitioner keeps, as _remove_invalid_ops_for_not_decompose filters them). Decomposing with a table also
+    functionalizes, which is all that its first call, with an empty table, does."""
+    from executorch.exir.program._program import _remove_invalid_ops_for_not_decompose
+    from executorch.exir.tracer import _default_decomposition_table
+
+    out = {}
+    for name, ep in eps.items():
+        keep, check = partitioner.ops_to_not_decompose(ep)
+        table = _default_decomposition_table()
+        for op in (_remove_invalid_ops_for_not_decompose(keep) if check is not None else keep):
+            table.pop(op, None)
+        out[name] = ep.run_decompositions(table)
+    return out
+
+
+@contextmanager
+def _decompose_once():
+    """While lowering: ExportedProgram.run_decompositions returns its program unchanged when that program is already
+    the result of a run_decompositions here and holds no op the table would decompose (_nothing_to_decompose).
+
+    Why: to_edge_transform_and_lower (ExecuTorch 1.5, _gen_edge_manager_for_partitioners, the path of a partitioner
+    with check_op_support such as XNNPACK's) re-traces each program three times with fake tensors: run_decompositions({})
+    to functionalize it, run_decompositions(the default table less the ops XNNPACK keeps), then, after swapping the kept
+    ops it accepts for placeholders, run_decompositions(the default table) for the kept ops it refused. lower_pte
+    makes the first two one call (_decomposed_for), and on a program that is already functional, a table none of whose
+    ops is in the graph changes nothing: an empty table decomposes no operator (torch.export's run_decompositions
+    docstring), and ExecuTorch skips the same call on its other path for the same reason (its "safe to skip when none
+    of those targets occur in the graph"). The .pte bytes are the same (benchmarks/pte_export_cost.py --lowering
+    compares their sha256 with ExecuTorch's own path)."""
+    import weakref
+
+    from torch.export import ExportedProgram
+
+    base = ExportedProgram.run_decompositions
+    done: dict[int, weakref.ref] = {}  # id -> a program that a run_decompositions here returned
+
+    def run_decompositions(self, decomp_table=None, decompose_custom_triton_ops=False):
+        ref = done.get(id(self))
+        if (ref is not None and ref() is self and decomp_table is not None and not decompose_custom_triton_ops
+                and _nothing_to_decompose(self, decomp_table)):
+            return self
+        out = base(self, decomp_table, decompose_custom_triton_ops)
+        done[id(out)] = weakref.ref(out)
+        return out
+
+    ExportedProgram.run_decompositions = run_decompositions
+    try:
+        yield
+    finally:
+        ExportedProgram.run_decompositions = base
 
 
 def write_state_in_place(ep) -> None:
