@@ -30,6 +30,11 @@ each cache type (f16, q8_0, q4_0), 1 thread, the cache filled by a real prefill;
 (by_head_dim) and over both (time = step overhead + layers x ctx x H x D x c). The fill of each context is timed too:
 its attention FLOP over its time is llama.cpp's prefill attention rate per kind and head size (prefill_fits).
 
+--window (onnxruntime): the window strategy's layer, which edgekv's ONNX export keeps on the eager graph (sinks plus
+a rolling fp16 window, no GroupQueryAttention): one decode call of edgekv.models.attention.Attention over a
+RollingCache, lowered as the export lowers a model, at kept keys WIN_SLOTS and both head shapes
+(attention_rates_window.json; each head size's measured curve is what the plan charges that graph).
+
 --prefill (onnxruntime): one GroupQueryAttention call of 128 queries (edgekv's ONNX prefills in calls of 128 tokens)
 at positions ctx - 128 .. ctx - 1, per kind and shape: the prefill's attention FLOP rate per kind and head size
 (prefill_fits, attention_rates_prefill.json).
@@ -532,12 +537,19 @@ def fits_of(rows: list[dict], kinds: list[str]) -> dict:
         dims = sorted({r["head_dim"] for r in rows if r["kind"] == k})
         fits[k]["by_head_dim"] = {str(d): fit_head_dim([r for r in rows if r["kind"] == k and r["head_dim"] == d])
                                   for d in dims}
-        for d in dims:  # the measured curve: each context's time over its keys x H x D (median over repeats)
-            sub = [r for r in rows if r["kind"] == k and r["head_dim"] == d]
-            fits[k]["by_head_dim"][str(d)]["compute_by_kept_keys"] = {
-                str(c): statistics.median(r["median_us"] * 1e-6 / (r.get("layers", 1) * r["ctx"] * r["heads"] * d)
-                                          for r in sub if r["ctx"] == c) for c in sorted({r["ctx"] for r in sub})}
+        for d in dims:
+            fits[k]["by_head_dim"][str(d)]["compute_by_kept_keys"] = per_key_curve(
+                [r for r in rows if r["kind"] == k and r["head_dim"] == d])
     return fits
+
+
+def per_key_curve(rows: list[dict]) -> dict:
+    """One kind's rows at one head size -> {kept keys: seconds per key x H x D}: each context's time over its keys x
+    H x D (median over repeats), the measured curve the plan follows where a linear law does not
+    (edgekv.memory.speed._compute_at)."""
+    return {str(c): statistics.median(r["median_us"] * 1e-6 / (r.get("layers", 1) * r["ctx"] * r["heads"]
+                                                               * r["head_dim"]) for r in rows if r["ctx"] == c)
+            for c in sorted({r["ctx"] for r in rows})}
 
 
 def print_fits(fits: dict) -> None:
@@ -687,8 +699,10 @@ def window_main(a) -> int:
             rows.append(r)
             print(f"window {name:14} kept {n:6}: {r['median_us']:9.1f} us  {r['us_per_position']:.4f} us/position  "
                   f"(load {r['loadavg']})", flush=True)
-    fits = {"eager window fp16": {"by_head_dim": {str(d): fit_head_dim([r for r in rows if r["head_dim"] == d])
-                                                  for d in sorted({r["head_dim"] for r in rows})}}}
+    dims = sorted({r["head_dim"] for r in rows})
+    fits = {"eager window fp16": {**fit_head_dim(rows), "by_head_dim": {
+        str(d): {**fit_head_dim([r for r in rows if r["head_dim"] == d]),
+                 "compute_by_kept_keys": per_key_curve([r for r in rows if r["head_dim"] == d])} for d in dims}}}
     for d, g in fits["eager window fp16"]["by_head_dim"].items():
         print(f"fit window, head size {d}: {g['overhead_s'] * 1e6:.1f} us + {g['compute_s_per_head_dim_position'] * 1e12:.1f} "
               f"ps per head x head size x kept key (worst row {g['max_abs_rel_error']:.0%})")

@@ -53,6 +53,9 @@ NOT_MODELLED = {"genai": "ONNX Runtime GenAI's own graphs: no rate stored",
 # the cache kinds benchmarks/attention_rates.py times per runtime (the rest are fitted here on model rows)
 KERNEL_KINDS = {"onnxruntime": ("fp32", "fp16", "int8c"), "executorch": ("fp32", "fp16", "int8"),
                 "llama.cpp": ("f16", "q8_0", "q4_0")}
+# the eager graphs a kernel benchmark times too (benchmarks/attention_rates.py --window: the window strategy's layer):
+# charged at their stored kernel rows, not fitted on model rows
+KERNEL_EAGER = {"onnxruntime": ("eager fp16",)}
 # runs listed in the table but not fitted to, and why
 NOT_FITTED = {
     "filled_context_8192_int8c.json": "its attention-heavy rows (fp32 and fp16 cache, llama.cpp f16) ran 1.6-2.5x "
@@ -168,11 +171,12 @@ def gguf_matmul_rates() -> dict:
     if not f.exists():
         return {}
     files = json.loads(f.read_text())["files"]
-    models = {}
+    models, paths = {}, {}
     for path in (HERE / "results").glob("filled_context_*.json"):
         s = json.loads(path.read_text())["settings"]
         if s.get("model_path"):
             models[Path(s["model_path"]).name] = s["model"]
+            paths[Path(s["model_path"]).name] = Path(s["model_path"])
     rates = M.attention_rates("llama.cpp", "host", "desktop")["prefill"]
     out = {}
     for name, g in files.items():
@@ -186,6 +190,16 @@ def gguf_matmul_rates() -> dict:
         if "step_cpu_s" in g:  # the decode step less its attention (f16 cache, kernel rate) at step_ctx keys
             t = terms(models[name], "llama.cpp", "kv", g["step_ctx"], g["step_ctx"])
             out[name].update(step_ctx=g["step_ctx"], step_rest_s=g["step_cpu_s"] - t["attention_s"])
+            if paths[name].is_file():  # the file itself: its weight types, and the bytes a step reads from it
+                from edgekv.arch import read_gguf
+                from edgekv.devices import load_device
+                from edgekv.plan import plan_one
+
+                ga = read_gguf(paths[name])
+                read = plan_one(ga, parse_strategy("kv"), load_device("host"), g["step_ctx"], "gguf",
+                                runtime="llama.cpp").deployment.weights["read_per_token"]
+                out[name].update(type_mix=M.gguf_type_mix(ga), weights_read_per_token=read,
+                                 read_bytes_per_s=read / out[name]["step_rest_s"])
     return out
 
 
@@ -219,7 +233,10 @@ def main(argv=None) -> int:
         else:
             r["runtime"], r["spec"], _ = how
             r.update(terms(r["model"], r["runtime"], r["spec"], r["ctx"], prompt))
-            if r["cost"] != "llama.cpp" and not r["fused"] and r["prefill_kind"]:
+            if r["cost"] != "llama.cpp" and not r["fused"] and r["prefill_kind"] and r["kind"] in KERNEL_EAGER.get(
+                    r["cost"], ()):
+                pass  # an eager graph with kernel rows: attention_s at the stored rate, as the plan charges it
+            elif r["cost"] != "llama.cpp" and not r["fused"] and r["prefill_kind"]:
                 r["eager"] = f"eager {r['prefill_kind']}"  # the eager graph: a rate fitted on model rows below
             elif r["cost"] != "llama.cpp" and r["fused"] and r["prefill_kind"] and r["kind"] in (
                     None, r["prefill_kind"]) and r["prefill_kind"] not in KERNEL_KINDS[r["cost"]]:
@@ -288,7 +305,9 @@ def main(argv=None) -> int:
     for name, g in gguf_mm.items():
         print(f"llama.cpp on {name} (a 512-token prefill and the steps after it, less their attention at the kernel "
               f"rates): matmul {g['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s, step outside attention "
-              f"{g.get('step_rest_s', 0) * 1e3:.2f} ms")
+              f"{g.get('step_rest_s', 0) * 1e3:.2f} ms"
+              + (f"; weight types {g['type_mix']}: {g['weights_read_per_token'] / 1e6:.1f} MB read per step, "
+                 f"{g['read_bytes_per_s'] / 1e9:.2f} GB/s" if "type_mix" in g else ""))
     out_rows = []
     print(f"{'set':9} {'model':13} {'row':31} {'ctx':>6} {'file':30} {'dec meas':>8} {'model':>7} {'plan':>7} "
           f"{'error':>6}  {'pre s':>6} {'model':>6} {'error':>6}")
@@ -351,7 +370,10 @@ def main(argv=None) -> int:
     res = {"benchmark": "plan_vs_filled", "speed": "tokens per CPU second of the row's process (1 thread)",
            "weights_rates_bytes_per_s": {k: v["rate"] for k, v in w_rates.items()},
            "weights_rates_per_fit_row": {k: v["per_row"] for k, v in w_rates.items() if v["per_row"]},
-           "fitted_per_key_s": fitted, "prefill": pre_fits, "not_fitted": NOT_FITTED, "tolerance": TOLERANCE, "rows": out_rows}
+           "fitted_per_key_s": fitted, "prefill": pre_fits,
+           "llamacpp_gguf_types": {g["type_mix"]: {"file": n, "matmul_flop_per_s": g["matmul_flop_per_s"],
+                                                   "read_bytes_per_s": g["read_bytes_per_s"]}
+                                   for n, g in gguf_mm.items() if "type_mix" in g}, "not_fitted": NOT_FITTED, "tolerance": TOLERANCE, "rows": out_rows}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = a.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(res, indent=1) + "\n")

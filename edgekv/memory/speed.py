@@ -159,13 +159,22 @@ def attention_rates(runtime: str, device_id: str, device_class: str) -> dict | N
     dev = rt["devices"].get(device_id)
     if dev is not None:
         return {"kinds": dev["kinds"], "scale": (1.0, 1.0), "weights": dev.get("weights", {}),
+                "gguf_types": dev.get("gguf_types", {}),
                 "prefill": dev.get("prefill"), "source": dev["source"], "basis": dev["basis"], "kernel": rt["label"]}
     cls = rt["classes"].get(device_class)
     if cls is None:
         return None
     base = rt["devices"][cls["scaled_from"]]
-    return {"kinds": base["kinds"], "scale": tuple(cls["scale"]), "weights": {}, "prefill": None,
+    return {"kinds": base["kinds"], "scale": tuple(cls["scale"]), "weights": {}, "gguf_types": {}, "prefill": None,
             "source": cls["source"], "basis": cls["basis"], "kernel": rt["label"]}
+
+
+def gguf_type_mix(arch: Arch) -> str | None:
+    """The weight types of a GGUF's matmul rows (its linear tensors), sorted and joined with '+' (SmolLM2's Q4_1 file:
+    'Q4_1'; Gemma 3's Q4_K_M: 'Q4_K+Q5_0+Q6_K+Q8_0'): llama.cpp runs each type's own kernels, so the rate its
+    matmuls and weight reads run at is a property of this mix, not of a bit width. None: not read from a GGUF."""
+    types = sorted({w.gguf_type for w in arch.weights if w.gguf_type and w.cls == "linear"})
+    return "+".join(types) or None
 
 
 def cache_kind(strategy: Strategy, layout: StateLayout, runtime: str = "onnxruntime") -> str | None:
