@@ -84,6 +84,7 @@ def measured_rows() -> list[dict]:
                 out.append({"model": model, "file": f.name, "vm": d["machine"].get("platform", ""),
                              "started_utc": d["started_utc"],
                              "gguf": Path(d["settings"].get("model_path") or "").name,
+                             "gguf_path": d["settings"].get("model_path"),
                             "bandwidth_gb_s": round(max(float(b["best_bytes_s"]) for b in d.get("bandwidth", {})
                                                         .values()) / 1e9, 1) if d.get("bandwidth") else None, **r})
     return out
@@ -201,6 +202,18 @@ def gguf_matmul_rates() -> dict:
                 out[name].update(type_mix=M.gguf_type_mix(ga), weights_read_per_token=read,
                                  read_bytes_per_s=read / out[name]["step_rest_s"])
     return out
+
+
+def plan_on_gguf(r: dict) -> float:
+    """`edgekv plan -m <the row's GGUF> --runtime llama.cpp` at the row's context: the plan reading the file itself
+    (its weights in their own types, charged at the rates measured on that type mix where stored)."""
+    from edgekv.arch import read_gguf
+    from edgekv.devices import load_device
+    from edgekv.plan import plan_one
+    from edgekv.strategies import parse_strategy
+
+    return plan_one(read_gguf(r["gguf_path"]), parse_strategy(r["spec"]), load_device("host"), r["ctx"], "gguf",
+                    runtime="llama.cpp").decode.value
 
 
 def prefill_pred(r: dict, p: dict) -> float | None:
@@ -345,6 +358,8 @@ def main(argv=None) -> int:
             if prof:
                 ms = json.loads((HERE / "results" / prof).read_text())["rows"][0]["ms_per_step"]
                 o["profiled"] = {"file": prof, "tok_s": round(1e3 / ms, 2), "error": round(pred * ms / 1e3 - 1, 3)}
+            if r["cost"] == "llama.cpp" and r.get("gguf_path") and Path(r["gguf_path"]).is_file():
+                o["plan_gguf_tok_s"] = round(plan_on_gguf(r), 2)  # `edgekv plan -m <the row's GGUF>`
             o.update(runtime=r["runtime"], cache=r["cache"], predicted_tok_s=round(pred, 2),
                      plan_tok_s=round(r["plan_tok_s"], 2), error=round(err, 3), within_25=abs(err) <= TOLERANCE,
                      weights_bytes=r["weights_bytes"], attention_ms=round(r["model_attention_s"] * 1e3, 3),
