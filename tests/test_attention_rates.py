@@ -300,7 +300,7 @@ def test_gemma3_fp16_cache_follows_the_measured_kernel_curve_by_hand():
     assert grow == pytest.approx(3 * (g[32768] - g[16384]), rel=0.01)
 
 
-def test_gemma3_window_graph_at_its_kernel_rows_by_hand():
+def test_window_graph_at_its_kernel_rows_by_hand():
     """Gemma-3-270M under the window strategy (W 4096 + 4 sinks) on ONNX Runtime at a filled 16k: its 15 sliding
     layers keep 512 keys, its 3 global ones 4100, all on the eager graph that benchmarks/attention_rates.py --window
     times (benchmarks/results/attention_rates_window.json: one call at 516 and at 4100 kept keys, 4 x 1 x 256 heads).
@@ -314,6 +314,14 @@ def test_gemma3_window_graph_at_its_kernel_rows_by_hand():
     window = 15 * w[516] * 512 / 516 + 3 * w[4100]  # below its first measured count: that row's cost per key
     int8c = 18 * HOST["int8c"]["overhead_s"] + (3 * 16384 + 15 * 512) * per_key_s("int8c", 4, 1, 256, 1)
     assert t_win - t_c == pytest.approx(window - int8c, rel=0.01)
+    # SmolLM2-135M at a filled 8k: all 30 layers keep 4100 keys on that graph at 9 x 3 x 64 heads (the row at 4100),
+    # against kv-int8c's 30 x 8192 keys
+    w = {r["ctx"]: r["median_us"] * 1e-6 for r in _kernel_rows("attention_rates_window.json") if r["head_dim"] == 64}
+    args = ("--device", "host", "-m", "smollm2-135m", "--runtime", "onnxruntime", "--weights", "int4", "--ctx", "8192")
+    t_win = 1 / plan(*args, "--strategy", "window")["decode_tokens_per_s"]
+    t_c = 1 / plan(*args, "--strategy", "kv-int8c")["decode_tokens_per_s"]
+    int8c = 30 * (HOST["int8c"]["overhead_s"] + 8192 * per_key_s("int8c", 9, 3, 64, 1))
+    assert t_win - t_c == pytest.approx(30 * w[4100] - int8c, rel=0.01)
 
 
 def _smollm2_gguf() -> str:
