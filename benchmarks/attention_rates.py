@@ -30,6 +30,11 @@ each cache type (f16, q8_0, q4_0), 1 thread, the cache filled by a real prefill;
 (by_head_dim) and over both (time = step overhead + layers x ctx x H x D x c). The fill of each context is timed too:
 its attention FLOP over its time is llama.cpp's prefill attention rate per kind and head size (prefill_fits).
 
+--window (onnxruntime): the window strategy's layer, which edgekv's ONNX export keeps on the eager graph (sinks plus
+a rolling fp16 window, no GroupQueryAttention): one decode call of edgekv.models.attention.Attention over a
+RollingCache, lowered as the export lowers a model, at kept keys WIN_SLOTS and both head shapes
+(attention_rates_window.json; each head size's measured curve is what the plan charges that graph).
+
 --prefill (onnxruntime): one GroupQueryAttention call of 128 queries (edgekv's ONNX prefills in calls of 128 tokens)
 at positions ctx - 128 .. ctx - 1, per kind and shape: the prefill's attention FLOP rate per kind and head size
 (prefill_fits, attention_rates_prefill.json).
@@ -55,6 +60,10 @@ KINDS = {"fp32": (np.float32, 4), "fp16": (np.float16, 2), "int8c": (np.int8, 1)
 # ExecuTorch: the cache kinds edgekv's .pte attends through custom_sdpa (bytes per value, for the fit's read term);
 # kv-int8c's .pte attends through the eager graph (KvInt8Channel.fused_attention), not this op
 ET_KINDS = {"fp32": 4, "fp16": 2, "int8": 1}
+# the window strategy's pinned first positions (edgekv.strategies: window's default sinks)
+WIN_SINKS = 4
+# the window graph's kept keys timed by --window: Gemma 3's native 512 (+ sinks) up to twice the default W
+WIN_SLOTS = (516, 1028, 2052, 4100, 8196)
 
 
 def graph(h: int, hkv: int, d: int, kind: str) -> bytes:
@@ -145,6 +154,83 @@ def time_call(ort, h: int, hkv: int, d: int, kind: str, ctx: int, runs: int, chu
     return {"ctx": ctx, "kind": kind, "heads": h, "kv_heads": hkv, "head_dim": d, "median_us": round(med * 1e6, 1),
             "wall_median_us": round(statistics.median(ts) * 1e6, 1), "best_us": round(min(cpu) * 1e6, 1), "caches": n, "cache_bytes": cache_bytes,
             "cache_read_gb_s": round(cache_bytes / med / 1e9, 2), "us_per_position": round(med * 1e6 / ctx, 4)}
+
+
+def win_program(h: int, hkv: int, d: int, slots: int) -> bytes:
+    """The ONNX graph of one decode call of the window strategy's layer as edgekv's ONNX export emits it (no
+    GroupQueryAttention: the eager edgekv.models.attention.Attention over a RollingCache of `slots` = sinks + W fp16
+    slots: the q/k/v projections, RoPE, the plan's write / keep / mask, the call's row blended into the cache, the
+    cache read back in fp32 with the call's own row appended, two bmm and the softmax, o_proj), lowered by
+    torch.onnx.export(dynamo=True) as edgekv.export.to_onnx lowers a model."""
+    import contextlib
+    import io
+    from types import SimpleNamespace
+
+    import torch
+    from torch import nn
+
+    from edgekv.models.attention import Attention, Call
+    from edgekv.models.cache import KVFormat, RollingCache
+    from edgekv.strategies import FloatStorage
+
+    sinks = WIN_SINKS
+    cfg = SimpleNamespace(n_heads=h, n_kv_heads=hkv, head_dim=d, hidden=h * d, qkv_bias=False, o_bias=False,
+                          attn_scale=None, qk_norm=None, rms_eps=1e-6, norm_offset=0.0)
+
+    class Step(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = Attention(cfg)
+            self.attn.cache = RollingCache(sinks, slots - sinks, slots - sinks, sinks, None)
+            self.attn.fmt = KVFormat(FloatStorage("fp16"))
+
+        def forward(self, x, cos, sin, pos, k, v):
+            out, ks, vs = self.attn(x, cos, sin, (k,), (v,), Call(pos, 1, h // hkv))
+            return out, ks[0], vs[0]
+
+    torch.manual_seed(0)
+    args = (torch.randn(1, 1, h * d), torch.randn(1, 1, d), torch.randn(1, 1, d), torch.tensor([4 * slots]),
+            torch.randn(1, hkv, slots, d).half(), torch.randn(1, hkv, slots, d).half())
+    with torch.no_grad():
+        ep = torch.export.export(Step().eval(), args, strict=False)
+        with contextlib.redirect_stdout(io.StringIO()):
+            prog = torch.onnx.export(ep, (), input_names=["x", "cos", "sin", "pos", "k", "v"],
+                                     output_names=["o", "nk", "nv"], dynamo=True, external_data=False, optimize=True,
+                                     verbose=False)
+    return prog.model_proto.SerializeToString()
+
+
+def win_time_call(h: int, hkv: int, d: int, slots: int, runs: int) -> dict:
+    """time_call's figures for the window strategy's eager graph (win_program) at `slots` kept keys, ONNX Runtime
+    on 1 thread; each call's new cache goes to its own output buffers (an eager layer's outputs are computed from
+    its inputs and are not bound to them: edgekv.models.swaps), inputs cycled so each call reads a cold cache."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = so.inter_op_num_threads = 1
+    sess = ort.InferenceSession(win_program(h, hkv, d, slots), so, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    cache_bytes = 2 * hkv * slots * d * 2
+    n = min(max(2, -(-COLD_BYTES // cache_bytes)), 30)
+    sets = [{"x": rng.standard_normal((1, 1, h * d)).astype(np.float32),
+             "cos": np.ones((1, 1, d), np.float32), "sin": np.zeros((1, 1, d), np.float32),
+             "pos": np.array([4 * slots], np.int64),
+             "k": rng.standard_normal((1, hkv, slots, d)).astype(np.float16),
+             "v": rng.standard_normal((1, hkv, slots, d)).astype(np.float16)} for _ in range(n)]
+    for f in sets:
+        sess.run(None, f)  # warm-up
+    ts, cpu = [], []
+    for _ in range(runs):
+        for f in sets:
+            t0, c0 = time.perf_counter(), time.process_time()
+            sess.run(None, f)
+            cpu.append(time.process_time() - c0)
+            ts.append(time.perf_counter() - t0)
+    med = statistics.median(cpu)
+    return {"ctx": slots, "kind": "eager window fp16", "heads": h, "kv_heads": hkv, "head_dim": d,
+            "median_us": round(med * 1e6, 1), "wall_median_us": round(statistics.median(ts) * 1e6, 1),
+            "best_us": round(min(cpu) * 1e6, 1), "caches": n, "cache_bytes": cache_bytes,
+            "cache_read_gb_s": round(cache_bytes / med / 1e9, 2), "us_per_position": round(med * 1e6 / slots, 4)}
 
 
 def et_program(h: int, hkv: int, d: int, kind: str, ctx: int) -> bytes:
@@ -451,7 +537,19 @@ def fits_of(rows: list[dict], kinds: list[str]) -> dict:
         dims = sorted({r["head_dim"] for r in rows if r["kind"] == k})
         fits[k]["by_head_dim"] = {str(d): fit_head_dim([r for r in rows if r["kind"] == k and r["head_dim"] == d])
                                   for d in dims}
+        for d in dims:
+            fits[k]["by_head_dim"][str(d)]["compute_by_kept_keys"] = per_key_curve(
+                [r for r in rows if r["kind"] == k and r["head_dim"] == d])
     return fits
+
+
+def per_key_curve(rows: list[dict]) -> dict:
+    """One kind's rows at one head size -> {kept keys: seconds per key x H x D}: each context's time over its keys x
+    H x D (median over repeats), the measured curve the plan follows where a linear law does not
+    (edgekv.memory.speed._compute_at)."""
+    return {str(c): statistics.median(r["median_us"] * 1e-6 / (r.get("layers", 1) * r["ctx"] * r["heads"]
+                                                               * r["head_dim"]) for r in rows if r["ctx"] == c)
+            for c in sorted({r["ctx"] for r in rows})}
 
 
 def print_fits(fits: dict) -> None:
@@ -477,6 +575,8 @@ def main(argv=None) -> int:
                          "results/llamacpp_gguf_prefill.json")
     ap.add_argument("--prefill", action="store_true", help="onnxruntime: time prefill calls of 128 queries instead "
                     "(attention_rates_prefill.json); llama.cpp's prefill rates come from its fills")
+    ap.add_argument("--window", action="store_true", help="onnxruntime: time the window strategy's eager graph "
+                    "(win_program) at kept keys WIN_SLOTS instead (attention_rates_window.json)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--refit", type=Path, help="fit the rows of this results JSON again (no timing)")
     a = ap.parse_args(argv)
@@ -510,6 +610,8 @@ def main(argv=None) -> int:
         os.replace(tmp, dest)
         print(f"wrote {dest}")
         return 0
+    if a.window:
+        return window_main(a)
     et, lc = a.runtime == "executorch", a.runtime == "llamacpp"
     kinds = (a.kinds or ",".join(ET_KINDS if et else LC_KINDS if lc else KINDS)).split(",")
     out_path = a.out or Path(__file__).parent / "results" / ("attention_rates_executorch.json" if et else
@@ -580,6 +682,42 @@ def main(argv=None) -> int:
     tmp.write_text(json.dumps(out, indent=1) + "\n")
     os.replace(tmp, out_path)
     print(f"wrote {out_path}")
+    return 0
+
+
+def window_main(a) -> int:
+    """--window: the window strategy's eager graph at each head shape and kept-key count (sinks + W), fitted per
+    head size as fit_head_dim fits a kernel (overhead + kept keys x H x D x c)."""
+    import onnxruntime as ort
+
+    t0 = time.time()
+    rows = []
+    slots = [int(c) for c in a.ctx.split(",")] if a.ctx else WIN_SLOTS
+    for name, (h, hkv, d) in SHAPES.items():
+        for n in slots:
+            r = {"shape": name, **win_time_call(h, hkv, d, n, a.runs), "loadavg": round(os.getloadavg()[0], 2)}
+            rows.append(r)
+            print(f"window {name:14} kept {n:6}: {r['median_us']:9.1f} us  {r['us_per_position']:.4f} us/position  "
+                  f"(load {r['loadavg']})", flush=True)
+    dims = sorted({r["head_dim"] for r in rows})
+    fits = {"eager window fp16": {**fit_head_dim(rows), "by_head_dim": {
+        str(d): {**fit_head_dim([r for r in rows if r["head_dim"] == d]),
+                 "compute_by_kept_keys": per_key_curve([r for r in rows if r["head_dim"] == d])} for d in dims}}}
+    for d, g in fits["eager window fp16"]["by_head_dim"].items():
+        print(f"fit window, head size {d}: {g['overhead_s'] * 1e6:.1f} us + {g['compute_s_per_head_dim_position'] * 1e12:.1f} "
+              f"ps per head x head size x kept key (worst row {g['max_abs_rel_error']:.0%})")
+    out = {"benchmark": "attention_rates", "runtime": "onnxruntime", "graph": "window strategy, eager (win_program)",
+           "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)), "onnxruntime": ort.__version__,
+           "machine": platform.processor() or platform.machine(), "platform": platform.platform(),
+           "loadavg": list(os.getloadavg()), "threads": 1, "runs": a.runs,
+           "what": "one decode call of the window strategy's eager attention layer (fp16 rolling cache of sinks + W "
+                   "slots, projections included) as edgekv's ONNX export lowers it, 1 thread, process CPU time",
+           "rows": rows, "fits": fits, "seconds": round(time.time() - t0, 1)}
+    dest = a.out or Path(__file__).parent / "results" / "attention_rates_window.json"
+    tmp = dest.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out, indent=1) + "\n")
+    os.replace(tmp, dest)
+    print(f"wrote {dest}")
     return 0
 
 

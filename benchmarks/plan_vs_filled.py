@@ -26,11 +26,12 @@ tests/test_attention_rates.py checks that they agree); `edgekv plan --device hos
 ONNX graphs, a .pte's eager attention, GGUF-carried weights, GenAI, ExecuTorch's own Llama export) are listed with
 the reason they are not modelled.
 
-    python benchmarks/plan_vs_filled.py [--out benchmarks/results/plan_vs_filled.json]
+    python benchmarks/plan_vs_filled.py [--ggufs] [--out benchmarks/results/plan_vs_filled.json]
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -53,6 +54,9 @@ NOT_MODELLED = {"genai": "ONNX Runtime GenAI's own graphs: no rate stored",
 # the cache kinds benchmarks/attention_rates.py times per runtime (the rest are fitted here on model rows)
 KERNEL_KINDS = {"onnxruntime": ("fp32", "fp16", "int8c"), "executorch": ("fp32", "fp16", "int8"),
                 "llama.cpp": ("f16", "q8_0", "q4_0")}
+# the eager graphs a kernel benchmark times too (benchmarks/attention_rates.py --window: the window strategy's layer):
+# charged at their stored kernel rows, not fitted on model rows
+KERNEL_EAGER = {"onnxruntime": ("eager fp16",)}
 # runs listed in the table but not fitted to, and why
 NOT_FITTED = {
     "filled_context_8192_int8c.json": "its attention-heavy rows (fp32 and fp16 cache, llama.cpp f16) ran 1.6-2.5x "
@@ -81,6 +85,7 @@ def measured_rows() -> list[dict]:
                 out.append({"model": model, "file": f.name, "vm": d["machine"].get("platform", ""),
                              "started_utc": d["started_utc"],
                              "gguf": Path(d["settings"].get("model_path") or "").name,
+                             "gguf_path": d["settings"].get("model_path"),
                             "bandwidth_gb_s": round(max(float(b["best_bytes_s"]) for b in d.get("bandwidth", {})
                                                         .values()) / 1e9, 1) if d.get("bandwidth") else None, **r})
     return out
@@ -153,7 +158,15 @@ def fit_prefill(rows: list[dict]) -> dict:
             "attention_flop_per_s": {k: (1 / c if c > 0 else None) for k, c in zip(kinds, coef[1:])}}
 
 
-def gguf_matmul_rates() -> dict:
+@functools.lru_cache(maxsize=None)
+def _read_gguf(path: str):
+    """edgekv.arch.read_gguf, once per file (reading a real GGUF's tensor table takes seconds)."""
+    from edgekv.arch import read_gguf
+
+    return read_gguf(path)
+
+
+def gguf_matmul_rates(read_files: bool = False) -> dict:
     """llama.cpp's matmul rate per GGUF file: results/llamacpp_gguf_prefill.json's 512-token prefill (benchmarks/
     attention_rates.py --runtime llamacpp --gguf-prefill) less its attention at the kernel's f16 prefill rate, over
     the matmul and logits FLOP of 512 tokens (memory.prefill_parts, one chunk: llama.cpp computes the last token's
@@ -168,11 +181,12 @@ def gguf_matmul_rates() -> dict:
     if not f.exists():
         return {}
     files = json.loads(f.read_text())["files"]
-    models = {}
+    models, paths = {}, {}
     for path in (HERE / "results").glob("filled_context_*.json"):
         s = json.loads(path.read_text())["settings"]
         if s.get("model_path"):
             models[Path(s["model_path"]).name] = s["model"]
+            paths[Path(s["model_path"]).name] = Path(s["model_path"])
     rates = M.attention_rates("llama.cpp", "host", "desktop")["prefill"]
     out = {}
     for name, g in files.items():
@@ -186,7 +200,27 @@ def gguf_matmul_rates() -> dict:
         if "step_cpu_s" in g:  # the decode step less its attention (f16 cache, kernel rate) at step_ctx keys
             t = terms(models[name], "llama.cpp", "kv", g["step_ctx"], g["step_ctx"])
             out[name].update(step_ctx=g["step_ctx"], step_rest_s=g["step_cpu_s"] - t["attention_s"])
+            if read_files and paths[name].is_file():  # the file itself: its weight types, the bytes a step reads
+                from edgekv.devices import load_device
+                from edgekv.plan import plan_one
+
+                ga = _read_gguf(str(paths[name]))
+                read = plan_one(ga, parse_strategy("kv"), load_device("host"), g["step_ctx"], "gguf",
+                                runtime="llama.cpp").deployment.weights["read_per_token"]
+                out[name].update(type_mix=M.gguf_type_mix(ga), weights_read_per_token=read,
+                                 read_bytes_per_s=read / out[name]["step_rest_s"])
     return out
+
+
+def plan_on_gguf(r: dict) -> float:
+    """`edgekv plan -m <the row's GGUF> --runtime llama.cpp` at the row's context: the plan reading the file itself
+    (its weights in their own types, charged at the rates measured on that type mix where stored)."""
+    from edgekv.devices import load_device
+    from edgekv.plan import plan_one
+    from edgekv.strategies import parse_strategy
+
+    return plan_one(_read_gguf(r["gguf_path"]), parse_strategy(r["spec"]), load_device("host"), r["ctx"], "gguf",
+                    runtime="llama.cpp").decode.value
 
 
 def prefill_pred(r: dict, p: dict) -> float | None:
@@ -200,6 +234,10 @@ def prefill_pred(r: dict, p: dict) -> float | None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=HERE / "results" / "plan_vs_filled.json")
+    ap.add_argument("--ggufs", action="store_true",
+                    help="read the rows' GGUF files where present: each file's weight type mix and its weights read "
+                         "rate (llamacpp_gguf_types, what edgekv/costs/attention_rates.json stores per mix), and "
+                         "`edgekv plan -m <the row's GGUF>` beside each llama.cpp row (plan_gguf_tok_s)")
     a = ap.parse_args(argv)
     rows = []
     for r in measured_rows():
@@ -219,7 +257,10 @@ def main(argv=None) -> int:
         else:
             r["runtime"], r["spec"], _ = how
             r.update(terms(r["model"], r["runtime"], r["spec"], r["ctx"], prompt))
-            if r["cost"] != "llama.cpp" and not r["fused"] and r["prefill_kind"]:
+            if r["cost"] != "llama.cpp" and not r["fused"] and r["prefill_kind"] and r["kind"] in KERNEL_EAGER.get(
+                    r["cost"], ()):
+                pass  # an eager graph with kernel rows: attention_s at the stored rate, as the plan charges it
+            elif r["cost"] != "llama.cpp" and not r["fused"] and r["prefill_kind"]:
                 r["eager"] = f"eager {r['prefill_kind']}"  # the eager graph: a rate fitted on model rows below
             elif r["cost"] != "llama.cpp" and r["fused"] and r["prefill_kind"] and r["kind"] in (
                     None, r["prefill_kind"]) and r["prefill_kind"] not in KERNEL_KINDS[r["cost"]]:
@@ -284,11 +325,13 @@ def main(argv=None) -> int:
             print(f"{cost} prefill: matmul {p['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s, attention "
                   + ", ".join(f"{k} {v / 1e9:.1f}" if v else f"{k} -" for k, v in p["attention_flop_per_s"].items())
                   + " GFLOP/s")
-    gguf_mm = gguf_matmul_rates()
+    gguf_mm = gguf_matmul_rates(a.ggufs)
     for name, g in gguf_mm.items():
         print(f"llama.cpp on {name} (a 512-token prefill and the steps after it, less their attention at the kernel "
               f"rates): matmul {g['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s, step outside attention "
-              f"{g.get('step_rest_s', 0) * 1e3:.2f} ms")
+              f"{g.get('step_rest_s', 0) * 1e3:.2f} ms"
+              + (f"; weight types {g['type_mix']}: {g['weights_read_per_token'] / 1e6:.1f} MB read per step, "
+                 f"{g['read_bytes_per_s'] / 1e9:.2f} GB/s" if "type_mix" in g else ""))
     out_rows = []
     print(f"{'set':9} {'model':13} {'row':31} {'ctx':>6} {'file':30} {'dec meas':>8} {'model':>7} {'plan':>7} "
           f"{'error':>6}  {'pre s':>6} {'model':>6} {'error':>6}")
@@ -326,6 +369,8 @@ def main(argv=None) -> int:
             if prof:
                 ms = json.loads((HERE / "results" / prof).read_text())["rows"][0]["ms_per_step"]
                 o["profiled"] = {"file": prof, "tok_s": round(1e3 / ms, 2), "error": round(pred * ms / 1e3 - 1, 3)}
+            if a.ggufs and r["cost"] == "llama.cpp" and r.get("gguf_path") and Path(r["gguf_path"]).is_file():
+                o["plan_gguf_tok_s"] = round(plan_on_gguf(r), 2)  # `edgekv plan -m <the row's GGUF>`
             o.update(runtime=r["runtime"], cache=r["cache"], predicted_tok_s=round(pred, 2),
                      plan_tok_s=round(r["plan_tok_s"], 2), error=round(err, 3), within_25=abs(err) <= TOLERANCE,
                      weights_bytes=r["weights_bytes"], attention_ms=round(r["model_attention_s"] * 1e3, 3),
@@ -351,7 +396,10 @@ def main(argv=None) -> int:
     res = {"benchmark": "plan_vs_filled", "speed": "tokens per CPU second of the row's process (1 thread)",
            "weights_rates_bytes_per_s": {k: v["rate"] for k, v in w_rates.items()},
            "weights_rates_per_fit_row": {k: v["per_row"] for k, v in w_rates.items() if v["per_row"]},
-           "fitted_per_key_s": fitted, "prefill": pre_fits, "not_fitted": NOT_FITTED, "tolerance": TOLERANCE, "rows": out_rows}
+           "fitted_per_key_s": fitted, "prefill": pre_fits,
+           "llamacpp_gguf_types": {g["type_mix"]: {"file": n, "matmul_flop_per_s": g["matmul_flop_per_s"],
+                                                   "read_bytes_per_s": g["read_bytes_per_s"]}
+                                   for n, g in gguf_mm.items() if "type_mix" in g}, "not_fitted": NOT_FITTED, "tolerance": TOLERANCE, "rows": out_rows}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = a.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(res, indent=1) + "\n")

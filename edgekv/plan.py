@@ -169,6 +169,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     dec_range = attn_terms = None
     rates = M.attention_rates(rt, device.id, device.device_class)
     kind = M.attention_kind(arch, dep.layout, strategy, rt, rates)
+    gguf_rate, gguf_how = _gguf_rates(arch, weights, rates)
     if kind:
         # the runtime's attention kernel (GroupQueryAttention, custom_sdpa, llama.cpp's flash attention) reads the
         # cache at its own rate, far below the memory bandwidth: the roofline keeps the weights, the attention is
@@ -176,11 +177,11 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
         kernel = rates["kinds"][kind].get("kernel", rates["kernel"])
         attn_s, attn_f = M.attention_seconds(arch, dep.layout, kind, rates["kinds"], kernel)
         lin = fl.value - M.attention_flops(arch, dep.layout)
-        w_rate = rates["weights"].get(dep.weight_precision, {}).get("read_bytes_per_s")
+        w_rate = (gguf_rate or rates["weights"].get(dep.weight_precision, {})).get("read_bytes_per_s")
         dec, attn_terms = M.decode_with_attention(dep.weights["read_per_token"], lin, attn_s, rates["scale"],
                                                   device.bandwidth, device.decode_efficiency, device.flops,
                                                   device.prefill_efficiency, w_rate)
-        dec.formula = f"{attn_f}; {dec.formula} ({rates['basis']}: {rates['source']})"
+        dec.formula = f"{attn_f}; {dec.formula} ({rates['basis']}: {rates['source']})" + gguf_how
         attn_terms["formula"] = attn_f.split(" = ", 1)[1].rsplit(" = ", 1)[0]
         attn_terms["kernel"] = kernel
         dec_range = attn_terms["tok_s"] if attn_terms["tok_s"][0] != attn_terms["tok_s"][1] else None
@@ -188,11 +189,14 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     pre = M.prefill_seconds(pf.value, dep.weights["total"], ctx, min(chunk, ctx), device.bandwidth,
                             device.decode_efficiency, device.flops, device.prefill_efficiency)
     pre.formula = pf.formula + "; " + pre.formula
-    fitted = M.prefill_at_rates(arch, strategy, dep.layout, rt, ctx, min(chunk, ctx), rates["prefill"]) \
-        if rates and rates.get("prefill") else None
+    pre_rates = rates and rates.get("prefill")
+    if pre_rates and gguf_rate:  # llama.cpp's matmuls at the rate measured on this GGUF's weight types
+        pre_rates = {**pre_rates, "matmul_flop_per_s": gguf_rate["matmul_flop_per_s"]}
+    fitted = M.prefill_at_rates(arch, strategy, dep.layout, rt, ctx, min(chunk, ctx), pre_rates) \
+        if pre_rates else None
     pre_fitted = fitted.formula if fitted else None
     if fitted:  # the runtime's prefill rates measured on this device (benchmarks/plan_vs_filled.py)
-        fitted.formula = f"{pf.formula}; {fitted.formula} ({rates['prefill']['source']})"
+        fitted.formula = f"{pf.formula}; {fitted.formula} ({rates['prefill']['source']})" + gguf_how
         pre = fitted
     converted = strategy.converts_to_latent and "mla" not in arch.kinds
     q = past_trained(quality(arch.name, strategy, ctx, strategy.is_native(arch), converted, arch.family),
@@ -220,6 +224,22 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     if device.is_datacenter:
         row.serving = serve(device, arch, dep)
     return row
+
+
+def _gguf_rates(arch: Arch, weights: str, rates: dict | None) -> tuple[dict | None, str]:
+    """A model read from a GGUF and planned with its own weights, on a runtime whose rates are stored per GGUF weight
+    type mix (llama.cpp: edgekv/costs/attention_rates.json gguf_types): the rates measured on that mix ({
+    "read_bytes_per_s", "matmul_flop_per_s"}) and the sentence --explain adds; where no rate was measured for this
+    mix, None and the assumption the default rates make."""
+    if weights != "gguf" or not rates or not rates.get("gguf_types"):
+        return None, ""
+    mix = M.gguf_type_mix(arch)
+    r = rates["gguf_types"].get(mix)
+    if r:
+        return r, f"; this GGUF's weight types {mix}: weights and matmuls at the rates measured on them ({r['source']})"
+    return None, (f"; no rate measured on this GGUF's weight types ({mix or 'none named'}; measured: "
+                  f"{', '.join(rates['gguf_types'])}): its weights and matmuls charged at the default rates, an "
+                  f"assumption (llama.cpp's kernels run each type at its own rate)")
 
 
 def device_deployment(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, weights: str, name: str,

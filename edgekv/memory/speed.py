@@ -159,13 +159,22 @@ def attention_rates(runtime: str, device_id: str, device_class: str) -> dict | N
     dev = rt["devices"].get(device_id)
     if dev is not None:
         return {"kinds": dev["kinds"], "scale": (1.0, 1.0), "weights": dev.get("weights", {}),
+                "gguf_types": dev.get("gguf_types", {}),
                 "prefill": dev.get("prefill"), "source": dev["source"], "basis": dev["basis"], "kernel": rt["label"]}
     cls = rt["classes"].get(device_class)
     if cls is None:
         return None
     base = rt["devices"][cls["scaled_from"]]
-    return {"kinds": base["kinds"], "scale": tuple(cls["scale"]), "weights": {}, "prefill": None,
+    return {"kinds": base["kinds"], "scale": tuple(cls["scale"]), "weights": {}, "gguf_types": {}, "prefill": None,
             "source": cls["source"], "basis": cls["basis"], "kernel": rt["label"]}
+
+
+def gguf_type_mix(arch: Arch) -> str | None:
+    """The weight types of a GGUF's matmul rows (its linear tensors), sorted and joined with '+' (SmolLM2's Q4_1 file:
+    'Q4_1'; Gemma 3's Q4_K_M: 'Q4_K+Q5_0+Q6_K+Q8_0'): llama.cpp runs each type's own kernels, so the rate its
+    matmuls and weight reads run at is a property of this mix, not of a bit width. None: not read from a GGUF."""
+    types = sorted({w.gguf_type for w in arch.weights if w.gguf_type and w.cls == "linear"})
+    return "+".join(types) or None
 
 
 def cache_kind(strategy: Strategy, layout: StateLayout, runtime: str = "onnxruntime") -> str | None:
@@ -261,18 +270,36 @@ def attention_kind(arch: Arch, layout: StateLayout, strategy: Strategy, runtime:
     return kind if kind in rates["kinds"] else None
 
 
+def _compute_at(r: dict, keys: int) -> float:
+    """A kind's per key x head x head size cost at this many kept keys: where the kernel's rows at that head size do
+    not follow a linear law (compute_by_kept_keys: each measured row's time over its keys x H x D), the measured
+    curve, linear between two measured key counts and held at the nearest end outside them; else the constant."""
+    by = r.get("compute_by_kept_keys")
+    if not by:
+        return r["compute_s_per_head_dim_position"]
+    pts = sorted((int(k), v) for k, v in by.items())
+    if keys <= pts[0][0]:
+        return pts[0][1]
+    for (k0, c0), (k1, c1) in zip(pts, pts[1:]):
+        if keys <= k1:
+            return c0 + (keys - k0) / (k1 - k0) * (c1 - c0)
+    return pts[-1][1]
+
+
 def attention_seconds(arch: Arch, layout: StateLayout, kind: str, rates: dict, kernel: str = "GroupQueryAttention"
                       ) -> tuple[float, str]:
     """Seconds of one decode step's attention at the device's measured kernel rate (scale 1), summed over the
     layers: overhead + T * (2 * Hkv * D * bytes / read_rate + H * D * c_compute), T the layer's kept keys; a kind's
-    fit for the layer's own head size where one is stored (by_head_dim), else its fit over the measured shapes."""
+    fit for the layer's own head size where one is stored (by_head_dim; its measured curve where the kernel slows
+    faster than linearly: _compute_at), else its fit over the measured shapes."""
     kept = {t.layer: t.shape[2] for t in layout.tensors if t.role == "key"}
     total, groups = 0.0, {}
     for i, b in enumerate(arch.blocks):
         for m in b.mixers:
             if isinstance(m, Attention) and i in kept:
                 r = rates[kind].get("by_head_dim", {}).get(str(m.head_dim), rates[kind])
-                rate, comp, over = r["read_bytes_per_s"], r["compute_s_per_head_dim_position"], r["overhead_s"]
+                rate, over = r["read_bytes_per_s"], r["overhead_s"]
+                comp = _compute_at(r, kept[i])
                 per_pos = (2 * m.n_kv_heads * m.head_dim * _KIND_BYTES[kind.split()[-1]] / rate if rate else 0.0) \
                     + m.n_heads * m.head_dim * comp
                 total += over + kept[i] * per_pos
