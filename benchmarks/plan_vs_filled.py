@@ -63,7 +63,13 @@ NOT_FITTED = {
 # Gemma-3-270M's edgekv ONNX rows measured before edgekv's export put its sliding layers on GroupQueryAttention's
 # window-sized cache (commit 48159e8, 2026-12-05 00:51 UTC; the window_gqa runs measured that export before it was
 # committed): another graph than the one the planner plans (memory.fused_gqa takes native windows), not compared
-SUPERSEDED_BEFORE = ("gemma-3-270m", "edgekv-ort:", "2026-12-05T00:23")
+# (model, row-name prefixes, measured before, why); the .pte's kv-int8 / kv-int8c rows measured before its attention
+# read their codes in place with custom_quantized_sdpa (kv-int8: dequantize_per_token then custom_sdpa; kv-int8c:
+# the eager graph) are another graph too
+SUPERSEDED = [("gemma-3-270m", ("edgekv-ort:",), "2026-12-05T00:23",
+               "superseded export: measured before edgekv's ONNX put Gemma 3's sliding layers on GroupQueryAttention"),
+              (None, ("edgekv-pte:kv-int8/", "edgekv-pte:kv-int8c/"), "2026-12-05T14:50",
+               "superseded export: measured before the .pte read int8 codes in place (custom_quantized_sdpa)")]
 # another measurement of the same export at the same fill, where one exists: benchmarks/profile_ort.py's step time
 # (1 thread), printed beside a row the filled-context run may have measured on a busier or slower VM
 PROFILED = {("smollm2-135m", "edgekv-ort:kv:dtype=fp32/int4", 8192): "profile_ort_kv_fp32_8192.json",
@@ -173,9 +179,9 @@ def main(argv=None) -> int:
         pf = r.get("prefill_tok_per_cpu_s") or r.get("prefill_tok_s")
         r["prefill_s"] = prompt / pf if pf else None
         how = parse(r["name"])
-        m, fam, before = SUPERSEDED_BEFORE
-        if r["model"] == m and r["name"].startswith(fam) and r["started_utc"] < before:
-            how = "superseded export: measured before edgekv's ONNX put Gemma 3's sliding layers on GroupQueryAttention"
+        for m, fams, before, why in SUPERSEDED:
+            if m in (None, r["model"]) and r["name"].startswith(fams) and r["started_utc"] < before:
+                how = why
         if isinstance(how, str):
             r["why_not"] = how
         else:

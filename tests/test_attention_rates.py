@@ -132,7 +132,8 @@ def slope(runtime: str, strategy: str) -> float:
 @pytest.mark.parametrize("runtime,cost,strategy,kind,nbytes", [
     ("executorch", "executorch", "kv:dtype=fp32", "fp32", 4),  # edgekv's .pte: custom_sdpa on the cache itself
     ("executorch", "executorch", "kv", "fp16", 2),  # the fp16 rows read back as fp32 first
-    ("executorch", "executorch", "kv-int8", "int8", 1),  # dequantize_per_token, then custom_sdpa
+    ("executorch", "executorch", "kv-int8", "int8", 1),  # custom_quantized_sdpa on the codes in place
+    ("executorch", "executorch", "kv-int8c", "int8c", 1),  # the same, static scales folded around it
     ("llama.cpp", "llama.cpp", "kv", "f16", 2),  # llama.cpp's flash attention over an f16 cache
     ("llama.cpp", "llama.cpp", "kv-int8", "q8_0", 34 / 32),
     ("onnxruntime", "onnxruntime", "kv-int8", "eager int8", 1),  # no GroupQueryAttention: the eager graph's rate
