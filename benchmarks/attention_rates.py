@@ -44,7 +44,7 @@ COLD_BYTES = 256 << 20
 KINDS = {"fp32": (np.float32, 4), "fp16": (np.float16, 2), "int8c": (np.int8, 1)}  # cache dtype, bytes per value
 # ExecuTorch: the cache kinds edgekv's .pte attends through custom_sdpa or custom_quantized_sdpa (bytes per value,
 # for the fit's read term)
-ET_KINDS = {"fp32": 4, "fp16": 2, "int8": 1, "int8c": 1, "int8-readback": 1}
+ET_KINDS = {"fp32": 4, "fp16": 2, "int8": 1, "int8c": 1}
 
 
 def graph(h: int, hkv: int, d: int, kind: str) -> bytes:
@@ -161,15 +161,6 @@ def et_program(h: int, hkv: int, d: int, kind: str, ctx: int) -> bytes:
             elif kind == "fp16":
                 k, v = put(k, row.half()), put(v, row.half())
                 kc, vc = (s[:, :, :n].float().view(hkv, n, 1, d) for s in (k, v))
-            elif kind == "int8-readback":  # for comparison: the rows dequantized to fp32, then custom_sdpa (the
-                # .pte's kv-int8 read before custom_quantized_sdpa, and the way ExecuTorch's kernels stand on x86)
-                codes = (row * 20).round().clamp(-127, 127).to(torch.int8)
-                k, v = put(k, codes), put(v, codes)
-                ks, vs = (put(s, torch.ones(1, hkv, 1, 1, dtype=torch.float16)) for s in scales)
-                zero = torch.zeros(1, hkv, n, 1, dtype=torch.int64)
-                kc, vc = (torch.ops.quantized_decomposed.dequantize_per_token(
-                    c[:, :, :n], sc[:, :, :n].float(), zero, -128, 127, torch.int8, torch.float32
-                ).view(hkv, n, 1, d) for c, sc in ((k, ks), (v, vs)))
             else:  # int8 codes read in place by custom_quantized_sdpa, the query quantized per token
                 codes = (row * 20).round().clamp(-127, 127).to(torch.int8)
                 k, v = put(k, codes), put(v, codes)
@@ -197,14 +188,13 @@ def et_inputs(h: int, hkv: int, d: int, kind: str, ctx: int, rng) -> tuple:
 
     q = torch.from_numpy(rng.standard_normal((hkv, 1, h // hkv, d)).astype(np.float32))
     pos = torch.tensor([ctx - 1])
-    if kind.startswith("int8"):
+    if kind in ("int8", "int8c"):
         k, v = (torch.from_numpy(rng.integers(-127, 128, (1, hkv, ctx, d), dtype=np.int8)) for _ in range(2))
     else:
         dt = np.float32 if kind == "fp32" else np.float16
         k, v = (torch.from_numpy(rng.standard_normal((1, hkv, ctx, d)).astype(dt)) for _ in range(2))
-    if kind in ("int8", "int8-readback"):  # the state's per-token fp16 scales [1, Hkv, T] ([..., 1] for the read-back)
-        shape = (1, hkv, ctx) + ((1,) if kind == "int8-readback" else ())
-        scales = tuple(torch.full(shape, 0.02, dtype=torch.float16) for _ in range(2))
+    if kind == "int8":  # the state's per-token fp16 scales [1, Hkv, T]
+        scales = tuple(torch.full((1, hkv, ctx), 0.02, dtype=torch.float16) for _ in range(2))
     else:  # a float cache; kv-int8c's scales are constants of the program (et_program)
         scales = ()
     return (q, pos, k, v, *scales)
@@ -224,7 +214,7 @@ def et_time_call(h: int, hkv: int, d: int, kind: str, ctx: int, runs: int) -> di
     with quiet_native_stderr():
         portable_lib._unsafe_reset_threadpool(1)
         mod = portable_lib._load_for_executorch_from_buffer(buf)
-    cache_bytes = 2 * hkv * ctx * d * ET_KINDS[kind] + (2 * hkv * ctx * 2 if kind in ("int8", "int8-readback") else 0)
+    cache_bytes = 2 * hkv * ctx * d * ET_KINDS[kind] + (2 * hkv * ctx * 2 if kind == "int8" else 0)
     n = min(max(2, -(-COLD_BYTES // cache_bytes)), 30)  # as time_call: each layer's cache read cold
     rng = np.random.default_rng(0)
     sets = [et_inputs(h, hkv, d, kind, ctx, rng) for _ in range(n)]
@@ -308,8 +298,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runtime", choices=("onnxruntime", "executorch"), default="onnxruntime")
     ap.add_argument("--ctx", default="1024,2048,4096,8192,16384,32768")
     ap.add_argument("--runs", type=int, default=7)
-    ap.add_argument("--kinds", help="cache kinds (onnxruntime: fp32,fp16,int8c; executorch: fp32,fp16,int8,int8c, "
-                    "and int8-readback: kv-int8 dequantized to fp32 rows for custom_sdpa, for comparison)")
+    ap.add_argument("--kinds", help="cache kinds (onnxruntime: fp32,fp16,int8c; executorch: fp32,fp16,int8,int8c)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--refit", type=Path, help="fit the rows of this results JSON again (no timing)")
     a = ap.parse_args(argv)
@@ -324,7 +313,7 @@ def main(argv=None) -> int:
         print(f"wrote {dest}")
         return 0
     et = a.runtime == "executorch"
-    kinds = (a.kinds or ",".join([k for k in ET_KINDS if k != "int8-readback"] if et else KINDS)).split(",")
+    kinds = (a.kinds or ",".join(ET_KINDS if et else KINDS)).split(",")
     out_path = a.out or Path(__file__).parent / "results" / ("attention_rates_executorch.json" if et
                                                              else "attention_rates.json")
     if et:
