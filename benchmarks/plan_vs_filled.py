@@ -59,6 +59,9 @@ NOT_FITTED = {
     "slower than every other measurement of the same rows (filled_context_8192, _etllama_kvq, _etllama_side, "
     "_etpeer_edgekv, profile_ort_kv_fp32_8192) while its kv-int8c row agrees with them: a run on a slower memory "
     "path, not the host's typical rate",
+    "filled_context_2048_pte_int8_inplace.json": "one row (the .pte's kv-int8 read in place by custom_quantized_sdpa) "
+    "run alone at a load average of 6-12, without the fp32 row beside it: a check of the plan's int8 kernel rate, "
+    "not a weights-rate measurement",
 }
 # Gemma-3-270M's edgekv ONNX rows measured before edgekv's export put its sliding layers on GroupQueryAttention's
 # window-sized cache (commit 48159e8, 2026-12-05 00:51 UTC; the window_gqa runs measured that export before it was
