@@ -18,10 +18,11 @@ cache dtype for a float cache, fp32 for int8 codes.
 --runtime executorch: the same for edgekv's .pte (edgekv.models.swaps.SdpaAttention), one small program per cache
 kind, shape and context, lowered as edgekv export lowers a model (edgekv.export.to_pte: XNNPACK, state inputs
 unplanned and written in place) and run by ExecuTorch's runtime (portable_lib) on 1 thread: the call's row written
-into the cache with index_put_, the cache read back as custom_sdpa takes it ([Hkv, T, 1, D]: a fp32 cache as a view,
-a fp16 cache cast to fp32 rows 0..pos, and a per-token int8 cache (kv-int8) through
-quantized_decomposed::dequantize_per_token), then
-llama::custom_sdpa over slots 0..pos. The read-back is part of what a layer costs there, so it is in the time.
+into the cache with index_put_, then llama::custom_sdpa over slots 0..pos on the cache as it takes it ([Hkv, T, 1, D]:
+a fp32 cache as a view, a fp16 cache cast to fp32 rows 0..pos), or llama::custom_quantized_sdpa on int8 codes in place
+(kv-int8: the per-token fp16 scales cast to fp32; kv-int8c: the static per-channel scales folded into the query and
+the output), the query quantized to int8 per token. The read-back (or the query's quantization) is part of what a
+layer costs there, so it is in the time.
 
 --runtime llamacpp: llama.cpp (llama-cpp-python, `make bench-deps`) has no single attention op to call from Python,
 so it times a decode step of a random-weight f16 GGUF of one layer at each head shape (lc_gguf: a 512-token
@@ -57,9 +58,9 @@ import numpy as np  # noqa: E402
 SHAPES = {"smollm2-135m": (9, 3, 64), "gemma-3-270m": (4, 1, 256)}  # heads, kv heads, head_dim (config.json)
 COLD_BYTES = 256 << 20
 KINDS = {"fp32": (np.float32, 4), "fp16": (np.float16, 2), "int8c": (np.int8, 1)}  # cache dtype, bytes per value
-# ExecuTorch: the cache kinds edgekv's .pte attends through custom_sdpa (bytes per value, for the fit's read term);
-# kv-int8c's .pte attends through the eager graph (KvInt8Channel.fused_attention), not this op
-ET_KINDS = {"fp32": 4, "fp16": 2, "int8": 1}
+# ExecuTorch: the cache kinds edgekv's .pte attends through custom_sdpa or custom_quantized_sdpa (bytes per value,
+# for the fit's read term)
+ET_KINDS = {"fp32": 4, "fp16": 2, "int8": 1, "int8c": 1}
 # the window strategy's pinned first positions (edgekv.strategies: window's default sinks)
 WIN_SINKS = 4
 # the window graph's kept keys timed by --window: Gemma 3's native 512 (+ sinks) up to twice the default W
@@ -242,7 +243,14 @@ def et_program(h: int, hkv: int, d: int, kind: str, ctx: int) -> bytes:
     from edgekv.export.to_pte import lower_pte, to_buffer
 
     class Step(nn.Module):
+        def __init__(self):
+            super().__init__()
+            if kind == "int8c":  # the graph's constant per-channel scales [Hkv, D] (keys, values)
+                self.register_buffer("static", torch.full((2, hkv, d), 0.02))
+
         def forward(self, q, pos, k, v, *scales):
+            if kind == "int8c":
+                scales = (self.static[0], self.static[1])
             start = pos[0].item()
             torch._check(start >= 0)
             torch._check(start + 1 <= ctx)
@@ -258,16 +266,23 @@ def et_program(h: int, hkv: int, d: int, kind: str, ctx: int) -> bytes:
             elif kind == "fp16":
                 k, v = put(k, row.half()), put(v, row.half())
                 kc, vc = (s[:, :, :n].float().view(hkv, n, 1, d) for s in (k, v))
-            else:  # int8 codes with a scale per token and head (fp16 state), zero points 0
+            else:  # int8 codes read in place by custom_quantized_sdpa, the query quantized per token
                 codes = (row * 20).round().clamp(-127, 127).to(torch.int8)
                 k, v = put(k, codes), put(v, codes)
-                ks, vs = (put(s, torch.ones(1, hkv, 1, 1, dtype=torch.float16)) for s in scales)
-                zero = torch.zeros(1, hkv, n, 1, dtype=torch.int64)
-                kc, vc = (torch.ops.quantized_decomposed.dequantize_per_token(
-                    c[:, :, :n], sc[:, :, :n].float(), zero, -128, 127, torch.int8, torch.float32).view(hkv, n, 1, d)
-                    for c, sc in ((k, ks), (v, vs)))
-            return torch.ops.llama.custom_sdpa(q, kc, vc, start, None, 0.0, True, d ** -0.5)
-
+                zero = torch.zeros(hkv, ctx, 1, 1, dtype=torch.int8)
+                if kind == "int8":  # kv-int8: fp16 scale per token and head, cast to fp32 for the op
+                    ks, vs = (put(s, torch.ones(1, hkv, 1, dtype=torch.float16)) for s in scales)
+                    k_scale, v_scale = (s.float().view(hkv, ctx, 1, 1) for s in (ks, vs))
+                    qf = q
+                else:  # kv-int8c: static per-channel scales folded into q and the output, unit scales for the op
+                    k_scale = v_scale = torch.ones(hkv, ctx, 1, 1)
+                    qf = q * scales[0].view(hkv, 1, 1, d)
+                qs, qz = torch.ops.quantized_decomposed.choose_qparams_per_token_asymmetric(qf, torch.int8)
+                qq = torch.ops.quantized_decomposed.quantize_per_token(qf, qs, qz, -128, 127, torch.int8)
+                out = torch.ops.llama.custom_quantized_sdpa(
+                    qq, k.view(hkv, ctx, 1, d), v.view(hkv, ctx, 1, d), start, None, 0.0, True, d ** -0.5,
+                    qz.to(torch.int8), qs.to(torch.float32), zero, k_scale, zero, v_scale)
+                return out * scales[1].view(hkv, 1, 1, d) if kind == "int8c" else out
     args = et_inputs(h, hkv, d, kind, ctx, np.random.default_rng(0))
     ep = torch.export.export(Step(), args, strict=False)
     return to_buffer(lower_pte({"forward": ep}, in_place=True), in_place=True)
@@ -278,12 +293,15 @@ def et_inputs(h: int, hkv: int, d: int, kind: str, ctx: int, rng) -> tuple:
 
     q = torch.from_numpy(rng.standard_normal((hkv, 1, h // hkv, d)).astype(np.float32))
     pos = torch.tensor([ctx - 1])
-    if kind == "int8":
+    if kind in ("int8", "int8c"):
         k, v = (torch.from_numpy(rng.integers(-127, 128, (1, hkv, ctx, d), dtype=np.int8)) for _ in range(2))
     else:
         dt = np.float32 if kind == "fp32" else np.float16
         k, v = (torch.from_numpy(rng.standard_normal((1, hkv, ctx, d)).astype(dt)) for _ in range(2))
-    scales = tuple(torch.full((1, hkv, ctx, 1), 0.02, dtype=torch.float16) for _ in range(2)) if kind == "int8" else ()
+    if kind == "int8":  # the state's per-token fp16 scales [1, Hkv, T]
+        scales = tuple(torch.full((1, hkv, ctx), 0.02, dtype=torch.float16) for _ in range(2))
+    else:  # a float cache; kv-int8c's scales are constants of the program (et_program)
+        scales = ()
     return (q, pos, k, v, *scales)
 
 

@@ -52,7 +52,7 @@ LLAMACPP_CACHE = {"f16": "kv", "q8_0": "kv-int8", "q4_0": "kv-int4"}
 NOT_MODELLED = {"genai": "ONNX Runtime GenAI's own graphs: no rate stored",
                 "et-llama": "ExecuTorch's own Llama export (export_llama): its SDPA with a cache update, no rate stored"}
 # the cache kinds benchmarks/attention_rates.py times per runtime (the rest are fitted here on model rows)
-KERNEL_KINDS = {"onnxruntime": ("fp32", "fp16", "int8c"), "executorch": ("fp32", "fp16", "int8"),
+KERNEL_KINDS = {"onnxruntime": ("fp32", "fp16", "int8c"), "executorch": ("fp32", "fp16", "int8", "int8c"),
                 "llama.cpp": ("f16", "q8_0", "q4_0")}
 # the eager graphs a kernel benchmark times too (benchmarks/attention_rates.py --window: the window strategy's layer):
 # charged at their stored kernel rows, not fitted on model rows
@@ -63,11 +63,20 @@ NOT_FITTED = {
     "slower than every other measurement of the same rows (filled_context_8192, _etllama_kvq, _etllama_side, "
     "_etpeer_edgekv, profile_ort_kv_fp32_8192) while its kv-int8c row agrees with them: a run on a slower memory "
     "path, not the host's typical rate",
+    "filled_context_2048_pte_int8_inplace.json": "one row (the .pte's kv-int8 read in place by custom_quantized_sdpa) "
+    "run alone at a load average of 6-12, without the fp32 row beside it: a check of the plan's int8 kernel rate, "
+    "not a weights-rate measurement",
 }
 # Gemma-3-270M's edgekv ONNX rows measured before edgekv's export put its sliding layers on GroupQueryAttention's
 # window-sized cache (commit 48159e8, 2026-12-05 00:51 UTC; the window_gqa runs measured that export before it was
 # committed): another graph than the one the planner plans (memory.fused_gqa takes native windows), not compared
 SUPERSEDED_BEFORE = ("gemma-3-270m", "edgekv-ort:", "2026-12-05T00:23")
+# the .pte's int8 caches before custom_quantized_sdpa read their codes in place: a row measured then ran another
+# graph, modelled with the rate of the graph it ran (attention_rates.json keeps both): kv-int8 dequantized its rows
+# for custom_sdpa ("readback int8", a kernel rate), kv-int8c attended through the eager graph ("eager int8c", fitted on
+# such rows below)
+PTE_INT8_BEFORE = "2026-12-05T14:50"
+PTE_INT8_OLD_KIND = {"edgekv-pte:kv-int8/": "readback int8", "edgekv-pte:kv-int8c/": "eager int8c"}
 # another measurement of the same export at the same fill, where one exists: benchmarks/profile_ort.py's step time
 # (1 thread), printed beside a row the filled-context run may have measured on a busier or slower VM
 PROFILED = {("smollm2-135m", "edgekv-ort:kv:dtype=fp32/int4", 8192): "profile_ort_kv_fp32_8192.json",
@@ -104,9 +113,10 @@ def parse(name: str) -> tuple[str, str, str] | str:
     return RUNTIMES[family][0], spec, "int4"
 
 
-def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int) -> dict:
+def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then: str | None = None) -> dict:
     """The planner's pieces for this row: weights bytes per token, the attention seconds at the stored kernel rate
-    (None: no rate for this row), the prefill FLOP by part and the prefill kind, and plan's own decode / prefill."""
+    (None: no rate for this row), the prefill FLOP by part and the prefill kind, and plan's own decode / prefill.
+    kind_then: the stored kind of the graph an older row ran (PTE_INT8_OLD_KIND), in place of the planner's."""
     from edgekv import memory as M
     from edgekv.arch import Attention, catalog_arch
     from edgekv.devices import load_device
@@ -120,6 +130,8 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int) -> dict:
     layout = row.deployment.layout
     rates = M.attention_rates(cost, "host", dev.device_class)
     kind = M.attention_kind(arch, layout, strategy, cost, rates)
+    if kind_then:
+        kind = kind_then if kind_then in rates["kinds"] and not kind_then.startswith("eager") else None
     out = {"cost": cost, "weights_bytes": row.deployment.weights["read_per_token"], "plan_tok_s": row.decode.value,
            "plan_prefill_s": row.prefill.value, "kind": kind, "cache": M.cache_kind(strategy, layout, cost),
            "prefill_kind": M.prefill_kind(strategy, layout, cost),
@@ -252,12 +264,16 @@ def main(argv=None) -> int:
         m, fam, before = SUPERSEDED_BEFORE
         if r["model"] == m and r["name"].startswith(fam) and r["started_utc"] < before:
             how = "superseded export: measured before edgekv's ONNX put Gemma 3's sliding layers on GroupQueryAttention"
+        old_kind = next((k for pre, k in PTE_INT8_OLD_KIND.items() if r["name"].startswith(pre)
+                         and r["started_utc"] < PTE_INT8_BEFORE), None)
         if isinstance(how, str):
             r["why_not"] = how
         else:
             r["runtime"], r["spec"], _ = how
-            r.update(terms(r["model"], r["runtime"], r["spec"], r["ctx"], prompt))
-            if r["cost"] != "llama.cpp" and not r["fused"] and r["prefill_kind"] and r["kind"] in KERNEL_EAGER.get(
+            r.update(terms(r["model"], r["runtime"], r["spec"], r["ctx"], prompt, old_kind))
+            if old_kind and old_kind.startswith("eager"):
+                r["eager"] = old_kind
+            elif r["cost"] != "llama.cpp" and not r["fused"] and r["prefill_kind"] and r["kind"] in KERNEL_EAGER.get(
                     r["cost"], ()):
                 pass  # an eager graph with kernel rows: attention_s at the stored rate, as the plan charges it
             elif r["cost"] != "llama.cpp" and not r["fused"] and r["prefill_kind"]:

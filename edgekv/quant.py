@@ -141,3 +141,14 @@ def dequantize_static(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """quantize_static's codes -> fp32; scale broadcast against the codes ([Hkv, D] for [C, Hkv, D] rows,
     [Hkv, 1, D] for a cache [Hkv, T, D])."""
     return codes.float() * scale
+
+
+def fake_quantize_per_token(x: torch.Tensor) -> torch.Tensor:
+    """x [..., D] fp32 rounded as ExecuTorch's QuantizedSDPA rounds the query it hands llama::custom_quantized_sdpa:
+    int8, asymmetric, one scale and zero point per row of D (torch's quantized_decomposed reference ops
+    choose_qparams_per_token_asymmetric and quantize_per_token, whose kernels the .pte runs), then back to fp32."""
+    from torch.ao.quantization.fx._decomposed import quantized_decomposed_lib  # noqa: F401 (registers the ops)
+    ops = torch.ops.quantized_decomposed
+    scale, zero = ops.choose_qparams_per_token_asymmetric(x, torch.int8)
+    codes = ops.quantize_per_token(x, scale, zero, -128, 127, torch.int8)
+    return ((codes.to(torch.float64) - zero) * scale).to(x.dtype)

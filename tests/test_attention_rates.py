@@ -133,7 +133,8 @@ def slope(runtime: str, strategy: str) -> float:
 @pytest.mark.parametrize("runtime,cost,strategy,kind,nbytes", [
     ("executorch", "executorch", "kv:dtype=fp32", "fp32", 4),  # edgekv's .pte: custom_sdpa on the cache itself
     ("executorch", "executorch", "kv", "fp16", 2),  # the fp16 rows read back as fp32 first
-    ("executorch", "executorch", "kv-int8", "int8", 1),  # dequantize_per_token, then custom_sdpa
+    ("executorch", "executorch", "kv-int8", "int8", 1),  # custom_quantized_sdpa on the codes in place
+    ("executorch", "executorch", "kv-int8c", "int8c", 1),  # the same, static scales folded around it
     ("llama.cpp", "llama.cpp", "kv", "f16", 2),  # llama.cpp's flash attention over an f16 cache
     ("llama.cpp", "llama.cpp", "kv-int8", "q8_0", 34 / 32),
     ("onnxruntime", "onnxruntime", "kv-int8", "eager int8", 1),  # no GroupQueryAttention: the eager graph's rate
@@ -148,8 +149,9 @@ def test_runtime_attention_rate_by_hand(runtime, cost, strategy, kind, nbytes):
 
 def test_plan_host_8k_executorch_rows_use_the_pte_rates():
     """`edgekv plan --device host -m smollm2-135m -c 8k --runtime executorch`: every row whose .pte attends through
-    custom_sdpa (fp32, fp16 and per-token int8 caches) is charged at the stored .pte rate (its --explain names
-    custom_sdpa), the whole step = int4 weights / the stored .pte weights rate + 30 layers' attention by hand."""
+    custom_sdpa (fp32, fp16) or custom_quantized_sdpa (per-token int8 codes) is charged at the stored .pte rate (its
+    --explain names the kernel), the whole step = int4 weights / the stored .pte weights rate + 30 layers' attention
+    by hand."""
     host = ALL["executorch"]["devices"]["host"]
     p = json.loads(cli("plan", "--device", "host", "-m", "smollm2-135m", "-c", "8k", "--runtime", "executorch",
                        "--strategy", "kv", "--strategy", "kv:dtype=fp32", "--strategy", "kv-int8", "--json",
@@ -158,7 +160,8 @@ def test_plan_host_8k_executorch_rows_use_the_pte_rates():
     assert set(rows) == {"fp16", "fp32", "int8"}
     for dtype, (kind, nbytes) in {"fp16": ("fp16", 2), "fp32": ("fp32", 4), "int8": ("int8", 1)}.items():
         r = rows[dtype]
-        assert "custom_sdpa" in r["explain"]["decode_tokens_per_s"]
+        # the per-token int8 cache is read in place by custom_quantized_sdpa, the float caches by custom_sdpa
+        assert ("custom_quantized_sdpa" if dtype == "int8" else "custom_sdpa") in r["explain"]["decode_tokens_per_s"]
         k = host["kinds"][kind]
         attn = L * layer_s(k, 8192, H, HKV, D, nbytes)
         w_s = 1 / r["decode_tokens_per_s"] - attn

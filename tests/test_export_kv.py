@@ -272,11 +272,13 @@ def test_a_quantized_cache_pte_is_written_in_place_and_reads_back_only_its_writt
                                                                                         strategy, tensors):
     """kv-int8 (one fp16 scale per token and head) and kv-int4 (packed codes, fp16 scale and zero per group of 8)
     in the .pte: each call quantizes its rows and writes codes, scales (and zeros) into the caller's tensors
-    (index_put_, one per state tensor), and only rows 0..pos+C-1 are dequantized for custom_sdpa (int8: one
-    dequantize_per_token per K and V per layer), not every layer's whole cache. The same module's explicit eager
-    graph (KVFormat: quantize, one-hot blend, dequantize every slot, bmm-softmax-bmm) is the reference: the stored
-    codes must be the same and the logits within fp32 rounding."""
+    (index_put_, one per state tensor); int8 codes are read in place by custom_quantized_sdpa (no dequantized
+    copy), int4 rows 0..pos+C-1 are dequantized for custom_sdpa, not every layer's whole cache. The same module's
+    explicit eager graph (KVFormat: quantize, one-hot blend, dequantize every slot, bmm-softmax-bmm; for int8 its
+    query rounded to int8 as custom_quantized_sdpa's is: swaps.kernel_reference) is the reference: the stored codes
+    must be the same and the logits within fp32 rounding."""
     from edgekv.models import load_model
+    from edgekv.models.swaps import kernel_reference
     from edgekv.strategies import parse_strategy
 
     src = Path(tiny_export[1]).parent / "tiny"
@@ -286,8 +288,9 @@ def test_a_quantized_cache_pte_is_written_in_place_and_reads_back_only_its_writt
     art = m["artifacts"][0]
     assert art["state_in_place"] and art["attention"] == "llama.custom_sdpa"
     ops = art["delegation"]["forward"]["portable_ops"]
-    assert ops["index_put_"] == 2 * 2 * tensors and ops["llama.custom_sdpa"] == 2  # 2 layers, K and V
-    assert ops.get("quantized_decomposed.dequantize_per_token", 0) == (4 if strategy == "kv-int8" else 0)
+    sdpa = "llama.custom_quantized_sdpa" if strategy == "kv-int8" else "llama.custom_sdpa"
+    assert ops["index_put_"] == 2 * 2 * tensors and ops[sdpa] == 2  # 2 layers, K and V
+    assert "quantized_decomposed.dequantize_per_token" not in ops
     assert m["verification"]["pte"]["passed"]
 
     st = PteStepper(load_export(out), out, 1)
@@ -296,7 +299,7 @@ def test_a_quantized_cache_pte_is_written_in_place_and_reads_back_only_its_writt
         s[0, :, 16:] = 3  # sentinels past what the calls below write (codes and scales alike)
     prompt = [5, 9, 33, 12, 40, 7, 21, 3, 18, 50, 11]
     rows = [st.prefill(prompt), st.step([4], len(prompt))]
-    ref = load_model(str(src), parse_strategy(strategy), 64).module.eval()
+    ref = kernel_reference(load_model(str(src), parse_strategy(strategy), 64).module.eval(), "executorch")
     state = ref.empty_state()
     want = []
     with torch.no_grad():

@@ -263,3 +263,24 @@ def test_the_original_mamba_ssm_config_reads_as_its_hf_conversion(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**orig, "attn_layer_idx": [3]}))
     p = run_cli("plan", "--device", "pixel8", "--ctx", "4k", "--model", tmp_path / "config.json")
     assert p.returncode == 2 and "attn_layer_idx" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_the_pte_reads_int8_codes_in_place_and_dequantizes_grouped_int8():
+    """edgekv's .pte (cost model executorch) reads kv-int8's per-token codes and kv-int8c's static-scale codes in
+    place with custom_quantized_sdpa, and dequantizes int8 with smaller groups to fp32 rows for custom_sdpa
+    (docs/cache-kernels.md). A decode step at 2k on SmolLM2-135M (30 layers, 3 KV heads, head_dim 64) moves the int4
+    weights and the state, by hand: per (token, head) row kv-int8 64 codes + one fp16 scale = 66 B, kv-int8c 64 B,
+    kv-int8:group=16 64 + 4 fp16 scales = 72 B; the grouped cache adds its fp32 copy written and read,
+    2 x 30 layers x K and V x 3 x 2048 x 64 x 4 B."""
+    from edgekv import memory as M
+
+    arch = catalog_arch("smollm2-135m")
+    rows = 30 * 2 * 3 * 2048  # layers x K, V x KV heads x tokens
+    for spec, row_bytes, copy in (("kv-int8", 66, 0), ("kv-int8c", 64, 0),
+                                  ("kv-int8:group=16", 72, 2 * rows * 64 * 4)):
+        strategy = parse_strategy(spec)
+        layout = strategy.layout(arch, 2048)
+        assert layout.nbytes == rows * row_bytes, spec
+        assert M.kv_read("executorch", strategy) == ("dequantized copy" if copy else "in place"), spec
+        read = M.decode_read_bytes(1e8, layout, strategy, "executorch").value
+        assert read == 1e8 + rows * row_bytes + copy, spec

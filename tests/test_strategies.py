@@ -75,9 +75,9 @@ def test_traits_are_the_strategies_own():
         parse_strategy("ssm").layout(catalog_arch("smollm2-135m"), CTX)
     assert parse_strategy("kv").fused_attention("onnxruntime") and not parse_strategy("kv-int8").fused_attention(
         "onnxruntime")
-    # kv-int8c: GroupQueryAttention reads its codes; no ExecuTorch kernel does (the .pte keeps the eager layer)
+    # kv-int8c: GroupQueryAttention reads its codes, and the .pte's custom_quantized_sdpa (scales folded around it)
     c = parse_strategy("kv-int8c")
-    assert c.kv_bits == 8 and c.static_scales and c.fused_attention("onnxruntime") and not c.fused_attention(
+    assert c.kv_bits == 8 and c.static_scales and c.fused_attention("onnxruntime") and c.fused_attention(
         "executorch")
     assert [n for n, c in REGISTRY.items() if c.static_scales] == ["kv-int8c"]
     # kv-fp8: no fused op reads e4m3 codes with per-group scales; the eager graph decodes them on every runtime

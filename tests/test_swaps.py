@@ -75,11 +75,22 @@ def test_a_model_with_sliding_layers_gets_the_fused_op_on_its_global_layers_only
 @pytest.mark.parametrize("spec, want", [
     ("kv:dtype=fp32", {"onnxruntime": [True] * 4, "executorch": [True] * 4}),
     ("kv-int8", {"onnxruntime": [False] * 4, "executorch": [True] * 4}),  # GQA takes no quantized cache
+    ("kv-int8c", {"onnxruntime": [True] * 4, "executorch": [True] * 4}),  # both read the static-scale codes
     ("window:w=8,sinks=2,dtype=fp32", {"onnxruntime": [False] * 4, "executorch": [False] * 4}),
 ])
 def test_which_layers_each_runtime_swaps_and_the_copy_computes_the_eager_step(spec, want):
+    """The .pte's copy against the eager step: exact for a float cache (custom_sdpa over the written rows is the same
+    softmax as the masked graph); for int8 codes read in place by custom_quantized_sdpa, exact against the eager
+    module whose query is rounded to int8 as the op's contract says (kernel_reference: torch's own quantized_decomposed
+    reference ops, not ExecuTorch's kernel), and kv-int8c's static scales, set here to a spread of values, folded
+    around the op the same way the eager graph multiplies them into its dequantized rows."""
+    from edgekv.models.swaps import kernel_reference
+
     loaded = load_any(str(TINY_LLAMA), parse_strategy(spec), 48)
     eager = loaded.module
+    if parse_strategy(spec).static_scales:  # per (layer, K/V, head, channel): 0.02 .. 0.06
+        for i, at in enumerate(m for m in eager.modules() if hasattr(m, "kv_scale")):
+            at.kv_scale.copy_(0.02 + 0.04 * torch.rand(at.kv_scale.shape, generator=torch.Generator().manual_seed(i)))
     for runtime, layers in want.items():
         if runtime == "executorch" and any(layers):
             pytest.importorskip("executorch")
@@ -88,10 +99,16 @@ def test_which_layers_each_runtime_swaps_and_the_copy_computes_the_eager_step(sp
         if not any(layers):
             assert module is eager
     pte, _ = for_runtime(eager, "executorch")
-    if pte is not eager:  # exact: custom_sdpa over the written rows is the same softmax as the masked graph
-        want_logits, _ = run(eager, eager.empty_state())
-        got, _ = run(pte, eager.empty_state())
+    if pte is not eager:
+        ref = kernel_reference(eager, "executorch")
+        rounds = [at.query_int8 for at in ref.modules() if isinstance(at, Attention)]
+        assert rounds == [spec in ("kv-int8", "kv-int8c")] * 4
+        assert not any(at.query_int8 for at in eager.modules() if isinstance(at, Attention))  # eager untouched
+        want_logits, want_state = run(ref, eager.empty_state())
+        got, got_state = run(pte, eager.empty_state())
         assert (got - want_logits).abs().max().item() <= 1e-5 * want_logits.abs().max().item()
+        for a, b in zip(got_state, want_state):  # the same codes (and scales) written
+            assert (a.float() - b.float()).abs().max().item() <= 1e-5 * max(b.float().abs().max().item(), 1.0)
 
 
 def test_a_model_without_attention_layers_is_not_swapped():

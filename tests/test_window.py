@@ -254,7 +254,7 @@ def test_smollm2_window_64_plus_4_follows_transformers_with_the_mask_over_200_to
     ("llama", None, "kv:dtype=fp32", True, None),
     ("llama", None, "kv-int8", False, None),  # per-token scales: GroupQueryAttention cannot read them (the .pte can)
     ("llama", None, "kv-int4:group=4", False, None),
-    ("llama", None, "kv-int8c", True, False),  # static scales: GroupQueryAttention reads the codes; no .pte kernel
+    ("llama", None, "kv-int8c", True, None),  # static scales: GroupQueryAttention and custom_quantized_sdpa read the codes
     ("llama", None, "window:w=16,sinks=4", False, None),  # rolling layers under the window strategy
     ("llama", None, "window:w=64,sinks=4", True, None),  # W + S covers max_ctx 64: a slot per position
     # native sliding windows of 16 slots: ONNX Runtime's window-sized GroupQueryAttention cache takes them (layer 1

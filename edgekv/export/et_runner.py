@@ -14,8 +14,8 @@ _load_llama_model_metadata, extension/llm/export/builder.py, executorch 1.5.1):
 
 The model is edgekv's own module traced as the explicit-state .pte is (edgekv.models.swaps.SdpaAttention: each
 call's rows written with index_put into the cache, attended by ExecuTorch's llama::custom_sdpa over the written slots
-only, a quantized cache read back with ExecuTorch's dequantize_per_token or edgekv.quant's unpacking), with its cache
-tensors moved into buffers of a wrapper module. ExecuTorch's reinplace pass (ExecutorchBackendConfig.run_reinplace_pass)
+only, or int8 codes in place by llama::custom_quantized_sdpa; a packed cache read back by edgekv.quant's unpacking),
+with its cache tensors moved into buffers of a wrapper module. ExecuTorch's reinplace pass (ExecutorchBackendConfig.run_reinplace_pass)
 turns each index_put on a buffer into index_put_, so the cache is written where it lies, and the memory plan of the
 in-place .pte (edgekv.export.to_pte._in_place_planning) makes custom_sdpa's view of a cache read that buffer. The
 strategy is the
@@ -109,7 +109,7 @@ def to_buffer(edge) -> bytes:
 
 def _kernels():
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (llama::custom_sdpa)
-    import executorch.kernels.quantized  # noqa: F401 (dequantize_per_token, an int8 cache's read-back)
+    import executorch.kernels.quantized  # noqa: F401 (quantize_per_token, an int8 cache's query)
 
 
 class RunnerPteStepper(Stepper):

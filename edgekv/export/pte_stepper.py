@@ -140,7 +140,7 @@ class PteStepper(Stepper):
         self.max_chunk = most
         if a.get("attention") == LLM_KERNELS:
             import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (registers the llama:: kernels)
-            import executorch.kernels.quantized  # noqa: F401 (an int8 cache's read-back: dequantize_per_token)
+            import executorch.kernels.quantized  # noqa: F401 (an int8 cache's query: quantize_per_token)
             # in this Python build the llama:: kernels parallelise with torch's OpenMP pool, not XNNPACK's: two pools
             # on the same cores oversubscribe them and stall each other, so torch gets as many threads as XNNPACK
             torch.set_num_threads(threads or pool_threads)

@@ -181,13 +181,17 @@ class PteTarget:
 
     @staticmethod
     def references(x, art):
-        """The eager module the .pte was traced from, called in the .pte's own chunks, and (quantized weights) its own
+        """The eager module the .pte was traced from (its query rounded to int8 where the .pte's attention rounds it:
+        edgekv.models.swaps.kernel_reference), called in the .pte's own chunks, and (quantized weights) its own
         rounding noise (verify.limits)."""
         from .runtime import EagerStepper
         from .verify import nudged_quantized
 
-        def eager(m):
-            return EagerStepper(x.partial, m, chunk=art.chunk, tail=art.tail, max_chunk=art.max_chunk)
+        from ..models.swaps import kernel_reference
+
+        def eager(m):  # where custom_quantized_sdpa rounds the query to int8, the reference rounds it the same way
+            return EagerStepper(x.partial, kernel_reference(m, "executorch"), chunk=art.chunk, tail=art.tail,
+                                max_chunk=art.max_chunk)
         ref = eager(x.qmodule)
         return ref, eager(nudged_quantized(x.module, x.opts.weights)) if x.quantization.get("pte") else None
 

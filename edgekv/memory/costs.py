@@ -54,8 +54,8 @@ def kv_read(runtime: str, strategy: Strategy) -> str:
     (edgekv/costs/runtimes.json kv_read, keyed by the storage's kv_read_key; a runtime or storage not listed there
     casts a float cache and dequantizes quantized codes whole)."""
     st = strategy.kv_storage
-    key, default = (st.kv_read_key, st.default_kv_read) if st else (strategy.params.get("dtype", "fp32"), "cast")
-    return KV_READ.get(runtime, {}).get(key, default)
+    table = KV_READ.get(runtime, {})
+    return st.kv_read(runtime, table) if st else table.get(strategy.params.get("dtype", "fp32"), "cast")
 
 
 def fused_gqa(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str) -> bool:

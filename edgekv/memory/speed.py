@@ -179,8 +179,9 @@ def gguf_type_mix(arch: Arch) -> str | None:
 
 def cache_kind(strategy: Strategy, layout: StateLayout, runtime: str = "onnxruntime") -> str | None:
     """The stored rate a layer's cache reads at on this runtime: ONNX Runtime: kv-int8c's codes or the float cache's
-    dtype; edgekv's .pte: the float cache's dtype, an int8 cache with a scale per token and head (the one quantized
-    kernel it reads back with) or packed int4 / int2 codes; llama.cpp: its cache type (f16, q8_0, q4_0)."""
+    dtype; edgekv's .pte: the float cache's dtype, int8 codes custom_quantized_sdpa reads in place (a scale per token
+    and head: int8; static scales: int8c) or packed int4 / int2 codes; llama.cpp: its cache type (f16, q8_0,
+    q4_0)."""
     dtypes = {t.dtype for t in layout.tensors if t.role == "key"}
     if len(dtypes) != 1:
         return None
@@ -192,8 +193,8 @@ def cache_kind(strategy: Strategy, layout: StateLayout, runtime: str = "onnxrunt
             return None
         return _GGML_KIND.get(bits or dtype)
     if bits and st.static_scales:  # int8 codes at static scales, read in place
-        return "int8c" if runtime == "onnxruntime" else None
-    if bits:  # the .pte reads a quantized cache back before custom_sdpa; ONNX Runtime: no fused kind
+        return "int8c" if runtime in ("onnxruntime", "executorch") else None
+    if bits:  # the .pte: int8 codes in place (custom_quantized_sdpa), packed codes read back; ONNX Runtime: no fused kind
         if runtime != "executorch":
             return None
         if bits < 8:  # packed codes, dequantize_planar

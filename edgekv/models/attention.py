@@ -88,6 +88,9 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.cache = self.fmt = None  # set by the model (Llama) from its layout
+        # the query rounded to int8 per (token, head) before it meets the cache, as the .pte's
+        # custom_quantized_sdpa rounds it (edgekv.models.swaps.kernel_reference sets it on a reference copy)
+        self.query_int8 = False
         self.calib = None  # a static-scale cache's calibration: [key, value] largest |value| per (Hkv, D) so far
 
     def use_static_scales(self) -> None:
@@ -157,6 +160,16 @@ class Attention(nn.Module):
         zero = torch.zeros(st[0].shape, dtype=torch.float32)
         return st, cache.update_and_fetch(FLOAT_FMT, blend, new, (zero,), plan)[1]
 
+    def _rounded_query(self, q):
+        """q [C, H, D] as custom_quantized_sdpa sees it: each (token, head) row rounded to int8
+        (edgekv.quant.fake_quantize_per_token); with static scales the op takes q * s_k (the key scales folded into
+        the query), so that product is what is rounded."""
+        from ..quant import fake_quantize_per_token
+        if not self.fmt.static:
+            return fake_quantize_per_token(q)
+        ks = self.kv_scale[0].repeat_interleave(self.h // self.hkv, 0)  # [H, D]: head kv*G + j takes KV head kv's
+        return fake_quantize_per_token(q * ks) / ks
+
     def explicit(self, x, cos, sin, write, keep, mask, k_state, v_state, fmt, rolling: bool = False, delta=None):
         """The step on a given plan: write [T, C] one-hot (slot t <- token c), keep [T, 1], mask [G*C, T] additive
         ([G*C, T + C] for a rolling cache: RollingCache.plan); delta as _qkv takes it."""
@@ -169,6 +182,8 @@ class Attention(nn.Module):
         [Hkv, T, D], or [Hkv, T + C, D] for a rolling cache). Matmuls are 3-D (bmm): no broadcast expand copies."""
         c, g = x.shape[1], self.h // self.hkv
         q, k, v = self._qkv(x, cos, sin, delta)
+        if self.query_int8:
+            q = self._rounded_query(q)
         k_state, kf = store(k, k_state, 0)
         v_state, vf = store(v, v_state, 1)
         # query head h = kv*G + g (repeat_kv's order) -> row g*C + c of KV head kv

@@ -8,8 +8,9 @@ serve as the reference a trace is verified against.
                 use), on a float cache, or a static-scale int8 one (kv-int8c), with one slot per position or a
                 native sliding window (below). Every RMSNorm becomes OnnxRMSNorm, the form ORT fuses into
                 SimplifiedLayerNormalization.
-  executorch    SdpaAttention: ExecuTorch's llama::custom_sdpa (its LLM custom ops, as ExecuTorch's own Llama
-                export), on a float or quantized cache with one slot per position.
+  executorch    SdpaAttention: ExecuTorch's llama::custom_sdpa, or llama::custom_quantized_sdpa on int8 codes (its LLM
+                custom ops, as ExecuTorch's own Llama export), on a float or quantized cache with one slot per
+                position.
 
 A native sliding-window layer (Gemma 3's local layers, Mistral's) whose cache is exactly its window goes to
 GroupQueryAttention too on ONNX Runtime, with the op's window-sized cache (sliding_window_cache, ONNX Runtime 1.32's
@@ -32,7 +33,6 @@ import torch
 from torch import nn
 
 from ..quant import dequantize, dequantize_planar, planar_order
-from ..strategies import per_token_int8
 from .attention import Attention, Call
 from .layers import RMSNorm
 
@@ -116,22 +116,35 @@ class GQAAttention(Attention):
 
 class SdpaAttention(Attention):
     """The same step as Attention on a plain or quantized cache with one slot per position, attended by ExecuTorch's
-    llama::custom_sdpa (executorch/extension/llm/custom_ops). For the .pte trace; eager torch runs it too once the
-    ops' AOT library is loaded.
+    llama::custom_sdpa or llama::custom_quantized_sdpa (executorch/extension/llm/custom_ops). For the .pte trace;
+    eager torch runs it too once the ops' AOT library is loaded.
 
     Each state tensor gets the call's C rows with an index_put at slots pos..pos+C-1 (the graph stays functional;
     edgekv.export.to_pte turns it into index_put_ on the past.* input when every layer is swapped, so the .pte writes
-    the caller's state in place). The op wants [B, T, heads, D]: a [1, Hkv, T, D] cache is exactly a contiguous
+    the caller's state in place). The ops want [B, T, heads, D]: a [1, Hkv, T, D] cache is exactly a contiguous
     [Hkv, T, 1, D] tensor, i.e. a batch of Hkv one-head caches, and a query [Hkv, C, G, D] attends each KV head with
-    its G query heads (repeat_kv's order). custom_sdpa attends causally over slots 0..pos+C-1 only.
+    its G query heads (repeat_kv's order). Both ops attend causally over slots 0..pos+C-1 only.
 
-    A fp16 or quantized cache is read back as fp32 rows 0..pos+C-1 and attended in fp32, as Attention does: an int8
-    cache with one scale per token and head in one quantized_decomposed::dequantize_per_token (ExecuTorch's quantized
-    kernels; zero points 0, exact), a packed int4/int2 cache by edgekv.quant.dequantize_planar in planar channel
-    order, with q permuted into the same order (q.k is invariant to one permutation of both) and the output permuted
-    back before o_proj. rotate_half is a matmul by a constant signed permutation (exact, and XNNPACK takes it with a
-    dynamic token count, where the two slices of rotate_half would each leave XNNPACK). consts: Constants with
-    rope_rot [D, D], and planar [D, D] for a packed cache."""
+    How each cache is read (the storage's pte_read, edgekv.strategies.storage):
+      "in place"   a fp32 cache: custom_sdpa on a view of it (zero copy).
+      "int8 codes" int8 codes, read in place by custom_quantized_sdpa, which multiplies int8 by int8: the query is
+                   quantized to int8 per (token, head) as ExecuTorch's own QuantizedSDPA does it
+                   (quantized_decomposed::choose_qparams_per_token_asymmetric, quantize_per_token), and the op takes
+                   fp32 scales and int8 zero points shaped as the whole cache [Hkv, T, 1, 1]. kv-int8 (one scale per
+                   token and head): its fp16 scales cast to fp32 (1/D of the codes' values), the zero points a
+                   constant 0 (symmetric codes). kv-int8c (static per-channel scales s_k, s_v [Hkv, D]): q.k =
+                   (q * s_k).codes_k, so the key scales are folded into the query before it is quantized, and
+                   sum_t p_t v_t = s_v * sum_t p_t codes_v, so the value scales multiply the output; the op reads the
+                   codes with a constant unit scale. The query's own int8 rounding is the one error this adds over
+                   the eager layer (benchmarks/results/pte_quant_attention.json: about 0.5 % of the attention output).
+      "fp32 rows"  rows 0..pos+C-1 read back as fp32 and attended by custom_sdpa, as Attention does: a fp16 cache
+                   cast (custom_sdpa on fp16 rows runs an fp16 GEMM without a fast path on the host's CPU), an int8
+                   cache with group scales by edgekv.quant.dequantize, a packed int4/int2 cache by
+                   edgekv.quant.dequantize_planar in planar channel order, with q permuted into the same order (q.k is
+                   invariant to one permutation of both) and the output permuted back before o_proj.
+    rotate_half is a matmul by a constant signed permutation (exact, and XNNPACK takes it with a dynamic token count,
+    where the two slices of rotate_half would each leave XNNPACK). consts: Constants with rope_rot [D, D], planar
+    [D, D] for a packed cache, and for an int8-codes read the op's constant zero points (and unit scales)."""
 
     def _half(self, x):
         return (x.reshape(-1, self.dh) @ self.consts.rope_rot).reshape(-1, x.shape[1], self.dh)
@@ -150,31 +163,30 @@ class SdpaAttention(Attention):
         positions = call.positions
         perm = getattr(self.consts, "planar", None)
         q, k, v = self._qkv(x, cos, sin)  # [C, H, D], [C, Hkv, D], [C, Hkv, D]
+        static = self.kv_scale if fmt.static else (None, None)
 
         def put(state, rows):  # rows [C, Hkv, X] -> the state tensor with them at slots positions
             return torch.ops.aten.index_put(state, [None, None, positions], rows.permute(1, 0, 2)[None])
 
         if fmt.bits:
-            k_state, v_state = (tuple(put(s, r) for s, r in zip(st, fmt.store(z))) for st, z in ((k_state, k),
-                                                                                                 (v_state, v)))
+            k_state, v_state = (tuple(put(s, r) for s, r in zip(st, fmt.store(z, sc)))
+                                for st, z, sc in ((k_state, k, static[0]), (v_state, v, static[1])))
         else:
             dt = k_state[0].dtype
             k_state, v_state = (put(k_state[0], k.to(dt)),), (put(v_state[0], v.to(dt)),)
-        if len(k_state) == 1 and k_state[0].dtype == torch.float32:
+        read = fmt.storage.pte_read(self.dh)
+        if read == "int8 codes":
+            out = self._int8_codes(q, k_state, v_state, start, t)
+            return self.o_proj(out.permute(1, 0, 2, 3).reshape(1, -1, self.h * self.dh)), k_state, v_state
+        if read == "in place":
             kc, vc = (st[0].view(self.hkv, t, 1, self.dh) for st in (k_state, v_state))
-        else:  # the written rows read back in fp32
+        else:  # "fp32 rows": the written rows read back in fp32
             n = start + c
-            zero = None
-            if per_token_int8(fmt.bits, fmt.group, self.dh):  # one zero-point tensor for every layer
-                zero = call.once("int8_zero", lambda: torch.zeros(1, self.hkv, n, 1, dtype=torch.int64))
 
             def rows(st):
                 part = [s[:, :, :n] for s in st]
                 if not fmt.bits:
                     r = part[0].float()
-                elif zero is not None:
-                    r = torch.ops.quantized_decomposed.dequantize_per_token(
-                        part[0], part[1].float(), zero, -128, 127, torch.int8, torch.float32)
                 elif perm is not None:
                     r = dequantize_planar(*part, fmt.bits, fmt.group)
                 else:
@@ -190,6 +202,33 @@ class SdpaAttention(Attention):
             out = (out.reshape(-1, self.dh) @ perm.t()).reshape(out.shape)
         out = out.permute(1, 0, 2, 3).reshape(1, -1, self.h * self.dh)
         return self.o_proj(out), k_state, v_state
+
+    def _int8_codes(self, q, k_state, v_state, start, t):
+        """custom_quantized_sdpa over the int8 codes in place -> out [Hkv, C, G, D] fp32 (see the class docstring)."""
+        g = self.h // self.hkv
+        zero = getattr(self.consts, _op_const("zero", self.hkv, t))
+        if self.fmt.static:  # fold the key scales into the query: head kv*G + j takes KV head kv's [D] scales
+            ks, vs = self.kv_scale[0], self.kv_scale[1]
+            q = q * ks.repeat_interleave(g, 0)[None]
+            unit = getattr(self.consts, _op_const("unit", self.hkv, t))
+            k_scale = v_scale = unit
+        else:  # one fp16 scale per (token, head): [1, Hkv, T] -> [Hkv, T, 1, 1] fp32
+            k_scale, v_scale = (st[1].float().view(self.hkv, t, 1, 1) for st in (k_state, v_state))
+        qg = q.view(-1, self.hkv, g, self.dh).permute(1, 0, 2, 3)  # [Hkv, C, G, D]
+        qs, qz = torch.ops.quantized_decomposed.choose_qparams_per_token_asymmetric(qg, torch.int8)
+        qq = torch.ops.quantized_decomposed.quantize_per_token(qg, qs, qz, -128, 127, torch.int8)
+        kc, vc = (st[0].view(self.hkv, t, 1, self.dh) for st in (k_state, v_state))
+        out = torch.ops.llama.custom_quantized_sdpa(qq, kc, vc, start, None, 0.0, True, self.scale,
+                                                    qz.to(torch.int8), qs.to(torch.float32), zero, k_scale, zero,
+                                                    v_scale)
+        if self.fmt.static:
+            out = out * vs.view(self.hkv, 1, 1, self.dh)
+        return out
+
+
+def _op_const(name: str, hkv: int, t: int) -> str:
+    """The Constants name of custom_quantized_sdpa's per-token constant for a cache of Hkv heads and T slots."""
+    return f"{name}_{hkv}_{t}"
 
 
 # ---- the swaps ----
@@ -231,13 +270,15 @@ def _gqa_make(at, rope):
 
 def _sdpa_setup(model, layers):
     """Registers the ops' AOT libraries (ExecuTorch's LLM custom ops and quantized kernels: a runtime needs their
-    kernels to run the .pte) and makes the constants: rope_rot, with x @ rope_rot = rotate_half(x), and for a packed
-    cache the permutation into edgekv.quant's planar channel order ((x @ planar)[p] = x[planar_order[p]])."""
+    kernels to run the .pte) and makes the constants: rope_rot, with x @ rope_rot = rotate_half(x); for a packed
+    cache the permutation into edgekv.quant's planar channel order ((x @ planar)[p] = x[planar_order[p]]); for int8
+    codes read in place, custom_quantized_sdpa's zero points (int8 zeros) and, for static scales, its unit scales,
+    [Hkv, T, 1, 1] as the op wants them, one per cache shape shared by every layer."""
     if not layers:
         return None
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (registers torch.ops.llama.*)
-    import executorch.kernels.quantized  # noqa: F401 (dequantize_per_token's out variant, for an int8 cache)
-    from torch.ao.quantization.fx._decomposed import quantized_decomposed_lib  # noqa: F401 (the op itself)
+    import executorch.kernels.quantized  # noqa: F401 (the per-token quantize kernels' out variants)
+    from torch.ao.quantization.fx._decomposed import quantized_decomposed_lib  # noqa: F401 (the ops themselves)
     d, h = model.args.head_dim, model.args.head_dim // 2
     rot = torch.zeros(d, d)
     rot[torch.arange(h, d), torch.arange(h)] = -1.0
@@ -249,6 +290,12 @@ def _sdpa_setup(model, layers):
         planar = torch.zeros(d, d)
         planar[planar_order(d, bits), torch.arange(d)] = 1.0
         consts["planar"] = planar
+    for at in layers:
+        if at.fmt.storage.pte_read(at.dh) == "int8 codes":
+            consts[_op_const("zero", at.hkv, at.cache.slots)] = torch.zeros(at.hkv, at.cache.slots, 1, 1,
+                                                                            dtype=torch.int8)
+            if at.fmt.static:
+                consts[_op_const("unit", at.hkv, at.cache.slots)] = torch.ones(at.hkv, at.cache.slots, 1, 1)
     return Constants(**consts)
 
 
@@ -275,7 +322,6 @@ SWAPS: dict[str, list[Swap]] = {
     # the cache's storage says which fused ops read it (edgekv.strategies.storage: fused_runtimes)
     "onnxruntime": [Swap(lambda at: (_one_slot_per_position(at) or _native_window(at))
                          and at.fmt.storage.fused("onnxruntime"), _gqa_make, _gqa_setup)],
-    # a static-scale int8 cache (kv-int8c) has no ExecuTorch kernel: the .pte keeps the eager layer
     "executorch": [Swap(lambda at: _one_slot_per_position(at) and at.fmt.storage.fused("executorch"), _sdpa_make,
                         _sdpa_setup)],
 }
@@ -310,6 +356,26 @@ def for_runtime(model: nn.Module, runtime: str) -> tuple[nn.Module, list[bool]]:
         return m
 
     return _rebuild(model, swap), [c is not None for c in chosen]
+
+
+def kernel_reference(model: nn.Module, runtime: str) -> nn.Module:
+    """The eager reference for an artifact of the runtime: model itself, or where the runtime's op rounds the query
+    (custom_quantized_sdpa on int8 codes: SdpaAttention) a copy, sharing its weights, whose eager layers round it
+    the same way (Attention.query_int8) and compute everything else as before."""
+    layers = [at for at in model.modules() if type(at) is Attention]
+    rounded = {id(at) for at, s in zip(layers, plan_swaps(model, runtime))
+               if s is not None and runtime == "executorch" and at.fmt.storage.pte_read(at.dh) == "int8 codes"}
+    if not rounded:
+        return model
+
+    def swap(m):
+        if id(m) not in rounded:
+            return m
+        new = _share(m, Attention)
+        new.query_int8 = True
+        return new
+
+    return _rebuild(model, swap)
 
 
 def _rebuild(m: nn.Module, swap) -> nn.Module:

@@ -86,7 +86,8 @@ class _QuantizedKv(Kv):
         return GroupQuantStorage(self.kv_bits, self.params.get("group") or 0)
 
     def fused_attention(self, runtime: str) -> bool:
-        """ExecuTorch's custom_sdpa reads the written rows dequantized (edgekv.models.llama Llama.pte_in_place)."""
+        """ExecuTorch's custom_quantized_sdpa reads per-token int8 codes in place, custom_sdpa the written rows of the
+        other kinds dequantized (edgekv.models.swaps.SdpaAttention)."""
         return self.kv_storage.fused(runtime)
 
     def quality_key(self, ctx: int, converted: bool) -> str:
@@ -176,8 +177,8 @@ class KvInt8Channel(_QuantizedKv):
         return StaticInt8Storage()
 
     def fused_attention(self, runtime: str) -> bool:
-        """ONNX Runtime's GroupQueryAttention reads the codes with their static scales (edgekv.models.swaps); the
-        .pte attends through the eager graph, which dequantizes the layer (ExecuTorch has no kernel for them)."""
+        """ONNX Runtime's GroupQueryAttention reads the codes with their static scales, the .pte's
+        custom_quantized_sdpa with the scales folded into the query and the output (edgekv.models.swaps)."""
         return self.kv_storage.fused(runtime)
 
 

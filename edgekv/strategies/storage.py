@@ -4,10 +4,12 @@ mlx_lm/models/cache.py (KVCache, QuantizedKVCache(group_size, bits)). A cache st
 instead:
 
   the layout (strategies/layout.py)       its state tensors per key / value: role suffix, dtype, width (parts)
-  the memory model (memory/costs.py,      bytes per row, the runtimes.json kv_read key, what a fused .pte reads its
-   memory/workspace.py)                   rows back from, whether it is quantized (a dequantized copy) or packed
+  the memory model (memory/costs.py,      bytes per row, the runtimes.json kv_read key (and kv_read, where a
+   memory/workspace.py)                   runtime's read depends on more than the key), what a fused .pte reads its
+                                          rows back from, whether it is quantized (a dequantized copy) or packed
   the torch modules (models/cache.py)     store / read / the rows as stored (torch imported lazily, here only)
-  the fused attention swaps (swaps.py)    which runtimes' fused op reads it in place (fused)
+  the fused attention swaps (swaps.py)    which runtimes' fused op attends over it (fused), how the .pte's op
+                                          reads it (pte_read: in place, int8 codes, fp32 rows)
   verify (export/verify.py)               its tolerance key (verify.REL_TOL)
   the manifest                            its tensors' dtypes (parts)
   analyze, hybrid_alias                   its bits, its hybrid dtype
@@ -112,6 +114,17 @@ class KvStorage:
         """Whether edgekv's export for this runtime attends over this cache through the runtime's fused op."""
         return runtime in self.fused_runtimes
 
+    def pte_read(self, d: int) -> str:
+        """How edgekv's fused .pte reads this cache (edgekv.models.swaps.SdpaAttention): "in place" (custom_sdpa on a
+        view of a fp32 cache), "int8 codes" (custom_quantized_sdpa on int8 codes in place) or "fp32 rows" (the
+        written rows read back as fp32, then custom_sdpa)."""
+        return "fp32 rows"
+
+    def kv_read(self, cost_model: str, table: dict) -> str:
+        """How a runtime (a memory cost model) reads this cache: its kv_read table (edgekv/costs/runtimes.json) at
+        kv_read_key, else default_kv_read."""
+        return table.get(self.kv_read_key, self.default_kv_read)
+
     @property
     def hybrid_dtype(self) -> str | None:
         """The hybrid strategy's dtype for a family that keeps this cache only in its hybrid form (hybrid_alias);
@@ -154,6 +167,9 @@ class FloatStorage(KvStorage):
     def fused(self, runtime: str) -> bool:
         return True  # every runtime's fused attention op reads plain values
 
+    def pte_read(self, d: int) -> str:
+        return "in place" if self.dtype == "fp32" else "fp32 rows"
+
     def parts(self, d: int) -> tuple[Part, ...]:
         return (Part("", KV_DTYPES[self.dtype]),)
 
@@ -194,7 +210,8 @@ class GroupQuantStorage(KvStorage):
     with an fp16 scale and zero per group (group 0: one per (token, head)): mlx-lm's QuantizedKVCache(group, bits)."""
     bits: int = 8  # 8 | 4 | 2
     group: int = 0
-    fused_runtimes: ClassVar[tuple[str, ...]] = ("executorch",)  # custom_sdpa over the rows dequantized
+    # .pte: custom_quantized_sdpa on per-token int8 codes, else custom_sdpa over the rows dequantized
+    fused_runtimes: ClassVar[tuple[str, ...]] = ("executorch",)
 
     def parts(self, d: int) -> tuple[Part, ...]:
         g = self.group or d
@@ -214,6 +231,16 @@ class GroupQuantStorage(KvStorage):
         if self.bits < 8:
             return "packed"
         return "int8" if per_token_int8(self.bits, self.group, d) else "int8 groups"
+
+    def pte_read(self, d: int) -> str:
+        return "int8 codes" if per_token_int8(self.bits, self.group, d) else "fp32 rows"
+
+    def kv_read(self, cost_model: str, table: dict) -> str:
+        """runtimes.json keys int8 caches by bits alone; on edgekv's .pte only one scale per token and head is read
+        in place (pte_read), so int8 with smaller groups is a dequantized copy there (group 0 stands for the head)."""
+        if cost_model == "executorch" and self.bits == 8 and self.group:
+            return "dequantized copy"
+        return super().kv_read(cost_model, table)
 
     @property
     def hybrid_dtype(self) -> str | None:
@@ -236,10 +263,15 @@ class GroupQuantStorage(KvStorage):
 @dataclass(frozen=True)
 class StaticInt8Storage(KvStorage):
     """int8 codes whose scales, one per (layer, KV head, channel), are constants of the graph calibrated at export
-    (kv-int8c): the state is the codes alone. ONNX Runtime's GroupQueryAttention reads them in place."""
+    (kv-int8c): the state is the codes alone. ONNX Runtime's GroupQueryAttention reads them in place; the .pte's
+    custom_quantized_sdpa too, the key scales folded into the query and the value scales into the output
+    (edgekv.models.swaps.SdpaAttention)."""
     bits: ClassVar[int] = 8
     static_scales: ClassVar[bool] = True
-    fused_runtimes: ClassVar[tuple[str, ...]] = ("onnxruntime",)
+    fused_runtimes: ClassVar[tuple[str, ...]] = ("onnxruntime", "executorch")
+
+    def pte_read(self, d: int) -> str:
+        return "int8 codes"
 
     def parts(self, d: int) -> tuple[Part, ...]:
         return (Part("", "int8"),)
