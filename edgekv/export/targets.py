@@ -35,7 +35,7 @@ class OnnxTarget:
     def streamed(x) -> bool:
         """int8 / int4 weights are quantized one at a time from the graph's own W (wquant.quantize_onnx): lowering
         leaves their transposes unfolded, so no fp32 copy of the weights is made beside the module's."""
-        return x.opts.weights in ("int8", "int4")
+        return x.opts.weights in ("int8", "int4", "int4-mix")
 
     @staticmethod
     def write(x) -> None:
