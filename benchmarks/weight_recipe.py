@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,9 @@ import numpy as np
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 MODELS = ("smollm2-135m", "gemma-3-270m")
-LLAMA_FTYPES = {"Q4_K_M": 15, "Q4_0": 2}  # llama.h's LLAMA_FTYPE_MOSTLY_*
+# llama.h's LLAMA_FTYPE_MOSTLY_*: Q4_K_M the target; Q4_0 and Q4_1 its plain 4-bit blocks of 32 (Q4_1: a scale and a
+# minimum per block, the nearest to MatMulNBits' asymmetric int4)
+LLAMA_FTYPES = {"Q4_K_M": 15, "Q4_0": 2, "Q4_1": 3}
 
 
 def f16_gguf(src: Path, dst: Path) -> None:
@@ -114,7 +117,6 @@ def llama_quant(f16: Path, kind: str) -> Path:
 def gguf_types(path: Path) -> dict:
     """{tensor type name: count} of a GGUF's 2-D tensors (what llama.cpp's mix chose)."""
     import gguf
-    from collections import Counter
     r = gguf.GGUFReader(str(path))
     return dict(sorted(Counter(t.tensor_type.name for t in r.tensors if len(t.shape) == 2).items()))
 
@@ -231,10 +233,12 @@ def main(argv=None) -> dict:
             folder = work / f"{m}-{w}"
             manifest = edgekv_export(hf, w, folder, max(1024, a.tokens))
             t0 = time.perf_counter()
-            rec = manifest.get("weights") or {}
+            rec = ((manifest.get("weights") or {}).get("quantization") or {}).get("onnx") or {}
             data = sum(f.stat().st_size for f in folder.iterdir() if f.name.startswith("model.onnx"))
             rows[f"edgekv {w}"] = {**compare(ref, edgekv_logits(folder, ids, a.threads)), "file_bytes": data,
-                                   "tool": rec.get("tool"), "bits": rec.get("bits"),
+                                   "tool": rec.get("tool"), "weight_bytes": manifest["weights"]["bytes"],
+                                   "bits": dict(sorted(Counter(t["bits"] for t in (rec.get("per_tensor") or {}).values()
+                                                               ).items())),
                                    "seconds": round(time.perf_counter() - t0, 1)}
             print(m, w, json.dumps(rows[f"edgekv {w}"]), flush=True)
         km = rows["llama.cpp Q4_K_M"]["kl_mean"]
