@@ -211,7 +211,7 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     work = Path(a.work)
     result = {"benchmark": "weight_recipe", "tokens": a.tokens, "threads": a.threads,
-              "command": "python benchmarks/weight_recipe.py" + (f" --tokens {a.tokens}" if a.tokens != 512 else ""),
+              "command": " ".join(["python benchmarks/weight_recipe.py", *(argv if argv is not None else sys.argv[1:])]),
               "what": "KL(ref || row) in nats per position (mean) and top-1 agreement over verify-quant's text, one "
                       "prefill; ref = transformers fp32 on the fp16 weights (the packaged GGUF dequantized); "
                       "llama.cpp rows: its quantizer's Q4_K_M / Q4_0 of the same f16 GGUF (no imatrix), f16 cache, "
