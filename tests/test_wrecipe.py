@@ -155,3 +155,13 @@ def test_int4_mix_export_bits_blocks_and_kernel(mixed):
         mine = ((tensor - deq).reshape(n, -1, 32) ** 2).sum(-1)
         theirs = ((tensor - odeq).reshape(n, -1, 32) ** 2).sum(-1)
         assert (mine <= theirs * (1 + 1e-5) + 1e-12).all(), name
+
+
+def test_plan_prices_int4_mix_by_hand():
+    """SmolLM2-135M (576 wide, 1536 MLP, 192-wide v): int4-mix holds v (192 x 576) and down (576 x 1536) of 14
+    layers at int8's bytes (n + 2 B per row) instead of int4's (n / 2 + 2 B per 32): 7n/16 + 2 rows more each, so
+    14 x (48,384 + 384 + 387,072 + 1,152) = 6,117,888 B over int4; the table is priced at int8 either way."""
+    from edgekv.arch.catalog import load_arch
+    from edgekv.memory.weights import weight_bytes
+    a = load_arch("smollm2-135m")
+    assert weight_bytes(a, "int4-mix")["total"] - weight_bytes(a, "int4")["total"] == 6_117_888
