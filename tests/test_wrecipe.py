@@ -165,3 +165,14 @@ def test_plan_prices_int4_mix_by_hand():
     from edgekv.memory.weights import weight_bytes
     a = load_arch("smollm2-135m")
     assert weight_bytes(a, "int4-mix")["total"] - weight_bytes(a, "int4")["total"] == 6_117_888
+
+
+def test_int4_mix_for_the_pte_is_refused_in_one_line(tmp_path):
+    """int4-mix is MatMulNBits blocks: a .pte export is refused before anything is loaded, exit 2, one line."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "edgekv.cli", "export", "-m", str(TINY), "--weights", "int4-mix",
+                        "--format", "pte", "-c", "512", "-o", str(tmp_path / "out")], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert r.returncode == 2 and "int4-mix" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
