@@ -63,7 +63,7 @@ def _plan_runtimes() -> list[str]:
 @click.option("-m", "--model", "models", multiple=True, help="catalog name, HF folder, config.json or .gguf (repeatable); "
               "default: every catalog model that could plausibly run on the device")
 @click.option("--strategy", "strategies", multiple=True, help=STRATEGY_HELP + " [default: every strategy that applies]")
-@click.option("--weights", type=click.Choice(["fp32", "fp16", "int8", "int4", "gguf"]), default=None,
+@click.option("--weights", type=click.Choice(["fp32", "fp16", "int8", "int4", "int4-mix", "gguf"]), default=None,
               help="weight precision (default: int4 on phones, fp16 on GPUs, as stored for a GGUF)")
 @click.option("--runtime", default=None, type=PlanRuntimeChoice(_plan_runtimes()), callback=plan_runtime,
               help="runtime whose costs to plan with: executorch (= edgekv-pte) and ort (= onnxruntime) are the .pte "

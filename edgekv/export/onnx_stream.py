@@ -130,6 +130,48 @@ def _nbits_matmul(n, w, transposed: bool, k: int, cols: int, bits: int, block: i
                             name=n.name + f"_Q{bits}" if n.name else "", domain="com.microsoft", **attrs)
 
 
+def _recipe_matmul(n, w, transposed: bool, k: int, cols: int, bits: int, data: _Data, new_inits: list):
+    """--weights int4-mix: one MatMul as MatMulNBits with edgekv.export.wrecipe's blocks (4 bits searched, 8 bits
+    min/max), its weight read in chunks of whole output columns (each column's blocks are independent)."""
+    from onnx import TensorProto, helper
+
+    from . import wrecipe
+    step = max(2, CHUNK_ELEMS // max(k, 1))
+    whole = None if transposed else data.rows(w)
+    parts = []
+    for a in range(0, cols, step):
+        b = min(cols, a + step)
+        rows = np.ascontiguousarray(data.rows(w, a, b) if transposed else whole[:, a:b].T, dtype=np.float32)
+        q = wrecipe.search_blocks(rows, bits) if bits == 4 else wrecipe.minmax_blocks(rows, bits)
+        parts.append(wrecipe.pack_matmul(*q, bits))
+        del rows, q
+    del whole
+    name = n.input[1]
+    tensors = [(f"{name}_Q{bits}", TensorProto.UINT8, 0), (f"{name}_scales", TensorProto.FLOAT, 1),
+               (f"{name}_zero_points", TensorProto.UINT8, 2)]
+    for tname, dtype, i in tensors:
+        arr = np.concatenate([p[i] for p in parts])
+        t = TensorProto(name=tname, data_type=dtype, dims=list(arr.shape))
+        data.write(t, arr)
+        new_inits.append(t)
+        del arr
+    return helper.make_node("MatMulNBits", [n.input[0]] + [t[0] for t in tensors], [n.output[0]],
+                            name=n.name + f"_Q{bits}" if n.name else "", domain="com.microsoft", K=k, N=cols,
+                            bits=bits, block_size=wrecipe.BLOCK, accuracy_level=ORT_ACCURACY_LEVEL)
+
+
+def _role(weight_name: str, cols: int, vocab: int) -> tuple[str, int | None]:
+    """(role, layer) of a linear's weight by its module name (edgekv.models' HF-style names): head, attn_v,
+    ffn_down, or the projection's own name; the layer index from `layers.<i>.`."""
+    import re
+    if cols == vocab:
+        return "head", None
+    m = re.search(r"layers\.(\d+)\.", weight_name)
+    proj = re.search(r"(\w+?)(?:_proj)?\.weight$", weight_name)
+    role = proj.group(1).split(".")[-1] if proj else weight_name
+    return {"v": "attn_v", "qkv": "attn_qkv", "down": "ffn_down"}.get(role, role), int(m.group(1)) if m else None
+
+
 def _block_gather(n, table, block: int, data: _Data, new_inits: list):
     """ORT's DefaultWeightOnlyQuantizer.quantize_gather (int4, blocks along axis 1) for one table, read in chunks of
     an even number of rows (each row's blocks are independent; an even count keeps the packed nibbles byte-aligned)."""
@@ -208,11 +250,12 @@ def streams(model) -> bool:
                    for a in n.attribute)
 
 
-def quantize_stream(model, src: Path, dst: Path, weights: str, entry: dict) -> tuple[str, bool]:
+def quantize_stream(model, src: Path, dst: Path, weights: str, entry: dict) -> tuple[str, bool, dict]:
     """int8 / int4 on a graph loaded without its weights: each MatMul's B and (int4) each Gather's table read,
     quantized and appended to the new external-data file one at a time, in chunks; the kept initializers copied
     after. The codes, scales and zero points are ONNX Runtime's MatMulNBitsQuantizer's (its per-matrix kernels on
-    the same blocks), the nodes the ones it writes. Returns (tool, untied)."""
+    the same blocks), the nodes the ones it writes; int4-mix: edgekv.export.wrecipe's bits and blocks. Returns (tool,
+    untied, per tensor: what int4-mix chose for each weight, else {})."""
     import os
 
     from onnx import TensorProto
@@ -220,6 +263,7 @@ def quantize_stream(model, src: Path, dst: Path, weights: str, entry: dict) -> t
     from .to_onnx import EXTERNAL_DATA
 
     bits = BITS[weights]
+    mix = weights == "int4-mix"
     mats = _stream_weights(model)
     nodes = list(model.graph.node)
     sizes = {nodes[at].name: k * cols for at, (_, _, k, cols) in mats.items()}
@@ -227,6 +271,9 @@ def quantize_stream(model, src: Path, dst: Path, weights: str, entry: dict) -> t
     heads = {nodes[at].name for at, m in mats.items() if m[3] == vocab}
     head = sum(sizes[h] for h in heads)
     heads = heads if HEAD_GROUP[weights] != GROUP and head > sum(sizes.values()) - head else set()
+    n_layers = 1 + max([int(r[1]) for at, m in mats.items() if (r := _role(m[0].name, m[3], vocab))[1] is not None]
+                       or [-1])
+    per_tensor = {}
     inits = {i.name: i for i in model.graph.initializer}
     gathered = {n.input[0] for n in model.graph.node if n.op_type == "Gather"}
     tmp = Path(dst).parent / f".{EXTERNAL_DATA}.tmp-{os.getpid()}"
@@ -237,12 +284,23 @@ def quantize_stream(model, src: Path, dst: Path, weights: str, entry: dict) -> t
             if at in mats:
                 w, tr, k, cols = mats[at]
                 untied |= tr and w.name in gathered
-                block = HEAD_GROUP[weights] if n.name in heads else GROUP
-                new_nodes.append(_nbits_matmul(n, w, tr, k, cols, bits, block, data, new_inits))
+                if mix:
+                    from .wrecipe import mix_bits
+                    role, layer = _role(w.name, cols, vocab)
+                    b = mix_bits(role, layer, n_layers)
+                    per_tensor[w.name] = {"role": role, "layer": layer, "bits": b, "shape": [cols, k], "node": n.name,
+                                          "blocks": "searched scale and zero point" if b == 4 else "min/max"}
+                    new_nodes.append(_recipe_matmul(n, w, tr, k, cols, b, data, new_inits))
+                else:
+                    block = HEAD_GROUP[weights] if n.name in heads else GROUP
+                    new_nodes.append(_nbits_matmul(n, w, tr, k, cols, bits, block, data, new_inits))
                 trim()
             elif bits == 4 and n.op_type == "Gather" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2 \
                     and inits[n.input[0]].data_type == TensorProto.FLOAT:
                 new_nodes.append(_block_gather(n, inits[n.input[0]], GROUP, data, new_inits))
+                if mix:
+                    per_tensor[n.input[0] + " (table)"] = {"role": "embed", "layer": None, "bits": 4,
+                                                           "blocks": "ONNX Runtime's min/max (GatherBlockQuantized)"}
                 trim()
             else:
                 new_nodes.append(n)
@@ -277,11 +335,17 @@ def quantize_stream(model, src: Path, dst: Path, weights: str, entry: dict) -> t
                 o.version = 21
         model.ir_version = max(model.ir_version, 10)
     _publish(model, tmp, Path(dst))
+    if mix:
+        from . import wrecipe
+        tool = (f"edgekv.export.wrecipe (int4-mix: llama.cpp Q4_K_M's per-tensor bits as 4 / 8-bit MatMulNBits, "
+                f"blocks of {wrecipe.BLOCK}, 4-bit blocks' scale and zero point searched; accuracy_level "
+                f"{ORT_ACCURACY_LEVEL}), one weight at a time")
+        return tool, untied, per_tensor
     tool = (f"onnxruntime.quantization.MatMulNBitsQuantizer's kernels (bits {bits}, block {GROUP}"
             f"{f' (the output head {HEAD_GROUP[weights]})' if heads else ''}, "
             f"{'symmetric' if ORT_SYMMETRIC[weights] else 'asymmetric (zero points)'}, "
             f"accuracy_level {ORT_ACCURACY_LEVEL}), one weight at a time")
-    return tool, untied
+    return tool, untied, per_tensor
 
 
 def _set_opset(model, domain: str, version: int) -> None:

@@ -12,7 +12,7 @@ from ..errors import EdgekvError
 from ..strategies import REGISTRY
 
 FORMATS = ("onnx", "pte")
-WEIGHT_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8", "int4": "int4",
+WEIGHT_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8", "int4": "int4", "int4-mix": "int4-mix",
                  "gguf": "gguf blocks"}  # gguf: the file's own blocks (edgekv.export.gguf_blocks)
 # what `edgekv export --strategy` takes: the registered strategies whose class says it is exported (ring splits a
 # datacenter KV over GPUs: planned, never exported)
@@ -33,7 +33,7 @@ class ExportOptions:
     verify_steps: int = 16
     force: bool = False
     threads: int | None = None  # torch / ONNX Runtime / XNNPACK threads while exporting and verifying
-    weights: str = "fp32"  # fp32 | fp16 | int8 | int4 (edgekv.export.wquant)
+    weights: str = "fp32"  # fp32 | fp16 | int8 | int4 | int4-mix | gguf (edgekv.export.wquant)
     runners: tuple[str, ...] = ()  # --runner: genai (the ONNX graph GenAI loads), executorch (the runner .pte)
     max_memory: str | None = None  # --max-memory: the memory to plan for (edgekv.export.budget), e.g. "8GB"
     planned_for: str | None = None  # --from-plan DEVICE: the device profile the export was planned for

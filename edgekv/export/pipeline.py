@@ -57,6 +57,9 @@ def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
     quantized = opts.weights != "fp32"
     if quantized and "pte" in opts.formats and opts.weights == "fp16":
         raise EdgekvError(PTE_FP16)
+    if "pte" in opts.formats and opts.weights == "int4-mix":
+        from .wquant import MIX_ONNX
+        raise EdgekvError(MIX_ONNX)
     if opts.weights == "gguf":
         from ..models.weights import resolve_model
         from .wquant import GGUF_ONLY, GGUF_PTE
@@ -423,7 +426,7 @@ def _manifest(x: Export, version: str) -> dict:
             **({"planned_for": opts.planned_for} if opts.planned_for else {}),
             "weights": {"dtype": WEIGHT_DTYPES[opts.weights],
                         "bytes": int(quantization["onnx"]["bytes"]) if opts.weights == "gguf" else
-                        int(n_params * BITS[opts.weights] // 8),
+                        int(n_params * BITS[opts.weights] // 8) + _wider_bytes(quantization.get("onnx") or {}),
                         **({"quantization": quantization} if quantization else {})},
             "state": x.layout.to_json(), "artifacts": x.artifacts, "tokenizer": x.tok_entry,
             "runners_unsupported": runners_unsupported(x.layout, x.artifacts),
@@ -434,3 +437,10 @@ def _manifest(x: Export, version: str) -> dict:
             "files": x.mf.file_table(x.tmp)}
         x.mf.write_manifest(x.tmp, manifest)
     return manifest
+
+
+def _wider_bytes(record: dict) -> int:
+    """int4-mix: the bytes its 8-bit tensors add over 4 bits (per_tensor's shapes), nominal like the rest."""
+    import math
+    return sum(math.prod(t["shape"]) * (t["bits"] - 4) // 8 for t in record.get("per_tensor", {}).values()
+               if "shape" in t)

@@ -35,7 +35,7 @@ class OnnxTarget:
     def streamed(x) -> bool:
         """int8 / int4 weights are quantized one at a time from the graph's own W (wquant.quantize_onnx): lowering
         leaves their transposes unfolded, so no fp32 copy of the weights is made beside the module's."""
-        return x.opts.weights in ("int8", "int4")
+        return x.opts.weights in ("int8", "int4", "int4-mix")
 
     @staticmethod
     def write(x) -> None:
@@ -55,7 +55,8 @@ class OnnxTarget:
         if "quantize-onnx" in st.names:
             from .wquant import quantize_onnx
             how = "the GGUF's own blocks, carried" if opts.weights == "gguf" else \
-                f"{opts.weights} weights (ONNX Runtime quantization tools)"
+                f"{opts.weights} weights (" + ("edgekv.export.wrecipe's bits and blocks, as MatMulNBits"
+                                               if opts.weights == "int4-mix" else "ONNX Runtime quantization tools") + ")"
             with st.stage("quantize-onnx", how):
                 if streamed and "pte" not in opts.formats:  # the eager module is not traced again: verify-quant's
                     from .pipeline import fp32_reference     # fp32 side (if not yet), its weights freed before

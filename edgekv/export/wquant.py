@@ -40,18 +40,19 @@ import numpy as np
 
 from ..errors import EdgekvError
 
-WEIGHTS = ("fp32", "fp16", "int8", "int4", "gguf")
-BITS = {"fp32": 32, "fp16": 16, "int8": 8, "int4": 4}  # gguf: the file's own mix (its record's bytes)
+WEIGHTS = ("fp32", "fp16", "int8", "int4", "int4-mix", "gguf")
+# gguf: the file's own mix (its record's bytes); int4-mix: 4 or 8 bits per tensor (edgekv.export.wrecipe), the table 4
+BITS = {"fp32": 32, "fp16": 16, "int8": 8, "int4": 4, "int4-mix": 4}
 ORT_ACCURACY_LEVEL = 4  # MatMulNBits computes with int8 activations quantized per block (ORT GenAI's CPU setting)
 # int4 blocks carry a zero point (uint4) beside the scale: the GGUFs edgekv reads store asymmetric blocks (Q4_1, Q4_K:
 # scale and minimum), which a symmetric grid fits worse; on Gemma-3-270M's Q4_K_M weights symmetric int4 failed
 # verify-quant and asymmetric passes (the measurements: docs/export.md#weight-quantization).
-ORT_SYMMETRIC = {"int8": True, "int4": False}
+ORT_SYMMETRIC = {"int8": True, "int4": False, "int4-mix": False}
 # The output head (V x d, read in full every step) in int4 blocks of 64 when it holds more weights than every other
 # quantized matrix together (Gemma-3-270M: 262,144 x 640 against 18 layers of 640-wide blocks): MatMulNBits'
 # per-block work, not only the bytes, sets its time, and there blocks of 64 cut a large part of the step for a small
 # KL cost; where the head is the smaller part (SmolLM2-135M) they save little and cost more (docs/export.md)
-HEAD_GROUP = {"int8": 32, "int4": 64}
+HEAD_GROUP = {"int8": 32, "int4": 64, "int4-mix": 32}  # int4-mix: its head is 8-bit (edgekv.export.wrecipe)
 GROUP = 32  # int4 block / group size (the runtimes' kernels and ExecuTorch's 8da4w recipe use 32..256)
 # int4 for the .pte on Gemma 3: the output layer 8da4w, the decoder layers' linears int8 per output channel (8da8w).
 # XNNPACK's 4-bit kernels hold symmetric blocks only (no zero points), and Gemma's Q4_K_M weights (scale and minimum
@@ -66,6 +67,10 @@ PTE_FP16 = ("fp16 weights are not supported for the pte format: XNNPACK's fp16 k
 
 GGUF_ONLY = ("--weights gguf carries a GGUF file's own weight blocks: the model must be a .gguf file "
              "(an HF folder has none; use fp32, fp16, int8 or int4)")
+MIX_ONNX = ("--weights int4-mix is edgekv's own recipe for the onnx format (MatMulNBits 4 and 8-bit blocks): "
+            "use --format onnx, or int4 for the .pte")
+MIX_SUBGRAPH = ("--weights int4-mix quantizes the graph one weight at a time and this model's graph holds subgraphs "
+                "(a Scan or Loop body); use --weights int4")
 GGUF_PTE = ("--weights gguf is for the onnx format only: ExecuTorch's quantized linears hold integer zero points "
             "only, which cannot carry Q4_1 / Q4_K blocks exactly; use --format onnx, or int8 / int4 for the .pte")
 
@@ -286,13 +291,16 @@ def quantize_onnx(src: Path, dst: Path, weights: str, entry: dict, source: Path 
 
     if weights == "fp32":
         return {"dtype": "float32"}
-    if weights in ("int8", "int4"):  # the graph alone first: its weights are streamed where it has no subgraph
+    if weights in ("int8", "int4", "int4-mix"):  # the graph alone first: streamed where it has no subgraph
         model = onnx.load(str(src), load_external_data=False)
         from .onnx_stream import quantize_stream, streams
+        if weights == "int4-mix" and not streams(model):
+            raise EdgekvError(MIX_SUBGRAPH)
         if streams(model):
             before = Counter(n.op_type for n in model.graph.node)
-            tool, untied = quantize_stream(model, src, dst, weights, entry)
-            return _record(dst, entry, weights, tool, before, untied)
+            tool, untied, per_tensor = quantize_stream(model, src, dst, weights, entry)
+            return {**_record(dst, entry, weights, tool, before, untied),
+                    **({"per_tensor": per_tensor} if per_tensor else {})}
         del model
     model = onnx.load(str(src))
     if weights == "gguf":

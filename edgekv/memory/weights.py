@@ -51,10 +51,15 @@ def gathered_bytes(type_name: str, n: int, k: int) -> tuple[int, bool]:
     return n * k + 4 * n * (k // form[1]), True
 
 
-def weight_bytes_one(w: Weight, precision: str) -> float:
+def weight_bytes_one(w: Weight, precision: str, n_layers: int | None = None) -> float:
     """Stored bytes of one tensor. int8: 1 B + fp16 scale per output row. int4: group 32, 0.5 B + fp16 scale per
-    group (ExecuTorch 8da4w / SpinQuant layout: int4 linear, int8 embedding). Norms, conv, A, D, biases stay fp32."""
+    group (ExecuTorch 8da4w / SpinQuant layout: int4 linear, int8 embedding). Norms, conv, A, D, biases stay fp32.
+    int4-mix (edgekv.export.wrecipe): each matrix at int8's or int4's bytes by the bits its rule gives it (the
+    output head and a tied table at 8, whose rows the head reads; attn_v / ffn_down of the layers llama.cpp's
+    use_more_bits picks at 8, given n_layers; the rest 4)."""
     n = w.numel
+    if precision == "int4-mix" and w.cls != "small":
+        precision = "int8" if w.cls in ("embedding", "lm_head") or _mix_wide(w.name, n_layers) else "int4"
     if precision == "gguf":
         if w.gguf_bytes is None:
             raise ValueError("gguf precision needs a GGUF-read Arch")
@@ -69,6 +74,17 @@ def weight_bytes_one(w: Weight, precision: str) -> float:
     if precision == "int4":
         return n / 2 + (n / 32) * 2
     raise ValueError(f"unknown weight precision {precision!r}")
+
+
+def _mix_wide(name: str, n_layers: int | None) -> bool:
+    """Whether int4-mix holds this linear at 8 bits (edgekv.export.wrecipe.mix_bits, by its module name)."""
+    import re
+
+    from ..export.wrecipe import mix_bits
+    m = re.search(r"layers\.(\d+)\..*\b(v|qkv|down)_proj\.weight$", name)
+    if m is None or n_layers is None:
+        return False
+    return mix_bits({"down": "ffn_down", "qkv": "attn_qkv"}.get(m.group(2), "attn_v"), int(m.group(1)), n_layers) == 8
 
 
 def _scheme_bytes(w: Weight, spec: dict) -> float:
@@ -97,7 +113,7 @@ def _weight_bytes(arch: Arch, precision: str, scheme_key: str | None) -> dict[st
         if scheme and w.cls in ("linear", "embedding", "lm_head"):
             b = _scheme_bytes(w, scheme["output" if w.cls == "lm_head" else w.cls])
         else:
-            b = weight_bytes_one(w, precision)
+            b = weight_bytes_one(w, precision, arch.n_layers)
         out[w.cls] = out.get(w.cls, 0) + b
         # a decode step reads one embedding row, not the table; routed experts top_k of n
         read += (b / w.shape[0] if w.cls == "embedding" else b) * w.read_fraction
