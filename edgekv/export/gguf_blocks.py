@@ -23,8 +23,9 @@ scale) and the one rounding left is the same sum gguf rounds. carry() checks it 
 block where r would round (a zero point clipped at 15) falls back to z = 0, r = minimum, exact by the same argument.
 
 The embedding table: com.microsoft.GatherBlockQuantized on the same codes, scales and zero points as the output
-head's MatMulNBits when the table is tied and its type needs no remainder (Q8_0, Q4_0, Q5_0, Q6_K): one copy of the
-codes in the file, read by both. A table that needs a remainder stays the fp32 dequantized table (exact, larger).
+head's MatMulNBits when the table is tied and its type is 8-bit without a remainder (Q8_0, Q5_0, Q6_K): one copy of the
+codes in the file, read by both. A table that needs a remainder, or a 4-bit one (Q4_0), stays the fp32 dequantized
+table (exact, larger).
 """
 from __future__ import annotations
 
