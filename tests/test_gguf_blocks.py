@@ -240,3 +240,27 @@ def test_the_planners_bytes_for_a_tied_table_are_what_carry_writes(type_name):
     arch = Arch("tiny", "llama", "transformer", 64, 40, (), (Weight("token_embd.weight", (40, 64), "embedding",
                                                                       gguf_type=type_name, gguf_bytes=raw.size),))
     assert stored_bytes(model) == weight_bytes(arch, "gguf", GGUF_CARRIED)["total"]
+
+
+def test_the_files_matrices_are_keyed_as_the_loader_builds_them_llamas_q_and_k_unpermuted():
+    """gguf_matrices on SmolLM2's GGUF (a llama file: convert_hf_to_gguf.py permuted its q/k rows for llama.cpp's
+    interleaved RoPE): each 2-D tensor keyed by the fp32 matrix in transformers' row order. By hand: q's rows
+    [heads, D/2, 2] read back as [heads, 2, D/2]; v is stored as it is."""
+    from conftest import smollm2_gguf
+
+    path = smollm2_gguf()
+    reader = gguf.GGUFReader(str(path))
+    t = {x.name: x for x in reader.tensors}
+    heads, dim = 9, 576  # SmolLM2-135M: 9 query heads of 64
+    mats = gb.gguf_matrices(path)
+    names = {v[0]: (key, v) for key, v in mats.items()}
+    assert len(names) == 211 and names["token_embd.weight"][1][1] == "Q8_0"
+    for part, want_permuted in (("attn_q", True), ("attn_v", False)):
+        x = t[f"blk.0.{part}.weight"]
+        k, n = (int(d) for d in x.shape.tolist())
+        w = np.asarray(gguf.quants.dequantize(x.data, x.tensor_type), np.float32).reshape(n, k)
+        if want_permuted:
+            w = w.reshape(heads, dim // heads // 2, 2, k).swapaxes(1, 2).reshape(n, k)
+        key, (_, type_name, raw, kk) = names[f"blk.0.{part}.weight"]
+        assert key == gb.fingerprint(w) and type_name == "Q4_1" and kk == k
+        assert np.array_equal(gb.file_dequantize(gb.unpack(raw, type_name, k)), w)  # the raw rows in that order too

@@ -283,7 +283,8 @@ def gguf_matrices(path) -> dict:
     q/k rows (edgekv.models.weights.unpermute_qk) where the architecture needs it."""
     import gguf
 
-    from ..models.weights import _PERMUTED_ARCHS, gguf_config, unpermute_qk
+    from ..arch.variants import GGUF_VARIANTS
+    from ..models.weights import gguf_config, unpermute_qk
 
     reader = gguf.GGUFReader(str(path))
     arch = reader.fields["general.architecture"].contents()
@@ -303,7 +304,8 @@ def gguf_matrices(path) -> dict:
             raw = raw.reshape(n, -1)
             w = np.asarray(gguf.quants.dequantize(raw, t.tensor_type), np.float32).reshape(n, k)
         part = t.name.split(".")[-2] if t.name.startswith("blk.") else ""
-        if arch in _PERMUTED_ARCHS and part in ("attn_q", "attn_k"):
+        v = GGUF_VARIANTS.get(arch)
+        if v is not None and v.gguf_permuted and part in ("attn_q", "attn_k"):  # as the loader does
             heads = cfg["num_attention_heads"] if part == "attn_q" else cfg["num_key_value_heads"]
             w = unpermute_qk(w, heads)
             raw = unpermute_qk(raw, heads)
