@@ -11,6 +11,10 @@ ONNX Runtime's com.microsoft.MatMulNBits represents on its fast path, w = scale 
     Q4_K  d*sc * q - dmin*mn             remainder r = m + d * z as an fp32 term: sum over blocks of r times the
     Q5_1, Q5_K (8-bit, same form)        input's block sums (Reshape, ReduceSum, MatMul, Add)
 
+The 5-bit and 6-bit types stay 8-bit codes, and the Q8_0 head 8-bit: an exact split into 4-bit plus 2-bit (Q5_0) or
+two 4-bit parts (Q8_0) is two MatMulNBits calls and measured slower than the one 8-bit call on ONNX Runtime's CPU
+kernels (benchmarks/gguf_blocks_speed.py; benchmarks/README.md, "Gemma's 8-bit codes").
+
 A zero point alone cannot hold Q4_1 / Q4_K's fractional minimum, and MatMulNBits with float zero points leaves the
 fast path (its CPU kernel dequantizes the whole matrix every call); the remainder term is small: one [K/32, N]
 fp32 matrix per projection. z is the integer nearest the minimum, so the 4-bit part carries almost the whole weight
