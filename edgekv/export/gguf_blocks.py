@@ -11,6 +11,10 @@ ONNX Runtime's com.microsoft.MatMulNBits represents on its fast path, w = scale 
     Q4_K  d*sc * q - dmin*mn             remainder r = m + d * z as an fp32 term: sum over blocks of r times the
     Q5_1, Q5_K (8-bit, same form)        input's block sums (Reshape, ReduceSum, MatMul, Add)
 
+The 5-bit and 6-bit types stay 8-bit codes, and the Q8_0 head 8-bit: an exact split into 4-bit plus 2-bit (Q5_0) or
+two 4-bit parts (Q8_0) is two MatMulNBits calls and measured slower than the one 8-bit call on ONNX Runtime's CPU
+kernels (benchmarks/gguf_blocks_speed.py; benchmarks/README.md, "Gemma's 8-bit codes").
+
 A zero point alone cannot hold Q4_1 / Q4_K's fractional minimum, and MatMulNBits with float zero points leaves the
 fast path (its CPU kernel dequantizes the whole matrix every call); the remainder term is small: one [K/32, N]
 fp32 matrix per projection. z is the integer nearest the minimum, so the 4-bit part carries almost the whole weight
@@ -23,8 +27,9 @@ scale) and the one rounding left is the same sum gguf rounds. carry() checks it 
 block where r would round (a zero point clipped at 15) falls back to z = 0, r = minimum, exact by the same argument.
 
 The embedding table: com.microsoft.GatherBlockQuantized on the same codes, scales and zero points as the output
-head's MatMulNBits when the table is tied and its type needs no remainder (Q8_0, Q4_0, Q5_0, Q6_K): one copy of the
-codes in the file, read by both. A table that needs a remainder stays the fp32 dequantized table (exact, larger).
+head's MatMulNBits when the table is tied and its type is 8-bit without a remainder (Q8_0, Q5_0, Q6_K): one copy of the
+codes in the file, read by both. A table that needs a remainder, or a 4-bit one (Q4_0), stays the fp32 dequantized
+table (exact, larger).
 """
 from __future__ import annotations
 
@@ -282,7 +287,8 @@ def gguf_matrices(path) -> dict:
     q/k rows (edgekv.models.weights.unpermute_qk) where the architecture needs it."""
     import gguf
 
-    from ..models.weights import _PERMUTED_ARCHS, gguf_config, unpermute_qk
+    from ..arch.variants import GGUF_VARIANTS
+    from ..models.weights import gguf_config, unpermute_qk
 
     reader = gguf.GGUFReader(str(path))
     arch = reader.fields["general.architecture"].contents()
@@ -302,7 +308,8 @@ def gguf_matrices(path) -> dict:
             raw = raw.reshape(n, -1)
             w = np.asarray(gguf.quants.dequantize(raw, t.tensor_type), np.float32).reshape(n, k)
         part = t.name.split(".")[-2] if t.name.startswith("blk.") else ""
-        if arch in _PERMUTED_ARCHS and part in ("attn_q", "attn_k"):
+        v = GGUF_VARIANTS.get(arch)
+        if v is not None and v.gguf_permuted and part in ("attn_q", "attn_k"):  # as the loader does
             heads = cfg["num_attention_heads"] if part == "attn_q" else cfg["num_key_value_heads"]
             w = unpermute_qk(w, heads)
             raw = unpermute_qk(raw, heads)
