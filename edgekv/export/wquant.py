@@ -125,9 +125,15 @@ def torchao_config(weights: str):
         # symmetric codes -8..7 with the scale that clips neither end (max(-min / 8, max / 7)), not torchao's default
         # max|w| / 7.5, which clips a group's positive extreme to 7 steps (lower KL against fp32 with the same
         # kernels: docs/export.md#weight-quantization); int8 per channel gains nothing from it
+        # weight_scale_dtype bf16: XNNPACK stores a blockwise (per-group) weight's scales as bfloat16
+        # (executorch/backends/xnnpack/operators/node_visitor.py, get_quant_params: per_channel_group), so fp32
+        # scales in the eager module leave the .pte up to 2^-9 off per group, a different model from the one
+        # verify-quant measured; bf16 scales here (torchao requantizes the codes with them) make the two the same
+        # model (tests/test_wquant.py: the .pte against eager torch)
         from torchao.quantization.quant_primitives import MappingType
         return Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(GROUP),
-                                                     weight_mapping_type=MappingType.SYMMETRIC_NO_CLIPPING_ERR)
+                                                     weight_mapping_type=MappingType.SYMMETRIC_NO_CLIPPING_ERR,
+                                                     weight_scale_dtype=torch.bfloat16)
     raise EdgekvError(PTE_FP16 if weights == "fp16" else f"no torchao recipe for weights {weights!r}")
 
 
