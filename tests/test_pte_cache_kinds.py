@@ -88,10 +88,10 @@ def export(src, out, strategy, weights, ctx=CTX):
 
 # (strategy, weights, the largest |pte - eager| over the logit scale). fp32 / kv-int8 / kv-int4 / kv-int8c caches are
 # computed by the same fp32 arithmetic in both (the codes are the same where the rows are), fp16 by the same casts.
-# 8da4w weights quantize each activation row to int8 at run time, XNNPACK's kernels in the .pte and torchao's in
-# eager torch: on this random model (weights at initializer_range 0.2) the fp32-cache .pte sat 0.32 from eager torch
-# at a logit scale of 5.5 (5.8 %); why the two int8 activation paths part that far is not yet known (issue 39), so the
-# bound is 10 % with 90 % top-1 agreement. The weight-quantized exports take minutes on the shared cores (`-m slow`).
+# 8da4w weights: the same int8 activation rows and int4 codes times the same bf16 group scales in both (XNNPACK stores
+# a group's scale as bf16, so edgekv's eager module does too: wquant.torchao_config), so only fp32 summation order
+# and the rare activation that rounds to the other int8 step part them (measured 4e-7 of the logit scale; 5.8 % while
+# the eager scales were fp32). The weight-quantized exports take minutes on the shared cores (`-m slow`).
 SLOW = pytest.mark.slow
 CASES = [
     ("kv:dtype=fp32", "fp32", 1e-4),
@@ -100,8 +100,8 @@ CASES = [
     ("kv-int8c", "fp32", 1e-3),
     ("kv-int4:group=8", "fp32", 1e-3),
     (WINDOW, "fp32", 1e-4),
-    pytest.param("kv:dtype=fp32", "int4", 0.1, marks=SLOW),
-    pytest.param("kv-int8", "int4", 0.1, marks=SLOW),
+    pytest.param("kv:dtype=fp32", "int4", 1e-3, marks=SLOW),
+    pytest.param("kv-int8", "int4", 1e-3, marks=SLOW),
 ]
 
 
@@ -119,7 +119,7 @@ def test_each_cache_kind_pte_decodes_what_eager_torch_does_past_the_window(llama
     scale = np.abs(want).max()
     assert scale > 1.0
     assert np.abs(got - want).max() <= tol * scale, (strategy, weights, np.abs(got - want).max(), scale)
-    assert (got.argmax(-1) == want.argmax(-1)).mean() >= (1.0 if weights == "fp32" else 0.9)
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= (1.0 if weights == "fp32" else 0.95)
     if weights == "fp32" and strategy in ("kv:dtype=fp32",):  # the float cache is transformers' own attention
         with torch.no_grad():
             hf = ref(torch.tensor([STREAM])).logits[0].numpy()

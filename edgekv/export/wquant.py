@@ -65,6 +65,12 @@ GROUP = 32  # int4 block / group size (the runtimes' kernels and ExecuTorch's 8d
 PTE_INT4_LAYERS_INT8 = ("the decoder layers' linears int8 per channel, the output layer 8da4w: XNNPACK's 4-bit "
                         "blocks are symmetric, and Gemma 3's asymmetric GGUF blocks requantized to them lose most "
                         "of the KL (docs/export.md#weight-quantization)")
+# A .pte from a GGUF: ExecuTorch's quantized linears hold symmetric blocks with no float minimum (XNNPACK's asymmetric
+# int4 is not usable: experiments/xnnpack_asym_int4.py), so the file's blocks are dequantized and quantized a second
+# time; the export says so beside verify-quant's KL against the file's own weights (issue 38)
+PTE_REQUANTIZED = ("the {source} file's blocks dequantized and quantized again by torchao (ExecuTorch's quantized "
+                   "linears cannot carry them: symmetric blocks only, no float minimum); --format onnx --weights "
+                   "gguf carries them as they are")
 PTE_FP16 = ("fp16 weights are not supported for the pte format: XNNPACK's fp16 kernels need ARMv8.2 fp16 "
             "arithmetic, which this export cannot run and verify on x86; use --weights int8 or int4 (or fp32)")
 
@@ -145,11 +151,12 @@ def int8_layers(module, weights: str) -> bool:
     return weights == "int4" and declared is not None and declared.pte_int4_layers == "int8"
 
 
-def quantize_module(module, weights: str) -> dict:
+def quantize_module(module, weights: str, source_format: str = "") -> dict:
     """Quantize the eager module in place for the .pte path (call it on a copy: the fp32 module stays the reference).
     Every nn.Linear whose input width is a multiple of GROUP, the untied output layer included; int4 on a model
     PTE_INT4_LAYERS_INT8 names: the output layer 8da4w, the decoder layers' linears int8 per channel. Returns what
-    was done, for the manifest."""
+    was done, for the manifest; source_format (the loaded model's, e.g. "gguf Q4_K_M"): a GGUF's is recorded as
+    quantized a second time (PTE_REQUANTIZED)."""
     import contextlib
     import io
     import logging
@@ -179,6 +186,8 @@ def quantize_module(module, weights: str) -> dict:
         pytree_log.setLevel(level)
     more = {"layers_int8": {"linears": len(wide), "scheme": "Int8DynamicActivationIntxWeightConfig"
                             + _describe_config(torchao_config("int8")), "why": PTE_INT4_LAYERS_INT8}} if wide else {}
+    if str(source_format).lower().startswith("gguf"):
+        more["requantized"] = PTE_REQUANTIZED.format(source=source_format)
     return {"dtype": weights, "tool": f"torchao {_version('torchao')} quantize_",
             "scheme": type(config).__name__ + _describe_config(config), **more,
             "linears_quantized": len(take), "linears_kept_fp32": sorted(set(linears) - take),
