@@ -509,3 +509,12 @@ def test_pte_int4_linears_run_the_eager_modules_own_weights():
     scale = np.abs(want).max()
     assert scale > 1.0
     assert np.abs(got - want).max() <= 1e-5 * scale, (np.abs(got - want).max(), scale)
+
+
+def test_a_gguf_source_is_recorded_as_quantized_a_second_time_for_the_pte(tiny):
+    """issue 38: a .pte from a GGUF cannot carry the file's blocks (XNNPACK's int4 groups are symmetric:
+    experiments/xnnpack_asym_int4.py), so its manifest says they were quantized again (the export's summary prints it
+    beside verify-quant's KL); weights from safetensors were quantized once."""
+    rec = wquant.quantize_module(copy.deepcopy(tiny), "int4", "gguf Q4_1")
+    assert "gguf Q4_1" in rec["requantized"] and "quantized again" in rec["requantized"]
+    assert "requantized" not in wquant.quantize_module(copy.deepcopy(tiny), "int4", "safetensors")
