@@ -93,10 +93,10 @@ def export(src, out, strategy, weights, ctx=CTX):
 # codes: the eager module they are held to at these bounds rounds its query the same way (per token and head,
 # torch's quantized_decomposed reference ops: edgekv.models.swaps.kernel_reference), and QUERY_ROUNDING bounds how
 # far that rounding moves them from the plain eager module.
-# 8da4w weights quantize each activation row to int8 at run time, XNNPACK's kernels in the .pte and torchao's in
-# eager torch: on this random model (weights at initializer_range 0.2) the fp32-cache .pte sat 0.32 from eager torch
-# at a logit scale of 5.5 (5.8 %); why the two int8 activation paths part that far is not yet known (issue 39), so the
-# bound is 10 % with 90 % top-1 agreement. The weight-quantized exports take minutes on the shared cores (`-m slow`).
+# 8da4w weights: the same int8 activation rows and int4 codes times the same bf16 group scales in both (XNNPACK stores
+# a group's scale as bf16, so edgekv's eager module does too: wquant.torchao_config), so only fp32 summation order
+# and the rare activation that rounds to the other int8 step part them (measured 4e-7 of the logit scale; 5.8 % while
+# the eager scales were fp32). The weight-quantized exports take minutes on the shared cores (`-m slow`).
 SLOW = pytest.mark.slow
 CASES = [
     ("kv:dtype=fp32", "fp32", 1e-4),
@@ -105,8 +105,8 @@ CASES = [
     ("kv-int8c", "fp32", 1e-3),
     ("kv-int4:group=8", "fp32", 1e-3),
     (WINDOW, "fp32", 1e-4),
-    pytest.param("kv:dtype=fp32", "int4", 0.1, marks=SLOW),
-    pytest.param("kv-int8", "int4", 0.1, marks=SLOW),
+    pytest.param("kv:dtype=fp32", "int4", 1e-3, marks=SLOW),
+    pytest.param("kv-int8", "int4", 1e-3, marks=SLOW),
 ]
 # the query's int8 rounding against the plain eager module, over the logit scale: a query row's rounding moves each
 # score by up to half a step of its largest |value| over 127.5, and this random model's sharp attention carries that
@@ -135,7 +135,7 @@ def test_each_cache_kind_pte_decodes_what_eager_torch_does_past_the_window(llama
     scale = np.abs(want).max()
     assert scale > 1.0
     assert np.abs(got - want).max() <= tol * scale, (strategy, weights, np.abs(got - want).max(), scale)
-    assert (got.argmax(-1) == want.argmax(-1)).mean() >= (1.0 if weights == "fp32" else 0.9)
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= (1.0 if weights == "fp32" else 0.95)
     if strategy in KERNELS:  # the codes read in place: no dequantized copy; the plain module within the rounding
         ops = m["artifacts"][0]["delegation"]["forward"]["portable_ops"]
         uses, avoids = KERNELS[strategy]

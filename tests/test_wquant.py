@@ -6,6 +6,7 @@ fp32 torch, the text's NLL against transformers' own loss."""
 import copy
 import json
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -483,3 +484,38 @@ def test_gemma_int4_pte_keeps_its_layers_int8_per_channel_and_the_head_8da4w(tmp
         assert int(lin.weight.qdata.abs().max()) > 8, name  # int8 codes use more than the int4 range
     head = q.lm_head.weight
     assert head.scale.numel() == 96 * 64 // 32 and -8 <= int(head.qdata.min()) and int(head.qdata.max()) <= 7
+
+
+def test_pte_int4_linears_run_the_eager_modules_own_weights():
+    """The 8da4w .pte is the model verify-quant measured: XNNPACK stores a blockwise weight's scales as bfloat16
+    (ExecuTorch's xnnpack node_visitor.get_quant_params), so the eager module's scales must be bf16 too, or every
+    group of the .pte sits up to 2^-9 off the eager weights (here 4.8e-3 of the output scale without bf16 scales; on the
+    tiny test llama 5.8 % of the logit scale after two layers: tests/test_pte_cache_kinds.py). Two stacked linears
+    lowered to XNNPACK and run by ExecuTorch's runtime against eager torch: the same int8 activations and int4 codes
+    times the same scales leave only fp32 summation order, ~1e-6 of the scale (64- and 128-term sums)."""
+    from executorch.extension.pybindings import portable_lib
+
+    from edgekv.export import to_pte
+
+    torch.manual_seed(0)
+    q = torch.nn.Sequential(torch.nn.Linear(64, 128, bias=False), torch.nn.GELU(),
+                            torch.nn.Linear(128, 96, bias=False)).eval()
+    rec = wquant.quantize_module(q, "int4")
+    assert rec["linears_quantized"] == 2
+    x = torch.randn(1, 8, 64) * 3
+    with torch.no_grad():
+        want = q(x).numpy()
+    buf = to_pte.to_buffer(to_pte.lower_pte({"forward": torch.export.export(q, (x,), strict=False)}))
+    got = portable_lib._load_for_executorch_from_buffer(buf).forward((x,))[0].numpy()  # buf outlives the program
+    scale = np.abs(want).max()
+    assert scale > 1.0
+    assert np.abs(got - want).max() <= 1e-5 * scale, (np.abs(got - want).max(), scale)
+
+
+def test_a_gguf_source_is_recorded_as_quantized_a_second_time_for_the_pte(tiny):
+    """issue 38: a .pte from a GGUF cannot carry the file's blocks (XNNPACK's int4 groups are symmetric:
+    experiments/xnnpack_asym_int4.py), so its manifest says they were quantized again (the export's summary prints it
+    beside verify-quant's KL); weights from safetensors were quantized once."""
+    rec = wquant.quantize_module(copy.deepcopy(tiny), "int4", "gguf Q4_1")
+    assert "gguf Q4_1" in rec["requantized"] and "quantized again" in rec["requantized"]
+    assert "requantized" not in wquant.quantize_module(copy.deepcopy(tiny), "int4", "safetensors")

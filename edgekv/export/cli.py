@@ -170,6 +170,9 @@ def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefi
             click.echo(f"weights: the GGUF's own blocks ({carried['source']}: {types}), {exact} of "
                        f"{len(carried['tensors'])} tensors bit-exact; {carried['matmuls_left_float']} MatMuls left "
                        "float")
+        if carried.get("requantized"):  # a GGUF's blocks quantized a second time: what that costs
+            click.echo(f"weights ({fmt}): {carried['requantized']}: KL mean {v['kl_mean']:.3g} nats, top-1 "
+                       f"{v['top1_agreement']:.1%} against the file's own weights")
         if f"{fmt}-quant" in m["verification"]:
             continue  # said on its verified line
         click.echo(f"{v['weights']} weights ({fmt}) vs fp32 over {v['positions']} positions of real text: top-1 "

@@ -220,7 +220,7 @@ def _quantize(x: Export) -> None:
     with x.st.stage("quantize", f"{x.opts.weights} weights for the .pte (torchao, on a copy of the eager module)"):
         import copy
         x.qmodule = copy.deepcopy(x.module)
-        x.quantization["pte"] = quantize_module(x.qmodule, x.opts.weights)
+        x.quantization["pte"] = quantize_module(x.qmodule, x.opts.weights, x.loaded.source_format)
 
 
 def _entry_points(x: Export) -> None:

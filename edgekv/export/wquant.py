@@ -62,6 +62,12 @@ GROUP = 32  # int4 block / group size (the runtimes' kernels and ExecuTorch's 8d
 PTE_INT4_LAYERS_INT8 = ("the decoder layers' linears int8 per channel, the output layer 8da4w: XNNPACK's 4-bit "
                         "blocks are symmetric, and Gemma 3's asymmetric GGUF blocks requantized to them lose most "
                         "of the KL (docs/export.md#weight-quantization)")
+# A .pte from a GGUF: ExecuTorch's quantized linears hold symmetric blocks with no float minimum (XNNPACK's asymmetric
+# int4 is not usable: experiments/xnnpack_asym_int4.py), so the file's blocks are dequantized and quantized a second
+# time; the export says so beside verify-quant's KL against the file's own weights (issue 38)
+PTE_REQUANTIZED = ("the {source} file's blocks dequantized and quantized again by torchao (ExecuTorch's quantized "
+                   "linears cannot carry them: symmetric blocks only, no float minimum); --format onnx --weights "
+                   "gguf carries them as they are")
 PTE_FP16 = ("fp16 weights are not supported for the pte format: XNNPACK's fp16 kernels need ARMv8.2 fp16 "
             "arithmetic, which this export cannot run and verify on x86; use --weights int8 or int4 (or fp32)")
 
@@ -114,9 +120,15 @@ def torchao_config(weights: str):
         # symmetric codes -8..7 with the scale that clips neither end (max(-min / 8, max / 7)), not torchao's default
         # max|w| / 7.5, which clips a group's positive extreme to 7 steps (lower KL against fp32 with the same
         # kernels: docs/export.md#weight-quantization); int8 per channel gains nothing from it
+        # weight_scale_dtype bf16: XNNPACK stores a blockwise (per-group) weight's scales as bfloat16
+        # (executorch/backends/xnnpack/operators/node_visitor.py, get_quant_params: per_channel_group), so fp32
+        # scales in the eager module leave the .pte up to 2^-9 off per group, a different model from the one
+        # verify-quant measured; bf16 scales here (torchao requantizes the codes with them) make the two the same
+        # model (tests/test_wquant.py: the .pte against eager torch)
         from torchao.quantization.quant_primitives import MappingType
         return Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(GROUP),
-                                                     weight_mapping_type=MappingType.SYMMETRIC_NO_CLIPPING_ERR)
+                                                     weight_mapping_type=MappingType.SYMMETRIC_NO_CLIPPING_ERR,
+                                                     weight_scale_dtype=torch.bfloat16)
     raise EdgekvError(PTE_FP16 if weights == "fp16" else f"no torchao recipe for weights {weights!r}")
 
 
@@ -128,11 +140,12 @@ def int8_layers(module, weights: str) -> bool:
     return weights == "int4" and declared is not None and declared.pte_int4_layers == "int8"
 
 
-def quantize_module(module, weights: str) -> dict:
+def quantize_module(module, weights: str, source_format: str = "") -> dict:
     """Quantize the eager module in place for the .pte path (call it on a copy: the fp32 module stays the reference).
     Every nn.Linear whose input width is a multiple of GROUP, the untied output layer included; int4 on a model
     PTE_INT4_LAYERS_INT8 names: the output layer 8da4w, the decoder layers' linears int8 per channel. Returns what
-    was done, for the manifest."""
+    was done, for the manifest; source_format (the loaded model's, e.g. "gguf Q4_K_M"): a GGUF's is recorded as
+    quantized a second time (PTE_REQUANTIZED)."""
     import contextlib
     import io
     import logging
@@ -162,6 +175,8 @@ def quantize_module(module, weights: str) -> dict:
         pytree_log.setLevel(level)
     more = {"layers_int8": {"linears": len(wide), "scheme": "Int8DynamicActivationIntxWeightConfig"
                             + _describe_config(torchao_config("int8")), "why": PTE_INT4_LAYERS_INT8}} if wide else {}
+    if str(source_format).lower().startswith("gguf"):
+        more["requantized"] = PTE_REQUANTIZED.format(source=source_format)
     return {"dtype": weights, "tool": f"torchao {_version('torchao')} quantize_",
             "scheme": type(config).__name__ + _describe_config(config), **more,
             "linears_quantized": len(take), "linears_kept_fp32": sorted(set(linears) - take),
