@@ -165,7 +165,7 @@ def _check_attention_line(head: str, d: str) -> None:
     divided by the device's scale range, give the printed tok/s (range)."""
     m = re.match(rf"decode +~{NUM} (GB weights / \({NUM} GB/s x {NUM}\)|GB weights / {NUM} GB/s \(measured\)|"
                  rf"GFLOP matmuls / \({NUM} GFLOP/s x {NUM}\)) = {NUM} ms \+ attention {NUM} ms"
-                 rf"(?: / device scale {NUM}-{NUM})? -> {NUM}(?:-{NUM})? tok/s \((?:GroupQueryAttention|custom_sdpa"
+                 rf"(?: / device scale {NUM}-{NUM})? -> {NUM}(?:-{NUM})? tok/s \((?:GroupQueryAttention|custom_quantized_sdpa|custom_sdpa"
                  rf"|flash attention|eager graph without \w+|custom_sdpa after \w+) at its kernel rate: (.*)\)$", d)
     assert m, (head, d)
     g = m.groups()
