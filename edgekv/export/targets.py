@@ -21,8 +21,10 @@ class OnnxTarget:
             from .pipeline import fp32_reference
             fp32_reference(x, release=False)
         onnx_module, swapped = for_runtime(x.module, "onnxruntime")
-        if alone:  # then what the swapped copy does not share (the separate q/k/v of its fused ones) freed
-            from .pipeline import release_weights
+        if alone:  # then the weights traced kept as their exact bf16 / fp16 (lazy_weights: the module traces over
+            from .lazy_weights import stash_weights  # placeholders), and what the swapped copy does not share (the
+            from .pipeline import release_weights    # separate q/k/v of its fused ones) freed
+            x.stash = stash_weights(onnx_module, x.module)
             release_weights(x.module, keep=onnx_module)
         x.fused, x.any_fused = bool(swapped) and all(swapped), any(swapped)
         x.window_cache = any(isinstance(m, GQAAttention) and m.window is not None for m in onnx_module.modules())
@@ -44,10 +46,12 @@ class OnnxTarget:
         opts, st, tmp = x.opts, x.st, x.tmp
         streamed = OnnxTarget.streamed(x)
         with st.stage("lower-onnx", "torch.onnx.export(dynamo=True)"):
-            model = to_onnx.lower_onnx(x.eps.pop("onnx:forward"), x.entries["onnx"][0], fold_weights=not streamed)
+            model = to_onnx.lower_onnx(x.eps.pop("onnx:forward"), x.entries["onnx"][0], fold_weights=not streamed,
+                                       stash=x.stash)
         with st.stage("serialize-onnx", f"model.onnx + {to_onnx.EXTERNAL_DATA}"):
             to_onnx.save_onnx(model, tmp / "model.onnx")  # one tensor at a time
             del model
+            x.stash = None  # the narrow copies: written, read back from the file by quantize-onnx
             if opts.weights == "fp32":  # the quantized recipes untie the head instead (wquant.quantize_onnx)
                 from .onnx_stream import fuse_tied_head_file
                 fuse_tied_head_file(tmp / "model.onnx")
