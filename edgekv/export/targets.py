@@ -24,6 +24,10 @@ class OnnxTarget:
         if alone:  # then the weights traced kept as their exact bf16 / fp16 (lazy_weights: the module traces over
             from .lazy_weights import stash_weights  # placeholders), and what the swapped copy does not share (the
             from .pipeline import release_weights    # separate q/k/v of its fused ones) freed
+            for m in onnx_module.modules():  # a fused layer's separate q/k/v: the graph reads its qkv_proj only
+                if isinstance(m, GQAAttention) and "qkv_proj" in m._modules:
+                    for name in ("q_proj", "k_proj", "v_proj"):
+                        m._modules.pop(name, None)  # its own dict (swaps._share): the eager layer keeps them
             x.stash = stash_weights(onnx_module, x.module)
             release_weights(x.module, keep=onnx_module)
         x.fused, x.any_fused = bool(swapped) and all(swapped), any(swapped)
