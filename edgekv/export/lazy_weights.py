@@ -22,6 +22,7 @@ import torch
 # every stashed weight must be larger than the lowering's fold limit (to_onnx.FOLD_LIMIT elements)
 MIN_ELEMS = 1 << 18
 NARROW = (torch.bfloat16, torch.float16)
+ROWS_ELEMS = 1 << 22  # elements narrowed and checked at a time (16 MB of fp32)
 
 
 class Stash:
@@ -52,12 +53,20 @@ def _placeholder(shape, keep: list) -> torch.Tensor:
 
 
 def _narrow(p: torch.Tensor) -> torch.Tensor | None:
-    """p's exact bf16 / fp16 copy, or None where neither holds p's values bit for bit."""
+    """p's exact bf16 / fp16 copy, or None where neither holds p's values bit for bit. Checked and copied in slices
+    of ROWS_ELEMS (no second fp32 copy of a large table beside it)."""
+    flat = p.reshape(-1)
+    step = ROWS_ELEMS
     for dt in NARROW:
-        q = p.to(dt)
-        if torch.equal(q.to(torch.float32), p):  # NaN never equals itself: such a weight keeps its fp32 storage
-            return q
-        del q
+        out = torch.empty(flat.shape, dtype=dt)
+        for a in range(0, flat.numel(), step):
+            part = flat[a:a + step]
+            out[a:a + step] = part
+            if not torch.equal(out[a:a + step].to(torch.float32), part):  # NaN never equals itself: kept fp32
+                break
+        else:
+            return out.view(p.shape)
+        del out
     return None
 
 
@@ -75,7 +84,8 @@ def stash_weights(*modules) -> Stash:
         for p in m.parameters():
             if p.untyped_storage().data_ptr() in groups:
                 groups[p.untyped_storage().data_ptr()].append(p)
-    for params in groups.values():
+    # the smallest first: by the time the largest (the embedding table) is copied, the rest are already half size
+    for params in sorted(groups.values(), key=lambda ps: ps[0].numel()):
         first = params[0]
         if any(p.shape != first.shape for p in params):
             continue  # views of one storage at other shapes: left as they are

@@ -21,15 +21,15 @@ class OnnxTarget:
             from .pipeline import fp32_reference
             fp32_reference(x, release=False)
         onnx_module, swapped = for_runtime(x.module, "onnxruntime")
-        if alone:  # then the weights traced kept as their exact bf16 / fp16 (lazy_weights: the module traces over
-            from .lazy_weights import stash_weights  # placeholders), and what the swapped copy does not share (the
-            from .pipeline import release_weights    # separate q/k/v of its fused ones) freed
+        if alone:  # then what the swapped copy does not share (the separate q/k/v of its fused ones) freed, and the
+            from .lazy_weights import stash_weights  # weights traced kept as their exact bf16 / fp16 (lazy_weights:
+            from .pipeline import release_weights    # the module traces over placeholders)
             for m in onnx_module.modules():  # a fused layer's separate q/k/v: the graph reads its qkv_proj only
                 if isinstance(m, GQAAttention) and "qkv_proj" in m._modules:
                     for name in ("q_proj", "k_proj", "v_proj"):
                         m._modules.pop(name, None)  # its own dict (swaps._share): the eager layer keeps them
-            x.stash = stash_weights(onnx_module, x.module)
             release_weights(x.module, keep=onnx_module)
+            x.stash = stash_weights(onnx_module, x.module)
         x.fused, x.any_fused = bool(swapped) and all(swapped), any(swapped)
         x.window_cache = any(isinstance(m, GQAAttention) and m.window is not None for m in onnx_module.modules())
         if "genai" in x.opts.runners:
