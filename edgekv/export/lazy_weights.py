@@ -33,6 +33,14 @@ class Stash:
         self.fp32_bytes = 0  # the fp32 bytes the stash stands in for
         self.kept_bytes = 0  # the narrow copies' bytes
 
+    def release(self) -> None:
+        """Drop the narrow copies once the graph is written: the exporter keeps references to the lowered graph
+        (whose lazy initializers read this stash) past the graph's last use, so dropping the Stash is not enough."""
+        self.by_ptr.clear()
+        self._maps = []
+        from .wquant import trim
+        trim()
+
     def value_of(self, t: torch.Tensor) -> torch.Tensor | None:
         """The fp32 values of t, a tensor (or a view) over a placeholder; None if t is not over one."""
         hit = self.by_ptr.get(t.untyped_storage().data_ptr())

@@ -55,7 +55,9 @@ class OnnxTarget:
         with st.stage("serialize-onnx", f"model.onnx + {to_onnx.EXTERNAL_DATA}"):
             to_onnx.save_onnx(model, tmp / "model.onnx")  # one tensor at a time
             del model
-            x.stash = None  # the narrow copies: written, read back from the file by quantize-onnx
+            if x.stash is not None:  # the narrow copies: written, read back from the file by quantize-onnx
+                x.stash.release()
+                x.stash = None
             if opts.weights == "fp32":  # the quantized recipes untie the head instead (wquant.quantize_onnx)
                 from .onnx_stream import fuse_tied_head_file
                 fuse_tied_head_file(tmp / "model.onnx")
