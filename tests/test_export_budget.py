@@ -77,6 +77,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 @pytest.mark.parametrize("name, model, ctx", [
     ("export_cost_llama_3.2_1b_random_onnx_int4_8k_streamed", "llama-3.2-1b", 8192),
     ("export_cost_llama_3.2_1b_random_onnx_int4_8k_short_reference", "llama-3.2-1b", 8192),
+    ("export_cost_llama_3.2_1b_random_onnx_int4_8k_lazy_weights", "llama-3.2-1b", 8192),
+    ("export_cost_llama_3.2_1b_random_onnx_int4_8k_lazy_weights_released", "llama-3.2-1b", 8192),
     ("export_cost_smollm2_135m_onnx_int4_512_streamed", "smollm2-135m", 512)])
 def test_estimate_is_within_a_stated_factor_of_a_measured_streamed_export(name, model, ctx):
     """The estimate for a streamed int4 ONNX export (a random Llama-3.2-1B at 8k; SmolLM2-135M at 512, where the

@@ -141,6 +141,7 @@ class Export:
     weight_quality: dict = field(default_factory=dict)
     fp32_rows: object = None  # verify-quant's fp32 logits (quality.teacher_forced), computed once
     n_params: int = 0  # counted before verify-quant frees the eager module's weights
+    stash: object = None  # the streamed ONNX export's narrow weights while it lowers (edgekv.export.lazy_weights)
 
     module = property(lambda self: self.loaded.module)
     layout = property(lambda self: self.loaded.layout)

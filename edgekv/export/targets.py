@@ -21,9 +21,15 @@ class OnnxTarget:
             from .pipeline import fp32_reference
             fp32_reference(x, release=False)
         onnx_module, swapped = for_runtime(x.module, "onnxruntime")
-        if alone:  # then what the swapped copy does not share (the separate q/k/v of its fused ones) freed
-            from .pipeline import release_weights
+        if alone:  # then what the swapped copy does not share (the separate q/k/v of its fused ones) freed, and the
+            from .lazy_weights import stash_weights  # weights traced kept as their exact bf16 / fp16 (lazy_weights:
+            from .pipeline import release_weights    # the module traces over placeholders)
+            for m in onnx_module.modules():  # a fused layer's separate q/k/v: the graph reads its qkv_proj only
+                if isinstance(m, GQAAttention) and "qkv_proj" in m._modules:
+                    for name in ("q_proj", "k_proj", "v_proj"):
+                        m._modules.pop(name, None)  # its own dict (swaps._share): the eager layer keeps them
             release_weights(x.module, keep=onnx_module)
+            x.stash = stash_weights(onnx_module, x.module)
         x.fused, x.any_fused = bool(swapped) and all(swapped), any(swapped)
         x.window_cache = any(isinstance(m, GQAAttention) and m.window is not None for m in onnx_module.modules())
         if "genai" in x.opts.runners:
@@ -44,10 +50,14 @@ class OnnxTarget:
         opts, st, tmp = x.opts, x.st, x.tmp
         streamed = OnnxTarget.streamed(x)
         with st.stage("lower-onnx", "torch.onnx.export(dynamo=True)"):
-            model = to_onnx.lower_onnx(x.eps.pop("onnx:forward"), x.entries["onnx"][0], fold_weights=not streamed)
+            model = to_onnx.lower_onnx(x.eps.pop("onnx:forward"), x.entries["onnx"][0], fold_weights=not streamed,
+                                       stash=x.stash)
         with st.stage("serialize-onnx", f"model.onnx + {to_onnx.EXTERNAL_DATA}"):
             to_onnx.save_onnx(model, tmp / "model.onnx")  # one tensor at a time
             del model
+            if x.stash is not None:  # the narrow copies: written, read back from the file by quantize-onnx
+                x.stash.release()
+                x.stash = None
             if opts.weights == "fp32":  # the quantized recipes untie the head instead (wquant.quantize_onnx)
                 from .onnx_stream import fuse_tied_head_file
                 fuse_tied_head_file(tmp / "model.onnx")

@@ -38,10 +38,12 @@ class Lowered:
 FOLD_LIMIT = 1 << 16
 
 
-def lower_onnx(ep, entry: dict, fold_weights: bool = True) -> Lowered:
+def lower_onnx(ep, entry: dict, fold_weights: bool = True, stash=None) -> Lowered:
     """ExportedProgram + manifest entry point -> the graph, its inputs and outputs named as the entry point says.
     fold_weights=False keeps MatMul(x, Transpose(W)) over the module's own W (weights quantized next, one at a time:
-    edgekv.export.wquant reads W^T in chunks), so lowering adds no copy of the weights."""
+    edgekv.export.wquant reads W^T in chunks), so lowering adds no copy of the weights. stash (with fold_weights=False:
+    edgekv.export.lazy_weights) holds the exact narrow copies of the weights the module was traced over placeholders
+    of: each such initializer is written from its copy when the graph is saved."""
     import torch
 
     names_in = [t["name"] for t in entry["inputs"]]
@@ -60,6 +62,12 @@ def lower_onnx(ep, entry: dict, fold_weights: bool = True) -> Lowered:
             dims = [w if isinstance(d, ir.SymbolicDim) and d.value and isinstance(w, str) else d
                     for d, w in zip(v.shape, want[v.name])] + list(v.shape)[len(want[v.name]):]
             v.shape = ir.Shape(dims)
+    if stash is not None:
+        from .lazy_weights import fill_initializers, unfilled
+        fill_initializers(prog.model, stash)
+        left = unfilled(prog.model, stash)
+        if left:  # would be written as zeros: a lowering that copied or folded a stashed weight
+            raise RuntimeError(f"ONNX initializers over an unfilled placeholder: {', '.join(left[:5])}")
     return Lowered(prog.model, entry)
 
 

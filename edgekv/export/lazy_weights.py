@@ -1,0 +1,144 @@
+"""The streamed ONNX export's weights while it traces and lowers: each large fp32 weight kept as its exact bf16 / fp16
+copy (half the bytes), the module tracing over an untouched placeholder of the fp32 shape, and the fp32 values
+written from the narrow copy one tensor at a time when model.onnx is saved.
+
+Why it is exact: an HF checkpoint in bf16 or fp16 (every published 1B-4B model here) loads into an fp32 module whose
+values are bf16 / fp16 numbers, so narrowing and widening again gives back the same fp32 bits; that is checked for
+each tensor, and one that does not round-trip keeps its fp32 storage. Why it is safe: torch.export and the ONNX
+exporter read a weight's shape, dtype and strides, never its values (they trace with fake tensors; the exporter's
+initializers wrap the module's tensors without copying, and lowering with fold_weights=False folds no op that reads a
+weight larger than to_onnx.FOLD_LIMIT, which every stashed one is). A placeholder is a private anonymous mapping
+that nothing writes: its pages are never resident (a read maps the kernel's shared zero page), so the lower-onnx
+stage holds half the fp32 module instead of all of it. A Llama-3.2-1B export then holds its 2.47 GB of bf16 weights
+where it held 4.94 GB of fp32 (benchmarks/README.md, "What an export costs").
+"""
+from __future__ import annotations
+
+import mmap
+
+import torch
+
+# a weight smaller than this stays fp32 in the module (norms, biases): the stash is for the bytes that matter, and
+# every stashed weight must be larger than the lowering's fold limit (to_onnx.FOLD_LIMIT elements)
+MIN_ELEMS = 1 << 18
+NARROW = (torch.bfloat16, torch.float16)
+ROWS_ELEMS = 1 << 22  # elements narrowed and checked at a time (16 MB of fp32)
+
+
+class Stash:
+    """{placeholder storage's address: (placeholder, its exact narrow copy)}; what save_onnx writes in their place."""
+
+    def __init__(self):
+        self.by_ptr: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.fp32_bytes = 0  # the fp32 bytes the stash stands in for
+        self.kept_bytes = 0  # the narrow copies' bytes
+
+    def release(self) -> None:
+        """Drop the narrow copies once the graph is written: the exporter keeps references to the lowered graph
+        (whose lazy initializers read this stash) past the graph's last use, so dropping the Stash is not enough."""
+        self.by_ptr.clear()
+        self._maps = []
+        from .wquant import trim
+        trim()
+
+    def value_of(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The fp32 values of t, a tensor (or a view) over a placeholder; None if t is not over one."""
+        hit = self.by_ptr.get(t.untyped_storage().data_ptr())
+        if hit is None:
+            return None
+        full = hit[1].to(torch.float32)
+        return full.as_strided(t.size(), t.stride(), t.storage_offset())
+
+
+def _placeholder(shape, keep: list) -> torch.Tensor:
+    """An fp32 tensor of shape over a private anonymous mapping never written: no resident page."""
+    n = 1
+    for d in shape:
+        n *= int(d)
+    buf = mmap.mmap(-1, max(n * 4, 1), flags=mmap.MAP_PRIVATE)
+    keep.append(buf)
+    return torch.frombuffer(buf, dtype=torch.float32, count=n).view(*shape)
+
+
+def _narrow(p: torch.Tensor) -> torch.Tensor | None:
+    """p's exact bf16 / fp16 copy, or None where neither holds p's values bit for bit. Checked and copied in slices
+    of ROWS_ELEMS (no second fp32 copy of a large table beside it)."""
+    flat = p.reshape(-1)
+    step = ROWS_ELEMS
+    for dt in NARROW:
+        out = torch.empty(flat.shape, dtype=dt)
+        for a in range(0, flat.numel(), step):
+            part = flat[a:a + step]
+            out[a:a + step] = part
+            if not torch.equal(out[a:a + step].to(torch.float32), part):  # NaN never equals itself: kept fp32
+                break
+        else:
+            return out.view(p.shape)
+        del out
+    return None
+
+
+def stash_weights(*modules) -> Stash:
+    """Every large fp32 parameter of modules[0] (the module being traced) swapped for a placeholder, its exact narrow
+    copy kept in the returned Stash; a parameter of the other modules (the eager one it was made from) over the same
+    storage gets the same placeholder, so the fp32 storage is freed as each is replaced (one tensor's copy at a
+    time). The other modules' own weights are left to the caller (pipeline.release_weights)."""
+    stash, keep = Stash(), []
+    groups: dict[int, list] = {}
+    for p in modules[0].parameters():
+        if p.dtype == torch.float32 and p.numel() >= MIN_ELEMS and p.is_contiguous() and p.storage_offset() == 0:
+            groups.setdefault(p.untyped_storage().data_ptr(), []).append(p)
+    for m in modules[1:]:
+        for p in m.parameters():
+            if p.untyped_storage().data_ptr() in groups:
+                groups[p.untyped_storage().data_ptr()].append(p)
+    # the smallest first: by the time the largest (the embedding table) is copied, the rest are already half size
+    for params in sorted(groups.values(), key=lambda ps: ps[0].numel()):
+        first = params[0]
+        if any(p.shape != first.shape for p in params):
+            continue  # views of one storage at other shapes: left as they are
+        with torch.no_grad():
+            small = _narrow(first.detach())
+            if small is None:
+                continue
+            ph = _placeholder(first.shape, keep)
+            for p in dict.fromkeys(params):  # the same Parameter object may appear in both modules
+                p.data = ph
+        stash.by_ptr[ph.untyped_storage().data_ptr()] = (ph, small)
+        stash.fp32_bytes += first.numel() * 4
+        stash.kept_bytes += small.numel() * small.element_size()
+    stash._maps = keep
+    from .wquant import trim
+    trim()
+    return stash
+
+
+def fill_initializers(model, stash: Stash) -> int:
+    """Each initializer of an onnx_ir model whose tensor lies over a placeholder gets the fp32 values of its narrow
+    copy, computed when it is written (onnx_ir.LazyTensor: one tensor's fp32 at a time). Returns how many."""
+    import onnx_ir as ir
+    n = 0
+    for v in model.graph.initializers.values():
+        cv = v.const_value
+        raw = getattr(cv, "raw", None)
+        if not isinstance(raw, torch.Tensor) or raw.dtype != torch.float32:
+            continue
+        if stash.value_of(raw) is None:
+            continue
+
+        def values(raw=raw):
+            return ir.Tensor(stash.value_of(raw).contiguous().numpy())
+        v.const_value = ir.LazyTensor(values, dtype=ir.DataType.FLOAT, shape=ir.Shape(list(raw.shape)),
+                                      name=cv.name)
+        n += 1
+    return n
+
+
+def unfilled(model, stash: Stash) -> list[str]:
+    """Names of initializers still over a placeholder (would be written as zeros): must be none."""
+    out = []
+    for v in model.graph.initializers.values():
+        raw = getattr(v.const_value, "raw", None)
+        if isinstance(raw, torch.Tensor) and raw.untyped_storage().data_ptr() in stash.by_ptr:
+            out.append(v.name)
+    return out
