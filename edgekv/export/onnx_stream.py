@@ -97,7 +97,6 @@ def _stream_weights(model) -> dict:
 
 def _nbits_matmul(n, w, transposed: bool, k: int, cols: int, bits: int, block: int, data: _Data, new_inits: list):
     """ORT's DefaultWeightOnlyQuantizer.quantize_matmul (QOperator) for one MatMul, its B read in column chunks."""
-    from onnx import TensorProto, helper
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, \
         DefaultWeightOnlyQuantizer
 
@@ -113,9 +112,18 @@ def _nbits_matmul(n, w, transposed: bool, k: int, cols: int, bits: int, block: i
         parts.append(q.qbits_block_quant(np.ascontiguousarray(chunk, dtype=np.float32)))
         del chunk
     del whole
+    return _nbits_node(n, parts, not sym, k, cols, bits, block, data, new_inits)
+
+
+def _nbits_node(n, parts: list, zero_points: bool, k: int, cols: int, bits: int, block: int, data: _Data,
+                new_inits: list):
+    """The MatMulNBits node for MatMul n from its chunks' (codes, scales[, zero points]), each initializer written
+    to the external data as it is joined."""
+    from onnx import TensorProto, helper
+
     name = n.input[1]
     tensors = [(f"{name}_Q{bits}", TensorProto.UINT8, 0), (f"{name}_scales", TensorProto.FLOAT, 1)]
-    if not sym:
+    if zero_points:
         tensors.append((f"{name}_zero_points", TensorProto.UINT8, 2))
     for tname, dtype, i in tensors:
         arr = np.concatenate([p[i] for p in parts])
@@ -133,8 +141,6 @@ def _nbits_matmul(n, w, transposed: bool, k: int, cols: int, bits: int, block: i
 def _recipe_matmul(n, w, transposed: bool, k: int, cols: int, bits: int, data: _Data, new_inits: list):
     """--weights int4-mix: one MatMul as MatMulNBits with edgekv.export.wrecipe's blocks (4 bits searched, 8 bits
     min/max), its weight read in chunks of whole output columns (each column's blocks are independent)."""
-    from onnx import TensorProto, helper
-
     from . import wrecipe
     step = max(2, CHUNK_ELEMS // max(k, 1))
     whole = None if transposed else data.rows(w)
@@ -146,18 +152,7 @@ def _recipe_matmul(n, w, transposed: bool, k: int, cols: int, bits: int, data: _
         parts.append(wrecipe.pack_matmul(*q, bits))
         del rows, q
     del whole
-    name = n.input[1]
-    tensors = [(f"{name}_Q{bits}", TensorProto.UINT8, 0), (f"{name}_scales", TensorProto.FLOAT, 1),
-               (f"{name}_zero_points", TensorProto.UINT8, 2)]
-    for tname, dtype, i in tensors:
-        arr = np.concatenate([p[i] for p in parts])
-        t = TensorProto(name=tname, data_type=dtype, dims=list(arr.shape))
-        data.write(t, arr)
-        new_inits.append(t)
-        del arr
-    return helper.make_node("MatMulNBits", [n.input[0]] + [t[0] for t in tensors], [n.output[0]],
-                            name=n.name + f"_Q{bits}" if n.name else "", domain="com.microsoft", K=k, N=cols,
-                            bits=bits, block_size=wrecipe.BLOCK, accuracy_level=ORT_ACCURACY_LEVEL)
+    return _nbits_node(n, parts, True, k, cols, bits, wrecipe.BLOCK, data, new_inits)
 
 
 def _role(weight_name: str, cols: int, vocab: int) -> tuple[str, int | None]:
