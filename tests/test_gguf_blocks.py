@@ -266,3 +266,45 @@ def test_the_files_matrices_are_keyed_as_the_loader_builds_them_llamas_q_and_k_u
         key, (_, type_name, raw, kk) = names[f"blk.0.{part}.weight"]
         assert key == gb.fingerprint(w) and type_name == "Q4_1" and kk == k
         assert np.array_equal(gb.file_dequantize(gb.unpack(raw, type_name, k)), w)  # the raw rows in that order too
+
+
+def test_a_saved_graph_is_carried_one_matrix_at_a_time_into_a_new_data_file(tmp_path, monkeypatch):
+    """The export's path (quantize_onnx on a saved model.onnx): the graph loaded without its weights, each matrix read
+    from the old data file, carried and appended to the new one, compared a few rows at a time (CHUNK_ELEMS made
+    small here). A tied Q8_0 table (Gather + head) and a Q4_1 projection (remainder): the table gathered bit for bit
+    as gguf dequantizes it, both MatMuls as numpy's x @ W^T, and the new data file holds no fp32 copy of either."""
+    from edgekv.export.onnx_stream import _Data, _publish
+    from edgekv.export.to_onnx import EXTERNAL_DATA, save_onnx
+
+    monkeypatch.setattr(gb, "CHUNK_ELEMS", 3 * 256)  # three rows of the table per slice
+    n, k = 40, 256
+    table_raw, proj_raw = gguf_rows("Q8_0", n=n, k=k, seed=7), gguf_rows("Q4_1", n=n, k=k, seed=8)
+    table, proj = reference(table_raw, "Q8_0", n, k), reference(proj_raw, "Q4_1", n, k)
+    model = one_matmul(table, tied_table=True)
+    model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(proj.T), "proj_t"))
+    model.graph.node.append(helper.make_node("MatMul", ["emb", "proj_t"], ["z"], name="proj"))
+    model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, "S", n]))
+    src = tmp_path / "src"
+    src.mkdir()
+    save_onnx(model, src / "model.onnx")
+    graph = onnx.load(str(src / "model.onnx"), load_external_data=False)
+    mats = {**gb.matrix("token_embd.weight", "Q8_0", table_raw, n, k),
+            **gb.matrix("blk.0.ffn_up.weight", "Q4_1", proj_raw, n, k)}
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    data = _Data(src, dst / ".tmp", EXTERNAL_DATA)
+    record = gb.carry(graph, mats, accuracy_level=0, data=data)
+    data.f.close()
+    _publish(graph, dst / ".tmp", dst / "model.onnx")
+    assert record["exact"] and set(record["tensors"]) == {"token_embd.weight", "token_embd.weight (table)",
+                                                          "blk.0.ffn_up.weight"}
+    assert (dst / EXTERNAL_DATA).stat().st_size < table.nbytes  # codes, scales, remainder: no fp32 matrix
+    s = ort.InferenceSession(str(dst / "model.onnx"), providers=["CPUExecutionProvider"])
+    ids = np.array([[0, n - 1, 7, 7]], np.int64)
+    x = np.random.default_rng(9).standard_normal((1, 4, k)).astype(np.float32)
+    y, emb, z = s.run(None, {"x": x, "ids": ids})
+    assert np.array_equal(emb[0].view(np.uint32), table[ids[0]].view(np.uint32))
+    for got, a, w in ((y, x, table), (z, emb, proj)):
+        want = a.astype(np.float64) @ w.T.astype(np.float64)
+        scale = np.abs(a).astype(np.float64) @ np.abs(w.T).astype(np.float64)
+        assert np.all(np.abs(got - want) <= 1e-5 * scale + 1e-6), np.abs(got - want).max()
