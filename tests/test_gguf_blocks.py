@@ -244,17 +244,38 @@ def test_the_planners_bytes_for_a_tied_table_are_what_carry_writes(type_name):
     assert stored_bytes(model) == weight_bytes(arch, "gguf", GGUF_CARRIED)["total"]
 
 
-def test_the_files_matrices_are_keyed_as_the_loader_builds_them_llamas_q_and_k_unpermuted():
+def dequantize_spy(monkeypatch) -> list:
+    """gguf.quants.dequantize, recording the number of values each call returns."""
+    whole, sizes = gguf.quants.dequantize, []
+
+    def spy(data, qtype):
+        out = whole(data, qtype)
+        sizes.append(np.asarray(out).size)
+        return out
+    monkeypatch.setattr(gguf.quants, "dequantize", spy)
+    return sizes
+
+
+def test_the_files_matrices_are_keyed_as_the_loader_builds_them_llamas_q_and_k_unpermuted(monkeypatch):
     """gguf_matrices on SmolLM2's GGUF (a llama file: convert_hf_to_gguf.py permuted its q/k rows for llama.cpp's
     interleaved RoPE): each 2-D tensor keyed by the fp32 matrix in transformers' row order. By hand: q's rows
-    [heads, D/2, 2] read back as [heads, 2, D/2]; v is stored as it is."""
+    [heads, D/2, 2] read back as [heads, 2, D/2]; v is stored as it is. The keys are hashed a slice of rows at a time
+    (no more than CHUNK_ELEMS values dequantized at once: the Q8_0 table in 28 slices here), the same keys as the
+    whole matrices'."""
     from conftest import smollm2_gguf
 
     path = smollm2_gguf()
     reader = gguf.GGUFReader(str(path))
     t = {x.name: x for x in reader.tensors}
     heads, dim = 9, 576  # SmolLM2-135M: 9 query heads of 64
+    monkeypatch.setattr(gb, "CHUNK_ELEMS", 1 << 20)
+    sizes = dequantize_spy(monkeypatch)
     mats = gb.gguf_matrices(path)
+    assert max(sizes) <= 1 << 20, max(sizes)
+    monkeypatch.undo()
+    table = np.asarray(gguf.quants.dequantize(t["token_embd.weight"].data, t["token_embd.weight"].tensor_type),
+                       np.float32).reshape(49152, dim)
+    assert gb.fingerprint(table) in mats
     names = {v[0]: (key, v) for key, v in mats.items()}
     assert len(names) == 211 and names["token_embd.weight"][1][1] == "Q8_0"
     for part, want_permuted in (("attn_q", True), ("attn_v", False)):
@@ -308,3 +329,28 @@ def test_a_saved_graph_is_carried_one_matrix_at_a_time_into_a_new_data_file(tmp_
         want = a.astype(np.float64) @ w.T.astype(np.float64)
         scale = np.abs(a).astype(np.float64) @ np.abs(w.T).astype(np.float64)
         assert np.all(np.abs(got - want) <= 1e-5 * scale + 1e-6), np.abs(got - want).max()
+
+
+def test_the_loader_dequantizes_a_slice_of_rows_at_a_time_and_bit_for_bit(monkeypatch):
+    """The export's load of a GGUF (the fp32 state dict) never dequantizes more than GGUF_CHUNK_ELEMS values at
+    once, so a large table (Gemma-3's 262144 x 640) is not several fp32 copies in memory; the sliced results are
+    gguf's own whole-tensor dequantization bit for bit (SmolLM2's Q8_0 table in 28 slices here, its q rows
+    unpermuted as the loader does)."""
+    from conftest import smollm2_gguf
+
+    from edgekv.models import weights as mw
+
+    monkeypatch.setattr(mw, "GGUF_CHUNK_ELEMS", 1 << 20)
+    whole = gguf.quants.dequantize
+    sizes = dequantize_spy(monkeypatch)
+    path = smollm2_gguf()
+    _, sd, _, _ = mw.load_gguf(path)
+    assert max(sizes) <= 1 << 20, max(sizes)
+    t = {x.name: x for x in gguf.GGUFReader(str(path)).tensors}
+    table = np.asarray(whole(t["token_embd.weight"].data, t["token_embd.weight"].tensor_type), np.float32)
+    table = table.reshape(49152, 576)
+    assert np.array_equal(sd["model.embed_tokens.weight"].numpy().view(np.uint32), table.view(np.uint32))
+    x = t["blk.0.attn_q.weight"]
+    q = np.asarray(whole(x.data, x.tensor_type), np.float32).reshape(576, 576)
+    q = q.reshape(9, 32, 2, 576).swapaxes(1, 2).reshape(576, 576)  # llama.cpp's permute undone by hand
+    assert np.array_equal(sd["model.layers.0.self_attn.q_proj.weight"].numpy().view(np.uint32), q.view(np.uint32))
