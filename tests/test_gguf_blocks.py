@@ -302,7 +302,9 @@ def test_a_saved_graph_is_carried_one_matrix_at_a_time_into_a_new_data_file(tmp_
     table_raw, proj_raw = gguf_rows("Q8_0", n=n, k=k, seed=7), gguf_rows("Q4_1", n=n, k=k, seed=8)
     table, proj = reference(table_raw, "Q8_0", n, k), reference(proj_raw, "Q4_1", n, k)
     model = one_matmul(table, tied_table=True)
-    model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(proj.T), "proj_t"))
+    # the projection as a streamed export lowers it: MatMul(x, Transpose(W)) over the module's own W
+    model.graph.initializer.append(numpy_helper.from_array(proj, "proj_w"))
+    model.graph.node.append(helper.make_node("Transpose", ["proj_w"], ["proj_t"], name="proj_t", perm=[1, 0]))
     model.graph.node.append(helper.make_node("MatMul", ["emb", "proj_t"], ["z"], name="proj"))
     model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, "S", n]))
     src = tmp_path / "src"
@@ -319,6 +321,8 @@ def test_a_saved_graph_is_carried_one_matrix_at_a_time_into_a_new_data_file(tmp_
     _publish(graph, dst / ".tmp", dst / "model.onnx")
     assert record["exact"] and set(record["tensors"]) == {"token_embd.weight", "token_embd.weight (table)",
                                                           "blk.0.ffn_up.weight"}
+    assert not [i.name for i in graph.graph.initializer if i.data_type == TensorProto.FLOAT and len(i.dims) == 2
+                and ".remainder." not in i.name]  # neither W is left
     assert (dst / EXTERNAL_DATA).stat().st_size < table.nbytes  # codes, scales, remainder: no fp32 matrix
     s = ort.InferenceSession(str(dst / "model.onnx"), providers=["CPUExecutionProvider"])
     ids = np.array([[0, n - 1, 7, 7]], np.int64)

@@ -414,7 +414,7 @@ def carry(model, mats: dict, accuracy_level: int, data=None) -> dict:
             perm = next((list(a.ints) for a in t.attribute if a.name == "perm"), None)
             w = array(t.input[0])
             if perm in (None, [1, 0]) and w.ndim == 2 and w.dtype == np.float32:
-                return w, {b}
+                return w, {b, t.input[0]}  # W itself goes too where nothing else reads it (_drop_unused)
         if b in inits and inits[b].data_type == TensorProto.FLOAT and len(inits[b].dims) == 2:
             return array(b).T, {b}
         return None
