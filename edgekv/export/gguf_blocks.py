@@ -212,6 +212,23 @@ def pack(f: FileBlocks) -> Packed:
     return Packed(f.type, bits, f.block, f.q.astype(np.uint8), f.scale, z.astype(np.uint8), r)
 
 
+def pack_rows(raw: np.ndarray, type_name: str, k: int) -> Packed:
+    """pack(unpack(raw)) a slice of rows at a time (a row's blocks are its own), so the int16 codes and fp32 temporaries
+    of a large table are never whole; the same Packed (a type's bits do not depend on the rows: codes of Q4_0, Q4_1
+    and Q4_K always fit 4 bits)."""
+    parts = [pack(unpack(raw[a:b], type_name, k)) for a, b in _row_steps(raw.shape[0], k)]
+    if len(parts) == 1:
+        return parts[0]
+    if len({q.bits for q in parts}) > 1:  # not for the carried types; whole, to be sure
+        return pack(unpack(raw, type_name, k))
+
+    def cat(field):
+        a = [getattr(q, field) for q in parts]
+        return None if a[0] is None else np.concatenate(a)
+    return Packed(type_name, parts[0].bits, parts[0].block, cat("codes"), cat("scales"), cat("zero_points"),
+                  cat("remainder"))
+
+
 def concat(parts: list[Packed]) -> Packed:
     """Packed matrices stacked along N (a fused projection: q, k and v in one MatMul), still exact: the widest bits
     (a 4-bit code is an 8-bit code of the same value), the smallest block (a block's scale, zero point and remainder
@@ -446,7 +463,7 @@ def carry(model, mats: dict, accuracy_level: int, data=None) -> dict:
         w, gone = found
         del found
         if name not in packs:
-            p = concat([pack(unpack(raw, t, k)) for _, t, raw, k in hits])
+            p = concat([pack_rows(raw, t, k) for _, t, raw, k in hits])
             # equal values: a fused part without a remainder adds +0.0, which turns gguf's -0.0 (a zero code times a
             # negative scale) into +0.0, the same number
             packs[name] = (p, _equal(p, w), p.nbytes())
