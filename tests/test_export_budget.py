@@ -79,7 +79,8 @@ RESULTS = ROOT / "benchmarks" / "results"
     ("export_cost_llama_3.2_1b_random_onnx_int4_8k_short_reference", "llama-3.2-1b", 8192),
     ("export_cost_llama_3.2_1b_random_onnx_int4_8k_lazy_weights", "llama-3.2-1b", 8192),
     ("export_cost_llama_3.2_1b_random_onnx_int4_8k_lazy_weights_released", "llama-3.2-1b", 8192),
-    ("export_cost_smollm2_135m_onnx_int4_512_streamed", "smollm2-135m", 512)])
+    ("export_cost_smollm2_135m_onnx_int4_512_streamed", "smollm2-135m", 512),
+    ("export_cost_gemma3_270m_onnx_gguf_16k_after", "gemma-3-270m", 16384)])
 def test_estimate_is_within_a_stated_factor_of_a_measured_streamed_export(name, model, ctx):
     """The estimate for a streamed int4 ONNX export (a random Llama-3.2-1B at 8k; SmolLM2-135M at 512, where the
     imports and the runtime's session, not the weights, set the peak) is at least the peak RSS
@@ -93,7 +94,10 @@ def test_estimate_is_within_a_stated_factor_of_a_measured_streamed_export(name, 
     from edgekv.strategies import parse_strategy
 
     r = json.loads((RESULTS / f"{name}.json").read_text())
-    assert r["argv"][r["argv"].index("--weights") + 1] == "int4" and "verify-quant-onnx" in r["stages"]
+    argv = r["argv"]
+    weights = argv[argv.index("--weights") + 1]  # int4, or a GGUF's own blocks carried (gguf, Gemma-3-270M at 16k)
+    strategy = argv[argv.index("--strategy") + 1] if "--strategy" in argv else "kv"
+    assert weights in ("int4", "gguf") and "verify-quant-onnx" in r["stages"]
     assert r["returncode"] == 0 or "failed verify-quant" in r["error"]
-    e = estimate(catalog_arch(model), parse_strategy("kv"), ctx, ("onnx",), "int4", 32)
+    e = estimate(catalog_arch(model), parse_strategy(strategy), ctx, ("onnx",), weights, 32)
     assert r["peak_rss"] <= e["peak_bytes"] <= 1.5 * r["peak_rss"], (e["peak_bytes"], r["peak_rss"])

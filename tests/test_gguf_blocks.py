@@ -244,17 +244,38 @@ def test_the_planners_bytes_for_a_tied_table_are_what_carry_writes(type_name):
     assert stored_bytes(model) == weight_bytes(arch, "gguf", GGUF_CARRIED)["total"]
 
 
-def test_the_files_matrices_are_keyed_as_the_loader_builds_them_llamas_q_and_k_unpermuted():
+def dequantize_spy(monkeypatch) -> list:
+    """gguf.quants.dequantize, recording the number of values each call returns."""
+    whole, sizes = gguf.quants.dequantize, []
+
+    def spy(data, qtype):
+        out = whole(data, qtype)
+        sizes.append(np.asarray(out).size)
+        return out
+    monkeypatch.setattr(gguf.quants, "dequantize", spy)
+    return sizes
+
+
+def test_the_files_matrices_are_keyed_as_the_loader_builds_them_llamas_q_and_k_unpermuted(monkeypatch):
     """gguf_matrices on SmolLM2's GGUF (a llama file: convert_hf_to_gguf.py permuted its q/k rows for llama.cpp's
     interleaved RoPE): each 2-D tensor keyed by the fp32 matrix in transformers' row order. By hand: q's rows
-    [heads, D/2, 2] read back as [heads, 2, D/2]; v is stored as it is."""
+    [heads, D/2, 2] read back as [heads, 2, D/2]; v is stored as it is. The keys are hashed a slice of rows at a time
+    (no more than CHUNK_ELEMS values dequantized at once: the Q8_0 table in 28 slices here), the same keys as the
+    whole matrices'."""
     from conftest import smollm2_gguf
 
     path = smollm2_gguf()
     reader = gguf.GGUFReader(str(path))
     t = {x.name: x for x in reader.tensors}
     heads, dim = 9, 576  # SmolLM2-135M: 9 query heads of 64
+    monkeypatch.setattr(gb, "CHUNK_ELEMS", 1 << 20)
+    sizes = dequantize_spy(monkeypatch)
     mats = gb.gguf_matrices(path)
+    assert max(sizes) <= 1 << 20, max(sizes)
+    monkeypatch.undo()
+    table = np.asarray(gguf.quants.dequantize(t["token_embd.weight"].data, t["token_embd.weight"].tensor_type),
+                       np.float32).reshape(49152, dim)
+    assert gb.fingerprint(table) in mats
     names = {v[0]: (key, v) for key, v in mats.items()}
     assert len(names) == 211 and names["token_embd.weight"][1][1] == "Q8_0"
     for part, want_permuted in (("attn_q", True), ("attn_v", False)):
@@ -266,3 +287,74 @@ def test_the_files_matrices_are_keyed_as_the_loader_builds_them_llamas_q_and_k_u
         key, (_, type_name, raw, kk) = names[f"blk.0.{part}.weight"]
         assert key == gb.fingerprint(w) and type_name == "Q4_1" and kk == k
         assert np.array_equal(gb.file_dequantize(gb.unpack(raw, type_name, k)), w)  # the raw rows in that order too
+
+
+def test_a_saved_graph_is_carried_one_matrix_at_a_time_into_a_new_data_file(tmp_path, monkeypatch):
+    """The export's path (quantize_onnx on a saved model.onnx): the graph loaded without its weights, each matrix read
+    from the old data file, carried and appended to the new one, compared a few rows at a time (CHUNK_ELEMS made
+    small here). A tied Q8_0 table (Gather + head) and a Q4_1 projection (remainder): the table gathered bit for bit
+    as gguf dequantizes it, both MatMuls as numpy's x @ W^T, and the new data file holds no fp32 copy of either."""
+    from edgekv.export.onnx_stream import _Data, _publish
+    from edgekv.export.to_onnx import EXTERNAL_DATA, save_onnx
+
+    monkeypatch.setattr(gb, "CHUNK_ELEMS", 3 * 256)  # three rows of the table per slice
+    n, k = 40, 256
+    table_raw, proj_raw = gguf_rows("Q8_0", n=n, k=k, seed=7), gguf_rows("Q4_1", n=n, k=k, seed=8)
+    table, proj = reference(table_raw, "Q8_0", n, k), reference(proj_raw, "Q4_1", n, k)
+    model = one_matmul(table, tied_table=True)
+    # the projection as a streamed export lowers it: MatMul(x, Transpose(W)) over the module's own W
+    model.graph.initializer.append(numpy_helper.from_array(proj, "proj_w"))
+    model.graph.node.append(helper.make_node("Transpose", ["proj_w"], ["proj_t"], name="proj_t", perm=[1, 0]))
+    model.graph.node.append(helper.make_node("MatMul", ["emb", "proj_t"], ["z"], name="proj"))
+    model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, "S", n]))
+    src = tmp_path / "src"
+    src.mkdir()
+    save_onnx(model, src / "model.onnx")
+    graph = onnx.load(str(src / "model.onnx"), load_external_data=False)
+    mats = {**gb.matrix("token_embd.weight", "Q8_0", table_raw, n, k),
+            **gb.matrix("blk.0.ffn_up.weight", "Q4_1", proj_raw, n, k)}
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    data = _Data(src, dst / ".tmp", EXTERNAL_DATA)
+    record = gb.carry(graph, mats, accuracy_level=0, data=data)
+    data.f.close()
+    _publish(graph, dst / ".tmp", dst / "model.onnx")
+    assert record["exact"] and set(record["tensors"]) == {"token_embd.weight", "token_embd.weight (table)",
+                                                          "blk.0.ffn_up.weight"}
+    assert not [i.name for i in graph.graph.initializer if i.data_type == TensorProto.FLOAT and len(i.dims) == 2
+                and ".remainder." not in i.name]  # neither W is left
+    assert (dst / EXTERNAL_DATA).stat().st_size < table.nbytes  # codes, scales, remainder: no fp32 matrix
+    s = ort.InferenceSession(str(dst / "model.onnx"), providers=["CPUExecutionProvider"])
+    ids = np.array([[0, n - 1, 7, 7]], np.int64)
+    x = np.random.default_rng(9).standard_normal((1, 4, k)).astype(np.float32)
+    y, emb, z = s.run(None, {"x": x, "ids": ids})
+    assert np.array_equal(emb[0].view(np.uint32), table[ids[0]].view(np.uint32))
+    for got, a, w in ((y, x, table), (z, emb, proj)):
+        want = a.astype(np.float64) @ w.T.astype(np.float64)
+        scale = np.abs(a).astype(np.float64) @ np.abs(w.T).astype(np.float64)
+        assert np.all(np.abs(got - want) <= 1e-5 * scale + 1e-6), np.abs(got - want).max()
+
+
+def test_the_loader_dequantizes_a_slice_of_rows_at_a_time_and_bit_for_bit(monkeypatch):
+    """The export's load of a GGUF (the fp32 state dict) never dequantizes more than GGUF_CHUNK_ELEMS values at
+    once, so a large table (Gemma-3's 262144 x 640) is not several fp32 copies in memory; the sliced results are
+    gguf's own whole-tensor dequantization bit for bit (SmolLM2's Q8_0 table in 28 slices here, its q rows
+    unpermuted as the loader does)."""
+    from conftest import smollm2_gguf
+
+    from edgekv.models import weights as mw
+
+    monkeypatch.setattr(mw, "GGUF_CHUNK_ELEMS", 1 << 20)
+    whole = gguf.quants.dequantize
+    sizes = dequantize_spy(monkeypatch)
+    path = smollm2_gguf()
+    _, sd, _, _ = mw.load_gguf(path)
+    assert max(sizes) <= 1 << 20, max(sizes)
+    t = {x.name: x for x in gguf.GGUFReader(str(path)).tensors}
+    table = np.asarray(whole(t["token_embd.weight"].data, t["token_embd.weight"].tensor_type), np.float32)
+    table = table.reshape(49152, 576)
+    assert np.array_equal(sd["model.embed_tokens.weight"].numpy().view(np.uint32), table.view(np.uint32))
+    x = t["blk.0.attn_q.weight"]
+    q = np.asarray(whole(x.data, x.tensor_type), np.float32).reshape(576, 576)
+    q = q.reshape(9, 32, 2, 576).swapaxes(1, 2).reshape(576, 576)  # llama.cpp's permute undone by hand
+    assert np.array_equal(sd["model.layers.0.self_attn.q_proj.weight"].numpy().view(np.uint32), q.view(np.uint32))

@@ -42,7 +42,8 @@ BASE = 0.75e9
 # lowered over the fp32 module); fp32 and fp16 hold the whole ONNX proto beside the module at lower/serialize-onnx
 # (fp16: and the fp16 converter's copy at quantize-onnx). The .pte fp32 figure is Gemma-3-270M's at 32k; the
 # quantized .pte recipes (a quantized deep copy of the module besides) are not measured: one copy more is assumed.
-K_ONNX = {"fp32": 3.75, "fp16": 4.75, "int8": 1.05, "int4": 1.05, "int4-mix": 1.05}  # int4-mix streams as int4
+# gguf streams too; its peak is carry's one matrix (Gemma-3-270M's fp32 table and its codes) over the mapped file
+K_ONNX = {"fp32": 3.75, "fp16": 4.75, "int8": 1.05, "int4": 1.05, "int4-mix": 1.05, "gguf": 1.7}  # int4-mix streams as int4
 K_PTE = {"fp32": 5.0, "int8": 6.0, "int4": 6.0}
 STATE_COPIES = 3  # the eager state, the runtime's past and present state while verifying
 # CPU seconds per billion parameters (one core of the 2-core reference VM, x86-64 AMD EPYC): load, trace, lower,

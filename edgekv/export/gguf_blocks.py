@@ -48,6 +48,9 @@ SIZES = {"Q4_0": (18, QK), "Q4_1": (20, QK), "Q5_0": (22, QK), "Q5_1": (24, QK),
          "Q4_K": (144, QK_K), "Q5_K": (176, QK_K), "Q6_K": (210, QK_K)}
 CARRIED = tuple(SIZES)
 FLOAT_TYPES = ("F32", "F16", "BF16")
+# elements per slice where a matrix is dequantized, hashed or compared a part at a time (16 M: 64 MB of fp32), so a
+# large table (Gemma-3's 262144 x 640) is never in memory as several fp32 copies at once
+CHUNK_ELEMS = 1 << 24
 
 
 @dataclass
@@ -209,6 +212,23 @@ def pack(f: FileBlocks) -> Packed:
     return Packed(f.type, bits, f.block, f.q.astype(np.uint8), f.scale, z.astype(np.uint8), r)
 
 
+def pack_rows(raw: np.ndarray, type_name: str, k: int) -> Packed:
+    """pack(unpack(raw)) a slice of rows at a time (a row's blocks are its own), so the int16 codes and fp32 temporaries
+    of a large table are never whole; the same Packed (a type's bits do not depend on the rows: codes of Q4_0, Q4_1
+    and Q4_K always fit 4 bits)."""
+    parts = [pack(unpack(raw[a:b], type_name, k)) for a, b in _row_steps(raw.shape[0], k)]
+    if len(parts) == 1:
+        return parts[0]
+    if len({q.bits for q in parts}) > 1:  # not for the carried types; whole, to be sure
+        return pack(unpack(raw, type_name, k))
+
+    def cat(field):
+        a = [getattr(q, field) for q in parts]
+        return None if a[0] is None else np.concatenate(a)
+    return Packed(type_name, parts[0].bits, parts[0].block, cat("codes"), cat("scales"), cat("zero_points"),
+                  cat("remainder"))
+
+
 def concat(parts: list[Packed]) -> Packed:
     """Packed matrices stacked along N (a fused projection: q, k and v in one MatMul), still exact: the widest bits
     (a 4-bit code is an 8-bit code of the same value), the smallest block (a block's scale, zero point and remainder
@@ -278,7 +298,22 @@ def nbits_zero_points(p: Packed) -> np.ndarray:
 def fingerprint(a: np.ndarray) -> str:
     """The bytes of a fp32 array in C order, hashed: how a graph's initializer is matched to its GGUF tensor."""
     a = np.ascontiguousarray(a, dtype=np.float32)
-    return f"{a.shape}:" + hashlib.blake2b(a.tobytes(), digest_size=16).hexdigest()
+    return f"{a.shape}:" + hashlib.blake2b(memoryview(a).cast("B"), digest_size=16).hexdigest()
+
+
+def _fingerprint_rows(shape: tuple, rows) -> str:
+    """fingerprint of an [N, K] array given as consecutive row slices (the same hash: C order is row after row), so a
+    large matrix need not be in memory whole."""
+    h = hashlib.blake2b(digest_size=16)
+    for r in rows:
+        h.update(memoryview(np.ascontiguousarray(r, dtype=np.float32)).cast("B"))
+    return f"{tuple(shape)}:" + h.hexdigest()
+
+
+def _row_steps(n: int, k: int):
+    """(a, b) row ranges of an [n, k] matrix, CHUNK_ELEMS elements or fewer each (at least one row)."""
+    step = max(1, CHUNK_ELEMS // max(k, 1))
+    return ((a, min(n, a + step)) for a in range(0, n, step))
 
 
 def gguf_matrices(path) -> dict:
@@ -299,21 +334,18 @@ def gguf_matrices(path) -> dict:
         if len(dims) != 2:
             continue
         k, n = dims
-        raw = np.asarray(t.data)
         if t.tensor_type.name not in SIZES and t.tensor_type.name not in FLOAT_TYPES:
             continue
-        if t.tensor_type.name in FLOAT_TYPES:
-            w = np.asarray(gguf.quants.dequantize(raw, t.tensor_type), np.float32).reshape(n, k)
-        else:
-            raw = raw.reshape(n, -1)
-            w = np.asarray(gguf.quants.dequantize(raw, t.tensor_type), np.float32).reshape(n, k)
+        raw = np.asarray(t.data).reshape(n, -1)  # one GGUF row per matrix row (a view of the mapped file)
         part = t.name.split(".")[-2] if t.name.startswith("blk.") else ""
         v = GGUF_VARIANTS.get(arch)
         if v is not None and v.gguf_permuted and part in ("attn_q", "attn_k"):  # as the loader does
             heads = cfg["num_attention_heads"] if part == "attn_q" else cfg["num_key_value_heads"]
-            w = unpermute_qk(w, heads)
-            raw = unpermute_qk(raw, heads)
-        out[fingerprint(w)] = (t.name, t.tensor_type.name, raw, k)
+            raw = unpermute_qk(raw, heads)  # a permutation of whole rows: the same on the raw rows as on W's
+        # the fp32 matrix hashed a slice of rows at a time (a row's values depend on its own bytes only)
+        key = _fingerprint_rows((n, k), (np.asarray(gguf.quants.dequantize(raw[a:b], t.tensor_type), np.float32)
+                                         for a, b in _row_steps(n, k)))
+        out[key] = (t.name, t.tensor_type.name, raw, k)
     return out
 
 
@@ -336,27 +368,59 @@ def _describe(p: Packed, table: bool = False) -> str:
                                                           else "")
 
 
-def carry(model, mats: dict, accuracy_level: int) -> dict:
-    """Rewrite `model` (onnx.ModelProto, in memory whole) in place: every MatMul whose constant B is a GGUF matrix's
+def _equal(p: Packed, w: np.ndarray) -> bool:
+    """Whether p dequantizes to exactly w [N, K] (fp32 values: -0.0 == +0.0), compared a slice of rows at a time."""
+    n, k = p.shape
+    if w.shape != (n, k):
+        return False
+    per = k // p.block
+    for a, b in _row_steps(n, k):
+        part = Packed(p.type, p.bits, p.block, p.codes[a:b], p.scales[a:b].reshape(b - a, per),
+                      None if p.zero_points is None else p.zero_points[a:b],
+                      None if p.remainder is None else p.remainder[a:b])
+        if not np.array_equal(part.dequantize(), np.asarray(w[a:b], np.float32)):
+            return False
+    return True
+
+
+def carry(model, mats: dict, accuracy_level: int, data=None) -> dict:
+    """Rewrite `model` (onnx.ModelProto) in place: every MatMul whose constant B is a GGUF matrix's
     fp32 copy (B = W^T, or Transpose(W) for a tied head) becomes MatMulNBits on the file's blocks (plus the
     remainder term where the type has a fractional minimum); a Gather on a table that needs no remainder becomes
     GatherBlockQuantized on the same codes. mats: gguf_matrices(the file). Returns the record for the manifest: per GGUF tensor its type, the
-    ONNX form and whether the packed form is bit-identical to the fp32 weight the graph held (`exact`)."""
+    ONNX form and whether the packed form is bit-identical to the fp32 weight the graph held (`exact`).
+
+    data None: `model` is in memory whole (its initializers hold their values). Else `model` was loaded without its
+    external data and `data` is an edgekv.export.onnx_stream._Data: each weight is read from the old file when its
+    node is reached, packed, its new tensors appended to the new file and freed, one matrix at a time; the kept
+    initializers are copied after. So the export holds one fp32 matrix and its codes, not the graph's weights and
+    every packed matrix at once."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from .wquant import _drop_unused
+    from .wquant import _drop_unused, trim
 
     inits = {i.name: i for i in model.graph.initializer}
     producer = {o: n for n in model.graph.node for o in n.output}
     arrays: dict[str, np.ndarray] = {}
+    written: set[str] = set()  # names of the initializers carry adds
+    new_inits = []  # streamed: the new initializers, already in the new file
 
     def array(name):
+        if data is not None:  # read per use, not kept (a tied table is read twice: its Gather, its head)
+            return data.rows(inits[name])
         if name not in arrays:
             arrays[name] = numpy_helper.to_array(inits[name])
         return arrays[name]
 
     def const(name, value):
-        model.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
+        written.add(name)
+        value = np.asarray(value)
+        if data is None:
+            model.graph.initializer.append(numpy_helper.from_array(value, name))
+            return name
+        t = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(value.dtype), dims=list(value.shape))
+        data.write(t, value)
+        new_inits.append(t)
         return name
 
     def weight_of(node):
@@ -367,7 +431,7 @@ def carry(model, mats: dict, accuracy_level: int) -> dict:
             perm = next((list(a.ints) for a in t.attribute if a.name == "perm"), None)
             w = array(t.input[0])
             if perm in (None, [1, 0]) and w.ndim == 2 and w.dtype == np.float32:
-                return w, {b}
+                return w, {b, t.input[0]}  # W itself goes too where nothing else reads it (_drop_unused)
         if b in inits and inits[b].data_type == TensorProto.FLOAT and len(inits[b].dims) == 2:
             return array(b).T, {b}
         return None
@@ -396,20 +460,23 @@ def carry(model, mats: dict, accuracy_level: int) -> dict:
             continue
         name = "+".join(h[0] for h in hits)
         type_name = "+".join(dict.fromkeys(h[1] for h in hits))
-        w = found[0]
+        w, gone = found
+        del found
         if name not in packs:
-            p = concat([pack(unpack(raw, t, k)) for _, t, raw, k in hits])
+            p = concat([pack_rows(raw, t, k) for _, t, raw, k in hits])
             # equal values: a fused part without a remainder adds +0.0, which turns gguf's -0.0 (a zero code times a
             # negative scale) into +0.0, the same number
-            packs[name] = (p, bool(np.array_equal(p.dequantize(), np.asarray(w, np.float32))))
-        p, exact = packs[name]
+            packs[name] = (p, _equal(p, w), p.nbytes())
+        p, exact, _ = packs[name]
+        del w  # streamed: the fp32 matrix goes before the next is read
         n, k = p.shape
         base = name.replace(".", "_")
         nb = k // p.block
         codes = base + ".codes"
-        if codes not in inits:
-            inits[codes] = None
+        if codes not in written:
             const(codes, nbits_b(p))
+            if data is not None:  # written: a second use (a tied head) needs the shape, scales and zero points only
+                p.codes = np.broadcast_to(np.uint8(0), p.codes.shape)
         if node.op_type == "Gather":
             if p.remainder is not None or p.bits != 8:  # the fp32 table stays (exact, not smaller)
                 record.setdefault(name + " (table)", {"type": type_name, "onnx": "Gather on the fp32 dequantized "
@@ -429,7 +496,8 @@ def carry(model, mats: dict, accuracy_level: int) -> dict:
                                  [out + ".shape"], name=node.name + ".concat", axis=0),
                 helper.make_node("Reshape", [out + ".blocks", out + ".shape"], [out], name=node.name)]
             record[name + " (table)"] = {"type": type_name, "onnx": _describe(p, table=True), "exact": exact}
-            dead |= found[1]
+            dead |= gone
+            trim()
             continue
         x, out = node.input[0], node.output[0]
         ins = [x, codes, const(base + f".scales.{len(nodes)}", p.scales.reshape(-1))]
@@ -459,13 +527,18 @@ def carry(model, mats: dict, accuracy_level: int) -> dict:
         for h in hits:  # a fused projection: each GGUF tensor, and the one MatMulNBits it is part of
             record[h[0]] = {"type": h[1], "onnx": _describe(p) + (f" (fused: {name})" if len(hits) > 1 else ""),
                             "exact": exact}
-        dead |= found[1]
+        dead |= gone
+        trim()
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     _drop_unused(model, dead)
+    if data is not None:  # the initializers kept into the new file, then carry's own (already there)
+        for i in model.graph.initializer:
+            data.copy(i)
+        model.graph.initializer.extend(new_inits)
     return {"tensors": dict(sorted(record.items())),
-            "bytes": int(sum(p.nbytes() for p, _ in packs.values())),
+            "bytes": int(sum(b for _, _, b in packs.values())),
             "source_types": dict(sorted(Counter(t["type"] for t in record.values()).items())),
             "exact": all(t["exact"] for t in record.values())}

@@ -39,9 +39,10 @@ class OnnxTarget:
 
     @staticmethod
     def streamed(x) -> bool:
-        """int8 / int4 weights are quantized one at a time from the graph's own W (wquant.quantize_onnx): lowering
-        leaves their transposes unfolded, so no fp32 copy of the weights is made beside the module's."""
-        return x.opts.weights in ("int8", "int4", "int4-mix")
+        """int8 / int4 weights are quantized, and a GGUF's blocks carried (gguf_blocks.carry), one at a time from the
+        graph's own W (wquant.quantize_onnx): lowering leaves their transposes unfolded, so no fp32 copy of the
+        weights is made beside the module's, and the module's weights are freed before quantize-onnx."""
+        return x.opts.weights in ("int8", "int4", "int4-mix", "gguf")
 
     @staticmethod
     def write(x) -> None:

@@ -306,9 +306,11 @@ def quantize_onnx(src: Path, dst: Path, weights: str, entry: dict, source: Path 
 
     if weights == "fp32":
         return {"dtype": "float32"}
-    if weights in ("int8", "int4", "int4-mix"):  # the graph alone first: streamed where it has no subgraph
+    if weights in ("int8", "int4", "int4-mix", "gguf"):  # the graph alone first: streamed where it has no subgraph
         model = onnx.load(str(src), load_external_data=False)
         from .onnx_stream import quantize_stream, streams
+        if weights == "gguf" and streams(model):
+            return _carry_onnx(model, dst, entry, source, streamed_from=Path(src))
         if weights == "int4-mix" and not streams(model):
             raise EdgekvError(MIX_SUBGRAPH)
         if streams(model):
@@ -380,19 +382,35 @@ def _record(dst: Path, entry: dict, weights: str, tool: str, before: Counter, un
             "embedding": {"fp16": "float16", "int4": "int4 (GatherBlockQuantized)"}.get(weights, "float32")}
 
 
-def _carry_onnx(model, dst: Path, entry: dict, source: Path | None) -> dict:
+def _carry_onnx(model, dst: Path, entry: dict, source: Path | None, streamed_from: Path | None = None) -> dict:
     """--weights gguf: the GGUF's blocks into the graph (gguf_blocks.carry), saved to dst and checked like the
-    other recipes."""
+    other recipes. streamed_from: the saved model `model` was loaded from without its external data (a graph without
+    subgraphs): carried one matrix at a time into a new external-data file; None: `model` is in memory whole."""
+    import os
+
     import onnx
 
     from .gguf_blocks import carry, gguf_matrices
-    from .to_onnx import check_io, save_onnx
+    from .onnx_stream import _Data, _publish
+    from .to_onnx import EXTERNAL_DATA, check_io, save_onnx
 
     if source is None or Path(source).suffix.lower() != ".gguf":
         raise EdgekvError(GGUF_ONLY)
     before = Counter(n.op_type for n in model.graph.node)
-    record = carry(model, gguf_matrices(source), ORT_ACCURACY_LEVEL)
-    save_onnx(model, dst)
+    if streamed_from is None:
+        record = carry(model, gguf_matrices(source), ORT_ACCURACY_LEVEL)
+        save_onnx(model, dst)
+    else:  # streamed: one matrix at a time into the new external-data file, published whole when done
+        mats = gguf_matrices(source)
+        data = _Data(streamed_from.parent, Path(dst).parent / f".{EXTERNAL_DATA}.tmp-{os.getpid()}", EXTERNAL_DATA)
+        try:
+            record = carry(model, mats, ORT_ACCURACY_LEVEL, data=data)
+        except BaseException:
+            data.f.close()
+            data.out.unlink(missing_ok=True)  # nothing half-written is left beside dst
+            raise
+        data.f.close()
+        _publish(model, data.out, Path(dst))
     out = onnx.load(str(dst), load_external_data=False)
     check_io(out, entry)
     after = Counter(n.op_type for n in out.graph.node)

@@ -196,18 +196,17 @@ def load_gguf(path: str | Path) -> tuple[dict, dict, list[float] | None, list[st
     blk = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
     for t in reader.tensors:
         try:
-            a = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+            a = _dequantize(gguf, t)
         except Exception as e:
             raise EdgekvError(f"{p}: cannot dequantize {t.name} "
                               f"({t.tensor_type.name}: {type(e).__name__}: {e})") from None
-        a = a.reshape(tuple(int(d) for d in reversed(t.shape.tolist())))
         if t.name == "rope_freqs.weight":
             freq_factors = a.tolist()
             continue
         if t.name in _GGUF_TOP:
             if v.norm_offset and t.name == "output_norm.weight":
                 a = a - v.norm_offset  # stored as offset + w
-            sd[_GGUF_TOP[t.name]] = torch.from_numpy(np.array(a))  # copy: F32 tensors are read-only memmaps
+            sd[_GGUF_TOP[t.name]] = torch.from_numpy(a if a.flags.writeable and a.flags.owndata else np.array(a))
             continue
         m = blk.match(t.name)
         if not m or m.group(2) not in block_names:
@@ -217,8 +216,31 @@ def load_gguf(path: str | Path) -> tuple[dict, dict, list[float] | None, list[st
             a = a - v.norm_offset  # stored as offset + w
         if v.gguf_permuted and part in ("attn_q", "attn_k"):
             a = unpermute_qk(a, cfg["num_attention_heads"] if part == "attn_q" else cfg["num_key_value_heads"])
-        sd[f"model.layers.{i}.{block_names[part]}.{kind}"] = torch.from_numpy(np.array(a))
+        sd[f"model.layers.{i}.{block_names[part]}.{kind}"] = torch.from_numpy(
+            a if a.flags.writeable and a.flags.owndata else np.array(a))
     return cfg, sd, freq_factors, sorted({t.tensor_type.name for t in reader.tensors})
+
+
+# rows dequantized per slice (16 M values, 64 MB of fp32): gguf's dequantize makes a few fp32 temporaries of its
+# input's size, which for a whole 262144 x 640 table (Gemma-3) is more than the table again
+GGUF_CHUNK_ELEMS = 1 << 24
+
+
+def _dequantize(gguf, t) -> np.ndarray:
+    """One GGUF tensor -> fp32 in its logical shape (transformers' dims order), its own array (writable, not a view
+    of the mapped file): a matrix dequantized a slice of rows at a time into it (a row's values depend on its own
+    bytes only)."""
+    shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+    if len(shape) != 2:
+        return np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+    n, k = shape
+    raw = np.asarray(t.data).reshape(n, -1)
+    out = np.empty(shape, np.float32)
+    step = max(1, GGUF_CHUNK_ELEMS // max(k, 1))
+    for a in range(0, n, step):
+        out[a:a + step] = np.asarray(gguf.quants.dequantize(raw[a:a + step], t.tensor_type),
+                                     np.float32).reshape(-1, k)
+    return out
 
 
 @contextlib.contextmanager
