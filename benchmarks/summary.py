@@ -33,7 +33,7 @@ FILLED = [
     ("Decode at a filled 16k, Gemma-3-270M, against GenAI", "filled_context_gemma3_16384_genai", ("genai:int4",),
      "ORT GenAI"),
     ("Decode at a filled 8k, SmolLM2-135M", "filled_context_8192_int8c", LLAMACPP, "llama.cpp"),
-    ("Decode at a filled 8k, SmolLM2-135M, the GGUF's own blocks", "filled_context_8192_gguf_equal", LLAMACPP,
+    ("Decode at a filled 8k, SmolLM2-135M, the GGUF's own blocks", "filled_context_8192_gguf_equal_r2", LLAMACPP,
      "llama.cpp"),
     ("Decode at a filled 8k, SmolLM2-135M, against GenAI", "filled_context_8192", ("genai:int4",), "ORT GenAI"),
     ("Decode at a filled 8k, SmolLM2-135M, against ExecuTorch's own export", "filled_context_8192_etllama_side",
