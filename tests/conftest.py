@@ -164,6 +164,24 @@ def tiny_models(tmp_path_factory, specs: dict):
     return get
 
 
+def traced_for_onnx(model_dir):
+    """A model folder loaded with the plain `kv` cache at 320 slots, swapped for ONNX Runtime and traced as the ONNX
+    export traces it: (its forward program, its manifest entry point)."""
+    import torch
+
+    from edgekv.export import manifest as mf
+    from edgekv.export.trace import trace
+    from edgekv.models import load_any
+    from edgekv.models.swaps import for_runtime
+    from edgekv.strategies import parse_strategy
+
+    torch.set_num_threads(1)
+    loaded = load_any(str(model_dir), parse_strategy("kv"), 320)
+    module, _ = for_runtime(loaded.module, "onnxruntime")
+    entry = mf.entry_point("forward", "seq", loaded.layout, loaded.args.vocab)
+    return trace(module, {"f": None})["f"], entry
+
+
 def mapped_rss(path) -> int:
     """Resident bytes of this process's mappings of `path` (/proc/self/smaps; Linux)."""
     import re

@@ -12,9 +12,8 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 
-from conftest import ROOT
+from conftest import ROOT, traced_for_onnx
 
 TINY = ROOT / "fixtures" / "tiny" / "llama"
 
@@ -23,17 +22,8 @@ TINY = ROOT / "fixtures" / "tiny" / "llama"
 def lowered(tmp_path_factory):
     """The tiny llama's fp32 graph as the streamed export lowers it (W^T unfolded), and as the fp32 export does."""
     from edgekv.export.to_onnx import lower_onnx, save_onnx
-    from edgekv.export.trace import trace
-    from edgekv.models import load_any
-    from edgekv.models.swaps import for_runtime
-    from edgekv.strategies import parse_strategy
 
-    torch.set_num_threads(1)
-    from edgekv.export import manifest as mf
-    loaded = load_any(str(TINY), parse_strategy("kv"), 320)
-    module, _ = for_runtime(loaded.module, "onnxruntime")
-    entry = mf.entry_point("forward", "seq", loaded.layout, loaded.args.vocab)
-    ep = trace(module, {"f": None})["f"]
+    ep, entry = traced_for_onnx(TINY)
     root = tmp_path_factory.mktemp("stream")
     for fold in (False, True):
         (root / str(fold)).mkdir()

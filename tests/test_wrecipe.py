@@ -9,9 +9,8 @@ import re
 
 import numpy as np
 import pytest
-import torch
 
-from conftest import ROOT
+from conftest import ROOT, traced_for_onnx
 
 TINY = ROOT / "fixtures" / "tiny" / "llama"
 
@@ -70,22 +69,14 @@ def test_min_max_blocks_packed_are_ort_quantizers_own(bits):
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory):
     """The tiny llama's graph as the streamed export lowers it, quantized with int4-mix."""
-    from edgekv.export import manifest as mf
     from edgekv.export import wquant
     from edgekv.export.to_onnx import lower_onnx, save_onnx
-    from edgekv.export.trace import trace
-    from edgekv.models import load_any
-    from edgekv.models.swaps import for_runtime
-    from edgekv.strategies import parse_strategy
 
-    torch.set_num_threads(1)
-    loaded = load_any(str(TINY), parse_strategy("kv"), 320)
-    module, _ = for_runtime(loaded.module, "onnxruntime")
-    entry = mf.entry_point("forward", "seq", loaded.layout, loaded.args.vocab)
+    ep, entry = traced_for_onnx(TINY)
     root = tmp_path_factory.mktemp("mix")
     (root / "fp32").mkdir()
     (root / "q").mkdir()
-    save_onnx(lower_onnx(trace(module, {"f": None})["f"], entry, fold_weights=False), root / "fp32" / "model.onnx")
+    save_onnx(lower_onnx(ep, entry, fold_weights=False), root / "fp32" / "model.onnx")
     rec = wquant.quantize_onnx(root / "fp32" / "model.onnx", root / "q" / "model.onnx", "int4-mix", entry)
     return root, rec
 
