@@ -37,9 +37,9 @@ BASE = 0.75e9
 # measured by benchmarks/export_cost.py (benchmarks/results/export_cost_*.json; which stage holds what: benchmarks/
 # README.md, "What an export costs"). ONNX int8 / int4 stream: from tracing on the module holds its weights as their
 # exact bf16 / fp16 copies (edgekv.export.lazy_weights), so the peak is verify-quant's fp32 pass and the fused q/k/v
-# made for the trace, at the trace stage (0.85 copies over BASE and the state terms on the random Llama-3.2-1B at 8k;
-# 1.05 also covers SmolLM2-135M, whose peak is the imports and ONNX Runtime's session, and the earlier 1B runs, which
-# lowered over the fp32 module); fp32 and fp16 hold the whole ONNX proto beside the module at lower/serialize-onnx
+# made for the trace, at the trace stage (the factor is rounded up over the random Llama-3.2-1B's lazy-weights runs,
+# SmolLM2-135M's, whose peak is the imports and ONNX Runtime's session, and the earlier 1B runs, which lowered over
+# the fp32 module: export_cost_*.json, tests/test_export_budget.py); fp32 and fp16 hold the whole ONNX proto beside the module at lower/serialize-onnx
 # (fp16: and the fp16 converter's copy at quantize-onnx). The .pte fp32 figure is Gemma-3-270M's at 32k; the
 # quantized .pte recipes (a quantized deep copy of the module besides) are not measured: one copy more is assumed.
 # gguf streams too; its peak is carry's one matrix (Gemma-3-270M's fp32 table and its codes) over the mapped file
