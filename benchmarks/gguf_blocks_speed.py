@@ -48,8 +48,9 @@ def graph(mats: dict, form: str, k: int):
     from onnx import TensorProto, helper, numpy_helper
 
     from edgekv.export import gguf_blocks as gb
+    from edgekv.export import gguf_codec as gc
 
-    ws = {n: gb.file_dequantize(gb.unpack(raw, t, kk)) for n, (t, raw, kk) in mats.items()}
+    ws = {n: gc.file_dequantize(gc.unpack(raw, t, kk)) for n, (t, raw, kk) in mats.items()}
     names = list(mats)
     nodes = [helper.make_node("MatMul", ["x", f"{names[0]}.t"], ["g"], name="gate"),
              helper.make_node("MatMul", ["x", f"{names[1]}.t"], ["u"], name="up"),
@@ -63,7 +64,7 @@ def graph(mats: dict, form: str, k: int):
         return model
     entries = {}
     for n, (t, raw, kk) in mats.items():
-        entries.update(gb.matrix(n, t, raw, raw.shape[0], kk))
+        entries.update(gc.matrix(n, t, raw, raw.shape[0], kk))
     if form == "carried shared":
         gb.carry(model, entries, 4)
         return model
@@ -92,7 +93,7 @@ def graph(mats: dict, form: str, k: int):
                 continue
             name = next(n for n in names if nd.input[1].startswith(n.replace(".", "_")))
             t, raw, kk = mats[name]
-            f = gb.unpack(raw, t, kk)
+            f = gc.unpack(raw, t, kk)
             zp = (-f.offset / np.where(f.scale == 0, 1, f.scale)).astype(np.float32).reshape(-1)
             z = numpy_helper.from_array(zp, nd.input[3] + ".float")
             model.graph.initializer.append(z)
@@ -137,7 +138,7 @@ def q5_split(model, mats: dict, low_only: bool) -> None:
     module docstring (low_only: by its 4-bit part alone)."""
     from onnx import helper
 
-    from edgekv.export import gguf_blocks as gb
+    from edgekv.export import gguf_codec as gc
 
     out, drop = [], set()
     for nd in model.graph.node:
@@ -147,7 +148,7 @@ def q5_split(model, mats: dict, low_only: bool) -> None:
             out.append(nd)
             continue
         t, raw, k = mats[hit]
-        f = gb.unpack(raw, t, k)
+        f = gc.unpack(raw, t, k)
         q = (f.q + 16).astype(np.uint8)  # the file's 5-bit codes 0..31
         lo, hi = q & 15, q >> 4
         drop |= set(nd.input[1:])
@@ -196,9 +197,9 @@ def head_graph(t: str, raw: np.ndarray, k: int, form: str):
     """x [1, 1, k] -> logits [1, 1, V] from the tied Q8_0 head in `form`."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from edgekv.export import gguf_blocks as gb
+    from edgekv.export import gguf_codec as gc
 
-    f = gb.unpack(raw, t, k)
+    f = gc.unpack(raw, t, k)
     c = (f.q + 128).astype(np.uint8)
     nodes, inits = [], []
     if form == "carried 8-bit":
@@ -211,7 +212,7 @@ def head_graph(t: str, raw: np.ndarray, k: int, form: str):
     elif form == "high nibble only":
         nodes, inits = _nbits("x", "y", c >> 4, 16 * f.scale, 8, 4, f.block, "head.hi")
     elif form == "fp16 MatMul":
-        w = gb.file_dequantize(f).astype(np.float16)
+        w = gc.file_dequantize(f).astype(np.float16)
         inits = [numpy_helper.from_array(np.ascontiguousarray(w.T), "w16")]
         nodes = [helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16),
                  helper.make_node("MatMul", ["x16", "w16"], ["y16"]),

@@ -1,4 +1,5 @@
-"""--weights gguf (edgekv.export.gguf_blocks): a GGUF's weight blocks carried into the ONNX graph, not re-quantized.
+"""--weights gguf (edgekv.export.gguf_codec, gguf_blocks): a GGUF's weight blocks carried into the ONNX graph, not
+re-quantized.
 
 Independent references: gguf's own quants.dequantize (llama.cpp's Python reference) on the same bytes, bit for bit,
 for every type the module claims exact; ONNX Runtime running the rewritten graph against numpy's x @ W^T in float64."""
@@ -12,6 +13,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from edgekv.export import gguf_blocks as gb  # noqa: E402
+from edgekv.export import gguf_codec as gc  # noqa: E402
 
 N, K = 24, 512  # rows (output channels) x inputs: two k-quant super-blocks per row
 
@@ -24,7 +26,7 @@ def gguf_rows(type_name: str, n: int = N, k: int = K, seed: int = 0) -> np.ndarr
     if type_name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
         w = (rng.standard_normal((n, k)) * 0.05 + rng.normal(0, 0.02, (n, 1))).astype(np.float32)
         return gguf.quants.quantize(w, qtype)
-    size, per = gb.SIZES[type_name]
+    size, per = gc.SIZES[type_name]
     b = rng.integers(0, 256, (n * k // per, size)).astype(np.uint8)
     at = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}[type_name]  # d (and dmin): positive fp16
     for o in at:
@@ -37,10 +39,10 @@ def reference(raw: np.ndarray, type_name: str, n: int = N, k: int = K) -> np.nda
                       np.float32).reshape(n, k)
 
 
-@pytest.mark.parametrize("type_name", gb.CARRIED)
+@pytest.mark.parametrize("type_name", gc.CARRIED)
 def test_every_carried_type_dequantizes_bit_for_bit_as_gguf_does(type_name):
     raw = gguf_rows(type_name)
-    p = gb.pack(gb.unpack(raw, type_name, K))
+    p = gc.pack(gc.unpack(raw, type_name, K))
     want = reference(raw, type_name)
     got = p.dequantize()
     assert got.dtype == np.float32 and got.shape == want.shape
@@ -54,8 +56,8 @@ def test_every_carried_type_dequantizes_bit_for_bit_as_gguf_does(type_name):
 
 def test_a_fractional_minimum_is_an_integer_zero_point_plus_a_small_remainder():
     raw = gguf_rows("Q4_1")
-    f = gb.unpack(raw, "Q4_1", K)
-    p = gb.pack(f)
+    f = gc.unpack(raw, "Q4_1", K)
+    p = gc.pack(f)
     # hand arithmetic from the file's own fields: block 0 of row 0 holds d and m as its first two fp16 values
     d, m = raw[0, :4].view(np.float16).astype(np.float32)
     assert p.scales[0, 0] == d and p.zero_points[0, 0] == np.clip(np.rint(-m / d), 0, 15)
@@ -69,7 +71,7 @@ def test_a_zero_point_clipped_far_from_the_minimum_falls_back_to_an_exact_block(
     raw[0, 2:4] = np.array([-5732.0], np.float16).view(np.uint8)
     raw[0, 0:2] = np.array([0.1791], np.float16).view(np.uint8)
     raw[0, 4:] = (np.arange(16) * 17).astype(np.uint8)  # byte j holds code j twice: every code 0..15 appears
-    p = gb.pack(gb.unpack(raw, "Q4_1", 32))
+    p = gc.pack(gc.unpack(raw, "Q4_1", 32))
     want = reference(raw, "Q4_1", 1, 32)
     assert np.array_equal(p.dequantize().view(np.uint32), want.view(np.uint32))
 
@@ -101,12 +103,12 @@ def run(model, **feeds):
     return s.run(None, feeds)
 
 
-@pytest.mark.parametrize("type_name", gb.CARRIED)
+@pytest.mark.parametrize("type_name", gc.CARRIED)
 def test_the_rewritten_matmul_runs_in_onnx_runtime_as_x_times_the_gguf_weights(type_name):
     raw = gguf_rows(type_name, seed=1)
     w = reference(raw, type_name)
     model = one_matmul(w)
-    record = gb.carry(model, gb.matrix("blk.0.ffn_up.weight", type_name, raw, N, K), accuracy_level=0)
+    record = gb.carry(model, gc.matrix("blk.0.ffn_up.weight", type_name, raw, N, K), accuracy_level=0)
     ops = [n.op_type for n in model.graph.node]
     with_minimum = type_name in ("Q4_1", "Q5_1", "Q4_K", "Q5_K")  # the remainder's small fp32 MatMul
     assert ops.count("MatMulNBits") == 1 and ops.count("MatMul") == int(with_minimum)
@@ -128,7 +130,7 @@ def test_a_tied_table_is_gathered_bit_exactly_and_the_head_reads_the_same_codes(
     raw = gguf_rows(type_name, n=n, k=k, seed=3)
     w = reference(raw, type_name, n, k)
     model = one_matmul(w, tied_table=True)
-    record = gb.carry(model, gb.matrix("token_embd.weight", type_name, raw, n, k), accuracy_level=0)
+    record = gb.carry(model, gc.matrix("token_embd.weight", type_name, raw, n, k), accuracy_level=0)
     by_op = {nd.op_type: nd for nd in model.graph.node}
     assert by_op["GatherBlockQuantized"].input[0] == by_op["MatMulNBits"].input[1]  # one copy of the codes
     assert not [i for i in model.graph.initializer if i.data_type == TensorProto.FLOAT and n * k in
@@ -147,7 +149,7 @@ def test_a_tied_table_is_gathered_bit_exactly_and_the_head_reads_the_same_codes(
 def test_a_matrix_not_in_the_file_stays_float():
     w = np.random.default_rng(5).standard_normal((N, K)).astype(np.float32)
     model = one_matmul(w)
-    record = gb.carry(model, gb.matrix("blk.0.ffn_up.weight", "Q8_0", gguf_rows("Q8_0"), N, K), accuracy_level=0)
+    record = gb.carry(model, gc.matrix("blk.0.ffn_up.weight", "Q8_0", gguf_rows("Q8_0"), N, K), accuracy_level=0)
     assert [n.op_type for n in model.graph.node] == ["MatMul"] and record["tensors"] == {}
 
 
@@ -173,7 +175,7 @@ def test_a_fused_projection_carries_each_of_its_gguf_matrices_exactly(types):
     ws = [reference(raw, t, r) for raw, t, r in zip(raws, types, rows)]
     mats = {}
     for i, (raw, t, r) in enumerate(zip(raws, types, rows)):
-        mats.update(gb.matrix(f"blk.0.attn_{'qkv'[i]}.weight", t, raw, r, K))
+        mats.update(gc.matrix(f"blk.0.attn_{'qkv'[i]}.weight", t, raw, r, K))
     w = np.concatenate(ws)
     model = one_matmul(w)
     record = gb.carry(model, mats, accuracy_level=0)
@@ -221,13 +223,13 @@ def stored_bytes(model) -> int:
     return sum(numpy_helper.to_array(i).nbytes for i in model.graph.initializer if i.data_type != TensorProto.INT64)
 
 
-@pytest.mark.parametrize("type_name", gb.CARRIED)
+@pytest.mark.parametrize("type_name", gc.CARRIED)
 def test_the_planners_bytes_per_type_are_what_carry_writes(type_name):
     """edgekv.memory's arithmetic for --weights gguf on ONNX Runtime against the initializers carry() really writes."""
     from edgekv.memory import carried_matrix_bytes
     raw = gguf_rows(type_name, seed=5)
     model = one_matmul(reference(raw, type_name))
-    gb.carry(model, gb.matrix("blk.0.ffn_up.weight", type_name, raw, N, K), accuracy_level=0)
+    gb.carry(model, gc.matrix("blk.0.ffn_up.weight", type_name, raw, N, K), accuracy_level=0)
     assert stored_bytes(model) == carried_matrix_bytes(type_name, N, K)
 
 
@@ -238,7 +240,7 @@ def test_the_planners_bytes_for_a_tied_table_are_what_carry_writes(type_name):
     from edgekv.memory import GGUF_CARRIED, weight_bytes
     raw = gguf_rows(type_name, n=40, k=64, seed=6)
     model = one_matmul(reference(raw, type_name, 40, 64), tied_table=True)
-    gb.carry(model, gb.matrix("token_embd.weight", type_name, raw, 40, 64), accuracy_level=0)
+    gb.carry(model, gc.matrix("token_embd.weight", type_name, raw, 40, 64), accuracy_level=0)
     arch = Arch("tiny", "llama", "transformer", 64, 40, (), (Weight("token_embd.weight", (40, 64), "embedding",
                                                                       gguf_type=type_name, gguf_bytes=raw.size),))
     assert stored_bytes(model) == weight_bytes(arch, "gguf", GGUF_CARRIED)["total"]
@@ -268,14 +270,14 @@ def test_the_files_matrices_are_keyed_as_the_loader_builds_them_llamas_q_and_k_u
     reader = gguf.GGUFReader(str(path))
     t = {x.name: x for x in reader.tensors}
     heads, dim = 9, 576  # SmolLM2-135M: 9 query heads of 64
-    monkeypatch.setattr(gb, "CHUNK_ELEMS", 1 << 20)
+    monkeypatch.setattr(gc, "CHUNK_ELEMS", 1 << 20)
     sizes = dequantize_spy(monkeypatch)
-    mats = gb.gguf_matrices(path)
+    mats = gc.gguf_matrices(path)
     assert max(sizes) <= 1 << 20, max(sizes)
     monkeypatch.undo()
     table = np.asarray(gguf.quants.dequantize(t["token_embd.weight"].data, t["token_embd.weight"].tensor_type),
                        np.float32).reshape(49152, dim)
-    assert gb.fingerprint(table) in mats
+    assert gc.fingerprint(table) in mats
     names = {v[0]: (key, v) for key, v in mats.items()}
     assert len(names) == 211 and names["token_embd.weight"][1][1] == "Q8_0"
     for part, want_permuted in (("attn_q", True), ("attn_v", False)):
@@ -285,8 +287,8 @@ def test_the_files_matrices_are_keyed_as_the_loader_builds_them_llamas_q_and_k_u
         if want_permuted:
             w = w.reshape(heads, dim // heads // 2, 2, k).swapaxes(1, 2).reshape(n, k)
         key, (_, type_name, raw, kk) = names[f"blk.0.{part}.weight"]
-        assert key == gb.fingerprint(w) and type_name == "Q4_1" and kk == k
-        assert np.array_equal(gb.file_dequantize(gb.unpack(raw, type_name, k)), w)  # the raw rows in that order too
+        assert key == gc.fingerprint(w) and type_name == "Q4_1" and kk == k
+        assert np.array_equal(gc.file_dequantize(gc.unpack(raw, type_name, k)), w)  # the raw rows in that order too
 
 
 def test_a_saved_graph_is_carried_one_matrix_at_a_time_into_a_new_data_file(tmp_path, monkeypatch):
@@ -297,7 +299,7 @@ def test_a_saved_graph_is_carried_one_matrix_at_a_time_into_a_new_data_file(tmp_
     from edgekv.export.onnx_stream import _Data, _publish
     from edgekv.export.to_onnx import EXTERNAL_DATA, save_onnx
 
-    monkeypatch.setattr(gb, "CHUNK_ELEMS", 3 * 256)  # three rows of the table per slice
+    monkeypatch.setattr(gc, "CHUNK_ELEMS", 3 * 256)  # three rows of the table per slice
     n, k = 40, 256
     table_raw, proj_raw = gguf_rows("Q8_0", n=n, k=k, seed=7), gguf_rows("Q4_1", n=n, k=k, seed=8)
     table, proj = reference(table_raw, "Q8_0", n, k), reference(proj_raw, "Q4_1", n, k)
@@ -311,8 +313,8 @@ def test_a_saved_graph_is_carried_one_matrix_at_a_time_into_a_new_data_file(tmp_
     src.mkdir()
     save_onnx(model, src / "model.onnx")
     graph = onnx.load(str(src / "model.onnx"), load_external_data=False)
-    mats = {**gb.matrix("token_embd.weight", "Q8_0", table_raw, n, k),
-            **gb.matrix("blk.0.ffn_up.weight", "Q4_1", proj_raw, n, k)}
+    mats = {**gc.matrix("token_embd.weight", "Q8_0", table_raw, n, k),
+            **gc.matrix("blk.0.ffn_up.weight", "Q4_1", proj_raw, n, k)}
     dst = tmp_path / "dst"
     dst.mkdir()
     data = _Data(src, dst / ".tmp", EXTERNAL_DATA)

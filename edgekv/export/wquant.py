@@ -390,7 +390,8 @@ def _carry_onnx(model, dst: Path, entry: dict, source: Path | None, streamed_fro
 
     import onnx
 
-    from .gguf_blocks import carry, gguf_matrices
+    from .gguf_blocks import carry
+    from .gguf_codec import gguf_matrices
     from .onnx_stream import _Data, _publish
     from .to_onnx import EXTERNAL_DATA, check_io, save_onnx
 

@@ -7,7 +7,7 @@ import math
 
 from ..arch import Arch, Weight
 
-# --weights gguf in edgekv's ONNX: the form each GGUF type's blocks are carried in (edgekv.export.gguf_blocks.pack,
+# --weights gguf in edgekv's ONNX: the form each GGUF type's blocks are carried in (edgekv.export.gguf_codec.pack,
 # docs/export.md "The file's own blocks"): (bits per code, elements per fp32 scale, a uint zero point per block, an
 # fp32 remainder per block). The carried form is larger than the file: fp32 scales for fp16 ones, 5- and 6-bit codes
 # stored in 8 bits, and Q4_1 / Q4_K's fractional minimum as an integer zero point plus an fp32 remainder term.
@@ -29,8 +29,8 @@ GGUF_CARRIED = {"gguf_blocks": "onnx"}
 def carried_matrix_bytes(type_name: str, n: int, k: int) -> int | None:
     """Bytes of one GGUF matrix [n, k] (n output rows) as MatMulNBits holds it: codes (4-bit two to a byte), fp32
     scales, zero points (4-bit ones two to a byte per row, an odd last block padded) and fp32 remainders, as
-    gguf_blocks.nbits_b / nbits_zero_points write them. None: a type that is not carried (a float type, or a quant
-    type gguf_blocks does not read: the graph keeps its fp32 copy)."""
+    gguf_codec.nbits_b / nbits_zero_points write them. None: a type that is not carried (a float type, or a quant
+    type gguf_codec does not read: the graph keeps its fp32 copy)."""
     if type_name not in CARRIED_FORM:
         return None
     bits, block, zp, rem = CARRIED_FORM[type_name]
