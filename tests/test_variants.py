@@ -101,6 +101,10 @@ def _llama_cpp_arch(v) -> str:
 
 
 GGUF_DECLARED = sorted(mt for mt, v in VARIANTS.items() if v.gguf_arch)
+# exported variants whose GGUF the loader could read but whose GGUF export edgekv does not claim: a Qwen3 GGUF's
+# tensors all have loader names and a random one loads as its folder, but no Qwen3 GGUF export has been checked end
+# to end (its run against transformers), so gguf_export stays False
+GGUF_NOT_CLAIMED = {"qwen3"}
 
 
 @pytest.mark.parametrize("mt", GGUF_DECLARED)
@@ -144,7 +148,7 @@ def test_a_gguf_is_exported_only_where_the_loader_reads_every_tensor_llama_cpp_w
     if v.gguf_export:
         assert v.exported and not unread, unread
     else:
-        assert unread or not v.exported or mt == "qwen3", unread  # qwen3: see tests/README.md, mutation testing
+        assert unread or not v.exported or mt in GGUF_NOT_CLAIMED, unread
 
 
 # model types make_random_model.py writes a GGUF of (tests/test_random_model.py holds those files to transformers'
