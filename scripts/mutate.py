@@ -47,7 +47,7 @@ MODULES = {
     "costs": ("edgekv/memory/workspace.py", ["workspace_bytes", "_layer_scratch", "runtime_load_bytes"],
               "tests/test_memory.py tests/test_state_bytes.py tests/test_arch.py -k 'memory or state or catalog_config'",
               180),
-    "variants": ("edgekv/arch/variants.py", None, "tests/test_variants.py", 120),
+    "variants": ("edgekv/arch/variants.py", None, "tests/test_variants.py", 300),
     "quant": ("edgekv/quant.py", None, "tests/test_quant.py", 120),
     "verify": ("edgekv/export/verify.py", ["tolerance_dtype", "limits", "verify", "min_top1"],
                "tests/test_verify.py", 120),

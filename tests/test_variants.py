@@ -157,18 +157,24 @@ GGUF_EXPORTED = ("llama", "mistral", "qwen2", "gemma3_text")
 
 
 @pytest.mark.parametrize("mt", GGUF_EXPORTED)
-def test_a_random_gguf_of_each_exported_architecture_loads_as_the_folder_it_was_written_from(mt, tmp_path):
-    """edgekv.models.weights.load_gguf of a tiny GGUF f16 written from an HF folder gives the folder's weights (to f16
-    rounding; Gemma's norms back from 1 + w): the GGUF architectures the export reads."""
+def test_a_random_gguf_of_each_exported_architecture_is_its_folder_and_llama_cpps_model(mt, tmp_path):
+    """A tiny GGUF f16 written from an HF folder: edgekv.models.weights.load_gguf gives the folder's weights (to f16
+    rounding; Gemma's norms back from 1 + w), and the export module edgekv builds from the GGUF gives llama.cpp's
+    logits for the same file (llama-cpp-python): the header's reading, what it does not carry (gguf_defaults,
+    Gemma 3's score scale 1/sqrt(head_dim), here 16 and not the config class's 256) and the q/k row order."""
     import importlib.util
     import json
 
+    np = pytest.importorskip("numpy")
     torch = pytest.importorskip("torch")
     pytest.importorskip("gguf")
-    from conftest import ROOT
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from conftest import ROOT, greedy_with_state
     from safetensors.torch import load_file
 
+    from edgekv.models import load_any
     from edgekv.models.weights import load_gguf
+    from edgekv.strategies import parse_strategy
     spec = importlib.util.spec_from_file_location("make_random_model", ROOT / "scripts" / "make_random_model.py")
     mrm = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mrm)
@@ -176,12 +182,26 @@ def test_a_random_gguf_of_each_exported_architecture_loads_as_the_folder_it_was_
     cfg = transformers.AutoConfig.for_model(mt, **{**TINY, "vocab_size": 300}, tie_word_embeddings=False).to_dict()
     cfg.update(torch_dtype="float32", architectures=[type(_hf_model(mt)).__name__])
     (tmp_path / "e.json").write_text(json.dumps({"name": f"tiny-{mt}", "config": cfg}))
-    made = mrm.make(str(tmp_path / "e.json"), tmp_path / "m", echo=lambda s: None)
+    made = mrm.make(str(tmp_path / "e.json"), tmp_path / "m", std=0.2, echo=lambda s: None)  # logits of order 10
     _, sd, _, _ = load_gguf(made["gguf"])
     want = load_file(made["folder"] + "/model.safetensors")
     assert set(sd) == set(want)
     for k, w in want.items():
         torch.testing.assert_close(sd[k].float(), w.float(), rtol=1e-3, atol=1e-3 * w.abs().max().item(), msg=k)
+
+    prompt = [5, 17, 3, 40, 22, 9, 31, 2, 60, 11]
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        module = load_any(made["gguf"], parse_strategy("kv:dtype=fp32"), 64).module
+        _, got, _ = greedy_with_state(module, prompt, steps=0)
+    finally:
+        torch.set_num_threads(before)
+    llm = llama_cpp.Llama(made["gguf"], n_ctx=64, logits_all=True, verbose=False, n_threads=1)
+    llm.eval(prompt)
+    ref = np.asarray(llm.scores[:len(prompt)])
+    # llama.cpp's f16 matmuls: 5e-4 of the largest logit measured; a wrong score scale or row order moves it 30 %
+    assert np.abs(got.detach().numpy() - ref).max() <= 3e-3 * np.abs(ref).max()
 
 
 def _transformers_default(c, key: str):
