@@ -47,7 +47,7 @@ MODULES = {
     "costs": ("edgekv/memory/workspace.py", ["workspace_bytes", "_layer_scratch", "runtime_load_bytes"],
               "tests/test_memory.py tests/test_state_bytes.py tests/test_arch.py -k 'memory or state or catalog_config'",
               180),
-    "variants": ("edgekv/arch/variants.py", None, "tests/test_variants.py", 120),
+    "variants": ("edgekv/arch/variants.py", None, "tests/test_variants.py", 300),
     "quant": ("edgekv/quant.py", None, "tests/test_quant.py", 120),
     "verify": ("edgekv/export/verify.py", ["tolerance_dtype", "limits", "verify", "min_top1"],
                "tests/test_verify.py", 120),
@@ -112,6 +112,8 @@ ACCEPTED = {
               ("copies = 1 +", "below the 10 % band of the measured peaks (test_memory)"),
               ("if not rt.get(\"logits_planned\")", "below the 10 % band of the measured peaks (test_memory)"),
               ('if not rt["scores"]', "native MLA (DeepSeek) has no measured peak yet: a gap")],
+    "variants": [("gguf_export = True", "Qwen3's GGUF export is not claimed though the loader reads its tensors "
+                                        "(tests/test_variants.py GGUF_NOT_CLAIMED): untested end to end, not wrong")],
     "storage": [('rounding <= "nearest"', "equivalent over the two roundings callers pass (nearest, stochastic)"),
                 ("frozen=False", "equivalent: nothing assigns to a storage after it is made")],
 }
@@ -296,6 +298,7 @@ def main(argv=None) -> int:
                "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                "command": "scripts/mutate.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "sampled_per_module": a.max_per_module, "seed": a.seed,
+               "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()],  # at the end of the run
                "operators_excluded": EXCLUDE, "killed": tot_k, "survived": tot_r - tot_k, "run": tot_r,
                "score": round(tot_k / tot_r, 3) if tot_r else None,
                "accepted_survivors": sum(m["accepted"] for m in mods.values()),

@@ -106,6 +106,7 @@ class Phi3(Llama):
     rewrite = "edgekv.models.phi3:to_llama"  # fused q/k/v and gate/up, partial rotary, longrope
     mla_convertible = False
     gguf_export = False
+    gguf_permuted = False  # NEOX RoPE: stored as HF has it (transformers' GGUF reader un-permutes llama's only)
 
 
 class SmolLM3(Llama):
