@@ -164,13 +164,15 @@ def test_int4_mix_export_bits_blocks_and_kernel(mixed):
 
 
 def test_plan_prices_int4_mix_by_hand():
-    """SmolLM2-135M (576 wide, 1536 MLP, 192-wide v): int4-mix holds v (192 x 576) and down (576 x 1536) of 14
-    layers at int8's bytes (n + 2 B per row) instead of int4's (n / 2 + 2 B per 32): 7n/16 + 2 rows more each, so
-    14 x (48,384 + 384 + 387,072 + 1,152) = 6,117,888 B over int4; the table is priced at int8 either way."""
+    """SmolLM2-135M (576 wide, 1536 MLP, 192-wide k and v, 30 layers): int4-mix holds v (192 x 576) and down (576 x
+    1536) of 14 layers at int8's bytes (n + 2 B per row) instead of int4's (n / 2 + 2 B per 32): 7n/16 + 2 rows more
+    each, 14 x (48,384 + 384 + 387,072 + 1,152) = 6,117,888 B; every 4-bit matrix adds its fp32 remainder, 4 B per
+    32 (n / 8): q, k, o, gate, up of 30 layers (442,368 + 331,776 + 1,769,472 = 2,543,616 each) and v, down of the
+    other 16 (110,592 + 884,736) are 92,233,728 weights, 11,529,216 B; the table is priced at int8 either way."""
     from edgekv.arch.catalog import load_arch
     from edgekv.memory.weights import weight_bytes
     a = load_arch("smollm2-135m")
-    assert weight_bytes(a, "int4-mix")["total"] - weight_bytes(a, "int4")["total"] == 6_117_888
+    assert weight_bytes(a, "int4-mix")["total"] - weight_bytes(a, "int4")["total"] == 6_117_888 + 11_529_216
 
 
 def test_int4_mix_for_the_pte_is_refused_in_one_line(tmp_path):
