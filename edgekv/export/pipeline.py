@@ -450,7 +450,8 @@ def _manifest(x: Export, version: str) -> dict:
 
 
 def _wider_bytes(record: dict) -> int:
-    """int4-mix: the bytes its 8-bit tensors add over 4 bits (per_tensor's shapes), nominal like the rest."""
+    """int4-mix: the bytes its 8-bit tensors add over 4 bits and its 4-bit tensors' fp32 remainders, 4 B per block of 32
+    (per_tensor's shapes), nominal like the rest."""
     import math
-    return sum(math.prod(t["shape"]) * (t["bits"] - 4) // 8 for t in record.get("per_tensor", {}).values()
-               if "shape" in t)
+    return sum(math.prod(t["shape"]) * (t["bits"] - 4) // 8 + (math.prod(t["shape"]) // 8 if t["bits"] == 4 else 0)
+               for t in record.get("per_tensor", {}).values() if "shape" in t)

@@ -41,7 +41,8 @@ import numpy as np
 from ..errors import EdgekvError
 
 WEIGHTS = ("fp32", "fp16", "int8", "int4", "int4-mix", "gguf")
-# gguf: the file's own mix (its record's bytes); int4-mix: 4 or 8 bits per tensor (edgekv.export.wrecipe), the table 4
+# gguf: the file's own mix (its record's bytes); int4-mix: 4 or 8 bits per tensor (edgekv.export.wrecipe), a tied
+# table the head's 8-bit codes
 BITS = {"fp32": 32, "fp16": 16, "int8": 8, "int4": 4, "int4-mix": 4}
 ORT_ACCURACY_LEVEL = 4  # MatMulNBits computes with int8 activations quantized per block (ORT GenAI's CPU setting)
 # int4 blocks carry a zero point (uint4) beside the scale: the GGUFs edgekv reads store asymmetric blocks (Q4_1, Q4_K:
