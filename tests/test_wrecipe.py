@@ -193,8 +193,10 @@ def test_q8_blocks_are_ggufs_q8_0_bit_for_bit():
     gguf = pytest.importorskip("gguf")
     from edgekv.export.wrecipe import q8_blocks
     rng = np.random.default_rng(3)
-    w = np.concatenate([rng.standard_normal((6, 128)), rng.standard_t(2, (6, 128)),
-                        np.tile(np.arange(-63.5, 64.5, 1.0), (2, 1)) / 127 * 3, np.zeros((2, 128))]).astype(np.float32)
+    ties = np.tile(np.arange(-63.5, 64.5, 1.0), (2, 1))  # each block's d = 1 where 127 is its largest: x.5 ties
+    ties[:, ::32] = 127
+    w = np.concatenate([rng.standard_normal((6, 128)), rng.standard_t(2, (6, 128)), ties,
+                        np.zeros((2, 128))]).astype(np.float32)
     codes, scales = q8_blocks(w)
     mine = ((codes.reshape(16, 4, 32).astype(np.float32) - 128) * scales[..., None]).reshape(16, 128)
     theirs = gguf.quants.dequantize(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0),
