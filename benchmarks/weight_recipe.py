@@ -235,6 +235,23 @@ def edgekv_logits(folder: Path, ids: list[int], threads: int) -> np.ndarray:
     return st.prefill(ids)
 
 
+def decode_cpu(folders: dict, ids: list[int], threads: int, at: int = 256, steps: int = 32) -> dict:
+    """{row: CPU milliseconds per decode step} for each export folder ({row: folder}), after a prefill of `at` tokens,
+    the next `steps` tokens teacher-forced one at a time, the folders' steps interleaved (each step of each in turn,
+    so load changes reach all alike); this process's CPU time (ONNX Runtime runs in it), the median of the steps."""
+    from edgekv.export.runtime import open_stepper
+    st = {r: open_stepper(f, json.loads((f / "manifest.json").read_text()), "ort", threads) for r, f in folders.items()}
+    for s in st.values():
+        s.prefill(ids[:at])
+    ms = {r: [] for r in st}
+    for p in range(at, at + steps):
+        for r, s in st.items():
+            t0 = time.process_time()
+            s.step([ids[p]], p)
+            ms[r].append(1000 * (time.process_time() - t0))
+    return {r: round(float(np.median(v)), 2) for r, v in ms.items()}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", action="append", choices=MODELS)
@@ -287,6 +304,9 @@ def main(argv=None) -> dict:
                                                                ).items())),
                                    "seconds": round(time.perf_counter() - t0, 1)}
             print(m, w, json.dumps(rows[f"edgekv {w}"]), flush=True)
+        folders = {f"edgekv {w}": work / f"{tag(m, a.perturb)}-{w}" for w in a.weights.split(",")}
+        for r, ms in decode_cpu(folders, ids, a.threads).items():
+            rows[r]["decode_cpu_ms_at_256"] = ms  # median of 32 steps after a 256-token prefill, interleaved
         km = rows["llama.cpp Q4_K_M"]["kl_mean"]
         for r in rows.values():
             r["kl_vs_q4_k_m"] = round(r["kl_mean"] / km, 2) if km else None
