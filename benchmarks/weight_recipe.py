@@ -252,6 +252,25 @@ def decode_cpu(folders: dict, ids: list[int], threads: int, at: int = 256, steps
     return {r: round(float(np.median(v)), 2) for r, v in ms.items()}
 
 
+def decode_pass(a) -> dict:
+    """--decode-only: decode_cpu on each model's edgekv exports of a previous run (--out), written back into it."""
+    out = Path(a.out)
+    d = json.loads(out.read_text())
+    load0 = list(os.getloadavg())
+    for m in a.model or list(d["models"]):
+        ids = token_ids(m, a.tokens)
+        folders = {f"edgekv {w}": Path(a.work) / f"{tag(m, a.perturb)}-{w}" for w in a.weights.split(",")}
+        for r, ms in decode_cpu(folders, ids, a.threads, steps=a.decode_steps).items():
+            d["models"][m]["rows"][r]["decode_cpu_ms_at_256"] = ms
+    d["decode"] = {"what": f"CPU ms per decode step, median of {a.decode_steps} steps after a 256-token prefill, the "
+                           "exports' steps interleaved in one process (decode_cpu)", "threads": a.threads,
+                   "loadavg_start": load0, "loadavg_end": list(os.getloadavg())}
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(d, indent=1) + "\n")
+    os.replace(tmp, out)
+    return d
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", action="append", choices=MODELS)
@@ -264,9 +283,14 @@ def main(argv=None) -> dict:
                          "block (perturbation)")
     ap.add_argument("--reuse", help="a previous JSON of this benchmark: its rows for the same model, source and tokens "
                                     "are kept, not measured again (llama.cpp's rows take most of the time)")
+    ap.add_argument("--decode-only", action="store_true",
+                    help="only time the decode steps of the exports a previous run made (--out: its JSON, updated)")
+    ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--out", default=str(BENCH / "results" / "weight_recipe.json"))
     a = ap.parse_args(argv)
     old = json.loads(Path(a.reuse).read_text()) if a.reuse else {}
+    if a.decode_only:
+        return decode_pass(a)
     work = Path(a.work)
     result = {"benchmark": "weight_recipe", "tokens": a.tokens, "threads": a.threads,
               "command": " ".join(["python benchmarks/weight_recipe.py", *(argv if argv is not None else sys.argv[1:])]),
@@ -305,7 +329,7 @@ def main(argv=None) -> dict:
                                    "seconds": round(time.perf_counter() - t0, 1)}
             print(m, w, json.dumps(rows[f"edgekv {w}"]), flush=True)
         folders = {f"edgekv {w}": work / f"{tag(m, a.perturb)}-{w}" for w in a.weights.split(",")}
-        for r, ms in decode_cpu(folders, ids, a.threads).items():
+        for r, ms in decode_cpu(folders, ids, a.threads, steps=a.decode_steps).items():
             rows[r]["decode_cpu_ms_at_256"] = ms  # median of 32 steps after a 256-token prefill, interleaved
         km = rows["llama.cpp Q4_K_M"]["kl_mean"]
         for r in rows.values():
