@@ -1,5 +1,5 @@
 """edgekv's own weight recipe for MatMulNBits from fp weights (--weights int4-mix): which bits each matrix gets, and
-each block's scale and zero point chosen by search rather than taken from the block's minimum and maximum.
+each block's values chosen by search rather than taken from the block's minimum and maximum.
 
 Bits per tensor: llama.cpp's Q4_K_M mix (llama-quant.cpp, llama_tensor_get_type), mapped onto the widths ONNX
 Runtime's CPU MatMulNBits runs (2, 4 and 8 bits; 5 and 6 are refused at session load):
@@ -8,15 +8,19 @@ Runtime's CPU MatMulNBits runs (2, 4 and 8 bits; 5 and 6 are refused at session 
   (the ONNX graph's fused q/k/v is one matrix: it takes its v's bits, so q and k ride along at 8 in those layers)
   every other matrix                                                             Q4_K         -> 4 bits
   use_more_bits(i, n) = i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2   (C integer division)
-The embedding table the Gather reads follows the head's bits when tied (llama.cpp quantizes the one tensor once).
 
-Blocks: 32 along the input axis, a float scale and an integer zero point each (MatMulNBits' uint zero points). The
-search (search_blocks) in the spirit of the k-quants' make_qkx2_quants: candidate scales around (max - min) / nmax,
-for each the zero point nearest -min / scale and its neighbours, codes rounded, then the scale refit by (weighted)
-least squares to those codes and the codes rounded once more; the candidate with the least (weighted) squared error
-wins. The min/max block ONNX Runtime's quantizer writes is one of the candidates, so the search never does worse
-than it on the error it minimizes. Weights per input channel: an importance matrix (the mean squared activation of
-the matmul's input over calibration text, as llama.cpp's imatrix) when given, else uniform.
+8-bit tensors: llama.cpp's Q8_0 (q8_blocks), the default zero point; a tied embedding table is gathered from the
+head's own codes (GatherBlockQuantized), one copy at 8 bits.
+
+4-bit blocks of 32 along the input axis: scale * code + a float minimum (search_blocks_fmin, as the k-quants'
+make_qkx2_quants: candidate scales, a joint least-squares refit of scale and minimum to the codes), each block's
+squared error weighted per input channel by an importance matrix (llama.cpp's imatrix: the mean squared activation
+reaching the matrix over calibration text, eager_importance). MatMulNBits holds the float minimum on its fast path
+as an integer zero point plus an fp32 remainder added from the input's block sums (split_minimum,
+remainder_nodes; edgekv.export.gguf_blocks carries Q4_1 the same way). On a perturbed SmolLM2-135M fp16 source the
+importance matrix and the float minimum each take about a third off the KL of integer zero points with uniform
+weights, and together 3.5x (benchmarks/README.md, "From fp16 weights"). search_blocks (integer zero point) is the
+earlier recipe, kept for that comparison (experiments/weight_recipe_search.py).
 """
 from __future__ import annotations
 
