@@ -9,7 +9,7 @@ The fp source: the packaged GGUF's tensors dequantized (gguf's own quants.dequan
                             that f16 GGUF by transformers
 llama.cpp's own quantizer (llama-cpp-python's llama_model_quantize) makes Q4_K_M and Q4_0 from the f16 GGUF; edgekv
 exports the HF folder with each --weights recipe. Every row is teacher-forced over the same tokens of verify-quant's
-text (edgekv.export.wquant.quality_text, the model's BOS first), one prefill call, and compared with the reference,
+text (edgekv.export.quality.quality_text, the model's BOS first), one prefill call, and compared with the reference,
 transformers fp32 on the HF folder's fp16 weights: KL(ref || row) in nats per position, mean, and top-1 agreement.
 llama.cpp runs with an f16 cache and flash attention (its default CPU row); edgekv's artifacts with its fp32 cache.
 """
@@ -35,9 +35,22 @@ MODELS = ("smollm2-135m", "gemma-3-270m")
 LLAMA_FTYPES = {"Q4_K_M": 15, "Q4_0": 2, "Q4_1": 3}
 
 
-def f16_gguf(src: Path, dst: Path) -> None:
+def perturbation(name: str, a: np.ndarray, perturb: float) -> np.ndarray:
+    """Gaussian noise for one dequantized 2-D tensor [rows, K]: per block of 32 along K, standard deviation perturb x
+    (max - min) / 31 of the block (a Q5_0 step at perturb 1), seeded by the tensor's name. A dequantized GGUF's
+    values sit on that GGUF's grids (every one of its blocks), and a quantizer whose type matches the file's finds
+    them again (a round trip, not a quantization); the noise moves every value off every grid, so each quantizer
+    rounds as it would from an original fp16 checkpoint. The reference is the perturbed model itself."""
+    import zlib
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    b = a.reshape(a.shape[0], -1, 32)
+    step = (b.max(-1, keepdims=True) - b.min(-1, keepdims=True)) / 31
+    return (rng.standard_normal(b.shape).astype(np.float32) * (perturb * step)).reshape(a.shape)
+
+
+def f16_gguf(src: Path, dst: Path, perturb: float = 0.0) -> None:
     """src's tensors dequantized into dst: 2-D as F16, the rest F32 (convert_hf_to_gguf.py's f16 layout), every
-    key but the file type copied as it is."""
+    key but the file type copied as it is; perturb > 0: the 2-D tensors moved off the file's grids (perturbation)."""
     import gguf
     from gguf.quants import dequantize
 
@@ -55,6 +68,8 @@ def f16_gguf(src: Path, dst: Path) -> None:
         a = dequantize(t.data, t.tensor_type)
         shape = [int(x) for x in reversed(t.shape)]  # ne is innermost first
         a = np.asarray(a, dtype=np.float32).reshape(shape)
+        if perturb and a.ndim == 2:
+            a = a + perturbation(t.name, a, perturb)
         w.add_tensor(t.name, a.astype(np.float16) if a.ndim == 2 else a)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -85,13 +100,18 @@ def hf_folder(gguf_path: Path, dst: Path) -> None:
     os.replace(tmp, dst)
 
 
-def sources(model: str, work: Path) -> tuple[Path, Path]:
+def tag(model: str, perturb: float) -> str:
+    """The file-name stem of a model's fp source: <model>, or <model>-p<perturb> for a perturbed one."""
+    return f"{model}-p{perturb:g}" if perturb else model
+
+
+def sources(model: str, work: Path, perturb: float = 0.0) -> tuple[Path, Path]:
     from edgekv.models.weights import resolve_model
 
     work.mkdir(parents=True, exist_ok=True)
-    f16, hf = work / f"{model}-f16.gguf", work / f"{model}-hf"
+    f16, hf = work / f"{tag(model, perturb)}-f16.gguf", work / f"{tag(model, perturb)}-hf"
     if not f16.is_file():
-        f16_gguf(resolve_model(model).resolve(), f16)
+        f16_gguf(resolve_model(model).resolve(), f16, perturb)
     if not (hf / "config.json").is_file():
         hf_folder(f16, hf)
     return f16, hf
@@ -121,20 +141,35 @@ def gguf_types(path: Path) -> dict:
     return dict(sorted(Counter(t.tensor_type.name for t in r.tensors if len(t.shape) == 2).items()))
 
 
+def tokenize(model: str, text: str) -> list[int]:
+    """text in the packaged model's GGUF tokenizer (no BOS)."""
+    import tempfile
+
+    from tokenizers import Tokenizer
+
+    from edgekv.export.tokenizer import write_tokenizer
+    from edgekv.models.weights import resolve_model
+
+    with tempfile.TemporaryDirectory() as d:
+        entry = write_tokenizer(resolve_model(model).resolve(), Path(d))
+        tok = Tokenizer.from_file(str(Path(d) / entry["file"]))
+    return tok.encode(text).ids
+
+
 def token_ids(model: str, n: int) -> list[int]:
     """verify-quant's text as edgekv runs the packaged model: its GGUF's tokenizer, its BOS first where it adds one."""
     import tempfile
 
     from tokenizers import Tokenizer
 
-    from edgekv.export import wquant
+    from edgekv.export.quality import quality_tokens
     from edgekv.export.tokenizer import bos_prefix, write_tokenizer
     from edgekv.models.weights import resolve_model
 
     with tempfile.TemporaryDirectory() as d:
         entry = write_tokenizer(resolve_model(model).resolve(), Path(d))
         tok = Tokenizer.from_file(str(Path(d) / entry["file"]))
-    return wquant.quality_tokens(tok, tok.get_vocab_size(), n, bos_prefix(entry))
+    return quality_tokens(tok, tok.get_vocab_size(), n, bos_prefix(entry))
 
 
 def log_probs(logits: np.ndarray) -> np.ndarray:
@@ -200,6 +235,42 @@ def edgekv_logits(folder: Path, ids: list[int], threads: int) -> np.ndarray:
     return st.prefill(ids)
 
 
+def decode_cpu(folders: dict, ids: list[int], threads: int, at: int = 256, steps: int = 32) -> dict:
+    """{row: CPU milliseconds per decode step} for each export folder ({row: folder}), after a prefill of `at` tokens,
+    the next `steps` tokens teacher-forced one at a time, the folders' steps interleaved (each step of each in turn,
+    so load changes reach all alike); this process's CPU time (ONNX Runtime runs in it), the median of the steps."""
+    from edgekv.export.runtime import open_stepper
+    st = {r: open_stepper(f, json.loads((f / "manifest.json").read_text()), "ort", threads) for r, f in folders.items()}
+    for s in st.values():
+        s.prefill(ids[:at])
+    ms = {r: [] for r in st}
+    for p in range(at, at + steps):
+        for r, s in st.items():
+            t0 = time.process_time()
+            s.step([ids[p]], p)
+            ms[r].append(1000 * (time.process_time() - t0))
+    return {r: round(float(np.median(v)), 2) for r, v in ms.items()}
+
+
+def decode_pass(a) -> dict:
+    """--decode-only: decode_cpu on each model's edgekv exports of a previous run (--out), written back into it."""
+    out = Path(a.out)
+    d = json.loads(out.read_text())
+    load0 = list(os.getloadavg())
+    for m in a.model or list(d["models"]):
+        ids = token_ids(m, a.tokens)
+        folders = {f"edgekv {w}": Path(a.work) / f"{tag(m, a.perturb)}-{w}" for w in a.weights.split(",")}
+        for r, ms in decode_cpu(folders, ids, a.threads, steps=a.decode_steps).items():
+            d["models"][m]["rows"][r]["decode_cpu_ms_at_256"] = ms
+    d["decode"] = {"what": f"CPU ms per decode step, median of {a.decode_steps} steps after a 256-token prefill, the "
+                           "exports' steps interleaved in one process (decode_cpu)", "threads": a.threads,
+                   "loadavg_start": load0, "loadavg_end": list(os.getloadavg())}
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(d, indent=1) + "\n")
+    os.replace(tmp, out)
+    return d
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", action="append", choices=MODELS)
@@ -207,8 +278,19 @@ def main(argv=None) -> dict:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--weights", default="int4,int4-mix", help="edgekv recipes, comma-separated")
+    ap.add_argument("--perturb", type=float, default=0.0,
+                    help="move the fp source off the GGUF's grids first: Gaussian noise of this many Q5_0 steps per "
+                         "block (perturbation)")
+    ap.add_argument("--reuse", help="a previous JSON of this benchmark: its rows for the same model, source and tokens "
+                                    "are kept, not measured again (llama.cpp's rows take most of the time)")
+    ap.add_argument("--decode-only", action="store_true",
+                    help="only time the decode steps of the exports a previous run made (--out: its JSON, updated)")
+    ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--out", default=str(BENCH / "results" / "weight_recipe.json"))
     a = ap.parse_args(argv)
+    old = json.loads(Path(a.reuse).read_text()) if a.reuse else {}
+    if a.decode_only:
+        return decode_pass(a)
     work = Path(a.work)
     result = {"benchmark": "weight_recipe", "tokens": a.tokens, "threads": a.threads,
               "command": " ".join(["python benchmarks/weight_recipe.py", *(argv if argv is not None else sys.argv[1:])]),
@@ -216,13 +298,18 @@ def main(argv=None) -> dict:
                       "prefill; ref = transformers fp32 on the fp16 weights (the packaged GGUF dequantized); "
                       "llama.cpp rows: its quantizer's Q4_K_M / Q4_0 of the same f16 GGUF (no imatrix), f16 cache, "
                       "flash attention; edgekv rows: `edgekv export -m <fp16 HF folder> --weights W`, ONNX Runtime",
-              "loadavg_start": list(os.getloadavg()), "models": {}}
+              "perturb": a.perturb, "loadavg_start": list(os.getloadavg()), "models": {}}
     for m in a.model or MODELS:
-        f16, hf = sources(m, work)
+        f16, hf = sources(m, work, a.perturb)
         ids = token_ids(m, a.tokens)
         ref = reference(hf, ids)
-        rows = {}
+        prev = (old.get("models") or {}).get(m) or {}
+        same = prev.get("ids_first") == ids[:8] and old.get("tokens") == a.tokens and \
+            old.get("perturb", 0.0) == a.perturb
+        rows = {k: {**r, "reused_from": a.reuse} for k, r in (prev.get("rows") or {}).items()} if same else {}
         for kind in LLAMA_FTYPES:
+            if f"llama.cpp {kind}" in rows:
+                continue
             q = llama_quant(f16, kind)
             t0 = time.perf_counter()
             rows[f"llama.cpp {kind}"] = {**compare(ref, llamacpp_logits(q, ids, a.threads)),
@@ -230,7 +317,7 @@ def main(argv=None) -> dict:
                                          "seconds": round(time.perf_counter() - t0, 1)}
             print(m, kind, json.dumps(rows[f"llama.cpp {kind}"]), flush=True)
         for w in a.weights.split(","):
-            folder = work / f"{m}-{w}"
+            folder = work / f"{tag(m, a.perturb)}-{w}"
             manifest = edgekv_export(hf, w, folder, max(1024, a.tokens))
             t0 = time.perf_counter()
             rec = ((manifest.get("weights") or {}).get("quantization") or {}).get("onnx") or {}
@@ -241,6 +328,9 @@ def main(argv=None) -> dict:
                                                                ).items())),
                                    "seconds": round(time.perf_counter() - t0, 1)}
             print(m, w, json.dumps(rows[f"edgekv {w}"]), flush=True)
+        folders = {f"edgekv {w}": work / f"{tag(m, a.perturb)}-{w}" for w in a.weights.split(",")}
+        for r, ms in decode_cpu(folders, ids, a.threads, steps=a.decode_steps).items():
+            rows[r]["decode_cpu_ms_at_256"] = ms  # median of 32 steps after a 256-token prefill, interleaved
         km = rows["llama.cpp Q4_K_M"]["kl_mean"]
         for r in rows.values():
             r["kl_vs_q4_k_m"] = round(r["kl_mean"] / km, 2) if km else None

@@ -80,7 +80,8 @@ def _need(module: str) -> None:
 @click.option("--weights", default="fp32", show_default=True,
               help="weight precision, through each runtime's own tooling: fp32, int8, int4 (torchao 8da4w for "
               ".pte, ONNX Runtime MatMulNBits for ONNX), int4-mix (ONNX only: edgekv's own recipe, llama.cpp "
-              "Q4_K_M's per-tensor bits as 4 / 8-bit blocks with searched scales), fp16 (ONNX only), gguf (ONNX "
+              "Q4_K_M's per-tensor bits as 4 / 8-bit blocks, a searched float minimum per 4-bit block weighted "
+              "by an importance matrix from calibration text), fp16 (ONNX only), gguf (ONNX "
               "from a .gguf only: the file's own blocks carried, no second quantization); a quantized artifact is checked "
               "against fp32 over real text (top-1, KL) and refused beyond edgekv.export.wquant's thresholds "
               "(with --from-plan: the plan's, int4 on phones)")

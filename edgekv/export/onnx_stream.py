@@ -138,21 +138,100 @@ def _nbits_node(n, parts: list, zero_points: bool, k: int, cols: int, bits: int,
                             name=n.name + f"_Q{bits}" if n.name else "", domain="com.microsoft", **attrs)
 
 
-def _recipe_matmul(n, w, transposed: bool, k: int, cols: int, bits: int, data: _Data, new_inits: list):
-    """--weights int4-mix: one MatMul as MatMulNBits with edgekv.export.wrecipe's blocks (4 bits searched, 8 bits
-    min/max), its weight read in chunks of whole output columns (each column's blocks are independent)."""
+def _recipe_matmul(n, w, transposed: bool, k: int, cols: int, bits: int, data: _Data, new_inits: list,
+                   importance=None, sums: dict | None = None, shared: dict | None = None) -> list:
+    """--weights int4-mix: one MatMul as MatMulNBits with edgekv.export.wrecipe's blocks, its weight read in chunks of
+    whole output columns (each column's blocks are independent). 4 bits: a searched scale and float minimum per block
+    (importance-weighted where given), the integer zero point plus an fp32 remainder term (wrecipe.remainder_nodes);
+    8 bits: Q8_0's blocks, the default zero point; a tied head's codes are the table's (shared). Returns the nodes."""
     from . import wrecipe
+    if bits == 8:
+        codes, scales = _q8_rows(w, transposed, k, cols, data, new_inits, shared)
+        t = _init(f"{w.name}_scales.{n.name}", scales.reshape(-1), data, new_inits)
+        return [_nbits_from(n, [codes, t], k, cols, 8, wrecipe.BLOCK)]
     step = max(2, CHUNK_ELEMS // max(k, 1))
     whole = None if transposed else data.rows(w)
-    parts = []
+    parts, rems = [], []
     for a in range(0, cols, step):
         b = min(cols, a + step)
         rows = np.ascontiguousarray(data.rows(w, a, b) if transposed else whole[:, a:b].T, dtype=np.float32)
-        q = wrecipe.search_blocks(rows, bits) if bits == 4 else wrecipe.minmax_blocks(rows, bits)
-        parts.append(wrecipe.pack_matmul(*q, bits))
+        q, s, m = wrecipe.search_blocks_fmin(rows, bits, importance=importance)
+        z, r = wrecipe.split_minimum(s, m, bits)
+        parts.append(wrecipe.pack_matmul(q, s, z, bits))
+        rems.append(r)
         del rows, q
     del whole
-    return _nbits_node(n, parts, True, k, cols, bits, wrecipe.BLOCK, data, new_inits)
+    y = n.output[0]
+    node = _nbits_node(n, parts, True, k, cols, bits, wrecipe.BLOCK, data, new_inits)
+    del node.output[:]
+    node.output.append(y + ".nbits")
+    rname = _init(f"{n.input[1]}_remainder", np.ascontiguousarray(np.concatenate(rems).T), data, new_inits)
+
+    def const(name, value):
+        return name if name in {t.name for t in new_inits} else _init(name, value, data, new_inits)
+    return [node, *wrecipe.remainder_nodes(n.input[0], y + ".nbits", y, rname, k, wrecipe.BLOCK, sums, const)]
+
+
+def _init(name: str, arr: np.ndarray, data: _Data, new_inits: list) -> str:
+    """One initializer (any dtype) appended to the new external data; its name."""
+    from onnx import TensorProto, helper
+    arr = np.ascontiguousarray(arr)
+    t = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(arr.dtype), dims=list(arr.shape))
+    data.write(t, arr)
+    new_inits.append(t)
+    return name
+
+
+def _q8_rows(w, transposed: bool, k: int, cols: int, data: _Data, new_inits: list, shared: dict | None):
+    """Q8_0 blocks (wrecipe.q8_blocks) of a weight [cols, K], codes written once as MatMulNBits' B [cols, K/32, 32];
+    (codes' name, scales [cols, K/32]). shared: {weight name: that pair}, so a tied table's Gather and head read one
+    copy of the codes."""
+    from . import wrecipe
+    if shared is not None and w.name in shared:
+        return shared[w.name]
+    step = max(2, CHUNK_ELEMS // max(k, 1))
+    whole = None if transposed else data.rows(w)
+    codes, scales = [], []
+    for a in range(0, cols, step):
+        b = min(cols, a + step)
+        rows = np.ascontiguousarray(data.rows(w, a, b) if transposed else whole[:, a:b].T, dtype=np.float32)
+        q, s = wrecipe.q8_blocks(rows)
+        codes.append(q.reshape(b - a, k // wrecipe.BLOCK, wrecipe.BLOCK))
+        scales.append(s)
+        del rows
+    del whole
+    out = _init(f"{w.name}_Q8", np.concatenate(codes), data, new_inits), np.concatenate(scales)
+    if shared is not None:
+        shared[w.name] = out
+    return out
+
+
+def _nbits_from(n, ins: list, k: int, cols: int, bits: int, block: int):
+    from onnx import helper
+    attrs = {"K": k, "N": cols, "bits": bits, "block_size": block}
+    if ORT_ACCURACY_LEVEL:
+        attrs["accuracy_level"] = ORT_ACCURACY_LEVEL
+    return helper.make_node("MatMulNBits", [n.input[0], *ins], [n.output[0]], name=n.name + f"_Q{bits}" if n.name else "",
+                            domain="com.microsoft", **attrs)
+
+
+def _recipe_gather(n, table, data: _Data, new_inits: list, shared: dict) -> list:
+    """--weights int4-mix, a tied table: GatherBlockQuantized on the head's 8-bit codes (one copy, _q8_rows), its
+    own scales [N, K/32, 1], then the rows reshaped to [..., K] (edgekv.export.gguf_blocks' form for a Q8_0 table)."""
+    from onnx import helper
+
+    from . import wrecipe
+    rows, width = table.dims
+    nb = width // wrecipe.BLOCK
+    codes, scales = _q8_rows(table, True, width, rows, data, new_inits, shared)
+    s3 = _init(f"{table.name}_scales3", scales.reshape(rows, nb, 1), data, new_inits)
+    ids, out = n.input[1], n.output[0]
+    width_t = _init(f"{table.name}_width", np.array([width], np.int64), data, new_inits)
+    return [helper.make_node("GatherBlockQuantized", [codes, ids, s3], [out + ".blocks"], name=n.name + ".gbq",
+                             domain="com.microsoft", gather_axis=0, quantize_axis=2, block_size=wrecipe.BLOCK, bits=8),
+            helper.make_node("Shape", [ids], [out + ".ids_shape"], name=n.name + ".shape"),
+            helper.make_node("Concat", [out + ".ids_shape", width_t], [out + ".shape"], name=n.name + ".concat", axis=0),
+            helper.make_node("Reshape", [out + ".blocks", out + ".shape"], [out], name=n.name)]
 
 
 def _role(weight_name: str, cols: int, vocab: int) -> tuple[str, int | None]:
@@ -245,12 +324,14 @@ def streams(model) -> bool:
                    for a in n.attribute)
 
 
-def quantize_stream(model, src: Path, dst: Path, weights: str, entry: dict) -> tuple[str, bool, dict]:
+def quantize_stream(model, src: Path, dst: Path, weights: str, entry: dict,
+                    importance: dict | None = None) -> tuple[str, bool, dict]:
     """int8 / int4 on a graph loaded without its weights: each MatMul's B and (int4) each Gather's table read,
     quantized and appended to the new external-data file one at a time, in chunks; the kept initializers copied
     after. The codes, scales and zero points are ONNX Runtime's MatMulNBitsQuantizer's (its per-matrix kernels on
     the same blocks), the nodes the ones it writes; int4-mix: edgekv.export.wrecipe's bits and blocks. Returns (tool,
-    untied, per tensor: what int4-mix chose for each weight, else {})."""
+    untied, per tensor: what int4-mix chose for each weight, else {}). importance (int4-mix): {weight initializer's
+    name: the importance per input channel [K]} (wrecipe.importance), where one was measured."""
     import os
 
     from onnx import TensorProto
@@ -274,6 +355,8 @@ def quantize_stream(model, src: Path, dst: Path, weights: str, entry: dict) -> t
     tmp = Path(dst).parent / f".{EXTERNAL_DATA}.tmp-{os.getpid()}"
     data = _Data(Path(src).parent, tmp, EXTERNAL_DATA)
     new_nodes, new_inits, untied = [], [], False
+    sums, shared = {}, {}  # int4-mix: the inputs' block sums, the tied table's 8-bit codes
+    tied = {m[0].name for m in mats.values() if m[3] == vocab and m[1] and m[0].name in gathered}
     try:
         for at, n in enumerate(nodes):
             if at in mats:
@@ -283,12 +366,20 @@ def quantize_stream(model, src: Path, dst: Path, weights: str, entry: dict) -> t
                     from .wrecipe import mix_bits
                     role, layer = _role(w.name, cols, vocab)
                     b = mix_bits(role, layer, n_layers)
+                    imp = (importance or {}).get(w.name) if b == 4 else None
+                    imp = imp if imp is not None and len(imp) == k else None
                     per_tensor[w.name] = {"role": role, "layer": layer, "bits": b, "shape": [cols, k], "node": n.name,
-                                          "blocks": "searched scale and zero point" if b == 4 else "min/max"}
-                    new_nodes.append(_recipe_matmul(n, w, tr, k, cols, b, data, new_inits))
+                                          "blocks": ("searched scale and float minimum" + (", importance-weighted"
+                                                     if imp is not None else "")) if b == 4 else "Q8_0"}
+                    new_nodes.extend(_recipe_matmul(n, w, tr, k, cols, b, data, new_inits, imp, sums, shared))
                 else:
                     block = HEAD_GROUP[weights] if n.name in heads else GROUP
                     new_nodes.append(_nbits_matmul(n, w, tr, k, cols, bits, block, data, new_inits))
+                trim()
+            elif mix and n.op_type == "Gather" and n.input[0] in tied:
+                new_nodes.extend(_recipe_gather(n, inits[n.input[0]], data, new_inits, shared))
+                per_tensor[n.input[0] + " (table)"] = {"role": "embed", "layer": None, "bits": 8,
+                                                       "blocks": "Q8_0, the head's codes (GatherBlockQuantized)"}
                 trim()
             elif bits == 4 and n.op_type == "Gather" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2 \
                     and inits[n.input[0]].data_type == TensorProto.FLOAT:
@@ -333,8 +424,10 @@ def quantize_stream(model, src: Path, dst: Path, weights: str, entry: dict) -> t
     if mix:
         from . import wrecipe
         tool = (f"edgekv.export.wrecipe (int4-mix: llama.cpp Q4_K_M's per-tensor bits as 4 / 8-bit MatMulNBits, "
-                f"blocks of {wrecipe.BLOCK}, 4-bit blocks' scale and zero point searched; accuracy_level "
-                f"{ORT_ACCURACY_LEVEL}), one weight at a time")
+                f"blocks of {wrecipe.BLOCK}; 4-bit blocks' scale and float minimum searched"
+                f"{' with an importance matrix' if importance else ''} (an fp32 block-sum remainder term); 8-bit "
+                f"Q8_0, a tied table sharing the head's codes; accuracy_level {ORT_ACCURACY_LEVEL}), one weight at "
+                f"a time")
         return tool, untied, per_tensor
     tool = (f"onnxruntime.quantization.MatMulNBitsQuantizer's kernels (bits {bits}, block {GROUP}"
             f"{f' (the output head {HEAD_GROUP[weights]})' if heads else ''}, "

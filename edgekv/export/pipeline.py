@@ -141,6 +141,7 @@ class Export:
     weight_quality: dict = field(default_factory=dict)
     fp32_rows: object = None  # verify-quant's fp32 logits (quality.teacher_forced), computed once
     n_params: int = 0  # counted before verify-quant frees the eager module's weights
+    importance: object = None  # int4-mix: the importance matrix from calibration text (edgekv.export.wrecipe)
     stash: object = None  # the streamed ONNX export's narrow weights while it lowers (edgekv.export.lazy_weights)
 
     module = property(lambda self: self.loaded.module)
@@ -354,6 +355,14 @@ def fp32_reference(x: Export, release: bool = True) -> list[int]:
             x.fp32_rows = teacher_forced(EagerStepper({**state, "artifacts": x.artifacts}, x.module), tokens)
         trim()
         x.n_params = sum(p.numel() for p in x.module.parameters())
+    if x.opts.weights == "int4-mix" and x.importance is None and x.tokenizer is not None:
+        from . import wrecipe
+        x.importance = wrecipe.eager_importance(
+            x.module, lambda n: short_state(x.module, x.layout.to_json(), n),
+            lambda state: EagerStepper({**state, "artifacts": x.artifacts}, x.module),
+            list(bos_prefix(x.tok_entry)) + wrecipe.calibration_ids(lambda t: x.tokenizer.encode(t).ids,
+                                                                    wrecipe.CALIBRATION_TOKENS))
+        trim()
     if release:
         release_weights(x.module)
     return tokens
@@ -441,7 +450,8 @@ def _manifest(x: Export, version: str) -> dict:
 
 
 def _wider_bytes(record: dict) -> int:
-    """int4-mix: the bytes its 8-bit tensors add over 4 bits (per_tensor's shapes), nominal like the rest."""
+    """int4-mix: the bytes its 8-bit tensors add over 4 bits and its 4-bit tensors' fp32 remainders, 4 B per block of 32
+    (per_tensor's shapes), nominal like the rest."""
     import math
-    return sum(math.prod(t["shape"]) * (t["bits"] - 4) // 8 for t in record.get("per_tensor", {}).values()
-               if "shape" in t)
+    return sum(math.prod(t["shape"]) * (t["bits"] - 4) // 8 + (math.prod(t["shape"]) // 8 if t["bits"] == 4 else 0)
+               for t in record.get("per_tensor", {}).values() if "shape" in t)

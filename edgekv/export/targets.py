@@ -73,7 +73,7 @@ class OnnxTarget:
                     from .pipeline import fp32_reference     # fp32 side (if not yet), its weights freed before
                     fp32_reference(x)                        # quantizing
                 x.quantization["onnx"] = quantize_onnx(tmp / "model.onnx", tmp / "model.onnx", opts.weights,
-                                                       x.entries["onnx"][0], x.loaded.source)
+                                                       x.entries["onnx"][0], x.loaded.source, x.importance)
 
     @staticmethod
     def _artifact(x, opset: int) -> dict:

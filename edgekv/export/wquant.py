@@ -41,7 +41,8 @@ import numpy as np
 from ..errors import EdgekvError
 
 WEIGHTS = ("fp32", "fp16", "int8", "int4", "int4-mix", "gguf")
-# gguf: the file's own mix (its record's bytes); int4-mix: 4 or 8 bits per tensor (edgekv.export.wrecipe), the table 4
+# gguf: the file's own mix (its record's bytes); int4-mix: 4 or 8 bits per tensor (edgekv.export.wrecipe), a tied
+# table the head's 8-bit codes
 BITS = {"fp32": 32, "fp16": 16, "int8": 8, "int4": 4, "int4-mix": 4}
 ORT_ACCURACY_LEVEL = 4  # MatMulNBits computes with int8 activations quantized per block (ORT GenAI's CPU setting)
 # int4 blocks carry a zero point (uint4) beside the scale: the GGUFs edgekv reads store asymmetric blocks (Q4_1, Q4_K:
@@ -292,10 +293,12 @@ def fuse_tied_head(model, base_dir: str = "") -> list[str]:
     return fused
 
 
-def quantize_onnx(src: Path, dst: Path, weights: str, entry: dict, source: Path | None = None) -> dict:
+def quantize_onnx(src: Path, dst: Path, weights: str, entry: dict, source: Path | None = None,
+                  importance: dict | None = None) -> dict:
     """Quantize the fp32 model at src into dst (may be the same path). The graph's inputs and outputs are checked
     against the manifest entry point afterwards. weights gguf: the GGUF file `source`'s own blocks
-    (edgekv.export.gguf_blocks). Returns what was done, for the manifest."""
+    (edgekv.export.gguf_blocks); importance: int4-mix's importance matrix (edgekv.export.wrecipe.eager_importance).
+    Returns what was done, for the manifest."""
     import contextlib
     import io
     import logging
@@ -315,7 +318,7 @@ def quantize_onnx(src: Path, dst: Path, weights: str, entry: dict, source: Path 
             raise EdgekvError(MIX_SUBGRAPH)
         if streams(model):
             before = Counter(n.op_type for n in model.graph.node)
-            tool, untied, per_tensor = quantize_stream(model, src, dst, weights, entry)
+            tool, untied, per_tensor = quantize_stream(model, src, dst, weights, entry, importance)
             return {**_record(dst, entry, weights, tool, before, untied),
                     **({"per_tensor": per_tensor} if per_tensor else {})}
         del model

@@ -56,10 +56,13 @@ def weight_bytes_one(w: Weight, precision: str, n_layers: int | None = None) -> 
     group (ExecuTorch 8da4w / SpinQuant layout: int4 linear, int8 embedding). Norms, conv, A, D, biases stay fp32.
     int4-mix (edgekv.export.wrecipe): each matrix at int8's or int4's bytes by the bits its rule gives it (the
     output head and a tied table at 8, whose rows the head reads; attn_v / ffn_down of the layers llama.cpp's
-    use_more_bits picks at 8, given n_layers; the rest 4)."""
+    use_more_bits picks at 8, given n_layers; the rest 4, plus their float minimum's fp32 remainder per block)."""
     n = w.numel
     if precision == "int4-mix" and w.cls != "small":
-        precision = "int8" if w.cls in ("embedding", "lm_head") or _mix_wide(w.name, n_layers) else "int4"
+        if w.cls in ("embedding", "lm_head") or _mix_wide(w.name, n_layers):
+            precision = "int8"
+        else:  # the float minimum's fp32 remainder, 4 B per block of 32 (wrecipe.split_minimum)
+            return weight_bytes_one(w, "int4") + 4 * (n / 32)
     if precision == "gguf":
         if w.gguf_bytes is None:
             raise ValueError("gguf precision needs a GGUF-read Arch")
