@@ -77,10 +77,10 @@ def _partitioner(guard_state: bool):
     in place): Gemma 3's global layers take custom_sdpa while its sliding layers keep the eager ring, and a kv-int8
     cache there stopped the plain partitioner with the same dependency cycle (docs/upstream_xnnpack_partition_cycle.md)."""
     from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
     if not guard_state:
-        return XnnpackPartitioner()
+        return _views_inferred_partitioner([_symbolic_views(c) if c.__name__ == "ViewCopyConfig" else c
+                                            for c in ALL_PARTITIONER_CONFIGS])
 
     def leaves_state_io(config, rule):
         """config, except for a node that rule picks: that stays on ExecuTorch's kernels.
@@ -105,12 +105,77 @@ def _partitioner(guard_state: bool):
     writes = {"AbsConfig", "SubConfig", "DivConfig", "ClampConfig", "MulConfig", "ToDimOrderCopyConfig"}
     configs = []
     for c in ALL_PARTITIONER_CONFIGS:
+        if c.__name__ == "ViewCopyConfig":
+            c = _symbolic_views(c)
         if c.__name__ in reads:
             c = leaves_state_io(c, _reads_written_state)
         if c.__name__ in writes:
             c = leaves_state_io(c, _feeds_state_write)
         configs.append(c)
-    return XnnpackPartitioner(configs=configs)
+    return _views_inferred_partitioner(configs)
+
+
+def inferred_view_shape(node) -> list[int] | None:
+    """A view_copy whose target shape holds symbolic sizes (`[1, s, 640]`, `[s, -1, 1, 256]`: torch.export writes
+    what the model's reshape(1, -1, D) resolved to) -> the same view written with its one symbolic size as -1 and
+    every other size as the constant it is (read from the view's own output, node.meta["val"]); None when the shape
+    is constant already or more than one output size is symbolic.
+
+    Why: XNNPACK's ViewCopyConfig refuses a symbolic size ("Symbolic reshape is not supported") but takes one
+    inferred dimension, so each such view (after every attention, in every RMSNorm of a per-head norm) was left to
+    ExecuTorch's portable kernel and cut its layer into more XNNPACK partitions than it needs: each partition is
+    re-traced by every XNNPACK pass (benchmarks/README.md, "The .pte export's time"). The view itself is the same:
+    one size inferred from the element count is the size the symbolic expression has at run time."""
+    import torch
+
+    shape = node.args[1]
+    val = node.meta.get("val")
+    if all(isinstance(d, int) for d in shape) or not isinstance(val, torch.Tensor) or len(val.shape) != len(shape):
+        return None
+    sizes = [d if isinstance(d, int) else None for d in val.shape]
+    if sizes.count(None) != 1:
+        return None
+    return [-1 if d is None else d for d in sizes]
+
+
+def _symbolic_views(config):
+    """XNNPACK's ViewCopyConfig, also taking a view with symbolic sizes that inferred_view_shape can write with
+    constants and one -1 (the partitioner then writes it so: _views_inferred_partitioner)."""
+
+    class Views(config):
+        def check_constraints(self, node, ep) -> bool:
+            shape = inferred_view_shape(node)
+            if shape is None:
+                return super().check_constraints(node, ep)
+            args = node.args
+            node.args = (args[0], shape, *args[2:])
+            try:
+                return super().check_constraints(node, ep)
+            finally:
+                node.args = args
+
+    Views.__name__ = config.__name__
+    return Views
+
+
+def _views_inferred_partitioner(configs):
+    """XnnpackPartitioner(configs) that, once it has tagged a program's partitions, writes each view it took with
+    symbolic sizes as inferred_view_shape does (XNNPACK serializes a view's shape argument, which must be constants
+    and at most one -1). Views left to ExecuTorch's portable kernels keep their symbolic shape."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    class Partitioner(XnnpackPartitioner):
+        def partition(self, exported_program):
+            result = super().partition(exported_program)
+            for node in result.tagged_exported_program.graph.nodes:
+                if (node.op == "call_function" and "delegation_tag" in node.meta
+                        and "view_copy" in str(node.target)):
+                    shape = inferred_view_shape(node)
+                    if shape is not None:
+                        node.args = (node.args[0], shape, *node.args[2:])
+            return result
+
+    return Partitioner(configs=configs)
 
 
 def lower_pte(eps: dict, in_place: bool = False, decompose_once: bool = True):
@@ -119,12 +184,16 @@ def lower_pte(eps: dict, in_place: bool = False, decompose_once: bool = True):
     place. decompose_once=False: ExecuTorch's three re-decompositions as it runs them (_decompose_once; for
     benchmarks/pte_export_cost.py --lowering)."""
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+    from executorch.exir.backend.backend_api import validation_disabled
 
     # _check_ir_validity=False: the edge-dialect verifier re-walks every graph after each step (a measurable part of
     # the lowering's CPU time: benchmarks/results/pte_lowering_tiny_llama.json); it checks, it does not change the program (the same .pte bytes either way), and the
     # export's verify-pte stage runs the lowered program against eager torch anyway
+    # validation_disabled: to_backend otherwise asserts that the partitioner left the program's graph as it was, and
+    # this one writes the symbolic views it delegates with an inferred size (_views_inferred_partitioner)
     partitioner = _partitioner(in_place or writes_state(eps))
-    with _only_needed_xnnpack_passes(), (_decompose_once() if decompose_once else nullcontext()):
+    with _only_needed_xnnpack_passes(), (_decompose_once() if decompose_once else nullcontext()), \
+            validation_disabled():
         if decompose_once:
             eps = _decomposed_for(eps, partitioner)
         edge = to_edge_transform_and_lower(eps, partitioner=[partitioner],
