@@ -77,10 +77,10 @@ def _partitioner(guard_state: bool):
     in place): Gemma 3's global layers take custom_sdpa while its sliding layers keep the eager ring, and a kv-int8
     cache there stopped the plain partitioner with the same dependency cycle (docs/upstream_xnnpack_partition_cycle.md)."""
     from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
     if not guard_state:
-        return _views_inferred_partitioner([_symbolic_views(c) if c.__name__ == "ViewCopyConfig" else c
-                                            for c in ALL_PARTITIONER_CONFIGS])
+        return XnnpackPartitioner()
 
     def leaves_state_io(config, rule):
         """config, except for a node that rule picks: that stays on ExecuTorch's kernels.
@@ -105,14 +105,12 @@ def _partitioner(guard_state: bool):
     writes = {"AbsConfig", "SubConfig", "DivConfig", "ClampConfig", "MulConfig", "ToDimOrderCopyConfig"}
     configs = []
     for c in ALL_PARTITIONER_CONFIGS:
-        if c.__name__ == "ViewCopyConfig":
-            c = _symbolic_views(c)
         if c.__name__ in reads:
             c = leaves_state_io(c, _reads_written_state)
         if c.__name__ in writes:
             c = leaves_state_io(c, _feeds_state_write)
         configs.append(c)
-    return _views_inferred_partitioner(configs)
+    return XnnpackPartitioner(configs=configs)
 
 
 def inferred_view_shape(node) -> list[int] | None:
@@ -125,7 +123,8 @@ def inferred_view_shape(node) -> list[int] | None:
     inferred dimension, so each such view (after every attention, in every RMSNorm of a per-head norm) was left to
     ExecuTorch's portable kernel and cut its layer into more XNNPACK partitions than it needs: each partition is
     re-traced by every XNNPACK pass (benchmarks/README.md, "The .pte export's time"). The view itself is the same:
-    one size inferred from the element count is the size the symbolic expression has at run time."""
+    one size inferred from the element count is the size the symbolic expression has at run time, and ExecuTorch's
+    portable view_copy and its zero-copy view infer a -1 the same way."""
     import torch
 
     shape = node.args[1]
@@ -138,44 +137,28 @@ def inferred_view_shape(node) -> list[int] | None:
     return [-1 if d is None else d for d in sizes]
 
 
-def _symbolic_views(config):
-    """XNNPACK's ViewCopyConfig, also taking a view with symbolic sizes that inferred_view_shape can write with
-    constants and one -1 (the partitioner then writes it so: _views_inferred_partitioner)."""
+def infer_view_sizes(graph_module):
+    """A transform pass (to_edge_transform_and_lower's transform_passes, run before partitioning): each view whose
+    shape inferred_view_shape can write with constants and one -1 is written so, except a view of a written state
+    (_reads_written_state: those stay ExecuTorch's zero-copy views of the caller's cache, as before)."""
+    from torch.fx.passes.infra.pass_base import PassResult
 
-    class Views(config):
-        def check_constraints(self, node, ep) -> bool:
-            shape = inferred_view_shape(node)
-            if shape is None:
-                return super().check_constraints(node, ep)
-            args = node.args
-            node.args = (args[0], shape, *args[2:])
-            try:
-                return super().check_constraints(node, ep)
-            finally:
-                node.args = args
+    import torch
 
-    Views.__name__ = config.__name__
-    return Views
-
-
-def _views_inferred_partitioner(configs):
-    """XnnpackPartitioner(configs) that, once it has tagged a program's partitions, writes each view it took with
-    symbolic sizes as inferred_view_shape does (XNNPACK serializes a view's shape argument, which must be constants
-    and at most one -1). Views left to ExecuTorch's portable kernels keep their symbolic shape."""
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-    class Partitioner(XnnpackPartitioner):
-        def partition(self, exported_program):
-            result = super().partition(exported_program)
-            for node in result.tagged_exported_program.graph.nodes:
-                if (node.op == "call_function" and "delegation_tag" in node.meta
-                        and "view_copy" in str(node.target)):
-                    shape = inferred_view_shape(node)
-                    if shape is not None:
-                        node.args = (node.args[0], shape, *node.args[2:])
-            return result
-
-    return Partitioner(configs=configs)
+    sizes = set()  # the symbolic sizes the rewritten views read
+    for node in graph_module.graph.nodes:
+        if node.op != "call_function" or "view_copy" not in str(node.target) or _reads_written_state(node):
+            continue
+        shape = inferred_view_shape(node)
+        if shape is not None:
+            sizes.update(d for d in node.args[1] if isinstance(d, torch.fx.Node))
+            node.args = (node.args[0], shape, *node.args[2:])
+    for n in sizes:  # a sym_size that only those views read
+        if not n.users and "sym_size" in str(n.target):
+            graph_module.graph.erase_node(n)
+    if sizes:
+        graph_module.recompile()
+    return PassResult(graph_module, bool(sizes))
 
 
 def lower_pte(eps: dict, in_place: bool = False, decompose_once: bool = True):
@@ -184,19 +167,15 @@ def lower_pte(eps: dict, in_place: bool = False, decompose_once: bool = True):
     place. decompose_once=False: ExecuTorch's three re-decompositions as it runs them (_decompose_once; for
     benchmarks/pte_export_cost.py --lowering)."""
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
-    from executorch.exir.backend.backend_api import validation_disabled
 
     # _check_ir_validity=False: the edge-dialect verifier re-walks every graph after each step (a measurable part of
     # the lowering's CPU time: benchmarks/results/pte_lowering_tiny_llama.json); it checks, it does not change the program (the same .pte bytes either way), and the
     # export's verify-pte stage runs the lowered program against eager torch anyway
-    # validation_disabled: to_backend otherwise asserts that the partitioner left the program's graph as it was, and
-    # this one writes the symbolic views it delegates with an inferred size (_views_inferred_partitioner)
     partitioner = _partitioner(in_place or writes_state(eps))
-    with _only_needed_xnnpack_passes(), (_decompose_once() if decompose_once else nullcontext()), \
-            validation_disabled():
+    with _only_needed_xnnpack_passes(), (_decompose_once() if decompose_once else nullcontext()):
         if decompose_once:
             eps = _decomposed_for(eps, partitioner)
-        edge = to_edge_transform_and_lower(eps, partitioner=[partitioner],
+        edge = to_edge_transform_and_lower(eps, partitioner=[partitioner], transform_passes=[infer_view_sizes],
                                            compile_config=EdgeCompileConfig(_check_ir_validity=False))
     if in_place:
         for method in edge.methods:
