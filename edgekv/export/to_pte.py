@@ -121,8 +121,8 @@ def inferred_view_shape(node) -> list[int] | None:
 
     Why: XNNPACK's ViewCopyConfig refuses a symbolic size ("Symbolic reshape is not supported") but takes one
     inferred dimension, so each such view (after every attention, in every RMSNorm of a per-head norm) was left to
-    ExecuTorch's portable kernel and cut its layer into more XNNPACK partitions than it needs: each partition is
-    re-traced by every XNNPACK pass (benchmarks/README.md, "The .pte export's time"). The view itself is the same:
+    ExecuTorch's portable kernel and cut its layer into more XNNPACK partitions than it needs (what that saves:
+    benchmarks/README.md, "The .pte export's time"; the partitions fall, the CPU hardly). The view itself is the same:
     one size inferred from the element count is the size the symbolic expression has at run time, and ExecuTorch's
     portable view_copy and its zero-copy view infer a -1 the same way."""
     import torch
@@ -145,7 +145,7 @@ def infer_view_sizes(graph_module):
 
     import torch
 
-    sizes = set()  # the symbolic sizes the rewritten views read
+    sizes, changed = set(), False  # the symbolic sizes the rewritten views read
     for node in graph_module.graph.nodes:
         if node.op != "call_function" or "view_copy" not in str(node.target) or _reads_written_state(node):
             continue
@@ -153,12 +153,13 @@ def infer_view_sizes(graph_module):
         if shape is not None:
             sizes.update(d for d in node.args[1] if isinstance(d, torch.fx.Node))
             node.args = (node.args[0], shape, *node.args[2:])
+            changed = True
     for n in sizes:  # a sym_size that only those views read
         if not n.users and "sym_size" in str(n.target):
             graph_module.graph.erase_node(n)
-    if sizes:
+    if changed:
         graph_module.recompile()
-    return PassResult(graph_module, bool(sizes))
+    return PassResult(graph_module, changed)
 
 
 def lower_pte(eps: dict, in_place: bool = False, decompose_once: bool = True):
