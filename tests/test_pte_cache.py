@@ -244,3 +244,41 @@ def test_a_second_export_of_the_same_model_takes_the_cached_pte_and_still_verifi
     assert second["timings_s"]["lower-pte"] < 1 < first["timings_s"]["lower-pte"]
     assert second["verification"]["pte"]["passed"]
     assert len(list(cache_home.glob("*.pte"))) == 1
+
+
+class _HeadsBack(torch.nn.Module):
+    """Heads split and merged back over a dynamic token axis with sizes taken from the input's shape, as an LLM's
+    layers write them (a per-head RMSNorm's `x.view(b, -1, 1, d)`, an attention output's merge before o_proj):
+    views to [s, -1, 4] and [1, s, 8], s the token count's symbol."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        t = x.shape[1]
+        h = self.a(x).view(t, -1, 4).permute(1, 0, 2) * 2.0  # [2, T, 4]
+        return self.b(h.permute(1, 0, 2).reshape(1, t, 8))
+
+
+def test_a_view_with_a_symbolic_size_stays_inside_xnnpack_and_runs_as_eager_torch():
+    """XNNPACK refuses a view whose shape holds a symbolic size; lower_pte writes it with that size inferred (-1), so
+    the module above is one XNNPACK partition with no portable view between its two linears (ExecuTorch's own
+    partitioner makes two, the view between them), and the .pte's outputs at two token counts are eager torch's."""
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
+
+    from edgekv.export import to_pte
+    m = _HeadsBack().eval()
+    ep = torch.export.export(m, (torch.randn(1, 5, 8),), dynamic_shapes=({1: torch.export.Dim("t", min=2, max=64)},))
+    edge = to_pte.lower_pte({"forward": ep})
+    summary = to_pte.delegation_summary(edge)["forward"]
+    assert summary["delegate_calls"] == 1 and not any("view" in op for op in summary["portable_ops"]), summary
+    buf = to_pte.to_buffer(edge)  # outlives the program, which reads the XNNPACK weights from it
+    program = _load_for_executorch_from_buffer(buf)
+    for t in (3, 7):
+        x = torch.randn(1, t, 8)
+        with torch.no_grad():
+            want = m(x)
+        got = program.run_method("forward", (x,))[0]
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5, rtol=1e-5)

@@ -113,6 +113,55 @@ def _partitioner(guard_state: bool):
     return XnnpackPartitioner(configs=configs)
 
 
+def inferred_view_shape(node) -> list[int] | None:
+    """A view_copy whose target shape holds symbolic sizes (`[1, s, 640]`, `[s, -1, 1, 256]`: torch.export writes
+    what the model's reshape(1, -1, D) resolved to) -> the same view written with its one symbolic size as -1 and
+    every other size as the constant it is (read from the view's own output, node.meta["val"]); None when the shape
+    is constant already or more than one output size is symbolic.
+
+    Why: XNNPACK's ViewCopyConfig refuses a symbolic size ("Symbolic reshape is not supported") but takes one
+    inferred dimension, so each such view (after every attention, in every RMSNorm of a per-head norm) was left to
+    ExecuTorch's portable kernel and cut its layer into more XNNPACK partitions than it needs (what that saves:
+    benchmarks/README.md, "The .pte export's time"; the partitions fall, the CPU hardly). The view itself is the same:
+    one size inferred from the element count is the size the symbolic expression has at run time, and ExecuTorch's
+    portable view_copy and its zero-copy view infer a -1 the same way."""
+    import torch
+
+    shape = node.args[1]
+    val = node.meta.get("val")
+    if all(isinstance(d, int) for d in shape) or not isinstance(val, torch.Tensor) or len(val.shape) != len(shape):
+        return None
+    sizes = [d if isinstance(d, int) else None for d in val.shape]
+    if sizes.count(None) != 1:
+        return None
+    return [-1 if d is None else d for d in sizes]
+
+
+def infer_view_sizes(graph_module):
+    """A transform pass (to_edge_transform_and_lower's transform_passes, run before partitioning): each view whose
+    shape inferred_view_shape can write with constants and one -1 is written so, except a view of a written state
+    (_reads_written_state: those stay ExecuTorch's zero-copy views of the caller's cache, as before)."""
+    from torch.fx.passes.infra.pass_base import PassResult
+
+    import torch
+
+    sizes, changed = set(), False  # the symbolic sizes the rewritten views read
+    for node in graph_module.graph.nodes:
+        if node.op != "call_function" or "view_copy" not in str(node.target) or _reads_written_state(node):
+            continue
+        shape = inferred_view_shape(node)
+        if shape is not None:
+            sizes.update(d for d in node.args[1] if isinstance(d, torch.fx.Node))
+            node.args = (node.args[0], shape, *node.args[2:])
+            changed = True
+    for n in sizes:  # a sym_size that only those views read
+        if not n.users and "sym_size" in str(n.target):
+            graph_module.graph.erase_node(n)
+    if changed:
+        graph_module.recompile()
+    return PassResult(graph_module, changed)
+
+
 def lower_pte(eps: dict, in_place: bool = False, decompose_once: bool = True):
     """{method: ExportedProgram} -> EdgeProgramManager (inspect it with delegation_summary). in_place: the programs
     were traced with custom_sdpa in every attention layer (edgekv.models.swaps): every state input is written in
@@ -127,7 +176,7 @@ def lower_pte(eps: dict, in_place: bool = False, decompose_once: bool = True):
     with _only_needed_xnnpack_passes(), (_decompose_once() if decompose_once else nullcontext()):
         if decompose_once:
             eps = _decomposed_for(eps, partitioner)
-        edge = to_edge_transform_and_lower(eps, partitioner=[partitioner],
+        edge = to_edge_transform_and_lower(eps, partitioner=[partitioner], transform_passes=[infer_view_sizes],
                                            compile_config=EdgeCompileConfig(_check_ir_validity=False))
     if in_place:
         for method in edge.methods:
