@@ -186,6 +186,12 @@ def child_reference(spec: dict) -> dict:
     where, extra = (str(p.parent), {"gguf_file": p.name}) if p.suffix == ".gguf" else (str(p), {})
     model = transformers.AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, attn_implementation="sdpa",
                                                               **extra).eval()
+    factors = _rope_freqs(p) if p.suffix == ".gguf" else None
+    if factors is not None:
+        rot = model.model.rotary_emb
+        if getattr(rot, "rope_type", "default") != "default" or rot.inv_freq.shape != factors.shape:
+            raise RuntimeError("the GGUF has rope_freqs.weight and transformers read a rope scaling of its own")
+        rot.inv_freq = rot.inv_freq / torch.from_numpy(factors)
     n_prompt, n_new = spec["n_prompt"], spec["new_tokens"]
     ids = spec["ids"][:n_prompt + n_new - 1]
     want = n_prompt - 1  # logits of positions want .. want + n_new - 1
@@ -204,6 +210,17 @@ def child_reference(spec: dict) -> dict:
     assert logits.shape[0] == n_new, logits.shape
     np.save(spec["logits_out"], logits)
     return {"baseline": 0, "seconds": time.perf_counter() - t0, "model_class": type(model).__name__}
+
+
+def _rope_freqs(path: Path):
+    """Llama 3's rope scaling as a GGUF stores it: rope_freqs.weight, one factor per frequency, by which llama.cpp
+    divides the frequency (convert_hf_to_gguf.py LlamaModel.generate_extra_tensors). transformers' GGUF loader drops
+    the tensor and runs plain RoPE, so the reference applies it to the rotary embedding's inverse frequencies."""
+    import gguf
+    import numpy as np
+
+    t = next((t for t in gguf.GGUFReader(str(path)).tensors if t.name == "rope_freqs.weight"), None)
+    return None if t is None else np.asarray(t.data, dtype=np.float32).reshape(-1).copy()
 
 
 CHILDREN = {"edgekv": child_edgekv, "llamacpp": child_llamacpp, "genai": child_genai,
