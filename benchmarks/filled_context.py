@@ -250,7 +250,7 @@ def row_names(quick: bool) -> list[str]:
 
 
 def plan_row(name: str, work: ds.Work, ctx: int, threads: int, base: dict, arch, pos: float, formats: dict, log,
-             exports: dict | None = None):
+             exports: dict | None = None, prefill_threads: int | None = None):
     family, variant = name.split(":", 1)
     spec = dict(base, ctx=ctx, threads=threads)
     if family.startswith("edgekv-"):
@@ -263,7 +263,7 @@ def plan_row(name: str, work: ds.Work, ctx: int, threads: int, base: dict, arch,
         import importlib.util
         if importlib.util.find_spec("llama_cpp") is None:
             raise RuntimeError("llama-cpp-python is not installed (pip install -r requirements-bench.lock)")
-        spec.update(kind="llamacpp", kv=variant)
+        spec.update(kind="llamacpp", kv=variant, prefill_threads=prefill_threads)
         return spec, ds.peer_bytes(arch, "gguf", LLAMACPP_KV[variant], ctx, pos)
     if family == "genai":
         spec.update(kind="genai", folder=str(work.genai_model(variant)), vocab=arch.vocab)
@@ -386,6 +386,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--ctx", help="comma-separated contexts to fill (default 2048,8192; --quick 2048); capped at "
                                   "the model's trained context")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prefill-threads", type=int,
+                    help="llama.cpp rows: threads for the prompt only (n_threads_batch), decode stays at --threads; "
+                         "fills a large model's context sooner on a loaded host (the prefill columns are then not at "
+                         "--threads)")
     ap.add_argument("--new-tokens", type=int, help="decode steps + 1 (default 32; --quick 16)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per row (fresh process each); medians reported")
     ap.add_argument("--bw-mib", type=int, default=512)
@@ -448,7 +452,8 @@ def main(argv=None) -> dict:
                            "new_tokens": new, "prompt_tokens": {str(c): prompt_len(c, new) for c in ctxs},
                            "prompt": "first tokens of edgekv.analyze.run.default_text() (Python docs); the decode "
                                      "steps are fed the text's next tokens",
-                           "threads": a.threads, "repeats": a.repeats, "quick": a.quick, "only": a.only,
+                           "threads": a.threads, "prefill_threads_llamacpp": a.prefill_threads,
+                           "repeats": a.repeats, "quick": a.quick, "only": a.only,
                            "order": "the repeats go round the rows", "genai_prompt_chunk": GENAI_CHUNK,
                            "quality": "KL(fp32 || row) mean over the new positions, natural log; top-1 agreement; "
                                       "fp32 = transformers (LlamaForCausalLM, Gemma3ForCausalLM) from the same GGUF"
@@ -471,7 +476,8 @@ def main(argv=None) -> dict:
         for name in names:
             row = {"name": name, "ctx": ctx, "threads": a.threads, "prompt_tokens": n_prompt}
             try:
-                spec, nbytes = plan_row(name, work, ctx, a.threads, base, arch, pos, formats, log, exports)
+                spec, nbytes = plan_row(name, work, ctx, a.threads, base, arch, pos, formats, log, exports,
+                                        a.prefill_threads)
                 if name in exports:
                     from edgekv.export.manifest import load_export
                     m = load_export(Path(exports[name]), check_hashes=False)

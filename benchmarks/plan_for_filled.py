@@ -56,18 +56,22 @@ def plan_row(model: str, ctx: int, runtime: str, strategy: str, weights: str) ->
 def main(argv=None) -> list[Path]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", nargs="+", help="benchmarks/filled_context.py JSON files")
+    ap.add_argument("--also", default="", help="comma-separated row names to plan too, at each file's contexts, "
+                                               "though the run did not measure them (e.g. rows it could not build)")
     a = ap.parse_args(argv)
     written = []
     for f in map(Path, a.results):
         run = json.loads(f.read_text())
         model = run["settings"]["model_path"]
         rows = []
-        for r in run["rows"]:
+        extra = [{"name": n, "ctx": c} for n in a.also.split(",") if n
+                 for c in sorted({r["ctx"] for r in run["rows"]})]
+        for r in run["rows"] + extra:
             how = plan_args(r["name"])
             row = {"name": r["name"], "ctx": r["ctx"],
                    "measured": {k: r.get(k) for k in ("decode_tok_s", "decode_tok_per_cpu_s", "prefill_tok_s",
                                                       "prefill_tok_per_cpu_s", "above_baseline_bytes", "error")
-                                if r.get(k) is not None}}
+                                if r.get(k) is not None} if r in run["rows"] else "not measured"}
             if isinstance(how, str):
                 row["plan"] = {"error": how}
             else:
