@@ -31,6 +31,9 @@ Usage: python benchmarks/filled_context.py [--quick] [--model M] [--ctx 2048,819
   --quick: ctx 2048, 16 new tokens, rows edgekv kv:dtype=fp32 / kv-int8 in both formats, llamacpp:f16 / q8_0,
   genai:int4; 1 repeat. The full run (default): ctx 2048 and 8192 (capped at the model's trained context), every row.
 Exports, the reference logits and built peer models are cached in --work (default out/filled_context, gitignored).
+A model outside the catalog (e.g. scripts/make_random_model.py's GGUF) runs as --model FILE.gguf; an existing export
+as --export ROW=FOLDER. Where the exports and the fp32 reference need the memory lock and the rows do not, run
+--prepare under the lock, then the rows with --reference-later, then --fill-quality for the KL.
 """
 from __future__ import annotations
 
