@@ -31,6 +31,9 @@ Usage: python benchmarks/filled_context.py [--quick] [--model M] [--ctx 2048,819
   --quick: ctx 2048, 16 new tokens, rows edgekv kv:dtype=fp32 / kv-int8 in both formats, llamacpp:f16 / q8_0,
   genai:int4; 1 repeat. The full run (default): ctx 2048 and 8192 (capped at the model's trained context), every row.
 Exports, the reference logits and built peer models are cached in --work (default out/filled_context, gitignored).
+A model outside the catalog (e.g. scripts/make_random_model.py's GGUF) runs as --model FILE.gguf; an existing export
+as --export ROW=FOLDER. Where the exports and the fp32 reference need the memory lock and the rows do not, run
+--prepare under the lock, then the rows with --reference-later, then --fill-quality for the KL.
 """
 from __future__ import annotations
 
@@ -186,6 +189,12 @@ def child_reference(spec: dict) -> dict:
     where, extra = (str(p.parent), {"gguf_file": p.name}) if p.suffix == ".gguf" else (str(p), {})
     model = transformers.AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, attn_implementation="sdpa",
                                                               **extra).eval()
+    factors = _rope_freqs(p) if p.suffix == ".gguf" else None
+    if factors is not None:
+        rot = model.model.rotary_emb
+        if getattr(rot, "rope_type", "default") != "default" or rot.inv_freq.shape != factors.shape:
+            raise RuntimeError("the GGUF has rope_freqs.weight and transformers read a rope scaling of its own")
+        rot.inv_freq = rot.inv_freq / torch.from_numpy(factors)
     n_prompt, n_new = spec["n_prompt"], spec["new_tokens"]
     ids = spec["ids"][:n_prompt + n_new - 1]
     want = n_prompt - 1  # logits of positions want .. want + n_new - 1
@@ -204,6 +213,17 @@ def child_reference(spec: dict) -> dict:
     assert logits.shape[0] == n_new, logits.shape
     np.save(spec["logits_out"], logits)
     return {"baseline": 0, "seconds": time.perf_counter() - t0, "model_class": type(model).__name__}
+
+
+def _rope_freqs(path: Path):
+    """Llama 3's rope scaling as a GGUF stores it: rope_freqs.weight, one factor per frequency, by which llama.cpp
+    divides the frequency (convert_hf_to_gguf.py LlamaModel.generate_extra_tensors). transformers' GGUF loader drops
+    the tensor and runs plain RoPE, so the reference applies it to the rotary embedding's inverse frequencies."""
+    import gguf
+    import numpy as np
+
+    t = next((t for t in gguf.GGUFReader(str(path)).tensors if t.name == "rope_freqs.weight"), None)
+    return None if t is None else np.asarray(t.data, dtype=np.float32).reshape(-1).copy()
 
 
 CHILDREN = {"edgekv": child_edgekv, "llamacpp": child_llamacpp, "genai": child_genai,
@@ -232,20 +252,21 @@ def row_names(quick: bool) -> list[str]:
         + [f"edgekv-ort:{s}/gguf" for s in STRATEGIES] + list(PEERS)
 
 
-def plan_row(name: str, work: ds.Work, ctx: int, threads: int, base: dict, arch, pos: float, formats: dict, log):
+def plan_row(name: str, work: ds.Work, ctx: int, threads: int, base: dict, arch, pos: float, formats: dict, log,
+             exports: dict | None = None, prefill_threads: int | None = None):
     family, variant = name.split(":", 1)
     spec = dict(base, ctx=ctx, threads=threads)
     if family.startswith("edgekv-"):
         from edgekv.export.manifest import load_export
         strategy, weights = variant.rsplit("/", 1)
-        folder = work.export(strategy, weights, ctx, formats[(strategy, weights)])
+        folder = (exports or {}).get(name) or work.export(strategy, weights, ctx, formats[(strategy, weights)])
         spec.update(kind="edgekv", runtime="ort" if family == "edgekv-ort" else "executorch", folder=str(folder))
         return spec, state_read(ds.edgekv_bytes(load_export(folder, check_hashes=False), pos), strategy)
     if family == "llamacpp":
         import importlib.util
         if importlib.util.find_spec("llama_cpp") is None:
             raise RuntimeError("llama-cpp-python is not installed (pip install -r requirements-bench.lock)")
-        spec.update(kind="llamacpp", kv=variant)
+        spec.update(kind="llamacpp", kv=variant, prefill_threads=prefill_threads)
         return spec, ds.peer_bytes(arch, "gguf", LLAMACPP_KV[variant], ctx, pos)
     if family == "genai":
         spec.update(kind="genai", folder=str(work.genai_model(variant)), vocab=arch.vocab)
@@ -257,15 +278,48 @@ def plan_row(name: str, work: ds.Work, ctx: int, threads: int, base: dict, arch,
     raise ValueError(name)
 
 
+def _reference_path(work: ds.Work, ids, n_prompt: int, new: int, model: Path | None = None) -> Path:
+    digest = hashlib.sha256(json.dumps(ids[:n_prompt + new]).encode()).hexdigest()[:12]  # the ids, BOS included
+    m = model or work.model_path
+    stem = m.stem if m.suffix == ".gguf" else m.name
+    return work.root / "reference" / ds.slug(f"{stem}-p{n_prompt}-n{new}-{digest}.npy")
+
+
+def cached_reference(work: ds.Work, ids, n_prompt: int, new: int, model: Path | None = None) -> Path | dict:
+    out = _reference_path(work, ids, n_prompt, new, model)
+    return out if out.is_file() else {"error": "not computed in this run (--reference-later): rerun with "
+                                               "--fill-quality"}
+
+
+def fill_quality(out: Path, done: list, refs: dict, new: int, log) -> dict:
+    """Add each row's KL to the JSON an earlier --reference-later run wrote, from the logits it saved."""
+    import numpy as np
+
+    result = json.loads(out.read_text())
+    specs = {(row["name"], ctx): spec for row, _, spec, _, ctx in done}
+    for row in result["rows"]:
+        spec, ref = specs.get((row["name"], row["ctx"])), refs.get(row["ctx"])
+        if row.get("error") or spec is None or not Path(spec["logits_out"]).is_file():
+            continue
+        row["quality"] = ({"error": f"reference: {ref['error']}"} if isinstance(ref, dict)
+                          else quality(np.load(ref), np.load(spec["logits_out"])))
+        log(f"{row['name']} ctx {row['ctx']}: KL {row['quality'].get('kl_mean')}")
+    result["quality_filled_utc"] = datetime.now(UTC).isoformat(timespec="seconds")
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(out)
+    return result
+
+
 def reference(work: ds.Work, ids, n_prompt: int, new: int, a, log) -> Path | dict:
     """The fp32 logits for (n_prompt, new), computed once and cached in the work folder."""
-    digest = hashlib.sha256(json.dumps(ids[:n_prompt + new]).encode()).hexdigest()[:12]  # the ids, BOS included
-    out = work.root / "reference" / ds.slug(f"{work.model_path.stem}-p{n_prompt}-n{new}-{digest}.npy")
+    model = Path(a.reference_model).resolve() if a.reference_model else work.model_path
+    out = _reference_path(work, ids, n_prompt, new, model)
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     log(f"reference fp32 logits, prompt {n_prompt} ...")
-    r = run_child({"kind": "reference", "model_path": str(work.model_path), "ids": ids, "n_prompt": n_prompt,
+    r = run_child({"kind": "reference", "model_path": str(model), "ids": ids, "n_prompt": n_prompt,
                    "new_tokens": new, "threads": a.threads, "chunk": 1024, "logits_out": str(out)}, a.timeout * 2)
     if "error" in r:
         return r
@@ -316,10 +370,29 @@ def main(argv=None) -> dict:
     ap.add_argument("--only", help="comma-separated substrings of row names, e.g. kv-int8,llamacpp; the rows run in "
                                    "the order of these keys")
     ap.add_argument("--list", action="store_true", help="print the row names and exit")
+    ap.add_argument("--export", action="append", default=[], metavar="ROW=FOLDER",
+                    help="run the edgekv row ROW on an existing export instead of exporting it (one made earlier, e.g. "
+                         "from the HF folder the GGUF was made from); the row records the folder and its source")
+    ap.add_argument("--reference-later", action="store_true",
+                    help="use a cached fp32 reference only: without one the rows run with no KL, and the same command "
+                         "with --fill-quality (a process of the fp32 model's size) adds it to --out afterwards")
+    ap.add_argument("--reference-model", help="the fp32 reference from this HF folder or GGUF instead of --model's "
+                                              "(the same model: e.g. the HF folder a quantized GGUF was made from, so "
+                                              "every row's KL includes its own weight quantization)")
+    ap.add_argument("--fill-quality", action="store_true",
+                    help="compute the fp32 reference and add the KL of every row in --out from its saved logits")
+    ap.add_argument("--prepare", action="store_true",
+                    help="build the rows' exports and the fp32 reference logits into --work, then stop: the heavy "
+                         "steps (a 1B's export and fp32 reference need ~6 GB) can run under a memory lock, and a "
+                         "later run with the same --work reuses them and runs the rows")
     ap.add_argument("--model", default="smollm2-135m", help="packaged name or .gguf")
     ap.add_argument("--ctx", help="comma-separated contexts to fill (default 2048,8192; --quick 2048); capped at "
                                   "the model's trained context")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prefill-threads", type=int,
+                    help="llama.cpp rows: threads for the prompt only (n_threads_batch), decode stays at --threads; "
+                         "fills a large model's context sooner on a loaded host (the prefill columns are then not at "
+                         "--threads)")
     ap.add_argument("--new-tokens", type=int, help="decode steps + 1 (default 32; --quick 16)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per row (fresh process each); medians reported")
     ap.add_argument("--bw-mib", type=int, default=512)
@@ -331,6 +404,12 @@ def main(argv=None) -> dict:
     new = a.new_tokens or (16 if a.quick else 32)
     if new < 2 or a.repeats < 1 or a.threads < 1:
         ap.error("--new-tokens must be at least 2, --repeats and --threads at least 1")
+    exports = {}
+    for e in a.export:
+        row, sep, folder = e.partition("=")
+        if not sep or not row.startswith("edgekv-") or not (Path(folder) / "manifest.json").is_file():
+            ap.error(f"--export {e!r}: ROW=FOLDER, an edgekv row and a folder with an edgekv manifest.json")
+        exports[row] = str(Path(folder).resolve())
     names = ds.select(row_names(a.quick), a.only)
     if not a.only or "gguf" not in a.only:  # the carried-weight rows run when a key names them (--only .../gguf)
         names = [n for n in names if not n.endswith("/gguf")]
@@ -376,10 +455,12 @@ def main(argv=None) -> dict:
                            "new_tokens": new, "prompt_tokens": {str(c): prompt_len(c, new) for c in ctxs},
                            "prompt": "first tokens of edgekv.analyze.run.default_text() (Python docs); the decode "
                                      "steps are fed the text's next tokens",
-                           "threads": a.threads, "repeats": a.repeats, "quick": a.quick, "only": a.only,
+                           "threads": a.threads, "prefill_threads_llamacpp": a.prefill_threads,
+                           "repeats": a.repeats, "quick": a.quick, "only": a.only,
                            "order": "the repeats go round the rows", "genai_prompt_chunk": GENAI_CHUNK,
                            "quality": "KL(fp32 || row) mean over the new positions, natural log; top-1 agreement; "
-                                      "fp32 = transformers (LlamaForCausalLM, Gemma3ForCausalLM) from the same GGUF"},
+                                      "fp32 = transformers (LlamaForCausalLM, Gemma3ForCausalLM) from the same GGUF"
+                                      + (f" (here from {a.reference_model})" if a.reference_model else "")},
               "bandwidth": {}, "rows": []}
     bw_args = argparse.Namespace(bw_mib=a.bw_mib, bw_runs=a.bw_runs, timeout=a.timeout)
     ds.probe(result["bandwidth"], [a.threads], bw_args, log)
@@ -398,7 +479,13 @@ def main(argv=None) -> dict:
         for name in names:
             row = {"name": name, "ctx": ctx, "threads": a.threads, "prompt_tokens": n_prompt}
             try:
-                spec, nbytes = plan_row(name, work, ctx, a.threads, base, arch, pos, formats, log)
+                spec, nbytes = plan_row(name, work, ctx, a.threads, base, arch, pos, formats, log, exports,
+                                        a.prefill_threads)
+                if name in exports:
+                    from edgekv.export.manifest import load_export
+                    m = load_export(Path(exports[name]), check_hashes=False)
+                    row["export"] = {"folder": exports[name], "model_source": m["model"].get("source"),
+                                     "strategy": m["strategy"]["label"], "weights": m["weights"]["dtype"]}
                 spec["logits_out"] = str(work.root / "logits" / ds.slug(f"{name}-c{ctx}.npy"))
                 Path(spec["logits_out"]).parent.mkdir(parents=True, exist_ok=True)
             except Exception as e:  # noqa: BLE001 (a row that cannot be prepared carries its error)
@@ -407,13 +494,27 @@ def main(argv=None) -> dict:
                 log(f"{name} ctx {ctx}: error: {row['error']}")
             done.append((row, nbytes, spec, [], ctx))
     # the fp32 reference logits of every context, after the exports (a reference cached by an earlier run is reused)
-    refs = {ctx: reference(work, ids, prompt_len(ctx, new), new, a, log) for ctx in ctxs}
+    ref_model = Path(a.reference_model).resolve() if a.reference_model else None
+    if a.reference_later and not a.fill_quality:
+        refs = {ctx: cached_reference(work, ids, prompt_len(ctx, new), new, ref_model) for ctx in ctxs}
+    else:
+        refs = {ctx: reference(work, ids, prompt_len(ctx, new), new, a, log) for ctx in ctxs}
+    if a.fill_quality:
+        return fill_quality(out, done, refs, new, log)
+    if a.prepare:
+        failed = [f"{row['name']}: {row['error']}" for row, *_ in done if row.get("error")]
+        failed += [f"reference ctx {c}: {r['error']}" for c, r in refs.items() if isinstance(r, dict)]
+        log("prepared" if not failed else "not prepared: " + "; ".join(failed))
+        return {"prepared": not failed, "errors": failed}
     def write(final: bool) -> None:
         """The JSON as it stands: after every row's run (partial, so a run cut short keeps what it measured) and at
         the end."""
         import numpy as np
 
         rows = []
+        for ctx in refs:  # a reference another process (--prepare) computed while the rows ran
+            if isinstance(refs[ctx], dict) and a.reference_later:
+                refs[ctx] = cached_reference(work, ids, prompt_len(ctx, new), new, ref_model)
         for row, nbytes, spec, runs, ctx in done:
             row = dict(row)
             if spec is not None and runs:

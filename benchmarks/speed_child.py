@@ -112,7 +112,8 @@ def llamacpp_session(spec: dict):
     kv_type = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0,
                "q4_0": llama_cpp.GGML_TYPE_Q4_0}[spec["kv"]]
     llm = llama_cpp.Llama(model_path=spec["model_path"], n_ctx=spec["ctx"], n_batch=512, n_ubatch=512,
-                          n_threads=spec["threads"], n_threads_batch=spec["threads"], flash_attn=True,
+                          n_threads=spec["threads"], n_threads_batch=spec.get("prefill_threads") or spec["threads"],
+                          flash_attn=True,
                           type_k=kv_type, type_v=kv_type, swa_full=False, verbose=False)
 
     def logits():

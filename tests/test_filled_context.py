@@ -112,3 +112,22 @@ def test_the_rows_run_in_the_order_of_the_only_keys():
     # the carried GGUF rows only where a key names them
     got = fc.main(["--list", "--only", "edgekv-ort:kv-int8c/gguf,edgekv-ort:kv-int8c"])["rows"]
     assert got == ["edgekv-ort:kv-int8c/gguf", "edgekv-ort:kv-int8c/int4"]
+
+
+def test_fill_quality_adds_each_rows_kl_from_its_saved_logits(tmp_path):
+    """--fill-quality: the KL of a row an earlier --reference-later run measured, from the logits it saved, by hand:
+    reference p = (1/2, 1/2), row q = (3/4, 1/4), KL(p || q) = 1/2 ln(4/3); a row that failed is left as it was."""
+    import json
+
+    ref, got = tmp_path / "ref.npy", tmp_path / "row.npy"
+    np.save(ref, np.zeros((3, 2), dtype=np.float32))
+    np.save(got, np.tile(np.array([math.log(3), 0], dtype=np.float32), (3, 1)))
+    out = tmp_path / "run.json"
+    out.write_text(json.dumps({"rows": [{"name": "llamacpp:f16", "ctx": 64}, {"name": "llamacpp:q8_0", "ctx": 64,
+                                                                               "error": "timed out"}]}))
+    done = [({"name": "llamacpp:f16"}, None, {"logits_out": str(got)}, [], 64),
+            ({"name": "llamacpp:q8_0"}, None, {"logits_out": str(got)}, [], 64)]
+    fc.fill_quality(out, done, {64: ref}, 4, lambda s: None)
+    rows = json.loads(out.read_text())["rows"]
+    assert rows[0]["quality"]["kl_mean"] == pytest.approx(0.5 * math.log(4 / 3), rel=1e-6)
+    assert rows[0]["quality"]["positions"] == 3 and "quality" not in rows[1]

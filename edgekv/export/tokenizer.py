@@ -42,17 +42,41 @@ def write_byte_tokenizer(source: Path, out_dir: Path) -> dict:
     tokenizer.json that encodes text to its UTF-8 bytes and decodes bytes back: a BPE over the 256 byte symbols of
     the ByteLevel pre-tokenizer's alphabet (GPT-2's bytes_to_unicode) with no merges, so any app's `tokenizers`
     runs it as is."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    _save_byte_tokenizer(out_dir)
+    return {"file": "tokenizer.json", "source": "bytes: token id = UTF-8 byte value (vocab 256, the model folder "
+            "has no tokenizer)", "kind": "bytes", **_special_ids(source)}
 
+
+def byte_symbols() -> list[str]:
+    """The ByteLevel pre-tokenizer's symbol of each byte value 0..255 (GPT-2's bytes_to_unicode)."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     rest = [b for b in range(256) if b not in printable]
     symbol = {b: chr(b) for b in printable} | {b: chr(256 + n) for n, b in enumerate(rest)}
-    tok = Tokenizer(models.BPE({symbol[b]: b for b in range(256)}, []))
+    return [symbol[b] for b in range(256)]
+
+
+def _save_byte_tokenizer(out_dir: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE({s: b for b, s in enumerate(byte_symbols())}, []))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.save(str(out_dir / "tokenizer.json"))
-    return {"file": "tokenizer.json", "source": "bytes: token id = UTF-8 byte value (vocab 256, the model folder "
-            "has no tokenizer)", "kind": "bytes", **_special_ids(source)}
+
+
+def _byte_vocabulary(tdict: dict) -> bool:
+    """A GGUF whose vocabulary is the 256 byte symbols in byte order, and where no merge of two byte symbols gives a
+    token (every longer token needs such a merge first), so text encodes to its bytes: scripts/make_random_model.py's
+    files (bytes, then unused fillers, and the one merge llama.cpp requires)."""
+    tokens, syms = list(tdict.get("tokens") or []), byte_symbols()
+    if tokens[:256] != syms:
+        return False
+    vocab, byte_set = set(tokens), set(syms)
+    for m in tdict.get("merges") or []:
+        a, _, b = m.partition(" ")
+        if a in byte_set and b in byte_set and a + b in vocab:
+            return False
+    return True
 
 
 def _from_gguf(path: Path, out_dir: Path) -> dict:
@@ -61,6 +85,14 @@ def _from_gguf(path: Path, out_dir: Path) -> dict:
 
     try:
         arch, tdict, tconfig = get_gguf_tokenizer(str(path))
+        if _byte_vocabulary(tdict):  # transformers' converter refuses a vocabulary without GPT-2's merged tokens
+            _save_byte_tokenizer(out_dir)
+            index = {t: i for i, t in enumerate(tdict["tokens"])}
+            ids = {t: index.get(tconfig[t]) if tconfig.get(t) else None for t in ("bos_token", "eos_token")}
+            return {"file": "tokenizer.json", "source": "bytes: token id = UTF-8 byte value (the GGUF's vocabulary "
+                    "is the 256 byte symbols)", "kind": "bytes", "bos_token_id": ids["bos_token"],
+                    "eos_token_ids": [ids["eos_token"]] if ids["eos_token"] is not None else [],
+                    "add_bos_token": bool(tconfig.get("add_bos_token", False))}
         tok, _ = convert_gguf_tokenizer(arch, tdict)
     except Exception as e:  # the converter raises ValueError/KeyError on files it cannot read
         raise EdgekvError(f"{path}: cannot build a tokenizer from the GGUF vocabulary "
