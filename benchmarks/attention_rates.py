@@ -65,6 +65,11 @@ ET_KINDS = {"fp32": 4, "fp16": 2, "int8": 1, "int8c": 1}
 WIN_SINKS = 4
 # the window graph's kept keys timed by --window: Gemma 3's native 512 (+ sinks) up to twice the default W
 WIN_SLOTS = (516, 1028, 2052, 4100, 8196)
+# the layer's model width in win_program: 1, so its q/k/v/o projections are four matmuls of H x D (or Hkv x D) values
+# against one, next to nothing. In a model those projections are the layer's MatMulNBits weights, which the plan's
+# weights term already charges; at the model's width (Gemma 3's 4 x 256 heads: 2.6 M fp32 parameters, 10.5 MB a call)
+# they were most of the time of a call at 516 kept keys and were charged a second time per key
+WIN_HIDDEN = 1
 
 
 def graph(h: int, hkv: int, d: int, kind: str) -> bytes:
@@ -92,6 +97,46 @@ def graph(h: int, hkv: int, d: int, kind: str) -> bytes:
     m = helper.make_model(helper.make_graph([node], "gqa", vi, outs),
                           opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     return m.SerializeToString()
+
+
+def write_json(dest: Path, res: dict) -> None:
+    """The results JSON, written whole or not at all (a temporary beside it, then renamed)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(".tmp")
+    tmp.write_text(json.dumps(res, indent=1) + "\n")
+    os.replace(tmp, dest)
+    print(f"wrote {dest}")
+
+
+def timed(calls, runs: int, before=None, warm: bool = True) -> tuple[list[float], list[float]]:
+    """Each of `calls` once to warm up (warm), then `runs` rounds of them in turn, each call timed alone: (process CPU
+    seconds, wall seconds) per call. before: run untimed before each timed call (llama.cpp's cache sweep). The fits
+    use the CPU time: on a shared host the wall time also counts the time the one thread waits for a core (the
+    filled-context rows they are compared with record both, decode_tok_per_cpu_s)."""
+    if warm:
+        for c in calls:
+            c()
+    cpu, wall = [], []
+    for _ in range(runs):
+        for c in calls:
+            if before:
+                before()
+            t0, c0 = time.perf_counter(), time.process_time()
+            c()
+            cpu.append(time.process_time() - c0)
+            wall.append(time.perf_counter() - t0)
+    return cpu, wall
+
+
+def call_row(ctx: int, kind: str, h: int, hkv: int, d: int, cpu: list[float], wall: list[float], cache_bytes: int,
+             per: float, **extra) -> dict:
+    """One timed row as every runtime's decode rows store it: the median, wall median and best call, the cache bytes
+    one call reads and the rate that is, and the median per attended key (per: keys x layers)."""
+    med = statistics.median(cpu)
+    return {"ctx": ctx, "kind": kind, "heads": h, "kv_heads": hkv, "head_dim": d, **extra,
+            "median_us": round(med * 1e6, 1), "wall_median_us": round(statistics.median(wall) * 1e6, 1),
+            "best_us": round(min(cpu) * 1e6, 1), "cache_bytes": cache_bytes,
+            "cache_read_gb_s": round(cache_bytes / med / 1e9, 2), "us_per_position": round(med * 1e6 / per, 4)}
 
 
 def time_call(ort, h: int, hkv: int, d: int, kind: str, ctx: int, runs: int, chunk: int = 1) -> dict:
@@ -134,17 +179,7 @@ def time_call(ort, h: int, hkv: int, d: int, kind: str, ctx: int, runs: int, chu
         b.bind_ortvalue_output("prv", ov)
         b.bind_output("o")
         binds.append((b, ok, ov))
-    for b, *_ in binds:
-        sess.run_with_iobinding(b)  # warm-up
-    ts, cpu = [], []
-    for _ in range(runs):
-        for b, *_ in binds:
-            t0, c0 = time.perf_counter(), time.process_time()
-            sess.run_with_iobinding(b)
-            cpu.append(time.process_time() - c0)
-            ts.append(time.perf_counter() - t0)
-    # the fit uses the process's CPU time: on a shared host the wall time also counts the time the one thread
-    # waits for a core (the filled-context rows it is compared with record both, decode_tok_per_cpu_s)
+    cpu, ts = timed([lambda b=b: sess.run_with_iobinding(b) for b, *_ in binds], runs)
     med = statistics.median(cpu)
     if chunk > 1:  # the call's attention FLOP: 4 x H x D per query and key it attends (causal within the chunk)
         flop = 4 * h * d * sum(ctx - chunk + i + 1 for i in range(chunk))
@@ -152,12 +187,10 @@ def time_call(ort, h: int, hkv: int, d: int, kind: str, ctx: int, runs: int, chu
                 "median_us": round(med * 1e6, 1), "wall_median_us": round(statistics.median(ts) * 1e6, 1),
                 "best_us": round(min(cpu) * 1e6, 1), "attention_flop": flop,
                 "attention_gflop_s": round(flop / med / 1e9, 2)}
-    return {"ctx": ctx, "kind": kind, "heads": h, "kv_heads": hkv, "head_dim": d, "median_us": round(med * 1e6, 1),
-            "wall_median_us": round(statistics.median(ts) * 1e6, 1), "best_us": round(min(cpu) * 1e6, 1), "caches": n, "cache_bytes": cache_bytes,
-            "cache_read_gb_s": round(cache_bytes / med / 1e9, 2), "us_per_position": round(med * 1e6 / ctx, 4)}
+    return call_row(ctx, kind, h, hkv, d, cpu, ts, cache_bytes, ctx, caches=n)
 
 
-def win_program(h: int, hkv: int, d: int, slots: int) -> bytes:
+def win_program(h: int, hkv: int, d: int, slots: int, hidden: int = WIN_HIDDEN) -> bytes:
     """The ONNX graph of one decode call of the window strategy's layer as edgekv's ONNX export emits it (no
     GroupQueryAttention: the eager edgekv.models.attention.Attention over a RollingCache of `slots` = sinks + W fp16
     slots: the q/k/v projections, RoPE, the plan's write / keep / mask, the call's row blended into the cache, the
@@ -175,7 +208,7 @@ def win_program(h: int, hkv: int, d: int, slots: int) -> bytes:
     from edgekv.strategies import FloatStorage
 
     sinks = WIN_SINKS
-    cfg = SimpleNamespace(n_heads=h, n_kv_heads=hkv, head_dim=d, hidden=h * d, qkv_bias=False, o_bias=False,
+    cfg = SimpleNamespace(n_heads=h, n_kv_heads=hkv, head_dim=d, hidden=hidden, qkv_bias=False, o_bias=False,
                           attn_scale=None, qk_norm=None, rms_eps=1e-6, norm_offset=0.0)
 
     class Step(nn.Module):
@@ -190,7 +223,7 @@ def win_program(h: int, hkv: int, d: int, slots: int) -> bytes:
             return out, ks[0], vs[0]
 
     torch.manual_seed(0)
-    args = (torch.randn(1, 1, h * d), torch.randn(1, 1, d), torch.randn(1, 1, d), torch.tensor([4 * slots]),
+    args = (torch.randn(1, 1, hidden), torch.randn(1, 1, d), torch.randn(1, 1, d), torch.tensor([4 * slots]),
             torch.randn(1, hkv, slots, d).half(), torch.randn(1, hkv, slots, d).half())
     with torch.no_grad():
         ep = torch.export.export(Step().eval(), args, strict=False)
@@ -201,7 +234,7 @@ def win_program(h: int, hkv: int, d: int, slots: int) -> bytes:
     return prog.model_proto.SerializeToString()
 
 
-def win_time_call(h: int, hkv: int, d: int, slots: int, runs: int) -> dict:
+def win_time_call(h: int, hkv: int, d: int, slots: int, runs: int, hidden: int = WIN_HIDDEN) -> dict:
     """time_call's figures for the window strategy's eager graph (win_program) at `slots` kept keys, ONNX Runtime
     on 1 thread; each call's new cache goes to its own output buffers (an eager layer's outputs are computed from
     its inputs and are not bound to them: edgekv.models.swaps), inputs cycled so each call reads a cold cache."""
@@ -209,29 +242,17 @@ def win_time_call(h: int, hkv: int, d: int, slots: int, runs: int) -> dict:
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = so.inter_op_num_threads = 1
-    sess = ort.InferenceSession(win_program(h, hkv, d, slots), so, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(win_program(h, hkv, d, slots, hidden), so, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     cache_bytes = 2 * hkv * slots * d * 2
     n = min(max(2, -(-COLD_BYTES // cache_bytes)), 30)
-    sets = [{"x": rng.standard_normal((1, 1, h * d)).astype(np.float32),
+    sets = [{"x": rng.standard_normal((1, 1, hidden)).astype(np.float32),
              "cos": np.ones((1, 1, d), np.float32), "sin": np.zeros((1, 1, d), np.float32),
              "pos": np.array([4 * slots], np.int64),
              "k": rng.standard_normal((1, hkv, slots, d)).astype(np.float16),
              "v": rng.standard_normal((1, hkv, slots, d)).astype(np.float16)} for _ in range(n)]
-    for f in sets:
-        sess.run(None, f)  # warm-up
-    ts, cpu = [], []
-    for _ in range(runs):
-        for f in sets:
-            t0, c0 = time.perf_counter(), time.process_time()
-            sess.run(None, f)
-            cpu.append(time.process_time() - c0)
-            ts.append(time.perf_counter() - t0)
-    med = statistics.median(cpu)
-    return {"ctx": slots, "kind": "eager window fp16", "heads": h, "kv_heads": hkv, "head_dim": d,
-            "median_us": round(med * 1e6, 1), "wall_median_us": round(statistics.median(ts) * 1e6, 1),
-            "best_us": round(min(cpu) * 1e6, 1), "caches": n, "cache_bytes": cache_bytes,
-            "cache_read_gb_s": round(cache_bytes / med / 1e9, 2), "us_per_position": round(med * 1e6 / slots, 4)}
+    cpu, ts = timed([lambda f=f: sess.run(None, f) for f in sets], runs)
+    return call_row(slots, "eager window fp16", h, hkv, d, cpu, ts, cache_bytes, slots, caches=n)
 
 
 def et_program(h: int, hkv: int, d: int, kind: str, ctx: int) -> bytes:
@@ -324,20 +345,8 @@ def et_time_call(h: int, hkv: int, d: int, kind: str, ctx: int, runs: int) -> di
     rng = np.random.default_rng(0)
     sets = [et_inputs(h, hkv, d, kind, ctx, rng) for _ in range(n)]
     with quiet_native_stderr():
-        for a in sets:
-            mod.forward(a)  # warm-up
-        ts, cpu = [], []
-        for _ in range(runs):
-            for a in sets:
-                t0, c0 = time.perf_counter(), time.process_time()
-                mod.forward(a)
-                cpu.append(time.process_time() - c0)
-                ts.append(time.perf_counter() - t0)
-    med = statistics.median(cpu)
-    return {"ctx": ctx, "kind": kind, "heads": h, "kv_heads": hkv, "head_dim": d, "median_us": round(med * 1e6, 1),
-            "wall_median_us": round(statistics.median(ts) * 1e6, 1), "best_us": round(min(cpu) * 1e6, 1), "caches": n,
-            "cache_bytes": cache_bytes, "cache_read_gb_s": round(cache_bytes / med / 1e9, 2),
-            "us_per_position": round(med * 1e6 / ctx, 4)}
+        cpu, ts = timed([lambda a=a: mod.forward(a) for a in sets], runs)
+    return call_row(ctx, kind, h, hkv, d, cpu, ts, cache_bytes, ctx, caches=n)
 
 
 # llama.cpp: its K and V cache types (bytes per value: q8_0 / q4_0 keep 32 values in a 34 / 18-byte block)
@@ -430,27 +439,15 @@ def lc_time_rows(h: int, hkv: int, d: int, kind: str, ctxs, runs: int, layers: i
             fill_s = time.process_time() - c0
             # the prefill's attention FLOP for positions filled+1 .. ctx-1 (4 x H x D per key and query, causal)
             fill_flop = 4 * h * d * layers * (ctx - 1 + filled + 1) * n_fill / 2
-            filled = ctx - 1
-            llm.eval([int(rng.integers(0, 256))])  # warm-up step
-            filled += 1
-            ts, cpu = [], []
-            for _ in range(runs):
-                sweep += 1.0
-                t0, c0 = time.perf_counter(), time.process_time()
-                llm.eval([int(rng.integers(0, 256))])
-                cpu.append(time.process_time() - c0)
-                ts.append(time.perf_counter() - t0)
-                filled += 1
+            # a warm-up step, then `runs` steps, each after the sweep (np.add in place: every page written)
+            cpu, ts = timed([lambda m=llm: m.eval([int(rng.integers(0, 256))])], runs,
+                            before=lambda: np.add(sweep, 1.0, out=sweep))
+            filled = ctx + runs
             n = filled - runs // 2  # the keys the median step attended (ctx + 1 .. ctx + runs)
-            med = statistics.median(cpu)
-            cache_bytes = int(2 * layers * hkv * n * d * LC_KINDS[kind])
-            rows.append({"ctx": n, "kind": kind, "heads": h, "kv_heads": hkv, "head_dim": d, "layers": layers,
-                         "median_us": round(med * 1e6, 1), "wall_median_us": round(statistics.median(ts) * 1e6, 1),
-                         "best_us": round(min(cpu) * 1e6, 1), "cache_bytes": cache_bytes,
-                         "cache_read_gb_s": round(cache_bytes / med / 1e9, 2),
-                         "us_per_position": round(med * 1e6 / n / layers, 4),
-                         "prefill": {"from": ctx - 1 - n_fill, "tokens": n_fill, "cpu_s": round(fill_s, 3),
-                                     "attention_flop": fill_flop}})
+            rows.append(call_row(n, kind, h, hkv, d, cpu, ts, int(2 * layers * hkv * n * d * LC_KINDS[kind]),
+                                 n * layers, layers=layers,
+                                 prefill={"from": ctx - 1 - n_fill, "tokens": n_fill, "cpu_s": round(fill_s, 3),
+                                          "attention_flop": fill_flop}))
         del llm
     return rows
 
@@ -606,10 +603,7 @@ def main(argv=None) -> int:
         if any("chunk" in r or "prefill" in r for r in res["rows"]):
             res["prefill_fits"] = prefill_fits(res["rows"])
         dest = a.out or a.refit
-        tmp = dest.with_suffix(".tmp")
-        tmp.write_text(json.dumps(res, indent=1) + "\n")
-        os.replace(tmp, dest)
-        print(f"wrote {dest}")
+        write_json(dest, res)
         return 0
     if a.gguf_prefill:
         import llama_cpp
@@ -623,10 +617,7 @@ def main(argv=None) -> int:
             res["files"][g.name] = {**lc_gguf_prefill(g), "loadavg": round(os.getloadavg()[0], 2)}
             print(g.name, res["files"][g.name], flush=True)
         dest = a.out or Path(__file__).parent / "results" / "llamacpp_gguf_prefill.json"
-        tmp = dest.with_suffix(".tmp")
-        tmp.write_text(json.dumps(res, indent=1) + "\n")
-        os.replace(tmp, dest)
-        print(f"wrote {dest}")
+        write_json(dest, res)
         return 0
     if a.window:
         return window_main(a)
@@ -695,11 +686,7 @@ def main(argv=None) -> int:
            "machine": platform.processor() or platform.machine(), "platform": platform.platform(),
            "loadavg": list(os.getloadavg()), "threads": 1, "runs": a.runs, "what": what,
            "rows": rows, "fits": fits, "prefill_fits": pre, "seconds": round(time.time() - t0, 1)}
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, indent=1) + "\n")
-    os.replace(tmp, out_path)
-    print(f"wrote {out_path}")
+    write_json(out_path, out)
     return 0
 
 
@@ -732,10 +719,7 @@ def window_main(a) -> int:
                    "slots, projections included) as edgekv's ONNX export lowers it, 1 thread, process CPU time",
            "rows": rows, "fits": fits, "seconds": round(time.time() - t0, 1)}
     dest = a.out or Path(__file__).parent / "results" / "attention_rates_window.json"
-    tmp = dest.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, indent=1) + "\n")
-    os.replace(tmp, dest)
-    print(f"wrote {dest}")
+    write_json(dest, out)
     return 0
 
 
