@@ -190,14 +190,11 @@ def time_call(ort, h: int, hkv: int, d: int, kind: str, ctx: int, runs: int, chu
     return call_row(ctx, kind, h, hkv, d, cpu, ts, cache_bytes, ctx, caches=n)
 
 
-def win_program(h: int, hkv: int, d: int, slots: int, hidden: int = WIN_HIDDEN) -> bytes:
-    """The ONNX graph of one decode call of the window strategy's layer as edgekv's ONNX export emits it (no
-    GroupQueryAttention: the eager edgekv.models.attention.Attention over a RollingCache of `slots` = sinks + W fp16
-    slots: the q/k/v projections, RoPE, the plan's write / keep / mask, the call's row blended into the cache, the
-    cache read back in fp32 with the call's own row appended, two bmm and the softmax, o_proj), lowered by
-    torch.onnx.export(dynamo=True) as edgekv.export.to_onnx lowers a model."""
-    import contextlib
-    import io
+def win_module(h: int, hkv: int, d: int, slots: int, hidden: int = WIN_HIDDEN):
+    """One decode call of the window strategy's layer as edgekv's exports build it (no fused op: the eager
+    edgekv.models.attention.Attention over a RollingCache of `slots` = sinks + W fp16 slots: the q/k/v projections,
+    RoPE, the plan's write / keep / mask, the call's row blended into the cache, the cache read back in fp32 with the
+    call's own row appended, two bmm and the softmax, o_proj), torch.export'ed: (ExportedProgram, example args)."""
     from types import SimpleNamespace
 
     import torch
@@ -226,12 +223,50 @@ def win_program(h: int, hkv: int, d: int, slots: int, hidden: int = WIN_HIDDEN) 
     args = (torch.randn(1, 1, hidden), torch.randn(1, 1, d), torch.randn(1, 1, d), torch.tensor([4 * slots]),
             torch.randn(1, hkv, slots, d).half(), torch.randn(1, hkv, slots, d).half())
     with torch.no_grad():
-        ep = torch.export.export(Step().eval(), args, strict=False)
-        with contextlib.redirect_stdout(io.StringIO()):
-            prog = torch.onnx.export(ep, (), input_names=["x", "cos", "sin", "pos", "k", "v"],
-                                     output_names=["o", "nk", "nv"], dynamo=True, external_data=False, optimize=True,
-                                     verbose=False)
+        return torch.export.export(Step().eval(), args, strict=False), args
+
+
+def win_program(h: int, hkv: int, d: int, slots: int, hidden: int = WIN_HIDDEN) -> bytes:
+    """The ONNX graph of win_module, lowered by torch.onnx.export(dynamo=True) as edgekv.export.to_onnx lowers a
+    model."""
+    import contextlib
+    import io
+
+    import torch
+
+    ep, _ = win_module(h, hkv, d, slots, hidden)
+    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+        prog = torch.onnx.export(ep, (), input_names=["x", "cos", "sin", "pos", "k", "v"],
+                                 output_names=["o", "nk", "nv"], dynamo=True, external_data=False, optimize=True,
+                                 verbose=False)
     return prog.model_proto.SerializeToString()
+
+
+def et_win_time_call(h: int, hkv: int, d: int, slots: int, runs: int, hidden: int = WIN_HIDDEN) -> dict:
+    """win_time_call's figures for the .pte: win_module lowered as edgekv export lowers a model (edgekv.export.to_pte,
+    XNNPACK; the eager layer's new cache is an output, not written in place) and run by ExecuTorch's runtime on 1
+    thread, inputs cycled so each call reads a cold cache."""
+    import torch
+    from executorch.extension.pybindings import portable_lib
+
+    from edgekv.export.pte_stepper import quiet_native_stderr
+    from edgekv.export.to_pte import lower_pte, to_buffer
+
+    torch.set_num_threads(1)
+    ep, _ = win_module(h, hkv, d, slots, hidden)
+    buf = to_buffer(lower_pte({"forward": ep}, in_place=False), in_place=False)
+    with quiet_native_stderr():
+        portable_lib._unsafe_reset_threadpool(1)
+        mod = portable_lib._load_for_executorch_from_buffer(buf)
+    cache_bytes = 2 * hkv * slots * d * 2
+    n = min(max(2, -(-COLD_BYTES // cache_bytes)), 30)
+    g = torch.Generator().manual_seed(0)
+    sets = [(torch.randn(1, 1, hidden, generator=g), torch.ones(1, 1, d), torch.zeros(1, 1, d),
+             torch.tensor([4 * slots]), torch.randn(1, hkv, slots, d, generator=g).half(),
+             torch.randn(1, hkv, slots, d, generator=g).half()) for _ in range(n)]
+    with quiet_native_stderr():
+        cpu, ts = timed([lambda a=a: mod.forward(a) for a in sets], runs)
+    return call_row(slots, "eager window fp16", h, hkv, d, cpu, ts, cache_bytes, slots, caches=n)
 
 
 def win_time_call(h: int, hkv: int, d: int, slots: int, runs: int, hidden: int = WIN_HIDDEN) -> dict:
@@ -590,8 +625,10 @@ def main(argv=None) -> int:
                          "results/llamacpp_gguf_prefill.json")
     ap.add_argument("--prefill", action="store_true", help="onnxruntime: time prefill calls of 128 queries instead "
                     "(attention_rates_prefill.json); llama.cpp's prefill rates come from its fills")
-    ap.add_argument("--window", action="store_true", help="onnxruntime: time the window strategy's eager graph "
-                    "(win_program) at kept keys WIN_SLOTS instead (attention_rates_window.json)")
+    ap.add_argument("--window", action="store_true", help="time the window strategy's eager graph (win_module) at "
+                    "kept keys WIN_SLOTS instead (attention_rates_window.json; --runtime executorch: the .pte's, "
+                    "attention_rates_executorch_window.json)")
+    ap.add_argument("--shapes", help="--window: the head shapes to time (default all: " + ",".join(SHAPES) + ")")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--refit", type=Path, help="fit the rows of this results JSON again (no timing)")
     a = ap.parse_args(argv)
@@ -693,14 +730,25 @@ def main(argv=None) -> int:
 def window_main(a) -> int:
     """--window: the window strategy's eager graph at each head shape and kept-key count (sinks + W), fitted per
     head size as fit_head_dim fits a kernel (overhead + kept keys x H x D x c)."""
-    import onnxruntime as ort
+    et = a.runtime == "executorch"
+    if et:
+        import executorch
+        import torch
 
+        versions = {"executorch": getattr(executorch, "__version__", None) or _version("executorch"),
+                    "torch": torch.__version__}
+    else:
+        import onnxruntime as ort
+
+        versions = {"onnxruntime": ort.__version__}
     t0 = time.time()
     rows = []
     slots = [int(c) for c in a.ctx.split(",")] if a.ctx else WIN_SLOTS
-    for name, (h, hkv, d) in SHAPES.items():
+    shapes = {k: v for k, v in SHAPES.items() if not a.shapes or k in a.shapes.split(",")}
+    for name, (h, hkv, d) in shapes.items():
         for n in slots:
-            r = {"shape": name, **win_time_call(h, hkv, d, n, a.runs), "loadavg": round(os.getloadavg()[0], 2)}
+            r = {"shape": name, **(et_win_time_call if et else win_time_call)(h, hkv, d, n, a.runs),
+                 "loadavg": round(os.getloadavg()[0], 2)}
             rows.append(r)
             print(f"window {name:14} kept {n:6}: {r['median_us']:9.1f} us  {r['us_per_position']:.4f} us/position  "
                   f"(load {r['loadavg']})", flush=True)
@@ -711,14 +759,18 @@ def window_main(a) -> int:
     for d, g in fits["eager window fp16"]["by_head_dim"].items():
         print(f"fit window, head size {d}: {g['overhead_s'] * 1e6:.1f} us + {g['compute_s_per_head_dim_position'] * 1e12:.1f} "
               f"ps per head x head size x kept key (worst row {g['max_abs_rel_error']:.0%})")
-    out = {"benchmark": "attention_rates", "runtime": "onnxruntime", "graph": "window strategy, eager (win_program)",
-           "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)), "onnxruntime": ort.__version__,
+    out = {"benchmark": "attention_rates", "runtime": a.runtime,
+           "graph": "window strategy, eager (win_module" + (", lowered to a .pte)" if et else ", lowered to ONNX)"),
+           "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)), **versions,
            "machine": platform.processor() or platform.machine(), "platform": platform.platform(),
            "loadavg": list(os.getloadavg()), "threads": 1, "runs": a.runs,
            "what": "one decode call of the window strategy's eager attention layer (fp16 rolling cache of sinks + W "
-                   "slots, projections included) as edgekv's ONNX export lowers it, 1 thread, process CPU time",
+                   f"slots, its projections at a model width of {WIN_HIDDEN}) as edgekv's "
+                   + ("ExecuTorch export lowers it (XNNPACK), run by ExecuTorch's runtime" if et else
+                      "ONNX export lowers it") + ", 1 thread, process CPU time",
            "rows": rows, "fits": fits, "seconds": round(time.time() - t0, 1)}
-    dest = a.out or Path(__file__).parent / "results" / "attention_rates_window.json"
+    dest = a.out or Path(__file__).parent / "results" / ("attention_rates_executorch_window.json" if et else
+                                                         "attention_rates_window.json")
     write_json(dest, out)
     return 0
 
