@@ -63,7 +63,7 @@ KERNEL_KINDS = {"onnxruntime": ("fp32", "fp16", "int8c"), "executorch": ("fp32",
                 "llama.cpp": ("f16", "q8_0", "q4_0")}
 # the eager graphs a kernel benchmark times too (benchmarks/attention_rates.py --window: the window strategy's layer):
 # charged at their stored kernel rows, not fitted on model rows
-KERNEL_EAGER = {"onnxruntime": ("eager fp16",)}
+KERNEL_EAGER = {"onnxruntime": ("eager fp16",), "executorch": ("eager fp16",)}
 # runs listed in the table but not fitted to, and why
 NOT_FITTED = {
     "filled_context_8192_int8c.json": "its attention-heavy rows (fp32 and fp16 cache, llama.cpp f16) ran 1.6-2.5x "

@@ -405,3 +405,16 @@ def test_llamacpp_catalog_plan_at_q4_k_m_rates():
     step = plan(*args, "--ctx", str(m["step_ctx"]), "--explain")
     assert 1 / step["decode_tokens_per_s"] == pytest.approx(m["step_cpu_s"], rel=0.15)
     assert "Q4_K_M's weight types" in step["explain"]["decode_tokens_per_s"]
+
+
+def test_pte_window_graph_at_its_kernel_rows_against_the_measured_row():
+    """edgekv's .pte of Gemma-3-270M under the window strategy keeps every layer on the eager graph, which
+    benchmarks/attention_rates.py --window --runtime executorch times as a one-layer .pte
+    (results/attention_rates_executorch_window.json); the plan charges it at those rows, nothing fitted on Gemma, and
+    comes within 25 % of the filled 16k row measured (results/filled_context_gemma3_16384_rows.json, tokens per CPU
+    second). Charged by the roofline the plan said 131.5 tok/s against 12.4 measured."""
+    rows = json.loads((ROOT / "benchmarks" / "results" / "filled_context_gemma3_16384_rows.json").read_text())["rows"]
+    measured = next(r["decode_tok_per_cpu_s"] for r in rows if r["name"] == "edgekv-pte:window/int4")
+    got = plan("--device", "host", "-m", "gemma-3-270m", "--runtime", "edgekv-pte", "--strategy", "window",
+               "--weights", "int4", "--ctx", "16384")["decode_tokens_per_s"]
+    assert got == pytest.approx(measured, rel=0.25)
