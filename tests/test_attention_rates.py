@@ -267,7 +267,9 @@ def test_filled_rows_against_the_plan(tmp_path):
         for kind, c in kinds.items():
             stored = ALL[cost]["devices"]["host"]["kinds"][kind]["compute_s_per_head_dim_position"]
             assert stored == pytest.approx(c, rel=0.005), (cost, kind)
-    held = [r for r in res["rows"] if r["set"] == "held-out" and r["modelled"] and r["row"].startswith("edgekv-ort:")
+    # Gemma's rows: a model outside the catalog (the 1B rows of another run, held out too) is checked where it lands
+    gemma = [r for r in res["rows"] if r["model"] == "gemma-3-270m"]
+    held = [r for r in gemma if r["set"] == "held-out" and r["modelled"] and r["row"].startswith("edgekv-ort:")
             and r["row"].split(":", 1)[1].split("/")[0] in ("kv:dtype=fp32", "kv-int8c", "kv-int8", "kv-int4", "window")
             and r["ctx"] >= 16384]
     assert len(held) >= 8
@@ -276,11 +278,11 @@ def test_filled_rows_against_the_plan(tmp_path):
     # llama.cpp's Gemma rows (f16 / q8_0 / q4_0 at 16k and 32k): its attention at the kernel rates of Gemma's head
     # size and the step outside attention measured on Gemma's own GGUF at 520 keys, nothing fitted on Gemma's rows;
     # and every held-out prefill (edgekv's ONNX caches and llama.cpp's)
-    lc = [r for r in res["rows"] if r["set"] == "held-out" and r["modelled"] and r["row"].startswith("llamacpp:")]
+    lc = [r for r in gemma if r["set"] == "held-out" and r["modelled"] and r["row"].startswith("llamacpp:")]
     assert len(lc) >= 10
     for r in lc:
         assert abs(r["predicted_tok_s"] / r["measured_tok_per_cpu_s"] - 1) <= 0.25, r
-    pre = [r for r in res["rows"] if r["set"] == "held-out" and "prefill_error" in r]
+    pre = [r for r in gemma if r["set"] == "held-out" and "prefill_error" in r]
     assert len(pre) >= 20
     for r in pre:
         assert abs(r["predicted_prefill_s"] / r["measured_prefill_s"] - 1) <= 0.25, r
