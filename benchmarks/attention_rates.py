@@ -190,11 +190,14 @@ def time_call(ort, h: int, hkv: int, d: int, kind: str, ctx: int, runs: int, chu
     return call_row(ctx, kind, h, hkv, d, cpu, ts, cache_bytes, ctx, caches=n)
 
 
-def win_module(h: int, hkv: int, d: int, slots: int, hidden: int = WIN_HIDDEN):
+def win_module(h: int, hkv: int, d: int, slots: int, hidden: int = WIN_HIDDEN, dtype: str = "fp16",
+               sinks: int = WIN_SINKS):
     """One decode call of the window strategy's layer as edgekv's exports build it (no fused op: the eager
     edgekv.models.attention.Attention over a RollingCache of `slots` = sinks + W fp16 slots: the q/k/v projections,
     RoPE, the plan's write / keep / mask, the call's row blended into the cache, the cache read back in fp32 with the
-    call's own row appended, two bmm and the softmax, o_proj), torch.export'ed: (ExportedProgram, example args)."""
+    call's own row appended, two bmm and the softmax, o_proj), torch.export'ed: (ExportedProgram, example args).
+    dtype "fp32", sinks 0: a sliding layer's own ring of a plain fp32 cache instead (edgekv.models.cache.layer_caches:
+    RollingCache(0, Wn, ...), a Gemma 3 sliding layer when the other layers keep every position)."""
     from types import SimpleNamespace
 
     import torch
@@ -204,7 +207,6 @@ def win_module(h: int, hkv: int, d: int, slots: int, hidden: int = WIN_HIDDEN):
     from edgekv.models.cache import KVFormat, RollingCache
     from edgekv.strategies import FloatStorage
 
-    sinks = WIN_SINKS
     cfg = SimpleNamespace(n_heads=h, n_kv_heads=hkv, head_dim=d, hidden=hidden, qkv_bias=False, o_bias=False,
                           attn_scale=None, qk_norm=None, rms_eps=1e-6, norm_offset=0.0)
 
@@ -212,16 +214,18 @@ def win_module(h: int, hkv: int, d: int, slots: int, hidden: int = WIN_HIDDEN):
         def __init__(self):
             super().__init__()
             self.attn = Attention(cfg)
-            self.attn.cache = RollingCache(sinks, slots - sinks, slots - sinks, sinks, None)
-            self.attn.fmt = KVFormat(FloatStorage("fp16"))
+            self.attn.cache = (RollingCache(sinks, slots - sinks, slots - sinks, sinks, None) if sinks else
+                               RollingCache(0, slots, None, 0, slots))
+            self.attn.fmt = KVFormat(FloatStorage(dtype))
 
         def forward(self, x, cos, sin, pos, k, v):
             out, ks, vs = self.attn(x, cos, sin, (k,), (v,), Call(pos, 1, h // hkv))
             return out, ks[0], vs[0]
 
     torch.manual_seed(0)
+    cast = torch.float16 if dtype == "fp16" else torch.float32
     args = (torch.randn(1, 1, hidden), torch.randn(1, 1, d), torch.randn(1, 1, d), torch.tensor([4 * slots]),
-            torch.randn(1, hkv, slots, d).half(), torch.randn(1, hkv, slots, d).half())
+            torch.randn(1, hkv, slots, d).to(cast), torch.randn(1, hkv, slots, d).to(cast))
     with torch.no_grad():
         return torch.export.export(Step().eval(), args, strict=False), args
 
@@ -242,7 +246,8 @@ def win_program(h: int, hkv: int, d: int, slots: int, hidden: int = WIN_HIDDEN) 
     return prog.model_proto.SerializeToString()
 
 
-def et_win_time_call(h: int, hkv: int, d: int, slots: int, runs: int, hidden: int = WIN_HIDDEN) -> dict:
+def et_win_time_call(h: int, hkv: int, d: int, slots: int, runs: int, hidden: int = WIN_HIDDEN, dtype: str = "fp16",
+                     sinks: int = WIN_SINKS) -> dict:
     """win_time_call's figures for the .pte: win_module lowered as edgekv export lowers a model (edgekv.export.to_pte,
     XNNPACK; the eager layer's new cache is an output, not written in place) and run by ExecuTorch's runtime on 1
     thread, inputs cycled so each call reads a cold cache."""
@@ -253,20 +258,22 @@ def et_win_time_call(h: int, hkv: int, d: int, slots: int, runs: int, hidden: in
     from edgekv.export.to_pte import lower_pte, to_buffer
 
     torch.set_num_threads(1)
-    ep, _ = win_module(h, hkv, d, slots, hidden)
+    ep, _ = win_module(h, hkv, d, slots, hidden, dtype, sinks)
     buf = to_buffer(lower_pte({"forward": ep}, in_place=False), in_place=False)
     with quiet_native_stderr():
         portable_lib._unsafe_reset_threadpool(1)
         mod = portable_lib._load_for_executorch_from_buffer(buf)
-    cache_bytes = 2 * hkv * slots * d * 2
+    cast, size = (torch.float16, 2) if dtype == "fp16" else (torch.float32, 4)
+    cache_bytes = 2 * hkv * slots * d * size
     n = min(max(2, -(-COLD_BYTES // cache_bytes)), 30)
     g = torch.Generator().manual_seed(0)
     sets = [(torch.randn(1, 1, hidden, generator=g), torch.ones(1, 1, d), torch.zeros(1, 1, d),
-             torch.tensor([4 * slots]), torch.randn(1, hkv, slots, d, generator=g).half(),
-             torch.randn(1, hkv, slots, d, generator=g).half()) for _ in range(n)]
+             torch.tensor([4 * slots]), torch.randn(1, hkv, slots, d, generator=g).to(cast),
+             torch.randn(1, hkv, slots, d, generator=g).to(cast)) for _ in range(n)]
     with quiet_native_stderr():
         cpu, ts = timed([lambda a=a: mod.forward(a) for a in sets], runs)
-    return call_row(slots, "eager window fp16", h, hkv, d, cpu, ts, cache_bytes, slots, caches=n)
+    kind = "eager window fp16" if sinks else f"eager ring {dtype}"
+    return call_row(slots, kind, h, hkv, d, cpu, ts, cache_bytes, slots, caches=n)
 
 
 def win_time_call(h: int, hkv: int, d: int, slots: int, runs: int, hidden: int = WIN_HIDDEN) -> dict:
