@@ -399,10 +399,11 @@ LC_CTX = {"f16": (1024, 2048, 4096, 8192, 16384, 32768), "q8_0": (1024, 2048, 40
 LC_VOCAB, LC_FF = 512, 64  # a small vocabulary and MLP: the step's time outside attention stays small
 
 
-def lc_gguf(path: Path, h: int, hkv: int, d: int, layers: int) -> None:
+def lc_gguf(path: Path, h: int, hkv: int, d: int, layers: int, linear: str = "F16") -> None:
     """A random-weight f16 GGUF (llama architecture) of `layers` layers at this head shape (hidden = heads x head
     size, key_length / value_length = head size), its vocabulary the 256 byte symbols and unused fillers (as
-    scripts/make_random_model.py writes one): what llama.cpp runs is the shape, the values do not change its time."""
+    scripts/make_random_model.py writes one): what llama.cpp runs is the shape, the values do not change its time.
+    linear: the layers' matrices in this GGML type instead (Q4_0: gguf-py's own quantizer)."""
     import gguf
 
     hidden = h * d
@@ -433,17 +434,23 @@ def lc_gguf(path: Path, h: int, hkv: int, d: int, layers: int) -> None:
     def mat(rows, cols):
         return (rng.standard_normal((rows, cols)) * 0.02).astype(np.float16)
 
+    def add(name, m):
+        if linear == "F16":
+            return w.add_tensor(name, m)
+        qt = gguf.GGMLQuantizationType[linear]
+        w.add_tensor(name, gguf.quants.quantize(m.astype(np.float32), qt), raw_dtype=qt)
+
     w.add_tensor("token_embd.weight", mat(LC_VOCAB, hidden))
     for i in range(layers):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
-        w.add_tensor(f"blk.{i}.attn_q.weight", mat(h * d, hidden))
-        w.add_tensor(f"blk.{i}.attn_k.weight", mat(hkv * d, hidden))
-        w.add_tensor(f"blk.{i}.attn_v.weight", mat(hkv * d, hidden))
-        w.add_tensor(f"blk.{i}.attn_output.weight", mat(hidden, h * d))
+        add(f"blk.{i}.attn_q.weight", mat(h * d, hidden))
+        add(f"blk.{i}.attn_k.weight", mat(hkv * d, hidden))
+        add(f"blk.{i}.attn_v.weight", mat(hkv * d, hidden))
+        add(f"blk.{i}.attn_output.weight", mat(hidden, h * d))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))
-        w.add_tensor(f"blk.{i}.ffn_gate.weight", mat(LC_FF, hidden))
-        w.add_tensor(f"blk.{i}.ffn_up.weight", mat(LC_FF, hidden))
-        w.add_tensor(f"blk.{i}.ffn_down.weight", mat(hidden, LC_FF))
+        add(f"blk.{i}.ffn_gate.weight", mat(LC_FF, hidden))
+        add(f"blk.{i}.ffn_up.weight", mat(LC_FF, hidden))
+        add(f"blk.{i}.ffn_down.weight", mat(hidden, LC_FF))
     w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -420,3 +420,21 @@ def test_pte_window_graph_at_its_kernel_rows_against_the_measured_row():
     got = plan("--device", "host", "-m", "gemma-3-270m", "--runtime", "edgekv-pte", "--strategy", "window",
                "--weights", "int4", "--ctx", "16384")["decode_tokens_per_s"]
     assert got == pytest.approx(measured, rel=0.25)
+
+
+def test_plan_vs_filled_plans_a_q4_0_gguf_row_as_int4(tmp_path):
+    """A filled-context row of `edgekv export --weights gguf` (edgekv-ort:S/gguf) from a GGUF whose layers are all
+    Q4_0 (the random 1B's file of issue 40) runs ONNX Runtime's int4 kernel on int4's bytes (MatMulNBits, 4 bits,
+    blocks of 32 with a scale each), so benchmarks/plan_vs_filled.py plans it as int4 weights; a file of other types
+    (f16 here; a Q4_K_M mix) stays unmodelled. The files' types are the ones written here."""
+    pytest.importorskip("gguf")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import plan_vs_filled
+    from attention_rates import lc_gguf
+
+    q4, f16 = tmp_path / "q4_0.gguf", tmp_path / "f16.gguf"
+    lc_gguf(q4, 4, 1, 64, 2, linear="Q4_0")
+    lc_gguf(f16, 4, 1, 64, 2)
+    assert plan_vs_filled.parse("edgekv-ort:kv-int8c/gguf", str(q4)) == ("onnxruntime", "kv-int8c", "int4")
+    assert isinstance(plan_vs_filled.parse("edgekv-ort:kv-int8c/gguf", str(f16)), str)
+    assert plan_vs_filled.model_arch(str(q4)).n_layers == 2  # a model outside the catalog: read as plan -m reads it
