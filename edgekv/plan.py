@@ -240,7 +240,8 @@ def _gguf_rates(arch: Arch, weights: str, rates: dict | None) -> tuple[dict | No
         r = rates["gguf_types"].get(w.get("catalog_mix"))
         if not r:
             return None, ""
-        return r, (f"; no GGUF named (a catalog model): its {weights} weights and matmuls charged at the rates measured "
+        return r, (f"; no GGUF weight types planned (a catalog model, or --weights {weights} rather than gguf): its "
+                   f"{weights} weights and matmuls charged at the rates measured "
                    f"on {w['catalog_recipe']}'s weight types {w['catalog_mix']} ({r['source']}), the recipe a "
                    f"{weights} GGUF is usually made with, on the plan's {weights} weight bytes; -m FILE.gguf charges "
                    f"the file's own types")
