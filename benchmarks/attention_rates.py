@@ -65,6 +65,11 @@ ET_KINDS = {"fp32": 4, "fp16": 2, "int8": 1, "int8c": 1}
 WIN_SINKS = 4
 # the window graph's kept keys timed by --window: Gemma 3's native 512 (+ sinks) up to twice the default W
 WIN_SLOTS = (516, 1028, 2052, 4100, 8196)
+# the layer's model width in win_program: 1, so its q/k/v/o projections are four matmuls of H x D (or Hkv x D) values
+# against one, next to nothing. In a model those projections are the layer's MatMulNBits weights, which the plan's
+# weights term already charges; at the model's width (Gemma 3's 4 x 256 heads: 2.6 M fp32 parameters, 10.5 MB a call)
+# they were most of the time of a call at 516 kept keys and were charged a second time per key
+WIN_HIDDEN = 1
 
 
 def graph(h: int, hkv: int, d: int, kind: str) -> bytes:
@@ -92,6 +97,46 @@ def graph(h: int, hkv: int, d: int, kind: str) -> bytes:
     m = helper.make_model(helper.make_graph([node], "gqa", vi, outs),
                           opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     return m.SerializeToString()
+
+
+def write_json(dest: Path, res: dict) -> None:
+    """The results JSON, written whole or not at all (a temporary beside it, then renamed)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(".tmp")
+    tmp.write_text(json.dumps(res, indent=1) + "\n")
+    os.replace(tmp, dest)
+    print(f"wrote {dest}")
+
+
+def timed(calls, runs: int, before=None, warm: bool = True) -> tuple[list[float], list[float]]:
+    """Each of `calls` once to warm up (warm), then `runs` rounds of them in turn, each call timed alone: (process CPU
+    seconds, wall seconds) per call. before: run untimed before each timed call (llama.cpp's cache sweep). The fits
+    use the CPU time: on a shared host the wall time also counts the time the one thread waits for a core (the
+    filled-context rows they are compared with record both, decode_tok_per_cpu_s)."""
+    if warm:
+        for c in calls:
+            c()
+    cpu, wall = [], []
+    for _ in range(runs):
+        for c in calls:
+            if before:
+                before()
+            t0, c0 = time.perf_counter(), time.process_time()
+            c()
+            cpu.append(time.process_time() - c0)
+            wall.append(time.perf_counter() - t0)
+    return cpu, wall
+
+
+def call_row(ctx: int, kind: str, h: int, hkv: int, d: int, cpu: list[float], wall: list[float], cache_bytes: int,
+             per: float, **extra) -> dict:
+    """One timed row as every runtime's decode rows store it: the median, wall median and best call, the cache bytes
+    one call reads and the rate that is, and the median per attended key (per: keys x layers)."""
+    med = statistics.median(cpu)
+    return {"ctx": ctx, "kind": kind, "heads": h, "kv_heads": hkv, "head_dim": d, **extra,
+            "median_us": round(med * 1e6, 1), "wall_median_us": round(statistics.median(wall) * 1e6, 1),
+            "best_us": round(min(cpu) * 1e6, 1), "cache_bytes": cache_bytes,
+            "cache_read_gb_s": round(cache_bytes / med / 1e9, 2), "us_per_position": round(med * 1e6 / per, 4)}
 
 
 def time_call(ort, h: int, hkv: int, d: int, kind: str, ctx: int, runs: int, chunk: int = 1) -> dict:
@@ -134,17 +179,7 @@ def time_call(ort, h: int, hkv: int, d: int, kind: str, ctx: int, runs: int, chu
         b.bind_ortvalue_output("prv", ov)
         b.bind_output("o")
         binds.append((b, ok, ov))
-    for b, *_ in binds:
-        sess.run_with_iobinding(b)  # warm-up
-    ts, cpu = [], []
-    for _ in range(runs):
-        for b, *_ in binds:
-            t0, c0 = time.perf_counter(), time.process_time()
-            sess.run_with_iobinding(b)
-            cpu.append(time.process_time() - c0)
-            ts.append(time.perf_counter() - t0)
-    # the fit uses the process's CPU time: on a shared host the wall time also counts the time the one thread
-    # waits for a core (the filled-context rows it is compared with record both, decode_tok_per_cpu_s)
+    cpu, ts = timed([lambda b=b: sess.run_with_iobinding(b) for b, *_ in binds], runs)
     med = statistics.median(cpu)
     if chunk > 1:  # the call's attention FLOP: 4 x H x D per query and key it attends (causal within the chunk)
         flop = 4 * h * d * sum(ctx - chunk + i + 1 for i in range(chunk))
@@ -152,19 +187,17 @@ def time_call(ort, h: int, hkv: int, d: int, kind: str, ctx: int, runs: int, chu
                 "median_us": round(med * 1e6, 1), "wall_median_us": round(statistics.median(ts) * 1e6, 1),
                 "best_us": round(min(cpu) * 1e6, 1), "attention_flop": flop,
                 "attention_gflop_s": round(flop / med / 1e9, 2)}
-    return {"ctx": ctx, "kind": kind, "heads": h, "kv_heads": hkv, "head_dim": d, "median_us": round(med * 1e6, 1),
-            "wall_median_us": round(statistics.median(ts) * 1e6, 1), "best_us": round(min(cpu) * 1e6, 1), "caches": n, "cache_bytes": cache_bytes,
-            "cache_read_gb_s": round(cache_bytes / med / 1e9, 2), "us_per_position": round(med * 1e6 / ctx, 4)}
+    return call_row(ctx, kind, h, hkv, d, cpu, ts, cache_bytes, ctx, caches=n)
 
 
-def win_program(h: int, hkv: int, d: int, slots: int) -> bytes:
-    """The ONNX graph of one decode call of the window strategy's layer as edgekv's ONNX export emits it (no
-    GroupQueryAttention: the eager edgekv.models.attention.Attention over a RollingCache of `slots` = sinks + W fp16
-    slots: the q/k/v projections, RoPE, the plan's write / keep / mask, the call's row blended into the cache, the
-    cache read back in fp32 with the call's own row appended, two bmm and the softmax, o_proj), lowered by
-    torch.onnx.export(dynamo=True) as edgekv.export.to_onnx lowers a model."""
-    import contextlib
-    import io
+def win_module(h: int, hkv: int, d: int, slots: int, hidden: int = WIN_HIDDEN, dtype: str = "fp16",
+               sinks: int = WIN_SINKS):
+    """One decode call of the window strategy's layer as edgekv's exports build it (no fused op: the eager
+    edgekv.models.attention.Attention over a RollingCache of `slots` = sinks + W fp16 slots: the q/k/v projections,
+    RoPE, the plan's write / keep / mask, the call's row blended into the cache, the cache read back in fp32 with the
+    call's own row appended, two bmm and the softmax, o_proj), torch.export'ed: (ExportedProgram, example args).
+    dtype "fp32", sinks 0: a sliding layer's own ring of a plain fp32 cache instead (edgekv.models.cache.layer_caches:
+    RollingCache(0, Wn, ...), a Gemma 3 sliding layer when the other layers keep every position)."""
     from types import SimpleNamespace
 
     import torch
@@ -174,34 +207,76 @@ def win_program(h: int, hkv: int, d: int, slots: int) -> bytes:
     from edgekv.models.cache import KVFormat, RollingCache
     from edgekv.strategies import FloatStorage
 
-    sinks = WIN_SINKS
-    cfg = SimpleNamespace(n_heads=h, n_kv_heads=hkv, head_dim=d, hidden=h * d, qkv_bias=False, o_bias=False,
+    cfg = SimpleNamespace(n_heads=h, n_kv_heads=hkv, head_dim=d, hidden=hidden, qkv_bias=False, o_bias=False,
                           attn_scale=None, qk_norm=None, rms_eps=1e-6, norm_offset=0.0)
 
     class Step(nn.Module):
         def __init__(self):
             super().__init__()
             self.attn = Attention(cfg)
-            self.attn.cache = RollingCache(sinks, slots - sinks, slots - sinks, sinks, None)
-            self.attn.fmt = KVFormat(FloatStorage("fp16"))
+            self.attn.cache = (RollingCache(sinks, slots - sinks, slots - sinks, sinks, None) if sinks else
+                               RollingCache(0, slots, None, 0, slots))
+            self.attn.fmt = KVFormat(FloatStorage(dtype))
 
         def forward(self, x, cos, sin, pos, k, v):
             out, ks, vs = self.attn(x, cos, sin, (k,), (v,), Call(pos, 1, h // hkv))
             return out, ks[0], vs[0]
 
     torch.manual_seed(0)
-    args = (torch.randn(1, 1, h * d), torch.randn(1, 1, d), torch.randn(1, 1, d), torch.tensor([4 * slots]),
-            torch.randn(1, hkv, slots, d).half(), torch.randn(1, hkv, slots, d).half())
+    cast = torch.float16 if dtype == "fp16" else torch.float32
+    args = (torch.randn(1, 1, hidden), torch.randn(1, 1, d), torch.randn(1, 1, d), torch.tensor([4 * slots]),
+            torch.randn(1, hkv, slots, d).to(cast), torch.randn(1, hkv, slots, d).to(cast))
     with torch.no_grad():
-        ep = torch.export.export(Step().eval(), args, strict=False)
-        with contextlib.redirect_stdout(io.StringIO()):
-            prog = torch.onnx.export(ep, (), input_names=["x", "cos", "sin", "pos", "k", "v"],
-                                     output_names=["o", "nk", "nv"], dynamo=True, external_data=False, optimize=True,
-                                     verbose=False)
+        return torch.export.export(Step().eval(), args, strict=False), args
+
+
+def win_program(h: int, hkv: int, d: int, slots: int, hidden: int = WIN_HIDDEN) -> bytes:
+    """The ONNX graph of win_module, lowered by torch.onnx.export(dynamo=True) as edgekv.export.to_onnx lowers a
+    model."""
+    import contextlib
+    import io
+
+    import torch
+
+    ep, _ = win_module(h, hkv, d, slots, hidden)
+    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+        prog = torch.onnx.export(ep, (), input_names=["x", "cos", "sin", "pos", "k", "v"],
+                                 output_names=["o", "nk", "nv"], dynamo=True, external_data=False, optimize=True,
+                                 verbose=False)
     return prog.model_proto.SerializeToString()
 
 
-def win_time_call(h: int, hkv: int, d: int, slots: int, runs: int) -> dict:
+def et_win_time_call(h: int, hkv: int, d: int, slots: int, runs: int, hidden: int = WIN_HIDDEN, dtype: str = "fp16",
+                     sinks: int = WIN_SINKS) -> dict:
+    """win_time_call's figures for the .pte: win_module lowered as edgekv export lowers a model (edgekv.export.to_pte,
+    XNNPACK; the eager layer's new cache is an output, not written in place) and run by ExecuTorch's runtime on 1
+    thread, inputs cycled so each call reads a cold cache."""
+    import torch
+    from executorch.extension.pybindings import portable_lib
+
+    from edgekv.export.pte_stepper import quiet_native_stderr
+    from edgekv.export.to_pte import lower_pte, to_buffer
+
+    torch.set_num_threads(1)
+    ep, _ = win_module(h, hkv, d, slots, hidden, dtype, sinks)
+    buf = to_buffer(lower_pte({"forward": ep}, in_place=False), in_place=False)
+    with quiet_native_stderr():
+        portable_lib._unsafe_reset_threadpool(1)
+        mod = portable_lib._load_for_executorch_from_buffer(buf)
+    cast, size = (torch.float16, 2) if dtype == "fp16" else (torch.float32, 4)
+    cache_bytes = 2 * hkv * slots * d * size
+    n = min(max(2, -(-COLD_BYTES // cache_bytes)), 30)
+    g = torch.Generator().manual_seed(0)
+    sets = [(torch.randn(1, 1, hidden, generator=g), torch.ones(1, 1, d), torch.zeros(1, 1, d),
+             torch.tensor([4 * slots]), torch.randn(1, hkv, slots, d, generator=g).to(cast),
+             torch.randn(1, hkv, slots, d, generator=g).to(cast)) for _ in range(n)]
+    with quiet_native_stderr():
+        cpu, ts = timed([lambda a=a: mod.forward(a) for a in sets], runs)
+    kind = "eager window fp16" if sinks else f"eager ring {dtype}"
+    return call_row(slots, kind, h, hkv, d, cpu, ts, cache_bytes, slots, caches=n)
+
+
+def win_time_call(h: int, hkv: int, d: int, slots: int, runs: int, hidden: int = WIN_HIDDEN) -> dict:
     """time_call's figures for the window strategy's eager graph (win_program) at `slots` kept keys, ONNX Runtime
     on 1 thread; each call's new cache goes to its own output buffers (an eager layer's outputs are computed from
     its inputs and are not bound to them: edgekv.models.swaps), inputs cycled so each call reads a cold cache."""
@@ -209,29 +284,17 @@ def win_time_call(h: int, hkv: int, d: int, slots: int, runs: int) -> dict:
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = so.inter_op_num_threads = 1
-    sess = ort.InferenceSession(win_program(h, hkv, d, slots), so, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(win_program(h, hkv, d, slots, hidden), so, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     cache_bytes = 2 * hkv * slots * d * 2
     n = min(max(2, -(-COLD_BYTES // cache_bytes)), 30)
-    sets = [{"x": rng.standard_normal((1, 1, h * d)).astype(np.float32),
+    sets = [{"x": rng.standard_normal((1, 1, hidden)).astype(np.float32),
              "cos": np.ones((1, 1, d), np.float32), "sin": np.zeros((1, 1, d), np.float32),
              "pos": np.array([4 * slots], np.int64),
              "k": rng.standard_normal((1, hkv, slots, d)).astype(np.float16),
              "v": rng.standard_normal((1, hkv, slots, d)).astype(np.float16)} for _ in range(n)]
-    for f in sets:
-        sess.run(None, f)  # warm-up
-    ts, cpu = [], []
-    for _ in range(runs):
-        for f in sets:
-            t0, c0 = time.perf_counter(), time.process_time()
-            sess.run(None, f)
-            cpu.append(time.process_time() - c0)
-            ts.append(time.perf_counter() - t0)
-    med = statistics.median(cpu)
-    return {"ctx": slots, "kind": "eager window fp16", "heads": h, "kv_heads": hkv, "head_dim": d,
-            "median_us": round(med * 1e6, 1), "wall_median_us": round(statistics.median(ts) * 1e6, 1),
-            "best_us": round(min(cpu) * 1e6, 1), "caches": n, "cache_bytes": cache_bytes,
-            "cache_read_gb_s": round(cache_bytes / med / 1e9, 2), "us_per_position": round(med * 1e6 / slots, 4)}
+    cpu, ts = timed([lambda f=f: sess.run(None, f) for f in sets], runs)
+    return call_row(slots, "eager window fp16", h, hkv, d, cpu, ts, cache_bytes, slots, caches=n)
 
 
 def et_program(h: int, hkv: int, d: int, kind: str, ctx: int) -> bytes:
@@ -324,20 +387,8 @@ def et_time_call(h: int, hkv: int, d: int, kind: str, ctx: int, runs: int) -> di
     rng = np.random.default_rng(0)
     sets = [et_inputs(h, hkv, d, kind, ctx, rng) for _ in range(n)]
     with quiet_native_stderr():
-        for a in sets:
-            mod.forward(a)  # warm-up
-        ts, cpu = [], []
-        for _ in range(runs):
-            for a in sets:
-                t0, c0 = time.perf_counter(), time.process_time()
-                mod.forward(a)
-                cpu.append(time.process_time() - c0)
-                ts.append(time.perf_counter() - t0)
-    med = statistics.median(cpu)
-    return {"ctx": ctx, "kind": kind, "heads": h, "kv_heads": hkv, "head_dim": d, "median_us": round(med * 1e6, 1),
-            "wall_median_us": round(statistics.median(ts) * 1e6, 1), "best_us": round(min(cpu) * 1e6, 1), "caches": n,
-            "cache_bytes": cache_bytes, "cache_read_gb_s": round(cache_bytes / med / 1e9, 2),
-            "us_per_position": round(med * 1e6 / ctx, 4)}
+        cpu, ts = timed([lambda a=a: mod.forward(a) for a in sets], runs)
+    return call_row(ctx, kind, h, hkv, d, cpu, ts, cache_bytes, ctx, caches=n)
 
 
 # llama.cpp: its K and V cache types (bytes per value: q8_0 / q4_0 keep 32 values in a 34 / 18-byte block)
@@ -348,10 +399,11 @@ LC_CTX = {"f16": (1024, 2048, 4096, 8192, 16384, 32768), "q8_0": (1024, 2048, 40
 LC_VOCAB, LC_FF = 512, 64  # a small vocabulary and MLP: the step's time outside attention stays small
 
 
-def lc_gguf(path: Path, h: int, hkv: int, d: int, layers: int) -> None:
+def lc_gguf(path: Path, h: int, hkv: int, d: int, layers: int, linear: str = "F16") -> None:
     """A random-weight f16 GGUF (llama architecture) of `layers` layers at this head shape (hidden = heads x head
     size, key_length / value_length = head size), its vocabulary the 256 byte symbols and unused fillers (as
-    scripts/make_random_model.py writes one): what llama.cpp runs is the shape, the values do not change its time."""
+    scripts/make_random_model.py writes one): what llama.cpp runs is the shape, the values do not change its time.
+    linear: the layers' matrices in this GGML type instead (Q4_0: gguf-py's own quantizer)."""
     import gguf
 
     hidden = h * d
@@ -382,17 +434,23 @@ def lc_gguf(path: Path, h: int, hkv: int, d: int, layers: int) -> None:
     def mat(rows, cols):
         return (rng.standard_normal((rows, cols)) * 0.02).astype(np.float16)
 
+    def add(name, m):
+        if linear == "F16":
+            return w.add_tensor(name, m)
+        qt = gguf.GGMLQuantizationType[linear]
+        w.add_tensor(name, gguf.quants.quantize(m.astype(np.float32), qt), raw_dtype=qt)
+
     w.add_tensor("token_embd.weight", mat(LC_VOCAB, hidden))
     for i in range(layers):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
-        w.add_tensor(f"blk.{i}.attn_q.weight", mat(h * d, hidden))
-        w.add_tensor(f"blk.{i}.attn_k.weight", mat(hkv * d, hidden))
-        w.add_tensor(f"blk.{i}.attn_v.weight", mat(hkv * d, hidden))
-        w.add_tensor(f"blk.{i}.attn_output.weight", mat(hidden, h * d))
+        add(f"blk.{i}.attn_q.weight", mat(h * d, hidden))
+        add(f"blk.{i}.attn_k.weight", mat(hkv * d, hidden))
+        add(f"blk.{i}.attn_v.weight", mat(hkv * d, hidden))
+        add(f"blk.{i}.attn_output.weight", mat(hidden, h * d))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))
-        w.add_tensor(f"blk.{i}.ffn_gate.weight", mat(LC_FF, hidden))
-        w.add_tensor(f"blk.{i}.ffn_up.weight", mat(LC_FF, hidden))
-        w.add_tensor(f"blk.{i}.ffn_down.weight", mat(hidden, LC_FF))
+        add(f"blk.{i}.ffn_gate.weight", mat(LC_FF, hidden))
+        add(f"blk.{i}.ffn_up.weight", mat(LC_FF, hidden))
+        add(f"blk.{i}.ffn_down.weight", mat(hidden, LC_FF))
     w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -430,27 +488,15 @@ def lc_time_rows(h: int, hkv: int, d: int, kind: str, ctxs, runs: int, layers: i
             fill_s = time.process_time() - c0
             # the prefill's attention FLOP for positions filled+1 .. ctx-1 (4 x H x D per key and query, causal)
             fill_flop = 4 * h * d * layers * (ctx - 1 + filled + 1) * n_fill / 2
-            filled = ctx - 1
-            llm.eval([int(rng.integers(0, 256))])  # warm-up step
-            filled += 1
-            ts, cpu = [], []
-            for _ in range(runs):
-                sweep += 1.0
-                t0, c0 = time.perf_counter(), time.process_time()
-                llm.eval([int(rng.integers(0, 256))])
-                cpu.append(time.process_time() - c0)
-                ts.append(time.perf_counter() - t0)
-                filled += 1
+            # a warm-up step, then `runs` steps, each after the sweep (np.add in place: every page written)
+            cpu, ts = timed([lambda m=llm: m.eval([int(rng.integers(0, 256))])], runs,
+                            before=lambda: np.add(sweep, 1.0, out=sweep))
+            filled = ctx + runs
             n = filled - runs // 2  # the keys the median step attended (ctx + 1 .. ctx + runs)
-            med = statistics.median(cpu)
-            cache_bytes = int(2 * layers * hkv * n * d * LC_KINDS[kind])
-            rows.append({"ctx": n, "kind": kind, "heads": h, "kv_heads": hkv, "head_dim": d, "layers": layers,
-                         "median_us": round(med * 1e6, 1), "wall_median_us": round(statistics.median(ts) * 1e6, 1),
-                         "best_us": round(min(cpu) * 1e6, 1), "cache_bytes": cache_bytes,
-                         "cache_read_gb_s": round(cache_bytes / med / 1e9, 2),
-                         "us_per_position": round(med * 1e6 / n / layers, 4),
-                         "prefill": {"from": ctx - 1 - n_fill, "tokens": n_fill, "cpu_s": round(fill_s, 3),
-                                     "attention_flop": fill_flop}})
+            rows.append(call_row(n, kind, h, hkv, d, cpu, ts, int(2 * layers * hkv * n * d * LC_KINDS[kind]),
+                                 n * layers, layers=layers,
+                                 prefill={"from": ctx - 1 - n_fill, "tokens": n_fill, "cpu_s": round(fill_s, 3),
+                                          "attention_flop": fill_flop}))
         del llm
     return rows
 
@@ -593,8 +639,10 @@ def main(argv=None) -> int:
                          "results/llamacpp_gguf_prefill.json")
     ap.add_argument("--prefill", action="store_true", help="onnxruntime: time prefill calls of 128 queries instead "
                     "(attention_rates_prefill.json); llama.cpp's prefill rates come from its fills")
-    ap.add_argument("--window", action="store_true", help="onnxruntime: time the window strategy's eager graph "
-                    "(win_program) at kept keys WIN_SLOTS instead (attention_rates_window.json)")
+    ap.add_argument("--window", action="store_true", help="time the window strategy's eager graph (win_module) at "
+                    "kept keys WIN_SLOTS instead (attention_rates_window.json; --runtime executorch: the .pte's, "
+                    "attention_rates_executorch_window.json)")
+    ap.add_argument("--shapes", help="--window: the head shapes to time (default all: " + ",".join(SHAPES) + ")")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--refit", type=Path, help="fit the rows of this results JSON again (no timing)")
     a = ap.parse_args(argv)
@@ -606,10 +654,7 @@ def main(argv=None) -> int:
         if any("chunk" in r or "prefill" in r for r in res["rows"]):
             res["prefill_fits"] = prefill_fits(res["rows"])
         dest = a.out or a.refit
-        tmp = dest.with_suffix(".tmp")
-        tmp.write_text(json.dumps(res, indent=1) + "\n")
-        os.replace(tmp, dest)
-        print(f"wrote {dest}")
+        write_json(dest, res)
         return 0
     if a.gguf_prefill:
         import llama_cpp
@@ -623,10 +668,7 @@ def main(argv=None) -> int:
             res["files"][g.name] = {**lc_gguf_prefill(g), "loadavg": round(os.getloadavg()[0], 2)}
             print(g.name, res["files"][g.name], flush=True)
         dest = a.out or Path(__file__).parent / "results" / "llamacpp_gguf_prefill.json"
-        tmp = dest.with_suffix(".tmp")
-        tmp.write_text(json.dumps(res, indent=1) + "\n")
-        os.replace(tmp, dest)
-        print(f"wrote {dest}")
+        write_json(dest, res)
         return 0
     if a.window:
         return window_main(a)
@@ -695,25 +737,32 @@ def main(argv=None) -> int:
            "machine": platform.processor() or platform.machine(), "platform": platform.platform(),
            "loadavg": list(os.getloadavg()), "threads": 1, "runs": a.runs, "what": what,
            "rows": rows, "fits": fits, "prefill_fits": pre, "seconds": round(time.time() - t0, 1)}
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, indent=1) + "\n")
-    os.replace(tmp, out_path)
-    print(f"wrote {out_path}")
+    write_json(out_path, out)
     return 0
 
 
 def window_main(a) -> int:
     """--window: the window strategy's eager graph at each head shape and kept-key count (sinks + W), fitted per
     head size as fit_head_dim fits a kernel (overhead + kept keys x H x D x c)."""
-    import onnxruntime as ort
+    et = a.runtime == "executorch"
+    if et:
+        import executorch
+        import torch
 
+        versions = {"executorch": getattr(executorch, "__version__", None) or _version("executorch"),
+                    "torch": torch.__version__}
+    else:
+        import onnxruntime as ort
+
+        versions = {"onnxruntime": ort.__version__}
     t0 = time.time()
     rows = []
     slots = [int(c) for c in a.ctx.split(",")] if a.ctx else WIN_SLOTS
-    for name, (h, hkv, d) in SHAPES.items():
+    shapes = {k: v for k, v in SHAPES.items() if not a.shapes or k in a.shapes.split(",")}
+    for name, (h, hkv, d) in shapes.items():
         for n in slots:
-            r = {"shape": name, **win_time_call(h, hkv, d, n, a.runs), "loadavg": round(os.getloadavg()[0], 2)}
+            r = {"shape": name, **(et_win_time_call if et else win_time_call)(h, hkv, d, n, a.runs),
+                 "loadavg": round(os.getloadavg()[0], 2)}
             rows.append(r)
             print(f"window {name:14} kept {n:6}: {r['median_us']:9.1f} us  {r['us_per_position']:.4f} us/position  "
                   f"(load {r['loadavg']})", flush=True)
@@ -724,18 +773,19 @@ def window_main(a) -> int:
     for d, g in fits["eager window fp16"]["by_head_dim"].items():
         print(f"fit window, head size {d}: {g['overhead_s'] * 1e6:.1f} us + {g['compute_s_per_head_dim_position'] * 1e12:.1f} "
               f"ps per head x head size x kept key (worst row {g['max_abs_rel_error']:.0%})")
-    out = {"benchmark": "attention_rates", "runtime": "onnxruntime", "graph": "window strategy, eager (win_program)",
-           "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)), "onnxruntime": ort.__version__,
+    out = {"benchmark": "attention_rates", "runtime": a.runtime,
+           "graph": "window strategy, eager (win_module" + (", lowered to a .pte)" if et else ", lowered to ONNX)"),
+           "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)), **versions,
            "machine": platform.processor() or platform.machine(), "platform": platform.platform(),
            "loadavg": list(os.getloadavg()), "threads": 1, "runs": a.runs,
            "what": "one decode call of the window strategy's eager attention layer (fp16 rolling cache of sinks + W "
-                   "slots, projections included) as edgekv's ONNX export lowers it, 1 thread, process CPU time",
+                   f"slots, its projections at a model width of {WIN_HIDDEN}) as edgekv's "
+                   + ("ExecuTorch export lowers it (XNNPACK), run by ExecuTorch's runtime" if et else
+                      "ONNX export lowers it") + ", 1 thread, process CPU time",
            "rows": rows, "fits": fits, "seconds": round(time.time() - t0, 1)}
-    dest = a.out or Path(__file__).parent / "results" / "attention_rates_window.json"
-    tmp = dest.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, indent=1) + "\n")
-    os.replace(tmp, dest)
-    print(f"wrote {dest}")
+    dest = a.out or Path(__file__).parent / "results" / ("attention_rates_executorch_window.json" if et else
+                                                         "attention_rates_window.json")
+    write_json(dest, out)
     return 0
 
 

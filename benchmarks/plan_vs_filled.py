@@ -42,7 +42,14 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-FIT_MODEL, HELD_OUT_MODEL = "smollm2-135m", "gemma-3-270m"
+# SmolLM2-135M's rows are the fit set; every other model's rows are held out (Gemma-3-270M's; a 1B-class model's
+# filled_context JSON, benchmarks/filled_context.py run on a GGUF or HF folder outside the catalog, joins them as it
+# lands in results/: its settings.model, a catalog name or the path of its weights, is planned as `edgekv plan -m`
+# plans it)
+FIT_MODEL = "smollm2-135m"
+# GGUF weight types whose blocks `edgekv export --weights gguf` carries into the kernel and bytes of ONNX Runtime's
+# int4 (MatMulNBits, 4 bits, blocks of 32 with a scale each): a row of such a file is planned as int4 weights
+GGUF_AS_INT4 = {"Q4_0"}
 TOLERANCE = 0.25
 # row family in the filled-context benchmark -> the planner's runtime (plan --runtime) and cost model
 RUNTIMES = {"edgekv-ort": ("onnxruntime", "onnxruntime"), "edgekv-pte": ("edgekv-pte", "executorch"),
@@ -56,7 +63,7 @@ KERNEL_KINDS = {"onnxruntime": ("fp32", "fp16", "int8c"), "executorch": ("fp32",
                 "llama.cpp": ("f16", "q8_0", "q4_0")}
 # the eager graphs a kernel benchmark times too (benchmarks/attention_rates.py --window: the window strategy's layer):
 # charged at their stored kernel rows, not fitted on model rows
-KERNEL_EAGER = {"onnxruntime": ("eager fp16",)}
+KERNEL_EAGER = {"onnxruntime": ("eager fp16",), "executorch": ("eager fp16",)}
 # runs listed in the table but not fitted to, and why
 NOT_FITTED = {
     "filled_context_8192_int8c.json": "its attention-heavy rows (fp32 and fp16 cache, llama.cpp f16) ran 1.6-2.5x "
@@ -84,9 +91,10 @@ PROFILED = {("smollm2-135m", "edgekv-ort:kv:dtype=fp32/int4", 8192): "profile_or
             ("gemma-3-270m", "edgekv-ort:kv-int8c/int4", 16384): "profile_ort_gemma3_kv_int8c_16384_window_gqa.json"}
 
 
-def measured_rows() -> list[dict]:
+def measured_rows(extra=()) -> list[dict]:
+    """Every row of results/filled_context_*.json, and of the extra files named (--also)."""
     out = []
-    for f in sorted((HERE / "results").glob("filled_context_*.json")):
+    for f in sorted((HERE / "results").glob("filled_context_*.json")) + [Path(x) for x in extra]:
         d = json.loads(f.read_text())
         model = d["settings"]["model"]
         for r in d["rows"]:
@@ -100,14 +108,21 @@ def measured_rows() -> list[dict]:
     return out
 
 
-def parse(name: str) -> tuple[str, str, str] | str:
-    """A row name -> (plan runtime, strategy spec, weights), or the reason it is not modelled."""
+def parse(name: str, gguf: str | None = None) -> tuple[str, str, str] | str:
+    """A row name -> (plan runtime, strategy spec, weights), or the reason it is not modelled. gguf: the row's GGUF
+    (settings.model_path), whose weight types say whether its carried blocks are int4's (GGUF_AS_INT4)."""
     family, _, rest = name.partition(":")
     if family in NOT_MODELLED:
         return NOT_MODELLED[family]
     if family == "llamacpp":
         return "llama.cpp", LLAMACPP_CACHE[rest], "int4"
     spec, _, weights = rest.rpartition("/")
+    if weights == "gguf" and family == "edgekv-ort" and gguf and Path(gguf).is_file():
+        from edgekv import memory as M
+
+        types = set((M.gguf_type_mix(_read_gguf(gguf)) or "").split("+"))
+        if types and types <= GGUF_AS_INT4:
+            return RUNTIMES[family][0], spec, "int4"
     if weights != "int4":
         return f"{weights} weights carried from the GGUF: no weights rate stored"
     return RUNTIMES[family][0], spec, "int4"
@@ -118,12 +133,12 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
     (None: no rate for this row), the prefill FLOP by part and the prefill kind, and plan's own decode / prefill.
     kind_then: the stored kind of the graph an older row ran (PTE_INT8_OLD_KIND), in place of the planner's."""
     from edgekv import memory as M
-    from edgekv.arch import Attention, catalog_arch
+    from edgekv.arch import Attention
     from edgekv.devices import load_device
     from edgekv.plan import DEFAULT_CHUNK, plan_one
     from edgekv.strategies import parse_strategy
 
-    arch, dev, strategy = catalog_arch(model), load_device("host"), parse_strategy(spec)
+    arch, dev, strategy = model_arch(model), load_device("host"), parse_strategy(spec)
     row = plan_one(arch, strategy, dev, ctx, "int4", runtime=runtime)
     cost = RUNTIMES["llamacpp" if runtime == "llama.cpp" else "edgekv-pte" if runtime == "edgekv-pte"
                     else "edgekv-ort"][1]
@@ -171,6 +186,15 @@ def fit_prefill(rows: list[dict]) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
+def model_arch(model: str):
+    """A filled-context JSON's settings.model as `edgekv plan -m` reads it: a catalog name, a .gguf file or an HF
+    folder (edgekv.arch.load_arch), once per process."""
+    from edgekv.arch import load_arch
+
+    return load_arch(model)
+
+
+@functools.lru_cache(maxsize=None)
 def _read_gguf(path: str):
     """edgekv.arch.read_gguf, once per file (reading a real GGUF's tensor table takes seconds)."""
     from edgekv.arch import read_gguf
@@ -186,7 +210,6 @@ def gguf_matmul_rates(read_files: bool = False) -> dict:
     attention at the kernel's f16 decode rate), which replaces bytes / fitted rate for that file's rows. The weight types differ per file (SmolLM2's Q4_1, Gemma 3's Q4_K_M: Q5_0 / Q4_K / Q6_K / Q8_0 rows), and
     so does the rate their matmul kernels run at; the plan's int4 weights do not say which."""
     from edgekv import memory as M
-    from edgekv.arch import catalog_arch
     from edgekv.strategies import parse_strategy
 
     f = HERE / "results" / "llamacpp_gguf_prefill.json"
@@ -204,7 +227,7 @@ def gguf_matmul_rates(read_files: bool = False) -> dict:
     for name, g in files.items():
         if name not in models:
             continue
-        arch = catalog_arch(models[name])
+        arch = model_arch(models[name])
         parts = M.prefill_parts(arch, parse_strategy("kv"), g["tokens"], g["tokens"])
         attn_rate = M.speed._prefill_rate(rates, "f16", arch)[0]
         t_mm = g["cpu_s"] - parts["attention"] / attn_rate
@@ -250,22 +273,30 @@ def main(argv=None) -> int:
                     help="read the rows' GGUF files where present: each file's weight type mix and its weights read "
                          "rate (llamacpp_gguf_types, what edgekv/costs/attention_rates.json stores per mix), and "
                          "`edgekv plan -m <the row's GGUF>` beside each llama.cpp row (plan_gguf_tok_s)")
+    ap.add_argument("--also", nargs="+", default=(), metavar="JSON",
+                    help="further filled_context JSONs to predict (a run not yet in results/, e.g. another branch's "
+                         "1B rows); their rows are held out")
     a = ap.parse_args(argv)
+    from edgekv.errors import EdgekvError
+
     rows = []
-    for r in measured_rows():
-        if r["model"] not in (FIT_MODEL, HELD_OUT_MODEL):
-            continue
+    for r in measured_rows(a.also):
         r["set"] = "fit" if r["model"] == FIT_MODEL else "held-out"
         r["tok_s"] = r.get("decode_tok_per_cpu_s") or r["decode_tok_s"]
         prompt = r.get("prompt_tokens") or r["ctx"]
         pf = r.get("prefill_tok_per_cpu_s") or r.get("prefill_tok_s")
         r["prefill_s"] = prompt / pf if pf else None
-        how = parse(r["name"])
+        how = parse(r["name"], r.get("gguf_path"))
         m, fam, before = SUPERSEDED_BEFORE
         if r["model"] == m and r["name"].startswith(fam) and r["started_utc"] < before:
             how = "superseded export: measured before edgekv's ONNX put Gemma 3's sliding layers on GroupQueryAttention"
         old_kind = next((k for pre, k in PTE_INT8_OLD_KIND.items() if r["name"].startswith(pre)
                          and r["started_utc"] < PTE_INT8_BEFORE), None)
+        if not isinstance(how, str):
+            try:
+                model_arch(r["model"])
+            except (EdgekvError, OSError) as e:  # a model outside the catalog whose weights are not on this machine
+                how = f"its model is not readable here ({e})"
         if isinstance(how, str):
             r["why_not"] = how
         else:
@@ -391,7 +422,7 @@ def main(argv=None) -> int:
                      plan_tok_s=round(r["plan_tok_s"], 2), error=round(err, 3), within_25=abs(err) <= TOLERANCE,
                      weights_bytes=r["weights_bytes"], attention_ms=round(r["model_attention_s"] * 1e3, 3),
                      attention_formula=r["attention_formula"])
-            print(f"{r['set']:9} {r['model']:13} {r['name']:31} {r['ctx']:6} {r['file'][15:-5]:30} {r['tok_s']:8.2f} "
+            print(f"{r['set']:9} {Path(r['model']).name[:13]:13} {r['name']:31} {r['ctx']:6} {r['file'][15:-5]:30} {r['tok_s']:8.2f} "
                   f"{pred:7.2f} {r['plan_tok_s']:7.2f} {err:+6.0%}{' ' if o['within_25'] else '!'} {pcol}")
         else:
             o["why_not"] = r["why_not"]
@@ -399,7 +430,7 @@ def main(argv=None) -> int:
             if "plan_tok_s" in r and not r["why_not"].startswith("super"):  # the roofline's number, for comparison
                 o.update(plan_tok_s=round(r["plan_tok_s"], 2), plan_error=round(r["plan_tok_s"] / r["tok_s"] - 1, 3))
                 plan = f"{r['plan_tok_s']:7.2f} {o['plan_error']:+6.0%} "
-            print(f"{r['set']:9} {r['model']:13} {r['name']:31} {r['ctx']:6} {r['file'][15:-5]:30} {r['tok_s']:8.2f} "
+            print(f"{r['set']:9} {Path(r['model']).name[:13]:13} {r['name']:31} {r['ctx']:6} {r['file'][15:-5]:30} {r['tok_s']:8.2f} "
                   f"{'-':>7} {plan or f'{chr(45):>7} {chr(32) * 7}'} {pcol}  (not modelled"
                   f"{': roofline' if plan else ''})")
         out_rows.append(o)

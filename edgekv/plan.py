@@ -230,9 +230,21 @@ def _gguf_rates(arch: Arch, weights: str, rates: dict | None) -> tuple[dict | No
     """A model read from a GGUF and planned with its own weights, on a runtime whose rates are stored per GGUF weight
     type mix (llama.cpp: edgekv/costs/attention_rates.json gguf_types): the rates measured on that mix ({
     "read_bytes_per_s", "matmul_flop_per_s"}) and the sentence --explain adds; where no rate was measured for this
-    mix, None and the assumption the default rates make."""
-    if weights != "gguf" or not rates or not rates.get("gguf_types"):
+    mix, None and the assumption the default rates make. A catalog model (a shape, no GGUF) planned at weights the
+    runtime stores a catalog recipe for (weights[w].catalog_mix: llama.cpp int4 -> the Q4_K_M mix, the recipe a user
+    downloads or quantizes to): that mix's measured rates, on the plan's own weight bytes, and --explain says so."""
+    if not rates or not rates.get("gguf_types"):
         return None, ""
+    if weights != "gguf":
+        w = rates["weights"].get(weights) or {}
+        r = rates["gguf_types"].get(w.get("catalog_mix"))
+        if not r:
+            return None, ""
+        return r, (f"; no GGUF weight types planned (a catalog model, or --weights {weights} rather than gguf): its "
+                   f"{weights} weights and matmuls charged at the rates measured "
+                   f"on {w['catalog_recipe']}'s weight types {w['catalog_mix']} ({r['source']}), the recipe a "
+                   f"{weights} GGUF is usually made with, on the plan's {weights} weight bytes; -m FILE.gguf charges "
+                   f"the file's own types")
     mix = M.gguf_type_mix(arch)
     r = rates["gguf_types"].get(mix)
     if r:
