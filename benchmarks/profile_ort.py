@@ -10,7 +10,10 @@ in a fresh process, and the configurations alternate, `--repeats` rounds of them
   genai graph      GenAI's model.onnx through the same loop (its past and present share one buffer of the
                    export's max_ctx slots, as GenAI's past_present_share_buffer does)
   genai generator  GenAI's own C++ loop (generate_next_token) over the same positions
-For the two graphs, a second process of each runs the same loop with ONNX Runtime's profiler on. Its kernel time
+--compare EXPORT adds a second edgekv export to the same rounds (edgekv graph 2): the same strategy with other weights
+(--weights int4 against --weights gguf) shows what the weights alone cost a step, op by op.
+Each graph's step is timed in wall and CPU milliseconds (CPU time is the comparable figure on a loaded host).
+For the graphs, a second process of each runs the same loop with ONNX Runtime's profiler on. Its kernel time
 per step is summed by operator type. The profiler adds its own cost, so the types are read as shares, not times.
 --positions also times edgekv's step at several positions. The slope is what each cached token costs a step: the
 attention (GroupQueryAttention) reads 2 x layers x kv heads x head_dim x 4 bytes of it.
@@ -179,13 +182,14 @@ def child_main(spec_json: str) -> None:
 
 
 def table(result: dict) -> str:
-    lines = [f"{'configuration':<18}{'threads':>8}{'ms/step':>10}{'tok/s':>8}   runs (ms)"]
+    lines = [f"{'configuration':<18}{'threads':>8}{'ms/step':>10}{'tok/s':>8}{'cpu ms':>8}   runs (ms)"]
     for row in result["rows"]:
         if "error" in row:
             lines.append(f"{row['name']:<18}{row['threads']:>8}   error: {row['error']}")
             continue
+        cpu = "-" if row.get("cpu_ms_per_step") is None else f"{row['cpu_ms_per_step']:.2f}"
         lines.append(f"{row['name']:<18}{row['threads']:>8}{row['ms_per_step']:>10.2f}{1e3 / row['ms_per_step']:>8.1f}"
-                     f"   {', '.join(f'{v:.2f}' for v in row['runs_ms'])}")
+                     f"{cpu:>8}   {', '.join(f'{v:.2f}' for v in row['runs_ms'])}")
     for row in result["profiles"]:
         if "error" in row:
             lines.append(f"profiled {row['name']} ({row['threads']} thr): error: {row['error']}")
@@ -213,6 +217,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--positions", default="8,500,1000,1900", help="edgekv step time at these positions ('' skips)")
+    ap.add_argument("--compare", help="a second edgekv export, timed and profiled in the same rounds (e.g. "
+                                      "--weights int4 beside --weights gguf of one strategy)")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     from edgekv.export.manifest import load_export
@@ -222,13 +228,16 @@ def main(argv=None) -> dict:
     slots = int(manifest["max_ctx"])
     threads = [int(t) for t in a.threads.split(",")]
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    names = ["edgekv graph"] + (["genai graph", "genai generator"] if a.genai else [])
+    names = ["edgekv graph"] + (["edgekv graph 2"] if a.compare else []) \
+        + (["genai graph", "genai generator"] if a.genai else [])
     spec_of = {
         "edgekv graph": {"kind": "edgekv", "folder": str(folder)},
+        "edgekv graph 2": {"kind": "edgekv", "folder": str(Path(a.compare or ".").resolve())},
         "genai graph": {"kind": "genai", "folder": str(Path(a.genai or ".").resolve())},
         "genai generator": {"kind": "generator", "folder": str(Path(a.genai or ".").resolve())},
     }
     base = {"slots": slots, "steps": a.steps, "positions": [a.position]}
+    load_start = list(os.getloadavg())
     runs: dict[tuple[str, int], list] = {(n, t): [] for n in names for t in threads}
     for rep in range(a.repeats):  # round the configurations, so drift weighs on each alike
         for t in threads:
@@ -239,15 +248,15 @@ def main(argv=None) -> dict:
     for (n, t), rs in runs.items():
         ok = [r[str(a.position)] for r in rs if "error" not in r]
         cpu = [r["cpu_ms"][str(a.position)] for r in rs if "cpu_ms" in r]
-        rows.append({"name": n, "threads": t, "ms_per_step": statistics.median(ok), "runs_ms": ok,
-                     **({"cpu_ms_per_step": statistics.median(cpu), "runs_cpu_ms": cpu} if cpu else {}),
+        rows.append({"name": n, "export": spec_of[n]["folder"], "threads": t, "ms_per_step": statistics.median(ok),
+                     "runs_ms": ok, **({"cpu_ms_per_step": statistics.median(cpu), "runs_cpu_ms": cpu} if cpu else {}),
                      "loadavg": round(os.getloadavg()[0], 2)} if ok else
                     {"name": n, "threads": t, "error": rs[-1]["error"]})
     profiles = []
     tmp = ROOT / "out" / "profile_ort"
     tmp.mkdir(parents=True, exist_ok=True)
     for t in threads:
-        for n in names[:2]:
+        for n in [n for n in names if n != "genai generator"]:
             log(f"{n}, {t} thread(s), profiled ...")
             r = run_child({**spec_of[n], **base, "threads": t, "profile": str(tmp)})
             if "error" in r:
@@ -278,6 +287,7 @@ def main(argv=None) -> dict:
                           "attention_gb_s": per_token / (slope * 1e-3) / 1e9 if slope > 0 else None})
     result = {"benchmark": "profile_ort", "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "export": str(folder), "genai": a.genai, "settings": vars(a), "slots": slots, "rows": rows,
+              "loadavg": [load_start, list(os.getloadavg())],
               "profiles": profiles, "positions": positions}
     print(table(result))
     if a.out:

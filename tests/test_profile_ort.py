@@ -55,3 +55,10 @@ def test_a_tiny_export_is_profiled_op_by_op_and_its_cache_cost_per_token_is_the_
     per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
     (pos,) = r["positions"]
     assert pos["state_bytes_per_token"] == per_token and [p for p, _ in pos["points"]] == [8, 120, 230]
+    # --compare: a second export in the same rounds, its own row and profile; each step's CPU ms beside its wall ms
+    r2 = po.main([str(out), "--compare", str(out), "--threads", "1", "--repeats", "1", "--steps", "6", "--position",
+                  "30", "--positions", ""])
+    assert [x["name"] for x in r2["rows"]] == ["edgekv graph", "edgekv graph 2"]
+    assert all(x["export"] == str(out.resolve()) and len(x["runs_cpu_ms"]) == 1 and x["cpu_ms_per_step"] > 0
+               for x in r2["rows"])
+    assert [p["name"] for p in r2["profiles"]] == ["edgekv graph", "edgekv graph 2"]
