@@ -106,12 +106,17 @@ def keep_narrow(t: torch.Tensor) -> torch.Tensor:
 
 
 def fused_rows(parts: list[torch.Tensor]) -> torch.Tensor:
-    """torch.cat(parts) along rows (the fused q/k/v), or where every part is a whole placeholder of CURRENT, a new
-    placeholder standing for the stacked narrow copies: no fp32 copy of the stacked weights is made."""
-    narrow = [CURRENT.narrow_of(p) for p in parts] if CURRENT is not None else [None]
+    """torch.cat(parts) along rows (the fused q/k/v). Where a part is a placeholder of CURRENT, a new placeholder
+    standing for the stacked narrow copies (a part kept fp32, too small to be stashed, narrowed exactly with it): no
+    fp32 copy of the stacked weights is made; where one does not narrow exactly, the stacked fp32 values."""
+    s = CURRENT
+    over = [s is not None and p.untyped_storage().data_ptr() in s.by_ptr for p in parts]
+    if not any(over):
+        return torch.cat(parts)
+    narrow = [s.narrow_of(p) if o else _narrow(p) for p, o in zip(parts, over)]
     if all(n is not None for n in narrow) and len({n.dtype for n in narrow}) == 1:
-        return CURRENT.add(torch.cat(narrow))
-    return torch.cat(parts)
+        return s.add(torch.cat(narrow))
+    return torch.cat([s.value_of(p) if o else p for p, o in zip(parts, over)])
 
 
 def _blocks(module) -> list:
