@@ -127,6 +127,19 @@ def _blocks(module) -> list:
     return list(max(lists, key=lambda m: sum(p.numel() for p in m.parameters())))
 
 
+def _unmap_freed() -> None:
+    """glibc: serve every allocation of 1 MiB or more by its own mmap from now on, so a widened layer's fp32 goes back
+    to the kernel as soon as it is dropped. glibc's adaptive threshold would otherwise rise to the size of the first
+    such block freed and serve the next ones from its heap, where the freed space stays resident (mallopt
+    M_MMAP_THRESHOLD, which also turns the adaptation off). A no-op where there is no glibc."""
+    import ctypes
+    import ctypes.util
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt(-3, 1 << 20)  # -3: M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
 @contextmanager
 def materialized(module, stash: Stash | None):
     """The module's placeholders hold their fp32 values while it runs eagerly: each decoder layer's part (each direct
@@ -150,6 +163,7 @@ def materialized(module, stash: Stash | None):
         for p, ph in saved:
             p.data = ph
 
+    _unmap_freed()
     blocks = _blocks(module)
     inner = {id(p) for b in blocks for p in b.parameters()}
     outer = fill(p for p in module.parameters() if id(p) not in inner)
