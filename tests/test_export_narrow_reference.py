@@ -78,4 +78,6 @@ def test_reference_pass_holds_the_narrow_weights_and_gives_fp32_logits(tmp_path)
         want = hf(torch.tensor([r["tokens"]])).logits[0, :-1].numpy()
     got = np.load(tmp_path / "out" / "rows.npy")
     assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, atol=2e-4, rtol=0)
+    # edgekv's eager fp32 and transformers' round differently (8.4e-4 at most here, on logits of about 1); a weight
+    # read as a placeholder's zeros or from the wrong layer moves them by tenths
+    np.testing.assert_allclose(got, want, atol=3e-3, rtol=0)
