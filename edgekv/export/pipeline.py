@@ -385,9 +385,13 @@ def fp32_reference(x: Export, release: bool = True) -> list[int]:
     from .tokenizer import bos_prefix
     from .wquant import trim
     tokens = quality_tokens(x.tokenizer, x.args.vocab, QUALITY_TOKENS, bos_prefix(x.tok_entry))
-    if x.fp32_rows is None:  # over placeholders (narrow_load): each layer widened to fp32 only while it runs
+    if x.fp32_rows is None:
+        # over placeholders (narrow_load) each layer is widened to fp32 only while it runs, once per call: the text is
+        # then read in prefill calls only (2 at 128 tokens a call, not 1 and 127 one-token steps), which gives the
+        # same logits up to fp32 rounding (a causal model's row i depends on tokens[:i + 1] only)
+        whole = len(tokens) - 1 if x.stash is not None else None
         with short_state(x.module, x.layout.to_json(), len(tokens)) as state, materialized(x.module, x.stash):
-            x.fp32_rows = teacher_forced(EagerStepper({**state, "artifacts": x.artifacts}, x.module), tokens)
+            x.fp32_rows = teacher_forced(EagerStepper({**state, "artifacts": x.artifacts}, x.module), tokens, whole)
         trim()
         x.n_params = sum(p.numel() for p in x.module.parameters())
     if release:
