@@ -83,7 +83,8 @@ RESULTS = ROOT / "benchmarks" / "results"
     ("export_cost_smollm2_135m_onnx_int4_512_streamed", "smollm2-135m", 512, False),
     ("export_cost_gemma3_270m_onnx_gguf_16k_after", "gemma-3-270m", 16384, False),
     # the bf16 checkpoint kept narrow from the load on (pipeline.narrow_load: budget.K_NARROW)
-    ("export_cost_llama_3.2_1b_random_onnx_int4_8k_narrow_load", "llama-3.2-1b", 8192, True)])
+    ("export_cost_llama_3.2_1b_random_onnx_int4_8k_narrow_load", "llama-3.2-1b", 8192, True),
+    ("export_cost_llama_3.2_3b_random_onnx_int4_8k_narrow_load", "llama-3.2-3b", 8192, True)])
 def test_estimate_is_within_a_stated_factor_of_a_measured_streamed_export(name, model, ctx, narrow):
     """The estimate for a streamed int4 ONNX export (a random Llama-3.2-1B at 8k; SmolLM2-135M at 512, where the
     imports and the runtime's session, not the weights, set the peak) is at least the peak RSS

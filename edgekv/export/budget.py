@@ -49,8 +49,8 @@ K_PTE = {"fp32": 5.0, "int8": 6.0, "int4": 6.0}
 # The same streamed recipes where the export keeps a bf16 / fp16 checkpoint's weights narrow from the load on
 # (edgekv.export.pipeline.narrow_load: an ONNX-only export of a safetensors folder, no GenAI runner): the fp32 module
 # is never built, so the peak (trace to serialize-onnx) is the narrow weights (half the fp32 bytes), the embedding
-# table widened for verify-quant's fp32 pass and torch.onnx's graph. Rounded up from the random Llama-3.2-1B's
-# narrow-load run (export_cost_*_narrow_load.json, tests/test_export_budget.py).
+# table widened for verify-quant's fp32 pass and torch.onnx's graph. Rounded up from the random Llama-3.2-1B's and
+# 3B's narrow-load runs (export_cost_*_narrow_load.json, tests/test_export_budget.py).
 K_NARROW = {"int8": 0.65, "int4": 0.65, "int4-mix": 0.65}
 STATE_COPIES = 3  # the eager state, the runtime's past and present state while verifying
 # CPU seconds per billion parameters (one core of the 2-core reference VM, x86-64 AMD EPYC): load, trace, lower,
