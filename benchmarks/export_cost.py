@@ -139,7 +139,8 @@ def main(argv=None) -> None:
     from edgekv.units import parse_bytes
     head = {"name": a.name, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "kernel": platform.release(),
-                     "mem_total": psutil.virtual_memory().total}}
+                     "mem_total": psutil.virtual_memory().total,
+                     "load_avg_at_start": [round(x, 2) for x in os.getloadavg()]}}
 
     def write(r):  # atomically; also while the export runs, so a run stopped from outside leaves its profile
         tmp = a.out.with_name(f".{a.out.name}.tmp-{os.getpid()}")

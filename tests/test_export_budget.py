@@ -74,14 +74,18 @@ def test_a_malformed_environment_limit_is_one_line_naming_it(tmp_path):
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-@pytest.mark.parametrize("name, model, ctx", [
-    ("export_cost_llama_3.2_1b_random_onnx_int4_8k_streamed", "llama-3.2-1b", 8192),
-    ("export_cost_llama_3.2_1b_random_onnx_int4_8k_short_reference", "llama-3.2-1b", 8192),
-    ("export_cost_llama_3.2_1b_random_onnx_int4_8k_lazy_weights", "llama-3.2-1b", 8192),
-    ("export_cost_llama_3.2_1b_random_onnx_int4_8k_lazy_weights_released", "llama-3.2-1b", 8192),
-    ("export_cost_smollm2_135m_onnx_int4_512_streamed", "smollm2-135m", 512),
-    ("export_cost_gemma3_270m_onnx_gguf_16k_after", "gemma-3-270m", 16384)])
-def test_estimate_is_within_a_stated_factor_of_a_measured_streamed_export(name, model, ctx):
+@pytest.mark.parametrize("name, model, ctx, narrow", [
+    # the fp32 module built at load (as for an fp32 checkpoint or a GGUF): the 1B runs before narrow_load
+    ("export_cost_llama_3.2_1b_random_onnx_int4_8k_streamed", "llama-3.2-1b", 8192, False),
+    ("export_cost_llama_3.2_1b_random_onnx_int4_8k_short_reference", "llama-3.2-1b", 8192, False),
+    ("export_cost_llama_3.2_1b_random_onnx_int4_8k_lazy_weights", "llama-3.2-1b", 8192, False),
+    ("export_cost_llama_3.2_1b_random_onnx_int4_8k_lazy_weights_released", "llama-3.2-1b", 8192, False),
+    ("export_cost_smollm2_135m_onnx_int4_512_streamed", "smollm2-135m", 512, False),
+    ("export_cost_gemma3_270m_onnx_gguf_16k_after", "gemma-3-270m", 16384, False),
+    # the bf16 checkpoint kept narrow from the load on (pipeline.narrow_load: budget.K_NARROW)
+    ("export_cost_llama_3.2_1b_random_onnx_int4_8k_narrow_load", "llama-3.2-1b", 8192, True),
+    ("export_cost_llama_3.2_3b_random_onnx_int4_8k_narrow_load", "llama-3.2-3b", 8192, True)])
+def test_estimate_is_within_a_stated_factor_of_a_measured_streamed_export(name, model, ctx, narrow):
     """The estimate for a streamed int4 ONNX export (a random Llama-3.2-1B at 8k; SmolLM2-135M at 512, where the
     imports and the runtime's session, not the weights, set the peak) is at least the peak RSS
     benchmarks/export_cost.py measured for it (the export as a child, sampled every 0.2 s) and at most 1.5x that:
@@ -99,5 +103,29 @@ def test_estimate_is_within_a_stated_factor_of_a_measured_streamed_export(name, 
     strategy = argv[argv.index("--strategy") + 1] if "--strategy" in argv else "kv"
     assert weights in ("int4", "gguf") and "verify-quant-onnx" in r["stages"]
     assert r["returncode"] == 0 or "failed verify-quant" in r["error"]
-    e = estimate(catalog_arch(model), parse_strategy(strategy), ctx, ("onnx",), weights, 32)
+    e = estimate(catalog_arch(model), parse_strategy(strategy), ctx, ("onnx",), weights, 32, narrow)
     assert r["peak_rss"] <= e["peak_bytes"] <= 1.5 * r["peak_rss"], (e["peak_bytes"], r["peak_rss"])
+
+
+@pytest.mark.parametrize("dtype, formats, weights, runners, copies", [
+    ("bfloat16", ("onnx",), "int4", (), 0.65),  # kept narrow from the load on (pipeline.narrow_load)
+    ("float16", ("onnx",), "int8", (), 0.65),
+    ("float32", ("onnx",), "int4", (), 1.05),  # an fp32 checkpoint: the fp32 module is built
+    ("bfloat16", ("onnx", "pte"), "int4", (), 6.0),  # a .pte too: the eager module is traced twice
+    ("bfloat16", ("onnx",), "int4", ("genai",), 1.05),  # GenAI's trace: not the streamed graph alone
+    ("bfloat16", ("onnx",), "fp32", (), 3.75)])
+def test_the_estimate_follows_whether_the_weights_stay_narrow(tmp_path, dtype, formats, weights, runners, copies):
+    """The copies of the fp32 weights the estimate counts are the narrow-load ones exactly where the pipeline loads
+    narrow (OnnxTarget.alone and a bf16 / fp16 checkpoint), the fp32 module's elsewhere (the table in budget.py)."""
+    from edgekv.export.budget import check_export
+    from edgekv.export.options import ExportOptions
+    from edgekv.strategies import parse_strategy
+
+    d = _garbage_weights(tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.pop("torch_dtype", None)
+    cfg["dtype"] = dtype
+    (d / "config.json").write_text(json.dumps(cfg))
+    opts = ExportOptions(model=str(d), formats=formats, weights=weights, runners=runners, max_ctx=512,
+                         max_memory="900GB")
+    assert check_export(opts, parse_strategy("kv"))["copies"] == copies

@@ -25,7 +25,6 @@ from edgekv.export import manifest as mf
 from edgekv.export.targets import OnnxTarget
 from edgekv.export.to_onnx import lower_onnx, save_onnx
 from edgekv.export.trace import trace
-from edgekv.models import load_any
 from edgekv.strategies import parse_strategy
 from edgekv.export.wquant import trim
 def status(key):
@@ -42,7 +41,7 @@ lower_onnx(torch.export.export(warm, (torch.zeros(1, 8),)), {"inputs": [], "outp
 gc.collect(); trim()
 base = status("VmRSS")
 x = X()
-x.loaded = load_any(sys.argv[2], parse_strategy("kv"), 64)
+x.loaded, x.stash = pipeline.narrow_load(sys.argv[2], parse_strategy("kv"), 64)  # as the export loads it
 x.module = x.loaded.module
 fp32 = sum(p.numel() * 4 for p in x.module.parameters())
 OnnxTarget.trace(x, trace)
@@ -57,8 +56,9 @@ print(json.dumps({"held": held, "fp32": fp32}))
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the kernel's VmRSS (/proc/self/status)")
 def test_lowering_holds_the_narrow_weights_and_writes_the_checkpoints(tmp_path):
-    """A bf16 HF folder of ~44M parameters (scripts/make_random_model.py, 4 layers of 512): after the ONNX target's
-    trace and lower-onnx, the process holds less than 0.75x the module's fp32 weights above its baseline (their bf16
+    """A bf16 HF folder of ~44M parameters (scripts/make_random_model.py, 4 layers of 512), loaded as the export
+    loads it (pipeline.narrow_load: the large weights kept bf16 from the start; k/v too small, stacked with q): after
+    the ONNX target's trace and lower-onnx, the process holds less than 0.75x the module's fp32 weights above its baseline (their bf16
     copies, half, and the graph), where a lowering over the fp32 module holds all of them and more; and every weight
     in model.onnx.data is the checkpoint's bf16 value, bit for bit."""
     import importlib.util

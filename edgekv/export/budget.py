@@ -6,8 +6,9 @@ The peak is modelled as
 
     peak = BASE + k(format, recipe) x 4 x params + STATE_COPIES x state bytes at max_ctx
 
-4 x params is the fp32 eager module every export builds (edgekv.models loads every weight as fp32); k counts the
-copies of it alive at the worst stage. An ONNX int8 / int4 export streams: the module is loaded once (no second
+4 x params is the fp32 eager module an export builds (edgekv.models loads every weight as fp32, but where an ONNX
+int8 / int4 export keeps a bf16 / fp16 checkpoint narrow: K_NARROW); k counts the copies of it alive at the worst
+stage. An ONNX int8 / int4 export streams: the module is loaded once (no second
 copy for its state dict), lowered without a folded copy of its weights, written and quantized one tensor at a time,
 and its weights are freed before quantizing; its worst stages (trace, lower) hold the module and what the trace adds
 (the fused q/k/v copies the runtime's attention swap makes, the traced state). The other recipes still hold more:
@@ -45,6 +46,12 @@ BASE = 0.75e9
 # gguf streams too; its peak is carry's one matrix (Gemma-3-270M's fp32 table and its codes) over the mapped file
 K_ONNX = {"fp32": 3.75, "fp16": 4.75, "int8": 1.05, "int4": 1.05, "int4-mix": 1.05, "gguf": 1.7}  # int4-mix streams as int4
 K_PTE = {"fp32": 5.0, "int8": 6.0, "int4": 6.0}
+# The same streamed recipes where the export keeps a bf16 / fp16 checkpoint's weights narrow from the load on
+# (edgekv.export.pipeline.narrow_load: an ONNX-only export of a safetensors folder, no GenAI runner): the fp32 module
+# is never built, so the peak (trace to serialize-onnx) is the narrow weights (half the fp32 bytes), the embedding
+# table widened for verify-quant's fp32 pass and torch.onnx's graph. Rounded up from the random Llama-3.2-1B's and
+# 3B's narrow-load runs (export_cost_*_narrow_load.json, tests/test_export_budget.py).
+K_NARROW = {"int8": 0.65, "int4": 0.65, "int4-mix": 0.65}
 STATE_COPIES = 3  # the eager state, the runtime's past and present state while verifying
 # CPU seconds per billion parameters (one core of the 2-core reference VM, x86-64 AMD EPYC): load, trace, lower,
 # serialize and verify per format; the quantize and verify-quant stages on top for int8 / int4 / fp16. A busy host
@@ -53,12 +60,16 @@ SEC_PER_GPARAM = {"onnx": 150.0, "quantize-onnx": 150.0, "pte": 1000.0, "quantiz
 SEC_BASE = 45.0  # imports, tokenizer, the verify prompt's steps
 
 
-def estimate(arch, strategy, max_ctx: int, formats, weights: str, chunk: int) -> dict:
-    """{"peak_bytes", "seconds", "params", "weights_fp32", "state_bytes"}: what the export is expected to need."""
+def estimate(arch, strategy, max_ctx: int, formats, weights: str, chunk: int, narrow: bool = False) -> dict:
+    """{"peak_bytes", "seconds", "params", "weights_fp32", "state_bytes"}: what the export is expected to need.
+    narrow: the export keeps the checkpoint's weights narrow from the load on (narrow_export)."""
     params = arch.n_params
     w32 = 4 * params
     state = _state_bytes(arch, strategy, max_ctx, formats, weights, chunk)
-    k = max(K_ONNX.get(weights, 4.75) if f == "onnx" else K_PTE.get(weights, 6.0) for f in formats)
+    if narrow and weights in K_NARROW and tuple(formats) == ("onnx",):
+        k = K_NARROW[weights]
+    else:
+        k = max(K_ONNX.get(weights, 4.75) if f == "onnx" else K_PTE.get(weights, 6.0) for f in formats)
     peak = BASE + k * w32 + STATE_COPIES * state
     g = params / 1e9
     secs = SEC_BASE
@@ -130,10 +141,10 @@ def _cgroup_headroom() -> int | None:
         return None
 
 
-def check(arch, strategy, max_ctx, formats, weights, chunk, max_memory=None) -> dict:
+def check(arch, strategy, max_ctx, formats, weights, chunk, max_memory=None, narrow: bool = False) -> dict:
     """Refuse with one line when the memory available is below the estimated peak; else return the estimate, its
     one-line summary under "line" (printed by the caller where its output starts)."""
-    e = estimate(arch, strategy, max_ctx, formats, weights, chunk)
+    e = estimate(arch, strategy, max_ctx, formats, weights, chunk, narrow)
     limit, source = available(max_memory)
     p = e["params"]
     what = (f"{p / 1e9:.2f}B" if p >= 1e9 else f"{p / 1e6:.3g}M") + f" parameters: fp32 weights " \
@@ -156,4 +167,20 @@ def check_export(opts, strategy) -> dict:
     src = resolve_model(opts.model)
     arch = read_gguf(src) if src.suffix.lower() == ".gguf" else read_config_json(src)
     return check(arch, strategy, opts.max_ctx, opts.formats, opts.weights, max(1, min(opts.prefill_chunk, opts.max_ctx)),
-                 opts.max_memory)
+                 opts.max_memory, narrow_export(src, opts))
+
+
+def narrow_export(src: Path, opts) -> bool:
+    """Whether the export keeps the checkpoint's weights narrow from the load on (pipeline.narrow_load): an
+    ONNX-only int8 / int4 / int4-mix export without the GenAI runner, of a safetensors folder whose config.json
+    stores bf16 or fp16 weights."""
+    if tuple(opts.formats) != ("onnx",) or opts.weights not in K_NARROW or "genai" in (opts.runners or ()):
+        return False
+    if not (src.is_dir() and (src / "config.json").is_file()):
+        return False
+    from ..jsonfile import read_config
+    try:
+        cfg = read_config(src / "config.json")
+    except EdgekvError:
+        return False
+    return str(cfg.get("torch_dtype") or cfg.get("dtype") or "") in ("bfloat16", "float16")

@@ -11,10 +11,19 @@ weight larger than to_onnx.FOLD_LIMIT, which every stashed one is). A placeholde
 that nothing writes: its pages are never resident (a read maps the kernel's shared zero page), so the lower-onnx
 stage holds half the fp32 module instead of all of it. A Llama-3.2-1B export then holds its 2.47 GB of bf16 weights
 where it held 4.94 GB of fp32 (benchmarks/README.md, "What an export costs").
+
+From the load on (narrow_loading): a bf16 / fp16 safetensors checkpoint's large tensors are never widened at all. The
+loader keeps each as read (its exact narrow values) and hands the module a placeholder; the eager passes that need
+values (verify-quant's fp32 reference, kv-int8c's calibration) run under materialized(), which widens one decoder
+layer's weights to fp32 while that layer runs and drops them after, so their logits are today's fp32 logits bit for
+bit, and the fused q/k/v of the ONNX module are stacked from the narrow copies (fused_rows). A 3B model's fp32 module
+(12.85 GB) is then never in memory: its bf16 weights (6.4 GB) are, and at most the embedding table and one layer
+widened beside them.
 """
 from __future__ import annotations
 
 import mmap
+from contextlib import contextmanager
 
 import torch
 
@@ -32,14 +41,153 @@ class Stash:
         self.by_ptr: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.fp32_bytes = 0  # the fp32 bytes the stash stands in for
         self.kept_bytes = 0  # the narrow copies' bytes
+        self._maps: list = []  # the placeholders' anonymous mappings
+
+    def add(self, small: torch.Tensor) -> torch.Tensor:
+        """A new fp32 placeholder of small's shape standing for small's values (small: exact bf16 / fp16)."""
+        ph = _placeholder(small.shape, self._maps)
+        self.by_ptr[ph.untyped_storage().data_ptr()] = (ph, small)
+        self.fp32_bytes += small.numel() * 4
+        self.kept_bytes += small.numel() * small.element_size()
+        return ph
+
+    def narrow_of(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The narrow copy t stands for, where t is a whole placeholder (not a view of part of one); else None."""
+        hit = self.by_ptr.get(t.untyped_storage().data_ptr())
+        if hit is None or t.storage_offset() or t.shape != hit[0].shape or not t.is_contiguous():
+            return None
+        return hit[1]
 
     def release(self) -> None:
         """Drop the narrow copies once the graph is written: the exporter keeps references to the lowered graph
         (whose lazy initializers read this stash) past the graph's last use, so dropping the Stash is not enough."""
+        global CURRENT
         self.by_ptr.clear()
         self._maps = []
+        if CURRENT is self:
+            CURRENT = None
         from .wquant import trim
         trim()
+
+    def value_of(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The fp32 values of t, a tensor (or a view) over a placeholder; None if t is not over one."""
+        hit = self.by_ptr.get(t.untyped_storage().data_ptr())
+        if hit is None:
+            return None
+        full = hit[1].to(torch.float32)
+        return full.as_strided(t.size(), t.stride(), t.storage_offset())
+
+
+# the stash the export in progress loaded its weights into (narrow_loading), until it is released: what the loader
+# (edgekv.models.weights.load_hf_folder) and the fused q/k/v (fused_rows) add to
+CURRENT: Stash | None = None
+_LOADING = False
+
+
+@contextmanager
+def narrow_loading():
+    """While active, load_hf_folder keeps each large bf16 / fp16 tensor as read and returns a placeholder for it
+    (keep_narrow); the yielded Stash holds them, and stays CURRENT after the block until released."""
+    global CURRENT, _LOADING
+    stash = CURRENT = Stash()
+    _LOADING = True
+    try:
+        yield stash
+    finally:
+        _LOADING = False
+
+
+def keep_narrow(t: torch.Tensor) -> torch.Tensor:
+    """What the loader puts in the state dict for t (a tensor as stored): under narrow_loading, a large bf16 / fp16
+    one becomes a placeholder standing for it; anything else (or outside narrow_loading) is widened to fp32."""
+    if _LOADING and CURRENT is not None and t.dtype in NARROW and t.numel() >= MIN_ELEMS:
+        return CURRENT.add(t.contiguous())
+    return t.to(torch.float32)
+
+
+def fused_rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat(parts) along rows (the fused q/k/v). Where a part is a placeholder of CURRENT, a new placeholder
+    standing for the stacked narrow copies (a part kept fp32, too small to be stashed, narrowed exactly with it): no
+    fp32 copy of the stacked weights is made; where one does not narrow exactly, the stacked fp32 values."""
+    s = CURRENT
+    over = [s is not None and p.untyped_storage().data_ptr() in s.by_ptr for p in parts]
+    if not any(over):
+        return torch.cat(parts)
+    narrow = [s.narrow_of(p) if o else _narrow(p) for p, o in zip(parts, over)]
+    if all(n is not None for n in narrow) and len({n.dtype for n in narrow}) == 1:
+        return s.add(torch.cat(narrow))
+    return torch.cat([s.value_of(p) if o else p for p, o in zip(parts, over)])
+
+
+def _blocks(module) -> list:
+    """The decoder layers: the children of the module's largest nn.ModuleList (by parameter count)."""
+    lists = [m for m in module.modules() if isinstance(m, torch.nn.ModuleList)]
+    if not lists:
+        return []
+    return list(max(lists, key=lambda m: sum(p.numel() for p in m.parameters())))
+
+
+def _unmap_freed() -> None:
+    """glibc: serve every allocation of 1 MiB or more by its own mmap from now on, so a widened layer's fp32 goes back
+    to the kernel as soon as it is dropped. glibc's adaptive threshold would otherwise rise to the size of the first
+    such block freed and serve the next ones from its heap, where the freed space stays resident (mallopt
+    M_MMAP_THRESHOLD, which also turns the adaptation off). A no-op where there is no glibc."""
+    import ctypes
+    import ctypes.util
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt(-3, 1 << 20)  # -3: M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+@contextmanager
+def materialized(module, stash: Stash | None):
+    """The module's placeholders hold their fp32 values while it runs eagerly: each decoder layer's part (each direct
+    child of a layer: its attention, its MLP) widened from the narrow copies just before that part runs and dropped
+    after it; everything outside the layers (the embedding table, also the tied head) widened for the whole block.
+    The values are the stored bf16 / fp16 widened, as the fp32 load made them, so the logits are the same."""
+    if stash is None or not stash.by_ptr:
+        yield
+        return
+
+    def fill(params) -> list:
+        saved = []
+        for p in params:
+            v = stash.value_of(p.data)
+            if v is not None:
+                saved.append((p, p.data))
+                p.data = v
+        return saved
+
+    def restore(saved) -> None:
+        for p, ph in saved:
+            p.data = ph
+
+    _unmap_freed()
+    blocks = _blocks(module)
+    inner = {id(p) for b in blocks for p in b.parameters()}
+    outer = fill(p for p in module.parameters() if id(p) not in inner)
+    handles, live = [], {}
+    for b in blocks:
+        for child in b.children():
+            ps = list(child.parameters())
+            if not any(p.untyped_storage().data_ptr() in stash.by_ptr for p in ps):
+                continue
+
+            def pre(m, args, ps=ps):
+                live[id(m)] = fill(ps)
+
+            def post(m, args, out):
+                restore(live.pop(id(m), []))
+            handles += [child.register_forward_pre_hook(pre), child.register_forward_hook(post)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        for saved in live.values():
+            restore(saved)
+        restore(outer)
 
     def value_of(self, t: torch.Tensor) -> torch.Tensor | None:
         """The fp32 values of t, a tensor (or a view) over a placeholder; None if t is not over one."""
@@ -80,14 +228,17 @@ def _narrow(p: torch.Tensor) -> torch.Tensor | None:
 
 def stash_weights(*modules) -> Stash:
     """Every large fp32 parameter of modules[0] (the module being traced) swapped for a placeholder, its exact narrow
-    copy kept in the returned Stash; a parameter of the other modules (the eager one it was made from) over the same
-    storage gets the same placeholder, so the fp32 storage is freed as each is replaced (one tensor's copy at a
-    time). The other modules' own weights are left to the caller (pipeline.release_weights)."""
-    stash, keep = Stash(), []
+    copy kept in the returned Stash (CURRENT, with what narrow_loading already put there, if any); a parameter of the
+    other modules (the eager one it was made from) over the same storage gets the same placeholder, so the fp32
+    storage is freed as each is replaced (one tensor's copy at a time). The other modules' own weights are left to
+    the caller (pipeline.release_weights)."""
+    stash = CURRENT if CURRENT is not None else Stash()
     groups: dict[int, list] = {}
     for p in modules[0].parameters():
-        if p.dtype == torch.float32 and p.numel() >= MIN_ELEMS and p.is_contiguous() and p.storage_offset() == 0:
-            groups.setdefault(p.untyped_storage().data_ptr(), []).append(p)
+        ptr = p.untyped_storage().data_ptr()
+        if p.dtype == torch.float32 and p.numel() >= MIN_ELEMS and p.is_contiguous() and p.storage_offset() == 0 \
+                and ptr not in stash.by_ptr:
+            groups.setdefault(ptr, []).append(p)
     for m in modules[1:]:
         for p in m.parameters():
             if p.untyped_storage().data_ptr() in groups:
@@ -101,13 +252,9 @@ def stash_weights(*modules) -> Stash:
             small = _narrow(first.detach())
             if small is None:
                 continue
-            ph = _placeholder(first.shape, keep)
+            ph = stash.add(small)
             for p in dict.fromkeys(params):  # the same Parameter object may appear in both modules
                 p.data = ph
-        stash.by_ptr[ph.untyped_storage().data_ptr()] = (ph, small)
-        stash.fp32_bytes += first.numel() * 4
-        stash.kept_bytes += small.numel() * small.element_size()
-    stash._maps = keep
     from .wquant import trim
     trim()
     return stash

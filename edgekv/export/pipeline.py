@@ -152,8 +152,17 @@ class Export:
 
 def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str) -> dict:
     """The stages in order (the module docstring), each a function of the export in progress."""
-    from .targets import TARGETS
     x = Export(opts, strategy, st, tmp, mf)
+    try:
+        return _stages(x, opts, st, version)
+    finally:
+        if x.stash is not None:  # a failed export's narrow weights: not left CURRENT for the next one in this process
+            x.stash.release()
+            x.stash = None
+
+
+def _stages(x: Export, opts: ExportOptions, st: Stages, version: str) -> dict:
+    from .targets import TARGETS
     _load(x)
     _tokenizer(x)
     _licenses(x)
@@ -182,11 +191,35 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
 
 def _load(x: Export) -> None:
     from ..models import load_any
+    from .targets import OnnxTarget
     with x.st.stage("load", f"{x.opts.model} ({x.strategy.label}, max_ctx {x.opts.max_ctx})"):
         if x.opts.threads:
             import torch
             torch.set_num_threads(x.opts.threads)
-        x.loaded = load_any(x.opts.model, x.strategy, x.opts.max_ctx)
+        if OnnxTarget.alone(x):  # only the streamed ONNX graph: the weights stay as stored (lazy_weights)
+            x.loaded, x.stash = narrow_load(x.opts.model, x.strategy, x.opts.max_ctx)
+        else:
+            x.loaded = load_any(x.opts.model, x.strategy, x.opts.max_ctx)
+
+
+def narrow_load(spec: str, strategy, max_ctx: int):
+    """load_any with a bf16 / fp16 checkpoint's large weights kept as stored and the module over placeholders for
+    them (lazy_weights.narrow_loading) -> (Loaded, the Stash, or None where nothing was kept narrow). Where a loader
+    made new tensors of the kept ones (a checkpoint rewritten into another layout) and so left a placeholder out of
+    the module, it is loaded again the fp32 way: a module must never compute over a placeholder's zeros."""
+    from ..models import load_any
+    from .lazy_weights import narrow_loading
+    with narrow_loading() as stash:
+        loaded = load_any(spec, strategy, max_ctx)
+    if not stash.by_ptr:  # nothing kept narrow (an fp32 checkpoint, a GGUF): the module is the fp32 one
+        stash.release()
+        return loaded, None
+    owned = {p.untyped_storage().data_ptr() for p in loaded.module.parameters()}
+    if set(stash.by_ptr) <= owned:
+        return loaded, stash
+    stash.release()
+    del loaded
+    return load_any(spec, strategy, max_ctx), None
 
 
 def _tokenizer(x: Export) -> None:
@@ -213,8 +246,10 @@ def _calibrate(x: Export) -> None:
     from .tokenizer import bos_prefix
     n = min(CALIB_TOKENS, x.opts.max_ctx)
     with x.st.stage("calibrate", f"static K/V scales per channel from {n} tokens of real text (eager fp32)"):
-        x.module.calibration = calibrate(x.module, calibration_ids(x.tokenizer, x.args.vocab, n,
-                                                                   bos_prefix(x.tok_entry)))
+        from .lazy_weights import materialized
+        with materialized(x.module, x.stash):
+            x.module.calibration = calibrate(x.module, calibration_ids(x.tokenizer, x.args.vocab, n,
+                                                                       bos_prefix(x.tok_entry)))
 
 
 def _quantize(x: Export) -> None:
@@ -345,14 +380,19 @@ def fp32_reference(x: Export, release: bool = True) -> list[int]:
     (quality.teacher_forced). That is the module's last use but for tracing: with release its weights are freed after
     it, before a quantized artifact's runtime loads (an ONNX-only int8 / int4 export computes it before tracing and
     frees them as the graph no longer needs them: OnnxTarget). Returns the tokens."""
+    from .lazy_weights import materialized
+    from .quality import quality_tokens, teacher_forced
     from .runtime import EagerStepper
     from .tokenizer import bos_prefix
-    from .quality import quality_tokens, teacher_forced
     from .wquant import trim
     tokens = quality_tokens(x.tokenizer, x.args.vocab, QUALITY_TOKENS, bos_prefix(x.tok_entry))
     if x.fp32_rows is None:
-        with short_state(x.module, x.layout.to_json(), len(tokens)) as state:
-            x.fp32_rows = teacher_forced(EagerStepper({**state, "artifacts": x.artifacts}, x.module), tokens)
+        # over placeholders (narrow_load) each layer is widened to fp32 only while it runs, once per call: the text is
+        # then read in prefill calls only (2 at 128 tokens a call, not 1 and 127 one-token steps), which gives the
+        # same logits up to fp32 rounding (a causal model's row i depends on tokens[:i + 1] only)
+        whole = len(tokens) - 1 if x.stash is not None else None
+        with short_state(x.module, x.layout.to_json(), len(tokens)) as state, materialized(x.module, x.stash):
+            x.fp32_rows = teacher_forced(EagerStepper({**state, "artifacts": x.artifacts}, x.module), tokens, whole)
         trim()
         x.n_params = sum(p.numel() for p in x.module.parameters())
     if x.opts.weights == "int4-mix" and x.importance is None and x.tokenizer is not None:

@@ -16,7 +16,7 @@ class OnnxTarget:
         written in place (fused) when every layer is."""
         from ..models.swaps import GQAAttention, for_runtime
         from . import genai
-        alone = OnnxTarget.streamed(x) and "pte" not in x.opts.formats and "genai" not in x.opts.runners
+        alone = OnnxTarget.alone(x)
         if alone:  # the eager module is needed for nothing but this graph: verify-quant's fp32 side first
             from .pipeline import fp32_reference
             fp32_reference(x, release=False)
@@ -36,6 +36,13 @@ class OnnxTarget:
             x.eps["onnx:forward"] = genai.trace(onnx_module, x.opts.max_ctx)
         else:
             x.eps.update(trace(onnx_module, {"onnx:forward": None}, lazy_state=True))
+
+    @staticmethod
+    def alone(x) -> bool:
+        """The streamed ONNX graph is the only thing traced from the eager module (no .pte, no GenAI runner): its
+        weights may stay narrow from the load on (lazy_weights), as only verify-quant's fp32 reference (and
+        kv-int8c's calibration) run it eagerly."""
+        return OnnxTarget.streamed(x) and "pte" not in x.opts.formats and "genai" not in x.opts.runners
 
     @staticmethod
     def streamed(x) -> bool:

@@ -257,11 +257,14 @@ def _gqa_setup(model, layers):
 def _gqa_make(at, rope):
     new = _share(at, GQAAttention)
     parts = (at.q_proj, at.k_proj, at.v_proj)
-    qkv = nn.Linear(at.q_proj.in_features, sum(p.out_features for p in parts), bias=at.q_proj.bias is not None)
+    from ..export.lazy_weights import fused_rows
+    from .weights import no_init
+    with no_init():  # its weight is assigned, never filled: one stacked copy, or a placeholder for the narrow ones
+        qkv = nn.Linear(at.q_proj.in_features, sum(p.out_features for p in parts), bias=at.q_proj.bias is not None)
     with torch.no_grad():
-        qkv.weight.copy_(torch.cat([p.weight for p in parts]))
+        qkv.weight = nn.Parameter(fused_rows([p.weight for p in parts]), requires_grad=False)
         if qkv.bias is not None:
-            qkv.bias.copy_(torch.cat([p.bias for p in parts]))
+            qkv.bias = nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=False)
     new.qkv_proj = qkv
     new.rope = rope
     new.window = at.cache.size if at.cache.rolling else None

@@ -91,9 +91,9 @@ def _assembled(spec: str, pkg: str) -> Path:
 
 def load_hf_folder(folder: str | Path) -> tuple[dict, dict]:
     """config.json + model.safetensors (or a sharded model.safetensors.index.json) -> (config, fp32 state dict)."""
-    import torch
     from safetensors import safe_open
 
+    from ..export.lazy_weights import keep_narrow  # fp32, or under narrow_loading a placeholder for a large one
     d = Path(folder)
     config = read_config(d / "config.json")
     index = d / "model.safetensors.index.json"
@@ -113,7 +113,7 @@ def load_hf_folder(folder: str | Path) -> tuple[dict, dict]:
             # are never resident beside their fp32 copies
             for k in keys:
                 with safe_open(str(d / name), framework="pt") as f:
-                    sd[k] = f.get_tensor(k).to(torch.float32)
+                    sd[k] = keep_narrow(f.get_tensor(k))
         except Exception as e:  # safetensors raises its own error types on damaged files
             raise EdgekvError(f"{d / name}: not a readable safetensors file ({type(e).__name__}: {e})") from None
     return config, sd
