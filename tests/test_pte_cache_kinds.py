@@ -168,3 +168,30 @@ def test_gemma3_kv_int8_pte_lowers_with_custom_sdpa_global_layers_beside_rolling
     scale = np.abs(want).max()
     assert np.abs(got - want).max() <= 1e-3 * scale
     assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+def test_gemma3_pte_writes_its_sliding_rings_in_place_and_decodes_what_eager_torch_does(tmp_path):
+    """Gemma 3's shape (sliding layers with a ring of 8 slots, one global layer), fp32 cache: the global layer takes
+    custom_sdpa and the sliding layers their ring written by an index_put (edgekv.models.swaps.RingSdpaAttention), so
+    every state tensor is written in place (no copy of the whole state in and out per call, which at a filled 16k is
+    the global layers' 16k slots). Calls of 4 tokens and then of 1 cross each ring three times; every row is held to
+    the eager module and to transformers."""
+    from tiny_families import hf_logits, tiny
+
+    src = tmp_path / "gemma3"
+    hf = tiny("gemma3", src)
+    out = tmp_path / "pte"
+    m = export(src, out, "kv:dtype=fp32", "fp32")
+    art = m["artifacts"][0]
+    assert art.get("state_in_place") is True, {k: v for k, v in art.items() if k != "delegation"}
+    ops = art["delegation"]["forward"]["portable_ops"]
+    assert ops.get("aten.index_put_", ops.get("index_put_")), ops
+    stream = [t % 100 for t in STREAM]
+    got = pte_rows(out, stream)
+    module = eager_module(src, "kv:dtype=fp32", "fp32", m)
+    want = eager_rows(module, stream)
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() <= 1e-4 * scale, (np.abs(got - want).max(), scale)
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    theirs = hf_logits(hf, stream).numpy()  # transformers' own sliding-window attention, independently
+    assert np.abs(got - theirs).max() <= 1e-4 * np.abs(theirs).max()
