@@ -245,25 +245,28 @@ class RingSdpaAttention(Attention):
         c, t, g = x.shape[1], cache.slots, self.h // self.hkv
         torch._check(c <= t)
         plan = call.once(cache, lambda: cache.plan(call.pos, call.positions, g, fmt.dtype or torch.float32))
-        parts = {}
+        news = {}
 
         def read(new, st, which):  # -> (state, fp32 [Hkv, T + C, D]: the ring before this call, then its rows)
             scale = self.kv_scale[which] if fmt.static else None
-            parts[which] = fmt.store(new, scale)
+            news[which] = new
             old = fmt.read(tuple(s[0] for s in st), scale)
-            rows = fmt.storage.as_stored(new, parts[which], scale)
+            rows = fmt.storage.as_stored(new, fmt.store(new, scale), scale)
             return st, torch.cat((old, rows.permute(1, 0, 2)), 1)
 
         out, _, _ = self._attend(x, cos, sin, plan[2], k_state, v_state, read)
         slots = call.once(("ring", t), lambda: call.positions % t)  # sinks == 0: slot = position mod W
         after = out.reshape(-1)[:1] * 0  # [1], 0: makes the write depend on this layer's reads
 
-        def put(state, rows):  # rows [C, Hkv, X] -> the state tensor with them at their ring slots
-            return torch.ops.aten.index_put(state, [None, None, slots],
-                                            (rows + after.to(rows.dtype)).permute(1, 0, 2)[None])
+        def put(state, which):  # this call's rows, stored as the cache stores them, at their ring slots
+            scale = self.kv_scale[which] if fmt.static else None
+            # the dependency before the quantizer: its ops then reach the index_put only through the quantizer's
+            # own ops, which the .pte's partitioner keeps beside the write (to_pte._feeds_state_write)
+            parts = fmt.store(news[which] + after, scale)
+            return tuple(torch.ops.aten.index_put(s, [None, None, slots], r.permute(1, 0, 2)[None])
+                         for s, r in zip(state, parts))
 
-        return (out, tuple(put(s, r) for s, r in zip(k_state, parts[0])),
-                tuple(put(s, r) for s, r in zip(v_state, parts[1])))
+        return out, put(k_state, 0), put(v_state, 1)
 
 
 def _op_const(name: str, hkv: int, t: int) -> str:
