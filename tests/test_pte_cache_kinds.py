@@ -168,3 +168,35 @@ def test_gemma3_kv_int8_pte_lowers_with_custom_sdpa_global_layers_beside_rolling
     scale = np.abs(want).max()
     assert np.abs(got - want).max() <= 1e-3 * scale
     assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+@pytest.mark.parametrize("strategy", ["kv:dtype=fp32", pytest.param("kv-int8c", marks=SLOW)])
+def test_gemma3_pte_writes_its_sliding_rings_in_place_and_decodes_what_eager_torch_does(tmp_path, strategy):
+    """Gemma 3's shape (sliding layers with a ring of 8 slots, one global layer), a fp32 or kv-int8c cache: the global
+    layer takes custom_sdpa and the sliding layers their ring written by an index_put
+    (edgekv.models.swaps.RingSdpaAttention), so every state tensor is written in place (no copy of the whole state in
+    and out per call, which at a filled 16k is the global layers' 16k slots). Calls of 4 tokens and then of 1 cross
+    each ring three times; every row is held to the eager module (kv-int8c: the codes, static scales and query
+    rounding of kernel_reference) and, for the fp32 cache, to transformers."""
+    from edgekv.models.swaps import kernel_reference
+    from tiny_families import hf_logits, tiny, word_tokenizer
+
+    src = tmp_path / "gemma3"
+    hf = tiny("gemma3", src)
+    word_tokenizer(src, hf.config.vocab_size)  # kv-int8c calibrates on text
+    out = tmp_path / "pte"
+    m = export(src, out, strategy, "fp32")
+    art = m["artifacts"][0]
+    assert art.get("state_in_place") is True, {k: v for k, v in art.items() if k != "delegation"}
+    ops = art["delegation"]["forward"]["portable_ops"]
+    assert ops.get("aten.index_put_", ops.get("index_put_")), ops
+    stream = [t % 100 for t in STREAM]
+    got = pte_rows(out, stream)
+    want = eager_rows(kernel_reference(eager_module(src, strategy, "fp32", m), "executorch"), stream)
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() <= 1e-4 * scale, (np.abs(got - want).max(), scale)
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    if strategy != "kv:dtype=fp32":
+        return
+    theirs = hf_logits(hf, stream).numpy()  # transformers' own sliding-window attention, independently
+    assert np.abs(got - theirs).max() <= 1e-4 * np.abs(theirs).max()

@@ -41,29 +41,32 @@ def kinds(module):
     return [type(m).__name__ for m in module.modules() if isinstance(m, Attention)]
 
 
-def test_a_model_with_sliding_layers_gets_the_fused_op_on_its_global_layers_only_in_the_pte(tmp_path):
-    """ExecuTorch: custom_sdpa on the global layer only. ONNX Runtime: GroupQueryAttention on every layer, the sliding
-    ones with the op's window-sized cache (local_window_size = the model's window, sliding_window_cache)."""
+def test_a_model_with_sliding_layers_gets_the_fused_op_on_its_global_layers_and_rings_in_place_in_the_pte(tmp_path):
+    """ExecuTorch: custom_sdpa on the global layer, the sliding ones their eager ring written by an index_put
+    (RingSdpaAttention), so every layer is swapped and the .pte writes its state in place. ONNX Runtime:
+    GroupQueryAttention on every layer, the sliding ones with the op's window-sized cache (local_window_size = the
+    model's window, sliding_window_cache)."""
     pytest.importorskip("executorch")
     loaded = load_any(str(tiny_gemma3(tmp_path)), parse_strategy("kv:dtype=fp32"), 64)
     eager = loaded.module
     assert [c.rolling for c in eager.caches] == [True, True, False, True]
     pte, swapped = for_runtime(eager, "executorch")
-    assert swapped == [False, False, True, False]
-    assert kinds(pte) == ["Attention", "Attention", "SdpaAttention", "Attention"]
+    assert swapped == [True] * 4
+    assert kinds(pte) == ["RingSdpaAttention", "RingSdpaAttention", "SdpaAttention", "RingSdpaAttention"]
     onnx, swapped = for_runtime(eager, "onnxruntime")
     assert swapped == [True] * 4
     assert kinds(onnx) == ["GQAAttention"] * 4
     windows = [eager.caches[i].size if eager.caches[i].rolling else None for i in range(4)]
     assert [at.window for at in onnx.modules() if type(at).__name__ == "GQAAttention"] == windows
     assert all(type(m) is OnnxRMSNorm for m in onnx.modules() if type(m).__name__.endswith("RMSNorm"))
-    # the whole state is written in place only when every layer is swapped: the ONNX graph, not the .pte
-    assert eager.fusable() and not eager.pte_in_place()
+    # every layer swapped in both: the whole state is written in place
+    assert eager.fusable() and eager.pte_in_place()
     # the eager module is left as it was, weights shared with the copies
     assert kinds(eager) == ["Attention"] * 4 and not hasattr(eager.model.layers[2].self_attn, "qkv_proj")
     assert all(type(m).__name__ == "RMSNorm" for m in eager.modules() if type(m).__name__.endswith("RMSNorm"))
     assert pte.model.layers[2].self_attn.q_proj.weight is eager.model.layers[2].self_attn.q_proj.weight
-    # custom_sdpa on the global layer computes what the eager graph does, and the state stays the same
+    # custom_sdpa on the global layer and the rings written by index_put compute what the eager graph does (chunks of
+    # 7 and 3, then single tokens: the rings of 8 wrap), and the state is the same, slot for slot
     want, want_state = run(eager, eager.empty_state())
     got, got_state = run(pte, eager.empty_state())
     scale = want.abs().max().item()

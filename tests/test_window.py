@@ -258,11 +258,11 @@ def test_smollm2_window_64_plus_4_follows_transformers_with_the_mask_over_200_to
     ("llama", None, "window:w=16,sinks=4", False, None),  # rolling layers under the window strategy
     ("llama", None, "window:w=64,sinks=4", True, None),  # W + S covers max_ctx 64: a slot per position
     # native sliding windows of 16 slots: ONNX Runtime's window-sized GroupQueryAttention cache takes them (layer 1
-    # of qwen2 slides, layer 0 does not; every mistral layer slides); ExecuTorch's custom_sdpa does not
-    ("qwen2", 16, "kv", True, False),
-    ("mistral", 16, "kv", True, False),
-    ("mistral", 16, "kv-int8c", True, False),
-    ("mistral", 16, "kv-int8", False, False),
+    # of qwen2 slides, layer 0 does not; every mistral layer slides); the .pte keeps them as rings written in place
+    ("qwen2", 16, "kv", True, True),
+    ("mistral", 16, "kv", True, True),
+    ("mistral", 16, "kv-int8c", True, True),
+    ("mistral", 16, "kv-int8", False, True),
     ("mistral", 16, "window:w=8,sinks=2", False, False),  # the strategy's window over the model's: eager
 ])
 def test_the_export_module_and_the_planner_agree_on_which_caches_run_through_gqa(tmp_path, kind, sliding_window,

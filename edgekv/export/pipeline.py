@@ -289,6 +289,12 @@ def _entry_points(x: Export) -> None:
     if x.et_run:  # forward(tokens, input_pos), the cache in the program's buffers (edgekv.export.et_runner)
         if not x.in_place:
             raise EdgekvError(f"--runner executorch: {x.strategy.label} is not written in place by this model's .pte")
+        from ..models.swaps import RingSdpaAttention
+        if any(isinstance(m, RingSdpaAttention) for m in x.pte_module.modules()):
+            # the rings are written in place in edgekv's own .pte (pte_stepper); the runner's program keeps the
+            # cache in mutable buffers, which no test has run a ring through yet
+            raise EdgekvError("--runner executorch: this model's sliding-window layers are not carried into the "
+                              "runner's program yet; export without --runner (edgekv run reads the .pte)")
         x.entries["pte"] = [et_runner.entry_point(vocab, chunk)]
 
 

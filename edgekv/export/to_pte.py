@@ -303,11 +303,23 @@ def _decompose_once():
         ExportedProgram.run_decompositions = base
 
 
+def _ancestors(node) -> set:
+    """Every node that node depends on, directly or not."""
+    seen, todo = set(), list(node.all_input_nodes)
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(n.all_input_nodes)
+    return seen
+
+
 def write_state_in_place(ep) -> None:
     """Every index_put whose target is a state input (the user inputs between tokens, pos and rows: trace.trace)
     -> index_put_ on that input. Refuses (AssertionError: a tracing bug, not a user error) unless each state input
-    is written exactly once and read by nothing else: another reader would see the written cache where the traced
-    graph meant the old one."""
+    is written exactly once and every other reader of it is an ancestor of its write (an eager ring read before it
+    is overwritten: edgekv.models.swaps.RingSdpaAttention): a reader the write does not depend on could run after it
+    and see the written cache where the traced graph meant the old one."""
     from executorch.exir.dialects._ops import ops as exir_ops
 
     user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
@@ -319,7 +331,9 @@ def write_state_in_place(ep) -> None:
         base = node.args[0]
         if base.op != "placeholder" or base.name not in states:
             continue
-        assert len(base.users) == 1 and base.name not in written, f"{base.name} is read or written elsewhere"
+        others = [u for u in base.users if u is not node]
+        assert base.name not in written and (not others or set(others) <= _ancestors(node)), \
+            f"{base.name} is read or written elsewhere"
         with ep.graph.inserting_before(node):
             new = ep.graph.call_function(exir_ops.edge.aten.index_put_.default, node.args, node.kwargs)
         new.meta = dict(node.meta)

@@ -65,19 +65,21 @@ def fused_gqa(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str)
     (edgekv.models.FAMILIES: fused_attention); for ONNX Runtime also a layer that keeps exactly its native sliding
     window (a window-sized GroupQueryAttention cache); for ExecuTorch also a quantized cache
     (kv-int8/int4/int2), whose written rows it dequantizes for custom_sdpa (edgekv.models.llama
-    Llama.pte_in_place, the same rule). A window whose W + S covers the context keeps a slot per position: a plain
+    Llama.pte_in_place, the same rule); a layer that keeps exactly its native sliding window is a window-sized cache
+    for both (ExecuTorch: the eager ring written in place beside custom_sdpa layers, swaps.RingSdpaAttention). A window whose W + S covers the context keeps a slot per position: a plain
     cache (its measurement: edgekv/costs/workspace.json fused.onnxruntime)."""
     if runtime not in ("onnxruntime", "executorch") or not fused_attention_type(arch.model_type):
         return False
     if not strategy.fused_attention(runtime):
         return False
-    return all(t.shape[2] == layout.ctx or (runtime == "onnxruntime" and _native_window(arch, strategy, t))
+    return all(t.shape[2] == layout.ctx or _native_window(arch, strategy, t)
                for t in layout.tensors if t.role == "key")
 
 
 def _native_window(arch: Arch, strategy: Strategy, key) -> bool:
     """A key cache of exactly its layer's native sliding window, with no window strategy over it: ONNX Runtime's
-    GroupQueryAttention keeps it as a window-sized cache (edgekv.models.swaps, _native_window: the same rule)."""
+    GroupQueryAttention keeps it as a window-sized cache, ExecuTorch's .pte a ring written in place
+    (edgekv.models.swaps, _native_window: the same rule)."""
     windows = [m.window for b in arch.blocks for m in b.mixers if isinstance(m, Attention)]
     return (strategy.recent_tokens is None and key.layer < len(windows)
             and windows[key.layer] is not None and key.shape[2] == windows[key.layer])

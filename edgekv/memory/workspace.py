@@ -40,6 +40,7 @@ class _Attention:
     scores: float = 0  # one copy of the largest materialised [H, C, T] scores
     masks: float = 0  # one copy of the largest [C, T] mask
     probs: float = 0  # the fused (GroupQueryAttention) layers' probability buffers
+    ring_scores: float = 0  # a fused .pte's native-window rings: eager scores [H, C, W + C] (RingSdpaAttention)
     scratch: float = 0  # the largest one layer's dequant/reconstruction scratch
     scratch_how: str = ""
     scan: float = 0  # selective-scan inputs
@@ -70,6 +71,10 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
                   f"activations {chunk} tok x (4*hidden + qkv + 3*inter{' + ssm' if a.ssm_w else ''}) x 4 B", ",.0f")]
     scores = (Term("scores", copies * a.scores, f"scores {copies} x H x chunk x T x 4 B") if rt["scores"]
               else Term("scores", 0, "scores not materialised", None))
+    if a.ring_scores and not rt["scores"]:
+        n = _rt(runtime).get("score_copies", 1)
+        scores = Term("scores", n * a.ring_scores, f"the sliding layers' rings: scores {n} x H x chunk x (W + chunk)"
+                                                   " x 4 B")
     if a.probs:
         probs = Term("probs", a.probs, "the global layers' GroupQueryAttention: 1 x H x chunk x T x 4 B",
                      note=" (the larger of the two scores)")
@@ -160,6 +165,9 @@ def _attention(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str
                     if ort_mixed:
                         a.probs = max(a.probs, GQA["score_copies"] * m.n_heads * chunk * t * 4)
                     continue
+                if not rt["scores"] and runtime == "executorch" and 0 < t < layout.ctx:
+                    # a .pte in place (fused_gqa): the native-window rings keep the eager arithmetic
+                    a.ring_scores = max(a.ring_scores, m.n_heads * chunk * (t + chunk) * 4)
                 if rt["scores"]:
                     seen = t if t == layout.ctx else t + chunk  # a static cache already holds the chunk
                     a.scores = max(a.scores, m.n_heads * chunk * seen * 4)

@@ -257,9 +257,9 @@ class Llama(DecoderShell):
         return all(plan_swaps(self, "onnxruntime"))
 
     def pte_in_place(self) -> bool:
-        """Whether ExecuTorch's custom_sdpa serves every layer (edgekv.models.swaps), so the .pte writes the whole
-        state in place: one slot per position in every layer, float or quantized. The planner's rule,
-        edgekv.memory.fused_gqa, is the same."""
+        """Whether every layer is swapped for ExecuTorch (edgekv.models.swaps), so the .pte writes the whole state in
+        place: custom_sdpa on one slot per position, float or quantized, or a native sliding window's ring
+        (RingSdpaAttention). The planner's rule, edgekv.memory.fused_gqa, is the same."""
         from .swaps import plan_swaps
         return all(plan_swaps(self, "executorch"))
 

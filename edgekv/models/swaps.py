@@ -226,6 +226,49 @@ class SdpaAttention(Attention):
         return out
 
 
+class RingSdpaAttention(Attention):
+    """A native sliding-window layer (Gemma 3's local layers; _native_window) in a .pte whose other layers take
+    custom_sdpa: the eager layer's arithmetic on its ring of W slots (slot = position mod W), with the state written
+    by an index_put of this call's rows instead of the blend, so that with this swap every layer of such a model
+    writes its state in place (edgekv.export.to_pte.write_state_in_place) and no call copies the whole state in and
+    out of the method's planned buffers (at a filled 16k on Gemma-3-270M, 3 global layers' 16k slots each).
+
+    Attention reads the ring as it was before the call, then the call's own rows (RollingCache.plan's mask over
+    T + C keys, as Attention computes it), because a call of C > 1 tokens overwrites keys that its earlier tokens
+    still see. The write must therefore run after those reads: the rows written take + 0 * one value of the
+    layer's output, a data dependency that orders every read of the old ring before the in-place write in any
+    schedule (write_state_in_place checks that each other reader of the state is an ancestor of its write). A call
+    writes at most W rows (C <= W), so the slots of one index_put are distinct."""
+
+    def forward(self, x, cos, sin, k_state, v_state, call: Call):
+        cache, fmt = self.cache, self.fmt
+        c, t, g = x.shape[1], cache.slots, self.h // self.hkv
+        torch._check(c <= t)
+        plan = call.once(cache, lambda: cache.plan(call.pos, call.positions, g, fmt.dtype or torch.float32))
+        news = {}
+
+        def read(new, st, which):  # -> (state, fp32 [Hkv, T + C, D]: the ring before this call, then its rows)
+            scale = self.kv_scale[which] if fmt.static else None
+            news[which] = new
+            old = fmt.read(tuple(s[0] for s in st), scale)
+            rows = fmt.storage.as_stored(new, fmt.store(new, scale), scale)
+            return st, torch.cat((old, rows.permute(1, 0, 2)), 1)
+
+        out, _, _ = self._attend(x, cos, sin, plan[2], k_state, v_state, read)
+        slots = call.once(("ring", t), lambda: call.positions % t)  # sinks == 0: slot = position mod W
+        after = out.reshape(-1)[:1] * 0  # [1], 0: makes the write depend on this layer's reads
+
+        def put(state, which):  # this call's rows, stored as the cache stores them, at their ring slots
+            scale = self.kv_scale[which] if fmt.static else None
+            # the dependency before the quantizer: its ops then reach the index_put only through the quantizer's
+            # own ops, which the .pte's partitioner keeps beside the write (to_pte._feeds_state_write)
+            parts = fmt.store(news[which] + after, scale)
+            return tuple(torch.ops.aten.index_put(s, [None, None, slots], r.permute(1, 0, 2)[None])
+                         for s, r in zip(state, parts))
+
+        return out, put(k_state, 0), put(v_state, 1)
+
+
 def _op_const(name: str, hkv: int, t: int) -> str:
     """The Constants name of custom_quantized_sdpa's per-token constant for a cache of Hkv heads and T slots."""
     return f"{name}_{hkv}_{t}"
@@ -326,7 +369,11 @@ SWAPS: dict[str, list[Swap]] = {
     "onnxruntime": [Swap(lambda at: (_one_slot_per_position(at) or _native_window(at))
                          and at.fmt.storage.fused("onnxruntime"), _gqa_make, _gqa_setup)],
     "executorch": [Swap(lambda at: _one_slot_per_position(at) and at.fmt.storage.fused("executorch"), _sdpa_make,
-                        _sdpa_setup)],
+                        _sdpa_setup),
+                   # a model's own sliding layers (Gemma 3's beside its custom_sdpa layers): the eager ring, written
+                   # in place, so that every layer is
+                   Swap(lambda at: _native_window(at) and at.fmt.storage.fused("executorch"),
+                        lambda at, shared: _share(at, RingSdpaAttention))],
 }
 NORM_SWAPS = {"onnxruntime": OnnxRMSNorm}  # the norms' form where any layer is swapped
 
@@ -367,7 +414,7 @@ def kernel_reference(model: nn.Module, runtime: str) -> nn.Module:
     the same way (Attention.query_int8) and compute everything else as before."""
     layers = [at for at in model.modules() if type(at) is Attention]
     rounded = {id(at) for at, s in zip(layers, plan_swaps(model, runtime))
-               if s is not None and runtime == "executorch" and at.fmt.storage.pte_read(at.dh) == "int8 codes"}
+               if s is not None and s.make is _sdpa_make and at.fmt.storage.pte_read(at.dh) == "int8 codes"}
     if not rounded:
         return model
 
