@@ -52,7 +52,8 @@ test-deps:
 android-test: test-deps
 	android_demo/run_core_tests.sh
 
-test-all: $(STAMP) test-deps lint android-test
+# the slow tests too; llama-cpp-python (bench-deps) is what a slow test compares edgekv's GGUF reading with
+test-all: $(STAMP) test-deps lint android-test bench-deps
 	$(BIN)/python -m pytest -q -m ''
 
 bench: $(STAMP)

@@ -156,25 +156,12 @@ def test_a_gguf_is_exported_only_where_the_loader_reads_every_tensor_llama_cpp_w
 GGUF_EXPORTED = ("llama", "mistral", "qwen2", "gemma3_text")
 
 
-@pytest.mark.parametrize("mt", GGUF_EXPORTED)
-def test_a_random_gguf_of_each_exported_architecture_is_its_folder_and_llama_cpps_model(mt, tmp_path):
-    """A tiny GGUF f16 written from an HF folder: edgekv.models.weights.load_gguf gives the folder's weights (to f16
-    rounding; Gemma's norms back from 1 + w), and the export module edgekv builds from the GGUF gives llama.cpp's
-    logits for the same file (llama-cpp-python): the header's reading, what it does not carry (gguf_defaults,
-    Gemma 3's score scale 1/sqrt(head_dim), here 16 and not the config class's 256) and the q/k row order."""
+def _tiny_gguf(mt, tmp_path) -> dict:
+    """A tiny GGUF f16 of model type mt written by scripts/make_random_model.py from an HF folder, and its folder."""
     import importlib.util
     import json
 
-    np = pytest.importorskip("numpy")
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("gguf")
-    llama_cpp = pytest.importorskip("llama_cpp")
-    from conftest import ROOT, greedy_with_state
-    from safetensors.torch import load_file
-
-    from edgekv.models import load_any
-    from edgekv.models.weights import load_gguf
-    from edgekv.strategies import parse_strategy
+    from conftest import ROOT
     spec = importlib.util.spec_from_file_location("make_random_model", ROOT / "scripts" / "make_random_model.py")
     mrm = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mrm)
@@ -182,13 +169,41 @@ def test_a_random_gguf_of_each_exported_architecture_is_its_folder_and_llama_cpp
     cfg = transformers.AutoConfig.for_model(mt, **{**TINY, "vocab_size": 300}, tie_word_embeddings=False).to_dict()
     cfg.update(torch_dtype="float32", architectures=[type(_hf_model(mt)).__name__])
     (tmp_path / "e.json").write_text(json.dumps({"name": f"tiny-{mt}", "config": cfg}))
-    made = mrm.make(str(tmp_path / "e.json"), tmp_path / "m", std=0.2, echo=lambda s: None)  # logits of order 10
+    return mrm.make(str(tmp_path / "e.json"), tmp_path / "m", std=0.2, echo=lambda s: None)  # logits of order 10
+
+
+@pytest.mark.parametrize("mt", GGUF_EXPORTED)
+def test_a_random_gguf_of_each_exported_architecture_loads_as_its_folder(mt, tmp_path):
+    """edgekv.models.weights.load_gguf gives the folder's weights (to f16 rounding; Gemma's norms back from 1 + w):
+    the tensor names, the q/k row order (un-permuted) and the layout the GGUF writer used."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("gguf")
+    from safetensors.torch import load_file
+
+    from edgekv.models.weights import load_gguf
+    made = _tiny_gguf(mt, tmp_path)
     _, sd, _, _ = load_gguf(made["gguf"])
     want = load_file(made["folder"] + "/model.safetensors")
     assert set(sd) == set(want)
     for k, w in want.items():
         torch.testing.assert_close(sd[k].float(), w.float(), rtol=1e-3, atol=1e-3 * w.abs().max().item(), msg=k)
 
+
+@pytest.mark.slow  # needs llama-cpp-python, which `make bench-deps` compiles (make test-all runs it)
+@pytest.mark.parametrize("mt", GGUF_EXPORTED)
+def test_the_export_module_from_a_random_gguf_gives_llama_cpps_logits(mt, tmp_path):
+    """The export module edgekv builds from the tiny GGUF gives llama.cpp's logits for the same file
+    (llama-cpp-python): the header's reading, what it does not carry (gguf_defaults, Gemma 3's score scale
+    1/sqrt(head_dim), here 16 and not the config class's 256) and the q/k row order."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("gguf")
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from conftest import greedy_with_state
+
+    from edgekv.models import load_any
+    from edgekv.strategies import parse_strategy
+    made = _tiny_gguf(mt, tmp_path)
     prompt = [5, 17, 3, 40, 22, 9, 31, 2, 60, 11]
     before = torch.get_num_threads()
     torch.set_num_threads(1)
