@@ -170,9 +170,11 @@ def test_gemma3_kv_int8_pte_lowers_with_custom_sdpa_global_layers_beside_rolling
     assert (got.argmax(-1) == want.argmax(-1)).all()
 
 
-@pytest.mark.parametrize("strategy", ["kv:dtype=fp32", pytest.param("kv-int8c", marks=SLOW)])
+# kv (fp16, the .pte's default cache): its rows are cast where they are written; an uncast index_put stopped the
+# Gemma-3-270M .pte at run time ("tensors_have_same_dtype(in, values)", error 0x12)
+@pytest.mark.parametrize("strategy", ["kv:dtype=fp32", "kv", pytest.param("kv-int8c", marks=SLOW)])
 def test_gemma3_pte_writes_its_sliding_rings_in_place_and_decodes_what_eager_torch_does(tmp_path, strategy):
-    """Gemma 3's shape (sliding layers with a ring of 8 slots, one global layer), a fp32 or kv-int8c cache: the global
+    """Gemma 3's shape (sliding layers with a ring of 8 slots, one global layer), a fp32, fp16 or kv-int8c cache: the global
     layer takes custom_sdpa and the sliding layers their ring written by an index_put
     (edgekv.models.swaps.RingSdpaAttention), so every state tensor is written in place (no copy of the whole state in
     and out per call, which at a filled 16k is the global layers' 16k slots). Calls of 4 tokens and then of 1 cross

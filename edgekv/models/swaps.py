@@ -263,7 +263,8 @@ class RingSdpaAttention(Attention):
             # the dependency before the quantizer: its ops then reach the index_put only through the quantizer's
             # own ops, which the .pte's partitioner keeps beside the write (to_pte._feeds_state_write)
             parts = fmt.store(news[which] + after, scale)
-            return tuple(torch.ops.aten.index_put(s, [None, None, slots], r.permute(1, 0, 2)[None])
+            # a float storage stores the rows as they come and is cast where it is written (FloatStorage.store)
+            return tuple(torch.ops.aten.index_put(s, [None, None, slots], r.permute(1, 0, 2)[None].to(s.dtype))
                          for s, r in zip(state, parts))
 
         return out, put(k_state, 0), put(v_state, 1)
