@@ -5,7 +5,6 @@ converter refuses, and the child gone whenever the export is (stopped before the
 References: write_tokenizer run in this process (the sequential stage) for the bytes and the error; the kernel's
 process table (/proc) for the child's life. Seconds (each child imports transformers' GGUF converter)."""
 import hashlib
-import json
 import os
 import signal
 import subprocess

@@ -34,6 +34,12 @@ from .publish import _make_parents, _remove_partial, check_out, clean_leftovers,
 
 
 def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
+    from ..arch.gguf import kept_readers
+    with kept_readers():  # a GGUF's header parsed once for the checks and the load (released after load)
+        return _export_model(opts, echo, status)
+
+
+def _export_model(opts: ExportOptions, echo=print, status=None) -> dict:
     from .. import __version__
     from ..strategies import parse_strategy
     from . import manifest as mf
@@ -204,6 +210,8 @@ def _load(x: Export) -> None:
             x.loaded, x.stash = narrow_load(x.opts.model, x.strategy, x.opts.max_ctx)
         else:
             x.loaded = load_any(x.opts.model, x.strategy, x.opts.max_ctx)
+        from ..arch.gguf import release_readers
+        release_readers()
 
 
 def narrow_load(spec: str, strategy, max_ctx: int):
