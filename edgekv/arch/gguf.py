@@ -9,6 +9,7 @@ import re
 import mmap
 import os
 import struct
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import EdgekvError
@@ -146,17 +147,53 @@ def _scan(buf, where: str) -> None:
         s.off += 8 * n_dims + 4 + 8
 
 
+_KEPT: dict | None = None  # while kept_readers() is on: the file's identity -> its reader (the last file only)
+
+
+@contextmanager
+def kept_readers():
+    """Within: open_gguf of an unchanged file (same device, inode, size and mtime) returns the reader it made before.
+    GGUFReader parses every metadata array (a 262k vocabulary: ~10 s of CPU and ~0.7 GB of objects), and an export
+    opens its GGUF three times before the weights are in memory (check_applies, check_export, load). release_readers
+    ends the sharing (the export calls it after load, before the reader's memory would count in the lowering's)."""
+    global _KEPT
+    before, _KEPT = _KEPT, {}
+    try:
+        yield
+    finally:
+        _KEPT = before
+
+
+def release_readers() -> None:
+    """The kept reader (kept_readers) is dropped, and no other is kept until the next kept_readers()."""
+    global _KEPT
+    _KEPT = None
+
+
 def open_gguf(path: str | Path, where: str | None = None):
     """gguf-py's GGUFReader on a file whose header was checked first (check_gguf_header); any error is one line."""
     p = Path(path)
     where = where or str(p)
+    key = None
+    if _KEPT is not None:
+        try:
+            st = p.stat()
+            key = (str(p.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            pass
+        if key is not None and key in _KEPT:
+            return _KEPT[key]
     check_gguf_header(p, where)
     try:
         import gguf  # pure Python, numpy only
-        return gguf.GGUFReader(str(p))
+        reader = gguf.GGUFReader(str(p))
     except Exception as e:  # the reader raises many kinds of error on a damaged file
         raise EdgekvError(f"{where}: not a readable GGUF file (truncated or corrupt?: {type(e).__name__}: "
                           f"{e})") from None
+    if key is not None and _KEPT is not None:
+        _KEPT.clear()
+        _KEPT[key] = reader
+    return reader
 
 
 def _gguf_class(name: str) -> str:

@@ -34,6 +34,12 @@ from .publish import _make_parents, _remove_partial, check_out, clean_leftovers,
 
 
 def export_model(opts: ExportOptions, echo=print, status=None) -> dict:
+    from ..arch.gguf import kept_readers
+    with kept_readers():  # a GGUF's header parsed once for the checks and the load (released after load)
+        return _export_model(opts, echo, status)
+
+
+def _export_model(opts: ExportOptions, echo=print, status=None) -> dict:
     from .. import __version__
     from ..strategies import parse_strategy
     from . import manifest as mf
@@ -143,6 +149,7 @@ class Export:
     n_params: int = 0  # counted before verify-quant frees the eager module's weights
     importance: object = None  # int4-mix: the importance matrix from calibration text (edgekv.export.wrecipe)
     stash: object = None  # the streamed ONNX export's narrow weights while it lowers (edgekv.export.lazy_weights)
+    tok_child: object = None  # the tokenizer stage running on the second core since the start (edgekv.export.tok_child)
 
     module = property(lambda self: self.loaded.module)
     layout = property(lambda self: self.loaded.layout)
@@ -154,8 +161,11 @@ def _run(opts: ExportOptions, strategy, st: Stages, tmp: Path, mf, version: str)
     """The stages in order (the module docstring), each a function of the export in progress."""
     x = Export(opts, strategy, st, tmp, mf)
     try:
+        _start_tokenizer(x)
         return _stages(x, opts, st, version)
     finally:
+        if x.tok_child is not None:  # an export stopped before its tokenizer stage: the child goes before tmp does
+            x.tok_child.stop()
         if x.stash is not None:  # a failed export's narrow weights: not left CURRENT for the next one in this process
             x.stash.release()
             x.stash = None
@@ -200,6 +210,8 @@ def _load(x: Export) -> None:
             x.loaded, x.stash = narrow_load(x.opts.model, x.strategy, x.opts.max_ctx)
         else:
             x.loaded = load_any(x.opts.model, x.strategy, x.opts.max_ctx)
+        from ..arch.gguf import release_readers
+        release_readers()
 
 
 def narrow_load(spec: str, strategy, max_ctx: int):
@@ -222,10 +234,27 @@ def narrow_load(spec: str, strategy, max_ctx: int):
     return load_any(spec, strategy, max_ctx), None
 
 
+def _start_tokenizer(x: Export) -> None:
+    """A large GGUF's tokenizer.json is built in a child while load and the rest run (edgekv.export.tok_child)."""
+    from .tok_child import TokenizerChild, worth_it
+    source = worth_it(x.opts.model)
+    if source is not None:
+        x.tok_child = TokenizerChild(source, x.tmp)
+
+
 def _tokenizer(x: Export) -> None:
     with x.st.stage("tokenizer"):
         from .tokenizer import write_tokenizer
-        x.tok_entry = write_tokenizer(x.loaded.source, x.tmp, x.args.vocab)
+        child, x.tok_child = x.tok_child, None
+        if child is not None and child.source.resolve() == Path(x.loaded.source).resolve():
+            try:
+                x.tok_entry = child.result()
+            finally:
+                child.stop()
+        else:
+            if child is not None:  # the model loaded from another file than the one guessed: the stage as ever
+                child.stop()
+            x.tok_entry = write_tokenizer(x.loaded.source, x.tmp, x.args.vocab)
         if x.tok_entry:  # the model folder's tokenizer.json: its panics and errors one line, its ids inside the vocab
             from .generate import load_tokenizer
             x.tokenizer = load_tokenizer(x.tmp / x.tok_entry["file"], x.args.vocab)
