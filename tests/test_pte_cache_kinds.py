@@ -151,20 +151,25 @@ def test_each_cache_kind_pte_decodes_what_eager_torch_does_past_the_window(llama
 @pytest.mark.slow  # 47 s of CPU up to the partitioner alone (41 XNNPACK partitions: the rings stay explicit)
 def test_gemma3_kv_int8_pte_lowers_with_custom_sdpa_global_layers_beside_rolling_ones(tmp_path):
     """Gemma 3's shape (sliding layers with a ring of 8 slots, one global layer): kv-int8's global layer takes
-    custom_sdpa, its sliding layers keep the eager ring, and XNNPACK's partitioner stopped on that graph with
+    custom_quantized_sdpa, its sliding layers keep the eager ring, and XNNPACK's partitioner stopped on such a graph with
     "Invalid partition, found dependency cycles" (benchmarks/README.md, Gemma-3-270M at a filled 16k). Now it lowers,
     and 26 positions (three turns of each ring) decode what eager torch does."""
-    from test_families import tiny_hf
+    from tiny_families import tiny
 
     src = tmp_path / "gemma3"
-    tiny_hf("gemma3", src)
+    tiny("gemma3", src)
     out = tmp_path / "pte"
     m = export(src, out, "kv-int8", "fp32")
     art = m["artifacts"][0]
-    assert art["delegation"]["forward"]["portable_ops"]["llama.custom_sdpa"] == 1  # the one global layer
+    ops = art["delegation"]["forward"]["portable_ops"]
+    # the one global layer reads its int8 codes in place (custom_quantized_sdpa), the rings their eager graph
+    assert ops.get("llama.custom_quantized_sdpa") == 1 and "llama.custom_sdpa" not in ops, ops
+    from edgekv.models.swaps import kernel_reference
+
     stream = [t % 100 for t in STREAM]
     got = pte_rows(out, stream)
-    want = eager_rows(eager_module(src, "kv-int8", "fp32", m), stream)
+    # the eager module with the kernel's query rounding (custom_quantized_sdpa quantizes the query too)
+    want = eager_rows(kernel_reference(eager_module(src, "kv-int8", "fp32", m), "executorch"), stream)
     scale = np.abs(want).max()
     assert np.abs(got - want).max() <= 1e-3 * scale
     assert (got.argmax(-1) == want.argmax(-1)).all()
