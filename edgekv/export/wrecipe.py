@@ -24,6 +24,8 @@ earlier recipe, kept for that comparison (experiments/weight_recipe_search.py).
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 BLOCK = 32
@@ -245,13 +247,13 @@ def calibration_ids(encode, n: int) -> list[int]:
     return list(encode(calibration_text()))[:n]
 
 
-def importance(module, ids: list[int], window: int = 512) -> dict:
-    """llama.cpp's importance matrix (imatrix) for every torch.nn.Linear in module: {its weight's name: the mean over
-    tokens of the squared input, per input channel [K]}, module run on ids a window at a time (each window from
-    position 0, as llama-imatrix runs its chunks). module(input_ids) is a transformers-style forward."""
+@contextlib.contextmanager
+def _mean_squared_inputs(module):
+    """Yields a dict that, once the block exits, holds {each torch.nn.Linear's weight name: the mean over every token
+    its forward saw of the squared input, per input channel [K] (fp32 numpy)}; the hooks come off either way."""
     import torch
 
-    sums, counts, hooks = {}, {}, []
+    sums, counts, hooks, means = {}, {}, [], {}
 
     def hook(name):
         def f(_m, args, _out):
@@ -264,13 +266,24 @@ def importance(module, ids: list[int], window: int = 512) -> dict:
         if isinstance(m, torch.nn.Linear):
             hooks.append(m.register_forward_hook(hook(name + ".weight")))
     try:
-        with torch.no_grad():
-            for a in range(0, len(ids), window):
-                module(torch.tensor([ids[a:a + window]]))
+        yield means
     finally:
         for h in hooks:
             h.remove()
-    return {k: (sums[k] / counts[k]).float().numpy() for k in sums}
+    means.update({k: (sums[k] / counts[k]).float().numpy() for k in sums})
+
+
+def importance(module, ids: list[int], window: int = 512) -> dict:
+    """llama.cpp's importance matrix (imatrix) for every torch.nn.Linear in module: {its weight's name: the mean over
+    tokens of the squared input, per input channel [K]}, module run on ids a window at a time (each window from
+    position 0, as llama-imatrix runs its chunks). module(input_ids) is a transformers-style forward."""
+    import torch
+
+    with _mean_squared_inputs(module) as means:
+        with torch.no_grad():
+            for a in range(0, len(ids), window):
+                module(torch.tensor([ids[a:a + window]]))
+    return means
 
 
 def q8_blocks(w: np.ndarray, block: int = BLOCK):
@@ -327,31 +340,13 @@ def eager_importance(module, state_for, stepper_for, ids: list[int], window: int
     fp32 side runs; stepper_for(state) the stepper). The keys are the eager module's Linear weights' names, plus the
     names the ONNX graph gives the projections it fuses (edgekv.models.swaps: q/k/v -> qkv_proj, gate/up ->
     gate_up_proj), which read the same input."""
-    import torch
-
-    sums, counts, hooks = {}, {}, []
-
-    def hook(name):
-        def f(_m, args, _out):
-            x = args[0].detach().reshape(-1, args[0].shape[-1]).double()
-            sums[name] = sums.get(name, 0) + (x * x).sum(0)
-            counts[name] = counts.get(name, 0) + x.shape[0]
-        return f
-
-    for name, m in module.named_modules():
-        if isinstance(m, torch.nn.Linear):
-            hooks.append(m.register_forward_hook(hook(name + ".weight")))
-    try:
+    with _mean_squared_inputs(module) as out:
         for a in range(0, len(ids), window):
             part = ids[a:a + window]
             with state_for(len(part)) as state:
                 st = stepper_for(state)
                 st.reset()
                 st.prefill(part)
-    finally:
-        for h in hooks:
-            h.remove()
-    out = {k: (sums[k] / counts[k]).float().numpy() for k in sums}
     for k in list(out):
         for one, fused in ((".q_proj.", ".qkv_proj."), (".gate_proj.", ".gate_up_proj.")):
             if one in k:
