@@ -189,14 +189,6 @@ def materialized(module, stash: Stash | None):
             restore(saved)
         restore(outer)
 
-    def value_of(self, t: torch.Tensor) -> torch.Tensor | None:
-        """The fp32 values of t, a tensor (or a view) over a placeholder; None if t is not over one."""
-        hit = self.by_ptr.get(t.untyped_storage().data_ptr())
-        if hit is None:
-            return None
-        full = hit[1].to(torch.float32)
-        return full.as_strided(t.size(), t.stride(), t.storage_offset())
-
 
 def _placeholder(shape, keep: list) -> torch.Tensor:
     """An fp32 tensor of shape over a private anonymous mapping never written: no resident page."""
