@@ -95,6 +95,17 @@ def _stream_weights(model) -> dict:
     return out
 
 
+def _output_columns(w, transposed: bool, k: int, cols: int, data: _Data):
+    """A MatMul's weight read a chunk of whole output columns at a time (each column's blocks are independent):
+    yields (first column, end, fp32 [end - first, K] rows, contiguous). A folded B [K, N] is read whole once: its
+    columns are not contiguous on disk."""
+    step = max(2, CHUNK_ELEMS // max(k, 1))
+    whole = None if transposed else data.rows(w)
+    for a in range(0, cols, step):
+        b = min(cols, a + step)
+        yield a, b, np.ascontiguousarray(data.rows(w, a, b) if transposed else whole[:, a:b].T, dtype=np.float32)
+
+
 def _nbits_matmul(n, w, transposed: bool, k: int, cols: int, bits: int, block: int, data: _Data, new_inits: list):
     """ORT's DefaultWeightOnlyQuantizer.quantize_matmul (QOperator) for one MatMul, its B read in column chunks."""
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, \
@@ -103,15 +114,8 @@ def _nbits_matmul(n, w, transposed: bool, k: int, cols: int, bits: int, block: i
     sym = ORT_SYMMETRIC[f"int{bits}"]
     q = DefaultWeightOnlyQuantizer(DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=sym,
                                                                 accuracy_level=ORT_ACCURACY_LEVEL, bits=bits))
-    step = max(2, CHUNK_ELEMS // max(k, 1))
-    whole = None if transposed else data.rows(w)  # a folded B [K, N]: columns are not contiguous on disk
-    parts = []
-    for a in range(0, cols, step):
-        b = min(cols, a + step)
-        chunk = data.rows(w, a, b).T if transposed else whole[:, a:b]
-        parts.append(q.qbits_block_quant(np.ascontiguousarray(chunk, dtype=np.float32)))
-        del chunk
-    del whole
+    parts = [q.qbits_block_quant(np.ascontiguousarray(rows.T)) for _, _, rows in _output_columns(w, transposed, k,
+                                                                                                    cols, data)]
     return _nbits_node(n, parts, not sym, k, cols, bits, block, data, new_inits)
 
 
@@ -149,18 +153,12 @@ def _recipe_matmul(n, w, transposed: bool, k: int, cols: int, bits: int, data: _
         codes, scales = _q8_rows(w, transposed, k, cols, data, new_inits, shared)
         t = _init(f"{w.name}_scales.{n.name}", scales.reshape(-1), data, new_inits)
         return [_nbits_from(n, [codes, t], k, cols, 8, wrecipe.BLOCK)]
-    step = max(2, CHUNK_ELEMS // max(k, 1))
-    whole = None if transposed else data.rows(w)
     parts, rems = [], []
-    for a in range(0, cols, step):
-        b = min(cols, a + step)
-        rows = np.ascontiguousarray(data.rows(w, a, b) if transposed else whole[:, a:b].T, dtype=np.float32)
+    for _, _, rows in _output_columns(w, transposed, k, cols, data):
         q, s, m = wrecipe.search_blocks_fmin(rows, bits, importance=importance)
         z, r = wrecipe.split_minimum(s, m, bits)
         parts.append(wrecipe.pack_matmul(q, s, z, bits))
         rems.append(r)
-        del rows, q
-    del whole
     y = n.output[0]
     node = _nbits_node(n, parts, True, k, cols, bits, wrecipe.BLOCK, data, new_inits)
     del node.output[:]
@@ -189,17 +187,11 @@ def _q8_rows(w, transposed: bool, k: int, cols: int, data: _Data, new_inits: lis
     from . import wrecipe
     if shared is not None and w.name in shared:
         return shared[w.name]
-    step = max(2, CHUNK_ELEMS // max(k, 1))
-    whole = None if transposed else data.rows(w)
     codes, scales = [], []
-    for a in range(0, cols, step):
-        b = min(cols, a + step)
-        rows = np.ascontiguousarray(data.rows(w, a, b) if transposed else whole[:, a:b].T, dtype=np.float32)
+    for a, b, rows in _output_columns(w, transposed, k, cols, data):
         q, s = wrecipe.q8_blocks(rows)
         codes.append(q.reshape(b - a, k // wrecipe.BLOCK, wrecipe.BLOCK))
         scales.append(s)
-        del rows
-    del whole
     out = _init(f"{w.name}_Q8", np.concatenate(codes), data, new_inits), np.concatenate(scales)
     if shared is not None:
         shared[w.name] = out
