@@ -47,6 +47,43 @@ def load_benchmark(name: str):
     return mod
 
 
+def make_random_model():
+    """scripts/make_random_model.py as a module."""
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("make_random_model", root / "scripts" / "make_random_model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# a Llama 3-shaped bf16 config in transformers' keys; tests override the sizes they need
+RANDOM_LLAMA = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "head_dim": 64, "hidden_act": "silu",
+                "hidden_size": 512, "intermediate_size": 2048, "max_position_embeddings": 4096, "mlp_bias": False,
+                "model_type": "llama", "num_attention_heads": 8, "num_hidden_layers": 4, "num_key_value_heads": 2,
+                "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": True,
+                "torch_dtype": "bfloat16", "vocab_size": 2048, "bos_token_id": 1, "eos_token_id": 2}
+
+
+def random_llama(tmp_path: Path, gguf: bool = False, std: float | None = None, **config) -> dict:
+    """make_random_model's HF folder (tmp_path / "m"; and its GGUF f16 with gguf) of RANDOM_LLAMA with config's
+    overrides, values normal(0, std) (make's default where None); returns make()'s dict (folder, gguf, ...)."""
+    import json
+    entry = tmp_path / "m.json"
+    entry.write_text(json.dumps({"name": "m", "config": {**RANDOM_LLAMA, **config}}))
+    return make_random_model().make(str(entry), tmp_path / "m", echo=lambda s: None, gguf_file=gguf,
+                                    **({} if std is None else {"std": std}))
+
+
+def child_json(code: str, *args, timeout: float = 300) -> dict:
+    """Runs `python -c code args...` in a fresh process (its own peak memory) and returns the JSON of its last
+    stdout line; a failed child fails the test with its stderr."""
+    import json
+    p = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def run_cli(*args, check=False, env=None):
     e = dict(os.environ)
     e.update(env or {})

@@ -6,14 +6,12 @@ References: the safetensors file itself (its bf16 tensors widened to fp32, q/k/v
 attention stacks them) for every weight written; the kernel's resident size of a child process (VmRSS, /proc) for the
 memory.
 """
-import json
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, child_json, random_llama
 
 CHILD = """
 import gc, json, re, sys
@@ -61,27 +59,15 @@ def test_lowering_holds_the_narrow_weights_and_writes_the_checkpoints(tmp_path):
     the ONNX target's trace and lower-onnx, the process holds less than 0.75x the module's fp32 weights above its baseline (their bf16
     copies, half, and the graph), where a lowering over the fp32 module holds all of them and more; and every weight
     in model.onnx.data is the checkpoint's bf16 value, bit for bit."""
-    import importlib.util
 
     import onnx
     from onnx import numpy_helper
     from safetensors.torch import load_file as load_torch
 
-    spec = importlib.util.spec_from_file_location("mrm", ROOT / "scripts" / "make_random_model.py")
-    mrm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mrm)
-    cfg = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "head_dim": 64, "hidden_act": "silu",
-           "hidden_size": 512, "intermediate_size": 2048, "max_position_embeddings": 4096, "mlp_bias": False,
-           "model_type": "llama", "num_attention_heads": 8, "num_hidden_layers": 4, "num_key_value_heads": 2,
-           "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-           "vocab_size": 64000, "bos_token_id": 1, "eos_token_id": 2}
-    (tmp_path / "m.json").write_text(json.dumps({"name": "m", "config": cfg}))
-    mrm.make(str(tmp_path / "m.json"), tmp_path / "m", echo=lambda s: None, gguf_file=False)
+    cfg = {"num_hidden_layers": 4, "vocab_size": 64000}
+    random_llama(tmp_path, **cfg)
     (tmp_path / "out").mkdir()
-    p = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(tmp_path / "m"), str(tmp_path / "out")],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    r = json.loads(p.stdout.strip().splitlines()[-1])
+    r = child_json(CHILD, ROOT, tmp_path / "m", tmp_path / "out")
     assert r["fp32"] > 150e6 and r["held"] < 0.75 * r["fp32"], r
 
     import torch

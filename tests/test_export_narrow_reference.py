@@ -5,14 +5,12 @@ embedding table and one layer's part in fp32, and the logits are the fp32 model'
 References: transformers' own LlamaForCausalLM in fp32 on the same folder for the logits; the kernel's high-water
 mark of a child process (VmHWM, /proc) for the memory.
 """
-import json
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, child_json, random_llama
 
 CHILD = """
 import json, re, sys
@@ -46,11 +44,7 @@ np.save(out / "rows.npy", x.fp32_rows)
 print(json.dumps({"peak": peak, "fp32": fp32, "tokens": tokens}))
 """
 
-CFG = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "head_dim": 64, "hidden_act": "silu",
-       "hidden_size": 512, "intermediate_size": 2048, "max_position_embeddings": 4096, "mlp_bias": False,
-       "model_type": "llama", "num_attention_heads": 8, "num_hidden_layers": 12, "num_key_value_heads": 2,
-       "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-       "vocab_size": 2048, "bos_token_id": 1, "eos_token_id": 2}
+CFG = {"num_hidden_layers": 12}  # over conftest.RANDOM_LLAMA: ~47M parameters, 12 layers of 512, MLP 2048
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the kernel's VmHWM (/proc/self/status)")
@@ -60,21 +54,13 @@ def test_reference_pass_holds_the_narrow_weights_and_gives_fp32_logits(tmp_path)
     0.84x to 1.03x over repeated runs: their bf16 bytes, half, plus the table, one MLP widened, the pass's own and the
     safetensors pages it maps, which count as resident; 0.95x failed one CI run in three), where the fp32 module alone
     is 1x (the fp32 load measured 1.26x); and the reference's logits are transformers' fp32 logits of the folder."""
-    import importlib.util
 
     import torch
     from transformers import LlamaForCausalLM
 
-    spec = importlib.util.spec_from_file_location("mrm", ROOT / "scripts" / "make_random_model.py")
-    mrm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mrm)
-    (tmp_path / "m.json").write_text(json.dumps({"name": "m", "config": CFG}))
-    mrm.make(str(tmp_path / "m.json"), tmp_path / "m", echo=lambda s: None, gguf_file=False)
+    random_llama(tmp_path, **CFG)
     (tmp_path / "out").mkdir()
-    p = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(tmp_path / "m"), str(tmp_path / "out")],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    r = json.loads(p.stdout.strip().splitlines()[-1])
+    r = child_json(CHILD, ROOT, tmp_path / "m", tmp_path / "out")
     assert r["fp32"] > 150e6 and r["peak"] < 1.1 * r["fp32"], {k: r[k] for k in ("peak", "fp32")}
 
     hf = LlamaForCausalLM.from_pretrained(tmp_path / "m", torch_dtype=torch.float32).eval()

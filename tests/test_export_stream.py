@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, traced_for_onnx
+from conftest import ROOT, child_json, random_llama, traced_for_onnx
 
 TINY = ROOT / "fixtures" / "tiny" / "llama"
 
@@ -163,22 +163,8 @@ def test_loading_holds_the_fp32_weights_once(tmp_path):
     """A bf16 HF folder of ~44M parameters (scripts/make_random_model.py, 8 layers of 512): building the module and
     loading its weights raises the peak resident size by less than 1.5x the module's fp32 weights (the weights once,
     and a tensor being converted), where a randomly initialised module beside a loaded fp32 state dict is 2x."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("mrm", ROOT / "scripts" / "make_random_model.py")
-    mrm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mrm)
-    cfg = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "head_dim": 64, "hidden_act": "silu",
-           "hidden_size": 512, "intermediate_size": 1536, "max_position_embeddings": 4096, "mlp_bias": False,
-           "model_type": "llama", "num_attention_heads": 8, "num_hidden_layers": 8, "num_key_value_heads": 8,
-           "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-           "vocab_size": 32000, "bos_token_id": 1, "eos_token_id": 2}
-    entry = tmp_path / "m.json"
-    entry.write_text(json.dumps({"name": "m", "config": cfg}))
-    mrm.make(str(entry), tmp_path / "m", echo=lambda s: None, gguf_file=False)
-    p = subprocess.run([sys.executable, "-c", LOAD_CHILD, str(ROOT), str(tmp_path / "m")],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    r = json.loads(p.stdout.strip().splitlines()[-1])
+    # ~44M parameters: 8 layers of 512, MLP 1536, 8 KV heads, a 32000-row table
+    random_llama(tmp_path, num_hidden_layers=8, intermediate_size=1536, num_key_value_heads=8, vocab_size=32000)
+    r = child_json(LOAD_CHILD, ROOT, tmp_path / "m")
     rise = (r["peak_kb"] - r["base_kb"]) * 1024
     assert r["fp32_bytes"] > 150e6 and rise < 1.5 * r["fp32_bytes"], (rise, r["fp32_bytes"])

@@ -4,14 +4,12 @@ rope_freqs tensor transformers' GGUF reader drops) reaches the fp32 reference.
 
 References: Python's own str.encode (the bytes); transformers' LlamaForCausalLM from the HF folder the GGUF was
 written from, whose llama3 rope comes from config.json (ROPE_INIT_FUNCTIONS["llama3"]). Seconds."""
-import importlib.util
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_benchmark
+from conftest import load_benchmark, random_llama
 
 torch = pytest.importorskip("torch")
 gguf = pytest.importorskip("gguf")
@@ -72,19 +70,11 @@ def test_the_reference_from_a_gguf_applies_llama3_rope_freqs(tmp_path):
     low-frequency wavelength, each divided by 32."""
     from transformers import AutoModelForCausalLM
 
-    spec = importlib.util.spec_from_file_location("make_random_model", ROOT / "scripts" / "make_random_model.py")
-    mrm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mrm)
-    cfg = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "head_dim": 16, "hidden_act": "silu",
-           "hidden_size": 64, "intermediate_size": 160, "max_position_embeddings": 4096, "mlp_bias": False,
-           "model_type": "llama", "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2,
-           "rms_norm_eps": 1e-05, "rope_theta": 100.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-           "vocab_size": 384, "bos_token_id": 1, "eos_token_id": 2,
-           "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                            "original_max_position_embeddings": 16, "rope_type": "llama3"}}
-    entry = tmp_path / "l3.json"
-    entry.write_text(json.dumps({"name": "l3", "config": cfg}))
-    made = mrm.make(str(entry), tmp_path / "l3", std=0.3, echo=lambda s: None)
+    made = random_llama(tmp_path, gguf=True, std=0.3, head_dim=16, hidden_size=64, intermediate_size=160,
+                        num_attention_heads=4, num_hidden_layers=2, num_key_value_heads=2, rope_theta=100.0,
+                        vocab_size=384, rope_scaling={"factor": 32.0, "high_freq_factor": 4.0,
+                                                      "low_freq_factor": 1.0, "original_max_position_embeddings": 16,
+                                                      "rope_type": "llama3"})
     fc = load_benchmark("filled_context")
     ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(2)).tolist()
     n_prompt, new = fc.prompt_len(40, 8), 8

@@ -158,13 +158,10 @@ GGUF_EXPORTED = ("llama", "mistral", "qwen2", "gemma3_text")
 
 def _tiny_gguf(mt, tmp_path) -> dict:
     """A tiny GGUF f16 of model type mt written by scripts/make_random_model.py from an HF folder, and its folder."""
-    import importlib.util
     import json
 
-    from conftest import ROOT
-    spec = importlib.util.spec_from_file_location("make_random_model", ROOT / "scripts" / "make_random_model.py")
-    mrm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mrm)
+    from conftest import make_random_model
+    mrm = make_random_model()
     # a vocabulary past the writer's 256 byte tokens
     cfg = transformers.AutoConfig.for_model(mt, **{**TINY, "vocab_size": 300}, tie_word_embeddings=False).to_dict()
     cfg.update(torch_dtype="float32", architectures=[type(_hf_model(mt)).__name__])
