@@ -81,6 +81,71 @@ def release_file_pages(path: Path, sparse: bool = False) -> int:
     return released
 
 
+class paging_out:
+    """Inside the block, a thread gives back this process's resident pages of `path`'s mappings every `every` seconds
+    (Linux; elsewhere, or where the kernel refuses MADV_PAGEOUT, it does nothing). For a runtime that maps its
+    weight file and packs every weight from the mapped pages while it loads (ONNX Runtime: MatMulNBits' prepacking):
+    without it, the end of the load holds every page the packing read beside every packed copy, a peak of about the
+    file plus the packed weights; with it, the pages go as the packing moves on, and the peak is the packed weights
+    plus what the packing read in the last interval.
+
+    MADV_PAGEOUT, not MADV_DONTNEED: the runtime maps the file private and writable, and DONTNEED would drop a page it
+    had written (copy-on-write) back to the file's bytes; PAGEOUT reclaims only what it can keep correct (a clean
+    file page is dropped; a written one stays, or goes to swap). A page read again later faults back in from the file.
+    The thread runs while the load holds no GIL (ONNX Runtime's session constructor releases it)."""
+
+    MADV_PAGEOUT = 21  # linux/mman-common.h (Linux 5.4)
+
+    def __init__(self, path: Path, every: float = 0.002):
+        self.target, self.every = str(Path(path).resolve()), every
+        self.calls = 0
+        self._stop = None
+        self._thread = None
+
+    def _spans(self) -> list[tuple[int, int]]:
+        out = []
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if line.rstrip().endswith(self.target):
+                    lo, hi = line.split(None, 1)[0].split("-")
+                    out.append((int(lo, 16), int(hi, 16)))
+        return out
+
+    def _run(self, libc) -> None:
+        import ctypes
+        import errno
+
+        while not self._stop.is_set():
+            for lo, hi in self._spans():
+                if libc.madvise(lo, hi - lo, self.MADV_PAGEOUT) != 0 and ctypes.get_errno() == errno.EINVAL:
+                    return  # a kernel before 5.4 (ENOMEM: the mapping went between reading the maps and now)
+                self.calls += 1
+            self._stop.wait(self.every)
+
+    def __enter__(self):
+        import ctypes
+        import sys
+        import threading
+
+        if not sys.platform.startswith("linux"):
+            return self
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        except OSError:
+            return self
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(libc,), name="edgekv-paging-out", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+        return False
+
+
 class quiet_native_stderr:
     """Discard what native code writes to file descriptor 2 inside the block. ExecuTorch's runtime logs from C++
     (ET_LOG) when its threadpool starts: cpuinfo's probes of ARM-only /sys files on x86 and the thread count, five

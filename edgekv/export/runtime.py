@@ -17,13 +17,14 @@ every token it sees; a rolling window would overwrite live slots).
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import EdgekvError
 from .manifest import ROWS
-from .pte_stepper import PteStepper, release_file_pages
+from .pte_stepper import PteStepper, paging_out, release_file_pages
 from .stepper import NP_DTYPES, ORT_DTYPES, Stepper, check_graph_io, entry, recorded_chunk
 
 
@@ -32,8 +33,8 @@ class OrtStepper(Stepper):
     (verify's eager torch) runs in the same process in between, or both slow down by an order of magnitude on a
     small machine.
 
-    lean=True (the default) gives back the pages of model.onnx.data that loading read (release_file_pages, sparse),
-    and turns off ORT's CPU memory arena and memory-pattern planning: with them on, ORT keeps the blocks of earlier
+    lean=True (the default) gives back the pages of model.onnx.data as loading reads them (paging_out) and once it is
+    done (release_file_pages, sparse), and turns off ORT's CPU memory arena and memory-pattern planning: with them on, ORT keeps the blocks of earlier
     calls, so memory is what one call needs, which is what the planner predicts (benchmarks/plan_accuracy.py). An app should set the same two
     options (SessionOptions.enable_cpu_mem_arena / enable_mem_pattern = false); the manifest's deployment says so."""
 
@@ -52,8 +53,12 @@ class OrtStepper(Stepper):
             opts.intra_op_num_threads = threads
         if not spin:
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # lean: the data file's pages go while ORT packs the weights from them, not after (paging_out): the load's
+        # peak is the packed weights, not the packed weights and the file together
+        pager = paging_out(folder / a["external_data"]) if lean and a.get("external_data") else nullcontext()
         try:
-            self.sess = ort.InferenceSession(str(folder / a["file"]), opts, providers=["CPUExecutionProvider"])
+            with pager:
+                self.sess = ort.InferenceSession(str(folder / a["file"]), opts, providers=["CPUExecutionProvider"])
         except Exception as e:  # ORT raises its own exception types for damaged models
             raise EdgekvError(f"{folder / a['file']}: ONNX Runtime cannot load it ({type(e).__name__}: {e})") from None
 
