@@ -1,12 +1,14 @@
 """Where an ONNX export's peak memory above the baseline comes from: ONNX Runtime's session load maps
 model.onnx.data and packs every MatMulNBits weight from the mapped pages, so at the end of the load the process holds
 the file's pages it read and the packed copies together; OrtStepper (lean) then gives the file's pages back
-(edgekv.export.pte_stepper.release_file_pages). This prints and stores, per export: the RSS above the baseline (after
-importing onnxruntime) at the end of the load, the peak (VmHWM), the file pages released and the RSS after.
+(edgekv.export.pte_stepper.release_file_pages). With --paged each export also loads inside
+edgekv.export.pte_stepper.paging_out (as OrtStepper now does), which gives the pages back while the packing reads
+them. This prints and stores, per export (and per mode): the RSS above the baseline (after importing onnxruntime) at
+the end of the load, the peak (VmHWM), the file pages released and the RSS after.
 
-    python experiments/ort_load_peak.py EXPORT [EXPORT ...] --out benchmarks/results/ort_load_peak_X.json
+    python experiments/ort_load_peak.py EXPORT [EXPORT ...] [--paged] [--repeats N] --out benchmarks/results/X.json
 
-Each export loads in its own process (python -c), one thread, the session options OrtStepper sets."""
+Each load runs in its own process (python -c), one thread, the session options OrtStepper sets."""
 from __future__ import annotations
 
 import argparse
@@ -28,12 +30,14 @@ def st(k):
         if line.startswith(k):
             return int(line.split()[1]) * 1024
 import onnxruntime as ort
-from edgekv.export.pte_stepper import release_file_pages
-f = Path(sys.argv[1])
+from contextlib import nullcontext
+from edgekv.export.pte_stepper import paging_out, release_file_pages
+f, paged = Path(sys.argv[1]), sys.argv[3] == '1'
 base = st('VmRSS')
 o = ort.SessionOptions(); o.enable_cpu_mem_arena = False; o.enable_mem_pattern = False; o.intra_op_num_threads = 1
 t = time.process_time()
-s = ort.InferenceSession(str(f / 'model.onnx'), o, providers=['CPUExecutionProvider'])
+with paging_out(f / 'model.onnx.data') if paged else nullcontext():
+    s = ort.InferenceSession(str(f / 'model.onnx'), o, providers=['CPUExecutionProvider'])
 cpu = time.process_time() - t
 after, hwm = st('VmRSS'), st('VmHWM')
 rel = release_file_pages(f / 'model.onnx.data', sparse=True)
@@ -48,15 +52,21 @@ print(json.dumps({'data_file_mib': (f / 'model.onnx.data').stat().st_size / mib,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("exports", nargs="+")
+    ap.add_argument("--paged", action="store_true", help="also load each export with paging_out around the load (as "
+                    "OrtStepper does), in its own process: the rows alternate")
+    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--out")
     a = ap.parse_args()
     rows = []
-    for e in a.exports:
-        p = subprocess.run([sys.executable, "-c", CHILD, str(Path(e).resolve()), str(ROOT)], capture_output=True,
-                           text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
-        r = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {"error": p.stderr[-500:]}
-        rows.append({"export": Path(e).name, **r, "loadavg": list(os.getloadavg())})
-        print(json.dumps(rows[-1]))
+    for _ in range(a.repeats):
+        for e in a.exports:
+            for paged in ((False, True) if a.paged else (False,)):
+                p = subprocess.run([sys.executable, "-c", CHILD, str(Path(e).resolve()), str(ROOT), str(int(paged))],
+                                   capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                                   timeout=600)
+                r = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {"error": p.stderr[-500:]}
+                rows.append({"export": Path(e).name, "paging_out": paged, **r, "loadavg": list(os.getloadavg())})
+                print(json.dumps(rows[-1]))
     if a.out:
         Path(a.out).write_text(json.dumps({"experiment": "ort_load_peak", "started_utc": datetime.now(UTC).isoformat(
             timespec="seconds"), "rows": rows}, indent=1) + "\n")
