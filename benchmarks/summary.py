@@ -30,7 +30,7 @@ LLAMACPP = ("llamacpp:f16", "llamacpp:q8_0")
 FILLED = [
     ("Decode at a filled 32k, Gemma-3-270M", "filled_context_gemma3_32768_window_gqa", LLAMACPP, "llama.cpp"),
     ("Decode at a filled 16k, Gemma-3-270M", "filled_context_gemma3_16384_window_gqa", LLAMACPP, "llama.cpp"),
-    ("Decode at a filled 16k, Gemma-3-270M, the GGUF's own blocks", "filled_context_gemma3_16384_gguf_equal", LLAMACPP,
+    ("Decode at a filled 16k, Gemma-3-270M, the GGUF's own blocks", "filled_context_gemma3_16384_gguf_paged", LLAMACPP,
      "llama.cpp"),
     ("Decode at a filled 16k, Gemma-3-270M, against GenAI", "filled_context_gemma3_16384_genai", ("genai:int4",),
      "ORT GenAI"),

@@ -12,7 +12,8 @@ Forms (random codes and scales of the head's shape; the timing does not depend o
                     MatMulInteger over the 20 blocks as a batch [20, 1, 32] x [20, 32, N], then each block's int32
                     sum times its scale, summed over blocks (Cast, Mul, ReduceSum)
   nbits4_acc4       MatMulNBits 4-bit, block 32 (what --weights int4 runs; not the file's values): the reference
-Each form is built in one process; the rounds go round the forms. Output: a table and JSON (--out), with the load.
+Every form is a session of one process; the rounds go round the sessions (--forms A,A,B: A twice, to see how much
+two sessions of one form differ). Output: a table and JSON (--out), with the load.
 
     python experiments/head_forms.py [--rounds 5] [--calls 10] [--out benchmarks/results/head_forms_gemma3.json]
 """
@@ -95,13 +96,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--slow-calls", type=int, default=2, help="calls per round for nbits8_acc0 (about 1 s each)")
+    ap.add_argument("--forms", help="comma-separated forms to build (default: all); a form named twice is built in two "
+                    "sessions (name, name#2, ...): how much sessions of one form differ")
     ap.add_argument("--out")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 1, K), dtype=np.float32)
     started, load = datetime.now(UTC).isoformat(timespec="seconds"), [os.getloadavg()]
     sessions = {}
-    for name, (build, config, _) in FORMS.items():
+    names = args.forms.split(",") if args.forms else list(FORMS)
+    for i, form in enumerate(names):
+        build, config, _ = FORMS[form]
+        name = form if form not in sessions else f"{form}#{names[:i + 1].count(form)}"
         o = ort.SessionOptions()
         o.intra_op_num_threads = 1
         for k, v in config.items():
@@ -117,7 +123,7 @@ def main() -> None:
                 s.run(None, {"x": x})
             ms[name].append((time.process_time() - c) * 1e3 / calls)
         load.append(os.getloadavg())
-    rows = [{"form": k, "exact_weights": FORMS[k][2], "cpu_ms_per_call": round(statistics.median(v), 2),
+    rows = [{"form": k, "exact_weights": FORMS[k.split("#")[0]][2], "cpu_ms_per_call": round(statistics.median(v), 2),
              "runs_cpu_ms": [round(t, 2) for t in v]} for k, v in ms.items()]
     for r in rows:
         print(f"{r['form']:18s} {r['cpu_ms_per_call']:9.2f} CPU ms per call  exact weights: {r['exact_weights']}")
