@@ -116,7 +116,11 @@ class paging_out:
         import errno
 
         while not self._stop.is_set():
-            for lo, hi in self._spans():
+            try:
+                spans = self._spans()
+            except OSError:  # no /proc: nothing to give back
+                return
+            for lo, hi in spans:
                 if libc.madvise(lo, hi - lo, self.MADV_PAGEOUT) != 0 and ctypes.get_errno() == errno.EINVAL:
                     return  # a kernel before 5.4 (ENOMEM: the mapping went between reading the maps and now)
                 self.calls += 1
