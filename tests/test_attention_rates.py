@@ -258,6 +258,14 @@ def test_filled_rows_against_the_plan(tmp_path):
     for cost in ("onnxruntime", "executorch", "llama.cpp"):
         stored = ALL[cost]["devices"]["host"]["weights"]["int4"]["read_bytes_per_s"]
         assert res["weights_rates_bytes_per_s"][cost] == pytest.approx(stored, rel=0.005), cost
+    for cost, c in res["layer_overhead_s"].items():  # the other ops per layer beside the per-matrix kernel rows
+        stored = ALL[cost]["devices"]["host"]["weights"]["int4"]["by_matrix"]["layer_overhead_s"]
+        assert stored == pytest.approx(c, rel=0.005), cost
+    stored = ALL["llama.cpp"]["devices"]["host"]["gguf_type_rates"]
+    assert set(stored) == set(res["llamacpp_gguf_type_rates"])
+    for t, g in res["llamacpp_gguf_type_rates"].items():  # llama.cpp's rates per GGML type, as measured
+        for k in ("matmul_flop_per_s", "read_bytes_per_s"):
+            assert stored[t][k] == pytest.approx(g[k], rel=0.005), (t, k)
     for cost, p in res["prefill"].items():
         pre = ALL[cost]["devices"]["host"]["prefill"]
         assert pre["matmul_flop_per_s"] == pytest.approx(p["matmul_flop_per_s"], rel=0.005), cost
@@ -438,3 +446,51 @@ def test_plan_vs_filled_plans_a_q4_0_gguf_row_as_int4(tmp_path):
     assert plan_vs_filled.parse("edgekv-ort:kv-int8c/gguf", str(q4)) == ("onnxruntime", "kv-int8c", "int4")
     assert isinstance(plan_vs_filled.parse("edgekv-ort:kv-int8c/gguf", str(f16)), str)
     assert plan_vs_filled.model_arch(str(q4)).n_layers == 2  # a model outside the catalog: read as plan -m reads it
+
+
+def test_llamacpp_plan_of_an_unmeasured_mix_at_its_types_rates(tmp_path):
+    """A GGUF whose mix no file run measured (Q4_0 layers, a tied Q8_0 table: the random 1B's file is Q4_0 + Q6_K)
+    is charged each type at the rate measured on random files of that type alone (gguf_type_rates): the step's
+    weights time is the sum over types of the bytes a step reads over that type's rate, by hand from the file's
+    blocks (Q4_0: 18 bytes per 32 values, Q8_0: 34 per 32; the tied table read whole as the output layer), and the
+    prefill's matmuls run at the Q4_0 rate. Before, such a file fell back to the roofline (Q4_0 charged Q4_1's rate
+    in plan_vs_filled: the 1B's llama.cpp row -29 %, its prefill +55 %)."""
+    pytest.importorskip("gguf")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from attention_rates import LC_VOCAB, lc_gguf
+
+    h, hkv, d, ff, layers = 4, 1, 64, 512, 2
+    path = tmp_path / "q4_0.gguf"
+    lc_gguf(path, h, hkv, d, layers, linear="Q4_0", ff=ff, embedding="Q8_0")
+    by = ALL["llama.cpp"]["devices"]["host"]["gguf_type_rates"]
+    hidden = h * d
+    linear = layers * (2 * hidden * h * d + 2 * hidden * hkv * d + 3 * hidden * ff)
+    want_w = linear * 18 / 32 / by["Q4_0"]["read_bytes_per_s"] + LC_VOCAB * hidden * 34 / 32 / by["Q8_0"][
+        "read_bytes_per_s"]
+    row = plan("--device", "host", "-m", str(path), "--runtime", "llama.cpp", "--strategy", "kv", "--ctx", "1024",
+               "--explain")
+    text = row["explain"]["decode_tokens_per_s"]
+    assert "each type at the rates measured on a file of that type alone" in text, text
+    attn_s = float(text.split(" = ")[2].split(" ms")[0]) / 1e3  # the attention term the line prints
+    assert 1 / row["decode_tokens_per_s"] - attn_s == pytest.approx(want_w, rel=0.02)
+    pre = ALL["llama.cpp"]["devices"]["host"]["prefill"]
+    mm = 2 * linear * 1024 + 2 * LC_VOCAB * hidden * 8  # the logits of each 128-token chunk's last token
+    attn = layers * 4 * h * d * 1024 * 1025 / 2
+    want_p = mm / by["Q4_0"]["matmul_flop_per_s"] + attn / pre["attention_flop_per_s_by_head_dim"]["f16"]["64"]
+    assert row["prefill_seconds"] == pytest.approx(want_p, rel=0.01)
+
+
+def test_pte_prefill_at_its_stored_rates_by_hand():
+    """edgekv's .pte prefill on the host is charged at its own stored rates (fitted by benchmarks/plan_vs_filled.py
+    on SmolLM2's .pte rows, fp32 at 2k and 8k): SmolLM2-135M, fp32 cache, 8192 tokens = 2 x 106,168,320 matmul
+    parameters x 8192 + the logits of each 128-token chunk's last token over the .pte's matmul rate, + causal
+    attention 30 x 4 x 9 x 64 x 8192 x 8193 / 2 FLOP over its fp32 rate. Before, the .pte's prefill had no stored
+    rate and the plan charged the roofline."""
+    pre = ALL["executorch"]["devices"]["host"]["prefill"]
+    per_layer = 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536
+    mm = 2 * L * per_layer * 8192 + 2 * 49152 * 576 * 64
+    attn = L * 4 * H * D * 8192 * 8193 / 2
+    want = mm / pre["matmul_flop_per_s"] + attn / pre["attention_flop_per_s"]["fp32"]
+    row = plan("--device", "host", "-m", "smollm2-135m", "--runtime", "executorch", "--strategy", "kv:dtype=fp32",
+               "--weights", "int4", "--ctx", "8192")
+    assert row["prefill_seconds"] == pytest.approx(want, rel=0.01)
