@@ -61,6 +61,8 @@ KINDS = {"fp32": (np.float32, 4), "fp16": (np.float16, 2), "int8c": (np.int8, 1)
 # ExecuTorch: the cache kinds edgekv's .pte attends through custom_sdpa or custom_quantized_sdpa (bytes per value,
 # for the fit's read term)
 ET_KINDS = {"fp32": 4, "fp16": 2, "int8": 1, "int8c": 1}
+# the tokens of one call of an edgekv .pte's prefill method (edgekv.export.options.ExportOptions.prefill_chunk)
+ET_PREFILL_CHUNK = 32
 # the window strategy's pinned first positions (edgekv.strategies: window's default sinks)
 WIN_SINKS = 4
 # the window graph's kept keys timed by --window: Gemma 3's native 512 (+ sinks) up to twice the default W
@@ -376,9 +378,11 @@ def win_time_call(h: int, hkv: int, d: int, slots: int, runs: int, hidden: int =
     return call_row(slots, "eager window fp16", h, hkv, d, cpu, ts, cache_bytes, slots, caches=n)
 
 
-def et_program(h: int, hkv: int, d: int, kind: str, ctx: int) -> bytes:
+def et_program(h: int, hkv: int, d: int, kind: str, ctx: int, chunk: int = 1) -> bytes:
     """The .pte of one decode call's attention on a cache of ctx slots: forward(q, pos, k, v[, k scale, v scale])
-    writes the call's row at slot pos in place and returns custom_sdpa over slots 0..pos (SdpaAttention's read)."""
+    writes the call's row at slot pos in place and returns custom_sdpa over slots 0..pos (SdpaAttention's read).
+    chunk > 1 (fp32 / fp16): one prefill call of `chunk` queries at slots pos .. pos + chunk - 1, their rows written,
+    custom_sdpa causal from pos (edgekv's .pte prefills in calls of ExportOptions.prefill_chunk tokens)."""
     import torch
     from torch import nn
 
@@ -395,12 +399,14 @@ def et_program(h: int, hkv: int, d: int, kind: str, ctx: int) -> bytes:
                 scales = (self.static[0], self.static[1])
             start = pos[0].item()
             torch._check(start >= 0)
-            torch._check(start + 1 <= ctx)
-            n = start + 1
-            row = q[:, :, :1, :].permute(2, 0, 1, 3)  # [1, Hkv, 1, D]: a stand-in for the call's new key/value row
+            torch._check(start + chunk <= ctx)
+            n = start + chunk
+            # [1, Hkv, chunk, D]: a stand-in for the call's new key/value rows
+            row = q[:, :, :1, :].permute(2, 0, 1, 3) if chunk == 1 else q[:, :, 0, :].unsqueeze(0)
+            at = pos if chunk == 1 else pos + torch.arange(chunk)
 
             def put(state, r):
-                return torch.ops.aten.index_put(state, [None, None, pos], r)
+                return torch.ops.aten.index_put(state, [None, None, at], r)
 
             if kind == "fp32":
                 k, v = put(k, row), put(v, row)
@@ -425,16 +431,19 @@ def et_program(h: int, hkv: int, d: int, kind: str, ctx: int) -> bytes:
                     qq, k.view(hkv, ctx, 1, d), v.view(hkv, ctx, 1, d), start, None, 0.0, True, d ** -0.5,
                     qz.to(torch.int8), qs.to(torch.float32), zero, k_scale, zero, v_scale)
                 return out * scales[1].view(hkv, 1, 1, d) if kind == "int8c" else out
-    args = et_inputs(h, hkv, d, kind, ctx, np.random.default_rng(0))
+            # a float cache: custom_sdpa over the rows read back (a merge of the int8 branch had dropped this return,
+            # so a float kind's program computed nothing and failed to lower)
+            return torch.ops.llama.custom_sdpa(q, kc, vc, start, None, 0.0, True, d ** -0.5)
+    args = et_inputs(h, hkv, d, kind, ctx, np.random.default_rng(0), chunk)
     ep = torch.export.export(Step(), args, strict=False)
     return to_buffer(lower_pte({"forward": ep}, in_place=True), in_place=True)
 
 
-def et_inputs(h: int, hkv: int, d: int, kind: str, ctx: int, rng) -> tuple:
+def et_inputs(h: int, hkv: int, d: int, kind: str, ctx: int, rng, chunk: int = 1) -> tuple:
     import torch
 
-    q = torch.from_numpy(rng.standard_normal((hkv, 1, h // hkv, d)).astype(np.float32))
-    pos = torch.tensor([ctx - 1])
+    q = torch.from_numpy(rng.standard_normal((hkv, chunk, h // hkv, d)).astype(np.float32))
+    pos = torch.tensor([ctx - chunk])
     if kind in ("int8", "int8c"):
         k, v = (torch.from_numpy(rng.integers(-127, 128, (1, hkv, ctx, d), dtype=np.int8)) for _ in range(2))
     else:
@@ -447,8 +456,9 @@ def et_inputs(h: int, hkv: int, d: int, kind: str, ctx: int, rng) -> tuple:
     return (q, pos, k, v, *scales)
 
 
-def et_time_call(h: int, hkv: int, d: int, kind: str, ctx: int, runs: int) -> dict:
-    """time_call's figures for edgekv's .pte attention (et_program), run by ExecuTorch's runtime on 1 thread."""
+def et_time_call(h: int, hkv: int, d: int, kind: str, ctx: int, runs: int, chunk: int = 1) -> dict:
+    """time_call's figures for edgekv's .pte attention (et_program), run by ExecuTorch's runtime on 1 thread; chunk >
+    1: one prefill call of `chunk` queries, its attention FLOP rate (prefill_fits)."""
     import torch
     from executorch.extension.pybindings import portable_lib
 
@@ -457,16 +467,25 @@ def et_time_call(h: int, hkv: int, d: int, kind: str, ctx: int, runs: int) -> di
     from edgekv.export.pte_stepper import quiet_native_stderr
 
     torch.set_num_threads(1)
-    buf = et_program(h, hkv, d, kind, ctx)  # the module reads the program from this buffer: it must outlive it
+    buf = et_program(h, hkv, d, kind, ctx, chunk)  # the module reads the program from this buffer: it must outlive it
     with quiet_native_stderr():
         portable_lib._unsafe_reset_threadpool(1)
         mod = portable_lib._load_for_executorch_from_buffer(buf)
     cache_bytes = 2 * hkv * ctx * d * ET_KINDS[kind] + (2 * hkv * ctx * 2 if kind == "int8" else 0)
     n = min(max(2, -(-COLD_BYTES // cache_bytes)), 30)  # as time_call: each layer's cache read cold
     rng = np.random.default_rng(0)
-    sets = [et_inputs(h, hkv, d, kind, ctx, rng) for _ in range(n)]
+    if chunk > 1:  # a prefill call: compute-bound
+        n = 2
+    sets = [et_inputs(h, hkv, d, kind, ctx, rng, chunk) for _ in range(n)]
     with quiet_native_stderr():
         cpu, ts = timed([lambda a=a: mod.forward(a) for a in sets], runs)
+    if chunk > 1:  # the call's attention FLOP: 4 x H x D per query and key it attends (causal within the chunk)
+        med = statistics.median(cpu)
+        flop = 4 * h * d * sum(ctx - chunk + i + 1 for i in range(chunk))
+        return {"ctx": ctx, "chunk": chunk, "kind": kind, "heads": h, "kv_heads": hkv, "head_dim": d,
+                "median_us": round(med * 1e6, 1), "wall_median_us": round(statistics.median(ts) * 1e6, 1),
+                "best_us": round(min(cpu) * 1e6, 1), "attention_flop": flop,
+                "attention_gflop_s": round(flop / med / 1e9, 2)}
     return call_row(ctx, kind, h, hkv, d, cpu, ts, cache_bytes, ctx, caches=n)
 
 
@@ -794,7 +813,8 @@ def main(argv=None) -> int:
     ap.add_argument("--matmul", action="store_true", help="onnxruntime: time MatMulNBits (int4) per matrix shape "
                     "(MATMUL_SHAPES) instead (matmul_nbits_rates.json)")
     ap.add_argument("--prefill", action="store_true", help="onnxruntime: time prefill calls of 128 queries instead "
-                    "(attention_rates_prefill.json); llama.cpp's prefill rates come from its fills")
+                    "(attention_rates_prefill.json); executorch: calls of ET_PREFILL_CHUNK queries, fp32 and fp16 "
+                    "caches (attention_rates_executorch_prefill.json); llama.cpp's prefill rates come from its fills")
     ap.add_argument("--window", action="store_true", help="time the window strategy's eager graph (win_module) at "
                     "kept keys WIN_SLOTS instead (attention_rates_window.json; --runtime executorch: the .pte's, "
                     "attention_rates_executorch_window.json)")
@@ -850,7 +870,10 @@ def main(argv=None) -> int:
         return matmul_main(a)
     et, lc = a.runtime == "executorch", a.runtime == "llamacpp"
     kinds = (a.kinds or ",".join(ET_KINDS if et else LC_KINDS if lc else KINDS)).split(",")
-    out_path = a.out or Path(__file__).parent / "results" / ("attention_rates_executorch.json" if et else
+    if et and a.prefill and not a.kinds:
+        kinds = ["fp32", "fp16"]  # the float caches custom_sdpa reads; the quantized ones are fitted on model rows
+    out_path = a.out or Path(__file__).parent / "results" / ("attention_rates_executorch_prefill.json" if et and a.prefill
+                                                             else "attention_rates_executorch.json" if et else
                                                              "attention_rates_llamacpp.json" if lc else
                                                              "attention_rates_prefill.json" if a.prefill else
                                                              "attention_rates.json")
@@ -870,6 +893,10 @@ def main(argv=None) -> int:
                     "torch": torch.__version__}
         what = ("one decode call of edgekv's .pte attention (edgekv.models.swaps.SdpaAttention): the row written in "
                 "place, the cache read back as custom_sdpa takes it, llama::custom_sdpa; ExecuTorch runtime, 1 thread")
+        if a.prefill:
+            what = (f"one prefill call of {ET_PREFILL_CHUNK} queries of edgekv's .pte attention (SdpaAttention: the "
+                    "rows written in place, the cache read back as custom_sdpa takes it, custom_sdpa causal from the "
+                    "call's first slot); ExecuTorch runtime, 1 thread")
     else:
         import onnxruntime as ort
 
@@ -890,12 +917,13 @@ def main(argv=None) -> int:
                           f"{r['us_per_position']:.4f} us/position  (load {r['loadavg']})", flush=True)
                 continue
             for ctx in (int(c) for c in (a.ctx or "1024,2048,4096,8192,16384,32768").split(",")):
-                r = {"shape": name, **(et_time_call(h, hkv, d, kind, ctx, a.runs) if et
-                                       else time_call(ort, h, hkv, d, kind, ctx, a.runs, 128 if a.prefill else 1))}
+                chunk = (ET_PREFILL_CHUNK if et else 128) if a.prefill else 1
+                r = {"shape": name, **(et_time_call(h, hkv, d, kind, ctx, a.runs, chunk) if et
+                                       else time_call(ort, h, hkv, d, kind, ctx, a.runs, chunk))}
                 if a.prefill:
                     r["loadavg"] = round(os.getloadavg()[0], 2)
                     rows.append(r)
-                    print(f"{kind:6} {name:14} ctx {ctx:6} prefill call of 128: {r['median_us']:10.1f} us  "
+                    print(f"{kind:6} {name:14} ctx {ctx:6} prefill call of {chunk}: {r['median_us']:10.1f} us  "
                           f"{r['attention_gflop_s']:6.2f} GFLOP/s  (load {r['loadavg']})", flush=True)
                     continue
                 r["loadavg"] = round(os.getloadavg()[0], 2)

@@ -151,11 +151,12 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
     kind = M.attention_kind(arch, layout, strategy, cost, rates)
     if kind_then:
         kind = kind_then if kind_then in rates["kinds"] and not kind_then.startswith("eager") else None
+    fused = cost == "llama.cpp" or M.fused_gqa(arch, layout, strategy, cost)
     out = {"cost": cost, "weights_bytes": row.deployment.weights["read_per_token"], "plan_tok_s": row.decode.value,
            "plan_prefill_s": row.prefill.value, "kind": kind, "cache": M.cache_kind(strategy, layout, cost),
-           "prefill_kind": M.prefill_kind(strategy, layout, cost),
-           "prefill_parts": M.prefill_parts(arch, strategy, prompt, min(DEFAULT_CHUNK, prompt)),
-           "fused": cost == "llama.cpp" or M.fused_gqa(arch, layout, strategy, cost)}
+           # the .pte's eager graph (the window strategy): no prefill rate measured or fitted (speed.prefill_at_rates)
+           "prefill_kind": None if cost == "executorch" and not fused else M.prefill_kind(strategy, layout, cost),
+           "prefill_parts": M.prefill_parts(arch, strategy, prompt, min(DEFAULT_CHUNK, prompt)), "fused": fused}
     by = ((rates or {}).get("weights") or {}).get("int4", {}).get("by_matrix")
     if by:  # the weights kernel timed per matrix (attention_rates.py --matmul): the matrices' seconds, as plan sums them
         from edgekv.plan import runtime_cost

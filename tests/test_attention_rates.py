@@ -481,16 +481,37 @@ def test_llamacpp_plan_of_an_unmeasured_mix_at_its_types_rates(tmp_path):
 
 
 def test_pte_prefill_at_its_stored_rates_by_hand():
-    """edgekv's .pte prefill on the host is charged at its own stored rates (fitted by benchmarks/plan_vs_filled.py
-    on SmolLM2's .pte rows, fp32 at 2k and 8k): SmolLM2-135M, fp32 cache, 8192 tokens = 2 x 106,168,320 matmul
-    parameters x 8192 + the logits of each 128-token chunk's last token over the .pte's matmul rate, + causal
-    attention 30 x 4 x 9 x 64 x 8192 x 8193 / 2 FLOP over its fp32 rate. Before, the .pte's prefill had no stored
-    rate and the plan charged the roofline."""
+    """edgekv's .pte prefill on the host is charged at its own stored rates: SmolLM2-135M, fp32 cache, 8192 tokens =
+    2 x 106,168,320 matmul parameters x 8192 + the logits of each 128-token chunk's last token over the .pte's matmul
+    rate (fitted by benchmarks/plan_vs_filled.py on SmolLM2's .pte rows), + causal attention 30 x 4 x 9 x 64 x 8192
+    x 8193 / 2 FLOP over custom_sdpa's prefill rate measured at head size 64 (attention_rates.py --runtime executorch
+    --prefill). Before, the .pte's prefill had no stored rate and the plan charged the roofline. The window
+    strategy's eager .pte graph has no measured prefill rate: it keeps the roofline."""
     pre = ALL["executorch"]["devices"]["host"]["prefill"]
     per_layer = 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536
     mm = 2 * L * per_layer * 8192 + 2 * 49152 * 576 * 64
     attn = L * 4 * H * D * 8192 * 8193 / 2
-    want = mm / pre["matmul_flop_per_s"] + attn / pre["attention_flop_per_s"]["fp32"]
+    want = mm / pre["matmul_flop_per_s"] + attn / pre["attention_flop_per_s_by_head_dim"]["fp32"]["64"]
     row = plan("--device", "host", "-m", "smollm2-135m", "--runtime", "executorch", "--strategy", "kv:dtype=fp32",
-               "--weights", "int4", "--ctx", "8192")
+               "--weights", "int4", "--ctx", "8192", "--explain")
     assert row["prefill_seconds"] == pytest.approx(want, rel=0.01)
+    assert "kernel rate at head size 64" in row["explain"]["prefill_seconds"]
+    win = plan("--device", "host", "-m", "smollm2-135m", "--runtime", "executorch", "--strategy", "window",
+               "--weights", "int4", "--ctx", "8192", "--explain")
+    assert "GFLOP/s" not in win["explain"]["prefill_seconds"].split("; ")[-1]  # the roofline's max(...)
+
+
+def test_onnx_weights_term_at_matmulnbits_rows_against_the_models_profile():
+    """ONNX Runtime's int4 weights term is MatMulNBits timed per matrix size (benchmarks/attention_rates.py --matmul,
+    stored as by_matrix rows): for Gemma-3-270M's 127 matrices (its 262144 x 640 output layer most of the bytes) the
+    plan's sum comes within 10 % of what MatMulNBits took in Gemma's own window export profiled per node at a filled
+    16k (results/profile_ort_gemma3_window_16384.json: its share of the node medians times the step's CPU time,
+    12.9 ms). One read rate fitted on SmolLM2's small matrices charged 17.6 ms (+36 %)."""
+    row = plan("--device", "host", "-m", "gemma-3-270m", "--runtime", "onnxruntime", "--strategy", "window",
+               "--weights", "int4", "--ctx", "16384", "--explain")
+    text = row["explain"]["decode_tokens_per_s"]
+    matrices_ms = float(text.split("MatMulNBits's rate measured per matrix size = ")[1].split(" ms")[0])
+    prof = json.loads((ROOT / "benchmarks" / "results" / "profile_ort_gemma3_window_16384.json").read_text())
+    ops = prof["profiles"][0]["ops_median_ms"]
+    measured_ms = prof["rows"][0]["cpu_ms_per_step"] * ops["MatMulNBits"] / sum(ops.values())
+    assert matrices_ms == pytest.approx(measured_ms, rel=0.10)

@@ -272,7 +272,10 @@ def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtim
     the logits and scans) over the runtime's matmul rate (fitted on measured filled-context prefills by
     benchmarks/plan_vs_filled.py) + attention FLOP over the rate of this cache kind (the kernel's at the model's head
     size where benchmarks/attention_rates.py measured one, else fitted on the same prefills); None where no rate is
-    stored."""
+    stored, and for edgekv's .pte where its attention is not the fused op (the window strategy's eager graph: its
+    prefill rate is measured nowhere, and custom_sdpa's would charge it 1.7x fast)."""
+    if runtime == "executorch" and not fused_gqa(arch, layout, strategy, runtime):
+        return None
     kind = prefill_kind(strategy, layout, runtime)
     rate, how = _prefill_rate(rates, kind, arch) if kind else (None, "")
     if not rate:
