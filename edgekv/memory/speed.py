@@ -399,8 +399,10 @@ def decode_with_attention(weights_read: float, lin_flops: float, attn_s: float, 
     where the kernel was timed per matrix), the attention term the fitted
     kernel time divided by the device's scale (low, high). Returns the low end's Item and the terms
     ({weights_s, weights, attention_s, scale, tok_s: (low, high)}) for the explain line."""
-    if weights_s:  # the weights kernel timed per matrix (weights_seconds_by_matrix)
-        t_w, how = weights_s
+    detail = ""
+    if weights_s:  # the weights kernel timed per matrix (weights_seconds_by_matrix): its effective rate shown
+        t_w, detail = weights_s
+        how = f"~{weights_read / 1e9:.3g} GB weights / {weights_read / t_w / 1e9:.3g} GB/s (measured)"
     elif weights_rate:
         t_w = weights_read / weights_rate
         how = f"~{weights_read / 1e9:.3g} GB weights / {weights_rate / 1e9:.3g} GB/s (measured)"
@@ -413,6 +415,7 @@ def decode_with_attention(weights_read: float, lin_flops: float, attn_s: float, 
     slow, fast = 1 / (t_w + attn_s / lo), 1 / (t_w + attn_s / hi)
     f = (f"1 / ({how} = {t_w * 1e3:.3g} ms + attention {attn_s * 1e3:.3g} ms"
          + (f" / device scale {lo:g}-{hi:g}" if scale != (1.0, 1.0) else "") + ") = "
-         + (f"{slow:.3g}-{fast:.3g} tok/s" if slow != fast else f"{slow:.3g} tok/s"))
+         + (f"{slow:.3g}-{fast:.3g} tok/s" if slow != fast else f"{slow:.3g} tok/s")
+         + (f"; the weights term: {detail}" if detail else ""))
     return Item(slow, f), {"weights_s": t_w, "weights": how, "attention_s": attn_s, "scale": scale,
                            "tok_s": (slow, fast)}
