@@ -14,10 +14,14 @@ Decode time per token = weights term + attention term, per runtime (a memory.RUN
     edgekv/costs/attention_rates.json, each kind's fit at the model's own head size where one is stored); the
     weights term's one parameter, the rate the runtime's int4 weight kernels read the weights at (and, for llama.cpp,
     the step's fixed costs), is fitted here on SmolLM2's rows (least squares in relative error of the measured
-    seconds per token less the attention term, over the weights bytes).
+    seconds per token less the attention term, over the weights bytes); ONNX Runtime's is its matrices at the
+    MatMulNBits rows measured per matrix size (attention_rates.py --matmul) plus the step's other ops per layer,
+    that one parameter fitted here instead. llama.cpp on a GGUF no 512-token run measured: each GGML type at the
+    rates measured on random files of that type (attention_rates.py --gguf-types), as the plan charges it.
 Prefill time = matmul FLOP / a matmul rate + attention FLOP / an attention rate per cache kind, per runtime: the
 attention rate is the kernel's at the model's head size where benchmarks/attention_rates.py measures one (ONNX
-Runtime: a GroupQueryAttention call of 128 queries, --prefill; llama.cpp: the prefill that fills its cache), else it
+Runtime: a GroupQueryAttention call of 128 queries, --prefill; the .pte: a custom_sdpa call of 32, --runtime executorch
+--prefill; llama.cpp: the prefill that fills its cache), else it
 is fitted here with the matmul rate on SmolLM2's rows (memory.prefill_parts: the FLOP of each part; Gemma's windows
 cap its attention FLOP).
 
