@@ -61,6 +61,8 @@ KINDS = {"fp32": (np.float32, 4), "fp16": (np.float16, 2), "int8c": (np.int8, 1)
 # ExecuTorch: the cache kinds edgekv's .pte attends through custom_sdpa or custom_quantized_sdpa (bytes per value,
 # for the fit's read term)
 ET_KINDS = {"fp32": 4, "fp16": 2, "int8": 1, "int8c": 1}
+# the tokens of one call of an edgekv .pte's prefill method (edgekv.export.options.ExportOptions.prefill_chunk)
+ET_PREFILL_CHUNK = 32
 # the window strategy's pinned first positions (edgekv.strategies: window's default sinks)
 WIN_SINKS = 4
 # the window graph's kept keys timed by --window: Gemma 3's native 512 (+ sinks) up to twice the default W
@@ -190,6 +192,85 @@ def time_call(ort, h: int, hkv: int, d: int, kind: str, ctx: int, runs: int, chu
     return call_row(ctx, kind, h, hkv, d, cpu, ts, cache_bytes, ctx, caches=n)
 
 
+# --matmul (onnxruntime): the weights kernel of edgekv's int4 ONNX, one com.microsoft MatMulNBits node per matrix (4
+# bits, blocks of 32, fp32 scales and uint8 zero points, accuracy_level 4: edgekv.export.wquant's int4) at one token,
+# per matrix shape (K inputs, N outputs) of the models the plan is checked on, as edgekv's graphs run them (q, k and v
+# in one matrix: swaps.GQAAttention's qkv_proj; the output layer at the vocabulary): config.json of each model
+MATMUL_SHAPES = {"smollm2-135m": ((576, 960), (576, 576), (576, 1536), (1536, 576), (576, 49152)),
+                 "gemma-3-270m": ((640, 1536), (1024, 640), (640, 2048), (2048, 640), (640, 262144)),
+                 "llama-3.2-1b": ((2048, 3072), (2048, 2048), (2048, 8192), (8192, 2048), (2048, 128256))}
+MATMUL_BLOCK = 32
+MATMUL_COLD = 48 << 20  # each call's matrices at least this many bytes, so a small matrix is read from memory
+
+
+def nbits_bytes(k: int, n: int) -> int:
+    """A MatMulNBits int4 matrix's bytes: the codes, an fp32 scale and a 4-bit zero point per block of 32."""
+    blocks = -(-k // MATMUL_BLOCK)
+    return n * blocks * (MATMUL_BLOCK // 2 + 4) + n * -(-blocks // 2)
+
+
+def matmul_graph(k: int, n: int, copies: int) -> bytes:
+    """`copies` MatMulNBits nodes of shape (k, n), each its own random int4 matrix, all on one fp32 token."""
+    from onnx import TensorProto as TP
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    blocks = -(-k // MATMUL_BLOCK)
+    nodes, inits, outs = [], [], []
+    for i in range(copies):
+        b = rng.integers(0, 256, (n, blocks, MATMUL_BLOCK // 2), dtype=np.uint8)
+        sc = np.full(n * blocks, 0.01, np.float32)
+        zp = np.full(n * -(-blocks // 2), 0x88, np.uint8)
+        inits += [numpy_helper.from_array(b, f"b{i}"), numpy_helper.from_array(sc, f"s{i}"),
+                  numpy_helper.from_array(zp, f"z{i}")]
+        nodes.append(helper.make_node("MatMulNBits", ["x", f"b{i}", f"s{i}", f"z{i}"], [f"y{i}"], domain="com.microsoft",
+                                      K=k, N=n, bits=4, block_size=MATMUL_BLOCK, accuracy_level=4))
+        outs.append(helper.make_tensor_value_info(f"y{i}", TP.FLOAT, None))
+    g = helper.make_graph(nodes, "nbits", [helper.make_tensor_value_info("x", TP.FLOAT, [1, 1, k])], outs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    return m.SerializeToString()
+
+
+def matmul_time(ort, k: int, n: int, runs: int) -> dict:
+    """CPU seconds of one MatMulNBits call of shape (k, n) at one token, 1 thread: a graph of as many copies as make
+    MATMUL_COLD bytes (at most 256), its time per run over the copies (median of `runs`)."""
+    nbytes = nbits_bytes(k, n)
+    copies = max(1, min(256, -(-MATMUL_COLD // nbytes)))
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = so.inter_op_num_threads = 1
+    sess = ort.InferenceSession(matmul_graph(k, n, copies), so, providers=["CPUExecutionProvider"])
+    x = {"x": np.random.default_rng(1).standard_normal((1, 1, k)).astype(np.float32)}
+    cpu, wall = timed([lambda: sess.run(None, x)], runs)
+    med = statistics.median(cpu) / copies
+    return {"k": k, "n": n, "bytes": nbytes, "copies": copies, "median_us": round(med * 1e6, 2),
+            "wall_median_us": round(statistics.median(wall) / copies * 1e6, 2),
+            "best_us": round(min(cpu) / copies * 1e6, 2), "read_gb_s": round(nbytes / med / 1e9, 3)}
+
+
+def matmul_main(a) -> int:
+    """--matmul: MatMulNBits per shape (MATMUL_SHAPES) into results/matmul_nbits_rates.json."""
+    import onnxruntime as ort
+
+    t0 = time.time()
+    rows = []
+    for model, shapes in MATMUL_SHAPES.items():
+        for k, n in shapes:
+            r = {"model": model, **matmul_time(ort, k, n, a.runs), "loadavg": round(os.getloadavg()[0], 2)}
+            rows.append(r)
+            print(r, flush=True)
+    out = {"benchmark": "matmul_nbits_rates", "onnxruntime": ort.__version__,
+           "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
+           "machine": {"platform": platform.platform(), "processor": platform.processor()},
+           "loadavg_end": list(os.getloadavg()), "threads": 1, "runs": a.runs,
+           "what": "one com.microsoft MatMulNBits call (int4, blocks of 32, fp32 scales, uint8 zero points, "
+                   "accuracy_level 4) at one fp32 token, per matrix shape (K, N) as edgekv's int4 ONNX runs it; each "
+                   f"timed graph holds copies of the matrix totalling at least {MATMUL_COLD >> 20} MiB (at most 256), "
+                   "so that each is read from memory as in a model; 1 thread, process CPU time per call",
+           "rows": rows, "seconds": round(time.time() - t0, 1)}
+    write_json(a.out or Path(__file__).parent / "results" / "matmul_nbits_rates.json", out)
+    return 0
+
+
 def win_module(h: int, hkv: int, d: int, slots: int, hidden: int = WIN_HIDDEN, dtype: str = "fp16",
                sinks: int = WIN_SINKS):
     """One decode call of the window strategy's layer as edgekv's exports build it (no fused op: the eager
@@ -297,9 +378,11 @@ def win_time_call(h: int, hkv: int, d: int, slots: int, runs: int, hidden: int =
     return call_row(slots, "eager window fp16", h, hkv, d, cpu, ts, cache_bytes, slots, caches=n)
 
 
-def et_program(h: int, hkv: int, d: int, kind: str, ctx: int) -> bytes:
+def et_program(h: int, hkv: int, d: int, kind: str, ctx: int, chunk: int = 1) -> bytes:
     """The .pte of one decode call's attention on a cache of ctx slots: forward(q, pos, k, v[, k scale, v scale])
-    writes the call's row at slot pos in place and returns custom_sdpa over slots 0..pos (SdpaAttention's read)."""
+    writes the call's row at slot pos in place and returns custom_sdpa over slots 0..pos (SdpaAttention's read).
+    chunk > 1 (fp32 / fp16): one prefill call of `chunk` queries at slots pos .. pos + chunk - 1, their rows written,
+    custom_sdpa causal from pos (edgekv's .pte prefills in calls of ExportOptions.prefill_chunk tokens)."""
     import torch
     from torch import nn
 
@@ -316,12 +399,14 @@ def et_program(h: int, hkv: int, d: int, kind: str, ctx: int) -> bytes:
                 scales = (self.static[0], self.static[1])
             start = pos[0].item()
             torch._check(start >= 0)
-            torch._check(start + 1 <= ctx)
-            n = start + 1
-            row = q[:, :, :1, :].permute(2, 0, 1, 3)  # [1, Hkv, 1, D]: a stand-in for the call's new key/value row
+            torch._check(start + chunk <= ctx)
+            n = start + chunk
+            # [1, Hkv, chunk, D]: a stand-in for the call's new key/value rows
+            row = q[:, :, :1, :].permute(2, 0, 1, 3) if chunk == 1 else q[:, :, 0, :].unsqueeze(0)
+            at = pos if chunk == 1 else pos + torch.arange(chunk)
 
             def put(state, r):
-                return torch.ops.aten.index_put(state, [None, None, pos], r)
+                return torch.ops.aten.index_put(state, [None, None, at], r)
 
             if kind == "fp32":
                 k, v = put(k, row), put(v, row)
@@ -346,16 +431,19 @@ def et_program(h: int, hkv: int, d: int, kind: str, ctx: int) -> bytes:
                     qq, k.view(hkv, ctx, 1, d), v.view(hkv, ctx, 1, d), start, None, 0.0, True, d ** -0.5,
                     qz.to(torch.int8), qs.to(torch.float32), zero, k_scale, zero, v_scale)
                 return out * scales[1].view(hkv, 1, 1, d) if kind == "int8c" else out
-    args = et_inputs(h, hkv, d, kind, ctx, np.random.default_rng(0))
+            # a float cache: custom_sdpa over the rows read back (a merge of the int8 branch had dropped this return,
+            # so a float kind's program computed nothing and failed to lower)
+            return torch.ops.llama.custom_sdpa(q, kc, vc, start, None, 0.0, True, d ** -0.5)
+    args = et_inputs(h, hkv, d, kind, ctx, np.random.default_rng(0), chunk)
     ep = torch.export.export(Step(), args, strict=False)
     return to_buffer(lower_pte({"forward": ep}, in_place=True), in_place=True)
 
 
-def et_inputs(h: int, hkv: int, d: int, kind: str, ctx: int, rng) -> tuple:
+def et_inputs(h: int, hkv: int, d: int, kind: str, ctx: int, rng, chunk: int = 1) -> tuple:
     import torch
 
-    q = torch.from_numpy(rng.standard_normal((hkv, 1, h // hkv, d)).astype(np.float32))
-    pos = torch.tensor([ctx - 1])
+    q = torch.from_numpy(rng.standard_normal((hkv, chunk, h // hkv, d)).astype(np.float32))
+    pos = torch.tensor([ctx - chunk])
     if kind in ("int8", "int8c"):
         k, v = (torch.from_numpy(rng.integers(-127, 128, (1, hkv, ctx, d), dtype=np.int8)) for _ in range(2))
     else:
@@ -368,8 +456,9 @@ def et_inputs(h: int, hkv: int, d: int, kind: str, ctx: int, rng) -> tuple:
     return (q, pos, k, v, *scales)
 
 
-def et_time_call(h: int, hkv: int, d: int, kind: str, ctx: int, runs: int) -> dict:
-    """time_call's figures for edgekv's .pte attention (et_program), run by ExecuTorch's runtime on 1 thread."""
+def et_time_call(h: int, hkv: int, d: int, kind: str, ctx: int, runs: int, chunk: int = 1) -> dict:
+    """time_call's figures for edgekv's .pte attention (et_program), run by ExecuTorch's runtime on 1 thread; chunk >
+    1: one prefill call of `chunk` queries, its attention FLOP rate (prefill_fits)."""
     import torch
     from executorch.extension.pybindings import portable_lib
 
@@ -378,16 +467,25 @@ def et_time_call(h: int, hkv: int, d: int, kind: str, ctx: int, runs: int) -> di
     from edgekv.export.pte_stepper import quiet_native_stderr
 
     torch.set_num_threads(1)
-    buf = et_program(h, hkv, d, kind, ctx)  # the module reads the program from this buffer: it must outlive it
+    buf = et_program(h, hkv, d, kind, ctx, chunk)  # the module reads the program from this buffer: it must outlive it
     with quiet_native_stderr():
         portable_lib._unsafe_reset_threadpool(1)
         mod = portable_lib._load_for_executorch_from_buffer(buf)
     cache_bytes = 2 * hkv * ctx * d * ET_KINDS[kind] + (2 * hkv * ctx * 2 if kind == "int8" else 0)
     n = min(max(2, -(-COLD_BYTES // cache_bytes)), 30)  # as time_call: each layer's cache read cold
     rng = np.random.default_rng(0)
-    sets = [et_inputs(h, hkv, d, kind, ctx, rng) for _ in range(n)]
+    if chunk > 1:  # a prefill call: compute-bound
+        n = 2
+    sets = [et_inputs(h, hkv, d, kind, ctx, rng, chunk) for _ in range(n)]
     with quiet_native_stderr():
         cpu, ts = timed([lambda a=a: mod.forward(a) for a in sets], runs)
+    if chunk > 1:  # the call's attention FLOP: 4 x H x D per query and key it attends (causal within the chunk)
+        med = statistics.median(cpu)
+        flop = 4 * h * d * sum(ctx - chunk + i + 1 for i in range(chunk))
+        return {"ctx": ctx, "chunk": chunk, "kind": kind, "heads": h, "kv_heads": hkv, "head_dim": d,
+                "median_us": round(med * 1e6, 1), "wall_median_us": round(statistics.median(ts) * 1e6, 1),
+                "best_us": round(min(cpu) * 1e6, 1), "attention_flop": flop,
+                "attention_gflop_s": round(flop / med / 1e9, 2)}
     return call_row(ctx, kind, h, hkv, d, cpu, ts, cache_bytes, ctx, caches=n)
 
 
@@ -399,11 +497,13 @@ LC_CTX = {"f16": (1024, 2048, 4096, 8192, 16384, 32768), "q8_0": (1024, 2048, 40
 LC_VOCAB, LC_FF = 512, 64  # a small vocabulary and MLP: the step's time outside attention stays small
 
 
-def lc_gguf(path: Path, h: int, hkv: int, d: int, layers: int, linear: str = "F16") -> None:
+def lc_gguf(path: Path, h: int, hkv: int, d: int, layers: int, linear: str = "F16", ff: int = LC_FF,
+            embedding: str = "F16") -> None:
     """A random-weight f16 GGUF (llama architecture) of `layers` layers at this head shape (hidden = heads x head
     size, key_length / value_length = head size), its vocabulary the 256 byte symbols and unused fillers (as
     scripts/make_random_model.py writes one): what llama.cpp runs is the shape, the values do not change its time.
-    linear: the layers' matrices in this GGML type instead (Q4_0: gguf-py's own quantizer)."""
+    linear: the layers' matrices in this GGML type instead (Q4_0: gguf-py's own quantizer); ff: the MLP's width;
+    embedding: the (tied) embedding table's type."""
     import gguf
 
     hidden = h * d
@@ -414,7 +514,7 @@ def lc_gguf(path: Path, h: int, hkv: int, d: int, layers: int, linear: str = "F1
     w.add_context_length(65536)
     w.add_embedding_length(hidden)
     w.add_block_count(layers)
-    w.add_feed_forward_length(LC_FF)
+    w.add_feed_forward_length(ff)
     w.add_head_count(h)
     w.add_head_count_kv(hkv)
     w.add_key_length(d)
@@ -434,13 +534,13 @@ def lc_gguf(path: Path, h: int, hkv: int, d: int, layers: int, linear: str = "F1
     def mat(rows, cols):
         return (rng.standard_normal((rows, cols)) * 0.02).astype(np.float16)
 
-    def add(name, m):
-        if linear == "F16":
+    def add(name, m, kind=linear):
+        if kind == "F16":
             return w.add_tensor(name, m)
-        qt = gguf.GGMLQuantizationType[linear]
+        qt = gguf.GGMLQuantizationType[kind]
         w.add_tensor(name, gguf.quants.quantize(m.astype(np.float32), qt), raw_dtype=qt)
 
-    w.add_tensor("token_embd.weight", mat(LC_VOCAB, hidden))
+    add("token_embd.weight", mat(LC_VOCAB, hidden), embedding)
     for i in range(layers):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
         add(f"blk.{i}.attn_q.weight", mat(h * d, hidden))
@@ -448,9 +548,9 @@ def lc_gguf(path: Path, h: int, hkv: int, d: int, layers: int, linear: str = "F1
         add(f"blk.{i}.attn_v.weight", mat(hkv * d, hidden))
         add(f"blk.{i}.attn_output.weight", mat(hidden, h * d))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))
-        add(f"blk.{i}.ffn_gate.weight", mat(LC_FF, hidden))
-        add(f"blk.{i}.ffn_up.weight", mat(LC_FF, hidden))
-        add(f"blk.{i}.ffn_down.weight", mat(hidden, LC_FF))
+        add(f"blk.{i}.ffn_gate.weight", mat(ff, hidden))
+        add(f"blk.{i}.ffn_up.weight", mat(ff, hidden))
+        add(f"blk.{i}.ffn_down.weight", mat(hidden, ff))
     w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -511,20 +611,90 @@ def lc_gguf_prefill(path: Path, tokens: int = 512, runs: int = 3, steps: int = 1
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=tokens + steps + 8, n_batch=512, n_ubatch=512, n_threads=1,
                           n_threads_batch=1, flash_attn=True, swa_full=False, verbose=False)
     rng = np.random.default_rng(0)
+    top = min(5000, llm.n_vocab())  # ordinary tokens of a real vocabulary; a random file's 512 symbols
     cpu, step = [], []
     for _ in range(runs):
         llm.reset()
-        ids = [int(t) for t in rng.integers(300, 5000, tokens)]
+        ids = [int(t) for t in rng.integers(300 if top > 300 else 0, top, tokens)]
         c0 = time.process_time()
         llm.eval(ids)
         cpu.append(time.process_time() - c0)
     for _ in range(steps):  # decode steps after the last prefill: the step's time outside long-context attention
         c0 = time.process_time()
-        llm.eval([int(rng.integers(300, 5000))])
+        llm.eval([int(rng.integers(300 if top > 300 else 0, top))])
         step.append(time.process_time() - c0)
     del llm
     return {"tokens": tokens, "cpu_s": round(statistics.median(cpu), 4), "runs_cpu_s": [round(c, 4) for c in cpu],
             "steps": steps, "step_ctx": tokens + steps // 2, "step_cpu_s": round(statistics.median(step), 5)}
+
+
+# --gguf-types: llama.cpp's weight kernels per GGML type, each timed on random GGUFs whose linear rows are all that
+# type, at Llama-3.2-1B's layer shape (32 / 8 heads of 64, hidden 2048, MLP 8192: its config.json), written in f16 and
+# quantized by llama.cpp's own quantizer (llama_model_quantize, 1 thread), so the blocks are the ones a user's file
+# holds. Two depths (LC_TYPE_LAYERS): the rate is the difference between them, the cost of one more layer. A 2-layer
+# file alone runs its layers 1.5x faster per FLOP than a deep one (Q4_0 prefill: 0.31 s a layer at 2 layers, 0.475 s
+# for each layer added at 6; the 1B's 16 layers take 0.47 s each), and a model's time is its layers'
+LC_TYPE_SHAPE = (32, 8, 64, 8192)
+LC_TYPE_LAYERS = (2, 6)
+LC_FTYPES = {"Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "Q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1", "Q5_0": "LLAMA_FTYPE_MOSTLY_Q5_0",
+             "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "Q4_K": "LLAMA_FTYPE_MOSTLY_Q4_K_S", "Q6_K": "LLAMA_FTYPE_MOSTLY_Q6_K"}
+
+
+def lc_gguf_types(types, runs: int = 3) -> dict:
+    """Per GGML type: random GGUFs of LC_TYPE_SHAPE at each depth of LC_TYPE_LAYERS quantized to it, each run by
+    lc_gguf_prefill (a 512-token prefill and 17 decode steps, 1 thread, f16 cache, flash attention). The rates are
+    the added layers' work over their added time, the attention at the kernel rates taken out first:
+    matmul_flop_per_s = the added matmul FLOP (memory.prefill_parts) over the added prefill CPU seconds;
+    read_bytes_per_s = the added bytes a step reads (the plan's weights read per token) over the added step CPU
+    seconds. The type mix read back from each file says what its linear rows hold."""
+    import tempfile
+
+    import llama_cpp
+
+    from edgekv import memory as M
+    from edgekv.arch import read_gguf
+    from edgekv.devices import load_device
+    from edgekv.plan import plan_one
+    from edgekv.strategies import parse_strategy
+
+    h, hkv, d, ff = LC_TYPE_SHAPE
+    pre_rates = M.attention_rates("llama.cpp", "host", "desktop")["prefill"]
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="edgekv-types-") as tmp:
+        f16 = {n: Path(tmp) / f"f16_{n}.gguf" for n in LC_TYPE_LAYERS}
+        for n, f in f16.items():
+            lc_gguf(f, h, hkv, d, n, ff=ff)
+        for t in types:
+            depth = {}
+            for n in LC_TYPE_LAYERS:
+                path = Path(tmp) / f"{t}_{n}.gguf"
+                p = llama_cpp.llama_model_quantize_default_params()
+                p.ftype, p.nthread = getattr(llama_cpp, LC_FTYPES[t]), 1
+                if llama_cpp.llama_model_quantize(str(f16[n]).encode(), str(path).encode(), p) != 0:
+                    raise RuntimeError(f"llama_model_quantize failed for {t}")
+                arch = read_gguf(str(path))
+                m = lc_gguf_prefill(path, runs=runs)
+                parts = M.prefill_parts(arch, parse_strategy("kv"), m["tokens"], m["tokens"])
+                row = plan_one(arch, parse_strategy("kv"), load_device("host"), m["step_ctx"], "gguf",
+                               runtime="llama.cpp")
+                depth[n] = {**m, "type_mix": M.gguf_type_mix(arch), "file_bytes": path.stat().st_size,
+                            "matmul_flop": parts["matmul"] + parts["logits"],
+                            "prefill_attention_s": parts["attention"]
+                            / M.speed._prefill_rate(pre_rates, "f16", arch)[0],
+                            "weights_read_per_token": row.deployment.weights["read_per_token"],
+                            "step_attention_s": row.attention_terms["attention_s"],
+                            "loadavg": round(os.getloadavg()[0], 2)}
+                path.unlink()
+            a, b = (depth[n] for n in LC_TYPE_LAYERS)
+            mm = (b["matmul_flop"] - a["matmul_flop"]) / (b["cpu_s"] - b["prefill_attention_s"]
+                                                          - a["cpu_s"] + a["prefill_attention_s"])
+            rd = (b["weights_read_per_token"] - a["weights_read_per_token"]) / (
+                b["step_cpu_s"] - b["step_attention_s"] - a["step_cpu_s"] + a["step_attention_s"])
+            out[t] = {"ftype": LC_FTYPES[t], "type_mix": b["type_mix"], "matmul_flop_per_s": mm,
+                      "read_bytes_per_s": rd, "by_layers": {str(n): v for n, v in depth.items()}}
+            print(t, b["type_mix"], f"matmul {mm / 1e9:.1f} GFLOP/s, weights {rd / 1e9:.2f} GB/s",
+                  {n: (v["cpu_s"], v["step_cpu_s"]) for n, v in depth.items()}, flush=True)
+    return out
 
 
 def fit(rows: list[dict]) -> dict:
@@ -637,8 +807,14 @@ def main(argv=None) -> int:
     ap.add_argument("--gguf-prefill", nargs="+", type=Path, metavar="GGUF",
                     help="llamacpp: time a 512-token prefill of each real GGUF (its weight types' matmul rate) into "
                          "results/llamacpp_gguf_prefill.json")
+    ap.add_argument("--gguf-types", help="llamacpp: the GGML types to time (comma-separated, of " + ",".join(LC_FTYPES)
+                    + "), each on a random GGUF of the 1B's layer shape (lc_gguf_types) into "
+                      "results/llamacpp_gguf_types.json")
+    ap.add_argument("--matmul", action="store_true", help="onnxruntime: time MatMulNBits (int4) per matrix shape "
+                    "(MATMUL_SHAPES) instead (matmul_nbits_rates.json)")
     ap.add_argument("--prefill", action="store_true", help="onnxruntime: time prefill calls of 128 queries instead "
-                    "(attention_rates_prefill.json); llama.cpp's prefill rates come from its fills")
+                    "(attention_rates_prefill.json); executorch: calls of ET_PREFILL_CHUNK queries, fp32 and fp16 "
+                    "caches (attention_rates_executorch_prefill.json); llama.cpp's prefill rates come from its fills")
     ap.add_argument("--window", action="store_true", help="time the window strategy's eager graph (win_module) at "
                     "kept keys WIN_SLOTS instead (attention_rates_window.json; --runtime executorch: the .pte's, "
                     "attention_rates_executorch_window.json)")
@@ -656,6 +832,24 @@ def main(argv=None) -> int:
         dest = a.out or a.refit
         write_json(dest, res)
         return 0
+    if a.gguf_types:
+        import llama_cpp
+
+        t0 = time.time()
+        types = lc_gguf_types(a.gguf_types.split(","), runs=min(a.runs, 3))
+        res = {"benchmark": "llamacpp_gguf_types", "llama_cpp_python": llama_cpp.__version__,
+               "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)), "threads": 1,
+               "machine": {"platform": platform.platform(), "processor": platform.processor()},
+               "loadavg_end": list(os.getloadavg()),
+               "shape": dict(zip(("heads", "kv_heads", "head_dim", "ffn"), LC_TYPE_SHAPE), layers=list(LC_TYPE_LAYERS),
+                             hidden=LC_TYPE_SHAPE[0] * LC_TYPE_SHAPE[2], vocab=LC_VOCAB),
+               "what": "per GGML type, random GGUFs of Llama-3.2-1B's layer shape at 2 and 6 layers quantized by "
+                       "llama_model_quantize: a 512-token prefill (median of 3) and 17 decode steps after it, 1 thread, "
+                       "f16 cache, flash attention, process CPU time; the rates: the 4 added layers' FLOP and bytes "
+                       "over their added time, the attention at the kernel rates taken out",
+               "types": types, "seconds": round(time.time() - t0, 1)}
+        write_json(a.out or Path(__file__).parent / "results" / "llamacpp_gguf_types.json", res)
+        return 0
     if a.gguf_prefill:
         import llama_cpp
 
@@ -672,9 +866,14 @@ def main(argv=None) -> int:
         return 0
     if a.window:
         return window_main(a)
+    if a.matmul:
+        return matmul_main(a)
     et, lc = a.runtime == "executorch", a.runtime == "llamacpp"
     kinds = (a.kinds or ",".join(ET_KINDS if et else LC_KINDS if lc else KINDS)).split(",")
-    out_path = a.out or Path(__file__).parent / "results" / ("attention_rates_executorch.json" if et else
+    if et and a.prefill and not a.kinds:
+        kinds = ["fp32", "fp16"]  # the float caches custom_sdpa reads; the quantized ones are fitted on model rows
+    out_path = a.out or Path(__file__).parent / "results" / ("attention_rates_executorch_prefill.json" if et and a.prefill
+                                                             else "attention_rates_executorch.json" if et else
                                                              "attention_rates_llamacpp.json" if lc else
                                                              "attention_rates_prefill.json" if a.prefill else
                                                              "attention_rates.json")
@@ -694,6 +893,10 @@ def main(argv=None) -> int:
                     "torch": torch.__version__}
         what = ("one decode call of edgekv's .pte attention (edgekv.models.swaps.SdpaAttention): the row written in "
                 "place, the cache read back as custom_sdpa takes it, llama::custom_sdpa; ExecuTorch runtime, 1 thread")
+        if a.prefill:
+            what = (f"one prefill call of {ET_PREFILL_CHUNK} queries of edgekv's .pte attention (SdpaAttention: the "
+                    "rows written in place, the cache read back as custom_sdpa takes it, custom_sdpa causal from the "
+                    "call's first slot); ExecuTorch runtime, 1 thread")
     else:
         import onnxruntime as ort
 
@@ -714,12 +917,13 @@ def main(argv=None) -> int:
                           f"{r['us_per_position']:.4f} us/position  (load {r['loadavg']})", flush=True)
                 continue
             for ctx in (int(c) for c in (a.ctx or "1024,2048,4096,8192,16384,32768").split(",")):
-                r = {"shape": name, **(et_time_call(h, hkv, d, kind, ctx, a.runs) if et
-                                       else time_call(ort, h, hkv, d, kind, ctx, a.runs, 128 if a.prefill else 1))}
+                chunk = (ET_PREFILL_CHUNK if et else 128) if a.prefill else 1
+                r = {"shape": name, **(et_time_call(h, hkv, d, kind, ctx, a.runs, chunk) if et
+                                       else time_call(ort, h, hkv, d, kind, ctx, a.runs, chunk))}
                 if a.prefill:
                     r["loadavg"] = round(os.getloadavg()[0], 2)
                     rows.append(r)
-                    print(f"{kind:6} {name:14} ctx {ctx:6} prefill call of 128: {r['median_us']:10.1f} us  "
+                    print(f"{kind:6} {name:14} ctx {ctx:6} prefill call of {chunk}: {r['median_us']:10.1f} us  "
                           f"{r['attention_gflop_s']:6.2f} GFLOP/s  (load {r['loadavg']})", flush=True)
                     continue
                 r["loadavg"] = round(os.getloadavg()[0], 2)

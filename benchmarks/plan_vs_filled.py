@@ -14,10 +14,14 @@ Decode time per token = weights term + attention term, per runtime (a memory.RUN
     edgekv/costs/attention_rates.json, each kind's fit at the model's own head size where one is stored); the
     weights term's one parameter, the rate the runtime's int4 weight kernels read the weights at (and, for llama.cpp,
     the step's fixed costs), is fitted here on SmolLM2's rows (least squares in relative error of the measured
-    seconds per token less the attention term, over the weights bytes).
+    seconds per token less the attention term, over the weights bytes); ONNX Runtime's is its matrices at the
+    MatMulNBits rows measured per matrix size (attention_rates.py --matmul) plus the step's other ops per layer,
+    that one parameter fitted here instead. llama.cpp on a GGUF no 512-token run measured: each GGML type at the
+    rates measured on random files of that type (attention_rates.py --gguf-types), as the plan charges it.
 Prefill time = matmul FLOP / a matmul rate + attention FLOP / an attention rate per cache kind, per runtime: the
 attention rate is the kernel's at the model's head size where benchmarks/attention_rates.py measures one (ONNX
-Runtime: a GroupQueryAttention call of 128 queries, --prefill; llama.cpp: the prefill that fills its cache), else it
+Runtime: a GroupQueryAttention call of 128 queries, --prefill; the .pte: a custom_sdpa call of 32, --runtime executorch
+--prefill; llama.cpp: the prefill that fills its cache), else it
 is fitted here with the matmul rate on SmolLM2's rows (memory.prefill_parts: the FLOP of each part; Gemma's windows
 cap its attention FLOP).
 
@@ -151,11 +155,19 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
     kind = M.attention_kind(arch, layout, strategy, cost, rates)
     if kind_then:
         kind = kind_then if kind_then in rates["kinds"] and not kind_then.startswith("eager") else None
+    fused = cost == "llama.cpp" or M.fused_gqa(arch, layout, strategy, cost)
     out = {"cost": cost, "weights_bytes": row.deployment.weights["read_per_token"], "plan_tok_s": row.decode.value,
            "plan_prefill_s": row.prefill.value, "kind": kind, "cache": M.cache_kind(strategy, layout, cost),
-           "prefill_kind": M.prefill_kind(strategy, layout, cost),
-           "prefill_parts": M.prefill_parts(arch, strategy, prompt, min(DEFAULT_CHUNK, prompt)),
-           "fused": cost == "llama.cpp" or M.fused_gqa(arch, layout, strategy, cost)}
+           # the .pte's eager graph (the window strategy): no prefill rate measured or fitted (speed.prefill_at_rates)
+           "prefill_kind": None if cost == "executorch" and not fused else M.prefill_kind(strategy, layout, cost),
+           "prefill_parts": M.prefill_parts(arch, strategy, prompt, min(DEFAULT_CHUNK, prompt)), "fused": fused}
+    by = ((rates or {}).get("weights") or {}).get("int4", {}).get("by_matrix")
+    if by:  # the weights kernel timed per matrix (attention_rates.py --matmul): the matrices' seconds, as plan sums them
+        from edgekv.plan import runtime_cost
+
+        out["weights_kernel_s"] = M.speed.weights_seconds_by_matrix(arch, "int4", by, runtime_cost(runtime, arch,
+                                                                                                   "int4")[1])[1]
+        out["n_layers"] = arch.n_layers
     if kind:
         out["attention_s"], out["attention_formula"] = M.attention_seconds(arch, layout, kind, rates["kinds"],
                                                                            rates["kernel"])
@@ -251,6 +263,41 @@ def gguf_matmul_rates(read_files: bool = False) -> dict:
     return out
 
 
+def gguf_type_rates() -> dict:
+    """llama.cpp's rates per GGML type (benchmarks/attention_rates.py --runtime llamacpp --gguf-types): each type's
+    random file whose linear rows are all that type (a Q4_K_S file holds Q5_K rows too: not one type, left out),
+    what edgekv/costs/attention_rates.json stores as gguf_type_rates."""
+    f = HERE / "results" / "llamacpp_gguf_types.json"
+    if not f.exists():
+        return {}
+    return {t: {"matmul_flop_per_s": g["matmul_flop_per_s"], "read_bytes_per_s": g["read_bytes_per_s"]}
+            for t, g in json.loads(f.read_text())["types"].items() if g["type_mix"] == t}
+
+
+def by_type_terms(r: dict) -> dict | None:
+    """A llama.cpp row of a GGUF whose file no 512-token run measured (not in llamacpp_gguf_prefill.json: the 1B
+    of issue 40): its weights term and matmul rate as `edgekv plan -m <the GGUF> --runtime llama.cpp` charges them,
+    each GGML type at the rates measured on a random file of that type alone (gguf_type_rates,
+    results/llamacpp_gguf_types.json): {"weights_s", "matmul_flop_per_s", "note"}; None where a type has no rate."""
+    from edgekv import memory as M
+    from edgekv.devices import load_device
+    from edgekv.plan import plan_one
+    from edgekv.strategies import parse_strategy
+
+    if not (r.get("gguf_path") and Path(r["gguf_path"]).is_file()):
+        return None
+    ga = _read_gguf(r["gguf_path"])
+    by = M.speed.gguf_rates_by_type(ga, M.attention_rates("llama.cpp", "host", "desktop")["gguf_type_rates"])
+    if not by:
+        return None
+    row = plan_one(ga, parse_strategy(r["spec"]), load_device("host"), r["ctx"], "gguf", runtime="llama.cpp")
+    w = row.deployment.weights["read_per_token"]
+    return {"weights_s": w / by["read_bytes_per_s"], "matmul_flop_per_s": by["matmul_flop_per_s"],
+            "note": f"{r['gguf']}: {w / 1e6:.1f} MB a step at {by['read_bytes_per_s'] / 1e9:.2f} GB/s, matmuls "
+                    f"{by['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s (its types at the rates measured per type, "
+                    f"llamacpp_gguf_types)"}
+
+
 def plan_on_gguf(r: dict) -> float:
     """`edgekv plan -m <the row's GGUF> --runtime llama.cpp` at the row's context: the plan reading the file itself
     (its weights in their own types, charged at the rates measured on that type mix where stored)."""
@@ -336,6 +383,18 @@ def main(argv=None) -> int:
             per = [r["weights_bytes"] / (1 / r["tok_s"] - r["model_attention_s"]) for r in sub
                    if 1 / r["tok_s"] > r["model_attention_s"]]
             w_rates[cost] = {"rate": den / num, "per_row": per}
+            if all("weights_kernel_s" in r for r in sub):  # the matrices at their kernel rows + per layer c: fit c
+                y = [(1 / r["tok_s"] - r["model_attention_s"] - r["weights_kernel_s"]) * r["tok_s"] for r in sub]
+                x = [r["n_layers"] * r["tok_s"] for r in sub]
+                w_rates[cost]["layer_overhead_s"] = sum(a * b for a, b in zip(x, y)) / sum(a * a for a in x)
+
+    def weights_s(r: dict) -> float:
+        """The row's weights term: its matrices at the kernel's per-size rows plus the fitted per-layer ops where
+        the runtime's kernel was timed per matrix, else its bytes over the fitted rate."""
+        w = w_rates[r["cost"]]
+        if "layer_overhead_s" in w and "weights_kernel_s" in r:
+            return r["weights_kernel_s"] + r["n_layers"] * w["layer_overhead_s"]
+        return r["weights_bytes"] / w["rate"]
     # the graphs no kernel benchmark times (ONNX Runtime's and the .pte's eager graphs: a quantized cache dequantized
     # whole, a window with sinks; the .pte's custom_sdpa on an int4 cache read back by dequantize_planar): the
     # weights term above plus a per key x query head x head size cost (repeat_kv expands K and V to every query
@@ -343,7 +402,7 @@ def main(argv=None) -> int:
     fitted, acc = {}, {}
     for r in fit:
         if "eager" in r:
-            w_t, k = r["weights_bytes"] / w_rates[r["cost"]]["rate"] * r["tok_s"], r["key_work"] * r["tok_s"]
+            w_t, k = weights_s(r) * r["tok_s"], r["key_work"] * r["tok_s"]
             num, den = acc.get((r["cost"], r["eager"]), (0.0, 0.0))
             acc[r["cost"], r["eager"]] = (num + k * (1 - w_t), den + k * k)
     for (cost, kind), (num, den) in acc.items():
@@ -362,14 +421,16 @@ def main(argv=None) -> int:
               + ", ".join(f"{k} {c * 1e12:.1f} ps" for k, c in kinds.items()))
     for cost, w in w_rates.items():
         extra = f" (rows alone: {', '.join(f'{x / 1e9:.2f}' for x in sorted(w['per_row']))})" if w["per_row"] else ""
-        print(f"{cost}: weights rate fitted on SmolLM2-135M rows: {w['rate'] / 1e9:.2f} GB/s{extra}")
+        print(f"{cost}: weights rate fitted on SmolLM2-135M rows: {w['rate'] / 1e9:.2f} GB/s{extra}"
+              + (f"; with the matrices at the kernel's per-size rows, the other ops per layer: "
+                 f"{w['layer_overhead_s'] * 1e6:.1f} us" if "layer_overhead_s" in w else ""))
     # prefill: per runtime, on the fit rows with a measured prefill (the explicit graphs included: their prefill
     # kind is their cache's, and the attention FLOP are the same)
     pre_rows = [r for r in rows if "cost" in r and r.get("prefill_s") and not r.get("why_not", "").startswith("super")]
     pre_fits = {}
-    # the .pte's prefill has no stored rate (the plan charges it by the roofline), so its rows are not fitted here;
-    # SmolLM2's .pte rows at 2k and 8k would give it one (results/filled_context_8192_pte.json): not done yet
-    for cost in ("onnxruntime", "llama.cpp"):
+    # the .pte's prefill: no kernel benchmark times custom_sdpa over a chunk of queries, so its matmul rate and each
+    # cache kind's attention rate are fitted on SmolLM2's .pte rows (fp32 at 2k and 8k separate the two)
+    for cost in ("onnxruntime", "executorch", "llama.cpp"):
         sub = [r for r in pre_rows if r["set"] == "fit" and r["cost"] == cost and r["prefill_kind"]
                and r["file"] not in NOT_FITTED]
         if len({r["ctx"] for r in sub}) < 2:  # one context: matmul (linear) and attention (quadratic) inseparable
@@ -400,9 +461,13 @@ def main(argv=None) -> int:
         if "cost" in r and r.get("prefill_s") and r["cost"] in pre_fits and r["prefill_kind"]:
             p = pre_fits[r["cost"]]
             g = gguf_mm.get(r["gguf"]) if r["cost"] == "llama.cpp" else None
+            bt = by_type_terms(r) if r["cost"] == "llama.cpp" and not g else None
             if g:  # llama.cpp's matmuls at the rate of the row's own GGUF's weight types (measured, not fitted)
                 p = {**p, "matmul_flop_per_s": g["matmul_flop_per_s"]}
                 o["prefill_matmul"] = f"{r['gguf']}: {g['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s (llamacpp_gguf_prefill)"
+            elif bt:  # a file measured nowhere: its types at the rates measured per type
+                p = {**p, "matmul_flop_per_s": bt["matmul_flop_per_s"]}
+                o["prefill_matmul"] = bt["note"]
             pre = prefill_pred(r, p)
             if pre:
                 pre = float(pre)
@@ -413,12 +478,16 @@ def main(argv=None) -> int:
         if o["modelled"] and r["cost"] not in w_rates:
             r["why_not"], o["modelled"] = f"no {r['cost']} row to fit its weights rate on", False
         if o["modelled"]:
-            w_s = r["weights_bytes"] / w_rates[r["cost"]]["rate"]
+            w_s = weights_s(r)
             g = gguf_mm.get(r["gguf"]) if r["cost"] == "llama.cpp" else None
+            bt = by_type_terms(r) if r["cost"] == "llama.cpp" and not g else None
             if g:  # the step outside attention measured on the row's own GGUF at a short context (not fitted)
                 w_s = g["step_rest_s"]
                 o["weights_term"] = (f"{r['gguf']}: {w_s * 1e3:.2f} ms (its step at {g['step_ctx']} keys less the "
                                      f"attention at the kernel rate, llamacpp_gguf_prefill)")
+            elif bt:  # the plan's own weights term on the file, each type at its measured rate (nothing fitted)
+                w_s = bt["weights_s"]
+                o["weights_term"] = f"{w_s * 1e3:.2f} ms: {bt['note']}"
             pred = float(1 / (w_s + r["model_attention_s"]))
             err = pred / r["tok_s"] - 1
             prof = PROFILED.get((r["model"], r["name"], r["ctx"]))
@@ -452,10 +521,12 @@ def main(argv=None) -> int:
     res = {"benchmark": "plan_vs_filled", "speed": "tokens per CPU second of the row's process (1 thread)",
            "weights_rates_bytes_per_s": {k: v["rate"] for k, v in w_rates.items()},
            "weights_rates_per_fit_row": {k: v["per_row"] for k, v in w_rates.items() if v["per_row"]},
+           "layer_overhead_s": {k: v["layer_overhead_s"] for k, v in w_rates.items() if "layer_overhead_s" in v},
            "fitted_per_key_s": fitted, "prefill": pre_fits,
            "llamacpp_gguf_types": {g["type_mix"]: {"file": n, "matmul_flop_per_s": g["matmul_flop_per_s"],
                                                    "read_bytes_per_s": g["read_bytes_per_s"]}
-                                   for n, g in gguf_mm.items() if "type_mix" in g}, "not_fitted": NOT_FITTED, "tolerance": TOLERANCE, "rows": out_rows}
+                                   for n, g in gguf_mm.items() if "type_mix" in g}, "llamacpp_gguf_type_rates": gguf_type_rates(),
+           "not_fitted": NOT_FITTED, "tolerance": TOLERANCE, "rows": out_rows}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = a.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(res, indent=1) + "\n")

@@ -178,9 +178,14 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
         attn_s, attn_f = M.attention_seconds(arch, dep.layout, kind, rates["kinds"], kernel)
         lin = fl.value - M.attention_flops(arch, dep.layout)
         w_rate = (gguf_rate or rates["weights"].get(dep.weight_precision, {})).get("read_bytes_per_s")
+        by = None if gguf_rate else rates["weights"].get(dep.weight_precision, {}).get("by_matrix")
+        w_s = None
+        if by:  # the weights kernel timed per matrix shape on this device
+            t, _, f = M.speed.weights_seconds_by_matrix(arch, dep.weight_precision, by, scheme)
+            w_s = (t, f"{f} ({by['source']})")
         dec, attn_terms = M.decode_with_attention(dep.weights["read_per_token"], lin, attn_s, rates["scale"],
                                                   device.bandwidth, device.decode_efficiency, device.flops,
-                                                  device.prefill_efficiency, w_rate)
+                                                  device.prefill_efficiency, w_rate, w_s)
         dec.formula = f"{attn_f}; {dec.formula} ({rates['basis']}: {rates['source']})" + gguf_how
         attn_terms["formula"] = attn_f.split(" = ", 1)[1].rsplit(" = ", 1)[0]
         attn_terms["kernel"] = kernel
@@ -249,9 +254,19 @@ def _gguf_rates(arch: Arch, weights: str, rates: dict | None) -> tuple[dict | No
     r = rates["gguf_types"].get(mix)
     if r:
         return r, f"; this GGUF's weight types {mix}: weights and matmuls at the rates measured on them ({r['source']})"
+    by = M.speed.gguf_rates_by_type(arch, rates.get("gguf_type_rates") or {})
+    if by:  # a mix measured nowhere as a whole: each of its types at the rate measured on a file of that type alone
+        types = ", ".join(f"{t} {b / 1e6:.4g} MB at {rates['gguf_type_rates'][t]['read_bytes_per_s'] / 1e9:.3g} GB/s"
+                          for t, b in sorted(by["types"].items()))
+        src = {rates["gguf_type_rates"][t]["source"] for t in by["types"]}
+        return by, (f"; this GGUF's weight types ({mix}), no file of this mix measured: each type at the rates "
+                    f"measured on a file of that type alone (read per step: {types}; matmuls "
+                    f"{by['matmul_flop_per_s'] / 1e9:.3g} GFLOP/s over the linear rows' types; {'; '.join(sorted(src))})")
     return None, (f"; no rate measured on this GGUF's weight types ({mix or 'none named'}; measured: "
-                  f"{', '.join(rates['gguf_types'])}): its weights and matmuls charged at the default rates, an "
-                  f"assumption (llama.cpp's kernels run each type at its own rate)")
+                  f"{', '.join(rates['gguf_types'])}"
+                  + (f"; per type: {', '.join(rates['gguf_type_rates'])}" if rates.get("gguf_type_rates") else "")
+                  + "): its weights and matmuls charged at the default rates, an "
+                  "assumption (llama.cpp's kernels run each type at its own rate)")
 
 
 def device_deployment(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, weights: str, name: str,

@@ -258,6 +258,14 @@ def test_filled_rows_against_the_plan(tmp_path):
     for cost in ("onnxruntime", "executorch", "llama.cpp"):
         stored = ALL[cost]["devices"]["host"]["weights"]["int4"]["read_bytes_per_s"]
         assert res["weights_rates_bytes_per_s"][cost] == pytest.approx(stored, rel=0.005), cost
+    for cost, c in res["layer_overhead_s"].items():  # the other ops per layer beside the per-matrix kernel rows
+        stored = ALL[cost]["devices"]["host"]["weights"]["int4"]["by_matrix"]["layer_overhead_s"]
+        assert stored == pytest.approx(c, rel=0.005), cost
+    stored = ALL["llama.cpp"]["devices"]["host"]["gguf_type_rates"]
+    assert set(stored) == set(res["llamacpp_gguf_type_rates"])
+    for t, g in res["llamacpp_gguf_type_rates"].items():  # llama.cpp's rates per GGML type, as measured
+        for k in ("matmul_flop_per_s", "read_bytes_per_s"):
+            assert stored[t][k] == pytest.approx(g[k], rel=0.005), (t, k)
     for cost, p in res["prefill"].items():
         pre = ALL[cost]["devices"]["host"]["prefill"]
         assert pre["matmul_flop_per_s"] == pytest.approx(p["matmul_flop_per_s"], rel=0.005), cost
@@ -438,3 +446,94 @@ def test_plan_vs_filled_plans_a_q4_0_gguf_row_as_int4(tmp_path):
     assert plan_vs_filled.parse("edgekv-ort:kv-int8c/gguf", str(q4)) == ("onnxruntime", "kv-int8c", "int4")
     assert isinstance(plan_vs_filled.parse("edgekv-ort:kv-int8c/gguf", str(f16)), str)
     assert plan_vs_filled.model_arch(str(q4)).n_layers == 2  # a model outside the catalog: read as plan -m reads it
+
+
+def test_llamacpp_plan_of_an_unmeasured_mix_at_its_types_rates(tmp_path):
+    """A GGUF whose mix no file run measured (Q4_0 layers, a tied Q8_0 table: the random 1B's file is Q4_0 + Q6_K)
+    is charged each type at the rate measured on random files of that type alone (gguf_type_rates): the step's
+    weights time is the sum over types of the bytes a step reads over that type's rate, by hand from the file's
+    blocks (Q4_0: 18 bytes per 32 values, Q8_0: 34 per 32; the tied table read whole as the output layer), and the
+    prefill's matmuls run at the Q4_0 rate. Before, such a file fell back to the roofline (Q4_0 charged Q4_1's rate
+    in plan_vs_filled: the 1B's llama.cpp row -29 %, its prefill +55 %)."""
+    pytest.importorskip("gguf")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from attention_rates import LC_VOCAB, lc_gguf
+
+    h, hkv, d, ff, layers = 4, 1, 64, 512, 2
+    path = tmp_path / "q4_0.gguf"
+    lc_gguf(path, h, hkv, d, layers, linear="Q4_0", ff=ff, embedding="Q8_0")
+    by = ALL["llama.cpp"]["devices"]["host"]["gguf_type_rates"]
+    hidden = h * d
+    linear = layers * (2 * hidden * h * d + 2 * hidden * hkv * d + 3 * hidden * ff)
+    want_w = linear * 18 / 32 / by["Q4_0"]["read_bytes_per_s"] + LC_VOCAB * hidden * 34 / 32 / by["Q8_0"][
+        "read_bytes_per_s"]
+    row = plan("--device", "host", "-m", str(path), "--runtime", "llama.cpp", "--strategy", "kv", "--ctx", "1024",
+               "--explain")
+    text = row["explain"]["decode_tokens_per_s"]
+    assert "each type at the rates measured on a file of that type alone" in text, text
+    attn_s = float(text.split(" = ")[2].split(" ms")[0]) / 1e3  # the attention term the line prints
+    assert 1 / row["decode_tokens_per_s"] - attn_s == pytest.approx(want_w, rel=0.02)
+    pre = ALL["llama.cpp"]["devices"]["host"]["prefill"]
+    mm = 2 * linear * 1024 + 2 * LC_VOCAB * hidden * 8  # the logits of each 128-token chunk's last token
+    attn = layers * 4 * h * d * 1024 * 1025 / 2
+    want_p = mm / by["Q4_0"]["matmul_flop_per_s"] + attn / pre["attention_flop_per_s_by_head_dim"]["f16"]["64"]
+    assert row["prefill_seconds"] == pytest.approx(want_p, rel=0.01)
+
+
+def test_pte_prefill_at_its_stored_rates_by_hand():
+    """edgekv's .pte prefill on the host is charged at its own stored rates: SmolLM2-135M, fp32 cache, 8192 tokens =
+    2 x 106,168,320 matmul parameters x 8192 + the logits of each 128-token chunk's last token over the .pte's matmul
+    rate (fitted by benchmarks/plan_vs_filled.py on SmolLM2's .pte rows), + causal attention 30 x 4 x 9 x 64 x 8192
+    x 8193 / 2 FLOP over custom_sdpa's prefill rate measured at head size 64 (attention_rates.py --runtime executorch
+    --prefill). Before, the .pte's prefill had no stored rate and the plan charged the roofline. The window
+    strategy's eager .pte graph has no measured prefill rate: it keeps the roofline."""
+    pre = ALL["executorch"]["devices"]["host"]["prefill"]
+    per_layer = 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536
+    mm = 2 * L * per_layer * 8192 + 2 * 49152 * 576 * 64
+    attn = L * 4 * H * D * 8192 * 8193 / 2
+    want = mm / pre["matmul_flop_per_s"] + attn / pre["attention_flop_per_s_by_head_dim"]["fp32"]["64"]
+    row = plan("--device", "host", "-m", "smollm2-135m", "--runtime", "executorch", "--strategy", "kv:dtype=fp32",
+               "--weights", "int4", "--ctx", "8192", "--explain")
+    assert row["prefill_seconds"] == pytest.approx(want, rel=0.01)
+    assert "kernel rate at head size 64" in row["explain"]["prefill_seconds"]
+    win = plan("--device", "host", "-m", "smollm2-135m", "--runtime", "executorch", "--strategy", "window",
+               "--weights", "int4", "--ctx", "8192", "--explain")
+    assert "GFLOP/s" not in win["explain"]["prefill_seconds"].split("; ")[-1]  # the roofline's max(...)
+
+
+def test_onnx_weights_term_at_matmulnbits_rows_against_the_models_profile():
+    """ONNX Runtime's int4 weights term is MatMulNBits timed per matrix size (benchmarks/attention_rates.py --matmul,
+    stored as by_matrix rows): for Gemma-3-270M's 127 matrices (its 262144 x 640 output layer most of the bytes) the
+    plan's sum comes within 10 % of what MatMulNBits took in Gemma's own window export profiled per node at a filled
+    16k (results/profile_ort_gemma3_window_16384.json: its share of the node medians times the step's CPU time,
+    12.9 ms). One read rate fitted on SmolLM2's small matrices charged 17.6 ms (+36 %)."""
+    row = plan("--device", "host", "-m", "gemma-3-270m", "--runtime", "onnxruntime", "--strategy", "window",
+               "--weights", "int4", "--ctx", "16384", "--explain")
+    text = row["explain"]["decode_tokens_per_s"]
+    matrices_ms = float(text.split("MatMulNBits's rate measured per matrix size = ")[1].split(" ms")[0])
+    prof = json.loads((ROOT / "benchmarks" / "results" / "profile_ort_gemma3_window_16384.json").read_text())
+    ops = prof["profiles"][0]["ops_median_ms"]
+    measured_ms = prof["rows"][0]["cpu_ms_per_step"] * ops["MatMulNBits"] / sum(ops.values())
+    assert matrices_ms == pytest.approx(measured_ms, rel=0.10)
+
+
+def test_pte_gemma3_fp32_rings_at_the_kernels_measured_curve():
+    """Gemma-3-270M's .pte with a fp32 cache at a filled 16k (its 15 sliding layers' 512-slot rings written in place,
+    3 global layers of 16384 keys): custom_sdpa at 4 x 1 x 256 heads reads a fp32 cache at 0.46 us per key at 1k and
+    0.94 us at 16k (benchmarks/results/attention_rates_executorch.json), so the plan charges each layer at that
+    measured curve: by hand 15 x 512 keys at the 1k row's per-key time (below the rows, held at the nearest) + 3 x
+    the 16k row. The plan then comes within 25 % of the row measured at 16.59 tokens per CPU second
+    (results/filled_context_gemma3_16384_pte_rings.json); at one constant per key it charged 34.8 ms and planned
+    23.91 (+44 %)."""
+    rows = {r["ctx"]: r["median_us"] * 1e-6 for r in _kernel_rows("attention_rates_executorch.json")
+            if r["kind"] == "fp32" and r["head_dim"] == 256}
+    want = 15 * 512 * rows[1024] / 1024 + 3 * rows[16384]
+    row = plan("--device", "host", "-m", "gemma-3-270m", "--runtime", "executorch", "--strategy", "kv:dtype=fp32",
+               "--weights", "int4", "--ctx", "16384", "--explain")
+    text = row["explain"]["decode_tokens_per_s"]
+    attn_ms = float(text.split(" ms + attention ")[1].split(" ms")[0])
+    assert attn_ms * 1e-3 == pytest.approx(want, rel=0.02)
+    measured = json.loads((ROOT / "benchmarks" / "results" / "filled_context_gemma3_16384_pte_rings.json")
+                          .read_text())["rows"][0]
+    assert measured["name"] == "edgekv-pte:kv:dtype=fp32/int4"
+    assert abs(row["decode_tokens_per_s"] / measured["decode_tok_per_cpu_s"] - 1) <= 0.25

@@ -159,13 +159,14 @@ def attention_rates(runtime: str, device_id: str, device_class: str) -> dict | N
     dev = rt["devices"].get(device_id)
     if dev is not None:
         return {"kinds": dev["kinds"], "scale": (1.0, 1.0), "weights": dev.get("weights", {}),
-                "gguf_types": dev.get("gguf_types", {}),
+                "gguf_types": dev.get("gguf_types", {}), "gguf_type_rates": dev.get("gguf_type_rates", {}),
                 "prefill": dev.get("prefill"), "source": dev["source"], "basis": dev["basis"], "kernel": rt["label"]}
     cls = rt["classes"].get(device_class)
     if cls is None:
         return None
     base = rt["devices"][cls["scaled_from"]]
-    return {"kinds": base["kinds"], "scale": tuple(cls["scale"]), "weights": {}, "gguf_types": {}, "prefill": None,
+    return {"kinds": base["kinds"], "scale": tuple(cls["scale"]), "weights": {}, "gguf_types": {}, "gguf_type_rates": {},
+            "prefill": None,
             "source": cls["source"], "basis": cls["basis"], "kernel": rt["label"]}
 
 
@@ -175,6 +176,33 @@ def gguf_type_mix(arch: Arch) -> str | None:
     matmuls and weight reads run at is a property of this mix, not of a bit width. None: not read from a GGUF."""
     types = sorted({w.gguf_type for w in arch.weights if w.gguf_type and w.cls == "linear"})
     return "+".join(types) or None
+
+
+def gguf_rates_by_type(arch: Arch, type_rates: dict) -> dict | None:
+    """A GGUF's weights and matmul rates from the rates measured per GGML type (llama.cpp: gguf_type_rates, one random
+    file per type at a 1B layer shape): each type's kernels read its own bytes at their own rate, so the step's weight
+    time is the sum over types of bytes / rate, i.e. the bytes over their harmonic mean weighted by bytes (the
+    matrices a step reads: the linear rows, the output layer, or the embedding table where it is tied); the prefill's
+    matmuls likewise weighted by the linear rows' parameters. None where a type the step reads has no measured rate.
+    Returns {"read_bytes_per_s", "matmul_flop_per_s", "types": {type: bytes read}}."""
+    if not type_rates:
+        return None
+    head = any(w.cls == "lm_head" for w in arch.weights)
+    read: dict[str, float] = {}
+    params: dict[str, float] = {}
+    for w in arch.weights:
+        if w.gguf_type is None or w.gguf_bytes is None:
+            return None
+        if w.cls in ("linear", "lm_head") or (w.cls == "embedding" and not head):
+            read[w.gguf_type] = read.get(w.gguf_type, 0.0) + w.gguf_bytes * w.read_fraction
+        if w.cls == "linear":
+            params[w.gguf_type] = params.get(w.gguf_type, 0.0) + w.numel * w.read_fraction
+    if not read or not params or any(t not in type_rates for t in {*read, *params}):
+        return None
+    t_read = sum(b / type_rates[t]["read_bytes_per_s"] for t, b in read.items())
+    t_mm = sum(n / type_rates[t]["matmul_flop_per_s"] for t, n in params.items())
+    return {"read_bytes_per_s": sum(read.values()) / t_read, "matmul_flop_per_s": sum(params.values()) / t_mm,
+            "types": read}
 
 
 def cache_kind(strategy: Strategy, layout: StateLayout, runtime: str = "onnxruntime") -> str | None:
@@ -244,7 +272,10 @@ def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtim
     the logits and scans) over the runtime's matmul rate (fitted on measured filled-context prefills by
     benchmarks/plan_vs_filled.py) + attention FLOP over the rate of this cache kind (the kernel's at the model's head
     size where benchmarks/attention_rates.py measured one, else fitted on the same prefills); None where no rate is
-    stored."""
+    stored, and for edgekv's .pte where its attention is not the fused op (the window strategy's eager graph: its
+    prefill rate is measured nowhere, and custom_sdpa's would charge it 1.7x fast)."""
+    if runtime == "executorch" and not fused_gqa(arch, layout, strategy, runtime):
+        return None
     kind = prefill_kind(strategy, layout, runtime)
     rate, how = _prefill_rate(rates, kind, arch) if kind else (None, "")
     if not rate:
@@ -319,14 +350,60 @@ def attention_flops(arch: Arch, layout: StateLayout) -> float:
                if isinstance(m, Attention) and i in kept)
 
 
+def _rate_at(rows: list[tuple[float, float]], nbytes: float) -> float:
+    """The read rate (bytes / second) of a matrix of nbytes from measured (bytes, seconds) rows: linear in
+    log(bytes) between the two measured sizes around it, held at the nearest end outside them."""
+    pts = sorted((b, b / t) for b, t in rows)
+    if nbytes <= pts[0][0]:
+        return pts[0][1]
+    for (b0, r0), (b1, r1) in zip(pts, pts[1:]):
+        if nbytes <= b1:
+            f = (math.log(nbytes) - math.log(b0)) / (math.log(b1) - math.log(b0)) if b1 > b0 else 1.0
+            return r0 + f * (r1 - r0)
+    return pts[-1][1]
+
+
+def weights_seconds_by_matrix(arch: Arch, precision: str, by: dict, scheme: dict | None = None
+                              ) -> tuple[float, float, str]:
+    """One decode step's weights term from the runtime's weights kernel timed per matrix (by_matrix: rows of [K, N,
+    bytes, seconds], benchmarks/attention_rates.py --matmul): each matrix a token reads (the linear rows, the output
+    layer or the tied table; routed experts by their read fraction), at its bytes as the plan stores it (the
+    runtime's scheme, as memory.weight_bytes counts them), read at the measured rate of its size (_rate_at: a small
+    matrix is read far slower than a large one), plus per layer the step's other ops (layer_overhead_s, fitted on
+    SmolLM2's rows by benchmarks/plan_vs_filled.py). Returns (seconds, the matrices' kernel seconds, formula)."""
+    from ..arch import Weight
+    from .weights import _scheme_bytes, weight_bytes_one
+
+    def nbytes(w: Weight, part: str) -> float:
+        return _scheme_bytes(w, scheme[part]) if scheme else weight_bytes_one(w, precision, arch.n_layers)
+
+    rows = [(r[2], r[3]) for r in by["rows"]]
+    mats = [(nbytes(w, "output" if w.cls == "lm_head" else "linear"), w.read_fraction) for w in arch.weights
+            if w.cls in ("linear", "lm_head")]
+    if not any(w.cls == "lm_head" for w in arch.weights):  # tied: the output layer reads the table's shape
+        mats += [(nbytes(Weight("output", w.shape, "lm_head"), "output") if scheme else weight_bytes_one(
+            w, precision, arch.n_layers), 1.0) for w in arch.weights if w.cls == "embedding"]
+    kern = sum(b / _rate_at(rows, b) * f for b, f in mats)
+    per_layer = by.get("layer_overhead_s", 0.0)
+    return kern + per_layer * arch.n_layers, kern, (
+        f"{len(mats)} matrices at {by['kernel']}'s rate measured per matrix size = {kern * 1e3:.3g} ms + "
+        f"{arch.n_layers} layers x {per_layer * 1e6:.3g} us of other ops")
+
+
 def decode_with_attention(weights_read: float, lin_flops: float, attn_s: float, scale: tuple[float, float],
                           bandwidth: float, bw_eff: float, peak_flops: float, flop_eff: float,
-                          weights_rate: float | None = None) -> tuple[Item, dict]:
+                          weights_rate: float | None = None,
+                          weights_s: tuple[float, str] | None = None) -> tuple[Item, dict]:
     """tok/s = 1 / (weights term + attention term): the weights term is the roofline over the weights alone (or
-    the weights over a measured rate of the runtime's weight kernels where stored), the attention term the fitted
+    the weights over a measured rate of the runtime's weight kernels where stored, or weights_s: (seconds, formula)
+    where the kernel was timed per matrix), the attention term the fitted
     kernel time divided by the device's scale (low, high). Returns the low end's Item and the terms
     ({weights_s, weights, attention_s, scale, tok_s: (low, high)}) for the explain line."""
-    if weights_rate:
+    detail = ""
+    if weights_s:  # the weights kernel timed per matrix (weights_seconds_by_matrix): its effective rate shown
+        t_w, detail = weights_s
+        how = f"~{weights_read / 1e9:.3g} GB weights / {weights_read / t_w / 1e9:.3g} GB/s (measured)"
+    elif weights_rate:
         t_w = weights_read / weights_rate
         how = f"~{weights_read / 1e9:.3g} GB weights / {weights_rate / 1e9:.3g} GB/s (measured)"
     else:
@@ -338,6 +415,7 @@ def decode_with_attention(weights_read: float, lin_flops: float, attn_s: float, 
     slow, fast = 1 / (t_w + attn_s / lo), 1 / (t_w + attn_s / hi)
     f = (f"1 / ({how} = {t_w * 1e3:.3g} ms + attention {attn_s * 1e3:.3g} ms"
          + (f" / device scale {lo:g}-{hi:g}" if scale != (1.0, 1.0) else "") + ") = "
-         + (f"{slow:.3g}-{fast:.3g} tok/s" if slow != fast else f"{slow:.3g} tok/s"))
+         + (f"{slow:.3g}-{fast:.3g} tok/s" if slow != fast else f"{slow:.3g} tok/s")
+         + (f"; the weights term: {detail}" if detail else ""))
     return Item(slow, f), {"weights_s": t_w, "weights": how, "attention_s": attn_s, "scale": scale,
                            "tok_s": (slow, fast)}
