@@ -19,6 +19,10 @@ run peaks while ORT loads (the tied head packed from the 671 MB table's pages, b
 every context, so each row also reports the calls' own peak (the profile child resets VmHWM after loading), which
 grows with the 3 global layers' slots, beside the plan's weights + state + a call's workspace + session.
 
+Llama-3.2-1B at its published shapes (random weights, int4): an 8k export profiled at a filled 1k and 8k, and a 32k
+export filled to 32k with its state written directly (FILLED_STATE, filled_state(): a 32k prefill of a 1B on one core
+runs for hours); --filled-state measures the 8k export's rows that way too, beside their real prefill.
+
 How the runtime constants in edgekv/costs/workspace.json were probed, and how each planner term moved these rows
 when it was added: benchmarks/log/plan_accuracy_probes.md.
 """
