@@ -280,4 +280,4 @@ def test_the_llama_1b_rows_measured_beside_the_plan():
             off.append(f"{r['strategy']} {r['ctx']}: predicted {pred:,.0f}, measured {r['measured_bytes']:,} "
                        f"({100 * err:+.1f} %)")
     assert not off, off
-    assert {r["ctx"] for r in rows} >= {1024, 8192}
+    assert {r["ctx"] for r in rows} >= {1024, 8192, 32768}
