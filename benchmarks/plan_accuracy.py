@@ -19,6 +19,10 @@ run peaks while ORT loads (the tied head packed from the 671 MB table's pages, b
 every context, so each row also reports the calls' own peak (the profile child resets VmHWM after loading), which
 grows with the 3 global layers' slots, beside the plan's weights + state + a call's workspace + session.
 
+Llama-3.2-1B at its published shapes (random weights, int4): an 8k export profiled at a filled 1k and 8k, and a 32k
+export filled to 32k with its state written directly (FILLED_STATE, filled_state(): a 32k prefill of a 1B on one core
+runs for hours); --filled-state measures the 8k export's rows that way too, beside their real prefill.
+
 How the runtime constants in edgekv/costs/workspace.json were probed, and how each planner term moved these rows
 when it was added: benchmarks/log/plan_accuracy_probes.md.
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -69,8 +74,14 @@ CASES = [
     # and 8k. Its export peaks near 6 GB: on a shared host run it under the host's lock (its rows: --only 'kv fp16
     # Llama-3.2-1B random int4' --json benchmarks/results/plan_accuracy_llama32_1b_random.json)
     ("kv fp16 Llama-3.2-1B random int4", "random:llama-3.2-1b", "kv", "ort", (1024, 8192), 8192),
+    # the same at 32768 slots, filled to 32k: a 32k prefill of a 1B on one core runs for hours, so its rows write
+    # the state a prompt leaves directly and run the prompt's last call and the decode steps (FILLED_STATE; the
+    # 8k export's rows, filled by a real prefill, are measured both ways: --filled-state)
+    ("kv fp16 Llama-3.2-1B random int4 (max_ctx 32768 export)", "random:llama-3.2-1b", "kv", "ort", (32768,), 32768),
 ]
-WEIGHTS = {"kv fp16 Llama-3.2-1B random int4": "int4"}  # --weights of a row's export where not fp32
+WEIGHTS = {"kv fp16 Llama-3.2-1B random int4": "int4",  # --weights of a row's export where not fp32
+           "kv fp16 Llama-3.2-1B random int4 (max_ctx 32768 export)": "int4"}
+FILLED_STATE = {"kv fp16 Llama-3.2-1B random int4 (max_ctx 32768 export)"}  # rows measured by filled_state()
 QUICK_CTX = (1024, 8192)
 
 
@@ -185,13 +196,77 @@ print(json.dumps({"steady_bytes": hwm() - base}))
 
 
 def steady(folder: Path, chunk: int) -> int | None:
-    """Peak of 3 prefill calls + 1 decode call with ORT's arena and memory patterns off, above the ORT baseline:
-    the tensors of one call in steady state, which is what the planner models (ORT's defaults also keep blocks of
-    earlier calls; the profile rows measure those defaults)."""
+    """Peak of 3 prefill calls + 1 decode call with ORT's arena and memory patterns off, above the ORT baseline, at
+    the start of the state (positions 0 to 3 x chunk) and under glibc's default malloc settings. edgekv's stepper,
+    which the profile rows run, turns the arena and memory patterns off as well (OrtStepper lean)."""
     p = subprocess.run([sys.executable, "-c", STEADY_CHILD, str(folder), str(chunk)], capture_output=True,
                        text=True, cwd=ROOT)
     line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("{")), None)
     return json.loads(line)["steady_bytes"] if line else None
+
+
+FILLED_CHILD = """
+import ctypes, json, sys
+import numpy as np
+import onnxruntime  # noqa: F401  (the baseline is taken after importing the runtime, as edgekv.profile.child does)
+from pathlib import Path
+from edgekv.export.manifest import load_export
+from edgekv.export.runtime import OrtStepper
+from edgekv.profile.procmem import hwm, reset_hwm, rss
+folder, ctx, steps = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+m = load_export(folder, check_hashes=False)
+base = rss(); reset_hwm()
+st = OrtStepper(m, folder, 1)  # edgekv's stepper: ORT's arena and memory patterns off, as the profile and the app run
+out = {"runtime_baseline_bytes": base, "after_load_bytes": rss(), "load_peak_bytes": hwm()}
+v, c, n = m["model"]["vocab"], st.max_chunk, ctx - steps
+# the rows a prompt of n tokens leaves in each [1, Hkv, T, D] buffer, random values (one layer's rows at a time)
+rng = np.random.default_rng(0)
+for a in st.state_arrays():
+    a[:, :, :n] = rng.standard_normal((a.shape[0], a.shape[1], n, a.shape[3]), dtype=np.float32).astype(a.dtype)
+ctypes.CDLL(None).malloc_trim(0)  # the fill's own temporaries are not the model's
+out["after_fill_bytes"] = rss()
+reset_hwm()
+st.step([(7919 * i) % v for i in range(c)], n - c, last=True)  # the prompt's last call, as the profile's prefill ends
+out["after_prefill_bytes"] = rss()
+for i in range(steps):
+    st.step([1], n + i)
+out["calls_peak_bytes"] = hwm()
+print(json.dumps(out))
+"""
+
+
+def filled_state(out: Path, ctx: int, steps: int) -> dict:
+    """A row measured with its state filled directly: a fresh process loads the export through edgekv's stepper
+    (the profile's malloc settings), writes random rows into the positions a prompt of ctx - steps tokens leaves,
+    then runs that prompt's last call and `steps` decode steps. Peak above the runtime's baseline = the larger of the
+    load's and the calls' peaks, as `edgekv profile` measures; the predicted side is the profile's (predicted)."""
+    from edgekv.children import child_setup
+    from edgekv.export.manifest import load_export
+    from edgekv.profile.run import child_env, predicted, prefill_chunk
+    p = subprocess.run([sys.executable, "-c", FILLED_CHILD, str(out), str(ctx), str(steps)], capture_output=True,
+                       text=True, cwd=ROOT, env={**child_env(), "OMP_NUM_THREADS": "1"}, preexec_fn=child_setup())
+    line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("{")), None)
+    if line is None:
+        return {"error": last_line(p.stderr)}
+    r = json.loads(line)
+    base = r["runtime_baseline_bytes"]
+    m = load_export(out, check_hashes=False)
+    pred = predicted(m, "ort", ctx)
+    calls = pred.pop("explain")["calls_bytes"]
+    measured = max(r["load_peak_bytes"], r["calls_peak_bytes"]) - base
+    total = sum(pred.values())
+    return {"predicted_bytes": total, "measured_bytes": measured, "predicted_components": pred,
+            "measured_components": {"weights+state": r["after_load_bytes"] - base,
+                                    "load_peak": r["load_peak_bytes"] - base,
+                                    "after_fill": r["after_fill_bytes"] - base,
+                                    "calls_peak": r["calls_peak_bytes"] - base,
+                                    "after_prefill": r["after_prefill_bytes"] - base},
+            "runtime_baseline_bytes": base, "prefill_chunk": prefill_chunk(m, "ort"),
+            "error_pct": 100.0 * (measured - total) / total, "within_target": abs(measured - total) <= 0.10 * total,
+            "prompt_tokens": ctx - steps, "predicted_calls_bytes": calls,
+            "calls_error_pct": 100.0 * (r["calls_peak_bytes"] - base - calls) / calls,
+            "fill": "state written directly (plan_accuracy.py filled_state), the prompt's last call + decode",
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
 def repredict(rows: list[dict], work: Path) -> None:
@@ -206,7 +281,7 @@ def repredict(rows: list[dict], work: Path) -> None:
             print(f"  {r['strategy']} {r['runtime']} {r['ctx']}: no export in {folder}, prediction kept",
                   file=sys.stderr)
             continue
-        pred = predicted(load_export(folder, check_hashes=False), r["runtime"])
+        pred = predicted(load_export(folder, check_hashes=False), r["runtime"], r["ctx"])
         calls = (pred.pop("explain", None) or {}).get("calls_bytes")
         if calls is not None and "calls_peak" in (r.get("measured_components") or {}):
             r["predicted_calls_bytes"] = calls
@@ -214,6 +289,9 @@ def repredict(rows: list[dict], work: Path) -> None:
         r["predicted_components"], r["predicted_bytes"] = pred, sum(pred.values())
         r["error_pct"] = 100.0 * (r["measured_bytes"] - r["predicted_bytes"]) / r["predicted_bytes"]
         r["within_target"] = abs(r["error_pct"]) <= 10.0
+        for k in ("steady", "filled_state"):  # the other measurements of the row, against the same prediction
+            if r.get(f"{k}_bytes"):
+                r[f"{k}_error_pct"] = 100.0 * (r[f"{k}_bytes"] - r["predicted_bytes"]) / r["predicted_bytes"]
 
 
 def main(argv=None) -> int:
@@ -231,6 +309,8 @@ def main(argv=None) -> int:
     ap.add_argument("--export-only", action="store_true", help="make the exports, profile nothing (rows kept)")
     ap.add_argument("--steady", action="store_true", help="measure nothing else: add each stored ORT row's "
                     "steady-state call peak with the arena and memory patterns off (steady_bytes)")
+    ap.add_argument("--filled-state", action="store_true", help="measure nothing else: add each stored ORT row's "
+                    "peak with its state written directly (filled_state: filled_state_bytes), beside its prefill's")
     ap.add_argument("--repredict", action="store_true",
                     help="measure nothing: recompute the stored rows' predictions with the current planner")
     a = ap.parse_args(argv)
@@ -239,7 +319,8 @@ def main(argv=None) -> int:
     only = set(a.only.split(",")) if a.only else None
     rows, failed = [], []
     t0 = time.perf_counter()
-    for label, model, strategy, runtime, ctxs, *fixed in ([] if a.repredict or a.steady else CASES):
+    for label, model, strategy, runtime, ctxs, *fixed in ([] if a.repredict or a.steady or a.filled_state
+                                                          else CASES):
         if (only and label not in only) or (a.runtime and runtime != a.runtime):
             continue
         want = {int(c) for c in a.ctx.split(",")} if a.ctx else None
@@ -258,7 +339,8 @@ def main(argv=None) -> int:
                 print(f"  {label} {runtime} {ctx}: export " + (err or "ok"), file=sys.stderr, flush=True)
                 continue
             if err is None:
-                res = profile(out, runtime, ctx, a.steps, a.repeats)
+                res = (filled_state(out, ctx, a.steps) if label in FILLED_STATE
+                       else profile(out, runtime, ctx, a.steps, a.repeats))
                 err = res.pop("error", None)
                 row.update(res)
             if err is not None:
@@ -287,6 +369,19 @@ def main(argv=None) -> int:
                     r["steady_error_pct"] = 100.0 * (r["steady_bytes"] - r["predicted_bytes"]) / r["predicted_bytes"]
                 print(f"  {r['strategy']} {r['ctx']}: steady {r.get('steady_error_pct', float('nan')):+.1f}%",
                       file=sys.stderr, flush=True)
+    if a.filled_state:
+        for r in rows:
+            if r["runtime"] == "ort" and (only is None or r["strategy"] in only) and "fill" not in r:
+                folder = work / folder_name(r["strategy"], "onnx", r.get("max_ctx", r["ctx"]))
+                res = filled_state(folder, r["ctx"], a.steps)
+                if "measured_bytes" in res:
+                    r["filled_state_bytes"] = res["measured_bytes"]
+                    r["filled_state_components"] = res["measured_components"]
+                    r["filled_state_load_average"] = res["load_average"]
+                    r["filled_state_error_pct"] = 100.0 * (res["measured_bytes"] - r["predicted_bytes"]) / \
+                        r["predicted_bytes"]
+                print(f"  {r['strategy']} {r['ctx']}: filled state {r.get('filled_state_error_pct', float('nan')):+.1f}%"
+                      f" (its prefill's {r['error_pct']:+.1f}%)", file=sys.stderr, flush=True)
     order = {(c[0], c[3]): i for i, c in enumerate(CASES)}
     rows.sort(key=lambda r: (order.get((r["strategy"], r["runtime"]), 99), r["ctx"]))
     ssm = {r["ctx"]: r["measured_bytes"] for r in rows if r["strategy"] == "ssm"}
@@ -302,10 +397,12 @@ def main(argv=None) -> int:
               f"{r['predicted_bytes'] / 1e6:>12.1f} {r['measured_bytes'] / 1e6:>12.1f} {r['error_pct']:>+7.1f}%  "
               f"{'yes' if r['within_target'] else 'NO ':<10}  {st}")
     print("MB = 1e6 bytes; measured = peak RSS (VmHWM) - RSS after importing the runtime, each run a fresh process "
-          "(`edgekv profile`, ORT's default session options).")
-    print("steady = peak of 3 prefill calls + 1 decode call with ORT's arena and memory patterns off (the tensors of "
-          "one call, which the planner models; the difference to measured is blocks ORT's defaults keep from "
-          "earlier calls).")
+          "(`edgekv profile`: edgekv's stepper, ONNX Runtime's arena and memory patterns off as the manifest's "
+          "deployment and the Android app set them).")
+    print("steady = peak of 3 prefill calls + 1 decode call at the start of the state (positions 0 to 3 x chunk), "
+          "arena and memory patterns off, glibc's default malloc settings; filled state (--filled-state, and the "
+          "rows of FILLED_STATE) = the state a prompt of ctx - steps tokens leaves written directly, then that "
+          "prompt's last call and the decode steps, in the profile's malloc settings.")
     print("hybrid: a tiny random Jamba (no trained hybrid fixture; weights do not change memory).")
     calls = [r for r in rows
              if r.get("predicted_calls_bytes") and (r.get("measured_components") or {}).get("calls_peak")]

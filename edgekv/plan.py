@@ -26,10 +26,12 @@ FIT_ORDER = {"yes": 0, "tight": 1, "no": 2}
 
 
 def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: str, overhead: float,
-               chunk: int = DEFAULT_CHUNK, methods: int = 1, scheme: dict | None = None) -> M.Deployment:
+               chunk: int = DEFAULT_CHUNK, methods: int = 1, scheme: dict | None = None,
+               filled: int | None = None) -> M.Deployment:
     """methods: entry points the runtime initialises (a .pte of a recurrent or blended state has prefill + decode:
     XNNPACK packs the weights twice; a plain kv cache's .pte has one `forward`). scheme: the runtime's own weight
-    layout for this precision (memory.weight_bytes), None = edgekv's."""
+    layout for this precision (memory.weight_bytes), None = edgekv's. filled: the positions a run fills when fewer
+    than ctx (the state's slots), for the terms that follow them (memory.workspace_bytes); None = ctx."""
     if weights == "gguf" and not arch.gguf_path:
         raise EdgekvError(f"--weights gguf needs a GGUF model; {arch.name} was read from {arch.source}")
     layout = strategy.layout(arch, ctx)
@@ -37,7 +39,7 @@ def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: 
     if carried:  # edgekv's ONNX carries the file's blocks in MatMulNBits' form, larger than the file (memory.weights)
         scheme = M.GGUF_CARRIED
     wb = M.weight_bytes(arch, weights, scheme)
-    ws = M.workspace_bytes(arch, layout, strategy, runtime, min(chunk, ctx), weights, methods)
+    ws = M.workspace_bytes(arch, layout, strategy, runtime, min(chunk, ctx), weights, methods, filled)
     load = M.runtime_load_bytes(arch, weights, runtime, methods, layout, strategy)
     d = M.Deployment(arch.name, strategy, ctx, weights, runtime, layout, wb, ws, overhead, load)
     d.explain = {

@@ -92,9 +92,10 @@ TINY_STATE = 2 * 2 * 2 * 512 * 32 * 2  # kv fp16 at max_ctx 512: layers x (K, V)
 
 
 def test_the_prediction_counts_the_weights_the_export_stored(export_dir):
-    """fp32 weights are 4 B per parameter; int4 (the planner's ExecuTorch 8da4w layout): linear layers and the head
-    0.5 B + a fp16 scale per 32 weights, the embedding int8 with a fp16 scale per row, norms fp32. By hand from the
-    config, not from the manifest's own count."""
+    """fp32 weights are 4 B per parameter; int4 in ONNX Runtime (its own layout, as `edgekv plan --runtime ort`
+    prices it: edgekv's ONNX quantizes every MatMul with MatMulNBits and the table with GatherBlockQuantized, 4 bits
+    + one fp32 scale per 32): linear layers, the head and the embedding 0.5 B + 4 B per 32 weights, norms fp32. By
+    hand from the config, not from the manifest's own count."""
     import copy
 
     from edgekv.profile.run import predicted
@@ -105,8 +106,8 @@ def test_the_prediction_counts_the_weights_the_export_stored(export_dir):
     assert p["weights"] == 4 * TINY_PARAMS and p["state"] == TINY_STATE == 262_144
     q = copy.deepcopy(m)
     q["weights"]["dtype"] = "int4"
-    int4 = (TINY_EMB + 2 * 512) + (TINY_EMB + TINY_LINEAR) * (0.5 + 2 / 32) + 4 * TINY_SMALL
-    assert predicted(q, "ort")["weights"] == int4 == 271_872
+    int4 = (2 * TINY_EMB + TINY_LINEAR) * (0.5 + 4 / 32) + 4 * TINY_SMALL
+    assert predicted(q, "ort")["weights"] == int4 == 268_800
 
 
 # a profile child whose memory is known: after its baseline it writes ALLOC[ctx] bytes (every page touched) and

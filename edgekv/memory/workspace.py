@@ -45,18 +45,21 @@ class _Attention:
     scratch_how: str = ""
     scan: float = 0  # selective-scan inputs
     rolling: bool = False  # a rolling (window) layer reads the old cache + the chunk, not the state it writes
+    filled_cols: bool = False  # the scores are held over the filled positions only (scores_filled)
     fused_layers: frozenset = frozenset()
 
 
 def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, chunk: int,
-                    precision: str = "fp32", methods: int = 1) -> Item:
+                    precision: str = "fp32", methods: int = 1, filled: int | None = None) -> Item:
     """Transient memory at the worst moment of a prefill chunk or a decode step (fp32 activations):
     chunk activations + attention scores (x the copies the runtime keeps alive, if it materialises them) + logits
     + dequant/reconstruction scratch for one layer + the extra state copies alive during a call; or, where larger, the
     runtime's load-time transient (ORT packing a tied lm_head from the table's mapped pages). Each is a named Term,
-    and the explanation is theirs."""
+    and the explanation is theirs. filled: the positions a run has filled when fewer than the state's slots (an
+    export run at a shorter context than its max_ctx); a runtime whose scores buffer is written only over the filled
+    columns (scores_filled: ONNX Runtime's GroupQueryAttention) then holds that much of it. None: every slot."""
     rt = _traits(arch, layout, strategy, runtime)
-    a = _attention(arch, layout, strategy, runtime, rt, chunk)
+    a = _attention(arch, layout, strategy, runtime, rt, chunk, filled)
     copies = rt.get("score_copies", 1)
     n_state, scratch = rt.get("state_copies", 1), a.scratch
     if rt.get("packs_per_method"):  # every method has its own planned buffers: state in + state out, dequant scratch
@@ -69,7 +72,8 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     logits = Term("logits", rows * arch.vocab * 4, f"logits {'chunk' if rows > 1 else '1 row'} x vocab x 4 B")
     terms = [Term("activations", chunk * (4 * arch.hidden + a.qkv + 3 * arch.mlp_width + a.ssm_w) * 4,
                   f"activations {chunk} tok x (4*hidden + qkv + 3*inter{' + ssm' if a.ssm_w else ''}) x 4 B", ",.0f")]
-    scores = (Term("scores", copies * a.scores, f"scores {copies} x H x chunk x T x 4 B") if rt["scores"]
+    cols = f"the {filled} filled of T" if a.filled_cols else "T"
+    scores = (Term("scores", copies * a.scores, f"scores {copies} x H x chunk x {cols} x 4 B") if rt["scores"]
               else Term("scores", 0, "scores not materialised", None))
     if a.ring_scores and not rt["scores"]:
         n = _rt(runtime).get("score_copies", 1)
@@ -134,10 +138,11 @@ def _load_transients(arch: Arch, layout: StateLayout, precision: str, rt: dict, 
     return load, packing, f
 
 
-def _attention(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, rt: dict, chunk: int
-               ) -> _Attention:
-    """The largest sizes one call's mixers reach (_Attention), layer by layer."""
+def _attention(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, rt: dict, chunk: int,
+               filled: int | None = None) -> _Attention:
+    """The largest sizes one call's mixers reach (_Attention), layer by layer; filled: as workspace_bytes."""
     a = _Attention()
+    a.filled_cols = bool(filled and rt.get("scores_filled") and filled < layout.ctx)
     kept, width = {}, {}
     for t in layout.tensors:
         if t.role in ("key", "latent"):
@@ -170,6 +175,8 @@ def _attention(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str
                     a.ring_scores = max(a.ring_scores, m.n_heads * chunk * (t + chunk) * 4)
                 if rt["scores"]:
                     seen = t if t == layout.ctx else t + chunk  # a static cache already holds the chunk
+                    if a.filled_cols:  # the columns past the filled positions are never written (scores_filled)
+                        seen = min(seen, filled)
                     a.scores = max(a.scores, m.n_heads * chunk * seen * 4)
                     a.masks = max(a.masks, chunk * seen * 4)
                 layer, how = _layer_scratch(arch, m, t, width.get(i, 0), strategy, rt, chunk)

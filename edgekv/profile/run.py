@@ -98,21 +98,28 @@ def weight_precision(manifest: dict) -> str:
     return next((k for k, v in WEIGHT_DTYPES.items() if v == stored), "fp32")
 
 
-def predicted(manifest: dict, runtime: str | None = None) -> dict:
+def predicted(manifest: dict, runtime: str | None = None, filled: int | None = None) -> dict:
     """The planner's bytes for this artifact on this runtime, comparable to peak - runtime baseline: weights + state +
     workspace (at the chunk the run really uses) + the runtime's load-time copies. Rebuilt with edgekv.plan from the
-    model the export came from when it is still there; else the manifest's recorded Deployment (the export's chunk
-    and ORT's terms), else weights + state."""
+    model the export came from when it is still there, with the weights in the runtime's own layout where
+    runtimes.json gives one for edgekv's ONNX (what `edgekv plan --runtime ort` prices: MatMulNBits' fp32 scales);
+    else the manifest's recorded Deployment (the export's chunk and ORT's terms), else weights + state. filled: the
+    positions the run fills (its ctx) where fewer than max_ctx, for the terms that follow them."""
     from ..arch import load_arch
-    from ..plan import deployment
+    from ..plan import deployment, runtime_cost
     from ..strategies import parse_strategy
     rt = runtime or "ort"
     src = manifest["model"].get("source")
     try:
         arch = load_arch(src)
         n_methods = len(entry_points(manifest, rt))
-        d = deployment(arch, parse_strategy(manifest["strategy"]["label"]), int(manifest["max_ctx"]),
-                       weight_precision(manifest), RUNTIME_NAMES[rt], 0, prefill_chunk(manifest, rt), methods=n_methods)
+        precision = weight_precision(manifest)
+        # edgekv's ONNX on ONNX Runtime (GenAI runs the same graph); the .pte keeps the planner's own layout
+        scheme = runtime_cost("onnxruntime", arch, precision)[1] if rt in ("ort", "genai") else None
+        max_ctx = int(manifest["max_ctx"])
+        d = deployment(arch, parse_strategy(manifest["strategy"]["label"]), max_ctx, precision, RUNTIME_NAMES[rt],
+                       0, prefill_chunk(manifest, rt), methods=n_methods, scheme=scheme,
+                       filled=filled if filled and filled < max_ctx else None)
         b = d.bytes
         # the calls' own peak (weights + state + a call's workspace + the session), beside the load-time transient
         # the workspace is the larger of: what calls_peak_bytes measures (edgekv.profile.child)
@@ -273,15 +280,16 @@ def _profile(folder: Path, copy: Path, manifest: dict, ctxs, steps, runtime, lim
     max_ctx = int(manifest["max_ctx"])
     basis = device_budget(device, runtime) if device is not None and limit is None else None
     budget = limit or (basis.above_baseline if basis else None)
-    pred = predicted(manifest, runtime)
-    explain = pred.pop("explain", None)
-    pred_calls = explain.pop("calls_bytes", None) if explain else None
-    pred_total = sum(pred.values())
     bw = measure_bandwidth(threads=threads)
-    read_per_token = pred["weights"] + pred["state"]  # every decode step reads the weights and the whole state
     tokens = prompt_tokens(copy, manifest, max(ctxs))
     runs = []
     for c in ctxs:
+        # per context: a run filled to fewer positions than the export's slots holds less of some terms
+        pred = predicted(manifest, runtime, c)
+        explain = pred.pop("explain", None)
+        pred_calls = explain.pop("calls_bytes", None) if explain else None
+        pred_total = sum(pred.values())
+        read_per_token = pred["weights"] + pred["state"]  # every decode step reads the weights and the whole state
         results = []
         for i in range(repeats):
             if progress:
