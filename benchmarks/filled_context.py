@@ -101,6 +101,29 @@ def state_read(nbytes: dict, strategy: str | None) -> dict:
 # ---- the children (one fresh process each) ----
 
 
+class PrefillStopped(Exception):
+    """A row's prefill passed its CPU budget (--stop-prefill): what it did, as a rate."""
+
+    def __init__(self, tokens: int, cpu_s: float, wall_s: float, of: int):
+        super().__init__(f"prefill stopped after {cpu_s:.0f} CPU s at token {tokens} of {of}: "
+                         f"{tokens / cpu_s:.1f} tok per CPU s so far")
+        self.progress = {"tokens": tokens, "of": of, "cpu_s": round(cpu_s, 1), "wall_s": round(wall_s, 1),
+                         "tok_per_cpu_s": round(tokens / cpu_s, 2)}
+
+
+def prefill_budget(budget: float | None, chunk: int, n_prompt: int):
+    """The stepper's after_call for a prompt sent in calls of `chunk` tokens: raises PrefillStopped once the CPU
+    time since this was made passes `budget` seconds (None: never)."""
+    calls, t0, c0 = [0], time.perf_counter(), time.process_time()
+
+    def after_call():
+        calls[0] += 1
+        if budget and time.process_time() - c0 > budget:
+            raise PrefillStopped(min(calls[0] * chunk, n_prompt), time.process_time() - c0,
+                                 time.perf_counter() - t0, n_prompt)
+    return after_call
+
+
 def _forced(prefill, step, ids: list[int], n_prompt: int, n_new: int, logits_out: str) -> dict:
     """prefill(ids) -> last logits [V]; step(token, pos) -> logits [V]. Runs the first n_prompt ids, then feeds
     ids[n_prompt .. n_prompt + n_new - 2] one at a time; saves the n_new logit rows (the prefill's last, then each
@@ -137,8 +160,14 @@ def child_edgekv(spec: dict) -> dict:
     baseline = ds._status_bytes("VmRSS")
     manifest = load_export(folder, check_hashes=False)
     st = Stepper(manifest, folder, spec["threads"])
-    r = _forced(lambda ids: st.prefill(ids, last=True)[-1], lambda t, pos: st.step([t], pos)[-1], spec["ids"],
-                spec["n_prompt"], spec["new_tokens"], spec["logits_out"])
+    # the prompt goes in chunks of st.chunk (or the method's most) tokens: one call is one chunk
+    after_call = prefill_budget(spec.get("stop_prefill_cpu_s"), st.chunk or st.max_chunk, spec["n_prompt"])
+    try:
+        r = _forced(lambda ids: st.prefill(ids, last=True, after_call=after_call)[-1],
+                    lambda t, pos: st.step([t], pos)[-1], spec["ids"], spec["n_prompt"], spec["new_tokens"],
+                    spec["logits_out"])
+    except PrefillStopped as e:
+        return {"baseline": baseline, "error": str(e), "prefill_stopped": e.progress}
     return {"baseline": baseline, **r}
 
 
@@ -373,6 +402,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--export", action="append", default=[], metavar="ROW=FOLDER",
                     help="run the edgekv row ROW on an existing export instead of exporting it (one made earlier, e.g. "
                          "from the HF folder the GGUF was made from); the row records the folder and its source")
+    ap.add_argument("--stop-prefill", action="append", default=[], metavar="ROW=CPU_S",
+                    help="stop the edgekv row ROW once its prompt has used CPU_S seconds of CPU (a prefill known to "
+                         "be hopeless); the row then records the tokens it prefilled and their rate, and no decode")
     ap.add_argument("--reference-later", action="store_true",
                     help="use a cached fp32 reference only: without one the rows run with no KL, and the same command "
                          "with --fill-quality (a process of the fp32 model's size) adds it to --out afterwards")
@@ -410,6 +442,15 @@ def main(argv=None) -> dict:
         if not sep or not row.startswith("edgekv-") or not (Path(folder) / "manifest.json").is_file():
             ap.error(f"--export {e!r}: ROW=FOLDER, an edgekv row and a folder with an edgekv manifest.json")
         exports[row] = str(Path(folder).resolve())
+    stop_prefill = {}
+    for e in a.stop_prefill:
+        row, sep, cpu = e.partition("=")
+        try:
+            stop_prefill[row] = float(cpu)
+        except ValueError:
+            sep = ""
+        if not sep or not row.startswith("edgekv-") or stop_prefill.get(row, 0) <= 0:
+            ap.error(f"--stop-prefill {e!r}: ROW=CPU_S, an edgekv row and a positive number of seconds")
     names = ds.select(row_names(a.quick), a.only)
     if not a.only or "gguf" not in a.only:  # the carried-weight rows run when a key names them (--only .../gguf)
         names = [n for n in names if not n.endswith("/gguf")]
@@ -486,6 +527,9 @@ def main(argv=None) -> dict:
                     m = load_export(Path(exports[name]), check_hashes=False)
                     row["export"] = {"folder": exports[name], "model_source": m["model"].get("source"),
                                      "strategy": m["strategy"]["label"], "weights": m["weights"]["dtype"]}
+                if name in stop_prefill:
+                    spec["stop_prefill_cpu_s"] = stop_prefill[name]
+                    row["stop_prefill_cpu_s"] = stop_prefill[name]
                 spec["logits_out"] = str(work.root / "logits" / ds.slug(f"{name}-c{ctx}.npy"))
                 Path(spec["logits_out"]).parent.mkdir(parents=True, exist_ok=True)
             except Exception as e:  # noqa: BLE001 (a row that cannot be prepared carries its error)
@@ -519,6 +563,9 @@ def main(argv=None) -> dict:
             row = dict(row)
             if spec is not None and runs:
                 row.update(summarize(runs, spec["n_prompt"], new))
+                stopped = [r["prefill_stopped"] for r in runs if "prefill_stopped" in r]
+                if stopped:
+                    row["prefill_stopped"] = stopped
                 row["loadavg_runs"] = [r.get("loadavg") for r in runs]
                 if "error" not in row:
                     ref = refs[ctx]

@@ -60,7 +60,9 @@ def test_quick_rows_are_a_subset_and_every_row_has_int4_weights_or_is_a_peer():
 
 @pytest.mark.parametrize("args, says", [(["--ctx", "2k"], "--ctx"), (["--only", "nothing-matches"], "selects no row"),
                                         (["--ctx", "16", "--new-tokens", "16"], "no room"),
-                                        (["--new-tokens", "1"], "at least 2")])
+                                        (["--new-tokens", "1"], "at least 2"),
+                                        (["--stop-prefill", "edgekv-pte:kv-int8c/int4=soon"], "positive number"),
+                                        (["--stop-prefill", "llamacpp:f16=60"], "an edgekv row")])
 def test_bad_options_are_one_clear_error(args, says):
     p = subprocess.run([sys.executable, str(SCRIPT), *args], check=False, capture_output=True, text=True, cwd=ROOT,
                        timeout=120)
@@ -131,3 +133,25 @@ def test_fill_quality_adds_each_rows_kl_from_its_saved_logits(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert rows[0]["quality"]["kl_mean"] == pytest.approx(0.5 * math.log(4 / 3), rel=1e-6)
     assert rows[0]["quality"]["positions"] == 3 and "quality" not in rows[1]
+
+
+def test_a_prefill_past_its_cpu_budget_stops_with_what_it_did(monkeypatch):
+    """--stop-prefill: the stepper's after_call raises once the prompt's CPU time passes the budget, with the tokens
+    sent so far (whole chunks, at most the prompt) and their rate, tokens / CPU seconds, by hand; without a budget
+    it never stops."""
+    cpu = iter([100.0, 104.0, 109.0, 111.0, 112.0])  # the CPU clock at start, then at each read
+    monkeypatch.setattr(fc.time, "process_time", lambda: next(cpu))
+    stop = fc.prefill_budget(10.0, 128, 300)
+    stop()  # 4 s
+    stop()  # 9 s
+    with pytest.raises(fc.PrefillStopped) as e:
+        stop()  # 11 s: past the budget; 3 chunks of 128 sent, but the prompt is 300 tokens
+    assert e.value.progress["tokens"] == 300 and e.value.progress["of"] == 300
+    assert e.value.progress["cpu_s"] == 12.0 and e.value.progress["tok_per_cpu_s"] == 25.0
+    monkeypatch.setattr(fc.time, "process_time", lambda: 1e9)
+    free = fc.prefill_budget(None, 128, 1000)
+    for _ in range(20):
+        free()
+    stopped = fc.PrefillStopped(1024, 512.0, 600.0, 8184)
+    assert stopped.progress == {"tokens": 1024, "of": 8184, "cpu_s": 512.0, "wall_s": 600.0, "tok_per_cpu_s": 2.0}
+    assert "at token 1024 of 8184: 2.0 tok per CPU s" in str(stopped)
