@@ -131,3 +131,19 @@ def test_fill_quality_adds_each_rows_kl_from_its_saved_logits(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert rows[0]["quality"]["kl_mean"] == pytest.approx(0.5 * math.log(4 / 3), rel=1e-6)
     assert rows[0]["quality"]["positions"] == 3 and "quality" not in rows[1]
+
+
+def test_an_export_row_whose_strategy_holds_an_equals_sign_keeps_its_whole_name(tmp_path):
+    # the row ends at the first "=" after its "/" (a strategy's options hold "=", weights never do); the folder may
+    # hold "=" too
+    folder = tmp_path / "a=b"
+    folder.mkdir()
+    (folder / "manifest.json").write_text("{}")
+    assert fc.export_arg(f"edgekv-ort:kv:dtype=fp32/gguf={folder}") == ("edgekv-ort:kv:dtype=fp32/gguf", "=",
+                                                                          str(folder))
+    assert fc.export_arg("edgekv-ort:kv/int4") == ("edgekv-ort:kv/int4", "", "")
+    p = subprocess.run([sys.executable, str(SCRIPT), "--export", f"edgekv-ort:kv:dtype=fp32/gguf={folder}", "--only",
+                        "kv:dtype=fp32/gguf", "--list"], check=False, capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["edgekv-ort:kv:dtype=fp32/gguf"]
