@@ -72,6 +72,13 @@ def prompt_len(ctx: int, new_tokens: int) -> int:
     return ctx - new_tokens + 1
 
 
+def export_arg(e: str) -> tuple[str, str, str]:
+    """--export ROW=FOLDER -> (ROW, "=", FOLDER), or (e, "", "") without one. The row's strategy may hold "="
+    (edgekv-ort:kv:dtype=fp32/gguf) and its weights never do, so ROW ends at the first "=" after its "/"."""
+    at = e.find("=", e.find("/") + 1) if "/" in e else e.find("=")
+    return (e[:at], "=", e[at + 1:]) if at >= 0 else (e, "", "")
+
+
 def quality(ref, got) -> dict:
     """KL(ref || got) per position (natural log, from logits [T, V]) and whether the top-1 tokens agree."""
     import numpy as np
@@ -438,7 +445,7 @@ def main(argv=None) -> dict:
         ap.error("--new-tokens must be at least 2, --repeats and --threads at least 1")
     exports = {}
     for e in a.export:
-        row, sep, folder = e.partition("=")
+        row, sep, folder = export_arg(e)
         if not sep or not row.startswith("edgekv-") or not (Path(folder) / "manifest.json").is_file():
             ap.error(f"--export {e!r}: ROW=FOLDER, an edgekv row and a folder with an edgekv manifest.json")
         exports[row] = str(Path(folder).resolve())

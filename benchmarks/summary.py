@@ -34,6 +34,8 @@ FILLED = [
      "llama.cpp"),
     ("Decode at a filled 16k, Gemma-3-270M, against GenAI", "filled_context_gemma3_16384_genai", ("genai:int4",),
      "ORT GenAI"),
+    ("Decode at a filled 8k, Llama-3.2-1B (random weights), the GGUF's own blocks",
+     "filled_context_8192_llama32_1b_q4_0_gguf_round", LLAMACPP, "llama.cpp"),
     ("Decode at a filled 8k, SmolLM2-135M", "filled_context_8192_int8c", LLAMACPP, "llama.cpp"),
     ("Decode at a filled 8k, SmolLM2-135M, the GGUF's own blocks", "filled_context_8192_gguf_equal_r2", LLAMACPP,
      "llama.cpp"),

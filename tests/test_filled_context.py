@@ -155,3 +155,19 @@ def test_a_prefill_past_its_cpu_budget_stops_with_what_it_did(monkeypatch):
     stopped = fc.PrefillStopped(1024, 512.0, 600.0, 8184)
     assert stopped.progress == {"tokens": 1024, "of": 8184, "cpu_s": 512.0, "wall_s": 600.0, "tok_per_cpu_s": 2.0}
     assert "at token 1024 of 8184: 2.0 tok per CPU s" in str(stopped)
+
+
+def test_an_export_row_whose_strategy_holds_an_equals_sign_keeps_its_whole_name(tmp_path):
+    # the row ends at the first "=" after its "/" (a strategy's options hold "=", weights never do); the folder may
+    # hold "=" too
+    folder = tmp_path / "a=b"
+    folder.mkdir()
+    (folder / "manifest.json").write_text("{}")
+    assert fc.export_arg(f"edgekv-ort:kv:dtype=fp32/gguf={folder}") == ("edgekv-ort:kv:dtype=fp32/gguf", "=",
+                                                                          str(folder))
+    assert fc.export_arg("edgekv-ort:kv/int4") == ("edgekv-ort:kv/int4", "", "")
+    p = subprocess.run([sys.executable, str(SCRIPT), "--export", f"edgekv-ort:kv:dtype=fp32/gguf={folder}", "--only",
+                        "kv:dtype=fp32/gguf", "--list"], check=False, capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["edgekv-ort:kv:dtype=fp32/gguf"]

@@ -43,8 +43,16 @@ BASE = 0.75e9
 # the fp32 module: export_cost_*.json, tests/test_export_budget.py); fp32 and fp16 hold the whole ONNX proto beside the module at lower/serialize-onnx
 # (fp16: and the fp16 converter's copy at quantize-onnx). The .pte fp32 figure is Gemma-3-270M's at 32k; the
 # quantized .pte recipes (a quantized deep copy of the module besides) are not measured: one copy more is assumed.
-# gguf streams too; its peak is carry's one matrix (Gemma-3-270M's fp32 table and its codes) over the mapped file
-K_ONNX = {"fp32": 3.75, "fp16": 4.75, "int8": 1.05, "int4": 1.05, "int4-mix": 1.05, "gguf": 1.7}  # int4-mix streams as int4
+# gguf streams too. Its peak is at load / calibrate, while the module the GGUF is dequantized into is alive: that fp32
+# module (one copy: K_ONNX), one matrix more, the largest (GGUF_MATRIX: carry's fp32 table beside its codes, Gemma-3-
+# 270M's 262144 x 640; kv-int8c's calibration logits over the tied head, the random Llama-3.2-1B's 128256 x 2048; the
+# mapped file's pages), and the eager state once; verify's copies of the state come after the module is freed (the
+# 1B's fp32 cache at 8k: 2.56 GB at verify-quant against 6.34 at load). Fitted to both models
+# (export_cost_gemma3_270m_onnx_gguf_16k_after.json, export_cost_llama_3.2_1b_random_onnx_gguf_q4_0_*_8k.json;
+# tests/test_export_budget.py); one factor on the whole module (1.7 before) put the 1B at 1.39x its peak, a 3B at
+# about 22 GB.
+K_ONNX = {"fp32": 3.75, "fp16": 4.75, "int8": 1.05, "int4": 1.05, "int4-mix": 1.05, "gguf": 1.0}  # int4-mix streams as int4
+GGUF_MATRIX = 1.1
 K_PTE = {"fp32": 5.0, "int8": 6.0, "int4": 6.0}
 # The same streamed recipes where the export keeps a bf16 / fp16 checkpoint's weights narrow from the load on
 # (edgekv.export.pipeline.narrow_load: an ONNX-only export of a safetensors folder, no GenAI runner): the fp32 module
@@ -71,6 +79,9 @@ def estimate(arch, strategy, max_ctx: int, formats, weights: str, chunk: int, na
     else:
         k = max(K_ONNX.get(weights, 4.75) if f == "onnx" else K_PTE.get(weights, 6.0) for f in formats)
     peak = BASE + k * w32 + STATE_COPIES * state
+    if weights == "gguf":  # ONNX only
+        largest = 4 * max((w.numel for w in arch.weights), default=0)
+        peak = BASE + max(k * w32 + GGUF_MATRIX * largest + state, w32 / 4 + STATE_COPIES * state)
     g = params / 1e9
     secs = SEC_BASE
     for f in formats:
