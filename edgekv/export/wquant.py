@@ -9,7 +9,8 @@ quantization (edgekv.export.gguf_blocks; quantize_onnx hands it over).
       int8 = Int8DynamicActivationIntxWeightConfig(int8, PerAxis(0))    dynamic int8 activations, int8 weights per
                                                                          output channel
       int4 = Int8DynamicActivationIntxWeightConfig(int4, PerGroup(32))   "8da4w": ExecuTorch's own llama recipe
-             (Gemma 3: the output layer 8da4w, the decoder layers int8 per channel, PTE_INT4_LAYERS_INT8)
+             (Gemma 3: the output layer 8da4w, the decoder layers int8 per channel, PTE_INT4_LAYERS_INT8, but for
+             the layers PTE_INT8_LAYERS_MEASURED moves to 8da4w)
       fp16 = refused (see PTE_FP16)
       XnnpackPartitioner takes each quantized linear as a dynamically quantized (qd8) GEMM.
 .onnx (after export, on the fp32 model.onnx): ONNX Runtime's quantization tools
@@ -25,9 +26,9 @@ quantization (edgekv.export.gguf_blocks; quantize_onnx hands it over).
 
 The tied output matrix: our modules compute logits as F.linear(x, embed_tokens.weight), which is no nn.Linear and, in
 ONNX, a MatMul on Transpose(embedding). Both paths untie it first (a separate copy of the matrix), so the output
-projection (V x d, read in full every step) is quantized like every other linear, while the
-embedding table stays fp32 (a gather reads one row per token). ExecuTorch's own llama export does the same (its output
-layer is an untied linear; embedding quantization is a separate option, not done here).
+projection (V x d, read in full every step) is quantized like every other linear. The ONNX embedding table is int4
+blocks where the weights are (GatherBlockQuantized); the .pte's gathers the quantized head's own codes
+(gather_head_codes: ExecuTorch's embedding_byte / embedding_4bit, as its own llama export's --embedding-quantize).
 
 A quantized artifact is never trusted: edgekv.export.quality (verify-quant) holds it to fp32 over real text.
 """
