@@ -198,13 +198,13 @@ class SdpaAttention(Attention):
         if perm is not None:
             q = (q.reshape(-1, self.dh) @ perm).reshape(-1, self.h, self.dh)
         qg = q.view(-1, self.hkv, g, self.dh).permute(1, 0, 2, 3)  # [Hkv, C, G, D]
-        out = self._custom_sdpa(qg, kc, vc, start, c)
+        out = self._custom_sdpa(qg, kc, vc, start, c, rows_ok=read == "in place")
         if perm is not None:
             out = (out.reshape(-1, self.dh) @ perm.t()).reshape(out.shape)
         out = out.permute(1, 0, 2, 3).reshape(1, -1, self.h * self.dh)
         return self.o_proj(out), k_state, v_state
 
-    def _custom_sdpa(self, qg, kc, vc, start, c):
+    def _custom_sdpa(self, qg, kc, vc, start, c, rows_ok: bool = True):
         """custom_sdpa of qg [Hkv, C, G, D] over the caches -> [Hkv, C, G, D].
 
         One token (C = 1) with G > 1 query heads a KV head: the G heads go in as G query rows of one head
@@ -214,9 +214,12 @@ class SdpaAttention(Attention):
         reads them once, in a G-row product. The same sums in the same order per row: Gemma-3-270M's global layer at
         16k slots (G = 4, D = 256), 14-15 ms against 4.6-4.9 ms of CPU per call, max |diff| 2e-8
         (experiments/sdpa_fold.py). A call of several tokens (prefill) keeps the causal per-head call: its rows
-        need each their own last slot. torch.cond picks at run time (the .pte's one method takes 1..max tokens)."""
+        need each their own last slot. torch.cond picks at run time (the .pte's one method takes 1..max tokens).
+        rows_ok=False (rows read back into a tensor of start + C slots, "fp32 rows"): per head only, since the
+        branch's start, read again inside torch.cond, is a new unbacked size the op's shape check cannot equate with
+        the rows' length."""
         g = qg.shape[2]
-        if g == 1:
+        if g == 1 or not rows_ok:
             return torch.ops.llama.custom_sdpa(qg, kc, vc, start, None, 0.0, True, self.scale)
 
         def causal(qg, kc, vc, pos):
