@@ -38,7 +38,7 @@ def child_export(src: str, out: str, variant: str, ctx: int) -> None:
     if variant == "per-head":
         import torch
 
-        def per_head(self, qg, kc, vc, start, c):
+        def per_head(self, qg, kc, vc, start, c, pos, rows_ok=True):
             return torch.ops.llama.custom_sdpa(qg, kc, vc, start, None, 0.0, True, self.scale)
 
         swaps.SdpaAttention._custom_sdpa = per_head

@@ -160,7 +160,6 @@ class SdpaAttention(Attention):
             return start
 
         start = call.once("start", checked_start)
-        self._pos = call.pos
         positions = call.positions
         perm = getattr(self.consts, "planar", None)
         q, k, v = self._qkv(x, cos, sin)  # [C, H, D], [C, Hkv, D], [C, Hkv, D]
@@ -198,13 +197,13 @@ class SdpaAttention(Attention):
         if perm is not None:
             q = (q.reshape(-1, self.dh) @ perm).reshape(-1, self.h, self.dh)
         qg = q.view(-1, self.hkv, g, self.dh).permute(1, 0, 2, 3)  # [Hkv, C, G, D]
-        out = self._custom_sdpa(qg, kc, vc, start, c, rows_ok=read == "in place")
+        out = self._custom_sdpa(qg, kc, vc, start, c, call.pos, rows_ok=read == "in place")
         if perm is not None:
             out = (out.reshape(-1, self.dh) @ perm.t()).reshape(out.shape)
         out = out.permute(1, 0, 2, 3).reshape(1, -1, self.h * self.dh)
         return self.o_proj(out), k_state, v_state
 
-    def _custom_sdpa(self, qg, kc, vc, start, c, rows_ok: bool = True):
+    def _custom_sdpa(self, qg, kc, vc, start, c, pos, rows_ok: bool = True):
         """custom_sdpa of qg [Hkv, C, G, D] over the caches -> [Hkv, C, G, D].
 
         One token (C = 1) with G > 1 query heads a KV head: the G heads go in as G query rows of one head
@@ -232,9 +231,9 @@ class SdpaAttention(Attention):
             return out.reshape(self.hkv, -1, g, self.dh)
 
         if isinstance(c, int):  # eager: the branch itself
-            return (rows if c == 1 else causal)(qg, kc, vc, self._pos)
+            return (rows if c == 1 else causal)(qg, kc, vc, pos)
         # the start position goes in as the tensor it is (torch.cond takes no unbacked size as an input)
-        return torch.cond(c == 1, rows, causal, (qg, kc, vc, self._pos))
+        return torch.cond(c == 1, rows, causal, (qg, kc, vc, pos))
 
     @staticmethod
     def _start(pos, kc):
