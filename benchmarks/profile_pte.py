@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 import tempfile
@@ -167,7 +168,7 @@ def profile(folder: Path, threads: int, prompt_tokens: int, new: int) -> dict:
     counts = defaultdict(int)  # events of each kind in one call (every event has one sample per call)
     for name, delegated, _ in events:
         counts[category_of(name, delegated) or name] += 1
-    return {"artifact": str(folder), "threads": threads, "prompt_tokens": len(ids), "new_tokens": new,
+    return {"artifact": str(folder), "threads": threads, "loadavg_end": list(os.getloadavg()), "prompt_tokens": len(ids), "new_tokens": new,
             "weights": manifest["weights"]["dtype"], "strategy": manifest["strategy"]["label"],
             "decode_tok_s": round(clean["decode_tok_s"], 2), "prefill_tok_s": round(clean["prefill_tok_s"], 1),
             "decode_ms": scaled(dec, clean["decode_ms_per_step"], prof["decode_ms_mean"]),

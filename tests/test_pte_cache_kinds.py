@@ -207,3 +207,22 @@ def test_gemma3_pte_writes_its_sliding_rings_in_place_and_decodes_what_eager_tor
         return
     theirs = hf_logits(hf, stream).numpy()  # transformers' own sliding-window attention, independently
     assert np.abs(got - theirs).max() <= 1e-4 * np.abs(theirs).max()
+
+
+def test_one_token_calls_read_each_kv_head_once_and_decode_what_transformers_does_from_slot_0(llama, tmp_path):
+    """A one-token call attends with the G query heads of a KV head as G rows of one custom_sdpa head (each KV
+    head's cache read once, not G times: edgekv.models.swaps.SdpaAttention._custom_sdpa), chosen at run time by a
+    torch.cond in the .pte's one method; a call of several tokens keeps the causal per-head call. Fed one token a
+    call from slot 0 (the first G - 1 calls start the rows before slot 0) and then a call of 4, every row is
+    transformers' own."""
+    ref, src = llama
+    out = tmp_path / "pte"
+    m = export(src, out, "kv:dtype=fp32", "fp32")
+    ops = m["artifacts"][0]["delegation"]["forward"]["portable_ops"]
+    assert ops.get("cond") == 2 and "llama.custom_sdpa" not in ops, ops  # one per layer, the op inside its branches
+    stream = STREAM[:12]
+    st = PteStepper(load_export(out), out, 1)
+    got = np.concatenate([st.step([t], pos) for pos, t in enumerate(stream[:8])] + [st.prefill(stream[8:], 8)])
+    with torch.no_grad():
+        hf = ref(torch.tensor([stream])).logits[0].numpy()
+    assert np.abs(got - hf).max() <= 1e-4 * np.abs(hf).max()

@@ -207,9 +207,11 @@ class PteStepper(Stepper):
         self.in_place = bool(a.get("state_in_place"))
         self.methods, self.chunk, self.tail, most = pte_calls(manifest, where)
         self.max_chunk = most
+        # ExecuTorch's quantized kernels: an int8 cache's query (quantize_per_token) and a quantized embedding
+        # table's gather (embedding_byte / embedding_4bit: edgekv.export.wquant.quantized_embedding)
+        import executorch.kernels.quantized  # noqa: F401
         if a.get("attention") == LLM_KERNELS:
             import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (registers the llama:: kernels)
-            import executorch.kernels.quantized  # noqa: F401 (an int8 cache's query: quantize_per_token)
             # in this Python build the llama:: kernels parallelise with torch's OpenMP pool, not XNNPACK's: two pools
             # on the same cores oversubscribe them and stall each other, so torch gets as many threads as XNNPACK
             torch.set_num_threads(threads or pool_threads)

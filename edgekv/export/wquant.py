@@ -9,7 +9,8 @@ quantization (edgekv.export.gguf_blocks; quantize_onnx hands it over).
       int8 = Int8DynamicActivationIntxWeightConfig(int8, PerAxis(0))    dynamic int8 activations, int8 weights per
                                                                          output channel
       int4 = Int8DynamicActivationIntxWeightConfig(int4, PerGroup(32))   "8da4w": ExecuTorch's own llama recipe
-             (Gemma 3: the output layer 8da4w, the decoder layers int8 per channel, PTE_INT4_LAYERS_INT8)
+             (Gemma 3: the output layer 8da4w, the decoder layers int8 per channel, PTE_INT4_LAYERS_INT8, but for
+             the layers PTE_INT8_LAYERS_MEASURED moves to 8da4w)
       fp16 = refused (see PTE_FP16)
       XnnpackPartitioner takes each quantized linear as a dynamically quantized (qd8) GEMM.
 .onnx (after export, on the fp32 model.onnx): ONNX Runtime's quantization tools
@@ -25,9 +26,9 @@ quantization (edgekv.export.gguf_blocks; quantize_onnx hands it over).
 
 The tied output matrix: our modules compute logits as F.linear(x, embed_tokens.weight), which is no nn.Linear and, in
 ONNX, a MatMul on Transpose(embedding). Both paths untie it first (a separate copy of the matrix), so the output
-projection (V x d, read in full every step) is quantized like every other linear, while the
-embedding table stays fp32 (a gather reads one row per token). ExecuTorch's own llama export does the same (its output
-layer is an untied linear; embedding quantization is a separate option, not done here).
+projection (V x d, read in full every step) is quantized like every other linear. The ONNX embedding table is int4
+blocks where the weights are (GatherBlockQuantized); the .pte's gathers the quantized head's own codes
+(gather_head_codes: ExecuTorch's embedding_byte / embedding_4bit, as its own llama export's --embedding-quantize).
 
 A quantized artifact is never trusted: edgekv.export.quality (verify-quant) holds it to fp32 over real text.
 """
@@ -63,6 +64,15 @@ GROUP = 32  # int4 block / group size (the runtimes' kernels and ExecuTorch's 8d
 PTE_INT4_LAYERS_INT8 = ("the decoder layers' linears int8 per channel, the output layer 8da4w: XNNPACK's 4-bit "
                         "blocks are symmetric, and Gemma 3's asymmetric GGUF blocks requantized to them lose most "
                         "of the KL (docs/export.md#weight-quantization)")
+# Which decoder layers stay int8 where a model's layers were measured one by one (experiments/pte_layer_mix.py,
+# benchmarks/results/pte_layer_mix_gemma3.json: eager KL against fp32 over 160 tokens of the quality text, each layer
+# alone at 8da4w, then layers moved to 8da4w in the order of their own cost): keyed by the model's shape (layers,
+# width, vocabulary), the layers kept int8, every other decoder layer 8da4w; only for a model whose variant keeps its
+# layers int8 at all (int8_layers). Gemma-3-270M: 12 of its 18 layers at 8da4w took the KL from
+# 0.1448 (every layer int8) to 0.3156 (every layer 8da4w: 0.5933), a quarter less of the bytes a step reads; the
+# six kept are the six costliest alone (0.17-0.21 each against 0.145-0.166). A model not listed keeps every decoder
+# layer int8 (PTE_INT4_LAYERS_INT8).
+PTE_INT8_LAYERS_MEASURED = {(18, 640, 262144): (3, 5, 11, 12, 13, 17)}  # Gemma-3-270M
 # A .pte from a GGUF: ExecuTorch's quantized linears hold symmetric blocks with no float minimum (XNNPACK's asymmetric
 # int4 is not usable: experiments/xnnpack_asym_int4.py), so the file's blocks are dequantized and quantized a second
 # time; the export says so beside verify-quant's KL against the file's own weights (issue 38)
@@ -141,6 +151,16 @@ def int8_layers(module, weights: str) -> bool:
     return weights == "int4" and declared is not None and declared.pte_int4_layers == "int8"
 
 
+def _kept_int8(module, name: str) -> bool:
+    """Whether decoder-layer linear `name` (model.layers.<i>. ...) stays int8 (PTE_INT8_LAYERS_MEASURED)."""
+    import re
+
+    a = getattr(module, "args", None)
+    kept = PTE_INT8_LAYERS_MEASURED.get((getattr(a, "n_layers", 0), getattr(a, "hidden", 0), getattr(a, "vocab", 0)))
+    i = re.search(r"layers\.(\d+)\.", name)
+    return kept is None or i is None or int(i[1]) in kept
+
+
 def quantize_module(module, weights: str, source_format: str = "") -> dict:
     """Quantize the eager module in place for the .pte path (call it on a copy: the fp32 module stays the reference).
     Every nn.Linear whose input width is a multiple of GROUP, the untied output layer included; int4 on a model
@@ -150,6 +170,7 @@ def quantize_module(module, weights: str, source_format: str = "") -> dict:
     import contextlib
     import io
     import logging
+    import re
 
     from torch import nn
 
@@ -168,13 +189,15 @@ def quantize_module(module, weights: str, source_format: str = "") -> dict:
         untied = untie_head(module)
         linears = {n: m for n, m in module.named_modules() if isinstance(m, nn.Linear)}
         take = {n for n, m in linears.items() if m.in_features % GROUP == 0}
-        wide = {n for n in take if n != "lm_head"} if int8_layers(module, weights) else set()  # untie_head's
+        wide = {n for n in take if n != "lm_head" and _kept_int8(module, n)} if int8_layers(module, weights) else set()
         if wide:
             quantize_(module, torchao_config("int8"), filter_fn=lambda m, fqn: fqn in wide)
         quantize_(module, config, filter_fn=lambda m, fqn: fqn in take - wide)
     finally:
         pytree_log.setLevel(level)
-    more = {"layers_int8": {"linears": len(wide), "scheme": "Int8DynamicActivationIntxWeightConfig"
+    embedding = gather_head_codes(module, weights, untied)
+    layers = sorted({int(i) for n in wide for i in re.findall(r"layers\.(\d+)\.", n)})
+    more = {"layers_int8": {"linears": len(wide), "layers": layers, "scheme": "Int8DynamicActivationIntxWeightConfig"
                             + _describe_config(torchao_config("int8")), "why": PTE_INT4_LAYERS_INT8}} if wide else {}
     if str(source_format).lower().startswith("gguf"):
         more["requantized"] = PTE_REQUANTIZED.format(source=source_format)
@@ -182,7 +205,94 @@ def quantize_module(module, weights: str, source_format: str = "") -> dict:
             "scheme": type(config).__name__ + _describe_config(config), **more,
             "linears_quantized": len(take), "linears_kept_fp32": sorted(set(linears) - take),
             "output_layer": "untied copy, quantized" if untied else "own linear, quantized",
-            "embedding": "float32"}
+            "embedding": embedding or "float32"}
+
+
+def quantized_embedding(codes, scales, bits: int):
+    """An embedding table as ExecuTorch's LLM export stores one (export_llama --embedding-quantize,
+    examples/models/llama/source_transformation/quantize.py QuantizedGroupEmbedding): int8 codes [V, d] with one
+    fp32 scale per row read by quantized_decomposed::embedding_byte, or int4 codes two to a byte (the even column
+    in the high nibble, each code + 8) with one fp32 scale per group of d / G columns read by
+    quantized_decomposed::embedding_4bit; symmetric, no zero points. codes: int8 [V, d] in -2^(bits-1)..;
+    scales [V, G] (G = 1 for int8). The gathered row is code * scale, in fp32.
+
+    Traced (torch.export) it is the ExecuTorch op, which its quantized kernel library runs in the .pte; eager it
+    gathers the rows first and multiplies only those: the same products (one fp32 multiply per value either way),
+    without the op's eager reference, which dequantizes the whole table on every call (671 MB of fp32 for
+    Gemma-3-270M's 262144 x 640)."""
+    import torch
+    from torch import nn
+
+    from executorch.exir.passes import _quant_patterns_and_replacements  # noqa: F401 (registers the ops)
+
+    class QuantizedEmbedding(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bits, self.num_embeddings, self.embedding_dim = bits, codes.shape[0], codes.shape[1]
+            self.group = codes.shape[1] // scales.shape[1]
+            c = codes.to(torch.int8)
+            if bits == 4:
+                u = (c.to(torch.int16) + 8).to(torch.uint8)
+                c = u[:, 0::2] * 16 + u[:, 1::2]
+            self.register_buffer("codes", c.contiguous())
+            s = scales.to(torch.float32)
+            self.register_buffer("scales", (s.reshape(-1) if bits == 8 else s).contiguous())
+
+        def forward(self, tokens):
+            ops = torch.ops.quantized_decomposed
+            if torch.compiler.is_exporting():
+                if self.bits == 8:
+                    return ops.embedding_byte.dtype(self.codes, self.scales, None, -128, 127, tokens,
+                                                    dtype=torch.float32)
+                return ops.embedding_4bit.dtype(self.codes, self.scales, None, -8, 7, tokens, dtype=torch.float32)
+            rows = self.codes[tokens]
+            if self.bits == 4:
+                rows = torch.stack(((rows >> 4).to(torch.int8) - 8, (rows & 15).to(torch.int8) - 8),
+                                   dim=-1).flatten(-2)
+            s = self.scales[tokens]
+            s = s.unsqueeze(-1) if self.bits == 8 else s.repeat_interleave(self.group, dim=-1)
+            return rows.to(torch.float32) * s
+
+    return QuantizedEmbedding()
+
+
+def gather_head_codes(module, weights: str, untied: bool) -> str | None:
+    """After quantize_: the module's input embedding table -> quantized_embedding, with the output layer's own codes
+    and scales where untie_head copied the table into it (a tied model: the gather reads the same quantized matrix
+    the head multiplies, as the tied fp32 model reads one matrix), else the table quantized on its own with the
+    output layer's recipe. Returns the manifest's description, or None where the table stays fp32 (fp32 weights, no
+    quantized output layer of the table's shape).
+
+    Why: the fp32 table was most of an int4 .pte's file (Gemma-3-270M: 671 MB of 867 MB) and of the memory its load
+    maps; ExecuTorch's own LLM export quantizes it with --embedding-quantize (4,32 in its Llama recipes). The
+    table's bytes fall to a quarter (int8) or an eighth (int4) plus the scales, and a step still gathers one row."""
+    from torch import nn
+
+    if weights not in ("int8", "int4"):
+        return None
+    vocab = getattr(getattr(module, "args", None), "vocab", None)
+    found = [(n, m) for n, m in module.named_modules() if isinstance(m, nn.Embedding) and m.num_embeddings == vocab]
+    head = getattr(module, "lm_head", None)
+    if len(found) != 1 or not isinstance(head, nn.Linear) or tuple(head.weight.shape) != tuple(found[0][1].weight.shape):
+        return None
+    name, emb = found[0]
+    w = head.weight
+    if not untied:  # the head is the model's own matrix: the table gets the same recipe on its own
+        lin = nn.Linear(emb.embedding_dim, emb.num_embeddings, bias=False)
+        lin.weight = emb.weight
+        from torchao.quantization import quantize_
+        quantize_(nn.Sequential(lin), torchao_config(weights))
+        w = lin.weight
+    if not hasattr(w, "qdata") or (getattr(w, "zero_point", None) is not None and bool(w.zero_point.any())):
+        return None  # the output layer was not quantized (its width is no multiple of GROUP), or not symmetric
+    bits = BITS[weights]
+    table = quantized_embedding(w.qdata.detach(), w.scale.detach().reshape(w.shape[0], -1), bits)
+    parent, _, leaf = name.rpartition(".")
+    setattr(module.get_submodule(parent) if parent else module, leaf, table)
+    groups = "one fp32 scale per row" if bits == 8 else f"groups of {table.group}, fp32 scales"
+    op = "embedding_byte" if bits == 8 else "embedding_4bit"
+    whose = "the output layer's own codes (tied)" if untied else "quantized like the output layer"
+    return f"int{bits} {groups}, {whose}; quantized_decomposed::{op} (ExecuTorch's quantized kernels)"
 
 
 def _describe_config(config) -> str:
