@@ -78,13 +78,16 @@ def child_run(folder: str, ctx: int, new: int, logits_out: str) -> dict:
             "peak_rss": _rss("VmHWM"), "steps": new - 1}
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def side_by_side(benchmark: str, variants, script: str, description: str, work: str, out: str, argv=None) -> dict:
+    """Export the random model of GEOMETRY once per variant (`script --export SRC FOLDER VARIANT CTX` in a fresh
+    process), run each variant's .pte in a fresh process with the repeats going round the variants (child_run), and
+    write the runs, their medians and the variants' logits' largest difference to `out` (results/NAME.json)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--ctx", type=int, default=16384)
     ap.add_argument("--new", type=int, default=17)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--work", default=str(ROOT / "out" / "pte_ring"))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "pte_ring_in_place_gemma3_geometry.json"))
+    ap.add_argument("--work", default=str(ROOT / "out" / work))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / out))
     a = ap.parse_args(argv)
     import numpy as np
 
@@ -96,21 +99,21 @@ def main(argv=None) -> dict:
     if not (src / "config.json").is_file():
         tiny("gemma3", src, **GEOMETRY)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    result = {"benchmark": "pte_ring_in_place", "started_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+    result = {"benchmark": benchmark, "started_utc": datetime.now(UTC).isoformat(timespec="seconds"),
               "loadavg_start": list(os.getloadavg()), "settings": {"ctx": a.ctx, "new": a.new, "repeats": a.repeats,
               "model": {k: v for k, v in GEOMETRY.items() if k != "layer_types"} | {"global_layers": [5, 11, 17]},
               "weights": "fp32", "strategy": "kv:dtype=fp32", "threads": 1}, "exports": {}, "runs": []}
-    for v in VARIANTS:
+    for v in variants:
         folder = work / f"pte-{v}-c{a.ctx}"
         if not (folder / "manifest.json").is_file():
             t0, l0 = time.perf_counter(), os.getloadavg()[0]
-            p = subprocess.run([sys.executable, __file__, "--export", str(src), str(folder), v, str(a.ctx)], env=env,
+            p = subprocess.run([sys.executable, script, "--export", str(src), str(folder), v, str(a.ctx)], env=env,
                                capture_output=True, text=True)
             if p.returncode:
                 raise SystemExit(f"export {v} failed: {p.stderr.strip().splitlines()[-1:]}")
             result["exports"][v] = {"wall_s": round(time.perf_counter() - t0, 1), "loadavg": l0}
     for rep in range(a.repeats):
-        for v in VARIANTS:
+        for v in variants:
             folder = work / f"pte-{v}-c{a.ctx}"
             p = subprocess.run([sys.executable, __file__, "--run", str(folder), str(a.ctx), str(a.new),
                                 str(work / f"logits-{v}.npy")], env=env, capture_output=True, text=True)
@@ -121,21 +124,28 @@ def main(argv=None) -> dict:
             r["decode_tok_per_cpu_s"] = round(r["steps"] / r["decode_cpu_s"], 2)
             r["above_baseline_mib"] = round((r["peak_rss"] - r["baseline"]) / 2**20, 1)
             result["runs"].append(r)
-            print(f"{v}: {r['decode_tok_per_cpu_s']} tok per CPU s, {r['above_baseline_mib']} MiB above baseline, "
-                  f"load {r['loadavg'][0]:.1f}", file=sys.stderr, flush=True)
-    a_, b_ = (np.load(work / f"logits-{v}.npy") for v in VARIANTS)
+            print(f"{v}: {r['decode_tok_per_cpu_s']} tok per CPU s, prefill {r['prefill_cpu_s']:.1f} CPU s, "
+                  f"{r['above_baseline_mib']} MiB above baseline, load {r['loadavg'][0]:.1f}", file=sys.stderr,
+                  flush=True)
+    a_, b_ = (np.load(work / f"logits-{v}.npy") for v in variants)
     result["logits_max_abs_diff_over_scale"] = float(np.abs(a_ - b_).max() / np.abs(b_).max())
-    med = {}
-    for v in VARIANTS:
-        xs = sorted(r["decode_tok_per_cpu_s"] for r in result["runs"] if r["variant"] == v)
-        ms = sorted(r["above_baseline_mib"] for r in result["runs"] if r["variant"] == v)
-        med[v] = {"decode_tok_per_cpu_s": xs[len(xs) // 2], "above_baseline_mib": ms[len(ms) // 2]}
-    result["median"] = med
+
+    def median(v, key):
+        xs = sorted(r[key] for r in result["runs"] if r["variant"] == v)
+        return xs[len(xs) // 2]
+
+    result["median"] = {v: {"decode_tok_per_cpu_s": median(v, "decode_tok_per_cpu_s"),
+                            "above_baseline_mib": median(v, "above_baseline_mib"),
+                            "prefill_cpu_s": round(median(v, "prefill_cpu_s"), 1)} for v in variants}
     result["loadavg_end"] = list(os.getloadavg())
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(med))
+    print(json.dumps(result["median"]))
     return result
 
+
+def main(argv=None) -> dict:
+    return side_by_side("pte_ring_in_place", VARIANTS, __file__, __doc__.splitlines()[0], "pte_ring",
+                        "pte_ring_in_place_gemma3_geometry.json", argv)
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--export":
