@@ -433,6 +433,13 @@ def et_program(h: int, hkv: int, d: int, kind: str, ctx: int, chunk: int = 1) ->
                 return out * scales[1].view(hkv, 1, 1, d) if kind == "int8c" else out
             # a float cache: custom_sdpa over the rows read back (a merge of the int8 branch had dropped this return,
             # so a float kind's program computed nothing and failed to lower)
+            g = h // hkv
+            if chunk == 1 and kind == "fp32" and g > 1:
+                # one token on the cache in place: the KV head's G query heads as G rows of one head, not causal, at
+                # start - (G - 1), so the cache is read once per KV head (SdpaAttention._custom_sdpa's rows branch)
+                out = torch.ops.llama.custom_sdpa(q.reshape(hkv, g, 1, d), kc, vc, start - (g - 1), None, 0.0, False,
+                                                  d ** -0.5)
+                return out.reshape(hkv, 1, g, d)
             return torch.ops.llama.custom_sdpa(q, kc, vc, start, None, 0.0, True, d ** -0.5)
     args = et_inputs(h, hkv, d, kind, ctx, np.random.default_rng(0), chunk)
     ep = torch.export.export(Step(), args, strict=False)
@@ -818,7 +825,7 @@ def main(argv=None) -> int:
     ap.add_argument("--window", action="store_true", help="time the window strategy's eager graph (win_module) at "
                     "kept keys WIN_SLOTS instead (attention_rates_window.json; --runtime executorch: the .pte's, "
                     "attention_rates_executorch_window.json)")
-    ap.add_argument("--shapes", help="--window: the head shapes to time (default all: " + ",".join(SHAPES) + ")")
+    ap.add_argument("--shapes", help="the head shapes to time (default all: " + ",".join(SHAPES) + ")")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--refit", type=Path, help="fit the rows of this results JSON again (no timing)")
     a = ap.parse_args(argv)
@@ -892,7 +899,9 @@ def main(argv=None) -> int:
         versions = {"executorch": getattr(executorch, "__version__", None) or _version("executorch"),
                     "torch": torch.__version__}
         what = ("one decode call of edgekv's .pte attention (edgekv.models.swaps.SdpaAttention): the row written in "
-                "place, the cache read back as custom_sdpa takes it, llama::custom_sdpa; ExecuTorch runtime, 1 thread")
+                "place, the cache read back as custom_sdpa takes it, llama::custom_sdpa (on the fp32 cache in place, a "
+                "KV head's G query heads as G rows of one head: SdpaAttention._custom_sdpa); ExecuTorch runtime, "
+                "1 thread")
         if a.prefill:
             what = (f"one prefill call of {ET_PREFILL_CHUNK} queries of edgekv's .pte attention (SdpaAttention: the "
                     "rows written in place, the cache read back as custom_sdpa takes it, custom_sdpa causal from the "
@@ -908,6 +917,8 @@ def main(argv=None) -> int:
     # the repeats go round the rows (each row's runs in one go, the rows in turn), shapes and contexts interleaved
     for kind in kinds:
         for name, (h, hkv, d) in SHAPES.items():
+            if a.shapes and name not in a.shapes.split(","):
+                continue
             if lc:
                 ctxs = [int(c) for c in a.ctx.split(",")] if a.ctx else LC_CTX[kind]
                 for r in lc_time_rows(h, hkv, d, kind, ctxs, a.runs, a.lc_layers):

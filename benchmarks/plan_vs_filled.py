@@ -84,14 +84,21 @@ NOT_FITTED = {
 SUPERSEDED_BEFORE = ("gemma-3-270m", "edgekv-ort:", "2026-12-05T00:23")
 # Gemma-3-270M's .pte rows of a full cache measured before its sliding rings were written in place
 # (swaps.RingSdpaAttention: until then every call copied the whole state in and out, a graph the planner no longer
-# plans): listed, not compared
-SUPERSEDED_PTE_BEFORE = ("gemma-3-270m", "edgekv-pte:kv", "2026-12-05T19:00")
+# plans), or before its int4 .pte kept only six decoder layers int8 (edgekv.arch.variants.pte_int8_kept; every layer
+# int8 until the merge of commit 48d2b27, PTE_PER_HEAD; the branch's own runs, PTE_ROWS_FILES, measured it first):
+# weights the planner no longer plans, listed, not compared
+SUPERSEDED_PTE_BEFORE = ("gemma-3-270m", "edgekv-pte:kv", "2026-12-05T22:53")
 # the .pte's int8 caches before custom_quantized_sdpa read their codes in place: a row measured then ran another
 # graph, modelled with the rate of the graph it ran (attention_rates.json keeps both): kv-int8 dequantized its rows
 # for custom_sdpa ("readback int8", a kernel rate), kv-int8c attended through the eager graph ("eager int8c", fitted on
 # such rows below)
 PTE_INT8_BEFORE = "2026-12-05T14:50"
 PTE_INT8_OLD_KIND = {"edgekv-pte:kv-int8/": "readback int8", "edgekv-pte:kv-int8c/": "eager int8c"}
+# the .pte's fp32 cache before a one-token call handed custom_sdpa a KV head's G query heads as G rows (commit 48d2b27,
+# merged at 2026-12-05 22:53 UTC; the branch's own runs, PTE_ROWS_FILES, measured it first): a row measured before ran
+# one attention per query head, modelled at that graph's kernel rate ("per-head fp32", attention_rates.json keeps both)
+PTE_PER_HEAD = ("edgekv-pte:kv:dtype=fp32/", "2026-12-05T22:53", "per-head fp32")
+PTE_ROWS_FILES = {"filled_context_gemma3_16384_pte_fast.json", "filled_context_gemma3_16384_pte_fast_r2.json"}
 # another measurement of the same export at the same fill, where one exists: benchmarks/profile_ort.py's step time
 # (1 thread), printed beside a row the filled-context run may have measured on a busier or slower VM
 PROFILED = {("smollm2-135m", "edgekv-ort:kv:dtype=fp32/int4", 8192): "profile_ort_kv_fp32_8192.json",
@@ -342,10 +349,16 @@ def main(argv=None) -> int:
         if r["model"] == m and r["name"].startswith(fam) and r["started_utc"] < before:
             how = "superseded export: measured before edgekv's ONNX put Gemma 3's sliding layers on GroupQueryAttention"
         m, fam, before = SUPERSEDED_PTE_BEFORE
-        if r["model"] == m and r["name"].startswith(fam) and r["started_utc"] < before:
-            how = "superseded export: measured before edgekv's .pte wrote Gemma 3's sliding rings in place"
+        if r["model"] == m and r["name"].startswith(fam) and r["started_utc"] < before and \
+                r["file"] not in PTE_ROWS_FILES:
+            how = ("superseded export: measured before edgekv's .pte wrote Gemma 3's sliding rings in place"
+                   if r["started_utc"] < "2026-12-05T19:00" else "superseded export: measured before edgekv's int4 "
+                   ".pte kept only Gemma-3-270M's six measured layers int8")
         old_kind = next((k for pre, k in PTE_INT8_OLD_KIND.items() if r["name"].startswith(pre)
                          and r["started_utc"] < PTE_INT8_BEFORE), None)
+        pre, before, kind = PTE_PER_HEAD
+        if r["name"].startswith(pre) and r["started_utc"] < before and r["file"] not in PTE_ROWS_FILES:
+            old_kind = kind
         if not isinstance(how, str):
             try:
                 model_arch(r["model"])

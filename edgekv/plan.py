@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from . import measured
 from . import memory as M
 from .arch import Arch, catalog_arch, catalog_names
-from .arch.variants import variant
+from .arch.variants import pte_int8_kept, variant
 from .catalog_index import summary as catalog_summary
 from .models import family_for_type  # the export registry (edgekv.models imports no torch)
 from .devices import Budget, DeviceProfile, artifact_budget
@@ -301,8 +301,12 @@ def runtime_cost(name: str, arch: Arch, weights: str) -> tuple[str, dict | None,
     declared = variant(arch.model_type)
     wide = (spec.get("weights") or {}).get("variant_layers")
     if weights == "int4" and scheme and wide and declared is not None and getattr(declared, wide) != "int4":
-        # the variant keeps its decoder layers wider in this runtime's int4 (edgekv.arch.variants pte_int4_layers)
-        scheme = {**scheme, "linear": spec["weights"]["value"][getattr(declared, wide)]["linear"]}
+        # the variant keeps its decoder layers wider in this runtime's int4 (edgekv.arch.variants pte_int4_layers):
+        # every one, or only the layers measured for this model's shape (pte_int8_kept), the rest at the scheme's own
+        wider = spec["weights"]["value"][getattr(declared, wide)]["linear"]
+        kept = pte_int8_kept(arch.n_layers, arch.hidden, arch.vocab)
+        scheme = {**scheme, "linear": wider} if kept is None else {**scheme, "linear_kept": wider,
+                                                                   "kept_layers": list(kept)}
     return spec["cost_model"], scheme, (f"{spec['label']}; attention over {', '.join(fused['value'])}: fused "
                                         f"({fused['source']})" if fused else spec["label"]) \
         + (f"; weights: {spec['weights']['source']}" if scheme else "")

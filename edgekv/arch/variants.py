@@ -65,7 +65,8 @@ class Llama:
     gguf_defaults: dict = {}  # config values a GGUF header does not carry, as llama.cpp's loader fixes them
     gguf_scale_by_head_dim = False  # llama.cpp scales the scores by head_dim^-1/2: query_pre_attn_scalar = head_dim
     pte_int4_layers = "int4"  # the decoder layers' linears in edgekv's int4 .pte: "int4" (8da4w) | "int8" (int8 per
-    # output channel, the output layer still 8da4w: edgekv.export.wquant.PTE_INT4_LAYERS_INT8)
+    # output channel, the output layer still 8da4w: edgekv.export.wquant.PTE_INT4_LAYERS_INT8; which layers stay int8
+    # where a model's layers were measured one by one: pte_int8_kept)
 
     @classmethod
     def biases(cls, attention_bias: bool) -> tuple[bool, bool]:
@@ -185,3 +186,20 @@ GGUF_VARIANTS = {v.gguf_arch: v for v in VARIANTS.values() if v.gguf_arch}
 def variant(model_type: str) -> type[Llama] | None:
     """The declared variant of a config.json model_type, or None."""
     return VARIANTS.get(model_type) if isinstance(model_type, str) else None
+
+
+# Which decoder layers an int4 .pte keeps int8 where a model's layers were measured one by one
+# (experiments/pte_layer_mix.py, benchmarks/results/pte_layer_mix_gemma3.json: eager KL against fp32 over 160 tokens of
+# the quality text, each layer alone at 8da4w, then layers moved to 8da4w in the order of their own cost): keyed by the
+# model's shape (layers, width, vocabulary), the layers kept int8, every other decoder layer 8da4w; only for a model
+# whose variant keeps its layers int8 at all (pte_int4_layers "int8"). Gemma-3-270M: 12 of its 18 layers at 8da4w took
+# the KL from 0.1448 (every layer int8) to 0.3156 (every layer 8da4w: 0.5933), a quarter less of the bytes a step
+# reads; the six kept are the six costliest alone (0.17-0.21 each against 0.145-0.166). A model not listed keeps every
+# decoder layer int8. The export (edgekv.export.wquant.quantize_module) and the plan (plan.runtime_cost) both read it.
+PTE_INT8_LAYERS_MEASURED = {(18, 640, 262144): (3, 5, 11, 12, 13, 17)}  # Gemma-3-270M
+
+
+def pte_int8_kept(n_layers: int, hidden: int, vocab: int) -> tuple[int, ...] | None:
+    """The decoder layers an int4 .pte keeps int8 for a model of this shape whose variant keeps its layers int8
+    (PTE_INT8_LAYERS_MEASURED); None: every decoder layer."""
+    return PTE_INT8_LAYERS_MEASURED.get((n_layers, hidden, vocab))

@@ -64,15 +64,7 @@ GROUP = 32  # int4 block / group size (the runtimes' kernels and ExecuTorch's 8d
 PTE_INT4_LAYERS_INT8 = ("the decoder layers' linears int8 per channel, the output layer 8da4w: XNNPACK's 4-bit "
                         "blocks are symmetric, and Gemma 3's asymmetric GGUF blocks requantized to them lose most "
                         "of the KL (docs/export.md#weight-quantization)")
-# Which decoder layers stay int8 where a model's layers were measured one by one (experiments/pte_layer_mix.py,
-# benchmarks/results/pte_layer_mix_gemma3.json: eager KL against fp32 over 160 tokens of the quality text, each layer
-# alone at 8da4w, then layers moved to 8da4w in the order of their own cost): keyed by the model's shape (layers,
-# width, vocabulary), the layers kept int8, every other decoder layer 8da4w; only for a model whose variant keeps its
-# layers int8 at all (int8_layers). Gemma-3-270M: 12 of its 18 layers at 8da4w took the KL from
-# 0.1448 (every layer int8) to 0.3156 (every layer 8da4w: 0.5933), a quarter less of the bytes a step reads; the
-# six kept are the six costliest alone (0.17-0.21 each against 0.145-0.166). A model not listed keeps every decoder
-# layer int8 (PTE_INT4_LAYERS_INT8).
-PTE_INT8_LAYERS_MEASURED = {(18, 640, 262144): (3, 5, 11, 12, 13, 17)}  # Gemma-3-270M
+# Which decoder layers stay int8: edgekv.arch.variants.PTE_INT8_LAYERS_MEASURED (the plan charges the same rule)
 # A .pte from a GGUF: ExecuTorch's quantized linears hold symmetric blocks with no float minimum (XNNPACK's asymmetric
 # int4 is not usable: experiments/xnnpack_asym_int4.py), so the file's blocks are dequantized and quantized a second
 # time; the export says so beside verify-quant's KL against the file's own weights (issue 38)
@@ -155,8 +147,10 @@ def _kept_int8(module, name: str) -> bool:
     """Whether decoder-layer linear `name` (model.layers.<i>. ...) stays int8 (PTE_INT8_LAYERS_MEASURED)."""
     import re
 
+    from ..arch.variants import pte_int8_kept
+
     a = getattr(module, "args", None)
-    kept = PTE_INT8_LAYERS_MEASURED.get((getattr(a, "n_layers", 0), getattr(a, "hidden", 0), getattr(a, "vocab", 0)))
+    kept = pte_int8_kept(getattr(a, "n_layers", 0), getattr(a, "hidden", 0), getattr(a, "vocab", 0))
     i = re.search(r"layers\.(\d+)\.", name)
     return kept is None or i is None or int(i[1]) in kept
 

@@ -372,16 +372,15 @@ def weights_seconds_by_matrix(arch: Arch, precision: str, by: dict, scheme: dict
     matrix is read far slower than a large one), plus per layer the step's other ops (layer_overhead_s, fitted on
     SmolLM2's rows by benchmarks/plan_vs_filled.py). Returns (seconds, the matrices' kernel seconds, formula)."""
     from ..arch import Weight
-    from .weights import _scheme_bytes, weight_bytes_one
+    from .weights import _scheme_bytes, scheme_part, weight_bytes_one
 
-    def nbytes(w: Weight, part: str) -> float:
-        return _scheme_bytes(w, scheme[part]) if scheme else weight_bytes_one(w, precision, arch.n_layers)
+    def nbytes(w: Weight) -> float:
+        return _scheme_bytes(w, scheme_part(w, scheme)) if scheme else weight_bytes_one(w, precision, arch.n_layers)
 
     rows = [(r[2], r[3]) for r in by["rows"]]
-    mats = [(nbytes(w, "output" if w.cls == "lm_head" else "linear"), w.read_fraction) for w in arch.weights
-            if w.cls in ("linear", "lm_head")]
+    mats = [(nbytes(w), w.read_fraction) for w in arch.weights if w.cls in ("linear", "lm_head")]
     if not any(w.cls == "lm_head" for w in arch.weights):  # tied: the output layer reads the table's shape
-        mats += [(nbytes(Weight("output", w.shape, "lm_head"), "output") if scheme else weight_bytes_one(
+        mats += [(nbytes(Weight("output", w.shape, "lm_head")) if scheme else weight_bytes_one(
             w, precision, arch.n_layers), 1.0) for w in arch.weights if w.cls == "embedding"]
     kern = sum(b / _rate_at(rows, b) * f for b, f in mats)
     per_layer = by.get("layer_overhead_s", 0.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 
 from ..arch import Arch, Weight
 
@@ -97,6 +98,19 @@ def _scheme_bytes(w: Weight, spec: dict) -> float:
     return n * spec["bits"] / 8 + groups * spec["scale_bytes"]
 
 
+def scheme_part(w: Weight, scheme: dict) -> dict:
+    """The spec of a runtime's scheme that stores tensor w: "output" for the output layer, "embedding" for the table,
+    for a decoder-layer linear "linear_kept" where its layer is one of the scheme's kept_layers (an int4 .pte that
+    keeps some layers int8: edgekv.arch.variants.pte_int8_kept), else "linear"."""
+    if w.cls == "lm_head":
+        return scheme["output"]
+    if w.cls == "linear" and scheme.get("kept_layers"):
+        m = re.search(r"layers\.(\d+)\.", w.name)
+        if m and int(m[1]) in scheme["kept_layers"]:
+            return scheme["linear_kept"]
+    return scheme[w.cls]
+
+
 def weight_bytes(arch: Arch, precision: str, scheme: dict | None = None) -> dict[str, float]:
     """Bytes by tensor class (embedding, linear, lm_head, small), stored, and 'read' per decode token. scheme: a
     runtime's own layout for this precision (edgekv/costs/runtimes.json weights: ExecuTorch's Llama export keeps
@@ -114,7 +128,7 @@ def _weight_bytes(arch: Arch, precision: str, scheme_key: str | None) -> dict[st
     read = 0.0
     for w in arch.weights:
         if scheme and w.cls in ("linear", "embedding", "lm_head"):
-            b = _scheme_bytes(w, scheme["output" if w.cls == "lm_head" else w.cls])
+            b = _scheme_bytes(w, scheme_part(w, scheme))
         else:
             b = weight_bytes_one(w, precision, arch.n_layers)
         out[w.cls] = out.get(w.cls, 0) + b
