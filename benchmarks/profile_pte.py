@@ -56,15 +56,16 @@ def category_of(name: str, delegated: bool) -> str | None:
     return "portable other"
 
 
-def per_call(events, calls: slice) -> dict:
+def per_call(events, calls: slice, n: int | None = None) -> dict:
     """Summed ms per call of each category over the calls in `calls` (ETDump keeps one sample per call of the
-    method for every event; events = [(name, delegated, [ms per call])])."""
+    method for every event; events = [(name, delegated, [ms per call])]); n: the calls the events' samples are
+    spread over, where events of different blocks (by_phase) each hold some of them."""
     sums = defaultdict(float)
     for name, delegated, raw in events:
         part = raw[calls]
         if not part:
             continue
-        ms = sum(part) / len(part)
+        ms = sum(part) / (n or len(part))
         cat = category_of(name, delegated)
         if cat:
             sums[cat] += ms
@@ -133,14 +134,38 @@ def _events(path: Path) -> list:
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
         ins = Inspector(etdump_path=str(path))
-    out = []
+    out = []  # one list of events per block of calls with the same events
     for block in ins.event_blocks:
         if block.name != "Execute":
             continue
-        for e in block.events:
-            if e.perf_data is not None:
-                out.append((e.name, bool(e.is_delegated_op), list(e.perf_data.raw)))
-    return out
+        out.append([(e.name, bool(e.is_delegated_op), list(e.perf_data.raw)) for e in block.events
+                    if e.perf_data is not None])
+    return [b for b in out if b]
+
+
+def by_phase(blocks: list, warm: int, prefill: int, decode: int) -> tuple[list, list, int]:
+    """(prefill events, decode events, prefill calls), each event (name, delegated, [ms per call of that phase]).
+    ETDump keeps one sample per run of the method for every event, and the Inspector groups the runs whose events are
+    the same into one block, in order: a .pte whose one-token calls take another branch of a torch.cond
+    (swaps.SdpaAttention's rows call) has a block for its one-token calls (some warm-up calls and every decode step)
+    and one for the longer ones. The decode steps are the last calls, all one token: the last `decode` samples of the
+    one block that holds that many. The rest are the prefill's, warm-up calls included where the calls split over
+    blocks (which block a warm-up call ran in is not known here)."""
+    if len(blocks) == 1:
+        events = blocks[0]
+        return ([(k, d, raw[warm:warm + prefill]) for k, d, raw in events],
+                [(k, d, raw[warm + prefill:]) for k, d, raw in events], prefill)
+    big = [b for b in blocks if len(b[0][2]) >= decode]
+    if len(big) != 1:
+        raise SystemExit(f"profile_pte: {len(big)} blocks of calls hold {decode} or more: cannot say which are the "
+                         "decode steps")
+    pre, dec = [], []
+    for events in blocks:
+        n = len(events[0][2])
+        cut = n - decode if events is big[0] else n
+        pre += [(k, d, raw[:cut]) for k, d, raw in events]
+        dec += [(k, d, raw[cut:]) for k, d, raw in events if raw[cut:]]
+    return pre, dec, warm + prefill
 
 
 def profile(folder: Path, threads: int, prompt_tokens: int, new: int) -> dict:
@@ -155,18 +180,17 @@ def profile(folder: Path, threads: int, prompt_tokens: int, new: int) -> dict:
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "etdump.etdp"
         prof = _run(folder, manifest, threads, ids, new, path)
-        events = _events(path)
-    w, p = prof["warm_calls"], prof["prefill_calls"]
-    pre = per_call(events, slice(w, w + p))
-    dec = per_call(events, slice(w + p, None))
+        pre_events, dec_events, n_pre = by_phase(_events(path), prof["warm_calls"], prof["prefill_calls"],
+                                                 prof["decode_steps"])
+    pre = per_call(pre_events, slice(None), n_pre)
+    dec = per_call(dec_events, slice(None))
     portable = defaultdict(float)  # the portable kernels by operator name, ms per decode step
-    for name, delegated, raw in events:
-        part = raw[w + p:]
+    for name, delegated, part in dec_events:
         if part and not delegated and category_of(name, delegated) in ("portable other", "cache write"):
             portable[name] += sum(part) / len(part)
     top = dict(sorted(((k, round(v, 4)) for k, v in portable.items()), key=lambda kv: -kv[1])[:8])
-    counts = defaultdict(int)  # events of each kind in one call (every event has one sample per call)
-    for name, delegated, _ in events:
+    counts = defaultdict(int)  # events of each kind in one decode call (every event has one sample per call)
+    for name, delegated, _ in dec_events:
         counts[category_of(name, delegated) or name] += 1
     return {"artifact": str(folder), "threads": threads, "loadavg_end": list(os.getloadavg()), "prompt_tokens": len(ids), "new_tokens": new,
             "weights": manifest["weights"]["dtype"], "strategy": manifest["strategy"]["label"],
