@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Where the quantize-onnx stage's memory goes: the steps of edgekv.export.wquant.quantize_onnx (int4) one at a time on
+"""Where the quantize-onnx stage's memory goes: the steps of edgekv.export.onnx_quant.quantize_onnx (int4) one at a time on
 an fp32 ONNX export, the process's RSS after each, with the eager model's fp32 weights held beside them as the export
 holds its module (verify-quant needs it afterwards).
 

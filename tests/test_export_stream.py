@@ -1,4 +1,4 @@
-"""The streamed ONNX int8 / int4 export (edgekv.export.wquant.quantize_onnx on a graph lowered with its weights'
+"""The streamed ONNX int8 / int4 export (edgekv.export.onnx_quant.quantize_onnx on a graph lowered with its weights'
 transposes unfolded) writes the blocks ONNX Runtime's own MatMulNBitsQuantizer writes for the whole model, and it
 never holds the fp32 weights in memory.
 
@@ -69,11 +69,11 @@ def test_streamed_blocks_are_ort_quantizers_own_bit_for_bit(lowered, tmp_path, w
     last chunk; the blocks laid end to end must be what ORT writes for each whole matrix."""
     import onnx
 
-    from edgekv.export import onnx_stream, wquant
+    from edgekv.export import onnx_quant, onnx_stream
     root, entry = lowered
     monkeypatch.setattr(onnx_stream, "CHUNK_ELEMS", 4096)
     out = tmp_path / "model.onnx"
-    rec = wquant.quantize_onnx(root / "False" / "model.onnx", out, w, entry)
+    rec = onnx_quant.quantize_onnx(root / "False" / "model.onnx", out, w, entry)
     got = _blocks(onnx.load(str(out), load_external_data=False), str(tmp_path))
     want = _blocks(_ort_whole(root / "True" / "model.onnx", w))
     assert [g[:2] for g in got] == [x[:2] for x in want] and len(got) == 21 + (w == "int4")
@@ -89,7 +89,7 @@ CHILD = """
 import json, re, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from edgekv.export import onnx_stream, wquant
+from edgekv.export import onnx_quant, onnx_stream
 import onnxruntime.quantization.matmul_nbits_quantizer  # noqa: F401 (imported before the baseline)
 onnx_stream.CHUNK_ELEMS = 1 << 20  # 4 MB of fp32 per chunk: the test's weights are 32 MB each
 def status(key):
@@ -97,7 +97,7 @@ def status(key):
 Path("/proc/self/clear_refs").write_text("5")  # the kernel's peak resident size (VmHWM) starts again from now
 base = status("VmRSS")
 d = Path(sys.argv[2])
-wquant.quantize_onnx(d / "model.onnx", d / "q" / "model.onnx", "int4", json.loads(sys.argv[3]))
+onnx_quant.quantize_onnx(d / "model.onnx", d / "q" / "model.onnx", "int4", json.loads(sys.argv[3]))
 print(json.dumps({"base_kb": base, "peak_kb": status("VmHWM")}))
 """
 

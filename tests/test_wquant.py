@@ -15,7 +15,7 @@ pytest.importorskip("executorch")
 
 from edgekv.errors import EdgekvError  # noqa: E402
 from edgekv.export import manifest as mf  # noqa: E402
-from edgekv.export import quality, wquant  # noqa: E402
+from edgekv.export import onnx_quant, quality, wquant  # noqa: E402
 from edgekv.export.runtime import EagerStepper, OrtStepper  # noqa: E402
 from edgekv.export.pte_stepper import PteStepper  # noqa: E402
 from edgekv.export.trace import trace  # noqa: E402
@@ -106,7 +106,7 @@ def tiny_onnx(tiny, tmp_path_factory):
     records = {}
     for w in ("int8", "int4"):
         (root / w).mkdir()
-        records[w] = wquant.quantize_onnx(root / "fp32" / "model.onnx", root / w / "model.onnx", w,
+        records[w] = onnx_quant.quantize_onnx(root / "fp32" / "model.onnx", root / w / "model.onnx", w,
                                           m["artifacts"][0]["entry_points"][0])
     return root, m, records
 
@@ -212,8 +212,8 @@ def test_the_head_gets_its_own_blocks_only_where_it_outweighs_the_layers():
         return helper.make_model(helper.make_graph(nodes, "g", [], [], inits))
 
     entry = lambda v: {"outputs": [{"name": "logits", "shape": [1, "rows", v]}]}  # noqa: E731
-    assert wquant.output_heads(graph(262144, 640, 2048, 18), entry(262144)) == ["h"]  # 167.8M vs 70.8M
-    assert wquant.output_heads(graph(49152, 576, 1536, 30), entry(49152)) == []  # 28.3M vs 79.6M
+    assert onnx_quant.output_heads(graph(262144, 640, 2048, 18), entry(262144)) == ["h"]  # 167.8M vs 70.8M
+    assert onnx_quant.output_heads(graph(49152, 576, 1536, 30), entry(49152)) == []  # 28.3M vs 79.6M
 
 
 def test_quality_and_calibration_text_start_with_the_bos_a_model_is_run_with():
@@ -249,7 +249,7 @@ def test_onnx_quantized_graph_keeps_the_manifest_io_and_passes_verify_quant(tiny
 
 def test_onnx_fp16_weights_halve_the_file_and_keep_the_manifest_io(tiny, tiny_onnx, tokens, tmp_path):
     root, m, _ = tiny_onnx
-    rec = wquant.quantize_onnx(root / "fp32" / "model.onnx", tmp_path / "model.onnx", "fp16",
+    rec = onnx_quant.quantize_onnx(root / "fp32" / "model.onnx", tmp_path / "model.onnx", "fp16",
                                m["artifacts"][0]["entry_points"][0])
     ratio = onnx_bytes(root / "fp32") / onnx_bytes(tmp_path)
     assert 1.8 < ratio < 2.1 and rec["output_layer"] == "tied"
@@ -402,7 +402,7 @@ def test_smollm2_int8_and_int4_pass_verify_quant_in_both_runtimes(tmp_path):
     results = {}
     for w in ("int8", "int4"):
         (tmp_path / w).mkdir()
-        wquant.quantize_onnx(tmp_path / "fp32" / "model.onnx", tmp_path / w / "model.onnx", w,
+        onnx_quant.quantize_onnx(tmp_path / "fp32" / "model.onnx", tmp_path / w / "model.onnx", w,
                              m_onnx["artifacts"][0]["entry_points"][0])
         results[("onnx", w)] = quality.verify_quant(ref, OrtStepper(m_onnx, tmp_path / w, 1, spin=False), toks, w,
                                                    "onnx")

@@ -69,7 +69,7 @@ def test_min_max_blocks_packed_are_ort_quantizers_own(bits):
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory):
     """The tiny llama's graph as the streamed export lowers it, quantized with int4-mix."""
-    from edgekv.export import wquant
+    from edgekv.export import onnx_quant
     from edgekv.export.to_onnx import lower_onnx, save_onnx
 
     ep, entry = traced_for_onnx(TINY)
@@ -77,7 +77,7 @@ def mixed(tmp_path_factory):
     (root / "fp32").mkdir()
     (root / "q").mkdir()
     save_onnx(lower_onnx(ep, entry, fold_weights=False), root / "fp32" / "model.onnx")
-    rec = wquant.quantize_onnx(root / "fp32" / "model.onnx", root / "q" / "model.onnx", "int4-mix", entry)
+    rec = onnx_quant.quantize_onnx(root / "fp32" / "model.onnx", root / "q" / "model.onnx", "int4-mix", entry)
     return root, rec
 
 

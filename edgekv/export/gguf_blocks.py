@@ -75,7 +75,8 @@ def carry(model, mats: dict, accuracy_level: int, data=None) -> dict:
     every packed matrix at once."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from .wquant import _drop_unused, trim
+    from .onnx_quant import _drop_unused
+    from .wquant import trim
 
     inits = {i.name: i for i in model.graph.initializer}
     producer = {o: n for n in model.graph.node for o in n.output}

@@ -1,4 +1,4 @@
-"""int8 / int4 ONNX quantization, streamed (edgekv.export.wquant.quantize_onnx's path for a graph without
+"""int8 / int4 ONNX quantization, streamed (edgekv.export.onnx_quant.quantize_onnx's path for a graph without
 subgraphs): the graph is loaded without its external data, each MatMul's B and (int4) each Gather's table is read
 in chunks of whole output columns, quantized with ONNX Runtime's MatMulNBitsQuantizer's own per-matrix kernels and
 appended to the new external-data file one tensor at a time, so the fp32 weights are never in memory whole.
@@ -278,7 +278,7 @@ def fuse_tied_head_file(path: Path) -> list[str]:
     from .to_onnx import EXTERNAL_DATA
     path = Path(path)
     model = onnx.load(str(path), load_external_data=False)
-    from .wquant import fuse_tied_head
+    from .onnx_quant import fuse_tied_head
     fused = fuse_tied_head(model, str(path.parent))
     if fused:
         tmp = path.parent / f".{EXTERNAL_DATA}.tmp-{os.getpid()}"

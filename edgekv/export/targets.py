@@ -47,7 +47,7 @@ class OnnxTarget:
     @staticmethod
     def streamed(x) -> bool:
         """int8 / int4 weights are quantized, and a GGUF's blocks carried (gguf_blocks.carry), one at a time from the
-        graph's own W (wquant.quantize_onnx): lowering leaves their transposes unfolded, so no fp32 copy of the
+        graph's own W (onnx_quant.quantize_onnx): lowering leaves their transposes unfolded, so no fp32 copy of the
         weights is made beside the module's, and the module's weights are freed before quantize-onnx."""
         return x.opts.weights in ("int8", "int4", "int4-mix", "gguf")
 
@@ -66,12 +66,12 @@ class OnnxTarget:
             if x.stash is not None:  # the narrow copies: written, read back from the file by quantize-onnx
                 x.stash.release()
                 x.stash = None
-            if opts.weights == "fp32":  # the quantized recipes untie the head instead (wquant.quantize_onnx)
+            if opts.weights == "fp32":  # the quantized recipes untie the head instead (onnx_quant.quantize_onnx)
                 from .onnx_stream import fuse_tied_head_file
                 fuse_tied_head_file(tmp / "model.onnx")
             x.artifacts.append(OnnxTarget._artifact(x, to_onnx.opset_of(tmp / "model.onnx")))
         if "quantize-onnx" in st.names:
-            from .wquant import quantize_onnx
+            from .onnx_quant import quantize_onnx
             how = "the GGUF's own blocks, carried" if opts.weights == "gguf" else \
                 f"{opts.weights} weights (" + ("edgekv.export.wrecipe's bits and blocks, as MatMulNBits"
                                                if opts.weights == "int4-mix" else "ONNX Runtime quantization tools") + ")"
