@@ -1,0 +1,227 @@
+"""edgekv's own ExecuTorch kernel: edgekv::int8_sdpa, attention over an int8 KV cache read in place.
+
+Why: the .pte's default read of int8 codes, ExecuTorch's llama::custom_quantized_sdpa, multiplies an int8-rounded
+query by the codes with torchao's quantized_matmul, which has NEON kernels only; on an x86 CPU it runs a scalar
+fallback (docs/cache-kernels.md). This kernel converts a block of codes to fp32 and dots it with the fp32 query (AVX2
+and FMA where the build has them, else portable loops), so the query is never rounded: it computes what edgekv's
+eager layer computes (codes times their scales, softmax, values), to fp32 rounding.
+
+Pieces:
+  int8_sdpa_core.cpp   the attention (one token or several, causal; per-token or static per-channel scales)
+  int8_sdpa_et.cpp     the ExecuTorch kernel edgekv::int8_sdpa.out (EXECUTORCH_LIBRARY registers it when the
+                       library is loaded) and a C entry point for tests
+  this module          the op's schema for torch (torch.library: an eager reference and a fake impl, so torch.export
+                       keeps it as one call and to_executorch finds its out variant), building the shared library
+                       (build(): g++ against the pinned executorch wheel's headers and libexecutorch.so) and
+                       loading it into this process (load(), for the pybindings runtime).
+
+An app that runs a .pte calling edgekv::int8_sdpa links these two .cpp files beside ExecuTorch's runtime (the
+manifest's `custom_ops` names them); a stock ExecuTorch app without them fails to load the method
+("Missing operator: edgekv::int8_sdpa.out"), which is why the export takes this kernel only on request
+(`--pte-int8-kernel edgekv`)."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+from ..errors import EdgekvError
+
+HERE = Path(__file__).resolve().parent
+SOURCES = ("int8_sdpa_core.cpp", "int8_sdpa_et.cpp")
+HEADERS = ("int8_sdpa_core.h",)
+OP = "edgekv::int8_sdpa"
+LIB_NAME = "libedgekv_ops.so"
+SCHEMA = ("int8_sdpa(Tensor q, Tensor k_codes, Tensor v_codes, Tensor k_scale, Tensor v_scale, SymInt start_pos, "
+          "float scale, bool per_channel) -> Tensor")
+OUT_SCHEMA = ("int8_sdpa.out(Tensor q, Tensor k_codes, Tensor v_codes, Tensor k_scale, Tensor v_scale, "
+              "SymInt start_pos, float scale, bool per_channel, *, Tensor(a!) out) -> Tensor(a!)")
+
+_loaded: Path | None = None
+_defined = False
+
+
+def _et_root() -> Path:
+    try:
+        import executorch
+    except ImportError:
+        raise EdgekvError("--pte-int8-kernel edgekv: the executorch package is not installed") from None
+    for root in executorch.__path__:  # a namespace package: the folder that holds the headers and libexecutorch.so
+        if (Path(root) / "include").is_dir() and (Path(root) / "lib").is_dir():
+            return Path(root).resolve()
+    raise EdgekvError("--pte-int8-kernel edgekv: the executorch package has no include/ and lib/ to build against")
+
+
+def _simd_flags(cxx: str) -> list[str]:
+    """-mavx2 -mfma on an x86-64 CPU that has both (the library is built for the machine that builds it), else none:
+    the portable scalar loops."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return []
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="replace").split()
+    except OSError:
+        return []
+    return ["-mavx2", "-mfma"] if "avx2" in flags and "fma" in flags else []
+
+
+def compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def _command(cxx: str, out: Path) -> list[str]:
+    et = _et_root()
+    inc = et / "include"
+    return [cxx, "-O3", "-std=c++17", "-fPIC", "-shared", *_simd_flags(cxx),
+            # the definitions the wheel's cmake config gives its imported targets (executorch-config.cmake)
+            "-DC10_USING_CUSTOM_GENERATED_MACROS", "-DET_EVENT_TRACER_ENABLED",
+            f"-I{inc}", f"-I{inc / 'executorch/runtime/core/portable_type/c10'}",
+            *[str(HERE / s) for s in SOURCES], f"-L{et / 'lib'}", "-lexecutorch", f"-Wl,-rpath,{et / 'lib'}",
+            "-o", str(out)]
+
+
+def source_digest() -> str:
+    """sha256 of the sources and the compile flags: the name of a build, so a changed source is never run stale."""
+    h = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        h.update(name.encode() + b"\0" + (HERE / name).read_bytes())
+    cxx = compiler() or ""
+    h.update(" ".join(_simd_flags(cxx)).encode())
+    return h.hexdigest()
+
+
+def build_dir() -> Path:
+    """Where builds go: $EDGEKV_NATIVE_DIR, else build/ beside the sources (ignored by git)."""
+    return Path(os.environ.get("EDGEKV_NATIVE_DIR") or HERE / "build")
+
+
+def library_path() -> Path:
+    return build_dir() / source_digest()[:16] / LIB_NAME
+
+
+def build(quiet: bool = True) -> Path:
+    """The shared library for the current sources, compiled when missing (a few seconds); written atomically. One
+    EdgekvError line when there is no C++ compiler or the compile fails."""
+    lib = library_path()
+    if lib.is_file():
+        return lib
+    cxx = compiler()
+    if cxx is None:
+        raise EdgekvError("--pte-int8-kernel edgekv needs a C++ compiler (g++) to build edgekv's int8 kernel; "
+                          "none found (install g++, or use --pte-int8-kernel executorch)")
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    from ..outputs import write_atomic
+
+    def compile_to(tmp):
+        r = subprocess.run(_command(cxx, Path(tmp)), capture_output=True, text=True)
+        if r.returncode != 0:
+            last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise EdgekvError(f"building edgekv's int8 kernel failed ({cxx}): {last[:300]}")
+
+    write_atomic(lib, writer=compile_to, package_file=True)
+    if not quiet:
+        print(f"built {lib}")
+    return lib
+
+
+def _define_op() -> None:
+    """torch.ops.edgekv.int8_sdpa and its out variant: eager reference (reference()) and fake impl."""
+    global _defined
+    if _defined:
+        return
+    import torch
+    lib = torch.library.Library("edgekv", "DEF")
+    lib.define(SCHEMA)
+    lib.define(OUT_SCHEMA)
+
+    def eager(q, k, v, ks, vs, start_pos, scale, per_channel):
+        return reference(q, k, v, ks, vs, int(start_pos), scale, per_channel)
+
+    def eager_out(q, k, v, ks, vs, start_pos, scale, per_channel, *, out):
+        out.resize_(q.shape).copy_(reference(q, k, v, ks, vs, int(start_pos), scale, per_channel))
+        return out
+
+    def fake(q, k, v, ks, vs, start_pos, scale, per_channel):
+        return torch.empty_like(q, dtype=torch.float32)
+
+    def fake_out(q, k, v, ks, vs, start_pos, scale, per_channel, *, out):
+        return out
+
+    lib.impl("int8_sdpa", eager, "CompositeExplicitAutograd")
+    lib.impl("int8_sdpa.out", eager_out, "CompositeExplicitAutograd")
+    lib.impl("int8_sdpa", fake, "Meta")
+    lib.impl("int8_sdpa.out", fake_out, "Meta")
+    _LIBS.append(lib)  # a Library unregisters its ops when collected
+    _defined = True
+
+
+_LIBS: list = []
+
+
+def reference(q, k, v, ks, vs, start_pos: int, scale: float, per_channel: bool):
+    """The op in plain torch, as edgekv's eager layer computes it: keys and values dequantized (codes times their
+    scales, edgekv.quant's symmetric int8), token c of q [Hkv, C, G, D] attending slots 0..start_pos+c."""
+    import torch
+    hkv, c, g, d = q.shape
+    t = k.numel() // (hkv * d)
+    kf, vf = k.reshape(hkv, t, d).float(), v.reshape(hkv, t, d).float()
+    if per_channel:
+        kf, vf = kf * ks.reshape(hkv, 1, d).float(), vf * vs.reshape(hkv, 1, d).float()
+    else:
+        kf, vf = kf * ks.reshape(hkv, t, 1).float(), vf * vs.reshape(hkv, t, 1).float()
+    n = start_pos + c
+    kf, vf = kf[:, :n], vf[:, :n]
+    s = torch.einsum("hcgd,htd->hcgt", q.float(), kf) * scale
+    masked = torch.arange(n)[None, :] > (start_pos + torch.arange(c))[:, None]  # [C, n]
+    s = s.masked_fill(masked[None, :, None, :], float("-inf"))
+    return torch.einsum("hcgt,htd->hcgd", s.softmax(-1), vf)
+
+
+def load(path: str | Path | None = None) -> Path:
+    """Register edgekv::int8_sdpa for torch (schema, reference) and, for the ExecuTorch runtime in this process, load
+    its kernel library (build() when path is None). The pybindings' runtime (executorch.extension.pybindings) and
+    the library share one kernel registry (libexecutorch.so), so a .pte calling the op runs after this. A path that
+    is missing or not a loadable library is one EdgekvError line."""
+    global _loaded
+    _define_op()
+    lib = Path(path) if path is not None else build()
+    if _loaded is not None and _loaded == lib.resolve():
+        return _loaded
+    if not lib.is_file():
+        raise EdgekvError(f"edgekv's int8 kernel library {lib} is missing (build it: make native)")
+    from executorch.extension.pybindings import portable_lib  # noqa: F401 (the runtime's libexecutorch.so first)
+    try:
+        handle = ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+        handle.edgekv_int8_sdpa_simd  # noqa: B018 (its own entry point: a library of another name fails here)
+    except (OSError, AttributeError) as e:
+        raise EdgekvError(f"edgekv's int8 kernel library {lib} cannot be loaded: {str(e).splitlines()[0][:200]}") \
+            from None
+    _loaded = lib.resolve()
+    return _loaded
+
+
+def c_kernel(path: str | Path | None = None):
+    """The kernel's C entry point (ctypes) as a function of torch tensors, for tests and benchmarks:
+    f(q, k, v, ks, vs, start_pos, scale, per_channel) -> out, the same arguments as the op (scales as fp32)."""
+    import torch
+    handle = ctypes.CDLL(str(Path(path) if path is not None else build()))
+    fn = handle.edgekv_int8_sdpa_f32
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    fn.argtypes = [ptr, ptr, ptr, ptr, ptr, ctypes.c_int, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr]
+    fn.restype = None
+
+    def call(q, k, v, ks, vs, start_pos, scale, per_channel):
+        hkv, c, g, d = q.shape
+        t = k.numel() // (hkv * d)
+        q, k, v = q.float().contiguous(), k.contiguous(), v.contiguous()
+        ks, vs = ks.float().contiguous(), vs.float().contiguous()
+        out = torch.empty_like(q)
+        fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), ks.data_ptr(), vs.data_ptr(), int(per_channel), hkv, c, g, d, t,
+           int(start_pos), float(scale), out.data_ptr())
+        return out
+
+    call.simd = bool(handle.edgekv_int8_sdpa_simd())
+    return call

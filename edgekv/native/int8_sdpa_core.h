@@ -1,0 +1,27 @@
+// Attention over int8 KV codes read in place, fp32 queries (no query rounding), online softmax.
+//
+// Shapes (row-major, contiguous):
+//   q    [Hkv, C, G, D] fp32: C tokens at positions start..start+C-1, G query heads per KV head (GQA)
+//   k, v [Hkv, T, D]    int8 codes, the cache's T slots (one per position)
+//   ks_tok, vs_tok      [Hkv, T] fp32 per-token scales (kv-int8), or null
+//   ks_ch,  vs_ch       [Hkv, D] fp32 static per-channel scales (kv-int8c), or null
+//   out  [Hkv, C, G, D] fp32
+// Token c attends slots 0..start+c (causal). key = k * ks (per token or per channel), value likewise, as edgekv's
+// eager layer dequantizes them (edgekv.quant: symmetric codes, zero point 0):
+//   per token:   q.key_t = ks_t * (q . k_t);        sum_t p_t value_t = sum_t (p_t * vs_t) v_t
+//   per channel: q.key_t = (q * ks) . k_t;          sum_t p_t value_t = vs * sum_t p_t v_t
+// Keys are taken in blocks: a block of codes is converted to fp32 once and dotted with every query row of a tile of
+// tokens (all G heads of each), so each code is converted once per tile, not once per query head.
+#pragma once
+#include <cstdint>
+
+namespace edgekv_native {
+
+void int8_sdpa(const float* q, const int8_t* k, const int8_t* v, const float* ks_tok, const float* vs_tok,
+               const float* ks_ch, const float* vs_ch, int64_t hkv, int64_t c, int64_t g, int64_t d, int64_t t,
+               int64_t start, float scale, float* out);
+
+// 1 when this build took the AVX2+FMA path, 0 for the portable scalar one
+int int8_sdpa_simd();
+
+}  // namespace edgekv_native
