@@ -96,6 +96,13 @@ def _need(module: str) -> None:
               "kv, Gemma 3's sliding layers included), executorch (a .pte for ExecuTorch's LLM runner / LlmModule: "
               "the cache in the program's buffers, its metadata methods; kv and kv-int8/int4/int2, no sliding-window "
               "layers yet); comma-separated (default: none)")
+@click.option("--pte-int8-kernel", "pte_int8_kernel", type=click.Choice(["executorch", "edgekv"]),
+              default="executorch", show_default=True,
+              help="what reads a kv-int8 / kv-int8c cache's codes in place in the .pte: executorch "
+              "(llama::custom_quantized_sdpa, in ExecuTorch's LLM custom ops: a stock app loads the .pte; its query "
+              "is rounded to int8, and on x86 its int8 GEMM is a scalar fallback) or edgekv (edgekv's own "
+              "edgekv::int8_sdpa, edgekv/native, built here with g++: fp32 query, AVX2; an app must compile "
+              "edgekv/native's sources with its runtime, the manifest's custom_ops)")
 @threads_option(help="compute threads for tracing and verification (torch, ONNX Runtime, XNNPACK); on a machine "
               "shared with other jobs, 1 avoids thread-barrier stalls (default: the libraries' own)")
 @click.option("--max-memory", "max_memory", default=None, metavar="SIZE",
@@ -106,7 +113,7 @@ def _need(module: str) -> None:
               "the stage lines stay on stderr, the progress bar is off")
 @click.pass_context
 def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefill_chunk, verify_steps, force, weights,
-               from_plan, runners, threads, max_memory, as_json):
+               from_plan, runners, pte_int8_kernel, threads, max_memory, as_json):
     """Export a model's decode step (state as explicit inputs/outputs) to ONNX and/or ExecuTorch, verify it
     against eager PyTorch, and write manifest.json + tokenizer.json beside it."""
     from pathlib import Path
@@ -128,7 +135,7 @@ def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefi
                          max_ctx=parse_ctx(max_ctx),
                          out=Path(out), prefill_chunk=prefill_chunk, verify_steps=verify_steps, force=force,
                          threads=threads, weights=weights, runners=parse_runners(runners, fmts), max_memory=max_memory,
-                         planned_for=_device_id(from_plan) if from_plan else None)
+                         planned_for=_device_id(from_plan) if from_plan else None, pte_int8_kernel=pte_int8_kernel)
     if "genai" in opts.runners:
         _need("onnxruntime_genai")
     from ..progress import stage_status
@@ -180,6 +187,11 @@ def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefi
                    f"{v['top1_agreement']:.1%}, KL mean {v['kl_mean']:.3g} nats")
     for a in m["artifacts"]:
         click.echo(f"{a['file']} runs in: " + "; ".join(RUNNER_WORDS.get(r, r) for r in a.get("runners", ["edgekv"])))
+        if a.get("custom_ops"):  # edgekv's own kernels: an app's ExecuTorch build must have them
+            c = a["custom_ops"]
+            click.echo(f"{a['file']} calls {', '.join(c['ops'])}: an app compiles {', '.join(c.get('sources', []))} "
+                       f"with its ExecuTorch runtime (a stock build cannot load it; {c['library']} is this host's "
+                       "build, for edgekv run/verify)")
     for runner, why in m.get("runners_unsupported", {}).items():
         click.echo(f"not for {runner}: {why}")
     if plan_cmd:

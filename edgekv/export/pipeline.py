@@ -303,7 +303,8 @@ def _entry_points(x: Export) -> None:
     from . import et_runner, genai
     opts, layout, vocab, mf = x.opts, x.layout, x.args.vocab, x.mf
     x.chunk = chunk = max(1, min(opts.prefill_chunk, opts.max_ctx))
-    x.pte_module, x.pte_swapped = for_runtime(x.qmodule, "executorch") if "pte" in opts.formats else (x.qmodule, [])
+    x.pte_module, x.pte_swapped = for_runtime(x.qmodule, "executorch", int8_kernel=opts.pte_int8_kernel) \
+        if "pte" in opts.formats else (x.qmodule, [])
     x.in_place = bool(x.pte_swapped) and all(x.pte_swapped)
     x.dynamic = x.in_place or ("pte" in opts.formats and attends_only(layout))
     if x.dynamic and chunk < 2:
@@ -315,6 +316,8 @@ def _entry_points(x: Export) -> None:
                   mf.entry_point("decode", 1, layout, vocab)]}
     if "genai" in opts.runners:  # GenAI's input names (input_ids, attention_mask), every row's logits
         x.entries["onnx"] = [genai.entry_point(layout, vocab)]
+    if x.et_run and opts.pte_int8_kernel == "edgekv":
+        raise EdgekvError("--runner executorch takes ExecuTorch's own kernels: use --pte-int8-kernel executorch")
     if x.et_run:  # forward(tokens, input_pos), the cache in the program's buffers (edgekv.export.et_runner)
         if not x.in_place:
             raise EdgekvError(f"--runner executorch: {x.strategy.label} is not written in place by this model's .pte")

@@ -175,7 +175,10 @@ class PteTarget:
 
     @staticmethod
     def _artifact(x, delegation: dict) -> dict:
+        import shutil
         from importlib.metadata import version as pkg_version
+
+        from ..models.swaps import custom_ops
 
         from . import to_pte
         from .runners import EDGEKV, ET_RUNNER
@@ -185,10 +188,19 @@ class PteTarget:
             art["attention"] = to_pte.LLM_KERNELS
         if x.in_place:  # `forward` writes its rows into the past.* inputs and returns them as present.*
             art["state_in_place"] = True
+        ops = custom_ops(x.pte_module)
+        if ops:  # edgekv's own kernels (--pte-int8-kernel edgekv): the app links them; this host's build rides along
+            from .. import native
+            shutil.copyfile(native.build(), x.tmp / native.LIB_NAME)
+            art["custom_ops"] = {"ops": ops, "library": native.LIB_NAME,
+                                 "sources": [f"edgekv/native/{n}" for n in native.SOURCES + native.HEADERS],
+                                 "sources_sha256": native.source_digest()}
         art["runners"] = [ET_RUNNER] if x.et_run else [EDGEKV]
         if x.et_run:  # the cache lives in the program's mutable buffers; the runner loads tokenizer.json
             art["state_location"] = "mutable_buffers"
             art["runner_files"] = [x.tok_entry["file"]]
+        if ops:
+            art["runner_files"] = [*art.get("runner_files", []), native.LIB_NAME]
         return art
 
     @staticmethod
@@ -209,7 +221,8 @@ class PteTarget:
         from ..models.swaps import kernel_reference
 
         def eager(m):  # where custom_quantized_sdpa rounds the query to int8, the reference rounds it the same way
-            return EagerStepper(x.partial, kernel_reference(m, "executorch"), chunk=art.chunk, tail=art.tail,
+            return EagerStepper(x.partial, kernel_reference(m, "executorch", x.opts.pte_int8_kernel), chunk=art.chunk,
+                                tail=art.tail,
                                 max_chunk=art.max_chunk)
         ref = eager(x.qmodule)
         return ref, eager(nudged_quantized(x.module, x.opts.weights)) if x.quantization.get("pte") else None

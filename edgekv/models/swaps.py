@@ -32,6 +32,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..errors import EdgekvError
 from ..quant import dequantize, dequantize_planar, planar_order
 from .attention import Attention, Call
 from .layers import RMSNorm
@@ -137,6 +138,8 @@ class SdpaAttention(Attention):
                    sum_t p_t v_t = s_v * sum_t p_t codes_v, so the value scales multiply the output; the op reads the
                    codes with a constant unit scale. The query's own int8 rounding is the one error this adds over
                    the eager layer (benchmarks/results/pte_quant_attention.json: about 0.5 % of the attention output).
+                   With int8_kernel "edgekv" (export --pte-int8-kernel edgekv) edgekv's own edgekv::int8_sdpa
+                   reads them instead: the fp32 query, the codes and their scales as stored, no rounding.
       "fp32 rows"  rows 0..pos+C-1 read back as fp32 and attended by custom_sdpa, as Attention does: a fp16 cache
                    cast (custom_sdpa on fp16 rows runs an fp16 GEMM without a fast path on the host's CPU), an int8
                    cache with group scales by edgekv.quant.dequantize, a packed int4/int2 cache by
@@ -243,8 +246,19 @@ class SdpaAttention(Attention):
         return start
 
     def _int8_codes(self, q, k_state, v_state, start, t):
-        """custom_quantized_sdpa over the int8 codes in place -> out [Hkv, C, G, D] fp32 (see the class docstring)."""
+        """custom_quantized_sdpa (or edgekv's own int8_sdpa) over the int8 codes in place -> out [Hkv, C, G, D] fp32
+        (see the class docstring)."""
         g = self.h // self.hkv
+        if getattr(self.consts, "int8_kernel", "executorch") == "edgekv":
+            # edgekv::int8_sdpa (edgekv/native): the fp32 query against the codes and their scales as stored (fp16
+            # per token and head, or the static [Hkv, D] ones), GQA's G heads of a token together, causal
+            qg = q.view(-1, self.hkv, g, self.dh).permute(1, 0, 2, 3).contiguous()
+            if self.fmt.static:
+                ks, vs = self.kv_scale[0], self.kv_scale[1]
+            else:
+                ks, vs = k_state[1], v_state[1]
+            return torch.ops.edgekv.int8_sdpa(qg, k_state[0], v_state[0], ks, vs, start, self.scale,
+                                              bool(self.fmt.static))
         zero = getattr(self.consts, _op_const("zero", self.hkv, t))
         if self.fmt.static:  # fold the key scales into the query: head kv*G + j takes KV head kv's [D] scales
             ks, vs = self.kv_scale[0], self.kv_scale[1]
@@ -323,10 +337,10 @@ class Swap:
     replacement (shared: what setup(model, layers) returned, once per model, for the layers it takes)."""
     applies: Callable[[Attention], bool]
     make: Callable[[Attention, object], nn.Module]
-    setup: Callable[[nn.Module, list], object] = lambda model, layers: None
+    setup: Callable[..., object] = lambda model, layers, **options: None
 
 
-def _gqa_setup(model, layers):
+def _gqa_setup(model, layers, **options):
     """The op's rotary tables [max_ctx, D/2] when it can rotate q and k itself: a fp32 cache and one RoPE for every
     layer with nothing between the projection and the rotation (no qk-norm, no second RoPE base, no NoPE layer)."""
     a = model.args
@@ -354,12 +368,14 @@ def _gqa_make(at, rope):
     return new
 
 
-def _sdpa_setup(model, layers):
+def _sdpa_setup(model, layers, int8_kernel: str = "executorch", **options):
     """Registers the ops' AOT libraries (ExecuTorch's LLM custom ops and quantized kernels: a runtime needs their
     kernels to run the .pte) and makes the constants: rope_rot, with x @ rope_rot = rotate_half(x); for a packed
     cache the permutation into edgekv.quant's planar channel order ((x @ planar)[p] = x[planar_order[p]]); for int8
     codes read in place, custom_quantized_sdpa's zero points (int8 zeros) and, for static scales, its unit scales,
-    [Hkv, T, 1, 1] as the op wants them, one per cache shape shared by every layer."""
+    [Hkv, T, 1, 1] as the op wants them, one per cache shape shared by every layer. int8_kernel: what reads int8
+    codes in place, "executorch" (llama::custom_quantized_sdpa) or "edgekv" (edgekv::int8_sdpa, edgekv/native: its
+    library built and loaded here; it takes the codes and scales as stored, so no constants)."""
     if not layers:
         return None
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (registers torch.ops.llama.*)
@@ -376,12 +392,20 @@ def _sdpa_setup(model, layers):
         planar = torch.zeros(d, d)
         planar[planar_order(d, bits), torch.arange(d)] = 1.0
         consts["planar"] = planar
-    for at in layers:
-        if at.fmt.storage.pte_read(at.dh) == "int8 codes":
-            consts[_op_const("zero", at.hkv, at.cache.slots)] = torch.zeros(at.hkv, at.cache.slots, 1, 1,
-                                                                            dtype=torch.int8)
-            if at.fmt.static:
-                consts[_op_const("unit", at.hkv, at.cache.slots)] = torch.ones(at.hkv, at.cache.slots, 1, 1)
+    if int8_kernel not in INT8_KERNELS:
+        raise EdgekvError(f"--pte-int8-kernel: {int8_kernel!r} is not one of {', '.join(INT8_KERNELS)}")
+    codes = [at for at in layers if at.fmt.storage.pte_read(at.dh) == "int8 codes"]
+    if int8_kernel == "edgekv" and codes:
+        from .. import native
+        native.load()
+        out = Constants(**consts)
+        out.int8_kernel = "edgekv"
+        return out
+    for at in codes:
+        consts[_op_const("zero", at.hkv, at.cache.slots)] = torch.zeros(at.hkv, at.cache.slots, 1, 1,
+                                                                        dtype=torch.int8)
+        if at.fmt.static:
+            consts[_op_const("unit", at.hkv, at.cache.slots)] = torch.ones(at.hkv, at.cache.slots, 1, 1)
     return Constants(**consts)
 
 
@@ -415,6 +439,7 @@ SWAPS: dict[str, list[Swap]] = {
                    Swap(lambda at: _native_window(at) and at.fmt.storage.fused("executorch"),
                         lambda at, shared: _share(at, RingSdpaAttention))],
 }
+INT8_KERNELS = ("executorch", "edgekv")  # --pte-int8-kernel: what reads an int8 cache's codes in the .pte
 NORM_SWAPS = {"onnxruntime": OnnxRMSNorm}  # the norms' form where any layer is swapped
 
 
@@ -425,16 +450,16 @@ def plan_swaps(model: nn.Module, runtime: str) -> list[Swap | None]:
             for at in model.modules() if type(at) is Attention]
 
 
-def for_runtime(model: nn.Module, runtime: str) -> tuple[nn.Module, list[bool]]:
+def for_runtime(model: nn.Module, runtime: str, **options) -> tuple[nn.Module, list[bool]]:
     """(a copy of model with each attention layer the runtime's op serves swapped, per attention layer whether it
-    was). A model without eager Attention layers (mamba, rwkv, ...) comes back as it is, with []."""
+    was). options go to the swaps' setup (executorch: int8_kernel). A model without eager Attention layers (mamba, rwkv, ...) comes back as it is, with []."""
     layers = [at for at in model.modules() if type(at) is Attention]
     chosen = plan_swaps(model, runtime)
     if not any(chosen):
         return model, [False] * len(layers)
     shared = {}
     for s in dict.fromkeys(s for s in chosen if s is not None):
-        shared[s] = s.setup(model, [at for at, c in zip(layers, chosen) if c is s])
+        shared[s] = s.setup(model, [at for at, c in zip(layers, chosen) if c is s], **options)
     repl = {id(at): s.make(at, shared[s]) for at, s in zip(layers, chosen) if s is not None}
     norm = NORM_SWAPS.get(runtime)
 
@@ -448,10 +473,13 @@ def for_runtime(model: nn.Module, runtime: str) -> tuple[nn.Module, list[bool]]:
     return _rebuild(model, swap), [c is not None for c in chosen]
 
 
-def kernel_reference(model: nn.Module, runtime: str) -> nn.Module:
+def kernel_reference(model: nn.Module, runtime: str, int8_kernel: str = "executorch") -> nn.Module:
     """The eager reference for an artifact of the runtime: model itself, or where the runtime's op rounds the query
     (custom_quantized_sdpa on int8 codes: SdpaAttention) a copy, sharing its weights, whose eager layers round it
-    the same way (Attention.query_int8) and compute everything else as before."""
+    the same way (Attention.query_int8) and compute everything else as before. int8_kernel "edgekv" (edgekv's own
+    int8_sdpa, which never rounds the query): model itself."""
+    if int8_kernel == "edgekv":
+        return model
     layers = [at for at in model.modules() if type(at) is Attention]
     rounded = {id(at) for at, s in zip(layers, plan_swaps(model, runtime))
                if s is not None and s.make is _sdpa_make and at.fmt.storage.pte_read(at.dh) == "int8 codes"}
@@ -466,6 +494,15 @@ def kernel_reference(model: nn.Module, runtime: str) -> nn.Module:
         return new
 
     return _rebuild(model, swap)
+
+
+def custom_ops(module: nn.Module) -> list[str]:
+    """The ExecuTorch ops of edgekv's own (edgekv/native) that a module for_runtime(..., "executorch") returned calls:
+    what an app running its .pte must link."""
+    from .. import native
+    uses = any(type(m) is SdpaAttention and getattr(m.consts, "int8_kernel", None) == "edgekv"
+               and m.fmt.storage.pte_read(m.dh) == "int8 codes" for m in module.modules())
+    return [native.OP + ".out"] if uses else []
 
 
 def _rebuild(m: nn.Module, swap) -> nn.Module:

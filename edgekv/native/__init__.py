@@ -41,7 +41,8 @@ SCHEMA = ("int8_sdpa(Tensor q, Tensor k_codes, Tensor v_codes, Tensor k_scale, T
 OUT_SCHEMA = ("int8_sdpa.out(Tensor q, Tensor k_codes, Tensor v_codes, Tensor k_scale, Tensor v_scale, "
               "SymInt start_pos, float scale, bool per_channel, *, Tensor(a!) out) -> Tensor(a!)")
 
-_loaded: Path | None = None
+_loaded: Path | None = None  # the library whose kernel this process registered, and its sha256
+_loaded_sha = ""
 _defined = False
 
 
@@ -185,13 +186,19 @@ def load(path: str | Path | None = None) -> Path:
     its kernel library (build() when path is None). The pybindings' runtime (executorch.extension.pybindings) and
     the library share one kernel registry (libexecutorch.so), so a .pte calling the op runs after this. A path that
     is missing or not a loadable library is one EdgekvError line."""
-    global _loaded
+    global _loaded, _loaded_sha
     _define_op()
     lib = Path(path) if path is not None else build()
     if _loaded is not None and _loaded == lib.resolve():
         return _loaded
     if not lib.is_file():
         raise EdgekvError(f"edgekv's int8 kernel library {lib} is missing (build it: make native)")
+    sha = hashlib.sha256(lib.read_bytes()).hexdigest()
+    if _loaded is not None:  # its kernel is registered already; a second copy would register it again (an abort)
+        if sha == _loaded_sha:
+            return _loaded
+        raise EdgekvError(f"edgekv's int8 kernel library {lib} differs from the one this process loaded "
+                          f"({_loaded}): run it in a new process")
     from executorch.extension.pybindings import portable_lib  # noqa: F401 (the runtime's libexecutorch.so first)
     try:
         handle = ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
@@ -199,7 +206,7 @@ def load(path: str | Path | None = None) -> Path:
     except (OSError, AttributeError) as e:
         raise EdgekvError(f"edgekv's int8 kernel library {lib} cannot be loaded: {str(e).splitlines()[0][:200]}") \
             from None
-    _loaded = lib.resolve()
+    _loaded, _loaded_sha = lib.resolve(), sha
     return _loaded
 
 
@@ -207,7 +214,7 @@ def c_kernel(path: str | Path | None = None):
     """The kernel's C entry point (ctypes) as a function of torch tensors, for tests and benchmarks:
     f(q, k, v, ks, vs, start_pos, scale, per_channel) -> out, the same arguments as the op (scales as fp32)."""
     import torch
-    handle = ctypes.CDLL(str(Path(path) if path is not None else build()))
+    handle = ctypes.CDLL(str(load(path)))  # once per process: loading registers the ExecuTorch kernel
     fn = handle.edgekv_int8_sdpa_f32
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = [ptr, ptr, ptr, ptr, ptr, ctypes.c_int, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr]

@@ -1,0 +1,82 @@
+"""`edgekv export --format pte --pte-int8-kernel edgekv`: a kv-int8 / kv-int8c .pte whose attention reads the int8
+codes with edgekv's own ExecuTorch kernel (edgekv::int8_sdpa, edgekv/native) instead of custom_quantized_sdpa.
+
+The tiny llama of tests/test_pte_cache_kinds.py (2 layers, 4 query heads on 2 KV heads), its .pte run in ExecuTorch's
+runtime over 26 positions (calls of 4 tokens, then one a call) against the plain eager module: edgekv's eager layer
+dequantizes the codes and attends in fp32, with no query rounding (the kernel rounds none either), so the two agree to
+fp32 summation order, well inside what custom_quantized_sdpa's int8 query moves (QUERY_ROUNDING there, 1.3-2.4 %)."""
+import shutil
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("executorch")
+
+from edgekv import native  # noqa: E402
+from edgekv.export.options import ExportOptions  # noqa: E402
+from edgekv.export.pipeline import export_model  # noqa: E402
+
+if native.compiler() is None:
+    pytest.skip("no C++ compiler to build edgekv's int8 kernel", allow_module_level=True)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CTX, CHUNK = 32, 4
+STREAM = [int(t) for t in np.random.default_rng(7).integers(3, 60, 26)]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    from test_export_kv import tiny_llama_folder
+
+    src = tmp_path_factory.mktemp("pte-int8-kernel") / "tiny"
+    tiny_llama_folder(src)
+    return src
+
+
+def export(src, out, strategy, kernel="edgekv"):
+    return export_model(ExportOptions(model=str(src), strategy=strategy, formats=("pte",), max_ctx=CTX, out=out,
+                                      prefill_chunk=CHUNK, verify_steps=1, threads=1, pte_int8_kernel=kernel),
+                        echo=lambda s: None)
+
+
+@pytest.mark.parametrize("strategy", ["kv-int8", "kv-int8c"])
+def test_edgekv_kernel_pte_decodes_what_the_plain_eager_module_does(llama, tmp_path, strategy):
+    from test_pte_cache_kinds import eager_module, eager_rows, pte_rows
+
+    out = tmp_path / "pte"
+    m = export(llama, out, strategy)
+    assert m["verification"]["pte"]["passed"], m["verification"]["pte"]
+    art = m["artifacts"][0]
+    assert art["custom_ops"]["ops"] == ["edgekv::int8_sdpa.out"]
+    assert art["custom_ops"]["library"] in m["files"] and (out / art["custom_ops"]["library"]).is_file()
+    ops = art["delegation"]["forward"]["portable_ops"]
+    assert ops.get("edgekv.int8_sdpa") == 2 and "llama.custom_quantized_sdpa" not in ops, ops  # one call per layer
+    assert art.get("state_in_place") is True
+    got = pte_rows(out, STREAM)
+    want = eager_rows(eager_module(llama, strategy, "fp32", m), STREAM)  # no query rounding
+    scale = np.abs(want).max()
+    assert scale > 1.0
+    assert np.abs(got - want).max() <= 1e-4 * scale, (np.abs(got - want).max(), scale)
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+def test_default_pte_names_no_custom_op_and_a_damaged_library_is_one_line(llama, tmp_path):
+    """The default (executorch) .pte needs nothing of edgekv's; an edgekv-kernel export whose library is replaced by
+    garbage (its sha256 listed in the manifest no longer matching) is refused by `edgekv verify` in one line, exit 2."""
+    from click.testing import CliRunner
+
+    from edgekv.cli import main
+
+    m = export(llama, tmp_path / "stock", "kv-int8", kernel="executorch")
+    assert "custom_ops" not in m["artifacts"][0]
+    out = tmp_path / "pte"
+    export(llama, out, "kv-int8")
+    lib = out / native.LIB_NAME
+    lib.write_bytes(b"\x7fELF" + b"\0" * 64)
+    r = CliRunner().invoke(main, ["verify", str(out)])
+    assert r.exit_code == 2, r.output
+    assert len(r.output.strip().splitlines()) == 1 and native.LIB_NAME in r.output, r.output
+    shutil.rmtree(out)
