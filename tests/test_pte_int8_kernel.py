@@ -63,9 +63,10 @@ def test_edgekv_kernel_pte_decodes_what_the_plain_eager_module_does(llama, tmp_p
     assert (got.argmax(-1) == want.argmax(-1)).all()
 
 
-def test_default_pte_names_no_custom_op_and_a_damaged_library_is_one_line(llama, tmp_path):
-    """The default (executorch) .pte needs nothing of edgekv's; an edgekv-kernel export whose library is replaced by
-    garbage (its sha256 listed in the manifest no longer matching) is refused by `edgekv verify` in one line, exit 2."""
+def test_default_pte_names_no_custom_op_and_a_damaged_or_missing_library_is_one_line(llama, tmp_path, monkeypatch):
+    """The default (executorch) .pte needs nothing of edgekv's. An edgekv-kernel export whose library is replaced by
+    garbage (the sha256 the manifest lists no longer matching) or removed is refused by `edgekv run` in one line,
+    exit 2; so is `--pte-int8-kernel edgekv` where no compiler can build the library."""
     from click.testing import CliRunner
 
     from edgekv.cli import main
@@ -75,8 +76,22 @@ def test_default_pte_names_no_custom_op_and_a_damaged_library_is_one_line(llama,
     out = tmp_path / "pte"
     export(llama, out, "kv-int8")
     lib = out / native.LIB_NAME
-    lib.write_bytes(b"\x7fELF" + b"\0" * 64)
-    r = CliRunner().invoke(main, ["verify", str(out)])
+    good = lib.read_bytes()
+    for damage in ("garbage", "missing"):
+        if damage == "garbage":
+            lib.write_bytes(b"\x7fELF" + b"\0" * 64)
+        else:
+            lib.unlink()
+        r = CliRunner().invoke(main, ["run", str(out), "-p", "a b", "-n", "1", "--runtime", "executorch"])
+        assert r.exit_code == 2, (damage, r.output)
+        assert len(r.output.strip().splitlines()) == 1 and native.LIB_NAME in r.output, (damage, r.output)
+    lib.write_bytes(good)
+    monkeypatch.setenv("EDGEKV_NATIVE_DIR", str(tmp_path / "nobuild"))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    r = CliRunner().invoke(main, ["export", "-m", str(llama), "--strategy", "kv-int8", "--format", "pte", "--max-ctx", "32",
+                                  "--prefill-chunk", "4", "--out", str(tmp_path / "nocc"), "--pte-int8-kernel",
+                                  "edgekv"])
     assert r.exit_code == 2, r.output
-    assert len(r.output.strip().splitlines()) == 1 and native.LIB_NAME in r.output, r.output
+    last = r.output.strip().splitlines()[-1]
+    assert "C++ compiler" in last and "--pte-int8-kernel executorch" in last, r.output
     shutil.rmtree(out)

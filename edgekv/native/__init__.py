@@ -70,7 +70,10 @@ def _simd_flags(cxx: str) -> list[str]:
 
 
 def compiler() -> str | None:
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    """The C++ compiler builds use: $CXX (when it names one that exists), else g++ or c++ on PATH."""
+    if os.environ.get("CXX"):
+        return shutil.which(os.environ["CXX"])
+    return shutil.which("g++") or shutil.which("c++")
 
 
 def _command(cxx: str, out: Path) -> list[str]:
