@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all test-deps lint install bench bench-deps bench-speed bench-filled clean android-test mutate
+.PHONY: demo test test-all test-deps lint install native bench bench-deps bench-speed bench-filled clean android-test mutate
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,12 +20,17 @@ $(STAMP): requirements.lock pyproject.toml
 
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) native
 	$(BIN)/edgekv plan --device pixel8 --ctx 32k
+
+# edgekv's own ExecuTorch kernel (edgekv/native: int8 KV codes read in place, `export --pte-int8-kernel edgekv`),
+# compiled against the executorch wheel in seconds; without g++ one line says the option is unavailable
+native: $(STAMP)
+	$(BIN)/python -m edgekv.native
 
 # everything it runs is set up here: .venv from requirements.lock, the Debian packages (test-deps), then the linter,
 # the Android core's JUnit tests and the default pytest suite, in that order
-test: $(STAMP) test-deps lint android-test
+test: $(STAMP) test-deps lint android-test native
 	$(BIN)/python -m pytest -q
 
 # ruff (pinned in requirements.lock; rules in pyproject.toml [tool.ruff])
@@ -53,7 +58,7 @@ android-test: test-deps
 	android_demo/run_core_tests.sh
 
 # the slow tests too; llama-cpp-python (bench-deps) is what a slow test compares edgekv's GGUF reading with
-test-all: $(STAMP) test-deps lint android-test bench-deps
+test-all: $(STAMP) test-deps lint android-test native bench-deps
 	$(BIN)/python -m pytest -q -m ''
 
 bench: $(STAMP)

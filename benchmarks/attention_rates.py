@@ -378,6 +378,9 @@ def win_time_call(h: int, hkv: int, d: int, slots: int, runs: int, hidden: int =
     return call_row(slots, "eager window fp16", h, hkv, d, cpu, ts, cache_bytes, slots, caches=n)
 
 
+INT8_KERNEL = "executorch"  # --int8-kernel: what reads int8 codes in et_program (edgekv: edgekv/native's kernel)
+
+
 def et_program(h: int, hkv: int, d: int, kind: str, ctx: int, chunk: int = 1) -> bytes:
     """The .pte of one decode call's attention on a cache of ctx slots: forward(q, pos, k, v[, k scale, v scale])
     writes the call's row at slot pos in place and returns custom_sdpa over slots 0..pos (SdpaAttention's read).
@@ -417,6 +420,12 @@ def et_program(h: int, hkv: int, d: int, kind: str, ctx: int, chunk: int = 1) ->
             else:  # int8 codes read in place by custom_quantized_sdpa, the query quantized per token
                 codes = (row * 20).round().clamp(-127, 127).to(torch.int8)
                 k, v = put(k, codes), put(v, codes)
+                if INT8_KERNEL == "edgekv":  # edgekv::int8_sdpa (--int8-kernel edgekv): fp32 q, scales as stored
+                    if kind == "int8":
+                        ks, vs = (put(s, torch.ones(1, hkv, 1, dtype=torch.float16)) for s in scales)
+                    else:
+                        ks, vs = scales
+                    return torch.ops.edgekv.int8_sdpa(q.contiguous(), k, v, ks, vs, start, d ** -0.5, kind == "int8c")
                 zero = torch.zeros(hkv, ctx, 1, 1, dtype=torch.int8)
                 if kind == "int8":  # kv-int8: fp16 scale per token and head, cast to fp32 for the op
                     ks, vs = (put(s, torch.ones(1, hkv, 1, dtype=torch.float16)) for s in scales)
@@ -825,6 +834,9 @@ def main(argv=None) -> int:
     ap.add_argument("--window", action="store_true", help="time the window strategy's eager graph (win_module) at "
                     "kept keys WIN_SLOTS instead (attention_rates_window.json; --runtime executorch: the .pte's, "
                     "attention_rates_executorch_window.json)")
+    ap.add_argument("--int8-kernel", choices=("executorch", "edgekv"), default="executorch",
+                    help="executorch: what reads the int8 / int8c codes, llama::custom_quantized_sdpa or edgekv's own "
+                    "edgekv::int8_sdpa (export --pte-int8-kernel edgekv)")
     ap.add_argument("--shapes", help="the head shapes to time (default all: " + ",".join(SHAPES) + ")")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--refit", type=Path, help="fit the rows of this results JSON again (no timing)")
@@ -876,6 +888,12 @@ def main(argv=None) -> int:
     if a.matmul:
         return matmul_main(a)
     et, lc = a.runtime == "executorch", a.runtime == "llamacpp"
+    if a.int8_kernel == "edgekv":
+        global INT8_KERNEL
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from edgekv import native
+        native.load()
+        INT8_KERNEL = "edgekv"
     kinds = (a.kinds or ",".join(ET_KINDS if et else LC_KINDS if lc else KINDS)).split(",")
     if et and a.prefill and not a.kinds:
         kinds = ["fp32", "fp16"]  # the float caches custom_sdpa reads; the quantized ones are fitted on model rows
@@ -951,6 +969,8 @@ def main(argv=None) -> int:
            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)), **versions,
            "machine": platform.processor() or platform.machine(), "platform": platform.platform(),
            "loadavg": list(os.getloadavg()), "threads": 1, "runs": a.runs, "what": what,
+           **({"int8_kernel": "edgekv::int8_sdpa (edgekv/native, --pte-int8-kernel edgekv): the fp32 query against "
+                             "the int8 codes and their scales as stored, in place"} if INT8_KERNEL == "edgekv" else {}),
            "rows": rows, "fits": fits, "prefill_fits": pre, "seconds": round(time.time() - t0, 1)}
     write_json(out_path, out)
     return 0
