@@ -5,8 +5,6 @@ The tiny llama of tests/test_pte_cache_kinds.py (2 layers, 4 query heads on 2 KV
 runtime over 26 positions (calls of 4 tokens, then one a call) against the plain eager module: edgekv's eager layer
 dequantizes the codes and attends in fp32, with no query rounding (the kernel rounds none either), so the two agree to
 fp32 summation order, well inside what custom_quantized_sdpa's int8 query moves (QUERY_ROUNDING there, 1.3-2.4 %)."""
-import shutil
-
 import numpy as np
 import pytest
 
@@ -51,7 +49,6 @@ def test_edgekv_kernel_pte_decodes_what_the_plain_eager_module_does(llama, tmp_p
     assert m["verification"]["pte"]["passed"], m["verification"]["pte"]
     art = m["artifacts"][0]
     assert art["custom_ops"]["ops"] == ["edgekv::int8_sdpa.out"]
-    assert art["custom_ops"]["library"] in m["files"] and (out / art["custom_ops"]["library"]).is_file()
     ops = art["delegation"]["forward"]["portable_ops"]
     assert ops.get("edgekv.int8_sdpa") == 2 and "llama.custom_quantized_sdpa" not in ops, ops  # one call per layer
     assert art.get("state_in_place") is True
@@ -64,9 +61,14 @@ def test_edgekv_kernel_pte_decodes_what_the_plain_eager_module_does(llama, tmp_p
 
 
 def test_default_pte_names_no_custom_op_and_a_damaged_or_missing_library_is_one_line(llama, tmp_path, monkeypatch):
-    """The default (executorch) .pte needs nothing of edgekv's. An edgekv-kernel export whose library is replaced by
-    garbage (the sha256 the manifest lists no longer matching) or removed is refused by `edgekv run` in one line,
-    exit 2; so is `--pte-int8-kernel edgekv` where no compiler can build the library."""
+    """The default (executorch) .pte needs nothing of edgekv's. An edgekv-kernel export ships no library (nothing in
+    an export folder is executed: SECURITY.md); `edgekv run` loads edgekv's own build. A build that is damaged is one
+    line, exit 2, and so is `--pte-int8-kernel edgekv` where no compiler can build a missing one."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
     from click.testing import CliRunner
 
     from edgekv.cli import main
@@ -74,24 +76,25 @@ def test_default_pte_names_no_custom_op_and_a_damaged_or_missing_library_is_one_
     m = export(llama, tmp_path / "stock", "kv-int8", kernel="executorch")
     assert "custom_ops" not in m["artifacts"][0]
     out = tmp_path / "pte"
-    export(llama, out, "kv-int8")
-    lib = out / native.LIB_NAME
-    good = lib.read_bytes()
-    for damage in ("garbage", "missing"):
-        if damage == "garbage":
-            lib.write_bytes(b"\x7fELF" + b"\0" * 64)
-        else:
-            lib.unlink()
-        r = CliRunner().invoke(main, ["run", str(out), "-p", "a b", "-n", "1", "--runtime", "executorch"])
-        assert r.exit_code == 2, (damage, r.output)
-        assert len(r.output.strip().splitlines()) == 1 and native.LIB_NAME in r.output, (damage, r.output)
-    lib.write_bytes(good)
-    monkeypatch.setenv("EDGEKV_NATIVE_DIR", str(tmp_path / "nobuild"))
-    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
-    r = CliRunner().invoke(main, ["export", "-m", str(llama), "--strategy", "kv-int8", "--format", "pte", "--max-ctx", "32",
-                                  "--prefill-chunk", "4", "--out", str(tmp_path / "nocc"), "--pte-int8-kernel",
+    m = export(llama, out, "kv-int8")
+    assert m["artifacts"][0]["custom_ops"]["sources_sha256"] == native.source_digest()
+    assert not any(p.suffix == ".so" for p in out.iterdir())
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "EDGEKV_NATIVE_DIR": str(tmp_path / "builds"),
+           "OMP_NUM_THREADS": "1"}
+    monkeypatch.setenv("EDGEKV_NATIVE_DIR", str(tmp_path / "builds"))
+    lib = native.library_path()
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"\x7fELF" + b"\0" * 64)  # a damaged build where edgekv looks for its own
+    run = [sys.executable, "-m", "edgekv.cli", "run", str(out), "-p", "a b", "-n", "1", "--runtime", "executorch"]
+    p = subprocess.run(run, capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert len(p.stderr.strip().splitlines()) == 1 and native.LIB_NAME in p.stderr, p.stderr[-2000:]
+    lib.unlink()
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))  # missing, and nothing to build it with
+    r = CliRunner().invoke(main, ["export", "-m", str(llama), "--strategy", "kv-int8", "--format", "pte", "--max-ctx",
+                                  "32", "--prefill-chunk", "4", "--out", str(tmp_path / "nocc"), "--pte-int8-kernel",
                                   "edgekv"])
     assert r.exit_code == 2, r.output
     last = r.output.strip().splitlines()[-1]
     assert "C++ compiler" in last and "--pte-int8-kernel executorch" in last, r.output
-    shutil.rmtree(out)

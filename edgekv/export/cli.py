@@ -190,8 +190,7 @@ def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefi
         if a.get("custom_ops"):  # edgekv's own kernels: an app's ExecuTorch build must have them
             c = a["custom_ops"]
             click.echo(f"{a['file']} calls {', '.join(c['ops'])}: an app compiles {', '.join(c.get('sources', []))} "
-                       f"with its ExecuTorch runtime (a stock build cannot load it; {c['library']} is this host's "
-                       "build, for edgekv run/verify)")
+                       "with its ExecuTorch runtime (a stock ExecuTorch build cannot load it)")
     for runner, why in m.get("runners_unsupported", {}).items():
         click.echo(f"not for {runner}: {why}")
     if plan_cmd:

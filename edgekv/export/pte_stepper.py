@@ -210,12 +210,13 @@ class PteStepper(Stepper):
         # ExecuTorch's quantized kernels: an int8 cache's query (quantize_per_token) and a quantized embedding
         # table's gather (embedding_byte / embedding_4bit: edgekv.export.wquant.quantized_embedding)
         import executorch.kernels.quantized  # noqa: F401
-        if a.get("custom_ops"):  # edgekv's own kernels (edgekv/native), their library beside the .pte
-            from .. import native
-            lib = a["custom_ops"].get("library")
-            if not isinstance(lib, str) or "/" in lib or lib in ("", ".", ".."):
-                raise EdgekvError(f"{where}: manifest custom_ops.library {str(lib)[:80]!r} is not a file name")
-            native.load(folder / lib)
+        if a.get("custom_ops"):  # edgekv's own kernels (edgekv/native): this edgekv's build of them, never a file
+            from .. import native  # from the export folder (nothing there is executed: SECURITY.md)
+            unknown = [op for op in a["custom_ops"].get("ops", []) if op != native.OP + ".out"]
+            if unknown:
+                raise EdgekvError(f"{where}: needs operator(s) {', '.join(map(str, unknown))[:200]}, which this edgekv "
+                                  "does not provide")
+            native.load()
         if a.get("attention") == LLM_KERNELS:
             import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (registers the llama:: kernels)
             # in this Python build the llama:: kernels parallelise with torch's OpenMP pool, not XNNPACK's: two pools

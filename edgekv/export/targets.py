@@ -175,7 +175,6 @@ class PteTarget:
 
     @staticmethod
     def _artifact(x, delegation: dict) -> dict:
-        import shutil
         from importlib.metadata import version as pkg_version
 
         from ..models.swaps import custom_ops
@@ -189,18 +188,16 @@ class PteTarget:
         if x.in_place:  # `forward` writes its rows into the past.* inputs and returns them as present.*
             art["state_in_place"] = True
         ops = custom_ops(x.pte_module)
-        if ops:  # edgekv's own kernels (--pte-int8-kernel edgekv): the app links them; this host's build rides along
+        if ops:  # edgekv's own kernels (--pte-int8-kernel edgekv): an app compiles their sources with its runtime;
+            # edgekv run loads its own build of them (nothing from an export folder is executed: SECURITY.md)
             from .. import native
-            shutil.copyfile(native.build(), x.tmp / native.LIB_NAME)
-            art["custom_ops"] = {"ops": ops, "library": native.LIB_NAME,
+            art["custom_ops"] = {"ops": ops,
                                  "sources": [f"edgekv/native/{n}" for n in native.SOURCES + native.HEADERS],
                                  "sources_sha256": native.source_digest()}
         art["runners"] = [ET_RUNNER] if x.et_run else [EDGEKV]
         if x.et_run:  # the cache lives in the program's mutable buffers; the runner loads tokenizer.json
             art["state_location"] = "mutable_buffers"
             art["runner_files"] = [x.tok_entry["file"]]
-        if ops:
-            art["runner_files"] = [*art.get("runner_files", []), native.LIB_NAME]
         return art
 
     @staticmethod
