@@ -218,9 +218,9 @@ class PteTarget:
         from ..models.swaps import kernel_reference
 
         def eager(m):  # where custom_quantized_sdpa rounds the query to int8, the reference rounds it the same way
+            # (edgekv's own int8 kernel rounds nothing: the module itself)
             return EagerStepper(x.partial, kernel_reference(m, "executorch", x.opts.pte_int8_kernel), chunk=art.chunk,
-                                tail=art.tail,
-                                max_chunk=art.max_chunk)
+                                tail=art.tail, max_chunk=art.max_chunk)
         ref = eager(x.qmodule)
         return ref, eager(nudged_quantized(x.module, x.opts.weights)) if x.quantization.get("pte") else None
 
