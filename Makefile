@@ -20,7 +20,7 @@ $(STAMP): requirements.lock pyproject.toml
 
 install: $(STAMP)
 
-demo: $(STAMP) native
+demo: $(STAMP)
 	$(BIN)/edgekv plan --device pixel8 --ctx 32k
 
 # edgekv's own ExecuTorch kernel (edgekv/native: int8 KV codes read in place, `export --pte-int8-kernel edgekv`),
