@@ -7,6 +7,10 @@ benchmarks/weight_recipe.py's tokens; MatMulNBits' int8 activations are not mode
 little more), benchmarks/weight_recipe.py measures the chosen recipe end to end.
 
     python experiments/weight_recipe_ablate.py --model gemma-3-270m --perturb 0.5 --out X.json [--groups role,layer]
+
+Gemma-3-270M peaks at about 7 GB (the model, its fp32 tied table twice, every matrix's 4- and 8-bit values, the
+reference's log-probabilities): run it in a shared memory slot. The JSON is rewritten after every row, so a run that
+is stopped keeps the rows it reached.
 """
 from __future__ import annotations
 
@@ -119,6 +123,10 @@ def main():
         r["cpu_s"] = round(time.process_time() - t, 1)
         result["rows"][label] = r
         print(label, json.dumps(r), flush=True)
+        if a.out:
+            tmp = Path(a.out + ".tmp")
+            tmp.write_text(json.dumps(result, indent=1) + "\n")
+            os.replace(tmp, a.out)
 
     row("int4-mix")
     row("int4-mix, table and head fp32", head_fp=True)
