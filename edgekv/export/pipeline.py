@@ -435,11 +435,14 @@ def fp32_reference(x: Export, release: bool = True) -> list[int]:
         x.n_params = sum(p.numel() for p in x.module.parameters())
     if x.opts.weights == "int4-mix" and x.importance is None and x.tokenizer is not None:
         from . import wrecipe
-        x.importance = wrecipe.eager_importance(
-            x.module, lambda n: short_state(x.module, x.layout.to_json(), n),
-            lambda state: EagerStepper({**state, "artifacts": x.artifacts}, x.module),
-            list(bos_prefix(x.tok_entry)) + wrecipe.calibration_ids(lambda t: x.tokenizer.encode(t).ids,
-                                                                    wrecipe.CALIBRATION_TOKENS))
+        # over placeholders (narrow_load) the calibration runs on the widened values too: without them the layers'
+        # inputs are those of the placeholders, and every channel's importance the same
+        with materialized(x.module, x.stash):
+            x.importance = wrecipe.eager_importance(
+                x.module, lambda n: short_state(x.module, x.layout.to_json(), n),
+                lambda state: EagerStepper({**state, "artifacts": x.artifacts}, x.module),
+                list(bos_prefix(x.tok_entry)) + wrecipe.calibration_ids(lambda t: x.tokenizer.encode(t).ids,
+                                                                        wrecipe.CALIBRATION_TOKENS))
         trim()
     if release:
         release_weights(x.module)

@@ -54,8 +54,9 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     """Transient memory at the worst moment of a prefill chunk or a decode step (fp32 activations):
     chunk activations + attention scores (x the copies the runtime keeps alive, if it materialises them) + logits
     + dequant/reconstruction scratch for one layer + the extra state copies alive during a call; or, where larger, the
-    runtime's load-time transient (ORT packing a tied lm_head from the table's mapped pages). Each is a named Term,
-    and the explanation is theirs. filled: the positions a run has filled when fewer than the state's slots (an
+    runtime's load-time transient (XNNPACK packing a delegate; ORT packing a tied lm_head from the table's mapped
+    pages where the loader keeps them, which edgekv's does not: parts["load_unpaged"] is that transient as an app
+    that loads without edgekv's pager holds it). Each is a named Term, and the explanation is theirs. filled: the positions a run has filled when fewer than the state's slots (an
     export run at a shorter context than its max_ctx); a runtime whose scores buffer is written only over the filled
     columns (scores_filled: ONNX Runtime's GroupQueryAttention) then holds that much of it. None: every slot."""
     rt = _traits(arch, layout, strategy, runtime)
@@ -110,18 +111,22 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
             terms.append(Term("state copies", extra_state, f"{n_state - 1} more state copies during a call"))
         step = sum(t.bytes for t in terms)
         f = " + ".join(map(str, terms)) + f" = {step:,.0f}"
-    load, packing, f = _load_transients(arch, layout, precision, rt, n_state, extra_state, step, f)
+    load, packing, unpaged, f = _load_transients(arch, layout, precision, rt, n_state, extra_state, step, f)
     total = max(step, load, packing)
     return Item(total, f + f" [{runtime}: {rt['why']}" + (f"; measured: {MEASURED[runtime]}" if runtime in MEASURED
                                                            else "") + "]",
-                {"step": step, "load": load, "packing": packing})
+                {"step": step, "load": load, "packing": packing, "load_unpaged": unpaged})
 
 
 def _load_transients(arch: Arch, layout: StateLayout, precision: str, rt: dict, n_state: int, extra_state: float,
-                     step: float, f: str) -> tuple[float, float, str]:
-    """What loading holds for a moment, where larger than a call: (tied head, XNNPACK packing, the explanation)."""
-    # loading packs a tied head from the table's mapped pages (given back after), before the state is resident
-    load = _tied_bytes(arch, precision) - layout.nbytes if rt.get("load_transient_tied") else 0
+                     step: float, f: str) -> tuple[float, float, float, str]:
+    """What loading holds for a moment, where larger than a call: (tied head, XNNPACK packing, the tied head as an
+    app that loads without edgekv's pager holds it (net of the state, as the first), the explanation)."""
+    # a plain load packs a tied head from the table's mapped pages, before the state is resident, and keeps the pages
+    # until it ends; edgekv's loader pages the file out as the packing reads it (edgekv/costs/workspace.json
+    # fields.paged_load: measured), so its load holds no table beside the packed head
+    unpaged = _tied_bytes(arch, precision) - layout.nbytes if rt.get("load_transient_tied") else 0
+    load = 0 if rt.get("paged_load") else unpaged
     # XNNPACK packs while the methods load: their planned buffers exist, the caller's state does not yet (a loaded
     # ExecuTorch method allocates the buffers of its in-place outputs, where the state then lives, on its first
     # call); the embedding's pages were given back before loading
@@ -131,11 +136,15 @@ def _load_transients(arch: Arch, layout: StateLayout, precision: str, rt: dict, 
     if load:
         f = (f"max(step: {f}, load: the tied table's pages read while packing the head, before the state is "
              f"resident {load:,.0f}) = {total:,.0f}")
+    elif unpaged > step:
+        f += (f" (load: edgekv's loader pages the weight file out while the runtime packs the tied head, so no table "
+              f"beside it; an app loading without such a pager holds the table's pages for a moment, before the state "
+              f"is resident: {unpaged:,.0f} instead)")
     if packing:
         f = (f"max(step: {f}, load: the largest delegated weight matrix unpacked while XNNPACK packs it {pack:,.0f}"
              + (f" + {n_state - 1} planned state copies" if extra_state else "")
              + f" - the state, not yet resident = {packing:,.0f}) = {total:,.0f}")
-    return load, packing, f
+    return load, packing, unpaged, f
 
 
 def _attention(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, rt: dict, chunk: int,
