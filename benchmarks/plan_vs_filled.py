@@ -30,7 +30,7 @@ tests/test_attention_rates.py checks that they agree); `edgekv plan --device hos
 ONNX graphs, a .pte's eager attention, GGUF-carried weights, GenAI, ExecuTorch's own Llama export) are listed with
 the reason they are not modelled.
 
-    python benchmarks/plan_vs_filled.py [--ggufs] [--out benchmarks/results/plan_vs_filled.json]
+    python benchmarks/plan_vs_filled.py [--ggufs] [--gguf-dir DIR] [--out benchmarks/results/plan_vs_filled.json]
 """
 from __future__ import annotations
 
@@ -106,18 +106,53 @@ PROFILED = {("smollm2-135m", "edgekv-ort:kv:dtype=fp32/int4", 8192): "profile_or
             ("gemma-3-270m", "edgekv-ort:kv-int8c/int4", 16384): "profile_ort_gemma3_kv_int8c_16384_window_gqa.json"}
 
 
-def measured_rows(extra=()) -> list[dict]:
-    """Every row of results/filled_context_*.json, and of the extra files named (--also)."""
+# the models outside the catalog whose filled-context runs name them by a scratch path (settings.model): the file's
+# name -> the name plan_vs_filled.json gives it and what rebuilds it byte for byte (make_random_model.py seeds each
+# tensor from --seed and its name; the one seed checked against the file's own tensors), so a reader can reproduce
+# the row; the file is looked for under --gguf-dir, else at the recorded path, and where it is in neither the rows
+# are listed, not planned
+REBUILT = {
+    "llama-3.2-1b-q4_0.gguf": {
+        "name": "llama-3.2-1b random (seed 0), Q4_0",
+        "rebuild": "python scripts/make_random_model.py llama-3.2-1b --out DIR --seed 0 (writes DIR/llama-3.2-1b-f16"
+                   ".gguf); then llama-cpp-python 0.3.36: llama_cpp.llama_model_quantize(b'DIR/llama-3.2-1b-f16.gguf',"
+                   " b'llama-3.2-1b-q4_0.gguf', params) with llama_model_quantize_default_params(), ftype "
+                   "LLAMA_FTYPE_MOSTLY_Q4_0, nthread 1 (llama.cpp's Q4_0 recipe: the tied token table Q6_K)",
+        "sha256": "8bd565322729a60f35d6457fbbab23ed0e58ec5647a49687e1ac863b06e99038",
+    },
+}
+
+
+def local_model(recorded: str | None, gguf_dir: Path | None = None) -> str | None:
+    """The file a run recorded as settings.model / model_path, where this machine has it: under gguf_dir by its
+    name if REBUILT names it and it is there, else the recorded path (which may be missing: the caller lists such
+    rows, not planned). A catalog name comes back as it is."""
+    if recorded and gguf_dir and Path(recorded).name in REBUILT and (Path(gguf_dir) / Path(recorded).name).is_file():
+        return str(Path(gguf_dir) / Path(recorded).name)
+    return recorded
+
+
+def model_label(recorded: str) -> tuple[str, dict]:
+    """settings.model -> (the name plan_vs_filled.json gives the rows, {"rebuild", "sha256"} or {}): a REBUILT
+    file by its name and recipe, never its scratch path; anything else as recorded."""
+    r = REBUILT.get(Path(recorded).name)
+    return (r["name"], {"rebuild": r["rebuild"], "sha256": r["sha256"]}) if r else (recorded, {})
+
+
+def measured_rows(extra=(), gguf_dir: Path | None = None) -> list[dict]:
+    """Every row of results/filled_context_*.json, and of the extra files named (--also); a REBUILT model's rows
+    read its file from gguf_dir where it is there (local_model)."""
     out = []
     for f in sorted((HERE / "results").glob("filled_context_*.json")) + [Path(x) for x in extra]:
         d = json.loads(f.read_text())
-        model = d["settings"]["model"]
+        model = local_model(d["settings"]["model"], gguf_dir)
+        path = local_model(d["settings"].get("model_path"), gguf_dir)
         for r in d["rows"]:
             if r.get("decode_tok_s"):
                 out.append({"model": model, "file": f.name, "vm": d["machine"].get("platform", ""),
                              "started_utc": d["started_utc"],
-                             "gguf": Path(d["settings"].get("model_path") or "").name,
-                             "gguf_path": d["settings"].get("model_path"),
+                             "gguf": Path(path or "").name,
+                             "gguf_path": path,
                             "bandwidth_gb_s": round(max(float(b["best_bytes_s"]) for b in d.get("bandwidth", {})
                                                         .values()) / 1e9, 1) if d.get("bandwidth") else None, **r})
     return out
@@ -168,6 +203,10 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
            # the .pte's eager graph (the window strategy): no prefill rate measured or fitted (speed.prefill_at_rates)
            "prefill_kind": None if cost == "executorch" and not fused else M.prefill_kind(strategy, layout, cost),
            "prefill_parts": M.prefill_parts(arch, strategy, prompt, min(DEFAULT_CHUNK, prompt)), "fused": fused}
+    if kind_then in PTE_INT8_OLD_KIND.values():
+        # its prompt ran that older graph too (custom_sdpa over fp32 rows read back, or the eager graph), not
+        # custom_quantized_sdpa's scalar int8 path the planner's kind now charges: no prefill rate for it
+        out["prefill_kind"] = None
     by = ((rates or {}).get("weights") or {}).get("int4", {}).get("by_matrix")
     if by:  # the weights kernel timed per matrix (attention_rates.py --matmul): the matrices' seconds, as plan sums them
         from edgekv.plan import runtime_cost
@@ -334,11 +373,14 @@ def main(argv=None) -> int:
     ap.add_argument("--also", nargs="+", default=(), metavar="JSON",
                     help="further filled_context JSONs to predict (a run not yet in results/, e.g. another branch's "
                          "1B rows); their rows are held out")
+    ap.add_argument("--gguf-dir", type=Path,
+                    help="the folder holding the rebuilt GGUFs of models outside the catalog (REBUILT: the random 1B's "
+                         "llama-3.2-1b-q4_0.gguf), looked for by name before the path the run recorded")
     a = ap.parse_args(argv)
     from edgekv.errors import EdgekvError
 
     rows = []
-    for r in measured_rows(a.also):
+    for r in measured_rows(a.also, a.gguf_dir):
         r["set"] = "fit" if r["model"] == FIT_MODEL else "held-out"
         r["tok_s"] = r.get("decode_tok_per_cpu_s") or r["decode_tok_s"]
         prompt = r.get("prompt_tokens") or r["ctx"]
@@ -363,7 +405,8 @@ def main(argv=None) -> int:
             try:
                 model_arch(r["model"])
             except (EdgekvError, OSError) as e:  # a model outside the catalog whose weights are not on this machine
-                how = f"its model is not readable here ({e})"
+                how = (f"its GGUF is not on this machine: rebuild it (rebuild) and pass --gguf-dir"
+                       if Path(r["model"]).name in REBUILT else f"its model is not readable here ({e})")
         if isinstance(how, str):
             r["why_not"] = how
         else:
@@ -466,7 +509,8 @@ def main(argv=None) -> int:
     print(f"{'set':9} {'model':13} {'row':31} {'ctx':>6} {'file':30} {'dec meas':>8} {'model':>7} {'plan':>7} "
           f"{'error':>6}  {'pre s':>6} {'model':>6} {'error':>6}")
     for r in sorted(rows, key=lambda r: (r["set"] != "fit", r["model"], r["ctx"], r["name"], r["file"])):
-        o = {"set": r["set"], "model": r["model"], "row": r["name"], "ctx": r["ctx"], "file": r["file"],
+        label, rebuild = model_label(r["model"])
+        o = {"set": r["set"], "model": label, **rebuild, "row": r["name"], "ctx": r["ctx"], "file": r["file"],
              "vm": r["vm"], "bandwidth_gb_s": r["bandwidth_gb_s"], "measured_tok_per_cpu_s": r["tok_s"],
              "measured_tok_s_wall": r["decode_tok_s"], "measured_prefill_s": r["prefill_s"],
              "modelled": "why_not" not in r}
