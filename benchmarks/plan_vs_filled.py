@@ -99,6 +99,13 @@ PTE_INT8_OLD_KIND = {"edgekv-pte:kv-int8/": "readback int8", "edgekv-pte:kv-int8
 # one attention per query head, modelled at that graph's kernel rate ("per-head fp32", attention_rates.json keeps both)
 PTE_PER_HEAD = ("edgekv-pte:kv:dtype=fp32/", "2026-12-05T22:53", "per-head fp32")
 PTE_ROWS_FILES = {"filled_context_gemma3_16384_pte_fast.json", "filled_context_gemma3_16384_pte_fast_r2.json"}
+# the .pte's step outside attention split into its weight kernels and the other ops (norms, elementwise, the
+# delegate and operator dispatch, the cache writes, the binding): benchmarks/profile_pte.py on SmolLM2-135M's .pte of
+# the graph the plan charges; the fitted weights term is split by these shares into a weights rate and a per-layer
+# cost (SmolLM2's rows alone cannot separate the two: every one reads the same bytes through the same 30 layers)
+PTE_PROFILE = "profile_pte_smollm2_rows_graph_2k.json"
+PTE_STEP_OTHER = ("xnnpack other", "xnnpack dispatch", "cache write", "portable other", "operator dispatch",
+                  "method rest", "outside execute")
 # another measurement of the same export at the same fill, where one exists: benchmarks/profile_ort.py's step time
 # (1 thread), printed beside a row the filled-context run may have measured on a busier or slower VM
 PROFILED = {("smollm2-135m", "edgekv-ort:kv:dtype=fp32/int4", 8192): "profile_ort_kv_fp32_8192.json",
@@ -202,7 +209,8 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
            "plan_prefill_s": row.prefill.value, "kind": kind, "cache": M.cache_kind(strategy, layout, cost),
            # the .pte's eager graph (the window strategy): no prefill rate measured or fitted (speed.prefill_at_rates)
            "prefill_kind": None if cost == "executorch" and not fused else M.prefill_kind(strategy, layout, cost),
-           "prefill_parts": M.prefill_parts(arch, strategy, prompt, min(DEFAULT_CHUNK, prompt)), "fused": fused}
+           "prefill_parts": M.prefill_parts(arch, strategy, prompt, min(DEFAULT_CHUNK, prompt)), "fused": fused,
+           "n_layers": arch.n_layers}
     if kind_then in PTE_INT8_OLD_KIND.values():
         # its prompt ran that older graph too (custom_sdpa over fp32 rows read back, or the eager graph), not
         # custom_quantized_sdpa's scalar int8 path the planner's kind now charges: no prefill rate for it
@@ -432,6 +440,12 @@ def main(argv=None) -> int:
     w_rates = {}
     for cost in ("onnxruntime", "executorch", "llama.cpp"):
         sub = [r for r in fit if r["cost"] == cost and "eager" not in r]
+        if cost == "executorch":
+            # the rows of the graph the plan charges (not the per-head fp32 graph's: its kernel rows charged those
+            # steps' attention high, leaving their weights a residual of 2-3 ms against the 6.8 ms its profile
+            # gave the weight kernels), and only where the weights are a measurable part of the step (a row whose
+            # attention is most of its step says nothing about the rest)
+            sub = [r for r in sub if r["kind"] != PTE_PER_HEAD[2] and r["model_attention_s"] * r["tok_s"] < 0.5]
         if sub:  # least squares in relative error of t = weights / rate + the attention at the kernel rate
             num = sum(r["weights_bytes"] * r["tok_s"] * (1 - r["model_attention_s"] * r["tok_s"]) for r in sub)
             den = sum((r["weights_bytes"] * r["tok_s"]) ** 2 for r in sub)
@@ -439,7 +453,14 @@ def main(argv=None) -> int:
             per = [r["weights_bytes"] / (1 / r["tok_s"] - r["model_attention_s"]) for r in sub
                    if 1 / r["tok_s"] > r["model_attention_s"]]
             w_rates[cost] = {"rate": den / num, "per_row": per}
-            if all("weights_kernel_s" in r for r in sub):  # the matrices at their kernel rows + per layer c: fit c
+            prof = HERE / "results" / PTE_PROFILE
+            if cost == "executorch" and prof.exists():  # split by the profile's shares: weights rate + per layer
+                d = json.loads(prof.read_text())["runs"][0]["decode_ms"]
+                frac = d["xnnpack gemm"] / (d["xnnpack gemm"] + sum(d[k] for k in PTE_STEP_OTHER))
+                step = sub[0]["weights_bytes"] * num / den  # the fitted seconds outside attention
+                w_rates[cost].update(rate=den / num / frac, gemm_share=frac,
+                                     layer_overhead_s=(1 - frac) * step / sub[0]["n_layers"])
+            elif all("weights_kernel_s" in r for r in sub):  # the matrices at their kernel rows + per layer c: fit c
                 y = [(1 / r["tok_s"] - r["model_attention_s"] - r["weights_kernel_s"]) * r["tok_s"] for r in sub]
                 x = [r["n_layers"] * r["tok_s"] for r in sub]
                 w_rates[cost]["layer_overhead_s"] = sum(a * b for a, b in zip(x, y)) / sum(a * a for a in x)
@@ -450,6 +471,8 @@ def main(argv=None) -> int:
         w = w_rates[r["cost"]]
         if "layer_overhead_s" in w and "weights_kernel_s" in r:
             return r["weights_kernel_s"] + r["n_layers"] * w["layer_overhead_s"]
+        if "layer_overhead_s" in w:  # the .pte: its weight kernels' rate + the other ops per layer
+            return r["weights_bytes"] / w["rate"] + r["n_layers"] * w["layer_overhead_s"]
         return r["weights_bytes"] / w["rate"]
     # the graphs no kernel benchmark times (ONNX Runtime's and the .pte's eager graphs: a quantized cache dequantized
     # whole, a window with sinks; the .pte's custom_sdpa on an int4 cache read back by dequantize_planar): the
@@ -478,7 +501,9 @@ def main(argv=None) -> int:
     for cost, w in w_rates.items():
         extra = f" (rows alone: {', '.join(f'{x / 1e9:.2f}' for x in sorted(w['per_row']))})" if w["per_row"] else ""
         print(f"{cost}: weights rate fitted on SmolLM2-135M rows: {w['rate'] / 1e9:.2f} GB/s{extra}"
-              + (f"; with the matrices at the kernel's per-size rows, the other ops per layer: "
+              + (f"; split by {PTE_PROFILE}'s shares ({w['gemm_share']:.0%} weight kernels): the other ops per layer "
+                 f"{w['layer_overhead_s'] * 1e6:.1f} us" if "gemm_share" in w else
+                 f"; with the matrices at the kernel's per-size rows, the other ops per layer: "
                  f"{w['layer_overhead_s'] * 1e6:.1f} us" if "layer_overhead_s" in w else ""))
     # prefill: per runtime, on the fit rows with a measured prefill (the explicit graphs included: their prefill
     # kind is their cache's, and the attention FLOP are the same)
@@ -579,6 +604,7 @@ def main(argv=None) -> int:
            "weights_rates_bytes_per_s": {k: v["rate"] for k, v in w_rates.items()},
            "weights_rates_per_fit_row": {k: v["per_row"] for k, v in w_rates.items() if v["per_row"]},
            "layer_overhead_s": {k: v["layer_overhead_s"] for k, v in w_rates.items() if "layer_overhead_s" in v},
+           "pte_gemm_share": {"profile": PTE_PROFILE, "share": w_rates.get("executorch", {}).get("gemm_share")},
            "fitted_per_key_s": fitted, "prefill": pre_fits,
            "llamacpp_gguf_types": {g["type_mix"]: {"file": n, "matmul_flop_per_s": g["matmul_flop_per_s"],
                                                    "read_bytes_per_s": g["read_bytes_per_s"]}
