@@ -413,7 +413,7 @@ def main(argv=None) -> int:
             try:
                 model_arch(r["model"])
             except (EdgekvError, OSError) as e:  # a model outside the catalog whose weights are not on this machine
-                how = (f"its GGUF is not on this machine: rebuild it (rebuild) and pass --gguf-dir"
+                how = ("its GGUF is not on this machine: rebuild it (rebuild) and pass --gguf-dir"
                        if Path(r["model"]).name in REBUILT else f"its model is not readable here ({e})")
         if isinstance(how, str):
             r["why_not"] = how
