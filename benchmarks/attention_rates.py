@@ -38,7 +38,11 @@ RollingCache, lowered as the export lowers a model, at kept keys WIN_SLOTS and b
 
 --prefill (onnxruntime): one GroupQueryAttention call of 128 queries (edgekv's ONNX prefills in calls of 128 tokens)
 at positions ctx - 128 .. ctx - 1, per kind and shape: the prefill's attention FLOP rate per kind and head size
-(prefill_fits, attention_rates_prefill.json).
+(prefill_fits, attention_rates_prefill.json). --prefill --runtime executorch: one call of 32 queries (the .pte's
+prefill chunk) per kind, the float caches through custom_sdpa (attention_rates_executorch_prefill.json) and the int8
+codes through custom_quantized_sdpa (attention_rates_executorch_prefill_int8.json: on x86 its int8 x int8 products
+run a scalar loop, about a tenth of custom_sdpa's fp32 rate, so its prompt cannot be fitted on 2k rows whose matmuls
+dominate).
 """
 from __future__ import annotations
 
@@ -384,8 +388,9 @@ INT8_KERNEL = "executorch"  # --int8-kernel: what reads int8 codes in et_program
 def et_program(h: int, hkv: int, d: int, kind: str, ctx: int, chunk: int = 1) -> bytes:
     """The .pte of one decode call's attention on a cache of ctx slots: forward(q, pos, k, v[, k scale, v scale])
     writes the call's row at slot pos in place and returns custom_sdpa over slots 0..pos (SdpaAttention's read).
-    chunk > 1 (fp32 / fp16): one prefill call of `chunk` queries at slots pos .. pos + chunk - 1, their rows written,
-    custom_sdpa causal from pos (edgekv's .pte prefills in calls of ExportOptions.prefill_chunk tokens)."""
+    chunk > 1: one prefill call of `chunk` queries at slots pos .. pos + chunk - 1, their rows written, custom_sdpa
+    (int8 / int8c: custom_quantized_sdpa) causal from pos (edgekv's .pte prefills in calls of
+    ExportOptions.prefill_chunk tokens)."""
     import torch
     from torch import nn
 
@@ -428,7 +433,7 @@ def et_program(h: int, hkv: int, d: int, kind: str, ctx: int, chunk: int = 1) ->
                     return torch.ops.edgekv.int8_sdpa(q.contiguous(), k, v, ks, vs, start, d ** -0.5, kind == "int8c")
                 zero = torch.zeros(hkv, ctx, 1, 1, dtype=torch.int8)
                 if kind == "int8":  # kv-int8: fp16 scale per token and head, cast to fp32 for the op
-                    ks, vs = (put(s, torch.ones(1, hkv, 1, dtype=torch.float16)) for s in scales)
+                    ks, vs = (put(s, torch.ones(1, hkv, chunk, dtype=torch.float16)) for s in scales)
                     k_scale, v_scale = (s.float().view(hkv, ctx, 1, 1) for s in (ks, vs))
                     qf = q
                 else:  # kv-int8c: static per-channel scales folded into q and the output, unit scales for the op
@@ -817,7 +822,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runtime", choices=("onnxruntime", "executorch", "llamacpp"), default="onnxruntime")
     ap.add_argument("--ctx", help="filled contexts (default 1024,...,32768; llamacpp: per kind, LC_CTX)")
     ap.add_argument("--runs", type=int, default=7)
-    ap.add_argument("--kinds", help="cache kinds (onnxruntime: fp32,fp16,int8c; executorch: fp32,fp16,int8; "
+    ap.add_argument("--kinds", help="cache kinds (onnxruntime: fp32,fp16,int8c; executorch: fp32,fp16,int8,int8c; "
                                     "llamacpp: f16,q8_0,q4_0)")
     ap.add_argument("--lc-layers", type=int, default=1, help="llamacpp: the random model's layers")
     ap.add_argument("--gguf-prefill", nargs="+", type=Path, metavar="GGUF",
@@ -895,8 +900,6 @@ def main(argv=None) -> int:
         native.load()
         INT8_KERNEL = "edgekv"
     kinds = (a.kinds or ",".join(ET_KINDS if et else LC_KINDS if lc else KINDS)).split(",")
-    if et and a.prefill and not a.kinds:
-        kinds = ["fp32", "fp16"]  # the float caches custom_sdpa reads; the quantized ones are fitted on model rows
     out_path = a.out or Path(__file__).parent / "results" / ("attention_rates_executorch_prefill.json" if et and a.prefill
                                                              else "attention_rates_executorch.json" if et else
                                                              "attention_rates_llamacpp.json" if lc else

@@ -30,7 +30,7 @@ tests/test_attention_rates.py checks that they agree); `edgekv plan --device hos
 ONNX graphs, a .pte's eager attention, GGUF-carried weights, GenAI, ExecuTorch's own Llama export) are listed with
 the reason they are not modelled.
 
-    python benchmarks/plan_vs_filled.py [--ggufs] [--out benchmarks/results/plan_vs_filled.json]
+    python benchmarks/plan_vs_filled.py [--ggufs] [--gguf-dir DIR] [--out benchmarks/results/plan_vs_filled.json]
 """
 from __future__ import annotations
 
@@ -99,6 +99,13 @@ PTE_INT8_OLD_KIND = {"edgekv-pte:kv-int8/": "readback int8", "edgekv-pte:kv-int8
 # one attention per query head, modelled at that graph's kernel rate ("per-head fp32", attention_rates.json keeps both)
 PTE_PER_HEAD = ("edgekv-pte:kv:dtype=fp32/", "2026-12-05T22:53", "per-head fp32")
 PTE_ROWS_FILES = {"filled_context_gemma3_16384_pte_fast.json", "filled_context_gemma3_16384_pte_fast_r2.json"}
+# the .pte's step outside attention split into its weight kernels and the other ops (norms, elementwise, the
+# delegate and operator dispatch, the cache writes, the binding): benchmarks/profile_pte.py on SmolLM2-135M's .pte of
+# the graph the plan charges; the fitted weights term is split by these shares into a weights rate and a per-layer
+# cost (SmolLM2's rows alone cannot separate the two: every one reads the same bytes through the same 30 layers)
+PTE_PROFILE = "profile_pte_smollm2_rows_graph_2k.json"
+PTE_STEP_OTHER = ("xnnpack other", "xnnpack dispatch", "cache write", "portable other", "operator dispatch",
+                  "method rest", "outside execute")
 # another measurement of the same export at the same fill, where one exists: benchmarks/profile_ort.py's step time
 # (1 thread), printed beside a row the filled-context run may have measured on a busier or slower VM
 PROFILED = {("smollm2-135m", "edgekv-ort:kv:dtype=fp32/int4", 8192): "profile_ort_kv_fp32_8192.json",
@@ -106,18 +113,53 @@ PROFILED = {("smollm2-135m", "edgekv-ort:kv:dtype=fp32/int4", 8192): "profile_or
             ("gemma-3-270m", "edgekv-ort:kv-int8c/int4", 16384): "profile_ort_gemma3_kv_int8c_16384_window_gqa.json"}
 
 
-def measured_rows(extra=()) -> list[dict]:
-    """Every row of results/filled_context_*.json, and of the extra files named (--also)."""
+# the models outside the catalog whose filled-context runs name them by a scratch path (settings.model): the file's
+# name -> the name plan_vs_filled.json gives it and what rebuilds it byte for byte (make_random_model.py seeds each
+# tensor from --seed and its name; the one seed checked against the file's own tensors), so a reader can reproduce
+# the row; the file is looked for under --gguf-dir, else at the recorded path, and where it is in neither the rows
+# are listed, not planned
+REBUILT = {
+    "llama-3.2-1b-q4_0.gguf": {
+        "name": "llama-3.2-1b random (seed 0), Q4_0",
+        "rebuild": "python scripts/make_random_model.py llama-3.2-1b --out DIR --seed 0 (writes DIR/llama-3.2-1b-f16"
+                   ".gguf); then llama-cpp-python 0.3.36: llama_cpp.llama_model_quantize(b'DIR/llama-3.2-1b-f16.gguf',"
+                   " b'llama-3.2-1b-q4_0.gguf', params) with llama_model_quantize_default_params(), ftype "
+                   "LLAMA_FTYPE_MOSTLY_Q4_0, nthread 1 (llama.cpp's Q4_0 recipe: the tied token table Q6_K)",
+        "sha256": "8bd565322729a60f35d6457fbbab23ed0e58ec5647a49687e1ac863b06e99038",
+    },
+}
+
+
+def local_model(recorded: str | None, gguf_dir: Path | None = None) -> str | None:
+    """The file a run recorded as settings.model / model_path, where this machine has it: under gguf_dir by its
+    name if REBUILT names it and it is there, else the recorded path (which may be missing: the caller lists such
+    rows, not planned). A catalog name comes back as it is."""
+    if recorded and gguf_dir and Path(recorded).name in REBUILT and (Path(gguf_dir) / Path(recorded).name).is_file():
+        return str(Path(gguf_dir) / Path(recorded).name)
+    return recorded
+
+
+def model_label(recorded: str) -> tuple[str, dict]:
+    """settings.model -> (the name plan_vs_filled.json gives the rows, {"rebuild", "sha256"} or {}): a REBUILT
+    file by its name and recipe, never its scratch path; anything else as recorded."""
+    r = REBUILT.get(Path(recorded).name)
+    return (r["name"], {"rebuild": r["rebuild"], "sha256": r["sha256"]}) if r else (recorded, {})
+
+
+def measured_rows(extra=(), gguf_dir: Path | None = None) -> list[dict]:
+    """Every row of results/filled_context_*.json, and of the extra files named (--also); a REBUILT model's rows
+    read its file from gguf_dir where it is there (local_model)."""
     out = []
     for f in sorted((HERE / "results").glob("filled_context_*.json")) + [Path(x) for x in extra]:
         d = json.loads(f.read_text())
-        model = d["settings"]["model"]
+        model = local_model(d["settings"]["model"], gguf_dir)
+        path = local_model(d["settings"].get("model_path"), gguf_dir)
         for r in d["rows"]:
             if r.get("decode_tok_s"):
                 out.append({"model": model, "file": f.name, "vm": d["machine"].get("platform", ""),
                              "started_utc": d["started_utc"],
-                             "gguf": Path(d["settings"].get("model_path") or "").name,
-                             "gguf_path": d["settings"].get("model_path"),
+                             "gguf": Path(path or "").name,
+                             "gguf_path": path,
                             "bandwidth_gb_s": round(max(float(b["best_bytes_s"]) for b in d.get("bandwidth", {})
                                                         .values()) / 1e9, 1) if d.get("bandwidth") else None, **r})
     return out
@@ -167,7 +209,12 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
            "plan_prefill_s": row.prefill.value, "kind": kind, "cache": M.cache_kind(strategy, layout, cost),
            # the .pte's eager graph (the window strategy): no prefill rate measured or fitted (speed.prefill_at_rates)
            "prefill_kind": None if cost == "executorch" and not fused else M.prefill_kind(strategy, layout, cost),
-           "prefill_parts": M.prefill_parts(arch, strategy, prompt, min(DEFAULT_CHUNK, prompt)), "fused": fused}
+           "prefill_parts": M.prefill_parts(arch, strategy, prompt, min(DEFAULT_CHUNK, prompt)), "fused": fused,
+           "n_layers": arch.n_layers}
+    if kind_then in PTE_INT8_OLD_KIND.values():
+        # its prompt ran that older graph too (custom_sdpa over fp32 rows read back, or the eager graph), not
+        # custom_quantized_sdpa's scalar int8 path the planner's kind now charges: no prefill rate for it
+        out["prefill_kind"] = None
     by = ((rates or {}).get("weights") or {}).get("int4", {}).get("by_matrix")
     if by:  # the weights kernel timed per matrix (attention_rates.py --matmul): the matrices' seconds, as plan sums them
         from edgekv.plan import runtime_cost
@@ -334,11 +381,14 @@ def main(argv=None) -> int:
     ap.add_argument("--also", nargs="+", default=(), metavar="JSON",
                     help="further filled_context JSONs to predict (a run not yet in results/, e.g. another branch's "
                          "1B rows); their rows are held out")
+    ap.add_argument("--gguf-dir", type=Path,
+                    help="the folder holding the rebuilt GGUFs of models outside the catalog (REBUILT: the random 1B's "
+                         "llama-3.2-1b-q4_0.gguf), looked for by name before the path the run recorded")
     a = ap.parse_args(argv)
     from edgekv.errors import EdgekvError
 
     rows = []
-    for r in measured_rows(a.also):
+    for r in measured_rows(a.also, a.gguf_dir):
         r["set"] = "fit" if r["model"] == FIT_MODEL else "held-out"
         r["tok_s"] = r.get("decode_tok_per_cpu_s") or r["decode_tok_s"]
         prompt = r.get("prompt_tokens") or r["ctx"]
@@ -363,7 +413,8 @@ def main(argv=None) -> int:
             try:
                 model_arch(r["model"])
             except (EdgekvError, OSError) as e:  # a model outside the catalog whose weights are not on this machine
-                how = f"its model is not readable here ({e})"
+                how = ("its GGUF is not on this machine: rebuild it (rebuild) and pass --gguf-dir"
+                       if Path(r["model"]).name in REBUILT else f"its model is not readable here ({e})")
         if isinstance(how, str):
             r["why_not"] = how
         else:
@@ -389,6 +440,12 @@ def main(argv=None) -> int:
     w_rates = {}
     for cost in ("onnxruntime", "executorch", "llama.cpp"):
         sub = [r for r in fit if r["cost"] == cost and "eager" not in r]
+        if cost == "executorch":
+            # the rows of the graph the plan charges (not the per-head fp32 graph's: its kernel rows charged those
+            # steps' attention high, leaving their weights a residual of 2-3 ms against the 6.8 ms its profile
+            # gave the weight kernels), and only where the rest is a quarter of the step or more (the fp16, int8
+            # and int8c caches' rows spend 90-100 % of it in attention: what is left says nothing about the rest)
+            sub = [r for r in sub if r["kind"] != PTE_PER_HEAD[2] and r["model_attention_s"] * r["tok_s"] < 0.75]
         if sub:  # least squares in relative error of t = weights / rate + the attention at the kernel rate
             num = sum(r["weights_bytes"] * r["tok_s"] * (1 - r["model_attention_s"] * r["tok_s"]) for r in sub)
             den = sum((r["weights_bytes"] * r["tok_s"]) ** 2 for r in sub)
@@ -396,7 +453,14 @@ def main(argv=None) -> int:
             per = [r["weights_bytes"] / (1 / r["tok_s"] - r["model_attention_s"]) for r in sub
                    if 1 / r["tok_s"] > r["model_attention_s"]]
             w_rates[cost] = {"rate": den / num, "per_row": per}
-            if all("weights_kernel_s" in r for r in sub):  # the matrices at their kernel rows + per layer c: fit c
+            prof = HERE / "results" / PTE_PROFILE
+            if cost == "executorch" and prof.exists():  # split by the profile's shares: weights rate + per layer
+                d = json.loads(prof.read_text())["runs"][0]["decode_ms"]
+                frac = d["xnnpack gemm"] / (d["xnnpack gemm"] + sum(d[k] for k in PTE_STEP_OTHER))
+                step = sub[0]["weights_bytes"] * num / den  # the fitted seconds outside attention
+                w_rates[cost].update(rate=den / num / frac, gemm_share=frac,
+                                     layer_overhead_s=(1 - frac) * step / sub[0]["n_layers"])
+            elif all("weights_kernel_s" in r for r in sub):  # the matrices at their kernel rows + per layer c: fit c
                 y = [(1 / r["tok_s"] - r["model_attention_s"] - r["weights_kernel_s"]) * r["tok_s"] for r in sub]
                 x = [r["n_layers"] * r["tok_s"] for r in sub]
                 w_rates[cost]["layer_overhead_s"] = sum(a * b for a, b in zip(x, y)) / sum(a * a for a in x)
@@ -407,6 +471,8 @@ def main(argv=None) -> int:
         w = w_rates[r["cost"]]
         if "layer_overhead_s" in w and "weights_kernel_s" in r:
             return r["weights_kernel_s"] + r["n_layers"] * w["layer_overhead_s"]
+        if "layer_overhead_s" in w:  # the .pte: its weight kernels' rate + the other ops per layer
+            return r["weights_bytes"] / w["rate"] + r["n_layers"] * w["layer_overhead_s"]
         return r["weights_bytes"] / w["rate"]
     # the graphs no kernel benchmark times (ONNX Runtime's and the .pte's eager graphs: a quantized cache dequantized
     # whole, a window with sinks; the .pte's custom_sdpa on an int4 cache read back by dequantize_planar): the
@@ -435,7 +501,9 @@ def main(argv=None) -> int:
     for cost, w in w_rates.items():
         extra = f" (rows alone: {', '.join(f'{x / 1e9:.2f}' for x in sorted(w['per_row']))})" if w["per_row"] else ""
         print(f"{cost}: weights rate fitted on SmolLM2-135M rows: {w['rate'] / 1e9:.2f} GB/s{extra}"
-              + (f"; with the matrices at the kernel's per-size rows, the other ops per layer: "
+              + (f"; split by {PTE_PROFILE}'s shares ({w['gemm_share']:.0%} weight kernels): the other ops per layer "
+                 f"{w['layer_overhead_s'] * 1e6:.1f} us" if "gemm_share" in w else
+                 f"; with the matrices at the kernel's per-size rows, the other ops per layer: "
                  f"{w['layer_overhead_s'] * 1e6:.1f} us" if "layer_overhead_s" in w else ""))
     # prefill: per runtime, on the fit rows with a measured prefill (the explicit graphs included: their prefill
     # kind is their cache's, and the attention FLOP are the same)
@@ -466,7 +534,8 @@ def main(argv=None) -> int:
     print(f"{'set':9} {'model':13} {'row':31} {'ctx':>6} {'file':30} {'dec meas':>8} {'model':>7} {'plan':>7} "
           f"{'error':>6}  {'pre s':>6} {'model':>6} {'error':>6}")
     for r in sorted(rows, key=lambda r: (r["set"] != "fit", r["model"], r["ctx"], r["name"], r["file"])):
-        o = {"set": r["set"], "model": r["model"], "row": r["name"], "ctx": r["ctx"], "file": r["file"],
+        label, rebuild = model_label(r["model"])
+        o = {"set": r["set"], "model": label, **rebuild, "row": r["name"], "ctx": r["ctx"], "file": r["file"],
              "vm": r["vm"], "bandwidth_gb_s": r["bandwidth_gb_s"], "measured_tok_per_cpu_s": r["tok_s"],
              "measured_tok_s_wall": r["decode_tok_s"], "measured_prefill_s": r["prefill_s"],
              "modelled": "why_not" not in r}
@@ -535,6 +604,7 @@ def main(argv=None) -> int:
            "weights_rates_bytes_per_s": {k: v["rate"] for k, v in w_rates.items()},
            "weights_rates_per_fit_row": {k: v["per_row"] for k, v in w_rates.items() if v["per_row"]},
            "layer_overhead_s": {k: v["layer_overhead_s"] for k, v in w_rates.items() if "layer_overhead_s" in v},
+           "pte_gemm_share": {"profile": PTE_PROFILE, "share": w_rates.get("executorch", {}).get("gemm_share")},
            "fitted_per_key_s": fitted, "prefill": pre_fits,
            "llamacpp_gguf_types": {g["type_mix"]: {"file": n, "matmul_flop_per_s": g["matmul_flop_per_s"],
                                                    "read_bytes_per_s": g["read_bytes_per_s"]}

@@ -185,6 +185,12 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
         if by:  # the weights kernel timed per matrix shape on this device
             t, _, f = M.speed.weights_seconds_by_matrix(arch, dep.weight_precision, by, scheme)
             w_s = (t, f"{f} ({by['source']})")
+        per_layer = None if gguf_rate else rates["weights"].get(dep.weight_precision, {}).get("layer_overhead_s")
+        if w_rate and per_layer and not by:  # the weight kernels at their rate + the step's other ops per layer
+            read = dep.weights["read_per_token"]
+            w_s = (read / w_rate + arch.n_layers * per_layer,
+                   f"{read / 1e9:.3g} GB / {w_rate / 1e9:.3g} GB/s + {arch.n_layers} layers x {per_layer * 1e6:.3g} us "
+                   "(the step's other ops per layer)")
         dec, attn_terms = M.decode_with_attention(dep.weights["read_per_token"], lin, attn_s, rates["scale"],
                                                   device.bandwidth, device.decode_efficiency, device.flops,
                                                   device.prefill_efficiency, w_rate, w_s)
