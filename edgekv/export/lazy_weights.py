@@ -281,3 +281,48 @@ def unfilled(model, stash: Stash) -> list[str]:
         if isinstance(raw, torch.Tensor) and raw.untyped_storage().data_ptr() in stash.by_ptr:
             out.append(v.name)
     return out
+
+
+def sharing_copy(module, stash: Stash):
+    """A deep copy of module that shares the tensors standing for stash's narrow copies (the placeholders: nothing
+    is copied, so nothing of them becomes resident) and copies the rest (norms, biases: small). The .pte's module is
+    then quantized from it (quantize_module with fp32_value), and the fp32 module stays the reference."""
+    import copy
+    memo = {}
+    for t in (*module.parameters(), *module.buffers()):
+        if type(t.data) is torch.Tensor and t.untyped_storage().data_ptr() in stash.by_ptr:
+            memo[id(t)] = t
+    return copy.deepcopy(module, memo)
+
+
+def fp32_value(stash: Stash):
+    """quantize_module's value: a tensor over a placeholder -> a new fp32 tensor of its values (widened from the
+    narrow copy); any other tensor -> itself."""
+    def value(t: torch.Tensor) -> torch.Tensor:
+        v = stash.value_of(t.data)
+        return t if v is None else v.contiguous()
+    return value
+
+
+def widen_left(module, stash: Stash) -> int:
+    """Every parameter and buffer of module still over a placeholder (what the quantizer did not take: a linear whose
+    width is no multiple of its group) replaced, in module only, by its fp32 values: a traced module must never read
+    a placeholder's zeros. Returns how many."""
+    n = 0
+    for m in module.modules():
+        for table in (m._parameters, m._buffers):
+            for name, t in list(table.items()):
+                if t is None or type(t.data) is not torch.Tensor or stash.value_of(t.data) is None:
+                    continue  # a quantized weight (a tensor subclass) is no placeholder
+                v = stash.value_of(t.data).contiguous()
+                table[name] = torch.nn.Parameter(v, requires_grad=t.requires_grad) \
+                    if isinstance(t, torch.nn.Parameter) else v
+                n += 1
+    return n
+
+
+def over_placeholders(module, stash: Stash) -> list[str]:
+    """Names of module's parameters and buffers still over one of stash's placeholders: must be none before it is
+    traced."""
+    return [n for n, t in (*module.named_parameters(), *module.named_buffers())
+            if type(t.data) is torch.Tensor and t.untyped_storage().data_ptr() in stash.by_ptr]
