@@ -45,6 +45,7 @@ def _export(src, out):
     return m, lines
 
 
+@pytest.mark.slow  # two .pte exports: 54 s each at a load of 12 on the 2-core host
 @pytest.mark.usefixtures("one_thread")
 def test_a_bf16_checkpoints_int4_pte_is_the_fp32_routes_bytes(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGEKV_PTE_CACHE", "off")  # each export lowers its own program

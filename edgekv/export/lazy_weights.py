@@ -42,6 +42,7 @@ class Stash:
         self.fp32_bytes = 0  # the fp32 bytes the stash stands in for
         self.kept_bytes = 0  # the narrow copies' bytes
         self._maps: list = []  # the placeholders' anonymous mappings
+        self.taken: set[int] = set()  # placeholders whose narrow copy take() dropped
 
     def add(self, small: torch.Tensor) -> torch.Tensor:
         """A new fp32 placeholder of small's shape standing for small's values (small: exact bf16 / fp16)."""
@@ -68,6 +69,17 @@ class Stash:
             CURRENT = None
         from .wquant import trim
         trim()
+
+    def take(self, t: torch.Tensor) -> torch.Tensor | None:
+        """value_of(t), and t's narrow copy dropped from the stash: its last read (the .pte's quantizer, one linear
+        at a time, so the narrow bytes fall as the codes grow). Only for a whole placeholder; else value_of."""
+        if self.narrow_of(t) is None:
+            return self.value_of(t)
+        v = self.value_of(t)
+        ptr = t.untyped_storage().data_ptr()
+        del self.by_ptr[ptr]
+        self.taken.add(ptr)
+        return v
 
     def value_of(self, t: torch.Tensor) -> torch.Tensor | None:
         """The fp32 values of t, a tensor (or a view) over a placeholder; None if t is not over one."""
@@ -297,9 +309,10 @@ def sharing_copy(module, stash: Stash):
 
 def fp32_value(stash: Stash):
     """quantize_module's value: a tensor over a placeholder -> a new fp32 tensor of its values (widened from the
-    narrow copy); any other tensor -> itself."""
-    def value(t: torch.Tensor) -> torch.Tensor:
-        v = stash.value_of(t.data)
+    narrow copy), the narrow copy dropped where last (the tensor's last read: Stash.take); any other tensor ->
+    itself."""
+    def value(t: torch.Tensor, last: bool = False) -> torch.Tensor:
+        v = stash.take(t.data) if last else stash.value_of(t.data)
         return t if v is None else v.contiguous()
     return value
 
@@ -325,4 +338,5 @@ def over_placeholders(module, stash: Stash) -> list[str]:
     """Names of module's parameters and buffers still over one of stash's placeholders: must be none before it is
     traced."""
     return [n for n, t in (*module.named_parameters(), *module.named_buffers())
-            if type(t.data) is torch.Tensor and t.untyped_storage().data_ptr() in stash.by_ptr]
+            if type(t.data) is torch.Tensor and (t.untyped_storage().data_ptr() in stash.by_ptr
+                                                 or t.untyped_storage().data_ptr() in stash.taken)]

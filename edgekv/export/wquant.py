@@ -163,10 +163,10 @@ def quantize_module(module, weights: str, source_format: str = "", value=None) -
     Every nn.Linear whose input width is a multiple of GROUP, the untied output layer included; int4 on a model
     PTE_INT4_LAYERS_INT8 names: the output layer 8da4w, the decoder layers' linears int8 per channel. Returns what
     was done, for the manifest; source_format (the loaded model's, e.g. "gguf Q4_K_M"): a GGUF's is recorded as
-    quantized a second time (PTE_REQUANTIZED). value: tensor -> its fp32 values (the tensor itself where it holds
-    them), for a module whose large weights are placeholders (edgekv.export.lazy_weights): each linear's weight is
-    widened just before torchao quantizes it (its filter is asked right before the replacement), so one layer's fp32
-    exists at a time, never the module's."""
+    quantized a second time (PTE_REQUANTIZED). value: (tensor, last) -> its fp32 values (the tensor itself where it
+    holds them), for a module whose large weights are placeholders (edgekv.export.lazy_weights.fp32_value; last: no
+    later read needs it): each linear's weight is widened just before torchao quantizes it (its filter is asked right
+    before the replacement), so one linear's fp32 exists at a time, never the module's."""
     import contextlib
     import io
     import logging
@@ -264,13 +264,13 @@ def quantized_embedding(codes, scales, bits: int):
     return QuantizedEmbedding()
 
 
-def _widen(linear, value) -> None:
+def _widen(linear, value, last: bool = True) -> None:
     """The linear's weight as its fp32 values (value: quantize_module's), a new Parameter of this module only (the
-    placeholder it replaces may be shared with the fp32 module)."""
+    placeholder it replaces may be shared with the fp32 module). last: the quantizer's is the weight's last read."""
     if value is None:
         return
     import torch
-    w = value(linear.weight)
+    w = value(linear.weight, last)
     if w is not linear.weight:
         linear.weight = torch.nn.Parameter(w.detach(), requires_grad=False)
 
@@ -299,7 +299,7 @@ def gather_head_codes(module, weights: str, untied: bool, value=None) -> str | N
     if not untied:  # the head is the model's own matrix: the table gets the same recipe on its own
         lin = nn.Linear(emb.embedding_dim, emb.num_embeddings, bias=False, device="meta")
         lin.weight = emb.weight
-        _widen(lin, value)
+        _widen(lin, value, last=False)  # a table left unquantized (below) stays a placeholder: widen_left
         from torchao.quantization import quantize_
         quantize_(nn.Sequential(lin), torchao_config(weights))
         w = lin.weight
