@@ -112,6 +112,9 @@ def test_estimate_is_within_a_stated_factor_of_a_measured_streamed_export(name, 
     ("float16", ("onnx",), "int8", (), 0.65),
     ("float32", ("onnx",), "int4", (), 1.05),  # an fp32 checkpoint: the fp32 module is built
     ("bfloat16", ("onnx", "pte"), "int4", (), 6.0),  # a .pte too: the eager module is traced twice
+    ("bfloat16", ("pte",), "int4", (), "pte-narrow"),  # a .pte alone: quantized from the narrow weights
+    ("float16", ("pte",), "int8", (), "pte-narrow"),
+    ("float32", ("pte",), "int4", (), 6.0),  # an fp32 checkpoint: the fp32 module and its quantized deep copy
     ("bfloat16", ("onnx",), "int4", ("genai",), 1.05),  # GenAI's trace: not the streamed graph alone
     ("bfloat16", ("onnx",), "fp32", (), 3.75)])
 def test_the_estimate_follows_whether_the_weights_stay_narrow(tmp_path, dtype, formats, weights, runners, copies):
@@ -128,6 +131,9 @@ def test_the_estimate_follows_whether_the_weights_stay_narrow(tmp_path, dtype, f
     (d / "config.json").write_text(json.dumps(cfg))
     opts = ExportOptions(model=str(d), formats=formats, weights=weights, runners=runners, max_ctx=512,
                          max_memory="900GB")
+    if copies == "pte-narrow":
+        from edgekv.export.budget import K_PTE_NARROW
+        copies = K_PTE_NARROW[weights]
     assert check_export(opts, parse_strategy("kv"))["copies"] == copies
 
 
