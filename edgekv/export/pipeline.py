@@ -4,7 +4,8 @@
          -> serialize-pte -> verify-onnx -> verify-pte [-> verify-quant-onnx -> verify-quant-pte] -> manifest -> publish
 
 --weights int8|int4|fp16 (edgekv.export.wquant) adds the bracketed stages: the .pte path quantizes a copy of the eager
-module with torchao before tracing, the ONNX path post-processes model.onnx with ONNX Runtime's quantizer. verify-pte
+module with torchao before tracing (a .pte-only export of a bf16 / fp16 checkpoint: one linear at a time from the
+narrow weights, _quantize_narrow), the ONNX path post-processes model.onnx with ONNX Runtime's quantizer. verify-pte
 then compares the .pte with that quantized eager module (catches lowering bugs); an ONNX graph quantized after export
 has no eager twin, so verify-onnx is replaced by verify-quant-onnx; verify-quant-* compares each quantized artifact with
 the fp32 eager model over real text (top-1, KL) and refuses it beyond quality.THRESHOLDS.
