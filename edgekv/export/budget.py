@@ -59,6 +59,14 @@ K_PTE = {"fp32": 5.0, "int8": 6.0, "int4": 6.0}
 # table widened for verify-quant's fp32 pass and torch.onnx's graph. Rounded up from the random Llama-3.2-1B's and
 # 3B's narrow-load runs (export_cost_*_narrow_load.json, tests/test_export_budget.py).
 K_NARROW = {"int8": 0.65, "int4": 0.65, "int4-mix": 0.65}
+# A .pte-only int8 / int4 export of such a checkpoint loads narrow too and quantizes the .pte's module one linear at a
+# time from the narrow weights (pipeline._quantize_narrow), so neither the fp32 module nor its quantized deep copy
+# exists. Its peaks are lower-pte (the codes, one byte per weight, and a transient of about 2x (0.5B) to 4x (1B) the
+# head's fp32 in one partition), verify-pte (the quantized eager module beside the loaded .pte, with spikes of about
+# twice the head's fp32) and the quantize stage (the narrow weights and the table widened for verify-quant's fp32
+# pass, then the untied head's fp32 and torchao's temporaries). Rounded up from the random Qwen2.5-0.5B and
+# Llama-3.2-1B at 8k (export_cost_{qwen2.5_0.5b,llama_3.2_1b}_random_pte_int4_8k.json, tests/test_export_budget.py).
+K_PTE_NARROW = {"int8": 1.5, "int4": 1.5}
 STATE_COPIES = 3  # the eager state, the runtime's past and present state while verifying
 # CPU seconds per billion parameters (one core of the 2-core reference VM, x86-64 AMD EPYC): load, trace, lower,
 # serialize and verify per format; the quantize and verify-quant stages on top for int8 / int4 / fp16. A busy host
@@ -75,6 +83,8 @@ def estimate(arch, strategy, max_ctx: int, formats, weights: str, chunk: int, na
     state = _state_bytes(arch, strategy, max_ctx, formats, weights, chunk)
     if narrow and weights in K_NARROW and tuple(formats) == ("onnx",):
         k = K_NARROW[weights]
+    elif narrow and weights in K_PTE_NARROW and tuple(formats) == ("pte",):
+        k = K_PTE_NARROW[weights]
     else:
         k = max(K_ONNX.get(weights, 4.75) if f == "onnx" else K_PTE.get(weights, 6.0) for f in formats)
     peak = BASE + k * w32 + STATE_COPIES * state
@@ -182,9 +192,11 @@ def check_export(opts, strategy) -> dict:
 
 def narrow_export(src: Path, opts) -> bool:
     """Whether the export keeps the checkpoint's weights narrow from the load on (pipeline.narrow_load): an
-    ONNX-only int8 / int4 / int4-mix export without the GenAI runner, of a safetensors folder whose config.json
-    stores bf16 or fp16 weights."""
-    if tuple(opts.formats) != ("onnx",) or opts.weights not in K_NARROW or "genai" in (opts.runners or ()):
+    ONNX-only int8 / int4 / int4-mix export without the GenAI runner, or a .pte-only int8 / int4 one
+    (pipeline.pte_narrow), of a safetensors folder whose config.json stores bf16 or fp16 weights."""
+    onnx = tuple(opts.formats) == ("onnx",) and opts.weights in K_NARROW and "genai" not in (opts.runners or ())
+    pte = tuple(opts.formats) == ("pte",) and opts.weights in K_PTE_NARROW
+    if not (onnx or pte):
         return False
     if not (src.is_dir() and (src / "config.json").is_file()):
         return False

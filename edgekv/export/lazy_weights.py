@@ -42,6 +42,7 @@ class Stash:
         self.fp32_bytes = 0  # the fp32 bytes the stash stands in for
         self.kept_bytes = 0  # the narrow copies' bytes
         self._maps: list = []  # the placeholders' anonymous mappings
+        self.taken: set[int] = set()  # placeholders whose narrow copy take() dropped
 
     def add(self, small: torch.Tensor) -> torch.Tensor:
         """A new fp32 placeholder of small's shape standing for small's values (small: exact bf16 / fp16)."""
@@ -68,6 +69,17 @@ class Stash:
             CURRENT = None
         from .wquant import trim
         trim()
+
+    def take(self, t: torch.Tensor) -> torch.Tensor | None:
+        """value_of(t), and t's narrow copy dropped from the stash: its last read (the .pte's quantizer, one linear
+        at a time, so the narrow bytes fall as the codes grow). Only for a whole placeholder; else value_of."""
+        if self.narrow_of(t) is None:
+            return self.value_of(t)
+        v = self.value_of(t)
+        ptr = t.untyped_storage().data_ptr()
+        del self.by_ptr[ptr]
+        self.taken.add(ptr)
+        return v
 
     def value_of(self, t: torch.Tensor) -> torch.Tensor | None:
         """The fp32 values of t, a tensor (or a view) over a placeholder; None if t is not over one."""
@@ -281,3 +293,50 @@ def unfilled(model, stash: Stash) -> list[str]:
         if isinstance(raw, torch.Tensor) and raw.untyped_storage().data_ptr() in stash.by_ptr:
             out.append(v.name)
     return out
+
+
+def sharing_copy(module, stash: Stash):
+    """A deep copy of module that shares the tensors standing for stash's narrow copies (the placeholders: nothing
+    is copied, so nothing of them becomes resident) and copies the rest (norms, biases: small). The .pte's module is
+    then quantized from it (quantize_module with fp32_value), and the fp32 module stays the reference."""
+    import copy
+    memo = {}
+    for t in (*module.parameters(), *module.buffers()):
+        if type(t.data) is torch.Tensor and t.untyped_storage().data_ptr() in stash.by_ptr:
+            memo[id(t)] = t
+    return copy.deepcopy(module, memo)
+
+
+def fp32_value(stash: Stash):
+    """quantize_module's value: a tensor over a placeholder -> a new fp32 tensor of its values (widened from the
+    narrow copy), the narrow copy dropped where last (the tensor's last read: Stash.take); any other tensor ->
+    itself."""
+    def value(t: torch.Tensor, last: bool = False) -> torch.Tensor:
+        v = stash.take(t.data) if last else stash.value_of(t.data)
+        return t if v is None else v.contiguous()
+    return value
+
+
+def widen_left(module, stash: Stash) -> int:
+    """Every parameter and buffer of module still over a placeholder (what the quantizer did not take: a linear whose
+    width is no multiple of its group) replaced, in module only, by its fp32 values: a traced module must never read
+    a placeholder's zeros. Returns how many."""
+    n = 0
+    for m in module.modules():
+        for table in (m._parameters, m._buffers):
+            for name, t in list(table.items()):
+                if t is None or type(t.data) is not torch.Tensor or stash.value_of(t.data) is None:
+                    continue  # a quantized weight (a tensor subclass) is no placeholder
+                v = stash.value_of(t.data).contiguous()
+                table[name] = torch.nn.Parameter(v, requires_grad=t.requires_grad) \
+                    if isinstance(t, torch.nn.Parameter) else v
+                n += 1
+    return n
+
+
+def over_placeholders(module, stash: Stash) -> list[str]:
+    """Names of module's parameters and buffers still over one of stash's placeholders: must be none before it is
+    traced."""
+    return [n for n, t in (*module.named_parameters(), *module.named_buffers())
+            if type(t.data) is torch.Tensor and (t.untyped_storage().data_ptr() in stash.by_ptr
+                                                 or t.untyped_storage().data_ptr() in stash.taken)]

@@ -4,7 +4,8 @@
          -> serialize-pte -> verify-onnx -> verify-pte [-> verify-quant-onnx -> verify-quant-pte] -> manifest -> publish
 
 --weights int8|int4|fp16 (edgekv.export.wquant) adds the bracketed stages: the .pte path quantizes a copy of the eager
-module with torchao before tracing, the ONNX path post-processes model.onnx with ONNX Runtime's quantizer. verify-pte
+module with torchao before tracing (a .pte-only export of a bf16 / fp16 checkpoint: one linear at a time from the
+narrow weights, _quantize_narrow), the ONNX path post-processes model.onnx with ONNX Runtime's quantizer. verify-pte
 then compares the .pte with that quantized eager module (catches lowering bugs); an ONNX graph quantized after export
 has no eager twin, so verify-onnx is replaced by verify-quant-onnx; verify-quant-* compares each quantized artifact with
 the fp32 eager model over real text (top-1, KL) and refuses it beyond quality.THRESHOLDS.
@@ -149,6 +150,7 @@ class Export:
     n_params: int = 0  # counted before verify-quant frees the eager module's weights
     importance: object = None  # int4-mix: the importance matrix from calibration text (edgekv.export.wrecipe)
     stash: object = None  # the streamed ONNX export's narrow weights while it lowers (edgekv.export.lazy_weights)
+    narrow_pte: bool = False  # the .pte's module was quantized from narrow weights (_quantize); x.module is placeholders
     tok_child: object = None  # the tokenizer stage running on the second core since the start (edgekv.export.tok_child)
 
     module = property(lambda self: self.loaded.module)
@@ -206,12 +208,18 @@ def _load(x: Export) -> None:
         if x.opts.threads:
             import torch
             torch.set_num_threads(x.opts.threads)
-        if OnnxTarget.alone(x):  # only the streamed ONNX graph: the weights stay as stored (lazy_weights)
+        if OnnxTarget.alone(x) or pte_narrow(x):  # the weights stay as stored (lazy_weights)
             x.loaded, x.stash = narrow_load(x.opts.model, x.strategy, x.opts.max_ctx)
         else:
             x.loaded = load_any(x.opts.model, x.strategy, x.opts.max_ctx)
         from ..arch.gguf import release_readers
         release_readers()
+
+
+def pte_narrow(x: Export) -> bool:
+    """A .pte-only int8 / int4 export: its module is quantized one linear at a time from the narrow weights
+    (_quantize), so the fp32 module is never built (budget.narrow_export says the same before the export starts)."""
+    return tuple(x.opts.formats) == ("pte",) and x.opts.weights in ("int8", "int4")
 
 
 def narrow_load(spec: str, strategy, max_ctx: int):
@@ -283,10 +291,34 @@ def _calibrate(x: Export) -> None:
 
 def _quantize(x: Export) -> None:
     from .wquant import quantize_module
+    if x.stash is not None:
+        return _quantize_narrow(x)
     with x.st.stage("quantize", f"{x.opts.weights} weights for the .pte (torchao, on a copy of the eager module)"):
         import copy
         x.qmodule = copy.deepcopy(x.module)
         x.quantization["pte"] = quantize_module(x.qmodule, x.opts.weights, x.loaded.source_format)
+
+
+def _quantize_narrow(x: Export) -> None:
+    """The .pte's module from a narrow load (pte_narrow): verify-quant's fp32 logits first (each layer widened only
+    while it runs: fp32_reference), then a copy sharing the placeholders, each linear widened from its bf16 / fp16
+    copy just before torchao quantizes it (quantize_module's value), what the quantizer left over a placeholder
+    widened, and the narrow copies dropped. The fp32 module never exists whole; after this stage the .pte's module
+    holds the quantized codes and nothing else of the weights (x.module is placeholders only)."""
+    from .lazy_weights import fp32_value, over_placeholders, sharing_copy, widen_left
+    from .wquant import quantize_module, trim
+    with x.st.stage("quantize", f"{x.opts.weights} weights for the .pte (torchao, one linear at a time from the "
+                    f"{x.stash.kept_bytes / 1e9:.2f} GB of narrow weights; the fp32 reference computed first)"):
+        fp32_reference(x, release=False)
+        q = sharing_copy(x.module, x.stash)
+        x.quantization["pte"] = quantize_module(q, x.opts.weights, x.loaded.source_format, fp32_value(x.stash))
+        widen_left(q, x.stash)
+        left = over_placeholders(q, x.stash)
+        assert not left, f"the .pte's module still reads placeholders: {left[:3]}"
+        x.qmodule, x.narrow_pte = q, True
+        x.stash.release()
+        x.stash = None
+        trim()
 
 
 def _entry_points(x: Export) -> None:

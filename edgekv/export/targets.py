@@ -222,7 +222,12 @@ class PteTarget:
             return EagerStepper(x.partial, kernel_reference(m, "executorch", x.opts.pte_int8_kernel), chunk=art.chunk,
                                 tail=art.tail, max_chunk=art.max_chunk)
         ref = eager(x.qmodule)
-        return ref, eager(nudged_quantized(x.module, x.opts.weights)) if x.quantization.get("pte") else None
+        if not x.quantization.get("pte"):
+            return ref, None
+        if x.narrow_pte:  # x.module is placeholders: the same codes, from the quantized module (verify.nudged_copy)
+            from .verify import nudged_copy
+            return ref, eager(nudged_copy(x.qmodule))
+        return ref, eager(nudged_quantized(x.module, x.opts.weights))
 
     @staticmethod
     def tolerance(x) -> str:

@@ -179,6 +179,20 @@ def nudged(module):
     return m
 
 
+def nudged_copy(qmodule):
+    """nudged_quantized of a module already quantized (the same codes: the recipe is deterministic), without the fp32
+    module: a copy sharing its quantized weights (tensor subclasses and integer tensors, which nudge_one_ulp leaves
+    as they are) and copying its plain floating-point tensors, nudged."""
+    import copy
+
+    import torch
+    memo = {id(t): t for t in (*qmodule.parameters(), *qmodule.buffers())
+            if not (type(t.data) is torch.Tensor and t.is_floating_point())}
+    m = copy.deepcopy(qmodule, memo)
+    nudge_one_ulp(m)
+    return m
+
+
 def nudged_quantized(module, weights: str):
     """A copy of the fp32 eager module quantized as the .pte's module is, then its float parameters moved one ulp
     (nudge_one_ulp): the same codes, last bits upstream of the quantized activations different."""

@@ -91,10 +91,11 @@ def parse_weights(text: str) -> str:
 # ---- .pte: torchao on the eager module, before torch.export ----
 
 
-def untie_head(module) -> bool:
+def untie_head(module, value=None) -> bool:
     """Give a tied-embedding module its own nn.Linear output layer holding a copy of the embedding matrix [V, d], so
     quantize_ sees it. Our modules read `self.lm_head.weight` when lm_head is set, else the embedding's weight:
-    the logits are unchanged. Returns whether it untied."""
+    the logits are unchanged. Returns whether it untied. value: quantize_module's (the table's fp32 values where the
+    module holds a placeholder for them), made the head's own weight without a second fp32 copy."""
     import torch
     from torch import nn
 
@@ -102,9 +103,14 @@ def untie_head(module) -> bool:
         return False
     vocab = module.args.vocab
     emb = next(m for m in module.modules() if isinstance(m, nn.Embedding) and m.num_embeddings == vocab)
-    head = nn.Linear(emb.embedding_dim, vocab, bias=False)
-    with torch.no_grad():
-        head.weight.copy_(emb.weight)
+    wide = value(emb.weight) if value is not None else emb.weight
+    if wide is not emb.weight:  # already a new fp32 tensor: it becomes the head's weight as it is
+        head = nn.Linear(emb.embedding_dim, vocab, bias=False, device="meta")
+        head.weight = nn.Parameter(wide.detach(), requires_grad=False)
+    else:
+        head = nn.Linear(emb.embedding_dim, vocab, bias=False)
+        with torch.no_grad():
+            head.weight.copy_(emb.weight)
     module.lm_head = head
     return True
 
@@ -152,12 +158,15 @@ def _kept_int8(module, name: str) -> bool:
     return kept is None or i is None or int(i[1]) in kept
 
 
-def quantize_module(module, weights: str, source_format: str = "") -> dict:
+def quantize_module(module, weights: str, source_format: str = "", value=None) -> dict:
     """Quantize the eager module in place for the .pte path (call it on a copy: the fp32 module stays the reference).
     Every nn.Linear whose input width is a multiple of GROUP, the untied output layer included; int4 on a model
     PTE_INT4_LAYERS_INT8 names: the output layer 8da4w, the decoder layers' linears int8 per channel. Returns what
     was done, for the manifest; source_format (the loaded model's, e.g. "gguf Q4_K_M"): a GGUF's is recorded as
-    quantized a second time (PTE_REQUANTIZED)."""
+    quantized a second time (PTE_REQUANTIZED). value: (tensor, last) -> its fp32 values (the tensor itself where it
+    holds them), for a module whose large weights are placeholders (edgekv.export.lazy_weights.fp32_value; last: no
+    later read needs it): each linear's weight is widened just before torchao quantizes it (its filter is asked right
+    before the replacement), so one linear's fp32 exists at a time, never the module's."""
     import contextlib
     import io
     import logging
@@ -177,16 +186,24 @@ def quantize_module(module, weights: str, source_format: str = "") -> dict:
         with contextlib.redirect_stderr(io.StringIO()):
             from torchao.quantization import quantize_
         config = torchao_config(weights)
-        untied = untie_head(module)
+        untied = untie_head(module, value)
         linears = {n: m for n, m in module.named_modules() if isinstance(m, nn.Linear)}
         take = {n for n, m in linears.items() if m.in_features % GROUP == 0}
         wide = {n for n in take if n != "lm_head" and _kept_int8(module, n)} if int8_layers(module, weights) else set()
+
+        def hit(names):
+            def filter_fn(m, fqn):
+                if fqn not in names:
+                    return False
+                _widen(m, value)
+                return True
+            return filter_fn
         if wide:
-            quantize_(module, torchao_config("int8"), filter_fn=lambda m, fqn: fqn in wide)
-        quantize_(module, config, filter_fn=lambda m, fqn: fqn in take - wide)
+            quantize_(module, torchao_config("int8"), filter_fn=hit(wide))
+        quantize_(module, config, filter_fn=hit(take - wide))
     finally:
         pytree_log.setLevel(level)
-    embedding = gather_head_codes(module, weights, untied)
+    embedding = gather_head_codes(module, weights, untied, value)
     layers = sorted({int(i) for n in wide for i in re.findall(r"layers\.(\d+)\.", n)})
     more = {"layers_int8": {"linears": len(wide), "layers": layers, "scheme": "Int8DynamicActivationIntxWeightConfig"
                             + _describe_config(torchao_config("int8")), "why": PTE_INT4_LAYERS_INT8}} if wide else {}
@@ -247,7 +264,18 @@ def quantized_embedding(codes, scales, bits: int):
     return QuantizedEmbedding()
 
 
-def gather_head_codes(module, weights: str, untied: bool) -> str | None:
+def _widen(linear, value, last: bool = True) -> None:
+    """The linear's weight as its fp32 values (value: quantize_module's), a new Parameter of this module only (the
+    placeholder it replaces may be shared with the fp32 module). last: the quantizer's is the weight's last read."""
+    if value is None:
+        return
+    import torch
+    w = value(linear.weight, last)
+    if w is not linear.weight:
+        linear.weight = torch.nn.Parameter(w.detach(), requires_grad=False)
+
+
+def gather_head_codes(module, weights: str, untied: bool, value=None) -> str | None:
     """After quantize_: the module's input embedding table -> quantized_embedding, with the output layer's own codes
     and scales where untie_head copied the table into it (a tied model: the gather reads the same quantized matrix
     the head multiplies, as the tied fp32 model reads one matrix), else the table quantized on its own with the
@@ -269,8 +297,9 @@ def gather_head_codes(module, weights: str, untied: bool) -> str | None:
     name, emb = found[0]
     w = head.weight
     if not untied:  # the head is the model's own matrix: the table gets the same recipe on its own
-        lin = nn.Linear(emb.embedding_dim, emb.num_embeddings, bias=False)
+        lin = nn.Linear(emb.embedding_dim, emb.num_embeddings, bias=False, device="meta")
         lin.weight = emb.weight
+        _widen(lin, value, last=False)  # a table left unquantized (below) stays a placeholder: widen_left
         from torchao.quantization import quantize_
         quantize_(nn.Sequential(lin), torchao_config(weights))
         w = lin.weight
