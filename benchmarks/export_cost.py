@@ -70,6 +70,11 @@ def measure(args: list[str], interval: float = 0.2, kill_above: int | None = Non
                 stages.setdefault(m.group(3), {"start_s": round(time.perf_counter() - t0, 1), "peak_rss": 0})
     reader = threading.Thread(target=read_err, daemon=True)
     reader.start()
+    # stdout (--json: the manifest, 100 KB with a .pte's verification) is read while the child runs: read after it
+    # exits, a manifest over the pipe's 64 KB blocked the child's last write, and the child never exited
+    got = {"out": ""}
+    out_reader = threading.Thread(target=lambda: got.update(out=child.stdout.read()), daemon=True)
+    out_reader.start()
     peak, timeline, stopped = 0, [], None
     while child.poll() is None:
         rss = _tree_rss(proc)
@@ -92,7 +97,8 @@ def measure(args: list[str], interval: float = 0.2, kill_above: int | None = Non
         if stopped and time.perf_counter() - t0 - stopped["at_s"] > 5:
             child.kill()  # SIGTERM waits for the toolchain's C code to return to Python; memory does not
         time.sleep(interval)
-    out = child.stdout.read()
+    out_reader.join(timeout=30)
+    out = got["out"]
     reader.join(timeout=5)
     wall = time.perf_counter() - t0
     estimate = next((ln for ln in state["lines"] if ln.startswith("estimate:")), None)

@@ -18,7 +18,7 @@ import pytest
 
 from edgekv.errors import EdgekvError
 from edgekv.export.manifest import load_export
-from edgekv.export.verify import limits, tolerance_dtype, verify
+from edgekv.export.verify import describe, limits, tolerance_dtype, verify
 
 V, CTX = 50, 64
 RNG = np.random.default_rng(3)
@@ -122,6 +122,68 @@ def test_a_noise_floor_widens_the_limits_to_twice_what_the_reference_moves_again
     # a floor quieter than the fixed limits does not narrow them
     assert limits("int8", {"max_abs_diff": 0.0, "logit_scale": 10.0, "top1_agreement": 1.0}, 20) == limits(
         "int8", None, 20)
+
+
+THIRD = np.argsort(TABLE, axis=1)[:, -3]
+FAR = TABLE.copy()
+FAR[np.arange(CTX), THIRD] = TABLE[np.arange(CTX), TOP2[:, 1]] - 0.5  # the third 0.5 under the top-1 everywhere
+
+
+class Far(Table):
+    """TABLE with each row's third logit 0.5 under its top-1; the top-1 and the third are swapped at the positions in
+    `far` (a clear disagreement: a 0.5 margin, yet a max |diff| of 0.5, inside the 15 % limit), the top-2 at the
+    positions in `swap` (a near tie, margin 4e-6)."""
+
+    def __init__(self, factor=1.0, swap=(), far=()):
+        super().__init__(factor, swap)
+        self.far = set(far)
+
+    def rows(self, start, n):
+        out = FAR[start:start + n] * np.float32(self.factor)
+        for p in range(start, start + n):
+            for a, b in [TOP2[p]] * (p in self.swap) + [(TOP2[p][1], THIRD[p])] * (p in self.far):
+                out[p - start, [a, b]] = out[p - start, [b, a]]
+        return out
+
+
+def test_near_ties_are_flips_inside_the_floors_own_movement_at_that_row():
+    """By hand: the reference's top-1 leads its second by 0.01 and its third by 4.0. A flip to the second is a near
+    tie where the floor moved a logit by 0.05 at that row, not where it moved one by 0.005; a flip to the third is
+    never one under a floor of 0.05."""
+    from edgekv.export.verify import near_ties
+
+    ref = np.array([[5.0, 4.99, 1.0]] * 3, dtype=np.float32)
+    art = np.array([[4.9, 5.0, 1.0], [4.9, 5.0, 1.0], [4.9, 1.0, 5.0]], dtype=np.float32)
+    assert list(near_ties(art, ref, [0.05, 0.005, 0.05])) == [True, False, False]
+    assert list(near_ties(ref, ref, [1.0, 1.0, 1.0])) == [False] * 3  # agreement is no tie
+
+
+def test_a_near_tie_flip_inside_the_floor_is_not_counted_and_a_clear_one_is():
+    """A quantized-weights .pte against a floor one ulp away that moves each row's logits by 1e-3 of the row's largest
+    (some 1e-2, far above the 4e-6 top-2 margin of TABLE) and flips no top-1: limits 15 % of the scale and top-1
+    1 - 0 - 1/20 = 90 % (18 of 20). 3 near-tie flips leave 17 of 20 (85 %) by the raw count but no clear
+    disagreement: it passes. 2 clear flips (the reference's top-1 against its third, 0.5 under it) plus the 3 near ties: 18 of
+    20 clear, passes; 3 clear flips: 17 of 20, refused, ties or not. Without a floor every flip counts."""
+    noise = Far(1 + 1e-3)
+
+    def check(art, noise=noise):
+        return verify(art, Far(), PROMPT, STEPS, "quantized-weights", "test", noise)
+
+    v = check(Far(swap=[3, 8, 14]))
+    assert v["noise_floor"]["top1_agreement"] == 1.0 and v["tolerance"]["min_top1_agreement"] == pytest.approx(0.9)
+    assert v["top1_agreement"] == pytest.approx(17 / 20)
+    assert v["top1_near_ties"] == 3 and v["top1_agreement_clear"] == pytest.approx(1.0)
+    assert v["passed"]
+    assert "3 of the flips near ties" in describe(v)
+    v = check(Far(swap=[3, 8, 14], far=[5, 11]))
+    assert v["top1_agreement"] == pytest.approx(15 / 20) and v["top1_near_ties"] == 3 and v["passed"]
+    v = check(Far(swap=[3, 8, 14], far=[5, 11, 17]))
+    assert v["top1_agreement_clear"] == pytest.approx(17 / 20) and not v["passed"]
+    assert v["max_abs_diff"] == pytest.approx(0.5, rel=1e-4) and v["max_abs_diff"] < 0.15 * v["logit_scale"]
+    assert not check(Far(far=[5, 11, 17]))["passed"]
+    # no floor measured (a float cache's export): the fixed limit counts every flip
+    v = check(Far(swap=[3, 8, 14]), None)
+    assert "top1_near_ties" not in v and not v["passed"]
 
 
 def test_the_tolerance_is_set_by_the_coarsest_state_tensor():

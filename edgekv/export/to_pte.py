@@ -16,6 +16,7 @@ no copy of the state per call. ExecuTorch plans the method's other buffers for i
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Set
 from contextlib import contextmanager, nullcontext
 
 from .manifest import ROWS
@@ -173,7 +174,8 @@ def lower_pte(eps: dict, in_place: bool = False, decompose_once: bool = True):
     # the lowering's CPU time: benchmarks/results/pte_lowering_tiny_llama.json); it checks, it does not change the program (the same .pte bytes either way), and the
     # export's verify-pte stage runs the lowered program against eager torch anyway
     partitioner = _partitioner(in_place or writes_state(eps))
-    with _only_needed_xnnpack_passes(), (_decompose_once() if decompose_once else nullcontext()):
+    with _only_needed_xnnpack_passes(), compact_dependency_viewers(), \
+            (_decompose_once() if decompose_once else nullcontext()):
         if decompose_once:
             eps = _decomposed_for(eps, partitioner)
         edge = to_edge_transform_and_lower(eps, partitioner=[partitioner], transform_passes=[infer_view_sizes],
@@ -227,6 +229,80 @@ def _only_needed_xnnpack_passes():
         yield
     finally:
         xp.XNNPACKPassManager = base
+
+
+class NodeBits(Set):
+    """A set of an fx graph's nodes held as the bits of one int over the graph's node order (iteration, `in`, len,
+    and collections.abc.Set's operators)."""
+
+    def __init__(self, nodes: list, index: dict, bits: int):
+        self._nodes, self._index, self._bits = nodes, index, bits
+
+    def __iter__(self):
+        import numpy as np
+
+        if not self._bits:
+            return iter(())
+        raw = np.frombuffer(self._bits.to_bytes((self._bits.bit_length() + 7) // 8, "little"), dtype=np.uint8)
+        return iter([self._nodes[i] for i in np.flatnonzero(np.unpackbits(raw, bitorder="little"))])
+
+    def __contains__(self, node) -> bool:
+        i = self._index.get(node)
+        return i is not None and bool(self._bits >> i & 1)
+
+    def __len__(self) -> int:
+        return self._bits.bit_count()
+
+
+class CompactDependencyViewer:
+    """What torch.fx's and ExecuTorch's partitioners' _DependencyViewer answer (downstreams_of, upstreams_of: every
+    node reachable from a node through its users / its inputs), with each node's set held as one int of N bits
+    (N nodes: N^2 / 8 bytes at most) instead of a Python set of node references. The originals hold the transitive
+    closure as N sets that grow with the graph's size squared, one viewer in CapabilityBasedPartitioner and one more
+    (downstreams and upstreams) in ExecuTorch's GroupBasedPartitioner, which XNNPACK's partitioner builds on each
+    program: SmolLM2-135M's kv-int4 .pte graph at 8k passed 4 GB there
+    (benchmarks/results/pte_export_smollm2_8k_kv_int4_killed.json; the stack: XnnpackPartitioner.generate_partitions
+    -> GroupBasedPartitioner.__init__ -> _DependencyViewer). The partitioners only iterate these sets or test
+    membership, and every answer is a union or an any() over them, so the partitions are the same."""
+
+    def __init__(self, graph_module):
+        nodes = list(graph_module.graph.nodes)
+        index = {n: i for i, n in enumerate(nodes)}
+        down, up = [0] * len(nodes), [0] * len(nodes)
+        for i in range(len(nodes) - 1, -1, -1):
+            for u in nodes[i].users:
+                j = index[u]
+                down[i] |= down[j] | 1 << j
+        for i, n in enumerate(nodes):
+            for a in n.all_input_nodes:
+                j = index[a]
+                up[i] |= up[j] | 1 << j
+        self._nodes, self._index, self._down, self._up = nodes, index, down, up
+
+    def _view(self, table, node) -> NodeBits:
+        i = self._index.get(node)
+        return NodeBits(self._nodes, self._index, 0 if i is None else table[i])
+
+    def downstreams_of(self, node) -> NodeBits:
+        return self._view(self._down, node)
+
+    def upstreams_of(self, node) -> NodeBits:
+        return self._view(self._up, node)
+
+
+@contextmanager
+def compact_dependency_viewers():
+    """While lowering: the partitioners' dependency viewers are CompactDependencyViewer; the originals are restored
+    after."""
+    import torch.fx.passes.infra.partitioner as fx_part
+    from executorch.exir.backend.canonical_partitioners import group_partitioner as et_part
+
+    base = fx_part._DependencyViewer, et_part._DependencyViewer
+    fx_part._DependencyViewer = et_part._DependencyViewer = CompactDependencyViewer
+    try:
+        yield
+    finally:
+        fx_part._DependencyViewer, et_part._DependencyViewer = base
 
 
 # ops that a decomposition leaves as they were: tracing their decomposition (the size, stride, ... of a tensor with

@@ -56,6 +56,19 @@ def min_top1(cache_dtype: str) -> float:
 FLOOR_FACTOR = 2.0
 
 
+def near_ties(art, ref, floor_diff) -> np.ndarray:
+    """Per row: the artifact's top-1 differs from the reference's, and the reference's own margin between its top-1
+    and the artifact's pick is smaller than what the floor (the reference one ulp away) moves a logit at that row
+    (floor_diff: max |noise - ref| per row). Such a flip is a near tie that the module's own last-bit noise can
+    already make, not a wrong lowering; the margin is taken to the artifact's pick, so a flip to a token further down
+    the reference's ranking than its top-2 needs a larger noise to count as a tie."""
+    art, ref = np.atleast_2d(art), np.atleast_2d(ref)
+    a, t = art.argmax(-1), ref.argmax(-1)
+    rows = np.arange(len(ref))
+    margin = ref[rows, t] - ref[rows, a]
+    return (a != t) & (margin < np.broadcast_to(np.asarray(floor_diff, dtype=np.float64), margin.shape))
+
+
 def nudge_one_ulp(module, up: bool = True) -> None:
     """Move every plain floating-point parameter of module one ulp up (or down), in place (norms, the embedding table; not a
     quantized linear's weight, a tensor subclass whose codes stay as they are): what another kernel's last bit does
@@ -104,11 +117,14 @@ def verify(artifact, reference, prompt: list[int], steps: int, cache_dtype: str,
     t0 = time.perf_counter()
     sides = [artifact] + ([noise] if noise is not None else [])
     diffs, agree = [[] for _ in sides], [[] for _ in sides]
+    ties = []  # per compared position: the artifact's top-1 flip is a near tie (near_ties; only with a floor)
 
     def compare(outs, r):
         for i, a in enumerate(outs):
             diffs[i].append(float(np.abs(a - r).max()))
             agree[i] += list(a.argmax(-1) == r.argmax(-1))
+        if len(outs) > 1:
+            ties.extend(near_ties(outs[0], r, np.abs(np.atleast_2d(outs[1]) - np.atleast_2d(r)).max(-1)))
 
     outs, r = [s.prefill(prompt) for s in sides], reference.prefill(prompt)
     compare(outs, r)
@@ -145,12 +161,17 @@ def verify(artifact, reference, prompt: list[int], steps: int, cache_dtype: str,
              if noise is not None else None)
     rel, need = limits(cache_dtype, floor, len(agree[0]))
     top1 = float(np.mean(agree[0]))
+    # the top-1 limit counts clear disagreements only: a flip inside the floor's own movement at that position is a
+    # near tie (near_ties), which over a short prompt (34 positions at --verify-steps 0) decided the limit by chance
+    n_ties = int(np.sum(ties))
+    clear = (int(np.sum(agree[0])) + n_ties) / len(agree[0])
     out = {"runtime": runtime, "prompt_tokens": len(prompt), "decode_steps": steps,
            "positions_compared": len(agree[0]), "max_abs_diff": max(diffs[0]), "logit_scale": scale,
            "top1_agreement": top1, **({"state_max_abs_diff": sdiff} if sdiff is not None else {}),
+           **({"top1_near_ties": n_ties, "top1_agreement_clear": clear} if floor else {}),
            "tolerance": {"max_abs_diff_over_logit_scale": rel, "min_top1_agreement": need},
            # logits all zero on both sides compare nothing (an embedding row of zeros fed throughout): not a pass
-           "passed": bool(max(diffs[0]) <= rel * max(scale, 1.0) and top1 >= need and scale > 0),
+           "passed": bool(max(diffs[0]) <= rel * max(scale, 1.0) and clear >= need and scale > 0),
            "seconds": round(time.perf_counter() - t0, 3)}
     if floor:
         out["noise_floor"] = floor
@@ -163,6 +184,8 @@ def describe(v: dict) -> str:
     return (f"{v['runtime']}: max |diff| {v['max_abs_diff']:.2e} (logit scale {v['logit_scale']:.1f}), "
             f"top-1 {v['top1_agreement']:.1%} over {v['positions_compared']} positions"
             + (f", state |diff| {v['state_max_abs_diff']:.2e}" if "state_max_abs_diff" in v else "")
+            + (f" ({v['top1_near_ties']} of the flips near ties inside the floor's own movement, not counted)"
+               if v.get("top1_near_ties") else "")
             + (f"; limits {v['tolerance']['max_abs_diff_over_logit_scale']:.2e} of the scale, top-1 "
                f"{v['tolerance']['min_top1_agreement']:.0%} (eager against itself one ulp away: max |diff| "
                f"{v['noise_floor']['max_abs_diff']:.2e}, top-1 {v['noise_floor']['top1_agreement']:.1%})"
