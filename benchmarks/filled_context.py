@@ -79,6 +79,18 @@ def export_arg(e: str) -> tuple[str, str, str]:
     return (e[:at], "=", e[at + 1:]) if at >= 0 else (e, "", "")
 
 
+def export_record(folder: str, m: dict) -> dict:
+    """What a row run on a prebuilt export (--export) records of it: the folder, the model's source, the strategy,
+    the weights, and the operators of edgekv's own that its .pte calls (--pte-int8-kernel edgekv: the manifest's
+    `custom_ops`), so a row on edgekv's int8 kernel is told from the stock export of the same strategy."""
+    rec = {"folder": folder, "model_source": m["model"].get("source"), "strategy": m["strategy"]["label"],
+           "weights": m["weights"]["dtype"]}
+    ops = [op for a in m.get("artifacts", []) for op in (a.get("custom_ops") or {}).get("ops", [])]
+    if ops:
+        rec["custom_ops"] = ops
+    return rec
+
+
 def quality(ref, got) -> dict:
     """KL(ref || got) per position (natural log, from logits [T, V]) and whether the top-1 tokens agree."""
     import numpy as np
@@ -532,8 +544,7 @@ def main(argv=None) -> dict:
                 if name in exports:
                     from edgekv.export.manifest import load_export
                     m = load_export(Path(exports[name]), check_hashes=False)
-                    row["export"] = {"folder": exports[name], "model_source": m["model"].get("source"),
-                                     "strategy": m["strategy"]["label"], "weights": m["weights"]["dtype"]}
+                    row["export"] = export_record(exports[name], m)
                 if name in stop_prefill:
                     spec["stop_prefill_cpu_s"] = stop_prefill[name]
                     row["stop_prefill_cpu_s"] = stop_prefill[name]

@@ -171,3 +171,14 @@ def test_an_export_row_whose_strategy_holds_an_equals_sign_keeps_its_whole_name(
                        timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["edgekv-ort:kv:dtype=fp32/gguf"]
+
+
+def test_a_row_on_a_prebuilt_export_records_the_edgekv_kernel_its_pte_calls():
+    # a manifest as `edgekv export --format pte --pte-int8-kernel edgekv` writes it (edgekv/export/targets.py:
+    # the .pte artifact's custom_ops), and the stock export of the same strategy, which has none
+    m = {"model": {"source": "hf:x"}, "strategy": {"label": "kv-int8c"}, "weights": {"dtype": "int4"},
+         "artifacts": [{"format": "pte", "custom_ops": {"ops": ["edgekv::int8_sdpa.out"], "sources": []}}]}
+    assert fc.export_record("/e", m) == {"folder": "/e", "model_source": "hf:x", "strategy": "kv-int8c",
+                                         "weights": "int4", "custom_ops": ["edgekv::int8_sdpa.out"]}
+    stock = dict(m, artifacts=[{"format": "pte"}])
+    assert "custom_ops" not in fc.export_record("/e", stock)
