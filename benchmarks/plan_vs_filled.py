@@ -404,6 +404,10 @@ def main(argv=None) -> int:
             how = ("superseded export: measured before edgekv's .pte wrote Gemma 3's sliding rings in place"
                    if r["started_utc"] < "2026-12-05T19:00" else "superseded export: measured before edgekv's int4 "
                    ".pte kept only Gemma-3-270M's six measured layers int8")
+        ops = (r.get("export") or {}).get("custom_ops")  # filled_context: the operators of edgekv's own a .pte calls
+        if ops:
+            how = ("edgekv's own int8 kernel (--pte-int8-kernel edgekv: " + ", ".join(ops) +
+                   "): the plan prices the default export's custom_quantized_sdpa, no rate is stored for this kernel")
         old_kind = next((k for pre, k in PTE_INT8_OLD_KIND.items() if r["name"].startswith(pre)
                          and r["started_utc"] < PTE_INT8_BEFORE), None)
         pre, before, kind = PTE_PER_HEAD
