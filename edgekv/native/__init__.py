@@ -41,6 +41,7 @@ SCHEMA = ("int8_sdpa(Tensor q, Tensor k_codes, Tensor v_codes, Tensor k_scale, T
 OUT_SCHEMA = ("int8_sdpa.out(Tensor q, Tensor k_codes, Tensor v_codes, Tensor k_scale, Tensor v_scale, "
               "SymInt start_pos, float scale, bool per_channel, *, Tensor(a!) out) -> Tensor(a!)")
 
+BUILD_TIMEOUT_S = 600  # two small translation units: seconds on a laptop core
 _loaded: Path | None = None  # the library whose kernel this process registered, and its sha256
 _loaded_sha = ""
 _defined = False
@@ -120,7 +121,12 @@ def build(quiet: bool = True) -> Path:
     from ..outputs import write_atomic
 
     def compile_to(tmp):
-        r = subprocess.run(_command(cxx, Path(tmp)), capture_output=True, text=True)
+        from ..children import child_setup
+        try:  # the compiler dies with edgekv (children.py); a hung one is stopped, not waited on forever
+            r = subprocess.run(_command(cxx, Path(tmp)), capture_output=True, text=True, preexec_fn=child_setup(),
+                               timeout=BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise EdgekvError(f"building edgekv's int8 kernel ({cxx}) did not finish in {BUILD_TIMEOUT_S} s") from None
         if r.returncode != 0:
             last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise EdgekvError(f"building edgekv's int8 kernel failed ({cxx}): {last[:300]}")
