@@ -61,11 +61,11 @@ K_PTE = {"fp32": 5.0, "int8": 6.0, "int4": 6.0}
 K_NARROW = {"int8": 0.65, "int4": 0.65, "int4-mix": 0.65}
 # A .pte-only int8 / int4 export of such a checkpoint loads narrow too and quantizes the .pte's module one linear at a
 # time from the narrow weights (pipeline._quantize_narrow), so neither the fp32 module nor its quantized deep copy
-# exists. Its peaks are lower-pte (the codes, one byte per weight, and a transient of about 2x (0.5B) to 4x (1B) the
-# head's fp32 in one partition), verify-pte (the quantized eager module beside the loaded .pte, with spikes of about
-# twice the head's fp32) and the quantize stage (the narrow weights and the table widened for verify-quant's fp32
-# pass, then the untied head's fp32 and torchao's temporaries). Rounded up from the random Qwen2.5-0.5B and
-# Llama-3.2-1B at 8k (export_cost_{qwen2.5_0.5b,llama_3.2_1b}_random_pte_int4_8k.json, tests/test_export_budget.py).
+# exists. Its peaks are lower-pte (the codes, one byte per weight, and a transient that grows with the output head's
+# fp32 in one partition), verify-pte (the quantized eager module beside the loaded .pte) and the quantize stage (the
+# narrow weights and the table widened for verify-quant's fp32 pass, then the untied head's fp32 and torchao's
+# temporaries). Rounded up from the random Qwen2.5-0.5B's and Llama-3.2-1B's measured peaks at 8k
+# (export_cost_{qwen2.5_0.5b,llama_3.2_1b}_random_pte_int4_8k.json, tests/test_export_budget.py).
 K_PTE_NARROW = {"int8": 1.5, "int4": 1.5}
 STATE_COPIES = 3  # the eager state, the runtime's past and present state while verifying
 # CPU seconds per billion parameters (one core of the 2-core reference VM, x86-64 AMD EPYC): load, trace, lower,
