@@ -526,7 +526,7 @@ def main(argv=None) -> dict:
     ds.probe(result["bandwidth"], [a.threads], bw_args, log)
     formats: dict[tuple[str, str], set[str]] = {}
     for n in names:
-        if n.startswith("edgekv-"):
+        if n.startswith("edgekv-") and n not in exports:  # a row on a prebuilt export (--export) needs no format here
             fam, variant = n.split(":", 1)
             formats.setdefault(tuple(variant.rsplit("/", 1)), set()).add("onnx" if fam == "edgekv-ort" else "pte")
 

@@ -9,6 +9,7 @@ call), then the same run with ETDump on, whose events are summed per call into
   xnnpack other       every other op inside the XNNPACK delegate (norms, elementwise, reshapes)
   xnnpack dispatch    the delegate calls' time beyond the ops inside them
   custom_sdpa         ExecuTorch's LLM attention kernel (llama::custom_sdpa)
+  int8_sdpa           edgekv's own int8-cache attention kernel (edgekv::int8_sdpa, --pte-int8-kernel edgekv)
   cache write         index_put_ of this call's rows into the caller's state
   portable other      the remaining portable kernels (embedding, RoPE tables, casts)
   operator dispatch   the runtime's per-operator wrapper beyond the kernels
@@ -38,8 +39,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-CATEGORIES = ("xnnpack gemm", "xnnpack other", "xnnpack dispatch", "custom_sdpa", "cache write", "portable other",
-              "operator dispatch", "method rest", "outside execute")
+CATEGORIES = ("xnnpack gemm", "xnnpack other", "xnnpack dispatch", "custom_sdpa", "int8_sdpa", "cache write",
+              "portable other", "operator dispatch", "method rest", "outside execute")
 
 
 def category_of(name: str, delegated: bool) -> str | None:
@@ -51,6 +52,8 @@ def category_of(name: str, delegated: bool) -> str | None:
         return "xnnpack gemm" if re.search(r"Fully Connected|Batch Matrix Multiply|GEMM", name) else "xnnpack other"
     if "custom_sdpa" in name:
         return "custom_sdpa"
+    if "int8_sdpa" in name:
+        return "int8_sdpa"
     if "index_put" in name:
         return "cache write"
     return "portable other"
@@ -72,8 +75,9 @@ def per_call(events, calls: slice, n: int | None = None) -> dict:
         else:
             sums[name] += ms
     inner_delegated = sums["xnnpack gemm"] + sums["xnnpack other"]
-    kernels = sums["custom_sdpa"] + sums["cache write"] + sums["portable other"]
-    out = {c: sums[c] for c in ("xnnpack gemm", "xnnpack other", "custom_sdpa", "cache write", "portable other")}
+    kernels = sums["custom_sdpa"] + sums["int8_sdpa"] + sums["cache write"] + sums["portable other"]
+    out = {c: sums[c] for c in ("xnnpack gemm", "xnnpack other", "custom_sdpa", "int8_sdpa", "cache write",
+                                "portable other")}
     out["xnnpack dispatch"] = max(0.0, sums["DELEGATE_CALL"] - inner_delegated)
     out["operator dispatch"] = max(0.0, sums["OPERATOR_CALL"] - kernels)
     out["method rest"] = max(0.0, sums["Method::execute"] - sums["DELEGATE_CALL"] - sums["OPERATOR_CALL"])
@@ -189,6 +193,16 @@ def profile(folder: Path, threads: int, prompt_tokens: int, new: int) -> dict:
         if part and not delegated and category_of(name, delegated) in ("portable other", "cache write"):
             portable[name] += sum(part) / len(part)
     top = dict(sorted(((k, round(v, 4)) for k, v in portable.items()), key=lambda kv: -kv[1])[:8])
+    # the decode step's single largest events, in the step's order (index among its events): the tied head is one
+    # fully-connected call of the vocabulary's rows, apart from the layers' linears (as profiled, not scaled)
+    singles = [(i, name, d, sum(part) / len(part)) for i, (name, d, part) in enumerate(dec_events) if part]
+    largest = [{"index": i, "name": name, "delegated": d, "ms": round(ms, 4)}
+               for i, name, d, ms in sorted(singles, key=lambda e: -e[3])[:10]]
+    by_name = defaultdict(float)  # the XNNPACK kernels by name (the weights' formats: QC8W int8, QB4W 8da4w ...)
+    for name, delegated, part in dec_events:
+        if part and delegated:
+            by_name[name] += sum(part) / len(part)
+    xnn = dict(sorted(((k, round(v, 4)) for k, v in by_name.items()), key=lambda kv: -kv[1])[:12])
     counts = defaultdict(int)  # events of each kind in one decode call (every event has one sample per call)
     for name, delegated, _ in dec_events:
         counts[category_of(name, delegated) or name] += 1
@@ -199,6 +213,8 @@ def profile(folder: Path, threads: int, prompt_tokens: int, new: int) -> dict:
             "prefill_ms_per_call": scaled(pre, clean["prefill_ms_per_call"], prof["prefill_ms_per_call"]),
             "events_per_call": dict(sorted(counts.items())),
             "portable_decode_ms_by_op": top,  # as profiled (not scaled to the clean wall time), the 8 largest
+            "xnnpack_decode_ms_by_op": xnn,  # as profiled, the 12 largest
+            "decode_largest_events": largest,
             "profiled": {"decode_execute_ms": round(dec["execute"], 4), "decode_wall_ms": round(prof["decode_ms_mean"], 4),
                          "prefill_execute_ms": round(pre["execute"], 4),
                          "prefill_wall_ms": round(prof["prefill_ms_per_call"], 4)}}

@@ -59,6 +59,12 @@ SHAPES = [
     (1, 20, 4, 256, 64, 40),
     (2, 5, 1, 64, 20, 0),
     (1, 17, 2, 48, 70, 53),  # a head size that is not a multiple of 16 (the SIMD loops' scalar tails)
+    # the register tiles' edges: 5 query heads (a tile of 4, then 1), 3 (values: 2, then 1), head sizes 36 and 40
+    # (dimensions past the 8- and 16-wide loops), an odd number of keys read in place (one token: 4 heads x 2 keys)
+    (1, 1, 5, 40, 200, 186),
+    (2, 1, 3, 36, 90, 84),
+    (1, 18, 5, 36, 80, 61),
+    (1, 1, 4, 256, 300, 290),  # one token past several of the in-place blocks (64 keys at D 256)
 ]
 
 
