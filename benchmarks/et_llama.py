@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from edgekv.children import child_setup  # a child dies with this process
 
 ROOT = Path(__file__).resolve().parent.parent
 CHUNK = 128  # export_llama's default --max_seq_length
@@ -178,7 +179,7 @@ def build(work: Path, model_path: Path, ctx: int, variant: str, log=print, timeo
     with logf.open("w") as f:  # streamed, so a long export can be followed
         f.write(" ".join(cmd) + "\n\n")
         f.flush()
-        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=pte.parent, env=env, timeout=timeout)
+        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=pte.parent, env=env, timeout=timeout, preexec_fn=child_setup())
     made = pte.parent / "model.tmp.pte"
     if p.returncode != 0 or not made.is_file():
         lines = [s for s in logf.read_text().splitlines() if s.strip()]

@@ -24,17 +24,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+from edgekv.children import child_setup  # the export dies with this process
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 STAGE = re.compile(r"^\[(\d+)/(\d+)\] ([\w-]+)")
-
-
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def _tree_rss(proc) -> int:
@@ -54,7 +48,7 @@ def measure(args: list[str], interval: float = 0.2, kill_above: int | None = Non
                TOKENIZERS_PARALLELISM="false")
     t0 = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-m", "edgekv.cli", "export", *args], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, preexec_fn=_die_with_parent)
+                             stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, preexec_fn=child_setup())
     proc = psutil.Process(child.pid)
     state = {"stage": "start", "lines": []}
     stages: dict[str, dict] = {}

@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from edgekv.children import child_setup  # a child dies with this process
 
 ROOT = Path(__file__).resolve().parents[1]
 EDGEKV = [str(Path(sys.executable).parent / "edgekv")]
@@ -145,14 +146,14 @@ def export(model: str, strategy: str, fmt: str, ctx: int, out: Path, weights: st
     p = subprocess.run(EDGEKV + ["export", "--model", model, "--strategy", strategy, "--format", fmt, "--max-ctx",
                                  str(ctx), "--out", str(out), "--verify-steps", "0", "--threads", "1", "--force",
                                  "--weights", weights],
-                       capture_output=True, text=True, cwd=ROOT)
+                       capture_output=True, text=True, cwd=ROOT, preexec_fn=child_setup())
     return None if p.returncode == 0 else last_line(p.stderr or p.stdout)
 
 
 def profile(out: Path, runtime: str, ctx: int, steps: int, repeats: int = 1) -> dict:
     p = subprocess.run(EDGEKV + ["profile", str(out), "--ctx", str(ctx), "--steps", str(steps), "--threads", "1",
                                  "--runtime", runtime, "--repeats", str(repeats), "--json"],
-                       capture_output=True, text=True, cwd=ROOT)
+                       capture_output=True, text=True, cwd=ROOT, preexec_fn=child_setup())
     if p.returncode != 0:
         return {"error": last_line(p.stderr)}
     rep = json.loads(p.stdout)
@@ -200,7 +201,7 @@ def steady(folder: Path, chunk: int) -> int | None:
     the start of the state (positions 0 to 3 x chunk) and under glibc's default malloc settings. edgekv's stepper,
     which the profile rows run, turns the arena and memory patterns off as well (OrtStepper lean)."""
     p = subprocess.run([sys.executable, "-c", STEADY_CHILD, str(folder), str(chunk)], capture_output=True,
-                       text=True, cwd=ROOT)
+                       text=True, cwd=ROOT, preexec_fn=child_setup())
     line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("{")), None)
     return json.loads(line)["steady_bytes"] if line else None
 

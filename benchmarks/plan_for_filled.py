@@ -17,6 +17,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from edgekv.children import child_setup  # a child dies with this process
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -41,7 +42,7 @@ def plan_row(model: str, ctx: int, runtime: str, strategy: str, weights: str) ->
     cmd = [sys.executable, "-m", "edgekv.cli", "plan", "--device", "host", "--ctx", str(ctx), "--model", model,
            "--runtime", runtime, "--strategy", strategy, "--weights", weights, "--json"]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), preexec_fn=child_setup())
     if p.returncode not in (0, 3):
         return {"error": (p.stderr.strip().splitlines() or [str(p.returncode)])[-1]}
     opts = json.loads(p.stdout)["options"]

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from edgekv.children import child_setup  # a child dies with this process
 
 HEAVY = ("torch", "executorch", "onnxruntime", "onnx", "transformers")
 TARGET_RATIO = 2.0  # issue 41: the demo command within twice the CPU time of importing numpy
@@ -37,7 +38,7 @@ def run_child(cmd: list[str], env: dict) -> tuple[float, float, str]:
     """One run, its CPU time read with wait4 (Popen.communicate would reap the child first)."""
     with tempfile.TemporaryFile() as err:
         t = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env)
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env, preexec_fn=child_setup())
         out = p.stdout.read()
         _, status, ru = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t
@@ -80,7 +81,7 @@ def main():
              "\nwith contextlib.redirect_stdout(io.StringIO()):\n    try:\n        runpy.run_module('edgekv.cli', run_name='__main__')\n"
              "    except SystemExit:\n        pass\n"
              f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))")
-    heavy = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env).stdout.strip()
+    heavy = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, preexec_fn=child_setup()).stdout.strip()
     # in-process: the planning itself, without interpreter start-up
     from edgekv.devices import load_device
     from edgekv.plan import default_models, make_plan

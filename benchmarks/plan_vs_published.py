@@ -27,6 +27,7 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from edgekv.children import child_setup  # a child dies with this process
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -133,10 +134,10 @@ def measure_host(work: Path, ctxs=(1024, 2048, 4096, 8192)) -> Path:
     if not (out / "manifest.json").is_file():
         subprocess.run(EDGEKV + ["export", "--model", "smollm2-135m", "--strategy", "kv", "--format", "onnx",
                                  "--max-ctx", "8192", "--out", str(out), "--verify-steps", "0", "--threads", "1",
-                                 "--force"], check=True, cwd=ROOT)
+                                 "--force"], check=True, cwd=ROOT, preexec_fn=child_setup())
     for c in ctxs:
         p = subprocess.run(EDGEKV + ["profile", str(out), "--ctx", str(c), "--steps", "16", "--threads", "1",
-                                     "--runtime", "ort", "--json"], capture_output=True, text=True, cwd=ROOT)
+                                     "--runtime", "ort", "--json"], capture_output=True, text=True, cwd=ROOT, preexec_fn=child_setup())
         (work / f"prof_{c}.json").write_text(p.stdout)
     return work
 

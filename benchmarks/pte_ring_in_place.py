@@ -26,6 +26,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from edgekv.children import child_setup  # a child dies with this process
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("in-place", "copied")
@@ -108,7 +109,7 @@ def side_by_side(benchmark: str, variants, script: str, description: str, work: 
         if not (folder / "manifest.json").is_file():
             t0, l0 = time.perf_counter(), os.getloadavg()[0]
             p = subprocess.run([sys.executable, script, "--export", str(src), str(folder), v, str(a.ctx)], env=env,
-                               capture_output=True, text=True)
+                               capture_output=True, text=True, preexec_fn=child_setup())
             if p.returncode:
                 raise SystemExit(f"export {v} failed: {p.stderr.strip().splitlines()[-1:]}")
             result["exports"][v] = {"wall_s": round(time.perf_counter() - t0, 1), "loadavg": l0}
@@ -116,7 +117,7 @@ def side_by_side(benchmark: str, variants, script: str, description: str, work: 
         for v in variants:
             folder = work / f"pte-{v}-c{a.ctx}"
             p = subprocess.run([sys.executable, __file__, "--run", str(folder), str(a.ctx), str(a.new),
-                                str(work / f"logits-{v}.npy")], env=env, capture_output=True, text=True)
+                                str(work / f"logits-{v}.npy")], env=env, capture_output=True, text=True, preexec_fn=child_setup())
             line = [s for s in p.stdout.splitlines() if s.startswith("RESULT ")]
             if p.returncode or not line:
                 raise SystemExit(f"run {v} failed: {p.stderr.strip().splitlines()[-1:]}")

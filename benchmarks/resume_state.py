@@ -39,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import filled_context as fc
+from edgekv.children import child_setup  # a child dies with this process
 
 ds = fc.ds
 ROOT = ds.ROOT
@@ -177,7 +178,7 @@ def refuse(folder: Path, state: Path, prompt: str, threads: int, timeout: int) -
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT, preexec_fn=child_setup())
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"timed out after {timeout} s"}
     return {**one_line_error(p.returncode, p.stderr), "seconds": round(time.perf_counter() - t0, 1)}

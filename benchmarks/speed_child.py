@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from edgekv.children import child_setup  # every child dies with the benchmark, SIGKILL included
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20
@@ -204,7 +205,6 @@ def run_child(spec: dict, timeout: int, script: str = str(Path(__file__).with_na
     """Run one spec in a fresh process (`script --child -`, the spec's JSON on stdin; it prints `RESULT {json}`; by default
     benchmarks/decode_speed.py, whose child_main is this module's); returns its result (here plus peak RSS), or
     {"error": one line}. benchmarks/profile_ort.py and filled_context.py run their children through it too."""
-    from edgekv.children import child_setup  # the row dies with the benchmark, SIGKILL included
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                OMP_NUM_THREADS=str(spec.get("threads", 1)), PYTHONPATH=str(ROOT))
     try:
@@ -262,7 +262,7 @@ class Work:
     def export_flags(self) -> str:
         if self._help is None:
             p = subprocess.run([sys.executable, "-m", "edgekv.cli", "export", "--help"], capture_output=True,
-                               text=True, cwd=ROOT)
+                               text=True, cwd=ROOT, preexec_fn=child_setup())
             self._help = p.stdout
         return self._help
 
@@ -287,7 +287,7 @@ class Work:
                    "--verify-steps", "0", "--force"] + (["--weights", weights] if weights != "fp32" else [])
             self.log(f"  exporting {folder.name} ({fmt}) ...")
             t = time.perf_counter()
-            p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, preexec_fn=child_setup())
             if p.returncode != 0:
                 raise RuntimeError(f"edgekv export failed: {_last_line(p.stderr) or p.returncode}")
             self.log(f"  exported {folder.name} in {time.perf_counter() - t:.0f} s")
@@ -327,7 +327,7 @@ class Work:
                    "-p", precision, "-e", "cpu", "-c", str(self.root / "genai" / "cache"),
                    "--extra_options", "hf_token=false"]
             env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
-            p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=1800)
+            p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=1800, preexec_fn=child_setup())
             if p.returncode != 0 or not (tmp / "genai_config.json").is_file():
                 raise RuntimeError(f"GenAI builder failed: {_last_line(p.stderr) or p.returncode}")
             tmp.rename(folder)

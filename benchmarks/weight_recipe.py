@@ -26,6 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+from edgekv.children import child_setup  # a child dies with this process
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -224,7 +225,7 @@ def edgekv_export(hf: Path, weights: str, out: Path, ctx: int) -> dict:
     if not (out / "manifest.json").is_file():
         cmd = [sys.executable, "-m", "edgekv.cli", "export", "-m", str(hf), "--weights", weights, "-c", str(ctx),
                "-o", str(out), "--force", "--verify-steps", "4"]
-        subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=child_setup())
     return json.loads((out / "manifest.json").read_text())
 
 

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from edgekv.children import child_setup  # a child dies with this process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,7 +64,7 @@ def main() -> None:
             for paged in ((False, True) if a.paged else (False,)):
                 p = subprocess.run([sys.executable, "-c", CHILD, str(Path(e).resolve()), str(ROOT), str(int(paged))],
                                    capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                                   timeout=600)
+                                   timeout=600, preexec_fn=child_setup())
                 r = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {"error": p.stderr[-500:]}
                 rows.append({"export": Path(e).name, "paging_out": paged, **r, "loadavg": list(os.getloadavg())})
                 print(json.dumps(rows[-1]))

@@ -33,6 +33,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run by the mutation venv, which does not install edgekv: children.py is stdlib only
+from edgekv.children import child_setup  # noqa: E402  (every child dies with this process)
 
 # module: (functions to mutate (None: the whole file), the fast tests that guard them, timeout per run in s)
 MODULES = {
@@ -148,7 +150,7 @@ def function_lines(path: Path, names: list[str] | None) -> list[str]:
 
 def scratch_copy(dst: Path) -> None:
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
-                           check=True).stdout.decode().split("\0")
+                           check=True, preexec_fn=child_setup()).stdout.decode().split("\0")
     for f in filter(None, files):
         src = ROOT / f
         if src.is_file():
@@ -176,14 +178,14 @@ def run_module(name: str, work: Path, python: str, max_n: int | None, seed: int,
     db = work / f"mutate-{name}.sqlite"
     cfg.write_text(toml_config(module_path, function_lines(work / module_path, funcs), command, timeout))
     bin_dir = Path(sys.executable).parent
-    baseline = subprocess.run(shlex.split(command), cwd=work, capture_output=True, text=True)
+    baseline = subprocess.run(shlex.split(command), cwd=work, capture_output=True, text=True, preexec_fn=child_setup())
     if baseline.returncode != 0:
         log(f"{name}: its tests fail unmutated, skipped:\n{baseline.stdout[-2000:]}")
         return {"module": module_path, "error": "tests fail on the unmutated code"}
-    subprocess.run([bin_dir / "cosmic-ray", "init", cfg, db, "--force"], cwd=work, check=True, capture_output=True)
+    subprocess.run([bin_dir / "cosmic-ray", "init", cfg, db, "--force"], cwd=work, check=True, capture_output=True, preexec_fn=child_setup())
     for tool in ("cr-filter-operators", "cr-filter-lines"):
         args = [bin_dir / tool, db, cfg] if tool == "cr-filter-operators" else [bin_dir / tool, db, "--config", cfg]
-        subprocess.run(args, cwd=work, check=True, capture_output=True)
+        subprocess.run(args, cwd=work, check=True, capture_output=True, preexec_fn=child_setup())
     with use_db(str(db), WorkDB.Mode.open) as wdb:
         # in source order, so that a seeded sample is the same sample on every run
         pending = [w.job_id for w in sorted(wdb.pending_work_items, key=lambda w: (
@@ -196,7 +198,7 @@ def run_module(name: str, work: Path, python: str, max_n: int | None, seed: int,
             wdb.set_multiple_results(drop, WorkResult(output="not sampled", worker_outcome=WorkerOutcome.SKIPPED))
             sampled = max_n
     log(f"{name}: {generated} mutants generated, {sampled} to run ({tests})")
-    subprocess.run([bin_dir / "cosmic-ray", "exec", cfg, db], cwd=work, check=True)
+    subprocess.run([bin_dir / "cosmic-ray", "exec", cfg, db], cwd=work, check=True, preexec_fn=child_setup())
     return summarize(name, work)
 
 

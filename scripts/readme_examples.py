@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from edgekv.children import child_setup  # a child dies with this process
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"```\n(\$ edgekv plan [^\n]*)\n(.*?)```", re.S)
@@ -19,7 +20,7 @@ def real(cmd: str, shown: list[str]) -> list[str]:
     env = {**os.environ, "COLUMNS": str(len(rule)), "PYTHONPATH": str(ROOT)}
     env.pop("LINES", None)
     out = subprocess.run([sys.executable, "-m", "edgekv.cli", *cmd.split()[2:]], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=300).stdout.splitlines()
+                         env=env, cwd=ROOT, timeout=300, preexec_fn=child_setup()).stdout.splitlines()
     new = []
     for i, want in enumerate(shown):
         if want == "..." or i >= len(out):

@@ -99,9 +99,9 @@ def differs(shown: list[str], real: list[str]) -> list[str]:
 
 
 def clone(dest: Path) -> str:
-    subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(dest)], check=True)
+    subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(dest)], check=True, preexec_fn=child_setup())
     return subprocess.run(["git", "-C", str(dest), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+                          check=True, preexec_fn=child_setup()).stdout.strip()
 
 
 def run_step(step: dict, repo: Path, bin_dir: Path, timeout: float, echo: bool = True) -> dict:
