@@ -276,6 +276,14 @@ def test_filled_rows_against_the_plan(tmp_path):
         for kind, c in kinds.items():
             stored = ALL[cost]["devices"]["host"]["kinds"][kind]["compute_s_per_head_dim_position"]
             assert stored == pytest.approx(c, rel=0.005), (cost, kind)
+    # the .pte rows on edgekv's own int8 kernel (their export's custom_ops: edgekv::int8_sdpa) are priced at that
+    # kernel's measured rate, held out (nothing is fitted on them); SmolLM2's at a filled 8k come within 25 %
+    k8 = [r for r in res["rows"] if r.get("int8_kernel") == "edgekv"]
+    assert len(k8) >= 3 and all(r["set"] == "held-out" and r["modelled"] for r in k8)
+    assert "edgekv::int8_sdpa" in k8[0]["attention_formula"]
+    for r in k8:
+        if r["model"] == "smollm2-135m":
+            assert abs(r["predicted_tok_s"] / r["measured_tok_per_cpu_s"] - 1) <= 0.25, r
     # Gemma's rows: a model outside the catalog (the 1B rows of another run, held out too) is checked where it lands
     gemma = [r for r in res["rows"] if r["model"] == "gemma-3-270m"]
     held = [r for r in gemma if r["set"] == "held-out" and r["modelled"] and r["row"].startswith("edgekv-ort:")
@@ -602,3 +610,35 @@ def test_pte_gemma3_fp32_rings_at_the_kernels_measured_curve():
     text = row["explain"]["decode_tokens_per_s"]
     attn_ms = float(text.split(" ms + attention ")[1].split(" ms")[0])
     assert attn_ms * 1e-3 == pytest.approx(want, rel=0.02)
+
+
+@pytest.mark.parametrize("strategy,kind", [("kv-int8c", "int8c"), ("kv-int8", "int8")])
+def test_plan_prices_edgekvs_int8_kernel_at_its_measured_calls(strategy, kind):
+    """`edgekv plan --runtime executorch --pte-int8-kernel edgekv`: the .pte's int8 cache read by edgekv::int8_sdpa.
+    From a filled 2k to 8k SmolLM2's 30 layers each keep 6144 more keys, so the decode step grows by 30 x what one
+    call of the kernel at 8192 keys costs over one at 2048: the kernel benchmark's own measured calls
+    (benchmarks/results/attention_rates_executorch_int8_edgekv_r2.json, 9 x 3 x 64 heads; the stored rate is a fit to
+    them, worst row 5 %), not custom_quantized_sdpa's (the default, 7-10x slower per key there)."""
+    calls = {r["ctx"]: r["median_us"] * 1e-6 for r in _kernel_rows("attention_rates_executorch_int8_edgekv_r2.json")
+             if r["kind"] == kind and r["head_dim"] == 64}
+    args = ("--device", "host", "-m", "smollm2-135m", "--runtime", "executorch", "--strategy", strategy,
+            "--weights", "int4")
+    step = {ctx: 1 / plan(*args, "--pte-int8-kernel", "edgekv", "--ctx", str(ctx))["decode_tokens_per_s"]
+            for ctx in (2048, 8192)}
+    assert step[8192] - step[2048] == pytest.approx(L * (calls[8192] - calls[2048]), rel=0.08)
+    default = {ctx: 1 / plan(*args, "--ctx", str(ctx))["decode_tokens_per_s"] for ctx in (2048, 8192)}
+    assert default[8192] - default[2048] > 5 * (step[8192] - step[2048])  # custom_quantized_sdpa's scalar int8 path
+
+
+def test_plan_names_the_int8_kernel_in_its_export_command():
+    """The footer's export command carries the kernel the plan priced, so the row is built as planned; a kernel
+    edgekv does not know is one line and exit 2."""
+    code, out, err = cli("plan", "--device", "host", "-m", "smollm2-135m", "-c", "8k", "--runtime", "executorch",
+                         "--strategy", "kv-int8c", "--pte-int8-kernel", "edgekv")
+    assert code in (0, 3), err
+    assert "--pte-int8-kernel edgekv -o OUT" in " ".join(out.split())
+    assert "edgekv::int8_sdpa" in cli("plan", "--device", "host", "-m", "smollm2-135m", "-c", "8k", "--runtime",
+                                      "executorch", "--strategy", "kv-int8c", "--pte-int8-kernel", "edgekv",
+                                      "--json", "--explain")[1]
+    code, out, err = cli("plan", "--device", "host", "-m", "smollm2-135m", "-c", "8k", "--pte-int8-kernel", "xnn")
+    assert code == 2 and "Traceback" not in err and "--pte-int8-kernel" in err
