@@ -28,7 +28,9 @@ cap its attention FLOP).
 The fitted numbers are what edgekv/costs/attention_rates.json stores for the host (weights, prefill;
 tests/test_attention_rates.py checks that they agree); `edgekv plan --device host --runtime R --weights int4` prints the plan's own number beside each row. Rows the planner has no rate for (edgekv's explicit kv-int8 / kv-int4
 ONNX graphs, a .pte's eager attention, GGUF-carried weights, GenAI, ExecuTorch's own Llama export) are listed with
-the reason they are not modelled.
+the reason they are not modelled. A .pte whose export calls edgekv's own int8 kernel (export --pte-int8-kernel edgekv:
+its manifest's custom_ops, recorded by filled_context) is priced as `edgekv plan --pte-int8-kernel edgekv` prices it,
+at that kernel's measured rows, and held out whatever its model: nothing is fitted on it.
 
     python benchmarks/plan_vs_filled.py [--ggufs] [--gguf-dir DIR] [--out benchmarks/results/plan_vs_filled.json]
 """
