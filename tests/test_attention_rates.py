@@ -642,3 +642,32 @@ def test_plan_names_the_int8_kernel_in_its_export_command():
                                       "--json", "--explain")[1]
     code, out, err = cli("plan", "--device", "host", "-m", "smollm2-135m", "-c", "8k", "--pte-int8-kernel", "xnn")
     assert code == 2 and "Traceback" not in err and "--pte-int8-kernel" in err
+
+
+@pytest.mark.slow
+def test_plan_vs_filled_prices_gemmas_32k_pte_rows(tmp_path):
+    """Gemma-3-270M's .pte rows at a filled 32k (kv-int4, window, and kv-int8 / kv-int8c on edgekv's own kernel,
+    told by its export's custom_ops) are priced, not listed: each gets a decode prediction from its kind's stored
+    rate (the edgekv kernel's rows held out), and those with a prefill rate a prefill. The rows are the 16k
+    edgekv-kernel run's row moved to 32k (the measured figures are beside the point: only that each is priced)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import plan_vs_filled
+
+    d = json.loads((ROOT / "benchmarks" / "results" / "filled_context_gemma3_16384_pte_int8c_edgekv.json").read_text())
+    base = {**d["rows"][0], "ctx": 32768, "prompt_tokens": 32736}
+    exp = base["export"]
+    rows = {"edgekv-pte:kv-int4/int4": None, "edgekv-pte:window/int4": None, "edgekv-pte:kv-int8c/int4": exp,
+            "edgekv-pte:kv-int8/int4": {**exp, "strategy": "kv-int8:group=0"}}
+    d["rows"] = [{k: v for k, v in {**base, "name": n, "export": e}.items() if v is not None} for n, e in rows.items()]
+    d["started_utc"] = "2026-12-06T04:00:00+00:00"
+    fake = tmp_path / "filled_context_gemma3_32768_pte_check.json"
+    fake.write_text(json.dumps(d))
+    out = tmp_path / "pvf.json"
+    assert plan_vs_filled.main(["--also", str(fake), "--out", str(out)]) == 0
+    got = {r["row"]: r for r in json.loads(out.read_text())["rows"] if r["file"] == fake.name}
+    assert set(got) == set(rows)
+    for name, r in got.items():
+        assert r["modelled"] and r["predicted_tok_s"] > 0 and r["set"] == "held-out", r
+        assert ("predicted_prefill_s" in r) == (name != "edgekv-pte:window/int4"), r  # the eager window: no rate
+    for name in ("edgekv-pte:kv-int8c/int4", "edgekv-pte:kv-int8/int4"):
+        assert got[name]["int8_kernel"] == "edgekv" and "edgekv::int8_sdpa" in got[name]["attention_formula"]
