@@ -79,8 +79,8 @@ KERNEL_ON_MODEL = ("eager int8",)
 NOT_FITTED = {
     "filled_context_8192_int8c.json": "its attention-heavy rows (fp32 and fp16 cache, llama.cpp f16) ran 1.6-2.5x "
     "slower than every other measurement of the same rows (filled_context_8192, _etllama_kvq, _etllama_side, "
-    "_etpeer_edgekv, profile_ort_kv_fp32_8192) while its kv-int8c row agrees with them: a run on a slower memory "
-    "path, not the host's typical rate",
+    "_etpeer_edgekv, profile_ort_kv_fp32_8192, and filled_context_8192_rerun41, which reran its five rows in one run) "
+    "while its kv-int8c row agrees with them: a run on a slower memory path, not the host's typical rate",
     "filled_context_2048_pte_int8_inplace.json": "one row (the .pte's kv-int8 read in place by custom_quantized_sdpa) "
     "run alone at a load average of 6-12, without the fp32 row beside it: a check of the plan's int8 kernel rate, "
     "not a weights-rate measurement",
