@@ -427,7 +427,7 @@ def et_program(h: int, hkv: int, d: int, kind: str, ctx: int, chunk: int = 1) ->
                 k, v = put(k, codes), put(v, codes)
                 if INT8_KERNEL == "edgekv":  # edgekv::int8_sdpa (--int8-kernel edgekv): fp32 q, scales as stored
                     if kind == "int8":
-                        ks, vs = (put(s, torch.ones(1, hkv, 1, dtype=torch.float16)) for s in scales)
+                        ks, vs = (put(s, torch.ones(1, hkv, chunk, dtype=torch.float16)) for s in scales)
                     else:
                         ks, vs = scales
                     return torch.ops.edgekv.int8_sdpa(q.contiguous(), k, v, ks, vs, start, d ** -0.5, kind == "int8c")

@@ -28,7 +28,9 @@ cap its attention FLOP).
 The fitted numbers are what edgekv/costs/attention_rates.json stores for the host (weights, prefill;
 tests/test_attention_rates.py checks that they agree); `edgekv plan --device host --runtime R --weights int4` prints the plan's own number beside each row. Rows the planner has no rate for (edgekv's explicit kv-int8 / kv-int4
 ONNX graphs, a .pte's eager attention, GGUF-carried weights, GenAI, ExecuTorch's own Llama export) are listed with
-the reason they are not modelled.
+the reason they are not modelled. A .pte whose export calls edgekv's own int8 kernel (export --pte-int8-kernel edgekv:
+its manifest's custom_ops, recorded by filled_context) is priced as `edgekv plan --pte-int8-kernel edgekv` prices it,
+at that kernel's measured rows, and held out whatever its model: nothing is fitted on it.
 
     python benchmarks/plan_vs_filled.py [--ggufs] [--gguf-dir DIR] [--out benchmarks/results/plan_vs_filled.json]
 """
@@ -63,17 +65,22 @@ LLAMACPP_CACHE = {"f16": "kv", "q8_0": "kv-int8", "q4_0": "kv-int4"}
 NOT_MODELLED = {"genai": "ONNX Runtime GenAI's own graphs: no rate stored",
                 "et-llama": "ExecuTorch's own Llama export (export_llama): its SDPA with a cache update, no rate stored"}
 # the cache kinds benchmarks/attention_rates.py times per runtime (the rest are fitted here on model rows)
-KERNEL_KINDS = {"onnxruntime": ("fp32", "fp16", "int8c"), "executorch": ("fp32", "fp16", "int8", "int8c"),
+KERNEL_KINDS = {"onnxruntime": ("fp32", "fp16", "int8c"),
+                "executorch": ("fp32", "fp16", "int8", "int8c", "edgekv int8", "edgekv int8c"),
                 "llama.cpp": ("f16", "q8_0", "q4_0")}
-# the eager graphs a kernel benchmark times too (benchmarks/attention_rates.py --window: the window strategy's layer):
-# charged at their stored kernel rows, not fitted on model rows
-KERNEL_EAGER = {"onnxruntime": ("eager fp16",), "executorch": ("eager fp16",)}
+# the eager graphs a benchmark times too (benchmarks/attention_rates.py --window: the window strategy's layer; the
+# explicit kv-int8 graph per kept key, benchmarks/eager_per_key.py on profile_ort.py's rounds of the model): charged
+# at their stored rows, not fitted on model rows
+KERNEL_EAGER = {"onnxruntime": ("eager fp16", "eager int8"), "executorch": ("eager fp16",)}
+# of those, the kinds measured on the model itself (benchmarks/eager_per_key.py: the kv-int8 export's step less the
+# fp32-cache export's, its GroupQueryAttention added back): their rows do not fit the weights term again
+KERNEL_ON_MODEL = ("eager int8",)
 # runs listed in the table but not fitted to, and why
 NOT_FITTED = {
     "filled_context_8192_int8c.json": "its attention-heavy rows (fp32 and fp16 cache, llama.cpp f16) ran 1.6-2.5x "
     "slower than every other measurement of the same rows (filled_context_8192, _etllama_kvq, _etllama_side, "
-    "_etpeer_edgekv, profile_ort_kv_fp32_8192) while its kv-int8c row agrees with them: a run on a slower memory "
-    "path, not the host's typical rate",
+    "_etpeer_edgekv, profile_ort_kv_fp32_8192, and filled_context_8192_rerun41, which reran its five rows in one run) "
+    "while its kv-int8c row agrees with them: a run on a slower memory path, not the host's typical rate",
     "filled_context_2048_pte_int8_inplace.json": "one row (the .pte's kv-int8 read in place by custom_quantized_sdpa) "
     "run alone at a load average of 6-12, without the fp32 row beside it: a check of the plan's int8 kernel rate, "
     "not a weights-rate measurement",
@@ -99,6 +106,12 @@ PTE_INT8_OLD_KIND = {"edgekv-pte:kv-int8/": "readback int8", "edgekv-pte:kv-int8
 # one attention per query head, modelled at that graph's kernel rate ("per-head fp32", attention_rates.json keeps both)
 PTE_PER_HEAD = ("edgekv-pte:kv:dtype=fp32/", "2026-12-05T22:53", "per-head fp32")
 PTE_ROWS_FILES = {"filled_context_gemma3_16384_pte_fast.json", "filled_context_gemma3_16384_pte_fast_r2.json"}
+# edgekv's own operators a .pte may call (its manifest's custom_ops, recorded by filled_context as export.custom_ops)
+# -> the --pte-int8-kernel that builds it: the plan prices edgekv::int8_sdpa at its kernel rows
+# (benchmarks/attention_rates.py --runtime executorch --int8-kernel edgekv; edgekv/costs/attention_rates.json kinds
+# "edgekv int8" / "edgekv int8c"). Such rows are held out: nothing is fitted on them (their attention and prefill
+# attention are the kernel's measured rates, their weights term and prefill matmul rate the other .pte rows')
+PTE_INT8_KERNEL_OPS = {"edgekv::int8_sdpa": "edgekv"}
 # the .pte's step outside attention split into its weight kernels and the other ops (norms, elementwise, the
 # delegate and operator dispatch, the cache writes, the binding): benchmarks/profile_pte.py on SmolLM2-135M's .pte of
 # the graph the plan charges; the fitted weights term is split by these shares into a weights rate and a per-layer
@@ -185,10 +198,13 @@ def parse(name: str, gguf: str | None = None) -> tuple[str, str, str] | str:
     return RUNTIMES[family][0], spec, "int4"
 
 
-def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then: str | None = None) -> dict:
+def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then: str | None = None,
+          int8_kernel: str = "executorch") -> dict:
     """The planner's pieces for this row: weights bytes per token, the attention seconds at the stored kernel rate
     (None: no rate for this row), the prefill FLOP by part and the prefill kind, and plan's own decode / prefill.
-    kind_then: the stored kind of the graph an older row ran (PTE_INT8_OLD_KIND), in place of the planner's."""
+    kind_then: the stored kind of the graph an older row ran (PTE_INT8_OLD_KIND), in place of the planner's;
+    int8_kernel: what read the .pte's int8 codes (its export's custom_ops: PTE_INT8_KERNEL_OPS), as
+    `edgekv plan --pte-int8-kernel` prices it."""
     from edgekv import memory as M
     from edgekv.arch import Attention
     from edgekv.devices import load_device
@@ -196,19 +212,20 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
     from edgekv.strategies import parse_strategy
 
     arch, dev, strategy = model_arch(model), load_device("host"), parse_strategy(spec)
-    row = plan_one(arch, strategy, dev, ctx, "int4", runtime=runtime)
+    row = plan_one(arch, strategy, dev, ctx, "int4", runtime=runtime, int8_kernel=int8_kernel)
     cost = RUNTIMES["llamacpp" if runtime == "llama.cpp" else "edgekv-pte" if runtime == "edgekv-pte"
                     else "edgekv-ort"][1]
     layout = row.deployment.layout
     rates = M.attention_rates(cost, "host", dev.device_class)
-    kind = M.attention_kind(arch, layout, strategy, cost, rates)
+    kind = M.attention_kind(arch, layout, strategy, cost, rates, int8_kernel)
     if kind_then:
         kind = kind_then if kind_then in rates["kinds"] and not kind_then.startswith("eager") else None
     fused = cost == "llama.cpp" or M.fused_gqa(arch, layout, strategy, cost)
     out = {"cost": cost, "weights_bytes": row.deployment.weights["read_per_token"], "plan_tok_s": row.decode.value,
-           "plan_prefill_s": row.prefill.value, "kind": kind, "cache": M.cache_kind(strategy, layout, cost),
+           "plan_prefill_s": row.prefill.value, "kind": kind, "cache": M.cache_kind(strategy, layout, cost, int8_kernel),
            # the .pte's eager graph (the window strategy): no prefill rate measured or fitted (speed.prefill_at_rates)
-           "prefill_kind": None if cost == "executorch" and not fused else M.prefill_kind(strategy, layout, cost),
+           "prefill_kind": None if cost == "executorch" and not fused else M.prefill_kind(strategy, layout, cost,
+                                                                                          int8_kernel),
            "prefill_parts": M.prefill_parts(arch, strategy, prompt, min(DEFAULT_CHUNK, prompt)), "fused": fused,
            "n_layers": arch.n_layers}
     if kind_then in PTE_INT8_OLD_KIND.values():
@@ -223,8 +240,8 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
                                                                                                    "int4")[1])[1]
         out["n_layers"] = arch.n_layers
     if kind:
-        out["attention_s"], out["attention_formula"] = M.attention_seconds(arch, layout, kind, rates["kinds"],
-                                                                           rates["kernel"])
+        out["attention_s"], out["attention_formula"] = M.attention_seconds(
+            arch, layout, kind, rates["kinds"], rates["kinds"][kind].get("kernel", rates["kernel"]))
     # the prefill attention rate benchmarks/attention_rates.py measured for this kind at this head size (None: the
     # kind's rate is fitted below on the prefills themselves)
     by = (rates or {}).get("prefill") or {}
@@ -404,10 +421,19 @@ def main(argv=None) -> int:
             how = ("superseded export: measured before edgekv's .pte wrote Gemma 3's sliding rings in place"
                    if r["started_utc"] < "2026-12-05T19:00" else "superseded export: measured before edgekv's int4 "
                    ".pte kept only Gemma-3-270M's six measured layers int8")
-        ops = (r.get("export") or {}).get("custom_ops")  # filled_context: the operators of edgekv's own a .pte calls
-        if ops:
-            how = ("edgekv's own int8 kernel (--pte-int8-kernel edgekv: " + ", ".join(ops) +
-                   "): the plan prices the default export's custom_quantized_sdpa, no rate is stored for this kernel")
+        # filled_context: the operators of edgekv's own that a .pte calls (its manifest's custom_ops)
+        ops = {op.split(".")[0] for op in (r.get("export") or {}).get("custom_ops") or ()}
+        int8_kernel = "executorch"
+        if ops and ops <= set(PTE_INT8_KERNEL_OPS) and not isinstance(how, str):
+            int8_kernel = PTE_INT8_KERNEL_OPS[ops.pop()]
+            # its attention at the kernel's own measured rows (nothing fitted on model rows): a check, not a fit row
+            r["set"] = "held-out"
+        elif ops:
+            how = f"edgekv's own operators {', '.join(sorted(ops))}: no rate stored for them"
+        w_export = (r.get("export") or {}).get("weights")
+        if w_export and w_export != "int4" and not isinstance(how, str) and r["name"].endswith("/int4"):
+            how = (f"its export's weights are {w_export} (manifest), not the int4 of its row's name: no "
+                   f"{r['name'].split(':')[0]} {w_export}-weights rate stored")
         old_kind = next((k for pre, k in PTE_INT8_OLD_KIND.items() if r["name"].startswith(pre)
                          and r["started_utc"] < PTE_INT8_BEFORE), None)
         pre, before, kind = PTE_PER_HEAD
@@ -423,7 +449,9 @@ def main(argv=None) -> int:
             r["why_not"] = how
         else:
             r["runtime"], r["spec"], _ = how
-            r.update(terms(r["model"], r["runtime"], r["spec"], r["ctx"], prompt, old_kind))
+            r.update(terms(r["model"], r["runtime"], r["spec"], r["ctx"], prompt, old_kind, int8_kernel))
+            if int8_kernel != "executorch":
+                r["int8_kernel"] = int8_kernel
             if old_kind and old_kind.startswith("eager"):
                 r["eager"] = old_kind
             elif r["cost"] != "llama.cpp" and not r["fused"] and r["prefill_kind"] and r["kind"] in KERNEL_EAGER.get(
@@ -443,7 +471,9 @@ def main(argv=None) -> int:
             r["model_attention_s"] = r["attention_s"]
     w_rates = {}
     for cost in ("onnxruntime", "executorch", "llama.cpp"):
-        sub = [r for r in fit if r["cost"] == cost and "eager" not in r]
+        # (not the rows of a graph whose per-key cost was measured on the model as its step less the fp32 step:
+        # KERNEL_ON_MODEL; their step is that measurement's, not another weights measurement)
+        sub = [r for r in fit if r["cost"] == cost and "eager" not in r and r["kind"] not in KERNEL_ON_MODEL]
         if cost == "executorch":
             # the rows of the graph the plan charges (not the per-head fp32 graph's: its kernel rows charged those
             # steps' attention high, leaving their weights a residual of 2-3 ms against the 6.8 ms its profile
@@ -586,6 +616,8 @@ def main(argv=None) -> int:
                      plan_tok_s=round(r["plan_tok_s"], 2), error=round(err, 3), within_25=abs(err) <= TOLERANCE,
                      weights_bytes=r["weights_bytes"], attention_ms=round(r["model_attention_s"] * 1e3, 3),
                      attention_formula=r["attention_formula"])
+            if "int8_kernel" in r:  # the .pte's int8 cache read by edgekv's own kernel (its export's custom_ops)
+                o["int8_kernel"] = r["int8_kernel"]
             print(f"{r['set']:9} {Path(r['model']).name[:13]:13} {r['name']:31} {r['ctx']:6} {r['file'][15:-5]:30} {r['tok_s']:8.2f} "
                   f"{pred:7.2f} {r['plan_tok_s']:7.2f} {err:+6.0%}{' ' if o['within_25'] else '!'} {pcol}")
         else:

@@ -73,6 +73,10 @@ def _plan_runtimes() -> list[str]:
 @click.option("--chunk", "--prefill-chunk", "chunk", default=128, show_default=True, type=click.IntRange(1, 65536),
               help="prefill chunk (tokens per call)")
 @click.option("--entitled", is_flag=True, help="iOS: use the increased-memory-limit entitlement's budget")
+@click.option("--pte-int8-kernel", "pte_int8_kernel", type=click.Choice(["executorch", "edgekv"]), default="executorch",
+              show_default=True, help="the .pte's int8 caches (kv-int8, kv-int8c): price the kernel export "
+              "--pte-int8-kernel builds, ExecuTorch's custom_quantized_sdpa or edgekv's own edgekv::int8_sdpa, each at "
+              "its rate measured on the host (edgekv/costs/attention_rates.json)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object (bytes as integers) instead of the table")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="write memory vs context (PNG) with the budget line and the requested context (default: no plot)")
@@ -80,8 +84,8 @@ def _plan_runtimes() -> list[str]:
               "risk), the shared device facts once; with --json every formula and input")
 @click.option("--all", "show_all", is_flag=True, help="show every option in the table, not the top 30")
 @click.option("--force", is_flag=True, help="replace an existing --plot, only if edgekv wrote it (default: refuse)")
-def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, entitled, as_json, plot, explain,
-         show_all, force):
+def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, entitled, pte_int8_kernel, as_json, plot,
+         explain, show_all, force):
     """Which model and long-context strategy fits a device at a context, how fast, at what quality risk.
 
     A catalog model is a shape (its published config.json): enough to plan; `edgekv export` needs its weights (an
@@ -105,7 +109,7 @@ def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, ent
     strats = [parse_strategy(s) for s in strategies] or None
     if longest:
         from .plan_search import make_max_plan
-        mp = make_max_plan(device, archs, strats, weights, runtime, entitled, chunk)
+        mp = make_max_plan(device, archs, strats, weights, runtime, entitled, chunk, pte_int8_kernel)
         if as_json:
             termtext.print_json(mp.to_json(explain))
         else:
@@ -113,7 +117,7 @@ def plan(device_name, ctx_text, models, strategies, weights, runtime, chunk, ent
         if models and strategies and mp.options and not any(o.ctx for o in mp.options):
             raise SystemExit(EXIT_NO_FIT)
         return
-    p = make_plan(device, ctx, archs, strats, weights, runtime, entitled, chunk)
+    p = make_plan(device, ctx, archs, strats, weights, runtime, entitled, chunk, pte_int8_kernel)
     from .plan_search import what_would_fit
     p.suggestions = what_would_fit(p, archs, strats, weights, entitled, chunk, bool(models))
     if plot:

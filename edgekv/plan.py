@@ -151,9 +151,13 @@ def default_runtime(device: DeviceProfile) -> str:
 
 
 def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, weights: str, runtime: str | None = None,
-             budget: int | None = None, chunk: int = DEFAULT_CHUNK, entitled: bool = False) -> PlanRow:
+             budget: int | None = None, chunk: int = DEFAULT_CHUNK, entitled: bool = False,
+             int8_kernel: str = "executorch") -> PlanRow:
     """budget: an app budget in place of the device's (its uncertainty stays the device's); entitled: the iOS
-    increased-memory-limit budget."""
+    increased-memory-limit budget; int8_kernel: what reads a .pte's int8 cache in place (export --pte-int8-kernel:
+    ExecuTorch's custom_quantized_sdpa, or edgekv's own edgekv::int8_sdpa, each charged at its measured rate)."""
+    if int8_kernel not in M.PTE_INT8_KERNELS:
+        raise EdgekvError(f"--pte-int8-kernel: {int8_kernel!r} is not one of {', '.join(M.PTE_INT8_KERNELS)}")
     name = runtime or default_runtime(device)
     cost, scheme, how = runtime_cost(name, arch, weights)
     ov = device.overhead(M.PLAN_RUNTIMES[name]["overhead"])
@@ -170,7 +174,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     dec.formula = read.formula + "; " + fl.formula + "; " + dec.formula
     dec_range = attn_terms = None
     rates = M.attention_rates(rt, device.id, device.device_class)
-    kind = M.attention_kind(arch, dep.layout, strategy, rt, rates)
+    kind = M.attention_kind(arch, dep.layout, strategy, rt, rates, int8_kernel)
     gguf_rate, gguf_how = _gguf_rates(arch, weights, rates)
     if kind:
         # the runtime's attention kernel (GroupQueryAttention, custom_sdpa, llama.cpp's flash attention) reads the
@@ -205,7 +209,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     pre_rates = rates and rates.get("prefill")
     if pre_rates and gguf_rate:  # llama.cpp's matmuls at the rate measured on this GGUF's weight types
         pre_rates = {**pre_rates, "matmul_flop_per_s": gguf_rate["matmul_flop_per_s"]}
-    fitted = M.prefill_at_rates(arch, strategy, dep.layout, rt, ctx, min(chunk, ctx), pre_rates) \
+    fitted = M.prefill_at_rates(arch, strategy, dep.layout, rt, ctx, min(chunk, ctx), pre_rates, int8_kernel) \
         if pre_rates else None
     pre_fitted = fitted.formula if fitted else None
     if fitted:  # the runtime's prefill rates measured on this device (benchmarks/plan_vs_filled.py)
@@ -410,6 +414,7 @@ class Plan:
     _runtime: str | None = None
 
     suggestions: list[dict] | None = None  # what_would_fit, where the caller asked and nothing fits well
+    int8_kernel: str = "executorch"  # what reads a .pte's int8 cache (plan --pte-int8-kernel, as export takes it)
 
     def to_json(self, explain: bool = False) -> dict:
         d = {"device": self.device.to_json(), "ctx": self.ctx, "budget_bytes": self.budget,
@@ -424,7 +429,7 @@ class Plan:
 
 def make_plan(device: DeviceProfile, ctx: int, archs: list[Arch], strategies: list[Strategy] | None = None,
               weights: str | None = None, runtime: str | None = None, entitled: bool = False,
-              chunk: int = DEFAULT_CHUNK) -> Plan:
+              chunk: int = DEFAULT_CHUNK, int8_kernel: str = "executorch") -> Plan:
     if entitled and device.entitled_budget_bytes is None:
         raise EdgekvError(f"device {device.id} has no increased-memory-limit budget (iOS only)")
     budget = device.entitled_budget_bytes if entitled else device.budget_bytes
@@ -439,7 +444,7 @@ def make_plan(device: DeviceProfile, ctx: int, archs: list[Arch], strategies: li
         w = weights or ("gguf" if arch.gguf_path else ("fp16" if device.is_datacenter else "int4"))
         for s in strategies_for(arch, device, strategies):
             try:
-                rows.append(plan_one(arch, s, device, ctx, w, runtime, None, chunk, entitled))
+                rows.append(plan_one(arch, s, device, ctx, w, runtime, None, chunk, entitled, int8_kernel))
             except NotApplicable as e:
                 fam = s.needs_family  # mla converts from any GQA model
                 entry = {"model": arch.name, "strategy": s.name, "reason": str(e)}
@@ -458,6 +463,7 @@ def make_plan(device: DeviceProfile, ctx: int, archs: list[Arch], strategies: li
     na += same
     p = Plan(device, ctx, rows, na, budget)
     p._runtime = name
+    p.int8_kernel = int8_kernel
     return p
 
 

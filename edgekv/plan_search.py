@@ -38,8 +38,9 @@ def what_would_fit(plan: Plan, archs: list[Arch], strategies: list[Strategy] | N
         return None
     d, ctx, rt = plan.device, plan.ctx, plan.runtime
     from .units import fmt_ctx
+    k8 = plan.int8_kernel  # the .pte's int8 kernel the plan priced (plan --pte-int8-kernel), kept in each suggestion
     plain = ["-d", d.id, "-c", fmt_ctx(ctx)] + [a for m in archs for a in ("-m", m.name)] * models_given \
-        + (["--entitled"] if entitled else [])
+        + (["--entitled"] if entitled else []) + (["--pte-int8-kernel", k8] if k8 != "executorch" else [])
     base = plain + (["--weights", weights] if weights else [])
     strat = [a for s in strategies or [] for a in ("--strategy", s.label)]
     out = []
@@ -48,19 +49,19 @@ def what_would_fit(plan: Plan, archs: list[Arch], strategies: list[Strategy] | N
         return next((r for r in p.ranked() if fits_well(r)), None)
 
     if strategies:
-        r = best(make_plan(d, ctx, archs, None, weights, rt, entitled, chunk))
+        r = best(make_plan(d, ctx, archs, None, weights, rt, entitled, chunk, k8))
         if r:
             out.append(_suggestion("strategy", r.strategy.short, r, base + ["--runtime", rt]))
     w_now = {r.deployment.weight_precision for r in plan.rows}
     # wider weights, where quantized ones are what the plan used: their measured cost can be what sets the risk
     wider = [w for w in ("int8", "fp16") if w not in w_now] if w_now and w_now <= {"int4", "int8"} else []
     for other in [rt] + [k for k, v in M.PLAN_RUNTIMES.items() if k != rt and v["overhead"] in d.runtime_overhead]:
-        r = None if other == rt else best(make_plan(d, ctx, archs, strategies, weights, other, entitled, chunk))
+        r = None if other == rt else best(make_plan(d, ctx, archs, strategies, weights, other, entitled, chunk, k8))
         if r:
             out.append(_suggestion("runtime", plan_flag(other), r, base + strat + ["--runtime", other]))
             continue
         for w in wider:  # the runtime alone does not: with wider weights
-            r = best(make_plan(d, ctx, archs, strategies, w, other, entitled, chunk))
+            r = best(make_plan(d, ctx, archs, strategies, w, other, entitled, chunk, k8))
             if r:
                 out.append(_suggestion("weights" if other == rt else "runtime and weights", f"{plan_flag(other)}, {w}", r,
                                        plain + strat + ["--runtime", other, "--weights", w]))
@@ -71,7 +72,7 @@ def what_would_fit(plan: Plan, archs: list[Arch], strategies: list[Strategy] | N
                      and M.PLAN_RUNTIMES[rt]["overhead"] in x.runtime_overhead), key=lambda x: x.budget_bytes)
     for x in bigger:
         r = best(make_plan(x, ctx, archs if models_given else default_models(x), strategies, weights, rt, False,
-                           chunk))
+                           chunk, k8))
         if r:
             args = ["-d", x.id] + base[2:] + strat + ["--runtime", rt]
             out.append(_suggestion("device", f"{x.id} ({x.name}, budget {fmt_mem(x.budget_bytes)})", r, args))
@@ -114,7 +115,7 @@ def _largest(ok, lo: int, hi: int) -> int:
 
 
 def longest_ctx(arch: Arch, strategy: Strategy, device: DeviceProfile, weights: str, runtime: str | None = None,
-                chunk: int = DEFAULT_CHUNK, entitled: bool = False) -> Longest:
+                chunk: int = DEFAULT_CHUNK, entitled: bool = False, int8_kernel: str = "executorch") -> Longest:
     """Bisection over the memory model (device_deployment: the bytes plan_one counts) for the longest context
     within the budget, capped at the model's trained context (past it the plan's risk is high whatever the memory);
     the option is then planned at that context."""
@@ -146,7 +147,7 @@ def longest_ctx(arch: Arch, strategy: Strategy, device: DeviceProfile, weights: 
         over = above(ctx + 1) - basis.above_baseline
         bound, why = "memory", (f"at {ctx + 1:,} tokens it would hold {above(ctx + 1):,} B above the runtime's "
                                 f"baseline, {over:,} B more than {basis.describe()}")
-    row = plan_one(arch, strategy, device, ctx, weights, runtime, None, chunk, entitled)
+    row = plan_one(arch, strategy, device, ctx, weights, runtime, None, chunk, entitled, int8_kernel)
     return Longest(arch.name, strategy, ctx, yes, bound, why, row)
 
 
@@ -172,7 +173,7 @@ class MaxPlan:
 
 def make_max_plan(device: DeviceProfile, archs: list[Arch], strategies: list[Strategy] | None = None,
                   weights: str | None = None, runtime: str | None = None, entitled: bool = False,
-                  chunk: int = DEFAULT_CHUNK) -> MaxPlan:
+                  chunk: int = DEFAULT_CHUNK, int8_kernel: str = "executorch") -> MaxPlan:
     """`plan --ctx max`: every option's longest context on the device (longest_ctx)."""
     if entitled and device.entitled_budget_bytes is None:
         raise EdgekvError(f"device {device.id} has no increased-memory-limit budget (iOS only)")
@@ -185,7 +186,7 @@ def make_max_plan(device: DeviceProfile, archs: list[Arch], strategies: list[Str
         w = weights or ("gguf" if arch.gguf_path else ("fp16" if device.is_datacenter else "int4"))
         for s in strategies_for(arch, device, strategies):
             try:
-                out.append(longest_ctx(arch, s, device, w, runtime, chunk, entitled))
+                out.append(longest_ctx(arch, s, device, w, runtime, chunk, entitled, int8_kernel))
             except NotApplicable as e:
                 na.append({"model": arch.name, "strategy": s.name, "reason": str(e)})
             except ParamsDoNotFit as e:

@@ -17,7 +17,7 @@ from .dollars import usd_per_m_tokens, users_per_gpu
 from .item import Item
 from .speed import (ATTENTION_RATES, _attn_tokens, attention_flops, attention_kind, attention_rates, attention_seconds, cache_kind,
                     decode_flops, gguf_type_mix, decode_read_bytes, decode_tokens_per_s, decode_with_attention, layout_rank,
-                    prefill_at_rates, prefill_flops, prefill_kind, prefill_parts, prefill_seconds)
+                    PTE_INT8_KERNELS, prefill_at_rates, prefill_flops, prefill_kind, prefill_parts, prefill_seconds)
 from .weights import (CARRIED_FORM, GGUF_CARRIED, _scheme_bytes, carried_matrix_bytes, gathered_bytes,
                       weight_bytes, weight_bytes_one)
 from .workspace import (_kernel_code, _largest_packed, _layer_scratch, _tied_bytes,
@@ -45,7 +45,7 @@ __all__ = ["ARM64_PACKING", "arm64_load", "ET_SDPA", "GQA", "KV_READ", "MEASURED
            "WEIGHT_PRECISIONS", "Deployment", "usd_per_m_tokens", "users_per_gpu", "Item", "_attn_tokens",
            "decode_flops", "decode_read_bytes", "decode_tokens_per_s", "layout_rank", "prefill_flops",
            "ATTENTION_RATES", "attention_flops", "attention_kind", "attention_rates", "attention_seconds", "cache_kind",
-           "prefill_at_rates", "prefill_kind", "prefill_parts", "gguf_type_mix",
+           "prefill_at_rates", "prefill_kind", "prefill_parts", "gguf_type_mix", "PTE_INT8_KERNELS",
            "decode_with_attention",
            "prefill_seconds", "_scheme_bytes", "CARRIED_FORM", "GGUF_CARRIED", "carried_matrix_bytes",
            "gathered_bytes", "weight_bytes", "weight_bytes_one", "_kernel_code", "_largest_packed",

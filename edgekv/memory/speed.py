@@ -205,11 +205,25 @@ def gguf_rates_by_type(arch: Arch, type_rates: dict) -> dict | None:
             "types": read}
 
 
-def cache_kind(strategy: Strategy, layout: StateLayout, runtime: str = "onnxruntime") -> str | None:
+# what reads a .pte's int8 codes in place (export --pte-int8-kernel): ExecuTorch's llama::custom_quantized_sdpa (the
+# kinds int8 / int8c) or edgekv's own edgekv::int8_sdpa (edgekv/native; the kinds "edgekv int8" / "edgekv int8c",
+# benchmarks/attention_rates.py --runtime executorch --int8-kernel edgekv)
+PTE_INT8_KERNELS = ("executorch", "edgekv")
+
+
+def cache_kind(strategy: Strategy, layout: StateLayout, runtime: str = "onnxruntime",
+               int8_kernel: str = "executorch") -> str | None:
     """The stored rate a layer's cache reads at on this runtime: ONNX Runtime: kv-int8c's codes or the float cache's
     dtype; edgekv's .pte: the float cache's dtype, int8 codes custom_quantized_sdpa reads in place (a scale per token
-    and head: int8; static scales: int8c) or packed int4 / int2 codes; llama.cpp: its cache type (f16, q8_0,
-    q4_0)."""
+    and head: int8; static scales: int8c; int8_kernel "edgekv": edgekv::int8_sdpa reads them, "edgekv int8" /
+    "edgekv int8c") or packed int4 / int2 codes; llama.cpp: its cache type (f16, q8_0, q4_0)."""
+    kind = _cache_kind(strategy, layout, runtime)
+    if runtime == "executorch" and int8_kernel == "edgekv" and kind in ("int8", "int8c"):
+        return f"edgekv {kind}"
+    return kind
+
+
+def _cache_kind(strategy: Strategy, layout: StateLayout, runtime: str) -> str | None:
     dtypes = {t.dtype for t in layout.tensors if t.role == "key"}
     if len(dtypes) != 1:
         return None
@@ -234,10 +248,10 @@ def cache_kind(strategy: Strategy, layout: StateLayout, runtime: str = "onnxrunt
     return _FLOAT_KIND.get(dtype)
 
 
-def prefill_kind(strategy: Strategy, layout: StateLayout, runtime: str) -> str | None:
+def prefill_kind(strategy: Strategy, layout: StateLayout, runtime: str, int8_kernel: str = "executorch") -> str | None:
     """The cache kind a prefill's attention rate is stored under: the decode kernel's kind (cache_kind), else the
     quantized cache's bits (int8c for static scales, int8 / int4 / int2 codes) on a graph that dequantizes it."""
-    kind = cache_kind(strategy, layout, runtime)
+    kind = cache_kind(strategy, layout, runtime, int8_kernel)
     st = strategy.kv_storage
     if kind or st is None or not st.quantized:
         return kind
@@ -267,7 +281,7 @@ def _prefill_rate(rates: dict, kind: str, arch: Arch) -> tuple[float | None, str
 
 
 def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtime: str, ctx: int, chunk: int,
-                     rates: dict) -> Item | None:
+                     rates: dict, int8_kernel: str = "executorch") -> Item | None:
     """Prefill seconds at the device's prefill rates (edgekv/costs/attention_rates.json "prefill"): matmul FLOP (with
     the logits and scans) over the runtime's matmul rate (fitted on measured filled-context prefills by
     benchmarks/plan_vs_filled.py) + attention FLOP over the rate of this cache kind (the kernel's at the model's head
@@ -276,7 +290,7 @@ def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtim
     prefill rate is measured nowhere, and custom_sdpa's would charge it 1.7x fast)."""
     if runtime == "executorch" and not fused_gqa(arch, layout, strategy, runtime):
         return None
-    kind = prefill_kind(strategy, layout, runtime)
+    kind = prefill_kind(strategy, layout, runtime, int8_kernel)
     rate, how = _prefill_rate(rates, kind, arch) if kind else (None, "")
     if not rate:
         return None
@@ -287,7 +301,8 @@ def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtim
                    f"{rate / 1e9:.3g} GFLOP/s ({how}) = {t:.3g} s")
 
 
-def attention_kind(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, rates: dict | None) -> str | None:
+def attention_kind(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, rates: dict | None,
+                   int8_kernel: str = "executorch") -> str | None:
     """The cache kind whose stored rate charges this row's attention, or None (the roofline charges it): ONNX
     Runtime and edgekv's .pte where edgekv's export attends through the fused op (fused_gqa), llama.cpp always (its
     attention is its own flash attention over the cache it keeps); ONNX Runtime's eager graph (no
@@ -295,9 +310,9 @@ def attention_kind(arch: Arch, layout: StateLayout, strategy: Strategy, runtime:
     if not rates:
         return None
     if runtime == "llama.cpp" or fused_gqa(arch, layout, strategy, runtime):
-        kind = cache_kind(strategy, layout, runtime)
+        kind = cache_kind(strategy, layout, runtime, int8_kernel)
     else:
-        kind = prefill_kind(strategy, layout, runtime)
+        kind = prefill_kind(strategy, layout, runtime, int8_kernel)
         kind = kind and f"eager {kind}"
     return kind if kind in rates["kinds"] else None
 
