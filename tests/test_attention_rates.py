@@ -631,9 +631,9 @@ def test_plan_prices_edgekvs_int8_kernel_at_its_measured_calls(strategy, kind):
     """`edgekv plan --runtime executorch --pte-int8-kernel edgekv`: the .pte's int8 cache read by edgekv::int8_sdpa.
     From a filled 2k to 8k SmolLM2's 30 layers each keep 6144 more keys, so the decode step grows by 30 x what one
     call of the kernel at 8192 keys costs over one at 2048: the kernel benchmark's own measured calls
-    (benchmarks/results/attention_rates_executorch_int8_edgekv_r2.json, 9 x 3 x 64 heads; the stored rate is a fit to
-    them, worst row 5 %), not custom_quantized_sdpa's (the default, 7-10x slower per key there)."""
-    calls = {r["ctx"]: r["median_us"] * 1e-6 for r in _kernel_rows("attention_rates_executorch_int8_edgekv_r2.json")
+    (benchmarks/results/attention_rates_executorch_int8_edgekv_tiles.json, 9 x 3 x 64 heads; the stored rate is a fit to
+    them, worst row 1 %), not custom_quantized_sdpa's (the default, 7-10x slower per key there)."""
+    calls = {r["ctx"]: r["median_us"] * 1e-6 for r in _kernel_rows("attention_rates_executorch_int8_edgekv_tiles.json")
              if r["kind"] == kind and r["head_dim"] == 64}
     args = ("--device", "host", "-m", "smollm2-135m", "--runtime", "executorch", "--strategy", strategy,
             "--weights", "int4")
