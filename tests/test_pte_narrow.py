@@ -66,3 +66,10 @@ def test_a_bf16_checkpoints_int4_pte_is_the_fp32_routes_bytes(tmp_path, monkeypa
     assert q["top1_agreement"] == r["top1_agreement"]
     assert q["kl_mean"] == pytest.approx(r["kl_mean"], rel=1e-5)
     assert narrow["verification"]["pte"]["passed"] and wide["verification"]["pte"]["passed"]
+    # verify-pte: the narrow route runs the quantized eager module's calls first and frees it before the .pte loads
+    # (verify.record, pipeline.release_quantized); the wide route interleaves them with the .pte's. The same .pte
+    # against the same module: the same comparison, to the bit
+    a, b = narrow["verification"]["pte"], wide["verification"]["pte"]
+    for key in ("max_abs_diff", "logit_scale", "top1_agreement", "state_max_abs_diff", "noise_floor",
+                "positions_compared"):
+        assert a[key] == b[key], key

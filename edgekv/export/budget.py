@@ -61,12 +61,14 @@ K_PTE = {"fp32": 5.0, "int8": 6.0, "int4": 6.0}
 K_NARROW = {"int8": 0.65, "int4": 0.65, "int4-mix": 0.65}
 # A .pte-only int8 / int4 export of such a checkpoint loads narrow too and quantizes the .pte's module one linear at a
 # time from the narrow weights (pipeline._quantize_narrow), so neither the fp32 module nor its quantized deep copy
-# exists. Its peaks are lower-pte (the codes, one byte per weight, and a transient that grows with the output head's
-# fp32 in one partition), verify-pte (the quantized eager module beside the loaded .pte) and the quantize stage (the
-# narrow weights and the table widened for verify-quant's fp32 pass, then the untied head's fp32 and torchao's
-# temporaries). Rounded up from the random Qwen2.5-0.5B's and Llama-3.2-1B's measured peaks at 8k
-# (export_cost_{qwen2.5_0.5b,llama_3.2_1b}_random_pte_int4_8k.json, tests/test_export_budget.py).
-K_PTE_NARROW = {"int8": 1.5, "int4": 1.5}
+# exists. Its peak is the quantize stage: the narrow weights (half the fp32 bytes: K_PTE_NARROW) and the largest
+# matrix, the embedding table, widened for verify-quant's fp32 pass, then the untied head's fp32 while torchao
+# quantizes it in blocks of rows (PTE_NARROW_MATRIX of that matrix's fp32). lower-pte, serialize-pte and verify-pte
+# hold the codes (one byte per weight) and what XNNPACK serializes, below it. Fitted to the random Llama-3.2-1B at 8k
+# and a 2-layer model of its width (the same table, a quarter of the weights), so the matrix term is separated from
+# the weights' (export_cost_llama_3.2_1b{,_2layers}_random_pte_int4_8k_lean.json, tests/test_export_budget.py).
+K_PTE_NARROW = {"int8": 0.5, "int4": 0.5}
+PTE_NARROW_MATRIX = 1.2
 STATE_COPIES = 3  # the eager state, the runtime's past and present state while verifying
 # CPU seconds per billion parameters (one core of the 2-core reference VM, x86-64 AMD EPYC): load, trace, lower,
 # serialize and verify per format; the quantize and verify-quant stages on top for int8 / int4 / fp16. A busy host
@@ -81,13 +83,15 @@ def estimate(arch, strategy, max_ctx: int, formats, weights: str, chunk: int, na
     params = arch.n_params
     w32 = 4 * params
     state = _state_bytes(arch, strategy, max_ctx, formats, weights, chunk)
+    matrix = 0
     if narrow and weights in K_NARROW and tuple(formats) == ("onnx",):
         k = K_NARROW[weights]
     elif narrow and weights in K_PTE_NARROW and tuple(formats) == ("pte",):
         k = K_PTE_NARROW[weights]
+        matrix = PTE_NARROW_MATRIX * 4 * max((w.numel for w in arch.weights), default=0)
     else:
         k = max(K_ONNX.get(weights, 4.75) if f == "onnx" else K_PTE.get(weights, 6.0) for f in formats)
-    peak = BASE + k * w32 + STATE_COPIES * state
+    peak = BASE + k * w32 + matrix + STATE_COPIES * state
     if weights == "gguf":  # ONNX only
         largest = 4 * max((w.numel for w in arch.weights), default=0)
         peak = BASE + max(k * w32 + GGUF_MATRIX * largest + state, w32 / 4 + STATE_COPIES * state)
@@ -98,7 +102,7 @@ def estimate(arch, strategy, max_ctx: int, formats, weights: str, chunk: int, na
         if weights != "fp32":
             secs += SEC_PER_GPARAM[f"quantize-{f}"] * g
     return {"peak_bytes": int(peak), "seconds": round(secs), "params": params, "weights_fp32": w32,
-            "state_bytes": state, "copies": k}
+            "state_bytes": state, "copies": k, "matrix_bytes": int(matrix)}
 
 
 def _state_bytes(arch, strategy, max_ctx, formats, weights, chunk) -> int:
@@ -168,7 +172,9 @@ def check(arch, strategy, max_ctx, formats, weights, chunk, max_memory=None, nar
     limit, source = available(max_memory)
     p = e["params"]
     what = (f"{p / 1e9:.2f}B" if p >= 1e9 else f"{p / 1e6:.3g}M") + f" parameters: fp32 weights " \
-        f"{fmt_mem(e['weights_fp32'])} x {e['copies']:g}, state {fmt_mem(e['state_bytes'])} x {STATE_COPIES}"
+        f"{fmt_mem(e['weights_fp32'])} x {e['copies']:g}, " + \
+        (f"largest matrix fp32 {fmt_mem(e['matrix_bytes'] / PTE_NARROW_MATRIX)} x {PTE_NARROW_MATRIX:g}, "
+         if e.get("matrix_bytes") else "") + f"state {fmt_mem(e['state_bytes'])} x {STATE_COPIES}"
     if limit is not None and e["peak_bytes"] > limit:
         raise EdgekvError(f"this export needs about {fmt_mem(e['peak_bytes'])} of memory at its peak ({what}) and "
                           f"{fmt_mem(limit)} is available ({source}): free memory, export a smaller --max-ctx or "

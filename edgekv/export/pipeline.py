@@ -387,17 +387,36 @@ def _runtime(x: Export, fmt: str) -> str:
 
 def _verify(x: Export, target) -> None:
     """verify-FMT: the artifact against its eager module, prompt and decode steps, within the format's tolerance."""
-    from .verify import describe, verify
+    from .verify import describe, record, verify
     fmt = target.fmt
     with x.st.stage(f"verify-{fmt}", f"{len(x.prompt)} prompt tokens + {x.steps} decode steps vs eager torch"):
-        art = target.stepper(x)
-        ref, noise = target.references(x) if fmt == "onnx" else target.references(x, art)
+        if fmt == "pte" and x.narrow_pte and not x.et_run:
+            # the quantized module's last use (verify-quant holds the .pte to the fp32 logits computed in quantize):
+            # its calls run first and it is freed before the .pte loads, so the two never share the memory
+            ref, noise = target.references(x)
+            ref, noise = record(ref, x.prompt, x.steps, noise)
+            release_quantized(x)
+            art = target.stepper(x)
+        else:
+            art = target.stepper(x)
+            ref, noise = target.references(x) if fmt == "onnx" else target.references(x, art)
         v = verify(art, ref, x.prompt, x.steps, target.tolerance(x), _runtime(x, fmt), noise,
                    last_rows=x.et_run and fmt == "pte")
         x.verification[fmt] = v
         x.st.echo(f"      {describe(v)}")
         if not v["passed"]:
             raise EdgekvError(f"{fmt} artifact disagrees with eager torch beyond tolerance ({describe(v)})")
+
+
+def release_quantized(x: Export) -> None:
+    """Drop the .pte's quantized eager module (x.qmodule and its swapped copy x.pte_module): nothing after verify-pte
+    reads it on the narrow route (pte_narrow)."""
+    import gc
+
+    from .wquant import trim
+    x.qmodule = x.pte_module = None
+    gc.collect()
+    trim()
 
 
 def _verify_genai(x: Export) -> None:

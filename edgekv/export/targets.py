@@ -208,19 +208,25 @@ class PteTarget:
             PteStepper(x.partial, x.tmp, x.opts.threads)
 
     @staticmethod
-    def references(x, art):
+    def references(x, art=None):
         """The eager module the .pte was traced from (its query rounded to int8 where the .pte's attention rounds it:
-        edgekv.models.swaps.kernel_reference), called in the .pte's own chunks, and (quantized weights) its own
-        rounding noise (verify.limits)."""
+        edgekv.models.swaps.kernel_reference), called in the .pte's own chunks (art's, else those its manifest entry
+        lists: pte_stepper.pte_calls, without loading it), and (quantized weights) its own rounding noise
+        (verify.limits)."""
+        from .pte_stepper import pte_calls
         from .runtime import EagerStepper
         from .verify import nudged_quantized
 
         from ..models.swaps import kernel_reference
+        if art is not None:
+            chunk, tail, most = art.chunk, art.tail, art.max_chunk
+        else:
+            _, chunk, tail, most = pte_calls(x.partial)
 
         def eager(m):  # where custom_quantized_sdpa rounds the query to int8, the reference rounds it the same way
             # (edgekv's own int8 kernel rounds nothing: the module itself)
-            return EagerStepper(x.partial, kernel_reference(m, "executorch", x.opts.pte_int8_kernel), chunk=art.chunk,
-                                tail=art.tail, max_chunk=art.max_chunk)
+            return EagerStepper(x.partial, kernel_reference(m, "executorch", x.opts.pte_int8_kernel), chunk=chunk,
+                                tail=tail, max_chunk=most)
         ref = eager(x.qmodule)
         if not x.quantization.get("pte"):
             return ref, None

@@ -174,7 +174,7 @@ def lower_pte(eps: dict, in_place: bool = False, decompose_once: bool = True):
     # the lowering's CPU time: benchmarks/results/pte_lowering_tiny_llama.json); it checks, it does not change the program (the same .pte bytes either way), and the
     # export's verify-pte stage runs the lowered program against eager torch anyway
     partitioner = _partitioner(in_place or writes_state(eps))
-    with _only_needed_xnnpack_passes(), compact_dependency_viewers(), \
+    with _only_needed_xnnpack_passes(), compact_dependency_viewers(), _preprocess_copies_share_weights(), \
             (_decompose_once() if decompose_once else nullcontext()):
         if decompose_once:
             eps = _decomposed_for(eps, partitioner)
@@ -184,6 +184,42 @@ def lower_pte(eps: dict, in_place: bool = False, decompose_once: bool = True):
         for method in edge.methods:
             write_state_in_place(edge.exported_program(method))
     return edge
+
+
+def shared_weights_copy(program):
+    """copy.deepcopy of an ExportedProgram that keeps its weight tensors (state_dict and constants) as they are: the
+    graph, signature and dicts are the copy's own."""
+    import copy
+
+    import torch
+    memo = {id(t): t for t in (*program.state_dict.values(), *program.constants.values())
+            if isinstance(t, torch.Tensor)}
+    return copy.deepcopy(program, memo)
+
+
+@contextmanager
+def _preprocess_copies_share_weights():
+    """While lowering: the copy ExecuTorch makes of each XNNPACK partition's program before preprocessing it
+    (BackendDetails.copy_exported_program_for_preprocess, a copy.deepcopy "in case backends change graph inside
+    preprocess", made for every partition before the first is preprocessed: ExecuTorch 1.5,
+    backend_api.lower_all_submodules_to_backend) shares the partition's weight tensors (shared_weights_copy).
+    XNNPACK's preprocessing rewrites the copy's graph and reads its weights into new serialized buffers; it writes into
+    no weight (the .pte bytes are the same: tests/test_pte_edge_copy.py). Why: the copies held every delegated weight
+    a second time from the start of XNNPACK's preprocessing to the end of lower-pte (the random Llama-3.2-1B's int4
+    codes, one byte per weight: 1.2 GB)."""
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+
+    had = "copy_exported_program_for_preprocess" in XnnpackBackend.__dict__
+    base = XnnpackBackend.__dict__.get("copy_exported_program_for_preprocess")
+    XnnpackBackend.copy_exported_program_for_preprocess = classmethod(
+        lambda cls, edge_program, compile_specs: shared_weights_copy(edge_program))
+    try:
+        yield
+    finally:
+        if had:
+            XnnpackBackend.copy_exported_program_for_preprocess = base
+        else:
+            del XnnpackBackend.copy_exported_program_for_preprocess
 
 
 # XNNPACK's passes (executorch/backends/xnnpack/_passes) that rewrite only nodes of the listed ops: a partition with

@@ -180,6 +180,50 @@ def verify(artifact, reference, prompt: list[int], steps: int, cache_dtype: str,
     return out
 
 
+class Replay:
+    """A reference stepper's outputs, computed ahead by record() and given back in the order verify() asks for them
+    (prefill, the decode steps, the state, and with last_rows a reset and the last-row prefill): the eager module can
+    be freed before the artifact's runtime loads. The reference is teacher-forced by its own greedy token, so its
+    calls do not depend on the artifact's answers, and the logits are those of the same calls made interleaved."""
+
+    def __init__(self, outputs: list, state: list | None):
+        self._outputs, self.state = list(outputs), state
+
+    def _next(self):
+        return self._outputs.pop(0)
+
+    def prefill(self, tokens, pos: int = 0, last: bool = False):
+        return self._next()
+
+    def step(self, tokens, pos: int, last: bool = False):
+        return self._next()
+
+    def reset(self):
+        pass
+
+
+def record(reference, prompt: list[int], steps: int, noise=None, last_rows: bool = False) -> tuple:
+    """The calls verify() makes of the reference (and of the noise floor's stepper, fed the reference's tokens), run
+    now -> (Replay of the reference with its final state, Replay of the noise side or None)."""
+    from .runtime import state_as_numpy
+    sides = [reference] + ([noise] if noise is not None else [])
+    outs = [[s.prefill(prompt)] for s in sides]
+    pos = len(prompt)
+    for _ in range(steps):
+        nxt = int(outs[0][-1][-1].argmax())
+        for s, o in zip(sides, outs):
+            o.append(s.step([nxt], pos))
+        pos += 1
+    state = None
+    if getattr(reference, "state", None) is not None:  # copied where a reset follows (the steppers' own arrays)
+        state = [np.array(a) for a in state_as_numpy(reference)] if last_rows else state_as_numpy(reference)
+    if last_rows:
+        for s, o in zip(sides, outs):
+            s.reset()
+            o.append(s.prefill(prompt, last=True))
+    return Replay(outs[0], state), (Replay(outs[1], None) if noise is not None else None)
+
+
 def describe(v: dict) -> str:
     return (f"{v['runtime']}: max |diff| {v['max_abs_diff']:.2e} (logit scale {v['logit_scale']:.1f}), "
             f"top-1 {v['top1_agreement']:.1%} over {v['positions_compared']} positions"

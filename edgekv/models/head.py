@@ -12,11 +12,22 @@ import torch
 import torch.nn.functional as F
 
 
+# output rows an eager call of a weight-quantized head multiplies at a time: torchao's eager linear dequantizes the
+# whole matrix to fp32 on every call (with its int32 step, twice the fp32: 2.1 GB for Llama-3.2-1B's 128256 x 2048
+# head in the .pte's verify-pte reference); a block of rows gives the same logits (each output column is its own row's
+# dot product, tests/test_head_blocks.py). A traced head (torch.export: the .pte) stays one linear.
+EAGER_QUANTIZED_ROWS = 16384
+
+
 def head(x: torch.Tensor, norm, w: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
     """x [1, C, d] -> logits [1, R, V] of the chosen rows (rows None: all C)."""
     if rows is not None:
         x = x.index_select(1, rows)
-    return F.linear(norm(x), w)
+    h = norm(x)
+    n = EAGER_QUANTIZED_ROWS
+    if type(w) not in (torch.Tensor, torch.nn.Parameter) and w.shape[0] > n and not torch.compiler.is_exporting():
+        return torch.cat([F.linear(h, w[s:s + n]) for s in range(0, w.shape[0], n)], dim=-1)
+    return F.linear(h, w)
 
 
 def output_weight(embed_tokens, lm_head) -> torch.Tensor:
