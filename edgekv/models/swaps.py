@@ -353,8 +353,14 @@ class RingSdpaAttention(Attention):
         k_state, v_state = put(k_state, k, ks), put(v_state, v, vs)
         hkv, h, dh, scale, static = self.hkv, self.h, self.dh, self.scale, bool(fmt.static)
 
+        # the static scales [2, Hkv, D] go in as one operand (a branch closing over the module's buffers does not
+        # trace, and two views of one tensor are inputs that alias)
+        scales = (self.kv_scale,) if static else ()
+        ns = len(scales)
+
         def one(q, pos, mask, slots, *parts):  # a one-token call: the kernel over the ring as written
-            kn, vn = parts[:nk], parts[nk:2 * nk]
+            ks, vs = (parts[0][0], parts[0][1]) if static else (None, None)
+            kn, vn = parts[ns:ns + nk], parts[ns + nk:ns + 2 * nk]
             start = torch.clamp(pos, max=t - 1)[0].item()
             torch._check(start >= 0)
             torch._check(start < t)
@@ -366,19 +372,21 @@ class RingSdpaAttention(Attention):
 
         def several(q, pos, mask, slots, *parts):  # the eager layer's attention over the ring before the call
             n = q.shape[0]
-            new, olds = parts[:2 * nk], parts[2 * nk:]
+            sc = (parts[0][0], parts[0][1]) if static else (None, None)
+            new, olds = parts[ns:ns + 2 * nk], parts[ns + 2 * nk:]
             f = []
-            for i, sc in ((0, ks), (1, vs)):
+            for i in (0, 1):
                 st, od = new[i * nk:(i + 1) * nk], olds[i * nk:(i + 1) * nk]
                 ring = tuple(torch.ops.aten.index_put(s, [None, None, slots], o) for s, o in zip(st, od))
                 rows = tuple(s[:, :, slots] for s in st)
-                f.append(torch.cat((fmt.read(tuple(r[0] for r in ring), sc), fmt.read(tuple(r[0] for r in rows), sc)), 1))
+                f.append(torch.cat((fmt.read(tuple(r[0] for r in ring), sc[i]),
+                                    fmt.read(tuple(r[0] for r in rows), sc[i])), 1))
             qg = q.view(n, hkv, g, dh).permute(1, 2, 0, 3).reshape(hkv, g * n, dh)
             scores = torch.bmm(qg, f[0].transpose(1, 2)) * scale + mask  # [Hkv, G*C, T + C]
             out = torch.bmm(torch.softmax(scores, dim=-1), f[1])  # [Hkv, G*C, D]
             return out.view(hkv, g, n, dh).permute(2, 0, 1, 3).reshape(1, n, h * dh)
 
-        operands = (q, call.pos, plan[2], slots, *k_state, *v_state, *old)
+        operands = (q, call.pos, plan[2], slots, *scales, *k_state, *v_state, *old)
         if isinstance(c, int):  # eager: the branch itself
             out = (one if c == 1 else several)(*operands)
         else:
