@@ -100,3 +100,52 @@ def test_default_pte_names_no_custom_op_and_a_damaged_or_missing_library_is_one_
     assert r.exit_code == 2, r.output
     last = r.output.strip().splitlines()[-1]
     assert "C++ compiler" in last and "--pte-int8-kernel executorch" in last, r.output
+
+
+# calls that cross the tiny Gemma 3's 8-slot rings: 4 + 2 tokens, one a call past the first full ring (positions 6-11),
+# a call of 4 that overwrites keys its own earlier tokens still see (12-15), then one a call to the end (16-25)
+RING_CALLS = [(0, 4), (4, 2)] + [(p, 1) for p in range(6, 12)] + [(12, 4)] + [(p, 1) for p in range(16, 26)]
+
+
+@pytest.mark.parametrize("strategy", ["kv-int8", pytest.param("kv-int8c", marks=pytest.mark.slow)])
+def test_gemma3_rings_decode_through_the_kernel_and_match_the_eager_module_past_full_rings(tmp_path, strategy):
+    """Gemma 3's shape (sliding layers with rings of 8 slots, one global layer) with --pte-int8-kernel edgekv: the
+    global layer and every one-token call of the rings attend through edgekv::int8_sdpa on the codes in place
+    (RingSdpaAttention._kernel_forward: the row written first, then the whole ring), a call of several tokens through
+    the eager ring arithmetic, chosen by a torch.cond; every row matches the plain eager module (dequantized codes in
+    fp32, no query rounding), across three turns of each ring and a several-token call that overwrites keys its own
+    earlier tokens still see."""
+    from test_pte_cache_kinds import eager_module
+    from tiny_families import tiny, word_tokenizer
+
+    from edgekv.export.manifest import load_export
+    from edgekv.export.pte_stepper import PteStepper
+
+    src = tmp_path / "gemma3"
+    hf = tiny("gemma3", src)
+    word_tokenizer(src, hf.config.vocab_size)  # kv-int8c calibrates on text
+    out = tmp_path / "pte"
+    m = export(src, out, strategy)
+    assert m["verification"]["pte"]["passed"], m["verification"]["pte"]
+    art = m["artifacts"][0]
+    assert art["custom_ops"]["ops"] == ["edgekv::int8_sdpa.out"]
+    ops = art["delegation"]["forward"]["portable_ops"]
+    # the global layer's call, and one in each of the 3 sliding layers' one-token branches
+    # the global layer's call; each of the 3 sliding layers a torch.cond whose one-token branch calls the kernel
+    assert ops.get("edgekv.int8_sdpa") == 1 and ops.get("cond") == 3, ops
+    assert art["delegation"]["forward"]["branch_ops"].get("edgekv.int8_sdpa") == 3, art["delegation"]["forward"]
+    assert art.get("state_in_place") is True
+    stream = [t % 100 for t in STREAM]
+    st = PteStepper(load_export(out), out, 1)
+    got = np.concatenate([st.prefill(stream[p:p + n], p) if n > 1 else st.step([stream[p]], p)
+                          for p, n in RING_CALLS])
+    module = eager_module(src, strategy, "fp32", m)
+    state, want = module.empty_state(), []
+    with torch.no_grad():
+        for p, n in RING_CALLS:
+            logits, *state = module(torch.tensor([stream[p:p + n]]), torch.tensor([p]), *state)
+            want.append(logits[0].numpy())
+    want = np.concatenate(want)
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() <= 1e-4 * scale, (np.abs(got - want).max(), scale)
+    assert (got.argmax(-1) == want.argmax(-1)).all()

@@ -457,16 +457,30 @@ def write_state_in_place(ep) -> None:
 
 
 def delegation_summary(edge) -> dict:
-    """Per method: XNNPACK delegate calls and the ops left to portable kernels (op name -> count)."""
+    """Per method: XNNPACK delegate calls and the ops left to portable kernels (op name -> count) in the method's
+    graph and, where it has torch.cond nodes, in their branches (branch_ops: both branches' graphs together, a
+    branch's XNNPACK calls under executorch_call_delegate)."""
+    def count(gm):
+        ops, branches = Counter(), Counter()
+        for n in gm.graph.nodes:
+            if n.op != "call_function":
+                continue
+            name = getattr(n.target, "__name__", str(n.target))
+            ops[name.removeprefix("aten.").removesuffix(".default")] += 1
+            if name == "cond":  # args: predicate, true branch, false branch, operands (get_attr of submodules)
+                for b in n.args[1:3]:
+                    inner, deeper = count(getattr(gm, b.target))
+                    branches.update(inner)
+                    branches.update(deeper)
+        return ops, branches
+
     out = {}
     for method in edge.methods:
-        ops = Counter()
-        for n in edge.exported_program(method).graph_module.graph.nodes:
-            if n.op == "call_function":
-                name = getattr(n.target, "__name__", str(n.target))
-                ops[name.removeprefix("aten.").removesuffix(".default")] += 1
+        ops, branches = count(edge.exported_program(method).graph_module)
         out[method] = {"delegate_calls": ops.pop("executorch_call_delegate", 0),
-                     "portable_ops": dict(sorted((k, v) for k, v in ops.items() if k != "getitem"))}
+                       "portable_ops": dict(sorted((k, v) for k, v in ops.items() if k != "getitem"))}
+        if branches:
+            out[method]["branch_ops"] = dict(sorted((k, v) for k, v in branches.items() if k != "getitem"))
     return out
 
 

@@ -293,10 +293,14 @@ class RingSdpaAttention(Attention):
     schedule (write_state_in_place checks that each other reader of the state is an ancestor of its write). A call
     writes at most W rows (C <= W), so the slots of one index_put are distinct."""
 
+    kernel = None  # "edgekv": a one-token call's ring attended by edgekv::int8_sdpa on the codes (_kernel_forward)
+
     def forward(self, x, cos, sin, k_state, v_state, call: Call):
         cache, fmt = self.cache, self.fmt
         c, t, g = x.shape[1], cache.slots, self.h // self.hkv
         torch._check(c <= t)
+        if self.kernel == "edgekv":
+            return self._kernel_forward(x, cos, sin, k_state, v_state, call)
         plan = call.once(cache, lambda: cache.plan(call.pos, call.positions, g, fmt.dtype or torch.float32))
         news = {}
 
@@ -321,6 +325,73 @@ class RingSdpaAttention(Attention):
                          for s, r in zip(state, parts))
 
         return out, put(k_state, 0), put(v_state, 1)
+
+    def _kernel_forward(self, x, cos, sin, k_state, v_state, call: Call):
+        """The ring of int8 codes (kv-int8, kv-int8c) with --pte-int8-kernel edgekv: this call's rows are written
+        first, then a one-token call attends the whole ring with edgekv::int8_sdpa on the codes in place (no fp32
+        copy of the ring a step). Slot order does not matter to attention, and after the write the ring holds
+        exactly the positions the token sees (the last W, q - k < W): slots 0..min(pos, W - 1), written in order
+        until the ring is full. A call of several tokens needs the keys its rows overwrite (its earlier tokens still
+        see them): the C old rows at its slots are gathered before the write (the write depends on them, so every
+        read of the old ring precedes it), and its branch puts them back into a copy of the ring and attends as the
+        eager layer does, over [the ring before the call, this call's rows as stored] with RollingCache.plan's
+        mask. torch.cond picks at run time, as SdpaAttention._custom_sdpa does."""
+        cache, fmt = self.cache, self.fmt
+        c, t, g = x.shape[1], cache.slots, self.h // self.hkv
+        plan = call.once(cache, lambda: cache.plan(call.pos, call.positions, g, fmt.dtype or torch.float32))
+        slots = call.once(("ring", t), lambda: call.positions % t)  # sinks == 0: slot = position mod W
+        q, k, v = self._qkv(x, cos, sin)  # [C, H, D], [C, Hkv, D], [C, Hkv, D]
+        ks, vs = (self.kv_scale[0], self.kv_scale[1]) if fmt.static else (None, None)
+        nk = len(k_state)
+        old = [s[:, :, slots] for s in (*k_state, *v_state)]  # the C rows this call overwrites, before the write
+        after = sum(o.reshape(-1)[:1].float() for o in old) * 0  # [1], 0: orders those reads before the write
+
+        def put(state, rows, scale):
+            return tuple(torch.ops.aten.index_put(s, [None, None, slots], r.permute(1, 0, 2)[None].to(s.dtype))
+                         for s, r in zip(state, fmt.store(rows + after, scale)))
+
+        k_state, v_state = put(k_state, k, ks), put(v_state, v, vs)
+        hkv, h, dh, scale, static = self.hkv, self.h, self.dh, self.scale, bool(fmt.static)
+
+        # the static scales [2, Hkv, D] go in as one operand (a branch closing over the module's buffers does not
+        # trace, and two views of one tensor are inputs that alias)
+        scales = (self.kv_scale,) if static else ()
+        ns = len(scales)
+
+        def one(q, pos, mask, slots, *parts):  # a one-token call: the kernel over the ring as written
+            ks, vs = (parts[0][0], parts[0][1]) if static else (None, None)
+            kn, vn = parts[ns:ns + nk], parts[ns + nk:ns + 2 * nk]
+            start = torch.clamp(pos, max=t - 1)[0].item()
+            torch._check(start >= 0)
+            torch._check(start < t)
+            qg = q[:1].reshape(1, hkv, g, dh).permute(1, 0, 2, 3).contiguous()  # [Hkv, 1, G, D]
+            out = torch.ops.edgekv.int8_sdpa(qg, kn[0], vn[0], ks if static else kn[1], vs if static else vn[1],
+                                             start, scale, static)
+            # [1, 1, H*D], repeated to the call's C (= 1 here; torch.cond traces both branches for any C)
+            return out.permute(1, 0, 2, 3).reshape(1, 1, h * dh).repeat(1, q.shape[0], 1)
+
+        def several(q, pos, mask, slots, *parts):  # the eager layer's attention over the ring before the call
+            n = q.shape[0]
+            sc = (parts[0][0], parts[0][1]) if static else (None, None)
+            new, olds = parts[ns:ns + 2 * nk], parts[ns + 2 * nk:]
+            f = []
+            for i in (0, 1):
+                st, od = new[i * nk:(i + 1) * nk], olds[i * nk:(i + 1) * nk]
+                ring = tuple(torch.ops.aten.index_put(s, [None, None, slots], o) for s, o in zip(st, od))
+                rows = tuple(s[:, :, slots] for s in st)
+                f.append(torch.cat((fmt.read(tuple(r[0] for r in ring), sc[i]),
+                                    fmt.read(tuple(r[0] for r in rows), sc[i])), 1))
+            qg = q.view(n, hkv, g, dh).permute(1, 2, 0, 3).reshape(hkv, g * n, dh)
+            scores = torch.bmm(qg, f[0].transpose(1, 2)) * scale + mask  # [Hkv, G*C, T + C]
+            out = torch.bmm(torch.softmax(scores, dim=-1), f[1])  # [Hkv, G*C, D]
+            return out.view(hkv, g, n, dh).permute(2, 0, 1, 3).reshape(1, n, h * dh)
+
+        operands = (q, call.pos, plan[2], slots, *scales, *k_state, *v_state, *old)
+        if isinstance(c, int):  # eager: the branch itself
+            out = (one if c == 1 else several)(*operands)
+        else:
+            out = torch.cond(c == 1, one, several, operands)
+        return self.o_proj(out), k_state, v_state
 
 
 def _op_const(name: str, hkv: int, t: int) -> str:
@@ -415,6 +486,23 @@ def _sdpa_make(at, consts):
     return new
 
 
+def _ring_setup(model, layers, int8_kernel: str = "executorch", **options):
+    """"edgekv" when the rings hold int8 codes and edgekv's own kernel reads them (its library built and loaded
+    here), else None (the eager ring)."""
+    if int8_kernel == "edgekv" and any(at.fmt.storage.pte_read(at.dh) == "int8 codes" for at in layers):
+        from .. import native
+        native.load()
+        return "edgekv"
+    return None
+
+
+def _ring_make(at, kernel):
+    new = _share(at, RingSdpaAttention)
+    if kernel == "edgekv" and at.fmt.storage.pte_read(at.dh) == "int8 codes":
+        new.kernel = kernel
+    return new
+
+
 def _one_slot_per_position(at: Attention) -> bool:
     """A layer whose cache holds one slot per position (no rolling window). A layer without a cache of its own (the
     hybrids' attention, driven with an explicit plan by LFM2 / Granite-4.0-H / Qwen3.5) is not swapped."""
@@ -436,8 +524,8 @@ SWAPS: dict[str, list[Swap]] = {
                         _sdpa_setup),
                    # a model's own sliding layers (Gemma 3's beside its custom_sdpa layers): the eager ring, written
                    # in place, so that every layer is
-                   Swap(lambda at: _native_window(at) and at.fmt.storage.fused("executorch"),
-                        lambda at, shared: _share(at, RingSdpaAttention))],
+                   Swap(lambda at: _native_window(at) and at.fmt.storage.fused("executorch"), _ring_make,
+                        _ring_setup)],
 }
 INT8_KERNELS = ("executorch", "edgekv")  # --pte-int8-kernel: what reads an int8 cache's codes in the .pte
 NORM_SWAPS = {"onnxruntime": OnnxRMSNorm}  # the norms' form where any layer is swapped
@@ -500,8 +588,9 @@ def custom_ops(module: nn.Module) -> list[str]:
     """The ExecuTorch ops of edgekv's own (edgekv/native) that a module for_runtime(..., "executorch") returned calls:
     what an app running its .pte must link."""
     from .. import native
-    uses = any(type(m) is SdpaAttention and getattr(m.consts, "int8_kernel", None) == "edgekv"
-               and m.fmt.storage.pte_read(m.dh) == "int8 codes" for m in module.modules())
+    uses = any((type(m) is SdpaAttention and getattr(m.consts, "int8_kernel", None) == "edgekv"
+                and m.fmt.storage.pte_read(m.dh) == "int8 codes")
+               or (type(m) is RingSdpaAttention and m.kernel == "edgekv") for m in module.modules())
     return [native.OP + ".out"] if uses else []
 
 
