@@ -120,6 +120,14 @@ PTE_KERNEL_BEFORE_TILES = {"filled_context_8192_pte_int8c_edgekv.json", "filled_
                            "filled_context_8192_pte_edgekv_kernel_fp32w.json",
                            "filled_context_gemma3_16384_pte_int8c_edgekv.json",
                            "filled_context_gemma3_32768_pte_cells.json"}
+PTE_RING_PREFILL = ("a several-token call through the sliding rings' torch.cond branch (portable bmm and softmax, "
+                    "not timed by any kernel benchmark): prefill not modelled")
+# Gemma-3-270M's kernel runs before its sliding rings' one-token call went through edgekv::int8_sdpa too
+# (swaps.RingSdpaAttention._kernel_forward; before, each ring's int8 codes were cast to fp32 by a portable copy and
+# attended by eager arithmetic every step: results/profile_pte_gemma3_16384_int8c_edgekv_tiles.json): another graph
+# than the one the plan prices (every layer on the kernel), listed, not compared
+PTE_RINGS_EAGER = {"filled_context_gemma3_16384_pte_int8c_edgekv_tiles.json",
+                   "filled_context_gemma3_16384_pte_int8c_edgekv_tiles_r2.json"}
 # the .pte's step outside attention split into its weight kernels and the other ops (norms, elementwise, the
 # delegate and operator dispatch, the cache writes, the binding): benchmarks/profile_pte.py on SmolLM2-135M's .pte of
 # the graph the plan charges; the fitted weights term is split by these shares into a weights rate and a per-layer
@@ -432,9 +440,11 @@ def main(argv=None) -> int:
         # filled_context: the operators of edgekv's own that a .pte calls (its manifest's custom_ops)
         ops = {op.split(".")[0] for op in (r.get("export") or {}).get("custom_ops") or ()}
         int8_kernel = "executorch"
-        if ops and ops <= set(PTE_INT8_KERNEL_OPS) and r["file"] in PTE_KERNEL_BEFORE_TILES \
+        if ops and ops <= set(PTE_INT8_KERNEL_OPS) and r["file"] in PTE_KERNEL_BEFORE_TILES | PTE_RINGS_EAGER \
                 and not isinstance(how, str):
-            how = "another kernel: edgekv::int8_sdpa before its register tiles (PTE_KERNEL_BEFORE_TILES)"
+            how = ("another kernel: edgekv::int8_sdpa before its register tiles (PTE_KERNEL_BEFORE_TILES)"
+                   if r["file"] in PTE_KERNEL_BEFORE_TILES else
+                   "another graph: the sliding rings attended by eager arithmetic (PTE_RINGS_EAGER)")
             r["set"] = "held-out"
         elif ops and ops <= set(PTE_INT8_KERNEL_OPS) and not isinstance(how, str):
             int8_kernel = PTE_INT8_KERNEL_OPS[ops.pop()]
@@ -586,7 +596,12 @@ def main(argv=None) -> int:
              "measured_tok_s_wall": r["decode_tok_s"], "measured_prefill_s": r["prefill_s"],
              "modelled": "why_not" not in r}
         pre = None
-        if "cost" in r and r.get("prefill_s") and r["cost"] in pre_fits and r["prefill_kind"]:
+        if r.get("int8_kernel") == "edgekv" and any(getattr(m, "window", None) for b in model_arch(r["model"]).blocks
+                                                    for m in b.mixers):
+            # the rings' several-token call (swaps.RingSdpaAttention: the old rows put back into a copy of the ring,
+            # eager attention) runs inside a torch.cond branch on portable kernels, which no kernel benchmark times
+            o["prefill_not_modelled"] = PTE_RING_PREFILL
+        elif "cost" in r and r.get("prefill_s") and r["cost"] in pre_fits and r["prefill_kind"]:
             p = pre_fits[r["cost"]]
             g = gguf_mm.get(r["gguf"]) if r["cost"] == "llama.cpp" else None
             bt = by_type_terms(r) if r["cost"] == "llama.cpp" and not g else None
