@@ -1,5 +1,5 @@
 """An eager weight-quantized output head multiplies its matrix in blocks of rows (edgekv.models.head,
-EAGER_QUANTIZED_ROWS: torchao's eager linear dequantizes the whole matrix on every call, 2.1 GB for Llama-3.2-1B's
+EAGER_QUANTIZED_ROWS: torchao's eager linear dequantizes the whole matrix on every call, the whole of Llama-3.2-1B's
 head). Reference: torchao's F.linear over the whole matrix; the logits must be the same, bit for bit, with a last
 block shorter than the others, and a traced head must stay one linear (the .pte's graph unchanged)."""
 import pytest

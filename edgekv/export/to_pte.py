@@ -205,8 +205,8 @@ def _preprocess_copies_share_weights():
     backend_api.lower_all_submodules_to_backend) shares the partition's weight tensors (shared_weights_copy).
     XNNPACK's preprocessing rewrites the copy's graph and reads its weights into new serialized buffers; it writes into
     no weight (the .pte bytes are the same: tests/test_pte_edge_copy.py). Why: the copies held every delegated weight
-    a second time from the start of XNNPACK's preprocessing to the end of lower-pte (the random Llama-3.2-1B's int4
-    codes, one byte per weight: 1.2 GB)."""
+    a second time from the start of XNNPACK's preprocessing to the end of lower-pte (int4 codes are one byte per weight
+    there, so a 1B model's codes twice; benchmarks/README.md, the 1B .pte export)."""
     from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
 
     had = "copy_exported_program_for_preprocess" in XnnpackBackend.__dict__

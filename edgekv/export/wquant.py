@@ -115,12 +115,7 @@ def untie_head(module, value=None) -> bool:
     return True
 
 
-# rows of the output layer quantized at a time (quantize_rows): torchao's quantizer holds several fp32 temporaries the
-# size of the matrix it quantizes, 2.3 GB over the random Llama-3.2-1B's 128256 x 2048 head at once
-HEAD_ROWS = 16384
-
-
-def quantize_rows(linear, config, rows: int = HEAD_ROWS) -> None:
+def quantize_rows(linear, config, rows: int | None = None) -> None:
     """quantize_(linear, config) done on blocks of `rows` output rows (views of the weight, each a temporary
     nn.Linear), the blocks' codes, scales and zero points then joined into one weight tensor of the same class and
     attributes. The same weight as one call gives: every recipe here quantizes each row's groups on their own (block
@@ -129,6 +124,8 @@ def quantize_rows(linear, config, rows: int = HEAD_ROWS) -> None:
     from torch import nn
     from torchao.quantization import quantize_
 
+    from ..models.head import EAGER_QUANTIZED_ROWS
+    rows = rows or EAGER_QUANTIZED_ROWS
     w = linear.weight
     n = w.shape[0]
     if n <= rows:

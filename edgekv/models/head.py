@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 
 
-# output rows an eager call of a weight-quantized head multiplies at a time: torchao's eager linear dequantizes the
-# whole matrix to fp32 on every call (with its int32 step, twice the fp32: 2.1 GB for Llama-3.2-1B's 128256 x 2048
-# head in the .pte's verify-pte reference); a block of rows gives the same logits (each output column is its own row's
+# output rows a weight-quantized head is handled in at a time, the one block size for both places that would otherwise
+# hold fp32 temporaries of the whole head: an eager call here (torchao's eager linear dequantizes the whole matrix to
+# fp32, and an int32 step besides, on every call: the .pte's verify-pte reference of a 1B's 128256-row head) and
+# torchao's quantizer (edgekv.export.wquant.quantize_rows). A block of rows gives the same logits (each output column is its own row's
 # dot product, tests/test_head_blocks.py). A traced head (torch.export: the .pte) stays one linear.
 EAGER_QUANTIZED_ROWS = 16384
 
