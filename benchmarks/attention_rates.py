@@ -24,6 +24,10 @@ a fp32 cache as a view, a fp16 cache cast to fp32 rows 0..pos), or llama::custom
 the output), the query quantized to int8 per token. The read-back (or the query's quantization) is part of what a
 layer costs there, so it is in the time.
 
+--runtime executorch --kinds 'etllama fp32,etllama fp16,etllama int8': the same ops as ExecuTorch's own Llama export
+calls them (export_llama --use_sdpa_with_kv_cache; edgekv plan --runtime executorch-llama): etl_program
+(attention_rates_executorch_llama.json).
+
 --runtime llamacpp: llama.cpp (llama-cpp-python, `make bench-deps`) has no single attention op to call from Python,
 so it times a decode step of a random-weight f16 GGUF of one layer at each head shape (lc_gguf: a 512-token
 vocabulary and a 64-wide MLP, so the step outside attention is a small constant), flash attention on, K and V of
@@ -65,6 +69,9 @@ KINDS = {"fp32": (np.float32, 4), "fp16": (np.float16, 2), "int8c": (np.int8, 1)
 # ExecuTorch: the cache kinds edgekv's .pte attends through custom_sdpa or custom_quantized_sdpa (bytes per value,
 # for the fit's read term)
 ET_KINDS = {"fp32": 4, "fp16": 2, "int8": 1, "int8c": 1}
+# ExecuTorch's own Llama export (examples/models/llama, export_llama --use_sdpa_with_kv_cache; the planner's
+# "executorch-llama" cost model): the same ops called as its SDPACustom / QuantizedSDPA call them (etl_program)
+ETL_KINDS = {"etllama fp32": 4, "etllama fp16": 2, "etllama int8": 1}
 # the tokens of one call of an edgekv .pte's prefill method (edgekv.export.options.ExportOptions.prefill_chunk)
 ET_PREFILL_CHUNK = 32
 # the window strategy's pinned first positions (edgekv.strategies: window's default sinks)
@@ -385,6 +392,70 @@ def win_time_call(h: int, hkv: int, d: int, slots: int, runs: int, hidden: int =
 INT8_KERNEL = "executorch"  # --int8-kernel: what reads int8 codes in et_program (edgekv: edgekv/native's kernel)
 
 
+def etl_program(h: int, hkv: int, d: int, kind: str, ctx: int) -> bytes:
+    """The .pte of one decode call's attention as ExecuTorch's own Llama export builds it (executorch 1.5.1
+    examples/models/llama/source_transformation: custom_kv_cache.py's CustomKVCache / QuantizedKVCache, sdpa.py's
+    SDPACustom / QuantizedSDPA): the cache stored [1, T, Hkv, D] (sequence-major), the call's row written at slot pos
+    (its update_cache op; index_put here, one row either way), then all H query heads [1, 1, H, D] handed with the
+    whole cache to the op, which maps each query head onto its KV head itself:
+      etllama fp32: llama::custom_sdpa(q, k_cache, v_cache, pos, None, 0, True) on the cache as it is;
+      etllama fp16: SDPACustom's fp32 fallback for a half model, q, k and v (the whole cache, every slot) cast to
+                    fp32 (.to(torch.float)) before custom_sdpa;
+      etllama int8: QuantizedKVCache (--quantize_kv_cache: int8 codes, a fp32 scale and an int8 zero point per token
+                    and head, choose_qparams_per_token_asymmetric) read by llama::custom_quantized_sdpa, the query
+                    quantized per token as QuantizedSDPA quantizes it."""
+    import torch
+    from torch import nn
+
+    from edgekv.export.to_pte import lower_pte, to_buffer
+
+    class Step(nn.Module):
+        def forward(self, q, pos, k, v, *qparams):
+            start = pos[0].item()
+            torch._check(start >= 0)
+            torch._check(start < ctx)
+            row = q[:, :, :hkv, :]  # [1, 1, Hkv, D]: a stand-in for the call's new key / value row
+
+            def put(state, r):
+                return torch.ops.aten.index_put(state, [None, pos], r)
+
+            if kind == "etllama fp32":
+                k, v = put(k, row), put(v, row)
+                return torch.ops.llama.custom_sdpa(q, k, v, start, None, 0.0, True)
+            if kind == "etllama fp16":
+                k, v = put(k, row.half()), put(v, row.half())
+                return torch.ops.llama.custom_sdpa(q.half().float(), k.float(), v.float(), start, None, 0.0, True)
+            ks, kz, vs, vz = qparams
+            rs, rz = torch.ops.quantized_decomposed.choose_qparams_per_token_asymmetric.default(row, torch.int8)
+            codes = torch.ops.quantized_decomposed.quantize_per_token(row, rs, rz, -128, 127, torch.int8)
+            k, v = put(k, codes), put(v, codes)
+            ks, vs = put(ks, rs.float()), put(vs, rs.float())
+            kz, vz = put(kz, rz.to(torch.int8)), put(vz, rz.to(torch.int8))
+            qs, qz = torch.ops.quantized_decomposed.choose_qparams_per_token_asymmetric.default(q, torch.int8)
+            qq = torch.ops.quantized_decomposed.quantize_per_token(q, qs, qz, -128, 127, torch.int8)
+            return torch.ops.llama.custom_quantized_sdpa(qq, k, v, start, None, 0.0, True, None, qz.to(torch.int8),
+                                                         qs.to(torch.float32), kz, ks, vz, vs)
+    args = etl_inputs(h, hkv, d, kind, ctx, np.random.default_rng(0))
+    ep = torch.export.export(Step(), args, strict=False)
+    return to_buffer(lower_pte({"forward": ep}, in_place=True), in_place=True)
+
+
+def etl_inputs(h: int, hkv: int, d: int, kind: str, ctx: int, rng) -> tuple:
+    """etl_program's inputs: q [1, 1, H, D], pos, the caches [1, T, Hkv, D] (int8: codes, and per token and head a
+    fp32 scale and an int8 zero point [1, T, Hkv, 1], as QuantizedKVCache keeps them)."""
+    import torch
+
+    q = torch.from_numpy(rng.standard_normal((1, 1, h, d)).astype(np.float32))
+    pos = torch.tensor([ctx - 1])
+    if kind == "etllama int8":
+        k, v = (torch.from_numpy(rng.integers(-127, 128, (1, ctx, hkv, d), dtype=np.int8)) for _ in range(2))
+        scale, zero = torch.full((1, ctx, hkv, 1), 0.02), torch.zeros((1, ctx, hkv, 1), dtype=torch.int8)
+        return q, pos, k, v, scale, zero, scale.clone(), zero.clone()
+    dt = np.float32 if kind == "etllama fp32" else np.float16
+    k, v = (torch.from_numpy(rng.standard_normal((1, ctx, hkv, d)).astype(dt)) for _ in range(2))
+    return q, pos, k, v
+
+
 def et_program(h: int, hkv: int, d: int, kind: str, ctx: int, chunk: int = 1) -> bytes:
     """The .pte of one decode call's attention on a cache of ctx slots: forward(q, pos, k, v[, k scale, v scale])
     writes the call's row at slot pos in place and returns custom_sdpa over slots 0..pos (SdpaAttention's read).
@@ -488,16 +559,22 @@ def et_time_call(h: int, hkv: int, d: int, kind: str, ctx: int, runs: int, chunk
     from edgekv.export.pte_stepper import quiet_native_stderr
 
     torch.set_num_threads(1)
-    buf = et_program(h, hkv, d, kind, ctx, chunk)  # the module reads the program from this buffer: it must outlive it
+    etl = kind in ETL_KINDS
+    # the module reads the program from this buffer: it must outlive it
+    buf = etl_program(h, hkv, d, kind, ctx) if etl else et_program(h, hkv, d, kind, ctx, chunk)
     with quiet_native_stderr():
         portable_lib._unsafe_reset_threadpool(1)
         mod = portable_lib._load_for_executorch_from_buffer(buf)
-    cache_bytes = 2 * hkv * ctx * d * ET_KINDS[kind] + (2 * hkv * ctx * 2 if kind == "int8" else 0)
+    if etl:  # + QuantizedKVCache's fp32 scale and int8 zero point per token and head
+        cache_bytes = 2 * hkv * ctx * d * ETL_KINDS[kind] + (2 * hkv * ctx * 5 if kind == "etllama int8" else 0)
+    else:
+        cache_bytes = 2 * hkv * ctx * d * ET_KINDS[kind] + (2 * hkv * ctx * 2 if kind == "int8" else 0)
     n = min(max(2, -(-COLD_BYTES // cache_bytes)), 30)  # as time_call: each layer's cache read cold
     rng = np.random.default_rng(0)
     if chunk > 1:  # a prefill call: compute-bound
         n = 2
-    sets = [et_inputs(h, hkv, d, kind, ctx, rng, chunk) for _ in range(n)]
+    sets = [etl_inputs(h, hkv, d, kind, ctx, rng) if etl else et_inputs(h, hkv, d, kind, ctx, rng, chunk)
+            for _ in range(n)]
     with quiet_native_stderr():
         cpu, ts = timed([lambda a=a: mod.forward(a) for a in sets], runs)
     if chunk > 1:  # the call's attention FLOP: 4 x H x D per query and key it attends (causal within the chunk)
@@ -923,6 +1000,11 @@ def main(argv=None) -> int:
                 "place, the cache read back as custom_sdpa takes it, llama::custom_sdpa (on the fp32 cache in place, a "
                 "KV head's G query heads as G rows of one head: SdpaAttention._custom_sdpa); ExecuTorch runtime, "
                 "1 thread")
+        if set(kinds) <= set(ETL_KINDS):
+            what = ("one decode call of ExecuTorch's own Llama export's attention (etl_program: its SDPACustom / "
+                    "QuantizedSDPA on a [1, T, Hkv, D] cache, every query head handed to the op with the whole cache; "
+                    "a half model's cache cast to fp32 whole; --quantize_kv_cache's int8 codes with a fp32 scale and "
+                    "an int8 zero point per token and head); ExecuTorch runtime, 1 thread")
         if a.prefill:
             what = (f"one prefill call of {ET_PREFILL_CHUNK} queries of edgekv's .pte attention (SdpaAttention: the "
                     "rows written in place, the cache read back as custom_sdpa takes it, custom_sdpa causal from the "

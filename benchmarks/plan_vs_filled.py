@@ -59,15 +59,22 @@ GGUF_AS_INT4 = {"Q4_0"}
 TOLERANCE = 0.25
 # row family in the filled-context benchmark -> the planner's runtime (plan --runtime) and cost model
 RUNTIMES = {"edgekv-ort": ("onnxruntime", "onnxruntime"), "edgekv-pte": ("edgekv-pte", "executorch"),
-            "llamacpp": ("llama.cpp", "llama.cpp")}
+            "llamacpp": ("llama.cpp", "llama.cpp"), "et-llama": ("executorch", "executorch-llama")}
+# ExecuTorch's own Llama export's rows (benchmarks/et_llama.py: export_llama 8da4w, its fp32 cache or
+# --quantize_kv_cache): cache -> the edgekv strategy the plan prices it as; 8da4w -> the plan's int4 (runtimes.json
+# executorch weights: its output layer and embedding int8). Their attention is charged at the kernel rows
+# benchmarks/attention_rates.py times as its SDPACustom / QuantizedSDPA call the ops, their weights at the .pte's
+# weights rate (the same XNNPACK kernels): nothing is fitted on them, so they are held out
+ETLLAMA_CACHE = {"kv-fp32": "kv:dtype=fp32", "kv-fp16": "kv", "kv-int8": "kv-int8"}
+# a cost model whose weights and prefill rates are another's (edgekv/costs/attention_rates.json rates_from)
+RATES_FROM = {"executorch-llama": "executorch"}
 # llama.cpp's K and V type -> the edgekv strategy whose cache it is (kv-int4's group of 32: q4_0's block)
 LLAMACPP_CACHE = {"f16": "kv", "q8_0": "kv-int8", "q4_0": "kv-int4"}
-NOT_MODELLED = {"genai": "ONNX Runtime GenAI's own graphs: no rate stored",
-                "et-llama": "ExecuTorch's own Llama export (export_llama): its SDPA with a cache update, no rate stored"}
+NOT_MODELLED = {"genai": "ONNX Runtime GenAI's own graphs: no rate stored"}
 # the cache kinds benchmarks/attention_rates.py times per runtime (the rest are fitted here on model rows)
 KERNEL_KINDS = {"onnxruntime": ("fp32", "fp16", "int8c"),
                 "executorch": ("fp32", "fp16", "int8", "int8c", "edgekv int8", "edgekv int8c"),
-                "llama.cpp": ("f16", "q8_0", "q4_0")}
+                "llama.cpp": ("f16", "q8_0", "q4_0"), "executorch-llama": ("fp32", "fp16", "int8")}
 # the eager graphs a benchmark times too (benchmarks/attention_rates.py --window: the window strategy's layer; the
 # explicit kv-int8 graph per kept key, benchmarks/eager_per_key.py on profile_ort.py's rounds of the model): charged
 # at their stored rows, not fitted on model rows
@@ -206,6 +213,11 @@ def parse(name: str, gguf: str | None = None) -> tuple[str, str, str] | str:
         return NOT_MODELLED[family]
     if family == "llamacpp":
         return "llama.cpp", LLAMACPP_CACHE[rest], "int4"
+    if family == "et-llama":
+        cache, _, weights = rest.partition("/")
+        if weights != "8da4w" or cache not in ETLLAMA_CACHE:
+            return f"ExecuTorch's Llama export with {rest}: no rate stored"
+        return RUNTIMES[family][0], ETLLAMA_CACHE[cache], "int4"
     spec, _, weights = rest.rpartition("/")
     if weights == "gguf" and family == "edgekv-ort" and gguf and Path(gguf).is_file():
         from edgekv import memory as M
@@ -233,14 +245,13 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
 
     arch, dev, strategy = model_arch(model), load_device("host"), parse_strategy(spec)
     row = plan_one(arch, strategy, dev, ctx, "int4", runtime=runtime, int8_kernel=int8_kernel)
-    cost = RUNTIMES["llamacpp" if runtime == "llama.cpp" else "edgekv-pte" if runtime == "edgekv-pte"
-                    else "edgekv-ort"][1]
+    cost = next(c for rt, c in RUNTIMES.values() if rt == runtime)
     layout = row.deployment.layout
     rates = M.attention_rates(cost, "host", dev.device_class)
     kind = M.attention_kind(arch, layout, strategy, cost, rates, int8_kernel)
     if kind_then:
         kind = kind_then if kind_then in rates["kinds"] and not kind_then.startswith("eager") else None
-    fused = cost == "llama.cpp" or M.fused_gqa(arch, layout, strategy, cost)
+    fused = cost in ("llama.cpp", "executorch-llama") or M.fused_gqa(arch, layout, strategy, cost)
     out = {"cost": cost, "weights_bytes": row.deployment.weights["read_per_token"], "plan_tok_s": row.decode.value,
            "plan_prefill_s": row.prefill.value, "kind": kind, "cache": M.cache_kind(strategy, layout, cost, int8_kernel),
            # the .pte's eager graph (the window strategy): no prefill rate measured or fitted (speed.prefill_at_rates)
@@ -432,6 +443,8 @@ def main(argv=None) -> int:
         pf = r.get("prefill_tok_per_cpu_s") or r.get("prefill_tok_s")
         r["prefill_s"] = prompt / pf if pf else None
         how = parse(r["name"], r.get("gguf_path"))
+        if r["name"].startswith("et-llama:"):  # kernel rows and the .pte's weights rate: nothing fitted on it
+            r["set"] = "held-out"
         m, fam, before = SUPERSEDED_BEFORE
         if r["model"] == m and r["name"].startswith(fam) and r["started_utc"] < before:
             how = "superseded export: measured before edgekv's ONNX put Gemma 3's sliding layers on GroupQueryAttention"
@@ -528,7 +541,7 @@ def main(argv=None) -> int:
     def weights_s(r: dict) -> float:
         """The row's weights term: its matrices at the kernel's per-size rows plus the fitted per-layer ops where
         the runtime's kernel was timed per matrix, else its bytes over the fitted rate."""
-        w = w_rates[r["cost"]]
+        w = w_rates[RATES_FROM.get(r["cost"], r["cost"])]
         if "layer_overhead_s" in w and "weights_kernel_s" in r:
             return r["weights_kernel_s"] + r["n_layers"] * w["layer_overhead_s"]
         if "layer_overhead_s" in w:  # the .pte: its weight kernels' rate + the other ops per layer
@@ -605,8 +618,9 @@ def main(argv=None) -> int:
             # the rings' several-token call (swaps.RingSdpaAttention: the old rows put back into a copy of the ring,
             # eager attention) runs inside a torch.cond branch on portable kernels, which no kernel benchmark times
             o["prefill_not_modelled"] = PTE_RING_PREFILL
-        elif "cost" in r and r.get("prefill_s") and r["cost"] in pre_fits and r["prefill_kind"]:
-            p = pre_fits[r["cost"]]
+        elif "cost" in r and r.get("prefill_s") and RATES_FROM.get(r["cost"], r["cost"]) in pre_fits \
+                and r["prefill_kind"]:
+            p = pre_fits[RATES_FROM.get(r["cost"], r["cost"])]
             g = gguf_mm.get(r["gguf"]) if r["cost"] == "llama.cpp" else None
             bt = by_type_terms(r) if r["cost"] == "llama.cpp" and not g else None
             if g:  # llama.cpp's matmuls at the rate of the row's own GGUF's weight types (measured, not fitted)
@@ -622,7 +636,7 @@ def main(argv=None) -> int:
                          prefill_error=round(pre / r["prefill_s"] - 1, 3),
                          prefill_within_25=bool(abs(pre / r["prefill_s"] - 1) <= TOLERANCE))
         pcol = (f"{r['prefill_s']:6.1f} {pre:6.1f} {pre / r['prefill_s'] - 1:+6.0%}" if pre else "")
-        if o["modelled"] and r["cost"] not in w_rates:
+        if o["modelled"] and RATES_FROM.get(r["cost"], r["cost"]) not in w_rates:
             r["why_not"], o["modelled"] = f"no {r['cost']} row to fit its weights rate on", False
         if o["modelled"]:
             w_s = weights_s(r)

@@ -141,8 +141,11 @@ def test_kv_int8_is_not_slower_than_fp16_where_the_runtime_reads_int8_in_place(r
     fp16 = _row(dev, 32768, "llama-3.2-1b", "kv", runtime)["decode_tokens_per_s"]
     int8 = _row(dev, 32768, "llama-3.2-1b", "kv-int8", runtime)["decode_tokens_per_s"]
     assert int8 >= fp16, (runtime, int8, fp16)
-    # edgekv's own .pte dequantizes the rows it reads back: that copy stays charged
-    assert _row(dev, 32768, "llama-3.2-1b", "kv-int8", "edgekv-pte")["decode_tokens_per_s"] < int8
+    # edgekv's own .pte reads its kv-int8 codes in place through the same custom_quantized_sdpa (its cache [Hkv, T,
+    # D], the Llama export's [T, Hkv, D]; each kernel's per-key cost measured by benchmarks/attention_rates.py, 2.10
+    # and 2.09 ns per key x head x dim at head size 64): the two rows decode within 25 % of each other
+    pte = _row(dev, 32768, "llama-3.2-1b", "kv-int8", "edgekv-pte")["decode_tokens_per_s"]
+    assert pte == pytest.approx(int8, rel=0.25), (pte, int8)
 
 
 def test_qwen3_and_gemma3_run_fused_attention_under_executorch():

@@ -158,9 +158,13 @@ def attention_rates(runtime: str, device_id: str, device_class: str) -> dict | N
         return None
     dev = rt["devices"].get(device_id)
     if dev is not None:
-        return {"kinds": dev["kinds"], "scale": (1.0, 1.0), "weights": dev.get("weights", {}),
+        # rates_from: another cost model whose weight kernels and prefill this runtime runs as well (ExecuTorch's
+        # Llama export: the same XNNPACK 8da4w kernels as edgekv's .pte, its prompt through the same custom_sdpa /
+        # custom_quantized_sdpa): the weights and prefill rates stored there
+        src = ATTENTION_RATES[dev["rates_from"]]["devices"].get(device_id, {}) if "rates_from" in dev else dev
+        return {"kinds": dev["kinds"], "scale": (1.0, 1.0), "weights": src.get("weights", {}),
                 "gguf_types": dev.get("gguf_types", {}), "gguf_type_rates": dev.get("gguf_type_rates", {}),
-                "prefill": dev.get("prefill"), "source": dev["source"], "basis": dev["basis"], "kernel": rt["label"]}
+                "prefill": src.get("prefill"), "source": dev["source"], "basis": dev["basis"], "kernel": rt["label"]}
     cls = rt["classes"].get(device_class)
     if cls is None:
         return None
@@ -234,6 +238,15 @@ def _cache_kind(strategy: Strategy, layout: StateLayout, runtime: str) -> str | 
         if bits and st.static_scales:
             return None
         return _GGML_KIND.get(bits or dtype)
+    if runtime == "executorch-llama":  # its KVCache in the model dtype, or --quantize_kv_cache's QuantizedKVCache:
+        # int8 with a scale and zero point per token and head, read in place by custom_quantized_sdpa (no static
+        # scales in its recipe)
+        if bits and bits < 8:  # not in its recipe: rows dequantized for custom_sdpa, as edgekv's .pte runs them
+            return None if st.static_scales else f"int{bits}"
+        if bits:
+            heads = {t.shape[-1] for t in layout.tensors if t.role == "key"}
+            return "int8" if not st.static_scales and all(st.readback_source(d) == "int8" for d in heads) else None
+        return _FLOAT_KIND.get(dtype)
     if bits and st.static_scales:  # int8 codes at static scales, read in place
         return "int8c" if runtime in ("onnxruntime", "executorch") else None
     if bits:  # the .pte: int8 codes in place (custom_quantized_sdpa), packed codes read back; ONNX Runtime: no fused kind
@@ -305,11 +318,12 @@ def attention_kind(arch: Arch, layout: StateLayout, strategy: Strategy, runtime:
                    int8_kernel: str = "executorch") -> str | None:
     """The cache kind whose stored rate charges this row's attention, or None (the roofline charges it): ONNX
     Runtime and edgekv's .pte where edgekv's export attends through the fused op (fused_gqa), llama.cpp always (its
-    attention is its own flash attention over the cache it keeps); ONNX Runtime's eager graph (no
+    attention is its own flash attention over the cache it keeps), ExecuTorch's Llama export always (custom_sdpa or
+    custom_quantized_sdpa over the cache it keeps, every model type it defines attending so); ONNX Runtime's eager graph (no
     GroupQueryAttention) at its "eager <kind>" rate; and only a kind with a stored rate."""
     if not rates:
         return None
-    if runtime == "llama.cpp" or fused_gqa(arch, layout, strategy, runtime):
+    if runtime in ("llama.cpp", "executorch-llama") or fused_gqa(arch, layout, strategy, runtime):
         kind = cache_kind(strategy, layout, runtime, int8_kernel)
     else:
         kind = prefill_kind(strategy, layout, runtime, int8_kernel)
