@@ -282,6 +282,191 @@ def matmul_main(a) -> int:
     return 0
 
 
+# --matmul-forms (onnxruntime): the weights kernel in each form `edgekv export --weights gguf` carries a GGUF type in
+# (edgekv.memory.weights.CARRIED_FORM, built as edgekv.export.gguf_blocks.carry builds it: MatMulNBits of the form's
+# bits and block, fp32 scales, packed uint zero points where the type has a minimum, and its fp32 block-sum remainder:
+# Shape, Slice, Concat, Reshape, ReduceSum of the input, MatMul by the [K / block, N] remainder, Add), per matrix
+# shape of MATMUL_SHAPES, at one token, accuracy_level 4 (edgekv.export.onnx_quant.ORT_ACCURACY_LEVEL). "4-bit/32" is
+# also ONNX Runtime GenAI's int4 (its builder's default: symmetric, blocks of 32, no zero points, accuracy_level 4 on
+# cpu). "int4 asym" is edgekv's --weights int4 form (uint8 zero points, the --matmul rows), timed again in the same run
+# as the reference the forms are compared with. Each copy of the matrix has its own input (bound once), so no two
+# copies share the remainder's block sums (in a model the projections of one input share them: gate and up).
+MATMUL_FORMS = ("4-bit/32", "4-bit/32 zp+rem", "8-bit/32", "8-bit/16", "8-bit/32 zp+rem", "int4 asym")
+
+
+def form_spec(form: str) -> tuple[int, int, bool, bool]:
+    """A form's (bits, block, zero points, remainder), as edgekv.memory.weights.carried_form_name names them."""
+    if form == "int4 asym":
+        return 4, MATMUL_BLOCK, True, False
+    bits, rest = form.split("-bit/")
+    block, _, extra = rest.partition(" ")
+    return int(bits), int(block), extra == "zp+rem", extra == "zp+rem"
+
+
+def form_bytes(form: str, k: int, n: int) -> int:
+    """Bytes of one (k, n) matrix in the form, as edgekv.memory.weights.carried_matrix_bytes counts them (the codes,
+    fp32 scales, packed zero points, fp32 remainders)."""
+    if form == "int4 asym":
+        return nbits_bytes(k, n)
+    bits, block, zp, rem = form_spec(form)
+    nb = k // block
+    out = n * k * bits // 8 + 4 * n * nb
+    if zp:
+        out += n * (nb if bits == 8 else -(-nb // 2))
+    return out + (4 * n * nb if rem else 0)
+
+
+def form_graph(form: str, k: int, n: int, copies: int) -> bytes:
+    """`copies` matrices of shape (k, n) in the form, each its own random codes on its own fp32 token x{i}."""
+    from onnx import TensorProto as TP
+    from onnx import helper, numpy_helper
+
+    bits, block, zp, rem = form_spec(form)
+    rng = np.random.default_rng(0)
+    nb = k // block
+    nodes, inits, ins, outs = [], [], [], []
+
+    def const(name, value):
+        inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    for i in range(copies):
+        x = f"x{i}"
+        ins.append(helper.make_tensor_value_info(x, TP.FLOAT, [1, 1, k]))
+        b = const(f"b{i}", rng.integers(0, 256, (n, nb, block * bits // 8), dtype=np.uint8))
+        args = [x, b, const(f"s{i}", np.full(n * nb, 0.01, np.float32))]
+        if zp:
+            args.append(const(f"z{i}", np.full(n * (nb if bits == 8 else -(-nb // 2)), 0x88 if bits == 4 else 128,
+                                               np.uint8)))
+        y = f"y{i}" if not rem else f"y{i}.nbits"
+        nodes.append(helper.make_node("MatMulNBits", args, [y], domain="com.microsoft", K=k, N=n, bits=bits,
+                                      block_size=block, accuracy_level=4))
+        if rem:  # gguf_blocks.carry's remainder term, node for node
+            s = f"{x}.blocksums{block}"
+            nodes += [
+                helper.make_node("Shape", [x], [s + ".xs"]),
+                helper.make_node("Slice", [s + ".xs", const(s + ".0", np.array([0], np.int64)),
+                                           const(s + ".-1", np.array([-1], np.int64))], [s + ".lead"]),
+                helper.make_node("Concat", [s + ".lead", const(s + ".tail", np.array([nb, block], np.int64))],
+                                 [s + ".shape"], axis=0),
+                helper.make_node("Reshape", [x, s + ".shape"], [s + ".blocks"]),
+                helper.make_node("ReduceSum", [s + ".blocks", const(s + ".axes", np.array([-1], np.int64))], [s],
+                                 keepdims=0),
+                helper.make_node("MatMul", [s, const(f"r{i}", np.full((nb, n), 1e-3, np.float32))], [f"y{i}.rem"]),
+                helper.make_node("Add", [y, f"y{i}.rem"], [f"y{i}"])]
+        outs.append(helper.make_tensor_value_info(f"y{i}", TP.FLOAT, None))
+    g = helper.make_graph(nodes, "forms", ins, outs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    return m.SerializeToString()
+
+
+def form_time(ort, form: str, k: int, n: int, runs: int) -> dict:
+    """CPU seconds of one matrix (k, n) in the form at one token, 1 thread: a graph of as many copies as make
+    MATMUL_COLD bytes (at most 256), the inputs bound once (io binding), its time per run over the copies."""
+    nbytes = form_bytes(form, k, n)
+    copies = max(1, min(256, -(-MATMUL_COLD // nbytes)))
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = so.inter_op_num_threads = 1
+    sess = ort.InferenceSession(form_graph(form, k, n, copies), so, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    bind = sess.io_binding()
+    for i in range(copies):
+        bind.bind_cpu_input(f"x{i}", rng.standard_normal((1, 1, k)).astype(np.float32))
+        bind.bind_output(f"y{i}")
+    cpu, wall = timed([lambda: sess.run_with_iobinding(bind)], runs)
+    med = statistics.median(cpu) / copies
+    del sess
+    return {"form": form, "k": k, "n": n, "bytes": nbytes, "copies": copies, "median_us": round(med * 1e6, 2),
+            "wall_median_us": round(statistics.median(wall) / copies * 1e6, 2),
+            "best_us": round(min(cpu) / copies * 1e6, 2), "read_gb_s": round(nbytes / med / 1e9, 3)}
+
+
+def matmul_forms_main(a) -> int:
+    """--matmul-forms: each form (MATMUL_FORMS, or --forms) per shape (MATMUL_SHAPES), the forms going round each
+    shape, into results/matmul_nbits_forms.json."""
+    import onnxruntime as ort
+
+    forms = a.forms.split(",") if a.forms else list(MATMUL_FORMS)
+    t0 = time.time()
+    rows = []
+    for model, shapes in MATMUL_SHAPES.items():
+        for k, n in shapes:
+            for form in forms:
+                if k % form_spec(form)[1]:
+                    continue
+                r = {"model": model, **form_time(ort, form, k, n, a.runs), "loadavg": round(os.getloadavg()[0], 2)}
+                rows.append(r)
+                print(r, flush=True)
+    out = {"benchmark": "matmul_nbits_forms", "onnxruntime": ort.__version__,
+           "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
+           "machine": {"platform": platform.platform(), "processor": platform.processor()},
+           "loadavg_end": list(os.getloadavg()), "threads": 1, "runs": a.runs,
+           "what": "one matrix (K, N) at one fp32 token in each form edgekv export --weights gguf carries a GGUF type "
+                   "in (MatMulNBits bits / block, fp32 scales; 'zp+rem': packed uint zero points and the fp32 "
+                   "block-sum remainder subgraph of edgekv.export.gguf_blocks.carry), accuracy_level 4; '4-bit/32' is "
+                   "also ONNX Runtime GenAI's symmetric int4; 'int4 asym' edgekv's --weights int4 (the --matmul rows' "
+                   f"form) in the same run; each timed graph holds copies totalling at least {MATMUL_COLD >> 20} MiB "
+                   "(at most 256), each on its own input bound once; 1 thread, process CPU time per matrix",
+           "rows": rows, "seconds": round(time.time() - t0, 1)}
+    write_json(a.out or Path(__file__).parent / "results" / "matmul_nbits_forms.json", out)
+    return 0
+
+
+def forms_entry(forms: dict, int4_rows: list[list[float]], source: str) -> dict:
+    """edgekv/costs/attention_rates.json's onnxruntime weights.gguf.by_form from a --matmul-forms run (forms: its JSON)
+    and the stored int4 rows (weights.int4.by_matrix.rows: [K, N, bytes, seconds], the --matmul run the int4 graph's
+    per-layer ops were fitted with): each form's seconds at a shape = its median over the same run's "int4 asym" median
+    at that shape (the forms compared in one run, on one machine and load) times the stored int4 seconds at that
+    shape, so every form sits on the int4 rows the filled rows are predicted with. Rows [K, N, the form's bytes,
+    seconds], and ratio_to_int4 per shape."""
+    ref = {(r["k"], r["n"]): r["median_us"] for r in forms["rows"] if r["form"] == "int4 asym"}
+    stored = {(int(k), int(n)): t for k, n, _, t in int4_rows}
+    types: dict[str, list[str]] = {}
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from edgekv.memory.weights import CARRIED_FORM, carried_form_name
+
+    for t in CARRIED_FORM:
+        types.setdefault(carried_form_name(t), []).append(t)
+    out = {}
+    for r in forms["rows"]:
+        key = (r["k"], r["n"])
+        if r["form"] == "int4 asym" or key not in ref or key not in stored:
+            continue
+        f = out.setdefault(r["form"], {"types": types.get(r["form"], []), "rows": [], "ratio_to_int4": []})
+        ratio = r["median_us"] / ref[key]
+        f["rows"].append([r["k"], r["n"], r["bytes"], float(f"{ratio * stored[key]:.4g}")])
+        f["ratio_to_int4"].append([r["k"], r["n"], round(ratio, 3)])
+    return {"kernel": "MatMulNBits", "forms": out, "layer_overhead_from": "int4", "source": source}
+
+
+RATES_FILE = Path(__file__).resolve().parent.parent / "edgekv" / "costs" / "attention_rates.json"
+
+
+def store_forms(path: Path) -> int:
+    """--store-forms: forms_entry of a --matmul-forms run into RATES_FILE (onnxruntime, host, weights.gguf)."""
+    forms = json.loads(path.read_text())
+    rates = json.loads(RATES_FILE.read_text())
+    w = rates["onnxruntime"]["devices"]["host"]["weights"]
+    ref = [r for r in forms["rows"] if r["form"] == "int4 asym"]
+    load = sorted(r["loadavg"] for r in forms["rows"])
+    src = (f"rows [K, N, bytes, seconds] per form: one matrix in the form edgekv export --weights gguf carries each "
+           f"GGUF type in (types), at one token, 1 thread, accuracy_level 4, timed beside edgekv's int4 form in one "
+           f"run (benchmarks/attention_rates.py --matmul-forms, benchmarks/results/{path.name}, onnxruntime "
+           f"{forms['onnxruntime']}, {forms['machine']['platform']}, load average {load[0]:.1f}-{load[-1]:.1f}): "
+           f"seconds = that run's ratio to the int4 form at the same shape (ratio_to_int4) x the int4 rows above "
+           f"(weights.int4.by_matrix, the rows the filled rows are predicted with; the int4 form ran "
+           f"{statistics.median(r['median_us'] / t * 1e-6 for r in ref for k, n, _, t in w['int4']['by_matrix']['rows'] if (k, n) == (r['k'], r['n'])):.2f}x "
+           "their time in this run, another VM); the step's other ops per layer: the int4 graph's "
+           "(layer_overhead_from). '4-bit/32' is also ONNX Runtime GenAI's int4 (symmetric, blocks of 32), which "
+           "benchmarks/plan_vs_filled.py checks its rows at")
+    w["gguf"] = {"by_form": forms_entry(forms, w["int4"]["by_matrix"]["rows"], src)}
+    tmp = RATES_FILE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rates, indent=2) + "\n")
+    os.replace(tmp, RATES_FILE)
+    print(f"wrote {RATES_FILE}: onnxruntime host weights.gguf, forms {', '.join(w['gguf']['by_form']['forms'])}")
+    return 0
+
+
 def win_module(h: int, hkv: int, d: int, slots: int, hidden: int = WIN_HIDDEN, dtype: str = "fp16",
                sinks: int = WIN_SINKS):
     """One decode call of the window strategy's layer as edgekv's exports build it (no fused op: the eager
@@ -910,6 +1095,13 @@ def main(argv=None) -> int:
                       "results/llamacpp_gguf_types.json")
     ap.add_argument("--matmul", action="store_true", help="onnxruntime: time MatMulNBits (int4) per matrix shape "
                     "(MATMUL_SHAPES) instead (matmul_nbits_rates.json)")
+    ap.add_argument("--matmul-forms", action="store_true", help="onnxruntime: time each form --weights gguf carries "
+                    "a GGUF type in (MATMUL_FORMS: MatMulNBits bits / block, zero points, remainder) per matrix shape "
+                    "instead (matmul_nbits_forms.json)")
+    ap.add_argument("--forms", help="--matmul-forms: the forms to time (comma-separated; default all MATMUL_FORMS)")
+    ap.add_argument("--store-forms", type=Path, metavar="JSON",
+                    help="write a --matmul-forms run's rates into edgekv/costs/attention_rates.json (onnxruntime host "
+                         "weights.gguf.by_form: forms_entry) instead of timing")
     ap.add_argument("--prefill", action="store_true", help="onnxruntime: time prefill calls of 128 queries instead "
                     "(attention_rates_prefill.json); executorch: calls of ET_PREFILL_CHUNK queries, fp32 and fp16 "
                     "caches (attention_rates_executorch_prefill.json); llama.cpp's prefill rates come from its fills")
@@ -969,6 +1161,10 @@ def main(argv=None) -> int:
         return window_main(a)
     if a.matmul:
         return matmul_main(a)
+    if a.matmul_forms:
+        return matmul_forms_main(a)
+    if a.store_forms:
+        return store_forms(a.store_forms)
     et, lc = a.runtime == "executorch", a.runtime == "llamacpp"
     if a.int8_kernel == "edgekv":
         global INT8_KERNEL

@@ -53,9 +53,21 @@ sys.path.insert(0, str(HERE.parent))
 # lands in results/: its settings.model, a catalog name or the path of its weights, is planned as `edgekv plan -m`
 # plans it)
 FIT_MODEL = "smollm2-135m"
-# GGUF weight types whose blocks `edgekv export --weights gguf` carries into the kernel and bytes of ONNX Runtime's
-# int4 (MatMulNBits, 4 bits, blocks of 32 with a scale each): a row of such a file is planned as int4 weights
-GGUF_AS_INT4 = {"Q4_0"}
+# `edgekv export --weights gguf` rows (edgekv-ort:S/gguf): the GGUF's own blocks, each type in its MatMulNBits form
+# (edgekv.export.gguf_codec), planned as `edgekv plan -m FILE.gguf --runtime onnxruntime --weights gguf` plans them:
+# each matrix at its form's rows (benchmarks/attention_rates.py --matmul-forms, results/matmul_nbits_forms.json;
+# edgekv/costs/attention_rates.json onnxruntime weights.gguf), the step's other ops per layer the int4 graph's fitted
+# ones. Nothing is fitted on them: held out, whatever the model.
+# ONNX Runtime GenAI's own builder graphs (genai:int4, benchmarks/speed_child.py genai_model: `builder -p int4 -e cpu`,
+# onnxruntime-genai 0.18.0): GroupQueryAttention on a fp32 cache (io dtype fp32 on cpu) of max_length slots, and on
+# Gemma 3 its sliding layers' window cache (local_window_size 512), as edgekv's fused fp32-cache graph; its weights
+# MatMulNBits 4 bits, blocks of 32, symmetric (no zero points), accuracy_level 4 (the builder's cpu defaults:
+# onnxruntime_genai/models/quantization/quant_config.py), the output layer too, and a tied table GatherBlockQuantized
+# on the head's codes (shared_embeddings: the table's one row a step, not charged). So its step is charged as
+# edgekv's kv:dtype=fp32 graph's attention, every matrix at the "4-bit/32" form's rows (the form Q4_0 is carried in),
+# plus the int4 graph's other ops per layer; nothing is fitted on its rows (held out). GenAI's own loop around the
+# session (its generator, the logits copy, the search) is not in any rate.
+GENAI = ("kv:dtype=fp32", "4-bit/32")
 TOLERANCE = 0.25
 # row family in the filled-context benchmark -> the planner's runtime (plan --runtime) and cost model
 RUNTIMES = {"edgekv-ort": ("onnxruntime", "onnxruntime"), "edgekv-pte": ("edgekv-pte", "executorch"),
@@ -70,7 +82,7 @@ ETLLAMA_CACHE = {"kv-fp32": "kv:dtype=fp32", "kv-fp16": "kv", "kv-int8": "kv-int
 RATES_FROM = {"executorch-llama": "executorch"}
 # llama.cpp's K and V type -> the edgekv strategy whose cache it is (kv-int4's group of 32: q4_0's block)
 LLAMACPP_CACHE = {"f16": "kv", "q8_0": "kv-int8", "q4_0": "kv-int4"}
-NOT_MODELLED = {"genai": "ONNX Runtime GenAI's own graphs: no rate stored"}
+NOT_MODELLED: dict[str, str] = {}
 # the cache kinds benchmarks/attention_rates.py times per runtime (the rest are fitted here on model rows)
 KERNEL_KINDS = {"onnxruntime": ("fp32", "fp16", "int8c"),
                 "executorch": ("fp32", "fp16", "int8", "int8c", "edgekv int8", "edgekv int8c"),
@@ -211,6 +223,10 @@ def parse(name: str, gguf: str | None = None) -> tuple[str, str, str] | str:
     family, _, rest = name.partition(":")
     if family in NOT_MODELLED:
         return NOT_MODELLED[family]
+    if family == "genai":
+        if rest != "int4":
+            return f"ONNX Runtime GenAI {rest}: no rate stored for its weights"
+        return "onnxruntime", GENAI[0], "genai-int4"
     if family == "llamacpp":
         return "llama.cpp", LLAMACPP_CACHE[rest], "int4"
     if family == "et-llama":
@@ -219,32 +235,41 @@ def parse(name: str, gguf: str | None = None) -> tuple[str, str, str] | str:
             return f"ExecuTorch's Llama export with {rest}: no rate stored"
         return RUNTIMES[family][0], ETLLAMA_CACHE[cache], "int4"
     spec, _, weights = rest.rpartition("/")
-    if weights == "gguf" and family == "edgekv-ort" and gguf and Path(gguf).is_file():
+    if weights == "gguf" and family == "edgekv-ort":
+        if not (gguf and Path(gguf).is_file()):
+            return "its GGUF is not on this machine (settings.model_path; --gguf-dir for a REBUILT one)"
         from edgekv import memory as M
 
-        types = set((M.gguf_type_mix(_read_gguf(gguf)) or "").split("+"))
-        if types and types <= GGUF_AS_INT4:
-            return RUNTIMES[family][0], spec, "int4"
+        ga = _read_gguf(gguf)
+        types = {w.name: w.gguf_type for w in ga.weights}
+        fp32 = sorted({types[m[0]] for m in M.carried_matrices(ga) if m[1] is None})
+        if fp32:
+            return (f"gguf weights of types {', '.join(fp32)}, not carried (the graph's fp32 MatMul): no rate stored "
+                    "for them")
+        return RUNTIMES[family][0], spec, "gguf"
     if weights != "int4":
         return f"{weights} weights carried from the GGUF: no weights rate stored"
     return RUNTIMES[family][0], spec, "int4"
 
 
 def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then: str | None = None,
-          int8_kernel: str = "executorch") -> dict:
+          int8_kernel: str = "executorch", weights: str = "int4", gguf: str | None = None) -> dict:
     """The planner's pieces for this row: weights bytes per token, the attention seconds at the stored kernel rate
     (None: no rate for this row), the prefill FLOP by part and the prefill kind, and plan's own decode / prefill.
     kind_then: the stored kind of the graph an older row ran (PTE_INT8_OLD_KIND), in place of the planner's;
     int8_kernel: what read the .pte's int8 codes (its export's custom_ops: PTE_INT8_KERNEL_OPS), as
-    `edgekv plan --pte-int8-kernel` prices it."""
+    `edgekv plan --pte-int8-kernel` prices it. weights: "int4", "gguf" (the row's GGUF, `gguf`, read as `edgekv plan
+    -m FILE.gguf --weights gguf` reads it) or "genai-int4" (GENAI: the plan's int4 row, its matrices at GenAI's form)."""
     from edgekv import memory as M
     from edgekv.arch import Attention
     from edgekv.devices import load_device
     from edgekv.plan import DEFAULT_CHUNK, plan_one
     from edgekv.strategies import parse_strategy
 
-    arch, dev, strategy = model_arch(model), load_device("host"), parse_strategy(spec)
-    row = plan_one(arch, strategy, dev, ctx, "int4", runtime=runtime, int8_kernel=int8_kernel)
+    arch = _read_gguf(gguf) if weights == "gguf" else model_arch(model)
+    dev, strategy = load_device("host"), parse_strategy(spec)
+    row = plan_one(arch, strategy, dev, ctx, "gguf" if weights == "gguf" else "int4", runtime=runtime,
+                   int8_kernel=int8_kernel)
     cost = next(c for rt, c in RUNTIMES.values() if rt == runtime)
     layout = row.deployment.layout
     rates = M.attention_rates(cost, "host", dev.device_class)
@@ -264,7 +289,16 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
         # custom_quantized_sdpa's scalar int8 path the planner's kind now charges: no prefill rate for it
         out["prefill_kind"] = None
     by = ((rates or {}).get("weights") or {}).get("int4", {}).get("by_matrix")
-    if by:  # the weights kernel timed per matrix (attention_rates.py --matmul): the matrices' seconds, as plan sums them
+    by_form = ((rates or {}).get("weights") or {}).get("gguf", {}).get("by_form")
+    if weights == "gguf":  # each GGUF type's MatMulNBits form at its rows (attention_rates.py --matmul-forms)
+        got = M.speed.weights_seconds_by_form(M.carried_matrices(arch), by_form, arch.n_layers, 0.0)
+        out.update(weights_kernel_s=got[1], weights_formula=got[2])
+    elif weights == "genai-int4":  # GenAI's int4: every matrix (the head too) 4 bits, blocks of 32, fp32 scales
+        mats = genai_matrices(arch)
+        got = M.speed.weights_seconds_by_form(mats, by_form, arch.n_layers, 0.0)
+        out.update(weights_kernel_s=got[1], weights_formula=got[2], weights_bytes=sum(m[2] for m in mats),
+                   plan_tok_s=None, plan_prefill_s=None)
+    elif by:  # the weights kernel timed per matrix (attention_rates.py --matmul): the matrices' seconds, as plan sums them
         from edgekv.plan import runtime_cost
 
         out["weights_kernel_s"] = M.speed.weights_seconds_by_matrix(arch, "int4", by, runtime_cost(runtime, arch,
@@ -285,6 +319,19 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
     out["key_work"] = float(sum(kept[i] * m.n_heads * m.head_dim for i, b in enumerate(arch.blocks)
                                 for m in b.mixers if isinstance(m, Attention) and i in kept))
     return out
+
+
+def genai_matrices(arch) -> list[tuple]:
+    """The matrices a decode step of GenAI's int4 graph multiplies (GENAI): every linear row and the output layer
+    (the tied table's shape where tied), as MatMulNBits 4 bits, blocks of 32, one fp32 scale a block, no zero points
+    (its builder's symmetric default): (name, form, bytes, read fraction, (K, N)), as memory.carried_matrices lists
+    them."""
+    import math
+
+    tied = not any(w.cls == "lm_head" for w in arch.weights)
+    return [(w.name, GENAI[1], w.numel / 2 + 4 * w.numel / 32, w.read_fraction, (math.prod(w.shape[1:]), w.shape[0]))
+            for w in arch.weights if w.cls in ("linear", "lm_head") or (w.cls == "embedding" and tied)
+            if len(w.shape) == 2 and math.prod(w.shape[1:]) % 32 == 0]
 
 
 def fit_prefill(rows: list[dict]) -> dict:
@@ -411,6 +458,11 @@ def plan_on_gguf(r: dict) -> float:
                     runtime="llama.cpp").decode.value
 
 
+def _round(v: float | None) -> float | None:
+    """v to 2 decimals; None (GenAI's rows: no plan runtime) stays None."""
+    return None if v is None else round(v, 2)
+
+
 def prefill_pred(r: dict, p: dict) -> float | None:
     rate = r["prefill_kernel_rate"] or p["attention_flop_per_s"].get(r["prefill_kind"])
     if not rate:
@@ -444,6 +496,8 @@ def main(argv=None) -> int:
         r["prefill_s"] = prompt / pf if pf else None
         how = parse(r["name"], r.get("gguf_path"))
         if r["name"].startswith("et-llama:"):  # kernel rows and the .pte's weights rate: nothing fitted on it
+            r["set"] = "held-out"
+        if r["name"].startswith("genai:") or r["name"].endswith("/gguf"):  # kernel rows per form: nothing fitted
             r["set"] = "held-out"
         m, fam, before = SUPERSEDED_BEFORE
         if r["model"] == m and r["name"].startswith(fam) and r["started_utc"] < before:
@@ -487,8 +541,9 @@ def main(argv=None) -> int:
         if isinstance(how, str):
             r["why_not"] = how
         else:
-            r["runtime"], r["spec"], _ = how
-            r.update(terms(r["model"], r["runtime"], r["spec"], r["ctx"], prompt, old_kind, int8_kernel))
+            r["runtime"], r["spec"], weights = how
+            r.update(terms(r["model"], r["runtime"], r["spec"], r["ctx"], prompt, old_kind, int8_kernel, weights,
+                           r.get("gguf_path")))
             if int8_kernel != "executorch":
                 r["int8_kernel"] = int8_kernel
             if old_kind and old_kind.startswith("eager"):
@@ -632,7 +687,7 @@ def main(argv=None) -> int:
             pre = prefill_pred(r, p)
             if pre:
                 pre = float(pre)
-                o.update(predicted_prefill_s=round(pre, 2), plan_prefill_s=round(r["plan_prefill_s"], 2),
+                o.update(predicted_prefill_s=round(pre, 2), plan_prefill_s=_round(r["plan_prefill_s"]),
                          prefill_error=round(pre / r["prefill_s"] - 1, 3),
                          prefill_within_25=bool(abs(pre / r["prefill_s"] - 1) <= TOLERANCE))
         pcol = (f"{r['prefill_s']:6.1f} {pre:6.1f} {pre / r['prefill_s'] - 1:+6.0%}" if pre else "")
@@ -649,6 +704,10 @@ def main(argv=None) -> int:
             elif bt:  # the plan's own weights term on the file, each type at its measured rate (nothing fitted)
                 w_s = bt["weights_s"]
                 o["weights_term"] = f"{w_s * 1e3:.2f} ms: {bt['note']}"
+            elif "weights_formula" in r:  # --weights gguf / GenAI: each matrix at its form's rows + the int4 graph's ops
+                o["weights_term"] = (f"{w_s * 1e3:.2f} ms: {r['weights_formula'].rsplit(' + ', 1)[0]} + "
+                                     f"{r['n_layers']} layers x {w_rates[r['cost']]['layer_overhead_s'] * 1e6:.3g} us "
+                                     "(the int4 graph's other ops, fitted on SmolLM2's rows)")
             pred = float(1 / (w_s + r["model_attention_s"]))
             err = pred / r["tok_s"] - 1
             prof = PROFILED.get((r["model"], r["name"], r["ctx"]))
@@ -658,17 +717,17 @@ def main(argv=None) -> int:
             if a.ggufs and r["cost"] == "llama.cpp" and r.get("gguf_path") and Path(r["gguf_path"]).is_file():
                 o["plan_gguf_tok_s"] = round(plan_on_gguf(r), 2)  # `edgekv plan -m <the row's GGUF>`
             o.update(runtime=r["runtime"], cache=r["cache"], predicted_tok_s=round(pred, 2),
-                     plan_tok_s=round(r["plan_tok_s"], 2), error=round(err, 3), within_25=abs(err) <= TOLERANCE,
+                     plan_tok_s=_round(r["plan_tok_s"]), error=round(err, 3), within_25=abs(err) <= TOLERANCE,
                      weights_bytes=r["weights_bytes"], attention_ms=round(r["model_attention_s"] * 1e3, 3),
                      attention_formula=r["attention_formula"])
             if "int8_kernel" in r:  # the .pte's int8 cache read by edgekv's own kernel (its export's custom_ops)
                 o["int8_kernel"] = r["int8_kernel"]
             print(f"{r['set']:9} {Path(r['model']).name[:13]:13} {r['name']:31} {r['ctx']:6} {r['file'][15:-5]:30} {r['tok_s']:8.2f} "
-                  f"{pred:7.2f} {r['plan_tok_s']:7.2f} {err:+6.0%}{' ' if o['within_25'] else '!'} {pcol}")
+                  f"{pred:7.2f} {_round(r['plan_tok_s']) or '-':>7} {err:+6.0%}{' ' if o['within_25'] else '!'} {pcol}")
         else:
             o["why_not"] = r["why_not"]
             plan = ""
-            if "plan_tok_s" in r and not r["why_not"].startswith("super"):  # the roofline's number, for comparison
+            if r.get("plan_tok_s") and not r["why_not"].startswith("super"):  # the roofline's number, for comparison
                 o.update(plan_tok_s=round(r["plan_tok_s"], 2), plan_error=round(r["plan_tok_s"] / r["tok_s"] - 1, 3))
                 plan = f"{r['plan_tok_s']:7.2f} {o['plan_error']:+6.0%} "
             print(f"{r['set']:9} {Path(r['model']).name[:13]:13} {r['name']:31} {r['ctx']:6} {r['file'][15:-5]:30} {r['tok_s']:8.2f} "

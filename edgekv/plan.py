@@ -189,6 +189,14 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
         if by:  # the weights kernel timed per matrix shape on this device
             t, _, f = M.speed.weights_seconds_by_matrix(arch, dep.weight_precision, by, scheme)
             w_s = (t, f"{f} ({by['source']})")
+        by_form = (rates["weights"].get("gguf") or {}).get("by_form") \
+            if dep.weight_precision == "gguf" and rt == "onnxruntime" else None
+        if by_form:  # --weights gguf in edgekv's ONNX: each GGUF type's MatMulNBits form at its own measured rows
+            over = (rates["weights"].get(by_form["layer_overhead_from"]) or {}).get("by_matrix") or {}
+            got = M.speed.weights_seconds_by_form(M.carried_matrices(arch), by_form, arch.n_layers,
+                                                  over.get("layer_overhead_s", 0.0))
+            if got:
+                w_s = (got[0], f"{got[2]} ({by_form['source']})")
         per_layer = None if gguf_rate else rates["weights"].get(dep.weight_precision, {}).get("layer_overhead_s")
         if w_rate and per_layer and not by:  # the weight kernels at their rate + the step's other ops per layer
             read = dep.weights["read_per_token"]

@@ -478,22 +478,104 @@ def test_pte_window_graph_at_its_kernel_rows_against_the_measured_row():
     assert got == pytest.approx(measured, rel=0.25)
 
 
-def test_plan_vs_filled_plans_a_q4_0_gguf_row_as_int4(tmp_path):
-    """A filled-context row of `edgekv export --weights gguf` (edgekv-ort:S/gguf) from a GGUF whose layers are all
-    Q4_0 (the random 1B's file of issue 40) runs ONNX Runtime's int4 kernel on int4's bytes (MatMulNBits, 4 bits,
-    blocks of 32 with a scale each), so benchmarks/plan_vs_filled.py plans it as int4 weights; a file of other types
-    (f16 here; a Q4_K_M mix) stays unmodelled. The files' types are the ones written here."""
+def test_plan_vs_filled_plans_a_gguf_row_at_its_forms(tmp_path):
+    """A filled-context row of `edgekv export --weights gguf` (edgekv-ort:S/gguf) is planned with the GGUF's own
+    weights (plan --weights gguf: each type in its MatMulNBits form, at that form's rows), the file read as `edgekv
+    plan -m` reads it; a file whose matrices are of a type the export does not carry (f16 here: the graph's fp32
+    MatMul, no rate stored) stays unmodelled, and so does a row whose file is not on this machine. The files' types
+    are the ones written here."""
     pytest.importorskip("gguf")
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import plan_vs_filled
     from attention_rates import lc_gguf
 
     q4, f16 = tmp_path / "q4_0.gguf", tmp_path / "f16.gguf"
-    lc_gguf(q4, 4, 1, 64, 2, linear="Q4_0")
+    lc_gguf(q4, 4, 1, 64, 2, linear="Q4_0", embedding="Q8_0")
     lc_gguf(f16, 4, 1, 64, 2)
-    assert plan_vs_filled.parse("edgekv-ort:kv-int8c/gguf", str(q4)) == ("onnxruntime", "kv-int8c", "int4")
-    assert isinstance(plan_vs_filled.parse("edgekv-ort:kv-int8c/gguf", str(f16)), str)
+    assert plan_vs_filled.parse("edgekv-ort:kv-int8c/gguf", str(q4)) == ("onnxruntime", "kv-int8c", "gguf")
+    assert "F16" in plan_vs_filled.parse("edgekv-ort:kv-int8c/gguf", str(f16))
+    assert "not on this machine" in plan_vs_filled.parse("edgekv-ort:kv-int8c/gguf", str(tmp_path / "gone.gguf"))
     assert plan_vs_filled.model_arch(str(q4)).n_layers == 2  # a model outside the catalog: read as plan -m reads it
+    # GenAI's builder graphs: edgekv's fp32-cache GroupQueryAttention and every matrix at the 4-bit/32 form
+    assert plan_vs_filled.parse("genai:int4") == ("onnxruntime", "kv:dtype=fp32", "genai-int4")
+
+
+def test_gguf_weights_term_one_matrix_per_form_by_hand():
+    """--weights gguf on ONNX Runtime charges each matrix at its own form's stored row (edgekv/costs/
+    attention_rates.json onnxruntime weights.gguf.by_form): one matrix per form, of a shape a row was timed at, costs
+    that row's seconds, its bytes counted by hand from the form (codes at 4 or 8 bits, an fp32 scale per block of 32
+    or 16, a uint zero point per block packed 2 to a byte at 4 bits, an fp32 remainder per block), plus the layer's
+    other ops (the int4 graph's layer_overhead_s)."""
+    from edgekv.memory import carried_form_name, carried_matrix_bytes
+    from edgekv.memory.speed import weights_seconds_by_form
+
+    by = RATES["devices"]["host"]["weights"]["gguf"]["by_form"]
+    per_layer = RATES["devices"]["host"]["weights"][by["layer_overhead_from"]]["by_matrix"]["layer_overhead_s"]
+    # (GGUF type, rows N, inputs K, its form, bytes by hand)
+    cases = [("Q4_0", 3072, 2048, "4-bit/32", 3072 * 2048 // 2 + 4 * 3072 * 64),
+             ("Q8_0", 2048, 640, "8-bit/32", 2048 * 640 + 4 * 2048 * 20),
+             ("Q5_0", 1536, 576, "8-bit/32", 1536 * 576 + 4 * 1536 * 18),
+             ("Q6_K", 640, 2048, "8-bit/16", 640 * 2048 + 4 * 640 * 128),
+             ("Q4_K", 640, 1024, "4-bit/32 zp+rem", 640 * 1024 // 2 + 4 * 640 * 32 + 640 * 16 + 4 * 640 * 32),
+             ("Q4_1", 576, 1536, "4-bit/32 zp+rem", 576 * 1536 // 2 + 4 * 576 * 48 + 576 * 24 + 4 * 576 * 48),
+             ("Q5_K", 2048, 8192, "8-bit/32 zp+rem", 2048 * 8192 + 4 * 2048 * 256 + 2048 * 256 + 4 * 2048 * 256)]
+    for t, n, k, form, nbytes in cases:
+        assert carried_form_name(t) == form and t in by["forms"][form]["types"]
+        assert carried_matrix_bytes(t, n, k) == nbytes
+        (row,) = [r for r in by["forms"][form]["rows"] if r[0] == k and r[1] == n]
+        assert row[2] == nbytes
+        total, kern, formula = weights_seconds_by_form([("w", form, nbytes, 1.0, (k, n))], by, 1, per_layer)
+        assert kern == pytest.approx(row[3], rel=1e-9) and total == pytest.approx(row[3] + per_layer, rel=1e-9)
+        assert form in formula
+    # two matrices of one form add; a routed expert read a quarter of the steps costs a quarter
+    (a,) = [r for r in by["forms"]["8-bit/32"]["rows"] if r[:2] == [640, 2048]]
+    got = weights_seconds_by_form([("g", "8-bit/32", a[2], 1.0, (640, 2048)), ("u", "8-bit/32", a[2], 0.25, (640, 2048))],
+                                  by, 0, 0.0)[1]
+    assert got == pytest.approx(1.25 * a[3], rel=1e-9)
+    # a matrix no form was timed for (a fp32 MatMul): no term, the plan keeps its roofline
+    assert weights_seconds_by_form([("w", None, 4.0 * 640 * 2048, 1.0, (640, 2048))], by, 1, per_layer) is None
+
+
+def test_gguf_form_rates_are_the_measured_ratios_on_the_int4_rows():
+    """The stored form rows are the --matmul-forms run (benchmarks/results/matmul_nbits_forms.json) set on the int4
+    rows: at each shape, the form's median over the same run's int4 median, times the stored int4 seconds
+    (benchmarks/attention_rates.py forms_entry; the run was on another VM than the int4 rows')."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from attention_rates import forms_entry
+
+    w = RATES["devices"]["host"]["weights"]
+    run = json.loads((ROOT / "benchmarks" / "results" / "matmul_nbits_forms.json").read_text())
+    got = forms_entry(run, w["int4"]["by_matrix"]["rows"], w["gguf"]["by_form"]["source"])
+    assert got == w["gguf"]["by_form"]
+    assert set(got["forms"]) == {"4-bit/32", "4-bit/32 zp+rem", "8-bit/32", "8-bit/16", "8-bit/32 zp+rem"}
+    assert all(len(f["rows"]) == 15 for f in got["forms"].values())
+
+
+def test_plan_of_a_gguf_on_onnxruntime_charges_its_forms(tmp_path):
+    """`edgekv plan -m FILE.gguf --runtime onnxruntime --weights gguf`: the weights term is the file's matrices at
+    their forms' rows plus the int4 graph's other ops per layer, and --explain names the forms: a random file of 2
+    layers (lc_gguf: hidden 256, 4 x 64 heads, 1 KV head, an FFN of 64; its layers Q4_0, its tied table Q8_0, the
+    head's MatMulNBits at 8 bits) is charged each matrix at its form's rows' rate for its bytes."""
+    pytest.importorskip("gguf")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from attention_rates import lc_gguf
+
+    from edgekv.arch import read_gguf
+    from edgekv.memory import carried_matrices
+    from edgekv.memory.speed import _rate_at
+
+    path = tmp_path / "q4_0.gguf"
+    lc_gguf(path, 4, 1, 64, 2, linear="Q4_0", embedding="Q8_0")
+    row = plan("--device", "host", "-m", str(path), "--runtime", "onnxruntime", "--weights", "gguf", "--strategy",
+               "kv-int8c", "--ctx", "1024", "--explain")
+    text = row["explain"]["decode_tokens_per_s"]
+    assert "measured per form and matrix shape" in text and "4-bit/32" in text and "8-bit/32" in text, text
+    mats = carried_matrices(read_gguf(str(path)))
+    by = RATES["devices"]["host"]["weights"]["gguf"]["by_form"]
+    per_layer = RATES["devices"]["host"]["weights"]["int4"]["by_matrix"]["layer_overhead_s"]
+    # no row has these small shapes: each matrix at the rate of a matrix of its bytes in its form
+    kern = sum(b / _rate_at([(r[2], r[3]) for r in by["forms"][f]["rows"]], b) for _, f, b, _, _ in mats)
+    assert f"= {(kern + 2 * per_layer) * 1e3:.3g} ms + attention" in text, text
 
 
 def test_plan_vs_filled_names_the_random_1b_by_what_rebuilds_it(tmp_path):

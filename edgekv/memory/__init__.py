@@ -18,8 +18,8 @@ from .item import Item
 from .speed import (ATTENTION_RATES, _attn_tokens, attention_flops, attention_kind, attention_rates, attention_seconds, cache_kind,
                     decode_flops, gguf_type_mix, decode_read_bytes, decode_tokens_per_s, decode_with_attention, layout_rank,
                     PTE_INT8_KERNELS, prefill_at_rates, prefill_flops, prefill_kind, prefill_parts, prefill_seconds)
-from .weights import (CARRIED_FORM, GGUF_CARRIED, _scheme_bytes, carried_matrix_bytes, gathered_bytes,
-                      weight_bytes, weight_bytes_one)
+from .weights import (CARRIED_FORM, GGUF_CARRIED, _scheme_bytes, carried_form_name, carried_matrices,
+                      carried_matrix_bytes, gathered_bytes, weight_bytes, weight_bytes_one)
 from .workspace import (_kernel_code, _largest_packed, _layer_scratch, _tied_bytes,
                         runtime_load_bytes, workspace_bytes)
 
@@ -48,5 +48,6 @@ __all__ = ["ARM64_PACKING", "arm64_load", "ET_SDPA", "GQA", "KV_READ", "MEASURED
            "prefill_at_rates", "prefill_kind", "prefill_parts", "gguf_type_mix", "PTE_INT8_KERNELS",
            "decode_with_attention",
            "prefill_seconds", "_scheme_bytes", "CARRIED_FORM", "GGUF_CARRIED", "carried_matrix_bytes",
+           "carried_form_name", "carried_matrices",
            "gathered_bytes", "weight_bytes", "weight_bytes_one", "_kernel_code", "_largest_packed",
            "_layer_scratch", "_tied_bytes", "runtime_load_bytes", "workspace_bytes"]

@@ -418,6 +418,32 @@ def weights_seconds_by_matrix(arch: Arch, precision: str, by: dict, scheme: dict
         f"{arch.n_layers} layers x {per_layer * 1e6:.3g} us of other ops")
 
 
+def weights_seconds_by_form(mats: list[tuple], by_form: dict, n_layers: int, per_layer: float
+                            ) -> tuple[float, float, str] | None:
+    """One decode step's weights term where each matrix runs in its own kernel form (--weights gguf in edgekv's ONNX:
+    each GGUF type's MatMulNBits form, memory.weights.carried_matrices): each matrix at the seconds its form was
+    measured at for its shape (by_form["forms"][form]["rows"]: [K, N, bytes, seconds], benchmarks/attention_rates.py
+    --matmul-forms), or where no row has its shape at its bytes over the rate of a matrix of that size (_rate_at), plus
+    per layer the step's other ops (per_layer: the int4 graph's layer_overhead_s, fitted on SmolLM2's rows). mats:
+    (name, form, bytes, read fraction, (K, N)). Returns (seconds, the matrices' kernel seconds, formula), or None
+    where a matrix's form has no measured rows (a fp32 MatMul)."""
+    forms = by_form["forms"]
+    if any(m[1] not in forms for m in mats):
+        return None
+    by: dict[str, list[float]] = {}
+    for _, f, b, frac, shape in mats:
+        rows = forms[f]["rows"]
+        exact = next((r[3] for r in rows if (r[0], r[1]) == tuple(shape)), None)
+        t = by.setdefault(f, [0.0, 0.0])
+        t[0] += b * frac
+        t[1] += (exact if exact is not None else b / _rate_at([(r[2], r[3]) for r in rows], b)) * frac
+    kern = sum(t for _, t in by.values())
+    parts = ", ".join(f"{f} {b / 1e6:.4g} MB {t * 1e3:.3g} ms" for f, (b, t) in sorted(by.items()))
+    return kern + per_layer * n_layers, kern, (
+        f"{len(mats)} matrices at {by_form['kernel']}'s rate measured per form and matrix shape ({parts}) = "
+        f"{kern * 1e3:.3g} ms + {n_layers} layers x {per_layer * 1e6:.3g} us of other ops")
+
+
 def decode_with_attention(weights_read: float, lin_flops: float, attn_s: float, scale: tuple[float, float],
                           bandwidth: float, bw_eff: float, peak_flops: float, flop_eff: float,
                           weights_rate: float | None = None,

@@ -42,6 +42,37 @@ def carried_matrix_bytes(type_name: str, n: int, k: int) -> int | None:
     return out + (4 * n * nb if rem else 0)
 
 
+def carried_form_name(type_name: str) -> str | None:
+    """The name of the MatMulNBits form a GGUF type is carried in (CARRIED_FORM), as the weights kernel is timed per
+    form (benchmarks/attention_rates.py --matmul-forms; edgekv/costs/attention_rates.json onnxruntime weights.gguf):
+    "4-bit/32" (Q4_0), "8-bit/32" (Q8_0, Q5_0), "8-bit/16" (Q6_K), "4-bit/32 zp+rem" (Q4_1, Q4_K: zero points and the
+    fp32 block-sum remainder), "8-bit/32 zp+rem" (Q5_1, Q5_K). None: not carried (the graph's fp32 MatMul)."""
+    if type_name not in CARRIED_FORM:
+        return None
+    bits, block, zp, rem = CARRIED_FORM[type_name]
+    return f"{bits}-bit/{block}" + (" zp+rem" if zp and rem else " zp" if zp else " rem" if rem else "")
+
+
+def carried_matrices(arch: Arch) -> list[tuple[str, str | None, float, float, tuple[int, int]]]:
+    """The matrices one decode step of edgekv's --weights gguf ONNX multiplies (the linear rows, the output layer, or
+    the tied table as the head): (tensor name, carried form or None for a fp32 MatMul, bytes as carried, read
+    fraction, (K inputs, N outputs)), as _carried_onnx counts them. The gathered embedding row is left out (one row of the table a step
+    reads: GatherBlockQuantized's, or the fp32 table's). Each GGUF tensor is its own matrix: where the export fuses
+    q, k and v into one MatMulNBits, they are counted apart."""
+    tied = not any(w.cls == "lm_head" for w in arch.weights)
+    out = []
+    for w in arch.weights:
+        if w.cls not in ("linear", "lm_head") and not (w.cls == "embedding" and tied):
+            continue
+        if w.gguf_type is None:
+            raise ValueError("gguf precision needs a GGUF-read Arch")
+        n, k = w.shape[0], math.prod(w.shape[1:])
+        mm = carried_matrix_bytes(w.gguf_type, n, k) if len(w.shape) == 2 else None
+        out.append((w.name, carried_form_name(w.gguf_type) if mm is not None else None,
+                    float(mm if mm is not None else 4 * w.numel), w.read_fraction, (k, n)))
+    return out
+
+
 def gathered_bytes(type_name: str, n: int, k: int) -> tuple[int, bool]:
     """(bytes of an embedding table [n, k] as edgekv's ONNX gathers it, whether its codes are shared with a tied
     head's MatMulNBits). An 8-bit type with no remainder (Q8_0, Q5_0, Q6_K) is read by GatherBlockQuantized: its own
