@@ -375,7 +375,6 @@ def form_time(ort, form: str, k: int, n: int, runs: int) -> dict:
         bind.bind_output(f"y{i}")
     cpu, wall = timed([lambda: sess.run_with_iobinding(bind)], runs)
     med = statistics.median(cpu) / copies
-    del sess
     return {"form": form, "k": k, "n": n, "bytes": nbytes, "copies": copies, "median_us": round(med * 1e6, 2),
             "wall_median_us": round(statistics.median(wall) / copies * 1e6, 2),
             "best_us": round(min(cpu) / copies * 1e6, 2), "read_gb_s": round(nbytes / med / 1e9, 3)}
