@@ -68,6 +68,9 @@ FIT_MODEL = "smollm2-135m"
 # plus the int4 graph's other ops per layer; nothing is fitted on its rows (held out). GenAI's own loop around the
 # session (its generator, the logits copy, the search) is not in any rate.
 GENAI = ("kv:dtype=fp32", "4-bit/32")
+GENAI_PREFILL = ("GenAI's prompt goes in calls of 512 tokens (filled_context GENAI_CHUNK) through its own loop; no "
+                 "kernel benchmark times GroupQueryAttention over 512 queries (attention_rates.py --prefill: 128): "
+                 "prefill not modelled")
 TOLERANCE = 0.25
 # row family in the filled-context benchmark -> the planner's runtime (plan --runtime) and cost model
 RUNTIMES = {"edgekv-ort": ("onnxruntime", "onnxruntime"), "edgekv-pte": ("edgekv-pte", "executorch"),
@@ -673,6 +676,8 @@ def main(argv=None) -> int:
             # the rings' several-token call (swaps.RingSdpaAttention: the old rows put back into a copy of the ring,
             # eager attention) runs inside a torch.cond branch on portable kernels, which no kernel benchmark times
             o["prefill_not_modelled"] = PTE_RING_PREFILL
+        elif r["name"].startswith("genai:"):
+            o["prefill_not_modelled"] = GENAI_PREFILL
         elif "cost" in r and r.get("prefill_s") and RATES_FROM.get(r["cost"], r["cost"]) in pre_fits \
                 and r["prefill_kind"]:
             p = pre_fits[RATES_FROM.get(r["cost"], r["cost"])]
