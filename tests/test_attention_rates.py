@@ -322,9 +322,9 @@ def test_filled_rows_against_the_plan(tmp_path):
     # but two: Gemma's kv-int8c rerun with its load paged at a load average of 7.5-11.5 (+37 %; the same export's
     # first run +10 %) and SmolLM2's fp32-cache row at 1k run for 129 tokens (+33 %; its 33-token run +7 %)
     gg = [r for r in res["rows"] if r["row"].endswith("/gguf") and "llama-3.2-1b" not in r["model"]]
-    assert len(gg) == 9 and all(r["set"] == "held-out" and r["modelled"] for r in gg), gg
-    assert all(r["plan_tok_s"] == r["predicted_tok_s"] and "per form and matrix shape" in r["weights_term"]
-               for r in gg)
+    assert len(gg) == 10 and all(r["set"] == "held-out" and r["modelled"] for r in gg), gg
+    assert all(r["plan_tok_s"] == pytest.approx(r["predicted_tok_s"], rel=0.005)  # the stored per-layer ops
+               and "per form and matrix shape" in r["weights_term"] for r in gg)
     misses = {(r["row"], r["ctx"], r["file"]) for r in gg if not r["within_25"]}
     assert misses == {("edgekv-ort:kv-int8c/gguf", 16384, "filled_context_gemma3_16384_gguf_paged.json"),
                       ("edgekv-ort:kv:dtype=fp32/gguf", 1024, "filled_context_1024_gguf_smollm2_n129.json")}, misses
