@@ -26,9 +26,12 @@ is fitted here with the matmul rate on SmolLM2's rows (memory.prefill_parts: the
 cap its attention FLOP).
 
 The fitted numbers are what edgekv/costs/attention_rates.json stores for the host (weights, prefill;
-tests/test_attention_rates.py checks that they agree); `edgekv plan --device host --runtime R --weights int4` prints the plan's own number beside each row. Rows the planner has no rate for (edgekv's explicit kv-int8 / kv-int4
-ONNX graphs, a .pte's eager attention, GGUF-carried weights, GenAI, ExecuTorch's own Llama export) are listed with
-the reason they are not modelled. A .pte whose export calls edgekv's own int8 kernel (export --pte-int8-kernel edgekv:
+tests/test_attention_rates.py checks that they agree); `edgekv plan --device host --runtime R --weights int4` prints the plan's own number beside each row. Rows the planner has no rate for (a superseded export, a GGUF
+not on this machine, a weight type no form was timed for) are listed with the reason they are not modelled.
+`edgekv export --weights gguf` rows (the GGUF's blocks, each type in its MatMulNBits form) are planned as `edgekv plan
+-m FILE.gguf --weights gguf` plans them, each matrix at its form's kernel rows (attention_rates.py --matmul-forms), and
+ONNX Runtime GenAI's rows at the kernel rows of the ops its graph runs (GENAI); both held out: nothing is fitted on
+them. A .pte whose export calls edgekv's own int8 kernel (export --pte-int8-kernel edgekv:
 its manifest's custom_ops, recorded by filled_context) is priced as `edgekv plan --pte-int8-kernel edgekv` prices it,
 at that kernel's measured rows, and held out whatever its model: nothing is fitted on it.
 
