@@ -84,6 +84,9 @@ RUNTIMES = {"edgekv-ort": ("onnxruntime", "onnxruntime"), "edgekv-pte": ("edgekv
 # benchmarks/attention_rates.py times as its SDPACustom / QuantizedSDPA call the ops, their weights at the .pte's
 # weights rate (the same XNNPACK kernels): nothing is fitted on them, so they are held out
 ETLLAMA_CACHE = {"kv-fp32": "kv:dtype=fp32", "kv-fp16": "kv", "kv-int8": "kv-int8"}
+# the CPU of the machine the host profile's rates were measured on (device_profiles/host.toml: the 2-vCPU AMD EPYC
+# VM): a filled-context run on another CPU (its JSON's machine.cpu) is listed, not set against them
+HOST_CPU = "AMD EPYC"
 # a cost model whose weights and prefill rates are another's (edgekv/costs/attention_rates.json rates_from)
 RATES_FROM = {"executorch-llama": "executorch"}
 # llama.cpp's K and V type -> the edgekv strategy whose cache it is (kv-int4's group of 32: q4_0's block)
@@ -215,6 +218,7 @@ def measured_rows(extra=(), gguf_dir: Path | None = None) -> list[dict]:
         for r in d["rows"]:
             if r.get("decode_tok_s"):
                 out.append({"model": model, "file": f.name, "vm": d["machine"].get("platform", ""),
+                            "cpu": d["machine"].get("cpu"),
                              "started_utc": d["started_utc"],
                              "gguf": Path(path or "").name,
                              "gguf_path": path,
@@ -505,6 +509,8 @@ def main(argv=None) -> int:
             r["set"] = "held-out"
         if r["name"].startswith("genai:") or r["name"].endswith("/gguf"):  # kernel rows per form: nothing fitted
             r["set"] = "held-out"
+        if r["cpu"] and HOST_CPU not in r["cpu"]:
+            how = f"measured on another machine ({r['cpu']}): the host profile's rates are the {HOST_CPU} VM's"
         m, fam, before = SUPERSEDED_BEFORE
         if r["model"] == m and r["name"].startswith(fam) and r["started_utc"] < before:
             how = "superseded export: measured before edgekv's ONNX put Gemma 3's sliding layers on GroupQueryAttention"

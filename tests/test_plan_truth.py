@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import run_cli
+from conftest import ROOT, run_cli
 from edgekv.arch import arch_from_config, catalog_arch
 from edgekv.strategies import parse_strategy
 
@@ -135,17 +135,25 @@ def test_llama_cpp_q8_0_cache_decodes_slower_than_f16_as_measured():
     assert int8 < fp16
 
 
-@pytest.mark.parametrize("runtime", ["executorch-llama"])
-def test_kv_int8_is_not_slower_than_fp16_where_the_runtime_reads_int8_in_place(runtime):
-    dev = "pixel8"
-    fp16 = _row(dev, 32768, "llama-3.2-1b", "kv", runtime)["decode_tokens_per_s"]
-    int8 = _row(dev, 32768, "llama-3.2-1b", "kv-int8", runtime)["decode_tokens_per_s"]
-    assert int8 >= fp16, (runtime, int8, fp16)
+def test_executorch_llama_int8_and_fp16_caches_rank_as_their_kernel_rows():
+    """ExecuTorch's Llama export reads --quantize_kv_cache's int8 codes in place (custom_quantized_sdpa) and casts a
+    half model's fp16 cache to fp32 whole every call (SDPACustom's fp32 fallback): fewer bytes do not make int8 the
+    faster one. On this host the int8 op's scalar loop costs more per key than the cast plus custom_sdpa
+    (edgekv/costs/attention_rates.json executorch-llama, benchmarks/attention_rates.py etl_program), and the plan ranks
+    the two caches of Llama-3.2-1B at a filled 32k on a Pixel 8 (the host's rates scaled) as those rows do; both far
+    below the fp32 cache read in place."""
+    k = json.loads((ROOT / "edgekv" / "costs" / "attention_rates.json").read_text())
+    k = k["executorch-llama"]["devices"]["host"]["kinds"]
+    per_key = {c: k[c]["by_head_dim"]["64"]["compute_by_kept_keys"]["32768"] for c in ("fp16", "int8")}
+    rows = {s: _row("pixel8", 32768, "llama-3.2-1b", s, "executorch-llama")["decode_tokens_per_s"]
+            for s in ("kv", "kv-int8", "kv:dtype=fp32")}
+    assert (rows["kv-int8"] < rows["kv"]) == (per_key["int8"] > per_key["fp16"]), (rows, per_key)
+    assert rows["kv:dtype=fp32"] > 1.5 * max(rows["kv"], rows["kv-int8"]), rows
     # edgekv's own .pte reads its kv-int8 codes in place through the same custom_quantized_sdpa (its cache [Hkv, T,
-    # D], the Llama export's [T, Hkv, D]; each kernel's per-key cost measured by benchmarks/attention_rates.py, 2.10
-    # and 2.09 ns per key x head x dim at head size 64): the two rows decode within 25 % of each other
-    pte = _row(dev, 32768, "llama-3.2-1b", "kv-int8", "edgekv-pte")["decode_tokens_per_s"]
-    assert pte == pytest.approx(int8, rel=0.25), (pte, int8)
+    # D], the Llama export's [T, Hkv, D]; each call's per-key cost measured by benchmarks/attention_rates.py): the two
+    # rows decode within 25 % of each other
+    pte = _row("pixel8", 32768, "llama-3.2-1b", "kv-int8", "edgekv-pte")["decode_tokens_per_s"]
+    assert pte == pytest.approx(rows["kv-int8"], rel=0.25), (pte, rows)
 
 
 def test_qwen3_and_gemma3_run_fused_attention_under_executorch():
