@@ -196,7 +196,7 @@ def variant(model_type: str) -> type[Llama] | None:
 # the KL from 0.1448 (every layer int8) to 0.3156 (every layer 8da4w: 0.5933), a quarter less of the bytes a step
 # reads; the six kept are the six costliest alone (0.17-0.21 each against 0.145-0.166). A model not listed keeps every
 # decoder layer int8. The export (edgekv.export.wquant.quantize_module) and the plan (plan.runtime_cost) both read it.
-PTE_INT8_LAYERS_MEASURED = {(18, 640, 262144): (3, 5, 11, 12, 13, 17)}  # Gemma-3-270M
+PTE_INT8_LAYERS_MEASURED = {(18, 640, 262144): (3, 4, 5, 10, 11, 12, 13, 17)}  # Gemma-3-270M
 
 
 def pte_int8_kept(n_layers: int, hidden: int, vocab: int) -> tuple[int, ...] | None:
