@@ -91,11 +91,13 @@ def export_record(folder: str, m: dict) -> dict:
     return rec
 
 
-def quality(ref, got) -> dict:
-    """KL(ref || got) per position (natural log, from logits [T, V]) and whether the top-1 tokens agree."""
+def quality(ref, got, rows: int = 16) -> dict:
+    """KL(ref || got) per position (natural log, from logits [T, V]) and whether the top-1 tokens agree; the
+    positions' own KLs too (kl_per_position), so two rows over the same positions can be compared pairwise (paired).
+    Computed `rows` positions at a time: a 262k vocabulary's float64 rows are 2 MB each."""
     import numpy as np
 
-    ref, got = np.asarray(ref, dtype=np.float64), np.asarray(got, dtype=np.float64)
+    ref, got = np.asarray(ref), np.asarray(got)
     if ref.shape != got.shape:
         raise ValueError(f"logits shapes differ: {ref.shape} vs {got.shape}")
 
@@ -103,11 +105,44 @@ def quality(ref, got) -> dict:
         x = x - x.max(axis=-1, keepdims=True)
         return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
-    lp, lq = logp(ref), logp(got)
-    kl = (np.exp(lp) * (lp - lq)).sum(axis=-1)
-    top1 = ref.argmax(-1) == got.argmax(-1)
+    kls, top1 = [], []
+    for s in range(0, ref.shape[0], rows):
+        r, g = ref[s:s + rows].astype(np.float64), got[s:s + rows].astype(np.float64)
+        lp, lq = logp(r), logp(g)
+        kls.append((np.exp(lp) * (lp - lq)).sum(axis=-1))
+        top1.append(r.argmax(-1) == g.argmax(-1))
+    kl, top1 = np.concatenate(kls), np.concatenate(top1)
     return {"kl_mean": float(kl.mean()), "kl_max": float(kl.max()), "top1_agree": float(top1.mean()),
-            "positions": int(ref.shape[0])}
+            "positions": int(ref.shape[0]), "kl_per_position": [round(float(k), 6) for k in kl]}
+
+
+def paired(a: dict, b: dict) -> dict | None:
+    """Row a's KL minus row b's over the same positions (two quality() dicts): the mean of the per-position
+    differences and its standard error (sample standard deviation / sqrt(n)). The positions' own KLs vary far more
+    than two rows' differ at one position (a hard token is hard for both), so the paired difference is the one whose
+    sign a run of n positions can tell; None where either lacks the per-position KLs or their counts differ."""
+    import math
+    import statistics
+
+    ka, kb = a.get("kl_per_position"), b.get("kl_per_position")
+    if not ka or not kb or len(ka) != len(kb) or len(ka) < 2:
+        return None
+    d = [x - y for x, y in zip(ka, kb)]
+    se = statistics.stdev(d) / math.sqrt(len(d))
+    return {"kl_diff_mean": round(statistics.fmean(d), 6), "kl_diff_se": round(se, 6), "positions": len(d),
+            "a_lower_at": sum(x < 0 for x in d)}
+
+
+def pairs(rows: list[dict]) -> list[dict]:
+    """paired() for every two rows at the same context that both have per-position KLs, in the rows' order."""
+    graded = [r for r in rows if (r.get("quality") or {}).get("kl_per_position")]
+    out = []
+    for i, a in enumerate(graded):
+        for b in graded[i + 1:]:
+            p = paired(a["quality"], b["quality"]) if a["ctx"] == b["ctx"] else None
+            if p:
+                out.append({"a": a["name"], "b": b["name"], "ctx": a["ctx"], **p})
+    return out
 
 
 def state_read(nbytes: dict, strategy: str | None) -> dict:
@@ -145,22 +180,38 @@ def prefill_budget(budget: float | None, chunk: int, n_prompt: int):
 
 def _forced(prefill, step, ids: list[int], n_prompt: int, n_new: int, logits_out: str) -> dict:
     """prefill(ids) -> last logits [V]; step(token, pos) -> logits [V]. Runs the first n_prompt ids, then feeds
-    ids[n_prompt .. n_prompt + n_new - 2] one at a time; saves the n_new logit rows (the prefill's last, then each
-    step's) to logits_out (.npy) and times the prompt and the n_new - 1 steps."""
+    ids[n_prompt .. n_prompt + n_new - 2] one at a time; writes the n_new logit rows (the prefill's last, then each
+    step's) to logits_out (.npy) and times the prompt and the n_new - 1 steps.
+
+    Each row goes to the file as it comes (the page cache, not this process): an array of every row held here would
+    add n_new x V x 4 bytes to the row's peak memory (33 MB at 33 positions of a 262k vocabulary), which is the
+    benchmark's, not the model's."""
     import numpy as np
 
-    rows = np.empty((n_new, 0), dtype=np.float32)
     t0, c0 = time.perf_counter(), time.process_time()
-    first = np.asarray(prefill(ids[:n_prompt]), dtype=np.float32)
+    first = np.asarray(prefill(ids[:n_prompt]), dtype=np.float32).reshape(-1)
     t1, c1 = time.perf_counter(), time.process_time()
-    rows = np.empty((n_new, first.shape[-1]), dtype=np.float32)
-    rows[0] = first
-    for i in range(1, n_new):
-        rows[i] = step(ids[n_prompt + i - 1], n_prompt + i - 1)
+    with open(logits_out, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
+                                                 "fortran_order": False, "shape": (n_new, first.shape[-1])})
+        f.write(first.tobytes())
+        for i in range(1, n_new):
+            f.write(np.asarray(step(ids[n_prompt + i - 1], n_prompt + i - 1), dtype=np.float32).tobytes())
     t2, c2 = time.perf_counter(), time.process_time()
-    np.save(logits_out, rows)
+    tokens = _argmax_rows(logits_out, n_new, first.shape[-1])  # after the clock, as before
     return {"prefill_s": t1 - t0, "decode_s": t2 - t1, "prefill_cpu_s": c1 - c0, "decode_cpu_s": c2 - c1,
-            "tokens": [int(t) for t in rows.argmax(-1)]}
+            "tokens": tokens}
+
+
+def _argmax_rows(path: str, n: int, width: int) -> list[int]:
+    """The top token of each of the n rows of a float32 .npy [n, width], read one row at a time (a mapping of the
+    whole file would count its pages in this process's peak)."""
+    import numpy as np
+
+    with open(path, "rb") as f:
+        np.lib.format.read_magic(f)
+        np.lib.format.read_array_header_1_0(f)
+        return [int(np.fromfile(f, dtype=np.float32, count=width).argmax()) for _ in range(n)]
 
 
 def child_edgekv(spec: dict) -> dict:
@@ -350,7 +401,7 @@ def fill_quality(out: Path, done: list, refs: dict, new: int, log) -> dict:
         if row.get("error") or spec is None or not Path(spec["logits_out"]).is_file():
             continue
         row["quality"] = ({"error": f"reference: {ref['error']}"} if isinstance(ref, dict)
-                          else quality(np.load(ref), np.load(spec["logits_out"])))
+                          else quality(np.load(ref, mmap_mode="r"), np.load(spec["logits_out"], mmap_mode="r")))
         log(f"{row['name']} ctx {row['ctx']}: KL {row['quality'].get('kl_mean')}")
     result["quality_filled_utc"] = datetime.now(UTC).isoformat(timespec="seconds")
     tmp = out.with_name(out.name + ".tmp")
@@ -588,9 +639,10 @@ def main(argv=None) -> dict:
                 if "error" not in row:
                     ref = refs[ctx]
                     row["quality"] = ({"error": f"reference: {ref['error']}"} if isinstance(ref, dict)
-                                      else quality(np.load(ref), np.load(spec["logits_out"])))
+                                      else quality(np.load(ref, mmap_mode="r"), np.load(spec["logits_out"], mmap_mode="r")))
             rows.append(ds.finish_row(row, nbytes, result["bandwidth"]))
         result["rows"] = rows
+        result["paired"] = pairs(rows)
         result["partial"] = not final
         result["machine"]["loadavg_end"] = list(os.getloadavg())
         result["seconds"] = round(time.perf_counter() - t_start, 1)

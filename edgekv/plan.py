@@ -325,9 +325,24 @@ def runtime_cost(name: str, arch: Arch, weights: str) -> tuple[str, dict | None,
         kept = pte_int8_kept(arch.n_layers, arch.hidden, arch.vocab)
         scheme = {**scheme, "linear": wider} if kept is None else {**scheme, "linear_kept": wider,
                                                                    "kept_layers": list(kept)}
+    if scheme and "output_large_head" in scheme:
+        scheme = large_head(scheme, arch)
     return spec["cost_model"], scheme, (f"{spec['label']}; attention over {', '.join(fused['value'])}: fused "
                                         f"({fused['source']})" if fused else spec["label"]) \
         + (f"; weights: {spec['weights']['source']}" if scheme else "")
+
+
+def large_head(scheme: dict, arch: Arch) -> dict:
+    """A runtime scheme with *_large_head entries (edgekv's int4 .pte) for this model: the output layer and the
+    table gathered from its codes take them where the output matrix holds more weights than the decoder layers'
+    linears together and its width is a multiple of their group (wquant.pte_head_group, the export's rule), the
+    scheme's own output and embedding entries otherwise; the *_large_head keys are dropped either way."""
+    out = {k: v for k, v in scheme.items() if not k.endswith("_large_head")}
+    head = arch.vocab * arch.hidden
+    rest = sum(w.numel for w in arch.weights if w.cls == "linear")
+    if head > rest and arch.hidden % scheme["output_large_head"]["group"] == 0:
+        out["output"], out["embedding"] = scheme["output_large_head"], scheme["embedding_large_head"]
+    return out
 
 
 def cannot_build(arch: Arch, strategy: Strategy, ctx: int, runtime: str, weights: str | None) -> str:

@@ -41,6 +41,45 @@ def test_quality_is_kl_of_the_reference_against_the_row_and_top1_agreement():
     with pytest.raises(ValueError, match="shapes differ"):
         fc.quality(ref, got[:1])
 
+    assert q["kl_per_position"] == pytest.approx([kl0, kl1], abs=1e-6)
+
+
+def test_paired_is_the_mean_per_position_difference_with_its_standard_error():
+    # by hand: differences (0.1, -0.1, 0.3), mean 0.1, sample sd 0.2, se 0.2 / sqrt(3)
+    a = {"kl_per_position": [0.5, 0.2, 0.9]}
+    b = {"kl_per_position": [0.4, 0.3, 0.6]}
+    p = fc.paired(a, b)
+    assert p["kl_diff_mean"] == pytest.approx(0.1, abs=1e-6)
+    assert p["kl_diff_se"] == pytest.approx(0.2 / math.sqrt(3), abs=1e-6)
+    assert p["positions"] == 3 and p["a_lower_at"] == 1
+    assert fc.paired(a, {"kl_per_position": [0.1, 0.2]}) is None  # not the same positions
+    rows = [{"name": "x", "ctx": 64, "quality": a}, {"name": "y", "ctx": 64, "quality": b},
+            {"name": "z", "ctx": 128, "quality": b}, {"name": "w", "ctx": 64, "error": "failed"}]
+    assert [(r["a"], r["b"]) for r in fc.pairs(rows)] == [("x", "y")]
+
+
+def test_forced_writes_every_logit_row_to_the_file_and_times_the_steps(tmp_path):
+    """The prefill's last row, then one row per step fed the text's next token, in a .npy read back whole."""
+    width = 5
+    seen = []
+
+    def prefill(ids):
+        seen.append(("prefill", list(ids)))
+        return np.arange(width, dtype=np.float32)
+
+    def step(token, pos):
+        seen.append(("step", token, pos))
+        row = np.zeros(width, dtype=np.float32)
+        row[token % width] = pos
+        return row
+
+    out = tmp_path / "rows.npy"
+    r = fc._forced(prefill, step, [1, 2, 3, 4, 5, 6], 3, 3, str(out))
+    rows = np.load(out)
+    assert seen == [("prefill", [1, 2, 3]), ("step", 4, 3), ("step", 5, 4)]
+    assert rows.shape == (3, width) and rows.dtype == np.float32
+    assert rows[0].tolist() == list(range(width)) and rows[1][4] == 3 and rows[2][0] == 4
+    assert r["tokens"] == [4, 4, 0] and r["decode_s"] >= 0
 
 def test_a_window_row_reads_its_whole_window_at_a_filled_context():
     nbytes = {"weights_read": 10, "weights_stored": 10, "state_at_pos": 3.0, "state_full": 8}

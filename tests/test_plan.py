@@ -110,22 +110,23 @@ def test_a_users_own_device_file_works(tmp_path):
 
 
 def test_gemma_int4_pte_weights_are_priced_with_its_int8_decoder_layers():
-    """edgekv's int4 .pte keeps six of Gemma-3-270M's decoder layers (3, 5, 11, 12, 13, 17: the layers measured one by
-    one, edgekv.arch.variants.pte_int8_kept, as wquant.quantize_module applies it) int8 per output channel, the other
-    12 at 8da4w (int4 in groups of 32, fp16 scales), the untied output layer int4 the same way, and gathers the
-    embedding table from the output layer's codes as its own int4 copy with fp32 scales per group of 32
-    (wquant.gather_head_codes, embedding_4bit). By hand from Gemma-3-270M's published config (hidden 640, 4 heads of
-    256 on 1 KV head, intermediate 2048, 18 layers, vocabulary 262,144): per layer q 1024x640, k and v 256x640, o
-    640x1024, gate and up 2048x640, down 640x2048 = 5,570,560 weights on 6,912 rows; an int8 layer at 1 B each + 2 B
-    per row, an int4 one at 0.5 B + 2 B per 32; the head 167,772,160 weights at 0.5 B + 2 B per 32; the table at 0.5
-    B + 4 B per 32; 18 x 3,072 + 640 norm weights at 4 B."""
+    """edgekv's int4 .pte keeps eight of Gemma-3-270M's decoder layers (3, 4, 5, 10, 11, 12, 13, 17: the layers
+    measured one by one, edgekv.arch.variants.pte_int8_kept, as wquant.quantize_module applies it) int8 per output
+    channel, the other 10 at 8da4w (int4 in groups of 32, fp16 scales), the untied output layer int4 in groups of 64
+    (it holds more weights than the decoder layers together: wquant.pte_head_group), and gathers the embedding table
+    from the output layer's codes as its own int4 copy with its scales as fp16, one per group of 64
+    (wquant.gather_head_codes, embedding_4bit, FP16_TABLE_SCALES). By hand from Gemma-3-270M's published config
+    (hidden 640, 4 heads of 256 on 1 KV head, intermediate 2048, 18 layers, vocabulary 262,144): per layer q
+    1024x640, k and v 256x640, o 640x1024, gate and up 2048x640, down 640x2048 = 5,570,560 weights on 6,912 rows; an
+    int8 layer at 1 B each + 2 B per row, an int4 one at 0.5 B + 2 B per 32; the head 167,772,160 weights at 0.5 B
+    + 2 B per 64; the table the same; 18 x 3,072 + 640 norm weights at 4 B."""
     code, out, err = run_cli_json("plan", "-m", "gemma-3-270m", "--device", "pixel8", "--ctx", "32k",
                                   "--weights", "int4", "--runtime", "executorch", "--json")
-    layers = 6 * (5_570_560 + 2 * 6_912) + 12 * (5_570_560 // 2 + 5_570_560 // 32 * 2)
-    head = 167_772_160 // 2 + 167_772_160 // 32 * 2
-    table = 167_772_160 // 2 + 167_772_160 // 32 * 4
+    layers = 8 * (5_570_560 + 2 * 6_912) + 10 * (5_570_560 // 2 + 5_570_560 // 32 * 2)
+    head = 167_772_160 // 2 + 167_772_160 // 64 * 2
+    table = 167_772_160 // 2 + 167_772_160 // 64 * 2
     norms = 4 * (18 * 3_072 + 640)
-    assert {o["bytes"]["weights"] for o in out["options"]} == {layers + head + table + norms} == {270_560_768}
+    assert {o["bytes"]["weights"] for o in out["options"]} == {layers + head + table + norms} == {254_491_136}
     # SmolLM2 (a llama: 8da4w everywhere) keeps 4-bit layers
     code, out, err = run_cli_json("plan", "-m", "smollm2-135m", "--device", "pixel8", "--ctx", "8k",
                                   "--weights", "int4", "--runtime", "executorch", "--json")

@@ -491,6 +491,56 @@ def test_gemma_int4_pte_keeps_its_layers_int8_per_channel_and_the_head_8da4w(tmp
     assert head.scale.numel() == 96 * 64 // 32 and -8 <= int(head.qdata.min()) and int(head.qdata.max()) <= 7
 
 
+
+@pytest.mark.parametrize("vocab, group", [(96, 32), (1024, 64)])
+def test_the_pte_head_takes_groups_of_64_only_where_it_outweighs_the_decoder_layers(tmp_path, vocab, group):
+    """wquant.pte_head_group: the int4 .pte's output layer (and the table gathered from its codes) in groups of 64
+    where the output matrix holds more weights than every other quantized linear (ONNX's head rule), else 32. The
+    tiny Gemma's two layers hold 2 x 28,672 weights by hand (q, o 64x64; k, v 16x64; gate, up, down 96x64): a head of
+    96 x 64 = 6,144 is the smaller part, one of 1,024 x 64 = 65,536 the larger. The table's scales are the head's
+    bf16 ones held as fp16 (FP16_TABLE_SCALES): the table's rows are the head's, value for value."""
+    from conftest import tiny_hf
+
+    from edgekv.models import load_any
+
+    tiny_hf(dict(cls="Gemma3TextConfig", vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
+                 sliding_window=8, query_pre_attn_scalar=16, layer_types=["sliding_attention", "full_attention"],
+                 initializer_range=0.2, rope_theta=1e5, rope_local_base_freq=1e3), tmp_path)
+    q = load_any(str(tmp_path), parse_strategy("kv:dtype=fp32"), 32).module
+    rec = wquant.quantize_module(q, "int4")
+    head = q.lm_head.weight
+    assert head.scale.numel() == vocab * 64 // group and rec.get("output_layer_group", 32) == group
+    table = q.model.embed_tokens
+    assert table.group == group and table.scales.dtype == torch.float16
+    assert torch.equal(table(torch.arange(vocab)[None])[0], head.dequantize().float())  # the head's own rows
+    assert f"groups of {group}, fp16 scales" in rec["embedding"]
+
+
+def test_an_int4_table_with_fp16_scales_gathers_the_same_rows_in_the_pte():
+    """ExecuTorch's embedding_4bit reads fp16 scales (FP16_TABLE_SCALES) into its fp32 output: a table of random
+    int4 codes with bf16-valued scales, lowered and run by ExecuTorch's runtime, gathers exactly the rows codes x
+    scales computed by hand; the eager gather gives the same."""
+    from executorch.extension.pybindings import portable_lib
+    import executorch.kernels.quantized  # noqa: F401
+
+    from edgekv.export import to_pte
+
+    torch.manual_seed(0)
+    codes = torch.randint(-8, 8, (100, 64), dtype=torch.int8)
+    scales = (torch.rand(100, 2) * 0.1).to(torch.bfloat16).float()
+    emb = wquant.quantized_embedding(codes, scales, 4)
+    assert emb.scales.dtype == torch.float16
+    t = torch.tensor([[3, 7, 99, 3]])
+    want = codes[t[0]].float() * scales[t[0]].repeat_interleave(32, -1)
+    assert torch.equal(emb(t)[0], want)
+    ep = torch.export.export(torch.nn.Sequential(emb), (t,), strict=False)
+    buf = to_pte.to_buffer(to_pte.lower_pte({"forward": ep}))
+    got = portable_lib._load_for_executorch_from_buffer(buf).forward((t,))[0]
+    assert got.dtype == torch.float32 and torch.equal(got[0], want)
+    wide = wquant.quantized_embedding(codes, scales + 1e-9, 4)  # scales fp16 cannot hold exactly stay fp32
+    assert wide.scales.dtype == torch.float32
+
 def test_pte_int4_linears_run_the_eager_modules_own_weights():
     """The 8da4w .pte is the model verify-quant measured: XNNPACK stores a blockwise weight's scales as bfloat16
     (ExecuTorch's xnnpack node_visitor.get_quant_params), so the eager module's scales must be bf16 too, or every

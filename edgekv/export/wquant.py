@@ -145,7 +145,28 @@ def quantize_rows(linear, config, rows: int | None = None) -> None:
     linear.weight = nn.Parameter(joined, requires_grad=False)
 
 
-def torchao_config(weights: str):
+def pte_head_group(module, weights: str) -> int:
+    """The group size of an int4 .pte's output layer: HEAD_GROUP (64) where the output matrix holds more weights than
+    every other quantized linear together, the rule ONNX's MatMulNBits head follows (onnx_quant.output_heads), else
+    GROUP. Gemma-3-270M (262,144 x 640 against 18 layers of 640-wide linears): groups of 64 halve the head's bf16
+    scales, 5.2 MB of the packed weights a step reads (and, the table being gathered from the head's codes, the
+    table's scales too), for no KL cost that 192 positions could tell (+0.0024 +- 0.0098 nats, eager,
+    benchmarks/results/pte_kl_gap_gemma3.json "head g64"); the bytes pay for two more int8 decoder layers
+    (edgekv.arch.variants.PTE_INT8_LAYERS_MEASURED). SmolLM2-135M's head is the smaller part: groups of 32."""
+    from torch import nn
+
+    if weights != "int4" or HEAD_GROUP.get(weights, GROUP) == GROUP:
+        return GROUP
+    head = getattr(module, "lm_head", None)
+    if not isinstance(head, nn.Linear):
+        return GROUP
+    rest = sum(m.weight.numel() for m in module.modules() if isinstance(m, nn.Linear) and m is not head
+               and m.in_features % GROUP == 0)
+    return HEAD_GROUP[weights] if head.weight.numel() > rest and head.in_features % HEAD_GROUP[weights] == 0 \
+        else GROUP
+
+
+def torchao_config(weights: str, group: int = GROUP):
     from torchao.quantization import Int8DynamicActivationIntxWeightConfig
     from torchao.quantization.granularity import PerAxis, PerGroup
     import torch
@@ -162,7 +183,7 @@ def torchao_config(weights: str):
         # verify-quant measured; bf16 scales here (torchao requantizes the codes with them) make the two the same
         # model (tests/test_wquant.py: the .pte against eager torch)
         from torchao.quantization.quant_primitives import MappingType
-        return Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(GROUP),
+        return Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(group),
                                                      weight_mapping_type=MappingType.SYMMETRIC_NO_CLIPPING_ERR,
                                                      weight_scale_dtype=torch.bfloat16)
     raise EdgekvError(PTE_FP16 if weights == "fp16" else f"no torchao recipe for weights {weights!r}")
@@ -231,15 +252,18 @@ def quantize_module(module, weights: str, source_format: str = "", value=None) -
         if wide:
             quantize_(module, torchao_config("int8"), filter_fn=hit(wide))
         quantize_(module, config, filter_fn=hit(take - wide - {"lm_head"}))
+        head_group = pte_head_group(module, weights) if "lm_head" in take else GROUP
         if "lm_head" in take:  # the largest matrix (a tied table copied by untie_head): in blocks of rows
             _widen(module.lm_head, value)
-            quantize_rows(module.lm_head, config)
+            quantize_rows(module.lm_head, torchao_config(weights, head_group))
     finally:
         pytree_log.setLevel(level)
     embedding = gather_head_codes(module, weights, untied, value)
     layers = sorted({int(i) for n in wide for i in re.findall(r"layers\.(\d+)\.", n)})
     more = {"layers_int8": {"linears": len(wide), "layers": layers, "scheme": "Int8DynamicActivationIntxWeightConfig"
                             + _describe_config(torchao_config("int8")), "why": PTE_INT4_LAYERS_INT8}} if wide else {}
+    if head_group != GROUP:
+        more["output_layer_group"] = head_group
     if str(source_format).lower().startswith("gguf"):
         more["requantized"] = PTE_REQUANTIZED.format(source=source_format)
     return {"dtype": weights, "tool": f"torchao {_version('torchao')} quantize_",
@@ -249,12 +273,22 @@ def quantize_module(module, weights: str, source_format: str = "", value=None) -
             "embedding": embedding or "float32"}
 
 
+# An int4 table's scales are the output layer's (gather_head_codes), bf16 values (torchao_config: XNNPACK's blockwise
+# scales), which fp16 holds exactly where they are at least 2^-14 (fp16's 11-bit significand, 5-bit exponent; a group
+# of zero codes, whose scale is float32's tiny, gathers zeros with a scale of 0);
+# ExecuTorch's embedding_4bit reads fp16 scales into its fp32 output (checked in a .pte: the same rows to the bit,
+# tests/test_wquant.py). Half the scales' bytes: 10.5 MB of Gemma-3-270M's table at groups of 32. A table whose
+# scales are not all exact keeps fp32 ones.
+FP16_TABLE_SCALES = True
+
+
 def quantized_embedding(codes, scales, bits: int):
     """An embedding table as ExecuTorch's LLM export stores one (export_llama --embedding-quantize,
     examples/models/llama/source_transformation/quantize.py QuantizedGroupEmbedding): int8 codes [V, d] with one
     fp32 scale per row read by quantized_decomposed::embedding_byte, or int4 codes two to a byte (the even column
     in the high nibble, each code + 8) with one fp32 scale per group of d / G columns read by
-    quantized_decomposed::embedding_4bit; symmetric, no zero points. codes: int8 [V, d] in -2^(bits-1)..;
+    quantized_decomposed::embedding_4bit (fp16 where they are exactly fp16: FP16_TABLE_SCALES); symmetric, no zero
+    points. codes: int8 [V, d] in -2^(bits-1)..;
     scales [V, G] (G = 1 for int8). The gathered row is code * scale, in fp32.
 
     Traced (torch.export) it is the ExecuTorch op, which its quantized kernel library runs in the .pte; eager it
@@ -277,6 +311,11 @@ def quantized_embedding(codes, scales, bits: int):
                 c = u[:, 0::2] * 16 + u[:, 1::2]
             self.register_buffer("codes", c.contiguous())
             s = scales.to(torch.float32)
+            if bits == 4:  # a group of zero codes gathers zeros whatever its scale (torchao gives it float32's tiny)
+                zero = (codes.reshape(s.shape[0], s.shape[1], -1) == 0).all(-1)
+                s = torch.where(zero, torch.zeros_like(s), s)
+            if bits == 4 and FP16_TABLE_SCALES and torch.equal(s.to(torch.float16).to(torch.float32), s):
+                s = s.to(torch.float16)  # FP16_TABLE_SCALES: the head's bf16 scales, exact in fp16
             self.register_buffer("scales", (s.reshape(-1) if bits == 8 else s).contiguous())
 
         def forward(self, tokens):
@@ -290,7 +329,7 @@ def quantized_embedding(codes, scales, bits: int):
             if self.bits == 4:
                 rows = torch.stack(((rows >> 4).to(torch.int8) - 8, (rows & 15).to(torch.int8) - 8),
                                    dim=-1).flatten(-2)
-            s = self.scales[tokens]
+            s = self.scales[tokens].to(torch.float32)
             s = s.unsqueeze(-1) if self.bits == 8 else s.repeat_interleave(self.group, dim=-1)
             return rows.to(torch.float32) * s
 
@@ -318,6 +357,7 @@ def gather_head_codes(module, weights: str, untied: bool, value=None) -> str | N
     Why: the fp32 table was most of an int4 .pte's file (Gemma-3-270M: 671 MB of 867 MB) and of the memory its load
     maps; ExecuTorch's own LLM export quantizes it with --embedding-quantize (4,32 in its Llama recipes). The
     table's bytes fall to a quarter (int8) or an eighth (int4) plus the scales, and a step still gathers one row."""
+    import torch
     from torch import nn
 
     if weights not in ("int8", "int4"):
@@ -342,7 +382,8 @@ def gather_head_codes(module, weights: str, untied: bool, value=None) -> str | N
     table = quantized_embedding(w.qdata.detach(), w.scale.detach().reshape(w.shape[0], -1), bits)
     parent, _, leaf = name.rpartition(".")
     setattr(module.get_submodule(parent) if parent else module, leaf, table)
-    groups = "one fp32 scale per row" if bits == 8 else f"groups of {table.group}, fp32 scales"
+    kind = "fp16" if table.scales.dtype == torch.float16 else "fp32"
+    groups = "one fp32 scale per row" if bits == 8 else f"groups of {table.group}, {kind} scales"
     op = "embedding_byte" if bits == 8 else "embedding_4bit"
     whose = "the output layer's own codes (tied)" if untied else "quantized like the output layer"
     return f"int{bits} {groups}, {whose}; quantized_decomposed::{op} (ExecuTorch's quantized kernels)"
