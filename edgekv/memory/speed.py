@@ -391,8 +391,8 @@ def attention_seconds(arch: Arch, layout: StateLayout, kind: str, rates: dict, k
                 total += over + kept[i] * per_pos
                 key = (kept[i], over, per_pos, cast)
                 groups[key] = groups.get(key, 0) + 1
-    parts = " + ".join(f"{n} x ({over * 1e6:.3g} us + {T} x {per_pos * 1e6:.4g} us"
-                       + (f" (of which the cast to fp32 {cast * 1e6:.4g} us)" if cast else "") + ")"
+    parts = " + ".join(f"{n} x ({over * 1e6:.3g} us + {T} x {per_pos * 1e6:.4g} us)"
+                       + (f" [of each key's, the cast to fp32 {cast * 1e6:.4g} us]" if cast else "")
                        for (T, over, per_pos, cast), n in groups.items())
     return total, f"attention ({kind} {kernel}: layers x (overhead + kept keys x per-key cost)) = " \
                   f"{parts} = {total * 1e3:.3g} ms"
