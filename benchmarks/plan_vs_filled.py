@@ -23,7 +23,9 @@ attention rate is the kernel's at the model's head size where benchmarks/attenti
 Runtime: a GroupQueryAttention call of 128 queries, --prefill; the .pte: a custom_sdpa call of 32, --runtime executorch
 --prefill; llama.cpp: the prefill that fills its cache), else it
 is fitted here with the matmul rate on SmolLM2's rows (memory.prefill_parts: the FLOP of each part; Gemma's windows
-cap its attention FLOP).
+cap its attention FLOP). A .pte cache read back to fp32 rows every prefill call (PTE_READBACK: kv-int4) is charged
+custom_sdpa's fp32 rate plus the values it reads back (memory.speed.readback_values), their cost per value fitted
+here.
 
 The fitted numbers are what edgekv/costs/attention_rates.json stores for the host (weights, prefill;
 tests/test_attention_rates.py checks that they agree); `edgekv plan --device host --runtime R --weights int4` prints the plan's own number beside each row. Rows the planner has no rate for (edgekv's explicit kv-int8 / kv-int4
