@@ -23,7 +23,9 @@ attention rate is the kernel's at the model's head size where benchmarks/attenti
 Runtime: a GroupQueryAttention call of 128 queries, --prefill; the .pte: a custom_sdpa call of 32, --runtime executorch
 --prefill; llama.cpp: the prefill that fills its cache), else it
 is fitted here with the matmul rate on SmolLM2's rows (memory.prefill_parts: the FLOP of each part; Gemma's windows
-cap its attention FLOP).
+cap its attention FLOP). A .pte cache read back to fp32 rows every prefill call (PTE_READBACK: kv-int4) is charged
+custom_sdpa's fp32 rate plus the values it reads back (memory.speed.readback_values), their cost per value fitted
+here.
 
 The fitted numbers are what edgekv/costs/attention_rates.json stores for the host (weights, prefill;
 tests/test_attention_rates.py checks that they agree); `edgekv plan --device host --runtime R --weights int4` prints the plan's own number beside each row. Rows the planner has no rate for (a superseded export, a GGUF
@@ -164,6 +166,15 @@ PTE_RINGS_EAGER = {"filled_context_gemma3_16384_pte_int8c_edgekv_tiles.json",
 # the graph the plan charges; the fitted weights term is split by these shares into a weights rate and a per-layer
 # cost (SmolLM2's rows alone cannot separate the two: every one reads the same bytes through the same 30 layers)
 PTE_PROFILE = "profile_pte_smollm2_rows_graph_2k.json"
+# the .pte's caches read back to fp32 rows every prefill call (SdpaAttention's "fp32 rows": a packed int4 cache
+# through dequantize_planar, rows 0..pos+C-1, then custom_sdpa per head): their prompt is charged custom_sdpa's fp32
+# kernel rate at the model's head size plus the values read back (memory.speed.readback_values), whose cost per value
+# is fitted here on SmolLM2's prompts (a rate per attention FLOP fitted on them charged the read-back as a share of
+# the FLOP, which at Gemma 3's 4 query heads per KV head and head size 256 is another share: +30 % at 32k);
+# PTE_PREFILL_CHUNK: the tokens of one call of the .pte's prefill (edgekv export --prefill-chunk's default, the
+# calls of every filled-context .pte row)
+PTE_READBACK = {"int4": "fp32"}
+PTE_PREFILL_CHUNK = 32
 PTE_STEP_OTHER = ("xnnpack other", "xnnpack dispatch", "cache write", "portable other", "operator dispatch",
                   "method rest", "outside execute")
 # another measurement of the same export at the same fill, where one exists: benchmarks/profile_ort.py's step time
@@ -324,6 +335,11 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
     out["prefill_kernel_rate"] = (M.speed._prefill_rate({"attention_flop_per_s_by_head_dim": by,
                                                          "attention_flop_per_s": {}}, out["prefill_kind"], arch)[0]
                                   if out["prefill_kind"] in by else None)
+    if cost == "executorch" and out["prefill_kind"] in PTE_READBACK:  # its kernel's rate + the values read back
+        base = PTE_READBACK[out["prefill_kind"]]
+        out["prefill_kernel_rate"] = M.speed._prefill_rate({"attention_flop_per_s_by_head_dim": by,
+                                                            "attention_flop_per_s": {}}, base, arch)[0]
+        out["prefill_readback"] = M.speed.readback_values(arch, strategy, prompt, PTE_PREFILL_CHUNK)
     # the per-key work of each layer (sum over layers of kept keys x query heads x head size): llama.cpp's fit
     kept = {t.layer: t.shape[2] for t in layout.tensors if t.role == "key"}
     out["key_work"] = float(sum(kept[i] * m.n_heads * m.head_dim for i, b in enumerate(arch.blocks)
@@ -350,14 +366,20 @@ def fit_prefill(rows: list[dict]) -> dict:
     attention_rates.py at the model's head size) where one is measured, else fitted here: {"matmul_flop_per_s",
     "attention_flop_per_s": {fitted kind: rate}}."""
     kinds = sorted({r["prefill_kind"] for r in rows if not r["prefill_kernel_rate"]})
+    # a cache read back every call (PTE_READBACK): its kernel's attention fixed, its values read back fitted
+    rbk = sorted({r["prefill_kind"] for r in rows if r.get("prefill_readback")})
     x = np.array([[r["prefill_parts"]["matmul"] + r["prefill_parts"]["logits"]]
-                  + [r["prefill_parts"]["attention"] * (r["prefill_kind"] == k) for k in kinds] for r in rows])
+                  + [r["prefill_parts"]["attention"] * (r["prefill_kind"] == k) for k in kinds]
+                  + [r.get("prefill_readback", 0.0) * (r["prefill_kind"] == k) for k in rbk] for r in rows])
     y = np.array([r["prefill_s"] for r in rows])
     fixed = np.array([r["prefill_parts"]["attention"] / r["prefill_kernel_rate"] if r["prefill_kernel_rate"] else 0.0
                       for r in rows])
     coef, *_ = np.linalg.lstsq(x / y[:, None], (y - fixed) / y, rcond=None)
-    return {"matmul_flop_per_s": 1 / coef[0],
-            "attention_flop_per_s": {k: (1 / c if c > 0 else None) for k, c in zip(kinds, coef[1:])}}
+    out = {"matmul_flop_per_s": 1 / coef[0],
+           "attention_flop_per_s": {k: (1 / c if c > 0 else None) for k, c in zip(kinds, coef[1:])}}
+    if rbk:
+        out["readback_s_per_value"] = {k: float(c) for k, c in zip(rbk, coef[1 + len(kinds):])}
+    return out
 
 
 @functools.lru_cache(maxsize=None)
@@ -477,8 +499,14 @@ def prefill_pred(r: dict, p: dict) -> float | None:
     rate = r["prefill_kernel_rate"] or p["attention_flop_per_s"].get(r["prefill_kind"])
     if not rate:
         return None
+    rb = 0.0
+    if r.get("prefill_readback"):  # the values read back at the cost per value fitted on SmolLM2's prompts
+        c = p.get("readback_s_per_value", {}).get(r["prefill_kind"])
+        if c is None:
+            return None
+        rb = r["prefill_readback"] * c
     return (r["prefill_parts"]["matmul"] + r["prefill_parts"]["logits"]) / p["matmul_flop_per_s"] \
-        + r["prefill_parts"]["attention"] / rate
+        + r["prefill_parts"]["attention"] / rate + rb
 
 
 def main(argv=None) -> int:
@@ -662,7 +690,8 @@ def main(argv=None) -> int:
             p = pre_fits[cost]
             print(f"{cost} prefill: matmul {p['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s, attention "
                   + ", ".join(f"{k} {v / 1e9:.1f}" if v else f"{k} -" for k, v in p["attention_flop_per_s"].items())
-                  + " GFLOP/s")
+                  + " GFLOP/s" + "".join(f"; {k} read back at the kernel's fp32 rate + {c * 1e9:.2f} ns per value"
+                                         for k, c in p.get("readback_s_per_value", {}).items()))
     gguf_mm = gguf_matmul_rates(a.ggufs)
     for name, g in gguf_mm.items():
         print(f"llama.cpp on {name} (a 512-token prefill and the steps after it, less their attention at the kernel "

@@ -113,17 +113,19 @@ def test_the_benchmark_fit_recovers_a_known_law():
 def per_key(r: dict, h: int, hkv: int, d: int, nbytes: float, keys: int | None = None) -> float:
     """One stored kind's seconds per kept key of one layer: 2 x Hkv x D x bytes / read rate + H x D x compute (the
     kind's own fit at head size d where one is stored: by_head_dim; where a measured curve is stored,
-    compute_by_kept_keys, its value at a measured key count)."""
+    compute_by_kept_keys, its value at a measured key count) + 2 x Hkv x D x the cast per value where the graph
+    casts the cache to fp32 rows first (the .pte's fp16 cache: cast_s_per_value_by_kept_keys, at that key count)."""
     r = r.get("by_head_dim", {}).get(str(d), r)
     read = 2 * hkv * d * nbytes / r["read_bytes_per_s"] if r["read_bytes_per_s"] else 0.0
     comp = r["compute_by_kept_keys"][str(keys)] if keys and "compute_by_kept_keys" in r else \
         r["compute_s_per_head_dim_position"]
-    return read + h * d * comp
+    cast = 2 * hkv * d * r["cast_s_per_value_by_kept_keys"][str(keys)] if "cast_s_per_value_by_kept_keys" in r else 0.0
+    return read + h * d * comp + cast
 
 
 def layer_s(r: dict, keys: int, h: int, hkv: int, d: int, nbytes: float) -> float:
-    """One layer's attention seconds: overhead + keys x per_key."""
-    return r.get("by_head_dim", {}).get(str(d), r)["overhead_s"] + keys * per_key(r, h, hkv, d, nbytes)
+    """One layer's attention seconds: overhead + keys x per_key (at that key count where a curve is stored)."""
+    return r.get("by_head_dim", {}).get(str(d), r)["overhead_s"] + keys * per_key(r, h, hkv, d, nbytes, keys)
 
 
 def slope(runtime: str, strategy: str) -> float:
@@ -363,12 +365,20 @@ def test_filled_rows_against_the_plan(tmp_path):
         assert abs(r["predicted_tok_s"] / r["measured_tok_per_cpu_s"] - 1) <= 0.25, r
     pre = [r for r in gemma if r["set"] == "held-out" and "prefill_error" in r]
     assert len(pre) >= 20
-    # the one held-out prefill the plan misses, named in benchmarks/README.md: the .pte's kv-int4 32k prompt, its
-    # attention charged at the int4 read-back rate fitted on SmolLM2's 2k-8k prompts (+30 %); a new miss, or this
-    # one fixed, fails here
+    # every held-out prefill within 25 %: the .pte's kv-int4 32k prompt, charged at one rate per attention FLOP
+    # fitted on SmolLM2's 2k-8k prompts, was +30 %; at custom_sdpa's fp32 kernel rate plus its rows read back every
+    # call (PTE_READBACK) it is -11 %. A new miss fails here
     misses = {(r["row"], r["ctx"], r["file"]) for r in pre
               if abs(r["predicted_prefill_s"] / r["measured_prefill_s"] - 1) > 0.25}
-    assert misses == {("edgekv-pte:kv-int4/int4", 32768, "filled_context_gemma3_32768_pte_cells.json")}, misses
+    assert misses == set(), misses
+    # Gemma's .pte rows that run custom_sdpa on a float cache (fp32 in place, fp16 cast to fp32 rows) or the int4
+    # read-back: each within 25 %. The fp16 cache at 32k was +41 % at one constant per key; at the per-head kernel's
+    # measured curve plus the cast (benchmarks/pte_cast_per_key.py) +24 %, at 16k +8 %
+    pte = [r for r in gemma if r["set"] == "held-out" and r["modelled"] and r["row"].startswith("edgekv-pte:kv")
+           and r["row"].split(":", 1)[1].split("/")[0] in ("kv", "kv:dtype=fp32", "kv-int4") and r["ctx"] >= 16384]
+    assert {(r["row"], r["ctx"]) for r in pte} >= {("edgekv-pte:kv/int4", 16384), ("edgekv-pte:kv/int4", 32768)}
+    for r in pte:
+        assert abs(r["error"]) <= 0.25, r
 
 
 def _kernel_rows(name: str) -> list[dict]:
@@ -836,3 +846,64 @@ def test_published_row_against_a_ranged_plan():
     assert nearest_ratio((6.7, 8.3), 10.9) == pytest.approx(8.3 / 10.9)
     assert nearest_ratio((6.7, 8.3), 5.0) == pytest.approx(6.7 / 5.0)
     assert nearest_ratio(54.1, 50.2) == pytest.approx(54.1 / 50.2)
+
+
+def test_pte_kv_int4_prefill_reads_its_rows_back_every_call_by_hand():
+    """edgekv's .pte with a packed int4 cache prefills in calls of 32 tokens, each dequantizing the rows written so
+    far (rows 0..pos+31 of every layer, K and V: dequantize_planar) before custom_sdpa: Gemma-3-270M at 32,768 tokens
+    (config.json: 18 layers, 4 heads, 1 KV head x 256, every 6th layer global, the rest a 512 window; 1024 calls) =
+    the matmuls over the .pte's matmul rate + causal attention over custom_sdpa's fp32 prefill rate at head size 256 +
+    the values read back at the stored cost per value: 3 global layers x 2 x 256 x 32 x 1024 x 1025 / 2, and 15
+    sliding ones that read all rows for their first 16 calls and 512 after. That is within 25 % of its measured
+    prompt (filled_context_gemma3_32768_pte_cells.json, 332.2 s; one rate per attention FLOP fitted on SmolLM2's
+    prompts charged it +30 %) and of the 16k one (filled_context_gemma3_16384_pte_kv_int4.json)."""
+    pre = ALL["executorch"]["devices"]["host"]["prefill"]
+    rb = pre["readback"]["int4"]
+    assert rb["chunk"] == 32 and rb["kernel_kind"] == "fp32"
+    fp32 = pre["attention_flop_per_s_by_head_dim"]["fp32"]["256"]
+    for ctx, file in ((32768, "filled_context_gemma3_32768_pte_cells.json"),
+                      (16384, "filled_context_gemma3_16384_pte_kv_int4.json")):
+        n = ctx // 32
+        values = 3 * 2 * 256 * 32 * n * (n + 1) / 2 + 15 * 2 * 256 * (32 * 16 * 17 / 2 + (n - 16) * 512)
+        attn = 4 * 4 * 256 * (3 * ctx * (ctx + 1) / 2 + 15 * (512 * 513 / 2 + (ctx - 512) * 512))
+        row = plan("--device", "host", "-m", "gemma-3-270m", "--runtime", "executorch", "--strategy", "kv-int4",
+                   "--weights", "int4", "--ctx", str(ctx), "--explain")
+        text = row["explain"]["prefill_seconds"]
+        mm = float(text.split("matmul ")[1].split(" FLOP")[0])  # the matmuls, as the fp32-cache test checks them
+        want = mm / pre["matmul_flop_per_s"] + attn / fp32 + values * rb["s_per_value"]
+        assert row["prefill_seconds"] == pytest.approx(want, rel=0.01)
+        assert "read back to fp32 rows each call of 32" in text
+        m = next(r for r in json.loads((ROOT / "benchmarks" / "results" / file).read_text())["rows"]
+                 if r["name"] == "edgekv-pte:kv-int4/int4")
+        assert row["prefill_seconds"] == pytest.approx(m["prompt_tokens"] / m["prefill_tok_per_cpu_s"], rel=0.25)
+
+
+def test_pte_fp16_cache_is_charged_its_cast_and_the_per_head_kernel_by_hand():
+    """edgekv's .pte reads a fp16 cache by casting rows 0..pos to fp32 every step and attending them with custom_sdpa
+    one query head at a time. benchmarks/pte_cast_per_key.py timed, in the same rounds, that read (fp16), the same
+    per-head custom_sdpa on a fp32 cache (fp32) and the cast alone; the stored curves are its rows: per key x query
+    head x head size the fp32 call, per value cast the fp16 call less the fp32 one. Gemma-3-270M (4 x 1 x 256 heads)
+    from a filled 16k to 32k: only its 3 global layers keep 16384 more keys, so the step grows by 3 x (the fp16 call
+    at 32768 keys - the one at 16384), from the benchmark's own rows; the plan within 25 % of the measured rows
+    (pte32k_filled_gemma3_32768_kv_fp16.json: +41 % at the one constant before, which a kernel row at 32k put 24 %
+    under the call)."""
+    res = _kernel_rows("pte_cast_per_key.json")
+    calls = {r["ctx"]: r["fp16_median_us"] * 1e-6 for r in res if r["head_dim"] == 256}
+    by = ALL["executorch"]["devices"]["host"]["kinds"]["fp16"]["by_head_dim"]["256"]
+    for r in res:  # the stored curves are the rows: fp32 per key x H x D, the cast per value (fp16 - fp32)
+        b = ALL["executorch"]["devices"]["host"]["kinds"]["fp16"]["by_head_dim"][str(r["head_dim"])]
+        hd, vals = r["ctx"] * r["heads"] * r["head_dim"], 2 * r["ctx"] * r["kv_heads"] * r["head_dim"]
+        assert b["compute_by_kept_keys"][str(r["ctx"])] == pytest.approx(r["fp32_median_us"] * 1e-6 / hd, rel=1e-3)
+        assert b["cast_s_per_value_by_kept_keys"][str(r["ctx"])] == pytest.approx(
+            (r["fp16_median_us"] - r["fp32_median_us"]) * 1e-6 / vals, rel=2e-3)
+    assert 1.5e-9 < min(by["cast_s_per_value_by_kept_keys"].values())  # a scalar cast, about 2 ns a value
+    args = ("--device", "host", "-m", "gemma-3-270m", "--runtime", "executorch", "--strategy", "kv", "--weights", "int4")
+    step = {ctx: 1 / plan(*args, "--ctx", str(ctx))["decode_tokens_per_s"] for ctx in (16384, 32768)}
+    assert step[32768] - step[16384] == pytest.approx(3 * (calls[32768] - calls[16384]), rel=0.01)
+    row = plan(*args, "--ctx", "32768", "--explain")
+    assert "the cast to fp32" in row["explain"]["decode_tokens_per_s"]
+    for ctx, file in ((32768, "pte32k_filled_gemma3_32768_kv_fp16.json"),
+                      (16384, "filled_context_gemma3_16384_pte_kv_fp16.json")):
+        m = next(r for r in json.loads((ROOT / "benchmarks" / "results" / file).read_text())["rows"]
+                 if r["name"] == "edgekv-pte:kv/int4")
+        assert 1 / step[ctx] == pytest.approx(m["decode_tok_per_cpu_s"], rel=0.25), file

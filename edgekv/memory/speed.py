@@ -271,6 +271,24 @@ def prefill_kind(strategy: Strategy, layout: StateLayout, runtime: str, int8_ker
     return "int8c" if st.static_scales else f"int{st.bits}"
 
 
+def readback_values(arch: Arch, strategy: Strategy, ctx: int, chunk: int) -> float:
+    """The cache values a prefill of ctx tokens in calls of `chunk` reads back to fp32 where its graph dequantizes the
+    rows written so far every call (edgekv's .pte on a packed int4 cache: SdpaAttention's "fp32 rows", rows
+    0..pos+C-1 through dequantize_planar, then custom_sdpa): per attention layer, K and V, 2 x Hkv x D values per
+    row, summed over the calls (call j reads j x chunk rows, a window capping them)."""
+    n = math.ceil(ctx / chunk)
+    w_cap = strategy.window_tokens
+    total = 0.0
+    for b in arch.blocks:
+        for m in b.mixers:
+            if isinstance(m, Attention):
+                win = m.window if w_cap is None else min(w_cap, m.window or w_cap)
+                w = min(win or ctx, ctx)
+                k = min(n, w // chunk)  # the calls that read all rows so far; the rest read the window's w
+                total += 2 * m.n_kv_heads * m.head_dim * (chunk * k * (k + 1) / 2 + (n - k) * w)
+    return total
+
+
 def _prefill_rate(rates: dict, kind: str, arch: Arch) -> tuple[float | None, str]:
     """The prefill attention rate of this cache kind for the model's head size: the kernel's rate measured at that
     head size (attention_flop_per_s_by_head_dim, benchmarks/attention_rates.py), between two measured head sizes
@@ -304,12 +322,22 @@ def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtim
     if runtime == "executorch" and not fused_gqa(arch, layout, strategy, runtime):
         return None
     kind = prefill_kind(strategy, layout, runtime, int8_kernel)
-    rate, how = _prefill_rate(rates, kind, arch) if kind else (None, "")
+    rb = (rates.get("readback") or {}).get(kind) if kind else None
+    if rb:  # a cache read back to fp32 rows every call: the kernel's rate + the read-back per value (readback_values)
+        rate, how = _prefill_rate(rates, rb["kernel_kind"], arch)
+    else:
+        rate, how = _prefill_rate(rates, kind, arch) if kind else (None, "")
     if not rate:
         return None
     p = prefill_parts(arch, strategy, ctx, chunk)
     mm, attn, mm_rate = p["matmul"] + p["logits"] + p["scans"], p["attention"] + p["reexpand"], rates["matmul_flop_per_s"]
     t = mm / mm_rate + attn / rate
+    if rb:
+        vals = readback_values(arch, strategy, ctx, rb["chunk"])
+        t += vals * rb["s_per_value"]
+        return Item(t, f"matmul {mm:.3g} FLOP / {mm_rate / 1e9:.3g} GFLOP/s + attention {attn:.3g} FLOP / "
+                       f"{rate / 1e9:.3g} GFLOP/s ({how}) + the {kind} cache read back to fp32 rows each call of "
+                       f"{rb['chunk']} tokens, {vals:.3g} values x {rb['s_per_value'] * 1e9:.3g} ns = {t:.3g} s")
     return Item(t, f"matmul {mm:.3g} FLOP / {mm_rate / 1e9:.3g} GFLOP/s + attention {attn:.3g} FLOP / "
                    f"{rate / 1e9:.3g} GFLOP/s ({how}) = {t:.3g} s")
 
@@ -338,6 +366,12 @@ def _compute_at(r: dict, keys: int) -> float:
     by = r.get("compute_by_kept_keys")
     if not by:
         return r["compute_s_per_head_dim_position"]
+    return _curve_at(by, keys)
+
+
+def _curve_at(by: dict, keys: int) -> float:
+    """A measured curve {kept keys: value} at this many kept keys: linear between two measured key counts, held at
+    the nearest end outside them."""
     pts = sorted((int(k), v) for k, v in by.items())
     if keys <= pts[0][0]:
         return pts[0][1]
@@ -361,13 +395,19 @@ def attention_seconds(arch: Arch, layout: StateLayout, kind: str, rates: dict, k
                 r = rates[kind].get("by_head_dim", {}).get(str(m.head_dim), rates[kind])
                 rate, over = r["read_bytes_per_s"], r["overhead_s"]
                 comp = _compute_at(r, kept[i])
+                # a cache the graph casts to fp32 rows every step before the kernel (the .pte's fp16 cache): the
+                # cast's measured cost per value, K and V (cast_s_per_value_by_kept_keys, benchmarks/
+                # pte_cast_per_key.py), a term of its own beside the kernel's
+                by = r.get("cast_s_per_value_by_kept_keys")
+                cast = 2 * m.n_kv_heads * m.head_dim * _curve_at(by, kept[i]) if by else 0.0
                 per_pos = (2 * m.n_kv_heads * m.head_dim * _KIND_BYTES[kind.split()[-1]] / rate if rate else 0.0) \
-                    + m.n_heads * m.head_dim * comp
+                    + m.n_heads * m.head_dim * comp + cast
                 total += over + kept[i] * per_pos
-                key = (kept[i], over, per_pos)
+                key = (kept[i], over, per_pos, cast)
                 groups[key] = groups.get(key, 0) + 1
     parts = " + ".join(f"{n} x ({over * 1e6:.3g} us + {T} x {per_pos * 1e6:.4g} us)"
-                       for (T, over, per_pos), n in groups.items())
+                       + (f" [of each key's, the cast to fp32 {cast * 1e6:.4g} us]" if cast else "")
+                       for (T, over, per_pos, cast), n in groups.items())
     return total, f"attention ({kind} {kernel}: layers x (overhead + kept keys x per-key cost)) = " \
                   f"{parts} = {total * 1e3:.3g} ms"
 
