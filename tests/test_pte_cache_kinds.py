@@ -233,10 +233,10 @@ def test_gemma3_pte_writes_its_sliding_rings_in_place_and_decodes_what_eager_tor
     each ring three times; every row is held to the eager module (kv-int8c: the codes, static scales and query
     rounding of kernel_reference) and, for the fp32 cache, to transformers."""
     from edgekv.models.swaps import kernel_reference
-    from tiny_families import hf_logits, tiny, word_tokenizer
+    from tiny_families import GEMMA3_3_LAYERS, hf_logits, tiny, word_tokenizer
 
     src = tmp_path / "gemma3"
-    hf = tiny("gemma3", src)
+    hf = tiny("gemma3", src, **GEMMA3_3_LAYERS)  # sliding, global, sliding
     word_tokenizer(src, hf.config.vocab_size)  # kv-int8c calibrates on text
     out = tmp_path / "pte"
     m = export(src, out, strategy, "fp32")
