@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 def pte_narrow(x: Export) -> bool:
     """A .pte-only int8 / int4 export: its module is quantized one linear at a time from the narrow weights
-    (_quantize), so the fp32 module is never built (budget.narrow_export says the same before the export starts)."""
+    (quantize_narrow), so the fp32 module is never built (budget.narrow_export says the same before the export
+    starts)."""
     return tuple(x.opts.formats) == ("pte",) and x.opts.weights in ("int8", "int4")
 
 
