@@ -47,7 +47,8 @@ def run_json(folder, runtime, prompt=PROMPT, n=24):
 
 @pytest.fixture(scope="module")
 def explicit_run(exports):
-    """`edgekv run --runtime executorch` on the explicit-state .pte, the reference both runners are held to (run once)."""
+    """`edgekv run --runtime executorch` on the explicit-state .pte: the reference both runners are held to, run
+    once."""
     return run_json(exports[2], "executorch")
 
 

@@ -150,7 +150,8 @@ class Export:
     n_params: int = 0  # counted before verify-quant frees the eager module's weights
     importance: object = None  # int4-mix: the importance matrix from calibration text (edgekv.export.wrecipe)
     stash: object = None  # the streamed ONNX export's narrow weights while it lowers (edgekv.export.lazy_weights)
-    narrow_pte: bool = False  # the .pte's module was quantized from narrow weights (narrow_route); x.module is placeholders
+    narrow_pte: bool = False  # the .pte's module was quantized from narrow weights (narrow_route): x.module holds
+    # placeholders only
     tok_child: object = None  # the tokenizer stage running on the second core since the start (edgekv.export.tok_child)
 
     module = property(lambda self: self.loaded.module)
