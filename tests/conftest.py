@@ -246,6 +246,39 @@ def tiny_onnx_export(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_int4_onnx_export(tmp_path_factory) -> tuple[Path, str]:
+    """`edgekv export --weights int4 --format onnx` of the tiny trained Llama (fixtures/tiny/llama), 320 slots, 4
+    verify steps, one thread, in this process as click's CliRunner runs it: (the folder, what it printed). Shared by
+    test_export_notice and test_wquant; copy it before changing it."""
+    from click.testing import CliRunner
+
+    from edgekv.export.cli import cli
+    out = tmp_path_factory.mktemp("tiny-int4-onnx") / "int4"
+    r = CliRunner().invoke(cli, ["export", "--model", str(ROOT / "fixtures" / "tiny" / "llama"), "--weights", "int4",
+                                 "--format", "onnx", "--max-ctx", "320", "--verify-steps", "4", "--threads", "1",
+                                 "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    return out, r.output
+
+
+@pytest.fixture(scope="session")
+def gemma_270m_header():
+    """Gemma-3-270M's GGUF (tiny_families.gemma_270m_gguf: a skip where it is not installed) read as export reads it,
+    its header parsed once for the session (gguf-py's reader parses the 262144-token vocabulary field by field: 10-25 s
+    on the shared cores): (path, gguf_config's dict, read_gguf's Arch). Copy the Arch before changing it."""
+    from tiny_families import gemma_270m_gguf
+
+    from edgekv.arch import read_gguf
+    from edgekv.arch.gguf import kept_readers, open_gguf
+    from edgekv.models.weights import gguf_config
+    path = gemma_270m_gguf()
+    with kept_readers():  # open_gguf and read_gguf share the one reader
+        cfg = gguf_config(open_gguf(path), str(path))
+        arch = read_gguf(path)
+    return path, cfg, arch
+
+
 def pty_run(argv: list[str], cols: int, lines: int, timeout: float = 60, winsize_fd: int = 1,
             env: dict | None = None) -> bytes:
     """Run argv (a Python command line after the interpreter: ["-m", "edgekv.cli", ...] or ["-c", SCRIPT]) in a

@@ -82,7 +82,7 @@ RESULTS = ROOT / "benchmarks" / "results"
     ("export_cost_llama_3.2_1b_random_onnx_int4_8k_lazy_weights_released", "llama-3.2-1b", 8192, False),
     ("export_cost_smollm2_135m_onnx_int4_512_streamed", "smollm2-135m", 512, False),
     ("export_cost_gemma3_270m_onnx_gguf_16k_after", "gemma-3-270m", 16384, False),
-    # the bf16 checkpoint kept narrow from the load on (pipeline.narrow_load: budget.K_NARROW)
+    # the bf16 checkpoint kept narrow from the load on (narrow_route.narrow_load: budget.K_NARROW)
     ("export_cost_llama_3.2_1b_random_onnx_int4_8k_narrow_load", "llama-3.2-1b", 8192, True),
     ("export_cost_llama_3.2_3b_random_onnx_int4_8k_narrow_load", "llama-3.2-3b", 8192, True)])
 def test_estimate_is_within_a_stated_factor_of_a_measured_streamed_export(name, model, ctx, narrow):
@@ -108,7 +108,7 @@ def test_estimate_is_within_a_stated_factor_of_a_measured_streamed_export(name, 
 
 
 @pytest.mark.parametrize("dtype, formats, weights, runners, copies", [
-    ("bfloat16", ("onnx",), "int4", (), 0.65),  # kept narrow from the load on (pipeline.narrow_load)
+    ("bfloat16", ("onnx",), "int4", (), 0.65),  # kept narrow from the load on (narrow_route.narrow_load)
     ("float16", ("onnx",), "int8", (), 0.65),
     ("float32", ("onnx",), "int4", (), 1.05),  # an fp32 checkpoint: the fp32 module is built
     ("bfloat16", ("onnx", "pte"), "int4", (), 6.0),  # a .pte too: the eager module is traced twice
@@ -167,7 +167,7 @@ def test_the_gguf_estimate_is_close_to_the_measured_peak(monkeypatch, name, mode
     ("export_cost_llama_3.2_1b_random_pte_int4_8k_lean", "llama-3.2-1b", None),
     ("export_cost_llama_3.2_1b_2layers_random_pte_int4_8k_lean", "llama-3.2-1b", 2)])
 def test_the_narrow_pte_estimate_is_close_to_the_measured_peak(name, model, layers):
-    """A .pte-only int4 export of a bf16 checkpoint (pipeline._quantize_narrow: the fp32 module never built): the
+    """A .pte-only int4 export of a bf16 checkpoint (narrow_route.quantize_narrow: the fp32 module never built): the
     estimate is at least the peak benchmarks/export_cost.py measured for the random Llama-3.2-1B at 8k and for a
     2-layer model of its width (the catalog's config with num_hidden_layers 2: the same table, a quarter of the
     weights), and at most 1.2x it: one weights term and one largest-matrix term fit both (the fp32 route's 6 copies

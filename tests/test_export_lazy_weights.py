@@ -31,15 +31,15 @@ class X:  # the export in progress, as far as OnnxTarget.trace reads it
     class opts:
         weights, formats, runners, max_ctx = "int4", ["onnx"], [], 64
     stash, eps = None, {}
-import edgekv.export.pipeline as pipeline
-pipeline.fp32_reference = lambda x, release=True: None  # verify-quant's fp32 side: not this test's
+import edgekv.export.narrow_route as narrow_route
+narrow_route.fp32_reference = lambda x, release=True: None  # verify-quant's fp32 side: not this test's
 # the exporter's imports before the baseline: a two-layer model traced and lowered once
 warm = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
 lower_onnx(torch.export.export(warm, (torch.zeros(1, 8),)), {"inputs": [], "outputs": []}, fold_weights=False)
 gc.collect(); trim()
 base = status("VmRSS")
 x = X()
-x.loaded, x.stash = pipeline.narrow_load(sys.argv[2], parse_strategy("kv"), 64)  # as the export loads it
+x.loaded, x.stash = narrow_route.narrow_load(sys.argv[2], parse_strategy("kv"), 64)  # as the export loads it
 x.module = x.loaded.module
 fp32 = sum(p.numel() * 4 for p in x.module.parameters())
 OnnxTarget.trace(x, trace)
@@ -55,7 +55,7 @@ print(json.dumps({"held": held, "fp32": fp32}))
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the kernel's VmRSS (/proc/self/status)")
 def test_lowering_holds_the_narrow_weights_and_writes_the_checkpoints(tmp_path):
     """A bf16 HF folder of ~44M parameters (scripts/make_random_model.py, 4 layers of 512), loaded as the export
-    loads it (pipeline.narrow_load: the large weights kept bf16 from the start; k/v too small, stacked with q): after
+    loads it (narrow_route.narrow_load: the large weights kept bf16 from the start; k/v too small, stacked with q): after
     the ONNX target's trace and lower-onnx, the process holds less than 0.75x the module's fp32 weights above its baseline (their bf16
     copies, half, and the graph), where a lowering over the fp32 module holds all of them and more; and every weight
     in model.onnx.data is the checkpoint's bf16 value, bit for bit."""

@@ -1,4 +1,4 @@
-"""int4-mix's importance matrix over a bf16 checkpoint loaded narrow (edgekv.export.lazy_weights: narrow_load keeps
+"""int4-mix's importance matrix over a bf16 checkpoint loaded narrow (edgekv.export.narrow_route.narrow_load keeps
 the large weights as placeholders, materialized widens each layer's part while it runs): the calibration pass must
 see the widened weights, so each linear's importance (the mean squared input per input channel, as llama.cpp's
 imatrix) is what the fp32 model gives.
@@ -20,7 +20,7 @@ def test_int4_mix_importance_over_narrow_weights_is_the_fp32_models(tmp_path):
     from transformers import LlamaForCausalLM
 
     from edgekv.export import manifest as mf
-    from edgekv.export import pipeline, wrecipe
+    from edgekv.export import narrow_route, pipeline, wrecipe
     from edgekv.export.options import ExportOptions, Stages
     from edgekv.export.tokenizer import bos_prefix
     from edgekv.strategies import parse_strategy
@@ -33,7 +33,7 @@ def test_int4_mix_importance_over_narrow_weights_is_the_fp32_models(tmp_path):
     pipeline._load(x)
     assert x.stash is not None and x.stash.by_ptr, "the bf16 folder did not load narrow: this test guards that path"
     pipeline._tokenizer(x)
-    pipeline.fp32_reference(x, release=False)
+    narrow_route.fp32_reference(x, release=False)
     got = x.importance
 
     ids = list(bos_prefix(x.tok_entry)) + wrecipe.calibration_ids(lambda t: x.tokenizer.encode(t).ids,

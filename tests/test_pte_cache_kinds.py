@@ -65,6 +65,14 @@ def llama_norms(tmp_path_factory):
     return model, src
 
 
+@pytest.fixture(scope="module")
+def llama_fp32_pte(llama, tmp_path_factory):
+    """The tiny llama's .pte with a fp32 cache and fp32 weights (export below), made once: the fp32 case of
+    test_each_cache_kind_pte_decodes_what_eager_torch_does_past_the_window and the one-token calls' test read it."""
+    out = tmp_path_factory.mktemp("pte-kinds-fp32") / "pte"
+    return out, export(llama[1], out, "kv:dtype=fp32", "fp32")
+
+
 def eager_module(src, strategy: str, weights: str, manifest: dict, ctx: int = CTX):
     """The module the export traces, built as the pipeline builds it (edgekv.export.pipeline: load, calibrate on the
     same text, quantize), run here by eager PyTorch."""
@@ -123,13 +131,19 @@ def export(src, out, strategy, weights, ctx=CTX):
 # the eager scales were fp32). They run on the tiny llama with random norm weights (llama_norms: with a quantized
 # embedding table and norm weights of all ones, activations land on rounding ties). The weight-quantized exports take
 # minutes on the shared cores (`-m slow`).
+# Two fp32-weight cases are `-m slow` too, as the default suite checks their .pte elsewhere: kv:dtype=fp16 (the fp16
+# cache read by custom_sdpa and written in place: test_gemma3_pte_writes_its_sliding_rings_in_place_...[kv] below, its
+# global layer and rings, every row within 1e-4 of the eager module) and kv-int4:group=8 (the same tiny llama and cache:
+# test_export_kv::test_a_quantized_cache_pte_is_written_in_place_and_reads_back_only_its_written_rows, the rows within
+# 1e-4 of the eager module and the stored codes, scales and zeros the eager module's; a plain cache has no window to
+# pass, so its 12 positions check what these 26 do).
 SLOW = pytest.mark.slow
 CASES = [
     ("kv:dtype=fp32", "fp32", 1e-4),
-    ("kv:dtype=fp16", "fp32", 1e-3),
+    pytest.param("kv:dtype=fp16", "fp32", 1e-3, marks=SLOW),
     ("kv-int8", "fp32", 1e-3),
     ("kv-int8c", "fp32", 1e-3),
-    ("kv-int4:group=8", "fp32", 1e-3),
+    pytest.param("kv-int4:group=8", "fp32", 1e-3, marks=SLOW),
     (WINDOW, "fp32", 1e-4),
     pytest.param("kv:dtype=fp32", "int4", 1e-3, marks=SLOW),
     pytest.param("kv-int8", "int4", 1e-3, marks=SLOW),
@@ -152,7 +166,10 @@ def test_each_cache_kind_pte_decodes_what_eager_torch_does_past_the_window(reque
     ref, src = request.getfixturevalue("llama" if weights == "fp32" else "llama_norms")
     out = tmp_path / "pte"
     ctx = CTX if weights == "fp32" else QUANT_CTX
-    m = export(src, out, strategy, weights, ctx)
+    if (strategy, weights) == ("kv:dtype=fp32", "fp32"):  # the same export as the one-token calls' test below
+        out, m = request.getfixturevalue("llama_fp32_pte")
+    else:
+        m = export(src, out, strategy, weights, ctx)
     assert m["verification"]["pte"]["passed"], m["verification"]["pte"]
     got = pte_rows(out, STREAM)
     module = eager_module(src, strategy, weights, m, ctx)
@@ -202,8 +219,12 @@ def test_gemma3_kv_int8_pte_lowers_with_custom_sdpa_global_layers_beside_rolling
 
 
 # kv (fp16, the .pte's default cache): its rows are cast where they are written; an uncast index_put stopped the
-# Gemma-3-270M .pte at run time ("tensors_have_same_dtype(in, values)", error 0x12)
-@pytest.mark.parametrize("strategy", ["kv:dtype=fp32", "kv", pytest.param("kv-int8c", marks=SLOW)])
+# Gemma-3-270M .pte at run time ("tensors_have_same_dtype(in, values)", error 0x12). The fp32 cache is `-m slow`: the
+# default suite's test_family_conformance exports the same tiny Gemma 3 with it to a .pte (rings of 8 slots that roll
+# over 64 positions, calls of 8 and 3 tokens, then one a call) and holds every row to transformers, the state in place,
+# the global layer on custom_sdpa and the rings written by an index_put
+@pytest.mark.parametrize("strategy", [pytest.param("kv:dtype=fp32", marks=SLOW), "kv",
+                                      pytest.param("kv-int8c", marks=SLOW)])
 def test_gemma3_pte_writes_its_sliding_rings_in_place_and_decodes_what_eager_torch_does(tmp_path, strategy):
     """Gemma 3's shape (sliding layers with a ring of 8 slots, one global layer), a fp32, fp16 or kv-int8c cache: the global
     layer takes custom_sdpa and the sliding layers their ring written by an index_put
@@ -212,10 +233,10 @@ def test_gemma3_pte_writes_its_sliding_rings_in_place_and_decodes_what_eager_tor
     each ring three times; every row is held to the eager module (kv-int8c: the codes, static scales and query
     rounding of kernel_reference) and, for the fp32 cache, to transformers."""
     from edgekv.models.swaps import kernel_reference
-    from tiny_families import hf_logits, tiny, word_tokenizer
+    from tiny_families import GEMMA3_3_LAYERS, hf_logits, tiny, word_tokenizer
 
     src = tmp_path / "gemma3"
-    hf = tiny("gemma3", src)
+    hf = tiny("gemma3", src, **GEMMA3_3_LAYERS)  # sliding, global, sliding
     word_tokenizer(src, hf.config.vocab_size)  # kv-int8c calibrates on text
     out = tmp_path / "pte"
     m = export(src, out, strategy, "fp32")
@@ -235,15 +256,14 @@ def test_gemma3_pte_writes_its_sliding_rings_in_place_and_decodes_what_eager_tor
     assert np.abs(got - theirs).max() <= 1e-4 * np.abs(theirs).max()
 
 
-def test_one_token_calls_read_each_kv_head_once_and_decode_what_transformers_does_from_slot_0(llama, tmp_path):
+def test_one_token_calls_read_each_kv_head_once_and_decode_what_transformers_does_from_slot_0(llama, llama_fp32_pte):
     """A one-token call attends with the G query heads of a KV head as G rows of one custom_sdpa head (each KV
     head's cache read once, not G times: edgekv.models.swaps.SdpaAttention._custom_sdpa), chosen at run time by a
     torch.cond in the .pte's one method; a call of several tokens keeps the causal per-head call. Fed one token a
     call from slot 0 (the first G - 1 calls start the rows before slot 0) and then a call of 4, every row is
     transformers' own."""
-    ref, src = llama
-    out = tmp_path / "pte"
-    m = export(src, out, "kv:dtype=fp32", "fp32")
+    ref, _ = llama
+    out, m = llama_fp32_pte
     ops = m["artifacts"][0]["delegation"]["forward"]["portable_ops"]
     assert ops.get("cond") == 2 and "llama.custom_sdpa" not in ops, ops  # one per layer, the op inside its branches
     stream = STREAM[:12]

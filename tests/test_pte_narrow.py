@@ -1,5 +1,5 @@
 """A .pte-only int4 export of a bf16 checkpoint loads it narrow and quantizes the .pte's module one linear at a time
-from the narrow weights (edgekv.export.pipeline._quantize_narrow): the fp32 module is never built whole.
+from the narrow weights (edgekv.export.narrow_route.quantize_narrow): the fp32 module is never built whole.
 
 Reference: the same weights stored as fp32 (widened from the bf16 file, so the same values), exported the way every
 .pte was before (the fp32 module loaded, deep-copied and quantized whole): the two model.pte files are the same bytes.
@@ -61,13 +61,13 @@ def test_a_bf16_checkpoints_int4_pte_is_the_fp32_routes_bytes(tmp_path, monkeypa
     assert sha(tmp_path / "narrow") == sha(tmp_path / "wide")
     assert narrow["weights"]["quantization"]["pte"] == wide["weights"]["quantization"]["pte"]
     # verify-quant's fp32 side: the same logits up to fp32 rounding (the narrow route reads the text in prefill calls:
-    # pipeline.fp32_reference), so the same top-1 and KL against them
+    # narrow_route.fp32_reference), so the same top-1 and KL against them
     q, r = narrow["weight_quality"]["pte"], wide["weight_quality"]["pte"]
     assert q["top1_agreement"] == r["top1_agreement"]
     assert q["kl_mean"] == pytest.approx(r["kl_mean"], rel=1e-5)
     assert narrow["verification"]["pte"]["passed"] and wide["verification"]["pte"]["passed"]
     # verify-pte: the narrow route runs the quantized eager module's calls first and frees it before the .pte loads
-    # (verify.record, pipeline.release_quantized); the wide route interleaves them with the .pte's. The same .pte
+    # (verify.record, narrow_route.release_quantized); the wide route interleaves them with the .pte's. The same .pte
     # against the same module: the same comparison, to the bit
     a, b = narrow["verification"]["pte"], wide["verification"]["pte"]
     for key in ("max_abs_diff", "logit_scale", "top1_agreement", "state_max_abs_diff", "noise_floor",

@@ -15,7 +15,7 @@ pytest.importorskip("torchao")
 
 from edgekv.errors import EdgekvError  # noqa: E402
 from edgekv.export import quality, wquant  # noqa: E402
-from edgekv.export.pipeline import short_state  # noqa: E402
+from edgekv.export.narrow_route import short_state  # noqa: E402
 from edgekv.export.runtime import EagerStepper  # noqa: E402
 from edgekv.models import load_model  # noqa: E402
 from edgekv.strategies import parse_strategy  # noqa: E402

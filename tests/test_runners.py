@@ -45,11 +45,18 @@ def run_json(folder, runtime, prompt=PROMPT, n=24):
     return json.loads(p.stdout)
 
 
-def test_genai_generates_what_edgekv_run_generates_on_the_explicit_state_pte(exports):
+@pytest.fixture(scope="module")
+def explicit_run(exports):
+    """`edgekv run --runtime executorch` on the explicit-state .pte: the reference both runners are held to, run
+    once."""
+    return run_json(exports[2], "executorch")
+
+
+def test_genai_generates_what_edgekv_run_generates_on_the_explicit_state_pte(exports, explicit_run):
     """GenAI's own tokenizer and greedy loop vs edgekv's loop on the explicit-state .pte and on the same graph."""
-    runner, _, explicit, _ = exports
+    runner = exports[0]
     genai = run_json(runner, "genai")
-    ref = run_json(explicit, "executorch")
+    ref = explicit_run
     ort = run_json(runner, "ort")  # edgekv's OrtStepper on the GenAI graph: one artifact serves both
     assert genai["runtime"] == "genai" and genai["new_tokens"] == 24
     assert genai["prompt_tokens"] == ref["prompt_tokens"] == len(PROMPT.encode())
@@ -58,7 +65,7 @@ def test_genai_generates_what_edgekv_run_generates_on_the_explicit_state_pte(exp
     assert len(set(ref["tokens"])) > 3, ref  # a continuation worth comparing, not one repeated byte
 
 
-def test_executorch_runner_generates_what_edgekv_run_generates_on_the_explicit_state_pte(exports):
+def test_executorch_runner_generates_what_edgekv_run_generates_on_the_explicit_state_pte(exports, explicit_run):
     """`edgekv run --runtime executorch-runner` (edgekv's loop over the runner .pte, called as the runner calls it:
     chunked prefill, last-token logits) vs edgekv's loop on the explicit-state .pte: the same token ids; and
     TextLLMRunner itself (its HF tokenizer over tokenizer.json, its chunked prefill, its decode loop, as an app runs
@@ -66,9 +73,9 @@ def test_executorch_runner_generates_what_edgekv_run_generates_on_the_explicit_s
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (llama::custom_sdpa, as the README says)
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
-    runner, manifest, explicit, _ = exports
+    runner, manifest, _, _ = exports
     et = run_json(runner, "executorch-runner")
-    ref = run_json(explicit, "executorch")
+    ref = explicit_run
     assert et["runtime"] == "executorch-runner" and et["prompt_tokens"] == ref["prompt_tokens"]
     assert et["new_tokens"] == ref["new_tokens"] == 24
     assert et["tokens"] == ref["tokens"] and et["text"] == ref["text"]

@@ -429,7 +429,7 @@ def test_smollm2_int8_and_int4_pass_verify_quant_in_both_runtimes(tmp_path):
 # ---- through `edgekv export --weights` (the pipeline's quantize / verify-quant stages) ----
 
 
-def test_export_cli_int4_onnx_writes_a_checked_smaller_artifact(tmp_path):
+def test_export_cli_int4_onnx_writes_a_checked_smaller_artifact(tmp_path, tiny_int4_onnx_export):
     """`edgekv export --weights int4 --format onnx`: the manifest validates against the schema, records the ONNX
     Runtime recipe and a passed verify-quant against fp32, and model.onnx is smaller than an fp32 export by about
     the factor the parameter counts predict (expected_bytes, independent of the pipeline)."""
@@ -437,13 +437,10 @@ def test_export_cli_int4_onnx_writes_a_checked_smaller_artifact(tmp_path):
 
     from conftest import run_cli
 
-    outs = {}
-    for w in ("fp32", "int4"):
-        out = tmp_path / w
-        run_cli("export", "--model", TINY, "--weights", w, "--format", "onnx", "--max-ctx", "320", "--verify-steps",
-                "4", "--threads", "1", "--out", out, check=True)
-        outs[w] = json.loads((out / "manifest.json").read_text())
-    m = outs["int4"]
+    int4_out = tiny_int4_onnx_export[0]  # the same command with --weights int4 (conftest), made once per session
+    run_cli("export", "--model", TINY, "--weights", "fp32", "--format", "onnx", "--max-ctx", "320", "--verify-steps",
+            "4", "--threads", "1", "--out", tmp_path / "fp32", check=True)
+    m = json.loads((int4_out / "manifest.json").read_text())
     jsonschema.validate(m, json.loads(mf.SCHEMA_PATH.read_text()))
     assert m["weights"]["dtype"] == "int4" and "MatMulNBits" in m["weights"]["quantization"]["onnx"]["new_ops"]
     q = m["weight_quality"]["onnx"]
@@ -452,7 +449,7 @@ def test_export_cli_int4_onnx_writes_a_checked_smaller_artifact(tmp_path):
     assert q["top1_agreement"] >= quality.THRESHOLDS["int4"]["min_top1"]
     assert "onnx" not in m["verification"]  # no eager twin for a graph quantized after export: verify-quant instead
     loaded = load_model(TINY, parse_strategy("kv"), 320)
-    fp32, int4 = onnx_bytes(tmp_path / "fp32"), onnx_bytes(tmp_path / "int4")
+    fp32, int4 = onnx_bytes(tmp_path / "fp32"), onnx_bytes(int4_out)
     want = expected_bytes(fp32, loaded.module, 4, "onnx")
     assert abs(int4 - want) <= 0.05 * want, (int4, want, fp32)
 

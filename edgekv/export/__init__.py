@@ -8,6 +8,8 @@ Stages (each a module, each returning a value you can inspect), in the order pip
                    place) or `prefill` (fixed chunk) and `decode`
   targets.py    one object per format (ONNX, .pte): trace its entry points, lower + serialize, its verify steppers
   verify.py     artifact in its runtime vs the eager module, same calls, state fed back
+  narrow_route.py  the weights' memory held low: a bf16 / fp16 checkpoint loaded narrow, verify-quant's fp32
+                   reference computed once, the weights released when nothing after reads them (lazy_weights.py)
   manifest.py   manifest.json + manifest.schema.json; sha256 of every file, checked on load
   tokenizer.py  tokenizer.json from the GGUF vocabulary (or the HF folder's own)
   runtime.py    step an artifact with ONNX Runtime or the ExecuTorch runtime (no torch model code)

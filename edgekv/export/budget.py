@@ -54,13 +54,13 @@ K_ONNX = {"fp32": 3.75, "fp16": 4.75, "int8": 1.05, "int4": 1.05, "int4-mix": 1.
 GGUF_MATRIX = 1.1
 K_PTE = {"fp32": 5.0, "int8": 6.0, "int4": 6.0}
 # The same streamed recipes where the export keeps a bf16 / fp16 checkpoint's weights narrow from the load on
-# (edgekv.export.pipeline.narrow_load: an ONNX-only export of a safetensors folder, no GenAI runner): the fp32 module
+# (edgekv.export.narrow_route.narrow_load: an ONNX-only export of a safetensors folder, no GenAI runner): the fp32 module
 # is never built, so the peak (trace to serialize-onnx) is the narrow weights (half the fp32 bytes), the embedding
 # table widened for verify-quant's fp32 pass and torch.onnx's graph. Rounded up from the random Llama-3.2-1B's and
 # 3B's narrow-load runs (export_cost_*_narrow_load.json, tests/test_export_budget.py).
 K_NARROW = {"int8": 0.65, "int4": 0.65, "int4-mix": 0.65}
 # A .pte-only int8 / int4 export of such a checkpoint loads narrow too and quantizes the .pte's module one linear at a
-# time from the narrow weights (pipeline._quantize_narrow), so neither the fp32 module nor its quantized deep copy
+# time from the narrow weights (narrow_route.quantize_narrow), so neither the fp32 module nor its quantized deep copy
 # exists. Its peak is the quantize stage: the narrow weights (half the fp32 bytes: K_PTE_NARROW) and the largest
 # matrix, the embedding table, widened for verify-quant's fp32 pass, then the untied head's fp32 while torchao
 # quantizes it in blocks of rows (PTE_NARROW_MATRIX of that matrix's fp32). lower-pte, serialize-pte and verify-pte
@@ -197,9 +197,9 @@ def check_export(opts, strategy) -> dict:
 
 
 def narrow_export(src: Path, opts) -> bool:
-    """Whether the export keeps the checkpoint's weights narrow from the load on (pipeline.narrow_load): an
+    """Whether the export keeps the checkpoint's weights narrow from the load on (narrow_route.narrow_load): an
     ONNX-only int8 / int4 / int4-mix export without the GenAI runner, or a .pte-only int8 / int4 one
-    (pipeline.pte_narrow), of a safetensors folder whose config.json stores bf16 or fp16 weights."""
+    (narrow_route.pte_narrow), of a safetensors folder whose config.json stores bf16 or fp16 weights."""
     onnx = tuple(opts.formats) == ("onnx",) and opts.weights in K_NARROW and "genai" not in (opts.runners or ())
     pte = tuple(opts.formats) == ("pte",) and opts.weights in K_PTE_NARROW
     if not (onnx or pte):

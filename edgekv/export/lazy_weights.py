@@ -235,7 +235,7 @@ def stash_weights(*modules) -> Stash:
     copy kept in the returned Stash (CURRENT, with what narrow_loading already put there, if any); a parameter of the
     other modules (the eager one it was made from) over the same storage gets the same placeholder, so the fp32
     storage is freed as each is replaced (one tensor's copy at a time). The other modules' own weights are left to
-    the caller (pipeline.release_weights)."""
+    the caller (narrow_route.release_weights)."""
     stash = CURRENT if CURRENT is not None else Stash()
     groups: dict[int, list] = {}
     for p in modules[0].parameters():

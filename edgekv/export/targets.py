@@ -18,12 +18,12 @@ class OnnxTarget:
         from . import genai
         alone = OnnxTarget.alone(x)
         if alone:  # the eager module is needed for nothing but this graph: verify-quant's fp32 side first
-            from .pipeline import fp32_reference
+            from .narrow_route import fp32_reference
             fp32_reference(x, release=False)
         onnx_module, swapped = for_runtime(x.module, "onnxruntime")
         if alone:  # then what the swapped copy does not share (the separate q/k/v of its fused ones) freed, and the
             from .lazy_weights import stash_weights  # weights traced kept as their exact bf16 / fp16 (lazy_weights:
-            from .pipeline import release_weights    # the module traces over placeholders)
+            from .narrow_route import release_weights  # the module traces over placeholders)
             for m in onnx_module.modules():  # a fused layer's separate q/k/v: the graph reads its qkv_proj only
                 if isinstance(m, GQAAttention) and "qkv_proj" in m._modules:
                     for name in ("q_proj", "k_proj", "v_proj"):
@@ -77,8 +77,8 @@ class OnnxTarget:
                                                if opts.weights == "int4-mix" else "ONNX Runtime quantization tools") + ")"
             with st.stage("quantize-onnx", how):
                 if streamed and "pte" not in opts.formats:  # the eager module is not traced again: verify-quant's
-                    from .pipeline import fp32_reference     # fp32 side (if not yet), its weights freed before
-                    fp32_reference(x)                        # quantizing
+                    from .narrow_route import fp32_reference  # fp32 side (if not yet), its weights freed before
+                    fp32_reference(x)                         # quantizing
                 x.quantization["onnx"] = quantize_onnx(tmp / "model.onnx", tmp / "model.onnx", opts.weights,
                                                        x.entries["onnx"][0], x.loaded.source, x.importance)
 
