@@ -7,7 +7,9 @@ before it started (edgekv.export.budget, the `estimate:` line).
 
 Everything after `--` is passed to `edgekv export` (run as `python -m edgekv.cli export ...`, a child that dies with
 this process). The child's RSS (with its own children's) is sampled every 0.2 s with psutil; each sample is charged to
-the stage whose `[i/n] NAME` line the export printed last, so the stage that holds the peak is named. The JSON is
+the stage whose `[i/n] NAME` line the export printed last, so the stage that holds the peak is named, and so is the
+CPU time the child used since the sample before (each stage's `cpu_s`; the CPU of the child's own children counts when
+they have exited). The JSON is
 written atomically, and rewritten while the export runs (its stages and an RSS timeline, a point every 10 s and at each
 stage change); a run that fails is stored too, with its last stderr line. `--kill-above SIZE` stops the export when it
 passes SIZE (a shared host) and records the stage it had reached.
@@ -72,6 +74,7 @@ def measure(args: list[str], interval: float = 0.2, kill_above: int | None = Non
     peak, timeline, stopped = 0, [], None
     while child.poll() is None:
         rss = _tree_rss(proc)
+        before = cpu["s"]
         try:
             t = proc.cpu_times()
             cpu["s"] = t.user + t.system + t.children_user + t.children_system
@@ -80,6 +83,8 @@ def measure(args: list[str], interval: float = 0.2, kill_above: int | None = Non
         peak = max(peak, rss)
         s = stages.setdefault(state["stage"], {"start_s": round(time.perf_counter() - t0, 1), "peak_rss": 0})
         s["peak_rss"] = max(s["peak_rss"], rss)
+        # the CPU the child used since the last sample, charged to the stage it is in now (0.2 s of slack per stage)
+        s["cpu_s"] = round(s.get("cpu_s", 0.0) + cpu["s"] - before, 2)
         if progress and (len(timeline) == 0 or timeline[-1][2] != state["stage"] or
                          time.perf_counter() - t0 - timeline[-1][0] >= 10):
             timeline.append((round(time.perf_counter() - t0, 1), rss, state["stage"]))

@@ -75,6 +75,10 @@ STATE_COPIES = 3  # the eager state, the runtime's past and present state while 
 # takes longer in wall time.
 SEC_PER_GPARAM = {"onnx": 150.0, "quantize-onnx": 150.0, "pte": 1000.0, "quantize-pte": 300.0}
 SEC_BASE = 45.0  # imports, tokenizer, the verify prompt's steps
+# a .pte-only int8 / int4 export of a bf16 / fp16 folder (narrow from the load on, verify-pte's eager linears through
+# edgekv.export.eager_linear): the random Llama-3.2-1B's int4 .pte at 8k took 328.8 s of CPU, (328.8 - 45) / 1.236
+# = 230 s per billion parameters (benchmarks/results/export_cost_llama_3.2_1b_random_pte_int4_8k_fastverify.json)
+SEC_PTE_NARROW = 240.0
 
 
 def estimate(arch, strategy, max_ctx: int, formats, weights: str, chunk: int, narrow: bool = False) -> dict:
@@ -98,6 +102,9 @@ def estimate(arch, strategy, max_ctx: int, formats, weights: str, chunk: int, na
     g = params / 1e9
     secs = SEC_BASE
     for f in formats:
+        if matrix:  # the narrow .pte route (K_PTE_NARROW above)
+            secs += SEC_PTE_NARROW * g
+            continue
         secs += SEC_PER_GPARAM[f] * g
         if weights != "fp32":
             secs += SEC_PER_GPARAM[f"quantize-{f}"] * g
