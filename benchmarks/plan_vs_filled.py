@@ -117,6 +117,10 @@ NOT_FITTED = {
     "filled_context_2048_pte_int8_inplace.json": "one row (the .pte's kv-int8 read in place by custom_quantized_sdpa) "
     "run alone at a load average of 6-12, without the fp32 row beside it: a check of the plan's int8 kernel rate, "
     "not a weights-rate measurement",
+    "filled_context_2048_pte_window.json": "the window .pte and ONNX window rows at a filled 2k (the window covers the "
+    "whole context), run at a load average of 3.8-4.5 after the host's rates were fitted and stored "
+    "(edgekv/costs/attention_rates.json): listed and predicted at the stored rates, not fitted, so one run's load does "
+    "not move the stored weights rates",
 }
 # Gemma-3-270M's edgekv ONNX rows measured before edgekv's export put its sliding layers on GroupQueryAttention's
 # window-sized cache (commit 48159e8, 2026-12-05 00:51 UTC; the window_gqa runs measured that export before it was
