@@ -34,6 +34,11 @@ _buffer = None  # the reused fp32 buffer, sized by the largest weight seen insid
 
 
 def _weight_class():
+    """torchao's IntxUnpackedToInt8Tensor, or None where torchao is not imported yet: then no weight of the process is
+    one, and importing it here would only add its modules to the caller's memory (an fp32 module's reference pass)."""
+    import sys
+    if "torchao" not in sys.modules:
+        return None
     try:
         from torchao.quantization import IntxUnpackedToInt8Tensor
     except ImportError:  # no torchao: nothing is quantized by it
