@@ -15,19 +15,16 @@ weight is torchao's bit for bit, and F.linear is then called on it with the same
 activation quantization) and shapes: the same logits, bit for bit (tests/test_eager_linear.py). Any other weight layout
 takes torchao's own path.
 
-Measured on the random Llama-3.2-1B's int4 module at max-ctx 8k, one thread (experiments/verify_pte_cost.py,
-benchmarks/results/verify_pte_cost_llama_3.2_1b_random.json, before the zero points were skipped): a decode call of the
-reference 8.45 -> 2.95 CPU s, a 32-token prompt call 10.77 -> 5.32, the same logits bit for bit; verify.record's 44
-calls 153.8 CPU s (from about 500). What is left of a decode call: the int8 -> fp32 copy (1.25 s), the eager attention
-over the 8k cache (0.67 s), the zero-point subtraction (0.45 s, now skipped: a decode call 2.39 s, record 130.6 s;
-verify_pte_cost_llama_3.2_1b_random_skipzero.json), F.linear (0.47 s).
+What it saves on the random Llama-3.2-1B's int4 module, and what is left of a decode call:
+experiments/verify_pte_cost.py, benchmarks/results/verify_pte_cost_llama_3.2_1b_random{,_skipzero}.json
+(benchmarks/README.md, "What an export costs").
 """
 from __future__ import annotations
 
 import contextlib
 
-ROW_BLOCK = 64  # rows dequantized at a time: 64 x 2048 fp32 is 0.5 MiB, inside a core's L2 (the measured optimum
-# of 16..256 on a [8192, 2048] int4 weight: 0.015 s against 0.082 s for torchao's dequantize, one x86 core)
+ROW_BLOCK = 64  # rows dequantized at a time: 64 x 2048 fp32 is 0.5 MiB, inside a core's L2 (the fastest of 16..256
+# rows timed on a [8192, 2048] int4 weight, one x86 core)
 
 _depth = 0  # nesting of fast_quantized_linear (the patch is made by the outermost)
 _buffer = None  # the reused fp32 buffer, sized by the largest weight seen inside the outermost context

@@ -238,15 +238,12 @@ def _cache_kind(strategy: Strategy, layout: StateLayout, runtime: str) -> str | 
         if bits and st.static_scales:
             return None
         return _GGML_KIND.get(bits or dtype)
-    if runtime == "executorch-llama":  # its KVCache in the model dtype, or --quantize_kv_cache's QuantizedKVCache:
-        # int8 with a scale and zero point per token and head, read in place by custom_quantized_sdpa (no static
-        # scales in its recipe)
-        if bits and bits < 8:  # not in its recipe: rows dequantized for custom_sdpa, as edgekv's .pte runs them
-            return None if st.static_scales else f"int{bits}"
-        if bits:
-            heads = {t.shape[-1] for t in layout.tensors if t.role == "key"}
-            return "int8" if not st.static_scales and all(st.readback_source(d) == "int8" for d in heads) else None
-        return _FLOAT_KIND.get(dtype)
+    if runtime == "executorch-llama":  # its KVCache in the model dtype, or --quantize_kv_cache's QuantizedKVCache
+        # (int8, a scale per token and head, custom_quantized_sdpa in place): the .pte's kinds, less static scales,
+        # which its recipe has none of; a packed cache, not in its recipe, read back as edgekv's .pte reads it
+        if bits and st.static_scales:
+            return None
+        runtime = "executorch"
     if bits and st.static_scales:  # int8 codes at static scales, read in place
         return "int8c" if runtime in ("onnxruntime", "executorch") else None
     if bits:  # the .pte: int8 codes in place (custom_quantized_sdpa), packed codes read back; ONNX Runtime: no fused kind
