@@ -105,9 +105,20 @@ def eager_rows(module, stream):
     return np.concatenate(rows)
 
 
+# the rows compared: the last of each prefill call (a .pte forward call gives one row of logits: manifest one_row)
+# and every decode step's
+def compared(stream) -> list[int]:
+    return [CHUNK - 1, PROMPT - 1, *range(PROMPT, len(stream))]
+
+
+ROWS_COMPARED = compared(STREAM)
+
+
 def pte_rows(out, stream):
     st = PteStepper(load_export(out), out, 1)
-    rows = [st.prefill(stream[:PROMPT])]  # calls of at most --prefill-chunk (4) tokens: 4 + 2
+    assert st.one_row
+    # calls of at most --prefill-chunk (4) tokens: 4 + 2, each giving its last row
+    rows = [st.step(stream[:CHUNK], 0, last=True), st.step(stream[CHUNK:PROMPT], CHUNK, last=True)]
     for pos in range(PROMPT, len(stream)):
         rows.append(st.step([stream[pos]], pos))
     return np.concatenate(rows)
@@ -173,8 +184,8 @@ def test_each_cache_kind_pte_decodes_what_eager_torch_does_past_the_window(reque
     assert m["verification"]["pte"]["passed"], m["verification"]["pte"]
     got = pte_rows(out, STREAM)
     module = eager_module(src, strategy, weights, m, ctx)
-    want = eager_rows(kernel_reference(module, "executorch"), STREAM)
-    assert got.shape == want.shape == (len(STREAM), ref.config.vocab_size)
+    want = eager_rows(kernel_reference(module, "executorch"), STREAM)[ROWS_COMPARED]
+    assert got.shape == want.shape == (len(ROWS_COMPARED), ref.config.vocab_size)
     scale = np.abs(want).max()
     assert scale > 1.0
     assert np.abs(got - want).max() <= tol * scale, (strategy, weights, np.abs(got - want).max(), scale)
@@ -183,11 +194,11 @@ def test_each_cache_kind_pte_decodes_what_eager_torch_does_past_the_window(reque
         ops = m["artifacts"][0]["delegation"]["forward"]["portable_ops"]
         uses, avoids = KERNELS[strategy]
         assert ops.get(uses) == 2 and avoids not in ops, ops  # one call per layer
-        plain = eager_rows(module, STREAM)
+        plain = eager_rows(module, STREAM)[ROWS_COMPARED]
         assert np.abs(got - plain).max() <= QUERY_ROUNDING * np.abs(plain).max()
     if weights == "fp32" and strategy in ("kv:dtype=fp32",):  # the float cache is transformers' own attention
         with torch.no_grad():
-            hf = ref(torch.tensor([STREAM])).logits[0].numpy()
+            hf = ref(torch.tensor([STREAM])).logits[0].numpy()[ROWS_COMPARED]
         assert np.abs(got - hf).max() <= 1e-4 * np.abs(hf).max()
 
 
@@ -212,7 +223,7 @@ def test_gemma3_kv_int8_pte_lowers_with_custom_sdpa_global_layers_beside_rolling
     stream = [t % 100 for t in STREAM]
     got = pte_rows(out, stream)
     # the eager module with the kernel's query rounding (custom_quantized_sdpa quantizes the query too)
-    want = eager_rows(kernel_reference(eager_module(src, "kv-int8", "fp32", m), "executorch"), stream)
+    want = eager_rows(kernel_reference(eager_module(src, "kv-int8", "fp32", m), "executorch"), stream)[compared(stream)]
     scale = np.abs(want).max()
     assert np.abs(got - want).max() <= 1e-3 * scale
     assert (got.argmax(-1) == want.argmax(-1)).all()
@@ -246,13 +257,13 @@ def test_gemma3_pte_writes_its_sliding_rings_in_place_and_decodes_what_eager_tor
     assert ops.get("aten.index_put_", ops.get("index_put_")), ops
     stream = [t % 100 for t in STREAM]
     got = pte_rows(out, stream)
-    want = eager_rows(kernel_reference(eager_module(src, strategy, "fp32", m), "executorch"), stream)
+    want = eager_rows(kernel_reference(eager_module(src, strategy, "fp32", m), "executorch"), stream)[compared(stream)]
     scale = np.abs(want).max()
     assert np.abs(got - want).max() <= 1e-4 * scale, (np.abs(got - want).max(), scale)
     assert (got.argmax(-1) == want.argmax(-1)).all()
     if strategy != "kv:dtype=fp32":
         return
-    theirs = hf_logits(hf, stream).numpy()  # transformers' own sliding-window attention, independently
+    theirs = hf_logits(hf, stream).numpy()[compared(stream)]  # transformers' own sliding-window attention, independently
     assert np.abs(got - theirs).max() <= 1e-4 * np.abs(theirs).max()
 
 

@@ -207,3 +207,21 @@ def pte_int8_kept(n_layers: int, hidden: int, vocab: int) -> tuple[int, ...] | N
     """The decoder layers an int4 .pte keeps int8 for a model of this shape whose variant keeps its layers int8
     (PTE_INT8_LAYERS_MEASURED); None: every decoder layer."""
     return PTE_INT8_LAYERS_MEASURED.get((n_layers, hidden, vocab))
+
+
+# A .pte's output layer is lowered as row blocks of at most this many stored bytes, each its own XNNPACK delegate
+# (edgekv.export.wquant.split_head, edgekv.export.to_pte): ExecuTorch maps a delegate's weights while XNNPACK packs
+# them and unmaps them after, so loading holds one block's unpacked bytes beside the packed weights, not the whole
+# head's. Gemma-3-270M's int4 head (262,144 x 640, groups of 64: 85 MB) held 84.6 MiB above what stayed resident
+# while the program loaded (benchmarks/results/pte_load_steps_gemma3.json). The plan charges the same block
+# (edgekv.memory.workspace._largest_packed).
+PTE_HEAD_BLOCK_BYTES = 16 << 20
+PTE_HEAD_BLOCK_ALIGN = 1024  # rows: a block of rows is a whole number of these
+
+
+def pte_head_block_rows(rows: int, bytes_per_row: float) -> int:
+    """The output rows of one block of a .pte's output layer (PTE_HEAD_BLOCK_BYTES); rows itself where the whole
+    matrix fits in one block."""
+    n = max(PTE_HEAD_BLOCK_ALIGN, int(PTE_HEAD_BLOCK_BYTES // bytes_per_row) // PTE_HEAD_BLOCK_ALIGN
+            * PTE_HEAD_BLOCK_ALIGN)
+    return rows if n >= rows else n

@@ -69,21 +69,24 @@ def tensor_spec(name: str, dtype: str, shape) -> dict:
     return {"name": name, "dtype": dtype, "shape": list(shape)}
 
 
-def entry_point(name: str, tokens, layout, vocab: int, tail: str | None = None, max_tokens: int | None = None
-                ) -> dict:
+def entry_point(name: str, tokens, layout, vocab: int, tail: str | None = None, max_tokens: int | None = None,
+                one_row: bool = False) -> dict:
     """The inputs and outputs of one entry point: tokens, pos, the state (StateLayout order), then `rows`; and
     logits, the state back. tokens: an int (fixed) or the name of a dynamic axis, which takes 1..max_tokens tokens
     per call (max_tokens: written when it is less than max_ctx, as for the .pte `forward` method).
     rows: int64 [R], the indices (into this call's tokens, 1 <= R <= tokens) of the rows whose logits come back as
     logits [1, R, V]: the last one to generate or prefill, all of them to verify (edgekv.models.head). A one-token
-    entry point takes [1] (rows = [0]); any other a dynamic axis ROWS_AXIS.
+    entry point takes [1] (rows = [0]); any other a dynamic axis ROWS_AXIS, or [1] where one_row (a call gives one
+    row of logits, the one generation and a chunked prefill ask for: a memory-planned runtime (ExecuTorch) then
+    holds one row of logits where it would hold max_tokens (Gemma-3-270M's 262,144-wide rows: 1 MiB, not 32);
+    edgekv.export.stepper splits a call that wants every row into calls of one token).
     tail (fixed-size prefill only): how a last chunk shorter than `tokens` runs: "pad" (pad it with token 0: the
     padded slots stay masked) or "decode" (token by token through `decode`: a recurrent state must not see padding)."""
     state = layout.tensors
     extra = {"tail": tail} if tail else {}
     if max_tokens:
         extra["max_tokens"] = max_tokens
-    rows = 1 if tokens == 1 else ROWS_AXIS
+    rows = 1 if tokens == 1 or one_row else ROWS_AXIS
     return {"name": name, "tokens": tokens, **extra,
             "inputs": [tensor_spec("tokens", "int64", [1, tokens]), tensor_spec("pos", "int64", [1])]
             + [tensor_spec(t.name, t.dtype, t.shape) for t in state] + [tensor_spec(ROWS, "int64", [rows])],

@@ -296,7 +296,7 @@ def _entry_points(x: Export) -> None:
         raise EdgekvError(f"a .pte of this strategy takes 2 or more tokens per call: use --prefill-chunk 2 or more "
                           f"(and --max-ctx 2 or more), not {chunk}")
     x.entries = {"onnx": [mf.entry_point("forward", "seq", layout, vocab)],
-                 "pte": [mf.entry_point("forward", "seq", layout, vocab, max_tokens=chunk)] if x.dynamic else
+                 "pte": [mf.entry_point("forward", "seq", layout, vocab, max_tokens=chunk, one_row=True)] if x.dynamic else
                  [mf.entry_point("prefill", chunk, layout, vocab, tail="decode"),
                   mf.entry_point("decode", 1, layout, vocab)]}
     if "genai" in opts.runners:  # GenAI's input names (input_ids, attention_mask), every row's logits
@@ -342,19 +342,22 @@ def _verify(x: Export, target) -> None:
     """verify-FMT: the artifact against its eager module, prompt and decode steps, within the format's tolerance."""
     from .verify import describe, record, verify
     fmt = target.fmt
+    # a .pte call that gives the last row only (the runner's) or one row (forward: manifest one_row) gives every
+    # row of the prompt one token per call: the prompt again in its chunks, last row compared (verify's last_rows)
+    last_rows = fmt == "pte" and (x.et_run or x.dynamic)
     with x.st.stage(f"verify-{fmt}", f"{len(x.prompt)} prompt tokens + {x.steps} decode steps vs eager torch"):
         if fmt == "pte" and x.narrow_pte and not x.et_run:
             # the quantized module's last use (verify-quant holds the .pte to the fp32 logits computed in quantize):
             # its calls run first and it is freed before the .pte loads, so the two never share the memory
             ref, noise = target.references(x)
-            ref, noise = record(ref, x.prompt, x.steps, noise)
+            ref, noise = record(ref, x.prompt, x.steps, noise, last_rows)
             release_quantized(x)
             art = target.stepper(x)
         else:
             art = target.stepper(x)
             ref, noise = target.references(x) if fmt == "onnx" else target.references(x, art)
         v = verify(art, ref, x.prompt, x.steps, target.tolerance(x), _runtime(x, fmt), noise,
-                   last_rows=x.et_run and fmt == "pte")
+                   last_rows=last_rows)
         x.verification[fmt] = v
         x.st.echo(f"      {describe(v)}")
         if not v["passed"]:

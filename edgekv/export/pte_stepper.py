@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EdgekvError
+from .manifest import ROWS
 from .stepper import ET_DTYPES, NP_DTYPES, Stepper, check_graph_io, entry
 from .to_pte import LLM_KERNELS
 
@@ -206,6 +207,8 @@ class PteStepper(Stepper):
         where = folder / a["file"]
         self.in_place = bool(a.get("state_in_place"))
         self.methods, self.chunk, self.tail, most = pte_calls(manifest, where)
+        self.one_row = any(i["name"] == ROWS and i["shape"] == [1] and ep["tokens"] != 1
+                           for ep in a["entry_points"] for i in ep["inputs"])
         self.max_chunk = most
         # ExecuTorch's quantized kernels: an int8 cache's query (quantize_per_token) and a quantized embedding
         # table's gather (embedding_byte / embedding_4bit: edgekv.export.wquant.quantized_embedding)

@@ -75,6 +75,9 @@ class Stepper:
     # a call gives the last token's logits only (the runtimes' LLM APIs: GenAI's get_logits, the runner .pte's
     # forward): every row of a prompt then takes one token per call, and its last row calls of max_chunk tokens
     last_row_only: bool = False
+    # a call gives one row of logits (an entry point whose `rows` is [1]: edgekv.export.manifest.entry_point's
+    # one_row, the .pte's forward): where every row is wanted, the tokens go one per call, as for last_row_only
+    one_row: bool = False
 
     def __init__(self, manifest: dict):
         self.manifest = manifest
@@ -93,7 +96,7 @@ class Stepper:
         app keeps it: every row costs len x vocab x 4 B, which is the caller's memory, not the model's). after_call: called with no arguments after each chunk (the profile trims the heap)."""
         if pos + len(tokens) > self.max_ctx:
             raise EdgekvError(f"{pos + len(tokens)} tokens exceed this export's max_ctx {self.max_ctx}")
-        rows, n = [], 1 if self.last_row_only and not last else self.chunk or self.max_chunk
+        rows, n = [], 1 if (self.last_row_only or self.one_row) and not last else self.chunk or self.max_chunk
         for s in range(0, len(tokens), n):
             part = tokens[s:s + n]
             out = self.step(part, pos + s, last=last)
@@ -118,6 +121,8 @@ class Stepper:
             outs = [self._call([t], pos + i, [0]) for i, t in enumerate(tokens)]
             return outs[-1] if last else np.concatenate(outs)
         n = len(tokens)
+        if self.one_row and not last and n > 1:
+            return np.concatenate([self._call([t], pos + i, [0]) for i, t in enumerate(tokens)])
         if self.last_row_only and not last and n > 1:
             raise EdgekvError(f"{self.runtime} gives the last token's logits only: step one token, or pass last=True")
         return self._call(tokens, pos, [n - 1] if last else list(range(n)))

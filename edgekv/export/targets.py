@@ -136,7 +136,7 @@ class PteTarget:
         if x.et_run:
             x.eps["pte:forward"] = et_runner.trace(x.pte_module, x.chunk)
         elif x.dynamic:
-            x.eps.update(trace(x.pte_module, {"pte:forward": None}, max_tokens=x.chunk))
+            x.eps.update(trace(x.pte_module, {"pte:forward": None}, max_tokens=x.chunk, one_row=True))
         else:
             x.eps.update(trace(x.qmodule, {"pte:prefill": x.chunk, "pte:decode": 1}))
 

@@ -81,7 +81,9 @@ def _partitioner(guard_state: bool):
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
     if not guard_state:
-        return XnnpackPartitioner()
+        p = XnnpackPartitioner()
+        p.config_classes = None  # XNNPACK's own list (_head_block_partitioner takes the same)
+        return p
 
     def leaves_state_io(config, rule):
         """config, except for a node that rule picks: that stays on ExecuTorch's kernels.
@@ -111,7 +113,33 @@ def _partitioner(guard_state: bool):
         if c.__name__ in writes:
             c = leaves_state_io(c, _feeds_state_write)
         configs.append(c)
-    return XnnpackPartitioner(configs=configs)
+    p = XnnpackPartitioner(configs=configs)
+    p.config_classes = configs
+    return p
+
+
+def in_head_block(node) -> bool:
+    """Whether a traced node belongs to an output-layer block (edgekv.models.head.HeadBlocks: each block is called as
+    its module, so its nodes carry the block's place in nn_module_stack)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    return any("HeadBlocks" in str(kind) for _, kind in stack.values())
+
+
+def _head_block_partitioner(configs):
+    """XNNPACK's partitioner for the output layer's blocks alone, each block's linear (with its activation's
+    quantization) its own partition, so its own delegate: ExecuTorch maps a delegate's weights while XNNPACK packs
+    them and unmaps them after, so the program's load holds one block's unpacked bytes, not the head's
+    (edgekv.arch.variants.PTE_HEAD_BLOCK_BYTES). Runs before the model's partitioner, which then never sees them."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from torch.fx.passes.infra.partitioner import Partition
+
+    class HeadBlockPartitioner(XnnpackPartitioner):
+        def generate_per_op_partitions(self, ep):
+            ids = iter(range(1 << 30))
+            return [Partition(id=next(ids), nodes=dict.fromkeys(m)) for m in self.get_matched_nodes_from_configs(ep)
+                    if any(n.op == "call_function" and "linear" in str(n.target) and in_head_block(n) for n in m)]
+
+    return HeadBlockPartitioner(configs=configs, per_op_mode=True)
 
 
 def inferred_view_shape(node) -> list[int] | None:
@@ -178,7 +206,9 @@ def lower_pte(eps: dict, in_place: bool = False, decompose_once: bool = True):
             (_decompose_once() if decompose_once else nullcontext()):
         if decompose_once:
             eps = _decomposed_for(eps, partitioner)
-        edge = to_edge_transform_and_lower(eps, partitioner=[partitioner], transform_passes=[infer_view_sizes],
+        blocks = any(in_head_block(n) for ep in eps.values() for n in ep.graph.nodes)
+        first = [_head_block_partitioner(partitioner.config_classes)] if blocks else []
+        edge = to_edge_transform_and_lower(eps, partitioner=first + [partitioner], transform_passes=[infer_view_sizes],
                                            compile_config=EdgeCompileConfig(_check_ir_validity=False))
     if in_place:
         for method in edge.methods:

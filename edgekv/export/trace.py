@@ -25,29 +25,30 @@ def example_inputs(module, n_tokens: int, lazy_state: bool = False) -> tuple:
     return (torch.zeros(1, n_tokens, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), *state)
 
 
-def example_rows(n_tokens: int) -> torch.Tensor:
+def example_rows(n_tokens: int, one: bool = False) -> torch.Tensor:
     """The `rows` input (edgekv.models.head; the modules' keyword is the manifest's input name, ROWS) of a traced
-    call: every row (2 for a dynamic axis: torch.export specialises a size of 1)."""
-    return torch.arange(n_tokens, dtype=torch.int64)
+    call: every row (2 for a dynamic axis: torch.export specialises a size of 1), or one: the last."""
+    return torch.tensor([n_tokens - 1]) if one else torch.arange(n_tokens, dtype=torch.int64)
 
 
-def trace(module, entry_points: dict[str, int | None], max_tokens: int | None = None, lazy_state: bool = False
-          ) -> dict[str, torch.export.ExportedProgram]:
+def trace(module, entry_points: dict[str, int | None], max_tokens: int | None = None, lazy_state: bool = False,
+          one_row: bool = False) -> dict[str, torch.export.ExportedProgram]:
     """{name: tokens per call, or None for 1..max_tokens (default max_ctx)} -> {name: ExportedProgram} with inputs
     (tokens, pos, *state, rows). The state inputs are always static. A dynamic axis needs max_tokens >= 2
-    (torch.export specialises a range of one)."""
+    (torch.export specialises a range of one). one_row: `rows` is [1] in every entry point (one row of logits a
+    call: edgekv.export.manifest.entry_point's one_row)."""
     most = max_tokens or module.layout.ctx
     out = {}
     for name, n in entry_points.items():
         if n is None and most < 2:
             raise ValueError(f"a dynamic token axis needs at least 2 tokens per call, not {most}")
         args = example_inputs(module, n or 2, lazy_state)
-        rows = example_rows(n or 2)
+        rows = example_rows(n or 2, one_row)
         # Dim.DYNAMIC, not a named Dim: the matmul/view stride guards (s*Min(D, k*s) == D*s) hold for every
         # s >= 1 but the symbolic solver cannot prove them for a strict named Dim. `rows` is its own axis, 1..C (a
         # one-token call's is [1]).
         seq = None if n else {1: torch.export.Dim.DYNAMIC(min=1, max=most)}
         shapes = {"tokens": seq, "pos": None, "state": tuple(None for _ in args[2:]),
-                  ROWS: None if n == 1 else {0: torch.export.Dim.DYNAMIC(min=1, max=n or most)}}
+                  ROWS: None if n == 1 or one_row else {0: torch.export.Dim.DYNAMIC(min=1, max=n or most)}}
         out[name] = torch.export.export(module, args, {ROWS: rows}, dynamic_shapes=shapes, strict=False)
     return out

@@ -111,7 +111,8 @@ def verify(artifact, reference, prompt: list[int], steps: int, cache_dtype: str,
            noise=None, last_rows: bool = False) -> dict:
     """noise: a stepper of the reference one ulp away (nudge_one_ulp), compared with the reference in the same pass
     (the reference runs once); where its noise reaches further than the fixed limits, they widen to it (limits).
-    last_rows: the artifact returns the last token's logits only (GenAI, the ExecuTorch runner .pte), so its prefill
+    last_rows: the artifact returns one row of logits a call (GenAI, the ExecuTorch runner .pte: the last; edgekv's .pte
+    forward: the one asked for), so its prefill
     above ran one token per call to give every row; the prompt is then prefilled again from a fresh state in the
     calls its runtime makes (chunks), and that last row is compared too."""
     t0 = time.perf_counter()

@@ -259,11 +259,14 @@ def quantize_module(module, weights: str, source_format: str = "", value=None) -
     finally:
         pytree_log.setLevel(level)
     embedding = gather_head_codes(module, weights, untied, value)
+    blocks = split_head(module, weights)
     layers = sorted({int(i) for n in wide for i in re.findall(r"layers\.(\d+)\.", n)})
     more = {"layers_int8": {"linears": len(wide), "layers": layers, "scheme": "Int8DynamicActivationIntxWeightConfig"
                             + _describe_config(torchao_config("int8")), "why": PTE_INT4_LAYERS_INT8}} if wide else {}
     if head_group != GROUP:
         more["output_layer_group"] = head_group
+    if blocks:
+        more["output_layer_blocks"] = blocks
     if str(source_format).lower().startswith("gguf"):
         more["requantized"] = PTE_REQUANTIZED.format(source=source_format)
     return {"dtype": weights, "tool": f"torchao {_version('torchao')} quantize_",
@@ -387,6 +390,39 @@ def gather_head_codes(module, weights: str, untied: bool, value=None) -> str | N
     op = "embedding_byte" if bits == 8 else "embedding_4bit"
     whose = "the output layer's own codes (tied)" if untied else "quantized like the output layer"
     return f"int{bits} {groups}, {whose}; quantized_decomposed::{op} (ExecuTorch's quantized kernels)"
+
+
+def split_head(module, weights: str) -> list[int] | None:
+    """After gather_head_codes: a quantized output layer larger than PTE_HEAD_BLOCK_BYTES (edgekv.arch.variants)
+    becomes HeadBlocks (edgekv.models.head), row blocks of the same codes, scales and zero points (each block its own
+    copy: a view would carry the whole matrix's storage into the program), which edgekv.export.to_pte lowers each as its own XNNPACK delegate, so loading the .pte holds one
+    block's unpacked bytes while XNNPACK packs it, not the whole head's. The same logits. Returns the blocks' rows,
+    or None where the head stays one matrix."""
+    from torch import nn
+
+    from ..arch.variants import pte_head_block_rows
+    from ..models.head import HeadBlocks
+
+    head = getattr(module, "lm_head", None)
+    w = getattr(head, "weight", None)
+    if not isinstance(head, nn.Linear) or not hasattr(w, "qdata"):
+        return None
+    names, _ = w.__tensor_flatten__()
+    rows = w.shape[0]
+    stored = sum(getattr(w, k).numel() * getattr(w, k).element_size() for k in names if k != "qdata")
+    per_row = (w.qdata.numel() * BITS[weights] / 8 + stored) / rows
+    n = pte_head_block_rows(rows, per_row)
+    if n >= rows:
+        return None
+    attrs = {k: getattr(w, k) for k in w.tensor_attribute_names}
+    blocks = []
+    for start in range(0, rows, n):
+        data = {k: getattr(w, k)[start:start + n].clone() for k in names}
+        b = nn.Linear(head.in_features, data["qdata"].shape[0], bias=False, device="meta")
+        b.weight = nn.Parameter(type(w)(**data, **attrs), requires_grad=False)
+        blocks.append(b)
+    module.lm_head = HeadBlocks(blocks)
+    return [b.out_features for b in blocks]
 
 
 def _describe_config(config) -> str:

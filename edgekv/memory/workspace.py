@@ -12,6 +12,7 @@ from .costs import (GQA, MEASURED, MLA_REBUILD_COPIES, SCAN_COPIES, UNPACK_EXTRA
                     _traits, fused_gqa)
 from .item import Item
 from .weights import weight_bytes_one
+from ..arch.variants import pte_head_block_rows
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,10 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     fused_state = sum(t.nbytes for t in layout.tensors if t.layer in a.fused_layers) if runtime == "onnxruntime" else 0
     extra_state = (n_state - 1) * (layout.nbytes - fused_state) + fused_state
     # the exported step returns the logits of the rows the caller asks for (edgekv.models.head): one in generation
-    # and prefill. A memory-planned runtime (ExecuTorch) holds a slot for the most rows a call can ask for, the chunk
-    rows = chunk if rt.get("logits_planned") else 1
+    # and prefill. A memory-planned runtime (ExecuTorch) holds a slot for the most rows a call can ask for: the chunk
+    # of a .pte's fixed prefill method; its `forward` (one method, the state in place or explicit caches) gives one
+    # row a call (edgekv.export.manifest.entry_point's one_row)
+    rows = chunk if rt.get("logits_planned") and methods > 1 else 1
     logits = Term("logits", rows * arch.vocab * 4, f"logits {'chunk' if rows > 1 else '1 row'} x vocab x 4 B")
     terms = [Term("activations", chunk * (4 * arch.hidden + a.qkv + 3 * arch.mlp_width + a.ssm_w) * 4,
                   f"activations {chunk} tok x (4*hidden + qkv + 3*inter{' + ssm' if a.ssm_w else ''}) x 4 B", ",.0f")]
@@ -250,9 +253,16 @@ def _kernel_code(arch: Arch, strategy: Strategy, rt: dict) -> float:
 
 @functools.lru_cache(maxsize=512)  # per (Arch, precision): the same for every row of a model
 def _largest_packed(arch: Arch, precision: str) -> float:
-    """Bytes of the largest matrix XNNPACK packs: a linear, the lm_head, or the embedding a tied lm_head reads."""
-    sizes = [weight_bytes_one(w, precision) for w in arch.weights if w.cls in ("linear", "lm_head")]
-    return max(sizes + [_tied_bytes(arch, precision)])
+    """Bytes of the largest matrix XNNPACK packs: a linear, the lm_head, or the embedding a tied lm_head reads; a
+    quantized output layer is lowered in row blocks, each its own delegate (edgekv.export.wquant.split_head,
+    PTE_HEAD_BLOCK_BYTES), so its largest block."""
+    sizes = [weight_bytes_one(w, precision) for w in arch.weights if w.cls == "linear"]
+    head = sum(weight_bytes_one(w, precision) for w in arch.weights if w.cls == "lm_head") or \
+        _tied_bytes(arch, precision)
+    if head and precision in ("int8", "int4") and arch.vocab:
+        per_row = head / arch.vocab
+        head = min(head, pte_head_block_rows(arch.vocab, per_row) * per_row)
+    return max(sizes + [head])
 
 
 @functools.lru_cache(maxsize=512)  # per (Arch, precision): the same for every row of a model

@@ -20,18 +20,46 @@ import torch.nn.functional as F
 EAGER_QUANTIZED_ROWS = 16384
 
 
-def head(x: torch.Tensor, norm, w: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-    """x [1, C, d] -> logits [1, R, V] of the chosen rows (rows None: all C)."""
-    if rows is not None:
-        x = x.index_select(1, rows)
-    h = norm(x)
+class HeadBlocks(torch.nn.Module):
+    """An output layer as row blocks, each its own nn.Linear (edgekv.export.wquant.split_head: a .pte's quantized
+    head, each block its own XNNPACK delegate, edgekv.export.to_pte). The logits are the blocks' outputs side by
+    side: the same numbers as the whole matrix's (each output column is its own row's dot product)."""
+
+    def __init__(self, blocks: list[torch.nn.Linear]):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(blocks)
+
+    @property
+    def out_features(self) -> int:
+        return sum(b.out_features for b in self.blocks)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_exporting():  # each block's nodes traced inside this module (edgekv.export.to_pte)
+            return torch.cat([b(h) for b in self.blocks], dim=-1)
+        return torch.cat([_linear(h, b.weight) for b in self.blocks], dim=-1)
+
+
+def _linear(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     n = EAGER_QUANTIZED_ROWS
     if type(w) not in (torch.Tensor, torch.nn.Parameter) and w.shape[0] > n and not torch.compiler.is_exporting():
         return torch.cat([F.linear(h, w[s:s + n]) for s in range(0, w.shape[0], n)], dim=-1)
     return F.linear(h, w)
 
 
-def output_weight(embed_tokens, lm_head) -> torch.Tensor:
-    """The output matrix [V, d]: the embedding table when the model ties them (lm_head None), else lm_head's."""
+def head(x: torch.Tensor, norm, w, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """x [1, C, d] -> logits [1, R, V] of the chosen rows (rows None: all C). w: the output matrix, or HeadBlocks."""
+    if rows is not None:
+        x = x.index_select(1, rows)
+    h = norm(x)
+    if isinstance(w, HeadBlocks):
+        return w(h)
+    return _linear(h, w)
+
+
+def output_weight(embed_tokens, lm_head):
+    """The output matrix [V, d]: the embedding table when the model ties them (lm_head None), else lm_head's (a
+    HeadBlocks itself)."""
+    if isinstance(lm_head, HeadBlocks):
+        return lm_head
     return embed_tokens.weight if lm_head is None else lm_head.weight
 
