@@ -1,24 +1,33 @@
 """ONNX Runtime GenAI's decode step at a filled context: its builder's graph alone against its own generator loop.
 
-    python benchmarks/genai_step.py GENAI_FOLDER [--slots 8192] [--at 8100] [--steps 24] [--repeats 2]
+    python benchmarks/genai_step.py GENAI_FOLDER [--points 1000/1024,4000/4096,8100/8192] [--steps 24] [--repeats 2]
+                                    [--kinds graph,generator,one_call] [--profile-at 8100/8192]
                                     [--out benchmarks/results/genai_step_smollm2_8k.json]
 
 GENAI_FOLDER: a model ONNX Runtime GenAI's builder wrote (benchmarks/speed_child.py Work.genai_model, as
 benchmarks/filled_context.py builds its genai:int4 rows: `builder -p int4 -e cpu`). Each configuration runs in a
-fresh process, the repeats going round them, 1 thread, process CPU time per decode step (median over --steps):
-  graph      GenAI's model.onnx in an ONNX Runtime session (its own options: memory arena on), one token at
-             positions --at.., past and present bound to one buffer of --slots positions (GenAI's
-             past_present_share_buffer) holding random values: the graph's step, nothing around it
-  generator  GenAI's generator (og.Generator) after a prompt of --at tokens appended in calls of 512
+fresh process, the repeats going round them, 1 thread, process CPU time per decode step (median over --steps), at
+every point AT/SLOTS (one token at positions AT.., a cache of SLOTS positions: GenAI's max_length):
+  graph      GenAI's model.onnx in an ONNX Runtime session (its own options: memory arena on), past and present
+             bound to one buffer of SLOTS positions (GenAI's past_present_share_buffer) holding random values: the
+             graph's step, nothing around it
+  generator  GenAI's generator (og.Generator, max_length SLOTS) after a prompt of AT tokens appended in calls of 512
              (filled_context GENAI_CHUNK), then one token appended per step and its logits read, as filled_context's
-             child_genai decodes
-  profile    the graph with ONNX Runtime's profiler on: kernel milliseconds per step by operator type
+             child_genai decodes: append_ms (append_tokens: GenAI's inputs, the session run, its outputs) and
+             logits_ms (get_logits copied out) apart
+  one_call   the generator after the same prompt appended in one call (its graph then outputs the logits of every
+             prompt position, AT x vocabulary fp32)
+--profile-at AT/SLOTS: the graph and the generator once more with ONNX Runtime's profiler on (the generator's
+session through genai_config's session_options enable_profiling): kernel milliseconds per step by operator type,
+the session's model_run (the graph's run inside ONNX Runtime) per step, and for the generator its step's wall time
+less model_run (GenAI's own work around the session).
 benchmarks/plan_vs_filled.py charges GenAI's rows as the graph's ops at the kernel rates (GroupQueryAttention on a
-fp32 cache, MatMulNBits 4-bit blocks of 32): what the generator adds outside the graph is in no rate.
+fp32 cache, MatMulNBits 4-bit blocks of 32) plus what this benchmark measures the generator adding (GENAI_LOOP).
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import platform
@@ -32,6 +41,27 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 CHUNK = 512  # filled_context.GENAI_CHUNK
+KINDS = ("graph", "generator", "one_call")
+
+
+def _hwm() -> int:
+    """The process's peak resident bytes (VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _ops(ev: list, n_steps: int) -> dict:
+    """A profile's last n_steps model_run events: their median wall ms, and kernel ms per step by operator type."""
+    runs = [e for e in ev if e.get("cat") == "Session" and e.get("name") == "model_run"][-n_steps:]
+    ops: dict[str, float] = {}
+    for e in ev:
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time") and \
+                runs[0]["ts"] <= e["ts"] <= runs[-1]["ts"] + runs[-1]["dur"]:
+            ops[e["args"]["op_name"]] = ops.get(e["args"]["op_name"], 0.0) + e["dur"] / 1e3 / len(runs)
+    return {"model_run_ms": statistics.median(r["dur"] / 1e3 for r in runs),
+            "ops_ms": {k: round(v, 3) for k, v in sorted(ops.items(), key=lambda kv: -kv[1])}}
 
 
 def graph(spec: dict) -> dict:
@@ -65,36 +95,51 @@ def graph(spec: dict) -> dict:
             cpu.append(time.process_time() - c)
     out = {"cpu_ms": statistics.median(cpu) * 1e3}
     if spec.get("profile"):
-        ev = json.loads(Path(s.end_profiling()).read_text())
-        runs = [e for e in ev if e.get("cat") == "Session" and e.get("name") == "model_run"][-spec["steps"]:]
-        ops: dict[str, float] = {}
-        for e in ev:
-            if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time") and e["ts"] >= runs[0]["ts"]:
-                ops[e["args"]["op_name"]] = ops.get(e["args"]["op_name"], 0.0) + e["dur"] / 1e3 / len(runs)
-        out["ops_ms"] = {k: round(v, 3) for k, v in sorted(ops.items(), key=lambda kv: -kv[1])}
+        out.update(_ops(json.loads(Path(s.end_profiling()).read_text()), spec["steps"]))
     return out
 
 
 def generator(spec: dict) -> dict:
     import onnxruntime_genai as og
 
+    so = {"intra_op_num_threads": 1}
+    if spec.get("profile"):
+        so["enable_profiling"] = spec["profile"]
     cfg = og.Config(spec["folder"])
-    cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": 1}}}}))
+    cfg.overlay(json.dumps({"model": {"decoder": {"session_options": so}}}))
     m = og.Model(cfg)
     p = og.GeneratorParams(m)
     p.set_search_options(max_length=spec["slots"], do_sample=False)
     g = og.Generator(m, p)
     ids = [42] * spec["at"]
-    for s in range(0, len(ids), CHUNK):
-        g.append_tokens(ids[s:s + CHUNK])
-    cpu = []
+    chunk = len(ids) if spec["kind"] == "one_call" else CHUNK
+    c = time.process_time()
+    for s in range(0, len(ids), chunk):
+        g.append_tokens(ids[s:s + chunk])
+    prompt_cpu_s = time.process_time() - c
+    hwm_prompt = _hwm()
+    cpu, app, lg, wall = [], [], [], []
     for i in range(5 + spec["steps"]):
-        c = time.process_time()
+        w, c = time.perf_counter(), time.process_time()
         g.append_tokens([42])
+        c1 = time.process_time()
         np.asarray(g.get_logits())
+        c2, w2 = time.process_time(), time.perf_counter()
         if i >= 5:
-            cpu.append(time.process_time() - c)
-    return {"cpu_ms": statistics.median(cpu) * 1e3}
+            cpu.append(c2 - c)
+            app.append(c1 - c)
+            lg.append(c2 - c1)
+            wall.append(w2 - w)
+    out = {"cpu_ms": statistics.median(cpu) * 1e3, "append_ms": statistics.median(app) * 1e3,
+           "logits_ms": statistics.median(lg) * 1e3, "wall_ms": statistics.median(wall) * 1e3,
+           "prompt_cpu_s": round(prompt_cpu_s, 2), "peak_rss_after_prompt_bytes": hwm_prompt,
+           "peak_rss_bytes": _hwm()}
+    if spec.get("profile"):
+        del g, p, m  # GenAI writes the session's profile when the session goes
+        f = sorted(glob.glob(spec["profile"] + "*.json"), key=os.path.getmtime)[-1]
+        out.update(_ops(json.loads(Path(f).read_text()), spec["steps"]))
+        out["outside_session_ms"] = out["wall_ms"] - out["model_run_ms"]
+    return out
 
 
 def run_child(spec: dict) -> dict:
@@ -108,11 +153,33 @@ def run_child(spec: dict) -> dict:
     return {**json.loads(p.stdout.strip().splitlines()[-1]), "loadavg": round(os.getloadavg()[0], 2)}
 
 
+def _points(text: str) -> list[tuple[int, int]]:
+    """'1000/1024,8100/8192' -> [(1000, 1024), (8100, 8192)]: positions AT in a cache of SLOTS."""
+    out = []
+    for part in filter(None, text.split(",")):
+        at, _, slots = part.partition("/")
+        out.append((int(at), int(slots or at)))
+        if out[-1][0] + 40 > out[-1][1]:
+            raise ValueError(f"point {part}: AT + 40 steps must fit in SLOTS")
+    return out
+
+
+def _cpu() -> str:
+    """The CPU's model name (lscpu's), as filled_context records machine.cpu."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folder", nargs="?")
-    ap.add_argument("--slots", type=int, default=8192)
-    ap.add_argument("--at", type=int, default=8100)
+    ap.add_argument("--points", default="8100/8192", help="AT/SLOTS,...: decode positions and cache slots")
+    ap.add_argument("--kinds", default="graph,generator", help=f"of {', '.join(KINDS)}")
+    ap.add_argument("--one-call-points", default=None,
+                    help="the points one_call runs at (default: every point; its prompt's logits are AT x vocab fp32)")
+    ap.add_argument("--profile-at", default=None, help="AT/SLOTS: profile the graph and the generator there once")
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "genai_step_smollm2_8k.json")
@@ -120,28 +187,64 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.child:
         spec = json.loads(a.child)
-        print(json.dumps(generator(spec) if spec["kind"] == "generator" else graph(spec)))
+        print(json.dumps(graph(spec) if spec["kind"] == "graph" else generator(spec)))
         return 0
     if not a.folder or not (Path(a.folder) / "genai_config.json").is_file():
         print("genai_step: give a GenAI model folder (with genai_config.json)", file=sys.stderr)
         return 2
-    base = {"folder": str(Path(a.folder).resolve()), "slots": a.slots, "at": a.at, "steps": a.steps}
+    try:
+        points = _points(a.points)
+        one_call = _points(a.one_call_points) if a.one_call_points is not None else points
+        prof = _points(a.profile_at) if a.profile_at else []
+    except ValueError as e:
+        print(f"genai_step: {e}", file=sys.stderr)
+        return 2
+    kinds = [k for k in a.kinds.split(",") if k]
+    if set(kinds) - set(KINDS):
+        print(f"genai_step: --kinds takes {', '.join(KINDS)}", file=sys.stderr)
+        return 2
+    cfg = json.loads((Path(a.folder) / "genai_config.json").read_text())["model"]
+    base = {"folder": str(Path(a.folder).resolve()), "steps": a.steps}
+    configs = [(k, at, slots) for at, slots in points for k in kinds if k != "one_call" or (at, slots) in one_call]
     t0 = time.time()
-    runs: dict[str, list] = {"graph": [], "generator": []}
+    runs: dict[str, list] = {f"{k} {at}/{slots}": [] for k, at, slots in configs}
     for _ in range(a.repeats):
-        for kind in runs:
-            runs[kind].append(run_child({**base, "kind": kind}))
-            print(kind, runs[kind][-1], flush=True)
+        for k, at, slots in configs:
+            key = f"{k} {at}/{slots}"
+            runs[key].append(run_child({**base, "kind": k, "at": at, "slots": slots}))
+            print(key, runs[key][-1], flush=True)
     prof_dir = ROOT / "out" / "genai_step"
     prof_dir.mkdir(parents=True, exist_ok=True)
-    prof = run_child({**base, "kind": "graph", "profile": str(prof_dir / "graph")})
-    print("profile", prof, flush=True)
+    profiles = {}
+    for at, slots in prof:
+        for k in ("graph", "generator"):
+            key = f"{k} {at}/{slots}"
+            profiles[key] = run_child({**base, "kind": k, "at": at, "slots": slots,
+                                       "profile": str(prof_dir / f"{k}_{at}_{time.strftime('%H%M%S')}")})
+            print("profile", key, profiles[key], flush=True)
+    med = {key: {f: statistics.median(r[f] for r in v if f in r) for f in v[0] if f.endswith("_ms")}
+           for key, v in runs.items() if v and all("cpu_ms" in r for r in v)}
+    summary = {}
+    for at, slots in points:
+        g, n = med.get(f"graph {at}/{slots}"), med.get(f"generator {at}/{slots}")
+        o = med.get(f"one_call {at}/{slots}")
+        s = {"at": at, "slots": slots}
+        if g and n:
+            s.update(graph_ms=round(g["cpu_ms"], 2), generator_ms=round(n["cpu_ms"], 2),
+                     added_ms=round(n["cpu_ms"] - g["cpu_ms"], 2), added_fraction=round(n["cpu_ms"] / g["cpu_ms"] - 1, 3),
+                     logits_ms=round(n["logits_ms"], 3))
+        if o and n:
+            s.update(one_call_ms=round(o["cpu_ms"], 2), one_call_over_generator=round(o["cpu_ms"] / n["cpu_ms"] - 1, 3))
+        summary[f"{at}/{slots}"] = s
     res = {"benchmark": "genai_step", "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
-           "machine": {"platform": platform.platform(), "processor": platform.processor()},
-           "settings": {**base, "repeats": a.repeats, "threads": 1, "prompt_chunk": CHUNK},
-           "what": __doc__.split("\n\n")[2], "runs": runs,
-           "cpu_ms_median": {k: statistics.median(r["cpu_ms"] for r in v if "cpu_ms" in r) for k, v in runs.items()},
-           "profile": prof, "loadavg_end": list(os.getloadavg()), "seconds": round(time.time() - t0, 1)}
+           "machine": {"cpu": _cpu(), "platform": platform.platform(), "processor": platform.processor()},
+           "model": {"type": cfg["type"], "vocab_size": cfg["vocab_size"],
+                     "layers": cfg["decoder"]["num_hidden_layers"], "kv_heads": cfg["decoder"]["num_key_value_heads"],
+                     "head_size": cfg["decoder"]["head_size"]},
+           "settings": {**base, "points": points, "kinds": kinds, "one_call_points": one_call,
+                        "repeats": a.repeats, "threads": 1, "prompt_chunk": CHUNK},
+           "what": __doc__.split("\n\n")[2], "runs": runs, "cpu_ms_median": med, "summary": summary,
+           "profiles": profiles, "loadavg_end": list(os.getloadavg()), "seconds": round(time.time() - t0, 1)}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(res, indent=1) + "\n")
     print(f"wrote {a.out}")
