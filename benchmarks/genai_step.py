@@ -153,14 +153,15 @@ def run_child(spec: dict) -> dict:
     return {**json.loads(p.stdout.strip().splitlines()[-1]), "loadavg": round(os.getloadavg()[0], 2)}
 
 
-def _points(text: str) -> list[tuple[int, int]]:
-    """'1000/1024,8100/8192' -> [(1000, 1024), (8100, 8192)]: positions AT in a cache of SLOTS."""
+def _points(text: str, steps: int) -> list[tuple[int, int]]:
+    """'1000/1024,8100/8192' -> [(1000, 1024), (8100, 8192)]: positions AT in a cache of SLOTS (AT, the 5 warm-up
+    steps and the timed steps must fit in it)."""
     out = []
     for part in filter(None, text.split(",")):
         at, _, slots = part.partition("/")
         out.append((int(at), int(slots or at)))
-        if out[-1][0] + 40 > out[-1][1]:
-            raise ValueError(f"point {part}: AT + 40 steps must fit in SLOTS")
+        if out[-1][0] + 5 + steps >= out[-1][1]:
+            raise ValueError(f"point {part}: AT + 5 + {steps} steps must fit in SLOTS")
     return out
 
 
@@ -193,9 +194,9 @@ def main(argv=None) -> int:
         print("genai_step: give a GenAI model folder (with genai_config.json)", file=sys.stderr)
         return 2
     try:
-        points = _points(a.points)
-        one_call = _points(a.one_call_points) if a.one_call_points is not None else points
-        prof = _points(a.profile_at) if a.profile_at else []
+        points = _points(a.points, a.steps)
+        one_call = _points(a.one_call_points, a.steps) if a.one_call_points is not None else points
+        prof = _points(a.profile_at, a.steps) if a.profile_at else []
     except ValueError as e:
         print(f"genai_step: {e}", file=sys.stderr)
         return 2
