@@ -17,6 +17,11 @@ every point AT/SLOTS (one token at positions AT.., a cache of SLOTS positions: G
              logits_ms (get_logits copied out) apart
   one_call   the generator after the same prompt appended in one call (its graph then outputs the logits of every
              prompt position, AT x vocabulary fp32)
+  graph_small_pages     the graph with numpy's huge-page advice off (NUMPY_MADVISE_HUGEPAGE=0): its cache in 4 KiB
+                        pages, as GenAI's generator holds its own
+  generator_huge_pages  the generator with glibc's malloc advising huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1):
+                        its cache in 2 MiB pages, as the graph's numpy arrays (and edgekv's runtime) hold theirs
+Each child records getrusage's user and system ms and page faults per step and its AnonHugePages (ENV says why).
 --profile-at AT/SLOTS: the graph and the generator once more with ONNX Runtime's profiler on (the generator's
 session through genai_config's session_options enable_profiling): kernel milliseconds per step by operator type,
 the session's model_run (the graph's run inside ONNX Runtime) per step, and for the generator its step's wall time
@@ -41,7 +46,14 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 CHUNK = 512  # filled_context.GENAI_CHUNK
-KINDS = ("graph", "generator", "one_call")
+KINDS = ("graph", "graph_small_pages", "generator", "generator_huge_pages", "one_call")
+# what a kind changes in its child's environment: the page size the cache lands in. numpy asks the kernel for
+# transparent huge pages (madvise) on arrays of 4 MB and more, so the graph's cache (numpy arrays bound as OrtValues,
+# as edgekv's runtime and benchmarks/attention_rates.py bind theirs) sits in 2 MiB pages where THP is "madvise";
+# GenAI allocates its cache through ONNX Runtime's allocator (glibc malloc: 4 KiB pages) unless glibc's tunable
+# glibc.malloc.hugetlb=1 (glibc 2.35+) makes malloc madvise them too
+ENV = {"graph_small_pages": {"NUMPY_MADVISE_HUGEPAGE": "0"},
+       "generator_huge_pages": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}}
 
 
 def _hwm() -> int:
@@ -50,6 +62,28 @@ def _hwm() -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def _anon_huge() -> int:
+    """The process's anonymous memory in transparent huge pages (smaps_rollup AnonHugePages), bytes."""
+    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+        if line.startswith("AnonHugePages:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _usage() -> tuple:
+    """(user s, system s, minor faults, major faults) of this process so far."""
+    import resource
+
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime, u.ru_stime, u.ru_minflt, u.ru_majflt
+
+
+def _per_step(u0: tuple, u1: tuple, n: int) -> dict:
+    """getrusage's difference over n steps, per step: user and system ms, minor and major page faults."""
+    d = [b - a for a, b in zip(u0, u1)]
+    return {"user_ms": d[0] / n * 1e3, "sys_ms": d[1] / n * 1e3, "minflt": d[2] / n, "majflt": d[3] / n}
 
 
 def _ops(ev: list, n_steps: int) -> dict:
@@ -87,13 +121,16 @@ def graph(spec: dict) -> dict:
     b.bind_output("logits")
     at, cpu = spec["at"], []
     for p in range(at, at + 5 + spec["steps"]):
+        if p == at + 5:
+            u0 = _usage()
         b.bind_cpu_input("input_ids", np.array([[42]], np.int64))
         b.bind_cpu_input("attention_mask", np.ones((1, p + 1), np.int64))
         c = time.process_time()
         s.run_with_iobinding(b)
         if p >= at + 5:
             cpu.append(time.process_time() - c)
-    out = {"cpu_ms": statistics.median(cpu) * 1e3}
+    out = {"cpu_ms": statistics.median(cpu) * 1e3, **_per_step(u0, _usage(), spec["steps"]),
+           "anon_huge_bytes": _anon_huge()}
     if spec.get("profile"):
         out.update(_ops(json.loads(Path(s.end_profiling()).read_text()), spec["steps"]))
     return out
@@ -120,6 +157,8 @@ def generator(spec: dict) -> dict:
     hwm_prompt = _hwm()
     cpu, app, lg, wall = [], [], [], []
     for i in range(5 + spec["steps"]):
+        if i == 5:
+            u0 = _usage()
         w, c = time.perf_counter(), time.process_time()
         g.append_tokens([42])
         c1 = time.process_time()
@@ -133,7 +172,7 @@ def generator(spec: dict) -> dict:
     out = {"cpu_ms": statistics.median(cpu) * 1e3, "append_ms": statistics.median(app) * 1e3,
            "logits_ms": statistics.median(lg) * 1e3, "wall_ms": statistics.median(wall) * 1e3,
            "prompt_cpu_s": round(prompt_cpu_s, 2), "peak_rss_after_prompt_bytes": hwm_prompt,
-           "peak_rss_bytes": _hwm()}
+           "peak_rss_bytes": _hwm(), **_per_step(u0, _usage(), spec["steps"]), "anon_huge_bytes": _anon_huge()}
     if spec.get("profile"):
         del g, p, m  # GenAI writes the session's profile when the session goes
         f = sorted(glob.glob(spec["profile"] + "*.json"), key=os.path.getmtime)[-1]
@@ -147,7 +186,7 @@ def run_child(spec: dict) -> dict:
     from edgekv.children import child_setup
 
     p = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
-                       timeout=1800, preexec_fn=child_setup())
+                       timeout=1800, preexec_fn=child_setup(), env={**os.environ, **ENV.get(spec["kind"], {})})
     if p.returncode != 0:
         return {"error": (p.stderr.strip().splitlines() or [str(p.returncode)])[-1]}
     return {**json.loads(p.stdout.strip().splitlines()[-1]), "loadavg": round(os.getloadavg()[0], 2)}
@@ -188,7 +227,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.child:
         spec = json.loads(a.child)
-        print(json.dumps(graph(spec) if spec["kind"] == "graph" else generator(spec)))
+        print(json.dumps(graph(spec) if spec["kind"].startswith("graph") else generator(spec)))
         return 0
     if not a.folder or not (Path(a.folder) / "genai_config.json").is_file():
         print("genai_step: give a GenAI model folder (with genai_config.json)", file=sys.stderr)
@@ -223,7 +262,8 @@ def main(argv=None) -> int:
             profiles[key] = run_child({**base, "kind": k, "at": at, "slots": slots,
                                        "profile": str(prof_dir / f"{k}_{at}_{time.strftime('%H%M%S')}")})
             print("profile", key, profiles[key], flush=True)
-    med = {key: {f: statistics.median(r[f] for r in v if f in r) for f in v[0] if f.endswith("_ms")}
+    med = {key: {f: statistics.median(r[f] for r in v if f in r) for f in v[0] if f.endswith("_ms") or
+                 f in ("minflt", "majflt", "anon_huge_bytes")}
            for key, v in runs.items() if v and all("cpu_ms" in r for r in v)}
     summary = {}
     for at, slots in points:
@@ -236,6 +276,9 @@ def main(argv=None) -> int:
                      logits_ms=round(n["logits_ms"], 3))
         if o and n:
             s.update(one_call_ms=round(o["cpu_ms"], 2), one_call_over_generator=round(o["cpu_ms"] / n["cpu_ms"] - 1, 3))
+        for k in ("graph_small_pages", "generator_huge_pages"):
+            if med.get(f"{k} {at}/{slots}"):
+                s[f"{k}_ms"] = round(med[f"{k} {at}/{slots}"]["cpu_ms"], 2)
         summary[f"{at}/{slots}"] = s
     res = {"benchmark": "genai_step", "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
            "machine": {"cpu": _cpu(), "platform": platform.platform(), "processor": platform.processor()},
