@@ -22,6 +22,8 @@ every point AT/SLOTS (one token at positions AT.., a cache of SLOTS positions: G
   generator_huge_pages  the generator with glibc's malloc advising huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1):
                         its cache in 2 MiB pages, as the graph's numpy arrays (and edgekv's runtime) hold theirs
 Each child records getrusage's user and system ms and page faults per step and its AnonHugePages (ENV says why).
+The graph kinds bind a layer's cache at SLOTS, a sliding-window layer's (Gemma 3: GroupQueryAttention with
+sliding_window_cache, its past past_sliding_length rows) at the window + SLIDING_EXTRA rows, as GenAI binds it.
 --profile-at AT/SLOTS: the graph and the generator once more with ONNX Runtime's profiler on (the generator's
 session through genai_config's session_options enable_profiling): kernel milliseconds per step by operator type,
 the session's model_run (the graph's run inside ONNX Runtime) per step, and for the generator its step's wall time
@@ -54,6 +56,12 @@ KINDS = ("graph", "graph_small_pages", "generator", "generator_huge_pages", "one
 # glibc.malloc.hugetlb=1 (glibc 2.35+) makes malloc madvise them too
 ENV = {"graph_small_pages": {"NUMPY_MADVISE_HUGEPAGE": "0"},
        "generator_huge_pages": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}}
+# numpy advises transparent huge pages for an allocation of 4 MiB or more (numpy's alloc.c, NUMPY_MADVISE_HUGEPAGE):
+# the graph kind's cache tensor of one layer (1 x kv heads x SLOTS x head size, fp32) sits in 2 MiB pages from there on
+HUGE_PAGE_MIN_BYTES = 1 << 22
+# the rows GenAI 0.18 binds a sliding layer's cache at beyond the window: 528 for Gemma-3-270M's window of 512 (the
+# input shapes of its generator session's GroupQueryAttention in ONNX Runtime's profile)
+SLIDING_EXTRA = 16
 
 
 def _hwm() -> int:
@@ -108,13 +116,16 @@ def graph(spec: dict) -> dict:
         o.profile_file_prefix = spec["profile"]
     s = ort.InferenceSession(str(Path(spec["folder"]) / "model.onnx"), o, providers=["CPUExecutionProvider"])
     ins = {i.name: i for i in s.get_inputs()}
-    head = json.loads((Path(spec["folder"]) / "genai_config.json").read_text())["model"]["decoder"]["head_size"]
+    dec = json.loads((Path(spec["folder"]) / "genai_config.json").read_text())["model"]["decoder"]
+    head, window = dec["head_size"], (dec.get("sliding_window") or {}).get("window_size")
     rng = np.random.default_rng(0)
     b = s.io_binding()
     for name, i in ins.items():
         if not name.startswith("past_"):
             continue
         hkv, slots = i.shape[1], i.shape[2] if isinstance(i.shape[2], int) else spec["slots"]
+        if i.shape[2] == "past_sliding_length":  # a sliding layer: GenAI's window-sized cache
+            slots = window + SLIDING_EXTRA
         v = ort.OrtValue.ortvalue_from_numpy((rng.standard_normal((1, hkv, slots, head)) * 0.5).astype(np.float32))
         b.bind_ortvalue_input(name, v)
         b.bind_ortvalue_output(name.replace("past_key_values", "present"), v)
@@ -181,6 +192,35 @@ def generator(spec: dict) -> dict:
     return out
 
 
+PAGE = 4096
+
+
+def pages_fit(files: list[Path]) -> dict:
+    """What GenAI's generator adds to its graph's step per 4 KiB page of K and V the step reads: least squares
+    (through zero) of the generator's median CPU ms less the graph's, over every point of the JSONs where the graph
+    kind's cache tensors of the full-context layers are numpy's huge pages (HUGE_PAGE_MIN_BYTES; a sliding layer's
+    window cache is smaller, in 4 KiB pages in both): the pages one step reads on those layers, layers x K and V x
+    kv heads x keys x head size x 4 bytes / 4096, the keys the median timed step attends (AT + 5 warm-up +
+    steps / 2)."""
+    xs, ys, rows = [], [], []
+    for f in files:
+        d = json.loads(Path(f).read_text())
+        m, steps = d["model"], d["settings"]["steps"]
+        full = m["layers"] - len((m.get("sliding_window") or {}).get("layers", ()))
+        for key, s in d["summary"].items():
+            if "added_ms" not in s or m["kv_heads"] * s["slots"] * m["head_size"] * 4 < HUGE_PAGE_MIN_BYTES:
+                continue
+            keys = s["at"] + 5 + steps / 2
+            pages = full * 2 * m["kv_heads"] * keys * m["head_size"] * 4 / PAGE
+            xs.append(pages)
+            ys.append(s["added_ms"] / 1e3)
+            rows.append({"file": Path(f).name, "point": key, "pages": round(pages), "added_ms": s["added_ms"],
+                         "s_per_page": s["added_ms"] / 1e3 / pages})
+    c = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+    return {"s_per_page": c, "rows": rows, "machine_cpu": sorted({json.loads(Path(f).read_text())["machine"].get(
+        "cpu", "") for f in files})}
+
+
 def run_child(spec: dict) -> dict:
     sys.path.insert(0, str(ROOT))
     from edgekv.children import child_setup
@@ -223,11 +263,17 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "genai_step_smollm2_8k.json")
+    ap.add_argument("--fit", nargs="+", type=Path, metavar="JSON",
+                    help="print the generator's added seconds per 4 KiB page of cache read, fitted over these "
+                         "results (pages_fit) and exit")
     ap.add_argument("--child")
     a = ap.parse_args(argv)
     if a.child:
         spec = json.loads(a.child)
         print(json.dumps(graph(spec) if spec["kind"].startswith("graph") else generator(spec)))
+        return 0
+    if a.fit:
+        print(json.dumps(pages_fit(a.fit), indent=1))
         return 0
     if not a.folder or not (Path(a.folder) / "genai_config.json").is_file():
         print("genai_step: give a GenAI model folder (with genai_config.json)", file=sys.stderr)
@@ -244,6 +290,7 @@ def main(argv=None) -> int:
         print(f"genai_step: --kinds takes {', '.join(KINDS)}", file=sys.stderr)
         return 2
     cfg = json.loads((Path(a.folder) / "genai_config.json").read_text())["model"]
+    window = cfg["decoder"].get("sliding_window")
     base = {"folder": str(Path(a.folder).resolve()), "steps": a.steps}
     configs = [(k, at, slots) for at, slots in points for k in kinds if k != "one_call" or (at, slots) in one_call]
     t0 = time.time()
@@ -284,7 +331,8 @@ def main(argv=None) -> int:
            "machine": {"cpu": _cpu(), "platform": platform.platform(), "processor": platform.processor()},
            "model": {"type": cfg["type"], "vocab_size": cfg["vocab_size"],
                      "layers": cfg["decoder"]["num_hidden_layers"], "kv_heads": cfg["decoder"]["num_key_value_heads"],
-                     "head_size": cfg["decoder"]["head_size"]},
+                     "head_size": cfg["decoder"]["head_size"],
+                     "sliding_window": window and {"window_size": window["window_size"], "layers": window["layers"]}},
            "settings": {**base, "points": points, "kinds": kinds, "one_call_points": one_call,
                         "repeats": a.repeats, "threads": 1, "prompt_chunk": CHUNK},
            "what": __doc__.split("\n\n")[2], "runs": runs, "cpu_ms_median": med, "summary": summary,
