@@ -1,8 +1,9 @@
 """ONNX Runtime GenAI's decode step at a filled context: its builder's graph alone against its own generator loop.
 
-    python benchmarks/genai_step.py GENAI_FOLDER [--points 1000/1024,4000/4096,8100/8192] [--steps 24] [--repeats 2]
-                                    [--kinds graph,generator,one_call] [--profile-at 8100/8192]
+    python benchmarks/genai_step.py GENAI_FOLDER [--points 980/1024,4000/4096,8100/8192] [--steps 24] [--repeats 2]
+                                    [--kinds graph,generator,one_call] [--one-call-points ...] [--profile-at 8100/8192]
                                     [--out benchmarks/results/genai_step_smollm2_8k.json]
+    python benchmarks/genai_step.py --fit RESULT.json [...]   # the generator's added seconds per 4 KiB page
 
 GENAI_FOLDER: a model ONNX Runtime GenAI's builder wrote (benchmarks/speed_child.py Work.genai_model, as
 benchmarks/filled_context.py builds its genai:int4 rows: `builder -p int4 -e cpu`). Each configuration runs in a
@@ -29,7 +30,8 @@ session through genai_config's session_options enable_profiling): kernel millise
 the session's model_run (the graph's run inside ONNX Runtime) per step, and for the generator its step's wall time
 less model_run (GenAI's own work around the session).
 benchmarks/plan_vs_filled.py charges GenAI's rows as the graph's ops at the kernel rates (GroupQueryAttention on a
-fp32 cache, MatMulNBits 4-bit blocks of 32) plus what this benchmark measures the generator adding (GENAI_LOOP).
+fp32 cache, MatMulNBits 4-bit blocks of 32) plus what this benchmark measures the generator adding, which is its
+cache's page size (GENAI_PAGES: pages_fit's cost per 4 KiB page, edgekv/costs/attention_rates.json cache_pages).
 """
 from __future__ import annotations
 
