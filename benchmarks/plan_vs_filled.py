@@ -32,8 +32,8 @@ tests/test_attention_rates.py checks that they agree); `edgekv plan --device hos
 not on this machine, a weight type no form was timed for) are listed with the reason they are not modelled.
 `edgekv export --weights gguf` rows (the GGUF's blocks, each type in its MatMulNBits form) are planned as `edgekv plan
 -m FILE.gguf --weights gguf` plans them, each matrix at its form's kernel rows (attention_rates.py --matmul-forms), and
-ONNX Runtime GenAI's rows at the kernel rows of the ops its graph runs (GENAI); both held out: nothing is fitted on
-them. A .pte whose export calls edgekv's own int8 kernel (export --pte-int8-kernel edgekv:
+ONNX Runtime GenAI's rows at the kernel rows of the ops its graph runs (GENAI) plus its cache's 4 KiB pages
+(GENAI_PAGES, measured by benchmarks/genai_step.py); both held out: nothing is fitted on them. A .pte whose export calls edgekv's own int8 kernel (export --pte-int8-kernel edgekv:
 its manifest's custom_ops, recorded by filled_context) is priced as `edgekv plan --pte-int8-kernel edgekv` prices it,
 at that kernel's measured rows, and held out whatever its model: nothing is fitted on it.
 
