@@ -32,8 +32,8 @@ tests/test_attention_rates.py checks that they agree); `edgekv plan --device hos
 not on this machine, a weight type no form was timed for) are listed with the reason they are not modelled.
 `edgekv export --weights gguf` rows (the GGUF's blocks, each type in its MatMulNBits form) are planned as `edgekv plan
 -m FILE.gguf --weights gguf` plans them, each matrix at its form's kernel rows (attention_rates.py --matmul-forms), and
-ONNX Runtime GenAI's rows at the kernel rows of the ops its graph runs (GENAI); both held out: nothing is fitted on
-them. A .pte whose export calls edgekv's own int8 kernel (export --pte-int8-kernel edgekv:
+ONNX Runtime GenAI's rows at the kernel rows of the ops its graph runs (GENAI) plus its cache's 4 KiB pages
+(GENAI_PAGES, measured by benchmarks/genai_step.py); both held out: nothing is fitted on them. A .pte whose export calls edgekv's own int8 kernel (export --pte-int8-kernel edgekv:
 its manifest's custom_ops, recorded by filled_context) is priced as `edgekv plan --pte-int8-kernel edgekv` prices it,
 at that kernel's measured rows, and held out whatever its model: nothing is fitted on it.
 
@@ -70,9 +70,14 @@ FIT_MODEL = "smollm2-135m"
 # onnxruntime_genai/models/quantization/quant_config.py), the output layer too, and a tied table GatherBlockQuantized
 # on the head's codes (shared_embeddings: the table's one row a step, not charged). So its step is charged as
 # edgekv's kv:dtype=fp32 graph's attention, every matrix at the "4-bit/32" form's rows (the form Q4_0 is carried in),
-# plus the int4 graph's other ops per layer; nothing is fitted on its rows (held out). GenAI's own loop around the
-# session (its generator, the logits copy, the search) is not in any rate.
+# plus the int4 graph's other ops per layer, plus GENAI_PAGES; nothing is fitted on its rows (held out).
 GENAI = ("kv:dtype=fp32", "4-bit/32")
+# What GenAI's generator adds to that graph's step (benchmarks/genai_step.py): not its loop (0.34 ms outside the
+# session at a filled 8k, the logits copy 0.2 ms) but its cache's pages: GenAI allocates the cache through ONNX
+# Runtime's allocator (glibc malloc, 4 KiB pages) where the kernel rates were timed on numpy arrays, in 2 MiB pages
+# from 4 MiB up; GroupQueryAttention then takes longer per page of K and V it reads (memory.speed.small_pages_seconds
+# at edgekv/costs/attention_rates.json onnxruntime cache_pages, measured on the Intel Xeon VM)
+GENAI_PAGES = "cache_pages"
 GENAI_PREFILL = ("GenAI's prompt goes in calls of 512 tokens (filled_context GENAI_CHUNK) through its own loop; no "
                  "kernel benchmark times GroupQueryAttention over 512 queries (attention_rates.py --prefill: 128): "
                  "prefill not modelled")
@@ -323,6 +328,8 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
         got = M.speed.weights_seconds_by_form(mats, by_form, arch.n_layers, 0.0)
         out.update(weights_kernel_s=got[1], weights_formula=got[2], weights_bytes=sum(m[2] for m in mats),
                    plan_tok_s=None, plan_prefill_s=None)
+        if rates.get(GENAI_PAGES):  # its cache in 4 KiB pages: the pages of K and V a step reads (GENAI_PAGES)
+            out["pages_s"], out["pages_formula"] = M.speed.small_pages_seconds(layout, rates[GENAI_PAGES])
     elif by:  # the weights kernel timed per matrix (attention_rates.py --matmul): the matrices' seconds, as plan sums them
         from edgekv.plan import runtime_cost
 
@@ -332,6 +339,9 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
     if kind:
         out["attention_s"], out["attention_formula"] = M.attention_seconds(
             arch, layout, kind, rates["kinds"], rates["kinds"][kind].get("kernel", rates["kernel"]))
+        if "pages_s" in out:
+            out["attention_s"] += out["pages_s"]
+            out["attention_formula"] += f" + {out['pages_formula']}"
     # the prefill attention rate benchmarks/attention_rates.py measured for this kind at this head size (None: the
     # kind's rate is fitted below on the prefills themselves)
     by = (rates or {}).get("prefill") or {}

@@ -163,6 +163,7 @@ def attention_rates(runtime: str, device_id: str, device_class: str) -> dict | N
         # custom_quantized_sdpa): the weights and prefill rates stored there
         src = ATTENTION_RATES[dev["rates_from"]]["devices"].get(device_id, {}) if "rates_from" in dev else dev
         return {"kinds": dev["kinds"], "scale": (1.0, 1.0), "weights": src.get("weights", {}),
+                "cache_pages": dev.get("cache_pages"),
                 "gguf_types": dev.get("gguf_types", {}), "gguf_type_rates": dev.get("gguf_type_rates", {}),
                 "prefill": src.get("prefill"), "source": dev["source"], "basis": dev["basis"], "kernel": rt["label"]}
     cls = rt["classes"].get(device_class)
@@ -407,6 +408,21 @@ def attention_seconds(arch: Arch, layout: StateLayout, kind: str, rates: dict, k
                        for (T, over, per_pos, cast), n in groups.items())
     return total, f"attention ({kind} {kernel}: layers x (overhead + kept keys x per-key cost)) = " \
                   f"{parts} = {total * 1e3:.3g} ms"
+
+
+def small_pages_seconds(layout: StateLayout, pages: dict) -> tuple[float, str]:
+    """What a decode step's attention adds when the runtime holds its cache in 4 KiB pages (ONNX Runtime GenAI's
+    generator: its allocator's glibc malloc) where the kernel rates were measured on a cache in 2 MiB pages (numpy's
+    huge-page advice on an array of huge_page_min_bytes or more, as benchmarks/attention_rates.py and edgekv's runtime
+    bind theirs): s_per_page for each page_bytes page of K and V, on the layers whose K (and V) tensor is that large
+    (a smaller one was in 4 KiB pages when its rate was measured too). pages: attention_rates.json's cache_pages
+    (benchmarks/genai_step.py --fit). -> (seconds, formula)."""
+    big = [t for t in layout.tensors if t.role in ("key", "value") and t.nbytes >= pages["huge_page_min_bytes"]]
+    n = sum(t.nbytes for t in big) / pages["page_bytes"]
+    per = pages["s_per_page"]
+    return n * per, (f"cache in {pages['page_bytes'] // 1024} KiB pages: {n:.0f} pages of K and V read ("
+                     f"{len(big) // 2} layers' tensors of {pages['huge_page_min_bytes'] >> 20} MiB or more) x "
+                     f"{per * 1e9:.0f} ns = {n * per * 1e3:.3g} ms")
 
 
 def attention_flops(arch: Arch, layout: StateLayout) -> float:
