@@ -337,10 +337,11 @@ def large_head(scheme: dict, arch: Arch) -> dict:
     table gathered from its codes take them where the output matrix holds more weights than the decoder layers'
     linears together and its width is a multiple of their group (wquant.pte_head_group, the export's rule), the
     scheme's own output and embedding entries otherwise; the *_large_head keys are dropped either way."""
+    from .arch.variants import head_outweighs_layers
+
     out = {k: v for k, v in scheme.items() if not k.endswith("_large_head")}
-    head = arch.vocab * arch.hidden
-    rest = sum(w.numel for w in arch.weights if w.cls == "linear")
-    if head > rest and arch.hidden % scheme["output_large_head"]["group"] == 0:
+    if head_outweighs_layers(arch.vocab * arch.hidden, [w.numel for w in arch.weights if w.cls == "linear"],
+                             arch.hidden, scheme["output_large_head"]["group"]):
         out["output"], out["embedding"] = scheme["output_large_head"], scheme["embedding_large_head"]
     return out
 

@@ -225,3 +225,11 @@ def pte_head_block_rows(rows: int, bytes_per_row: float) -> int:
     n = max(PTE_HEAD_BLOCK_ALIGN, int(PTE_HEAD_BLOCK_BYTES // bytes_per_row) // PTE_HEAD_BLOCK_ALIGN
             * PTE_HEAD_BLOCK_ALIGN)
     return rows if n >= rows else n
+
+
+def head_outweighs_layers(head: int, linears, width: int, group: int) -> bool:
+    """The int4 output-layer rule (ONNX's MatMulNBits head, edgekv.export.onnx_quant.output_heads; the .pte's,
+    edgekv.export.wquant.pte_head_group; the plan's, edgekv.plan.large_head): the output matrix (`head` weights)
+    holds more weights than the decoder layers' quantized linears together (`linears`: their weight counts) and its
+    width is a multiple of the larger group, which it then takes."""
+    return head > sum(linears) and width % group == 0

@@ -155,15 +155,17 @@ def pte_head_group(module, weights: str) -> int:
     (edgekv.arch.variants.PTE_INT8_LAYERS_MEASURED). SmolLM2-135M's head is the smaller part: groups of 32."""
     from torch import nn
 
+    from ..arch.variants import head_outweighs_layers
+
     if weights != "int4" or HEAD_GROUP.get(weights, GROUP) == GROUP:
         return GROUP
     head = getattr(module, "lm_head", None)
     if not isinstance(head, nn.Linear):
         return GROUP
-    rest = sum(m.weight.numel() for m in module.modules() if isinstance(m, nn.Linear) and m is not head
-               and m.in_features % GROUP == 0)
-    return HEAD_GROUP[weights] if head.weight.numel() > rest and head.in_features % HEAD_GROUP[weights] == 0 \
-        else GROUP
+    rest = [m.weight.numel() for m in module.modules() if isinstance(m, nn.Linear) and m is not head
+            and m.in_features % GROUP == 0]
+    big = head_outweighs_layers(head.weight.numel(), rest, head.in_features, HEAD_GROUP[weights])
+    return HEAD_GROUP[weights] if big else GROUP
 
 
 def torchao_config(weights: str, group: int = GROUP):
