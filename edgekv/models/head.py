@@ -16,7 +16,7 @@ import torch.nn.functional as F
 # hold fp32 temporaries of the whole head: an eager call here (torchao's eager linear dequantizes the whole matrix to
 # fp32, and an int32 step besides, on every call: the .pte's verify-pte reference of a 1B's 128256-row head) and
 # torchao's quantizer (edgekv.export.wquant.quantize_rows). A block of rows gives the same logits (each output column is its own row's
-# dot product, tests/test_head_blocks.py). A traced head (torch.export: the .pte) stays one linear.
+# dot product, tests/test_head_blocks.py). A traced head (torch.export: the .pte) is one linear a block (HeadBlocks).
 EAGER_QUANTIZED_ROWS = 16384
 
 
