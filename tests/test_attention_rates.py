@@ -633,7 +633,10 @@ def test_plan_vs_filled_names_the_random_1b_by_what_rebuilds_it(tmp_path):
         assert "make_random_model.py llama-3.2-1b" in r["rebuild"] and "--seed 0" in r["rebuild"], r
         assert "MOSTLY_Q4_0" in r["rebuild"] and len(r["sha256"]) == 64, r
         assert r["model"] == "llama-3.2-1b random (seed 0), Q4_0" and r["set"] == "held-out", r
-        assert r["modelled"] or r["why_not"].startswith("its GGUF is not on this machine"), r
+        # listed, not planned: its GGUF missing, a run on another CPU than the host profile's, or an operator of
+        # edgekv's own with no stored rate (the 1B's .pte on edgekv::int8_sdpa)
+        assert r["modelled"] or r["why_not"].startswith(("its GGUF is not on this machine", "measured on another "
+                                                         "machine", "edgekv's own operators")), r
     # the file found by its name under --gguf-dir, else the recorded path (missing: listed, not planned)
     recorded = "/nonexistent/s40/q4/llama-3.2-1b-q4_0.gguf"
     assert plan_vs_filled.local_model(recorded, tmp_path) == recorded
