@@ -490,6 +490,34 @@ def test_external_data_the_graph_names_must_be_listed(copy_of):
     one_line_exit_2(code, err, "external data model.onnx.data is not listed")
 
 
+def test_an_error_a_stopping_export_meets_on_its_way_out_still_exits_143(monkeypatch, tmp_path):
+    """SIGTERM's SystemExit can land inside a library's callback that turns it into its own error (a CI run: the
+    safetensors reader's ValueError, then "export failed at stage load ... not a readable safetensors file", exit 2).
+    Once the handler has run, an export's error exits 143, the stop's code, without a second line."""
+    import signal
+
+    from click.testing import CliRunner
+
+    import edgekv.export.cli as ecli
+    import edgekv.export.pipeline as pipeline
+    from edgekv.cli import main
+    from edgekv.errors import EdgekvError
+
+    def stopped_in_load(opts, echo=None, status=None):
+        ecli._STOPPED.append(signal.SIGTERM)  # what the handler records before its SystemExit
+        raise EdgekvError("export failed at stage load: model.safetensors: not a readable safetensors file")
+    monkeypatch.setattr(ecli, "_STOPPED", [])
+    monkeypatch.setattr(pipeline, "export_model", stopped_in_load)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        r = CliRunner().invoke(main, ["export", "--model", str(TINY_LLAMA), "--max-ctx", "64", "--out",
+                                      str(tmp_path / "out")])
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert r.exit_code == 143, r.output
+    assert "not a readable" not in r.output
+
+
 @pytest.mark.parametrize("sig", ["SIGTERM", pytest.param("SIGKILL", marks=pytest.mark.slow)])
 def test_a_killed_export_leaves_nothing_the_next_run_does_not_remove(sig, tmp_path):
     """SIGTERM unwinds (the temporary folder goes at once); SIGKILL cannot be caught, and the next export to the same
