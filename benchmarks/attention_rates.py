@@ -242,6 +242,14 @@ def matmul_graph(k: int, n: int, copies: int) -> bytes:
     return m.SerializeToString()
 
 
+def _matmul_header(name: str, ort, t0: float, runs: int) -> dict:
+    """The head of a --matmul / --matmul-forms results JSON: what ran, where and when, at what load."""
+    return {"benchmark": name, "onnxruntime": ort.__version__,
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
+            "machine": {"platform": platform.platform(), "processor": platform.processor()},
+            "loadavg_end": list(os.getloadavg()), "threads": 1, "runs": runs}
+
+
 def matmul_time(ort, k: int, n: int, runs: int) -> dict:
     """CPU seconds of one MatMulNBits call of shape (k, n) at one token, 1 thread: a graph of as many copies as make
     MATMUL_COLD bytes (at most 256), its time per run over the copies (median of `runs`)."""
@@ -269,10 +277,7 @@ def matmul_main(a) -> int:
             r = {"model": model, **matmul_time(ort, k, n, a.runs), "loadavg": round(os.getloadavg()[0], 2)}
             rows.append(r)
             print(r, flush=True)
-    out = {"benchmark": "matmul_nbits_rates", "onnxruntime": ort.__version__,
-           "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
-           "machine": {"platform": platform.platform(), "processor": platform.processor()},
-           "loadavg_end": list(os.getloadavg()), "threads": 1, "runs": a.runs,
+    out = {**_matmul_header("matmul_nbits_rates", ort, t0, a.runs),
            "what": "one com.microsoft MatMulNBits call (int4, blocks of 32, fp32 scales, uint8 zero points, "
                    "accuracy_level 4) at one fp32 token, per matrix shape (K, N) as edgekv's int4 ONNX runs it; each "
                    f"timed graph holds copies of the matrix totalling at least {MATMUL_COLD >> 20} MiB (at most 256), "
@@ -396,10 +401,7 @@ def matmul_forms_main(a) -> int:
                 r = {"model": model, **form_time(ort, form, k, n, a.runs), "loadavg": round(os.getloadavg()[0], 2)}
                 rows.append(r)
                 print(r, flush=True)
-    out = {"benchmark": "matmul_nbits_forms", "onnxruntime": ort.__version__,
-           "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
-           "machine": {"platform": platform.platform(), "processor": platform.processor()},
-           "loadavg_end": list(os.getloadavg()), "threads": 1, "runs": a.runs,
+    out = {**_matmul_header("matmul_nbits_forms", ort, t0, a.runs),
            "what": "one matrix (K, N) at one fp32 token in each form edgekv export --weights gguf carries a GGUF type "
                    "in (MatMulNBits bits / block, fp32 scales; 'zp+rem': packed uint zero points and the fp32 "
                    "block-sum remainder subgraph of edgekv.export.gguf_blocks.carry), accuracy_level 4; '4-bit/32' is "

@@ -58,7 +58,21 @@ def child_setup():
     return lambda: die_with_parent(parent, prctl=prctl) if prctl is not None else None
 
 
+# the signal that stopped this command, once its handler has run (_raise, the export's own): the SystemExit a handler
+# raises can land inside a library's callback that turns it into its own error (safetensors' reader gave "could not
+# determine the shape of object type 'torch.storage.UntypedStorage'"), and edgekv.clibase then exits 128 + it for
+# whatever error comes out, not as that error: (signal, whether its handler printed its own line)
+STOPPED_BY: list[tuple[int, bool]] = []
+
+
+def stopped(signum: int, said: bool = False) -> None:
+    """Record that `signum` is stopping this command (STOPPED_BY); said: the handler printed the command's line."""
+    if not STOPPED_BY:
+        STOPPED_BY.append((signum, said))
+
+
 def _raise(signum, frame):
+    stopped(signum)
     raise Terminated(signum)
 
 

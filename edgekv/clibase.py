@@ -148,6 +148,7 @@ class Group(click.Group):
         try:
             return super().invoke(ctx)
         except EdgekvError as e:
+            _exit_if_stopped()
             click.echo(f"edgekv: error: {joined(e)}", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
@@ -162,6 +163,7 @@ class Group(click.Group):
             sys.stderr.close()
             sys.exit(1)
         except Exception as e:  # noqa: BLE001 - a bug, still one line
+            _exit_if_stopped()
             if isinstance(e, OSError) and e.errno in NO_ROOM:  # not a bug: a full disk, `> /dev/full`
                 _no_room(e)
             if os.environ.get(TRACEBACK_ENV):
@@ -169,6 +171,17 @@ class Group(click.Group):
             click.echo(f"edgekv: internal error: {type(e).__name__}: {one_line(e) or '(no message)'} "
                        f"(set {TRACEBACK_ENV}=1 for the traceback)", err=True)
             sys.exit(1)
+
+
+def _exit_if_stopped() -> None:
+    """A signal's handler has run (edgekv.children.STOPPED_BY): the error on the way out is its exit turned into a
+    library's error, so the command exits 128 + the signal with its one line, not as that error."""
+    from .children import STOPPED_BY
+    if STOPPED_BY:
+        signum, said = STOPPED_BY[0]
+        if not said:
+            click.echo("edgekv: terminated", err=True)
+        sys.exit(128 + signum)
 
 
 # One --runtime vocabulary for plan, run, profile and report (docs/cli.md "Runtime names"): each name means the same

@@ -498,15 +498,15 @@ def test_an_error_a_stopping_export_meets_on_its_way_out_still_exits_143(monkeyp
 
     from click.testing import CliRunner
 
-    import edgekv.export.cli as ecli
+    import edgekv.children as children
     import edgekv.export.pipeline as pipeline
     from edgekv.cli import main
     from edgekv.errors import EdgekvError
 
     def stopped_in_load(opts, echo=None, status=None):
-        ecli._STOPPED.append(signal.SIGTERM)  # what the handler records before its SystemExit
+        children.stopped(signal.SIGTERM, said=True)  # what the export's handler records before its SystemExit
         raise EdgekvError("export failed at stage load: model.safetensors: not a readable safetensors file")
-    monkeypatch.setattr(ecli, "_STOPPED", [])
+    monkeypatch.setattr(children, "STOPPED_BY", [])
     monkeypatch.setattr(pipeline, "export_model", stopped_in_load)
     before = signal.getsignal(signal.SIGTERM)
     try:

@@ -212,9 +212,8 @@ def pte_int8_kept(n_layers: int, hidden: int, vocab: int) -> tuple[int, ...] | N
 # A .pte's output layer is lowered as row blocks of at most this many stored bytes, each its own XNNPACK delegate
 # (edgekv.export.wquant.split_head, edgekv.export.to_pte): ExecuTorch maps a delegate's weights while XNNPACK packs
 # them and unmaps them after, so loading holds one block's unpacked bytes beside the packed weights, not the whole
-# head's. Gemma-3-270M's int4 head (262,144 x 640, groups of 64: 85 MB) held 84.6 MiB above what stayed resident
-# while the program loaded (benchmarks/results/pte_load_steps_gemma3.json). The plan charges the same block
-# (edgekv.memory.workspace._largest_packed).
+# head's (Gemma-3-270M's int4 head, before and after: benchmarks/results/pte_load_steps_gemma3.json). The plan
+# charges the same block (edgekv.memory.workspace._largest_packed).
 PTE_HEAD_BLOCK_BYTES = 16 << 20
 PTE_HEAD_BLOCK_ALIGN = 1024  # rows: a block of rows is a whole number of these
 

@@ -36,24 +36,20 @@ def _quiet() -> None:
     warnings.filterwarnings("ignore", module=r"(torch|executorch|onnxscript|torchao)\.")
 
 
-_STOPPED = []  # set by the SIGTERM handler: the export is unwinding
-
-
 def _stop_on_sigterm() -> None:
     """SIGTERM (kill, a job scheduler) unwinds like Ctrl-C: the export's temporary folder is removed on the way out.
     (SIGKILL cannot be caught: the next export to the same --out removes what it left.) The line goes straight to
-    file descriptor 2 (no stream between it and the caller, whatever a progress display holds). The SystemExit the
-    handler raises can land inside a library's callback that turns it into its own error (safetensors' reader gave
-    "could not determine the shape of object type 'torch.storage.UntypedStorage'"): export_cmd exits 143 for any
-    error once the handler has run (_STOPPED)."""
+    file descriptor 2 (no stream between it and the caller, whatever a progress display holds); the signal is
+    recorded (children.stopped), so an error the exit meets on its way out still exits 143 (edgekv.clibase)."""
     import os
     import signal
-    import sys
+
+    from ..children import STOPPED_BY, stopped
 
     def stop(signum, frame):
-        if not _STOPPED:
-            _STOPPED.append(signum)
+        if not STOPPED_BY:
             os.write(2, b"edgekv: export stopped (SIGTERM); nothing was published\n")
+        stopped(signum, said=True)
         sys.exit(143)
     try:
         signal.signal(signal.SIGTERM, stop)
@@ -153,12 +149,7 @@ def export_cmd(cctx, model, strategy, rank, window, formats, max_ctx, out, prefi
     _stop_on_sigterm()
     bar, status = stage_status("export", enabled=not as_json)
     with bar:
-        try:
-            m = export_model(opts, echo=bar.message, status=status if bar.on else None)
-        except EdgekvError:
-            if _STOPPED:  # the handler's exit, turned into a stage's error on the way (_stop_on_sigterm)
-                sys.exit(143)
-            raise
+        m = export_model(opts, echo=bar.message, status=status if bar.on else None)
     if as_json:
         from ..termtext import print_json
         print_json({"out": str(opts.out), "manifest": m})

@@ -73,17 +73,21 @@ def writes_state(eps: dict) -> bool:
 
 
 def _partitioner(guard_state: bool):
-    """XNNPACK's partitioner; guard_state: with the state reads and writes of custom_sdpa layers left to ExecuTorch's
-    kernels (leaves_state_io). Needed wherever such a layer is, not only when every layer is one (the state written
+    """XNNPACK's partitioner, its configs _partition_configs(guard_state)."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    return XnnpackPartitioner(configs=_partition_configs(guard_state))
+
+
+def _partition_configs(guard_state: bool) -> list | None:
+    """XNNPACK's partitioner configs (None: its own list); guard_state: with the state reads and writes of
+    custom_sdpa layers left to ExecuTorch's kernels (leaves_state_io). Needed wherever such a layer is, not only when every layer is one (the state written
     in place): Gemma 3's global layers take custom_sdpa while its sliding layers keep the eager ring, and a kv-int8
     cache there stopped the plain partitioner with the same dependency cycle (docs/upstream_xnnpack_partition_cycle.md)."""
     from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
     if not guard_state:
-        p = XnnpackPartitioner()
-        p.config_classes = None  # XNNPACK's own list (_head_block_partitioner takes the same)
-        return p
+        return None
 
     def leaves_state_io(config, rule):
         """config, except for a node that rule picks: that stays on ExecuTorch's kernels.
@@ -113,9 +117,7 @@ def _partitioner(guard_state: bool):
         if c.__name__ in writes:
             c = leaves_state_io(c, _feeds_state_write)
         configs.append(c)
-    p = XnnpackPartitioner(configs=configs)
-    p.config_classes = configs
-    return p
+    return configs
 
 
 def in_head_block(node) -> bool:
@@ -125,7 +127,7 @@ def in_head_block(node) -> bool:
     return any("HeadBlocks" in str(kind) for _, kind in stack.values())
 
 
-def _head_block_partitioner(configs):
+def _head_block_partitioner(guard_state: bool):
     """XNNPACK's partitioner for the output layer's blocks alone, each block's linear (with its activation's
     quantization) its own partition, so its own delegate: ExecuTorch maps a delegate's weights while XNNPACK packs
     them and unmaps them after, so the program's load holds one block's unpacked bytes, not the head's
@@ -135,11 +137,11 @@ def _head_block_partitioner(configs):
 
     class HeadBlockPartitioner(XnnpackPartitioner):
         def generate_per_op_partitions(self, ep):
-            ids = iter(range(1 << 30))
-            return [Partition(id=next(ids), nodes=dict.fromkeys(m)) for m in self.get_matched_nodes_from_configs(ep)
-                    if any(n.op == "call_function" and "linear" in str(n.target) and in_head_block(n) for n in m)]
+            blocks = [m for m in self.get_matched_nodes_from_configs(ep)
+                      if any(n.op == "call_function" and "linear" in str(n.target) and in_head_block(n) for n in m)]
+            return [Partition(id=i, nodes=dict.fromkeys(m)) for i, m in enumerate(blocks)]
 
-    return HeadBlockPartitioner(configs=configs, per_op_mode=True)
+    return HeadBlockPartitioner(configs=_partition_configs(guard_state), per_op_mode=True)
 
 
 def inferred_view_shape(node) -> list[int] | None:
@@ -201,13 +203,14 @@ def lower_pte(eps: dict, in_place: bool = False, decompose_once: bool = True):
     # _check_ir_validity=False: the edge-dialect verifier re-walks every graph after each step (a measurable part of
     # the lowering's CPU time: benchmarks/results/pte_lowering_tiny_llama.json); it checks, it does not change the program (the same .pte bytes either way), and the
     # export's verify-pte stage runs the lowered program against eager torch anyway
-    partitioner = _partitioner(in_place or writes_state(eps))
+    guard = in_place or writes_state(eps)
+    partitioner = _partitioner(guard)
     with _only_needed_xnnpack_passes(), compact_dependency_viewers(), _preprocess_copies_share_weights(), \
             (_decompose_once() if decompose_once else nullcontext()):
         if decompose_once:
             eps = _decomposed_for(eps, partitioner)
         blocks = any(in_head_block(n) for ep in eps.values() for n in ep.graph.nodes)
-        first = [_head_block_partitioner(partitioner.config_classes)] if blocks else []
+        first = [_head_block_partitioner(guard)] if blocks else []
         edge = to_edge_transform_and_lower(eps, partitioner=first + [partitioner], transform_passes=[infer_view_sizes],
                                            compile_config=EdgeCompileConfig(_check_ir_validity=False))
     if in_place:

@@ -397,9 +397,9 @@ def gather_head_codes(module, weights: str, untied: bool, value=None) -> str | N
 def split_head(module, weights: str) -> list[int] | None:
     """After gather_head_codes: a quantized output layer larger than PTE_HEAD_BLOCK_BYTES (edgekv.arch.variants)
     becomes HeadBlocks (edgekv.models.head), row blocks of the same codes, scales and zero points (each block its own
-    copy: a view would carry the whole matrix's storage into the program), which edgekv.export.to_pte lowers each as its own XNNPACK delegate, so loading the .pte holds one
-    block's unpacked bytes while XNNPACK packs it, not the whole head's. The same logits. Returns the blocks' rows,
-    or None where the head stays one matrix."""
+    copy: a view would carry the whole matrix's storage into the program), which edgekv.export.to_pte lowers each as
+    its own XNNPACK delegate, so loading the .pte holds one block's unpacked bytes while XNNPACK packs it, not the
+    whole head's. The same logits. Returns the blocks' rows, or None where the head stays one matrix."""
     from torch import nn
 
     from ..arch.variants import pte_head_block_rows
