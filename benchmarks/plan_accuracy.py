@@ -79,9 +79,16 @@ CASES = [
     # the state a prompt leaves directly and run the prompt's last call and the decode steps (FILLED_STATE; the
     # 8k export's rows, filled by a real prefill, are measured both ways: --filled-state)
     ("kv fp16 Llama-3.2-1B random int4 (max_ctx 32768 export)", "random:llama-3.2-1b", "kv", "ort", (32768,), 32768),
+    # the same model as a .pte: int4 weights, the int8 cache with static per-channel scales read by edgekv's own
+    # kernel (EXTRA_EXPORT_ARGS), one 8k export profiled at a filled 1k and 8k by a real prefill (~47 tokens per CPU
+    # s: 8k is ~3 CPU min; the export ~6.5 min and 5.2 GB: run it under the host's lock. Its rows: --only
+    # 'kv-int8c Llama-3.2-1B random int4' --json benchmarks/results/plan_accuracy_llama32_1b_random_pte.json)
+    ("kv-int8c Llama-3.2-1B random int4", "random:llama-3.2-1b", "kv-int8c", "executorch", (1024, 8192), 8192),
 ]
 WEIGHTS = {"kv fp16 Llama-3.2-1B random int4": "int4",  # --weights of a row's export where not fp32
-           "kv fp16 Llama-3.2-1B random int4 (max_ctx 32768 export)": "int4"}
+           "kv fp16 Llama-3.2-1B random int4 (max_ctx 32768 export)": "int4",
+           "kv-int8c Llama-3.2-1B random int4": "int4"}
+EXTRA_EXPORT_ARGS = {"kv-int8c Llama-3.2-1B random int4": ["--pte-int8-kernel", "edgekv"]}  # a row's other options
 FILLED_STATE = {"kv fp16 Llama-3.2-1B random int4 (max_ctx 32768 export)"}  # rows measured by filled_state()
 QUICK_CTX = (1024, 8192)
 
@@ -139,13 +146,14 @@ def folder_name(label: str, fmt: str, max_ctx: int) -> str:
     return f"{label.split(' (max_ctx')[0].replace(' ', '_')}-{fmt}-{max_ctx}"
 
 
-def export(model: str, strategy: str, fmt: str, ctx: int, out: Path, weights: str = "fp32") -> str | None:
-    """None when out holds a finished export, else the error line."""
+def export(model: str, strategy: str, fmt: str, ctx: int, out: Path, weights: str = "fp32",
+           extra: list[str] = ()) -> str | None:
+    """None when out holds a finished export, else the error line. extra: further `edgekv export` options."""
     if (out / "manifest.json").is_file():
         return None
     p = subprocess.run(EDGEKV + ["export", "--model", model, "--strategy", strategy, "--format", fmt, "--max-ctx",
                                  str(ctx), "--out", str(out), "--verify-steps", "0", "--threads", "1", "--force",
-                                 "--weights", weights],
+                                 "--weights", weights, *extra],
                        capture_output=True, text=True, cwd=ROOT, preexec_fn=child_setup())
     return None if p.returncode == 0 else last_line(p.stderr or p.stdout)
 
@@ -165,7 +173,7 @@ def profile(out: Path, runtime: str, ctx: int, steps: int, repeats: int = 1) -> 
             "runtime_baseline_bytes": r["runtime_baseline_bytes"], "prefill_chunk": rep.get("prefill_chunk"),
             "prefill_seconds": r.get("prefill_seconds"), "tokens_per_s": r.get("tokens_per_s"),
             "error_pct": r["error_pct"], "within_target": abs(r["error_pct"]) <= 10.0,
-            "prompt_tokens": r["prompt_tokens"],
+            "prompt_tokens": r["prompt_tokens"], "load_average": [round(x, 2) for x in os.getloadavg()],
             **{k: r[k] for k in ("predicted_calls_bytes", "calls_error_pct") if k in r},
             **({"measured_bytes_runs": r["measured_bytes_runs"]} if "measured_bytes_runs" in r else {})}
 
@@ -334,7 +342,7 @@ def main(argv=None) -> int:
                 continue
             fmt = "onnx" if runtime == "ort" else "pte"
             out = work / folder_name(label, fmt, max_ctx)
-            err = export(src, strategy, fmt, max_ctx, out, WEIGHTS.get(label, "fp32"))
+            err = export(src, strategy, fmt, max_ctx, out, WEIGHTS.get(label, "fp32"), EXTRA_EXPORT_ARGS.get(label, ()))
             row = {"strategy": label, "runtime": runtime, "ctx": ctx, **({"max_ctx": max_ctx} if fixed else {})}
             if a.export_only:
                 print(f"  {label} {runtime} {ctx}: export " + (err or "ok"), file=sys.stderr, flush=True)

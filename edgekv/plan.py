@@ -27,11 +27,13 @@ FIT_ORDER = {"yes": 0, "tight": 1, "no": 2}
 
 def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: str, overhead: float,
                chunk: int = DEFAULT_CHUNK, methods: int = 1, scheme: dict | None = None,
-               filled: int | None = None) -> M.Deployment:
+               filled: int | None = None, int8_kernel: str = "executorch") -> M.Deployment:
     """methods: entry points the runtime initialises (a .pte of a recurrent or blended state has prefill + decode:
     XNNPACK packs the weights twice; a plain kv cache's .pte has one `forward`). scheme: the runtime's own weight
     layout for this precision (memory.weight_bytes), None = edgekv's. filled: the positions a run fills when fewer
-    than ctx (the state's slots), for the terms that follow them (memory.workspace_bytes); None = ctx."""
+    than ctx (the state's slots), for the terms that follow them (memory.workspace_bytes); None = ctx. int8_kernel:
+    what reads a .pte's int8 cache (export --pte-int8-kernel; memory.workspace_bytes). The weights' resident bytes
+    are the stored bytes less what the runtime leaves in the file (memory.paged_table)."""
     if weights == "gguf" and not arch.gguf_path:
         raise EdgekvError(f"--weights gguf needs a GGUF model; {arch.name} was read from {arch.source}")
     layout = strategy.layout(arch, ctx)
@@ -39,9 +41,10 @@ def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: 
     if carried:  # edgekv's ONNX carries the file's blocks in MatMulNBits' form, larger than the file (memory.weights)
         scheme = M.GGUF_CARRIED
     wb = M.weight_bytes(arch, weights, scheme)
-    ws = M.workspace_bytes(arch, layout, strategy, runtime, min(chunk, ctx), weights, methods, filled)
+    ws = M.workspace_bytes(arch, layout, strategy, runtime, min(chunk, ctx), weights, methods, filled, int8_kernel)
     load = M.runtime_load_bytes(arch, weights, runtime, methods, layout, strategy)
-    d = M.Deployment(arch.name, strategy, ctx, weights, runtime, layout, wb, ws, overhead, load)
+    paged = M.paged_table(arch, wb, runtime)
+    d = M.Deployment(arch.name, strategy, ctx, weights, runtime, layout, wb, ws, overhead, load, paged=paged)
     d.explain = {
         "weights": f"{weights}: " + ", ".join(f"{k} {v:,.0f} B" for k, v in wb.items() if k not in ("total",
                    "read_per_token")) + f" = {wb['total']:,.0f} B (from {len(arch.weights)} tensor shapes; "
@@ -50,7 +53,8 @@ def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: 
                       if carried else "exact GGUF bytes" if weights == "gguf" else
                       f"the runtime's layout: {scheme}" if scheme else
                       "int4 = 4-bit g32 + fp16 scales for linear layers, int8 rows for embeddings; "
-                      "int8 = 1 B + fp16 scale per row; norms/conv/A/D fp32") + ")",
+                      "int8 = 1 B + fp16 scale per row; norms/conv/A/D fp32") + ")"
+                   + (f"; resident {wb['total'] - paged.value:,.0f} B: {paged.formula}" if paged.value else ""),
         "state": f"{len(layout.tensors)} state tensors, e.g. " + "; ".join(
             f"{t.name} {list(t.shape)} {t.dtype} = {t.nbytes:,} B" for t in layout.tensors[:3])
             + f"; total {layout.nbytes:,} B",
@@ -165,7 +169,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     if budget is not None and budget != basis.app:
         basis = Budget(basis.device, budget, basis.runtime, basis.overhead, basis.uncertainty, basis.entitled)
     strategy.check_device(device.is_datacenter)
-    dep = device_deployment(arch, strategy, device, ctx, weights, name, chunk)
+    dep = device_deployment(arch, strategy, device, ctx, weights, name, chunk, int8_kernel)
     rt = cost
     read = M.decode_read_bytes(dep.weights["read_per_token"], dep.layout, strategy, rt)
     fl = M.decode_flops(arch, dep.layout, strategy)
@@ -290,12 +294,12 @@ def _gguf_rates(arch: Arch, weights: str, rates: dict | None) -> tuple[dict | No
 
 
 def device_deployment(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, weights: str, name: str,
-                      chunk: int = DEFAULT_CHUNK) -> M.Deployment:
+                      chunk: int = DEFAULT_CHUNK, int8_kernel: str = "executorch") -> M.Deployment:
     """The memory side of a plan row: deployment() under plan runtime `name` on this device (its overhead, and on a
     phone the runtime's arm64 packing at load)."""
     cost, scheme, how = runtime_cost(name, arch, weights)
     ov = device.overhead(M.PLAN_RUNTIMES[name]["overhead"])
-    dep = deployment(arch, strategy, ctx, weights, cost, ov.value, chunk, scheme=scheme)
+    dep = deployment(arch, strategy, ctx, weights, cost, ov.value, chunk, scheme=scheme, int8_kernel=int8_kernel)
     dep.explain["runtime model"] = how
     if device.device_class == "phone":  # a phone runs the runtime's arm64 kernels: their packing, as measured
         dep.load = M.arm64_load(dep.load, dep.weights["total"], cost, weights)

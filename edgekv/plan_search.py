@@ -126,7 +126,7 @@ def longest_ctx(arch: Arch, strategy: Strategy, device: DeviceProfile, weights: 
 
     def above(c: int) -> int:  # bytes above the runtime's baseline at c tokens
         if c not in memo:
-            b = device_deployment(arch, strategy, device, c, weights, name, chunk).bytes
+            b = device_deployment(arch, strategy, device, c, weights, name, chunk, int8_kernel).bytes
             memo[c] = b["total"] - b["runtime"]
         return memo[c]
 

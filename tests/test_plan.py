@@ -119,14 +119,25 @@ def test_gemma_int4_pte_weights_are_priced_with_its_int8_decoder_layers():
     (hidden 640, 4 heads of 256 on 1 KV head, intermediate 2048, 18 layers, vocabulary 262,144): per layer q
     1024x640, k and v 256x640, o 640x1024, gate and up 2048x640, down 640x2048 = 5,570,560 weights on 6,912 rows; an
     int8 layer at 1 B each + 2 B per row, an int4 one at 0.5 B + 2 B per 32; the head 167,772,160 weights at 0.5 B
-    + 2 B per 64; the table the same; 18 x 3,072 + 640 norm weights at 4 B."""
+    + 2 B per 64; the table the same; 18 x 3,072 + 640 norm weights at 4 B. The plan's weights are what is resident:
+    the stored bytes less the table, which only the gather reads from the file's pages (workspace.json
+    fields.table_paged; measured: the .pte's delegates hold 165,511,168 B of weights,
+    benchmarks/results/pte_load_steps_gemma3.json)."""
     code, out, err = run_cli_json("plan", "-m", "gemma-3-270m", "--device", "pixel8", "--ctx", "32k",
                                   "--weights", "int4", "--runtime", "executorch", "--json")
     layers = 8 * (5_570_560 + 2 * 6_912) + 10 * (5_570_560 // 2 + 5_570_560 // 32 * 2)
     head = 167_772_160 // 2 + 167_772_160 // 64 * 2
     table = 167_772_160 // 2 + 167_772_160 // 64 * 2
     norms = 4 * (18 * 3_072 + 640)
-    assert {o["bytes"]["weights"] for o in out["options"]} == {layers + head + table + norms} == {254_491_136}
+    assert {o["bytes"]["weights"] for o in out["options"]} == {layers + head + norms} == {165_362_176}
+    from edgekv.arch import catalog_arch
+    from edgekv.devices import load_device
+    from edgekv.plan import device_deployment
+    from edgekv.strategies import parse_strategy
+    d = device_deployment(catalog_arch("gemma-3-270m"), parse_strategy("kv"), load_device("pixel8"), 32768, "int4",
+                          "edgekv-pte")
+    assert d.weights["total"] == layers + head + table + norms == 254_491_136  # stored: the table's copy too
+    assert d.paged.value == table
     # SmolLM2 (a llama: 8da4w everywhere) keeps 4-bit layers
     code, out, err = run_cli_json("plan", "-m", "smollm2-135m", "--device", "pixel8", "--ctx", "8k",
                                   "--weights", "int4", "--runtime", "executorch", "--json")

@@ -20,7 +20,7 @@ from .speed import (ATTENTION_RATES, _attn_tokens, attention_flops, attention_ki
                     PTE_INT8_KERNELS, prefill_at_rates, prefill_flops, prefill_kind, prefill_parts, prefill_seconds)
 from .weights import (CARRIED_FORM, GGUF_CARRIED, _scheme_bytes, carried_form_name, carried_matrices,
                       carried_matrix_bytes, gathered_bytes, weight_bytes, weight_bytes_one)
-from .workspace import (_kernel_code, _largest_packed, _layer_scratch, _tied_bytes,
+from .workspace import (_kernel_code, _largest_packed, _layer_scratch, _tied_bytes, paged_table,
                         runtime_load_bytes, workspace_bytes)
 
 # What a runtime's arm64 kernels pack beyond its x86 kernels, as a fraction of the stored weights, by cost model and
@@ -50,4 +50,4 @@ __all__ = ["ARM64_PACKING", "arm64_load", "ET_SDPA", "GQA", "KV_READ", "MEASURED
            "prefill_seconds", "_scheme_bytes", "CARRIED_FORM", "GGUF_CARRIED", "carried_matrix_bytes",
            "carried_form_name", "carried_matrices",
            "gathered_bytes", "weight_bytes", "weight_bytes_one", "_kernel_code", "_largest_packed",
-           "_layer_scratch", "_tied_bytes", "runtime_load_bytes", "workspace_bytes"]
+           "_layer_scratch", "_tied_bytes", "paged_table", "runtime_load_bytes", "workspace_bytes"]

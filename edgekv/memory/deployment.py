@@ -24,10 +24,13 @@ class Deployment:
     runtime_overhead: float
     load: Item = field(default_factory=lambda: Item(0, "not modelled"))
     explain: dict[str, str] = field(default_factory=dict)
+    # stored weight bytes the runtime does not keep resident (memory.paged_table: a .pte's embedding table beside its
+    # own output layer); weights["total"] stays the stored bytes, bytes["weights"] is what is resident
+    paged: Item = field(default_factory=lambda: Item(0, ""))
 
     @property
     def bytes(self) -> dict[str, int]:
-        w = int(self.weights["total"])
+        w = int(self.weights["total"] - self.paged.value)
         s = self.layout.nbytes
         ws = int(self.workspace.value)
         rt = int(self.runtime_overhead)

@@ -51,7 +51,8 @@ class _Attention:
 
 
 def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, chunk: int,
-                    precision: str = "fp32", methods: int = 1, filled: int | None = None) -> Item:
+                    precision: str = "fp32", methods: int = 1, filled: int | None = None,
+                    int8_kernel: str = "executorch") -> Item:
     """Transient memory at the worst moment of a prefill chunk or a decode step (fp32 activations):
     chunk activations + attention scores (x the copies the runtime keeps alive, if it materialises them) + logits
     + dequant/reconstruction scratch for one layer + the extra state copies alive during a call; or, where larger, the
@@ -59,9 +60,10 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     pages where the loader keeps them, which edgekv's does not: parts["load_unpaged"] is that transient as an app
     that loads without edgekv's pager holds it). Each is a named Term, and the explanation is theirs. filled: the positions a run has filled when fewer than the state's slots (an
     export run at a shorter context than its max_ctx); a runtime whose scores buffer is written only over the filled
-    columns (scores_filled: ONNX Runtime's GroupQueryAttention) then holds that much of it. None: every slot."""
+    columns (scores_filled: ONNX Runtime's GroupQueryAttention) then holds that much of it. None: every slot.
+    int8_kernel: what reads a .pte's int8 cache (export --pte-int8-kernel; _layer_scratch)."""
     rt = _traits(arch, layout, strategy, runtime)
-    a = _attention(arch, layout, strategy, runtime, rt, chunk, filled)
+    a = _attention(arch, layout, strategy, runtime, rt, chunk, filled, int8_kernel)
     copies = rt.get("score_copies", 1)
     n_state, scratch = rt.get("state_copies", 1), a.scratch
     if rt.get("packs_per_method"):  # every method has its own planned buffers: state in + state out, dequant scratch
@@ -151,7 +153,7 @@ def _load_transients(arch: Arch, layout: StateLayout, precision: str, rt: dict, 
 
 
 def _attention(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, rt: dict, chunk: int,
-               filled: int | None = None) -> _Attention:
+               filled: int | None = None, int8_kernel: str = "executorch") -> _Attention:
     """The largest sizes one call's mixers reach (_Attention), layer by layer; filled: as workspace_bytes."""
     a = _Attention()
     a.filled_cols = bool(filled and rt.get("scores_filled") and filled < layout.ctx)
@@ -191,7 +193,7 @@ def _attention(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str
                         seen = min(seen, filled)
                     a.scores = max(a.scores, m.n_heads * chunk * seen * 4)
                     a.masks = max(a.masks, chunk * seen * 4)
-                layer, how = _layer_scratch(arch, m, t, width.get(i, 0), strategy, rt, chunk)
+                layer, how = _layer_scratch(arch, m, t, width.get(i, 0), strategy, rt, chunk, int8_kernel)
                 if layer > a.scratch:
                     a.scratch, a.scratch_how = layer, how
             elif isinstance(m, MLA):
@@ -210,12 +212,19 @@ def _storage(strategy: Strategy) -> KvStorage:
     return strategy.kv_storage or FloatStorage(strategy.params.get("dtype", "fp32"))
 
 
-def _layer_scratch(arch: Arch, m: Attention, t: int, width: int, strategy: Strategy, rt: dict, chunk: int
-                   ) -> tuple[float, str]:
+def _layer_scratch(arch: Arch, m: Attention, t: int, width: int, strategy: Strategy, rt: dict, chunk: int,
+                   int8_kernel: str = "executorch") -> tuple[float, str]:
     """fp32 scratch one attention layer of t slots needs beside its scores, and what it is (for --explain): asked of
-    the cache's storage (quantized codes: dequantized; a float dtype other than fp32: cast)."""
+    the cache's storage (quantized codes: dequantized; a float dtype other than fp32: cast). int8_kernel "edgekv"
+    (export --pte-int8-kernel edgekv): edgekv::int8_sdpa reads a fused .pte's int8 codes in place (storage pte_read
+    "int8 codes"), converting a block of keys at a time in its own small buffers, so no rows are read back."""
     unit = m.n_kv_heads * t * m.head_dim * 4  # one layer's K (or V) for every slot, fp32
     st = _storage(strategy)
+    if int8_kernel == "edgekv" and "readback_copies" in rt and st.pte_read(m.head_dim) == "int8 codes":
+        # measured: the random Llama-3.2-1B's kv-int8c .pte with this kernel plans 1.4 MB for its method at 8192 slots
+        # (no K-sized fp32 tensor: one is 16.8 MB; benchmarks/results/pte_load_steps_llama32_1b_random.json), and its
+        # calls add 3.6 MB above the loaded model at a filled 1k and 8k (plan_accuracy_llama32_1b_random_pte.json)
+        return 0, ""
     if strategy.converts_to_latent:  # converted: the fp32 latent + the keys rebuilt and rotated for every slot
         return (t * width * 4 + MLA_REBUILD_COPIES * unit,
                 f"one layer's latent in fp32 + {MLA_REBUILD_COPIES} key-sized fp32 tensors while its keys are "
@@ -271,6 +280,22 @@ def _tied_bytes(arch: Arch, precision: str) -> float:
     if any(w.cls == "lm_head" for w in arch.weights):
         return 0
     return sum(weight_bytes_one(w, precision) for w in arch.weights if w.cls == "embedding")
+
+
+def paged_table(arch: Arch, weights: dict, runtime: str) -> Item:
+    """Stored weight bytes the runtime does not keep resident (subtracted from the weights' total in
+    Deployment.bytes): on a runtime whose loader pages a .pte's constant segment out (table_paged: edgekv's stepper,
+    edgekv/costs/workspace.json fields.table_paged), the embedding table where the output layer is its own
+    (`weights` has an lm_head: an untied model, or a runtime scheme's own output layer) -- only the gather reads it,
+    a row per token. The pages of the rows a run reads are not charged. 0 where the table is also the head."""
+    table = weights.get("embedding", 0)
+    if not _rt(runtime).get("table_paged") or not weights.get("lm_head") or not table:
+        return Item(0, "")
+    return Item(table, f"the embedding table {table:,.0f} B is not resident: the output layer is its own, so only the "
+                       "gather reads the table, from the .pte's constant segment, whose pages edgekv's stepper gives "
+                       "back after loading (release_file_pages); a run holds the pages of the rows it reads (not "
+                       "charged); an app whose reads also map the neighbouring pages (fault-around) holds up to the "
+                       f"whole table, {table:,.0f} B more [{runtime}: fields.table_paged]")
 
 
 def runtime_load_bytes(arch: Arch, precision: str, runtime: str, methods: int = 1,

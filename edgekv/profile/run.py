@@ -98,12 +98,27 @@ def weight_precision(manifest: dict) -> str:
     return next((k for k, v in WEIGHT_DTYPES.items() if v == stored), "fp32")
 
 
+def int8_kernel(manifest: dict, runtime: str) -> str:
+    """What reads the .pte's int8 cache: "edgekv" where the artifact calls edgekv's own kernel (its custom_ops, as
+    export --pte-int8-kernel edgekv writes them), else "executorch"."""
+    from ..export.stepper import entry
+    from ..native import OP
+    if FORMAT.get(runtime) != "pte":
+        return "executorch"
+    try:
+        ops = entry(manifest, "pte").get("custom_ops") or {}
+    except (EdgekvError, KeyError, TypeError):
+        return "executorch"
+    return "edgekv" if any(op.split(".")[0] == OP for op in ops.get("ops", [])) else "executorch"
+
+
 def predicted(manifest: dict, runtime: str | None = None, filled: int | None = None) -> dict:
     """The planner's bytes for this artifact on this runtime, comparable to peak - runtime baseline: weights + state +
     workspace (at the chunk the run really uses) + the runtime's load-time copies. Rebuilt with edgekv.plan from the
     model the export came from when it is still there, with the weights in the runtime's own layout where
-    runtimes.json gives one for edgekv's ONNX (what `edgekv plan --runtime ort` prices: MatMulNBits' fp32 scales);
-    else the manifest's recorded Deployment (the export's chunk and ORT's terms), else weights + state. filled: the
+    runtimes.json gives one (what `edgekv plan` prices for edgekv's artifacts: --runtime ort, MatMulNBits' fp32
+    scales; --runtime executorch, the .pte's own int4 layout with its untied output layer), and the .pte's int8
+    kernel the export built (the manifest's custom_ops: edgekv's own); else the manifest's recorded Deployment (the export's chunk and ORT's terms), else weights + state. filled: the
     positions the run fills (its ctx) where fewer than max_ctx, for the terms that follow them."""
     from ..arch import load_arch
     from ..plan import deployment, runtime_cost
@@ -114,12 +129,14 @@ def predicted(manifest: dict, runtime: str | None = None, filled: int | None = N
         arch = load_arch(src)
         n_methods = len(entry_points(manifest, rt))
         precision = weight_precision(manifest)
-        # edgekv's ONNX on ONNX Runtime (GenAI runs the same graph); the .pte keeps the planner's own layout
-        scheme = runtime_cost("onnxruntime", arch, precision)[1] if rt in ("ort", "genai") else None
+        # edgekv's ONNX on ONNX Runtime (GenAI runs the same graph), edgekv's .pte on ExecuTorch (`plan --runtime
+        # executorch`); ExecuTorch's LLM runner runs the runner .pte, whose weights the planner's own layout prices
+        scheme = runtime_cost("onnxruntime" if rt in ("ort", "genai") else "edgekv-pte", arch, precision)[1] \
+            if rt in ("ort", "genai", "executorch") else None
         max_ctx = int(manifest["max_ctx"])
         d = deployment(arch, parse_strategy(manifest["strategy"]["label"]), max_ctx, precision, RUNTIME_NAMES[rt],
                        0, prefill_chunk(manifest, rt), methods=n_methods, scheme=scheme,
-                       filled=filled if filled and filled < max_ctx else None)
+                       filled=filled if filled and filled < max_ctx else None, int8_kernel=int8_kernel(manifest, rt))
         b = d.bytes
         # the calls' own peak (weights + state + a call's workspace + the session), beside the load-time transient
         # the workspace is the larger of: what calls_peak_bytes measures (edgekv.profile.child)
