@@ -21,7 +21,9 @@ grows with the 3 global layers' slots, beside the plan's weights + state + a cal
 
 Llama-3.2-1B at its published shapes (random weights, int4): an 8k export profiled at a filled 1k and 8k, and a 32k
 export filled to 32k with its state written directly (FILLED_STATE, filled_state(): a 32k prefill of a 1B on one core
-runs for hours); --filled-state measures the 8k export's rows that way too, beside their real prefill.
+runs for hours); --filled-state measures the 8k export's rows that way too, beside their real prefill. The same model
+as an int4 kv-int8c .pte read by edgekv's own int8 kernel (EXTRA_EXPORT_ARGS): an 8k export profiled at a filled 1k and
+8k by a real prefill (benchmarks/results/plan_accuracy_llama32_1b_random_pte.json).
 
 How the runtime constants in edgekv/costs/workspace.json were probed, and how each planner term moved these rows
 when it was added: benchmarks/log/plan_accuracy_probes.md.
