@@ -83,3 +83,28 @@ def test_the_plan_charges_one_head_block_while_xnnpack_packs():
     block = _largest_packed(arch, "int4")
     assert PTE_HEAD_BLOCK_BYTES - PTE_HEAD_BLOCK_ALIGN * head / arch.vocab < block <= PTE_HEAD_BLOCK_BYTES
     assert _largest_packed(arch, "fp32") == weight_bytes_one(table, "fp32")
+
+
+def test_the_plan_splits_the_head_into_the_rows_the_exports_recorded():
+    """The plan's head block (pte_head_row_bytes: 4-bit codes + a 2-byte scale and an int8 zero point per group, in
+    the output layer's group) has the rows of the blocks two int4 exports wrote in their manifests
+    (output_layer_blocks, copied by experiments/pte_load_steps.py into benchmarks/results/): the random
+    Llama-3.2-1B's head in groups of 32 (2048 / 2 + 64 x 3 = 1216 B a row: 13312 rows under 16 MiB) and
+    Gemma-3-270M's in groups of 64 (640 / 2 + 10 x 3 = 350 B: 47104 rows)."""
+    import json
+    from pathlib import Path
+
+    from edgekv.arch import catalog
+    from edgekv.arch.variants import pte_head_block_rows
+    from edgekv.memory.workspace import _largest_packed, pte_head_row_bytes
+
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    for name, runs, per_row in (("llama-3.2-1b", "pte_load_steps_llama32_1b_random.json", 1216),
+                                ("gemma-3-270m", "pte_load_steps_gemma3.json", 350)):
+        arch = catalog.catalog_arch(name)
+        blocks = [r["program"]["output_layer_blocks"] for r in json.loads((results / runs).read_text())["runs"]]
+        recorded = next(b for b in blocks if b)
+        assert pte_head_row_bytes(arch) == per_row
+        rows = pte_head_block_rows(arch.vocab, per_row)
+        assert rows == recorded[0] and sum(recorded) == arch.vocab
+        assert _largest_packed(arch, "int4") == rows * per_row  # larger than any decoder linear of either

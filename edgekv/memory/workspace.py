@@ -264,14 +264,30 @@ def _kernel_code(arch: Arch, strategy: Strategy, rt: dict) -> float:
 def _largest_packed(arch: Arch, precision: str) -> float:
     """Bytes of the largest matrix XNNPACK packs: a linear, the lm_head, or the embedding a tied lm_head reads; a
     quantized output layer is lowered in row blocks, each its own delegate (edgekv.export.wquant.split_head,
-    PTE_HEAD_BLOCK_BYTES), so its largest block."""
+    PTE_HEAD_BLOCK_BYTES), so its largest block; an int4 one's rows as the export stores them (pte_head_row_bytes)."""
     sizes = [weight_bytes_one(w, precision) for w in arch.weights if w.cls == "linear"]
     head = sum(weight_bytes_one(w, precision) for w in arch.weights if w.cls == "lm_head") or \
         _tied_bytes(arch, precision)
     if head and precision in ("int8", "int4") and arch.vocab:
-        per_row = head / arch.vocab
-        head = min(head, pte_head_block_rows(arch.vocab, per_row) * per_row)
+        per_row = pte_head_row_bytes(arch) if precision == "int4" else head / arch.vocab
+        head = min(arch.vocab, pte_head_block_rows(arch.vocab, per_row)) * per_row
     return max(sizes + [head])
+
+
+def pte_head_row_bytes(arch: Arch) -> float:
+    """Bytes of one row of an int4 .pte's output layer as the export splits it into blocks (wquant.split_head: the
+    4-bit codes + the quantized tensor's other stored tensors): per group, a 2-byte scale and torchao's int8 zero
+    point (stored even for symmetric codes), in the output layer's group (edgekv-pte's output, or output_large_head
+    where the head outweighs the layers: plan.large_head's rule). Checked against the exports' own blocks: the
+    random Llama-3.2-1B 13312 rows (1216 B a row), Gemma-3-270M 47104 (350 B;
+    benchmarks/results/pte_load_steps_{llama32_1b_random,gemma3}.json output_layer_blocks)."""
+    from ..arch.variants import head_outweighs_layers
+    from .costs import PLAN_RUNTIMES
+    spec = PLAN_RUNTIMES["edgekv-pte"]["weights"]["value"]["int4"]
+    big = spec["output_large_head"]
+    out = big if head_outweighs_layers(arch.vocab * arch.hidden, [w.numel for w in arch.weights if w.cls == "linear"],
+                                       arch.hidden, big["group"]) else spec["output"]
+    return arch.hidden * out["bits"] / 8 + arch.hidden / out["group"] * (out["scale_bytes"] + 1)
 
 
 @functools.lru_cache(maxsize=512)  # per (Arch, precision): the same for every row of a model
