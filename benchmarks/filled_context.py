@@ -81,7 +81,7 @@ def export_arg(e: str) -> tuple[str, str, str]:
 
 def export_record(folder: str, m: dict) -> dict:
     """What a row run on a prebuilt export (--export) records of it: the folder, the model's source, the strategy,
-    the weights, and the operators of edgekv's own that its .pte calls (--pte-int8-kernel edgekv: the manifest's
+    the weights, and the operators of edgekv's own that its .pte calls (--pte-kernel edgekv: the manifest's
     `custom_ops`), so a row on edgekv's int8 kernel is told from the stock export of the same strategy."""
     rec = {"folder": folder, "model_source": m["model"].get("source"), "strategy": m["strategy"]["label"],
            "weights": m["weights"]["dtype"]}

@@ -797,7 +797,7 @@ def test_plan_names_the_int8_kernel_in_its_export_command():
     code, out, err = cli("plan", "--device", "host", "-m", "smollm2-135m", "-c", "8k", "--runtime", "executorch",
                          "--strategy", "kv-int8c", "--pte-int8-kernel", "edgekv")
     assert code in (0, 3), err
-    assert "--pte-int8-kernel edgekv -o OUT" in " ".join(out.split())
+    assert "--pte-kernel edgekv -o OUT" in " ".join(out.split())
     assert "edgekv::int8_sdpa" in cli("plan", "--device", "host", "-m", "smollm2-135m", "-c", "8k", "--runtime",
                                       "executorch", "--strategy", "kv-int8c", "--pte-int8-kernel", "edgekv",
                                       "--json", "--explain")[1]

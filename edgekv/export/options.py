@@ -37,7 +37,7 @@ class ExportOptions:
     runners: tuple[str, ...] = ()  # --runner: genai (the ONNX graph GenAI loads), executorch (the runner .pte)
     max_memory: str | None = None  # --max-memory: the memory to plan for (edgekv.export.budget), e.g. "8GB"
     planned_for: str | None = None  # --from-plan DEVICE: the device profile the export was planned for
-    pte_int8_kernel: str = "executorch"  # --pte-int8-kernel: what reads an int8 cache's codes in the .pte
+    pte_int8_kernel: str = "executorch"  # --pte-kernel: what reads an int8 cache's codes in the .pte
 
 
 def _wrapped_exit(e: BaseException) -> SystemExit | None:
