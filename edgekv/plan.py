@@ -27,11 +27,12 @@ FIT_ORDER = {"yes": 0, "tight": 1, "no": 2}
 
 def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: str, overhead: float,
                chunk: int = DEFAULT_CHUNK, methods: int = 1, scheme: dict | None = None,
-               filled: int | None = None) -> M.Deployment:
+               filled: int | None = None, pte_kernel: str = "executorch") -> M.Deployment:
     """methods: entry points the runtime initialises (a .pte of a recurrent or blended state has prefill + decode:
     XNNPACK packs the weights twice; a plain kv cache's .pte has one `forward`). scheme: the runtime's own weight
     layout for this precision (memory.weight_bytes), None = edgekv's. filled: the positions a run fills when fewer
-    than ctx (the state's slots), for the terms that follow them (memory.workspace_bytes); None = ctx."""
+    than ctx (the state's slots), for the terms that follow them (memory.workspace_bytes); None = ctx. pte_kernel:
+    what reads the .pte's cache (export --pte-kernel: "edgekv" reads an fp16 cache in place, no fp32 copy)."""
     if weights == "gguf" and not arch.gguf_path:
         raise EdgekvError(f"--weights gguf needs a GGUF model; {arch.name} was read from {arch.source}")
     layout = strategy.layout(arch, ctx)
@@ -39,7 +40,7 @@ def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: 
     if carried:  # edgekv's ONNX carries the file's blocks in MatMulNBits' form, larger than the file (memory.weights)
         scheme = M.GGUF_CARRIED
     wb = M.weight_bytes(arch, weights, scheme)
-    ws = M.workspace_bytes(arch, layout, strategy, runtime, min(chunk, ctx), weights, methods, filled)
+    ws = M.workspace_bytes(arch, layout, strategy, runtime, min(chunk, ctx), weights, methods, filled, pte_kernel)
     load = M.runtime_load_bytes(arch, weights, runtime, methods, layout, strategy)
     d = M.Deployment(arch.name, strategy, ctx, weights, runtime, layout, wb, ws, overhead, load)
     d.explain = {
@@ -165,7 +166,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     if budget is not None and budget != basis.app:
         basis = Budget(basis.device, budget, basis.runtime, basis.overhead, basis.uncertainty, basis.entitled)
     strategy.check_device(device.is_datacenter)
-    dep = device_deployment(arch, strategy, device, ctx, weights, name, chunk)
+    dep = device_deployment(arch, strategy, device, ctx, weights, name, chunk, int8_kernel)
     rt = cost
     read = M.decode_read_bytes(dep.weights["read_per_token"], dep.layout, strategy, rt)
     fl = M.decode_flops(arch, dep.layout, strategy)
@@ -290,12 +291,12 @@ def _gguf_rates(arch: Arch, weights: str, rates: dict | None) -> tuple[dict | No
 
 
 def device_deployment(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, weights: str, name: str,
-                      chunk: int = DEFAULT_CHUNK) -> M.Deployment:
+                      chunk: int = DEFAULT_CHUNK, pte_kernel: str = "executorch") -> M.Deployment:
     """The memory side of a plan row: deployment() under plan runtime `name` on this device (its overhead, and on a
     phone the runtime's arm64 packing at load)."""
     cost, scheme, how = runtime_cost(name, arch, weights)
     ov = device.overhead(M.PLAN_RUNTIMES[name]["overhead"])
-    dep = deployment(arch, strategy, ctx, weights, cost, ov.value, chunk, scheme=scheme)
+    dep = deployment(arch, strategy, ctx, weights, cost, ov.value, chunk, scheme=scheme, pte_kernel=pte_kernel)
     dep.explain["runtime model"] = how
     if device.device_class == "phone":  # a phone runs the runtime's arm64 kernels: their packing, as measured
         dep.load = M.arm64_load(dep.load, dep.weights["total"], cost, weights)

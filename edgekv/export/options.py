@@ -134,21 +134,22 @@ def verify_prompt(tokenizer, vocab: int, n_max: int, bos=()) -> list[int]:
     return ids[:max(1, n_max)]
 
 
-def planned(arch, strategy, max_ctx: int, formats, pte_chunk: int, weights: str = "fp32", pte_methods: int = 2
-            ) -> dict:
+def planned(arch, strategy, max_ctx: int, formats, pte_chunk: int, weights: str = "fp32", pte_methods: int = 2,
+            pte_kernel: str = "executorch") -> dict:
     """The planner's Deployment for each artifact, at the prefill call size and on the runtime it is planned for
     (weights at the export's precision, state at max_ctx): what `edgekv profile` compares its measurement with. onnx: ONNX
     Runtime, calls of OrtStepper's size (OrtStepper reads it back from here); pte: ExecuTorch, calls of at most
     pte_chunk tokens, pte_methods methods (1: `forward`; 2: `prefill` + `decode`, XNNPACK packs the weights twice).
     The top-level bytes are the first format's. Runtime overhead is the device's, not the artifact's, so it is left
-    out (0) here."""
+    out (0) here. pte_kernel: --pte-kernel (edgekv's reads the fp16 cache in place)."""
     from ..plan import deployment
     from .stepper import Stepper
     plans = {"onnx": ("onnxruntime", min(Stepper.max_chunk, max_ctx), 1), "pte": ("executorch", pte_chunk, pte_methods)}
     out = {}
     for fmt in formats:
         runtime, chunk, methods = plans[fmt]
-        d = deployment(arch, strategy, max_ctx, weights, runtime, 0, chunk, methods=methods).to_json()
+        d = deployment(arch, strategy, max_ctx, weights, runtime, 0, chunk, methods=methods,
+                       pte_kernel=pte_kernel).to_json()
         out[fmt] = {"runtime": runtime, "prefill_chunk": chunk, "methods": methods, "bytes": d["bytes"]}
         if fmt == "onnx":  # what OrtStepper sets (lean=True): without it ORT keeps earlier calls' blocks
             out[fmt]["session_options"] = {"enable_cpu_mem_arena": False, "enable_mem_pattern": False}

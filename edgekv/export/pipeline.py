@@ -437,7 +437,7 @@ def _manifest(x: Export, version: str) -> dict:
             "verification": x.verification, **({"weight_quality": x.weight_quality} if x.weight_quality else {}),
             "timings_s": dict(x.st.timings),
             "deployment": planned(plan_arch, x.strategy, opts.max_ctx, opts.formats, x.chunk, opts.weights,
-                                  pte_methods=len(x.entries["pte"])),
+                                  pte_methods=len(x.entries["pte"]), pte_kernel=opts.pte_int8_kernel),
             "files": x.mf.file_table(x.tmp)}
         x.mf.write_manifest(x.tmp, manifest)
     return manifest

@@ -51,7 +51,8 @@ class _Attention:
 
 
 def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, chunk: int,
-                    precision: str = "fp32", methods: int = 1, filled: int | None = None) -> Item:
+                    precision: str = "fp32", methods: int = 1, filled: int | None = None,
+                    pte_kernel: str = "executorch") -> Item:
     """Transient memory at the worst moment of a prefill chunk or a decode step (fp32 activations):
     chunk activations + attention scores (x the copies the runtime keeps alive, if it materialises them) + logits
     + dequant/reconstruction scratch for one layer + the extra state copies alive during a call; or, where larger, the
@@ -59,9 +60,11 @@ def workspace_bytes(arch: Arch, layout: StateLayout, strategy: Strategy, runtime
     pages where the loader keeps them, which edgekv's does not: parts["load_unpaged"] is that transient as an app
     that loads without edgekv's pager holds it). Each is a named Term, and the explanation is theirs. filled: the positions a run has filled when fewer than the state's slots (an
     export run at a shorter context than its max_ctx); a runtime whose scores buffer is written only over the filled
-    columns (scores_filled: ONNX Runtime's GroupQueryAttention) then holds that much of it. None: every slot."""
+    columns (scores_filled: ONNX Runtime's GroupQueryAttention) then holds that much of it. None: every slot.
+    pte_kernel "edgekv" (export --pte-kernel edgekv): edgekv::fp16_sdpa reads a .pte's fp16 cache in place, so no
+    layer's fp32 read-back copy is held."""
     rt = _traits(arch, layout, strategy, runtime)
-    a = _attention(arch, layout, strategy, runtime, rt, chunk, filled)
+    a = _attention(arch, layout, strategy, runtime, rt, chunk, filled, pte_kernel)
     copies = rt.get("score_copies", 1)
     n_state, scratch = rt.get("state_copies", 1), a.scratch
     if rt.get("packs_per_method"):  # every method has its own planned buffers: state in + state out, dequant scratch
@@ -151,7 +154,7 @@ def _load_transients(arch: Arch, layout: StateLayout, precision: str, rt: dict, 
 
 
 def _attention(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, rt: dict, chunk: int,
-               filled: int | None = None) -> _Attention:
+               filled: int | None = None, pte_kernel: str = "executorch") -> _Attention:
     """The largest sizes one call's mixers reach (_Attention), layer by layer; filled: as workspace_bytes."""
     a = _Attention()
     a.filled_cols = bool(filled and rt.get("scores_filled") and filled < layout.ctx)
@@ -191,7 +194,9 @@ def _attention(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str
                         seen = min(seen, filled)
                     a.scores = max(a.scores, m.n_heads * chunk * seen * 4)
                     a.masks = max(a.masks, chunk * seen * 4)
-                layer, how = _layer_scratch(arch, m, t, width.get(i, 0), strategy, rt, chunk)
+                layer, how = _layer_scratch(arch, m, t, width.get(i, 0), strategy, rt, chunk) \
+                    if not (runtime == "executorch" and pte_kernel == "edgekv" and _edgekv_fp16(strategy)) \
+                    else (0, "")  # edgekv::fp16_sdpa: the fp16 cache read in place
                 if layer > a.scratch:
                     a.scratch, a.scratch_how = layer, how
             elif isinstance(m, MLA):
@@ -208,6 +213,13 @@ def _storage(strategy: Strategy) -> KvStorage:
     """The strategy's KV storage; one without a KV cache (a latent, a recurrent state) reads as a float cache of its
     dtype."""
     return strategy.kv_storage or FloatStorage(strategy.params.get("dtype", "fp32"))
+
+
+def _edgekv_fp16(strategy: Strategy) -> bool:
+    """An fp16 KV cache, which edgekv's own kernel (edgekv::fp16_sdpa, export --pte-kernel edgekv) reads in place in
+    the .pte (edgekv.models.swaps._edgekv_reads)."""
+    st = strategy.kv_storage
+    return st is not None and not st.quantized and st.kv_read_key == "fp16"
 
 
 def _layer_scratch(arch: Arch, m: Attention, t: int, width: int, strategy: Strategy, rt: dict, chunk: int

@@ -117,9 +117,12 @@ def predicted(manifest: dict, runtime: str | None = None, filled: int | None = N
         # edgekv's ONNX on ONNX Runtime (GenAI runs the same graph); the .pte keeps the planner's own layout
         scheme = runtime_cost("onnxruntime", arch, precision)[1] if rt in ("ort", "genai") else None
         max_ctx = int(manifest["max_ctx"])
+        # edgekv's own kernels (the .pte's custom_ops): the fp16 cache read in place, no fp32 read-back copy
+        kernel = "edgekv" if rt == "executorch" and any(a.get("custom_ops") for a in manifest.get("artifacts", [])
+                                                        if a.get("format") == "pte") else "executorch"
         d = deployment(arch, parse_strategy(manifest["strategy"]["label"]), max_ctx, precision, RUNTIME_NAMES[rt],
                        0, prefill_chunk(manifest, rt), methods=n_methods, scheme=scheme,
-                       filled=filled if filled and filled < max_ctx else None)
+                       filled=filled if filled and filled < max_ctx else None, pte_kernel=kernel)
         b = d.bytes
         # the calls' own peak (weights + state + a call's workspace + the session), beside the load-time transient
         # the workspace is the larger of: what calls_peak_bytes measures (edgekv.profile.child)
