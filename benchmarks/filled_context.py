@@ -521,7 +521,9 @@ def main(argv=None) -> dict:
             sep = ""
         if not sep or not row.startswith("edgekv-") or stop_prefill.get(row, 0) <= 0:
             ap.error(f"--stop-prefill {e!r}: ROW=CPU_S, an edgekv row and a positive number of seconds")
-    names = ds.select(row_names(a.quick), a.only)
+    # a row an --export names that the list has not (e.g. edgekv-pte:kv:dtype=fp16/int4 beside edgekv-pte:kv/int4:
+    # the same cache built two ways, side by side in one run) joins the rows --only selects from
+    names = ds.select(row_names(a.quick) + [r for r in exports if r not in row_names(a.quick)], a.only)
     if not a.only or "gguf" not in a.only:  # the carried-weight rows run when a key names them (--only .../gguf)
         names = [n for n in names if not n.endswith("/gguf")]
     if a.only:  # the rows run in the order of the keys they match first (a long run puts the rows it needs first)
