@@ -678,6 +678,8 @@ def et_program(h: int, hkv: int, d: int, kind: str, ctx: int, chunk: int = 1) ->
                 kc, vc = k.view(hkv, ctx, 1, d), v.view(hkv, ctx, 1, d)
             elif kind == "fp16":
                 k, v = put(k, row.half()), put(v, row.half())
+                if INT8_KERNEL == "edgekv":  # edgekv::fp16_sdpa (--int8-kernel edgekv): the fp16 cache in place
+                    return torch.ops.edgekv.fp16_sdpa(q.contiguous(), k, v, start, d ** -0.5)
                 kc, vc = (s[:, :, :n].float().view(hkv, n, 1, d) for s in (k, v))
             else:  # int8 codes read in place by custom_quantized_sdpa, the query quantized per token
                 codes = (row * 20).round().clamp(-127, 127).to(torch.int8)
@@ -1111,7 +1113,7 @@ def main(argv=None) -> int:
                     "attention_rates_executorch_window.json)")
     ap.add_argument("--int8-kernel", choices=("executorch", "edgekv"), default="executorch",
                     help="executorch: what reads the int8 / int8c codes, llama::custom_quantized_sdpa or edgekv's own "
-                    "edgekv::int8_sdpa (export --pte-int8-kernel edgekv)")
+                    "edgekv::int8_sdpa (export --pte-kernel edgekv)")
     ap.add_argument("--shapes", help="the head shapes to time (default all: " + ",".join(SHAPES) + ")")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--refit", type=Path, help="fit the rows of this results JSON again (no timing)")
@@ -1251,8 +1253,9 @@ def main(argv=None) -> int:
            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)), **versions,
            "machine": platform.processor() or platform.machine(), "platform": platform.platform(),
            "loadavg": list(os.getloadavg()), "threads": 1, "runs": a.runs, "what": what,
-           **({"int8_kernel": "edgekv::int8_sdpa (edgekv/native, --pte-int8-kernel edgekv): the fp32 query against "
-                             "the int8 codes and their scales as stored, in place"} if INT8_KERNEL == "edgekv" else {}),
+           **({"int8_kernel": "edgekv::int8_sdpa and edgekv::fp16_sdpa (edgekv/native, --pte-kernel edgekv): the "
+                             "fp32 query against the int8 codes and their scales as stored, or the fp16 cache, in "
+                             "place"} if INT8_KERNEL == "edgekv" else {}),
            "rows": rows, "fits": fits, "prefill_fits": pre, "seconds": round(time.time() - t0, 1)}
     write_json(out_path, out)
     return 0

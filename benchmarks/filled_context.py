@@ -81,7 +81,7 @@ def export_arg(e: str) -> tuple[str, str, str]:
 
 def export_record(folder: str, m: dict) -> dict:
     """What a row run on a prebuilt export (--export) records of it: the folder, the model's source, the strategy,
-    the weights, and the operators of edgekv's own that its .pte calls (--pte-int8-kernel edgekv: the manifest's
+    the weights, and the operators of edgekv's own that its .pte calls (--pte-kernel edgekv: the manifest's
     `custom_ops`), so a row on edgekv's int8 kernel is told from the stock export of the same strategy."""
     rec = {"folder": folder, "model_source": m["model"].get("source"), "strategy": m["strategy"]["label"],
            "weights": m["weights"]["dtype"]}
@@ -521,7 +521,9 @@ def main(argv=None) -> dict:
             sep = ""
         if not sep or not row.startswith("edgekv-") or stop_prefill.get(row, 0) <= 0:
             ap.error(f"--stop-prefill {e!r}: ROW=CPU_S, an edgekv row and a positive number of seconds")
-    names = ds.select(row_names(a.quick), a.only)
+    # a row an --export names that the list has not (e.g. edgekv-pte:kv:dtype=fp16/int4 beside edgekv-pte:kv/int4:
+    # the same cache built two ways, side by side in one run) joins the rows --only selects from
+    names = ds.select(row_names(a.quick) + [r for r in exports if r not in row_names(a.quick)], a.only)
     if not a.only or "gguf" not in a.only:  # the carried-weight rows run when a key names them (--only .../gguf)
         names = [n for n in names if not n.endswith("/gguf")]
     if a.only:  # the rows run in the order of the keys they match first (a long run puts the rows it needs first)

@@ -33,8 +33,8 @@ not on this machine, a weight type no form was timed for) are listed with the re
 `edgekv export --weights gguf` rows (the GGUF's blocks, each type in its MatMulNBits form) are planned as `edgekv plan
 -m FILE.gguf --weights gguf` plans them, each matrix at its form's kernel rows (attention_rates.py --matmul-forms), and
 ONNX Runtime GenAI's rows at the kernel rows of the ops its graph runs (GENAI) plus its cache's 4 KiB pages
-(GENAI_PAGES, measured by benchmarks/genai_step.py); both held out: nothing is fitted on them. A .pte whose export calls edgekv's own int8 kernel (export --pte-int8-kernel edgekv:
-its manifest's custom_ops, recorded by filled_context) is priced as `edgekv plan --pte-int8-kernel edgekv` prices it,
+(GENAI_PAGES, measured by benchmarks/genai_step.py); both held out: nothing is fitted on them. A .pte whose export calls edgekv's own int8 kernel (export --pte-kernel edgekv:
+its manifest's custom_ops, recorded by filled_context) is priced as `edgekv plan --pte-kernel edgekv` prices it,
 at that kernel's measured rows, and held out whatever its model: nothing is fitted on it.
 
     python benchmarks/plan_vs_filled.py [--ggufs] [--gguf-dir DIR] [--out benchmarks/results/plan_vs_filled.json]
@@ -101,7 +101,7 @@ LLAMACPP_CACHE = {"f16": "kv", "q8_0": "kv-int8", "q4_0": "kv-int4"}
 NOT_MODELLED: dict[str, str] = {}
 # the cache kinds benchmarks/attention_rates.py times per runtime (the rest are fitted here on model rows)
 KERNEL_KINDS = {"onnxruntime": ("fp32", "fp16", "int8c"),
-                "executorch": ("fp32", "fp16", "int8", "int8c", "edgekv int8", "edgekv int8c"),
+                "executorch": ("fp32", "fp16", "int8", "int8c", "edgekv int8", "edgekv int8c", "edgekv fp16"),
                 "llama.cpp": ("f16", "q8_0", "q4_0"), "executorch-llama": ("fp32", "fp16", "int8")}
 # the eager graphs a benchmark times too (benchmarks/attention_rates.py --window: the window strategy's layer; the
 # explicit kv-int8 graph per kept key, benchmarks/eager_per_key.py on profile_ort.py's rounds of the model): charged
@@ -149,11 +149,11 @@ PTE_INT8_OLD_KIND = {"edgekv-pte:kv-int8/": "readback int8", "edgekv-pte:kv-int8
 PTE_PER_HEAD = ("edgekv-pte:kv:dtype=fp32/", "2026-12-05T22:53", "per-head fp32")
 PTE_ROWS_FILES = {"filled_context_gemma3_16384_pte_fast.json", "filled_context_gemma3_16384_pte_fast_r2.json"}
 # edgekv's own operators a .pte may call (its manifest's custom_ops, recorded by filled_context as export.custom_ops)
-# -> the --pte-int8-kernel that builds it: the plan prices edgekv::int8_sdpa at its kernel rows
+# -> the --pte-kernel that builds it: the plan prices edgekv::int8_sdpa and edgekv::fp16_sdpa at their kernel rows
 # (benchmarks/attention_rates.py --runtime executorch --int8-kernel edgekv; edgekv/costs/attention_rates.json kinds
-# "edgekv int8" / "edgekv int8c"). Such rows are held out: nothing is fitted on them (their attention and prefill
+# "edgekv int8" / "edgekv int8c" / "edgekv fp16"). Such rows are held out: nothing is fitted on them (their attention and prefill
 # attention are the kernel's measured rates, their weights term and prefill matmul rate the other .pte rows')
-PTE_INT8_KERNEL_OPS = {"edgekv::int8_sdpa": "edgekv"}
+PTE_INT8_KERNEL_OPS = {"edgekv::int8_sdpa": "edgekv", "edgekv::fp16_sdpa": "edgekv"}
 # runs whose .pte called edgekv::int8_sdpa before its register tiles (commit 34f6f6f: 1.6-2.1x as long per call,
 # results/attention_rates_executorch_int8_edgekv_blocks.json / _r2.json against _tiles.json): another kernel than the
 # one whose rates are stored, listed, not compared. Named by file, not date: filled_context_gemma3_32768_pte_cells ran
@@ -288,7 +288,7 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
     (None: no rate for this row), the prefill FLOP by part and the prefill kind, and plan's own decode / prefill.
     kind_then: the stored kind of the graph an older row ran (PTE_INT8_OLD_KIND), in place of the planner's;
     int8_kernel: what read the .pte's int8 codes (its export's custom_ops: PTE_INT8_KERNEL_OPS), as
-    `edgekv plan --pte-int8-kernel` prices it. weights: "int4", "gguf" (the row's GGUF, `gguf`, read as `edgekv plan
+    `edgekv plan --pte-kernel` prices it. weights: "int4", "gguf" (the row's GGUF, `gguf`, read as `edgekv plan
     -m FILE.gguf --weights gguf` reads it) or "genai-int4" (GENAI: the plan's int4 row, its matrices at GenAI's form)."""
     from edgekv import memory as M
     from edgekv.arch import Attention
@@ -572,7 +572,7 @@ def main(argv=None) -> int:
                    "another graph: the sliding rings attended by eager arithmetic (PTE_RINGS_EAGER)")
             r["set"] = "held-out"
         elif ops and ops <= set(PTE_INT8_KERNEL_OPS) and not isinstance(how, str):
-            int8_kernel = PTE_INT8_KERNEL_OPS[ops.pop()]
+            int8_kernel = PTE_INT8_KERNEL_OPS[sorted(ops)[0]]
             # its attention at the kernel's own measured rows (nothing fitted on model rows): a check, not a fit row
             r["set"] = "held-out"
         elif ops:

@@ -9,7 +9,7 @@ call), then the same run with ETDump on, whose events are summed per call into
   xnnpack other       every other op inside the XNNPACK delegate (norms, elementwise, reshapes)
   xnnpack dispatch    the delegate calls' time beyond the ops inside them
   custom_sdpa         ExecuTorch's LLM attention kernel (llama::custom_sdpa)
-  int8_sdpa           edgekv's own int8-cache attention kernel (edgekv::int8_sdpa, --pte-int8-kernel edgekv)
+  int8_sdpa           edgekv's own int8-cache attention kernel (edgekv::int8_sdpa, --pte-kernel edgekv)
   cache write         index_put_ of this call's rows into the caller's state
   portable other      the remaining portable kernels (embedding, RoPE tables, casts)
   operator dispatch   the runtime's per-operator wrapper beyond the kernels

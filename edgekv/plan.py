@@ -32,7 +32,7 @@ def deployment(arch: Arch, strategy: Strategy, ctx: int, weights: str, runtime: 
     XNNPACK packs the weights twice; a plain kv cache's .pte has one `forward`). scheme: the runtime's own weight
     layout for this precision (memory.weight_bytes), None = edgekv's. filled: the positions a run fills when fewer
     than ctx (the state's slots), for the terms that follow them (memory.workspace_bytes); None = ctx. int8_kernel:
-    what reads a .pte's int8 cache (export --pte-int8-kernel; memory.workspace_bytes). The weights' resident bytes
+    what reads a .pte's int8 cache (export --pte-kernel; memory.workspace_bytes). The weights' resident bytes
     are the stored bytes less what the runtime leaves in the file (memory.paged_table)."""
     if weights == "gguf" and not arch.gguf_path:
         raise EdgekvError(f"--weights gguf needs a GGUF model; {arch.name} was read from {arch.source}")
@@ -158,10 +158,10 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
              budget: int | None = None, chunk: int = DEFAULT_CHUNK, entitled: bool = False,
              int8_kernel: str = "executorch") -> PlanRow:
     """budget: an app budget in place of the device's (its uncertainty stays the device's); entitled: the iOS
-    increased-memory-limit budget; int8_kernel: what reads a .pte's int8 cache in place (export --pte-int8-kernel:
+    increased-memory-limit budget; int8_kernel: what reads a .pte's int8 cache in place (export --pte-kernel:
     ExecuTorch's custom_quantized_sdpa, or edgekv's own edgekv::int8_sdpa, each charged at its measured rate)."""
     if int8_kernel not in M.PTE_INT8_KERNELS:
-        raise EdgekvError(f"--pte-int8-kernel: {int8_kernel!r} is not one of {', '.join(M.PTE_INT8_KERNELS)}")
+        raise EdgekvError(f"--pte-kernel: {int8_kernel!r} is not one of {', '.join(M.PTE_INT8_KERNELS)}")
     name = runtime or default_runtime(device)
     cost, scheme, how = runtime_cost(name, arch, weights)
     ov = device.overhead(M.PLAN_RUNTIMES[name]["overhead"])
@@ -442,7 +442,7 @@ class Plan:
     _runtime: str | None = None
 
     suggestions: list[dict] | None = None  # what_would_fit, where the caller asked and nothing fits well
-    int8_kernel: str = "executorch"  # what reads a .pte's int8 cache (plan --pte-int8-kernel, as export takes it)
+    int8_kernel: str = "executorch"  # what reads a .pte's int8 cache (plan --pte-kernel, as export takes it)
 
     def to_json(self, explain: bool = False) -> dict:
         d = {"device": self.device.to_json(), "ctx": self.ctx, "budget_bytes": self.budget,

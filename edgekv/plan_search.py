@@ -38,9 +38,9 @@ def what_would_fit(plan: Plan, archs: list[Arch], strategies: list[Strategy] | N
         return None
     d, ctx, rt = plan.device, plan.ctx, plan.runtime
     from .units import fmt_ctx
-    k8 = plan.int8_kernel  # the .pte's int8 kernel the plan priced (plan --pte-int8-kernel), kept in each suggestion
+    k8 = plan.int8_kernel  # the .pte's int8 kernel the plan priced (plan --pte-kernel), kept in each suggestion
     plain = ["-d", d.id, "-c", fmt_ctx(ctx)] + [a for m in archs for a in ("-m", m.name)] * models_given \
-        + (["--entitled"] if entitled else []) + (["--pte-int8-kernel", k8] if k8 != "executorch" else [])
+        + (["--entitled"] if entitled else []) + (["--pte-kernel", k8] if k8 != "executorch" else [])
     base = plain + (["--weights", weights] if weights else [])
     strat = [a for s in strategies or [] for a in ("--strategy", s.label)]
     out = []

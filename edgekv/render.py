@@ -93,7 +93,7 @@ def export_sentence(plan) -> str:
     if plan.runtime in EDGEKV_BUILDS:
         fmt = " --format onnx" if plan.runtime == "onnxruntime" and default_runtime(d) != "onnxruntime" else ""
         if plan.runtime == "edgekv-pte" and getattr(plan, "int8_kernel", "executorch") != "executorch":
-            fmt += f" --pte-int8-kernel {plan.int8_kernel}"  # the kernel the int8 caches were priced at
+            fmt += f" --pte-kernel {plan.int8_kernel}"  # the kernel the int8 caches were priced at
         return (f"`edgekv export -m ./hf-folder-or.gguf --strategy S --from-plan {escape(d.id)} -c {ctx}{fmt} -o OUT` "
                 "builds a row as planned.")
     from .memory import PLAN_RUNTIMES

@@ -155,6 +155,18 @@ def test_the_rows_run_in_the_order_of_the_only_keys():
     assert got == ["edgekv-ort:kv-int8c/gguf", "edgekv-ort:kv-int8c/int4"]
 
 
+def test_a_row_only_an_export_names_runs_beside_the_listed_one(tmp_path):
+    """The same cache built two ways in one run: edgekv-pte:kv/int4 (its export) and edgekv-pte:kv:dtype=fp16/int4,
+    a row no list has, named by its --export; each selected by its own --only key, in their order."""
+    folder = tmp_path / "x"
+    folder.mkdir()
+    (folder / "manifest.json").write_text("{}")
+    got = fc.main(["--list", "--export", f"edgekv-pte:kv:dtype=fp16/int4={folder}", "--export",
+                   f"edgekv-pte:kv/int4={folder}", "--only", "edgekv-pte:kv/,edgekv-pte:kv:dtype=fp16"])["rows"]
+    assert got == ["edgekv-pte:kv/int4", "edgekv-pte:kv:dtype=fp16/int4"]
+    assert "edgekv-pte:kv:dtype=fp16/int4" not in fc.main(["--list", "--only", "edgekv-pte:kv"])["rows"]
+
+
 def test_fill_quality_adds_each_rows_kl_from_its_saved_logits(tmp_path):
     """--fill-quality: the KL of a row an earlier --reference-later run measured, from the logits it saved, by hand:
     reference p = (1/2, 1/2), row q = (3/4, 1/4), KL(p || q) = 1/2 ln(4/3); a row that failed is left as it was."""

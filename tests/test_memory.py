@@ -416,3 +416,19 @@ def test_the_profile_prices_a_pte_in_its_own_layout_with_the_kernel_it_calls():
     assert {k: p[k] for k in ("weights", "state", "workspace", "load")} == \
         {k: b[k] for k in ("weights", "state", "workspace", "load")}
     assert predicted(plain, "executorch")["workspace"] == _llama_pte(kernel="executorch").bytes["workspace"]
+def test_edgekvs_fp16_kernel_holds_no_read_back_copy_of_the_cache():
+    """A .pte's fp16 cache: by default every call casts one layer's K and V to fp32 (the workspace holds those
+    copies: at SmolLM2's 8k, at least 2 x 3 KV heads x 8192 slots x 64 x 4 B); edgekv::fp16_sdpa (export --pte-kernel
+    edgekv) reads it in place, so its workspace is the fp32 cache's, which custom_sdpa reads in place too."""
+    from edgekv.memory import workspace_bytes
+    ctx = 8192
+    fp16, fp32 = parse_strategy("kv"), parse_strategy("kv:dtype=fp32")
+    lay16, lay32 = build_layout(SMOL, fp16, ctx), build_layout(SMOL, fp32, ctx)
+    cast = workspace_bytes(SMOL, lay16, fp16, "executorch", 32, "int4").value
+    kernel = workspace_bytes(SMOL, lay16, fp16, "executorch", 32, "int4", int8_kernel="edgekv").value
+    in_place = workspace_bytes(SMOL, lay32, fp32, "executorch", 32, "int4").value
+    assert kernel == in_place
+    assert cast - kernel >= 2 * 3 * ctx * 64 * 4
+    # ONNX Runtime and the int8 caches are not what this kernel changes
+    assert workspace_bytes(SMOL, lay16, fp16, "onnxruntime", 32, "int4", int8_kernel="edgekv").value == \
+        workspace_bytes(SMOL, lay16, fp16, "onnxruntime", 32, "int4").value

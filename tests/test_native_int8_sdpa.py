@@ -1,4 +1,5 @@
-"""edgekv's own ExecuTorch kernel edgekv::int8_sdpa (edgekv/native): attention over int8 KV codes read in place.
+"""edgekv's own ExecuTorch kernels edgekv::int8_sdpa and edgekv::fp16_sdpa (edgekv/native): attention over int8 KV
+codes, or an fp16 cache, read in place.
 
 Reference: torch's own scaled_dot_product_attention (its math on fp64 copies) over the codes dequantized by hand
 (codes x scale), with an explicit causal mask of slots 0..start+c for token c; nothing of edgekv.native's Python
@@ -22,7 +23,9 @@ def textbook(q, k, v, ks, vs, start, scale, per_channel):
     hkv, c, g, d = q.shape
     t = k.numel() // (hkv * d)
     kd, vd = k.reshape(hkv, t, d).double(), v.reshape(hkv, t, d).double()
-    if per_channel:
+    if ks is None:  # an fp16 cache: its values as they are
+        pass
+    elif per_channel:
         kd, vd = kd * ks.reshape(hkv, 1, d).double(), vd * vs.reshape(hkv, 1, d).double()
     else:
         kd, vd = kd * ks.reshape(hkv, t, 1).double(), vd * vs.reshape(hkv, t, 1).double()
@@ -79,6 +82,54 @@ def test_kernel_matches_textbook_attention(shape, per_channel):
     assert got.shape == want.shape
     err = (got - want).abs().max().item()
     assert err <= 2e-5 * max(1.0, want.abs().max().item()), err
+
+
+def fp16_case(hkv, c, g, d, t, seed):
+    """An fp16 cache with values over fp16's range that matter here: normal values of either sign, a few subnormals
+    (exercising the scalar conversion's renormalization in the portable build), and large keys."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(hkv, c, g, d, generator=gen)
+    k = (torch.randn(1, hkv, t, d, generator=gen) * 3).half()
+    v = (torch.randn(1, hkv, t, d, generator=gen) * 3).half()
+    k.view(-1)[::97] = 3e-6  # fp16 subnormals (below 6.1e-5)
+    v.view(-1)[::89] = -2e-7
+    return q, k, v
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "hkv{}_c{}_g{}_d{}_t{}_s{}".format(*s))
+def test_fp16_kernel_matches_textbook_attention(shape):
+    hkv, c, g, d, t, start = shape
+    q, k, v = fp16_case(hkv, c, g, d, t, seed=sum(shape) + 1)
+    scale = d ** -0.5
+    got = native.c_kernel_fp16()(q, k, v, start, scale).double()
+    want = textbook(q, k, v, None, None, start, scale, False)
+    assert got.shape == want.shape
+    err = (got - want).abs().max().item()
+    assert err <= 2e-5 * max(1.0, want.abs().max().item()), err
+
+
+def test_pte_calls_the_fp16_kernel_through_executorch():
+    """A .pte calling edgekv::fp16_sdpa on an fp16 cache runs in ExecuTorch's pybindings and matches the textbook."""
+    from executorch.exir import to_edge
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
+    native.load()
+
+    class M(torch.nn.Module):
+        def forward(self, q, k, v, pos):
+            start = pos[0].item()
+            torch._check(start >= 0)
+            torch._check(start + q.shape[1] <= k.shape[2])
+            return torch.ops.edgekv.fp16_sdpa(q, k, v, start, 0.125)
+
+    q, k, v = fp16_case(2, 3, 3, 64, 90, seed=8)
+    ep = torch.export.export(M(), (q, k, v, torch.tensor([10])))
+    assert any("edgekv.fp16_sdpa" in str(n.target) for n in ep.graph.nodes)
+    buf = to_edge(ep).to_executorch().buffer
+    prog = _load_for_executorch_from_buffer(buf)
+    for start in (10, 87):
+        got = prog.forward((q, k, v, torch.tensor([start])))[0].double()
+        want = textbook(q, k, v, None, None, start, 0.125, False)
+        assert (got - want).abs().max().item() <= 2e-5 * want.abs().max().item()
 
 
 def test_pte_calls_the_kernel_through_executorch():

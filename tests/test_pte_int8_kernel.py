@@ -1,5 +1,7 @@
-"""`edgekv export --format pte --pte-int8-kernel edgekv`: a kv-int8 / kv-int8c .pte whose attention reads the int8
-codes with edgekv's own ExecuTorch kernel (edgekv::int8_sdpa, edgekv/native) instead of custom_quantized_sdpa.
+"""`edgekv export --format pte --pte-kernel edgekv`: a kv-int8 / kv-int8c .pte whose attention reads the int8
+codes with edgekv's own ExecuTorch kernel (edgekv::int8_sdpa, edgekv/native) instead of custom_quantized_sdpa, and an
+fp16-cache (`kv`) .pte whose attention reads the fp16 cache in place (edgekv::fp16_sdpa) instead of casting the rows
+written so far to fp32 every call.
 
 The tiny llama of tests/test_pte_cache_kinds.py (2 layers, 4 query heads on 2 KV heads), its .pte run in ExecuTorch's
 runtime over 26 positions (calls of 4 tokens, then one a call) against the plain eager module: edgekv's eager layer
@@ -40,8 +42,13 @@ def export(src, out, strategy, kernel="edgekv"):
                         echo=lambda s: None)
 
 
-# kv-int8c's export is as long as kv-int8's (about 30 s each on 2 cores): the default suite exports kv-int8 only
-@pytest.mark.parametrize("strategy", ["kv-int8", pytest.param("kv-int8c", marks=pytest.mark.slow)])
+OP = {"kv-int8": "edgekv.int8_sdpa", "kv-int8c": "edgekv.int8_sdpa", "kv": "edgekv.fp16_sdpa"}  # the op each reads by
+
+
+# kv-int8c's export is as long as kv-int8's (about 30 s each on 2 cores): the default suite exports kv-int8 only (the
+# fp16 kernel's default-suite export is the Gemma 3 one below, which takes it through both layer kinds)
+@pytest.mark.parametrize("strategy", ["kv-int8", pytest.param("kv-int8c", marks=pytest.mark.slow),
+                                      pytest.param("kv", marks=pytest.mark.slow)])
 def test_edgekv_kernel_pte_decodes_what_the_plain_eager_module_does(llama, tmp_path, strategy):
     from test_pte_cache_kinds import ROWS_COMPARED, eager_module, eager_rows, pte_rows
 
@@ -49,9 +56,11 @@ def test_edgekv_kernel_pte_decodes_what_the_plain_eager_module_does(llama, tmp_p
     m = export(llama, out, strategy)
     assert m["verification"]["pte"]["passed"], m["verification"]["pte"]
     art = m["artifacts"][0]
-    assert art["custom_ops"]["ops"] == ["edgekv::int8_sdpa.out"]
+    op = OP[strategy]
+    assert art["custom_ops"]["ops"] == [op.replace(".", "::") + ".out"]
     ops = art["delegation"]["forward"]["portable_ops"]
-    assert ops.get("edgekv.int8_sdpa") == 2 and "llama.custom_quantized_sdpa" not in ops, ops  # one call per layer
+    assert ops.get(op) == 2 and "llama.custom_quantized_sdpa" not in ops, ops  # one call per layer
+    assert "llama.custom_sdpa" not in ops and "aten._to_copy.default" not in ops, ops  # no fp16 cache cast
     assert art.get("state_in_place") is True
     got = pte_rows(out, STREAM)
     want = eager_rows(eager_module(llama, strategy, "fp32", m), STREAM)[ROWS_COMPARED]  # no query rounding
@@ -99,7 +108,7 @@ def test_default_pte_names_no_custom_op_and_a_damaged_or_missing_library_is_one_
                                   "edgekv"])
     assert r.exit_code == 2, r.output
     last = r.output.strip().splitlines()[-1]
-    assert "C++ compiler" in last and "--pte-int8-kernel executorch" in last, r.output
+    assert "C++ compiler" in last and "--pte-kernel executorch" in last, r.output
 
 
 # calls that cross the tiny Gemma 3's 8-slot rings: 4 + 2 tokens, one a call past the first full ring (positions 6-11),
@@ -107,7 +116,7 @@ def test_default_pte_names_no_custom_op_and_a_damaged_or_missing_library_is_one_
 RING_CALLS = [(0, 4), (4, 2)] + [(p, 1) for p in range(6, 12)] + [(12, 4)] + [(p, 1) for p in range(16, 26)]
 
 
-@pytest.mark.parametrize("strategy", ["kv-int8", pytest.param("kv-int8c", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("strategy", ["kv-int8", "kv", pytest.param("kv-int8c", marks=pytest.mark.slow)])
 def test_gemma3_rings_decode_through_the_kernel_and_match_the_eager_module_past_full_rings(tmp_path, strategy):
     """Gemma 3's shape (sliding layers with rings of 8 slots, one global layer) with --pte-int8-kernel edgekv: the
     global layer and every one-token call of the rings attend through edgekv::int8_sdpa on the codes in place
@@ -128,11 +137,12 @@ def test_gemma3_rings_decode_through_the_kernel_and_match_the_eager_module_past_
     m = export(src, out, strategy)
     assert m["verification"]["pte"]["passed"], m["verification"]["pte"]
     art = m["artifacts"][0]
-    assert art["custom_ops"]["ops"] == ["edgekv::int8_sdpa.out"]
+    op = OP[strategy]
+    assert art["custom_ops"]["ops"] == [op.replace(".", "::") + ".out"]
     ops = art["delegation"]["forward"]["portable_ops"]
     # the global layer's call; each of the 2 sliding layers a torch.cond whose one-token branch calls the kernel
-    assert ops.get("edgekv.int8_sdpa") == 1 and ops.get("cond") == 2, ops
-    assert art["delegation"]["forward"]["branch_ops"].get("edgekv.int8_sdpa") == 2, art["delegation"]["forward"]
+    assert ops.get(op) == 1 and ops.get("cond") == 2, ops
+    assert art["delegation"]["forward"]["branch_ops"].get(op) == 2, art["delegation"]["forward"]
     assert art.get("state_in_place") is True
     stream = [t % 100 for t in STREAM]
     st = PteStepper(load_export(out), out, 1)

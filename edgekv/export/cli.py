@@ -103,13 +103,15 @@ def _need(module: str) -> None:
               "kv, Gemma 3's sliding layers included), executorch (a .pte for ExecuTorch's LLM runner / LlmModule: "
               "the cache in the program's buffers, its metadata methods; kv and kv-int8/int4/int2, no sliding-window "
               "layers yet); comma-separated (default: none)")
-@click.option("--pte-int8-kernel", "pte_int8_kernel", type=click.Choice(["executorch", "edgekv"]),
+@click.option("--pte-kernel", "--pte-int8-kernel", "pte_int8_kernel", type=click.Choice(["executorch", "edgekv"]),
               default="executorch", show_default=True,
-              help="what reads a kv-int8 / kv-int8c cache's codes in place in the .pte: executorch "
-              "(llama::custom_quantized_sdpa, in ExecuTorch's LLM custom ops: a stock app loads the .pte; its query "
-              "is rounded to int8, and on x86 its int8 GEMM is a scalar fallback) or edgekv (edgekv's own "
-              "edgekv::int8_sdpa, edgekv/native, built here with g++: fp32 query, AVX2; an app must compile "
-              "edgekv/native's sources with its runtime, the manifest's custom_ops)")
+              help="what reads a kv-int8 / kv-int8c cache's codes, or a kv (fp16) cache, in the .pte: executorch "
+              "(llama::custom_quantized_sdpa on int8 codes, its query rounded to int8 and on x86 a scalar int8 "
+              "GEMM; an fp16 cache's rows cast to fp32 every call for llama::custom_sdpa; in ExecuTorch's LLM custom "
+              "ops, so a stock app loads the .pte) or edgekv (edgekv's own edgekv::int8_sdpa and edgekv::fp16_sdpa, "
+              "edgekv/native, built here with g++: the cache read in place, fp32 query, AVX2; an app must compile "
+              "edgekv/native's sources with its runtime, the manifest's custom_ops). --pte-int8-kernel is its "
+              "earlier name")
 @threads_option(help="compute threads for tracing and verification (torch, ONNX Runtime, XNNPACK); on a machine "
               "shared with other jobs, 1 avoids thread-barrier stalls (default: the libraries' own)")
 @click.option("--max-memory", "max_memory", default=None, metavar="SIZE",

@@ -37,7 +37,7 @@ class ExportOptions:
     runners: tuple[str, ...] = ()  # --runner: genai (the ONNX graph GenAI loads), executorch (the runner .pte)
     max_memory: str | None = None  # --max-memory: the memory to plan for (edgekv.export.budget), e.g. "8GB"
     planned_for: str | None = None  # --from-plan DEVICE: the device profile the export was planned for
-    pte_int8_kernel: str = "executorch"  # --pte-int8-kernel: what reads an int8 cache's codes in the .pte
+    pte_int8_kernel: str = "executorch"  # --pte-kernel: what reads an int8 cache's codes in the .pte
 
 
 def _wrapped_exit(e: BaseException) -> SystemExit | None:
@@ -134,21 +134,22 @@ def verify_prompt(tokenizer, vocab: int, n_max: int, bos=()) -> list[int]:
     return ids[:max(1, n_max)]
 
 
-def planned(arch, strategy, max_ctx: int, formats, pte_chunk: int, weights: str = "fp32", pte_methods: int = 2
-            ) -> dict:
+def planned(arch, strategy, max_ctx: int, formats, pte_chunk: int, weights: str = "fp32", pte_methods: int = 2,
+            int8_kernel: str = "executorch") -> dict:
     """The planner's Deployment for each artifact, at the prefill call size and on the runtime it is planned for
     (weights at the export's precision, state at max_ctx): what `edgekv profile` compares its measurement with. onnx: ONNX
     Runtime, calls of OrtStepper's size (OrtStepper reads it back from here); pte: ExecuTorch, calls of at most
     pte_chunk tokens, pte_methods methods (1: `forward`; 2: `prefill` + `decode`, XNNPACK packs the weights twice).
     The top-level bytes are the first format's. Runtime overhead is the device's, not the artifact's, so it is left
-    out (0) here."""
+    out (0) here. int8_kernel: --pte-kernel (edgekv's own kernels read the int8 or fp16 cache in place)."""
     from ..plan import deployment
     from .stepper import Stepper
     plans = {"onnx": ("onnxruntime", min(Stepper.max_chunk, max_ctx), 1), "pte": ("executorch", pte_chunk, pte_methods)}
     out = {}
     for fmt in formats:
         runtime, chunk, methods = plans[fmt]
-        d = deployment(arch, strategy, max_ctx, weights, runtime, 0, chunk, methods=methods).to_json()
+        d = deployment(arch, strategy, max_ctx, weights, runtime, 0, chunk, methods=methods,
+                       int8_kernel=int8_kernel).to_json()
         out[fmt] = {"runtime": runtime, "prefill_chunk": chunk, "methods": methods, "bytes": d["bytes"]}
         if fmt == "onnx":  # what OrtStepper sets (lean=True): without it ORT keeps earlier calls' blocks
             out[fmt]["session_options"] = {"enable_cpu_mem_arena": False, "enable_mem_pattern": False}

@@ -302,7 +302,7 @@ def _entry_points(x: Export) -> None:
     if "genai" in opts.runners:  # GenAI's input names (input_ids, attention_mask), every row's logits
         x.entries["onnx"] = [genai.entry_point(layout, vocab)]
     if x.et_run and opts.pte_int8_kernel == "edgekv":
-        raise EdgekvError("--runner executorch takes ExecuTorch's own kernels: use --pte-int8-kernel executorch")
+        raise EdgekvError("--runner executorch takes ExecuTorch's own kernels: use --pte-kernel executorch")
     if x.et_run:  # forward(tokens, input_pos), the cache in the program's buffers (edgekv.export.et_runner)
         if not x.in_place:
             raise EdgekvError(f"--runner executorch: {x.strategy.label} is not written in place by this model's .pte")
@@ -437,7 +437,7 @@ def _manifest(x: Export, version: str) -> dict:
             "verification": x.verification, **({"weight_quality": x.weight_quality} if x.weight_quality else {}),
             "timings_s": dict(x.st.timings),
             "deployment": planned(plan_arch, x.strategy, opts.max_ctx, opts.formats, x.chunk, opts.weights,
-                                  pte_methods=len(x.entries["pte"])),
+                                  pte_methods=len(x.entries["pte"]), int8_kernel=opts.pte_int8_kernel),
             "files": x.mf.file_table(x.tmp)}
         x.mf.write_manifest(x.tmp, manifest)
     return manifest

@@ -215,7 +215,7 @@ class PteStepper(Stepper):
         import executorch.kernels.quantized  # noqa: F401
         if a.get("custom_ops"):  # edgekv's own kernels (edgekv/native): this edgekv's build of them, never a file
             from .. import native  # from the export folder (nothing there is executed: SECURITY.md)
-            unknown = [op for op in a["custom_ops"].get("ops", []) if op != native.OP + ".out"]
+            unknown = [op for op in a["custom_ops"].get("ops", []) if op not in native.OUT_OPS]
             if unknown:
                 raise EdgekvError(f"{where}: needs operator(s) {', '.join(map(str, unknown))[:200]}, which this edgekv "
                                   "does not provide")

@@ -188,7 +188,7 @@ class PteTarget:
         if x.in_place:  # `forward` writes its rows into the past.* inputs and returns them as present.*
             art["state_in_place"] = True
         ops = custom_ops(x.pte_module)
-        if ops:  # edgekv's own kernels (--pte-int8-kernel edgekv): an app compiles their sources with its runtime;
+        if ops:  # edgekv's own kernels (--pte-kernel edgekv): an app compiles their sources with its runtime;
             # edgekv run loads its own build of them (nothing from an export folder is executed: SECURITY.md)
             from .. import native
             art["custom_ops"] = {"ops": ops,

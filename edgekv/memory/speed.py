@@ -210,8 +210,9 @@ def gguf_rates_by_type(arch: Arch, type_rates: dict) -> dict | None:
             "types": read}
 
 
-# what reads a .pte's int8 codes in place (export --pte-int8-kernel): ExecuTorch's llama::custom_quantized_sdpa (the
-# kinds int8 / int8c) or edgekv's own edgekv::int8_sdpa (edgekv/native; the kinds "edgekv int8" / "edgekv int8c",
+# what reads a .pte's int8 codes or fp16 cache (export --pte-kernel): ExecuTorch's llama::custom_quantized_sdpa (the
+# kinds int8 / int8c) and its fp16 rows cast for custom_sdpa (fp16), or edgekv's own edgekv::int8_sdpa and
+# edgekv::fp16_sdpa in place (edgekv/native; the kinds "edgekv int8" / "edgekv int8c" / "edgekv fp16",
 # benchmarks/attention_rates.py --runtime executorch --int8-kernel edgekv)
 PTE_INT8_KERNELS = ("executorch", "edgekv")
 
@@ -221,9 +222,10 @@ def cache_kind(strategy: Strategy, layout: StateLayout, runtime: str = "onnxrunt
     """The stored rate a layer's cache reads at on this runtime: ONNX Runtime: kv-int8c's codes or the float cache's
     dtype; edgekv's .pte: the float cache's dtype, int8 codes custom_quantized_sdpa reads in place (a scale per token
     and head: int8; static scales: int8c; int8_kernel "edgekv": edgekv::int8_sdpa reads them, "edgekv int8" /
-    "edgekv int8c") or packed int4 / int2 codes; llama.cpp: its cache type (f16, q8_0, q4_0)."""
+    "edgekv int8c", and edgekv::fp16_sdpa an fp16 cache, "edgekv fp16") or packed int4 / int2 codes; llama.cpp: its
+    cache type (f16, q8_0, q4_0)."""
     kind = _cache_kind(strategy, layout, runtime)
-    if runtime == "executorch" and int8_kernel == "edgekv" and kind in ("int8", "int8c"):
+    if runtime == "executorch" and int8_kernel == "edgekv" and kind in ("int8", "int8c", "fp16"):
         return f"edgekv {kind}"
     return kind
 

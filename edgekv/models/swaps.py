@@ -138,13 +138,14 @@ class SdpaAttention(Attention):
                    sum_t p_t v_t = s_v * sum_t p_t codes_v, so the value scales multiply the output; the op reads the
                    codes with a constant unit scale. The query's own int8 rounding is the one error this adds over
                    the eager layer (benchmarks/results/pte_quant_attention.json: about 0.5 % of the attention output).
-                   With int8_kernel "edgekv" (export --pte-int8-kernel edgekv) edgekv's own edgekv::int8_sdpa
+                   With int8_kernel "edgekv" (export --pte-kernel edgekv) edgekv's own edgekv::int8_sdpa
                    reads them instead: the fp32 query, the codes and their scales as stored, no rounding.
       "fp32 rows"  rows 0..pos+C-1 read back as fp32 and attended by custom_sdpa, as Attention does: a fp16 cache
                    cast (custom_sdpa on fp16 rows runs an fp16 GEMM without a fast path on the host's CPU), an int8
                    cache with group scales by edgekv.quant.dequantize, a packed int4/int2 cache by
                    edgekv.quant.dequantize_planar in planar channel order, with q permuted into the same order (q.k is
-                   invariant to one permutation of both) and the output permuted back before o_proj.
+                   invariant to one permutation of both) and the output permuted back before o_proj. With
+                   int8_kernel "edgekv" a fp16 cache is not cast: edgekv::fp16_sdpa reads it in place (_edgekv_reads).
     rotate_half is a matmul by a constant signed permutation (exact, and XNNPACK takes it with a dynamic token count,
     where the two slices of rotate_half would each leave XNNPACK). consts: Constants with rope_rot [D, D], planar
     [D, D] for a packed cache, and for an int8-codes read the op's constant zero points (and unit scales)."""
@@ -178,8 +179,11 @@ class SdpaAttention(Attention):
             dt = k_state[0].dtype
             k_state, v_state = (put(k_state[0], k.to(dt)),), (put(v_state[0], v.to(dt)),)
         read = fmt.storage.pte_read(self.dh)
-        if read == "int8 codes":
-            out = self._int8_codes(q, k_state, v_state, start, t)
+        if read == "int8 codes" or (getattr(self.consts, "int8_kernel", "executorch") == "edgekv"
+                                    and _edgekv_reads(self)):
+            out = self._int8_codes(q, k_state, v_state, start, t) if read == "int8 codes" else \
+                torch.ops.edgekv.fp16_sdpa(q.view(-1, self.hkv, g, self.dh).permute(1, 0, 2, 3).contiguous(),
+                                           k_state[0], v_state[0], start, self.scale)  # the fp16 cache in place
             return self.o_proj(out.permute(1, 0, 2, 3).reshape(1, -1, self.h * self.dh)), k_state, v_state
         if read == "in place":
             kc, vc = (st[0].view(self.hkv, t, 1, self.dh) for st in (k_state, v_state))
@@ -293,7 +297,8 @@ class RingSdpaAttention(Attention):
     schedule (write_state_in_place checks that each other reader of the state is an ancestor of its write). A call
     writes at most W rows (C <= W), so the slots of one index_put are distinct."""
 
-    kernel = None  # "edgekv": a one-token call's ring attended by edgekv::int8_sdpa on the codes (_kernel_forward)
+    kernel = None  # "edgekv": a one-token call's ring attended by edgekv::int8_sdpa on the codes, or edgekv::fp16_sdpa
+    # on an fp16 ring, in place (_kernel_forward)
 
     def forward(self, x, cos, sin, k_state, v_state, call: Call):
         cache, fmt = self.cache, self.fmt
@@ -327,9 +332,9 @@ class RingSdpaAttention(Attention):
         return out, put(k_state, 0), put(v_state, 1)
 
     def _kernel_forward(self, x, cos, sin, k_state, v_state, call: Call):
-        """The ring of int8 codes (kv-int8, kv-int8c) with --pte-int8-kernel edgekv: this call's rows are written
-        first, then a one-token call attends the whole ring with edgekv::int8_sdpa on the codes in place (no fp32
-        copy of the ring a step). Slot order does not matter to attention, and after the write the ring holds
+        """The ring of int8 codes (kv-int8, kv-int8c) or fp16 values with --pte-kernel edgekv: this call's rows are
+        written first, then a one-token call attends the whole ring with edgekv::int8_sdpa on the codes (or
+        edgekv::fp16_sdpa on the fp16 values) in place (no fp32 copy of the ring a step). Slot order does not matter to attention, and after the write the ring holds
         exactly the positions the token sees (the last W, q - k < W): slots 0..min(pos, W - 1), written in order
         until the ring is full. A call of several tokens needs the keys its rows overwrite (its earlier tokens still
         see them): the C old rows at its slots are gathered before the write (the write depends on them, so every
@@ -365,8 +370,11 @@ class RingSdpaAttention(Attention):
             torch._check(start >= 0)
             torch._check(start < t)
             qg = q[:1].reshape(1, hkv, g, dh).permute(1, 0, 2, 3).contiguous()  # [Hkv, 1, G, D]
-            out = torch.ops.edgekv.int8_sdpa(qg, kn[0], vn[0], ks if static else kn[1], vs if static else vn[1],
-                                             start, scale, static)
+            if nk == 1 and not static:  # an fp16 ring: its values, no scales
+                out = torch.ops.edgekv.fp16_sdpa(qg, kn[0], vn[0], start, scale)
+            else:
+                out = torch.ops.edgekv.int8_sdpa(qg, kn[0], vn[0], ks if static else kn[1], vs if static else vn[1],
+                                                 start, scale, static)
             # [1, 1, H*D], repeated to the call's C (= 1 here; torch.cond traces both branches for any C)
             return out.permute(1, 0, 2, 3).reshape(1, 1, h * dh).repeat(1, q.shape[0], 1)
 
@@ -392,6 +400,13 @@ class RingSdpaAttention(Attention):
         else:
             out = torch.cond(c == 1, one, several, operands)
         return self.o_proj(out), k_state, v_state
+
+
+def _edgekv_reads(at: Attention) -> bool:
+    """Whether edgekv's own kernels (--pte-kernel edgekv, edgekv/native) read this layer's cache in place: int8 codes
+    (edgekv::int8_sdpa) or an fp16 cache (edgekv::fp16_sdpa, where the default casts the rows to fp32 each call)."""
+    fmt = at.fmt
+    return fmt.storage.pte_read(at.dh) == "int8 codes" or (not fmt.bits and fmt.dtype == torch.float16)
 
 
 def _op_const(name: str, hkv: int, t: int) -> str:
@@ -464,9 +479,9 @@ def _sdpa_setup(model, layers, int8_kernel: str = "executorch", **options):
         planar[planar_order(d, bits), torch.arange(d)] = 1.0
         consts["planar"] = planar
     if int8_kernel not in INT8_KERNELS:
-        raise EdgekvError(f"--pte-int8-kernel: {int8_kernel!r} is not one of {', '.join(INT8_KERNELS)}")
+        raise EdgekvError(f"--pte-kernel: {int8_kernel!r} is not one of {', '.join(INT8_KERNELS)}")
     codes = [at for at in layers if at.fmt.storage.pte_read(at.dh) == "int8 codes"]
-    if int8_kernel == "edgekv" and codes:
+    if int8_kernel == "edgekv" and any(_edgekv_reads(at) for at in layers):
         from .. import native
         native.load()
         out = Constants(**consts)
@@ -487,9 +502,9 @@ def _sdpa_make(at, consts):
 
 
 def _ring_setup(model, layers, int8_kernel: str = "executorch", **options):
-    """"edgekv" when the rings hold int8 codes and edgekv's own kernel reads them (its library built and loaded
-    here), else None (the eager ring)."""
-    if int8_kernel == "edgekv" and any(at.fmt.storage.pte_read(at.dh) == "int8 codes" for at in layers):
+    """"edgekv" when the rings hold int8 codes or fp16 values and edgekv's own kernels read them (its library built
+    and loaded here), else None (the eager ring)."""
+    if int8_kernel == "edgekv" and any(_edgekv_reads(at) for at in layers):
         from .. import native
         native.load()
         return "edgekv"
@@ -498,7 +513,7 @@ def _ring_setup(model, layers, int8_kernel: str = "executorch", **options):
 
 def _ring_make(at, kernel):
     new = _share(at, RingSdpaAttention)
-    if kernel == "edgekv" and at.fmt.storage.pte_read(at.dh) == "int8 codes":
+    if kernel == "edgekv" and _edgekv_reads(at):
         new.kernel = kernel
     return new
 
@@ -527,7 +542,7 @@ SWAPS: dict[str, list[Swap]] = {
                    Swap(lambda at: _native_window(at) and at.fmt.storage.fused("executorch"), _ring_make,
                         _ring_setup)],
 }
-INT8_KERNELS = ("executorch", "edgekv")  # --pte-int8-kernel: what reads an int8 cache's codes in the .pte
+INT8_KERNELS = ("executorch", "edgekv")  # --pte-kernel: what reads an int8 or fp16 cache in place in the .pte
 NORM_SWAPS = {"onnxruntime": OnnxRMSNorm}  # the norms' form where any layer is swapped
 
 
@@ -588,10 +603,12 @@ def custom_ops(module: nn.Module) -> list[str]:
     """The ExecuTorch ops of edgekv's own (edgekv/native) that a module for_runtime(..., "executorch") returned calls:
     what an app running its .pte must link."""
     from .. import native
-    uses = any((type(m) is SdpaAttention and getattr(m.consts, "int8_kernel", None) == "edgekv"
-                and m.fmt.storage.pte_read(m.dh) == "int8 codes")
-               or (type(m) is RingSdpaAttention and m.kernel == "edgekv") for m in module.modules())
-    return [native.OP + ".out"] if uses else []
+    ops = set()
+    for m in module.modules():
+        if (type(m) is SdpaAttention and getattr(m.consts, "int8_kernel", None) == "edgekv" and _edgekv_reads(m)) \
+                or (type(m) is RingSdpaAttention and m.kernel == "edgekv"):
+            ops.add((native.OP if m.fmt.storage.pte_read(m.dh) == "int8 codes" else native.FP16_OP) + ".out")
+    return sorted(ops)
 
 
 def _rebuild(m: nn.Module, swap) -> nn.Module:

@@ -1,24 +1,28 @@
-"""edgekv's own ExecuTorch kernel: edgekv::int8_sdpa, attention over an int8 KV cache read in place.
+"""edgekv's own ExecuTorch kernels: edgekv::int8_sdpa and edgekv::fp16_sdpa, attention over an int8 or fp16 KV cache
+read in place.
 
 Why: the .pte's default read of int8 codes, ExecuTorch's llama::custom_quantized_sdpa, multiplies an int8-rounded
 query by the codes with torchao's quantized_matmul, which has NEON kernels only; on an x86 CPU it runs a scalar
 fallback (docs/cache-kernels.md). This kernel converts a block of codes to fp32 and dots it with the fp32 query (AVX2
 and FMA where the build has them, else portable loops), so the query is never rounded: it computes what edgekv's
-eager layer computes (codes times their scales, softmax, values), to fp32 rounding.
+eager layer computes (codes times their scales, softmax, values), to fp32 rounding. The .pte's default read of an fp16
+cache casts the rows written so far to fp32 every call (a portable _to_copy: custom_sdpa takes fp32 or bf16);
+edgekv::fp16_sdpa reads the fp16 values in place with the same tiles (F16C's exact conversion in registers).
 
 Pieces:
-  int8_sdpa_core.cpp   the attention (one token or several, causal; per-token or static per-channel scales)
-  int8_sdpa_et.cpp     the ExecuTorch kernel edgekv::int8_sdpa.out (EXECUTORCH_LIBRARY registers it when the
-                       library is loaded) and a C entry point for tests
+  int8_sdpa_core.cpp   the attention (one token or several, causal; int8 codes with per-token or static
+                       per-channel scales, or fp16 values)
+  int8_sdpa_et.cpp     the ExecuTorch kernels edgekv::int8_sdpa.out and edgekv::fp16_sdpa.out (EXECUTORCH_LIBRARY
+                       registers them when the library is loaded) and C entry points for tests
   this module          the op's schema for torch (torch.library: an eager reference and a fake impl, so torch.export
                        keeps it as one call and to_executorch finds its out variant), building the shared library
                        (build(): g++ against the pinned executorch wheel's headers and libexecutorch.so) and
                        loading it into this process (load(), for the pybindings runtime).
 
-An app that runs a .pte calling edgekv::int8_sdpa links these two .cpp files beside ExecuTorch's runtime (the
+An app that runs a .pte calling edgekv::int8_sdpa or edgekv::fp16_sdpa links these two .cpp files beside ExecuTorch's runtime (the
 manifest's `custom_ops` names them); a stock ExecuTorch app without them fails to load the method
 ("Missing operator: edgekv::int8_sdpa.out"), which is why the export takes this kernel only on request
-(`--pte-int8-kernel edgekv`)."""
+(`--pte-kernel edgekv`)."""
 from __future__ import annotations
 
 import ctypes
@@ -35,11 +39,16 @@ HERE = Path(__file__).resolve().parent
 SOURCES = ("int8_sdpa_core.cpp", "int8_sdpa_et.cpp")
 HEADERS = ("int8_sdpa_core.h",)
 OP = "edgekv::int8_sdpa"
+FP16_OP = "edgekv::fp16_sdpa"
+OUT_OPS = (OP + ".out", FP16_OP + ".out")  # the kernels the library registers, as a manifest's custom_ops names them
 LIB_NAME = "libedgekv_ops.so"
 SCHEMA = ("int8_sdpa(Tensor q, Tensor k_codes, Tensor v_codes, Tensor k_scale, Tensor v_scale, SymInt start_pos, "
           "float scale, bool per_channel) -> Tensor")
 OUT_SCHEMA = ("int8_sdpa.out(Tensor q, Tensor k_codes, Tensor v_codes, Tensor k_scale, Tensor v_scale, "
               "SymInt start_pos, float scale, bool per_channel, *, Tensor(a!) out) -> Tensor(a!)")
+FP16_SCHEMA = "fp16_sdpa(Tensor q, Tensor k, Tensor v, SymInt start_pos, float scale) -> Tensor"
+FP16_OUT_SCHEMA = ("fp16_sdpa.out(Tensor q, Tensor k, Tensor v, SymInt start_pos, float scale, *, Tensor(a!) out) "
+                   "-> Tensor(a!)")
 
 BUILD_TIMEOUT_S = 600  # two small translation units: seconds on a laptop core
 _loaded: Path | None = None  # the library whose kernel this process registered, and its sha256
@@ -51,23 +60,23 @@ def _et_root() -> Path:
     try:
         import executorch
     except ImportError:
-        raise EdgekvError("--pte-int8-kernel edgekv: the executorch package is not installed") from None
+        raise EdgekvError("--pte-kernel edgekv: the executorch package is not installed") from None
     for root in executorch.__path__:  # a namespace package: the folder that holds the headers and libexecutorch.so
         if (Path(root) / "include").is_dir() and (Path(root) / "lib").is_dir():
             return Path(root).resolve()
-    raise EdgekvError("--pte-int8-kernel edgekv: the executorch package has no include/ and lib/ to build against")
+    raise EdgekvError("--pte-kernel edgekv: the executorch package has no include/ and lib/ to build against")
 
 
 def _simd_flags(cxx: str) -> list[str]:
-    """-mavx2 -mfma on an x86-64 CPU that has both (the library is built for the machine that builds it), else none:
-    the portable scalar loops."""
+    """-mavx2 -mfma -mf16c on an x86-64 CPU that has all three (the library is built for the machine that builds it;
+    F16C converts the fp16 cache's values in registers), else none: the portable scalar loops."""
     if platform.machine() not in ("x86_64", "AMD64"):
         return []
     try:
         flags = Path("/proc/cpuinfo").read_text(errors="replace").split()
     except OSError:
         return []
-    return ["-mavx2", "-mfma"] if "avx2" in flags and "fma" in flags else []
+    return ["-mavx2", "-mfma", "-mf16c"] if {"avx2", "fma", "f16c"} <= set(flags) else []
 
 
 def compiler() -> str | None:
@@ -115,8 +124,8 @@ def build(quiet: bool = True) -> Path:
         return lib
     cxx = compiler()
     if cxx is None:
-        raise EdgekvError("--pte-int8-kernel edgekv needs a C++ compiler (g++) to build edgekv's int8 kernel; "
-                          "none found (install g++, or use --pte-int8-kernel executorch)")
+        raise EdgekvError("--pte-kernel edgekv needs a C++ compiler (g++) to build edgekv's kernels; "
+                          "none found (install g++, or use --pte-kernel executorch)")
     lib.parent.mkdir(parents=True, exist_ok=True)
     from ..outputs import write_atomic
 
@@ -126,10 +135,10 @@ def build(quiet: bool = True) -> Path:
             r = subprocess.run(_command(cxx, Path(tmp)), capture_output=True, text=True, preexec_fn=child_setup(),
                                timeout=BUILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            raise EdgekvError(f"building edgekv's int8 kernel ({cxx}) did not finish in {BUILD_TIMEOUT_S} s") from None
+            raise EdgekvError(f"building edgekv's kernels ({cxx}) did not finish in {BUILD_TIMEOUT_S} s") from None
         if r.returncode != 0:
             last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise EdgekvError(f"building edgekv's int8 kernel failed ({cxx}): {last[:300]}")
+            raise EdgekvError(f"building edgekv's kernels failed ({cxx}): {last[:300]}")
 
     write_atomic(lib, writer=compile_to, package_file=True)
     if not quiet:
@@ -146,6 +155,8 @@ def _define_op() -> None:
     lib = torch.library.Library("edgekv", "DEF")
     lib.define(SCHEMA)
     lib.define(OUT_SCHEMA)
+    lib.define(FP16_SCHEMA)
+    lib.define(FP16_OUT_SCHEMA)
 
     def eager(q, k, v, ks, vs, start_pos, scale, per_channel):
         return reference(q, k, v, ks, vs, int(start_pos), scale, per_channel)
@@ -160,6 +171,23 @@ def _define_op() -> None:
     def fake_out(q, k, v, ks, vs, start_pos, scale, per_channel, *, out):
         return out
 
+    def eager16(q, k, v, start_pos, scale):
+        return reference(q, k, v, None, None, int(start_pos), scale, False)
+
+    def eager16_out(q, k, v, start_pos, scale, *, out):
+        out.resize_(q.shape).copy_(reference(q, k, v, None, None, int(start_pos), scale, False))
+        return out
+
+    def fake16(q, k, v, start_pos, scale):
+        return torch.empty_like(q, dtype=torch.float32)
+
+    def fake16_out(q, k, v, start_pos, scale, *, out):
+        return out
+
+    lib.impl("fp16_sdpa", eager16, "CompositeExplicitAutograd")
+    lib.impl("fp16_sdpa.out", eager16_out, "CompositeExplicitAutograd")
+    lib.impl("fp16_sdpa", fake16, "Meta")
+    lib.impl("fp16_sdpa.out", fake16_out, "Meta")
     lib.impl("int8_sdpa", eager, "CompositeExplicitAutograd")
     lib.impl("int8_sdpa.out", eager_out, "CompositeExplicitAutograd")
     lib.impl("int8_sdpa", fake, "Meta")
@@ -173,12 +201,15 @@ _LIBS: list = []
 
 def reference(q, k, v, ks, vs, start_pos: int, scale: float, per_channel: bool):
     """The op in plain torch, as edgekv's eager layer computes it: keys and values dequantized (codes times their
-    scales, edgekv.quant's symmetric int8), token c of q [Hkv, C, G, D] attending slots 0..start_pos+c."""
+    scales, edgekv.quant's symmetric int8; ks None: an fp16 cache's values as they are, fp16_sdpa), token c of
+    q [Hkv, C, G, D] attending slots 0..start_pos+c."""
     import torch
     hkv, c, g, d = q.shape
     t = k.numel() // (hkv * d)
     kf, vf = k.reshape(hkv, t, d).float(), v.reshape(hkv, t, d).float()
-    if per_channel:
+    if ks is None:
+        pass
+    elif per_channel:
         kf, vf = kf * ks.reshape(hkv, 1, d).float(), vf * vs.reshape(hkv, 1, d).float()
     else:
         kf, vf = kf * ks.reshape(hkv, t, 1).float(), vf * vs.reshape(hkv, t, 1).float()
@@ -201,19 +232,19 @@ def load(path: str | Path | None = None) -> Path:
     if _loaded is not None and _loaded == lib.resolve():
         return _loaded
     if not lib.is_file():
-        raise EdgekvError(f"edgekv's int8 kernel library {lib} is missing (build it: make native)")
+        raise EdgekvError(f"edgekv's kernel library {lib} is missing (build it: make native)")
     sha = hashlib.sha256(lib.read_bytes()).hexdigest()
     if _loaded is not None:  # its kernel is registered already; a second copy would register it again (an abort)
         if sha == _loaded_sha:
             return _loaded
-        raise EdgekvError(f"edgekv's int8 kernel library {lib} differs from the one this process loaded "
+        raise EdgekvError(f"edgekv's kernel library {lib} differs from the one this process loaded "
                           f"({_loaded}): run it in a new process")
     from executorch.extension.pybindings import portable_lib  # noqa: F401 (the runtime's libexecutorch.so first)
     try:
         handle = ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
         handle.edgekv_int8_sdpa_simd  # noqa: B018 (its own entry point: a library of another name fails here)
     except (OSError, AttributeError) as e:
-        raise EdgekvError(f"edgekv's int8 kernel library {lib} cannot be loaded: {str(e).splitlines()[0][:200]}") \
+        raise EdgekvError(f"edgekv's kernel library {lib} cannot be loaded: {str(e).splitlines()[0][:200]}") \
             from None
     _loaded, _loaded_sha = lib.resolve(), sha
     return _loaded
@@ -237,6 +268,29 @@ def c_kernel(path: str | Path | None = None):
         out = torch.empty_like(q)
         fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), ks.data_ptr(), vs.data_ptr(), int(per_channel), hkv, c, g, d, t,
            int(start_pos), float(scale), out.data_ptr())
+        return out
+
+    call.simd = bool(handle.edgekv_int8_sdpa_simd())
+    return call
+
+
+def c_kernel_fp16(path: str | Path | None = None):
+    """edgekv::fp16_sdpa's C entry point as a function of torch tensors: f(q, k, v, start_pos, scale) -> out, k and v
+    fp16."""
+    import torch
+    handle = ctypes.CDLL(str(load(path)))
+    fn = handle.edgekv_fp16_sdpa_f32
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    fn.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr]
+    fn.restype = None
+
+    def call(q, k, v, start_pos, scale):
+        hkv, c, g, d = q.shape
+        t = k.numel() // (hkv * d)
+        q = q.float().contiguous()
+        k, v = k.to(torch.float16).contiguous(), v.to(torch.float16).contiguous()
+        out = torch.empty_like(q)
+        fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), hkv, c, g, d, t, int(start_pos), float(scale), out.data_ptr())
         return out
 
     call.simd = bool(handle.edgekv_int8_sdpa_simd())

@@ -16,7 +16,7 @@
 #include <limits>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define EDGEKV_AVX2 1
 #else
@@ -29,8 +29,9 @@ namespace {
 
 inline float ld(const float* p) { return *p; }
 inline float ld(const int8_t* p) { return static_cast<float>(*p); }
+inline float ld(const half_bits* p) { return half_to_float(p->bits); }
 
-// n int8 codes -> fp32
+// n int8 codes (or fp16 values) -> fp32
 inline void to_float(const int8_t* src, float* dst, int64_t n) {
   int64_t i = 0;
 #if EDGEKV_AVX2
@@ -42,11 +43,22 @@ inline void to_float(const int8_t* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
+inline void to_float(const half_bits* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#if EDGEKV_AVX2
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+#endif
+  for (; i < n; ++i) dst[i] = ld(src + i);
+}
+
 #if EDGEKV_AVX2
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
+// 8 fp16 values -> fp32 (F16C's vcvtph2ps: exact, every fp16 value is an fp32 value)
+inline __m256 load8(const half_bits* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
 inline float hsum(__m256 v) {
   __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -240,13 +252,11 @@ void attend_block(const float* qrows, const T* kb_, const T* vb_, const float* k
   values(p, g, ss, vb_, e, d, acc);
 }
 
-}  // namespace
-
-int int8_sdpa_simd() { return EDGEKV_AVX2; }
-
-void int8_sdpa(const float* q, const int8_t* k, const int8_t* v, const float* ks_tok, const float* vs_tok,
-               const float* ks_ch, const float* vs_ch, int64_t hkv, int64_t c, int64_t g, int64_t d, int64_t t,
-               int64_t start, float scale, float* out) {
+// the attention over a cache of element type T (int8 codes with their scales, or fp16 values with none)
+template <class T>
+void cache_sdpa(const float* q, const T* k, const T* v, const float* ks_tok, const float* vs_tok, const float* ks_ch,
+                const float* vs_ch, int64_t hkv, int64_t c, int64_t g, int64_t d, int64_t t, int64_t start,
+                float scale, float* out) {
   // keys per block. Converted (a tile of several tokens): the block's keys and values in fp32 (2 * kb * d floats)
   // stay within about 32 KiB (L1). Read in place (one token): 16 KiB of codes, so the running max and sum are
   // updated once per 64 keys at Gemma 3's head size 256.
@@ -258,8 +268,8 @@ void int8_sdpa(const float* q, const int8_t* k, const int8_t* v, const float* ks
   std::vector<float> kf(kb_conv * d), vf(kb_conv * d), s(g * kbm), p(g * kbm);
   std::vector<float> qr(qt * g * d), acc(qt * g * d), m(qt * g), l(qt * g);
   for (int64_t h = 0; h < hkv; ++h) {
-    const int8_t* kh = k + h * t * d;
-    const int8_t* vh = v + h * t * d;
+    const T* kh = k + h * t * d;
+    const T* vh = v + h * t * d;
     const float* kst = ks_tok ? ks_tok + h * t : nullptr;
     const float* vst = vs_tok ? vs_tok + h * t : nullptr;
     for (int64_t c0 = 0; c0 < c; c0 += qt) {
@@ -301,6 +311,22 @@ void int8_sdpa(const float* q, const int8_t* k, const int8_t* v, const float* ks
       }
     }
   }
+}
+
+}  // namespace
+
+int int8_sdpa_simd() { return EDGEKV_AVX2; }
+
+void int8_sdpa(const float* q, const int8_t* k, const int8_t* v, const float* ks_tok, const float* vs_tok,
+               const float* ks_ch, const float* vs_ch, int64_t hkv, int64_t c, int64_t g, int64_t d, int64_t t,
+               int64_t start, float scale, float* out) {
+  cache_sdpa(q, k, v, ks_tok, vs_tok, ks_ch, vs_ch, hkv, c, g, d, t, start, scale, out);
+}
+
+void fp16_sdpa(const float* q, const uint16_t* k, const uint16_t* v, int64_t hkv, int64_t c, int64_t g, int64_t d,
+               int64_t t, int64_t start, float scale, float* out) {
+  cache_sdpa(q, reinterpret_cast<const half_bits*>(k), reinterpret_cast<const half_bits*>(v), nullptr, nullptr,
+             nullptr, nullptr, hkv, c, g, d, t, start, scale, out);
 }
 
 }  // namespace edgekv_native

@@ -1,4 +1,4 @@
-// edgekv::int8_sdpa.out, an ExecuTorch kernel registered into the runtime's kernel registry when this library is
+// edgekv::int8_sdpa.out and edgekv::fp16_sdpa.out, ExecuTorch kernels registered into the runtime's kernel registry when this library is
 // loaded (EXECUTORCH_LIBRARY: a static initializer calling executorch::runtime::register_kernel), plus a plain C entry
 // point for tests. The op's schema and eager reference are edgekv/native/__init__.py's; an app that runs a .pte
 // calling it links this file (with int8_sdpa_core.cpp) beside ExecuTorch's runtime.
@@ -8,6 +8,9 @@
 //   q [Hkv, C, G, D] fp32; k_codes, v_codes int8 with Hkv*T*D elements ([1, Hkv, T, D] or [Hkv, T, 1, D]);
 //   per_channel false (kv-int8): k_scale, v_scale Hkv*T fp16 or fp32 scales, one per token and head;
 //   per_channel true (kv-int8c): [Hkv, D] fp32 static scales. out [Hkv, C, G, D] fp32.
+//
+//   fp16_sdpa.out(Tensor q, Tensor k, Tensor v, SymInt start_pos, float scale, *, Tensor(a!) out) -> Tensor(a!)
+//   q [Hkv, C, G, D] fp32; k, v fp16 with Hkv*T*D elements (the fp16 cache in place); out [Hkv, C, G, D] fp32.
 #include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
 #include <executorch/runtime/kernel/kernel_includes.h>
 
@@ -23,31 +26,6 @@ using executorch::aten::Tensor;
 using executorch::runtime::KernelRuntimeContext;
 
 namespace {
-
-float half_to_float(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0) {
-    if (man == 0) {
-      bits = sign;
-    } else {  // subnormal: renormalize
-      int e = -1;
-      uint32_t m = man;
-      do {
-        ++e;
-        m <<= 1;
-      } while ((m & 0x400u) == 0);
-      bits = sign | ((127 - 15 - e) << 23) | ((m & 0x3ffu) << 13);
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (man << 13);
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
 
 // the first n scales of a tensor as fp32 (fp16 converted, fp32 copied); false for another dtype
 bool scales_f32(const Tensor& s, int64_t n, std::vector<float>& dst) {
@@ -95,9 +73,31 @@ Tensor& int8_sdpa_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& 
   return out;
 }
 
+Tensor& fp16_sdpa_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, int64_t start_pos,
+                      double scale, Tensor& out) {
+  ET_KERNEL_CHECK_MSG(ctx, q.dim() == 4 && q.scalar_type() == ScalarType::Float, InvalidArgument, out,
+                      "q must be fp32 [Hkv, C, G, D]");
+  const int64_t hkv = q.size(0), c = q.size(1), g = q.size(2), d = q.size(3);
+  ET_KERNEL_CHECK_MSG(ctx, k.scalar_type() == ScalarType::Half && v.scalar_type() == ScalarType::Half &&
+                      k.numel() == v.numel() && hkv * d > 0 && k.numel() % (hkv * d) == 0,
+                      InvalidArgument, out, "k, v must be fp16 with Hkv * T * D elements");
+  const int64_t t = k.numel() / (hkv * d);
+  ET_KERNEL_CHECK_MSG(ctx, start_pos >= 0 && start_pos + c <= t, InvalidArgument, out,
+                      "start_pos %lld + %lld tokens past the cache's %lld slots", (long long)start_pos,
+                      (long long)c, (long long)t);
+  ET_KERNEL_CHECK_MSG(ctx, out.scalar_type() == ScalarType::Float, InvalidArgument, out, "out must be fp32");
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, q.sizes()) == executorch::runtime::Error::Ok,
+                  InvalidArgument, out);
+  fp16_sdpa(q.const_data_ptr<float>(), reinterpret_cast<const uint16_t*>(k.const_data_ptr()),
+            reinterpret_cast<const uint16_t*>(v.const_data_ptr()), hkv, c, g, d, t, start_pos,
+            static_cast<float>(scale), out.mutable_data_ptr<float>());
+  return out;
+}
+
 }  // namespace edgekv_native
 
 EXECUTORCH_LIBRARY(edgekv, "int8_sdpa.out", edgekv_native::int8_sdpa_out);
+EXECUTORCH_LIBRARY(edgekv, "fp16_sdpa.out", edgekv_native::fp16_sdpa_out);
 
 // For tests and benchmarks through ctypes: the same core on raw fp32 buffers (scales already fp32).
 extern "C" {
@@ -107,5 +107,9 @@ void edgekv_int8_sdpa_f32(const float* q, const int8_t* k, const int8_t* v, cons
                           float scale, float* out) {
   edgekv_native::int8_sdpa(q, k, v, per_channel ? nullptr : ks, per_channel ? nullptr : vs, per_channel ? ks : nullptr,
                            per_channel ? vs : nullptr, hkv, c, g, d, t, start, scale, out);
+}
+void edgekv_fp16_sdpa_f32(const float* q, const uint16_t* k, const uint16_t* v, int64_t hkv, int64_t c, int64_t g,
+                          int64_t d, int64_t t, int64_t start, float scale, float* out) {
+  edgekv_native::fp16_sdpa(q, k, v, hkv, c, g, d, t, start, scale, out);
 }
 }

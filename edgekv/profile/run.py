@@ -99,17 +99,18 @@ def weight_precision(manifest: dict) -> str:
 
 
 def int8_kernel(manifest: dict, runtime: str) -> str:
-    """What reads the .pte's int8 cache: "edgekv" where the artifact calls edgekv's own kernel (its custom_ops, as
-    export --pte-int8-kernel edgekv writes them), else "executorch"."""
+    """What reads the .pte's int8 (or fp16) cache: "edgekv" where the artifact calls edgekv's own kernels (its
+    custom_ops, as export --pte-kernel edgekv writes them: edgekv::int8_sdpa, edgekv::fp16_sdpa), else
+    "executorch"."""
     from ..export.stepper import entry
-    from ..native import OP
+    from ..native import OUT_OPS
     if FORMAT.get(runtime) != "pte":
         return "executorch"
     try:
         ops = entry(manifest, "pte").get("custom_ops") or {}
     except (EdgekvError, KeyError, TypeError):
         return "executorch"
-    return "edgekv" if any(op.split(".")[0] == OP for op in ops.get("ops", [])) else "executorch"
+    return "edgekv" if any(op in OUT_OPS for op in ops.get("ops", [])) else "executorch"
 
 
 def predicted(manifest: dict, runtime: str | None = None, filled: int | None = None) -> dict:
