@@ -110,6 +110,11 @@ def measure(args: list[str], interval: float = 0.2, kill_above: int | None = Non
             r["timings_s"] = m.get("timings_s")
             r["files"] = {k: v["bytes"] for k, v in m.get("files", {}).items()}
             r["n_params"] = m["model"]["n_params"]
+            # each format's verification, its verdict and figures (the per-position rows left out)
+            r["verification"] = {f: {k: v[k] for k in ("passed", "top1_agreement", "top1_agreement_clear",
+                                                        "max_abs_diff", "logit_scale", "tolerance", "noise_floor",
+                                                        "positions_compared", "decode_steps") if k in v}
+                                 for f, v in (m.get("verification") or {}).items() if isinstance(v, dict)}
         except (ValueError, KeyError):
             pass
     else:

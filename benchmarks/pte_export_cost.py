@@ -41,10 +41,15 @@ def cells(specs: list[str]) -> list[tuple[str, int]]:
     return out
 
 
-def run_cell(model: str, ctx: int, extra: list[str], work: Path, code: Path | None = None) -> dict:
-    """One export; code: another checkout of edgekv whose export runs instead of this one (--before)."""
+def run_cell(model: str, ctx: int, extra: list[str], work: Path, code: Path | None = None,
+             strategy: str | None = None) -> dict:
+    """One export; code: another checkout of edgekv whose export runs instead of this one (--before); strategy: the
+    cell's --strategy (None: the export's default, or whatever extra names)."""
     import export_cost
-    out = work / f"{Path(model).name}-{ctx}"
+    if strategy:
+        extra = ["--strategy", strategy, *extra]
+    out = work / f"{Path(model).name}-{ctx}" if not strategy else \
+        work / f"{Path(model).name}-{ctx}-{''.join(c if c.isalnum() or c in '-_' else '_' for c in strategy)}"
     load0 = os.getloadavg()
     root = export_cost.ROOT
     export_cost.ROOT = code or root  # measure runs `python -m edgekv.cli` with PYTHONPATH and cwd = ROOT
@@ -57,7 +62,8 @@ def run_cell(model: str, ctx: int, extra: list[str], work: Path, code: Path | No
     r["load_avg"] = {"start": [round(x, 2) for x in load0], "end": [round(x, 2) for x in os.getloadavg()]}
     r["pte_bytes"] = (r.get("files") or {}).get("model.pte")
     shutil.rmtree(out, ignore_errors=True)
-    return {"model": model, "max_ctx": ctx, "code": "before" if code else "this checkout", **r}
+    return {"model": model, "max_ctx": ctx, **({"strategy": strategy} if strategy else {}),
+            "code": "before" if code else "this checkout", **r}
 
 
 LOWERINGS = ("full", "trimmed", "edgekv")
@@ -166,6 +172,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", action="append", required=True, help="MODEL:CTX[,CTX...] (repeatable)")
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--strategy", action="append", default=[], help="a cache strategy (repeatable): every "
+                    "--model cell is exported once per strategy, e.g. --strategy kv-int4 --strategy window")
     ap.add_argument("--note", default="", help="what differs in this run (stored as `how`)")
     ap.add_argument("--lowering", action="store_true", help="lower each cell's traced program both ways in one "
                     "process (lowering_side_by_side) instead of running exports")
@@ -204,12 +212,14 @@ def main(argv=None) -> None:
         return
     with tempfile.TemporaryDirectory(prefix="pte_export_cost.") as work:
         for model, ctx in cells(a.model):
-            for code in ([a.before.resolve()] if a.before else []) + [None]:
-                row = run_cell(model, ctx, extra, Path(work), code)
-                doc["rows"].append(row)
-                write()
-                print(json.dumps({k: row.get(k) for k in ("model", "max_ctx", "code", "returncode", "wall_s", "cpu_s",
-                                                          "peak_rss_gb", "pte_bytes", "timings_s")}), flush=True)
+            for strategy in a.strategy or [None]:
+                for code in ([a.before.resolve()] if a.before else []) + [None]:
+                    row = run_cell(model, ctx, extra, Path(work), code, strategy)
+                    doc["rows"].append(row)
+                    write()
+                    print(json.dumps({k: row.get(k) for k in ("model", "max_ctx", "strategy", "code", "returncode",
+                                                              "wall_s", "cpu_s", "peak_rss_gb", "pte_bytes",
+                                                              "timings_s", "verification", "error")}), flush=True)
 
 
 if __name__ == "__main__":

@@ -211,11 +211,13 @@ class PteTarget:
     def references(x, art=None):
         """The eager module the .pte was traced from (its query rounded to int8 where the .pte's attention rounds it:
         edgekv.models.swaps.kernel_reference), called in the .pte's own chunks (art's, else those its manifest entry
-        lists: pte_stepper.pte_calls, without loading it), and (quantized weights) its own rounding noise
-        (verify.limits)."""
+        lists: pte_stepper.pte_calls, without loading it), and its own rounding noise (verify.limits): quantized
+        weights, or (fp32 weights, a quantized cache, as OnnxTarget.references) the module one ulp away, whose K/V
+        codes flip where a value sits on a rounding boundary (SmolLM2-135M kv-int4 at 8k: the .pte 4.85 over a logit
+        scale of 42.3, past the fixed 1e-1, top-1 96 %; benchmarks/results/pte_export_fp32w_smollm2_8k.json)."""
         from .pte_stepper import pte_calls
         from .runtime import EagerStepper
-        from .verify import nudged_quantized
+        from .verify import nudged, nudged_quantized
 
         from ..models.swaps import kernel_reference
         if art is not None:
@@ -229,7 +231,7 @@ class PteTarget:
                                 tail=tail, max_chunk=most)
         ref = eager(x.qmodule)
         if not x.quantization.get("pte"):
-            return ref, None
+            return ref, eager(nudged(x.qmodule)) if x.opts.weights == "fp32" and x.strategy.kv_bits else None
         if x.narrow_pte:  # x.module is placeholders: the same codes, from the quantized module (verify.nudged_copy)
             from .verify import nudged_copy
             return ref, eager(nudged_copy(x.qmodule))
