@@ -1,5 +1,6 @@
-// edgekv::int8_sdpa.out and edgekv::fp16_sdpa.out, ExecuTorch kernels registered into the runtime's kernel registry when this library is
-// loaded (EXECUTORCH_LIBRARY: a static initializer calling executorch::runtime::register_kernel), plus a plain C entry
+// edgekv::int8_sdpa.out and edgekv::fp16_sdpa.out, ExecuTorch kernels registered into the runtime's kernel registry
+// when this library is loaded (EXECUTORCH_LIBRARY: a static initializer calling executorch::runtime::register_kernel),
+// plus a plain C entry
 // point for tests. The op's schema and eager reference are edgekv/native/__init__.py's; an app that runs a .pte
 // calling it links this file (with int8_sdpa_core.cpp) beside ExecuTorch's runtime.
 //
@@ -42,27 +43,39 @@ bool scales_f32(const Tensor& s, int64_t n, std::vector<float>& dst) {
   return false;
 }
 
+// The checks both kernels share: q fp32 [Hkv, C, G, D]; k and v of the cache's dtype with Hkv * T * D elements; the
+// call's tokens inside the cache's T slots; out fp32, resized to q's shape. Sets t; false (the error reported on ctx)
+// when a check fails.
+bool checked(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, ScalarType cache,
+             int64_t start_pos, Tensor& out, int64_t& t) {
+  ET_KERNEL_CHECK_MSG(ctx, q.dim() == 4 && q.scalar_type() == ScalarType::Float, InvalidArgument, false,
+                      "q must be fp32 [Hkv, C, G, D]");
+  const int64_t hkv = q.size(0), c = q.size(1), d = q.size(3);
+  ET_KERNEL_CHECK_MSG(ctx, k.scalar_type() == cache && v.scalar_type() == cache && k.numel() == v.numel() &&
+                      hkv * d > 0 && k.numel() % (hkv * d) == 0,
+                      InvalidArgument, false,
+                      "k, v must be the cache's dtype (int8 codes or fp16) with Hkv * T * D elements");
+  t = k.numel() / (hkv * d);
+  ET_KERNEL_CHECK_MSG(ctx, start_pos >= 0 && start_pos + c <= t, InvalidArgument, false,
+                      "start_pos %lld + %lld tokens past the cache's %lld slots", (long long)start_pos,
+                      (long long)c, (long long)t);
+  ET_KERNEL_CHECK_MSG(ctx, out.scalar_type() == ScalarType::Float, InvalidArgument, false, "out must be fp32");
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, q.sizes()) == executorch::runtime::Error::Ok,
+                  InvalidArgument, false);
+  return true;
+}
+
 }  // namespace
 
 Tensor& int8_sdpa_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                       const Tensor& ks, const Tensor& vs, int64_t start_pos, double scale, bool per_channel,
                       Tensor& out) {
-  ET_KERNEL_CHECK_MSG(ctx, q.dim() == 4 && q.scalar_type() == ScalarType::Float, InvalidArgument, out,
-                      "q must be fp32 [Hkv, C, G, D]");
+  int64_t t = 0;
+  if (!checked(ctx, q, k, v, ScalarType::Char, start_pos, out, t)) return out;
   const int64_t hkv = q.size(0), c = q.size(1), g = q.size(2), d = q.size(3);
-  ET_KERNEL_CHECK_MSG(ctx, k.scalar_type() == ScalarType::Char && v.scalar_type() == ScalarType::Char &&
-                      k.numel() == v.numel() && hkv * d > 0 && k.numel() % (hkv * d) == 0,
-                      InvalidArgument, out, "k_codes, v_codes must be int8 with Hkv * T * D elements");
-  const int64_t t = k.numel() / (hkv * d);
-  ET_KERNEL_CHECK_MSG(ctx, start_pos >= 0 && start_pos + c <= t, InvalidArgument, out,
-                      "start_pos %lld + %lld tokens past the cache's %lld slots", (long long)start_pos,
-                      (long long)c, (long long)t);
   const int64_t ns = per_channel ? hkv * d : hkv * t;
   ET_KERNEL_CHECK_MSG(ctx, ks.numel() == ns && vs.numel() == ns, InvalidArgument, out,
                       "k_scale, v_scale must have %lld elements", (long long)ns);
-  ET_KERNEL_CHECK_MSG(ctx, out.scalar_type() == ScalarType::Float, InvalidArgument, out, "out must be fp32");
-  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, q.sizes()) == executorch::runtime::Error::Ok,
-                  InvalidArgument, out);
   std::vector<float> kscale, vscale;
   ET_KERNEL_CHECK_MSG(ctx, scales_f32(ks, ns, kscale) && scales_f32(vs, ns, vscale), InvalidArgument, out,
                       "scales must be fp16 or fp32");
@@ -75,22 +88,11 @@ Tensor& int8_sdpa_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& 
 
 Tensor& fp16_sdpa_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, int64_t start_pos,
                       double scale, Tensor& out) {
-  ET_KERNEL_CHECK_MSG(ctx, q.dim() == 4 && q.scalar_type() == ScalarType::Float, InvalidArgument, out,
-                      "q must be fp32 [Hkv, C, G, D]");
-  const int64_t hkv = q.size(0), c = q.size(1), g = q.size(2), d = q.size(3);
-  ET_KERNEL_CHECK_MSG(ctx, k.scalar_type() == ScalarType::Half && v.scalar_type() == ScalarType::Half &&
-                      k.numel() == v.numel() && hkv * d > 0 && k.numel() % (hkv * d) == 0,
-                      InvalidArgument, out, "k, v must be fp16 with Hkv * T * D elements");
-  const int64_t t = k.numel() / (hkv * d);
-  ET_KERNEL_CHECK_MSG(ctx, start_pos >= 0 && start_pos + c <= t, InvalidArgument, out,
-                      "start_pos %lld + %lld tokens past the cache's %lld slots", (long long)start_pos,
-                      (long long)c, (long long)t);
-  ET_KERNEL_CHECK_MSG(ctx, out.scalar_type() == ScalarType::Float, InvalidArgument, out, "out must be fp32");
-  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, q.sizes()) == executorch::runtime::Error::Ok,
-                  InvalidArgument, out);
+  int64_t t = 0;
+  if (!checked(ctx, q, k, v, ScalarType::Half, start_pos, out, t)) return out;
   fp16_sdpa(q.const_data_ptr<float>(), reinterpret_cast<const uint16_t*>(k.const_data_ptr()),
-            reinterpret_cast<const uint16_t*>(v.const_data_ptr()), hkv, c, g, d, t, start_pos,
-            static_cast<float>(scale), out.mutable_data_ptr<float>());
+            reinterpret_cast<const uint16_t*>(v.const_data_ptr()), q.size(0), q.size(1), q.size(2), q.size(3), t,
+            start_pos, static_cast<float>(scale), out.mutable_data_ptr<float>());
   return out;
 }
 
