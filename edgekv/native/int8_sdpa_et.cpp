@@ -1,8 +1,7 @@
 // edgekv::int8_sdpa.out and edgekv::fp16_sdpa.out, ExecuTorch kernels registered into the runtime's kernel registry
 // when this library is loaded (EXECUTORCH_LIBRARY: a static initializer calling executorch::runtime::register_kernel),
-// plus a plain C entry
-// point for tests. The op's schema and eager reference are edgekv/native/__init__.py's; an app that runs a .pte
-// calling it links this file (with int8_sdpa_core.cpp) beside ExecuTorch's runtime.
+// plus plain C entry points for tests. The ops' schemas and eager references are edgekv/native/__init__.py's; an app
+// that runs a .pte calling them links this file (with int8_sdpa_core.cpp) beside ExecuTorch's runtime.
 //
 //   int8_sdpa.out(Tensor q, Tensor k_codes, Tensor v_codes, Tensor k_scale, Tensor v_scale, SymInt start_pos,
 //                 float scale, bool per_channel, *, Tensor(a!) out) -> Tensor(a!)
