@@ -108,6 +108,27 @@ def test_fp16_kernel_matches_textbook_attention(shape):
     assert err <= 2e-5 * max(1.0, want.abs().max().item()), err
 
 
+@pytest.mark.parametrize("bits,group", [(4, 0), (4, 16), (2, 8)], ids=["int4", "int4_g16", "int2_g8"])
+@pytest.mark.parametrize("shape", SHAPES[:6], ids=lambda s: "hkv{}_c{}_g{}_d{}_t{}_s{}".format(*s))
+def test_packed_kernel_matches_textbook_attention(shape, bits, group):
+    """A packed int4 / int2 cache as edgekv.quant writes it (the layout's one definition: asymmetric codes, the
+    lowest channel in the low bits, an fp16 scale and zero per group); the textbook attends its dequantized values."""
+    from edgekv.quant import dequantize, quantize
+    hkv, c, g, d, t, start = shape
+    if group and d % group:
+        pytest.skip("group does not divide this head size")
+    gen = torch.Generator().manual_seed(sum(shape) + bits)
+    q = torch.randn(hkv, c, g, d, generator=gen)
+    (kc, ks, kz), (vc, vs, vz) = (quantize(torch.randn(1, hkv, t, d, generator=gen) * 2, bits, group)
+                                  for _ in range(2))
+    scale = d ** -0.5
+    got = native.c_kernel_packed()(q, kc, vc, ks, kz, vs, vz, start, scale, bits, group or d).double()
+    kd, vd = (dequantize(x, sc, z, bits, group) for x, sc, z in ((kc, ks, kz), (vc, vs, vz)))
+    want = textbook(q, kd, vd, None, None, start, scale, False)
+    err = (got - want).abs().max().item()
+    assert err <= 2e-5 * max(1.0, want.abs().max().item()), err
+
+
 def test_pte_calls_the_fp16_kernel_through_executorch():
     """A .pte calling edgekv::fp16_sdpa on an fp16 cache runs in ExecuTorch's pybindings and matches the textbook."""
     from executorch.exir import to_edge

@@ -42,13 +42,15 @@ def export(src, out, strategy, kernel="edgekv"):
                         echo=lambda s: None)
 
 
-OP = {"kv-int8": "edgekv.int8_sdpa", "kv-int8c": "edgekv.int8_sdpa", "kv": "edgekv.fp16_sdpa"}  # the op each reads by
+OP = {"kv-int8": "edgekv.int8_sdpa", "kv-int8c": "edgekv.int8_sdpa", "kv": "edgekv.fp16_sdpa",  # the op each reads by
+      "kv-int4": "edgekv.packed_sdpa"}
 
 
 # kv-int8c's export is as long as kv-int8's (about 30 s each on 2 cores): the default suite exports kv-int8 only (the
 # fp16 kernel's default-suite export is the Gemma 3 one below, which takes it through both layer kinds)
 @pytest.mark.parametrize("strategy", ["kv-int8", pytest.param("kv-int8c", marks=pytest.mark.slow),
-                                      pytest.param("kv", marks=pytest.mark.slow)])
+                                      pytest.param("kv", marks=pytest.mark.slow),
+                                      pytest.param("kv-int4:group=16", marks=pytest.mark.slow)])
 def test_edgekv_kernel_pte_decodes_what_the_plain_eager_module_does(llama, tmp_path, strategy):
     from test_pte_cache_kinds import ROWS_COMPARED, eager_module, eager_rows, pte_rows
 
@@ -56,7 +58,7 @@ def test_edgekv_kernel_pte_decodes_what_the_plain_eager_module_does(llama, tmp_p
     m = export(llama, out, strategy)
     assert m["verification"]["pte"]["passed"], m["verification"]["pte"]
     art = m["artifacts"][0]
-    op = OP[strategy]
+    op = OP[strategy.split(":")[0]]
     assert art["custom_ops"]["ops"] == [op.replace(".", "::") + ".out"]
     ops = art["delegation"]["forward"]["portable_ops"]
     assert ops.get(op) == 2 and "llama.custom_quantized_sdpa" not in ops, ops  # one call per layer
@@ -137,7 +139,7 @@ def test_gemma3_rings_decode_through_the_kernel_and_match_the_eager_module_past_
     m = export(src, out, strategy)
     assert m["verification"]["pte"]["passed"], m["verification"]["pte"]
     art = m["artifacts"][0]
-    op = OP[strategy]
+    op = OP[strategy.split(":")[0]]
     assert art["custom_ops"]["ops"] == [op.replace(".", "::") + ".out"]
     ops = art["delegation"]["forward"]["portable_ops"]
     # the global layer's call; each of the 2 sliding layers a torch.cond whose one-token branch calls the kernel

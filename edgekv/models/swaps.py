@@ -181,9 +181,11 @@ class SdpaAttention(Attention):
         read = fmt.storage.pte_read(self.dh)
         if read == "int8 codes" or (getattr(self.consts, "int8_kernel", "executorch") == "edgekv"
                                     and _edgekv_reads(self)):
-            out = self._int8_codes(q, k_state, v_state, start, t) if read == "int8 codes" else \
-                torch.ops.edgekv.fp16_sdpa(q.view(-1, self.hkv, g, self.dh).permute(1, 0, 2, 3).contiguous(),
-                                           k_state[0], v_state[0], start, self.scale)  # the fp16 cache in place
+            if read == "int8 codes":
+                out = self._int8_codes(q, k_state, v_state, start, t)
+            else:  # edgekv's own kernels on the cache in place: fp16 values, or packed codes with their groups
+                qg = q.view(-1, self.hkv, g, self.dh).permute(1, 0, 2, 3).contiguous()
+                out = _edgekv_float_read(fmt, qg, k_state, v_state, start, self.scale, self.dh)
             return self.o_proj(out.permute(1, 0, 2, 3).reshape(1, -1, self.h * self.dh)), k_state, v_state
         if read == "in place":
             kc, vc = (st[0].view(self.hkv, t, 1, self.dh) for st in (k_state, v_state))
@@ -370,8 +372,8 @@ class RingSdpaAttention(Attention):
             torch._check(start >= 0)
             torch._check(start < t)
             qg = q[:1].reshape(1, hkv, g, dh).permute(1, 0, 2, 3).contiguous()  # [Hkv, 1, G, D]
-            if nk == 1 and not static:  # an fp16 ring: its values, no scales
-                out = torch.ops.edgekv.fp16_sdpa(qg, kn[0], vn[0], start, scale)
+            if nk == 1:  # an fp16 ring: its values, no scales
+                out = _edgekv_float_read(fmt, qg, kn, vn, start, scale, dh)
             else:
                 out = torch.ops.edgekv.int8_sdpa(qg, kn[0], vn[0], ks if static else kn[1], vs if static else vn[1],
                                                  start, scale, static)
@@ -402,11 +404,25 @@ class RingSdpaAttention(Attention):
         return self.o_proj(out), k_state, v_state
 
 
+PACKED_BITS = (4, 2)  # the packed caches edgekv::packed_sdpa reads (kv-int4, kv-int2)
+
+
 def _edgekv_reads(at: Attention) -> bool:
     """Whether edgekv's own kernels (--pte-kernel edgekv, edgekv/native) read this layer's cache in place: int8 codes
-    (edgekv::int8_sdpa) or an fp16 cache (edgekv::fp16_sdpa, where the default casts the rows to fp32 each call)."""
+    (edgekv::int8_sdpa), an fp16 cache (edgekv::fp16_sdpa) or packed int4 / int2 codes (edgekv::packed_sdpa), where
+    the default reads the rows written so far back into fp32 every call."""
     fmt = at.fmt
-    return fmt.storage.pte_read(at.dh) == "int8 codes" or (not fmt.bits and fmt.dtype == torch.float16)
+    return fmt.storage.pte_read(at.dh) == "int8 codes" or (not fmt.bits and fmt.dtype == torch.float16) \
+        or fmt.bits in PACKED_BITS
+
+
+def _edgekv_float_read(fmt, qg, k_state, v_state, start, scale: float, d: int):
+    """edgekv::fp16_sdpa on an fp16 cache, or edgekv::packed_sdpa on packed codes (their scales and zeros, the
+    storage's group), qg [Hkv, C, G, D] -> [Hkv, C, G, D] fp32."""
+    if fmt.bits in PACKED_BITS:
+        return torch.ops.edgekv.packed_sdpa(qg, k_state[0], v_state[0], k_state[1], k_state[2], v_state[1],
+                                            v_state[2], start, scale, fmt.bits, fmt.group or d)
+    return torch.ops.edgekv.fp16_sdpa(qg, k_state[0], v_state[0], start, scale)
 
 
 def _op_const(name: str, hkv: int, t: int) -> str:
@@ -504,7 +520,7 @@ def _sdpa_make(at, consts):
 def _ring_setup(model, layers, int8_kernel: str = "executorch", **options):
     """"edgekv" when the rings hold int8 codes or fp16 values and edgekv's own kernels read them (its library built
     and loaded here), else None (the eager ring)."""
-    if int8_kernel == "edgekv" and any(_edgekv_reads(at) for at in layers):
+    if int8_kernel == "edgekv" and any(_edgekv_reads(at) and at.fmt.bits not in PACKED_BITS for at in layers):
         from .. import native
         native.load()
         return "edgekv"
@@ -513,7 +529,9 @@ def _ring_setup(model, layers, int8_kernel: str = "executorch", **options):
 
 def _ring_make(at, kernel):
     new = _share(at, RingSdpaAttention)
-    if kernel == "edgekv" and _edgekv_reads(at):
+    # a packed ring keeps the eager ring: its several-token branch's group reshapes do not trace inside torch.cond
+    # (a symbolic-size KeyError in torch.export), so only its global layers take edgekv::packed_sdpa
+    if kernel == "edgekv" and _edgekv_reads(at) and at.fmt.bits not in PACKED_BITS:
         new.kernel = kernel
     return new
 
@@ -607,7 +625,8 @@ def custom_ops(module: nn.Module) -> list[str]:
     for m in module.modules():
         if (type(m) is SdpaAttention and getattr(m.consts, "int8_kernel", None) == "edgekv" and _edgekv_reads(m)) \
                 or (type(m) is RingSdpaAttention and m.kernel == "edgekv"):
-            ops.add((native.OP if m.fmt.storage.pte_read(m.dh) == "int8 codes" else native.FP16_OP) + ".out")
+            ops.add((native.OP if m.fmt.storage.pte_read(m.dh) == "int8 codes" else
+                     native.PACKED_OP if m.fmt.bits in PACKED_BITS else native.FP16_OP) + ".out")
     return sorted(ops)
 
 

@@ -40,7 +40,8 @@ SOURCES = ("int8_sdpa_core.cpp", "int8_sdpa_et.cpp")
 HEADERS = ("int8_sdpa_core.h",)
 OP = "edgekv::int8_sdpa"
 FP16_OP = "edgekv::fp16_sdpa"
-OUT_OPS = (OP + ".out", FP16_OP + ".out")  # the kernels the library registers, as a manifest's custom_ops names them
+PACKED_OP = "edgekv::packed_sdpa"
+OUT_OPS = (OP + ".out", FP16_OP + ".out", PACKED_OP + ".out")  # the kernels the library registers, as a manifest's custom_ops names them
 LIB_NAME = "libedgekv_ops.so"
 SCHEMA = ("int8_sdpa(Tensor q, Tensor k_codes, Tensor v_codes, Tensor k_scale, Tensor v_scale, SymInt start_pos, "
           "float scale, bool per_channel) -> Tensor")
@@ -49,6 +50,10 @@ OUT_SCHEMA = ("int8_sdpa.out(Tensor q, Tensor k_codes, Tensor v_codes, Tensor k_
 FP16_SCHEMA = "fp16_sdpa(Tensor q, Tensor k, Tensor v, SymInt start_pos, float scale) -> Tensor"
 FP16_OUT_SCHEMA = ("fp16_sdpa.out(Tensor q, Tensor k, Tensor v, SymInt start_pos, float scale, *, Tensor(a!) out) "
                    "-> Tensor(a!)")
+_PACKED_ARGS = ("Tensor q, Tensor k_codes, Tensor v_codes, Tensor k_scale, Tensor k_zero, Tensor v_scale, "
+                "Tensor v_zero, SymInt start_pos, float scale, int bits, int group")
+PACKED_SCHEMA = f"packed_sdpa({_PACKED_ARGS}) -> Tensor"
+PACKED_OUT_SCHEMA = f"packed_sdpa.out({_PACKED_ARGS}, *, Tensor(a!) out) -> Tensor(a!)"
 
 BUILD_TIMEOUT_S = 600  # two small translation units: seconds on a laptop core
 _loaded: Path | None = None  # the library whose kernel this process registered, and its sha256
@@ -157,6 +162,8 @@ def _define_op() -> None:
     lib.define(OUT_SCHEMA)
     lib.define(FP16_SCHEMA)
     lib.define(FP16_OUT_SCHEMA)
+    lib.define(PACKED_SCHEMA)
+    lib.define(PACKED_OUT_SCHEMA)
 
     def eager(q, k, v, ks, vs, start_pos, scale, per_channel):
         return reference(q, k, v, ks, vs, int(start_pos), scale, per_channel)
@@ -184,6 +191,23 @@ def _define_op() -> None:
     def fake16_out(q, k, v, start_pos, scale, *, out):
         return out
 
+    def packed(q, k, v, ks, kz, vs, vz, start_pos, scale, bits, group):
+        return packed_reference(q, k, v, ks, kz, vs, vz, int(start_pos), scale, bits, group)
+
+    def packed_out(q, k, v, ks, kz, vs, vz, start_pos, scale, bits, group, *, out):
+        out.resize_(q.shape).copy_(packed_reference(q, k, v, ks, kz, vs, vz, int(start_pos), scale, bits, group))
+        return out
+
+    def fake_packed(q, k, v, ks, kz, vs, vz, start_pos, scale, bits, group):
+        return torch.empty_like(q, dtype=torch.float32)
+
+    def fake_packed_out(q, k, v, ks, kz, vs, vz, start_pos, scale, bits, group, *, out):
+        return out
+
+    lib.impl("packed_sdpa", packed, "CompositeExplicitAutograd")
+    lib.impl("packed_sdpa.out", packed_out, "CompositeExplicitAutograd")
+    lib.impl("packed_sdpa", fake_packed, "Meta")
+    lib.impl("packed_sdpa.out", fake_packed_out, "Meta")
     lib.impl("fp16_sdpa", eager16, "CompositeExplicitAutograd")
     lib.impl("fp16_sdpa.out", eager16_out, "CompositeExplicitAutograd")
     lib.impl("fp16_sdpa", fake16, "Meta")
@@ -219,6 +243,17 @@ def reference(q, k, v, ks, vs, start_pos: int, scale: float, per_channel: bool):
     masked = torch.arange(n)[None, :] > (start_pos + torch.arange(c))[:, None]  # [C, n]
     s = s.masked_fill(masked[None, :, None, :], float("-inf"))
     return torch.einsum("hcgt,htd->hcgd", s.softmax(-1), vf)
+
+
+def packed_reference(q, k, v, ks, kz, vs, vz, start_pos: int, scale: float, bits: int, group: int):
+    """packed_sdpa in plain torch: the packed codes dequantized as edgekv's eager layer reads them
+    (edgekv.quant.dequantize: code * scale + zero per group), then reference()'s attention."""
+    from ..quant import dequantize
+    hkv, d = q.shape[0], q.shape[3]
+    t = k.numel() * (8 // bits) // (hkv * d)
+    kf, vf = (dequantize(c.reshape(hkv, t, -1), s.reshape(hkv, t, -1), z.reshape(hkv, t, -1), bits, group)
+              for c, s, z in ((k, ks, kz), (v, vs, vz)))
+    return reference(q, kf, vf, None, None, start_pos, scale, False)
 
 
 def load(path: str | Path | None = None) -> Path:
@@ -271,6 +306,29 @@ def c_kernel(path: str | Path | None = None):
         return out
 
     call.simd = bool(handle.edgekv_int8_sdpa_simd())
+    return call
+
+
+def c_kernel_packed(path: str | Path | None = None):
+    """edgekv::packed_sdpa's C entry point as a function of torch tensors: f(q, k, v, ks, kz, vs, vz, start_pos,
+    scale, bits, group) -> out (codes uint8, scales and zeros fp16)."""
+    import torch
+    handle = ctypes.CDLL(str(load(path)))
+    fn = handle.edgekv_packed_sdpa_f32
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    fn.argtypes = [ptr] * 7 + [i64] * 8 + [ctypes.c_float, ptr]
+    fn.restype = None
+
+    def call(q, k, v, ks, kz, vs, vz, start_pos, scale, bits, group):
+        hkv, c, g, d = q.shape
+        t = k.numel() * (8 // bits) // (hkv * d)
+        q = q.float().contiguous()
+        parts = [x.contiguous() for x in (k, v)] + [x.to(torch.float16).contiguous() for x in (ks, kz, vs, vz)]
+        out = torch.empty_like(q)
+        fn(q.data_ptr(), *(x.data_ptr() for x in parts), bits, group, hkv, c, g, d, t, int(start_pos), float(scale),
+           out.data_ptr())
+        return out
+
     return call
 
 

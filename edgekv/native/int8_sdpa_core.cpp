@@ -254,11 +254,39 @@ void attend_block(const float* qrows, const T* kb_, const T* vb_, const float* k
   values(p, g, ss, vb_, e, d, acc);
 }
 
-// the attention over a cache of element type T (int8 codes with their scales, or fp16 values with none)
+// keys b0..b0+nb-1 of KV head h of a packed cache, dequantized to fp32 [nb, D] as edgekv.quant.dequantize does it
+// (code * scale + zero per group of channels)
+template <int BITS>
+void unpack_rows(const Packed& pk, int64_t h, int64_t t, int64_t d, int64_t b0, int64_t nb, float* dst) {
+  constexpr int per = 8 / BITS, mask = (1 << BITS) - 1;
+  const int64_t row = d / per, ng = d / pk.group;
+  for (int64_t j = 0; j < nb; ++j) {
+    const int64_t slot = h * t + b0 + j;
+    const uint8_t* src = pk.codes + slot * row;
+    const uint16_t* sc = pk.scale + slot * ng;
+    const uint16_t* zp = pk.zero + slot * ng;
+    float* o = dst + j * d;
+    for (int64_t gi = 0; gi < ng; ++gi) {
+      const float s = half_to_float(sc[gi]), z = half_to_float(zp[gi]);
+      for (int64_t ch = gi * pk.group; ch < (gi + 1) * pk.group; ++ch)
+        o[ch] = static_cast<float>((src[ch / per] >> ((ch % per) * BITS)) & mask) * s + z;
+    }
+  }
+}
+
+inline void unpack_rows(const Packed& pk, int64_t h, int64_t t, int64_t d, int64_t b0, int64_t nb, float* dst) {
+  if (pk.bits == 4)
+    unpack_rows<4>(pk, h, t, d, b0, nb, dst);
+  else
+    unpack_rows<2>(pk, h, t, d, b0, nb, dst);
+}
+
+// the attention over a cache of element type T (int8 codes with their scales, or fp16 values with none), or over a
+// packed cache (pk, pv: k and v unused), whose blocks are always dequantized to fp32 first
 template <class T>
 void cache_sdpa(const float* q, const T* k, const T* v, const float* ks_tok, const float* vs_tok, const float* ks_ch,
                 const float* vs_ch, int64_t hkv, int64_t c, int64_t g, int64_t d, int64_t t, int64_t start,
-                float scale, float* out) {
+                float scale, float* out, const Packed* pk = nullptr, const Packed* pv = nullptr) {
   // keys per block. Converted (a tile of several tokens): the block's keys and values in fp32 (2 * kb * d floats)
   // stay within about 32 KiB (L1). Read in place (one token): 16 KiB of codes, so the running max and sum are
   // updated once per 64 keys at Gemma 3's head size 256.
@@ -270,8 +298,8 @@ void cache_sdpa(const float* q, const T* k, const T* v, const float* ks_tok, con
   std::vector<float> kf(kb_conv * d), vf(kb_conv * d), s(g * kbm), p(g * kbm);
   std::vector<float> qr(qt * g * d), acc(qt * g * d), m(qt * g), l(qt * g);
   for (int64_t h = 0; h < hkv; ++h) {
-    const T* kh = k + h * t * d;
-    const T* vh = v + h * t * d;
+    const T* kh = k ? k + h * t * d : nullptr;
+    const T* vh = v ? v + h * t * d : nullptr;
     const float* kst = ks_tok ? ks_tok + h * t : nullptr;
     const float* vst = vs_tok ? vs_tok + h * t : nullptr;
     for (int64_t c0 = 0; c0 < c; c0 += qt) {
@@ -285,11 +313,14 @@ void cache_sdpa(const float* q, const T* k, const T* v, const float* ks_tok, con
       std::fill(m.begin(), m.begin() + rows, neg_inf);
       std::fill(l.begin(), l.begin() + rows, 0.f);
       const int64_t n = std::min(t, start + c1);  // the tile's last token attends slots 0..start+c1-1
-      const bool direct = c1 - c0 == 1;
+      const bool direct = !pk && c1 - c0 == 1;
       const int64_t kb = direct ? kb_direct : kb_conv;
       for (int64_t b0 = 0; b0 < n; b0 += kb) {
         const int64_t nb = std::min(n, b0 + kb) - b0;
-        if (!direct) {
+        if (pk) {
+          unpack_rows(*pk, h, t, d, b0, nb, kf.data());
+          unpack_rows(*pv, h, t, d, b0, nb, vf.data());
+        } else if (!direct) {
           to_float(kh + b0 * d, kf.data(), nb * d);
           to_float(vh + b0 * d, vf.data(), nb * d);
         }
@@ -329,6 +360,12 @@ void fp16_sdpa(const float* q, const uint16_t* k, const uint16_t* v, int64_t hkv
                int64_t t, int64_t start, float scale, float* out) {
   cache_sdpa(q, reinterpret_cast<const half_bits*>(k), reinterpret_cast<const half_bits*>(v), nullptr, nullptr,
              nullptr, nullptr, hkv, c, g, d, t, start, scale, out);
+}
+
+void packed_sdpa(const float* q, const Packed& k, const Packed& v, int64_t hkv, int64_t c, int64_t g, int64_t d,
+                 int64_t t, int64_t start, float scale, float* out) {
+  cache_sdpa<int8_t>(q, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, hkv, c, g, d, t, start, scale, out, &k,
+                     &v);
 }
 
 }  // namespace edgekv_native

@@ -59,6 +59,19 @@ void int8_sdpa(const float* q, const int8_t* k, const int8_t* v, const float* ks
 void fp16_sdpa(const float* q, const uint16_t* k, const uint16_t* v, int64_t hkv, int64_t c, int64_t g, int64_t d,
                int64_t t, int64_t start, float scale, float* out);
 
+// packed_sdpa: a packed int4 / int2 cache (edgekv.quant: asymmetric codes, 8 / bits a byte with the lowest channel in
+// the low bits, an fp16 scale and zero per group of channels, per token and head), each block of keys dequantized to
+// fp32 in the kernel's own small buffers (code * scale + zero, as edgekv.quant.dequantize), never the whole cache.
+struct Packed {
+  const uint8_t* codes;   // [Hkv, T, D * bits / 8]
+  const uint16_t* scale;  // [Hkv, T, D / group] fp16 bits
+  const uint16_t* zero;   // [Hkv, T, D / group] fp16 bits
+  int64_t bits, group;    // 4 or 2; group divides D
+};
+
+void packed_sdpa(const float* q, const Packed& k, const Packed& v, int64_t hkv, int64_t c, int64_t g, int64_t d,
+                 int64_t t, int64_t start, float scale, float* out);
+
 // 1 when this build took the AVX2+FMA path, 0 for the portable scalar one
 int int8_sdpa_simd();
 
