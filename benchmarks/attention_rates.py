@@ -68,7 +68,8 @@ COLD_BYTES = 256 << 20
 KINDS = {"fp32": (np.float32, 4), "fp16": (np.float16, 2), "int8c": (np.int8, 1)}  # cache dtype, bytes per value
 # ExecuTorch: the cache kinds edgekv's .pte attends through custom_sdpa or custom_quantized_sdpa (bytes per value,
 # for the fit's read term)
-ET_KINDS = {"fp32": 4, "fp16": 2, "int8": 1, "int8c": 1}
+ET_KINDS = {"fp32": 4, "fp16": 2, "int8": 1, "int8c": 1, "int4": 0.5}
+ET_INT4_GROUP = 32  # kv-int4's default group (edgekv.strategies): an fp16 scale and zero per 32 channels
 # ExecuTorch's own Llama export (examples/models/llama, export_llama --use_sdpa_with_kv_cache; the planner's
 # "executorch-llama" cost model): the same ops called as its SDPACustom / QuantizedSDPA call them (etl_program)
 ETL_KINDS = {"etllama fp32": 4, "etllama fp16": 2, "etllama int8": 1}
@@ -673,6 +674,14 @@ def et_program(h: int, hkv: int, d: int, kind: str, ctx: int, chunk: int = 1) ->
             def put(state, r):
                 return torch.ops.aten.index_put(state, [None, None, at], r)
 
+            if kind == "int4":  # packed codes, an fp16 scale and zero per group: edgekv::packed_sdpa only
+                if INT8_KERNEL != "edgekv":
+                    raise SystemExit("--kinds int4: only with --int8-kernel edgekv (edgekv::packed_sdpa)")
+                codes = torch.zeros(1, hkv, row.shape[2], d // 2, dtype=torch.uint8)
+                k, v = put(k, codes), put(v, codes)
+                sz = tuple(put(x, torch.full((1, hkv, row.shape[2], d // ET_INT4_GROUP), 0.02, dtype=torch.float16))
+                           for x in scales)  # the call's rows' scales and zeros, written in place as the cache's
+                return torch.ops.edgekv.packed_sdpa(q.contiguous(), k, v, *sz, start, d ** -0.5, 4, ET_INT4_GROUP)
             if kind == "fp32":
                 k, v = put(k, row), put(v, row)
                 kc, vc = k.view(hkv, ctx, 1, d), v.view(hkv, ctx, 1, d)
@@ -724,6 +733,11 @@ def et_inputs(h: int, hkv: int, d: int, kind: str, ctx: int, rng, chunk: int = 1
 
     q = torch.from_numpy(rng.standard_normal((hkv, chunk, h // hkv, d)).astype(np.float32))
     pos = torch.tensor([ctx - chunk])
+    if kind == "int4":  # packed codes [1, Hkv, T, D/2], fp16 scale and zero [1, Hkv, T, D/group] each for K and V
+        k, v = (torch.from_numpy(rng.integers(0, 256, (1, hkv, ctx, d // 2), dtype=np.uint8)) for _ in range(2))
+        groups = (1, hkv, ctx, d // ET_INT4_GROUP)
+        scales = tuple(torch.full(groups, 0.02 if i % 2 == 0 else -0.1, dtype=torch.float16) for i in range(4))
+        return (q, pos, k, v, *scales)
     if kind in ("int8", "int8c"):
         k, v = (torch.from_numpy(rng.integers(-127, 128, (1, hkv, ctx, d), dtype=np.int8)) for _ in range(2))
     else:
@@ -756,7 +770,8 @@ def et_time_call(h: int, hkv: int, d: int, kind: str, ctx: int, runs: int, chunk
     if etl:  # + QuantizedKVCache's fp32 scale and int8 zero point per token and head
         cache_bytes = 2 * hkv * ctx * d * ETL_KINDS[kind] + (2 * hkv * ctx * 5 if kind == "etllama int8" else 0)
     else:
-        cache_bytes = 2 * hkv * ctx * d * ET_KINDS[kind] + (2 * hkv * ctx * 2 if kind == "int8" else 0)
+        cache_bytes = int(2 * hkv * ctx * d * ET_KINDS[kind] + (2 * hkv * ctx * 2 if kind == "int8" else 0)
+                          + (2 * hkv * ctx * (d // ET_INT4_GROUP) * 4 if kind == "int4" else 0))
     n = min(max(2, -(-COLD_BYTES // cache_bytes)), 30)  # as time_call: each layer's cache read cold
     rng = np.random.default_rng(0)
     if chunk > 1:  # a prefill call: compute-bound

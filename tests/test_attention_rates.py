@@ -791,27 +791,27 @@ def test_plan_prices_edgekvs_int8_kernel_at_its_measured_calls(strategy, kind):
     assert default[8192] - default[2048] > 5 * (step[8192] - step[2048])  # custom_quantized_sdpa's scalar int8 path
 
 
-def test_plan_prices_edgekvs_fp16_kernel_at_its_measured_calls():
-    """`edgekv plan --runtime executorch --pte-kernel edgekv --strategy kv`: the .pte's fp16 cache read in place by
-    edgekv::fp16_sdpa, not cast to fp32 every step. The kernel's calls were measured on another CPU than the host
-    profile's (benchmarks/results/attention_rates_executorch_fp16_edgekv.json, an Intel Xeon VM, beside the int8c
-    kernel's calls), so the plan charges them times that run's int8c cost over the host's own (the stored
-    scale_from_measured_cpu): from a filled 2k to 8k SmolLM2's 30 layers each keep 6144 more keys, so the step grows
-    by 30 x the measured difference of one call at 8192 and 2048 keys x that scale (the stored rate a fit of those
-    calls, whose 1k row's cache sits in L2: 20 %). The default (the rows cast to fp32, then custom_sdpa) grows over
-    5x as much."""
-    calls = {r["ctx"]: r["median_us"] * 1e-6 for r in _kernel_rows("attention_rates_executorch_fp16_edgekv.json")
-             if r["kind"] == "fp16" and r["head_dim"] == 64}
+@pytest.mark.parametrize("strategy,kind,rows", [("kv", "fp16", "attention_rates_executorch_fp16_edgekv.json"),
+                                                ("kv-int4", "int4", "attention_rates_executorch_int4_edgekv.json")])
+def test_plan_prices_edgekvs_float_read_kernels_at_their_measured_calls(strategy, kind, rows):
+    """`edgekv plan --runtime executorch --pte-kernel edgekv --strategy kv | kv-int4`: the .pte's fp16 cache read in
+    place by edgekv::fp16_sdpa, or its packed int4 codes by edgekv::packed_sdpa a block at a time, not read back into
+    fp32 rows every step. The kernels' calls were measured on another CPU than the host profile's (an Intel Xeon VM,
+    beside the int8c kernel's calls), so the plan charges them times that run's int8c cost over the host's own (the
+    stored scale_from_measured_cpu): from a filled 2k to 8k SmolLM2's 30 layers each keep 6144 more keys, so the step
+    grows by 30 x the measured difference of one call at 8192 and 2048 keys x that scale (the stored rate a fit of
+    those calls: 20 %). The default read grows over 5x as much."""
+    calls = {r["ctx"]: r["median_us"] * 1e-6 for r in _kernel_rows(rows) if r["kind"] == kind and r["head_dim"] == 64}
     scale = json.loads((ROOT / "edgekv" / "costs" / "attention_rates.json").read_text())[
-        "executorch"]["devices"]["host"]["kinds"]["edgekv fp16"]["scale_from_measured_cpu"]["64"]
+        "executorch"]["devices"]["host"]["kinds"][f"edgekv {kind}"]["scale_from_measured_cpu"]["64"]
     assert 0.5 < scale < 1.5  # two x86 VMs' int8c kernels within 2x of each other
-    args = ("--device", "host", "-m", "smollm2-135m", "--runtime", "executorch", "--strategy", "kv", "--weights",
+    args = ("--device", "host", "-m", "smollm2-135m", "--runtime", "executorch", "--strategy", strategy, "--weights",
             "int4")
     step = {ctx: 1 / plan(*args, "--pte-kernel", "edgekv", "--ctx", str(ctx))["decode_tokens_per_s"]
             for ctx in (2048, 8192)}
     assert step[8192] - step[2048] == pytest.approx(L * (calls[8192] - calls[2048]) * scale, rel=0.2)
     default = {ctx: 1 / plan(*args, "--ctx", str(ctx))["decode_tokens_per_s"] for ctx in (2048, 8192)}
-    assert default[8192] - default[2048] > 5 * (step[8192] - step[2048])  # the portable fp16 -> fp32 cast
+    assert default[8192] - default[2048] > 5 * (step[8192] - step[2048])  # the rows read back to fp32 every step
 
 
 def test_plan_names_the_int8_kernel_in_its_export_command():

@@ -429,6 +429,11 @@ def test_edgekvs_fp16_kernel_holds_no_read_back_copy_of_the_cache():
     in_place = workspace_bytes(SMOL, lay32, fp32, "executorch", 32, "int4").value
     assert kernel == in_place
     assert cast - kernel >= 2 * 3 * ctx * 64 * 4
+    # packed int4 codes (edgekv::packed_sdpa): no read-back either
+    int4 = parse_strategy("kv-int4")
+    lay4 = build_layout(SMOL, int4, ctx)
+    assert workspace_bytes(SMOL, lay4, int4, "executorch", 32, "int4", int8_kernel="edgekv").value == in_place
+    assert workspace_bytes(SMOL, lay4, int4, "executorch", 32, "int4").value - in_place >= 2 * 3 * ctx * 64 * 4
     # ONNX Runtime and the int8 caches are not what this kernel changes
     assert workspace_bytes(SMOL, lay16, fp16, "onnxruntime", 32, "int4", int8_kernel="edgekv").value == \
         workspace_bytes(SMOL, lay16, fp16, "onnxruntime", 32, "int4").value

@@ -225,7 +225,7 @@ def cache_kind(strategy: Strategy, layout: StateLayout, runtime: str = "onnxrunt
     "edgekv int8c", and edgekv::fp16_sdpa an fp16 cache, "edgekv fp16") or packed int4 / int2 codes; llama.cpp: its
     cache type (f16, q8_0, q4_0)."""
     kind = _cache_kind(strategy, layout, runtime)
-    if runtime == "executorch" and int8_kernel == "edgekv" and kind in ("int8", "int8c", "fp16"):
+    if runtime == "executorch" and int8_kernel == "edgekv" and kind in ("int8", "int8c", "fp16", "int4"):
         return f"edgekv {kind}"
     return kind
 

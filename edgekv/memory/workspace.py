@@ -217,12 +217,13 @@ def _layer_scratch(arch: Arch, m: Attention, t: int, width: int, strategy: Strat
     """fp32 scratch one attention layer of t slots needs beside its scores, and what it is (for --explain): asked of
     the cache's storage (quantized codes: dequantized; a float dtype other than fp32: cast). int8_kernel "edgekv"
     (export --pte-kernel edgekv): edgekv::int8_sdpa reads a fused .pte's int8 codes in place (storage pte_read
-    "int8 codes"), and edgekv::fp16_sdpa an fp16 cache, converting a block of keys at a time in its own small buffers
-    (or in registers), so no rows are read back."""
+    "int8 codes"), edgekv::fp16_sdpa an fp16 cache and edgekv::packed_sdpa packed int4 / int2 codes, converting a
+    block of keys at a time in its own small buffers (or in registers), so no rows are read back."""
     unit = m.n_kv_heads * t * m.head_dim * 4  # one layer's K (or V) for every slot, fp32
     st = _storage(strategy)
     if int8_kernel == "edgekv" and "readback_copies" in rt and (
-            st.pte_read(m.head_dim) == "int8 codes" or (not st.quantized and st.kv_read_key == "fp16")):
+            st.pte_read(m.head_dim) == "int8 codes" or (not st.quantized and st.kv_read_key == "fp16")
+            or st.kv_read_key in ("int4", "int2")):
         # measured: the random Llama-3.2-1B's kv-int8c .pte with this kernel plans 1.4 MB for its method at 8192 slots
         # (no K-sized fp32 tensor: one is 16.8 MB; benchmarks/results/pte_load_steps_llama32_1b_random.json), and its
         # calls add 3.6 MB above the loaded model at a filled 1k and 8k (plan_accuracy_llama32_1b_random_pte.json)

@@ -268,8 +268,23 @@ void unpack_rows(const Packed& pk, int64_t h, int64_t t, int64_t d, int64_t b0, 
     float* o = dst + j * d;
     for (int64_t gi = 0; gi < ng; ++gi) {
       const float s = half_to_float(sc[gi]), z = half_to_float(zp[gi]);
-      for (int64_t ch = gi * pk.group; ch < (gi + 1) * pk.group; ++ch)
-        o[ch] = static_cast<float>((src[ch / per] >> ((ch % per) * BITS)) & mask) * s + z;
+      int64_t ch = gi * pk.group;
+      const int64_t end = ch + pk.group;
+#if EDGEKV_AVX2
+      if (BITS == 4) {  // 8 channels from 4 bytes: low and high nibbles interleaved back into channel order
+        const __m256 sv = _mm256_set1_ps(s), zv = _mm256_set1_ps(z);
+        const __m128i low4 = _mm_set1_epi8(0x0f);
+        for (; ch + 8 <= end; ch += 8) {
+          int32_t word;
+          std::memcpy(&word, src + ch / 2, 4);
+          const __m128i x = _mm_cvtsi32_si128(word);
+          const __m128i lo = _mm_and_si128(x, low4), hi = _mm_and_si128(_mm_srli_epi16(x, 4), low4);
+          const __m256 codes = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
+          _mm256_storeu_ps(o + ch, _mm256_fmadd_ps(codes, sv, zv));
+        }
+      }
+#endif
+      for (; ch < end; ++ch) o[ch] = static_cast<float>((src[ch / per] >> ((ch % per) * BITS)) & mask) * s + z;
     }
   }
 }
