@@ -74,9 +74,10 @@ def _plan_runtimes() -> list[str]:
               help="prefill chunk (tokens per call)")
 @click.option("--entitled", is_flag=True, help="iOS: use the increased-memory-limit entitlement's budget")
 @click.option("--pte-kernel", "--pte-int8-kernel", "pte_int8_kernel", type=click.Choice(["executorch", "edgekv"]),
-              default="executorch", show_default=True, help="the .pte's int8 and fp16 caches (kv-int8, kv-int8c, kv): "
+              default="executorch", show_default=True, help="the .pte's int8, fp16 and int4 caches (kv-int8, kv-int8c, kv, kv-int4): "
               "price the kernel export --pte-kernel builds, ExecuTorch's (custom_quantized_sdpa; an fp16 cache cast "
-              "to fp32 for custom_sdpa) or edgekv's own (edgekv::int8_sdpa, edgekv::fp16_sdpa), each at its rate "
+              "to fp32 for custom_sdpa) or edgekv's own (edgekv::int8_sdpa, edgekv::fp16_sdpa, edgekv::packed_sdpa for "
+              "kv-int4), each at its rate "
               "measured on the host (edgekv/costs/attention_rates.json)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object (bytes as integers) instead of the table")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,

@@ -105,10 +105,11 @@ def _need(module: str) -> None:
               "layers yet); comma-separated (default: none)")
 @click.option("--pte-kernel", "--pte-int8-kernel", "pte_int8_kernel", type=click.Choice(["executorch", "edgekv"]),
               default="executorch", show_default=True,
-              help="what reads a kv-int8 / kv-int8c cache's codes, or a kv (fp16) cache, in the .pte: executorch "
-              "(llama::custom_quantized_sdpa on int8 codes, its query rounded to int8 and on x86 a scalar int8 "
-              "GEMM; an fp16 cache's rows cast to fp32 every call for llama::custom_sdpa; in ExecuTorch's LLM custom "
-              "ops, so a stock app loads the .pte) or edgekv (edgekv's own edgekv::int8_sdpa and edgekv::fp16_sdpa, "
+              help="what reads a kv-int8 / kv-int8c cache's codes, a kv (fp16) cache or kv-int4 / kv-int2's packed "
+              "codes in the .pte: executorch (llama::custom_quantized_sdpa on int8 codes, its query rounded to int8 "
+              "and on x86 a scalar int8 GEMM; the other caches' rows read back into fp32 every call for "
+              "llama::custom_sdpa; in ExecuTorch's LLM custom ops, so a stock app loads the .pte) or edgekv "
+              "(edgekv's own edgekv::int8_sdpa, edgekv::fp16_sdpa and edgekv::packed_sdpa, "
               "edgekv/native, built here with g++: the cache read in place, fp32 query, AVX2; an app must compile "
               "edgekv/native's sources with its runtime, the manifest's custom_ops). --pte-int8-kernel is its "
               "earlier name")
