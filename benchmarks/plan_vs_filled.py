@@ -101,7 +101,8 @@ LLAMACPP_CACHE = {"f16": "kv", "q8_0": "kv-int8", "q4_0": "kv-int4"}
 NOT_MODELLED: dict[str, str] = {}
 # the cache kinds benchmarks/attention_rates.py times per runtime (the rest are fitted here on model rows)
 KERNEL_KINDS = {"onnxruntime": ("fp32", "fp16", "int8c"),
-                "executorch": ("fp32", "fp16", "int8", "int8c", "edgekv int8", "edgekv int8c", "edgekv fp16"),
+                "executorch": ("fp32", "fp16", "int8", "int8c", "edgekv int8", "edgekv int8c", "edgekv fp16",
+                               "edgekv int4"),
                 "llama.cpp": ("f16", "q8_0", "q4_0"), "executorch-llama": ("fp32", "fp16", "int8")}
 # the eager graphs a benchmark times too (benchmarks/attention_rates.py --window: the window strategy's layer; the
 # explicit kv-int8 graph per kept key, benchmarks/eager_per_key.py on profile_ort.py's rounds of the model): charged
@@ -153,7 +154,7 @@ PTE_ROWS_FILES = {"filled_context_gemma3_16384_pte_fast.json", "filled_context_g
 # (benchmarks/attention_rates.py --runtime executorch --int8-kernel edgekv; edgekv/costs/attention_rates.json kinds
 # "edgekv int8" / "edgekv int8c" / "edgekv fp16"). Such rows are held out: nothing is fitted on them (their attention and prefill
 # attention are the kernel's measured rates, their weights term and prefill matmul rate the other .pte rows')
-PTE_INT8_KERNEL_OPS = {"edgekv::int8_sdpa": "edgekv", "edgekv::fp16_sdpa": "edgekv"}
+PTE_INT8_KERNEL_OPS = {"edgekv::int8_sdpa": "edgekv", "edgekv::fp16_sdpa": "edgekv", "edgekv::packed_sdpa": "edgekv"}
 # runs whose .pte called edgekv::int8_sdpa before its register tiles (commit 34f6f6f: 1.6-2.1x as long per call,
 # results/attention_rates_executorch_int8_edgekv_blocks.json / _r2.json against _tiles.json): another kernel than the
 # one whose rates are stored, listed, not compared. Named by file, not date: filled_context_gemma3_32768_pte_cells ran
