@@ -152,72 +152,46 @@ def build(quiet: bool = True) -> Path:
 
 
 def _define_op() -> None:
-    """torch.ops.edgekv.int8_sdpa and its out variant: eager reference (reference()) and fake impl."""
+    """torch.ops.edgekv.int8_sdpa, fp16_sdpa and packed_sdpa and their out variants: eager references (reference(),
+    packed_reference()) and fake impls."""
     global _defined
     if _defined:
         return
     import torch
     lib = torch.library.Library("edgekv", "DEF")
-    lib.define(SCHEMA)
-    lib.define(OUT_SCHEMA)
-    lib.define(FP16_SCHEMA)
-    lib.define(FP16_OUT_SCHEMA)
-    lib.define(PACKED_SCHEMA)
-    lib.define(PACKED_OUT_SCHEMA)
-
-    def eager(q, k, v, ks, vs, start_pos, scale, per_channel):
-        return reference(q, k, v, ks, vs, int(start_pos), scale, per_channel)
-
-    def eager_out(q, k, v, ks, vs, start_pos, scale, per_channel, *, out):
-        out.resize_(q.shape).copy_(reference(q, k, v, ks, vs, int(start_pos), scale, per_channel))
-        return out
-
-    def fake(q, k, v, ks, vs, start_pos, scale, per_channel):
-        return torch.empty_like(q, dtype=torch.float32)
-
-    def fake_out(q, k, v, ks, vs, start_pos, scale, per_channel, *, out):
-        return out
-
-    def eager16(q, k, v, start_pos, scale):
-        return reference(q, k, v, None, None, int(start_pos), scale, False)
-
-    def eager16_out(q, k, v, start_pos, scale, *, out):
-        out.resize_(q.shape).copy_(reference(q, k, v, None, None, int(start_pos), scale, False))
-        return out
-
-    def fake16(q, k, v, start_pos, scale):
-        return torch.empty_like(q, dtype=torch.float32)
-
-    def fake16_out(q, k, v, start_pos, scale, *, out):
-        return out
-
-    def packed(q, k, v, ks, kz, vs, vz, start_pos, scale, bits, group):
-        return packed_reference(q, k, v, ks, kz, vs, vz, int(start_pos), scale, bits, group)
-
-    def packed_out(q, k, v, ks, kz, vs, vz, start_pos, scale, bits, group, *, out):
-        out.resize_(q.shape).copy_(packed_reference(q, k, v, ks, kz, vs, vz, int(start_pos), scale, bits, group))
-        return out
-
-    def fake_packed(q, k, v, ks, kz, vs, vz, start_pos, scale, bits, group):
-        return torch.empty_like(q, dtype=torch.float32)
-
-    def fake_packed_out(q, k, v, ks, kz, vs, vz, start_pos, scale, bits, group, *, out):
-        return out
-
-    lib.impl("packed_sdpa", packed, "CompositeExplicitAutograd")
-    lib.impl("packed_sdpa.out", packed_out, "CompositeExplicitAutograd")
-    lib.impl("packed_sdpa", fake_packed, "Meta")
-    lib.impl("packed_sdpa.out", fake_packed_out, "Meta")
-    lib.impl("fp16_sdpa", eager16, "CompositeExplicitAutograd")
-    lib.impl("fp16_sdpa.out", eager16_out, "CompositeExplicitAutograd")
-    lib.impl("fp16_sdpa", fake16, "Meta")
-    lib.impl("fp16_sdpa.out", fake16_out, "Meta")
-    lib.impl("int8_sdpa", eager, "CompositeExplicitAutograd")
-    lib.impl("int8_sdpa.out", eager_out, "CompositeExplicitAutograd")
-    lib.impl("int8_sdpa", fake, "Meta")
-    lib.impl("int8_sdpa.out", fake_out, "Meta")
+    for schema in (SCHEMA, OUT_SCHEMA, FP16_SCHEMA, FP16_OUT_SCHEMA, PACKED_SCHEMA, PACKED_OUT_SCHEMA):
+        lib.define(schema)
+    _register(lib, "int8_sdpa", lambda q, k, v, ks, vs, start, scale, per_channel:
+              reference(q, k, v, ks, vs, int(start), scale, per_channel))
+    _register(lib, "fp16_sdpa", lambda q, k, v, start, scale: reference(q, k, v, None, None, int(start), scale, False))
+    _register(lib, "packed_sdpa", lambda q, k, v, ks, kz, vs, vz, start, scale, bits, group:
+              packed_reference(q, k, v, ks, kz, vs, vz, int(start), scale, bits, group))
     _LIBS.append(lib)  # a Library unregisters its ops when collected
     _defined = True
+
+
+def _register(lib, name: str, ref) -> None:
+    """name and name.out on lib: ref(q, ...) as the eager kernel (the out variant copies it into out), and a fake
+    kernel (an fp32 tensor of q's shape), so torch.export keeps the op as one call."""
+    import torch
+
+    def eager(*args):
+        return ref(*args)
+
+    def eager_out(*args, out):
+        out.resize_(args[0].shape).copy_(ref(*args))
+        return out
+
+    def fake(*args):
+        return torch.empty_like(args[0], dtype=torch.float32)
+
+    def fake_out(*args, out):
+        return out
+
+    lib.impl(name, eager, "CompositeExplicitAutograd")
+    lib.impl(f"{name}.out", eager_out, "CompositeExplicitAutograd")
+    lib.impl(name, fake, "Meta")
+    lib.impl(f"{name}.out", fake_out, "Meta")
 
 
 _LIBS: list = []
