@@ -309,7 +309,8 @@ def test_filled_rows_against_the_plan(tmp_path):
     # SDPACustom / QuantizedSDPA (attention_rates_executorch_llama.json), weights and prompt at the .pte's rates,
     # nothing fitted on them, so held out; the plan had charged their attention as bytes over bandwidth (60.0 and 147.4
     # tok/s planned against 8.0-9.6 and 3.3 measured at 8k). Every decode and every prompt within 25 %
-    et = [r for r in res["rows"] if r["row"].startswith("et-llama:")]
+    # (a row measured on another machine than the host profile's is listed, not priced: plan_vs_filled.HOST_CPU)
+    et = [r for r in res["rows"] if r["row"].startswith("et-llama:") and "another machine" not in r.get("why_not", "")]
     assert len(et) >= 6 and all(r["set"] == "held-out" and r["modelled"] for r in et), et
     assert all("custom_quantized_sdpa" in r["attention_formula"] if "int8" in r["row"] else
                "custom_sdpa" in r["attention_formula"] for r in et)
