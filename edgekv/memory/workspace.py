@@ -224,9 +224,8 @@ def _layer_scratch(arch: Arch, m: Attention, t: int, width: int, strategy: Strat
     if int8_kernel == "edgekv" and "readback_copies" in rt and (
             st.pte_read(m.head_dim) == "int8 codes" or (not st.quantized and st.kv_read_key == "fp16")
             or st.kv_read_key in ("int4", "int2")):
-        # measured: the random Llama-3.2-1B's kv-int8c .pte with this kernel plans 1.4 MB for its method at 8192 slots
-        # (no K-sized fp32 tensor: one is 16.8 MB; benchmarks/results/pte_load_steps_llama32_1b_random.json), and its
-        # calls add 3.6 MB above the loaded model at a filled 1k and 8k (plan_accuracy_llama32_1b_random_pte.json)
+        # the method plans no K-sized fp32 tensor (benchmarks/results/pte_load_steps_llama32_1b_random.json,
+        # plan_accuracy_llama32_1b_random_pte.json); the same storages as edgekv.models.swaps._edgekv_reads
         return 0, ""
     if strategy.converts_to_latent:  # converted: the fp32 latent + the keys rebuilt and rotated for every slot
         return (t * width * 4 + MLA_REBUILD_COPIES * unit,

@@ -145,7 +145,8 @@ class SdpaAttention(Attention):
                    cache with group scales by edgekv.quant.dequantize, a packed int4/int2 cache by
                    edgekv.quant.dequantize_planar in planar channel order, with q permuted into the same order (q.k is
                    invariant to one permutation of both) and the output permuted back before o_proj. With
-                   int8_kernel "edgekv" a fp16 cache is not cast: edgekv::fp16_sdpa reads it in place (_edgekv_reads).
+                   int8_kernel "edgekv" neither is read back: edgekv::fp16_sdpa reads a fp16 cache and
+                   edgekv::packed_sdpa packed codes in place (_edgekv_reads, _edgekv_float_read).
     rotate_half is a matmul by a constant signed permutation (exact, and XNNPACK takes it with a dynamic token count,
     where the two slices of rotate_half would each leave XNNPACK). consts: Constants with rope_rot [D, D], planar
     [D, D] for a packed cache, and for an int8-codes read the op's constant zero points (and unit scales)."""
@@ -336,7 +337,8 @@ class RingSdpaAttention(Attention):
     def _kernel_forward(self, x, cos, sin, k_state, v_state, call: Call):
         """The ring of int8 codes (kv-int8, kv-int8c) or fp16 values with --pte-kernel edgekv: this call's rows are
         written first, then a one-token call attends the whole ring with edgekv::int8_sdpa on the codes (or
-        edgekv::fp16_sdpa on the fp16 values) in place (no fp32 copy of the ring a step). Slot order does not matter to attention, and after the write the ring holds
+        edgekv::fp16_sdpa on the fp16 values) in place (no fp32 copy of the ring a step). Slot order does not matter
+        to attention, and after the write the ring holds
         exactly the positions the token sees (the last W, q - k < W): slots 0..min(pos, W - 1), written in order
         until the ring is full. A call of several tokens needs the keys its rows overwrite (its earlier tokens still
         see them): the C old rows at its slots are gathered before the write (the write depends on them, so every

@@ -99,9 +99,9 @@ def weight_precision(manifest: dict) -> str:
 
 
 def int8_kernel(manifest: dict, runtime: str) -> str:
-    """What reads the .pte's int8 (or fp16) cache: "edgekv" where the artifact calls edgekv's own kernels (its
-    custom_ops, as export --pte-kernel edgekv writes them: edgekv::int8_sdpa, edgekv::fp16_sdpa), else
-    "executorch"."""
+    """What reads the .pte's int8, fp16 or packed cache: "edgekv" where the artifact calls edgekv's own kernels (its
+    custom_ops, as export --pte-kernel edgekv writes them: native.OUT_OPS), else "executorch" (a custom_ops that is
+    not an object with a list of names counts as none)."""
     from ..export.stepper import entry
     from ..native import OUT_OPS
     if FORMAT.get(runtime) != "pte":
@@ -110,7 +110,8 @@ def int8_kernel(manifest: dict, runtime: str) -> str:
         ops = entry(manifest, "pte").get("custom_ops") or {}
     except (EdgekvError, KeyError, TypeError):
         return "executorch"
-    return "edgekv" if any(op in OUT_OPS for op in ops.get("ops", [])) else "executorch"
+    names = ops.get("ops") if isinstance(ops, dict) else None
+    return "edgekv" if isinstance(names, list) and any(op in OUT_OPS for op in names) else "executorch"
 
 
 def predicted(manifest: dict, runtime: str | None = None, filled: int | None = None) -> dict:
