@@ -194,3 +194,28 @@ def test_gemma3_rings_and_global_layers_both_take_kv_int8c(tmp_path):
     tokens, ours = greedy_rows(OrtStepper(m, out), prompt, 30)
     want = hf_logits(ref, tokens).numpy()
     assert np.abs(ours - want).max() / np.abs(want).max() < 0.05
+
+
+def test_calibration_attends_over_its_own_tokens_whatever_the_max_context():
+    """A calibration call of C tokens attends over C slots, not the export's max context (a 1B at 32k held 2.1 GB of
+    scores a layer, twice with softmax's), and the scales are the same as at a short max context."""
+    from edgekv.models.attention import Attention
+    ids = calibration_ids(None, 256, 200)
+    seen = []
+    real = Attention._attend
+
+    def spy(self, x, cos, sin, mask, *rest, **kw):
+        seen.append(mask.shape[-1])
+        return real(self, x, cos, sin, mask, *rest, **kw)
+
+    scales = []
+    for ctx in (256, 8192):
+        var = load_any(str(TINY), parse_strategy("kv-int8c"), ctx)
+        seen.clear()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(Attention, "_attend", spy)
+            calibrate(var.module, ids)
+        assert seen and set(seen) == {200}, (ctx, set(seen))
+        scales.append([m.kv_scale.clone() for m in var.module.modules() if hasattr(m, "kv_scale")])
+    for a, b in zip(*scales):
+        assert torch.allclose(a, b, rtol=1e-6, atol=0)

@@ -31,6 +31,18 @@ from .layers import RMSNorm, rotate_half
 FLOAT_FMT = KVFormat(FloatStorage("fp32"))  # the exact rows a calibration call attends over
 
 
+def _calibration_cache(cache, c: int):
+    """The cache a calibration call attends through (edgekv.export.calibrate: one call of C tokens from position 0):
+    a full cache of C slots in place of the layer's T, so its fp32 rows and scores are [Hkv, C, D] and [Hkv, G*C, C],
+    not [.., T]. Slots C..T-1 hold no position yet and the full cache's mask gives them -inf for every query, so the
+    attention is the same; at T = 32k for Llama-3.2-1B the scores alone were 2.1 GB a layer (and softmax's as much
+    again) against 0.03 GB. A rolling cache (T = sinks + window) stays as it is."""
+    from dataclasses import replace
+
+    from .cache import FullCache
+    return replace(cache, slots=c) if isinstance(cache, FullCache) and c < cache.slots else cache
+
+
 class Call:
     """What every layer of one forward call shares (pos [1], positions [C], G), and values computed once per call
     for all layers alike: once(key, make) runs make() for the first layer that asks and returns its result to the
@@ -134,7 +146,11 @@ class Attention(nn.Module):
             k_state, v_state, call = args
             cache, fmt = self.cache, self.fmt
             g = self.h // self.hkv
-            plan = call.once(cache, lambda: cache.plan(call.pos, call.positions, g, fmt.dtype or torch.float32))
+            if fmt.static and self.calib is not None:  # calibrating: the call's own rows (_calibration_cache)
+                cache = _calibration_cache(cache, call.c)
+                plan = call.once(("calibration", cache), lambda: cache.plan(call.pos, call.positions, g, torch.float32))
+            else:
+                plan = call.once(cache, lambda: cache.plan(call.pos, call.positions, g, fmt.dtype or torch.float32))
             if fmt.static:
                 return self._attend(x, cos, sin, plan[2], k_state, v_state,
                                     lambda new, st, which: self._store_static(cache, fmt, new, st, which, plan))
@@ -157,7 +173,8 @@ class Attention(nn.Module):
             x = torch.cat((norm, norm), -1)
         m = x.abs().amax(0)  # [Hkv, D]
         self.calib[which] = m if self.calib[which] is None else torch.maximum(self.calib[which], m)
-        zero = torch.zeros(st[0].shape, dtype=torch.float32)
+        zero = torch.zeros(plan[0].shape[0], dtype=torch.float32)  # the plan's T slots: [1, Hkv, T, D]
+        zero = zero.view(1, 1, -1, 1).expand(1, st[0].shape[1], -1, st[0].shape[-1]).contiguous()
         return st, cache.update_and_fetch(FLOAT_FMT, blend, new, (zero,), plan)[1]
 
     def _rounded_query(self, q):
