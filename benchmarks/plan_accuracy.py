@@ -86,12 +86,19 @@ CASES = [
     # s: 8k is ~3 CPU min; the export ~6.5 min and 5.2 GB: run it under the host's lock. Its rows: --only
     # 'kv-int8c Llama-3.2-1B random int4' --json benchmarks/results/plan_accuracy_llama32_1b_random_pte.json)
     ("kv-int8c Llama-3.2-1B random int4", "random:llama-3.2-1b", "kv-int8c", "executorch", (1024, 8192), 8192),
+    # the same .pte at 32768 slots, filled to 32k positionally (FILLED_CHILD_PTE: a 32k prefill of the 1B on one
+    # core runs for most of an hour); --filled-state measures the 8k export's rows that way too, beside their prefill
+    ("kv-int8c Llama-3.2-1B random int4 (max_ctx 32768 export)", "random:llama-3.2-1b", "kv-int8c", "executorch",
+     (32768,), 32768),
 ]
 WEIGHTS = {"kv fp16 Llama-3.2-1B random int4": "int4",  # --weights of a row's export where not fp32
            "kv fp16 Llama-3.2-1B random int4 (max_ctx 32768 export)": "int4",
-           "kv-int8c Llama-3.2-1B random int4": "int4"}
-EXTRA_EXPORT_ARGS = {"kv-int8c Llama-3.2-1B random int4": ["--pte-int8-kernel", "edgekv"]}  # a row's other options
-FILLED_STATE = {"kv fp16 Llama-3.2-1B random int4 (max_ctx 32768 export)"}  # rows measured by filled_state()
+           "kv-int8c Llama-3.2-1B random int4": "int4",
+           "kv-int8c Llama-3.2-1B random int4 (max_ctx 32768 export)": "int4"}
+EXTRA_EXPORT_ARGS = {"kv-int8c Llama-3.2-1B random int4": ["--pte-kernel", "edgekv"],  # a row's other options
+                     "kv-int8c Llama-3.2-1B random int4 (max_ctx 32768 export)": ["--pte-kernel", "edgekv"]}
+FILLED_STATE = {"kv fp16 Llama-3.2-1B random int4 (max_ctx 32768 export)",  # rows measured by filled_state()
+                "kv-int8c Llama-3.2-1B random int4 (max_ctx 32768 export)"}
 QUICK_CTX = (1024, 8192)
 
 
@@ -246,15 +253,47 @@ print(json.dumps(out))
 """
 
 
-def filled_state(out: Path, ctx: int, steps: int) -> dict:
+# The .pte's state is the program's own mutable buffers, which no API writes from outside; ExecuTorch allocates
+# them whole when the method loads (the 8k export's rows held the same bytes at a filled 1k and 8k:
+# results/plan_accuracy_llama32_1b_random_pte.json). So its "fill" is positional: the prompt's last call at position
+# ctx - steps - C and the decode steps after it, each reading every key up to its position (the kernels' scratch
+# at its full size), over the zeros the load left in the rows before. Same memory, not the same values.
+FILLED_CHILD_PTE = """
+import ctypes, json, sys
+from executorch.runtime import Runtime  # noqa: F401  (the baseline after the runtime's import, as edgekv.profile.child)
+from pathlib import Path
+from edgekv.export.manifest import load_export
+from edgekv.export.runtime import open_stepper
+from edgekv.profile.procmem import hwm, reset_hwm, rss
+folder, ctx, steps = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+m = load_export(folder, check_hashes=False)
+base = rss(); reset_hwm()
+st = open_stepper(folder, m, "executorch", 1)
+out = {"runtime_baseline_bytes": base, "after_load_bytes": rss(), "load_peak_bytes": hwm()}
+v, c, n = m["model"]["vocab"], st.chunk or st.max_chunk, ctx - steps
+out["after_fill_bytes"] = rss()
+reset_hwm()
+st.step([(7919 * i) % v for i in range(c)], n - c, last=True)  # the prompt's last call, as the profile's prefill ends
+ctypes.CDLL(None).malloc_trim(0)  # as the profile's heap_trimmer after each call
+out["after_prefill_bytes"] = rss()
+for i in range(steps):
+    st.step([1], n + i)
+out["calls_peak_bytes"] = hwm()
+print(json.dumps(out))
+"""
+
+
+def filled_state(out: Path, ctx: int, steps: int, runtime: str = "ort") -> dict:
     """A row measured with its state filled directly: a fresh process loads the export through edgekv's stepper
-    (the profile's malloc settings), writes random rows into the positions a prompt of ctx - steps tokens leaves,
-    then runs that prompt's last call and `steps` decode steps. Peak above the runtime's baseline = the larger of the
-    load's and the calls' peaks, as `edgekv profile` measures; the predicted side is the profile's (predicted)."""
+    (the profile's malloc settings), writes random rows into the positions a prompt of ctx - steps tokens leaves
+    (ONNX Runtime; a .pte's is positional: FILLED_CHILD_PTE), then runs that prompt's last call and `steps` decode
+    steps. Peak above the runtime's baseline = the larger of the load's and the calls' peaks, as `edgekv profile`
+    measures; the predicted side is the profile's (predicted)."""
     from edgekv.children import child_setup
     from edgekv.export.manifest import load_export
     from edgekv.profile.run import child_env, predicted, prefill_chunk
-    p = subprocess.run([sys.executable, "-c", FILLED_CHILD, str(out), str(ctx), str(steps)], capture_output=True,
+    child = FILLED_CHILD_PTE if runtime == "executorch" else FILLED_CHILD
+    p = subprocess.run([sys.executable, "-c", child, str(out), str(ctx), str(steps)], capture_output=True,
                        text=True, cwd=ROOT, env={**child_env(), "OMP_NUM_THREADS": "1"}, preexec_fn=child_setup())
     line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("{")), None)
     if line is None:
@@ -262,7 +301,7 @@ def filled_state(out: Path, ctx: int, steps: int) -> dict:
     r = json.loads(line)
     base = r["runtime_baseline_bytes"]
     m = load_export(out, check_hashes=False)
-    pred = predicted(m, "ort", ctx)
+    pred = predicted(m, runtime, ctx)
     calls = pred.pop("explain")["calls_bytes"]
     measured = max(r["load_peak_bytes"], r["calls_peak_bytes"]) - base
     total = sum(pred.values())
@@ -272,11 +311,13 @@ def filled_state(out: Path, ctx: int, steps: int) -> dict:
                                     "after_fill": r["after_fill_bytes"] - base,
                                     "calls_peak": r["calls_peak_bytes"] - base,
                                     "after_prefill": r["after_prefill_bytes"] - base},
-            "runtime_baseline_bytes": base, "prefill_chunk": prefill_chunk(m, "ort"),
+            "runtime_baseline_bytes": base, "prefill_chunk": prefill_chunk(m, runtime),
             "error_pct": 100.0 * (measured - total) / total, "within_target": abs(measured - total) <= 0.10 * total,
             "prompt_tokens": ctx - steps, "predicted_calls_bytes": calls,
             "calls_error_pct": 100.0 * (r["calls_peak_bytes"] - base - calls) / calls,
-            "fill": "state written directly (plan_accuracy.py filled_state), the prompt's last call + decode",
+            "fill": ("state written directly (plan_accuracy.py filled_state), the prompt's last call + decode"
+                     if runtime == "ort" else "positional: the .pte's state allocated whole at load, the prompt's "
+                     "last call at its position + decode (plan_accuracy.py FILLED_CHILD_PTE)"),
             "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
@@ -320,8 +361,8 @@ def main(argv=None) -> int:
     ap.add_argument("--export-only", action="store_true", help="make the exports, profile nothing (rows kept)")
     ap.add_argument("--steady", action="store_true", help="measure nothing else: add each stored ORT row's "
                     "steady-state call peak with the arena and memory patterns off (steady_bytes)")
-    ap.add_argument("--filled-state", action="store_true", help="measure nothing else: add each stored ORT row's "
-                    "peak with its state written directly (filled_state: filled_state_bytes), beside its prefill's")
+    ap.add_argument("--filled-state", action="store_true", help="measure nothing else: add each stored row's "
+                    "peak with its state written directly (a .pte's: positionally) (filled_state: filled_state_bytes), beside its prefill's")
     ap.add_argument("--repredict", action="store_true",
                     help="measure nothing: recompute the stored rows' predictions with the current planner")
     a = ap.parse_args(argv)
@@ -350,7 +391,7 @@ def main(argv=None) -> int:
                 print(f"  {label} {runtime} {ctx}: export " + (err or "ok"), file=sys.stderr, flush=True)
                 continue
             if err is None:
-                res = (filled_state(out, ctx, a.steps) if label in FILLED_STATE
+                res = (filled_state(out, ctx, a.steps, runtime) if label in FILLED_STATE
                        else profile(out, runtime, ctx, a.steps, a.repeats))
                 err = res.pop("error", None)
                 row.update(res)
@@ -382,9 +423,10 @@ def main(argv=None) -> int:
                       file=sys.stderr, flush=True)
     if a.filled_state:
         for r in rows:
-            if r["runtime"] == "ort" and (only is None or r["strategy"] in only) and "fill" not in r:
-                folder = work / folder_name(r["strategy"], "onnx", r.get("max_ctx", r["ctx"]))
-                res = filled_state(folder, r["ctx"], a.steps)
+            if (only is None or r["strategy"] in only) and "fill" not in r:
+                fmt = "onnx" if r["runtime"] == "ort" else "pte"
+                folder = work / folder_name(r["strategy"], fmt, r.get("max_ctx", r["ctx"]))
+                res = filled_state(folder, r["ctx"], a.steps, r["runtime"])
                 if "measured_bytes" in res:
                     r["filled_state_bytes"] = res["measured_bytes"]
                     r["filled_state_components"] = res["measured_components"]

@@ -9,7 +9,8 @@ call), then the same run with ETDump on, whose events are summed per call into
   xnnpack other       every other op inside the XNNPACK delegate (norms, elementwise, reshapes)
   xnnpack dispatch    the delegate calls' time beyond the ops inside them
   custom_sdpa         ExecuTorch's LLM attention kernel (llama::custom_sdpa)
-  int8_sdpa           edgekv's own int8-cache attention kernel (edgekv::int8_sdpa, --pte-kernel edgekv)
+  edgekv sdpa         edgekv's own cache attention kernels (--pte-kernel edgekv: edgekv::int8_sdpa, fp16_sdpa,
+                      packed_sdpa; edgekv/native; "int8_sdpa" in results written before the other two existed)
   cache write         index_put_ of this call's rows into the caller's state
   portable other      the remaining portable kernels (embedding, RoPE tables, casts)
   operator dispatch   the runtime's per-operator wrapper beyond the kernels
@@ -39,7 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-CATEGORIES = ("xnnpack gemm", "xnnpack other", "xnnpack dispatch", "custom_sdpa", "int8_sdpa", "cache write",
+CATEGORIES = ("xnnpack gemm", "xnnpack other", "xnnpack dispatch", "custom_sdpa", "edgekv sdpa", "cache write",
               "portable other", "operator dispatch", "method rest", "outside execute")
 
 
@@ -52,8 +53,8 @@ def category_of(name: str, delegated: bool) -> str | None:
         return "xnnpack gemm" if re.search(r"Fully Connected|Batch Matrix Multiply|GEMM", name) else "xnnpack other"
     if "custom_sdpa" in name:
         return "custom_sdpa"
-    if "int8_sdpa" in name:
-        return "int8_sdpa"
+    if re.search(r"edgekv::\w+_sdpa|(int8|fp16|packed)_sdpa", name):
+        return "edgekv sdpa"
     if "index_put" in name:
         return "cache write"
     return "portable other"
@@ -75,8 +76,8 @@ def per_call(events, calls: slice, n: int | None = None) -> dict:
         else:
             sums[name] += ms
     inner_delegated = sums["xnnpack gemm"] + sums["xnnpack other"]
-    kernels = sums["custom_sdpa"] + sums["int8_sdpa"] + sums["cache write"] + sums["portable other"]
-    out = {c: sums[c] for c in ("xnnpack gemm", "xnnpack other", "custom_sdpa", "int8_sdpa", "cache write",
+    kernels = sums["custom_sdpa"] + sums["edgekv sdpa"] + sums["cache write"] + sums["portable other"]
+    out = {c: sums[c] for c in ("xnnpack gemm", "xnnpack other", "custom_sdpa", "edgekv sdpa", "cache write",
                                 "portable other")}
     out["xnnpack dispatch"] = max(0.0, sums["DELEGATE_CALL"] - inner_delegated)
     out["operator dispatch"] = max(0.0, sums["OPERATOR_CALL"] - kernels)

@@ -519,9 +519,10 @@ def test_profile_pte_sums_etdump_events_per_call_into_categories():
     events = [("Method::execute", False, [9.0, 5.0]), ("DELEGATE_CALL", False, [6.0, 3.0]),
               ("Fully Connected (NC, F32) GEMM #1", True, [4.0, 2.0]), ("Add (ND) #1", True, [1.0, 0.5]),
               ("OPERATOR_CALL", False, [2.5, 1.5]), ("llama::custom_sdpa.out", False, [2.0, 1.0]),
-              ("native_call_index_put_", False, [0.2, 0.2]), ("edgekv::int8_sdpa.out", False, [0.4, 0.2])]
+              ("native_call_index_put_", False, [0.2, 0.2]), ("edgekv::int8_sdpa.out", False, [0.2, 0.1]),
+              ("edgekv::fp16_sdpa.out", False, [0.1, 0.05]), ("edgekv::packed_sdpa.out", False, [0.1, 0.05])]
     second = pp.per_call(events, slice(1, None))
-    assert second == pytest.approx({"xnnpack gemm": 2.0, "xnnpack other": 0.5, "custom_sdpa": 1.0, "int8_sdpa": 0.2,
+    assert second == pytest.approx({"xnnpack gemm": 2.0, "xnnpack other": 0.5, "custom_sdpa": 1.0, "edgekv sdpa": 0.2,
                                     "cache write": 0.2, "portable other": 0.0, "xnnpack dispatch": 0.5,
                                     "operator dispatch": 0.1, "method rest": 0.5, "execute": 5.0})
     both = pp.scaled(pp.per_call(events, slice(0, None)), wall_ms=8.0, profiled_wall_ms=7.5)
