@@ -38,6 +38,8 @@ SOURCES = {
             "fp32": ("attention_rates_xeon.json", "fp32"),
             "fp16": ("attention_rates_xeon.json", "fp16"),
             "int8c": ("attention_rates_xeon.json", "int8c"),
+            # the window strategy's eager graph (attention_rates.py --window)
+            "eager fp16": ("attention_rates_window_xeon.json", "eager window fp16"),
         },
         "executorch": {
             "fp32": ("attention_rates_executorch_fp16_default_xeon.json", "fp32"),
@@ -48,6 +50,7 @@ SOURCES = {
             "edgekv int8c": ("attention_rates_executorch_int8_edgekv_xeon.json", "int8c"),
             "edgekv fp16": ("attention_rates_executorch_fp16_edgekv.json", "fp16"),
             "edgekv int4": ("attention_rates_executorch_int4_edgekv.json", "int4"),
+            "eager fp16": ("attention_rates_executorch_window_xeon.json", "eager window fp16"),
         },
         "executorch-llama": {
             "fp32": ("attention_rates_executorch_llama_xeon_pair.json", "etllama fp32"),
@@ -153,14 +156,15 @@ def build(device: str, current: dict) -> dict:
             w = pvf.get("weights_rates_bytes_per_s", {}).get(cost)
             over = pvf.get("layer_overhead_s", {}).get(cost)
             mm = MATMUL_SOURCES.get(device, {}).get(rt)
-            if w:
-                wi = {"read_bytes_per_s": float(f"{w:.5g}")}
-                if mm and (RESULTS / mm).exists() and over is not None:
+            mm_ok = bool(mm and (RESULTS / mm).exists())
+            if w or mm_ok:
+                wi = {"read_bytes_per_s": float(f"{w:.5g}")} if w else {}
+                if mm_ok:  # the weights kernel timed per matrix on this CPU; the other ops per layer fitted on its rows
                     d = _load(mm)
                     wi["by_matrix"] = {"kernel": "MatMulNBits",
                                        "rows": [[r["k"], r["n"], r["bytes"], float(f"{r['median_us'] * 1e-6:.4g}")]
                                                 for r in d["rows"]],
-                                       "layer_overhead_s": float(f"{over:.4g}"),
+                                       **({"layer_overhead_s": float(f"{over:.4g}")} if over is not None else {}),
                                        "source": f"rows [K, N, bytes, seconds]: benchmarks/attention_rates.py --matmul "
                                                  f"on this CPU (benchmarks/results/{mm}, "
                                                  + LOAD_NOTE.format(load=_load_range(d)) + "); layer_overhead_s: "
@@ -186,6 +190,8 @@ def build(device: str, current: dict) -> dict:
                     if kind in d.get("prefill_fits", {}):
                         pre["attention_flop_per_s_by_head_dim"][stored] = {
                             dim: float(f"{f['attention_flop_per_s']:.4g}") for dim, f in d["prefill_fits"][kind].items()}
+            pre["source"] = ("attention_flop_per_s_by_head_dim: benchmarks/attention_rates.py --prefill on this CPU "
+                             f"({'; '.join(srcs) or 'none'})")
             if p:
                 pre["matmul_flop_per_s"] = float(f"{p['matmul_flop_per_s']:.4g}")
                 pre["attention_flop_per_s"] = {k: (float(f"{v:.4g}") if v else None)
@@ -195,10 +201,10 @@ def build(device: str, current: dict) -> dict:
                         "kernel_kind": "fp32", "chunk": PTE_PREFILL_CHUNK, "s_per_value": float(f"{c:.4g}"),
                         "source": "fitted by benchmarks/plan_vs_filled.py (PTE_READBACK) on this CPU's SmolLM2-135M "
                                   "prefills with the matmul rate"}
-                pre["source"] = ("attention_flop_per_s_by_head_dim: benchmarks/attention_rates.py --prefill on this CPU "
-                                 f"({'; '.join(srcs) or 'none'}); matmul_flop_per_s and the kinds no kernel benchmark "
-                                 "times: fitted by benchmarks/plan_vs_filled.py on this CPU's SmolLM2-135M filled "
-                                 f"prefills (plan_vs_filled.json devices.{device}.prefill)")
+                pre["source"] += ("; matmul_flop_per_s and the kinds no kernel benchmark times: fitted by "
+                                  "benchmarks/plan_vs_filled.py on this CPU's SmolLM2-135M filled prefills "
+                                  f"(plan_vs_filled.json devices.{device}.prefill)")
+            if srcs or p:
                 e["prefill"] = pre
         e["source"] = (f"measured on {device}'s CPU (device_profiles/{device}.toml cpu) by benchmarks/attention_rates.py "
                        "(1 thread, process CPU time, caches cycled so each call reads a cold cache) and "
@@ -227,8 +233,9 @@ def main(argv=None) -> int:
     os.replace(tmp, RATES_FILE)
     for rt, e in new.items():
         print(f"{a.device} {rt}: kinds {', '.join(e['kinds'])}"
-              + (f"; weights {e['weights']['int4']['read_bytes_per_s'] / 1e9:.2f} GB/s" if "weights" in e else "")
-              + (f"; prefill matmul {e['prefill']['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s" if "prefill" in e else ""))
+              + (f"; weights {e['weights']['int4']['read_bytes_per_s'] / 1e9:.2f} GB/s" if "read_bytes_per_s" in e.get("weights", {}).get("int4", {}) else "")
+              + (f"; prefill matmul {e['prefill']['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s"
+                 if "matmul_flop_per_s" in e.get("prefill", {}) else ""))
     return 0
 
 

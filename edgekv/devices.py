@@ -340,8 +340,10 @@ def cpu_note(device: DeviceProfile) -> str | None:
     model name): the built-in profile whose `cpu` is this machine's (`--device ID`), or, if none, that the speeds
     are another CPU's and how to measure this one. None where they match, the profile names no cpu, or this
     machine's CPU is unknown."""
+    if not device.cpu:  # a phone or GPU profile: no CPU of this machine's to compare (nothing read)
+        return None
     here = this_cpu()
-    if not device.cpu or not here or here == device.cpu:
+    if not here or here == device.cpu:
         return None
     match = [i for i in device_ids() if i != device.id and _profile_cpu(i) == here]
     if match:
