@@ -827,11 +827,13 @@ def main(argv=None) -> int:
                   f"{'-':>7} {plan or f'{chr(45):>7} {chr(32) * 7}'} {pcol}  (not modelled"
                   f"{': roofline' if plan else ''})")
         out_rows.append(o)
-    for s in ("fit", "held-out"):
-        m = [o for o in out_rows if o["set"] == s and o["modelled"]]
-        p = [o for o in out_rows if o["set"] == s and "prefill_error" in o]
-        print(f"{s} rows: decode within {TOLERANCE:.0%}: {sum(o['within_25'] for o in m)} of {len(m)} modelled "
-              f"({sum(not o['modelled'] for o in out_rows if o['set'] == s)} not modelled); prefill within "
+    for dev, s in [(d, s) for d in [None, *sorted({o["device"] for o in out_rows if "device" in o})]
+                   for s in ("fit", "held-out")]:  # the host profile's rows, then each other profile's
+        rows_d = [o for o in out_rows if o.get("device") == dev]
+        m = [o for o in rows_d if o["set"] == s and o["modelled"]]
+        p = [o for o in rows_d if o["set"] == s and "prefill_error" in o]
+        print(f"{dev + ' ' if dev else ''}{s} rows: decode within {TOLERANCE:.0%}: {sum(o['within_25'] for o in m)} of {len(m)} modelled "
+              f"({sum(not o['modelled'] for o in rows_d if o['set'] == s)} not modelled); prefill within "
               f"{TOLERANCE:.0%}: {sum(o['prefill_within_25'] for o in p)} of {len(p)}")
     w_rates, fitted, pre_fits = (w_all.get(DEFAULT_DEVICE, {}), fitted_all.get(DEFAULT_DEVICE, {}),
                                  pre_all.get(DEFAULT_DEVICE, {}))
