@@ -1097,6 +1097,18 @@ def print_fits(fits: dict) -> None:
                           f"(worst {g['max_abs_rel_error']:.0%})" for d, g in f["by_head_dim"].items()))
 
 
+def cpu_name() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (filled_context's machine.cpu; the device profile's `cpu`
+    field): the rates are this CPU's."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runtime", choices=("onnxruntime", "executorch", "llamacpp"), default="onnxruntime")
@@ -1266,7 +1278,7 @@ def main(argv=None) -> int:
                                            f"{f['max_abs_rel_error']:.0%})" for d, f in by.items()))
     out = {"benchmark": "attention_rates", "runtime": a.runtime,
            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)), **versions,
-           "machine": platform.processor() or platform.machine(), "platform": platform.platform(),
+           "machine": platform.processor() or platform.machine(), "cpu": cpu_name(), "platform": platform.platform(),
            "loadavg": list(os.getloadavg()), "threads": 1, "runs": a.runs, "what": what,
            **({"int8_kernel": "edgekv::int8_sdpa and edgekv::fp16_sdpa (edgekv/native, --pte-kernel edgekv): the "
                              "fp32 query against the int8 codes and their scales as stored, or the fp16 cache, in "
@@ -1311,7 +1323,7 @@ def window_main(a) -> int:
     out = {"benchmark": "attention_rates", "runtime": a.runtime,
            "graph": "window strategy, eager (win_module" + (", lowered to a .pte)" if et else ", lowered to ONNX)"),
            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)), **versions,
-           "machine": platform.processor() or platform.machine(), "platform": platform.platform(),
+           "machine": platform.processor() or platform.machine(), "cpu": cpu_name(), "platform": platform.platform(),
            "loadavg": list(os.getloadavg()), "threads": 1, "runs": a.runs,
            "what": "one decode call of the window strategy's eager attention layer (fp16 rolling cache of sinks + W "
                    f"slots, its projections at a model width of {WIN_HIDDEN}) as edgekv's "

@@ -91,9 +91,27 @@ RUNTIMES = {"edgekv-ort": ("onnxruntime", "onnxruntime"), "edgekv-pte": ("edgekv
 # benchmarks/attention_rates.py times as its SDPACustom / QuantizedSDPA call the ops, their weights at the .pte's
 # weights rate (the same XNNPACK kernels): nothing is fitted on them, so they are held out
 ETLLAMA_CACHE = {"kv-fp32": "kv:dtype=fp32", "kv-fp16": "kv", "kv-int8": "kv-int8"}
-# the CPU of the machine the host profile's rates were measured on (device_profiles/host.toml: the 2-vCPU AMD EPYC
-# VM): a filled-context run on another CPU (its JSON's machine.cpu) is listed, not set against them
-HOST_CPU = "AMD EPYC"
+# each run is set against the host profile whose `cpu` (device_profiles/*.toml: /proc/cpuinfo's model name of the VM its
+# rates were measured on) is its JSON's machine.cpu: host (the 2-vCPU AMD EPYC VM) or host-xeon (the 2-vCPU Intel Xeon
+# VM); each profile's weights and prefill rates are fitted on its own CPU's SmolLM2-135M rows. A run that records no
+# CPU is the EPYC's (DEFAULT_DEVICE: every run before machine.cpu was recorded ran there); a CPU no profile names is
+# listed, not priced
+DEFAULT_DEVICE = "host"
+
+
+@functools.lru_cache(maxsize=1)
+def host_profiles() -> dict[str, str]:
+    """{cpu: profile id} of the built-in host profiles that name their CPU (devices.DeviceProfile.cpu)."""
+    from edgekv.devices import all_devices
+
+    return {d.cpu: d.id for d in all_devices() if d.device_class == "host" and d.cpu}
+
+
+def row_device(cpu: str | None) -> str | None:
+    """The host profile a run measured on this CPU (its JSON's machine.cpu) is set against; None: no profile's."""
+    if not cpu:
+        return DEFAULT_DEVICE
+    return host_profiles().get(" ".join(cpu.split()))
 # a cost model whose weights and prefill rates are another's (edgekv/costs/attention_rates.json rates_from)
 RATES_FROM = {"executorch-llama": "executorch"}
 # llama.cpp's K and V type -> the edgekv strategy whose cache it is (kv-int4's group of 32: q4_0's block)
@@ -284,13 +302,15 @@ def parse(name: str, gguf: str | None = None) -> tuple[str, str, str] | str:
 
 
 def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then: str | None = None,
-          int8_kernel: str = "executorch", weights: str = "int4", gguf: str | None = None) -> dict:
+          int8_kernel: str = "executorch", weights: str = "int4", gguf: str | None = None,
+          device: str = DEFAULT_DEVICE) -> dict:
     """The planner's pieces for this row: weights bytes per token, the attention seconds at the stored kernel rate
     (None: no rate for this row), the prefill FLOP by part and the prefill kind, and plan's own decode / prefill.
     kind_then: the stored kind of the graph an older row ran (PTE_INT8_OLD_KIND), in place of the planner's;
     int8_kernel: what read the .pte's int8 codes (its export's custom_ops: PTE_INT8_KERNEL_OPS), as
     `edgekv plan --pte-kernel` prices it. weights: "int4", "gguf" (the row's GGUF, `gguf`, read as `edgekv plan
-    -m FILE.gguf --weights gguf` reads it) or "genai-int4" (GENAI: the plan's int4 row, its matrices at GenAI's form)."""
+    -m FILE.gguf --weights gguf` reads it) or "genai-int4" (GENAI: the plan's int4 row, its matrices at GenAI's form).
+    device: the host profile whose rates price it (row_device: the one measured on the row's CPU)."""
     from edgekv import memory as M
     from edgekv.arch import Attention
     from edgekv.devices import load_device
@@ -298,12 +318,12 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
     from edgekv.strategies import parse_strategy
 
     arch = _read_gguf(gguf) if weights == "gguf" else model_arch(model)
-    dev, strategy = load_device("host"), parse_strategy(spec)
+    dev, strategy = load_device(device), parse_strategy(spec)
     row = plan_one(arch, strategy, dev, ctx, "gguf" if weights == "gguf" else "int4", runtime=runtime,
                    int8_kernel=int8_kernel)
     cost = next(c for rt, c in RUNTIMES.values() if rt == runtime)
     layout = row.deployment.layout
-    rates = M.attention_rates(cost, "host", dev.device_class)
+    rates = M.attention_rates(cost, device, dev.device_class)
     kind = M.attention_kind(arch, layout, strategy, cost, rates, int8_kernel)
     if kind_then:
         kind = kind_then if kind_then in rates["kinds"] and not kind_then.startswith("eager") else None
@@ -552,8 +572,9 @@ def main(argv=None) -> int:
             r["set"] = "held-out"
         if r["name"].startswith("genai:") or r["name"].endswith("/gguf"):  # kernel rows per form: nothing fitted
             r["set"] = "held-out"
-        if r["cpu"] and HOST_CPU not in r["cpu"]:
-            how = f"measured on another machine ({r['cpu']}): the host profile's rates are the {HOST_CPU} VM's"
+        r["device"] = row_device(r["cpu"])
+        if r["device"] is None:
+            how = f"measured on another machine ({r['cpu']}): no host profile holds that CPU's rates"
         m, fam, before = SUPERSEDED_BEFORE
         if r["model"] == m and r["name"].startswith(fam) and r["started_utc"] < before:
             how = "superseded export: measured before edgekv's ONNX put Gemma 3's sliding layers on GroupQueryAttention"
@@ -598,7 +619,7 @@ def main(argv=None) -> int:
         else:
             r["runtime"], r["spec"], weights = how
             r.update(terms(r["model"], r["runtime"], r["spec"], r["ctx"], prompt, old_kind, int8_kernel, weights,
-                           r.get("gguf_path")))
+                           r.get("gguf_path"), r["device"]))
             if int8_kernel != "executorch":
                 r["int8_kernel"] = int8_kernel
             if old_kind and old_kind.startswith("eager"):
@@ -618,95 +639,104 @@ def main(argv=None) -> int:
     for r in rows:
         if "why_not" not in r and "cost" in r and "eager" not in r:
             r["model_attention_s"] = r["attention_s"]
-    w_rates = {}
-    for cost in ("onnxruntime", "executorch", "llama.cpp"):
-        # (not the rows of a graph whose per-key cost was measured on the model as its step less the fp32 step:
-        # KERNEL_ON_MODEL; their step is that measurement's, not another weights measurement)
-        sub = [r for r in fit if r["cost"] == cost and "eager" not in r and r["kind"] not in KERNEL_ON_MODEL]
-        if cost == "executorch":
-            # the rows of the graph the plan charges (not the per-head fp32 graph's: its kernel rows charged those
-            # steps' attention high, leaving their weights a residual of 2-3 ms against the 6.8 ms its profile
-            # gave the weight kernels), and only where the rest is a quarter of the step or more (the fp16, int8
-            # and int8c caches' rows spend 90-100 % of it in attention: what is left says nothing about the rest)
-            sub = [r for r in sub if r["kind"] != PTE_PER_HEAD[2] and r["model_attention_s"] * r["tok_s"] < 0.75]
-        if sub:  # least squares in relative error of t = weights / rate + the attention at the kernel rate
-            num = sum(r["weights_bytes"] * r["tok_s"] * (1 - r["model_attention_s"] * r["tok_s"]) for r in sub)
-            den = sum((r["weights_bytes"] * r["tok_s"]) ** 2 for r in sub)
-            # each row's own rate (its seconds less the attention, over the weights), where the rest is positive
-            per = [r["weights_bytes"] / (1 / r["tok_s"] - r["model_attention_s"]) for r in sub
-                   if 1 / r["tok_s"] > r["model_attention_s"]]
-            w_rates[cost] = {"rate": den / num, "per_row": per}
-            prof = HERE / "results" / PTE_PROFILE
-            if cost == "executorch" and prof.exists():  # split by the profile's shares: weights rate + per layer
-                d = json.loads(prof.read_text())["runs"][0]["decode_ms"]
-                frac = d["xnnpack gemm"] / (d["xnnpack gemm"] + sum(d[k] for k in PTE_STEP_OTHER))
-                step = sub[0]["weights_bytes"] * num / den  # the fitted seconds outside attention
-                w_rates[cost].update(rate=den / num / frac, gemm_share=frac,
-                                     layer_overhead_s=(1 - frac) * step / sub[0]["n_layers"])
-            elif all("weights_kernel_s" in r for r in sub):  # the matrices at their kernel rows + per layer c: fit c
-                y = [(1 / r["tok_s"] - r["model_attention_s"] - r["weights_kernel_s"]) * r["tok_s"] for r in sub]
-                x = [r["n_layers"] * r["tok_s"] for r in sub]
-                w_rates[cost]["layer_overhead_s"] = sum(a * b for a, b in zip(x, y)) / sum(a * a for a in x)
+    w_all: dict[str, dict] = {}  # per host profile (row_device), per runtime: the weights rate fitted on its rows
+    fitted_all: dict[str, dict] = {}  # per host profile, per runtime: the per-key costs fitted on model rows
+    pre_all: dict[str, dict] = {}  # per host profile, per runtime: the prefill rates fitted on its rows
 
     def weights_s(r: dict) -> float:
         """The row's weights term: its matrices at the kernel's per-size rows plus the fitted per-layer ops where
-        the runtime's kernel was timed per matrix, else its bytes over the fitted rate."""
-        w = w_rates[RATES_FROM.get(r["cost"], r["cost"])]
+        the runtime's kernel was timed per matrix, else its bytes over the fitted rate (its own CPU's: row_device)."""
+        w = w_all[r["device"]][RATES_FROM.get(r["cost"], r["cost"])]
         if "layer_overhead_s" in w and "weights_kernel_s" in r:
             return r["weights_kernel_s"] + r["n_layers"] * w["layer_overhead_s"]
         if "layer_overhead_s" in w:  # the .pte: its weight kernels' rate + the other ops per layer
             return r["weights_bytes"] / w["rate"] + r["n_layers"] * w["layer_overhead_s"]
         return r["weights_bytes"] / w["rate"]
-    # the graphs no kernel benchmark times (ONNX Runtime's and the .pte's eager graphs: a quantized cache dequantized
-    # whole, a window with sinks; the .pte's custom_sdpa on an int4 cache read back by dequantize_planar): the
-    # weights term above plus a per key x query head x head size cost (repeat_kv expands K and V to every query
-    # head before the two matmuls), least squares in relative error over the fit rows of each runtime and cache kind
-    fitted, acc = {}, {}
-    for r in fit:
-        if "eager" in r:
-            w_t, k = weights_s(r) * r["tok_s"], r["key_work"] * r["tok_s"]
-            num, den = acc.get((r["cost"], r["eager"]), (0.0, 0.0))
-            acc[r["cost"], r["eager"]] = (num + k * (1 - w_t), den + k * k)
-    for (cost, kind), (num, den) in acc.items():
-        fitted.setdefault(cost, {})[kind] = num / den
-    for r in rows:
-        if "eager" in r:
-            c = fitted.get(r["cost"], {}).get(r["eager"])
-            if c:
-                r["model_attention_s"] = r["key_work"] * c
-                r["attention_formula"] = (f"{r['key_work']:.4g} key x head x dim per step x {c * 1e12:.3g} ps "
-                                          f"({r['eager']}, fitted on model rows)")
-            else:
-                r["why_not"] = f"no SmolLM2-135M row of {r['cost']}'s {r['eager']} graph to fit its rate on"
-    for cost, kinds in fitted.items():
-        print(f"{cost} graphs without a kernel rate, per key x query head x head size: "
-              + ", ".join(f"{k} {c * 1e12:.1f} ps" for k, c in kinds.items()))
-    for cost, w in w_rates.items():
-        extra = f" (rows alone: {', '.join(f'{x / 1e9:.2f}' for x in sorted(w['per_row']))})" if w["per_row"] else ""
-        print(f"{cost}: weights rate fitted on SmolLM2-135M rows: {w['rate'] / 1e9:.2f} GB/s{extra}"
-              + (f"; split by {PTE_PROFILE}'s shares ({w['gemm_share']:.0%} weight kernels): the other ops per layer "
-                 f"{w['layer_overhead_s'] * 1e6:.1f} us" if "gemm_share" in w else
-                 f"; with the matrices at the kernel's per-size rows, the other ops per layer: "
-                 f"{w['layer_overhead_s'] * 1e6:.1f} us" if "layer_overhead_s" in w else ""))
-    # prefill: per runtime, on the fit rows with a measured prefill (the explicit graphs included: their prefill
-    # kind is their cache's, and the attention FLOP are the same)
-    pre_rows = [r for r in rows if "cost" in r and r.get("prefill_s") and not r.get("why_not", "").startswith("super")]
-    pre_fits = {}
-    # the .pte's prefill: no kernel benchmark times custom_sdpa over a chunk of queries, so its matmul rate and each
-    # cache kind's attention rate are fitted on SmolLM2's .pte rows (fp32 at 2k and 8k separate the two)
-    for cost in ("onnxruntime", "executorch", "llama.cpp"):
-        sub = [r for r in pre_rows if r["set"] == "fit" and r["cost"] == cost and r["prefill_kind"]
-               and r["file"] not in NOT_FITTED]
-        if len({r["ctx"] for r in sub}) < 2:  # one context: matmul (linear) and attention (quadratic) inseparable
-            print(f"{cost} prefill: not fitted (its rows are at one context)")
-            continue
-        if sub:
-            pre_fits[cost] = fit_prefill(sub)
-            p = pre_fits[cost]
-            print(f"{cost} prefill: matmul {p['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s, attention "
-                  + ", ".join(f"{k} {v / 1e9:.1f}" if v else f"{k} -" for k, v in p["attention_flop_per_s"].items())
-                  + " GFLOP/s" + "".join(f"; {k} read back at the kernel's fp32 rate + {c * 1e9:.2f} ns per value"
-                                         for k, c in p.get("readback_s_per_value", {}).items()))
+
+    # each host profile's rates on its own CPU's rows (the EPYC's first: DEFAULT_DEVICE)
+    for dev in sorted({r["device"] for r in rows if r.get("device")}, key=lambda d: (d != DEFAULT_DEVICE, d)):
+        w_rates = w_all.setdefault(dev, {})
+        for cost in ("onnxruntime", "executorch", "llama.cpp"):
+            # (not the rows of a graph whose per-key cost was measured on the model as its step less the fp32 step:
+            # KERNEL_ON_MODEL; their step is that measurement's, not another weights measurement)
+            sub = [r for r in fit if r["device"] == dev and r["cost"] == cost and "eager" not in r
+                   and r["kind"] not in KERNEL_ON_MODEL]
+            if cost == "executorch":
+                # the rows of the graph the plan charges (not the per-head fp32 graph's: its kernel rows charged those
+                # steps' attention high, leaving their weights a residual of 2-3 ms against the 6.8 ms its profile
+                # gave the weight kernels), and only where the rest is a quarter of the step or more (the fp16, int8
+                # and int8c caches' rows spend 90-100 % of it in attention: what is left says nothing about the rest)
+                sub = [r for r in sub if r["kind"] != PTE_PER_HEAD[2] and r["model_attention_s"] * r["tok_s"] < 0.75]
+            if sub:  # least squares in relative error of t = weights / rate + the attention at the kernel rate
+                num = sum(r["weights_bytes"] * r["tok_s"] * (1 - r["model_attention_s"] * r["tok_s"]) for r in sub)
+                den = sum((r["weights_bytes"] * r["tok_s"]) ** 2 for r in sub)
+                # each row's own rate (its seconds less the attention, over the weights), where the rest is positive
+                per = [r["weights_bytes"] / (1 / r["tok_s"] - r["model_attention_s"]) for r in sub
+                       if 1 / r["tok_s"] > r["model_attention_s"]]
+                w_rates[cost] = {"rate": den / num, "per_row": per}
+                prof = HERE / "results" / PTE_PROFILE
+                if cost == "executorch" and prof.exists():  # split by the profile's shares: weights rate + per layer
+                    d = json.loads(prof.read_text())["runs"][0]["decode_ms"]
+                    frac = d["xnnpack gemm"] / (d["xnnpack gemm"] + sum(d[k] for k in PTE_STEP_OTHER))
+                    step = sub[0]["weights_bytes"] * num / den  # the fitted seconds outside attention
+                    w_rates[cost].update(rate=den / num / frac, gemm_share=frac,
+                                         layer_overhead_s=(1 - frac) * step / sub[0]["n_layers"])
+                elif all("weights_kernel_s" in r for r in sub):  # the matrices at their kernel rows + per layer c: fit c
+                    y = [(1 / r["tok_s"] - r["model_attention_s"] - r["weights_kernel_s"]) * r["tok_s"] for r in sub]
+                    x = [r["n_layers"] * r["tok_s"] for r in sub]
+                    w_rates[cost]["layer_overhead_s"] = sum(a * b for a, b in zip(x, y)) / sum(a * a for a in x)
+
+        # the graphs no kernel benchmark times (ONNX Runtime's and the .pte's eager graphs: a quantized cache dequantized
+        # whole, a window with sinks; the .pte's custom_sdpa on an int4 cache read back by dequantize_planar): the
+        # weights term above plus a per key x query head x head size cost (repeat_kv expands K and V to every query
+        # head before the two matmuls), least squares in relative error over the fit rows of each runtime and cache kind
+        fitted, acc = fitted_all.setdefault(dev, {}), {}
+        for r in fit:
+            if "eager" in r and r["device"] == dev and RATES_FROM.get(r["cost"], r["cost"]) in w_rates:
+                w_t, k = weights_s(r) * r["tok_s"], r["key_work"] * r["tok_s"]
+                num, den = acc.get((r["cost"], r["eager"]), (0.0, 0.0))
+                acc[r["cost"], r["eager"]] = (num + k * (1 - w_t), den + k * k)
+        for (cost, kind), (num, den) in acc.items():
+            fitted.setdefault(cost, {})[kind] = num / den
+        for r in rows:
+            if "eager" in r and r.get("device") == dev:
+                c = fitted.get(r["cost"], {}).get(r["eager"])
+                if c:
+                    r["model_attention_s"] = r["key_work"] * c
+                    r["attention_formula"] = (f"{r['key_work']:.4g} key x head x dim per step x {c * 1e12:.3g} ps "
+                                              f"({r['eager']}, fitted on model rows)")
+                else:
+                    r["why_not"] = (f"no SmolLM2-135M row of {r['cost']}'s {r['eager']} graph to fit its rate on"
+                                    + ("" if dev == DEFAULT_DEVICE else f" measured on {dev}'s CPU"))
+        for cost, kinds in fitted.items():
+            print(f"{dev}: {cost} graphs without a kernel rate, per key x query head x head size: "
+                  + ", ".join(f"{k} {c * 1e12:.1f} ps" for k, c in kinds.items()))
+        for cost, w in w_rates.items():
+            extra = f" (rows alone: {', '.join(f'{x / 1e9:.2f}' for x in sorted(w['per_row']))})" if w["per_row"] else ""
+            print(f"{dev}: {cost}: weights rate fitted on SmolLM2-135M rows: {w['rate'] / 1e9:.2f} GB/s{extra}"
+                  + (f"; split by {PTE_PROFILE}'s shares ({w['gemm_share']:.0%} weight kernels): the other ops per layer "
+                     f"{w['layer_overhead_s'] * 1e6:.1f} us" if "gemm_share" in w else
+                     f"; with the matrices at the kernel's per-size rows, the other ops per layer: "
+                     f"{w['layer_overhead_s'] * 1e6:.1f} us" if "layer_overhead_s" in w else ""))
+        # prefill: per runtime, on the fit rows with a measured prefill (the explicit graphs included: their prefill
+        # kind is their cache's, and the attention FLOP are the same)
+        pre_rows = [r for r in rows if "cost" in r and r.get("prefill_s") and not r.get("why_not", "").startswith("super")]
+        pre_fits = pre_all.setdefault(dev, {})
+        # the .pte's prefill: no kernel benchmark times custom_sdpa over a chunk of queries, so its matmul rate and each
+        # cache kind's attention rate are fitted on SmolLM2's .pte rows (fp32 at 2k and 8k separate the two)
+        for cost in ("onnxruntime", "executorch", "llama.cpp"):
+            sub = [r for r in pre_rows if r["device"] == dev and r["set"] == "fit" and r["cost"] == cost and r["prefill_kind"]
+                   and r["file"] not in NOT_FITTED]
+            if len({r["ctx"] for r in sub}) < 2:  # one context: matmul (linear) and attention (quadratic) inseparable
+                print(f"{dev}: {cost} prefill: not fitted (its rows are at one context)")
+                continue
+            if sub:
+                pre_fits[cost] = fit_prefill(sub)
+                p = pre_fits[cost]
+                print(f"{dev}: {cost} prefill: matmul {p['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s, attention "
+                      + ", ".join(f"{k} {v / 1e9:.1f}" if v else f"{k} -" for k, v in p["attention_flop_per_s"].items())
+                      + " GFLOP/s" + "".join(f"; {k} read back at the kernel's fp32 rate + {c * 1e9:.2f} ns per value"
+                                             for k, c in p.get("readback_s_per_value", {}).items()))
     gguf_mm = gguf_matmul_rates(a.ggufs)
     for name, g in gguf_mm.items():
         print(f"llama.cpp on {name} (a 512-token prefill and the steps after it, less their attention at the kernel "
@@ -723,6 +753,8 @@ def main(argv=None) -> int:
              "vm": r["vm"], "bandwidth_gb_s": r["bandwidth_gb_s"], "measured_tok_per_cpu_s": r["tok_s"],
              "measured_tok_s_wall": r["decode_tok_s"], "measured_prefill_s": r["prefill_s"],
              "modelled": "why_not" not in r}
+        if r.get("device") not in (None, DEFAULT_DEVICE):  # priced at another host profile's rates (row_device)
+            o["device"] = r["device"]
         pre = None
         if r.get("int8_kernel") == "edgekv" and any(getattr(m, "window", None) for b in model_arch(r["model"]).blocks
                                                     for m in b.mixers):
@@ -731,11 +763,12 @@ def main(argv=None) -> int:
             o["prefill_not_modelled"] = PTE_RING_PREFILL
         elif r["name"].startswith("genai:"):
             o["prefill_not_modelled"] = GENAI_PREFILL
-        elif "cost" in r and r.get("prefill_s") and RATES_FROM.get(r["cost"], r["cost"]) in pre_fits \
+        elif "cost" in r and r.get("prefill_s") and RATES_FROM.get(r["cost"], r["cost"]) in pre_all.get(r["device"], {}) \
                 and r["prefill_kind"]:
-            p = pre_fits[RATES_FROM.get(r["cost"], r["cost"])]
-            g = gguf_mm.get(r["gguf"]) if r["cost"] == "llama.cpp" else None
-            bt = by_type_terms(r) if r["cost"] == "llama.cpp" and not g else None
+            p = pre_all[r["device"]][RATES_FROM.get(r["cost"], r["cost"])]
+            # (llama.cpp's per-GGUF and per-type rates were measured on the EPYC: its rows only)
+            g = gguf_mm.get(r["gguf"]) if r["cost"] == "llama.cpp" and r["device"] == DEFAULT_DEVICE else None
+            bt = by_type_terms(r) if r["cost"] == "llama.cpp" and r["device"] == DEFAULT_DEVICE and not g else None
             if g:  # llama.cpp's matmuls at the rate of the row's own GGUF's weight types (measured, not fitted)
                 p = {**p, "matmul_flop_per_s": g["matmul_flop_per_s"]}
                 o["prefill_matmul"] = f"{r['gguf']}: {g['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s (llamacpp_gguf_prefill)"
@@ -749,12 +782,14 @@ def main(argv=None) -> int:
                          prefill_error=round(pre / r["prefill_s"] - 1, 3),
                          prefill_within_25=bool(abs(pre / r["prefill_s"] - 1) <= TOLERANCE))
         pcol = (f"{r['prefill_s']:6.1f} {pre:6.1f} {pre / r['prefill_s'] - 1:+6.0%}" if pre else "")
-        if o["modelled"] and RATES_FROM.get(r["cost"], r["cost"]) not in w_rates:
-            r["why_not"], o["modelled"] = f"no {r['cost']} row to fit its weights rate on", False
+        if o["modelled"] and RATES_FROM.get(r["cost"], r["cost"]) not in w_all.get(r["device"], {}):
+            r["why_not"], o["modelled"] = (f"no {r['cost']} row to fit its weights rate on"
+                                           + ("" if r["device"] == DEFAULT_DEVICE else f" measured on {r['device']}'s "
+                                              "CPU"), False)
         if o["modelled"]:
             w_s = weights_s(r)
-            g = gguf_mm.get(r["gguf"]) if r["cost"] == "llama.cpp" else None
-            bt = by_type_terms(r) if r["cost"] == "llama.cpp" and not g else None
+            g = gguf_mm.get(r["gguf"]) if r["cost"] == "llama.cpp" and r["device"] == DEFAULT_DEVICE else None
+            bt = by_type_terms(r) if r["cost"] == "llama.cpp" and r["device"] == DEFAULT_DEVICE and not g else None
             if g:  # the step outside attention measured on the row's own GGUF at a short context (not fitted)
                 w_s = g["step_rest_s"]
                 o["weights_term"] = (f"{r['gguf']}: {w_s * 1e3:.2f} ms (its step at {g['step_ctx']} keys less the "
@@ -764,7 +799,7 @@ def main(argv=None) -> int:
                 o["weights_term"] = f"{w_s * 1e3:.2f} ms: {bt['note']}"
             elif "weights_formula" in r:  # --weights gguf / GenAI: each matrix at its form's rows + the int4 graph's ops
                 o["weights_term"] = (f"{w_s * 1e3:.2f} ms: {r['weights_formula'].rsplit(' + ', 1)[0]} + "
-                                     f"{r['n_layers']} layers x {w_rates[r['cost']]['layer_overhead_s'] * 1e6:.3g} us "
+                                     f"{r['n_layers']} layers x {w_all[r['device']][r['cost']]['layer_overhead_s'] * 1e6:.3g} us "
                                      "(the int4 graph's other ops, fitted on SmolLM2's rows)")
             pred = float(1 / (w_s + r["model_attention_s"]))
             err = pred / r["tok_s"] - 1
@@ -792,12 +827,16 @@ def main(argv=None) -> int:
                   f"{'-':>7} {plan or f'{chr(45):>7} {chr(32) * 7}'} {pcol}  (not modelled"
                   f"{': roofline' if plan else ''})")
         out_rows.append(o)
-    for s in ("fit", "held-out"):
-        m = [o for o in out_rows if o["set"] == s and o["modelled"]]
-        p = [o for o in out_rows if o["set"] == s and "prefill_error" in o]
-        print(f"{s} rows: decode within {TOLERANCE:.0%}: {sum(o['within_25'] for o in m)} of {len(m)} modelled "
-              f"({sum(not o['modelled'] for o in out_rows if o['set'] == s)} not modelled); prefill within "
+    for dev, s in [(d, s) for d in [None, *sorted({o["device"] for o in out_rows if "device" in o})]
+                   for s in ("fit", "held-out")]:  # the host profile's rows, then each other profile's
+        rows_d = [o for o in out_rows if o.get("device") == dev]
+        m = [o for o in rows_d if o["set"] == s and o["modelled"]]
+        p = [o for o in rows_d if o["set"] == s and "prefill_error" in o]
+        print(f"{dev + ' ' if dev else ''}{s} rows: decode within {TOLERANCE:.0%}: {sum(o['within_25'] for o in m)} of {len(m)} modelled "
+              f"({sum(not o['modelled'] for o in rows_d if o['set'] == s)} not modelled); prefill within "
               f"{TOLERANCE:.0%}: {sum(o['prefill_within_25'] for o in p)} of {len(p)}")
+    w_rates, fitted, pre_fits = (w_all.get(DEFAULT_DEVICE, {}), fitted_all.get(DEFAULT_DEVICE, {}),
+                                 pre_all.get(DEFAULT_DEVICE, {}))
     res = {"benchmark": "plan_vs_filled", "speed": "tokens per CPU second of the row's process (1 thread)",
            "weights_rates_bytes_per_s": {k: v["rate"] for k, v in w_rates.items()},
            "weights_rates_per_fit_row": {k: v["per_row"] for k, v in w_rates.items() if v["per_row"]},
@@ -807,7 +846,19 @@ def main(argv=None) -> int:
            "llamacpp_gguf_types": {g["type_mix"]: {"file": n, "matmul_flop_per_s": g["matmul_flop_per_s"],
                                                    "read_bytes_per_s": g["read_bytes_per_s"]}
                                    for n, g in gguf_mm.items() if "type_mix" in g}, "llamacpp_gguf_type_rates": gguf_type_rates(),
-           "not_fitted": NOT_FITTED, "tolerance": TOLERANCE, "rows": out_rows}
+           "not_fitted": NOT_FITTED, "tolerance": TOLERANCE,
+           # the other host profiles' rates, each fitted on its own CPU's rows (row_device), as above for host
+           "devices": {dev: {"cpu": next((c for c, i in host_profiles().items() if i == dev), None),
+                             "weights_rates_bytes_per_s": {k: v["rate"] for k, v in w_all[dev].items()},
+                             "weights_rates_per_fit_row": {k: v["per_row"] for k, v in w_all[dev].items()
+                                                           if v["per_row"]},
+                             "layer_overhead_s": {k: v["layer_overhead_s"] for k, v in w_all[dev].items()
+                                                  if "layer_overhead_s" in v},
+                             "pte_gemm_share": {"profile": PTE_PROFILE,
+                                                "share": w_all[dev].get("executorch", {}).get("gemm_share")},
+                             "fitted_per_key_s": fitted_all.get(dev, {}), "prefill": pre_all.get(dev, {})}
+                       for dev in w_all if dev != DEFAULT_DEVICE},
+           "rows": out_rows}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = a.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(res, indent=1) + "\n")

@@ -5,6 +5,7 @@ source/estimate). `load_device("pixel8")` reads device_profiles/pixel8.toml; `lo
 """
 from __future__ import annotations
 
+import functools
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -60,6 +61,9 @@ class DeviceProfile:
     runtime_overhead: dict[str, Fact]
     interconnect: dict[str, Interconnect] = field(default_factory=dict)
     path: str = ""
+    # the CPU whose rates the profile holds, as /proc/cpuinfo's "model name" gives it (a host profile's speeds were
+    # measured on that CPU; plan notes when it runs on another: cpu_note); "" = not stated (phones, GPUs)
+    cpu: str = ""
 
     # the numbers the planner reads, by name
     @property
@@ -115,7 +119,7 @@ class DeviceProfile:
     def to_json(self) -> dict:
         return {
             "id": self.id, "name": self.name, "class": self.device_class, "os": self.os, "soc": self.soc,
-            "runtime": self.runtime,
+            "runtime": self.runtime, **({"cpu": self.cpu} if self.cpu else {}),
             "facts": {k: v.to_json() for k, v in self.facts.items()},
             "runtime_overhead_bytes": {k: v.to_json() for k, v in self.runtime_overhead.items()},
             "interconnect": {k: {"bytes_per_s": v.bytes_per_s.to_json(), "latency_s": v.latency_s.to_json()}
@@ -174,7 +178,7 @@ def parse_profile(data: dict, where: str) -> DeviceProfile:
     for k in ("id", "name", "class"):
         if k not in data:
             raise EdgekvError(f"{where}: missing field '{k}'")
-    for k in ("id", "name", "class", "os", "soc", "runtime", "notes"):
+    for k in ("id", "name", "class", "os", "soc", "runtime", "notes", "cpu"):
         if k in data:
             _text(where, k, data[k])
     for k in ("runtime_overhead_bytes", "interconnect"):
@@ -188,7 +192,7 @@ def parse_profile(data: dict, where: str) -> DeviceProfile:
     for k in required:
         if k not in data:
             raise EdgekvError(f"{where}: missing field '{k}'")
-    skip = {"id", "name", "class", "os", "soc", "runtime", "runtime_overhead_bytes", "interconnect", "notes"}
+    skip = {"id", "name", "class", "os", "soc", "runtime", "runtime_overhead_bytes", "interconnect", "notes", "cpu"}
     for k, raw in data.items():
         if k not in skip:
             facts[k] = _fact(where, k, raw)
@@ -224,7 +228,7 @@ def parse_profile(data: dict, where: str) -> DeviceProfile:
                               f"{facts['ram_bytes'].value:.4g}")
     return DeviceProfile(id=str(data["id"]), name=str(data["name"]), device_class=cls, os=str(data.get("os", "")),
                          soc=str(data.get("soc", "")), runtime=runtime, facts=facts, runtime_overhead=overhead,
-                         interconnect=links, path=where)
+                         interconnect=links, path=where, cpu=" ".join(str(data.get("cpu", "")).split()))
 
 
 @dataclass(frozen=True)
@@ -312,3 +316,50 @@ def load_device(name_or_path: str) -> DeviceProfile:
 
 def all_devices() -> list[DeviceProfile]:
     return [load_device(i) for i in device_ids()]
+
+
+CPUINFO = "/proc/cpuinfo"
+
+
+@functools.lru_cache(maxsize=1)
+def this_cpu() -> str | None:
+    """This machine's CPU as /proc/cpuinfo's first "model name" line gives it (spaces collapsed), read once without
+    torch; None where the file or the line is absent (not Linux, some ARM kernels)."""
+    try:
+        with open(CPUINFO, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return " ".join(line.split(":", 1)[1].split()) or None
+    except OSError:
+        pass
+    return None
+
+
+def cpu_note(device: DeviceProfile) -> str | None:
+    """One line where the profile's speeds are another CPU's than this machine's (its `cpu` is not /proc/cpuinfo's
+    model name): the built-in profile whose `cpu` is this machine's (`--device ID`), or, if none, that the speeds
+    are another CPU's and how to measure this one. None where they match, the profile names no cpu, or this
+    machine's CPU is unknown."""
+    if not device.cpu:  # a phone or GPU profile: no CPU of this machine's to compare (nothing read)
+        return None
+    here = this_cpu()
+    if not here or here == device.cpu:
+        return None
+    match = [i for i in device_ids() if i != device.id and _profile_cpu(i) == here]
+    if match:
+        return (f"note: {device.id}'s speeds were measured on {device.cpu}; this machine is {here}: "
+                f"--device {match[0]} holds its rates")
+    return (f"note: {device.id}'s speeds were measured on {device.cpu}, not on this machine's {here}, which no "
+            "profile holds rates for: the speed column is that CPU's. To measure this one: benchmarks/"
+            "attention_rates.py (kernel rates) and benchmarks/plan_vs_filled.py on filled_context runs, into a "
+            "profile with cpu = this model name")
+
+
+def _profile_cpu(device_id: str) -> str:
+    """A built-in profile's `cpu`, read from its TOML without parsing the rest (cpu_note scans every profile)."""
+    try:
+        data = tomllib.loads((PROFILE_DIR / f"{device_id}.toml").read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return ""
+    cpu = data.get("cpu")
+    return " ".join(cpu.split()) if isinstance(cpu, str) else ""

@@ -11,7 +11,7 @@ from .arch import Arch, catalog_arch, catalog_names
 from .arch.variants import pte_int8_kept, variant
 from .catalog_index import summary as catalog_summary
 from .models import family_for_type  # the export registry (edgekv.models imports no torch)
-from .devices import Budget, DeviceProfile, artifact_budget
+from .devices import Budget, DeviceProfile, artifact_budget, cpu_note
 from .errors import EdgekvError
 from .quality import RISK_ORDER, past_trained, quality, with_weights
 from .serving import BaselineRow, serve
@@ -443,10 +443,12 @@ class Plan:
 
     suggestions: list[dict] | None = None  # what_would_fit, where the caller asked and nothing fits well
     int8_kernel: str = "executorch"  # what reads a .pte's int8 cache (plan --pte-kernel, as export takes it)
+    # devices.cpu_note: the profile's speeds are another CPU's than this machine's (None: they match, or unknown)
+    cpu_note: str | None = None
 
     def to_json(self, explain: bool = False) -> dict:
         d = {"device": self.device.to_json(), "ctx": self.ctx, "budget_bytes": self.budget,
-             "budget_uncertainty_bytes": self.device.budget_uncertainty_bytes,
+             "budget_uncertainty_bytes": self.device.budget_uncertainty_bytes, "cpu_note": self.cpu_note,
              "runtime": {"name": self.runtime, "flag": plan_flag(self.runtime),
                          "label": M.PLAN_RUNTIMES[self.runtime]["label"]},
              "options": [r.to_json(explain) for r in self.ranked()], "not_applicable": self.not_applicable}
@@ -492,6 +494,7 @@ def make_plan(device: DeviceProfile, ctx: int, archs: list[Arch], strategies: li
     p = Plan(device, ctx, rows, na, budget)
     p._runtime = name
     p.int8_kernel = int8_kernel
+    p.cpu_note = cpu_note(device)
     return p
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from . import memory as M
 from .arch import Arch
 from .clibase import plan_flag
-from .devices import DeviceProfile, artifact_budget
+from .devices import DeviceProfile, artifact_budget, cpu_note
 from .errors import EdgekvError
 from .plan import (DEFAULT_CHUNK, Plan, PlanRow, default_models, default_runtime, device_deployment, make_plan,
                    plan_one, strategies_for)
@@ -166,6 +166,7 @@ class MaxPlan:
     def to_json(self, explain: bool = False) -> dict:
         return {"device": self.device.to_json(), "ctx": "max", "budget_bytes": self.budget,
                 "budget_uncertainty_bytes": self.device.budget_uncertainty_bytes,
+                "cpu_note": cpu_note(self.device),
                 "runtime": {"name": self.runtime, "flag": plan_flag(self.runtime),
                          "label": M.PLAN_RUNTIMES[self.runtime]["label"]},
                 "options": [o.to_json(explain) for o in self.ranked()], "not_applicable": self.not_applicable}

@@ -76,6 +76,8 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
               "A catalog model is a shape (its published config); the weights come from you: "
               + export_sentence(plan))
     print_table(c, title, plan_columns(dc, head), cells, footer)
+    if getattr(plan, "cpu_note", None):  # the profile's speeds are another CPU's (devices.cpu_note)
+        c.print(escape(plan.cpu_note))
     suggestions_lines(c, plan)
     if limit is not None and len(rows) > limit:
         c.print(f"{len(rows) - limit} more options: --all shows them, --json gives every number.")
@@ -226,6 +228,9 @@ def max_ctx_table(mp, limit: int | None = 30, explain: bool = False) -> None:
               "1m). total, fits, decode and risk are the option planned at its longest ctx. --explain says why per "
               "row.")
     print_table(c, title, cols, cells, footer)
+    from .devices import cpu_note
+    if cpu_note(mp.device):  # the profile's speeds are another CPU's
+        c.print(escape(cpu_note(mp.device)))
     if limit is not None and len(opts) > limit:
         c.print(f"{len(opts) - limit} more options: --all shows them, --json gives every number.")
     if explain:

@@ -329,6 +329,8 @@ def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtim
         rate, how = _prefill_rate(rates, kind, arch) if kind else (None, "")
     if not rate:
         return None
+    if not rates.get("matmul_flop_per_s"):  # kernel attention rates stored, no matmul rate fitted yet on this device
+        return None
     p = prefill_parts(arch, strategy, ctx, chunk)
     mm, attn, mm_rate = p["matmul"] + p["logits"] + p["scans"], p["attention"] + p["reexpand"], rates["matmul_flop_per_s"]
     t = mm / mm_rate + attn / rate

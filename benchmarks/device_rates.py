@@ -1,0 +1,243 @@
+"""Store a host profile's speed rates in edgekv/costs/attention_rates.json (`devices.<id>` under each runtime), from
+the kernel benchmarks run on that profile's CPU and the weights / prefill rates benchmarks/plan_vs_filled.py fitted on
+that CPU's filled-context rows.
+
+    python benchmarks/device_rates.py [--device host-xeon] [--check]
+
+SOURCES names, per profile, the results JSONs each kind's rates come from (benchmarks/attention_rates.py runs on that
+CPU: each JSON's rows and fits, a kind per JSON). For each kernel kind it stores the fit over both head shapes (for a
+model of another head size) and, per head size, the measured curve (compute_by_kept_keys: each measured call's time
+over its kept keys x H x D, overhead 0), so the plan charges a model of a measured head size the measured calls
+themselves (memory.speed._compute_at: linear between two measured key counts). The weights rates, the per-key costs
+fitted on model rows (eager graphs, the .pte's int4 read-back) and the prefill matmul rates are plan_vs_filled.json's
+`devices.<id>` (fitted on that CPU's SmolLM2-135M rows; Gemma-3-270M's and the 1B's held out). Run this, then
+plan_vs_filled.py, then this again (the fits need the kernel rates stored; the stored fits need the fits).
+--check: exit 1 where the stored entry differs from what the sources give (tests/test_attention_rates.py).
+
+The host profile's own entries (`devices.host`, the AMD EPYC VM) are not written here: they were assembled by hand
+over many runs (their sources in each entry) and stay as they are.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+RATES_FILE = HERE.parent / "edgekv" / "costs" / "attention_rates.json"
+PVF = RESULTS / "plan_vs_filled.json"
+
+# profile -> runtime -> stored kind -> (results JSON, the kind as its rows name it); the executorch "edgekv K" kinds
+# are rows of a run with --int8-kernel edgekv (each JSON's int8_kernel says so)
+SOURCES = {
+    "host-xeon": {
+        "onnxruntime": {
+            "fp32": ("attention_rates_xeon.json", "fp32"),
+            "fp16": ("attention_rates_xeon.json", "fp16"),
+            "int8c": ("attention_rates_xeon.json", "int8c"),
+            # the window strategy's eager graph (attention_rates.py --window)
+            "eager fp16": ("attention_rates_window_xeon.json", "eager window fp16"),
+        },
+        "executorch": {
+            "fp32": ("attention_rates_executorch_fp16_default_xeon.json", "fp32"),
+            "fp16": ("attention_rates_executorch_fp16_default_xeon.json", "fp16"),
+            "int8": ("attention_rates_executorch_int8_xeon.json", "int8"),
+            "int8c": ("attention_rates_executorch_int8_xeon.json", "int8c"),
+            "edgekv int8": ("attention_rates_executorch_int8_edgekv_xeon.json", "int8"),
+            "edgekv int8c": ("attention_rates_executorch_int8_edgekv_xeon.json", "int8c"),
+            "edgekv fp16": ("attention_rates_executorch_fp16_edgekv.json", "fp16"),
+            "edgekv int4": ("attention_rates_executorch_int4_edgekv.json", "int4"),
+            "eager fp16": ("attention_rates_executorch_window_xeon.json", "eager window fp16"),
+        },
+        "executorch-llama": {
+            "fp32": ("attention_rates_executorch_llama_xeon_pair.json", "etllama fp32"),
+            "fp16": ("attention_rates_executorch_llama_xeon_pair.json", "etllama fp16"),
+            "int8": ("attention_rates_executorch_llama_xeon_pair.json", "etllama int8"),
+        },
+    },
+}
+# profile -> runtime -> [(prefill results JSON, {stored kind: the kind as its rows name it})]
+PREFILL_SOURCES = {
+    "host-xeon": {
+        "onnxruntime": [("attention_rates_prefill_xeon.json", {"fp32": "fp32", "fp16": "fp16", "int8c": "int8c"})],
+        "executorch": [("attention_rates_executorch_prefill_xeon.json", {"fp32": "fp32", "fp16": "fp16"}),
+                       ("attention_rates_executorch_prefill_edgekv_xeon.json",
+                        {"edgekv int8": "int8", "edgekv int8c": "int8c", "edgekv fp16": "fp16",
+                         "edgekv int4": "int4"})],
+    },
+}
+# profile -> runtime -> the per-matrix weights kernel rows (benchmarks/attention_rates.py --matmul on that CPU)
+MATMUL_SOURCES = {"host-xeon": {"onnxruntime": "matmul_nbits_rates_xeon.json"}}
+# the .pte's prefill chunk (plan_vs_filled.PTE_PREFILL_CHUNK) for a read-back fit
+PTE_PREFILL_CHUNK = 32
+LOAD_NOTE = ("the host shared with other benchmarks (the lead's filled-context runs and exports): load average "
+             "{load} on 2 cores, process CPU time")
+
+
+def _load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def _load_range(d: dict) -> str:
+    loads = [r["loadavg"] for r in d.get("rows", []) if "loadavg" in r] or list(d.get("loadavg", [])[:1])
+    return f"{min(loads):.1f}-{max(loads):.1f}" if loads else "unrecorded"
+
+
+def _curve(rows: list[dict]) -> dict:
+    """Each context's call over its kept keys x H x D (median over rows of that context): the measured curve."""
+    import statistics
+
+    return {str(c): float(f"{statistics.median(r['median_us'] * 1e-6 / (r.get('layers', 1) * c * r['heads'] * r['head_dim']) for r in rows if r['ctx'] == c):.4g}")
+            for c in sorted({r["ctx"] for r in rows})}
+
+
+def kernel_kind(name: str, kind: str, host_entry: dict | None) -> dict:
+    """One stored kind from one results JSON: the fit over both head shapes (attention_rates.fit) and per head size the
+    measured curve at overhead 0."""
+    sys.path.insert(0, str(HERE))
+    import attention_rates as ar
+
+    d = _load(name)
+    rows = [r for r in d["rows"] if r["kind"] == kind]
+    if not rows:
+        raise SystemExit(f"{name}: no rows of kind {kind!r}")
+    f = ar.fit(rows)
+    out = {}
+    if host_entry and "kernel" in host_entry:  # the same kernel as on the reference host (same software)
+        out["kernel"] = host_entry["kernel"]
+    out.update(overhead_s=float(f"{f['overhead_s']:.4g}"),
+               read_bytes_per_s=float(f"{f['read_bytes_per_s']:.4g}") if f["read_bytes_per_s"] else None,
+               compute_s_per_head_dim_position=float(f"{f['compute_s_per_head_dim_position']:.4g}"),
+               fit_max_abs_rel_error=f["max_abs_rel_error"], by_head_dim={})
+    for dim in sorted({r["head_dim"] for r in rows}):
+        sub = [r for r in rows if r["head_dim"] == dim]
+        g = ar.fit_head_dim(sub)
+        out["by_head_dim"][str(dim)] = {
+            "overhead_s": 0.0, "read_bytes_per_s": None,
+            "compute_s_per_head_dim_position": float(f"{g['compute_s_per_head_dim_position']:.4g}"),
+            "compute_by_kept_keys": _curve(sub),
+            "fit_max_abs_rel_error": g["max_abs_rel_error"]}
+    out["source"] = (f"benchmarks/results/{name}, its {kind} rows ({len(rows)}: "
+                     + ", ".join(f"{r['shape']} {r['ctx']}" for r in rows[:2]) + ", ...; "
+                     + LOAD_NOTE.format(load=_load_range(d)) + f", CPU {d.get('cpu') or 'Intel(R) Xeon(R) Processor'}): "
+                     "the fit over both head shapes for a model of another head size; by_head_dim: per head size the "
+                     "measured calls over their kept keys x H x D (compute_by_kept_keys), which the plan charges a "
+                     "model of that head size")
+    return out
+
+
+def build(device: str, current: dict) -> dict:
+    """{runtime: devices.<device> entry} from SOURCES, PREFILL_SOURCES, MATMUL_SOURCES and plan_vs_filled.json."""
+    pvf = json.loads(PVF.read_text()).get("devices", {}).get(device, {}) if PVF.exists() else {}
+    out = {}
+    for rt, kinds in SOURCES[device].items():
+        host = current[rt]["devices"]["host"]
+        e = {"basis": "measured", "threads": 1, "kinds": {}}
+        for stored, (name, kind) in kinds.items():
+            if (RESULTS / name).exists():
+                e["kinds"][stored] = kernel_kind(name, kind, host["kinds"].get(stored))
+        cost = rt if rt != "executorch-llama" else "executorch"
+        # the per-key costs plan_vs_filled fitted on this CPU's model rows (graphs no kernel benchmark times)
+        for kind, c in pvf.get("fitted_per_key_s", {}).get(rt, {}).items():
+            e["kinds"][kind] = {**({"kernel": host["kinds"][kind]["kernel"]} if "kernel" in host["kinds"].get(kind, {})
+                                   else {}),
+                                "overhead_s": 0.0, "read_bytes_per_s": None,
+                                "compute_s_per_head_dim_position": float(f"{c:.4g}"),
+                                "source": "fitted on model rows, not a kernel: benchmarks/plan_vs_filled.py, this CPU's "
+                                          "SmolLM2-135M filled decode rows of this graph and cache, the step less the "
+                                          "weights term, per key x query head x head size (plan_vs_filled.json "
+                                          f"devices.{device}.fitted_per_key_s)"}
+        if rt == "executorch-llama":
+            e["rates_from"] = "executorch"
+        else:
+            w = pvf.get("weights_rates_bytes_per_s", {}).get(cost)
+            over = pvf.get("layer_overhead_s", {}).get(cost)
+            mm = MATMUL_SOURCES.get(device, {}).get(rt)
+            mm_ok = bool(mm and (RESULTS / mm).exists())
+            if w or mm_ok:
+                wi = {"read_bytes_per_s": float(f"{w:.5g}")} if w else {}
+                if mm_ok:  # the weights kernel timed per matrix on this CPU; the other ops per layer fitted on its rows
+                    d = _load(mm)
+                    wi["by_matrix"] = {"kernel": "MatMulNBits",
+                                       "rows": [[r["k"], r["n"], r["bytes"], float(f"{r['median_us'] * 1e-6:.4g}")]
+                                                for r in d["rows"]],
+                                       **({"layer_overhead_s": float(f"{over:.4g}")} if over is not None else {}),
+                                       "source": f"rows [K, N, bytes, seconds]: benchmarks/attention_rates.py --matmul "
+                                                 f"on this CPU (benchmarks/results/{mm}, "
+                                                 + LOAD_NOTE.format(load=_load_range(d)) + "); layer_overhead_s: "
+                                                 "fitted by benchmarks/plan_vs_filled.py on this CPU's SmolLM2-135M "
+                                                 "rows with the matrices at these rows"}
+                elif over is not None:
+                    wi["layer_overhead_s"] = float(f"{over:.4g}")
+                wi["source"] = (f"fitted by benchmarks/plan_vs_filled.py on this CPU's SmolLM2-135M filled {rt} rows "
+                                f"(benchmarks/results/plan_vs_filled.json devices.{device}: weights_rates_bytes_per_s"
+                                + (", layer_overhead_s split by the EPYC .pte profile's weight-kernel share "
+                                   "(pte_gemm_share), not measured on this CPU" if rt == "executorch" else "")
+                                + "); Gemma-3-270M's and the 1B's rows on this CPU held out")
+                e["weights"] = {"int4": wi}
+            pre = {"attention_flop_per_s": {}, "attention_flop_per_s_by_head_dim": {}}
+            p = pvf.get("prefill", {}).get(cost)
+            srcs = []
+            for name, kinds_map in PREFILL_SOURCES.get(device, {}).get(rt, []):
+                if not (RESULTS / name).exists():
+                    continue
+                d = _load(name)
+                srcs.append(f"benchmarks/results/{name} (load average {_load_range(d)})")
+                for stored, kind in kinds_map.items():
+                    if kind in d.get("prefill_fits", {}):
+                        pre["attention_flop_per_s_by_head_dim"][stored] = {
+                            dim: float(f"{f['attention_flop_per_s']:.4g}") for dim, f in d["prefill_fits"][kind].items()}
+            pre["source"] = ("attention_flop_per_s_by_head_dim: benchmarks/attention_rates.py --prefill on this CPU "
+                             f"({'; '.join(srcs) or 'none'})")
+            if p:
+                pre["matmul_flop_per_s"] = float(f"{p['matmul_flop_per_s']:.4g}")
+                pre["attention_flop_per_s"] = {k: (float(f"{v:.4g}") if v else None)
+                                               for k, v in p["attention_flop_per_s"].items()}
+                for k, c in p.get("readback_s_per_value", {}).items():
+                    pre.setdefault("readback", {})[k] = {
+                        "kernel_kind": "fp32", "chunk": PTE_PREFILL_CHUNK, "s_per_value": float(f"{c:.4g}"),
+                        "source": "fitted by benchmarks/plan_vs_filled.py (PTE_READBACK) on this CPU's SmolLM2-135M "
+                                  "prefills with the matmul rate"}
+                pre["source"] += ("; matmul_flop_per_s and the kinds no kernel benchmark times: fitted by "
+                                  "benchmarks/plan_vs_filled.py on this CPU's SmolLM2-135M filled prefills "
+                                  f"(plan_vs_filled.json devices.{device}.prefill)")
+            if srcs or p:
+                e["prefill"] = pre
+        e["source"] = (f"measured on {device}'s CPU (device_profiles/{device}.toml cpu) by benchmarks/attention_rates.py "
+                       "(1 thread, process CPU time, caches cycled so each call reads a cold cache) and "
+                       "benchmarks/plan_vs_filled.py; each kind names its results JSON; written by "
+                       "benchmarks/device_rates.py. The host was shared with other benchmarks while they ran (load "
+                       "average 2-4 on 2 cores), so these rates are those of a busy host, like the rows they price")
+        out[rt] = e
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="host-xeon", choices=sorted(SOURCES))
+    ap.add_argument("--check", action="store_true", help="exit 1 where the stored entries differ from the sources")
+    a = ap.parse_args(argv)
+    cur = json.loads(RATES_FILE.read_text())
+    new = build(a.device, cur)
+    if a.check:
+        bad = [rt for rt, e in new.items() if cur[rt]["devices"].get(a.device) != e]
+        print("stored entries match their sources" if not bad else f"differ: {', '.join(bad)}")
+        return 1 if bad else 0
+    for rt, e in new.items():
+        cur[rt]["devices"][a.device] = e
+    tmp = RATES_FILE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cur, indent=2) + "\n")
+    os.replace(tmp, RATES_FILE)
+    for rt, e in new.items():
+        print(f"{a.device} {rt}: kinds {', '.join(e['kinds'])}"
+              + (f"; weights {e['weights']['int4']['read_bytes_per_s'] / 1e9:.2f} GB/s" if "read_bytes_per_s" in e.get("weights", {}).get("int4", {}) else "")
+              + (f"; prefill matmul {e['prefill']['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s"
+                 if "matmul_flop_per_s" in e.get("prefill", {}) else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
