@@ -221,11 +221,9 @@ def _layer_scratch(arch: Arch, m: Attention, t: int, width: int, strategy: Strat
     block of keys at a time in its own small buffers (or in registers), so no rows are read back."""
     unit = m.n_kv_heads * t * m.head_dim * 4  # one layer's K (or V) for every slot, fp32
     st = _storage(strategy)
-    if int8_kernel == "edgekv" and "readback_copies" in rt and (
-            st.pte_read(m.head_dim) == "int8 codes" or (not st.quantized and st.kv_read_key == "fp16")
-            or st.kv_read_key in ("int4", "int2")):
+    if int8_kernel == "edgekv" and "readback_copies" in rt and st.edgekv_kernel_reads(m.head_dim):
         # the method plans no K-sized fp32 tensor (benchmarks/results/pte_load_steps_llama32_1b_random.json,
-        # plan_accuracy_llama32_1b_random_pte.json); the same storages as edgekv.models.swaps._edgekv_reads
+        # plan_accuracy_llama32_1b_random_pte.json); the export asks the storage the same (swaps._edgekv_reads)
         return 0, ""
     if strategy.converts_to_latent:  # converted: the fp32 latent + the keys rebuilt and rotated for every slot
         return (t * width * 4 + MLA_REBUILD_COPIES * unit,

@@ -34,6 +34,7 @@ from torch import nn
 
 from ..errors import EdgekvError
 from ..quant import dequantize, dequantize_planar, planar_order
+from ..strategies.storage import EDGEKV_PACKED_BITS
 from .attention import Attention, Call
 from .layers import RMSNorm
 
@@ -406,16 +407,14 @@ class RingSdpaAttention(Attention):
         return self.o_proj(out), k_state, v_state
 
 
-PACKED_BITS = (4, 2)  # the packed caches edgekv::packed_sdpa reads (kv-int4, kv-int2)
+PACKED_BITS = EDGEKV_PACKED_BITS  # the packed caches edgekv::packed_sdpa reads (kv-int4, kv-int2)
 
 
 def _edgekv_reads(at: Attention) -> bool:
     """Whether edgekv's own kernels (--pte-kernel edgekv, edgekv/native) read this layer's cache in place: int8 codes
     (edgekv::int8_sdpa), an fp16 cache (edgekv::fp16_sdpa) or packed int4 / int2 codes (edgekv::packed_sdpa), where
     the default reads the rows written so far back into fp32 every call."""
-    fmt = at.fmt
-    return fmt.storage.pte_read(at.dh) == "int8 codes" or (not fmt.bits and fmt.dtype == torch.float16) \
-        or fmt.bits in PACKED_BITS
+    return at.fmt.storage.edgekv_kernel_reads(at.dh)
 
 
 def _edgekv_float_read(fmt, qg, k_state, v_state, start, scale: float, d: int):

@@ -30,6 +30,7 @@ DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float8_e4m3fn":
 KV_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "float8_e4m3fn"}
 # the float caches edgekv's torch modules write (a bf16 or fp8 cache is planned, not exported)
 EXPORTED_FLOATS = ("fp32", "fp16")
+EDGEKV_PACKED_BITS = (4, 2)  # the packed caches edgekv::packed_sdpa reads (kv-int4, kv-int2)
 
 
 def per_token_int8(bits: int | None, group: int | None, head_dim: int) -> bool:
@@ -120,6 +121,14 @@ class KvStorage:
         written rows read back as fp32, then custom_sdpa)."""
         return "fp32 rows"
 
+    def edgekv_kernel_reads(self, d: int) -> bool:
+        """Whether edgekv's own kernels (export --pte-kernel edgekv, edgekv/native) read this cache in place in a
+        fused .pte, where the default reads the rows written so far back into fp32 every call: int8 codes with one
+        scale per token and head, or static ones (edgekv::int8_sdpa); an fp16 cache (FloatStorage: edgekv::fp16_sdpa);
+        packed int4 / int2 codes (GroupQuantStorage: edgekv::packed_sdpa). The export (edgekv.models.swaps) and the
+        plan's workspace (edgekv.memory.workspace) both ask it."""
+        return self.pte_read(d) == "int8 codes"
+
     def kv_read(self, cost_model: str, table: dict) -> str:
         """How a runtime (a memory cost model) reads this cache: its kv_read table (edgekv/costs/runtimes.json) at
         kv_read_key, else default_kv_read."""
@@ -169,6 +178,9 @@ class FloatStorage(KvStorage):
 
     def pte_read(self, d: int) -> str:
         return "in place" if self.dtype == "fp32" else "fp32 rows"
+
+    def edgekv_kernel_reads(self, d: int) -> bool:
+        return self.dtype == "fp16"
 
     def parts(self, d: int) -> tuple[Part, ...]:
         return (Part("", KV_DTYPES[self.dtype]),)
@@ -234,6 +246,9 @@ class GroupQuantStorage(KvStorage):
 
     def pte_read(self, d: int) -> str:
         return "int8 codes" if per_token_int8(self.bits, self.group, d) else "fp32 rows"
+
+    def edgekv_kernel_reads(self, d: int) -> bool:
+        return self.bits in EDGEKV_PACKED_BITS or super().edgekv_kernel_reads(d)
 
     def kv_read(self, cost_model: str, table: dict) -> str:
         """runtimes.json keys int8 caches by bits alone; on edgekv's .pte only one scale per token and head is read
