@@ -38,9 +38,12 @@ def plan_args(name: str) -> tuple[str, str, str] | str:
     return RUNTIME[family], strategy, weights
 
 
-def plan_row(model: str, ctx: int, runtime: str, strategy: str, weights: str) -> dict:
-    cmd = [sys.executable, "-m", "edgekv.cli", "plan", "--device", "host", "--ctx", str(ctx), "--model", model,
-           "--runtime", runtime, "--strategy", strategy, "--weights", weights, "--json"]
+def plan_row(model: str, ctx: int, runtime: str, strategy: str, weights: str, device: str = "host",
+             kernel: str | None = None) -> dict:
+    """kernel: export --pte-kernel's value where the row's export calls edgekv's own kernels (its custom_ops)."""
+    cmd = [sys.executable, "-m", "edgekv.cli", "plan", "--device", device, "--ctx", str(ctx), "--model", model,
+           "--runtime", runtime, "--strategy", strategy, "--weights", weights, "--json",
+           *(["--pte-kernel", kernel] if kernel else [])]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), preexec_fn=child_setup())
     if p.returncode not in (0, 3):
@@ -57,6 +60,9 @@ def plan_row(model: str, ctx: int, runtime: str, strategy: str, weights: str) ->
 def main(argv=None) -> list[Path]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", nargs="+", help="benchmarks/filled_context.py JSON files")
+    ap.add_argument("--device", default="host", help="the device profile to plan with: the host profile of the CPU "
+                                                   "the run measured on (host: the AMD EPYC VM, host-xeon: the Intel "
+                                                   "Xeon VM)")
     ap.add_argument("--also", default="", help="comma-separated row names to plan too, at each file's contexts, "
                                                "though the run did not measure them (e.g. rows it could not build)")
     a = ap.parse_args(argv)
@@ -76,11 +82,13 @@ def main(argv=None) -> list[Path]:
             if isinstance(how, str):
                 row["plan"] = {"error": how}
             else:
+                kernel = "edgekv" if (r.get("export") or {}).get("custom_ops") else None
                 row["plan"] = {"runtime": how[0], "strategy": how[1], "weights": how[2],
-                               **plan_row(model, r["ctx"], *how)}
+                               **({"pte_kernel": kernel} if kernel else {}),
+                               **plan_row(model, r["ctx"], *how, device=a.device, kernel=kernel)}
             rows.append(row)
         out = f.with_name("plan_for_" + f.name)  # not filled_context_*: plan_vs_filled.py reads those as runs
-        doc = {"benchmark": "plan_for_filled", "of": f.name, "model_path": model, "device": "host", "threads": 1,
+        doc = {"benchmark": "plan_for_filled", "of": f.name, "model_path": model, "device": a.device, "threads": 1,
                "written_utc": datetime.now(UTC).isoformat(timespec="seconds"), "loadavg": list(os.getloadavg()),
                "rows": rows}
         tmp = out.with_name(out.name + ".tmp")
