@@ -90,15 +90,19 @@ CASES = [
     # core runs for most of an hour); --filled-state measures the 8k export's rows that way too, beside their prefill
     ("kv-int8c Llama-3.2-1B random int4 (max_ctx 32768 export)", "random:llama-3.2-1b", "kv-int8c", "executorch",
      (32768,), 32768),
+    # Llama-3.2-3B's shapes the same way: one 8k .pte (its export ~25 min and 9.7 GB here), filled positionally
+    ("kv-int8c Llama-3.2-3B random int4", "random:llama-3.2-3b", "kv-int8c", "executorch", (1024, 8192), 8192),
 ]
 WEIGHTS = {"kv fp16 Llama-3.2-1B random int4": "int4",  # --weights of a row's export where not fp32
            "kv fp16 Llama-3.2-1B random int4 (max_ctx 32768 export)": "int4",
            "kv-int8c Llama-3.2-1B random int4": "int4",
-           "kv-int8c Llama-3.2-1B random int4 (max_ctx 32768 export)": "int4"}
+           "kv-int8c Llama-3.2-1B random int4 (max_ctx 32768 export)": "int4",
+           "kv-int8c Llama-3.2-3B random int4": "int4"}
 EXTRA_EXPORT_ARGS = {"kv-int8c Llama-3.2-1B random int4": ["--pte-kernel", "edgekv"],  # a row's other options
-                     "kv-int8c Llama-3.2-1B random int4 (max_ctx 32768 export)": ["--pte-kernel", "edgekv"]}
+                     "kv-int8c Llama-3.2-1B random int4 (max_ctx 32768 export)": ["--pte-kernel", "edgekv"],
+                     "kv-int8c Llama-3.2-3B random int4": ["--pte-kernel", "edgekv"]}
 FILLED_STATE = {"kv fp16 Llama-3.2-1B random int4 (max_ctx 32768 export)",  # rows measured by filled_state()
-                "kv-int8c Llama-3.2-1B random int4 (max_ctx 32768 export)"}
+                "kv-int8c Llama-3.2-1B random int4 (max_ctx 32768 export)", "kv-int8c Llama-3.2-3B random int4"}
 QUICK_CTX = (1024, 8192)
 
 
