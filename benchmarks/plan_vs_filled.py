@@ -856,6 +856,23 @@ def main(argv=None) -> int:
         print(f"{dev + ' ' if dev else ''}{s} rows: decode within {TOLERANCE:.0%}: {sum(o['within_25'] for o in m)} of {len(m)} modelled "
               f"({sum(not o['modelled'] for o in rows_d if o['set'] == s)} not modelled); prefill within "
               f"{TOLERANCE:.0%}: {sum(o['prefill_within_25'] for o in p)} of {len(p)}")
+    # llama.cpp's decode timed alone at several filled contexts on one GGUF (experiments/llamacpp_decode_by_ctx.py:
+    # a process per point, 8 steps, results/llamacpp_decode_by_ctx_*.json), against `edgekv plan -m <that GGUF>
+    # --runtime llama.cpp` at that context on its CPU's profile (--ggufs, where the file is here): how a miss at a
+    # filled context grows from the short ones
+    by_ctx = []
+    for f in sorted((HERE / "results").glob("llamacpp_decode_by_ctx_*.json")) if a.ggufs else ():
+        d = json.loads(f.read_text())
+        dev, path = row_device(d.get("machine", {}).get("cpu")), local_model(d["gguf"], a.gguf_dir)
+        if not (dev and path and Path(path).is_file() and llamacpp_rates(dev)):
+            continue
+        for r in d["rows"]:
+            plan = plan_on_gguf({"gguf_path": path, "spec": LLAMACPP_CACHE[r["cache"]], "device": dev, "ctx": r["ctx"]})
+            by_ctx.append({"file": f.name, "model": model_label(d["gguf"])[0], "device": dev, "cache": r["cache"],
+                           "ctx": r["ctx"], "measured_tok_per_cpu_s": r["decode_tok_per_cpu_s"],
+                           "plan_gguf_tok_s": round(plan, 2), "error": round(plan / r["decode_tok_per_cpu_s"] - 1, 3)})
+            print(f"{f.name}: llama.cpp {r['cache']} at {r['ctx']}: measured {r['decode_tok_per_cpu_s']:.2f}, plan "
+                  f"-m {Path(path).name} --device {dev} {plan:.2f} ({by_ctx[-1]['error']:+.0%})")
     w_rates, fitted, pre_fits = (w_all.get(DEFAULT_DEVICE, {}), fitted_all.get(DEFAULT_DEVICE, {}),
                                  pre_all.get(DEFAULT_DEVICE, {}))
     res = {"benchmark": "plan_vs_filled", "speed": "tokens per CPU second of the row's process (1 thread)",
@@ -884,7 +901,7 @@ def main(argv=None) -> int:
                                  for n, g in gguf_mm_all.get(dev, {}).items() if "type_mix" in g},
                                  "llamacpp_gguf_type_rates": gguf_type_rates(dev)} if dev in gguf_mm_all else {})}
                        for dev in w_all if dev != DEFAULT_DEVICE},
-           "rows": out_rows}
+           **({"llamacpp_decode_by_ctx": by_ctx} if by_ctx else {}), "rows": out_rows}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = a.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(res, indent=1) + "\n")

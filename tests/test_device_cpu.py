@@ -179,6 +179,14 @@ def test_xeon_rows_are_priced_at_host_xeons_rates():
     misses = {(r["row"], r["ctx"], r["file"]) for r in modelled if not r["within_25"]}
     assert misses == {("edgekv-ort:kv/int4", 8192, "filled_context_8192_pte_fp16_kernel.json"),
                       ("llamacpp:f16", 8192, "filled_context_8192_llama32_1b_pte_int8c.json")}, misses
+    # the same 1B GGUF's decode timed alone per context on the Xeon (llamacpp_decode_by_ctx): the plan within 5 % up
+    # to 1k keys (its weights term, the file's types at the Xeon's per-type rates), the miss growing past 4k (the
+    # per-key cost); at 8k the plan is the filled row's prediction
+    by = {(r["cache"], r["ctx"]): r for r in res["llamacpp_decode_by_ctx"] if r["device"] == "host-xeon"}
+    assert {("f16", 64), ("q8_0", 64), ("f16", 1024), ("f16", 8192), ("q8_0", 8192)} <= set(by)
+    assert all(abs(r["error"]) < 0.05 for (_, n), r in by.items() if n <= 1024), by
+    row = next(r for r in modelled if r["row"] == "llamacpp:f16" and r["ctx"] == 8192)
+    assert by["f16", 8192]["plan_gguf_tok_s"] == pytest.approx(row["predicted_tok_s"], rel=0.01)
     assert all(r["prefill_within_25"] for r in xeon if "prefill_error" in r)
     fits = res["devices"]["host-xeon"]
     for cost, rate in fits["weights_rates_bytes_per_s"].items():
