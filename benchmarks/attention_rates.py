@@ -64,6 +64,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 SHAPES = {"smollm2-135m": (9, 3, 64), "gemma-3-270m": (4, 1, 256)}  # heads, kv heads, head_dim (config.json)
+# head shapes timed only when --shapes names them (a check of how a kind's per-key cost carries to another model's
+# heads at the same head size: Llama-3.2-1B's 32 / 8 heads of 64 against SmolLM2's 9 / 3), never by default
+EXTRA_SHAPES = {"llama-3.2-1b": (32, 8, 64)}
 COLD_BYTES = 256 << 20
 KINDS = {"fp32": (np.float32, 4), "fp16": (np.float16, 2), "int8c": (np.int8, 1)}  # cache dtype, bytes per value
 # ExecuTorch: the cache kinds edgekv's .pte attends through custom_sdpa or custom_quantized_sdpa (bytes per value,
@@ -941,13 +944,14 @@ LC_FTYPES = {"Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "Q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1
              "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "Q4_K": "LLAMA_FTYPE_MOSTLY_Q4_K_S", "Q6_K": "LLAMA_FTYPE_MOSTLY_Q6_K"}
 
 
-def lc_gguf_types(types, runs: int = 3) -> dict:
+def lc_gguf_types(types, runs: int = 3, device: str = "host") -> dict:
     """Per GGML type: random GGUFs of LC_TYPE_SHAPE at each depth of LC_TYPE_LAYERS quantized to it, each run by
     lc_gguf_prefill (a 512-token prefill and 17 decode steps, 1 thread, f16 cache, flash attention). The rates are
     the added layers' work over their added time, the attention at the kernel rates taken out first:
     matmul_flop_per_s = the added matmul FLOP (memory.prefill_parts) over the added prefill CPU seconds;
     read_bytes_per_s = the added bytes a step reads (the plan's weights read per token) over the added step CPU
-    seconds. The type mix read back from each file says what its linear rows hold."""
+    seconds. The type mix read back from each file says what its linear rows hold. device: the host profile whose
+    stored llama.cpp kernel rates take the attention out (the one measured on the CPU this runs on: --device)."""
     import tempfile
 
     import llama_cpp
@@ -959,7 +963,7 @@ def lc_gguf_types(types, runs: int = 3) -> dict:
     from edgekv.strategies import parse_strategy
 
     h, hkv, d, ff = LC_TYPE_SHAPE
-    pre_rates = M.attention_rates("llama.cpp", "host", "desktop")["prefill"]
+    pre_rates = M.attention_rates("llama.cpp", device, "desktop")["prefill"]
     out = {}
     with tempfile.TemporaryDirectory(prefix="edgekv-types-") as tmp:
         f16 = {n: Path(tmp) / f"f16_{n}.gguf" for n in LC_TYPE_LAYERS}
@@ -976,7 +980,7 @@ def lc_gguf_types(types, runs: int = 3) -> dict:
                 arch = read_gguf(str(path))
                 m = lc_gguf_prefill(path, runs=runs)
                 parts = M.prefill_parts(arch, parse_strategy("kv"), m["tokens"], m["tokens"])
-                row = plan_one(arch, parse_strategy("kv"), load_device("host"), m["step_ctx"], "gguf",
+                row = plan_one(arch, parse_strategy("kv"), load_device(device), m["step_ctx"], "gguf",
                                runtime="llama.cpp")
                 depth[n] = {**m, "type_mix": M.gguf_type_mix(arch), "file_bytes": path.stat().st_size,
                             "matmul_flop": parts["matmul"] + parts["logits"],
@@ -1141,6 +1145,9 @@ def main(argv=None) -> int:
     ap.add_argument("--int8-kernel", choices=("executorch", "edgekv"), default="executorch",
                     help="executorch: what reads the int8 / int8c codes, llama::custom_quantized_sdpa or edgekv's own "
                     "edgekv::int8_sdpa (export --pte-kernel edgekv)")
+    ap.add_argument("--device", default="host",
+                    help="llamacpp --gguf-types: the host profile whose stored kernel rates take the attention out "
+                         "(the profile of the CPU it runs on: host-xeon on the Intel Xeon VM)")
     ap.add_argument("--shapes", help="the head shapes to time (default all: " + ",".join(SHAPES) + ")")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--refit", type=Path, help="fit the rows of this results JSON again (no timing)")
@@ -1159,11 +1166,11 @@ def main(argv=None) -> int:
         import llama_cpp
 
         t0 = time.time()
-        types = lc_gguf_types(a.gguf_types.split(","), runs=min(a.runs, 3))
+        types = lc_gguf_types(a.gguf_types.split(","), runs=min(a.runs, 3), device=a.device)
         res = {"benchmark": "llamacpp_gguf_types", "llama_cpp_python": llama_cpp.__version__,
                "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)), "threads": 1,
-               "machine": {"platform": platform.platform(), "processor": platform.processor()},
-               "loadavg_end": list(os.getloadavg()),
+               "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpu": cpu_name()},
+               "device": a.device, "loadavg_end": list(os.getloadavg()),
                "shape": dict(zip(("heads", "kv_heads", "head_dim", "ffn"), LC_TYPE_SHAPE), layers=list(LC_TYPE_LAYERS),
                              hidden=LC_TYPE_SHAPE[0] * LC_TYPE_SHAPE[2], vocab=LC_VOCAB),
                "what": "per GGML type, random GGUFs of Llama-3.2-1B's layer shape at 2 and 6 layers quantized by "
@@ -1178,7 +1185,7 @@ def main(argv=None) -> int:
 
         res = {"benchmark": "llamacpp_gguf_prefill", "llama_cpp_python": llama_cpp.__version__,
                "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "threads": 1,
-               "what": "a 512-token prefill of each GGUF, then 17 decode steps, 1 thread, f16 cache, flash attention, "
+               "cpu": cpu_name(), "what": "a 512-token prefill of each GGUF, then 17 decode steps, 1 thread, f16 cache, flash attention, "
                        "process CPU time",
                "files": {}}
         for g in a.gguf_prefill:
@@ -1245,8 +1252,8 @@ def main(argv=None) -> int:
     rows = []
     # the repeats go round the rows (each row's runs in one go, the rows in turn), shapes and contexts interleaved
     for kind in kinds:
-        for name, (h, hkv, d) in SHAPES.items():
-            if a.shapes and name not in a.shapes.split(","):
+        for name, (h, hkv, d) in {**SHAPES, **EXTRA_SHAPES}.items():
+            if (a.shapes and name not in a.shapes.split(",")) or (not a.shapes and name in EXTRA_SHAPES):
                 continue
             if lc:
                 ctxs = [int(c) for c in a.ctx.split(",")] if a.ctx else LC_CTX[kind]

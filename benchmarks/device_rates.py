@@ -57,6 +57,13 @@ SOURCES = {
             "fp16": ("attention_rates_executorch_llama_xeon_pair.json", "etllama fp16"),
             "int8": ("attention_rates_executorch_llama_xeon_pair.json", "etllama int8"),
         },
+        # llama.cpp's flash attention: a decode step of a 1-layer random model per cache type (attention_rates.py
+        # --runtime llamacpp --kinds K, one run per kind)
+        "llama.cpp": {
+            "f16": ("attention_rates_llamacpp_f16_xeon.json", "f16"),
+            "q8_0": ("attention_rates_llamacpp_q8_0_xeon.json", "q8_0"),
+            "q4_0": ("attention_rates_llamacpp_q4_0_xeon.json", "q4_0"),
+        },
     },
 }
 # profile -> runtime -> [(prefill results JSON, {stored kind: the kind as its rows name it})]
@@ -67,8 +74,15 @@ PREFILL_SOURCES = {
                        ("attention_rates_executorch_prefill_edgekv_xeon.json",
                         {"edgekv int8": "int8", "edgekv int8c": "int8c", "edgekv fp16": "fp16",
                          "edgekv int4": "int4"})],
+        # llama.cpp: the fills of its kernel runs (each context's prefill of the 1-layer model)
+        "llama.cpp": [("attention_rates_llamacpp_f16_xeon.json", {"f16": "f16"}),
+                      ("attention_rates_llamacpp_q8_0_xeon.json", {"q8_0": "q8_0"}),
+                      ("attention_rates_llamacpp_q4_0_xeon.json", {"q4_0": "q4_0"})],
     },
 }
+# profile -> llama.cpp's weight-type runs on that CPU: the 512-token prefills of the real GGUFs (--gguf-prefill, taken
+# apart by plan_vs_filled.py into gguf_types) and the random files per GGML type (--gguf-types: gguf_type_rates)
+GGUF_SOURCES = {"host-xeon": {"prefill": "llamacpp_gguf_prefill_xeon.json", "types": "llamacpp_gguf_types_xeon.json"}}
 # profile -> runtime -> the per-matrix weights kernel rows (benchmarks/attention_rates.py --matmul on that CPU)
 MATMUL_SOURCES = {"host-xeon": {"onnxruntime": "matmul_nbits_rates_xeon.json"}}
 # the .pte's prefill chunk (plan_vs_filled.PTE_PREFILL_CHUNK) for a read-back fit
@@ -94,9 +108,12 @@ def _curve(rows: list[dict]) -> dict:
             for c in sorted({r["ctx"] for r in rows})}
 
 
-def kernel_kind(name: str, kind: str, host_entry: dict | None) -> dict:
+def kernel_kind(name: str, kind: str, host_entry: dict | None, step: bool = False) -> dict:
     """One stored kind from one results JSON: the fit over both head shapes (attention_rates.fit) and per head size the
-    measured curve at overhead 0."""
+    measured curve at overhead 0. step (llama.cpp: each row a whole decode step of a 1-layer model, not one kernel
+    call): as the host's llama.cpp entry stores them, the fits' per-key terms alone, their overhead (the step's time
+    outside attention, once a step, not once a layer: in the model's weights term) set to 0 and no measured curve
+    (each call's time over its keys would charge that overhead to every layer)."""
     sys.path.insert(0, str(HERE))
     import attention_rates as ar
 
@@ -108,13 +125,20 @@ def kernel_kind(name: str, kind: str, host_entry: dict | None) -> dict:
     out = {}
     if host_entry and "kernel" in host_entry:  # the same kernel as on the reference host (same software)
         out["kernel"] = host_entry["kernel"]
-    out.update(overhead_s=float(f"{f['overhead_s']:.4g}"),
+    out.update(overhead_s=0.0 if step else float(f"{f['overhead_s']:.4g}"),
                read_bytes_per_s=float(f"{f['read_bytes_per_s']:.4g}") if f["read_bytes_per_s"] else None,
                compute_s_per_head_dim_position=float(f"{f['compute_s_per_head_dim_position']:.4g}"),
                fit_max_abs_rel_error=f["max_abs_rel_error"], by_head_dim={})
     for dim in sorted({r["head_dim"] for r in rows}):
         sub = [r for r in rows if r["head_dim"] == dim]
         g = ar.fit_head_dim(sub)
+        if step:
+            out["by_head_dim"][str(dim)] = {
+                "overhead_s": 0.0, "read_bytes_per_s": None,
+                "compute_s_per_head_dim_position": float(f"{g['compute_s_per_head_dim_position']:.4g}"),
+                "fit_max_abs_rel_error": g["max_abs_rel_error"],
+                "step_overhead_s": float(f"{g['overhead_s']:.4g}")}
+            continue
         out["by_head_dim"][str(dim)] = {
             "overhead_s": 0.0, "read_bytes_per_s": None,
             "compute_s_per_head_dim_position": float(f"{g['compute_s_per_head_dim_position']:.4g}"),
@@ -123,9 +147,53 @@ def kernel_kind(name: str, kind: str, host_entry: dict | None) -> dict:
     out["source"] = (f"benchmarks/results/{name}, its {kind} rows ({len(rows)}: "
                      + ", ".join(f"{r['shape']} {r['ctx']}" for r in rows[:2]) + ", ...; "
                      + LOAD_NOTE.format(load=_load_range(d)) + f", CPU {d.get('cpu') or 'Intel(R) Xeon(R) Processor'}): "
-                     "the fit over both head shapes for a model of another head size; by_head_dim: per head size the "
-                     "measured calls over their kept keys x H x D (compute_by_kept_keys), which the plan charges a "
-                     "model of that head size")
+                     + ("a decode step of a 1-layer random model per filled context, fitted as time = step overhead + "
+                        "ctx x H x D x c, over both head shapes (for a model of another head size) and per head size "
+                        "(by_head_dim, which the plan charges a model of that head size); the step overhead "
+                        "(step_overhead_s: the tiny model's step outside attention) is stored 0, the model's own step "
+                        "outside attention being its weights term" if step else
+                        "the fit over both head shapes for a model of another head size; by_head_dim: per head size the "
+                        "measured calls over their kept keys x H x D (compute_by_kept_keys), which the plan charges a "
+                        "model of that head size"))
+    return out
+
+
+def llamacpp_gguf(device: str, pvf: dict) -> dict:
+    """llama.cpp's rates per GGUF weight type mix on this CPU ({"gguf_types", "gguf_type_rates"}, as the host's): each
+    real GGUF's 512-token prefill and steps taken apart by plan_vs_filled.py (devices.<id>.llamacpp_gguf_types), and
+    each GGML type's random files (devices.<id>.llamacpp_gguf_type_rates, from GGUF_SOURCES' --gguf-types run)."""
+    src = GGUF_SOURCES.get(device, {})
+    out = {}
+    if pvf.get("llamacpp_gguf_types"):
+        d = _load(src["prefill"])
+        load = "-".join(f"{x:.1f}" for x in sorted({min(f["loadavg"] for f in d["files"].values()),
+                                                     max(f["loadavg"] for f in d["files"].values())}))
+        out["gguf_types"] = {
+            mix: {"matmul_flop_per_s": float(f"{g['matmul_flop_per_s']:.4g}"),
+                  "read_bytes_per_s": float(f"{g['read_bytes_per_s']:.4g}"),
+                  "source": f"measured on {g['file']} on this CPU (benchmarks/attention_rates.py --runtime llamacpp "
+                            f"--gguf-prefill: a 512-token prefill and 17 decode steps after it, 1 thread, process CPU "
+                            f"time, load average {load}; benchmarks/results/{src['prefill']}), taken apart by "
+                            "benchmarks/plan_vs_filled.py (devices." + device + ".llamacpp_gguf_types): "
+                            "matmul_flop_per_s = the prefill less its attention at this CPU's f16 kernel rate, over its "
+                            "matmul and logits FLOP; read_bytes_per_s = the bytes a step reads from the file over the "
+                            "step less its attention at this CPU's f16 kernel rate"}
+            for mix, g in sorted(pvf["llamacpp_gguf_types"].items())}
+    if pvf.get("llamacpp_gguf_type_rates"):
+        d = _load(src["types"])
+        out["gguf_type_rates"] = {}
+        for t, g in pvf["llamacpp_gguf_type_rates"].items():
+            loads = [v["loadavg"] for v in d["types"][t]["by_layers"].values()]
+            out["gguf_type_rates"][t] = {
+                "matmul_flop_per_s": float(f"{g['matmul_flop_per_s']:.4g}"),
+                "read_bytes_per_s": float(f"{g['read_bytes_per_s']:.4g}"),
+                "source": f"measured on this CPU on random GGUFs of Llama-3.2-1B's layer shape (hidden 2048, MLP 8192) "
+                          f"at {' and '.join(d['types'][t]['by_layers'])} layers quantized to {t} by "
+                          f"llama_model_quantize, the added layers' work over their added time (benchmarks/"
+                          f"attention_rates.py --runtime llamacpp --gguf-types {t} --device {device}, benchmarks/"
+                          f"results/{src['types']}, load average {min(loads):.1f}-{max(loads):.1f}: a 512-token "
+                          "prefill and the decode steps after it, 1 thread, CPU time, the attention at this CPU's "
+                          "kernel rates taken out)"}
     return out
 
 
@@ -138,7 +206,7 @@ def build(device: str, current: dict) -> dict:
         e = {"basis": "measured", "threads": 1, "kinds": {}}
         for stored, (name, kind) in kinds.items():
             if (RESULTS / name).exists():
-                e["kinds"][stored] = kernel_kind(name, kind, host["kinds"].get(stored))
+                e["kinds"][stored] = kernel_kind(name, kind, host["kinds"].get(stored), step=rt == "llama.cpp")
         cost = rt if rt != "executorch-llama" else "executorch"
         # the per-key costs plan_vs_filled fitted on this CPU's model rows (graphs no kernel benchmark times)
         for kind, c in pvf.get("fitted_per_key_s", {}).get(rt, {}).items():
@@ -172,6 +240,10 @@ def build(device: str, current: dict) -> dict:
                                                  "rows with the matrices at these rows"}
                 elif over is not None:
                     wi["layer_overhead_s"] = float(f"{over:.4g}")
+                if rt == "llama.cpp":  # the catalog recipe's mix, where a file of that mix was measured on this CPU
+                    hw = host.get("weights", {}).get("int4", {})
+                    if hw.get("catalog_mix") in pvf.get("llamacpp_gguf_types", {}):
+                        wi.update(catalog_recipe=hw["catalog_recipe"], catalog_mix=hw["catalog_mix"])
                 wi["source"] = (f"fitted by benchmarks/plan_vs_filled.py on this CPU's SmolLM2-135M filled {rt} rows "
                                 f"(benchmarks/results/plan_vs_filled.json devices.{device}: weights_rates_bytes_per_s"
                                 + (", layer_overhead_s split by the EPYC .pte profile's weight-kernel share "
@@ -190,8 +262,12 @@ def build(device: str, current: dict) -> dict:
                     if kind in d.get("prefill_fits", {}):
                         pre["attention_flop_per_s_by_head_dim"][stored] = {
                             dim: float(f"{f['attention_flop_per_s']:.4g}") for dim, f in d["prefill_fits"][kind].items()}
-            pre["source"] = ("attention_flop_per_s_by_head_dim: benchmarks/attention_rates.py --prefill on this CPU "
-                             f"({'; '.join(srcs) or 'none'})")
+            pre["source"] = ("attention_flop_per_s_by_head_dim: "
+                             + ("the fills of benchmarks/attention_rates.py --runtime llamacpp on this CPU (each "
+                                "context's prefill of the 1-layer model, attention FLOP over CPU seconds with a per-token "
+                                "term for its small matmuls; prefill_fits) " if rt == "llama.cpp" else
+                                "benchmarks/attention_rates.py --prefill on this CPU ")
+                             + f"({'; '.join(srcs) or 'none'})")
             if p:
                 pre["matmul_flop_per_s"] = float(f"{p['matmul_flop_per_s']:.4g}")
                 pre["attention_flop_per_s"] = {k: (float(f"{v:.4g}") if v else None)
@@ -206,6 +282,8 @@ def build(device: str, current: dict) -> dict:
                                   f"(plan_vs_filled.json devices.{device}.prefill)")
             if srcs or p:
                 e["prefill"] = pre
+            if rt == "llama.cpp":
+                e.update(llamacpp_gguf(device, pvf))
         e["source"] = (f"measured on {device}'s CPU (device_profiles/{device}.toml cpu) by benchmarks/attention_rates.py "
                        "(1 thread, process CPU time, caches cycled so each call reads a cold cache) and "
                        "benchmarks/plan_vs_filled.py; each kind names its results JSON; written by "

@@ -112,6 +112,11 @@ def row_device(cpu: str | None) -> str | None:
     if not cpu:
         return DEFAULT_DEVICE
     return host_profiles().get(" ".join(cpu.split()))
+# llama.cpp's weight-type runs per host profile (benchmarks/attention_rates.py --runtime llamacpp on that CPU):
+# --gguf-prefill (the real GGUFs' 512-token prefills: gguf_matmul_rates) and --gguf-types (random files per GGML type:
+# gguf_type_rates); each profile's llama.cpp rows are priced at its own CPU's
+LLAMACPP_GGUF_RUNS = {"host": ("llamacpp_gguf_prefill.json", "llamacpp_gguf_types.json"),
+                      "host-xeon": ("llamacpp_gguf_prefill_xeon.json", "llamacpp_gguf_types_xeon.json")}
 # a cost model whose weights and prefill rates are another's (edgekv/costs/attention_rates.json rates_from)
 RATES_FROM = {"executorch-llama": "executorch"}
 # llama.cpp's K and V type -> the edgekv strategy whose cache it is (kv-int4's group of 32: q4_0's block)
@@ -434,17 +439,18 @@ def _read_gguf(path: str):
     return read_gguf(path)
 
 
-def gguf_matmul_rates(read_files: bool = False) -> dict:
+def gguf_matmul_rates(read_files: bool = False, device: str = DEFAULT_DEVICE) -> dict:
     """llama.cpp's matmul rate per GGUF file: results/llamacpp_gguf_prefill.json's 512-token prefill (benchmarks/
     attention_rates.py --runtime llamacpp --gguf-prefill) less its attention at the kernel's f16 prefill rate, over
     the matmul and logits FLOP of 512 tokens (memory.prefill_parts, one chunk: llama.cpp computes the last token's
     logits); and the decode step's time outside attention (step_rest_s: its step after that prefill less the
     attention at the kernel's f16 decode rate), which replaces bytes / fitted rate for that file's rows. The weight types differ per file (SmolLM2's Q4_1, Gemma 3's Q4_K_M: Q5_0 / Q4_K / Q6_K / Q8_0 rows), and
-    so does the rate their matmul kernels run at; the plan's int4 weights do not say which."""
+    so does the rate their matmul kernels run at; the plan's int4 weights do not say which. device: the host profile
+    whose CPU ran them (LLAMACPP_GGUF_RUNS), its kernel rates taking the attention out."""
     from edgekv import memory as M
     from edgekv.strategies import parse_strategy
 
-    f = HERE / "results" / "llamacpp_gguf_prefill.json"
+    f = HERE / "results" / LLAMACPP_GGUF_RUNS[device][0]
     if not f.exists():
         return {}
     files = json.loads(f.read_text())["files"]
@@ -454,7 +460,7 @@ def gguf_matmul_rates(read_files: bool = False) -> dict:
         if s.get("model_path"):
             models[Path(s["model_path"]).name] = s["model"]
             paths[Path(s["model_path"]).name] = Path(s["model_path"])
-    rates = M.attention_rates("llama.cpp", "host", "desktop")["prefill"]
+    rates = M.attention_rates("llama.cpp", device, "desktop")["prefill"]
     out = {}
     for name, g in files.items():
         if name not in models:
@@ -465,29 +471,37 @@ def gguf_matmul_rates(read_files: bool = False) -> dict:
         t_mm = g["cpu_s"] - parts["attention"] / attn_rate
         out[name] = {"matmul_flop_per_s": (parts["matmul"] + parts["logits"]) / t_mm, "model": models[name]}
         if "step_cpu_s" in g:  # the decode step less its attention (f16 cache, kernel rate) at step_ctx keys
-            t = terms(models[name], "llama.cpp", "kv", g["step_ctx"], g["step_ctx"])
+            t = terms(models[name], "llama.cpp", "kv", g["step_ctx"], g["step_ctx"], device=device)
             out[name].update(step_ctx=g["step_ctx"], step_rest_s=g["step_cpu_s"] - t["attention_s"])
             if read_files and paths[name].is_file():  # the file itself: its weight types, the bytes a step reads
                 from edgekv.devices import load_device
                 from edgekv.plan import plan_one
 
                 ga = _read_gguf(str(paths[name]))
-                read = plan_one(ga, parse_strategy("kv"), load_device("host"), g["step_ctx"], "gguf",
+                read = plan_one(ga, parse_strategy("kv"), load_device(device), g["step_ctx"], "gguf",
                                 runtime="llama.cpp").deployment.weights["read_per_token"]
                 out[name].update(type_mix=M.gguf_type_mix(ga), weights_read_per_token=read,
                                  read_bytes_per_s=read / out[name]["step_rest_s"])
     return out
 
 
-def gguf_type_rates() -> dict:
+def gguf_type_rates(device: str = DEFAULT_DEVICE) -> dict:
     """llama.cpp's rates per GGML type (benchmarks/attention_rates.py --runtime llamacpp --gguf-types): each type's
     random file whose linear rows are all that type (a Q4_K_S file holds Q5_K rows too: not one type, left out),
     what edgekv/costs/attention_rates.json stores as gguf_type_rates."""
-    f = HERE / "results" / "llamacpp_gguf_types.json"
+    f = HERE / "results" / LLAMACPP_GGUF_RUNS[device][1]
     if not f.exists():
         return {}
     return {t: {"matmul_flop_per_s": g["matmul_flop_per_s"], "read_bytes_per_s": g["read_bytes_per_s"]}
             for t, g in json.loads(f.read_text())["types"].items() if g["type_mix"] == t}
+
+
+def llamacpp_rates(device: str) -> bool:
+    """Whether edgekv/costs/attention_rates.json holds llama.cpp rates measured on this profile's CPU."""
+    from edgekv import memory as M
+
+    r = M.attention_rates("llama.cpp", device, "desktop")
+    return bool(r and r["basis"] == "measured" and r.get("prefill"))
 
 
 def by_type_terms(r: dict) -> dict | None:
@@ -503,10 +517,11 @@ def by_type_terms(r: dict) -> dict | None:
     if not (r.get("gguf_path") and Path(r["gguf_path"]).is_file()):
         return None
     ga = _read_gguf(r["gguf_path"])
-    by = M.speed.gguf_rates_by_type(ga, M.attention_rates("llama.cpp", "host", "desktop")["gguf_type_rates"])
+    by = M.speed.gguf_rates_by_type(ga, (M.attention_rates("llama.cpp", r["device"], "desktop") or {}).get(
+        "gguf_type_rates") or {})
     if not by:
         return None
-    row = plan_one(ga, parse_strategy(r["spec"]), load_device("host"), r["ctx"], "gguf", runtime="llama.cpp")
+    row = plan_one(ga, parse_strategy(r["spec"]), load_device(r["device"]), r["ctx"], "gguf", runtime="llama.cpp")
     w = row.deployment.weights["read_per_token"]
     return {"weights_s": w / by["read_bytes_per_s"], "matmul_flop_per_s": by["matmul_flop_per_s"],
             "note": f"{r['gguf']}: {w / 1e6:.1f} MB a step at {by['read_bytes_per_s'] / 1e9:.2f} GB/s, matmuls "
@@ -521,7 +536,7 @@ def plan_on_gguf(r: dict) -> float:
     from edgekv.plan import plan_one
     from edgekv.strategies import parse_strategy
 
-    return plan_one(_read_gguf(r["gguf_path"]), parse_strategy(r["spec"]), load_device("host"), r["ctx"], "gguf",
+    return plan_one(_read_gguf(r["gguf_path"]), parse_strategy(r["spec"]), load_device(r["device"]), r["ctx"], "gguf",
                     runtime="llama.cpp").decode.value
 
 
@@ -727,7 +742,10 @@ def main(argv=None) -> int:
         for cost in ("onnxruntime", "executorch", "llama.cpp"):
             sub = [r for r in pre_rows if r["device"] == dev and r["set"] == "fit" and r["cost"] == cost and r["prefill_kind"]
                    and r["file"] not in NOT_FITTED]
-            if len({r["ctx"] for r in sub}) < 2:  # one context: matmul (linear) and attention (quadratic) inseparable
+            if len({r["ctx"] for r in sub}) < 2 and not all(r["prefill_kernel_rate"] for r in sub):
+                # one context: matmul (linear) and attention (quadratic) inseparable, unless every row's attention
+                # is at a measured kernel rate (llama.cpp on host-xeon: its SmolLM2 rows at 2k) and only the matmul
+                # rate is fitted
                 print(f"{dev}: {cost} prefill: not fitted (its rows are at one context)")
                 continue
             if sub:
@@ -737,8 +755,11 @@ def main(argv=None) -> int:
                       + ", ".join(f"{k} {v / 1e9:.1f}" if v else f"{k} -" for k, v in p["attention_flop_per_s"].items())
                       + " GFLOP/s" + "".join(f"; {k} read back at the kernel's fp32 rate + {c * 1e9:.2f} ns per value"
                                              for k, c in p.get("readback_s_per_value", {}).items()))
-    gguf_mm = gguf_matmul_rates(a.ggufs)
-    for name, g in gguf_mm.items():
+    gguf_mm_all = {dev: gguf_matmul_rates(a.ggufs, dev) for dev in LLAMACPP_GGUF_RUNS
+                   if llamacpp_rates(dev)}
+    gguf_mm = gguf_mm_all.get(DEFAULT_DEVICE, {})
+    for name, g in ((f"{n} ({dev})" if dev != DEFAULT_DEVICE else n, g) for dev, m in gguf_mm_all.items()
+                    for n, g in m.items()):
         print(f"llama.cpp on {name} (a 512-token prefill and the steps after it, less their attention at the kernel "
               f"rates): matmul {g['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s, step outside attention "
               f"{g.get('step_rest_s', 0) * 1e3:.2f} ms"
@@ -766,9 +787,9 @@ def main(argv=None) -> int:
         elif "cost" in r and r.get("prefill_s") and RATES_FROM.get(r["cost"], r["cost"]) in pre_all.get(r["device"], {}) \
                 and r["prefill_kind"]:
             p = pre_all[r["device"]][RATES_FROM.get(r["cost"], r["cost"])]
-            # (llama.cpp's per-GGUF and per-type rates were measured on the EPYC: its rows only)
-            g = gguf_mm.get(r["gguf"]) if r["cost"] == "llama.cpp" and r["device"] == DEFAULT_DEVICE else None
-            bt = by_type_terms(r) if r["cost"] == "llama.cpp" and r["device"] == DEFAULT_DEVICE and not g else None
+            # (llama.cpp's per-GGUF and per-type rates: those measured on the row's own CPU)
+            g = gguf_mm_all.get(r["device"], {}).get(r["gguf"]) if r["cost"] == "llama.cpp" else None
+            bt = by_type_terms(r) if r["cost"] == "llama.cpp" and not g else None
             if g:  # llama.cpp's matmuls at the rate of the row's own GGUF's weight types (measured, not fitted)
                 p = {**p, "matmul_flop_per_s": g["matmul_flop_per_s"]}
                 o["prefill_matmul"] = f"{r['gguf']}: {g['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s (llamacpp_gguf_prefill)"
@@ -788,8 +809,8 @@ def main(argv=None) -> int:
                                               "CPU"), False)
         if o["modelled"]:
             w_s = weights_s(r)
-            g = gguf_mm.get(r["gguf"]) if r["cost"] == "llama.cpp" and r["device"] == DEFAULT_DEVICE else None
-            bt = by_type_terms(r) if r["cost"] == "llama.cpp" and r["device"] == DEFAULT_DEVICE and not g else None
+            g = gguf_mm_all.get(r["device"], {}).get(r["gguf"]) if r["cost"] == "llama.cpp" else None
+            bt = by_type_terms(r) if r["cost"] == "llama.cpp" and not g else None
             if g:  # the step outside attention measured on the row's own GGUF at a short context (not fitted)
                 w_s = g["step_rest_s"]
                 o["weights_term"] = (f"{r['gguf']}: {w_s * 1e3:.2f} ms (its step at {g['step_ctx']} keys less the "
@@ -835,6 +856,23 @@ def main(argv=None) -> int:
         print(f"{dev + ' ' if dev else ''}{s} rows: decode within {TOLERANCE:.0%}: {sum(o['within_25'] for o in m)} of {len(m)} modelled "
               f"({sum(not o['modelled'] for o in rows_d if o['set'] == s)} not modelled); prefill within "
               f"{TOLERANCE:.0%}: {sum(o['prefill_within_25'] for o in p)} of {len(p)}")
+    # llama.cpp's decode timed alone at several filled contexts on one GGUF (experiments/llamacpp_decode_by_ctx.py:
+    # a process per point, 8 steps, results/llamacpp_decode_by_ctx_*.json), against `edgekv plan -m <that GGUF>
+    # --runtime llama.cpp` at that context on its CPU's profile (--ggufs, where the file is here): how a miss at a
+    # filled context grows from the short ones
+    by_ctx = []
+    for f in sorted((HERE / "results").glob("llamacpp_decode_by_ctx_*.json")) if a.ggufs else ():
+        d = json.loads(f.read_text())
+        dev, path = row_device(d.get("machine", {}).get("cpu")), local_model(d["gguf"], a.gguf_dir)
+        if not (dev and path and Path(path).is_file() and llamacpp_rates(dev)):
+            continue
+        for r in d["rows"]:
+            plan = plan_on_gguf({"gguf_path": path, "spec": LLAMACPP_CACHE[r["cache"]], "device": dev, "ctx": r["ctx"]})
+            by_ctx.append({"file": f.name, "model": model_label(d["gguf"])[0], "device": dev, "cache": r["cache"],
+                           "ctx": r["ctx"], "measured_tok_per_cpu_s": r["decode_tok_per_cpu_s"],
+                           "plan_gguf_tok_s": round(plan, 2), "error": round(plan / r["decode_tok_per_cpu_s"] - 1, 3)})
+            print(f"{f.name}: llama.cpp {r['cache']} at {r['ctx']}: measured {r['decode_tok_per_cpu_s']:.2f}, plan "
+                  f"-m {Path(path).name} --device {dev} {plan:.2f} ({by_ctx[-1]['error']:+.0%})")
     w_rates, fitted, pre_fits = (w_all.get(DEFAULT_DEVICE, {}), fitted_all.get(DEFAULT_DEVICE, {}),
                                  pre_all.get(DEFAULT_DEVICE, {}))
     res = {"benchmark": "plan_vs_filled", "speed": "tokens per CPU second of the row's process (1 thread)",
@@ -856,9 +894,14 @@ def main(argv=None) -> int:
                                                   if "layer_overhead_s" in v},
                              "pte_gemm_share": {"profile": PTE_PROFILE,
                                                 "share": w_all[dev].get("executorch", {}).get("gemm_share")},
-                             "fitted_per_key_s": fitted_all.get(dev, {}), "prefill": pre_all.get(dev, {})}
+                             "fitted_per_key_s": fitted_all.get(dev, {}), "prefill": pre_all.get(dev, {}),
+                             **({"llamacpp_gguf_types": {
+                                 g["type_mix"]: {"file": n, "matmul_flop_per_s": g["matmul_flop_per_s"],
+                                                 "read_bytes_per_s": g["read_bytes_per_s"]}
+                                 for n, g in gguf_mm_all.get(dev, {}).items() if "type_mix" in g},
+                                 "llamacpp_gguf_type_rates": gguf_type_rates(dev)} if dev in gguf_mm_all else {})}
                        for dev in w_all if dev != DEFAULT_DEVICE},
-           "rows": out_rows}
+           **({"llamacpp_decode_by_ctx": by_ctx} if by_ctx else {}), "rows": out_rows}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = a.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(res, indent=1) + "\n")

@@ -639,7 +639,7 @@ def test_plan_vs_filled_names_the_random_1b_by_what_rebuilds_it(tmp_path):
         assert "MOSTLY_Q4_0" in r["rebuild"] and len(r["sha256"]) == 64, r
         assert r["model"] == "llama-3.2-1b random (seed 0), Q4_0" and r["set"] == "held-out", r
         # listed, not planned: its GGUF missing, a run on a CPU no host profile holds, an operator of edgekv's own
-        # with no stored rate, or a runtime whose rates its CPU's profile does not hold (host-xeon: no llama.cpp)
+        # with no stored rate, or a runtime whose rates its CPU's profile does not hold (a profile without llama.cpp)
         assert r["modelled"] or r["why_not"].startswith(("its GGUF is not on this machine", "measured on another "
                                                          "machine", "edgekv's own operators",
                                                          "no llama.cpp kernel rate stored")), r
