@@ -257,6 +257,11 @@ def measured_rows(extra=(), gguf_dir: Path | None = None) -> list[dict]:
     for f in sorted((HERE / "results").glob("filled_context_*.json")) + [HERE / "results" / x for x in OTHER_RUNS] \
             + [Path(x) for x in extra]:
         d = json.loads(f.read_text())
+        if int(d["settings"].get("threads") or 1) != 1:
+            # every stored rate (the kernels', the fitted weights and prefill rates) is one thread's: a run at more
+            # threads (results/filled_context_8192_llama32_1b_target3_xeon_2threads.json) is read beside its
+            # 1-thread run in benchmarks/README.md, not set against the plan
+            continue
         model = local_model(d["settings"]["model"], gguf_dir)
         path = local_model(d["settings"].get("model_path"), gguf_dir)
         for r in d["rows"]:
