@@ -90,7 +90,8 @@ CASES = [
     # core runs for most of an hour); --filled-state measures the 8k export's rows that way too, beside their prefill
     ("kv-int8c Llama-3.2-1B random int4 (max_ctx 32768 export)", "random:llama-3.2-1b", "kv-int8c", "executorch",
      (32768,), 32768),
-    # Llama-3.2-3B's shapes the same way: one 8k .pte (its export ~25 min and 9.7 GB here), filled positionally
+    # Llama-3.2-3B's shapes the same way: one 8k .pte (its cost: results/export_cost_llama_3.2_3b_random_pte_*),
+    # filled positionally
     ("kv-int8c Llama-3.2-3B random int4", "random:llama-3.2-3b", "kv-int8c", "executorch", (1024, 8192), 8192),
 ]
 WEIGHTS = {"kv fp16 Llama-3.2-1B random int4": "int4",  # --weights of a row's export where not fp32

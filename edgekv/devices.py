@@ -356,7 +356,8 @@ def cpu_note(device: DeviceProfile) -> str | None:
 
 
 def _profile_cpu(device_id: str) -> str:
-    """A built-in profile's `cpu`, read from its TOML without parsing the rest (cpu_note scans every profile)."""
+    """A built-in profile's `cpu`, from its TOML without building (and checking) the whole profile: cpu_note scans
+    every profile, and one that does not load is no match."""
     try:
         data = tomllib.loads((PROFILE_DIR / f"{device_id}.toml").read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):

@@ -229,8 +229,9 @@ def max_ctx_table(mp, limit: int | None = 30, explain: bool = False) -> None:
               "row.")
     print_table(c, title, cols, cells, footer)
     from .devices import cpu_note
-    if cpu_note(mp.device):  # the profile's speeds are another CPU's
-        c.print(escape(cpu_note(mp.device)))
+    note = cpu_note(mp.device)  # the profile's speeds are another CPU's
+    if note:
+        c.print(escape(note))
     if limit is not None and len(opts) > limit:
         c.print(f"{len(opts) - limit} more options: --all shows them, --json gives every number.")
     if explain:

@@ -178,9 +178,9 @@ def open_stepper(folder: Path, manifest: dict, runtime: str, threads: int | None
 
 
 def state_as_numpy(stepper: Stepper) -> list[np.ndarray]:
-    """The stepper's state tensors as numpy arrays in their own dtype (int8 codes stay int8: a Llama-3.2-1B kv-int8c
-    state at 32k is 0.54 GB of codes, 2.1 GB as fp32, and verify held two such copies); only bfloat16, which numpy
-    lacks, becomes fp32. Torch tensors are shared, not copied."""
+    """The stepper's state tensors as numpy arrays in their own dtype (int8 codes stay int8, a quarter of their fp32
+    copy; verify compares one tensor at a time); only bfloat16, which numpy lacks, becomes fp32. Torch tensors are
+    shared, not copied."""
     def own(s):
         if isinstance(s, np.ndarray):
             return s

@@ -35,8 +35,8 @@ def _calibration_cache(cache, c: int):
     """The cache a calibration call attends through (edgekv.export.calibrate: one call of C tokens from position 0):
     a full cache of C slots in place of the layer's T, so its fp32 rows and scores are [Hkv, C, D] and [Hkv, G*C, C],
     not [.., T]. Slots C..T-1 hold no position yet and the full cache's mask gives them -inf for every query, so the
-    attention is the same; at T = 32k for Llama-3.2-1B the scores alone were 2.1 GB a layer (and softmax's as much
-    again) against 0.03 GB. A rolling cache (T = sinks + window) stays as it is."""
+    attention is the same, and a calibration's memory no longer grows with the export's --max-ctx (benchmarks/README.md,
+    "What an export costs": the 1B's .pte at 32k). A rolling cache (T = sinks + window) stays as it is."""
     from dataclasses import replace
 
     from .cache import FullCache
