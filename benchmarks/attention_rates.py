@@ -64,9 +64,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 SHAPES = {"smollm2-135m": (9, 3, 64), "gemma-3-270m": (4, 1, 256)}  # heads, kv heads, head_dim (config.json)
-# head shapes timed only when --shapes names them (a check of how a kind's per-key cost carries to another model's
-# heads at the same head size: Llama-3.2-1B's 32 / 8 heads of 64 against SmolLM2's 9 / 3), never by default
-EXTRA_SHAPES = {"llama-3.2-1b": (32, 8, 64)}
+# head shapes timed only when --shapes names them, never by default: how a kind's per-key cost carries to other
+# models' heads at the same head size (edgekv/catalog's configs of head size 64, KV heads 2 to 32). llama.cpp's cache
+# row holds every KV head of a position, so one head's keys are read at a stride of KV heads x D x the type's bytes:
+# its per key x H x D cost grows with the KV heads (kv_heads_scales)
+EXTRA_SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "smollm2-360m": (15, 5, 64), "llama-3.2-1b": (32, 8, 64),
+                "smollm2-1.7b": (32, 32, 64)}
 COLD_BYTES = 256 << 20
 KINDS = {"fp32": (np.float32, 4), "fp16": (np.float16, 2), "int8c": (np.int8, 1)}  # cache dtype, bytes per value
 # ExecuTorch: the cache kinds edgekv's .pte attends through custom_sdpa or custom_quantized_sdpa (bytes per value,
@@ -1091,6 +1094,37 @@ def per_key_curve(rows: list[dict]) -> dict:
             for c in sorted({r["ctx"] for r in rows})}
 
 
+def kv_heads_scales(rows: list[dict]) -> dict:
+    """llama.cpp: per cache kind and head size, each KV-head count's per-key cost against the base shape's of that head
+    size (SHAPES: the shape the stored rates were measured at), measured in the same run: {kind: {head_dim: {"decode":
+    {kv heads: the shape's fit_head_dim slope over the base's}, "prefill": {kv heads: the base's fill attention FLOP
+    rate over the shape's}, "shapes": {name: [heads, kv heads]}}}}, a factor > 1 meaning slower than the base; several
+    shapes of one KV-head count: their median. Only where the base and another KV-head count were both timed."""
+    base = {d: name for name, (_h, _hkv, d) in SHAPES.items()}
+    out = {}
+    for kind in dict.fromkeys(r["kind"] for r in rows):
+        for d, bname in base.items():
+            sub = [r for r in rows if r["kind"] == kind and r["head_dim"] == d]
+            by = {}
+            for r in sub:
+                by.setdefault(r["shape"], []).append(r)
+            if bname not in by or len({r["kv_heads"] for r in sub}) < 2:
+                continue
+            slope = {n: fit_head_dim(rs)["compute_s_per_head_dim_position"] for n, rs in by.items()}
+            fills = {n: [{**r["prefill"]} for r in rs if r.get("prefill", {}).get("tokens")] for n, rs in by.items()}
+            rate = {n: fit_prefill_rate(f)["attention_flop_per_s"] for n, f in fills.items() if len(f) >= 2}
+            dec, pre = {}, {}
+            for n, rs in by.items():
+                dec.setdefault(rs[0]["kv_heads"], []).append(slope[n] / slope[bname])
+                if n in rate and bname in rate:
+                    pre.setdefault(rs[0]["kv_heads"], []).append(rate[bname] / rate[n])
+            out.setdefault(kind, {})[str(d)] = {
+                "decode": {str(k): round(float(np.median(v)), 3) for k, v in sorted(dec.items())},
+                "prefill": {str(k): round(float(np.median(v)), 3) for k, v in sorted(pre.items())},
+                "shapes": {n: [rs[0]["heads"], rs[0]["kv_heads"]] for n, rs in by.items()}}
+    return out
+
+
 def print_fits(fits: dict) -> None:
     for k, f in fits.items():
         rate = f"{f['read_bytes_per_s'] / 1e9:.2f} GB/s" if f["read_bytes_per_s"] else "no read term"
@@ -1148,7 +1182,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="host",
                     help="llamacpp --gguf-types: the host profile whose stored kernel rates take the attention out "
                          "(the profile of the CPU it runs on: host-xeon on the Intel Xeon VM)")
-    ap.add_argument("--shapes", help="the head shapes to time (default all: " + ",".join(SHAPES) + ")")
+    ap.add_argument("--shapes", help="the head shapes to time (default all: " + ",".join(SHAPES) + "; also "
+                    + ",".join(EXTRA_SHAPES) + ": llamacpp's per-key cost by KV heads, kv_heads_scales)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--refit", type=Path, help="fit the rows of this results JSON again (no timing)")
     a = ap.parse_args(argv)
@@ -1279,6 +1314,10 @@ def main(argv=None) -> int:
                       f"{r['us_per_position']:.4f} us/position  (load {r['loadavg']})", flush=True)
     fits = {} if a.prefill else fits_of(rows, kinds)
     print_fits(fits)
+    for k, by in (kv_heads_scales(rows) if lc else {}).items():
+        for d, g in by.items():
+            print(f"{k} head size {d}, per-key cost against {g['shapes']} by KV heads: decode {g['decode']}, "
+                  f"prefill {g['prefill']}")
     pre = prefill_fits(rows)
     for k, by in pre.items():
         print(f"prefill {k}: " + ", ".join(f"head size {d}: {f['attention_flop_per_s'] / 1e9:.1f} GFLOP/s (worst row "
@@ -1290,7 +1329,9 @@ def main(argv=None) -> int:
            **({"int8_kernel": "edgekv::int8_sdpa and edgekv::fp16_sdpa (edgekv/native, --pte-kernel edgekv): the "
                              "fp32 query against the int8 codes and their scales as stored, or the fp16 cache, in "
                              "place"} if INT8_KERNEL == "edgekv" else {}),
-           "rows": rows, "fits": fits, "prefill_fits": pre, "seconds": round(time.time() - t0, 1)}
+           "rows": rows, "fits": fits, "prefill_fits": pre,
+           **({"kv_heads_scales": kvs} if (kvs := kv_heads_scales(rows) if lc else {}) else {}),
+           "seconds": round(time.time() - t0, 1)}
     write_json(out_path, out)
     return 0
 

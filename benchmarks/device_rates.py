@@ -80,6 +80,9 @@ PREFILL_SOURCES = {
                       ("attention_rates_llamacpp_q4_0_xeon.json", {"q4_0": "q4_0"})],
     },
 }
+# profile -> llama.cpp's per-key cost by KV heads (attention_rates.py --runtime llamacpp --shapes with the EXTRA_SHAPES
+# of the base shape's head size, in one run: its kv_heads_scales), stored beside each kind's per-head-size rates
+KV_HEADS_SOURCES = {"host-xeon": {"llama.cpp": "attention_rates_llamacpp_kv_heads_xeon.json"}}
 # profile -> llama.cpp's weight-type runs on that CPU: the 512-token prefills of the real GGUFs (--gguf-prefill, taken
 # apart by plan_vs_filled.py into gguf_types) and the random files per GGML type (--gguf-types: gguf_type_rates)
 GGUF_SOURCES = {"host-xeon": {"prefill": "llamacpp_gguf_prefill_xeon.json", "types": "llamacpp_gguf_types_xeon.json"}}
@@ -158,6 +161,21 @@ def kernel_kind(name: str, kind: str, host_entry: dict | None, step: bool = Fals
     return out
 
 
+def _kv_heads(device: str, rt: str) -> dict | None:
+    """{"scales": the run's kv_heads_scales, "source": where they come from} for this runtime on this profile, or None
+    (no run named, or not there)."""
+    name = KV_HEADS_SOURCES.get(device, {}).get(rt)
+    if not name or not (RESULTS / name).exists():
+        return None
+    d = _load(name)
+    shapes = sorted({f"{r['shape']} {r['heads']}/{r['kv_heads']}x{r['head_dim']}" for r in d["rows"]})
+    return {"scales": d["kv_heads_scales"],
+            "source": f"benchmarks/results/{name} (one run, {d['runs']} steps a row, {len(d['rows'])} rows, "
+                      + LOAD_NOTE.format(load=_load_range(d)) + "): the decode step's per-key cost (the slope over "
+                      "its filled contexts) and the fill's attention FLOP rate of each head shape of one head size ("
+                      + ", ".join(shapes) + ") over the base shape's, by KV heads"}
+
+
 def llamacpp_gguf(device: str, pvf: dict) -> dict:
     """llama.cpp's rates per GGUF weight type mix on this CPU ({"gguf_types", "gguf_type_rates"}, as the host's): each
     real GGUF's 512-token prefill and steps taken apart by plan_vs_filled.py (devices.<id>.llamacpp_gguf_types), and
@@ -207,6 +225,12 @@ def build(device: str, current: dict) -> dict:
         for stored, (name, kind) in kinds.items():
             if (RESULTS / name).exists():
                 e["kinds"][stored] = kernel_kind(name, kind, host["kinds"].get(stored), step=rt == "llama.cpp")
+        kvh = _kv_heads(device, rt)
+        for stored, by_dim in (kvh or {}).get("scales", {}).items():
+            for dim, g in by_dim.items():
+                if dim in e["kinds"].get(stored, {}).get("by_head_dim", {}):
+                    e["kinds"][stored]["by_head_dim"][dim].update(kv_heads_scale=g["decode"],
+                                                                  kv_heads_source=kvh["source"])
         cost = rt if rt != "executorch-llama" else "executorch"
         # the per-key costs plan_vs_filled fitted on this CPU's model rows (graphs no kernel benchmark times)
         for kind, c in pvf.get("fitted_per_key_s", {}).get(rt, {}).items():
@@ -268,6 +292,11 @@ def build(device: str, current: dict) -> dict:
                                 "term for its small matmuls; prefill_fits) " if rt == "llama.cpp" else
                                 "benchmarks/attention_rates.py --prefill on this CPU ")
                              + f"({'; '.join(srcs) or 'none'})")
+            if kvh:
+                pre["attention_flop_per_s_kv_heads_scale"] = {k: {dim: g["prefill"] for dim, g in by.items()}
+                                                              for k, by in kvh["scales"].items()}
+                pre["source"] += ("; attention_flop_per_s_kv_heads_scale: the fills' rate at each KV-head count "
+                                  "against the base shape's, a factor the rate is divided by (" + kvh["source"] + ")")
             if p:
                 pre["matmul_flop_per_s"] = float(f"{p['matmul_flop_per_s']:.4g}")
                 pre["attention_flop_per_s"] = {k: (float(f"{v:.4g}") if v else None)

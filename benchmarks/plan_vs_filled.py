@@ -375,15 +375,16 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
             out["attention_formula"] += f" + {out['pages_formula']}"
     # the prefill attention rate benchmarks/attention_rates.py measured for this kind at this head size (None: the
     # kind's rate is fitted below on the prefills themselves)
-    by = (rates or {}).get("prefill") or {}
-    by = by.get("attention_flop_per_s_by_head_dim", {})
-    out["prefill_kernel_rate"] = (M.speed._prefill_rate({"attention_flop_per_s_by_head_dim": by,
-                                                         "attention_flop_per_s": {}}, out["prefill_kind"], arch)[0]
+    pre = (rates or {}).get("prefill") or {}
+    by = pre.get("attention_flop_per_s_by_head_dim", {})
+    # the kernel's rates alone (with their factor by KV heads, llama.cpp's), not the rates fitted on model rows
+    kernel = {"attention_flop_per_s_by_head_dim": by, "attention_flop_per_s": {},
+              "attention_flop_per_s_kv_heads_scale": pre.get("attention_flop_per_s_kv_heads_scale", {})}
+    out["prefill_kernel_rate"] = (M.speed._prefill_rate(kernel, out["prefill_kind"], arch)[0]
                                   if out["prefill_kind"] in by else None)
     if cost == "executorch" and out["prefill_kind"] in PTE_READBACK:  # its kernel's rate + the values read back
         base = PTE_READBACK[out["prefill_kind"]]
-        out["prefill_kernel_rate"] = M.speed._prefill_rate({"attention_flop_per_s_by_head_dim": by,
-                                                            "attention_flop_per_s": {}}, base, arch)[0]
+        out["prefill_kernel_rate"] = M.speed._prefill_rate(kernel, base, arch)[0]
         out["prefill_readback"] = M.speed.readback_values(arch, strategy, prompt, PTE_PREFILL_CHUNK)
     # the per-key work of each layer (sum over layers of kept keys x query heads x head size): llama.cpp's fit
     kept = {t.layer: t.shape[2] for t in layout.tensors if t.role == "key"}

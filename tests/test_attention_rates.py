@@ -135,6 +135,40 @@ def slope(runtime: str, strategy: str) -> float:
             - 1 / plan(*args, "--ctx", "2048")["decode_tokens_per_s"])
 
 
+def test_kv_heads_scales_recover_known_slopes_and_rates():
+    """llama.cpp rows of a known law at head size 64: SmolLM2's 9 / 3 heads at 1 ns per key x H x D, a 32 / 8 shape at
+    1.5 ns and a 14 / 2 shape at 0.8 ns (each + a 300 us step overhead), and fills at 30, 20 and 40 GFLOP/s: the
+    factors against the base shape (SmolLM2's) are 1.5 and 0.8 per key, 1.5 and 0.75 on the prefill rate."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from attention_rates import kv_heads_scales
+
+    rows = []
+    for name, h, hkv, c, rate in (("smollm2-135m", 9, 3, 1e-9, 30e9), ("llama-3.2-1b", 32, 8, 1.5e-9, 20e9),
+                                  ("qwen2.5-0.5b", 14, 2, 0.8e-9, 40e9)):
+        for ctx in (2051, 4099, 8195):
+            flop = 4 * h * 64 * ctx * ctx / 2
+            rows.append({"shape": name, "kind": "f16", "heads": h, "kv_heads": hkv, "head_dim": 64, "ctx": ctx,
+                         "median_us": (300e-6 + ctx * h * 64 * c) * 1e6,
+                         "prefill": {"tokens": ctx, "cpu_s": flop / rate, "attention_flop": flop}})
+    g = kv_heads_scales(rows)["f16"]["64"]
+    assert g["decode"] == {"2": 0.8, "3": 1.0, "8": 1.5}
+    assert g["prefill"] == {"2": 0.75, "3": 1.0, "8": 1.5}
+    assert g["shapes"]["llama-3.2-1b"] == [32, 8]
+    assert kv_heads_scales([r for r in rows if r["shape"] == "smollm2-135m"]) == {}  # one KV-head count: nothing
+
+
+def test_kv_heads_factor_between_and_beyond_the_measured_counts():
+    """The stored factors by KV heads: linear between two measured counts, the nearest end's outside them, 1 where
+    none is stored."""
+    from edgekv.memory.speed import kv_heads_factor
+
+    by = {"2": 0.8, "3": 1.0, "8": 1.5}
+    assert kv_heads_factor(by, 3) == 1.0 and kv_heads_factor(by, 8) == 1.5
+    assert kv_heads_factor(by, 5) == pytest.approx(1.0 + 2 / 5 * 0.5)
+    assert kv_heads_factor(by, 1) == 0.8 and kv_heads_factor(by, 32) == 1.5
+    assert kv_heads_factor(None, 8) == 1.0
+
+
 @pytest.mark.parametrize("runtime,cost,strategy,kind,nbytes", [
     ("executorch", "executorch", "kv:dtype=fp32", "fp32", 4),  # edgekv's .pte: custom_sdpa on the cache itself
     ("executorch", "executorch", "kv", "fp16", 2),  # the fp16 rows read back as fp32 first

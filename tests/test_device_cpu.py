@@ -127,6 +127,47 @@ def test_host_xeon_llamacpp_step_is_its_measured_steps(strategy, kind):
     assert abs(epyc / xeon - 1) > 0.1  # another CPU's rate (f16: 4x; q8_0: 19 %)
 
 
+@pytest.mark.parametrize("strategy,kind", [("kv", "f16"), ("kv-int8", "q8_0")])
+def test_host_xeon_llamacpp_1b_step_at_its_kv_heads_cost(strategy, kind):
+    """Llama-3.2-1B (config.json: 16 layers, 32 heads, 8 KV heads, head_dim 64) on host-xeon's llama.cpp: from a
+    filled 2k to 8k its step grows by 16 x 6144 x 32 x 64 x the stored per-key cost at head size 64 (SmolLM2's 3 KV
+    heads) x the ratio of the 1B shape's per-key slope to SmolLM2's, both timed in one run
+    (benchmarks/results/attention_rates_llamacpp_kv_heads_xeon.json; here by hand from its rows: what the step grew
+    by from 2051 to 8195 keys, per key x H x D; the stored factor is the fit through all three contexts, hence 15 %):
+    f16 about 1.3x, q8_0 about 2x, so charging SmolLM2's cost fails both."""
+    d = json.loads((ROOT / "benchmarks" / "results" / "attention_rates_llamacpp_kv_heads_xeon.json").read_text())
+
+    def slope(shape):
+        t = {r["ctx"]: (r["median_us"] * 1e-6, r["heads"] * r["head_dim"]) for r in d["rows"]
+             if r["kind"] == kind and r["shape"] == shape}
+        return (t[8195][0] - t[2051][0]) / (6144 * t[8195][1])
+
+    ratio = slope("llama-3.2-1b") / slope("smollm2-135m")
+    assert ratio > 1.15
+    c = ALL["llama.cpp"]["devices"]["host-xeon"]["kinds"][kind]["by_head_dim"]["64"]["compute_s_per_head_dim_position"]
+    args = ("--device", "host-xeon", "-m", "llama-3.2-1b", "--runtime", "llama.cpp", "--strategy", strategy,
+            "--weights", "int4")
+    grow = 1 / _plan(*args, "--ctx", "8192")["decode_tokens_per_s"] - 1 / _plan(*args, "--ctx", "2048")[
+        "decode_tokens_per_s"]
+    assert grow == pytest.approx(16 * 6144 * 32 * 64 * c * ratio, rel=0.15)
+
+
+def test_host_xeon_llamacpp_1b_prefill_at_its_kv_heads_rate_by_hand():
+    """Llama-3.2-1B's 8192-token prefill on host-xeon's llama.cpp, q8_0 cache against f16: the same matmuls, so the
+    prefills differ by the causal attention, 16 layers x 4 x 32 x 64 x 8192 x 8193 / 2 FLOP, over each type's fill
+    rate stored at head size 64 divided by its factor at 8 KV heads (attention_flop_per_s_kv_heads_scale: the 1B
+    shape's fills against SmolLM2's in one run)."""
+    pre = ALL["llama.cpp"]["devices"]["host-xeon"]["prefill"]
+    rate, scale = pre["attention_flop_per_s_by_head_dim"], pre["attention_flop_per_s_kv_heads_scale"]
+    attn = 16 * 4 * 32 * 64 * 8192 * 8193 / 2
+    want = attn * (scale["q8_0"]["64"]["8"] / rate["q8_0"]["64"] - scale["f16"]["64"]["8"] / rate["f16"]["64"])
+    args = ("--device", "host-xeon", "-m", "llama-3.2-1b", "--runtime", "llama.cpp", "--weights", "int4", "--ctx",
+            "8192", "--strategy")
+    got = _plan(*args, "kv-int8")["prefill_seconds"] - _plan(*args, "kv")["prefill_seconds"]
+    assert got == pytest.approx(want, rel=0.01)
+    assert scale["q8_0"]["64"]["8"] > 1.2  # the 1B's q8_0 fills measured a third slower than SmolLM2's
+
+
 def test_host_xeon_rates_are_stored_from_their_sources():
     """edgekv/costs/attention_rates.json devices.host-xeon is what benchmarks/device_rates.py builds from the Xeon's
     results JSONs and plan_vs_filled.json (nothing edited by hand), and differs from host's where both measured."""
@@ -158,9 +199,9 @@ def test_host_xeon_rates_are_stored_from_their_sources():
 def test_xeon_rows_are_priced_at_host_xeons_rates():
     """benchmarks/results/plan_vs_filled.json: every run whose JSON names the Xeon is set against host-xeon (its rows
     carry device), priced at host-xeon's stored rates (the plan's own number equals the prediction), its weights fitted
-    on the Xeon's SmolLM2 rows only (Gemma's and the 1B's held out); decode within 25 % but for the misses named in
-    benchmarks/README.md (the ONNX fp16 cache at a filled 8k; the 1B's llama.cpp f16 cache at 8k, whose 32 / 8 heads
-    cost more per key than the kernel's SmolLM2 heads), and every modelled prefill. llama.cpp's rows are priced as
+    on the Xeon's SmolLM2 rows only (Gemma's and the 1B's held out); decode within 25 % but for the miss named in
+    benchmarks/README.md (the ONNX fp16 cache at a filled 8k, a fit row), and every modelled prefill; the 1B's
+    llama.cpp rows at the per-key cost of its 8 KV heads (kv_heads_scale). llama.cpp's rows are priced as
     `edgekv plan -m <the row's GGUF> --device host-xeon` prices them (plan_gguf_tok_s: the file's own weight types at
     the rates measured on the Xeon), their fit rows (SmolLM2's at 2k) and the 1B's held-out row among them."""
     res = json.loads((ROOT / "benchmarks" / "results" / "plan_vs_filled.json").read_text())
@@ -177,24 +218,23 @@ def test_xeon_rows_are_priced_at_host_xeons_rates():
             ("fit", "llamacpp:q8_0", 2048, "filled_context_2048_llamacpp_xeon.json"),
             ("held-out", "llamacpp:f16", 8192, "filled_context_8192_llama32_1b_pte_int8c.json")} <= lc, lc
     misses = {(r["row"], r["ctx"], r["file"]) for r in modelled if not r["within_25"]}
-    # the lead's run of the 1B's llama.cpp rows at a filled 8k (issue 41, target 3), where results/ holds it: priced
-    # with --also before it landed, f16 +33 % and q8_0 +57 % (the per-key cost at the 1B's heads, as above), its q8_0
-    # prompt -36 % (the fills' q8_0 attention rate, timed at SmolLM2's heads)
-    t3 = "filled_context_8192_llama32_1b_target3_xeon.json"
-    t3_misses = {(n, 8192, t3) for n in ("llamacpp:f16", "llamacpp:q8_0")} \
-        if any(r["file"] == t3 for r in xeon) else set()
-    assert misses == {("edgekv-ort:kv/int4", 8192, "filled_context_8192_pte_fp16_kernel.json"),
-                      ("llamacpp:f16", 8192, "filled_context_8192_llama32_1b_pte_int8c.json")} | t3_misses, misses
-    # the same 1B GGUF's decode timed alone per context on the Xeon (llamacpp_decode_by_ctx): the plan within 5 % up
-    # to 1k keys (its weights term, the file's types at the Xeon's per-type rates), the miss growing past 4k (the
-    # per-key cost); at 8k the plan is the filled row's prediction
+    assert misses == {("edgekv-ort:kv/int4", 8192, "filled_context_8192_pte_fp16_kernel.json")}, misses
+    # the 1B's llama.cpp rows at a filled 8k (issue 41, target 3): f16 +33 % and q8_0 +57 % at SmolLM2's per-key cost,
+    # within 10 % at its own KV heads'
+    t3 = [r for r in modelled if r["file"] == "filled_context_8192_llama32_1b_target3_xeon.json"
+          and r["runtime"] == "llama.cpp"]
+    assert {r["row"] for r in t3} == {"llamacpp:f16", "llamacpp:q8_0"} and all(abs(r["error"]) < 0.1 for r in t3)
+    # the same 1B GGUF's decode timed alone per context on the Xeon (llamacpp_decode_by_ctx): the plan within 5 % at
+    # 64 keys (its weights term, the file's types at the Xeon's per-type rates) and within 25 % at every context (the
+    # per-key cost at its KV heads is the kernel's slope over 2k-8k; its q8_0 steps slow faster than linearly, so the
+    # plan is slow at 1k-4k); at 8k the plan is the filled row's prediction
     by = {(r["cache"], r["ctx"]): r for r in res["llamacpp_decode_by_ctx"] if r["device"] == "host-xeon"}
     assert {("f16", 64), ("q8_0", 64), ("f16", 1024), ("f16", 8192), ("q8_0", 8192)} <= set(by)
-    assert all(abs(r["error"]) < 0.05 for (_, n), r in by.items() if n <= 1024), by
+    assert all(abs(r["error"]) < 0.05 for (_, n), r in by.items() if n == 64), by
+    assert all(abs(r["error"]) < 0.25 for r in by.values()), by
     row = next(r for r in modelled if r["row"] == "llamacpp:f16" and r["ctx"] == 8192)
     assert by["f16", 8192]["plan_gguf_tok_s"] == pytest.approx(row["predicted_tok_s"], rel=0.01)
-    assert all(r["prefill_within_25"] for r in xeon if "prefill_error" in r
-               and (r["row"], r["file"]) != ("llamacpp:q8_0", t3))
+    assert all(r["prefill_within_25"] for r in xeon if "prefill_error" in r)
     fits = res["devices"]["host-xeon"]
     for cost, rate in fits["weights_rates_bytes_per_s"].items():
         stored = ALL[cost]["devices"]["host-xeon"]["weights"]["int4"]["read_bytes_per_s"]

@@ -299,7 +299,10 @@ def _prefill_rate(rates: dict, kind: str, arch: Arch) -> tuple[float | None, str
     if by and dims:
         d = min(dims)
         if str(d) in by:
-            return by[str(d)], f"{kind}, kernel rate at head size {d}"
+            kv = next(m.n_kv_heads for b in arch.blocks for m in b.mixers if isinstance(m, Attention) and m.head_dim == d)
+            f = kv_heads_factor(rates.get("attention_flop_per_s_kv_heads_scale", {}).get(kind, {}).get(str(d)), kv)
+            return by[str(d)] / f, f"{kind}, kernel rate at head size {d}" + (
+                f" over {f:.3g} at {kv} KV heads (kv_heads_scale)" if f != 1.0 else "")
         pts = sorted((int(k), v) for k, v in by.items())
         lo = max([p for p in pts if p[0] < d], default=pts[0])
         hi = min([p for p in pts if p[0] > d], default=pts[-1])
@@ -383,12 +386,21 @@ def _curve_at(by: dict, keys: int) -> float:
     return pts[-1][1]
 
 
+def kv_heads_factor(by: dict | None, kv_heads: int) -> float:
+    """The per-key cost at this many KV heads against the head size's measured shape ({KV heads: factor}, llama.cpp:
+    kv_heads_scale, benchmarks/attention_rates.py kv_heads_scales; its cache row holds every KV head of a position, so
+    a head's keys are read at a stride that grows with them): linear between two measured counts, held at the nearest
+    end outside them; 1 where none is stored."""
+    return _curve_at(by, kv_heads) if by else 1.0
+
+
 def attention_seconds(arch: Arch, layout: StateLayout, kind: str, rates: dict, kernel: str = "GroupQueryAttention"
                       ) -> tuple[float, str]:
     """Seconds of one decode step's attention at the device's measured kernel rate (scale 1), summed over the
     layers: overhead + T * (2 * Hkv * D * bytes / read_rate + H * D * c_compute), T the layer's kept keys; a kind's
     fit for the layer's own head size where one is stored (by_head_dim; its measured curve where the kernel slows
-    faster than linearly: _compute_at), else its fit over the measured shapes."""
+    faster than linearly: _compute_at; times the factor at the layer's KV heads where one is stored:
+    kv_heads_factor), else its fit over the measured shapes."""
     kept = {t.layer: t.shape[2] for t in layout.tensors if t.role == "key"}
     total, groups = 0.0, {}
     for i, b in enumerate(arch.blocks):
@@ -396,7 +408,8 @@ def attention_seconds(arch: Arch, layout: StateLayout, kind: str, rates: dict, k
             if isinstance(m, Attention) and i in kept:
                 r = rates[kind].get("by_head_dim", {}).get(str(m.head_dim), rates[kind])
                 rate, over = r["read_bytes_per_s"], r["overhead_s"]
-                comp = _compute_at(r, kept[i])
+                kvf = kv_heads_factor(r.get("kv_heads_scale"), m.n_kv_heads)
+                comp = _compute_at(r, kept[i]) * kvf
                 # a cache the graph casts to fp32 rows every step before the kernel (the .pte's fp16 cache): the
                 # cast's measured cost per value, K and V (cast_s_per_value_by_kept_keys, benchmarks/
                 # pte_cast_per_key.py), a term of its own beside the kernel's
@@ -405,11 +418,12 @@ def attention_seconds(arch: Arch, layout: StateLayout, kind: str, rates: dict, k
                 per_pos = (2 * m.n_kv_heads * m.head_dim * _KIND_BYTES[kind.split()[-1]] / rate if rate else 0.0) \
                     + m.n_heads * m.head_dim * comp + cast
                 total += over + kept[i] * per_pos
-                key = (kept[i], over, per_pos, cast)
+                key = (kept[i], over, per_pos, cast, kvf, m.n_kv_heads)
                 groups[key] = groups.get(key, 0) + 1
     parts = " + ".join(f"{n} x ({over * 1e6:.3g} us + {T} x {per_pos * 1e6:.4g} us)"
                        + (f" [of each key's, the cast to fp32 {cast * 1e6:.4g} us]" if cast else "")
-                       for (T, over, per_pos, cast), n in groups.items())
+                       + (f" [the kernel's cost x {kvf:.3g} at {kv} KV heads]" if kvf != 1.0 else "")
+                       for (T, over, per_pos, cast, kvf, kv), n in groups.items())
     return total, f"attention ({kind} {kernel}: layers x (overhead + kept keys x per-key cost)) = " \
                   f"{parts} = {total * 1e3:.3g} ms"
 
