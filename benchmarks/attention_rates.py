@@ -450,23 +450,30 @@ def forms_entry(forms: dict, int4_rows: list[list[float]], source: str) -> dict:
 RATES_FILE = Path(__file__).resolve().parent.parent / "edgekv" / "costs" / "attention_rates.json"
 
 
+def forms_source(name: str, forms: dict, int4_rows: list[list[float]], vm: str = "another VM") -> str:
+    """The source line of a forms_entry: the --matmul-forms run (results/NAME), its load, and how its int4 form's
+    time compared with the stored int4 rows it is scaled onto."""
+    ref = [r for r in forms["rows"] if r["form"] == "int4 asym"]
+    load = sorted(r["loadavg"] for r in forms["rows"])
+    return (f"rows [K, N, bytes, seconds] per form: one matrix in the form edgekv export --weights gguf carries each "
+            f"GGUF type in (types), at one token, 1 thread, accuracy_level 4, timed beside edgekv's int4 form in one "
+            f"run (benchmarks/attention_rates.py --matmul-forms, benchmarks/results/{name}, onnxruntime "
+            f"{forms['onnxruntime']}, {forms['machine']['platform']}, load average {load[0]:.1f}-{load[-1]:.1f}): "
+            f"seconds = that run's ratio to the int4 form at the same shape (ratio_to_int4) x the int4 rows above "
+            f"(weights.int4.by_matrix, the rows the filled rows are predicted with; the int4 form ran "
+            f"{statistics.median(r['median_us'] / t * 1e-6 for r in ref for k, n, _, t in int4_rows if (k, n) == (r['k'], r['n'])):.2f}x "
+            f"their time in this run, {vm}); the step's other ops per layer: the int4 graph's "
+            "(layer_overhead_from). '4-bit/32' is also ONNX Runtime GenAI's int4 (symmetric, blocks of 32), which "
+            "benchmarks/plan_vs_filled.py checks its rows at")
+
+
 def store_forms(path: Path) -> int:
-    """--store-forms: forms_entry of a --matmul-forms run into RATES_FILE (onnxruntime, host, weights.gguf)."""
+    """--store-forms: forms_entry of a --matmul-forms run into RATES_FILE (onnxruntime, host, weights.gguf; another
+    profile's: benchmarks/device_rates.py MATMUL_FORMS_SOURCES)."""
     forms = json.loads(path.read_text())
     rates = json.loads(RATES_FILE.read_text())
     w = rates["onnxruntime"]["devices"]["host"]["weights"]
-    ref = [r for r in forms["rows"] if r["form"] == "int4 asym"]
-    load = sorted(r["loadavg"] for r in forms["rows"])
-    src = (f"rows [K, N, bytes, seconds] per form: one matrix in the form edgekv export --weights gguf carries each "
-           f"GGUF type in (types), at one token, 1 thread, accuracy_level 4, timed beside edgekv's int4 form in one "
-           f"run (benchmarks/attention_rates.py --matmul-forms, benchmarks/results/{path.name}, onnxruntime "
-           f"{forms['onnxruntime']}, {forms['machine']['platform']}, load average {load[0]:.1f}-{load[-1]:.1f}): "
-           f"seconds = that run's ratio to the int4 form at the same shape (ratio_to_int4) x the int4 rows above "
-           f"(weights.int4.by_matrix, the rows the filled rows are predicted with; the int4 form ran "
-           f"{statistics.median(r['median_us'] / t * 1e-6 for r in ref for k, n, _, t in w['int4']['by_matrix']['rows'] if (k, n) == (r['k'], r['n'])):.2f}x "
-           "their time in this run, another VM); the step's other ops per layer: the int4 graph's "
-           "(layer_overhead_from). '4-bit/32' is also ONNX Runtime GenAI's int4 (symmetric, blocks of 32), which "
-           "benchmarks/plan_vs_filled.py checks its rows at")
+    src = forms_source(path.name, forms, w["int4"]["by_matrix"]["rows"])
     w["gguf"] = {"by_form": forms_entry(forms, w["int4"]["by_matrix"]["rows"], src)}
     tmp = RATES_FILE.with_suffix(".tmp")
     tmp.write_text(json.dumps(rates, indent=2) + "\n")

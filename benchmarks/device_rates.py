@@ -8,7 +8,9 @@ SOURCES names, per profile, the results JSONs each kind's rates come from (bench
 CPU: each JSON's rows and fits, a kind per JSON). For each kernel kind it stores the fit over both head shapes (for a
 model of another head size) and, per head size, the measured curve (compute_by_kept_keys: each measured call's time
 over its kept keys x H x D, overhead 0), so the plan charges a model of a measured head size the measured calls
-themselves (memory.speed._compute_at: linear between two measured key counts). The weights rates, the per-key costs
+themselves (memory.speed._compute_at: linear between two measured key counts); llama.cpp's kinds also carry, per
+head size, the per-key cost by KV heads measured side by side (KV_HEADS_SOURCES: kv_heads_scale, and the prefill's
+attention_flop_per_s_kv_heads_scale; memory.speed.kv_heads_factor). The weights rates, the per-key costs
 fitted on model rows (eager graphs, the .pte's int4 read-back) and the prefill matmul rates are plan_vs_filled.json's
 `devices.<id>` (fitted on that CPU's SmolLM2-135M rows; Gemma-3-270M's and the 1B's held out). Run this, then
 plan_vs_filled.py, then this again (the fits need the kernel rates stored; the stored fits need the fits).
@@ -88,10 +90,21 @@ KV_HEADS_SOURCES = {"host-xeon": {"llama.cpp": "attention_rates_llamacpp_kv_head
 GGUF_SOURCES = {"host-xeon": {"prefill": "llamacpp_gguf_prefill_xeon.json", "types": "llamacpp_gguf_types_xeon.json"}}
 # profile -> runtime -> the per-matrix weights kernel rows (benchmarks/attention_rates.py --matmul on that CPU)
 MATMUL_SOURCES = {"host-xeon": {"onnxruntime": "matmul_nbits_rates_xeon.json"}}
+# profile -> runtime -> each GGUF type's MatMulNBits form timed beside the int4 form (attention_rates.py
+# --matmul-forms on that CPU): weights.gguf.by_form, scaled onto that CPU's int4 rows (attention_rates.forms_entry);
+# GenAI's int4 is its '4-bit/32' form
+MATMUL_FORMS_SOURCES = {"host-xeon": {"onnxruntime": "matmul_nbits_forms_xeon.json"}}
 # the .pte's prefill chunk (plan_vs_filled.PTE_PREFILL_CHUNK) for a read-back fit
 PTE_PREFILL_CHUNK = 32
 LOAD_NOTE = ("the host shared with other benchmarks (the lead's filled-context runs and exports): load average "
              "{load} on 2 cores, process CPU time")
+
+
+def _profile_cpu(device: str) -> str:
+    """The `cpu` the device profile names (device_profiles/<device>.toml), '' where none."""
+    from edgekv.devices import load_device
+
+    return load_device(device).cpu
 
 
 def _load(name: str) -> dict:
@@ -274,6 +287,15 @@ def build(device: str, current: dict) -> dict:
                                    "(pte_gemm_share), not measured on this CPU" if rt == "executorch" else "")
                                 + "); Gemma-3-270M's and the 1B's rows on this CPU held out")
                 e["weights"] = {"int4": wi}
+                fm = MATMUL_FORMS_SOURCES.get(device, {}).get(rt)
+                if fm and (RESULTS / fm).exists() and "by_matrix" in wi:
+                    sys.path.insert(0, str(HERE))
+                    import attention_rates as ar
+
+                    forms = _load(fm)
+                    e["weights"]["gguf"] = {"by_form": ar.forms_entry(
+                        forms, wi["by_matrix"]["rows"],
+                        ar.forms_source(fm, forms, wi["by_matrix"]["rows"], vm="this CPU"))}
             pre = {"attention_flop_per_s": {}, "attention_flop_per_s_by_head_dim": {}}
             p = pvf.get("prefill", {}).get(cost)
             srcs = []
@@ -313,6 +335,10 @@ def build(device: str, current: dict) -> dict:
                 e["prefill"] = pre
             if rt == "llama.cpp":
                 e.update(llamacpp_gguf(device, pvf))
+        pages = host.get("cache_pages")
+        if pages and pages.get("machine_cpu") == _profile_cpu(device):  # measured on this profile's CPU: carried
+            e["cache_pages"] = {**pages, "source": "the host entry's, measured on this CPU (machine_cpu): "
+                                                   + pages["source"]}
         e["source"] = (f"measured on {device}'s CPU (device_profiles/{device}.toml cpu) by benchmarks/attention_rates.py "
                        "(1 thread, process CPU time, caches cycled so each call reads a cold cache) and "
                        "benchmarks/plan_vs_filled.py; each kind names its results JSON; written by "

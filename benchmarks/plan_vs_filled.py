@@ -351,7 +351,10 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
         out["prefill_kind"] = None
     by = ((rates or {}).get("weights") or {}).get("int4", {}).get("by_matrix")
     by_form = ((rates or {}).get("weights") or {}).get("gguf", {}).get("by_form")
-    if weights == "gguf":  # each GGUF type's MatMulNBits form at its rows (attention_rates.py --matmul-forms)
+    if weights in ("gguf", "genai-int4") and not by_form:
+        out["why_not"] = (f"no MatMulNBits forms measured on {device}'s CPU (benchmarks/attention_rates.py "
+                          "--matmul-forms; benchmarks/device_rates.py MATMUL_FORMS_SOURCES)")
+    elif weights == "gguf":  # each GGUF type's MatMulNBits form at its rows (attention_rates.py --matmul-forms)
         got = M.speed.weights_seconds_by_form(M.carried_matrices(arch), by_form, arch.n_layers, 0.0)
         out.update(weights_kernel_s=got[1], weights_formula=got[2])
     elif weights == "genai-int4":  # GenAI's int4: every matrix (the head too) 4 bits, blocks of 32, fp32 scales
