@@ -1118,7 +1118,7 @@ def kv_heads_scales(rows: list[dict]) -> dict:
             if bname not in by or len({r["kv_heads"] for r in sub}) < 2:
                 continue
             slope = {n: fit_head_dim(rs)["compute_s_per_head_dim_position"] for n, rs in by.items()}
-            fills = {n: [{**r["prefill"]} for r in rs if r.get("prefill", {}).get("tokens")] for n, rs in by.items()}
+            fills = {n: [r["prefill"] for r in rs if r.get("prefill", {}).get("tokens")] for n, rs in by.items()}
             rate = {n: fit_prefill_rate(f)["attention_flop_per_s"] for n, f in fills.items() if len(f) >= 2}
             dec, pre = {}, {}
             for n, rs in by.items():
@@ -1321,7 +1321,8 @@ def main(argv=None) -> int:
                       f"{r['us_per_position']:.4f} us/position  (load {r['loadavg']})", flush=True)
     fits = {} if a.prefill else fits_of(rows, kinds)
     print_fits(fits)
-    for k, by in (kv_heads_scales(rows) if lc else {}).items():
+    kvs = kv_heads_scales(rows) if lc else {}
+    for k, by in kvs.items():
         for d, g in by.items():
             print(f"{k} head size {d}, per-key cost against {g['shapes']} by KV heads: decode {g['decode']}, "
                   f"prefill {g['prefill']}")
@@ -1337,7 +1338,7 @@ def main(argv=None) -> int:
                              "fp32 query against the int8 codes and their scales as stored, or the fp16 cache, in "
                              "place"} if INT8_KERNEL == "edgekv" else {}),
            "rows": rows, "fits": fits, "prefill_fits": pre,
-           **({"kv_heads_scales": kvs} if (kvs := kv_heads_scales(rows) if lc else {}) else {}),
+           **({"kv_heads_scales": kvs} if kvs else {}),
            "seconds": round(time.time() - t0, 1)}
     write_json(out_path, out)
     return 0

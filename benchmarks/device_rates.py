@@ -100,13 +100,6 @@ LOAD_NOTE = ("the host shared with other benchmarks (the lead's filled-context r
              "{load} on 2 cores, process CPU time")
 
 
-def _profile_cpu(device: str) -> str:
-    """The `cpu` the device profile names (device_profiles/<device>.toml), '' where none."""
-    from edgekv.devices import load_device
-
-    return load_device(device).cpu
-
-
 def _load(name: str) -> dict:
     return json.loads((RESULTS / name).read_text())
 
@@ -335,8 +328,10 @@ def build(device: str, current: dict) -> dict:
                 e["prefill"] = pre
             if rt == "llama.cpp":
                 e.update(llamacpp_gguf(device, pvf))
+        from edgekv.devices import profile_cpu
+
         pages = host.get("cache_pages")
-        if pages and pages.get("machine_cpu") == _profile_cpu(device):  # measured on this profile's CPU: carried
+        if pages and pages.get("machine_cpu") == profile_cpu(device):  # measured on this profile's CPU: carried
             e["cache_pages"] = {**pages, "source": "the host entry's, measured on this CPU (machine_cpu): "
                                                    + pages["source"]}
         e["source"] = (f"measured on {device}'s CPU (device_profiles/{device}.toml cpu) by benchmarks/attention_rates.py "

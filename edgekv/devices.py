@@ -345,7 +345,7 @@ def cpu_note(device: DeviceProfile) -> str | None:
     here = this_cpu()
     if not here or here == device.cpu:
         return None
-    match = [i for i in device_ids() if i != device.id and _profile_cpu(i) == here]
+    match = [i for i in device_ids() if i != device.id and profile_cpu(i) == here]
     if match:
         return (f"note: {device.id}'s speeds were measured on {device.cpu}; this machine is {here}: "
                 f"--device {match[0]} holds its rates")
@@ -355,9 +355,9 @@ def cpu_note(device: DeviceProfile) -> str | None:
             "profile with cpu = this model name")
 
 
-def _profile_cpu(device_id: str) -> str:
+def profile_cpu(device_id: str) -> str:
     """A built-in profile's `cpu`, from its TOML without building (and checking) the whole profile: cpu_note scans
-    every profile, and one that does not load is no match."""
+    every profile, and one that does not load is no match ('', as for a profile that names none)."""
     try:
         data = tomllib.loads((PROFILE_DIR / f"{device_id}.toml").read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
