@@ -568,6 +568,44 @@ def prefill_pred(r: dict, p: dict) -> float | None:
         + r["prefill_parts"]["attention"] / rate + rb
 
 
+TABLE_HEAD = ("| set | model | row | ctx | run (`results/filled_context_*.json`) | decode measured | predicted | error "
+              "| prefill measured s | predicted s | error |")
+
+
+def _pct(err: float, ok: bool) -> str:
+    return f"{err * 100:+.0f} %" + ("" if ok else " (miss)")
+
+
+def markdown_table(rows: list[dict], device: str) -> str:
+    """One profile's rows of plan_vs_filled.json as the markdown table benchmarks/README.md shows (--table): the fit
+    rows, then the held-out ones; each model's rows by context, run and row; a catalog model by its name, a GGUF by
+    its file's name."""
+    rows = [r for r in rows if r.get("device") == device]
+    models = list(dict.fromkeys([FIT_MODEL] + sorted(Path(r["model"]).name for r in rows)))
+    rows.sort(key=lambda r: (r["set"] != "fit", models.index(Path(r["model"]).name), r["ctx"], r["file"], r["row"]))
+    out = [TABLE_HEAD, "|---" * TABLE_HEAD.count(" | ") + "|---|"]
+    for r in rows:
+        run = r["file"].removeprefix("filled_context_").removesuffix(".json")
+        dec = (f"{r['predicted_tok_s']:.2f} | {_pct(r['error'], r['within_25'])}" if r["modelled"]
+               else "- | not modelled")
+        pre = (f"{r['predicted_prefill_s']:.1f} | {_pct(r['prefill_error'], r['prefill_within_25'])}"
+               if r.get("prefill_error") is not None else "- | -")
+        measured_pre = f"{r['measured_prefill_s']:.1f}" if r.get("measured_prefill_s") else "-"
+        out.append(f"| {r['set']} | {Path(r['model']).name} | `{r['row']}` | {r['ctx']} | {run} | "
+                   f"{r['measured_tok_per_cpu_s']:.2f} | {dec} | {measured_pre} | {pre} |")
+    return "\n".join(out) + "\n"
+
+
+def replace_table(text: str, table: str) -> str:
+    """text with its table that starts at TABLE_HEAD (up to the first blank line) replaced by table; ValueError where
+    text holds no such table or more than one."""
+    if text.count(TABLE_HEAD) != 1:
+        raise ValueError(f"{text.count(TABLE_HEAD)} tables start with plan_vs_filled's header (need exactly one)")
+    a = text.index(TABLE_HEAD)
+    b = text.find("\n\n", a)
+    return text[:a] + table + (text[b + 1:] if b >= 0 else "")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=HERE / "results" / "plan_vs_filled.json")
@@ -581,7 +619,33 @@ def main(argv=None) -> int:
     ap.add_argument("--gguf-dir", type=Path,
                     help="the folder holding the rebuilt GGUFs of models outside the catalog (REBUILT: the random 1B's "
                          "llama-3.2-1b-q4_0.gguf), looked for by name before the path the run recorded")
+    ap.add_argument("--table", metavar="DEVICE",
+                    help="print DEVICE's rows of --out (an earlier run's JSON; nothing is predicted) as a markdown "
+                         "table, e.g. host-xeon for benchmarks/README.md's \"On the Intel Xeon VM\"")
+    ap.add_argument("--into", type=Path, metavar="MARKDOWN",
+                    help="with --table: replace the table of that header in this markdown file instead of printing")
     a = ap.parse_args(argv)
+    if a.into and not a.table:
+        ap.error("--into needs --table DEVICE")
+    if a.table:
+        try:
+            table = markdown_table(json.loads(a.out.read_text())["rows"], a.table)
+            if a.into:
+                text = replace_table(a.into.read_text(encoding="utf-8"), table)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"plan_vs_filled --table: {e}", file=sys.stderr)
+            return 1
+        if table.count("\n") < 3:
+            print(f"plan_vs_filled --table: {a.out} holds no row of device {a.table!r}", file=sys.stderr)
+            return 1
+        if not a.into:
+            print(table, end="")
+            return 0
+        tmp = a.into.with_suffix(".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, a.into)
+        print(f"wrote {a.into} ({table.count(chr(10)) - 2} rows of {a.table})")
+        return 0
     from edgekv.errors import EdgekvError
 
     rows = []

@@ -262,3 +262,21 @@ def test_xeon_rows_are_priced_at_host_xeons_rates():
     for cost, rate in fits["weights_rates_bytes_per_s"].items():
         stored = ALL[cost]["devices"]["host-xeon"]["weights"]["int4"]["read_bytes_per_s"]
         assert stored == pytest.approx(rate, rel=0.001) and rate != pytest.approx(res["weights_rates_bytes_per_s"][cost])
+
+
+def test_readme_xeon_table_is_plan_vs_filled_table():
+    """benchmarks/README.md's table of the Xeon's rows is what `plan_vs_filled.py --table host-xeon` makes of
+    results/plan_vs_filled.json, row for row (a row added, dropped, doubled or edited by hand fails); --into refuses a
+    file with no table of that header."""
+    from conftest import load_benchmark
+
+    pvf = load_benchmark("plan_vs_filled")
+    res = json.loads((ROOT / "benchmarks" / "results" / "plan_vs_filled.json").read_text())
+    table = pvf.markdown_table(res["rows"], "host-xeon")
+    readme = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    assert table in readme
+    assert pvf.replace_table(readme, table) == readme
+    n = sum(r.get("device") == "host-xeon" for r in res["rows"])
+    assert table.count("\n") == n + 2 and len(set(table.splitlines())) == n + 2  # no row twice
+    with pytest.raises(ValueError, match="0 tables"):
+        pvf.replace_table("# nothing here\n", table)
