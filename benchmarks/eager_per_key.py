@@ -10,7 +10,10 @@ x query head x head size is that over layers x T x heads x head_dim (SmolLM2-135
 reads all T slots of its export whatever the position). Writes a JSON whose figures edgekv/costs/attention_rates.json
 stores as the "eager int8" kind's measured curve (compute_by_kept_keys).
 
-    python benchmarks/eager_per_key.py PROFILE_2K.json PROFILE_8K.json --out benchmarks/results/FILE.json
+    python benchmarks/eager_per_key.py PROFILE_2K.json PROFILE_8K.json [--device host-xeon] --out benchmarks/results/FILE.json
+
+--device: the host profile whose GroupQueryAttention rate is added back (the profile of the CPU the rounds ran on:
+host, the AMD EPYC VM; host-xeon, the Intel Xeon VM); benchmarks/device_rates.py stores a host-xeon run (EAGER_SOURCES).
 """
 from __future__ import annotations
 
@@ -29,6 +32,9 @@ def main(argv=None) -> int:
     ap.add_argument("profiles", nargs="+", type=Path, help="profile_ort.py JSONs: the kv-int8 export as 'edgekv graph', "
                                                           "the fp32-cache export of its context as 'edgekv graph 2'")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--device", default="host",
+                    help="the host profile of the CPU the profiles ran on, whose GroupQueryAttention rate is added "
+                         "back (default host)")
     a = ap.parse_args(argv)
     import plan_vs_filled as P
     from edgekv.arch import Attention
@@ -41,7 +47,7 @@ def main(argv=None) -> int:
         by = {r["name"]: r for r in d["rows"]}
         i8, f32 = by["edgekv graph"], by["edgekv graph 2"]
         keys = d["slots"]
-        gqa = P.terms("smollm2-135m", "onnxruntime", "kv:dtype=fp32", keys, keys)["attention_s"]
+        gqa = P.terms("smollm2-135m", "onnxruntime", "kv:dtype=fp32", keys, keys, device=a.device)["attention_s"]
         attn = (i8["cpu_ms_per_step"] - f32["cpu_ms_per_step"]) / 1e3 + gqa
         work = sum(keys * m.n_heads * m.head_dim for m in att)
         rows.append({"profile": f.name, "kept_keys": keys, "kv_int8_cpu_ms_per_step": i8["cpu_ms_per_step"],
@@ -53,7 +59,7 @@ def main(argv=None) -> int:
               f"(its GroupQueryAttention {gqa * 1e3:.1f} at the kernel rate): the int8 graph's attention "
               f"{attn * 1e3:.1f} ms, {attn / work * 1e12:.0f} ps per key x head x head size")
     out = {"benchmark": "eager_per_key", "graph": "edgekv's explicit kv-int8 ONNX graph (the eager attention)",
-           "model": "smollm2-135m", "how": __doc__.split("\n\n")[1], "rows": rows,
+           "model": "smollm2-135m", "device": a.device, "how": __doc__.split("\n\n")[1], "rows": rows,
            "compute_by_kept_keys": {str(r["kept_keys"]): float(f"{r['s_per_key_head_dim']:.4g}") for r in rows}}
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {a.out}")

@@ -17,13 +17,42 @@ def plan_options(*args) -> list[dict]:
     return json.loads(r.stdout)["options"]
 
 
+# plan runtime -> its rows' family in the filled-context benchmark
+ROW_FAMILY = {"edgekv-pte": "edgekv-pte:", "onnxruntime": "edgekv-ort:"}
+
+
+def row_strategy(name: str) -> str:
+    """A filled-context row's strategy name: 'edgekv-ort:mla/int4' -> 'mla', 'edgekv-pte:kv:dtype=fp32/int4' -> 'kv'."""
+    return name.split(":", 1)[1].rsplit("/", 1)[0].split(":")[0]
+
+
 def test_each_cannot_build_entry_is_a_run_that_failed():
-    for e in PLAN_RUNTIMES["edgekv-pte"]["cannot_build"]["value"]:
+    entries = [(rt, e) for rt in ROW_FAMILY for e in PLAN_RUNTIMES[rt].get("cannot_build", {}).get("value", [])]
+    assert any(rt == "onnxruntime" for rt, _ in entries)
+    for rt, e in entries:
         rows = json.loads((ROOT / e["evidence"]).read_text())["rows"]
-        failed = [r for r in rows if r["name"].startswith("edgekv-pte:") and "error" in r
-                  and r["name"].endswith(tuple(f"/{w}" for w in e["weights"]))]
+        failed = [r for r in rows if r["name"].startswith(ROW_FAMILY[rt]) and "error" in r
+                  and r["name"].endswith(tuple(f"/{w}" for w in e["weights"]))
+                  and row_strategy(r["name"]) in e.get("strategies", [row_strategy(r["name"])])]
         assert failed, e
         assert all("export failed" in r["error"] for r in failed), failed
+
+
+def test_smollm2_mla_int4_onnx_is_marked_and_its_kv_fp16_row_is_not():
+    """An entry naming strategies (mla: its latent cache has kv's cache kind, fp16, full) marks that strategy's row
+    only: SmolLM2's mla row with int4 weights for ONNX Runtime, whose export the verify-quant gate refused, not its kv
+    fp16 row, and not the mla row with int8 weights."""
+    def row(*args):
+        r = CliRunner().invoke(main, ["plan", "--device", "host-xeon", "--model", "smollm2-135m", "--ctx", "8k",
+                                      "--runtime", "ort", *args, "--json"], env={"COLUMNS": "2000"})
+        assert r.exit_code in (0, 3), r.stderr
+        (o,) = json.loads(r.stdout)["options"]
+        return o
+
+    mla = row("--strategy", "mla", "--weights", "int4")
+    assert mla["exportable"] is False and "verify-quant" in mla["exportable_reason"]
+    assert row("--strategy", "kv", "--weights", "int4")["exportable"] is True
+    assert row("--strategy", "mla", "--weights", "int8")["exportable"] is True
 
 
 def test_plan_marks_a_row_an_entry_names_and_only_that_row(monkeypatch):
