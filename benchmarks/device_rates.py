@@ -243,7 +243,7 @@ def build(device: str, current: dict) -> dict:
             e["kinds"][kind] = {**({"kernel": host["kinds"][kind]["kernel"]} if "kernel" in host["kinds"].get(kind, {})
                                    else {}),
                                 "overhead_s": 0.0, "read_bytes_per_s": None,
-                                "compute_s_per_head_dim_position": float(f"{c:.4g}"),
+                                "compute_s_per_head_dim_position": float(f"{c:.4g}"), "fitted_on_model_rows": True,
                                 "source": "fitted on model rows, not a kernel: benchmarks/plan_vs_filled.py, this CPU's "
                                           "SmolLM2-135M filled decode rows of this graph and cache, the step less the "
                                           "weights term, per key x query head x head size (plan_vs_filled.json "

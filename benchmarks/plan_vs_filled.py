@@ -344,7 +344,10 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
            "prefill_kind": None if cost == "executorch" and not fused else M.prefill_kind(strategy, layout, cost,
                                                                                           int8_kernel),
            "prefill_parts": M.prefill_parts(arch, strategy, prompt, min(DEFAULT_CHUNK, prompt)), "fused": fused,
-           "n_layers": arch.n_layers}
+           "n_layers": arch.n_layers,
+           # a kind device_rates.py stored from this script's own fit (fitted_per_key_s), not from a measurement: fitted
+           # again here, never charged as a kernel's rows (KERNEL_EAGER), or each run would undo the last one's
+           "kind_fitted": bool(kind and rates["kinds"].get(kind, {}).get("fitted_on_model_rows"))}
     if kind_then in PTE_INT8_OLD_KIND.values():
         # its prompt ran that older graph too (custom_sdpa over fp32 rows read back, or the eager graph), not
         # custom_quantized_sdpa's scalar int8 path the planner's kind now charges: no prefill rate for it
@@ -713,7 +716,7 @@ def main(argv=None) -> int:
             if old_kind and old_kind.startswith("eager"):
                 r["eager"] = old_kind
             elif r["cost"] != "llama.cpp" and not r["fused"] and r["prefill_kind"] and r["kind"] in KERNEL_EAGER.get(
-                    r["cost"], ()):
+                    r["cost"], ()) and not r["kind_fitted"]:
                 pass  # an eager graph with kernel rows: attention_s at the stored rate, as the plan charges it
             elif r["cost"] != "llama.cpp" and not r["fused"] and r["prefill_kind"]:
                 r["eager"] = f"eager {r['prefill_kind']}"  # the eager graph: a rate fitted on model rows below
