@@ -13,7 +13,8 @@ stores as the "eager int8" kind's measured curve (compute_by_kept_keys).
     python benchmarks/eager_per_key.py PROFILE_2K.json PROFILE_8K.json [--device host-xeon] --out benchmarks/results/FILE.json
 
 --device: the host profile whose GroupQueryAttention rate is added back (the profile of the CPU the rounds ran on:
-host, the AMD EPYC VM; host-xeon, the Intel Xeon VM); benchmarks/device_rates.py stores a host-xeon run (EAGER_SOURCES).
+host, the AMD EPYC VM; host-xeon, the Intel Xeon VM). The host's stored curve is such a run; the Xeon's explicit
+graphs are fitted on its filled rows instead (benchmarks/plan_vs_filled.py).
 """
 from __future__ import annotations
 

@@ -644,8 +644,13 @@ def main(argv=None) -> int:
         if not a.into:
             print(table, end="")
             return 0
-        tmp = a.into.with_suffix(".tmp")
-        tmp.write_text(text, encoding="utf-8")
+        import tempfile
+
+        # a temporary file of its own beside it (no name of the user's overwritten), moved over it whole
+        fd, tmp = tempfile.mkstemp(dir=a.into.resolve().parent, prefix=".plan_vs_filled.", suffix=".md")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, a.into.stat().st_mode & 0o777)  # the file's own mode, not mkstemp's 0600
         os.replace(tmp, a.into)
         print(f"wrote {a.into} ({table.count(chr(10)) - 2} rows of {a.table})")
         return 0
