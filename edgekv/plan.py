@@ -353,11 +353,12 @@ def large_head(scheme: dict, arch: Arch) -> dict:
 def cannot_build(arch: Arch, strategy: Strategy, ctx: int, runtime: str, weights: str | None) -> str:
     """Why edgekv export fails to build this (model type, weights, cache kind, ctx) for the runtime although its
     family takes the strategy (runtimes.json cannot_build: each entry a failed run; an entry naming strategies matches
-    only those, e.g. mla, whose latent cache has kv's cache kind), or ""."""
+    only those, e.g. mla, whose latent cache has kv's cache kind; one naming models only those, where the run failed
+    on one model of its type), or ""."""
     for e in M.PLAN_RUNTIMES.get(runtime, {}).get("cannot_build", {}).get("value", []):
         if arch.model_type in e["model_types"] and weights in e["weights"] and M.cache_key(strategy) in e["caches"] \
                 and strategy.full_cache == e["full_cache"] and ctx >= e.get("min_ctx", 0) \
-                and strategy.name in e.get("strategies", [strategy.name]):
+                and strategy.name in e.get("strategies", [strategy.name]) and arch.name in e.get("models", [arch.name]):
             return f"edgekv export cannot build this row yet: {e['reason']} ({e['evidence']})"
     return ""
 
