@@ -38,6 +38,7 @@ its manifest's custom_ops, recorded by filled_context) is priced as `edgekv plan
 at that kernel's measured rows, and held out whatever its model: nothing is fitted on it.
 
     python benchmarks/plan_vs_filled.py [--ggufs] [--gguf-dir DIR] [--out benchmarks/results/plan_vs_filled.json]
+    python benchmarks/plan_vs_filled.py --table host-xeon [--into benchmarks/README.md]
 """
 from __future__ import annotations
 
@@ -609,6 +610,22 @@ def replace_table(text: str, table: str) -> str:
     return text[:a] + table + (text[b + 1:] if b >= 0 else "")
 
 
+def write_whole(path: Path, text: str) -> None:
+    """text to path through a temporary file of its own beside it (mkstemp: no file of the user's, such as
+    NAME.tmp, is overwritten), moved over it whole; an existing file keeps its mode (not mkstemp's 0600)."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=path.resolve().parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=HERE / "results" / "plan_vs_filled.json")
@@ -644,14 +661,7 @@ def main(argv=None) -> int:
         if not a.into:
             print(table, end="")
             return 0
-        import tempfile
-
-        # a temporary file of its own beside it (no name of the user's overwritten), moved over it whole
-        fd, tmp = tempfile.mkstemp(dir=a.into.resolve().parent, prefix=".plan_vs_filled.", suffix=".md")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, a.into.stat().st_mode & 0o777)  # the file's own mode, not mkstemp's 0600
-        os.replace(tmp, a.into)
+        write_whole(a.into, text)
         print(f"wrote {a.into} ({table.count(chr(10)) - 2} rows of {a.table})")
         return 0
     from edgekv.errors import EdgekvError
@@ -984,9 +994,7 @@ def main(argv=None) -> int:
                        for dev in w_all if dev != DEFAULT_DEVICE},
            **({"llamacpp_decode_by_ctx": by_ctx} if by_ctx else {}), "rows": out_rows}
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = a.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(res, indent=1) + "\n")
-    os.replace(tmp, a.out)
+    write_whole(a.out, json.dumps(res, indent=1) + "\n")
     print(f"wrote {a.out}")
     return 0
 
