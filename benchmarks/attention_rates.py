@@ -227,8 +227,8 @@ def nbits_bytes(k: int, n: int) -> int:
     return n * blocks * (MATMUL_BLOCK // 2 + 4) + n * -(-blocks // 2)
 
 
-def matmul_graph(k: int, n: int, copies: int) -> bytes:
-    """`copies` MatMulNBits nodes of shape (k, n), each its own random int4 matrix, all on one fp32 token."""
+def matmul_graph(k: int, n: int, copies: int, tokens: int = 1) -> bytes:
+    """`copies` MatMulNBits nodes of shape (k, n), each its own random int4 matrix, all on `tokens` fp32 tokens."""
     from onnx import TensorProto as TP
     from onnx import helper, numpy_helper
 
@@ -244,7 +244,7 @@ def matmul_graph(k: int, n: int, copies: int) -> bytes:
         nodes.append(helper.make_node("MatMulNBits", ["x", f"b{i}", f"s{i}", f"z{i}"], [f"y{i}"], domain="com.microsoft",
                                       K=k, N=n, bits=4, block_size=MATMUL_BLOCK, accuracy_level=4))
         outs.append(helper.make_tensor_value_info(f"y{i}", TP.FLOAT, None))
-    g = helper.make_graph(nodes, "nbits", [helper.make_tensor_value_info("x", TP.FLOAT, [1, 1, k])], outs, inits)
+    g = helper.make_graph(nodes, "nbits", [helper.make_tensor_value_info("x", TP.FLOAT, [1, tokens, k])], outs, inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     return m.SerializeToString()
 
@@ -257,18 +257,20 @@ def _matmul_header(name: str, ort, t0: float, runs: int) -> dict:
             "loadavg_end": list(os.getloadavg()), "threads": 1, "runs": runs}
 
 
-def matmul_time(ort, k: int, n: int, runs: int) -> dict:
+def matmul_time(ort, k: int, n: int, runs: int, tokens: int = 1) -> dict:
     """CPU seconds of one MatMulNBits call of shape (k, n) at one token, 1 thread: a graph of as many copies as make
-    MATMUL_COLD bytes (at most 256), its time per run over the copies (median of `runs`)."""
+    MATMUL_COLD bytes (at most 256), its time per run over the copies (median of `runs`). tokens > 1: a prefill call
+    of that many tokens (edgekv's ONNX prefills in calls of 128), its FLOP rate (gflop_s) beside."""
     nbytes = nbits_bytes(k, n)
     copies = max(1, min(256, -(-MATMUL_COLD // nbytes)))
     so = ort.SessionOptions()
     so.intra_op_num_threads = so.inter_op_num_threads = 1
-    sess = ort.InferenceSession(matmul_graph(k, n, copies), so, providers=["CPUExecutionProvider"])
-    x = {"x": np.random.default_rng(1).standard_normal((1, 1, k)).astype(np.float32)}
+    sess = ort.InferenceSession(matmul_graph(k, n, copies, tokens), so, providers=["CPUExecutionProvider"])
+    x = {"x": np.random.default_rng(1).standard_normal((1, tokens, k)).astype(np.float32)}
     cpu, wall = timed([lambda: sess.run(None, x)], runs)
     med = statistics.median(cpu) / copies
     return {"k": k, "n": n, "bytes": nbytes, "copies": copies, "median_us": round(med * 1e6, 2),
+            **({"tokens": tokens, "gflop_s": round(2 * tokens * k * n / med / 1e9, 1)} if tokens > 1 else {}),
             "wall_median_us": round(statistics.median(wall) / copies * 1e6, 2),
             "best_us": round(min(cpu) / copies * 1e6, 2), "read_gb_s": round(nbytes / med / 1e9, 3)}
 
@@ -281,16 +283,17 @@ def matmul_main(a) -> int:
     rows = []
     for model, shapes in MATMUL_SHAPES.items():
         for k, n in shapes:
-            r = {"model": model, **matmul_time(ort, k, n, a.runs), "loadavg": round(os.getloadavg()[0], 2)}
+            r = {"model": model, **matmul_time(ort, k, n, a.runs, a.tokens), "loadavg": round(os.getloadavg()[0], 2)}
             rows.append(r)
             print(r, flush=True)
     out = {**_matmul_header("matmul_nbits_rates", ort, t0, a.runs),
            "what": "one com.microsoft MatMulNBits call (int4, blocks of 32, fp32 scales, uint8 zero points, "
-                   "accuracy_level 4) at one fp32 token, per matrix shape (K, N) as edgekv's int4 ONNX runs it; each "
+                   f"accuracy_level 4) at {a.tokens} fp32 token(s), per matrix shape (K, N) as edgekv's int4 ONNX runs it; each "
                    f"timed graph holds copies of the matrix totalling at least {MATMUL_COLD >> 20} MiB (at most 256), "
                    "so that each is read from memory as in a model; 1 thread, process CPU time per call",
            "rows": rows, "seconds": round(time.time() - t0, 1)}
-    write_json(a.out or Path(__file__).parent / "results" / "matmul_nbits_rates.json", out)
+    write_json(a.out or Path(__file__).parent / "results" / ("matmul_nbits_rates.json" if a.tokens == 1 else
+                                                            f"matmul_nbits_rates_{a.tokens}.json"), out)
     return 0
 
 
@@ -483,13 +486,14 @@ def store_forms(path: Path) -> int:
 
 
 def win_module(h: int, hkv: int, d: int, slots: int, hidden: int = WIN_HIDDEN, dtype: str = "fp16",
-               sinks: int = WIN_SINKS):
+               sinks: int = WIN_SINKS, c: int = 1):
     """One decode call of the window strategy's layer as edgekv's exports build it (no fused op: the eager
     edgekv.models.attention.Attention over a RollingCache of `slots` = sinks + W fp16 slots: the q/k/v projections,
     RoPE, the plan's write / keep / mask, the call's row blended into the cache, the cache read back in fp32 with the
     call's own row appended, two bmm and the softmax, o_proj), torch.export'ed: (ExportedProgram, example args).
     dtype "fp32", sinks 0: a sliding layer's own ring of a plain fp32 cache instead (edgekv.models.cache.layer_caches:
-    RollingCache(0, Wn, ...), a Gemma 3 sliding layer when the other layers keep every position)."""
+    RollingCache(0, Wn, ...), a Gemma 3 sliding layer when the other layers keep every position). c > 1: one prefill
+    call of c tokens instead (the layer's mask [G x c, slots + c]: every slot, written or not, and the call's rows)."""
     from types import SimpleNamespace
 
     import torch
@@ -511,18 +515,18 @@ def win_module(h: int, hkv: int, d: int, slots: int, hidden: int = WIN_HIDDEN, d
             self.attn.fmt = KVFormat(FloatStorage(dtype))
 
         def forward(self, x, cos, sin, pos, k, v):
-            out, ks, vs = self.attn(x, cos, sin, (k,), (v,), Call(pos, 1, h // hkv))
+            out, ks, vs = self.attn(x, cos, sin, (k,), (v,), Call(pos, c, h // hkv))
             return out, ks[0], vs[0]
 
     torch.manual_seed(0)
     cast = torch.float16 if dtype == "fp16" else torch.float32
-    args = (torch.randn(1, 1, hidden), torch.randn(1, 1, d), torch.randn(1, 1, d), torch.tensor([4 * slots]),
+    args = (torch.randn(1, c, hidden), torch.randn(c, 1, d), torch.randn(c, 1, d), torch.tensor([4 * slots]),
             torch.randn(1, hkv, slots, d).to(cast), torch.randn(1, hkv, slots, d).to(cast))
     with torch.no_grad():
         return torch.export.export(Step().eval(), args, strict=False), args
 
 
-def win_program(h: int, hkv: int, d: int, slots: int, hidden: int = WIN_HIDDEN) -> bytes:
+def win_program(h: int, hkv: int, d: int, slots: int, hidden: int = WIN_HIDDEN, c: int = 1) -> bytes:
     """The ONNX graph of win_module, lowered by torch.onnx.export(dynamo=True) as edgekv.export.to_onnx lowers a
     model."""
     import contextlib
@@ -530,7 +534,7 @@ def win_program(h: int, hkv: int, d: int, slots: int, hidden: int = WIN_HIDDEN) 
 
     import torch
 
-    ep, _ = win_module(h, hkv, d, slots, hidden)
+    ep, _ = win_module(h, hkv, d, slots, hidden, c=c)
     with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
         prog = torch.onnx.export(ep, (), input_names=["x", "cos", "sin", "pos", "k", "v"],
                                  output_names=["o", "nk", "nv"], dynamo=True, external_data=False, optimize=True,
@@ -539,7 +543,7 @@ def win_program(h: int, hkv: int, d: int, slots: int, hidden: int = WIN_HIDDEN) 
 
 
 def et_win_time_call(h: int, hkv: int, d: int, slots: int, runs: int, hidden: int = WIN_HIDDEN, dtype: str = "fp16",
-                     sinks: int = WIN_SINKS) -> dict:
+                     sinks: int = WIN_SINKS, c: int = 1) -> dict:
     """win_time_call's figures for the .pte: win_module lowered as edgekv export lowers a model (edgekv.export.to_pte,
     XNNPACK; the eager layer's new cache is an output, not written in place) and run by ExecuTorch's runtime on 1
     thread, inputs cycled so each call reads a cold cache."""
@@ -550,7 +554,7 @@ def et_win_time_call(h: int, hkv: int, d: int, slots: int, runs: int, hidden: in
     from edgekv.export.to_pte import lower_pte, to_buffer
 
     torch.set_num_threads(1)
-    ep, _ = win_module(h, hkv, d, slots, hidden, dtype, sinks)
+    ep, _ = win_module(h, hkv, d, slots, hidden, dtype, sinks, c)
     buf = to_buffer(lower_pte({"forward": ep}, in_place=False), in_place=False)
     with quiet_native_stderr():
         portable_lib._unsafe_reset_threadpool(1)
@@ -559,16 +563,16 @@ def et_win_time_call(h: int, hkv: int, d: int, slots: int, runs: int, hidden: in
     cache_bytes = 2 * hkv * slots * d * size
     n = min(max(2, -(-COLD_BYTES // cache_bytes)), 30)
     g = torch.Generator().manual_seed(0)
-    sets = [(torch.randn(1, 1, hidden, generator=g), torch.ones(1, 1, d), torch.zeros(1, 1, d),
+    sets = [(torch.randn(1, c, hidden, generator=g), torch.ones(c, 1, d), torch.zeros(c, 1, d),
              torch.tensor([4 * slots]), torch.randn(1, hkv, slots, d, generator=g).to(cast),
              torch.randn(1, hkv, slots, d, generator=g).to(cast)) for _ in range(n)]
     with quiet_native_stderr():
         cpu, ts = timed([lambda a=a: mod.forward(a) for a in sets], runs)
     kind = "eager window fp16" if sinks else f"eager ring {dtype}"
-    return call_row(slots, kind, h, hkv, d, cpu, ts, cache_bytes, slots, caches=n)
+    return call_row(slots, kind, h, hkv, d, cpu, ts, cache_bytes, slots, caches=n, **win_prefill(h, d, slots, c, cpu))
 
 
-def win_time_call(h: int, hkv: int, d: int, slots: int, runs: int, hidden: int = WIN_HIDDEN) -> dict:
+def win_time_call(h: int, hkv: int, d: int, slots: int, runs: int, hidden: int = WIN_HIDDEN, c: int = 1) -> dict:
     """time_call's figures for the window strategy's eager graph (win_program) at `slots` kept keys, ONNX Runtime
     on 1 thread; each call's new cache goes to its own output buffers (an eager layer's outputs are computed from
     its inputs and are not bound to them: edgekv.models.swaps), inputs cycled so each call reads a cold cache."""
@@ -576,17 +580,28 @@ def win_time_call(h: int, hkv: int, d: int, slots: int, runs: int, hidden: int =
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = so.inter_op_num_threads = 1
-    sess = ort.InferenceSession(win_program(h, hkv, d, slots, hidden), so, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(win_program(h, hkv, d, slots, hidden, c), so, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     cache_bytes = 2 * hkv * slots * d * 2
     n = min(max(2, -(-COLD_BYTES // cache_bytes)), 30)
-    sets = [{"x": rng.standard_normal((1, 1, hidden)).astype(np.float32),
-             "cos": np.ones((1, 1, d), np.float32), "sin": np.zeros((1, 1, d), np.float32),
+    sets = [{"x": rng.standard_normal((1, c, hidden)).astype(np.float32),
+             "cos": np.ones((c, 1, d), np.float32), "sin": np.zeros((c, 1, d), np.float32),
              "pos": np.array([4 * slots], np.int64),
              "k": rng.standard_normal((1, hkv, slots, d)).astype(np.float16),
              "v": rng.standard_normal((1, hkv, slots, d)).astype(np.float16)} for _ in range(n)]
     cpu, ts = timed([lambda f=f: sess.run(None, f) for f in sets], runs)
-    return call_row(slots, "eager window fp16", h, hkv, d, cpu, ts, cache_bytes, slots, caches=n)
+    return call_row(slots, "eager window fp16", h, hkv, d, cpu, ts, cache_bytes, slots, caches=n,
+                    **win_prefill(h, d, slots, c, cpu))
+
+
+def win_prefill(h: int, d: int, slots: int, c: int, cpu: list[float]) -> dict:
+    """A window prefill call's fields (c > 1): its queries (chunk), the attention FLOP the eager graph computes (every
+    slot and the call's own rows: memory.speed.eager_attention_flop's 4 x H x D x c x (slots + c)) and their rate."""
+    if c == 1:
+        return {}
+    flop = 4 * h * d * c * (slots + c)
+    return {"chunk": c, "attention_flop": flop,
+            "attention_gflop_s": round(flop / statistics.median(cpu) / 1e9, 2)}
 
 
 INT8_KERNEL = "executorch"  # --int8-kernel: what reads int8 codes in et_program (edgekv: edgekv/native's kernel)
@@ -1170,6 +1185,8 @@ def main(argv=None) -> int:
                       "results/llamacpp_gguf_types.json")
     ap.add_argument("--matmul", action="store_true", help="onnxruntime: time MatMulNBits (int4) per matrix shape "
                     "(MATMUL_SHAPES) instead (matmul_nbits_rates.json)")
+    ap.add_argument("--tokens", type=int, default=1, help="--matmul: tokens per call (128: a prefill call of "
+                    "edgekv's ONNX; matmul_nbits_rates_128.json)")
     ap.add_argument("--matmul-forms", action="store_true", help="onnxruntime: time each form --weights gguf carries "
                     "a GGUF type in (MATMUL_FORMS: MatMulNBits bits / block, zero points, remainder) per matrix shape "
                     "instead (matmul_nbits_forms.json)")
@@ -1194,6 +1211,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--refit", type=Path, help="fit the rows of this results JSON again (no timing)")
     a = ap.parse_args(argv)
+    if a.tokens < 1:
+        ap.error("--tokens must be at least 1")
     if a.refit:
         res = json.loads(a.refit.read_text())
         if not any("chunk" in r for r in res["rows"]):
@@ -1362,13 +1381,19 @@ def window_main(a) -> int:
     rows = []
     slots = [int(c) for c in a.ctx.split(",")] if a.ctx else WIN_SLOTS
     shapes = {k: v for k, v in SHAPES.items() if not a.shapes or k in a.shapes.split(",")}
+    c = (ET_PREFILL_CHUNK if et else 128) if a.prefill else 1
     for name, (h, hkv, d) in shapes.items():
         for n in slots:
-            r = {"shape": name, **(et_win_time_call if et else win_time_call)(h, hkv, d, n, a.runs),
+            r = {"shape": name, **(et_win_time_call(h, hkv, d, n, a.runs, c=c) if et else
+                                   win_time_call(h, hkv, d, n, a.runs, c=c)),
                  "loadavg": round(os.getloadavg()[0], 2)}
             rows.append(r)
-            print(f"window {name:14} kept {n:6}: {r['median_us']:9.1f} us  {r['us_per_position']:.4f} us/position  "
-                  f"(load {r['loadavg']})", flush=True)
+            print(f"window {name:14} kept {n:6}" + (f", a prefill call of {c}" if c > 1 else "")
+                  + f": {r['median_us']:9.1f} us  "
+                  + (f"{r['attention_gflop_s']:6.2f} GFLOP/s" if c > 1 else f"{r['us_per_position']:.4f} us/position")
+                  + f"  (load {r['loadavg']})", flush=True)
+    if a.prefill:  # the eager graph's prefill rate per head size (every slot's FLOP: win_prefill)
+        return write_window(a, et, versions, t0, rows, {}, prefill_fits(rows), c)
     dims = sorted({r["head_dim"] for r in rows})
     fits = {"eager window fp16": {**fit_head_dim(rows), "by_head_dim": {
         str(d): {**fit_head_dim([r for r in rows if r["head_dim"] == d]),
@@ -1376,18 +1401,30 @@ def window_main(a) -> int:
     for d, g in fits["eager window fp16"]["by_head_dim"].items():
         print(f"fit window, head size {d}: {g['overhead_s'] * 1e6:.1f} us + {g['compute_s_per_head_dim_position'] * 1e12:.1f} "
               f"ps per head x head size x kept key (worst row {g['max_abs_rel_error']:.0%})")
+    return write_window(a, et, versions, t0, rows, fits, {}, c)
+
+
+def write_window(a, et: bool, versions: dict, t0: float, rows: list[dict], fits: dict, pre: dict, c: int) -> int:
+    """window_main's results JSON: attention_rates_[executorch_]window[_prefill].json, or --out."""
+    for k, by in pre.items():
+        for d, f in by.items():
+            print(f"fit {k} prefill, head size {d}: {f['attention_flop_per_s'] / 1e9:.1f} GFLOP/s + "
+                  f"{f['overhead_s'] * 1e6:.1f} us a call (worst row {f['max_abs_rel_error']:.0%})")
+    call = f"one prefill call of {c} tokens" if c > 1 else "one decode call"
     out = {"benchmark": "attention_rates", "runtime": a.runtime,
            "graph": "window strategy, eager (win_module" + (", lowered to a .pte)" if et else ", lowered to ONNX)"),
            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)), **versions,
            "machine": platform.processor() or platform.machine(), "cpu": cpu_name(), "platform": platform.platform(),
            "loadavg": list(os.getloadavg()), "threads": 1, "runs": a.runs,
-           "what": "one decode call of the window strategy's eager attention layer (fp16 rolling cache of sinks + W "
+           "what": f"{call} of the window strategy's eager attention layer (fp16 rolling cache of sinks + W "
                    f"slots, its projections at a model width of {WIN_HIDDEN}) as edgekv's "
                    + ("ExecuTorch export lowers it (XNNPACK), run by ExecuTorch's runtime" if et else
                       "ONNX export lowers it") + ", 1 thread, process CPU time",
-           "rows": rows, "fits": fits, "seconds": round(time.time() - t0, 1)}
-    dest = a.out or Path(__file__).parent / "results" / ("attention_rates_executorch_window.json" if et else
-                                                         "attention_rates_window.json")
+           "rows": rows, "fits": fits, **({"prefill_fits": pre} if pre else {}),
+           "seconds": round(time.time() - t0, 1)}
+    dest = a.out or Path(__file__).parent / "results" / (
+        ("attention_rates_executorch_window" if et else "attention_rates_window") + ("_prefill" if c > 1 else "")
+        + ".json")
     write_json(dest, out)
     return 0
 

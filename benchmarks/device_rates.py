@@ -68,10 +68,24 @@ SOURCES = {
         },
     },
 }
+# profile -> runtime -> {stored kind: (results JSON, the kind as its rows name it)}: a kernel run's prefill rate by
+# head size, stored as its ratio to the rate at head size FIT_HEAD_DIM (attention_flop_per_s_head_dim_scale), where
+# the kernel's level is not the model's and the kind's rate is fitted on SmolLM2's rows (head size FIT_HEAD_DIM):
+# the .pte's eager window graph (attention_rates.py --runtime executorch --window --prefill ran its layer 1.6x as long
+# per call as the SmolLM2 .pte's own prefill calls take, the same graph at 1.37x the rate at head size 256 as at 64)
+HEAD_DIM_SCALE_SOURCES = {
+    "host-xeon": {"executorch": {"eager fp16": ("attention_rates_executorch_window_prefill_xeon.json",
+                                                "eager window fp16")}},
+}
+FIT_HEAD_DIM = 64
 # profile -> runtime -> [(prefill results JSON, {stored kind: the kind as its rows name it})]
 PREFILL_SOURCES = {
     "host-xeon": {
-        "onnxruntime": [("attention_rates_prefill_xeon.json", {"fp32": "fp32", "fp16": "fp16", "int8c": "int8c"})],
+        # the window strategy's eager graph: one prefill call of its layer at each kept-key count and head size
+        # (attention_rates.py --window --prefill), the rate of every eager graph's prompt ("eager fp16"; the explicit
+        # kv-int8 / kv-int4 graphs' too, with their read-back: plan_vs_filled.ORT_READBACK)
+        "onnxruntime": [("attention_rates_prefill_xeon.json", {"fp32": "fp32", "fp16": "fp16", "int8c": "int8c"}),
+                        ("attention_rates_window_prefill_xeon.json", {"eager fp16": "eager window fp16"})],
         "executorch": [("attention_rates_executorch_prefill_xeon.json", {"fp32": "fp32", "fp16": "fp16"}),
                        ("attention_rates_executorch_prefill_edgekv_xeon.json",
                         {"edgekv int8": "int8", "edgekv int8c": "int8c", "edgekv fp16": "fp16",
@@ -307,6 +321,16 @@ def build(device: str, current: dict) -> dict:
                                 "term for its small matmuls; prefill_fits) " if rt == "llama.cpp" else
                                 "benchmarks/attention_rates.py --prefill on this CPU ")
                              + f"({'; '.join(srcs) or 'none'})")
+            for stored, (name, kind) in HEAD_DIM_SCALE_SOURCES.get(device, {}).get(rt, {}).items():
+                if (RESULTS / name).exists():
+                    by = _load(name)["prefill_fits"][kind]
+                    base = by[str(FIT_HEAD_DIM)]["attention_flop_per_s"]
+                    pre.setdefault("attention_flop_per_s_head_dim_scale", {})[stored] = {
+                        dim: round(f["attention_flop_per_s"] / base, 3) for dim, f in by.items()}
+                    pre["source"] += (f"; attention_flop_per_s_head_dim_scale: {stored}'s rate by head size over its "
+                                      f"rate at head size {FIT_HEAD_DIM} (benchmarks/results/{name}, load average "
+                                      f"{_load_range(_load(name))}), times which the rate fitted on SmolLM2's rows "
+                                      "is charged at another head size")
             if kvh:
                 pre["attention_flop_per_s_kv_heads_scale"] = {k: {dim: g["prefill"] for dim, g in by.items()}
                                                               for k, by in kvh["scales"].items()}
@@ -316,10 +340,10 @@ def build(device: str, current: dict) -> dict:
                 pre["matmul_flop_per_s"] = float(f"{p['matmul_flop_per_s']:.4g}")
                 pre["attention_flop_per_s"] = {k: (float(f"{v:.4g}") if v else None)
                                                for k, v in p["attention_flop_per_s"].items()}
-                for k, c in p.get("readback_s_per_value", {}).items():
+                for k, b in p.get("readback", {}).items():
                     pre.setdefault("readback", {})[k] = {
-                        "kernel_kind": "fp32", "chunk": PTE_PREFILL_CHUNK, "s_per_value": float(f"{c:.4g}"),
-                        "source": "fitted by benchmarks/plan_vs_filled.py (PTE_READBACK) on this CPU's SmolLM2-135M "
+                        "kernel_kind": b["kernel_kind"], "chunk": b["chunk"], "s_per_value": float(f"{b['s_per_value']:.4g}"),
+                        "source": "fitted by benchmarks/plan_vs_filled.py (READBACK) on this CPU's SmolLM2-135M "
                                   "prefills with the matmul rate"}
                 pre["source"] += ("; matmul_flop_per_s and the kinds no kernel benchmark times: fitted by "
                                   "benchmarks/plan_vs_filled.py on this CPU's SmolLM2-135M filled prefills "

@@ -209,6 +209,15 @@ PTE_PROFILE = "profile_pte_smollm2_rows_graph_2k.json"
 # calls of every filled-context .pte row)
 PTE_READBACK = {"int4": "fp32"}
 PTE_PREFILL_CHUNK = 32
+# ONNX Runtime's explicit kv-int8 / kv-int4 graphs (the eager graph over a quantized cache): each prefill call reads
+# every slot back to fp32 and attends over all of them as the window strategy's eager graph does over its fp16 slots
+# (memory.speed.eager_attention_flop, eager_readback_values); their prompt is charged that graph's rate at the
+# model's head size (attention_rates.py --window --prefill, "eager fp16"; fitted on the window rows where no kernel
+# run measured it) plus the values read back at a cost per value fitted on SmolLM2's prompts (a rate per FLOP
+# fitted on them alone charged Gemma 3's head size 256 at head size 64's rate: +43 to +58 % on the Xeon). The prefill
+# call size is the ONNX export's (edgekv.plan.DEFAULT_CHUNK)
+ORT_READBACK = {"eager int8": "eager fp16", "eager int4": "eager fp16"}
+READBACK = {"executorch": PTE_READBACK, "onnxruntime": ORT_READBACK}
 PTE_STEP_OTHER = ("xnnpack other", "xnnpack dispatch", "cache write", "portable other", "operator dispatch",
                   "method rest", "outside execute")
 # another measurement of the same export at the same fill, where one exists: benchmarks/profile_ort.py's step time
@@ -339,12 +348,12 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
     if kind_then:
         kind = kind_then if kind_then in rates["kinds"] and not kind_then.startswith("eager") else None
     fused = cost in ("llama.cpp", "executorch-llama") or M.fused_gqa(arch, layout, strategy, cost)
+    # the prompt as the row's graph computes it (speed.prefill_graph: on the eager graph every slot of each call)
+    pre_kind, pre_parts = M.speed.prefill_graph(arch, strategy, layout, cost, prompt, min(DEFAULT_CHUNK, prompt),
+                                                int8_kernel)
     out = {"cost": cost, "weights_bytes": row.deployment.weights["read_per_token"], "plan_tok_s": row.decode.value,
            "plan_prefill_s": row.prefill.value, "kind": kind, "cache": M.cache_kind(strategy, layout, cost, int8_kernel),
-           # the .pte's eager graph (the window strategy): no prefill rate measured or fitted (speed.prefill_at_rates)
-           "prefill_kind": None if cost == "executorch" and not fused else M.prefill_kind(strategy, layout, cost,
-                                                                                          int8_kernel),
-           "prefill_parts": M.prefill_parts(arch, strategy, prompt, min(DEFAULT_CHUNK, prompt)), "fused": fused,
+           "prefill_kind": pre_kind, "prefill_parts": pre_parts, "fused": fused,
            "n_layers": arch.n_layers,
            # a kind device_rates.py stored from this script's own fit (fitted_per_key_s), not from a measurement: fitted
            # again here, never charged as a kernel's rows (KERNEL_EAGER), or each run would undo the last one's
@@ -387,12 +396,16 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
     # the kernel's rates alone (with their factor by KV heads, llama.cpp's), not the rates fitted on model rows
     kernel = {"attention_flop_per_s_by_head_dim": by, "attention_flop_per_s": {},
               "attention_flop_per_s_kv_heads_scale": pre.get("attention_flop_per_s_kv_heads_scale", {})}
-    out["prefill_kernel_rate"] = (M.speed._prefill_rate(kernel, out["prefill_kind"], arch)[0]
-                                  if out["prefill_kind"] in by else None)
-    if cost == "executorch" and out["prefill_kind"] in PTE_READBACK:  # its kernel's rate + the values read back
-        base = PTE_READBACK[out["prefill_kind"]]
-        out["prefill_kernel_rate"] = M.speed._prefill_rate(kernel, base, arch)[0]
-        out["prefill_readback"] = M.speed.readback_values(arch, strategy, prompt, PTE_PREFILL_CHUNK)
+    # the kind whose rate prices the attention FLOP: the row's own, or for a cache read back every call (READBACK)
+    # the kind its graph attends at once the values are fp32, its read-back charged per value beside it
+    base = out["prefill_rate_kind"] = READBACK.get(cost, {}).get(out["prefill_kind"], out["prefill_kind"])
+    out["prefill_kernel_rate"] = M.speed._prefill_rate(kernel, base, arch)[0] if base in by else None
+    # a fitted kind's rate at this model's head size: the fit rows' rate x the kernel's ratio by head size
+    out["prefill_rate_scale"] = M.speed.head_dim_scale(pre, base, arch)[0]
+    if base != out["prefill_kind"]:
+        chunk = out["prefill_readback_chunk"] = PTE_PREFILL_CHUNK if cost == "executorch" else DEFAULT_CHUNK
+        out["prefill_readback"] = (M.speed.readback_values(arch, strategy, prompt, chunk) if cost == "executorch" else
+                                   M.speed.eager_readback_values(arch, layout, prompt, min(chunk, prompt)))
     # the per-key work of each layer (sum over layers of kept keys x query heads x head size): llama.cpp's fit
     kept = {t.layer: t.shape[2] for t in layout.tensors if t.role == "key"}
     out["key_work"] = float(sum(kept[i] * m.n_heads * m.head_dim for i, b in enumerate(arch.blocks)
@@ -418,11 +431,13 @@ def fit_prefill(rows: list[dict]) -> dict:
     over one runtime's fit rows, a kind's rate fixed at the kernel's (prefill_kernel_rate: benchmarks/
     attention_rates.py at the model's head size) where one is measured, else fitted here: {"matmul_flop_per_s",
     "attention_flop_per_s": {fitted kind: rate}}."""
-    kinds = sorted({r["prefill_kind"] for r in rows if not r["prefill_kernel_rate"]})
-    # a cache read back every call (PTE_READBACK): its kernel's attention fixed, its values read back fitted
+    kinds = sorted({r["prefill_rate_kind"] for r in rows if not r["prefill_kernel_rate"]})
+    # a cache read back every call (READBACK): its attention at the rate of the kind it attends as (the kernel's, or
+    # fitted with that kind's rows), its values read back fitted
     rbk = sorted({r["prefill_kind"] for r in rows if r.get("prefill_readback")})
     x = np.array([[r["prefill_parts"]["matmul"] + r["prefill_parts"]["logits"]]
-                  + [r["prefill_parts"]["attention"] * (r["prefill_kind"] == k) for k in kinds]
+                  + [r["prefill_parts"]["attention"] / r["prefill_rate_scale"] * (r["prefill_rate_kind"] == k)
+                     for k in kinds]
                   + [r.get("prefill_readback", 0.0) * (r["prefill_kind"] == k) for k in rbk] for r in rows])
     y = np.array([r["prefill_s"] for r in rows])
     fixed = np.array([r["prefill_parts"]["attention"] / r["prefill_kernel_rate"] if r["prefill_kernel_rate"] else 0.0
@@ -430,8 +445,10 @@ def fit_prefill(rows: list[dict]) -> dict:
     coef, *_ = np.linalg.lstsq(x / y[:, None], (y - fixed) / y, rcond=None)
     out = {"matmul_flop_per_s": 1 / coef[0],
            "attention_flop_per_s": {k: (1 / c if c > 0 else None) for k, c in zip(kinds, coef[1:])}}
-    if rbk:
-        out["readback_s_per_value"] = {k: float(c) for k, c in zip(rbk, coef[1 + len(kinds):])}
+    if rbk:  # per kind: the kind its attention is priced at, the prefill call size its values are counted in
+        first = {k: next(r for r in rows if r["prefill_kind"] == k and r.get("prefill_readback")) for k in rbk}
+        out["readback"] = {k: {"kernel_kind": first[k]["prefill_rate_kind"], "chunk": first[k]["prefill_readback_chunk"],
+                               "s_per_value": float(c)} for k, c in zip(rbk, coef[1 + len(kinds):])}
     return out
 
 
@@ -559,12 +576,14 @@ def _round(v: float | None) -> float | None:
 
 
 def prefill_pred(r: dict, p: dict) -> float | None:
-    rate = r["prefill_kernel_rate"] or p["attention_flop_per_s"].get(r["prefill_kind"])
+    rate = r["prefill_kernel_rate"] or p["attention_flop_per_s"].get(r["prefill_rate_kind"])
     if not rate:
         return None
+    if not r["prefill_kernel_rate"]:
+        rate *= r["prefill_rate_scale"]
     rb = 0.0
     if r.get("prefill_readback"):  # the values read back at the cost per value fitted on SmolLM2's prompts
-        c = p.get("readback_s_per_value", {}).get(r["prefill_kind"])
+        c = p.get("readback", {}).get(r["prefill_kind"], {}).get("s_per_value")
         if c is None:
             return None
         rb = r["prefill_readback"] * c
@@ -734,7 +753,8 @@ def main(argv=None) -> int:
                     r["cost"], ()) and not r["kind_fitted"]:
                 pass  # an eager graph with kernel rows: attention_s at the stored rate, as the plan charges it
             elif r["cost"] != "llama.cpp" and not r["fused"] and r["prefill_kind"]:
-                r["eager"] = f"eager {r['prefill_kind']}"  # the eager graph: a rate fitted on model rows below
+                pk = r["prefill_kind"]  # the eager graph: a rate fitted on model rows below
+                r["eager"] = pk if pk.startswith("eager ") else f"eager {pk}"
             elif r["cost"] != "llama.cpp" and r["fused"] and r["prefill_kind"] and r["kind"] in (
                     None, r["prefill_kind"]) and r["prefill_kind"] not in KERNEL_KINDS[r["cost"]]:
                 r["eager"] = r["prefill_kind"]  # the fused op on a cache the kernel benchmark does not time
@@ -844,8 +864,9 @@ def main(argv=None) -> int:
                 p = pre_fits[cost]
                 print(f"{dev}: {cost} prefill: matmul {p['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s, attention "
                       + ", ".join(f"{k} {v / 1e9:.1f}" if v else f"{k} -" for k, v in p["attention_flop_per_s"].items())
-                      + " GFLOP/s" + "".join(f"; {k} read back at the kernel's fp32 rate + {c * 1e9:.2f} ns per value"
-                                             for k, c in p.get("readback_s_per_value", {}).items()))
+                      + " GFLOP/s" + "".join(f"; {k} read back: at the {b['kernel_kind']} rate + "
+                                             f"{b['s_per_value'] * 1e9:.2f} ns per value"
+                                             for k, b in p.get("readback", {}).items()))
     gguf_mm_all = {dev: gguf_matmul_rates(a.ggufs, dev) for dev in LLAMACPP_GGUF_RUNS
                    if llamacpp_rates(dev)}
     gguf_mm = gguf_mm_all.get(DEFAULT_DEVICE, {})

@@ -289,29 +289,104 @@ def readback_values(arch: Arch, strategy: Strategy, ctx: int, chunk: int) -> flo
     return total
 
 
+def eager_attention_flop(arch: Arch, layout: StateLayout, ctx: int, chunk: int) -> float:
+    """The attention FLOP of a prefill of ctx tokens in calls of `chunk` on edgekv's eager graph (no fused op:
+    edgekv.models.attention.Attention, whose mask is [G x C, T] over every slot of a full cache and [G x C, T + C]
+    over a rolling cache's slots and the call's own rows): each call's C queries meet all T slots of the layer, written
+    yet or not, so a prompt's attention grows as ctx x T, not causally as ctx^2 / 2. Per attention layer (a key
+    tensor, [1, Hkv, T, .]) 4 x H x D x (ctx x T, + the sum of C^2 over the calls where T is a rolling cache's)."""
+    attns = [m for b in arch.blocks for m in b.mixers if isinstance(m, Attention)]
+    keys = [t for t in layout.tensors if t.role == "key"]
+    full, rem = divmod(ctx, chunk)
+    own = full * chunk * chunk + rem * rem  # sum over the calls of C x C: each call's queries over its own rows
+    total = 0.0
+    for m, t in zip(attns, keys):
+        slots = t.shape[2]
+        total += 4 * m.n_heads * m.head_dim * (ctx * slots + (own if slots < layout.ctx else 0))
+    return total
+
+
+def eager_readback_values(arch: Arch, layout: StateLayout, ctx: int, chunk: int) -> float:
+    """The cache values a prefill of ctx tokens in calls of `chunk` dequantizes on edgekv's eager graph over a
+    quantized cache (ONNX Runtime's explicit kv-int8 / kv-int4 graphs): every call reads every slot of each layer back
+    to fp32 (the mask is over all of them: eager_attention_flop), K and V, 2 x Hkv x D values a slot."""
+    attns = [m for b in arch.blocks for m in b.mixers if isinstance(m, Attention)]
+    keys = [t for t in layout.tensors if t.role == "key"]
+    return math.ceil(ctx / chunk) * sum(2 * m.n_kv_heads * m.head_dim * t.shape[2] for m, t in zip(attns, keys))
+
+
+def eager_prefill(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str) -> bool:
+    """Whether edgekv's export prefills this row on the eager graph (eager_attention_flop): a KV cache on ONNX
+    Runtime or edgekv's .pte where the export does not attend through the fused op (fused_gqa): the explicit
+    kv-int8 / kv-int4 graphs on ONNX Runtime, the window strategy's rolling layers on both."""
+    return (runtime in ("onnxruntime", "executorch") and strategy.kv_cache and not strategy.converts_to_latent
+            and not fused_gqa(arch, layout, strategy, runtime))
+
+
+def prefill_graph(arch: Arch, strategy: Strategy, layout: StateLayout, runtime: str, ctx: int, chunk: int,
+                  int8_kernel: str = "executorch") -> tuple[str | None, dict]:
+    """The prefill's attention kind (its stored rate's name) and its FLOP by part (prefill_parts) as the runtime's
+    graph computes them: on the eager graph (eager_prefill) the kind is "eager <kind>" and the attention the graph's
+    every-slot FLOP (eager_attention_flop); else the fused op's kind and causal attention."""
+    kind = prefill_kind(strategy, layout, runtime, int8_kernel)
+    parts = prefill_parts(arch, strategy, ctx, chunk)
+    if eager_prefill(arch, layout, strategy, runtime):
+        kind = kind and f"eager {kind}"
+        parts["attention"] = eager_attention_flop(arch, layout, ctx, chunk)
+    return kind, parts
+
+
+def _at_head_dim(by: dict, d: int) -> tuple[float, str]:
+    """A value stored per head size ({"64": v, "256": v}) at head size d: the measured one, else interpolated in
+    log2(head size) between the two measured around it (clamped at the ends)."""
+    if str(d) in by:
+        return by[str(d)], f"at head size {d}"
+    pts = sorted((int(k), v) for k, v in by.items())
+    lo = max([p for p in pts if p[0] < d], default=pts[0])
+    hi = min([p for p in pts if p[0] > d], default=pts[-1])
+    if lo == hi:
+        return lo[1], f"at head size {lo[0]} (nearest measured to {d})"
+    f = (math.log2(d) - math.log2(lo[0])) / (math.log2(hi[0]) - math.log2(lo[0]))
+    return lo[1] + f * (hi[1] - lo[1]), f"at head sizes {lo[0]} and {hi[0]} interpolated to {d}"
+
+
+def _head_dim(arch: Arch) -> int | None:
+    """The head size a prefill rate is taken at (a model with several: its smallest)."""
+    dims = {m.head_dim for b in arch.blocks for m in b.mixers if isinstance(m, Attention)}
+    return min(dims) if dims else None
+
+
+def head_dim_scale(rates: dict, kind: str, arch: Arch) -> tuple[float, str]:
+    """The factor a kind's rate fitted on model rows of one head size takes at this model's head size: a kernel run's
+    rate at each head size over its rate at the fitted rows' (attention_flop_per_s_head_dim_scale: the .pte's eager
+    window graph, whose kernel run sets how its rate moves with the head size, and the filled rows its level); 1.0
+    where none is stored."""
+    by = rates.get("attention_flop_per_s_head_dim_scale", {}).get(kind)
+    d = _head_dim(arch)
+    if not by or d is None:
+        return 1.0, ""
+    f, where = _at_head_dim(by, d)
+    return f, f" x {f:.3g} {where} (the kernel's rate by head size)" if f != 1.0 else ""
+
+
 def _prefill_rate(rates: dict, kind: str, arch: Arch) -> tuple[float | None, str]:
     """The prefill attention rate of this cache kind for the model's head size: the kernel's rate measured at that
     head size (attention_flop_per_s_by_head_dim, benchmarks/attention_rates.py), between two measured head sizes
     interpolated in log2(head size) (clamped at the ends; a model with several head sizes: its smallest); else the
-    kind's rate fitted on model rows."""
+    kind's rate fitted on model rows (times head_dim_scale)."""
     by = rates.get("attention_flop_per_s_by_head_dim", {}).get(kind)
-    dims = {m.head_dim for b in arch.blocks for m in b.mixers if isinstance(m, Attention)}
-    if by and dims:
-        d = min(dims)
+    d = _head_dim(arch)
+    if by and d is not None:
         if str(d) in by:
             kv = next(m.n_kv_heads for b in arch.blocks for m in b.mixers if isinstance(m, Attention) and m.head_dim == d)
             f = kv_heads_factor(rates.get("attention_flop_per_s_kv_heads_scale", {}).get(kind, {}).get(str(d)), kv)
             return by[str(d)] / f, f"{kind}, kernel rate at head size {d}" + (
                 f" over {f:.3g} at {kv} KV heads (kv_heads_scale)" if f != 1.0 else "")
-        pts = sorted((int(k), v) for k, v in by.items())
-        lo = max([p for p in pts if p[0] < d], default=pts[0])
-        hi = min([p for p in pts if p[0] > d], default=pts[-1])
-        if lo == hi:
-            return lo[1], f"{kind}, kernel rate at head size {lo[0]} (nearest measured to {d})"
-        f = (math.log2(d) - math.log2(lo[0])) / (math.log2(hi[0]) - math.log2(lo[0]))
-        return lo[1] + f * (hi[1] - lo[1]), f"{kind}, kernel rates at head sizes {lo[0]} and {hi[0]} interpolated to {d}"
+        rate, where = _at_head_dim(by, d)
+        return rate, f"{kind}, kernel rate {where}"
     rate = rates["attention_flop_per_s"].get(kind)
-    return rate, f"{kind}; rates fitted on this device's measured prefills"
+    f, how = head_dim_scale(rates, kind, arch)
+    return (rate * f if rate else rate), f"{kind}; rates fitted on this device's measured prefills" + how
 
 
 def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtime: str, ctx: int, chunk: int,
@@ -319,12 +394,10 @@ def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtim
     """Prefill seconds at the device's prefill rates (edgekv/costs/attention_rates.json "prefill"): matmul FLOP (with
     the logits and scans) over the runtime's matmul rate (fitted on measured filled-context prefills by
     benchmarks/plan_vs_filled.py) + attention FLOP over the rate of this cache kind (the kernel's at the model's head
-    size where benchmarks/attention_rates.py measured one, else fitted on the same prefills); None where no rate is
-    stored, and for edgekv's .pte where its attention is not the fused op (the window strategy's eager graph: its
-    prefill rate is measured nowhere, and custom_sdpa's would charge it 1.7x fast)."""
-    if runtime == "executorch" and not fused_gqa(arch, layout, strategy, runtime):
-        return None
-    kind = prefill_kind(strategy, layout, runtime, int8_kernel)
+    size where benchmarks/attention_rates.py measured one, else fitted on the same prefills); on the eager graph
+    (prefill_graph) the attention the graph computes, every slot of each call, at the "eager <kind>" rate. None where
+    no rate is stored."""
+    kind, p = prefill_graph(arch, strategy, layout, runtime, ctx, chunk, int8_kernel)
     rb = (rates.get("readback") or {}).get(kind) if kind else None
     if rb:  # a cache read back to fp32 rows every call: the kernel's rate + the read-back per value (readback_values)
         rate, how = _prefill_rate(rates, rb["kernel_kind"], arch)
@@ -334,16 +407,17 @@ def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtim
         return None
     if not rates.get("matmul_flop_per_s"):  # kernel attention rates stored, no matmul rate fitted yet on this device
         return None
-    p = prefill_parts(arch, strategy, ctx, chunk)
     mm, attn, mm_rate = p["matmul"] + p["logits"] + p["scans"], p["attention"] + p["reexpand"], rates["matmul_flop_per_s"]
     t = mm / mm_rate + attn / rate
+    what = "attention, every slot of each call" if kind.startswith("eager") else "attention"
     if rb:
-        vals = readback_values(arch, strategy, ctx, rb["chunk"])
+        vals = (eager_readback_values(arch, layout, ctx, rb["chunk"]) if kind.startswith("eager") else
+                readback_values(arch, strategy, ctx, rb["chunk"]))
         t += vals * rb["s_per_value"]
-        return Item(t, f"matmul {mm:.3g} FLOP / {mm_rate / 1e9:.3g} GFLOP/s + attention {attn:.3g} FLOP / "
+        return Item(t, f"matmul {mm:.3g} FLOP / {mm_rate / 1e9:.3g} GFLOP/s + {what} {attn:.3g} FLOP / "
                        f"{rate / 1e9:.3g} GFLOP/s ({how}) + the {kind} cache read back to fp32 rows each call of "
                        f"{rb['chunk']} tokens, {vals:.3g} values x {rb['s_per_value'] * 1e9:.3g} ns = {t:.3g} s")
-    return Item(t, f"matmul {mm:.3g} FLOP / {mm_rate / 1e9:.3g} GFLOP/s + attention {attn:.3g} FLOP / "
+    return Item(t, f"matmul {mm:.3g} FLOP / {mm_rate / 1e9:.3g} GFLOP/s + {what} {attn:.3g} FLOP / "
                    f"{rate / 1e9:.3g} GFLOP/s ({how}) = {t:.3g} s")
 
 
