@@ -40,6 +40,14 @@ a rolling fp16 window, no GroupQueryAttention): one decode call of edgekv.models
 RollingCache, lowered as the export lowers a model, at kept keys WIN_SLOTS and both head shapes
 (attention_rates_window.json; each head size's measured curve is what the plan charges that graph).
 
+--window --prefill: one prefill call of that layer instead (128 queries on onnxruntime, ET_PREFILL_CHUNK on
+executorch) at each kept-key count and head shape; its mask spans every slot and the call's own rows, so its FLOP are
+4 x H x D x C x (slots + C) (memory.speed.eager_attention_flop), whose rate per head size (prefill_fits,
+attention_rates_[executorch_]window_prefill.json) prices every eager graph's prompt.
+
+--matmul --tokens 128: MatMulNBits per matrix shape at a prefill call's 128 tokens (gflop_s per row,
+matmul_nbits_rates_128.json).
+
 --prefill (onnxruntime): one GroupQueryAttention call of 128 queries (edgekv's ONNX prefills in calls of 128 tokens)
 at positions ctx - 128 .. ctx - 1, per kind and shape: the prefill's attention FLOP rate per kind and head size
 (prefill_fits, attention_rates_prefill.json). --prefill --runtime executorch: one call of 32 queries (the .pte's

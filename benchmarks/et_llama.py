@@ -163,6 +163,7 @@ def build(work: Path, model_path: Path, ctx: int, variant: str, log=print, timeo
     """export_llama's .pte for (ctx, variant), built once into work/et_llama/ (reused when it is there)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant {variant!r}: one of {', '.join(VARIANTS)}")
+    work = Path(work).resolve()  # the export runs in the .pte's folder: a relative checkpoint path would miss there
     pte = pte_path(work, model_path, ctx, variant)
     if pte.is_file():
         return pte

@@ -214,7 +214,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
         attn_terms["formula"] = attn_f.split(" = ", 1)[1].rsplit(" = ", 1)[0]
         attn_terms["kernel"] = kernel
         dec_range = attn_terms["tok_s"] if attn_terms["tok_s"][0] != attn_terms["tok_s"][1] else None
-    pf = M.prefill_flops(arch, strategy, ctx, chunk)
+    pf = M.prefill_flops(arch, strategy, ctx, chunk, dep.layout, rt)
     pre = M.prefill_seconds(pf.value, dep.weights["total"], ctx, min(chunk, ctx), device.bandwidth,
                             device.decode_efficiency, device.flops, device.prefill_efficiency)
     pre.formula = pf.formula + "; " + pre.formula

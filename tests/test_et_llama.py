@@ -55,3 +55,26 @@ def test_an_unknown_weight_is_refused_not_dropped():
     sd = dict(model.state_dict(), **{"model.layers.0.self_attn.q_norm.weight": torch.ones(16)})
     with pytest.raises(ValueError, match="q_norm"):
         et.hf_to_meta(sd, cfg.to_dict())
+
+
+def test_the_export_is_handed_absolute_paths_from_a_relative_work_folder(tmp_path, monkeypatch):
+    """build() runs export_llama in the .pte's own folder, so a checkpoint, params or output path relative to the
+    caller's folder (filled_context.py --work out/fc) named a file that is not there (FileNotFoundError on
+    checkpoint.pth): every path it hands over is absolute."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(et, "write_checkpoint", lambda model, folder: (folder / "checkpoint.pth",
+                                                                       folder / "params.json"))
+    seen = {}
+
+    def run(cmd, **kw):
+        seen["cmd"], seen["cwd"] = cmd, kw["cwd"]
+        (Path(kw["cwd"]) / "model.tmp.pte").write_bytes(b"pte")
+        return type("P", (), {"returncode": 0})()
+
+    monkeypatch.setattr(et.subprocess, "run", run)
+    pte = et.build(Path("out/fc"), Path("m.gguf"), 256, next(iter(et.VARIANTS)), log=lambda s: None)
+    cmd = seen["cmd"]
+    for flag in ("-c", "-p", "-o"):
+        assert Path(cmd[cmd.index(flag) + 1]).is_absolute(), (flag, cmd)
+    assert Path(cmd[cmd.index("-c") + 1]).parent.parent == tmp_path / "out" / "fc" / "et_llama"
+    assert pte.is_absolute() and pte.read_bytes() == b"pte"

@@ -64,13 +64,21 @@ def layout_rank(layout: StateLayout, layer: int) -> int:
     return 0
 
 
-def prefill_flops(arch: Arch, strategy: Strategy, ctx: int, chunk: int) -> Item:
+def prefill_flops(arch: Arch, strategy: Strategy, ctx: int, chunk: int, layout: StateLayout | None = None,
+                  runtime: str = "") -> Item:
     """FLOP to prefill ctx tokens in chunks: 2 x active params per token, causal attention summed over positions
-    (windows cap it), a converted-MLA latent re-expanded for every chunk, SSM scans linear in ctx."""
-    p = prefill_parts(arch, strategy, ctx, chunk)
+    (windows cap it), a converted-MLA latent re-expanded for every chunk, SSM scans linear in ctx; with the row's
+    layout and runtime, the attention as its graph computes it (prefill_graph: every slot of each call on the eager
+    graph)."""
+    if layout is not None and runtime:
+        p = prefill_graph(arch, strategy, layout, runtime, ctx, chunk)[1]
+        eager = eager_prefill(arch, layout, strategy, runtime)
+    else:
+        p, eager = prefill_parts(arch, strategy, ctx, chunk), False
     lin, head, attn, extra, rec = (p[k] for k in ("matmul", "logits", "attention", "reexpand", "scans"))
     total = lin + head + attn + extra + rec
-    return Item(total, f"2*params*ctx ({lin:.3g}) + logits per chunk ({head:.3g}) + causal attention ({attn:.3g})"
+    what = "attention, every slot of each call (the eager graph)" if eager else "causal attention"
+    return Item(total, f"2*params*ctx ({lin:.3g}) + logits per chunk ({head:.3g}) + {what} ({attn:.3g})"
                        + (f" + latent re-expansion ({extra:.3g})" if extra else "")
                        + (f" + scans ({rec:.3g})" if rec else "") + f" = {total:.3g} FLOP")
 
