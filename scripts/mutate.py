@@ -61,6 +61,9 @@ MODULES = {
             "tests/test_fit.py", 120),
     "recall": ("edgekv/analyze/recall.py", ["RecallProbe.summarise", "chance"],
                "tests/test_recall.py -k 'summary or chance'", 120),
+    "speed": ("edgekv/memory/speed.py", ["eager_attention_flop", "eager_readback_values", "eager_prefill",
+                                        "prefill_graph", "_at_head_dim", "head_dim_scale", "prefill_at_rates"],
+              "tests/test_attention_rates.py -k 'prefill or prompt or head_size'", 120),
     "ring": ("edgekv/ring/launch.py", ["check_errors", "reference_attention"],
              "tests/test_ring.py -k 'wrong or prefill_matches or decode_steps_after'", 300),
 }
@@ -116,6 +119,20 @@ ACCEPTED = {
               ('if not rt["scores"]', "native MLA (DeepSeek) has no measured peak yet: a gap")],
     "variants": [("gguf_export = True", "Qwen3's GGUF export is not claimed though the loader reads its tensors "
                                         "(tests/test_variants.py GGUF_NOT_CLAIMED): untested end to end, not wrong")],
+    "speed": [('p["matmul"] - p["logits"]', "a gap: the logits are under 1 % of a prompt's matmuls on the models "
+                                             "tested, inside the hand tests' 1 % band"),
+              ('p["logits"] - p["scans"]', "equivalent on the models tested: no recurrent scans in a KV cache's prompt"),
+              ('p["attention"] - p["reexpand"]', "equivalent on the models tested: no latent re-expanded (not mla)"),
+              ('t.role != "key"', "equivalent: a layer's value tensors and scales have its keys' slots"),
+              ('t.role <= "key"', "equivalent: no role sorts before \"key\" but \"key\" itself"),
+              ('t.role > "key"', "equivalent: a layer's value tensors and scales have its keys' slots"),
+              ("if lo >= hi:", "equivalent: lo is never above hi"),
+              ("slots != layout.ctx", "equivalent: a layer never keeps more slots than the context"),
+              ("layout.ctx else 1)", "one FLOP in ~1e12"), ("layout.ctx else -1)", "one FLOP in ~1e12"),
+              ("p[0] <= d]", "equivalent: a measured head size returned before"),
+              ("p[0] >= d]", "equivalent: a measured head size returned before"),
+              ("/ 1000000001.0", "display: the same 3 digits"), ("/ 999999999.0", "display: the same 3 digits"),
+              ("* 1000000001.0", "display: the same 3 digits"), ("* 999999999.0", "display: the same 3 digits")],
     "storage": [('rounding <= "nearest"', "equivalent over the two roundings callers pass (nearest, stochastic)"),
                 ("frozen=False", "equivalent: nothing assigns to a storage after it is made")],
 }

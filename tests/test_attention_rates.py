@@ -2,6 +2,7 @@
 arithmetic from the stored rates (edgekv/costs/attention_rates.json) and the models' published configs, the phone
 range from the stored scale, and the fit of benchmarks/attention_rates.py on rows of a known law."""
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -1034,7 +1035,21 @@ def test_the_eager_window_graphs_prompt_is_every_slot_of_each_call_by_hand():
     row = plan("--device", "host-xeon", "-m", "smollm2-135m", "--runtime", "onnxruntime", "--strategy", "window",
                "--weights", "int4", "--ctx", "8192", "--explain")
     assert row["prefill_seconds"] == pytest.approx(_eager_matmul_s(row, pre) + attn / rate, rel=0.01)
-    assert "every slot of each call" in row["explain"]["prefill_seconds"]
+    # a last call of fewer tokens: 8000 = 62 x 128 + 64, each call's own rows C x C, exactly
+    from edgekv.arch import load_arch
+    from edgekv.memory import speed
+    from edgekv.strategies import parse_strategy
+
+    arch, win = load_arch("smollm2-135m"), parse_strategy("window")
+    got = speed.eager_attention_flop(arch, win.layout(arch, 8192), 8000, 128)
+    assert got == 30 * 4 * 9 * 64 * (8000 * 4100 + 62 * 128 * 128 + 64 * 64)
+    text = row["explain"]["prefill_seconds"]
+    assert (f"+ attention, every slot of each call {attn:.3g} FLOP / {rate / 1e9:.3g} GFLOP/s (eager fp16, kernel rate "
+            "at head size 64)") in text and f"/ {pre['matmul_flop_per_s'] / 1e9:.3g} GFLOP/s" in text, text
+    # the fused graph's prompt stays causal: the fp16 cache on GroupQueryAttention, the same model and context
+    fused = plan("--device", "host-xeon", "-m", "smollm2-135m", "--runtime", "onnxruntime", "--strategy", "kv",
+                 "--weights", "int4", "--ctx", "8192", "--explain")["explain"]["prefill_seconds"]
+    assert "every slot" not in fused and f"{30 * 4 * 9 * 64 * 8192 * 8193 / 2:.3g} FLOP" in fused, fused
     m = next(r for r in json.loads((ROOT / "benchmarks" / "results" / "filled_context_8192_xeon_rows2.json")
                                    .read_text())["rows"] if r["name"] == "edgekv-ort:window/int4")
     assert row["prefill_seconds"] == pytest.approx(m["prompt_tokens"] / m["prefill_tok_per_cpu_s"], rel=0.25)
@@ -1060,6 +1075,13 @@ def test_the_explicit_graphs_prompt_reads_every_slot_back_each_call_by_hand():
                "--weights", "int4", "--ctx", str(ctx), "--explain")
     want = _eager_matmul_s(row, pre) + attn / rate + values * rb["s_per_value"]
     assert row["prefill_seconds"] == pytest.approx(want, rel=0.01)
+    text = row["explain"]["prefill_seconds"]
+    assert f"{values:.3g} values x {rb['s_per_value'] * 1e9:.3g} ns" in text and f"{rate / 1e9:.3g} GFLOP/s" in text
+    assert f"/ {pre['matmul_flop_per_s'] / 1e9:.3g} GFLOP/s" in text, text
+    # SmolLM2's 3 KV heads of 64 at 8000 tokens (62 calls of 128 and one of 64): 63 calls x 2 x 3 x 64 x 30 x 8000
+    smol = plan("--device", "host-xeon", "-m", "smollm2-135m", "--runtime", "onnxruntime", "--strategy", "kv-int8",
+                "--weights", "int4", "--ctx", "8000", "--explain")["explain"]["prefill_seconds"]
+    assert f"{63 * 2 * 3 * 64 * 30 * 8000:.3g} values" in smol, smol
     m = next(r for r in json.loads((ROOT / "benchmarks" / "results" /
                                     "filled_context_gemma3_16384_pte_int8_edgekv_anchor.json").read_text())["rows"]
              if r["name"] == "edgekv-ort:kv-int8/int4")
@@ -1088,3 +1110,29 @@ def test_the_pte_window_prompt_at_another_head_size_takes_the_kernels_ratio_by_h
     m = next(r for r in json.loads((ROOT / "benchmarks" / "results" / "filled_context_gemma3_2048_pte_window.json")
                                    .read_text())["rows"] if r["name"] == "edgekv-pte:window/int4")
     assert row["prefill_seconds"] == pytest.approx(m["prompt_tokens"] / m["prefill_tok_per_cpu_s"], rel=0.25)
+
+
+def test_a_rate_stored_per_head_size_at_another_head_size_by_hand():
+    """speed._at_head_dim: a value measured at head sizes 64 and 256 is taken as measured at either, linearly in
+    log2(head size) between them (128: half way), and held at the nearest end outside them; head_dim_scale: the
+    factor a rate fitted at head size 64 takes at the model's head size (1 where none is stored), as the .pte window
+    row of Gemma-3-270M (head size 256) is charged it."""
+    from edgekv.arch import load_arch
+    from edgekv.memory import speed
+
+    by = {"64": 10.0, "256": 30.0}
+    assert speed._at_head_dim(by, 64)[0] == 10.0 and speed._at_head_dim(by, 256)[0] == 30.0
+    assert speed._at_head_dim(by, 128) == (20.0, "at head sizes 64 and 256 interpolated to 128")
+    assert speed._at_head_dim({"64": 10.0, "256": 30.0, "512": 50.0}, 362)[0] == pytest.approx(
+        30 + 20 * (math.log2(362) - 8), rel=1e-9)
+    assert speed._at_head_dim(by, 32) == (10.0, "at head size 64 (nearest measured to 32)")
+    assert speed._at_head_dim(by, 1024)[0] == 30.0
+    assert speed._at_head_dim({"64": 10.0, "256": 30.0, "512": 50.0}, 1024)[0] == 50.0
+    gemma, smol = load_arch("gemma-3-270m"), load_arch("smollm2-135m")
+    rates = {"attention_flop_per_s_head_dim_scale": {"eager fp16": {"64": 1.0, "256": 1.377}}}
+    assert speed.head_dim_scale(rates, "eager fp16", gemma) == (1.377, " x 1.38 at head size 256 (the kernel's rate by "
+                                                                "head size)")
+    low = {"attention_flop_per_s_head_dim_scale": {"eager fp16": {"64": 1.0, "256": 0.5}}}
+    assert speed.head_dim_scale(low, "eager fp16", gemma)[1].startswith(" x 0.5 at head size 256")
+    assert speed.head_dim_scale(rates, "eager fp16", smol) == (1.0, "")
+    assert speed.head_dim_scale(rates, "int8", gemma) == (1.0, "") and speed.head_dim_scale({}, "eager fp16", gemma) == (1.0, "")
