@@ -226,6 +226,7 @@ MATMUL_SHAPES = {"smollm2-135m": ((576, 960), (576, 576), (576, 1536), (1536, 57
                  "gemma-3-270m": ((640, 1536), (1024, 640), (640, 2048), (2048, 640), (640, 262144)),
                  "llama-3.2-1b": ((2048, 3072), (2048, 2048), (2048, 8192), (8192, 2048), (2048, 128256))}
 MATMUL_BLOCK = 32
+MAX_TOKENS = 4096  # --matmul --tokens: a call's input is tokens x K fp32 (and its outputs tokens x N per copy)
 MATMUL_COLD = 48 << 20  # each call's matrices at least this many bytes, so a small matrix is read from memory
 
 
@@ -1219,8 +1220,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--refit", type=Path, help="fit the rows of this results JSON again (no timing)")
     a = ap.parse_args(argv)
-    if a.tokens < 1:
-        ap.error("--tokens must be at least 1")
+    if not 1 <= a.tokens <= MAX_TOKENS:
+        ap.error(f"--tokens must be 1 to {MAX_TOKENS} (a prefill call's tokens)")
     if a.refit:
         res = json.loads(a.refit.read_text())
         if not any("chunk" in r for r in res["rows"]):

@@ -71,8 +71,8 @@ SOURCES = {
 # profile -> runtime -> {stored kind: (results JSON, the kind as its rows name it)}: a kernel run's prefill rate by
 # head size, stored as its ratio to the rate at head size FIT_HEAD_DIM (attention_flop_per_s_head_dim_scale), where
 # the kernel's level is not the model's and the kind's rate is fitted on SmolLM2's rows (head size FIT_HEAD_DIM):
-# the .pte's eager window graph (attention_rates.py --runtime executorch --window --prefill ran its layer 1.6x as long
-# per call as the SmolLM2 .pte's own prefill calls take, the same graph at 1.37x the rate at head size 256 as at 64)
+# the .pte's eager window graph (attention_rates.py --runtime executorch --window --prefill: its calls' level is not
+# the model's, measured in benchmarks/README.md, "On the Intel Xeon VM"; its ratio by head size is used)
 HEAD_DIM_SCALE_SOURCES = {
     "host-xeon": {"executorch": {"eager fp16": ("attention_rates_executorch_window_prefill_xeon.json",
                                                 "eager window fp16")}},
@@ -108,8 +108,6 @@ MATMUL_SOURCES = {"host-xeon": {"onnxruntime": "matmul_nbits_rates_xeon.json"}}
 # --matmul-forms on that CPU): weights.gguf.by_form, scaled onto that CPU's int4 rows (attention_rates.forms_entry);
 # GenAI's int4 is its '4-bit/32' form
 MATMUL_FORMS_SOURCES = {"host-xeon": {"onnxruntime": "matmul_nbits_forms_xeon.json"}}
-# the .pte's prefill chunk (plan_vs_filled.PTE_PREFILL_CHUNK) for a read-back fit
-PTE_PREFILL_CHUNK = 32
 LOAD_NOTE = ("the host shared with other benchmarks (the lead's filled-context runs and exports): load average "
              "{load} on 2 cores, process CPU time")
 

@@ -214,7 +214,7 @@ PTE_PREFILL_CHUNK = 32
 # (memory.speed.eager_attention_flop, eager_readback_values); their prompt is charged that graph's rate at the
 # model's head size (attention_rates.py --window --prefill, "eager fp16"; fitted on the window rows where no kernel
 # run measured it) plus the values read back at a cost per value fitted on SmolLM2's prompts (a rate per FLOP
-# fitted on them alone charged Gemma 3's head size 256 at head size 64's rate: +43 to +58 % on the Xeon). The prefill
+# fitted on them alone charged Gemma 3's head size 256 at head size 64's rate: benchmarks/README.md). The prefill
 # call size is the ONNX export's (edgekv.plan.DEFAULT_CHUNK)
 ORT_READBACK = {"eager int8": "eager fp16", "eager int4": "eager fp16"}
 READBACK = {"executorch": PTE_READBACK, "onnxruntime": ORT_READBACK}

@@ -297,30 +297,29 @@ def readback_values(arch: Arch, strategy: Strategy, ctx: int, chunk: int) -> flo
     return total
 
 
+def _layer_slots(arch: Arch, layout: StateLayout) -> list[tuple[Attention, int]]:
+    """Each attention layer with the slots T its key tensor keeps ([1, Hkv, T, .]), in layer order."""
+    attns = [m for b in arch.blocks for m in b.mixers if isinstance(m, Attention)]
+    return [(m, t.shape[2]) for m, t in zip(attns, (t for t in layout.tensors if t.role == "key"))]
+
+
 def eager_attention_flop(arch: Arch, layout: StateLayout, ctx: int, chunk: int) -> float:
     """The attention FLOP of a prefill of ctx tokens in calls of `chunk` on edgekv's eager graph (no fused op:
     edgekv.models.attention.Attention, whose mask is [G x C, T] over every slot of a full cache and [G x C, T + C]
     over a rolling cache's slots and the call's own rows): each call's C queries meet all T slots of the layer, written
     yet or not, so a prompt's attention grows as ctx x T, not causally as ctx^2 / 2. Per attention layer (a key
     tensor, [1, Hkv, T, .]) 4 x H x D x (ctx x T, + the sum of C^2 over the calls where T is a rolling cache's)."""
-    attns = [m for b in arch.blocks for m in b.mixers if isinstance(m, Attention)]
-    keys = [t for t in layout.tensors if t.role == "key"]
     full, rem = divmod(ctx, chunk)
     own = full * chunk * chunk + rem * rem  # sum over the calls of C x C: each call's queries over its own rows
-    total = 0.0
-    for m, t in zip(attns, keys):
-        slots = t.shape[2]
-        total += 4 * m.n_heads * m.head_dim * (ctx * slots + (own if slots < layout.ctx else 0))
-    return total
+    return sum(4 * m.n_heads * m.head_dim * (ctx * slots + (own if slots < layout.ctx else 0))
+               for m, slots in _layer_slots(arch, layout))
 
 
 def eager_readback_values(arch: Arch, layout: StateLayout, ctx: int, chunk: int) -> float:
     """The cache values a prefill of ctx tokens in calls of `chunk` dequantizes on edgekv's eager graph over a
     quantized cache (ONNX Runtime's explicit kv-int8 / kv-int4 graphs): every call reads every slot of each layer back
     to fp32 (the mask is over all of them: eager_attention_flop), K and V, 2 x Hkv x D values a slot."""
-    attns = [m for b in arch.blocks for m in b.mixers if isinstance(m, Attention)]
-    keys = [t for t in layout.tensors if t.role == "key"]
-    return math.ceil(ctx / chunk) * sum(2 * m.n_kv_heads * m.head_dim * t.shape[2] for m, t in zip(attns, keys))
+    return math.ceil(ctx / chunk) * sum(2 * m.n_kv_heads * m.head_dim * slots for m, slots in _layer_slots(arch, layout))
 
 
 def eager_prefill(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str) -> bool:
