@@ -78,6 +78,13 @@ HEAD_DIM_SCALE_SOURCES = {
                                                 "eager window fp16")}},
 }
 FIT_HEAD_DIM = 64
+# profile -> runtime -> (results JSON, the model the prefill matmul rate is fitted on): the weights kernel timed per
+# matrix shape at a prefill call's tokens (attention_rates.py --matmul --tokens 128), stored as "matmul_by_matrix" with
+# the fit model's rate at it; a model of other matrix shapes gets the fitted rate times its matrices' kernel rate over
+# the fit model's (memory.speed.matmul_shape_scale). The rate follows K (benchmarks/README.md, "On the Intel Xeon VM")
+MATMUL_PREFILL_SOURCES = {
+    "host-xeon": {"onnxruntime": ("matmul_nbits_rates_128_xeon.json", "smollm2-135m")},
+}
 # profile -> runtime -> [(prefill results JSON, {stored kind: the kind as its rows name it})]
 PREFILL_SOURCES = {
     "host-xeon": {
@@ -110,6 +117,26 @@ MATMUL_SOURCES = {"host-xeon": {"onnxruntime": "matmul_nbits_rates_xeon.json"}}
 MATMUL_FORMS_SOURCES = {"host-xeon": {"onnxruntime": "matmul_nbits_forms_xeon.json"}}
 LOAD_NOTE = ("the host shared with other benchmarks (the lead's filled-context runs and exports): load average "
              "{load} on 2 cores, process CPU time")
+
+
+def matmul_by_matrix(name: str, fit_model: str) -> dict:
+    """The "matmul_by_matrix" entry from a --matmul --tokens N run (results/NAME): [K, N, seconds per call] per
+    shape at its tokens, with the fit model's matrices' rate at it (memory.speed.matmul_kernel_rate)."""
+    from edgekv.arch import load_arch
+    from edgekv.memory.speed import matmul_kernel_rate
+
+    d = _load(name)
+    tokens = {r["tokens"] for r in d["rows"]}
+    if len(tokens) != 1:
+        raise SystemExit(f"{name}: rows at {sorted(tokens)} tokens; one call size per run")
+    by = {"kernel": "MatMulNBits int4", "tokens": tokens.pop(),
+          "rows": [[r["k"], r["n"], float(f"{r['median_us'] * 1e-6:.4g}")] for r in d["rows"]], "fit_model": fit_model}
+    by["fit_flop_per_s"] = float(f"{matmul_kernel_rate(load_arch(fit_model), by):.4g}")
+    by["source"] = (f"benchmarks/attention_rates.py --matmul --tokens {by['tokens']} on this CPU (benchmarks/results/"
+                    f"{name}, load average {_load_range(d)}): one MatMulNBits call per matrix shape, seconds per call; "
+                    f"the prefill matmul rate fitted on {fit_model}'s prompts is charged times a model's matrices' rate "
+                    "at these rows over the fit model's")
+    return by
 
 
 def _load(name: str) -> dict:
@@ -329,6 +356,10 @@ def build(device: str, current: dict) -> dict:
                                       f"rate at head size {FIT_HEAD_DIM} (benchmarks/results/{name}, load average "
                                       f"{_load_range(_load(name))}), times which the rate fitted on SmolLM2's rows "
                                       "is charged at another head size")
+            mm_src = MATMUL_PREFILL_SOURCES.get(device, {}).get(rt)
+            if mm_src and (RESULTS / mm_src[0]).exists():
+                pre["matmul_by_matrix"] = matmul_by_matrix(*mm_src)
+                pre["source"] += "; matmul_by_matrix: " + pre["matmul_by_matrix"].pop("source")
             if kvh:
                 pre["attention_flop_per_s_kv_heads_scale"] = {k: {dim: g["prefill"] for dim, g in by.items()}
                                                               for k, by in kvh["scales"].items()}

@@ -402,6 +402,8 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
     out["prefill_kernel_rate"] = M.speed._prefill_rate(kernel, base, arch)[0] if base in by else None
     # a fitted kind's rate at this model's head size: the fit rows' rate x the kernel's ratio by head size
     out["prefill_rate_scale"] = M.speed.head_dim_scale(pre, base, arch)[0]
+    # the fitted matmul rate at this model's matrix shapes (the weights kernel timed per shape at a prefill call)
+    out["prefill_matmul_scale"] = M.speed.matmul_shape_scale(pre, arch)[0]
     if base != out["prefill_kind"]:
         chunk = out["prefill_readback_chunk"] = PTE_PREFILL_CHUNK if cost == "executorch" else DEFAULT_CHUNK
         out["prefill_readback"] = (M.speed.readback_values(arch, strategy, prompt, chunk) if cost == "executorch" else
@@ -427,15 +429,16 @@ def genai_matrices(arch) -> list[tuple]:
 
 
 def fit_prefill(rows: list[dict]) -> dict:
-    """Least squares in relative error of t = (matmul + logits FLOP) / matmul rate + attention FLOP / rate[kind]
-    over one runtime's fit rows, a kind's rate fixed at the kernel's (prefill_kernel_rate: benchmarks/
+    """Least squares in relative error of t = (matmul + logits FLOP) / (matmul rate x the row's
+    prefill_matmul_scale, its matrix shapes against the fit model's) + attention FLOP / rate[kind] over one runtime's
+    fit rows, a kind's rate fixed at the kernel's (prefill_kernel_rate: benchmarks/
     attention_rates.py at the model's head size) where one is measured, else fitted here: {"matmul_flop_per_s",
     "attention_flop_per_s": {fitted kind: rate}}."""
     kinds = sorted({r["prefill_rate_kind"] for r in rows if not r["prefill_kernel_rate"]})
     # a cache read back every call (READBACK): its attention at the rate of the kind it attends as (the kernel's, or
     # fitted with that kind's rows), its values read back fitted
     rbk = sorted({r["prefill_kind"] for r in rows if r.get("prefill_readback")})
-    x = np.array([[r["prefill_parts"]["matmul"] + r["prefill_parts"]["logits"]]
+    x = np.array([[(r["prefill_parts"]["matmul"] + r["prefill_parts"]["logits"]) / r.get("prefill_matmul_scale", 1.0)]
                   + [r["prefill_parts"]["attention"] / r["prefill_rate_scale"] * (r["prefill_rate_kind"] == k)
                      for k in kinds]
                   + [r.get("prefill_readback", 0.0) * (r["prefill_kind"] == k) for k in rbk] for r in rows])
@@ -587,8 +590,8 @@ def prefill_pred(r: dict, p: dict) -> float | None:
         if c is None:
             return None
         rb = r["prefill_readback"] * c
-    return (r["prefill_parts"]["matmul"] + r["prefill_parts"]["logits"]) / p["matmul_flop_per_s"] \
-        + r["prefill_parts"]["attention"] / rate + rb
+    mm_rate = p["matmul_flop_per_s"] * r.get("prefill_matmul_scale", 1.0)
+    return (r["prefill_parts"]["matmul"] + r["prefill_parts"]["logits"]) / mm_rate + r["prefill_parts"]["attention"] / rate + rb
 
 
 TABLE_HEAD = ("| set | model | row | ctx | run (`results/filled_context_*.json`) | decode measured | predicted | error "

@@ -204,12 +204,10 @@ def test_host_xeon_rates_are_stored_from_their_sources():
     assert oh["cache_pages"]["machine_cpu"] == XEON_CPU
 
 
-# each named with its cause in benchmarks/README.md ("On the Intel Xeon VM"): Gemma's ONNX window prompt at 2k (mostly
-# matmul at the rate fitted on SmolLM2's smaller matrices: results/matmul_nbits_rates_128_xeon.json), its .pte
-# kv-int4 prompt at 32k (the read-back fitted on SmolLM2's prompts) and kv-int8 prompt at 32k (custom_quantized_sdpa's
-# scalar int8 prefill rate from the kernel benchmark)
-PREFILL_MISSES = {("edgekv-ort:window/int4", 2048, "filled_context_gemma3_2048_pte_window.json"),
-                  ("edgekv-pte:kv-int4/int4", 32768, "filled_context_gemma3_32768_xeon_rows6.json"),
+# each named with its cause in benchmarks/README.md ("On the Intel Xeon VM"): Gemma's .pte kv-int4 prompt at 32k (the
+# read-back fitted on SmolLM2's prompts) and kv-int8 prompt at 32k (custom_quantized_sdpa's scalar int8 prefill rate
+# from the kernel benchmark)
+PREFILL_MISSES = {("edgekv-pte:kv-int4/int4", 32768, "filled_context_gemma3_32768_xeon_rows6.json"),
                   ("edgekv-pte:kv-int8/int4", 32768, "filled_context_gemma3_32768_xeon_rows6.json")}
 
 

@@ -396,6 +396,42 @@ def _prefill_rate(rates: dict, kind: str, arch: Arch) -> tuple[float | None, str
     return (rate * f if rate else rate), f"{kind}; rates fitted on this device's measured prefills" + how
 
 
+def matmul_kernel_rate(arch: Arch, by: dict) -> float | None:
+    """The FLOP rate of this model's linear matrices at the runtime's weights kernel timed per matrix shape at a
+    prefill call's tokens (by: {"tokens", "rows": [[K, N, seconds per call]]}, benchmarks/attention_rates.py --matmul
+    --tokens N): each matrix's seconds at its own (K, N) where measured, else at the rate of the measured rows of its
+    K (the kernel's rate follows K: whole 128-wide steps or not), else of all rows, interpolated in log FLOP
+    (_rate_at); their FLOP over their seconds. None where no matrix is linear."""
+    t, rows = by["tokens"], by["rows"]
+    flop = sec = 0.0
+    for w in arch.weights:
+        if w.cls != "linear" or len(w.shape) != 2:
+            continue
+        k, n = w.shape[1], w.shape[0]
+        f = 2 * k * n * t * w.read_fraction
+        exact = next((s for kk, nn, s in rows if (kk, nn) == (k, n)), None)
+        if exact is None:
+            pts = [(2 * kk * nn * t, s) for kk, nn, s in rows if kk == k] or [(2 * kk * nn * t, s) for kk, nn, s in rows]
+            sec += f / _rate_at(pts, f)
+        else:
+            sec += exact * w.read_fraction
+        flop += f
+    return flop / sec if sec else None
+
+
+def matmul_shape_scale(rates: dict, arch: Arch) -> tuple[float, str]:
+    """The factor on the prefill matmul rate fitted on one model's prompts (matmul_flop_per_s) for this model's
+    matrix shapes: this model's matrices' kernel rate over the fit model's (matmul_kernel_rate, the device's
+    "matmul_by_matrix" entry: benchmarks/device_rates.py). 1 where no shape was timed at prefill on this device."""
+    by = rates.get("matmul_by_matrix")
+    r = matmul_kernel_rate(arch, by) if by else None
+    if not r:
+        return 1.0, ""
+    f = r / by["fit_flop_per_s"]
+    return f, (f" x {f:.3g} (this model's matrices at {by['kernel']}'s rate per shape at {by['tokens']} tokens, "
+               f"{r / 1e9:.3g} GFLOP/s, over {by['fit_model']}'s, {by['fit_flop_per_s'] / 1e9:.3g})")
+
+
 def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtime: str, ctx: int, chunk: int,
                      rates: dict, int8_kernel: str = "executorch") -> Item | None:
     """Prefill seconds at the device's prefill rates (edgekv/costs/attention_rates.json "prefill"): matmul FLOP (with
@@ -414,18 +450,21 @@ def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtim
         return None
     if not rates.get("matmul_flop_per_s"):  # kernel attention rates stored, no matmul rate fitted yet on this device
         return None
-    mm, attn, mm_rate = p["matmul"] + p["logits"] + p["scans"], p["attention"] + p["reexpand"], rates["matmul_flop_per_s"]
+    mm, attn = p["matmul"] + p["logits"] + p["scans"], p["attention"] + p["reexpand"]
+    scale, mm_how = matmul_shape_scale(rates, arch)
+    mm_rate = rates["matmul_flop_per_s"] * scale
     t = mm / mm_rate + attn / rate
     what = "attention, every slot of each call" if kind.startswith("eager") else "attention"
+    mm_part = f"matmul {mm:.3g} FLOP / {mm_rate / 1e9:.3g} GFLOP/s" + (
+        f" ({rates['matmul_flop_per_s'] / 1e9:.3g}{mm_how})" if mm_how else "")
     if rb:
         vals = (eager_readback_values(arch, layout, ctx, rb["chunk"]) if kind.startswith("eager") else
                 readback_values(arch, strategy, ctx, rb["chunk"]))
         t += vals * rb["s_per_value"]
-        return Item(t, f"matmul {mm:.3g} FLOP / {mm_rate / 1e9:.3g} GFLOP/s + {what} {attn:.3g} FLOP / "
+        return Item(t, f"{mm_part} + {what} {attn:.3g} FLOP / "
                        f"{rate / 1e9:.3g} GFLOP/s ({how}) + the {kind} cache read back to fp32 rows each call of "
                        f"{rb['chunk']} tokens, {vals:.3g} values x {rb['s_per_value'] * 1e9:.3g} ns = {t:.3g} s")
-    return Item(t, f"matmul {mm:.3g} FLOP / {mm_rate / 1e9:.3g} GFLOP/s + {what} {attn:.3g} FLOP / "
-                   f"{rate / 1e9:.3g} GFLOP/s ({how}) = {t:.3g} s")
+    return Item(t, f"{mm_part} + {what} {attn:.3g} FLOP / {rate / 1e9:.3g} GFLOP/s ({how}) = {t:.3g} s")
 
 
 def attention_kind(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, rates: dict | None,
