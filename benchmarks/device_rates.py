@@ -93,7 +93,10 @@ PREFILL_SOURCES = {
         # kv-int8 / kv-int4 graphs' too, with their read-back: plan_vs_filled.ORT_READBACK)
         "onnxruntime": [("attention_rates_prefill_xeon.json", {"fp32": "fp32", "fp16": "fp16", "int8c": "int8c"}),
                         ("attention_rates_window_prefill_xeon.json", {"eager fp16": "eager window fp16"})],
+        # custom_quantized_sdpa's int8 / int8c prefill (its scalar int8 x int8 loop on x86): the kernel's rate per head
+        # size, not fitted on SmolLM2's prompts (Gemma's shape runs it faster per FLOP: benchmarks/README.md)
         "executorch": [("attention_rates_executorch_prefill_xeon.json", {"fp32": "fp32", "fp16": "fp16"}),
+                       ("attention_rates_executorch_prefill_int8_xeon.json", {"int8": "int8", "int8c": "int8c"}),
                        ("attention_rates_executorch_prefill_edgekv_xeon.json",
                         {"edgekv int8": "int8", "edgekv int8c": "int8c", "edgekv fp16": "fp16",
                          "edgekv int4": "int4"})],
@@ -106,6 +109,12 @@ PREFILL_SOURCES = {
 # profile -> llama.cpp's per-key cost by KV heads (attention_rates.py --runtime llamacpp --shapes with the EXTRA_SHAPES
 # of the base shape's head size, in one run: its kv_heads_scales), stored beside each kind's per-head-size rates
 KV_HEADS_SOURCES = {"host-xeon": {"llama.cpp": "attention_rates_llamacpp_kv_heads_xeon.json"}}
+# profile -> runtime -> {stored kind: (results JSON, the kind as its rows name it)}: a prefill kernel run of the base
+# shape (attention_rates.SHAPES) beside a shape of another KV-head count at its head size (attention_rates.py --prefill
+# --shapes smollm2-135m,llama-3.2-1b), stored as attention_flop_per_s_kv_heads_scale: the base shape's fitted rate over
+# the other's, the factor the rate is divided by at that many KV heads (memory.speed.kv_heads_factor)
+PREFILL_KV_HEADS_SOURCES = {"host-xeon": {"executorch": {
+    "edgekv int8c": ("attention_rates_executorch_prefill_edgekv_kv_heads_xeon.json", "int8c")}}}
 # profile -> llama.cpp's weight-type runs on that CPU: the 512-token prefills of the real GGUFs (--gguf-prefill, taken
 # apart by plan_vs_filled.py into gguf_types) and the random files per GGML type (--gguf-types: gguf_type_rates)
 GGUF_SOURCES = {"host-xeon": {"prefill": "llamacpp_gguf_prefill_xeon.json", "types": "llamacpp_gguf_types_xeon.json"}}
@@ -137,6 +146,40 @@ def matmul_by_matrix(name: str, fit_model: str) -> dict:
                     f"the prefill matmul rate fitted on {fit_model}'s prompts is charged times a model's matrices' rate "
                     "at these rows over the fit model's")
     return by
+
+
+def prefill_kv_heads(rows: list[dict], kind: str) -> dict:
+    """{head size: {KV heads: the base shape's (attention_rates.SHAPES) fitted prefill rate over the shape's of that
+    many KV heads}} from one run's prefill calls (attention_rates.fit_prefill_rate per shape)."""
+    import attention_rates as ar
+
+    base = {d: name for name, (_h, _hkv, d) in ar.SHAPES.items()}
+    out: dict[str, dict[str, float]] = {}
+    for d, bname in base.items():
+        by: dict[str, list[dict]] = {}
+        for r in rows:
+            if r.get("kind") == kind and r["head_dim"] == d and "chunk" in r:
+                by.setdefault(r["shape"], []).append(r)
+        if bname not in by or len(by) < 2:
+            continue
+        rate = {n: ar.fit_prefill_rate(rs)["attention_flop_per_s"] for n, rs in by.items()}
+        out[str(d)] = {str(rs[0]["kv_heads"]): round(rate[bname] / rate[n], 3)
+                       for n, rs in sorted(by.items(), key=lambda x: x[1][0]["kv_heads"])}
+    return out
+
+
+def prefill_curve(rows: list[dict], kind: str) -> dict:
+    """A kernel run's prefill calls as a curve per head size: {head size: {kept keys: the call's attention FLOP over
+    its CPU seconds (median over rows at that count)}} (memory.speed.prefill_keys_factor)."""
+    import statistics
+
+    out: dict[str, dict[str, float]] = {}
+    for r in rows:
+        if r.get("kind") == kind and "attention_flop" in r and "chunk" in r:
+            out.setdefault(str(r["head_dim"]), {}).setdefault(str(r["ctx"]), []).append(
+                r["attention_flop"] / (r["median_us"] * 1e-6))
+    return {dim: {c: float(f"{statistics.median(v):.4g}") for c, v in sorted(by.items(), key=lambda x: int(x[0]))}
+            for dim, by in out.items()}
 
 
 def _load(name: str) -> dict:
@@ -340,12 +383,19 @@ def build(device: str, current: dict) -> dict:
                     if kind in d.get("prefill_fits", {}):
                         pre["attention_flop_per_s_by_head_dim"][stored] = {
                             dim: float(f"{f['attention_flop_per_s']:.4g}") for dim, f in d["prefill_fits"][kind].items()}
+                        curve = prefill_curve(d["rows"], kind)
+                        if curve and not stored.startswith("eager"):  # the eager graph's calls attend every slot
+                            pre.setdefault("attention_flop_per_s_by_keys", {})[stored] = curve
             pre["source"] = ("attention_flop_per_s_by_head_dim: "
                              + ("the fills of benchmarks/attention_rates.py --runtime llamacpp on this CPU (each "
                                 "context's prefill of the 1-layer model, attention FLOP over CPU seconds with a per-token "
                                 "term for its small matmuls; prefill_fits) " if rt == "llama.cpp" else
                                 "benchmarks/attention_rates.py --prefill on this CPU ")
                              + f"({'; '.join(srcs) or 'none'})")
+            if pre.get("attention_flop_per_s_by_keys"):
+                pre["source"] += ("; attention_flop_per_s_by_keys: the same runs' calls, each one's attention FLOP over "
+                                  "its CPU seconds by kept keys, at which a prompt's calls are charged by their own "
+                                  "keys (memory.speed.prefill_keys_factor)")
             for stored, (name, kind) in HEAD_DIM_SCALE_SOURCES.get(device, {}).get(rt, {}).items():
                 if (RESULTS / name).exists():
                     by = _load(name)["prefill_fits"][kind]
@@ -360,6 +410,13 @@ def build(device: str, current: dict) -> dict:
             if mm_src and (RESULTS / mm_src[0]).exists():
                 pre["matmul_by_matrix"] = matmul_by_matrix(*mm_src)
                 pre["source"] += "; matmul_by_matrix: " + pre["matmul_by_matrix"].pop("source")
+            for stored, (name, kind) in PREFILL_KV_HEADS_SOURCES.get(device, {}).get(rt, {}).items():
+                if (RESULTS / name).exists():
+                    d = _load(name)
+                    pre.setdefault("attention_flop_per_s_kv_heads_scale", {})[stored] = prefill_kv_heads(d["rows"], kind)
+                    pre["source"] += (f"; attention_flop_per_s_kv_heads_scale {stored}: the base shape's prefill rate "
+                                      "over each other shape's of its head size, by KV heads (benchmarks/results/"
+                                      f"{name}, one run, load average {_load_range(d)})")
             if kvh:
                 pre["attention_flop_per_s_kv_heads_scale"] = {k: {dim: g["prefill"] for dim, g in by.items()}
                                                               for k, by in kvh["scales"].items()}

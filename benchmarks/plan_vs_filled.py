@@ -400,6 +400,9 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
     # the kind its graph attends at once the values are fp32, its read-back charged per value beside it
     base = out["prefill_rate_kind"] = READBACK.get(cost, {}).get(out["prefill_kind"], out["prefill_kind"])
     out["prefill_kernel_rate"] = M.speed._prefill_rate(kernel, base, arch)[0] if base in by else None
+    if out["prefill_kernel_rate"] and not base.startswith("eager"):  # each call at its own keys' rate, as plan does
+        out["prefill_kernel_rate"] *= M.speed.prefill_keys_factor(pre, base, arch, strategy, prompt,
+                                                                  min(DEFAULT_CHUNK, prompt))[0]
     # a fitted kind's rate at this model's head size: the fit rows' rate x the kernel's ratio by head size
     out["prefill_rate_scale"] = M.speed.head_dim_scale(pre, base, arch)[0]
     # the fitted matmul rate at this model's matrix shapes (the weights kernel timed per shape at a prefill call)

@@ -204,11 +204,9 @@ def test_host_xeon_rates_are_stored_from_their_sources():
     assert oh["cache_pages"]["machine_cpu"] == XEON_CPU
 
 
-# each named with its cause in benchmarks/README.md ("On the Intel Xeon VM"): Gemma's .pte kv-int4 prompt at 32k (the
-# read-back fitted on SmolLM2's prompts) and kv-int8 prompt at 32k (custom_quantized_sdpa's scalar int8 prefill rate
-# from the kernel benchmark)
-PREFILL_MISSES = {("edgekv-pte:kv-int4/int4", 32768, "filled_context_gemma3_32768_xeon_rows6.json"),
-                  ("edgekv-pte:kv-int8/int4", 32768, "filled_context_gemma3_32768_xeon_rows6.json")}
+# none left (benchmarks/README.md, "On the Intel Xeon VM": the last three mended by the prefill matmul priced by
+# matrix shape, the kernels' calls at their own keys' rate and custom_quantized_sdpa's int8 rate measured per head size)
+PREFILL_MISSES: set = set()
 
 
 def test_xeon_rows_are_priced_at_host_xeons_rates():

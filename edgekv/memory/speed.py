@@ -432,6 +432,43 @@ def matmul_shape_scale(rates: dict, arch: Arch) -> tuple[float, str]:
                f"{r / 1e9:.3g} GFLOP/s, over {by['fit_model']}'s, {by['fit_flop_per_s'] / 1e9:.3g})")
 
 
+def prefill_keys_factor(rates: dict, kind: str, arch: Arch, strategy: Strategy, ctx: int, chunk: int
+                        ) -> tuple[float, str]:
+    """The factor on a kind's prefill kernel rate at the model's head size (attention_flop_per_s_by_head_dim, one
+    least-squares rate over the kernel's calls at 1k-32k kept keys) for this prompt: where the kernel's rate per call
+    is stored by kept keys (attention_flop_per_s_by_keys: each measured call's FLOP over its time,
+    benchmarks/device_rates.py), each attention layer's calls at the rate of their own keys (call j of `chunk` tokens
+    attends (j + 1) x chunk keys, a window capping them; the curve linear between measured key counts and held at the
+    ends), weighted by their FLOP; the layers' FLOP over their seconds, over the stored rate. A long prompt's calls
+    run at the rate of a long cache, which on the Intel Xeon VM is below the short calls' (benchmarks/README.md).
+    1 where no curve is stored or the model has several head sizes."""
+    d = _head_dim(arch)
+    curve = rates.get("attention_flop_per_s_by_keys", {}).get(kind, {}).get(str(d))
+    base = rates.get("attention_flop_per_s_by_head_dim", {}).get(kind, {}).get(str(d))
+    if not curve or not base or len({m.head_dim for b in arch.blocks for m in b.mixers if isinstance(m, Attention)}) > 1:
+        return 1.0, ""
+    n = math.ceil(ctx / chunk)
+    w_cap = strategy.window_tokens
+    per_cap: dict[int, tuple[float, float]] = {}  # keys cap -> (sum of keys, sum of keys / rate) over the calls
+    flop = sec = 0.0
+    for b in arch.blocks:
+        for m in b.mixers:
+            if not isinstance(m, Attention):
+                continue
+            win = m.window if w_cap is None else min(w_cap, m.window or w_cap)
+            cap = min(win or ctx, ctx)
+            if cap not in per_cap:
+                k = min(n, cap // chunk)  # calls whose keys grow: (j + 1) x chunk; the rest at the cap
+                grow = [(j + 1) * chunk for j in range(k)]
+                keys = sum(grow) + (n - k) * cap
+                per_cap[cap] = keys, sum(x / _curve_at(curve, x) for x in grow) + (n - k) * cap / _curve_at(curve, cap)
+            keys, t = per_cap[cap]
+            flop += m.n_heads * keys
+            sec += m.n_heads * t
+    f = flop / sec / base
+    return f, f" x {f:.3g} (its calls at the kernel's rate by kept keys)"
+
+
 def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtime: str, ctx: int, chunk: int,
                      rates: dict, int8_kernel: str = "executorch") -> Item | None:
     """Prefill seconds at the device's prefill rates (edgekv/costs/attention_rates.json "prefill"): matmul FLOP (with
@@ -448,6 +485,9 @@ def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtim
         rate, how = _prefill_rate(rates, kind, arch) if kind else (None, "")
     if not rate:
         return None
+    if not kind.startswith("eager"):  # a kernel over the keys written so far: each call at its own keys' rate
+        f, f_how = prefill_keys_factor(rates, rb["kernel_kind"] if rb else kind, arch, strategy, ctx, chunk)
+        rate, how = rate * f, how + f_how
     if not rates.get("matmul_flop_per_s"):  # kernel attention rates stored, no matmul rate fitted yet on this device
         return None
     mm, attn = p["matmul"] + p["logits"] + p["scans"], p["attention"] + p["reexpand"]
