@@ -42,7 +42,7 @@ RollingCache, lowered as the export lowers a model, at kept keys WIN_SLOTS and b
 
 --window --prefill: one prefill call of that layer instead (128 queries on onnxruntime, ET_PREFILL_CHUNK on
 executorch) at each kept-key count and head shape; its mask spans every slot and the call's own rows, so its FLOP are
-4 x H x D x C x (slots + C) (memory.speed.eager_attention_flop), whose rate per head size (prefill_fits,
+4 x H x D x C x (slots + C) (memory.prefill.eager_attention_flop), whose rate per head size (prefill_fits,
 attention_rates_[executorch_]window_prefill.json) prices every eager graph's prompt.
 
 --matmul --tokens 128: MatMulNBits per matrix shape at a prefill call's 128 tokens (gflop_s per row,
@@ -605,7 +605,7 @@ def win_time_call(h: int, hkv: int, d: int, slots: int, runs: int, hidden: int =
 
 def win_prefill(h: int, d: int, slots: int, c: int, cpu: list[float]) -> dict:
     """A window prefill call's fields (c > 1): its queries (chunk), the attention FLOP the eager graph computes (every
-    slot and the call's own rows: memory.speed.eager_attention_flop's 4 x H x D x c x (slots + c)) and their rate."""
+    slot and the call's own rows: memory.prefill.eager_attention_flop's 4 x H x D x c x (slots + c)) and their rate."""
     if c == 1:
         return {}
     flop = 4 * h * d * c * (slots + c)
@@ -1019,7 +1019,7 @@ def lc_gguf_types(types, runs: int = 3, device: str = "host") -> dict:
                 depth[n] = {**m, "type_mix": M.gguf_type_mix(arch), "file_bytes": path.stat().st_size,
                             "matmul_flop": parts["matmul"] + parts["logits"],
                             "prefill_attention_s": parts["attention"]
-                            / M.speed._prefill_rate(pre_rates, "f16", arch)[0],
+                            / M.prefill._prefill_rate(pre_rates, "f16", arch)[0],
                             "weights_read_per_token": row.deployment.weights["read_per_token"],
                             "step_attention_s": row.attention_terms["attention_s"],
                             "loadavg": round(os.getloadavg()[0], 2)}

@@ -81,7 +81,7 @@ FIT_HEAD_DIM = 64
 # profile -> runtime -> (results JSON, the model the prefill matmul rate is fitted on): the weights kernel timed per
 # matrix shape at a prefill call's tokens (attention_rates.py --matmul --tokens 128), stored as "matmul_by_matrix" with
 # the fit model's rate at it; a model of other matrix shapes gets the fitted rate times its matrices' kernel rate over
-# the fit model's (memory.speed.matmul_shape_scale). The rate follows K (benchmarks/README.md, "On the Intel Xeon VM")
+# the fit model's (memory.prefill.matmul_shape_scale). The rate follows K (benchmarks/README.md, "On the Intel Xeon VM")
 MATMUL_PREFILL_SOURCES = {
     "host-xeon": {"onnxruntime": ("matmul_nbits_rates_128_xeon.json", "smollm2-135m")},
 }
@@ -130,9 +130,9 @@ LOAD_NOTE = ("the host shared with other benchmarks (the lead's filled-context r
 
 def matmul_by_matrix(name: str, fit_model: str) -> dict:
     """The "matmul_by_matrix" entry from a --matmul --tokens N run (results/NAME): [K, N, seconds per call] per
-    shape at its tokens, with the fit model's matrices' rate at it (memory.speed.matmul_kernel_rate)."""
+    shape at its tokens, with the fit model's matrices' rate at it (memory.prefill.matmul_kernel_rate)."""
     from edgekv.arch import load_arch
-    from edgekv.memory.speed import matmul_kernel_rate
+    from edgekv.memory.prefill import matmul_kernel_rate
 
     d = _load(name)
     tokens = {r["tokens"] for r in d["rows"]}
@@ -170,7 +170,7 @@ def prefill_kv_heads(rows: list[dict], kind: str) -> dict:
 
 def prefill_curve(rows: list[dict], kind: str) -> dict:
     """A kernel run's prefill calls as a curve per head size: {head size: {kept keys: the call's attention FLOP over
-    its CPU seconds (median over rows at that count)}} (memory.speed.prefill_keys_factor)."""
+    its CPU seconds (median over rows at that count)}} (memory.prefill.prefill_keys_factor)."""
     import statistics
 
     out: dict[str, dict[str, float]] = {}
@@ -395,7 +395,7 @@ def build(device: str, current: dict) -> dict:
             if pre.get("attention_flop_per_s_by_keys"):
                 pre["source"] += ("; attention_flop_per_s_by_keys: the same runs' calls, each one's attention FLOP over "
                                   "its CPU seconds by kept keys, at which a prompt's calls are charged by their own "
-                                  "keys (memory.speed.prefill_keys_factor)")
+                                  "keys (memory.prefill.prefill_keys_factor)")
             for stored, (name, kind) in HEAD_DIM_SCALE_SOURCES.get(device, {}).get(rt, {}).items():
                 if (RESULTS / name).exists():
                     by = _load(name)["prefill_fits"][kind]

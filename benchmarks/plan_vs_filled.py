@@ -24,7 +24,7 @@ Runtime: a GroupQueryAttention call of 128 queries, --prefill; the .pte: a custo
 --prefill; llama.cpp: the prefill that fills its cache), else it
 is fitted here with the matmul rate on SmolLM2's rows (memory.prefill_parts: the FLOP of each part; Gemma's windows
 cap its attention FLOP). A .pte cache read back to fp32 rows every prefill call (PTE_READBACK: kv-int4) is charged
-custom_sdpa's fp32 rate plus the values it reads back (memory.speed.readback_values), their cost per value fitted
+custom_sdpa's fp32 rate plus the values it reads back (memory.prefill.readback_values), their cost per value fitted
 here.
 
 The fitted numbers are what edgekv/costs/attention_rates.json stores for the host (weights, prefill;
@@ -202,7 +202,7 @@ PTE_RINGS_EAGER = {"filled_context_gemma3_16384_pte_int8c_edgekv_tiles.json",
 PTE_PROFILE = "profile_pte_smollm2_rows_graph_2k.json"
 # the .pte's caches read back to fp32 rows every prefill call (SdpaAttention's "fp32 rows": a packed int4 cache
 # through dequantize_planar, rows 0..pos+C-1, then custom_sdpa per head): their prompt is charged custom_sdpa's fp32
-# kernel rate at the model's head size plus the values read back (memory.speed.readback_values), whose cost per value
+# kernel rate at the model's head size plus the values read back (memory.prefill.readback_values), whose cost per value
 # is fitted here on SmolLM2's prompts (a rate per attention FLOP fitted on them charged the read-back as a share of
 # the FLOP, which at Gemma 3's 4 query heads per KV head and head size 256 is another share: +30 % at 32k);
 # PTE_PREFILL_CHUNK: the tokens of one call of the .pte's prefill (edgekv export --prefill-chunk's default, the
@@ -211,7 +211,7 @@ PTE_READBACK = {"int4": "fp32"}
 PTE_PREFILL_CHUNK = 32
 # ONNX Runtime's explicit kv-int8 / kv-int4 graphs (the eager graph over a quantized cache): each prefill call reads
 # every slot back to fp32 and attends over all of them as the window strategy's eager graph does over its fp16 slots
-# (memory.speed.eager_attention_flop, eager_readback_values); their prompt is charged that graph's rate at the
+# (memory.prefill.eager_attention_flop, eager_readback_values); their prompt is charged that graph's rate at the
 # model's head size (attention_rates.py --window --prefill, "eager fp16"; fitted on the window rows where no kernel
 # run measured it) plus the values read back at a cost per value fitted on SmolLM2's prompts (a rate per FLOP
 # fitted on them alone charged Gemma 3's head size 256 at head size 64's rate: benchmarks/README.md). The prefill
@@ -348,8 +348,8 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
     if kind_then:
         kind = kind_then if kind_then in rates["kinds"] and not kind_then.startswith("eager") else None
     fused = cost in ("llama.cpp", "executorch-llama") or M.fused_gqa(arch, layout, strategy, cost)
-    # the prompt as the row's graph computes it (speed.prefill_graph: on the eager graph every slot of each call)
-    pre_kind, pre_parts = M.speed.prefill_graph(arch, strategy, layout, cost, prompt, min(DEFAULT_CHUNK, prompt),
+    # the prompt as the row's graph computes it (prefill.prefill_graph: on the eager graph every slot of each call)
+    pre_kind, pre_parts = M.prefill.prefill_graph(arch, strategy, layout, cost, prompt, min(DEFAULT_CHUNK, prompt),
                                                 int8_kernel)
     out = {"cost": cost, "weights_bytes": row.deployment.weights["read_per_token"], "plan_tok_s": row.decode.value,
            "plan_prefill_s": row.prefill.value, "kind": kind, "cache": M.cache_kind(strategy, layout, cost, int8_kernel),
@@ -399,18 +399,18 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
     # the kind whose rate prices the attention FLOP: the row's own, or for a cache read back every call (READBACK)
     # the kind its graph attends at once the values are fp32, its read-back charged per value beside it
     base = out["prefill_rate_kind"] = READBACK.get(cost, {}).get(out["prefill_kind"], out["prefill_kind"])
-    out["prefill_kernel_rate"] = M.speed._prefill_rate(kernel, base, arch)[0] if base in by else None
+    out["prefill_kernel_rate"] = M.prefill._prefill_rate(kernel, base, arch)[0] if base in by else None
     if out["prefill_kernel_rate"] and not base.startswith("eager"):  # each call at its own keys' rate, as plan does
-        out["prefill_kernel_rate"] *= M.speed.prefill_keys_factor(pre, base, arch, strategy, prompt,
+        out["prefill_kernel_rate"] *= M.prefill.prefill_keys_factor(pre, base, arch, strategy, prompt,
                                                                   min(DEFAULT_CHUNK, prompt))[0]
     # a fitted kind's rate at this model's head size: the fit rows' rate x the kernel's ratio by head size
-    out["prefill_rate_scale"] = M.speed.head_dim_scale(pre, base, arch)[0]
+    out["prefill_rate_scale"] = M.prefill.head_dim_scale(pre, base, arch)[0]
     # the fitted matmul rate at this model's matrix shapes (the weights kernel timed per shape at a prefill call)
-    out["prefill_matmul_scale"] = M.speed.matmul_shape_scale(pre, arch)[0]
+    out["prefill_matmul_scale"] = M.prefill.matmul_shape_scale(pre, arch)[0]
     if base != out["prefill_kind"]:
         chunk = out["prefill_readback_chunk"] = PTE_PREFILL_CHUNK if cost == "executorch" else DEFAULT_CHUNK
-        out["prefill_readback"] = (M.speed.readback_values(arch, strategy, prompt, chunk) if cost == "executorch" else
-                                   M.speed.eager_readback_values(arch, layout, prompt, min(chunk, prompt)))
+        out["prefill_readback"] = (M.prefill.readback_values(arch, strategy, prompt, chunk) if cost == "executorch" else
+                                   M.prefill.eager_readback_values(arch, layout, prompt, min(chunk, prompt)))
     # the per-key work of each layer (sum over layers of kept keys x query heads x head size): llama.cpp's fit
     kept = {t.layer: t.shape[2] for t in layout.tensors if t.role == "key"}
     out["key_work"] = float(sum(kept[i] * m.n_heads * m.head_dim for i, b in enumerate(arch.blocks)
@@ -503,7 +503,7 @@ def gguf_matmul_rates(read_files: bool = False, device: str = DEFAULT_DEVICE) ->
             continue
         arch = model_arch(models[name])
         parts = M.prefill_parts(arch, parse_strategy("kv"), g["tokens"], g["tokens"])
-        attn_rate = M.speed._prefill_rate(rates, "f16", arch)[0]
+        attn_rate = M.prefill._prefill_rate(rates, "f16", arch)[0]
         t_mm = g["cpu_s"] - parts["attention"] / attn_rate
         out[name] = {"matmul_flop_per_s": (parts["matmul"] + parts["logits"]) / t_mm, "model": models[name]}
         if "step_cpu_s" in g:  # the decode step less its attention (f16 cache, kernel rate) at step_ctx keys

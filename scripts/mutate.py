@@ -61,9 +61,10 @@ MODULES = {
             "tests/test_fit.py", 120),
     "recall": ("edgekv/analyze/recall.py", ["RecallProbe.summarise", "chance"],
                "tests/test_recall.py -k 'summary or chance'", 120),
-    "speed": ("edgekv/memory/speed.py", ["eager_attention_flop", "eager_readback_values", "eager_prefill",
-                                        "prefill_graph", "_at_head_dim", "head_dim_scale", "prefill_at_rates"],
-              "tests/test_attention_rates.py -k 'prefill or prompt or head_size'", 120),
+    "prefill": ("edgekv/memory/prefill.py", ["eager_attention_flop", "eager_readback_values", "eager_prefill",
+                                            "prefill_graph", "_at_head_dim", "head_dim_scale", "prefill_at_rates",
+                                            "matmul_kernel_rate", "matmul_shape_scale", "prefill_keys_factor"],
+                "tests/test_attention_rates.py -k 'prefill or prompt or head_size or shapes or keys or kv_head'", 120),
     "ring": ("edgekv/ring/launch.py", ["check_errors", "reference_attention"],
              "tests/test_ring.py -k 'wrong or prefill_matches or decode_steps_after'", 300),
 }
@@ -119,7 +120,7 @@ ACCEPTED = {
               ('if not rt["scores"]', "native MLA (DeepSeek) has no measured peak yet: a gap")],
     "variants": [("gguf_export = True", "Qwen3's GGUF export is not claimed though the loader reads its tensors "
                                         "(tests/test_variants.py GGUF_NOT_CLAIMED): untested end to end, not wrong")],
-    "speed": [('p["matmul"] - p["logits"]', "a gap: the logits are under 1 % of a prompt's matmuls on the models "
+    "prefill": [('p["matmul"] - p["logits"]', "a gap: the logits are under 1 % of a prompt's matmuls on the models "
                                              "tested, inside the hand tests' 1 % band"),
               ('p["logits"] - p["scans"]', "equivalent on the models tested: no recurrent scans in a KV cache's prompt"),
               ('p["attention"] - p["reexpand"]', "equivalent on the models tested: no latent re-expanded (not mla)"),

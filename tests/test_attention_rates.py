@@ -1045,29 +1045,29 @@ def test_the_prefill_matmul_rate_follows_the_models_matrix_shapes_by_hand():
     """The ONNX prompt's matmul rate is fitted on SmolLM2-135M's prompts (K = 576 in all but one matrix). On the Xeon
     MatMulNBits runs Gemma-3-270M's matrices (K = 640, 1024, 2048: whole 128-wide steps) about 1.2x as fast per FLOP
     at a prefill call's 128 tokens; the plan charges a model the fitted rate times its matrices' kernel rate over
-    SmolLM2's (memory.speed.matmul_shape_scale), computed here by hand from the kernel run. Gemma's ONNX window prompt
+    SmolLM2's (memory.prefill.matmul_shape_scale), computed here by hand from the kernel run. Gemma's ONNX window prompt
     at 2k, mostly matmul, was +34 % at the fitted rate alone; now within 25 % of its measured prompt (held out:
     filled_context_gemma3_2048_pte_window.json). The .pte (XNNPACK's kernels, not timed per shape) keeps the fitted
     rate."""
     from edgekv.arch import load_arch
-    from edgekv.memory import speed
+    from edgekv.memory import prefill
 
     pre = RATES["devices"]["host-xeon"]["prefill"]
     by = pre["matmul_by_matrix"]
     smol, gemma = _matmul_128_rates()
     assert by["tokens"] == 128 and by["fit_model"] == "smollm2-135m"
     assert by["fit_flop_per_s"] == pytest.approx(smol, rel=1e-3)
-    assert speed.matmul_kernel_rate(load_arch("gemma-3-270m"), by) == pytest.approx(gemma, rel=1e-3)
-    assert speed.matmul_shape_scale(pre, load_arch("gemma-3-270m"))[0] == pytest.approx(gemma / smol, rel=1e-3)
+    assert prefill.matmul_kernel_rate(load_arch("gemma-3-270m"), by) == pytest.approx(gemma, rel=1e-3)
+    assert prefill.matmul_shape_scale(pre, load_arch("gemma-3-270m"))[0] == pytest.approx(gemma / smol, rel=1e-3)
     assert 1.15 < gemma / smol < 1.35
-    assert speed.matmul_shape_scale(pre, load_arch("smollm2-135m"))[0] == pytest.approx(1.0, rel=1e-3)
-    assert speed.matmul_shape_scale({}, load_arch("gemma-3-270m")) == (1.0, "")
+    assert prefill.matmul_shape_scale(pre, load_arch("smollm2-135m"))[0] == pytest.approx(1.0, rel=1e-3)
+    assert prefill.matmul_shape_scale({}, load_arch("gemma-3-270m")) == (1.0, "")
     assert "matmul_by_matrix" not in ALL["executorch"]["devices"]["host-xeon"]["prefill"]
     # a timed shape at its own row, exactly: one matrix of 640 x 2048
     one = SimpleNamespace(weights=[SimpleNamespace(cls="linear", shape=(2048, 640), read_fraction=1.0)])
     t = next(r for r in by["rows"] if r[:2] == [640, 2048])[2]
-    assert speed.matmul_kernel_rate(one, by) == pytest.approx(2 * 128 * 640 * 2048 / t, rel=1e-9)
-    assert speed.matmul_kernel_rate(SimpleNamespace(weights=[]), by) is None
+    assert prefill.matmul_kernel_rate(one, by) == pytest.approx(2 * 128 * 640 * 2048 / t, rel=1e-9)
+    assert prefill.matmul_kernel_rate(SimpleNamespace(weights=[]), by) is None
     row = plan("--device", "host-xeon", "-m", "gemma-3-270m", "--runtime", "onnxruntime", "--strategy", "window",
                "--weights", "int4", "--ctx", "2048", "--explain")
     text = row["explain"]["prefill_seconds"]
@@ -1099,11 +1099,11 @@ def test_the_eager_window_graphs_prompt_is_every_slot_of_each_call_by_hand():
     assert row["prefill_seconds"] == pytest.approx(_eager_matmul_s(row, pre) + attn / rate, rel=0.01)
     # a last call of fewer tokens: 8000 = 62 x 128 + 64, each call's own rows C x C, exactly
     from edgekv.arch import load_arch
-    from edgekv.memory import speed
+    from edgekv.memory import prefill
     from edgekv.strategies import parse_strategy
 
     arch, win = load_arch("smollm2-135m"), parse_strategy("window")
-    got = speed.eager_attention_flop(arch, win.layout(arch, 8192), 8000, 128)
+    got = prefill.eager_attention_flop(arch, win.layout(arch, 8192), 8000, 128)
     assert got == 30 * 4 * 9 * 64 * (8000 * 4100 + 62 * 128 * 128 + 64 * 64)
     text = row["explain"]["prefill_seconds"]
     assert (f"+ attention, every slot of each call {attn:.3g} FLOP / {rate / 1e9:.3g} GFLOP/s (eager fp16, kernel rate "
@@ -1175,29 +1175,29 @@ def test_the_pte_window_prompt_at_another_head_size_takes_the_kernels_ratio_by_h
 
 
 def test_a_rate_stored_per_head_size_at_another_head_size_by_hand():
-    """speed._at_head_dim: a value measured at head sizes 64 and 256 is taken as measured at either, linearly in
+    """prefill._at_head_dim: a value measured at head sizes 64 and 256 is taken as measured at either, linearly in
     log2(head size) between them (128: half way), and held at the nearest end outside them; head_dim_scale: the
     factor a rate fitted at head size 64 takes at the model's head size (1 where none is stored), as the .pte window
     row of Gemma-3-270M (head size 256) is charged it."""
     from edgekv.arch import load_arch
-    from edgekv.memory import speed
+    from edgekv.memory import prefill
 
     by = {"64": 10.0, "256": 30.0}
-    assert speed._at_head_dim(by, 64)[0] == 10.0 and speed._at_head_dim(by, 256)[0] == 30.0
-    assert speed._at_head_dim(by, 128) == (20.0, "at head sizes 64 and 256 interpolated to 128")
-    assert speed._at_head_dim({"64": 10.0, "256": 30.0, "512": 50.0}, 362)[0] == pytest.approx(
+    assert prefill._at_head_dim(by, 64)[0] == 10.0 and prefill._at_head_dim(by, 256)[0] == 30.0
+    assert prefill._at_head_dim(by, 128) == (20.0, "at head sizes 64 and 256 interpolated to 128")
+    assert prefill._at_head_dim({"64": 10.0, "256": 30.0, "512": 50.0}, 362)[0] == pytest.approx(
         30 + 20 * (math.log2(362) - 8), rel=1e-9)
-    assert speed._at_head_dim(by, 32) == (10.0, "at head size 64 (nearest measured to 32)")
-    assert speed._at_head_dim(by, 1024)[0] == 30.0
-    assert speed._at_head_dim({"64": 10.0, "256": 30.0, "512": 50.0}, 1024)[0] == 50.0
+    assert prefill._at_head_dim(by, 32) == (10.0, "at head size 64 (nearest measured to 32)")
+    assert prefill._at_head_dim(by, 1024)[0] == 30.0
+    assert prefill._at_head_dim({"64": 10.0, "256": 30.0, "512": 50.0}, 1024)[0] == 50.0
     gemma, smol = load_arch("gemma-3-270m"), load_arch("smollm2-135m")
     rates = {"attention_flop_per_s_head_dim_scale": {"eager fp16": {"64": 1.0, "256": 1.377}}}
-    assert speed.head_dim_scale(rates, "eager fp16", gemma) == (1.377, " x 1.38 at head size 256 (the kernel's rate by "
+    assert prefill.head_dim_scale(rates, "eager fp16", gemma) == (1.377, " x 1.38 at head size 256 (the kernel's rate by "
                                                                 "head size)")
     low = {"attention_flop_per_s_head_dim_scale": {"eager fp16": {"64": 1.0, "256": 0.5}}}
-    assert speed.head_dim_scale(low, "eager fp16", gemma)[1].startswith(" x 0.5 at head size 256")
-    assert speed.head_dim_scale(rates, "eager fp16", smol) == (1.0, "")
-    assert speed.head_dim_scale(rates, "int8", gemma) == (1.0, "") and speed.head_dim_scale({}, "eager fp16", gemma) == (1.0, "")
+    assert prefill.head_dim_scale(low, "eager fp16", gemma)[1].startswith(" x 0.5 at head size 256")
+    assert prefill.head_dim_scale(rates, "eager fp16", smol) == (1.0, "")
+    assert prefill.head_dim_scale(rates, "int8", gemma) == (1.0, "") and prefill.head_dim_scale({}, "eager fp16", gemma) == (1.0, "")
 
 
 def _prefill_calls(name: str, kind: str, shape: str) -> list[tuple[int, float, float]]:
@@ -1210,14 +1210,14 @@ def _prefill_calls(name: str, kind: str, shape: str) -> list[tuple[int, float, f
 def test_a_long_prompts_kernel_calls_at_their_own_keys_rate_by_hand():
     """custom_sdpa's prefill call on the Intel Xeon VM slows as its cache grows (Gemma-3-270M's shape: 76-78 GFLOP/s
     at 1-2k kept keys, 60 at 16-32k, results/attention_rates_executorch_prefill_xeon.json), so a long prompt's calls
-    are each charged the rate at their own keys (memory.speed.prefill_keys_factor): call j of 128 tokens attends
+    are each charged the rate at their own keys (memory.prefill.prefill_keys_factor): call j of 128 tokens attends
     (j + 1) x 128 keys (a window capping them), the rate linear between measured key counts, held at the ends, each
     layer's calls weighted by their keys. By hand for Gemma at 32k: the 15 sliding layers' calls at 128-512 keys (the
     1024-key rate, held), the 3 global layers' 256 calls from 128 to 32768 keys. Its fp32-cache .pte prompt, and the
     int4 cache's (the same kernel over rows read back), land within 25 % of their measured prompts (held out); at
     the one least-squares rate the int4 one was -28 %."""
     from edgekv.arch import load_arch
-    from edgekv.memory import speed
+    from edgekv.memory import prefill
     from edgekv.strategies import parse_strategy
 
     pre = ALL["executorch"]["devices"]["host-xeon"]["prefill"]
@@ -1242,13 +1242,13 @@ def test_a_long_prompts_kernel_calls_at_their_own_keys_rate_by_hand():
     secs = 3 * sum(k / rate(k) for k in glob) + 15 * sum(k / rate(k) for k in slide)
     base = pre["attention_flop_per_s_by_head_dim"]["fp32"]["256"]
     gemma = load_arch("gemma-3-270m")
-    f, how = speed.prefill_keys_factor(pre, "fp32", gemma, parse_strategy("kv"), ctx, chunk)
+    f, how = prefill.prefill_keys_factor(pre, "fp32", gemma, parse_strategy("kv"), ctx, chunk)
     assert f == pytest.approx(keys / secs / base, rel=1e-4) and how.startswith(f" x {f:.3g}")  # stored to 4 digits
     assert f < 0.95  # the long calls are the slow ones
     # a curve flat at the stored rate: factor 1; none stored, or another kind: 1
     flat = {**pre, "attention_flop_per_s_by_keys": {"fp32": {"256": {"1024": base, "32768": base}}}}
-    assert speed.prefill_keys_factor(flat, "fp32", gemma, parse_strategy("kv"), ctx, chunk)[0] == pytest.approx(1.0)
-    assert speed.prefill_keys_factor(pre, "eager fp16", gemma, parse_strategy("kv"), ctx, chunk) == (1.0, "")
+    assert prefill.prefill_keys_factor(flat, "fp32", gemma, parse_strategy("kv"), ctx, chunk)[0] == pytest.approx(1.0)
+    assert prefill.prefill_keys_factor(pre, "eager fp16", gemma, parse_strategy("kv"), ctx, chunk) == (1.0, "")
     measured = {}
     for name, row in (("filled_context_gemma3_32768_xeon_rows2.json", "edgekv-pte:kv:dtype=fp32/int4"),
                       ("filled_context_gemma3_32768_xeon_rows6.json", "edgekv-pte:kv-int4/int4")):

@@ -4,8 +4,9 @@ Every function returns numbers together with the formula that produced them (an 
 exactly what the planner computed. Units: bytes (int), seconds, FLOP, FLOP/s, bytes/s.
 
 Modules: item (Item), costs (the runtimes' cost models from edgekv/costs/*.json, kv_read, fused_gqa), weights
-(weight bytes), workspace (a call's transient memory, the runtime's load bytes), speed (FLOP, decode and prefill
-time), dollars (users per GPU, $ per M tokens), deployment (Deployment).
+(weight bytes), workspace (a call's transient memory, the runtime's load bytes), speed (a decode step's FLOP, bytes
+and seconds, the attention kernels' stored rates), prefill (a prompt's FLOP as its graph computes them, and its
+seconds), dollars (users per GPU, $ per M tokens), deployment (Deployment).
 """
 import json
 from pathlib import Path
@@ -15,9 +16,10 @@ from .costs import (ET_SDPA, GQA, KV_READ, MEASURED, MLA_REBUILD_COPIES, PLAN_RU
 from .deployment import WEIGHT_PRECISIONS, Deployment
 from .dollars import usd_per_m_tokens, users_per_gpu
 from .item import Item
+from .prefill import prefill_at_rates, prefill_flops, prefill_parts, prefill_seconds
 from .speed import (ATTENTION_RATES, _attn_tokens, attention_flops, attention_kind, attention_rates, attention_seconds, cache_kind,
                     decode_flops, gguf_type_mix, decode_read_bytes, decode_tokens_per_s, decode_with_attention, layout_rank,
-                    PTE_INT8_KERNELS, prefill_at_rates, prefill_flops, prefill_kind, prefill_parts, prefill_seconds)
+                    PTE_INT8_KERNELS, prefill_kind)
 from .weights import (CARRIED_FORM, GGUF_CARRIED, _scheme_bytes, carried_form_name, carried_matrices,
                       carried_matrix_bytes, gathered_bytes, weight_bytes, weight_bytes_one)
 from .workspace import (_kernel_code, _largest_packed, _layer_scratch, _tied_bytes, paged_table,

@@ -1,4 +1,5 @@
-"""FLOP and bytes per decode step and prefill, and the tokens per second and seconds they take on a device."""
+"""FLOP and bytes per decode step and the tokens per second they take on a device; the attention kernels' stored rates
+(edgekv/costs/attention_rates.json) and the cache kind that prices a row (a prompt's cost: memory.prefill)."""
 from __future__ import annotations
 
 import functools
@@ -7,7 +8,7 @@ import math
 from pathlib import Path
 
 from ..arch import MLA, SSM, Arch, Attention, Linear, ShortConv
-from ..strategies import StateLayout, Strategy, mla_rank
+from ..strategies import StateLayout, Strategy
 from .costs import fused_gqa, kv_read
 from .item import Item
 
@@ -64,53 +65,6 @@ def layout_rank(layout: StateLayout, layer: int) -> int:
     return 0
 
 
-def prefill_flops(arch: Arch, strategy: Strategy, ctx: int, chunk: int, layout: StateLayout | None = None,
-                  runtime: str = "") -> Item:
-    """FLOP to prefill ctx tokens in chunks: 2 x active params per token, causal attention summed over positions
-    (windows cap it), a converted-MLA latent re-expanded for every chunk, SSM scans linear in ctx; with the row's
-    layout and runtime, the attention as its graph computes it (prefill_graph: every slot of each call on the eager
-    graph)."""
-    if layout is not None and runtime:
-        p = prefill_graph(arch, strategy, layout, runtime, ctx, chunk)[1]
-        eager = eager_prefill(arch, layout, strategy, runtime)
-    else:
-        p, eager = prefill_parts(arch, strategy, ctx, chunk), False
-    lin, head, attn, extra, rec = (p[k] for k in ("matmul", "logits", "attention", "reexpand", "scans"))
-    total = lin + head + attn + extra + rec
-    what = "attention, every slot of each call (the eager graph)" if eager else "causal attention"
-    return Item(total, f"2*params*ctx ({lin:.3g}) + logits per chunk ({head:.3g}) + {what} ({attn:.3g})"
-                       + (f" + latent re-expansion ({extra:.3g})" if extra else "")
-                       + (f" + scans ({rec:.3g})" if rec else "") + f" = {total:.3g} FLOP")
-
-
-def prefill_parts(arch: Arch, strategy: Strategy, ctx: int, chunk: int) -> dict:
-    """prefill_flops by part: matmul (2 x params x ctx), logits (the last token of each chunk), attention (causal,
-    windows cap it), reexpand (a converted-MLA latent), scans (recurrences)."""
-    lin = 2 * _active_params(arch, ("linear",)) * ctx
-    head = 2 * arch.vocab * arch.hidden * math.ceil(ctx / chunk)  # logits for the last token of each chunk
-    attn = extra = rec = 0.0
-    w_cap = strategy.window_tokens
-    for b in arch.blocks:
-        for m in b.mixers:
-            if isinstance(m, Attention):
-                win = m.window if w_cap is None else min(w_cap, m.window or w_cap)
-                attn += 4 * m.n_heads * m.head_dim * _attn_tokens(ctx, win)
-                if strategy.converts_to_latent:
-                    r = mla_rank(arch, strategy)
-                    n_chunks = math.ceil(ctx / chunk)
-                    prefix = chunk * n_chunks * (n_chunks + 1) / 2  # tokens re-expanded, summed over chunks
-                    extra += 2 * r * 2 * m.n_kv_heads * m.head_dim * min(prefix, ctx * n_chunks)
-            elif isinstance(m, MLA):
-                attn += 2 * m.n_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) * _attn_tokens(ctx, None)
-            elif isinstance(m, SSM):
-                rec += (6 * m.d_inner * m.d_state + 2 * m.conv_dim * m.d_conv) * ctx
-            elif isinstance(m, Linear):
-                rec += 6 * (m.n_vectors * m.width if m.n_vectors else m.n_heads * m.d_k * m.d_v) * ctx
-            elif isinstance(m, ShortConv):
-                rec += 2 * m.width * (m.d_conv + 1) * ctx
-    return {"matmul": lin, "logits": head, "attention": attn, "reexpand": extra, "scans": rec}
-
-
 def decode_read_bytes(weights_read: float, layout: StateLayout, strategy: Strategy, runtime: str) -> Item:
     """Bytes one decode step moves: active weights + the whole state (+ writing and reading a dequantized fp32
     copy of the cache when the runtime dequantizes whole layers)."""
@@ -133,15 +87,6 @@ def decode_tokens_per_s(read: float, flops: float, bandwidth: float, bw_eff: flo
     bound = "bandwidth" if t_bw >= t_fl else "compute"
     return Item(1 / t, f"1 / max(bytes {read:.3g} / ({bandwidth:.3g} B/s x {bw_eff}), FLOP {flops:.3g} / "
                        f"({peak_flops:.3g} FLOP/s x {flop_eff})) = {1 / t:.3g} tok/s ({bound}-bound)")
-
-
-def prefill_seconds(flops: float, weights_stored: float, ctx: int, chunk: int, bandwidth: float, bw_eff: float,
-                    peak_flops: float, flop_eff: float) -> Item:
-    t_fl = flops / (peak_flops * flop_eff)
-    t_bw = math.ceil(ctx / chunk) * weights_stored / (bandwidth * bw_eff)
-    t = max(t_fl, t_bw)
-    return Item(t, f"max(FLOP {flops:.3g} / ({peak_flops:.3g} x {flop_eff}), {math.ceil(ctx / chunk)} chunks x weights "
-                   f"{weights_stored:.3g} B / ({bandwidth:.3g} x {bw_eff})) = {t:.3g} s")
 
 
 # One decode step's attention as each runtime's kernel runs it: per layer overhead + T * (2 * Hkv * D * bytes / read
@@ -277,234 +222,6 @@ def prefill_kind(strategy: Strategy, layout: StateLayout, runtime: str, int8_ker
     if kind or st is None or not st.quantized:
         return kind
     return "int8c" if st.static_scales else f"int{st.bits}"
-
-
-def readback_values(arch: Arch, strategy: Strategy, ctx: int, chunk: int) -> float:
-    """The cache values a prefill of ctx tokens in calls of `chunk` reads back to fp32 where its graph dequantizes the
-    rows written so far every call (edgekv's .pte on a packed int4 cache: SdpaAttention's "fp32 rows", rows
-    0..pos+C-1 through dequantize_planar, then custom_sdpa): per attention layer, K and V, 2 x Hkv x D values per
-    row, summed over the calls (call j reads j x chunk rows, a window capping them)."""
-    n = math.ceil(ctx / chunk)
-    w_cap = strategy.window_tokens
-    total = 0.0
-    for b in arch.blocks:
-        for m in b.mixers:
-            if isinstance(m, Attention):
-                win = m.window if w_cap is None else min(w_cap, m.window or w_cap)
-                w = min(win or ctx, ctx)
-                k = min(n, w // chunk)  # the calls that read all rows so far; the rest read the window's w
-                total += 2 * m.n_kv_heads * m.head_dim * (chunk * k * (k + 1) / 2 + (n - k) * w)
-    return total
-
-
-def _layer_slots(arch: Arch, layout: StateLayout) -> list[tuple[Attention, int]]:
-    """Each attention layer with the slots T its key tensor keeps ([1, Hkv, T, .]), in layer order."""
-    attns = [m for b in arch.blocks for m in b.mixers if isinstance(m, Attention)]
-    return [(m, t.shape[2]) for m, t in zip(attns, (t for t in layout.tensors if t.role == "key"))]
-
-
-def eager_attention_flop(arch: Arch, layout: StateLayout, ctx: int, chunk: int) -> float:
-    """The attention FLOP of a prefill of ctx tokens in calls of `chunk` on edgekv's eager graph (no fused op:
-    edgekv.models.attention.Attention, whose mask is [G x C, T] over every slot of a full cache and [G x C, T + C]
-    over a rolling cache's slots and the call's own rows): each call's C queries meet all T slots of the layer, written
-    yet or not, so a prompt's attention grows as ctx x T, not causally as ctx^2 / 2. Per attention layer (a key
-    tensor, [1, Hkv, T, .]) 4 x H x D x (ctx x T, + the sum of C^2 over the calls where T is a rolling cache's)."""
-    full, rem = divmod(ctx, chunk)
-    own = full * chunk * chunk + rem * rem  # sum over the calls of C x C: each call's queries over its own rows
-    return sum(4 * m.n_heads * m.head_dim * (ctx * slots + (own if slots < layout.ctx else 0))
-               for m, slots in _layer_slots(arch, layout))
-
-
-def eager_readback_values(arch: Arch, layout: StateLayout, ctx: int, chunk: int) -> float:
-    """The cache values a prefill of ctx tokens in calls of `chunk` dequantizes on edgekv's eager graph over a
-    quantized cache (ONNX Runtime's explicit kv-int8 / kv-int4 graphs): every call reads every slot of each layer back
-    to fp32 (the mask is over all of them: eager_attention_flop), K and V, 2 x Hkv x D values a slot."""
-    return math.ceil(ctx / chunk) * sum(2 * m.n_kv_heads * m.head_dim * slots for m, slots in _layer_slots(arch, layout))
-
-
-def eager_prefill(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str) -> bool:
-    """Whether edgekv's export prefills this row on the eager graph (eager_attention_flop): a KV cache on ONNX
-    Runtime or edgekv's .pte where the export does not attend through the fused op (fused_gqa): the explicit
-    kv-int8 / kv-int4 graphs on ONNX Runtime, the window strategy's rolling layers on both."""
-    return (runtime in ("onnxruntime", "executorch") and strategy.kv_cache and not strategy.converts_to_latent
-            and not fused_gqa(arch, layout, strategy, runtime))
-
-
-def prefill_graph(arch: Arch, strategy: Strategy, layout: StateLayout, runtime: str, ctx: int, chunk: int,
-                  int8_kernel: str = "executorch") -> tuple[str | None, dict]:
-    """The prefill's attention kind (its stored rate's name) and its FLOP by part (prefill_parts) as the runtime's
-    graph computes them: on the eager graph (eager_prefill) the kind is "eager <kind>" and the attention the graph's
-    every-slot FLOP (eager_attention_flop); else the fused op's kind and causal attention."""
-    kind = prefill_kind(strategy, layout, runtime, int8_kernel)
-    parts = prefill_parts(arch, strategy, ctx, chunk)
-    if eager_prefill(arch, layout, strategy, runtime):
-        kind = kind and f"eager {kind}"
-        parts["attention"] = eager_attention_flop(arch, layout, ctx, chunk)
-    return kind, parts
-
-
-def _at_head_dim(by: dict, d: int) -> tuple[float, str]:
-    """A value stored per head size ({"64": v, "256": v}) at head size d: the measured one, else interpolated in
-    log2(head size) between the two measured around it (clamped at the ends)."""
-    if str(d) in by:
-        return by[str(d)], f"at head size {d}"
-    pts = sorted((int(k), v) for k, v in by.items())
-    lo = max([p for p in pts if p[0] < d], default=pts[0])
-    hi = min([p for p in pts if p[0] > d], default=pts[-1])
-    if lo == hi:
-        return lo[1], f"at head size {lo[0]} (nearest measured to {d})"
-    f = (math.log2(d) - math.log2(lo[0])) / (math.log2(hi[0]) - math.log2(lo[0]))
-    return lo[1] + f * (hi[1] - lo[1]), f"at head sizes {lo[0]} and {hi[0]} interpolated to {d}"
-
-
-def _head_dim(arch: Arch) -> int | None:
-    """The head size a prefill rate is taken at (a model with several: its smallest)."""
-    dims = {m.head_dim for b in arch.blocks for m in b.mixers if isinstance(m, Attention)}
-    return min(dims) if dims else None
-
-
-def head_dim_scale(rates: dict, kind: str, arch: Arch) -> tuple[float, str]:
-    """The factor a kind's rate fitted on model rows of one head size takes at this model's head size: a kernel run's
-    rate at each head size over its rate at the fitted rows' (attention_flop_per_s_head_dim_scale: the .pte's eager
-    window graph, whose kernel run sets how its rate moves with the head size, and the filled rows its level); 1.0
-    where none is stored."""
-    by = rates.get("attention_flop_per_s_head_dim_scale", {}).get(kind)
-    d = _head_dim(arch)
-    if not by or d is None:
-        return 1.0, ""
-    f, where = _at_head_dim(by, d)
-    return f, f" x {f:.3g} {where} (the kernel's rate by head size)" if f != 1.0 else ""
-
-
-def _prefill_rate(rates: dict, kind: str, arch: Arch) -> tuple[float | None, str]:
-    """The prefill attention rate of this cache kind for the model's head size: the kernel's rate measured at that
-    head size (attention_flop_per_s_by_head_dim, benchmarks/attention_rates.py), between two measured head sizes
-    interpolated in log2(head size) (clamped at the ends; a model with several head sizes: its smallest); else the
-    kind's rate fitted on model rows (times head_dim_scale)."""
-    by = rates.get("attention_flop_per_s_by_head_dim", {}).get(kind)
-    d = _head_dim(arch)
-    if by and d is not None:
-        if str(d) in by:
-            kv = next(m.n_kv_heads for b in arch.blocks for m in b.mixers if isinstance(m, Attention) and m.head_dim == d)
-            f = kv_heads_factor(rates.get("attention_flop_per_s_kv_heads_scale", {}).get(kind, {}).get(str(d)), kv)
-            return by[str(d)] / f, f"{kind}, kernel rate at head size {d}" + (
-                f" over {f:.3g} at {kv} KV heads (kv_heads_scale)" if f != 1.0 else "")
-        rate, where = _at_head_dim(by, d)
-        return rate, f"{kind}, kernel rate {where}"
-    rate = rates["attention_flop_per_s"].get(kind)
-    f, how = head_dim_scale(rates, kind, arch)
-    return (rate * f if rate else rate), f"{kind}; rates fitted on this device's measured prefills" + how
-
-
-def matmul_kernel_rate(arch: Arch, by: dict) -> float | None:
-    """The FLOP rate of this model's linear matrices at the runtime's weights kernel timed per matrix shape at a
-    prefill call's tokens (by: {"tokens", "rows": [[K, N, seconds per call]]}, benchmarks/attention_rates.py --matmul
-    --tokens N): each matrix's seconds at its own (K, N) where measured, else at the rate of the measured rows of its
-    K (the kernel's rate follows K: whole 128-wide steps or not), else of all rows, interpolated in log FLOP
-    (_rate_at); their FLOP over their seconds. None where no matrix is linear."""
-    t, rows = by["tokens"], by["rows"]
-    flop = sec = 0.0
-    for w in arch.weights:
-        if w.cls != "linear" or len(w.shape) != 2:
-            continue
-        k, n = w.shape[1], w.shape[0]
-        f = 2 * k * n * t * w.read_fraction
-        exact = next((s for kk, nn, s in rows if (kk, nn) == (k, n)), None)
-        if exact is None:
-            pts = [(2 * kk * nn * t, s) for kk, nn, s in rows if kk == k] or [(2 * kk * nn * t, s) for kk, nn, s in rows]
-            sec += f / _rate_at(pts, f)
-        else:
-            sec += exact * w.read_fraction
-        flop += f
-    return flop / sec if sec else None
-
-
-def matmul_shape_scale(rates: dict, arch: Arch) -> tuple[float, str]:
-    """The factor on the prefill matmul rate fitted on one model's prompts (matmul_flop_per_s) for this model's
-    matrix shapes: this model's matrices' kernel rate over the fit model's (matmul_kernel_rate, the device's
-    "matmul_by_matrix" entry: benchmarks/device_rates.py). 1 where no shape was timed at prefill on this device."""
-    by = rates.get("matmul_by_matrix")
-    r = matmul_kernel_rate(arch, by) if by else None
-    if not r:
-        return 1.0, ""
-    f = r / by["fit_flop_per_s"]
-    return f, (f" x {f:.3g} (this model's matrices at {by['kernel']}'s rate per shape at {by['tokens']} tokens, "
-               f"{r / 1e9:.3g} GFLOP/s, over {by['fit_model']}'s, {by['fit_flop_per_s'] / 1e9:.3g})")
-
-
-def prefill_keys_factor(rates: dict, kind: str, arch: Arch, strategy: Strategy, ctx: int, chunk: int
-                        ) -> tuple[float, str]:
-    """The factor on a kind's prefill kernel rate at the model's head size (attention_flop_per_s_by_head_dim, one
-    least-squares rate over the kernel's calls at 1k-32k kept keys) for this prompt: where the kernel's rate per call
-    is stored by kept keys (attention_flop_per_s_by_keys: each measured call's FLOP over its time,
-    benchmarks/device_rates.py), each attention layer's calls at the rate of their own keys (call j of `chunk` tokens
-    attends (j + 1) x chunk keys, a window capping them; the curve linear between measured key counts and held at the
-    ends), weighted by their FLOP; the layers' FLOP over their seconds, over the stored rate. A long prompt's calls
-    run at the rate of a long cache, which on the Intel Xeon VM is below the short calls' (benchmarks/README.md).
-    1 where no curve is stored or the model has several head sizes."""
-    d = _head_dim(arch)
-    curve = rates.get("attention_flop_per_s_by_keys", {}).get(kind, {}).get(str(d))
-    base = rates.get("attention_flop_per_s_by_head_dim", {}).get(kind, {}).get(str(d))
-    if not curve or not base or len({m.head_dim for b in arch.blocks for m in b.mixers if isinstance(m, Attention)}) > 1:
-        return 1.0, ""
-    n = math.ceil(ctx / chunk)
-    w_cap = strategy.window_tokens
-    per_cap: dict[int, tuple[float, float]] = {}  # keys cap -> (sum of keys, sum of keys / rate) over the calls
-    flop = sec = 0.0
-    for b in arch.blocks:
-        for m in b.mixers:
-            if not isinstance(m, Attention):
-                continue
-            win = m.window if w_cap is None else min(w_cap, m.window or w_cap)
-            cap = min(win or ctx, ctx)
-            if cap not in per_cap:
-                k = min(n, cap // chunk)  # calls whose keys grow: (j + 1) x chunk; the rest at the cap
-                grow = [(j + 1) * chunk for j in range(k)]
-                keys = sum(grow) + (n - k) * cap
-                per_cap[cap] = keys, sum(x / _curve_at(curve, x) for x in grow) + (n - k) * cap / _curve_at(curve, cap)
-            keys, t = per_cap[cap]
-            flop += m.n_heads * keys
-            sec += m.n_heads * t
-    f = flop / sec / base
-    return f, f" x {f:.3g} (its calls at the kernel's rate by kept keys)"
-
-
-def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtime: str, ctx: int, chunk: int,
-                     rates: dict, int8_kernel: str = "executorch") -> Item | None:
-    """Prefill seconds at the device's prefill rates (edgekv/costs/attention_rates.json "prefill"): matmul FLOP (with
-    the logits and scans) over the runtime's matmul rate (fitted on measured filled-context prefills by
-    benchmarks/plan_vs_filled.py) + attention FLOP over the rate of this cache kind (the kernel's at the model's head
-    size where benchmarks/attention_rates.py measured one, else fitted on the same prefills); on the eager graph
-    (prefill_graph) the attention the graph computes, every slot of each call, at the "eager <kind>" rate. None where
-    no rate is stored."""
-    kind, p = prefill_graph(arch, strategy, layout, runtime, ctx, chunk, int8_kernel)
-    rb = (rates.get("readback") or {}).get(kind) if kind else None
-    if rb:  # a cache read back to fp32 rows every call: the kernel's rate + the read-back per value (readback_values)
-        rate, how = _prefill_rate(rates, rb["kernel_kind"], arch)
-    else:
-        rate, how = _prefill_rate(rates, kind, arch) if kind else (None, "")
-    if not rate:
-        return None
-    if not kind.startswith("eager"):  # a kernel over the keys written so far: each call at its own keys' rate
-        f, f_how = prefill_keys_factor(rates, rb["kernel_kind"] if rb else kind, arch, strategy, ctx, chunk)
-        rate, how = rate * f, how + f_how
-    if not rates.get("matmul_flop_per_s"):  # kernel attention rates stored, no matmul rate fitted yet on this device
-        return None
-    mm, attn = p["matmul"] + p["logits"] + p["scans"], p["attention"] + p["reexpand"]
-    scale, mm_how = matmul_shape_scale(rates, arch)
-    mm_rate = rates["matmul_flop_per_s"] * scale
-    t = mm / mm_rate + attn / rate
-    what = "attention, every slot of each call" if kind.startswith("eager") else "attention"
-    mm_part = f"matmul {mm:.3g} FLOP / {mm_rate / 1e9:.3g} GFLOP/s" + (
-        f" ({rates['matmul_flop_per_s'] / 1e9:.3g}{mm_how})" if mm_how else "")
-    if rb:
-        vals = (eager_readback_values(arch, layout, ctx, rb["chunk"]) if kind.startswith("eager") else
-                readback_values(arch, strategy, ctx, rb["chunk"]))
-        t += vals * rb["s_per_value"]
-        return Item(t, f"{mm_part} + {what} {attn:.3g} FLOP / "
-                       f"{rate / 1e9:.3g} GFLOP/s ({how}) + the {kind} cache read back to fp32 rows each call of "
-                       f"{rb['chunk']} tokens, {vals:.3g} values x {rb['s_per_value'] * 1e9:.3g} ns = {t:.3g} s")
-    return Item(t, f"{mm_part} + {what} {attn:.3g} FLOP / {rate / 1e9:.3g} GFLOP/s ({how}) = {t:.3g} s")
 
 
 def attention_kind(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, rates: dict | None,
