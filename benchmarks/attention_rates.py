@@ -1206,6 +1206,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill", action="store_true", help="onnxruntime: time prefill calls of 128 queries instead "
                     "(attention_rates_prefill.json); executorch: calls of ET_PREFILL_CHUNK queries, fp32 and fp16 "
                     "caches (attention_rates_executorch_prefill.json); llama.cpp's prefill rates come from its fills")
+    ap.add_argument("--ring", action="store_true", help="--window --runtime executorch: also time a model's own "
+                    "sliding ring of an fp32 cache (no sinks; Gemma 3's sliding layers in a .pte) beside each row")
     ap.add_argument("--window", action="store_true", help="time the window strategy's eager graph (win_module) at "
                     "kept keys WIN_SLOTS instead (attention_rates_window.json; --runtime executorch: the .pte's, "
                     "attention_rates_executorch_window.json)")
@@ -1391,13 +1393,16 @@ def window_main(a) -> int:
     slots = [int(c) for c in a.ctx.split(",")] if a.ctx else WIN_SLOTS
     shapes = {k: v for k, v in SHAPES.items() if not a.shapes or k in a.shapes.split(",")}
     c = (ET_PREFILL_CHUNK if et else 128) if a.prefill else 1
+    # --ring (executorch): beside each window row, a model's own sliding ring of a plain fp32 cache (no sinks: a
+    # Gemma 3 sliding layer's, swaps.RingSdpaAttention's arithmetic), the rows going round
+    rings = ([("fp16", WIN_SINKS), ("fp32", 0)] if et and a.ring else [("fp16", WIN_SINKS)])
     for name, (h, hkv, d) in shapes.items():
-        for n in slots:
-            r = {"shape": name, **(et_win_time_call(h, hkv, d, n, a.runs, c=c) if et else
+        for n, (dt, sinks) in ((n, r) for n in slots for r in rings):
+            r = {"shape": name, **(et_win_time_call(h, hkv, d, n, a.runs, dtype=dt, sinks=sinks, c=c) if et else
                                    win_time_call(h, hkv, d, n, a.runs, c=c)),
                  "loadavg": round(os.getloadavg()[0], 2)}
             rows.append(r)
-            print(f"window {name:14} kept {n:6}" + (f", a prefill call of {c}" if c > 1 else "")
+            print(f"{r['kind']:17} {name:14} kept {n:6}" + (f", a prefill call of {c}" if c > 1 else "")
                   + f": {r['median_us']:9.1f} us  "
                   + (f"{r['attention_gflop_s']:6.2f} GFLOP/s" if c > 1 else f"{r['us_per_position']:.4f} us/position")
                   + f"  (load {r['loadavg']})", flush=True)

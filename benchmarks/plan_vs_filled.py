@@ -187,8 +187,6 @@ PTE_KERNEL_BEFORE_TILES = {"filled_context_8192_pte_int8c_edgekv.json", "filled_
                            "filled_context_8192_pte_edgekv_kernel_fp32w.json",
                            "filled_context_gemma3_16384_pte_int8c_edgekv.json",
                            "filled_context_gemma3_32768_pte_cells.json"}
-PTE_RING_PREFILL = ("a several-token call through the sliding rings' torch.cond branch (portable bmm and softmax, "
-                    "not timed by any kernel benchmark): prefill not modelled")
 # Gemma-3-270M's kernel runs before its sliding rings' one-token call went through edgekv::int8_sdpa too
 # (swaps.RingSdpaAttention._kernel_forward; before, each ring's int8 codes were cast to fp32 by a portable copy and
 # attended by eager arithmetic every step: results/profile_pte_gemma3_16384_int8c_edgekv_tiles.json): another graph
@@ -400,9 +398,13 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
     # the kind its graph attends at once the values are fp32, its read-back charged per value beside it
     base = out["prefill_rate_kind"] = READBACK.get(cost, {}).get(out["prefill_kind"], out["prefill_kind"])
     out["prefill_kernel_rate"] = M.prefill._prefill_rate(kernel, base, arch)[0] if base in by else None
+    rings = tuple(m for m, _ in M.prefill.ring_layers(arch, layout, strategy, cost))
     if out["prefill_kernel_rate"] and not base.startswith("eager"):  # each call at its own keys' rate, as plan does
         out["prefill_kernel_rate"] *= M.prefill.prefill_keys_factor(pre, base, arch, strategy, prompt,
-                                                                  min(DEFAULT_CHUNK, prompt))[0]
+                                                                  min(DEFAULT_CHUNK, prompt), rings)[0]
+    # the .pte's eager rings (prefill.ring_layers): at the eager layer's rate fitted on SmolLM2's .pte window prompts,
+    # times the kernel run's ratio at the model's head size
+    out["prefill_ring_scale"] = M.prefill.head_dim_scale(pre, M.prefill.RING_KIND, arch)[0]
     # a fitted kind's rate at this model's head size: the fit rows' rate x the kernel's ratio by head size
     out["prefill_rate_scale"] = M.prefill.head_dim_scale(pre, base, arch)[0]
     # the fitted matmul rate at this model's matrix shapes (the weights kernel timed per shape at a prefill call)
@@ -437,12 +439,15 @@ def fit_prefill(rows: list[dict]) -> dict:
     fit rows, a kind's rate fixed at the kernel's (prefill_kernel_rate: benchmarks/
     attention_rates.py at the model's head size) where one is measured, else fitted here: {"matmul_flop_per_s",
     "attention_flop_per_s": {fitted kind: rate}}."""
+    from edgekv.memory.prefill import RING_KIND
+
     kinds = sorted({r["prefill_rate_kind"] for r in rows if not r["prefill_kernel_rate"]})
     # a cache read back every call (READBACK): its attention at the rate of the kind it attends as (the kernel's, or
     # fitted with that kind's rows), its values read back fitted
     rbk = sorted({r["prefill_kind"] for r in rows if r.get("prefill_readback")})
     x = np.array([[(r["prefill_parts"]["matmul"] + r["prefill_parts"]["logits"]) / r.get("prefill_matmul_scale", 1.0)]
                   + [r["prefill_parts"]["attention"] / r["prefill_rate_scale"] * (r["prefill_rate_kind"] == k)
+                     + r["prefill_parts"].get("ring", 0.0) / r.get("prefill_ring_scale", 1.0) * (k == RING_KIND)
                      for k in kinds]
                   + [r.get("prefill_readback", 0.0) * (r["prefill_kind"] == k) for k in rbk] for r in rows])
     y = np.array([r["prefill_s"] for r in rows])
@@ -582,6 +587,8 @@ def _round(v: float | None) -> float | None:
 
 
 def prefill_pred(r: dict, p: dict) -> float | None:
+    from edgekv.memory.prefill import RING_KIND
+
     rate = r["prefill_kernel_rate"] or p["attention_flop_per_s"].get(r["prefill_rate_kind"])
     if not rate:
         return None
@@ -593,6 +600,12 @@ def prefill_pred(r: dict, p: dict) -> float | None:
         if c is None:
             return None
         rb = r["prefill_readback"] * c
+    ring = r["prefill_parts"].get("ring", 0.0)
+    if ring:  # the .pte's eager rings at the eager layer's fitted rate (prefill.RING_KIND)
+        ring_rate = p["attention_flop_per_s"].get(RING_KIND)
+        if not ring_rate:
+            return None
+        rb += ring / (ring_rate * r["prefill_ring_scale"])
     mm_rate = p["matmul_flop_per_s"] * r.get("prefill_matmul_scale", 1.0)
     return (r["prefill_parts"]["matmul"] + r["prefill_parts"]["logits"]) / mm_rate + r["prefill_parts"]["attention"] / rate + rb
 
@@ -895,12 +908,7 @@ def main(argv=None) -> int:
         if r.get("device") not in (None, DEFAULT_DEVICE):  # priced at another host profile's rates (row_device)
             o["device"] = r["device"]
         pre = None
-        if r.get("int8_kernel") == "edgekv" and any(getattr(m, "window", None) for b in model_arch(r["model"]).blocks
-                                                    for m in b.mixers):
-            # the rings' several-token call (swaps.RingSdpaAttention: the old rows put back into a copy of the ring,
-            # eager attention) runs inside a torch.cond branch on portable kernels, which no kernel benchmark times
-            o["prefill_not_modelled"] = PTE_RING_PREFILL
-        elif r["name"].startswith("genai:"):
+        if r["name"].startswith("genai:"):
             o["prefill_not_modelled"] = GENAI_PREFILL
         elif "cost" in r and r.get("prefill_s") and RATES_FROM.get(r["cost"], r["cost"]) in pre_all.get(r["device"], {}) \
                 and r["prefill_kind"]:

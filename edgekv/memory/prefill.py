@@ -26,9 +26,11 @@ def prefill_flops(arch: Arch, strategy: Strategy, ctx: int, chunk: int, layout: 
     else:
         p, eager = prefill_parts(arch, strategy, ctx, chunk), False
     lin, head, attn, extra, rec = (p[k] for k in ("matmul", "logits", "attention", "reexpand", "scans"))
-    total = lin + head + attn + extra + rec
+    ring = p.get("ring", 0.0)
+    total = lin + head + attn + extra + rec + ring
     what = "attention, every slot of each call (the eager graph)" if eager else "causal attention"
     return Item(total, f"2*params*ctx ({lin:.3g}) + logits per chunk ({head:.3g}) + {what} ({attn:.3g})"
+                       + (f" + the sliding layers' eager rings, every slot of each call ({ring:.3g})" if ring else "")
                        + (f" + latent re-expansion ({extra:.3g})" if extra else "")
                        + (f" + scans ({rec:.3g})" if rec else "") + f" = {total:.3g} FLOP")
 
@@ -100,10 +102,15 @@ def eager_attention_flop(arch: Arch, layout: StateLayout, ctx: int, chunk: int) 
     over a rolling cache's slots and the call's own rows): each call's C queries meet all T slots of the layer, written
     yet or not, so a prompt's attention grows as ctx x T, not causally as ctx^2 / 2. Per attention layer (a key
     tensor, [1, Hkv, T, .]) 4 x H x D x (ctx x T, + the sum of C^2 over the calls where T is a rolling cache's)."""
+    return _every_slot_flop(_layer_slots(arch, layout), layout, ctx, chunk)
+
+
+def _every_slot_flop(layers: list[tuple[Attention, int]], layout: StateLayout, ctx: int, chunk: int) -> float:
+    """eager_attention_flop over these (layer, slots): 4 x H x D x (ctx x T, + the sum of C^2 over the calls where T
+    is a rolling cache's)."""
     full, rem = divmod(ctx, chunk)
     own = full * chunk * chunk + rem * rem  # sum over the calls of C x C: each call's queries over its own rows
-    return sum(4 * m.n_heads * m.head_dim * (ctx * slots + (own if slots < layout.ctx else 0))
-               for m, slots in _layer_slots(arch, layout))
+    return sum(4 * m.n_heads * m.head_dim * (ctx * slots + (own if slots < layout.ctx else 0)) for m, slots in layers)
 
 
 def eager_readback_values(arch: Arch, layout: StateLayout, ctx: int, chunk: int) -> float:
@@ -121,16 +128,40 @@ def eager_prefill(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: 
             and not fused_gqa(arch, layout, strategy, runtime))
 
 
+# the rate a .pte's eager ring prefills at: the window strategy's eager layer's (fitted on SmolLM2's .pte window
+# prompts by benchmarks/plan_vs_filled.py, at the model's head size by the kernel run's ratio: head_dim_scale)
+RING_KIND = "eager fp16"
+
+
+def ring_layers(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str) -> list[tuple[Attention, int]]:
+    """The layers edgekv's .pte prefills on the eager ring (models.swaps.RingSdpaAttention), with their slots: on
+    ExecuTorch, where the other layers take the fused kernel (fused_gqa), a model's own sliding layers (a rolling key
+    tensor of exactly its window, as Gemma 3's). A call of several tokens attends all W slots of the ring and its own
+    C rows on the eager graph, written yet or not, whatever reads the ring at decode (--pte-kernel edgekv's torch.cond
+    branch too)."""
+    if runtime != "executorch" or not strategy.kv_cache or strategy.converts_to_latent \
+            or not fused_gqa(arch, layout, strategy, runtime):
+        return []
+    return [(m, t) for m, t in _layer_slots(arch, layout) if m.window and t == m.window and t < layout.ctx]
+
+
 def prefill_graph(arch: Arch, strategy: Strategy, layout: StateLayout, runtime: str, ctx: int, chunk: int,
                   int8_kernel: str = "executorch") -> tuple[str | None, dict]:
     """The prefill's attention kind (its stored rate's name) and its FLOP by part (prefill_parts) as the runtime's
     graph computes them: on the eager graph (eager_prefill) the kind is "eager <kind>" and the attention the graph's
-    every-slot FLOP (eager_attention_flop); else the fused op's kind and causal attention."""
+    every-slot FLOP (eager_attention_flop); else the fused op's kind and causal attention, less the .pte's eager rings
+    (ring_layers), whose every-slot FLOP are the part "ring" (charged at the .pte's eager rate, RING_KIND)."""
     kind = prefill_kind(strategy, layout, runtime, int8_kernel)
     parts = prefill_parts(arch, strategy, ctx, chunk)
+    parts["ring"] = 0.0
     if eager_prefill(arch, layout, strategy, runtime):
         kind = kind and f"eager {kind}"
         parts["attention"] = eager_attention_flop(arch, layout, ctx, chunk)
+    else:
+        rings = ring_layers(arch, layout, strategy, runtime)
+        for m, slots in rings:
+            parts["attention"] -= 4 * m.n_heads * m.head_dim * _attn_tokens(ctx, slots)
+        parts["ring"] = _every_slot_flop(rings, layout, ctx, chunk)
     return kind, parts
 
 
@@ -223,14 +254,15 @@ def matmul_shape_scale(rates: dict, arch: Arch) -> tuple[float, str]:
                f"{r / 1e9:.3g} GFLOP/s, over {by['fit_model']}'s, {by['fit_flop_per_s'] / 1e9:.3g})")
 
 
-def prefill_keys_factor(rates: dict, kind: str, arch: Arch, strategy: Strategy, ctx: int, chunk: int
-                        ) -> tuple[float, str]:
+def prefill_keys_factor(rates: dict, kind: str, arch: Arch, strategy: Strategy, ctx: int, chunk: int,
+                        skip: tuple[Attention, ...] = ()) -> tuple[float, str]:
     """The factor on a kind's prefill kernel rate at the model's head size (attention_flop_per_s_by_head_dim, one
     least-squares rate over the kernel's calls at 1k-32k kept keys) for this prompt: where the kernel's rate per call
     is stored by kept keys (attention_flop_per_s_by_keys: each measured call's FLOP over its time,
     benchmarks/device_rates.py), each attention layer's calls at the rate of their own keys (call j of `chunk` tokens
     attends (j + 1) x chunk keys, a window capping them; the curve linear between measured key counts and held at the
-    ends), weighted by their FLOP; the layers' FLOP over their seconds, over the stored rate. A long prompt's calls
+    ends), weighted by their FLOP; the layers' FLOP over their seconds, over the stored rate. skip: layers the
+    kernel does not prefill (the .pte's eager rings). A long prompt's calls
     run at the rate of a long cache, which on the Intel Xeon VM is below the short calls' (benchmarks/README.md).
     1 where no curve is stored or the model has several head sizes."""
     d = _head_dim(arch)
@@ -244,7 +276,7 @@ def prefill_keys_factor(rates: dict, kind: str, arch: Arch, strategy: Strategy, 
     flop = sec = 0.0
     for b in arch.blocks:
         for m in b.mixers:
-            if not isinstance(m, Attention):
+            if not isinstance(m, Attention) or any(m is x for x in skip):
                 continue
             win = m.window if w_cap is None else min(w_cap, m.window or w_cap)
             cap = min(win or ctx, ctx)
@@ -276,8 +308,9 @@ def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtim
         rate, how = _prefill_rate(rates, kind, arch) if kind else (None, "")
     if not rate:
         return None
+    rings = tuple(m for m, _ in ring_layers(arch, layout, strategy, runtime)) if p["ring"] else ()
     if not kind.startswith("eager"):  # a kernel over the keys written so far: each call at its own keys' rate
-        f, f_how = prefill_keys_factor(rates, rb["kernel_kind"] if rb else kind, arch, strategy, ctx, chunk)
+        f, f_how = prefill_keys_factor(rates, rb["kernel_kind"] if rb else kind, arch, strategy, ctx, chunk, rings)
         rate, how = rate * f, how + f_how
     if not rates.get("matmul_flop_per_s"):  # kernel attention rates stored, no matmul rate fitted yet on this device
         return None
@@ -286,13 +319,20 @@ def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtim
     mm_rate = rates["matmul_flop_per_s"] * scale
     t = mm / mm_rate + attn / rate
     what = "attention, every slot of each call" if kind.startswith("eager") else "attention"
-    mm_part = f"matmul {mm:.3g} FLOP / {mm_rate / 1e9:.3g} GFLOP/s" + (
+    text = f"matmul {mm:.3g} FLOP / {mm_rate / 1e9:.3g} GFLOP/s" + (
         f" ({rates['matmul_flop_per_s'] / 1e9:.3g}{mm_how})" if mm_how else "")
+    text += f" + {what} {attn:.3g} FLOP / {rate / 1e9:.3g} GFLOP/s ({how})"
+    if rings:  # the sliding layers' eager rings at the .pte's eager rate
+        r_rate, r_how = _prefill_rate(rates, RING_KIND, arch)
+        if not r_rate:
+            return None
+        t += p["ring"] / r_rate
+        text += (f" + {len(rings)} sliding layers' eager rings, every slot of each call, {p['ring']:.3g} FLOP / "
+                 f"{r_rate / 1e9:.3g} GFLOP/s ({r_how})")
     if rb:
         vals = (eager_readback_values(arch, layout, ctx, rb["chunk"]) if kind.startswith("eager") else
                 readback_values(arch, strategy, ctx, rb["chunk"]))
         t += vals * rb["s_per_value"]
-        return Item(t, f"{mm_part} + {what} {attn:.3g} FLOP / "
-                       f"{rate / 1e9:.3g} GFLOP/s ({how}) + the {kind} cache read back to fp32 rows each call of "
-                       f"{rb['chunk']} tokens, {vals:.3g} values x {rb['s_per_value'] * 1e9:.3g} ns = {t:.3g} s")
-    return Item(t, f"{mm_part} + {what} {attn:.3g} FLOP / {rate / 1e9:.3g} GFLOP/s ({how}) = {t:.3g} s")
+        text += (f" + the {kind} cache read back to fp32 rows each call of {rb['chunk']} tokens, {vals:.3g} values x "
+                 f"{rb['s_per_value'] * 1e9:.3g} ns")
+    return Item(t, f"{text} = {t:.3g} s")
