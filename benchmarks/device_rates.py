@@ -78,6 +78,14 @@ HEAD_DIM_SCALE_SOURCES = {
                                                 "eager window fp16")}},
 }
 FIT_HEAD_DIM = 64
+# profile -> runtime -> {stored kind: (results JSON, the kind as its rows name it, the fitted kind it is priced from,
+# that kind as the rows name it)}: a kind no model row fits (a .pte's fp32 ring: Gemma 3's sliding layers on an fp32
+# cache), its rate the fitted kind's times the run's rate of the kind at each head size over the fitted kind's at
+# FIT_HEAD_DIM, both in one run (attention_rates.py --runtime executorch --window --prefill --ring)
+SCALED_KIND_SOURCES = {
+    "host-xeon": {"executorch": {"eager fp32": ("attention_rates_executorch_ring_prefill_xeon.json", "eager ring fp32",
+                                                "eager fp16", "eager window fp16")}},
+}
 # profile -> runtime -> (results JSON, the model the prefill matmul rate is fitted on): the weights kernel timed per
 # matrix shape at a prefill call's tokens (attention_rates.py --matmul --tokens 128), stored as "matmul_by_matrix" with
 # the fit model's rate at it; a model of other matrix shapes gets the fitted rate times its matrices' kernel rate over
@@ -406,6 +414,16 @@ def build(device: str, current: dict) -> dict:
                                       f"rate at head size {FIT_HEAD_DIM} (benchmarks/results/{name}, load average "
                                       f"{_load_range(_load(name))}), times which the rate fitted on SmolLM2's rows "
                                       "is charged at another head size")
+            for stored, (name, kind, base, base_kind) in SCALED_KIND_SOURCES.get(device, {}).get(rt, {}).items():
+                if (RESULTS / name).exists():
+                    fits = _load(name)["prefill_fits"]
+                    ref = fits[base_kind][str(FIT_HEAD_DIM)]["attention_flop_per_s"]
+                    pre.setdefault("attention_flop_per_s_head_dim_scale", {})[stored] = {
+                        dim: round(f["attention_flop_per_s"] / ref, 3) for dim, f in fits[kind].items()}
+                    pre.setdefault("attention_flop_per_s_scaled_from", {})[stored] = base
+                    pre["source"] += (f"; {stored}: {base}'s fitted rate times {kind}'s rate by head size over "
+                                      f"{base_kind}'s at head size {FIT_HEAD_DIM}, in one run (benchmarks/results/"
+                                      f"{name}, load average {_load_range(_load(name))})")
             mm_src = MATMUL_PREFILL_SOURCES.get(device, {}).get(rt)
             if mm_src and (RESULTS / mm_src[0]).exists():
                 pre["matmul_by_matrix"] = matmul_by_matrix(*mm_src)

@@ -398,13 +398,16 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
     # the kind its graph attends at once the values are fp32, its read-back charged per value beside it
     base = out["prefill_rate_kind"] = READBACK.get(cost, {}).get(out["prefill_kind"], out["prefill_kind"])
     out["prefill_kernel_rate"] = M.prefill._prefill_rate(kernel, base, arch)[0] if base in by else None
-    rings = tuple(m for m, _ in M.prefill.ring_layers(arch, layout, strategy, cost))
+    ring_list = M.prefill.ring_layers(arch, layout, strategy, cost)
+    rings = tuple(m for m, _ in ring_list)
     if out["prefill_kernel_rate"] and not base.startswith("eager"):  # each call at its own keys' rate, as plan does
         out["prefill_kernel_rate"] *= M.prefill.prefill_keys_factor(pre, base, arch, strategy, prompt,
                                                                   min(DEFAULT_CHUNK, prompt), rings)[0]
     # the .pte's eager rings (prefill.ring_layers): at the eager layer's rate fitted on SmolLM2's .pte window prompts,
     # times the kernel run's ratio at the model's head size
-    out["prefill_ring_scale"] = M.prefill.head_dim_scale(pre, M.prefill.RING_KIND, arch)[0]
+    rk = out["prefill_ring_kind"] = M.prefill.ring_kind(pre, layout, ring_list)
+    out["prefill_ring_scale"] = M.prefill.head_dim_scale(pre, rk, arch)[0]
+    out["prefill_ring_fitted"] = M.prefill.fitted_kind(pre, rk)
     # a fitted kind's rate at this model's head size: the fit rows' rate x the kernel's ratio by head size
     out["prefill_rate_scale"] = M.prefill.head_dim_scale(pre, base, arch)[0]
     # the fitted matmul rate at this model's matrix shapes (the weights kernel timed per shape at a prefill call)
@@ -447,7 +450,8 @@ def fit_prefill(rows: list[dict]) -> dict:
     rbk = sorted({r["prefill_kind"] for r in rows if r.get("prefill_readback")})
     x = np.array([[(r["prefill_parts"]["matmul"] + r["prefill_parts"]["logits"]) / r.get("prefill_matmul_scale", 1.0)]
                   + [r["prefill_parts"]["attention"] / r["prefill_rate_scale"] * (r["prefill_rate_kind"] == k)
-                     + r["prefill_parts"].get("ring", 0.0) / r.get("prefill_ring_scale", 1.0) * (k == RING_KIND)
+                     + r["prefill_parts"].get("ring", 0.0) / r.get("prefill_ring_scale", 1.0)
+                     * (k == r.get("prefill_ring_fitted", RING_KIND))
                      for k in kinds]
                   + [r.get("prefill_readback", 0.0) * (r["prefill_kind"] == k) for k in rbk] for r in rows])
     y = np.array([r["prefill_s"] for r in rows])
@@ -602,7 +606,7 @@ def prefill_pred(r: dict, p: dict) -> float | None:
         rb = r["prefill_readback"] * c
     ring = r["prefill_parts"].get("ring", 0.0)
     if ring:  # the .pte's eager rings at the eager layer's fitted rate (prefill.RING_KIND)
-        ring_rate = p["attention_flop_per_s"].get(RING_KIND)
+        ring_rate = p["attention_flop_per_s"].get(r.get("prefill_ring_fitted", RING_KIND))
         if not ring_rate:
             return None
         rb += ring / (ring_rate * r["prefill_ring_scale"])

@@ -874,7 +874,7 @@ def test_plan_names_the_int8_kernel_in_its_export_command():
 def test_plan_vs_filled_prices_gemmas_32k_pte_rows(tmp_path):
     """Gemma-3-270M's .pte rows at a filled 32k (kv-int4, window, and kv-int8 / kv-int8c on edgekv's own kernel,
     told by its export's custom_ops) are priced, not listed: each gets a decode prediction from its kind's stored
-    rate (the edgekv kernel's rows held out), and those with a prefill rate a prefill. The rows are the 16k
+    rate (the edgekv kernel's rows held out), and a prefill (the rings' at the .pte's eager rate). The rows are the 16k
     edgekv-kernel run's row moved to 32k (the measured figures are beside the point: only that each is priced)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import plan_vs_filled
@@ -892,13 +892,11 @@ def test_plan_vs_filled_prices_gemmas_32k_pte_rows(tmp_path):
     assert plan_vs_filled.main(["--also", str(fake), "--out", str(out)]) == 0
     got = {r["row"]: r for r in json.loads(out.read_text())["rows"] if r["file"] == fake.name}
     assert set(got) == set(rows)
-    for name, r in got.items():
+    for r in got.values():
         assert r["modelled"] and r["predicted_tok_s"] > 0 and r["set"] == "held-out", r
-        # no prefill rate: the eager window, and the kernel rows' rings (a several-token call through a torch.cond
-        # branch on portable kernels, plan_vs_filled.PTE_RING_PREFILL)
-        priced = name in ("edgekv-pte:kv-int4/int4",)
-        assert ("predicted_prefill_s" in r) == priced, r
-        assert ("prefill_not_modelled" in r) == (name in ("edgekv-pte:kv-int8c/int4", "edgekv-pte:kv-int8/int4")), r
+        # a prefill for each (the kernel rows' rings too: their several-token call is the eager ring's,
+        # memory.prefill.ring_layers, at the .pte's eager rate)
+        assert "predicted_prefill_s" in r and "prefill_not_modelled" not in r, r
     for name in ("edgekv-pte:kv-int8c/int4", "edgekv-pte:kv-int8/int4"):
         assert got[name]["int8_kernel"] == "edgekv" and "edgekv::int8_sdpa" in got[name]["attention_formula"]
 
@@ -920,11 +918,13 @@ def test_pte_kv_int4_prefill_reads_its_rows_back_every_call_by_hand():
     """edgekv's .pte with a packed int4 cache prefills in calls of 32 tokens, each dequantizing the rows written so
     far (rows 0..pos+31 of every layer, K and V: dequantize_planar) before custom_sdpa: Gemma-3-270M at 32,768 tokens
     (config.json: 18 layers, 4 heads, 1 KV head x 256, every 6th layer global, the rest a 512 window; 1024 calls) =
-    the matmuls over the .pte's matmul rate + causal attention over custom_sdpa's fp32 prefill rate at head size 256 +
-    the values read back at the stored cost per value: 3 global layers x 2 x 256 x 32 x 1024 x 1025 / 2, and 15
-    sliding ones that read all rows for their first 16 calls and 512 after. That is within 25 % of its measured
-    prompt (filled_context_gemma3_32768_pte_cells.json, 332.2 s; one rate per attention FLOP fitted on SmolLM2's
-    prompts charged it +30 %) and of the 16k one (filled_context_gemma3_16384_pte_kv_int4.json)."""
+    the matmuls over the .pte's matmul rate + the 3 global layers' causal attention over custom_sdpa's fp32 prefill
+    rate at head size 256 + the 15 sliding layers' eager rings (every one of their 512 slots and each call's own rows,
+    in the plan's calls of 128) at the .pte's eager rate + the values read back at the stored cost per value: 3 global
+    layers x 2 x 256 x 32 x 1024 x 1025 / 2, and 15 sliding ones that read all rows for their first 16 calls and 512
+    after. That is within 25 % of its measured prompt (filled_context_gemma3_32768_pte_cells.json, 332.2 s; one rate
+    per attention FLOP fitted on SmolLM2's prompts charged it +30 %) and of the 16k one
+    (filled_context_gemma3_16384_pte_kv_int4.json)."""
     pre = ALL["executorch"]["devices"]["host"]["prefill"]
     rb = pre["readback"]["int4"]
     assert rb["chunk"] == 32 and rb["kernel_kind"] == "fp32"
@@ -933,12 +933,14 @@ def test_pte_kv_int4_prefill_reads_its_rows_back_every_call_by_hand():
                       (16384, "filled_context_gemma3_16384_pte_kv_int4.json")):
         n = ctx // 32
         values = 3 * 2 * 256 * 32 * n * (n + 1) / 2 + 15 * 2 * 256 * (32 * 16 * 17 / 2 + (n - 16) * 512)
-        attn = 4 * 4 * 256 * (3 * ctx * (ctx + 1) / 2 + 15 * (512 * 513 / 2 + (ctx - 512) * 512))
+        attn = 4 * 4 * 256 * 3 * ctx * (ctx + 1) / 2
+        ring = 4 * 4 * 256 * 15 * (ctx * 512 + (ctx // 128) * 128 * 128)
         row = plan("--device", "host", "-m", "gemma-3-270m", "--runtime", "executorch", "--strategy", "kv-int4",
                    "--weights", "int4", "--ctx", str(ctx), "--explain")
         text = row["explain"]["prefill_seconds"]
         mm = float(text.split("matmul ")[1].split(" FLOP")[0])  # the matmuls, as the fp32-cache test checks them
-        want = mm / pre["matmul_flop_per_s"] + attn / fp32 + values * rb["s_per_value"]
+        want = (mm / pre["matmul_flop_per_s"] + attn / fp32 + ring / pre["attention_flop_per_s"]["eager fp16"]
+                + values * rb["s_per_value"])
         assert row["prefill_seconds"] == pytest.approx(want, rel=0.01)
         assert "read back to fp32 rows each call of 32" in text
         m = next(r for r in json.loads((ROOT / "benchmarks" / "results" / file).read_text())["rows"]
@@ -1313,3 +1315,58 @@ def test_edgekvs_int8c_prompt_at_another_kv_head_count_by_hand():
         m = next(r for r in json.loads((ROOT / "benchmarks" / "results" / name).read_text())["rows"]
                  if r["name"] == "edgekv-pte:kv-int8c/int4")
         assert got["prefill_seconds"] == pytest.approx(m["prompt_tokens"] / m["prefill_tok_per_cpu_s"], rel=0.25), name
+
+
+def test_a_pte_prompts_sliding_rings_are_eager_by_hand():
+    """edgekv's .pte keeps Gemma-3-270M's 15 sliding layers as eager rings of their 512-slot window
+    (models.swaps.RingSdpaAttention), the 3 global layers on custom_sdpa: a call of several tokens attends every slot
+    of the ring and its own rows, written yet or not, whatever reads the ring at decode (--pte-kernel edgekv's
+    torch.cond branch too). By hand at 32,768 tokens in the plan's calls of 128 on the Intel Xeon VM, an fp32 cache:
+    the global layers 4 x 4 x 256 x 3 x 32768 x 32769 / 2 causal FLOP at custom_sdpa's fp32 rate by kept keys, the
+    rings 4 x 4 x 256 x 15 x (32768 x 512 + 256 x 128 x 128) at the eager rate fitted on SmolLM2's .pte window prompts
+    times the fp32 ring's rate at head size 256 over the eager fp16 window graph's at 64, measured in one run
+    (results/attention_rates_executorch_ring_prefill_xeon.json). Held out, within 25 % of the measured prompts: the
+    fp32 cache's at 32k and edgekv's int8c kernel's at 16k, whose prefill was "not modelled" before."""
+    from edgekv.arch import load_arch
+    from edgekv.memory import prefill
+    from edgekv.strategies import parse_strategy
+
+    pre = ALL["executorch"]["devices"]["host-xeon"]["prefill"]
+    fits = json.loads((ROOT / "benchmarks" / "results" / "attention_rates_executorch_ring_prefill_xeon.json")
+                      .read_text())["prefill_fits"]
+    ratio = fits["eager ring fp32"]["256"]["attention_flop_per_s"] / fits["eager window fp16"]["64"]["attention_flop_per_s"]
+    assert pre["attention_flop_per_s_head_dim_scale"]["eager fp32"]["256"] == pytest.approx(ratio, abs=1e-3)
+    assert pre["attention_flop_per_s_scaled_from"]["eager fp32"] == "eager fp16" and ratio > 1.5
+    gemma = load_arch("gemma-3-270m")
+    row = plan("--device", "host-xeon", "-m", "gemma-3-270m", "--runtime", "executorch", "--strategy",
+               "kv:dtype=fp32", "--weights", "int4", "--ctx", "32768", "--explain")
+    text = row["explain"]["prefill_seconds"]
+    ring = 4 * 4 * 256 * 15 * (32768 * 512 + 256 * 128 * 128)
+    ring_rate = pre["attention_flop_per_s"]["eager fp16"] * pre["attention_flop_per_s_head_dim_scale"]["eager fp32"]["256"]
+    assert f"15 sliding layers' eager rings, every slot of each call, {ring:.3g} FLOP / {ring_rate / 1e9:.3g}" in text
+    glob = 4 * 4 * 256 * 3 * 32768 * 32769 / 2
+    strat = parse_strategy("kv:dtype=fp32")
+    layout = strat.layout(gemma, 32768)
+    rings = prefill.ring_layers(gemma, layout, strat, "executorch")
+    assert len(rings) == 15 and {t for _, t in rings} == {512}
+    f = prefill.prefill_keys_factor(pre, "fp32", gemma, strat, 32768, 128, tuple(m for m, _ in rings))[0]
+    mm = float(text.split("matmul ")[1].split(" FLOP")[0])
+    want = mm / pre["matmul_flop_per_s"] + glob / (pre["attention_flop_per_s_by_head_dim"]["fp32"]["256"] * f) \
+        + ring / ring_rate
+    assert row["prefill_seconds"] == pytest.approx(want, rel=0.01)
+    # no rings: ONNX Runtime (GroupQueryAttention's window-sized cache), SmolLM2 (no sliding layers), the window
+    # strategy (every layer eager already)
+    assert prefill.ring_layers(gemma, layout, strat, "onnxruntime") == []
+    smol = load_arch("smollm2-135m")
+    assert prefill.ring_layers(smol, strat.layout(smol, 8192), strat, "executorch") == []
+    win = parse_strategy("window")
+    assert prefill.ring_layers(gemma, win.layout(gemma, 32768), win, "executorch") == []
+    for args, file, name in (
+            (("--strategy", "kv:dtype=fp32", "--ctx", "32768"), "filled_context_gemma3_32768_xeon_rows2.json",
+             "edgekv-pte:kv:dtype=fp32/int4"),
+            (("--strategy", "kv-int8c", "--pte-kernel", "edgekv", "--ctx", "16384"),
+             "filled_context_gemma3_16384_pte_int8c_kl39.json", "edgekv-pte:kv-int8c/int4")):
+        got = plan("--device", "host-xeon", "-m", "gemma-3-270m", "--runtime", "executorch", "--weights", "int4", *args)
+        m = next(r for r in json.loads((ROOT / "benchmarks" / "results" / file).read_text())["rows"]
+                 if r["name"] == name)
+        assert got["prefill_seconds"] == pytest.approx(m["prompt_tokens"] / m["prefill_tok_per_cpu_s"], rel=0.25), file

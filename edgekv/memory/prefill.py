@@ -129,7 +129,8 @@ def eager_prefill(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: 
 
 
 # the rate a .pte's eager ring prefills at: the window strategy's eager layer's (fitted on SmolLM2's .pte window
-# prompts by benchmarks/plan_vs_filled.py, at the model's head size by the kernel run's ratio: head_dim_scale)
+# prompts by benchmarks/plan_vs_filled.py, at the model's head size by the kernel run's ratio: head_dim_scale); an
+# fp32 ring's: "eager fp32" (ring_kind)
 RING_KIND = "eager fp16"
 
 
@@ -213,9 +214,27 @@ def _prefill_rate(rates: dict, kind: str, arch: Arch) -> tuple[float | None, str
                 f" over {f:.3g} at {kv} KV heads (kv_heads_scale)" if f != 1.0 else "")
         rate, where = _at_head_dim(by, d)
         return rate, f"{kind}, kernel rate {where}"
-    rate = rates["attention_flop_per_s"].get(kind)
+    base = fitted_kind(rates, kind)
+    rate = rates["attention_flop_per_s"].get(base)
     f, how = head_dim_scale(rates, kind, arch)
-    return (rate * f if rate else rate), f"{kind}; rates fitted on this device's measured prefills" + how
+    return (rate * f if rate else rate), f"{kind}; rates fitted on this device's measured prefills" + (
+        f" ({base}'s)" if base != kind else "") + how
+
+
+def fitted_kind(rates: dict, kind: str) -> str:
+    """The kind whose rate fitted on model rows prices this one (attention_flop_per_s_scaled_from: a kind no model
+    row fits, whose kernel run sets its rate against that kind's by head_dim_scale), else the kind itself."""
+    return rates.get("attention_flop_per_s_scaled_from", {}).get(kind, kind)
+
+
+def ring_kind(rates: dict, layout: StateLayout, rings: list[tuple[Attention, int]]) -> str:
+    """The stored kind a .pte's eager rings prefill at: "eager fp32" where the rings hold fp32 values and that kind
+    is stored (its kernel run beside the eager fp16 graph's: no dequantization), else RING_KIND."""
+    slots = {t for _, t in rings}
+    dtypes = {t.dtype for t in layout.tensors if t.role == "key" and t.shape[2] in slots}
+    if dtypes == {"float32"} and "eager fp32" in rates.get("attention_flop_per_s_head_dim_scale", {}):
+        return "eager fp32"
+    return RING_KIND
 
 
 def matmul_kernel_rate(arch: Arch, by: dict) -> float | None:
@@ -308,7 +327,8 @@ def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtim
         rate, how = _prefill_rate(rates, kind, arch) if kind else (None, "")
     if not rate:
         return None
-    rings = tuple(m for m, _ in ring_layers(arch, layout, strategy, runtime)) if p["ring"] else ()
+    ring_list = ring_layers(arch, layout, strategy, runtime) if p["ring"] else []
+    rings = tuple(m for m, _ in ring_list)
     if not kind.startswith("eager"):  # a kernel over the keys written so far: each call at its own keys' rate
         f, f_how = prefill_keys_factor(rates, rb["kernel_kind"] if rb else kind, arch, strategy, ctx, chunk, rings)
         rate, how = rate * f, how + f_how
@@ -323,7 +343,7 @@ def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtim
         f" ({rates['matmul_flop_per_s'] / 1e9:.3g}{mm_how})" if mm_how else "")
     text += f" + {what} {attn:.3g} FLOP / {rate / 1e9:.3g} GFLOP/s ({how})"
     if rings:  # the sliding layers' eager rings at the .pte's eager rate
-        r_rate, r_how = _prefill_rate(rates, RING_KIND, arch)
+        r_rate, r_how = _prefill_rate(rates, ring_kind(rates, layout, ring_list), arch)
         if not r_rate:
             return None
         t += p["ring"] / r_rate
