@@ -1224,6 +1224,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if not 1 <= a.tokens <= MAX_TOKENS:
         ap.error(f"--tokens must be 1 to {MAX_TOKENS} (a prefill call's tokens)")
+    if a.ring and not (a.window and a.runtime == "executorch"):
+        ap.error("--ring times the .pte's ring beside the window graph: with --window --runtime executorch")
     if a.refit:
         res = json.loads(a.refit.read_text())
         if not any("chunk" in r for r in res["rows"]):

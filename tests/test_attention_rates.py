@@ -1370,3 +1370,14 @@ def test_a_pte_prompts_sliding_rings_are_eager_by_hand():
         m = next(r for r in json.loads((ROOT / "benchmarks" / "results" / file).read_text())["rows"]
                  if r["name"] == name)
         assert got["prefill_seconds"] == pytest.approx(m["prompt_tokens"] / m["prefill_tok_per_cpu_s"], rel=0.25), file
+
+
+@pytest.mark.parametrize("args", [("--matmul", "--tokens", "0"), ("--matmul", "--tokens", "4097"), ("--ring",),
+                                  ("--ring", "--window")])
+def test_kernel_benchmark_refuses_bad_options_in_one_line(args):
+    """attention_rates.py: a call size outside 1-4096 (its input is tokens x K fp32) and --ring without the .pte's
+    window run get argparse's usage and one error line, exit 2, before anything is built or timed."""
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "attention_rates.py"), *args], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith("attention_rates.py: error: --"), p.stderr
