@@ -25,7 +25,10 @@ Runtime: a GroupQueryAttention call of 128 queries, --prefill; the .pte: a custo
 is fitted here with the matmul rate on SmolLM2's rows (memory.prefill_parts: the FLOP of each part; Gemma's windows
 cap its attention FLOP). A .pte cache read back to fp32 rows every prefill call (PTE_READBACK: kv-int4) is charged
 custom_sdpa's fp32 rate plus the values it reads back (memory.prefill.readback_values), their cost per value fitted
-here.
+here. A kernel's prompt is charged each call at its own keys' rate where the kernel run stored them
+(memory.prefill.prefill_keys_factor); an ONNX prompt's matmul at the fitted rate times the model's matrix shapes'
+MatMulNBits rate over SmolLM2's (memory.prefill.matmul_shape_scale); a .pte's sliding layers as the eager rings they
+are (memory.prefill.ring_layers), at the eager window graph's fitted rate.
 
 The fitted numbers are what edgekv/costs/attention_rates.json stores for the host (weights, prefill;
 tests/test_attention_rates.py checks that they agree); `edgekv plan --device host --runtime R --weights int4` prints the plan's own number beside each row. Rows the planner has no rate for (a superseded export, a GGUF
@@ -591,6 +594,10 @@ def _round(v: float | None) -> float | None:
 
 
 def prefill_pred(r: dict, p: dict) -> float | None:
+    """A row's prompt seconds at one runtime's fit p (fit_prefill): its matmuls at the fitted rate times its matrix
+    shapes' factor, its attention at the kernel's rate (each call at its keys') or the fitted kind's, a cache read back
+    every call at the fitted cost per value, the .pte's eager rings at the eager layer's fitted rate. None where a
+    rate it needs is not fitted."""
     from edgekv.memory.prefill import RING_KIND
 
     rate = r["prefill_kernel_rate"] or p["attention_flop_per_s"].get(r["prefill_rate_kind"])
@@ -598,20 +605,21 @@ def prefill_pred(r: dict, p: dict) -> float | None:
         return None
     if not r["prefill_kernel_rate"]:
         rate *= r["prefill_rate_scale"]
-    rb = 0.0
+    extra = 0.0
     if r.get("prefill_readback"):  # the values read back at the cost per value fitted on SmolLM2's prompts
         c = p.get("readback", {}).get(r["prefill_kind"], {}).get("s_per_value")
         if c is None:
             return None
-        rb = r["prefill_readback"] * c
+        extra = r["prefill_readback"] * c
     ring = r["prefill_parts"].get("ring", 0.0)
     if ring:  # the .pte's eager rings at the eager layer's fitted rate (prefill.RING_KIND)
         ring_rate = p["attention_flop_per_s"].get(r.get("prefill_ring_fitted", RING_KIND))
         if not ring_rate:
             return None
-        rb += ring / (ring_rate * r["prefill_ring_scale"])
+        extra += ring / (ring_rate * r["prefill_ring_scale"])
     mm_rate = p["matmul_flop_per_s"] * r.get("prefill_matmul_scale", 1.0)
-    return (r["prefill_parts"]["matmul"] + r["prefill_parts"]["logits"]) / mm_rate + r["prefill_parts"]["attention"] / rate + rb
+    return ((r["prefill_parts"]["matmul"] + r["prefill_parts"]["logits"]) / mm_rate
+            + r["prefill_parts"]["attention"] / rate + extra)
 
 
 TABLE_HEAD = ("| set | model | row | ctx | run (`results/filled_context_*.json`) | decode measured | predicted | error "
