@@ -133,7 +133,12 @@ ACCEPTED = {
               ("p[0] <= d]", "equivalent: a measured head size returned before"),
               ("p[0] >= d]", "equivalent: a measured head size returned before"),
               ("/ 1000000001.0", "display: the same 3 digits"), ("/ 999999999.0", "display: the same 3 digits"),
-              ("* 1000000001.0", "display: the same 3 digits"), ("* 999999999.0", "display: the same 3 digits")],
+              ("* 1000000001.0", "display: the same 3 digits"), ("* 999999999.0", "display: the same 3 digits"),
+              ('parts["ring"] = 1.0', "one FLOP in ~1e12"), ('parts["ring"] = -1.0', "one FLOP in ~1e12"),
+              ("isinstance(m, Attention)}) != 1:", "equivalent: a model with no attention layer has no head size, "
+                                                  "so no curve, and returned before"),
+              ("break", "equivalent: every model with a stored curve has one mixer a block (the hybrids' attention "
+                        "sits beside a recurrence only where no kernel curve prices it)")],
     "storage": [('rounding <= "nearest"', "equivalent over the two roundings callers pass (nearest, stochastic)"),
                 ("frozen=False", "equivalent: nothing assigns to a storage after it is made")],
 }

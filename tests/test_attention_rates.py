@@ -1381,3 +1381,62 @@ def test_kernel_benchmark_refuses_bad_options_in_one_line(args):
                        text=True, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert p.stderr.strip().splitlines()[-1].startswith("attention_rates.py: error: --"), p.stderr
+
+
+def test_the_matmul_and_keys_factors_edges_by_hand():
+    """memory.prefill's two prompt factors at their edges, by hand on small made-up models:
+    matmul_kernel_rate weighs each matrix by the fraction of it a token reads (routed experts) in its FLOP and its
+    seconds alike; takes only the linear rows (not the output layer, whose logits run at the last token of a call, nor
+    the table, the norms, a vector or a stacked 3-D weight); and a K no row measured is priced at the rate of all rows by FLOP,
+    held at the smallest row's below it. The explain text names both rates in GFLOP/s. prefill_keys_factor is 1 where
+    the model has several head sizes or no stored rate at its head size, and skips the layers it is told to (the .pte's
+    rings: then the global layers' calls alone weigh it)."""
+    from edgekv.arch import Attention, load_arch
+    from edgekv.memory import prefill
+    from edgekv.strategies import parse_strategy
+
+    pre = RATES["devices"]["host-xeon"]["prefill"]
+    by = pre["matmul_by_matrix"]
+    t = {(r[0], r[1]): r[2] for r in by["rows"]}
+
+    def w(cls, shape, frac=1.0):
+        return SimpleNamespace(cls=cls, shape=shape, read_fraction=frac)
+
+    two = SimpleNamespace(weights=[w("linear", (2048, 640)), w("linear", (960, 576), 0.25)])
+    f1, f2 = 2 * 128 * 640 * 2048, 2 * 128 * 576 * 960
+    assert prefill.matmul_kernel_rate(two, by) == pytest.approx(
+        (f1 + 0.25 * f2) / (t[640, 2048] + 0.25 * t[576, 960]), rel=1e-9)
+    others = SimpleNamespace(weights=[w("linear", (2048, 640)), w("lm_head", (49152, 576)), w("embedding", (49152, 576)),
+                                      w("small", (576,)), w("linear", (4, 2048, 640)), w("linear", (640,))])
+    assert prefill.matmul_kernel_rate(others, by) == pytest.approx(f1 / t[640, 2048], rel=1e-9)
+    smallest = min(by["rows"], key=lambda r: r[0] * r[1])  # SmolLM2's 576 x 576
+    tiny = SimpleNamespace(weights=[w("linear", (10, 999))])  # K = 999: no row of its K, below every row's FLOP
+    assert prefill.matmul_kernel_rate(tiny, by) == pytest.approx(
+        2 * 128 * smallest[0] * smallest[1] / smallest[2], rel=1e-9)
+    gemma = load_arch("gemma-3-270m")
+    scale, how = prefill.matmul_shape_scale(pre, gemma)
+    assert f"{prefill.matmul_kernel_rate(gemma, by) / 1e9:.3g} GFLOP/s, over smollm2-135m's, " \
+           f"{by['fit_flop_per_s'] / 1e9:.3g})" in how
+    ex = ALL["executorch"]["devices"]["host-xeon"]["prefill"]
+    kv = parse_strategy("kv")
+    mixed = SimpleNamespace(blocks=[SimpleNamespace(mixers=[Attention(4, 1, 256)]),
+                                    SimpleNamespace(mixers=[Attention(4, 1, 512)])])
+    assert prefill.prefill_keys_factor(ex, "fp32", mixed, kv, 32768, 128) == (1.0, "")
+    assert prefill.prefill_keys_factor({**ex, "attention_flop_per_s_by_head_dim": {}}, "fp32", gemma, kv, 32768,
+                                       128) == (1.0, "")
+    # Gemma's 3 global layers alone, their 256 calls at (j + 1) x 128 keys, once the 15 sliding layers are skipped
+    curve = sorted((int(k), v) for k, v in ex["attention_flop_per_s_by_keys"]["fp32"]["256"].items())
+
+    def rate(k):
+        for (k0, r0), (k1, r1) in zip(curve, curve[1:]):
+            if k <= k1:
+                return r0 + (max(k, k0) - k0) / (k1 - k0) * (r1 - r0)
+        return curve[-1][1]
+
+    keys = [(j + 1) * 128 for j in range(256)]
+    want = sum(keys) / sum(k / rate(k) for k in keys) / ex["attention_flop_per_s_by_head_dim"]["fp32"]["256"]
+    sliding = tuple(m for b in gemma.blocks for m in b.mixers if isinstance(m, Attention) and m.window)
+    assert len(sliding) == 15
+    got = prefill.prefill_keys_factor(ex, "fp32", gemma, kv, 32768, 128, sliding)[0]
+    assert got == pytest.approx(want, rel=1e-4)
+    assert got != pytest.approx(prefill.prefill_keys_factor(ex, "fp32", gemma, kv, 32768, 128)[0], rel=1e-3)
