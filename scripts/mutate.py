@@ -315,6 +315,7 @@ def main(argv=None) -> int:
         old = json.loads(out.read_text()) if out.is_file() else {}
         mods = {m["name"]: m for m in old.get("modules", [])}
         mods.update({r["name"]: r for r in results})
+        mods = {k: v for k, v in mods.items() if k in MODULES}  # a module renamed or dropped leaves no stale rows
         for m in mods.values():
             annotate(m)
         tot_k = sum(m.get("killed", 0) for m in mods.values())
