@@ -1389,8 +1389,8 @@ def test_the_matmul_and_keys_factors_edges_by_hand():
     seconds alike; takes only the linear rows (not the output layer, whose logits run at the last token of a call, nor
     the table, the norms, a vector or a stacked 3-D weight); and a K no row measured is priced at the rate of all rows by FLOP,
     held at the smallest row's below it. The explain text names both rates in GFLOP/s. prefill_keys_factor is 1 where
-    the model has several head sizes or no stored rate at its head size, and skips the layers it is told to (the .pte's
-    rings: then the global layers' calls alone weigh it)."""
+    the model has several head sizes, no stored rate at its head size or no layer left once it skips the layers it is told
+    to (the .pte's rings: then the global layers' calls alone weigh it)."""
     from edgekv.arch import Attention, load_arch
     from edgekv.memory import prefill
     from edgekv.strategies import parse_strategy
@@ -1440,3 +1440,5 @@ def test_the_matmul_and_keys_factors_edges_by_hand():
     got = prefill.prefill_keys_factor(ex, "fp32", gemma, kv, 32768, 128, sliding)[0]
     assert got == pytest.approx(want, rel=1e-4)
     assert got != pytest.approx(prefill.prefill_keys_factor(ex, "fp32", gemma, kv, 32768, 128)[0], rel=1e-3)
+    every = tuple(m for b in gemma.blocks for m in b.mixers if isinstance(m, Attention))  # all rings: nothing to weigh
+    assert prefill.prefill_keys_factor(ex, "fp32", gemma, kv, 32768, 128, every) == (1.0, "")

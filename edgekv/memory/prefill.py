@@ -307,6 +307,8 @@ def prefill_keys_factor(rates: dict, kind: str, arch: Arch, strategy: Strategy, 
             keys, t = per_cap[cap]
             flop += m.n_heads * keys
             sec += m.n_heads * t
+    if not sec:  # every layer skipped (a model whose every layer is a .pte ring): the kernel prefills nothing
+        return 1.0, ""
     f = flop / sec / base
     return f, f" x {f:.3g} (its calls at the kernel's rate by kept keys)"
 
