@@ -53,6 +53,9 @@ SOURCES = {
             "edgekv fp16": ("attention_rates_executorch_fp16_edgekv.json", "fp16"),
             "edgekv int4": ("attention_rates_executorch_int4_edgekv.json", "int4"),
             "eager fp16": ("attention_rates_executorch_window_xeon.json", "eager window fp16"),
+            # a model's own sliding ring of an fp32 cache, eager (Gemma 3's sliding layers: speed.ring_decode_kind;
+            # attention_rates.py --runtime executorch --window --ring)
+            "eager ring fp32": ("attention_rates_executorch_ring_decode_xeon.json", "eager ring fp32"),
         },
         "executorch-llama": {
             "fp32": ("attention_rates_executorch_llama_xeon_pair.json", "etllama fp32"),

@@ -174,6 +174,9 @@ PTE_INT8_OLD_KIND = {"edgekv-pte:kv-int8/": "readback int8", "edgekv-pte:kv-int8
 # the .pte's fp32 cache before a one-token call handed custom_sdpa a KV head's G query heads as G rows (commit 48d2b27,
 # merged at 2026-12-05 22:53 UTC; the branch's own runs, PTE_ROWS_FILES, measured it first): a row measured before ran
 # one attention per query head, modelled at that graph's kernel rate ("per-head fp32", attention_rates.json keeps both)
+# the .pte's eager rings on a model's own sliding layers (swaps.RingSdpaAttention, commit 6ce6995): a row measured
+# before ran those layers on another graph, its decode not charged the rings' (speed.ring_decode_layers)
+PTE_RINGS_SINCE = "2026-12-05T17:47"
 PTE_PER_HEAD = ("edgekv-pte:kv:dtype=fp32/", "2026-12-05T22:53", "per-head fp32")
 PTE_ROWS_FILES = {"filled_context_gemma3_16384_pte_fast.json", "filled_context_gemma3_16384_pte_fast_r2.json"}
 # edgekv's own operators a .pte may call (its manifest's custom_ops, recorded by filled_context as export.custom_ops)
@@ -324,14 +327,15 @@ def parse(name: str, gguf: str | None = None) -> tuple[str, str, str] | str:
 
 def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then: str | None = None,
           int8_kernel: str = "executorch", weights: str = "int4", gguf: str | None = None,
-          device: str = DEFAULT_DEVICE) -> dict:
+          device: str = DEFAULT_DEVICE, rings_then: bool = True) -> dict:
     """The planner's pieces for this row: weights bytes per token, the attention seconds at the stored kernel rate
     (None: no rate for this row), the prefill FLOP by part and the prefill kind, and plan's own decode / prefill.
     kind_then: the stored kind of the graph an older row ran (PTE_INT8_OLD_KIND), in place of the planner's;
     int8_kernel: what read the .pte's int8 codes (its export's custom_ops: PTE_INT8_KERNEL_OPS), as
     `edgekv plan --pte-kernel` prices it. weights: "int4", "gguf" (the row's GGUF, `gguf`, read as `edgekv plan
     -m FILE.gguf --weights gguf` reads it) or "genai-int4" (GENAI: the plan's int4 row, its matrices at GenAI's form).
-    device: the host profile whose rates price it (row_device: the one measured on the row's CPU)."""
+    device: the host profile whose rates price it (row_device: the one measured on the row's CPU). rings_then: the
+    row ran the .pte's eager rings (PTE_RINGS_SINCE)."""
     from edgekv import memory as M
     from edgekv.arch import Attention
     from edgekv.devices import load_device
@@ -384,9 +388,20 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
         out["weights_kernel_s"] = M.speed.weights_seconds_by_matrix(arch, "int4", by, runtime_cost(runtime, arch,
                                                                                                    "int4")[1])[1]
         out["n_layers"] = arch.n_layers
+    # the .pte's eager rings at their own decode kind, as plan prices them (not for a run before them): their
+    # seconds apart (ring_s), and out of the per-key work a kind fitted on model rows charges (key_work)
+    ring_kinds = M.speed.ring_decode_layers(arch, layout, strategy, cost, rates and rates["kinds"], int8_kernel) \
+        if rings_then else {}
+    out["ring_s"] = 0.0
+    if ring_kinds:
+        import dataclasses
+
+        only = dataclasses.replace(layout, tensors=[t for t in layout.tensors if t.layer in ring_kinds])
+        out["ring_s"] = M.attention_seconds(arch, only, next(iter(ring_kinds.values())), rates["kinds"],
+                                            layer_kinds=ring_kinds)[0]
     if kind:
         out["attention_s"], out["attention_formula"] = M.attention_seconds(
-            arch, layout, kind, rates["kinds"], rates["kinds"][kind].get("kernel", rates["kernel"]))
+            arch, layout, kind, rates["kinds"], rates["kinds"][kind].get("kernel", rates["kernel"]), ring_kinds)
         if "pages_s" in out:
             out["attention_s"] += out["pages_s"]
             out["attention_formula"] += f" + {out['pages_formula']}"
@@ -422,7 +437,7 @@ def terms(model: str, runtime: str, spec: str, ctx: int, prompt: int, kind_then:
     # the per-key work of each layer (sum over layers of kept keys x query heads x head size): llama.cpp's fit
     kept = {t.layer: t.shape[2] for t in layout.tensors if t.role == "key"}
     out["key_work"] = float(sum(kept[i] * m.n_heads * m.head_dim for i, b in enumerate(arch.blocks)
-                                for m in b.mixers if isinstance(m, Attention) and i in kept))
+                                for m in b.mixers if isinstance(m, Attention) and i in kept and i not in ring_kinds))
     return out
 
 
@@ -775,7 +790,7 @@ def main(argv=None) -> int:
         else:
             r["runtime"], r["spec"], weights = how
             r.update(terms(r["model"], r["runtime"], r["spec"], r["ctx"], prompt, old_kind, int8_kernel, weights,
-                           r.get("gguf_path"), r["device"]))
+                           r.get("gguf_path"), r["device"], r["started_utc"] >= PTE_RINGS_SINCE))
             if int8_kernel != "executorch":
                 r["int8_kernel"] = int8_kernel
             if old_kind and old_kind.startswith("eager"):
@@ -852,16 +867,17 @@ def main(argv=None) -> int:
             if "eager" in r and r["device"] == dev and RATES_FROM.get(r["cost"], r["cost"]) in w_rates:
                 w_t, k = weights_s(r) * r["tok_s"], r["key_work"] * r["tok_s"]
                 num, den = acc.get((r["cost"], r["eager"]), (0.0, 0.0))
-                acc[r["cost"], r["eager"]] = (num + k * (1 - w_t), den + k * k)
+                acc[r["cost"], r["eager"]] = (num + k * (1 - w_t - r["ring_s"] * r["tok_s"]), den + k * k)
         for (cost, kind), (num, den) in acc.items():
             fitted.setdefault(cost, {})[kind] = num / den
         for r in rows:
             if "eager" in r and r.get("device") == dev:
                 c = fitted.get(r["cost"], {}).get(r["eager"])
                 if c:
-                    r["model_attention_s"] = r["key_work"] * c
+                    r["model_attention_s"] = r["key_work"] * c + r["ring_s"]
                     r["attention_formula"] = (f"{r['key_work']:.4g} key x head x dim per step x {c * 1e12:.3g} ps "
-                                              f"({r['eager']}, fitted on model rows)")
+                                              f"({r['eager']}, fitted on model rows)"
+                                              + (f" + the eager rings {r['ring_s'] * 1e3:.3g} ms" if r["ring_s"] else ""))
                 else:
                     r["why_not"] = (f"no SmolLM2-135M row of {r['cost']}'s {r['eager']} graph to fit its rate on"
                                     + ("" if dev == DEFAULT_DEVICE else f" measured on {dev}'s CPU"))

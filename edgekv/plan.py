@@ -185,7 +185,8 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
         # cache at its own rate, far below the memory bandwidth: the roofline keeps the weights, the attention is
         # charged at the fitted kernel cost (edgekv/costs/attention_rates.json)
         kernel = rates["kinds"][kind].get("kernel", rates["kernel"])
-        attn_s, attn_f = M.attention_seconds(arch, dep.layout, kind, rates["kinds"], kernel)
+        attn_s, attn_f = M.attention_seconds(arch, dep.layout, kind, rates["kinds"], kernel, M.speed.ring_decode_layers(
+            arch, dep.layout, strategy, rt, rates["kinds"], int8_kernel))
         lin = fl.value - M.attention_flops(arch, dep.layout)
         w_rate = (gguf_rate or rates["weights"].get(dep.weight_precision, {})).get("read_bytes_per_s")
         by = None if gguf_rate else rates["weights"].get(dep.weight_precision, {}).get("by_matrix")

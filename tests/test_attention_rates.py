@@ -800,14 +800,17 @@ def test_onnx_weights_term_at_matmulnbits_rows_against_the_models_profile():
 
 def test_pte_gemma3_fp32_rings_at_the_kernels_measured_curve():
     """Gemma-3-270M's .pte with a fp32 cache at a filled 16k (its 15 sliding layers' 512-slot rings written in place,
-    3 global layers of 16384 keys): a one-token call hands custom_sdpa the 4 query heads of its one KV head as 4 rows
-    of one head (SdpaAttention._custom_sdpa), which at 4 x 1 x 256 heads reads the cache at 0.32 ns per key x head x
-    dim at 1k and 0.29 at 16k (benchmarks/results/attention_rates_executorch_rows.json; the per-head call before:
-    0.45 and 0.92), so the plan charges each layer at that measured curve: by hand 15 x 512 keys at the 1k row's
-    per-key time (below the rows, held at the nearest) + 3 x the 16k row."""
+    3 global layers of 16384 keys): on a global layer a one-token call hands custom_sdpa the 4 query heads of its one
+    KV head as 4 rows of one head (SdpaAttention._custom_sdpa), which at 4 x 1 x 256 heads reads the cache at 0.29 ns
+    per key x head x dim at 16k (benchmarks/results/attention_rates_executorch_rows.json; the per-head call before:
+    0.92); a ring's one-token call is the eager layer's, timed whole on this host at 512 slots
+    (attention_rates_executorch_ring.json, speed.ring_decode_layers). By hand: 15 x the ring's call at 512 + 3 x the
+    16k row."""
     rows = {r["ctx"]: r["median_us"] * 1e-6 for r in _kernel_rows("attention_rates_executorch_rows.json")
             if r["kind"] == "fp32" and r["head_dim"] == 256}
-    want = 15 * 512 * rows[1024] / 1024 + 3 * rows[16384]
+    ring = next(r["median_us"] * 1e-6 for r in _kernel_rows("attention_rates_executorch_ring.json")
+                if r["kind"] == "eager ring fp32" and r["ctx"] == 512)
+    want = 15 * ring + 3 * rows[16384]
     row = plan("--device", "host", "-m", "gemma-3-270m", "--runtime", "executorch", "--strategy", "kv:dtype=fp32",
                "--weights", "int4", "--ctx", "16384", "--explain")
     text = row["explain"]["decode_tokens_per_s"]
@@ -1442,3 +1445,45 @@ def test_the_matmul_and_keys_factors_edges_by_hand():
     assert got != pytest.approx(prefill.prefill_keys_factor(ex, "fp32", gemma, kv, 32768, 128)[0], rel=1e-3)
     every = tuple(m for b in gemma.blocks for m in b.mixers if isinstance(m, Attention))  # all rings: nothing to weigh
     assert prefill.prefill_keys_factor(ex, "fp32", gemma, kv, 32768, 128, every) == (1.0, "")
+
+
+def test_a_pte_decode_steps_sliding_rings_are_eager_by_hand():
+    """The .pte's rings at decode: a one-token call on Gemma-3-270M's sliding layers is the eager layer's (no
+    custom_sdpa), and on an fp32 ring it is timed as such on the Intel Xeon VM (attention_rates.py --runtime
+    executorch --window --ring, results/attention_rates_executorch_ring_decode_xeon.json: the whole eager call at 516
+    slots over its 516 x 4 x 256). At a filled 2k the plan charges its 15 rings 512 keys each at that cost (the curve
+    held below its first row) beside the 3 global layers on custom_sdpa; the fp32 cache's decode, held out
+    (filled_context_gemma3_2048_xeon_pte_rings.json, 32.73 tokens per CPU second), is within 25 %; at custom_sdpa's
+    per-key cost on the rings too it was +39 %. A ring edgekv's kernel reads in place (--pte-kernel edgekv on an
+    int8 ring) keeps the kernel's cost."""
+    from edgekv.arch import load_arch
+    from edgekv.memory import speed
+    from edgekv.strategies import parse_strategy
+
+    rows = json.loads((ROOT / "benchmarks" / "results" / "attention_rates_executorch_ring_decode_xeon.json")
+                      .read_text())["rows"]
+    r516 = next(r for r in rows if r["kind"] == "eager ring fp32" and r["ctx"] == 516)
+    per_key = r516["median_us"] * 1e-6 / (516 * 4 * 256) * 4 * 256  # a key's share of the call, H x D of it
+    got = plan("--device", "host-xeon", "-m", "gemma-3-270m", "--runtime", "executorch", "--strategy",
+               "kv:dtype=fp32", "--weights", "int4", "--ctx", "2048", "--explain")
+    text = got["explain"]["decode_tokens_per_s"]
+    assert f"15 x (0 us + 512 x {per_key * 1e6:.4g} us) [eager ring fp32: the .pte's eager ring]" in text, text
+    m = next(r for r in json.loads((ROOT / "benchmarks" / "results" / "filled_context_gemma3_2048_xeon_pte_rings.json")
+                                   .read_text())["rows"] if r["name"] == "edgekv-pte:kv:dtype=fp32/int4")
+    measured = m["decode_tok_per_cpu_s"]
+    assert got["decode_tokens_per_s"] == pytest.approx(measured, rel=0.25)
+    gemma, kinds = load_arch("gemma-3-270m"), ALL["executorch"]["devices"]["host-xeon"]["kinds"]
+    st = parse_strategy("kv:dtype=fp32")
+    layout = st.layout(gemma, 2048)
+    rings = speed.ring_decode_layers(gemma, layout, st, "executorch", kinds)
+    assert len(rings) == 15 and set(rings.values()) == {"eager ring fp32"}
+    int8 = parse_strategy("kv-int8")
+    assert speed.ring_decode_layers(gemma, int8.layout(gemma, 2048), int8, "executorch", kinds, "edgekv") == {}
+    assert set(speed.ring_decode_layers(gemma, int8.layout(gemma, 2048), int8, "executorch", kinds).values()) == {
+        "eager fp16"}
+    assert speed.ring_decode_layers(gemma, layout, st, "onnxruntime", kinds) == {}
+    # at custom_sdpa's per-key cost on every layer, the step's attention is 15 x 512 keys cheaper: +39 %
+    old = speed.attention_seconds(gemma, layout, "fp32", kinds)[0]
+    new = speed.attention_seconds(gemma, layout, "fp32", kinds, layer_kinds=rings)[0]
+    assert new - old == pytest.approx(15 * 512 * (per_key - speed._compute_at(
+        kinds["fp32"]["by_head_dim"]["256"], 512) * 4 * 256), rel=0.01)

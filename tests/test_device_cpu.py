@@ -212,9 +212,8 @@ PREFILL_MISSES: set = set()
 def test_xeon_rows_are_priced_at_host_xeons_rates():
     """benchmarks/results/plan_vs_filled.json: every run whose JSON names the Xeon is set against host-xeon (its rows
     carry device), priced at host-xeon's stored rates (the plan's own number equals the prediction), its weights fitted
-    on the Xeon's SmolLM2 rows only (Gemma's and the 1B's held out); decode within 25 % but for the misses named in
-    benchmarks/README.md (the ONNX fp16 cache at a filled 8k, a fit row; Gemma's fp32-cache .pte at 2k, its eager
-    rings' decode), and every modelled prefill; the 1B's
+    on the Xeon's SmolLM2 rows only (Gemma's and the 1B's held out); decode within 25 % but for the miss named in
+    benchmarks/README.md (the ONNX fp16 cache at a filled 8k, a fit row), and every modelled prefill; the 1B's
     llama.cpp rows at the per-key cost of its 8 KV heads (kv_heads_scale). llama.cpp's rows are priced as
     `edgekv plan -m <the row's GGUF> --device host-xeon` prices them (plan_gguf_tok_s: the file's own weight types at
     the rates measured on the Xeon), their fit rows (SmolLM2's at 2k) and the 1B's held-out row among them."""
@@ -234,12 +233,9 @@ def test_xeon_rows_are_priced_at_host_xeons_rates():
     assert {("fit", "llamacpp:f16", 2048, "filled_context_2048_llamacpp_xeon.json"),
             ("fit", "llamacpp:q8_0", 2048, "filled_context_2048_llamacpp_xeon.json"),
             ("held-out", "llamacpp:f16", 8192, "filled_context_8192_llama32_1b_pte_int8c.json")} <= lc, lc
-    # the decode misses, named in benchmarks/README.md: the ONNX fp16 cache at 8k in one of its two runs (a fit row),
-    # and Gemma's fp32-cache .pte at 2k (held out: its 15 sliding layers' eager rings at decode are charged custom_sdpa's
-    # per-key cost, results/attention_rates_executorch_ring_decode_xeon.json)
+    # the decode miss, named in benchmarks/README.md: the ONNX fp16 cache at 8k in one of its two runs (a fit row)
     misses = {(r["row"], r["ctx"], r["file"]) for r in modelled if not r["within_25"]}
-    assert misses == {("edgekv-ort:kv/int4", 8192, "filled_context_8192_pte_fp16_kernel.json"),
-                      ("edgekv-pte:kv:dtype=fp32/int4", 2048, "filled_context_gemma3_2048_xeon_pte_rings.json")}, misses
+    assert misses == {("edgekv-ort:kv/int4", 8192, "filled_context_8192_pte_fp16_kernel.json")}, misses
     # issue 41's two commands on this CPU: SmolLM2 at a filled 8k and Gemma-3-270M at 32k, each runtime and cache
     # the filled-context benchmark ran there, within 25 % (Gemma's held out)
     at = {(m, c): {r["row"] for r in modelled if m in r["model"] and r["ctx"] == c}

@@ -271,19 +271,21 @@ def kv_heads_factor(by: dict | None, kv_heads: int) -> float:
     return _curve_at(by, kv_heads) if by else 1.0
 
 
-def attention_seconds(arch: Arch, layout: StateLayout, kind: str, rates: dict, kernel: str = "GroupQueryAttention"
-                      ) -> tuple[float, str]:
+def attention_seconds(arch: Arch, layout: StateLayout, kind: str, rates: dict, kernel: str = "GroupQueryAttention",
+                      layer_kinds: dict[int, str] | None = None) -> tuple[float, str]:
     """Seconds of one decode step's attention at the device's measured kernel rate (scale 1), summed over the
     layers: overhead + T * (2 * Hkv * D * bytes / read_rate + H * D * c_compute), T the layer's kept keys; a kind's
     fit for the layer's own head size where one is stored (by_head_dim; its measured curve where the kernel slows
     faster than linearly: _compute_at; times the factor at the layer's KV heads where one is stored:
-    kv_heads_factor), else its fit over the measured shapes."""
+    kv_heads_factor), else its fit over the measured shapes. layer_kinds: layers priced at another kind (the .pte's
+    eager rings: ring_decode_kind)."""
     kept = {t.layer: t.shape[2] for t in layout.tensors if t.role == "key"}
     total, groups = 0.0, {}
     for i, b in enumerate(arch.blocks):
         for m in b.mixers:
             if isinstance(m, Attention) and i in kept:
-                r = rates[kind].get("by_head_dim", {}).get(str(m.head_dim), rates[kind])
+                k = (layer_kinds or {}).get(i, kind)
+                r = rates[k].get("by_head_dim", {}).get(str(m.head_dim), rates[k])
                 rate, over = r["read_bytes_per_s"], r["overhead_s"]
                 kvf = kv_heads_factor(r.get("kv_heads_scale"), m.n_kv_heads)
                 comp = _compute_at(r, kept[i]) * kvf
@@ -292,17 +294,41 @@ def attention_seconds(arch: Arch, layout: StateLayout, kind: str, rates: dict, k
                 # pte_cast_per_key.py), a term of its own beside the kernel's
                 by = r.get("cast_s_per_value_by_kept_keys")
                 cast = 2 * m.n_kv_heads * m.head_dim * _curve_at(by, kept[i]) if by else 0.0
-                per_pos = (2 * m.n_kv_heads * m.head_dim * _KIND_BYTES[kind.split()[-1]] / rate if rate else 0.0) \
+                per_pos = (2 * m.n_kv_heads * m.head_dim * _KIND_BYTES[k.split()[-1]] / rate if rate else 0.0) \
                     + m.n_heads * m.head_dim * comp + cast
                 total += over + kept[i] * per_pos
-                key = (kept[i], over, per_pos, cast, kvf, m.n_kv_heads)
+                key = (kept[i], over, per_pos, cast, kvf, m.n_kv_heads, k if k != kind else "")
                 groups[key] = groups.get(key, 0) + 1
     parts = " + ".join(f"{n} x ({over * 1e6:.3g} us + {T} x {per_pos * 1e6:.4g} us)"
                        + (f" [of each key's, the cast to fp32 {cast * 1e6:.4g} us]" if cast else "")
                        + (f" [the kernel's cost x {kvf:.3g} at {kv} KV heads]" if kvf != 1.0 else "")
-                       for (T, over, per_pos, cast, kvf, kv), n in groups.items())
+                       + (f" [{other}: the .pte's eager ring]" if other else "")
+                       for (T, over, per_pos, cast, kvf, kv, other), n in groups.items())
     return total, f"attention ({kind} {kernel}: layers x (overhead + kept keys x per-key cost)) = " \
                   f"{parts} = {total * 1e3:.3g} ms"
+
+
+def ring_decode_layers(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, rates: dict | None,
+                       int8_kernel: str = "executorch") -> dict[int, str]:
+    """{layer index: the stored kind its decode step is priced at} for the .pte's eager rings (memory.prefill
+    .ring_layers: a model's own sliding layers), whose one-token call is the eager layer's, not the fused kernel's:
+    "eager ring fp32" on an fp32 ring, else the window graph's "eager fp16" (the ring read back to fp32 every step);
+    none where edgekv's own kernel reads the ring in place (--pte-kernel edgekv on an int8 / int8c / fp16 ring:
+    swaps._ring_make) or no such kind is stored."""
+    from .prefill import ring_layers
+
+    rings = ring_layers(arch, layout, strategy, runtime)
+    if not rings or not rates:
+        return {}
+    slots = {t for _, t in rings}
+    keys = [t for t in layout.tensors if t.role == "key" and t.shape[2] in slots]
+    dtypes = {t.dtype for t in keys}
+    if int8_kernel == "edgekv" and dtypes <= {"int8", "float16"}:  # its one-token call is edgekv's kernel's
+        return {}
+    kind = "eager ring fp32" if dtypes == {"float32"} else "eager fp16"
+    if kind not in rates:
+        return {}
+    return {t.layer: kind for t in keys}
 
 
 def small_pages_seconds(layout: StateLayout, pages: dict) -> tuple[float, str]:
