@@ -35,18 +35,31 @@ def prefill_flops(arch: Arch, strategy: Strategy, ctx: int, chunk: int, layout: 
                        + (f" + scans ({rec:.3g})" if rec else "") + f" = {total:.3g} FLOP")
 
 
+def _window(m: Attention, strategy: Strategy) -> int | None:
+    """A layer's window in a prompt: its own sliding window, the strategy's window capping it (None: global)."""
+    w_cap = strategy.window_tokens
+    return m.window if w_cap is None else min(w_cap, m.window or w_cap)
+
+
+def _call_keys(ctx: int, chunk: int, cap: int) -> tuple[list[int], int]:
+    """The rows a prompt of ctx tokens in calls of `chunk` reaches call by call on a layer that keeps at most `cap`:
+    call j reaches (j + 1) x chunk while that fits, the calls after it reach cap. -> (the growing calls' counts, how
+    many calls reach cap)."""
+    n = math.ceil(ctx / chunk)
+    k = min(n, cap // chunk)
+    return [(j + 1) * chunk for j in range(k)], n - k
+
+
 def prefill_parts(arch: Arch, strategy: Strategy, ctx: int, chunk: int) -> dict:
     """prefill_flops by part: matmul (2 x params x ctx), logits (the last token of each chunk), attention (causal,
     windows cap it), reexpand (a converted-MLA latent), scans (recurrences)."""
     lin = 2 * _active_params(arch, ("linear",)) * ctx
     head = 2 * arch.vocab * arch.hidden * math.ceil(ctx / chunk)  # logits for the last token of each chunk
     attn = extra = rec = 0.0
-    w_cap = strategy.window_tokens
     for b in arch.blocks:
         for m in b.mixers:
             if isinstance(m, Attention):
-                win = m.window if w_cap is None else min(w_cap, m.window or w_cap)
-                attn += 4 * m.n_heads * m.head_dim * _attn_tokens(ctx, win)
+                attn += 4 * m.n_heads * m.head_dim * _attn_tokens(ctx, _window(m, strategy))
                 if strategy.converts_to_latent:
                     r = mla_rank(arch, strategy)
                     n_chunks = math.ceil(ctx / chunk)
@@ -77,16 +90,13 @@ def readback_values(arch: Arch, strategy: Strategy, ctx: int, chunk: int) -> flo
     rows written so far every call (edgekv's .pte on a packed int4 cache: SdpaAttention's "fp32 rows", rows
     0..pos+C-1 through dequantize_planar, then custom_sdpa): per attention layer, K and V, 2 x Hkv x D values per
     row, summed over the calls (call j reads j x chunk rows, a window capping them)."""
-    n = math.ceil(ctx / chunk)
-    w_cap = strategy.window_tokens
     total = 0.0
     for b in arch.blocks:
         for m in b.mixers:
             if isinstance(m, Attention):
-                win = m.window if w_cap is None else min(w_cap, m.window or w_cap)
-                w = min(win or ctx, ctx)
-                k = min(n, w // chunk)  # the calls that read all rows so far; the rest read the window's w
-                total += 2 * m.n_kv_heads * m.head_dim * (chunk * k * (k + 1) / 2 + (n - k) * w)
+                w = min(_window(m, strategy) or ctx, ctx)
+                grow, rest = _call_keys(ctx, chunk, w)  # the calls that read all rows so far; the rest the window's w
+                total += 2 * m.n_kv_heads * m.head_dim * (sum(grow) + rest * w)
     return total
 
 
@@ -230,11 +240,15 @@ def fitted_kind(rates: dict, kind: str) -> str:
 def ring_kind(rates: dict, layout: StateLayout, rings: list[tuple[Attention, int]]) -> str:
     """The stored kind a .pte's eager rings prefill at: "eager fp32" where the rings hold fp32 values and that kind
     is stored (its kernel run beside the eager fp16 graph's: no dequantization), else RING_KIND."""
-    slots = {t for _, t in rings}
-    dtypes = {t.dtype for t in layout.tensors if t.role == "key" and t.shape[2] in slots}
-    if dtypes == {"float32"} and "eager fp32" in rates.get("attention_flop_per_s_head_dim_scale", {}):
+    if ring_dtypes(layout, rings) == {"float32"} and "eager fp32" in rates.get("attention_flop_per_s_head_dim_scale", {}):
         return "eager fp32"
     return RING_KIND
+
+
+def ring_dtypes(layout: StateLayout, rings: list[tuple[Attention, int]]) -> set[str]:
+    """The stored dtypes of the rings' keys (ring_layers), which set the kind their prompt and decode are priced at."""
+    slots = {t for _, t in rings}
+    return {t.dtype for t in layout.tensors if t.role == "key" and t.shape[2] in slots}
 
 
 def matmul_kernel_rate(arch: Arch, by: dict) -> float | None:
@@ -289,21 +303,17 @@ def prefill_keys_factor(rates: dict, kind: str, arch: Arch, strategy: Strategy, 
     base = rates.get("attention_flop_per_s_by_head_dim", {}).get(kind, {}).get(str(d))
     if not curve or not base or len({m.head_dim for b in arch.blocks for m in b.mixers if isinstance(m, Attention)}) > 1:
         return 1.0, ""
-    n = math.ceil(ctx / chunk)
-    w_cap = strategy.window_tokens
     per_cap: dict[int, tuple[float, float]] = {}  # keys cap -> (sum of keys, sum of keys / rate) over the calls
     flop = sec = 0.0
     for b in arch.blocks:
         for m in b.mixers:
             if not isinstance(m, Attention) or any(m is x for x in skip):
                 continue
-            win = m.window if w_cap is None else min(w_cap, m.window or w_cap)
-            cap = min(win or ctx, ctx)
+            cap = min(_window(m, strategy) or ctx, ctx)
             if cap not in per_cap:
-                k = min(n, cap // chunk)  # calls whose keys grow: (j + 1) x chunk; the rest at the cap
-                grow = [(j + 1) * chunk for j in range(k)]
-                keys = sum(grow) + (n - k) * cap
-                per_cap[cap] = keys, sum(x / _curve_at(curve, x) for x in grow) + (n - k) * cap / _curve_at(curve, cap)
+                grow, rest = _call_keys(ctx, chunk, cap)
+                keys = sum(grow) + rest * cap
+                per_cap[cap] = keys, sum(x / _curve_at(curve, x) for x in grow) + rest * cap / _curve_at(curve, cap)
             keys, t = per_cap[cap]
             flop += m.n_heads * keys
             sec += m.n_heads * t

@@ -315,20 +315,19 @@ def ring_decode_layers(arch: Arch, layout: StateLayout, strategy: Strategy, runt
     "eager ring fp32" on an fp32 ring, else the window graph's "eager fp16" (the ring read back to fp32 every step);
     none where edgekv's own kernel reads the ring in place (--pte-kernel edgekv on an int8 / int8c / fp16 ring:
     swaps._ring_make) or no such kind is stored."""
-    from .prefill import ring_layers
+    from .prefill import ring_dtypes, ring_layers
 
     rings = ring_layers(arch, layout, strategy, runtime)
     if not rings or not rates:
         return {}
-    slots = {t for _, t in rings}
-    keys = [t for t in layout.tensors if t.role == "key" and t.shape[2] in slots]
-    dtypes = {t.dtype for t in keys}
+    dtypes = ring_dtypes(layout, rings)
     if int8_kernel == "edgekv" and dtypes <= {"int8", "float16"}:  # its one-token call is edgekv's kernel's
         return {}
     kind = "eager ring fp32" if dtypes == {"float32"} else "eager fp16"
     if kind not in rates:
         return {}
-    return {t.layer: kind for t in keys}
+    slots = {t for _, t in rings}
+    return {t.layer: kind for t in layout.tensors if t.role == "key" and t.shape[2] in slots}
 
 
 def small_pages_seconds(layout: StateLayout, pages: dict) -> tuple[float, str]:
