@@ -150,6 +150,13 @@ NOT_FITTED = {
     "filled_context_2048_pte_int8_inplace.json": "one row (the .pte's kv-int8 read in place by custom_quantized_sdpa) "
     "run alone at a load average of 6-12, without the fp32 row beside it: a check of the plan's int8 kernel rate, "
     "not a weights-rate measurement",
+    "filled_context_8192_epyc_recheck.json": "SmolLM2-135M's edgekv ONNX rows, llama.cpp f16 and GenAI at a filled 8k "
+    "rerun on the AMD EPYC VM (issue 41's done-when, `edgekv plan --device host -m smollm2-135m -c 8k`) after the "
+    "host's rates were fitted and stored: a check of the stored rates, listed and predicted, not fitted",
+    "filled_context_8192_epyc_recheck_pte.json": "SmolLM2-135M's .pte rows (fp32, fp16, kv-int4 caches, window) and "
+    "llama.cpp q8_0 at a filled 8k, rerun on the AMD EPYC VM after the host's rates were stored: a check, not fitted",
+    "filled_context_1024_epyc_recheck.json": "SmolLM2-135M's fp32-cache ONNX rows (int4 and the GGUF's own blocks) at a "
+    "filled 1k, rerun on the AMD EPYC VM beside Gemma's after the host's rates were stored: a check, not fitted",
     "filled_context_2048_pte_window.json": "the window .pte and ONNX window rows at a filled 2k (the window covers the "
     "whole context), run at a load average of 3.8-4.5 after the host's rates were fitted and stored "
     "(edgekv/costs/attention_rates.json): listed and predicted at the stored rates, not fitted, so one run's load does "

@@ -28,18 +28,19 @@ MIB = 2.0 ** 20
 # edgekv's is the fastest of its rows in the file at equal quality (QUALITY_MARGIN), else its fastest row.
 LLAMACPP = ("llamacpp:f16", "llamacpp:q8_0")
 FILLED = [
-    ("Decode at a filled 32k, Gemma-3-270M", "filled_context_gemma3_32768_window_gqa", LLAMACPP, "llama.cpp"),
+    ("Decode at a filled 32k, Gemma-3-270M", "filled_context_gemma3_32768_epyc_recheck", LLAMACPP, "llama.cpp"),
     ("Decode at a filled 16k, Gemma-3-270M", "filled_context_gemma3_16384_window_gqa", LLAMACPP, "llama.cpp"),
-    ("Decode at a filled 16k, Gemma-3-270M, the GGUF's own blocks", "filled_context_gemma3_16384_gguf_paged", LLAMACPP,
-     "llama.cpp"),
+    ("Decode at a filled 16k, Gemma-3-270M, the GGUF's own blocks", "filled_context_gemma3_16384_epyc_recheck_gguf",
+     LLAMACPP, "llama.cpp"),
     ("Decode at a filled 16k, Gemma-3-270M, against GenAI", "filled_context_gemma3_16384_genai", ("genai:int4",),
      "ORT GenAI"),
     ("Decode at a filled 8k, Llama-3.2-1B (random weights), the GGUF's own blocks",
      "filled_context_8192_llama32_1b_q4_0_gguf_round", LLAMACPP, "llama.cpp"),
-    ("Decode at a filled 8k, SmolLM2-135M", "filled_context_8192_int8c", LLAMACPP, "llama.cpp"),
+    ("Decode at a filled 8k, SmolLM2-135M", "filled_context_8192_epyc_recheck", LLAMACPP, "llama.cpp"),
     ("Decode at a filled 8k, SmolLM2-135M, the GGUF's own blocks", "filled_context_8192_gguf_equal_r2", LLAMACPP,
      "llama.cpp"),
-    ("Decode at a filled 8k, SmolLM2-135M, against GenAI", "filled_context_8192", ("genai:int4",), "ORT GenAI"),
+    ("Decode at a filled 8k, SmolLM2-135M, against GenAI", "filled_context_8192_epyc_recheck", ("genai:int4",),
+     "ORT GenAI"),
     ("Decode at a filled 8k, SmolLM2-135M, against ExecuTorch's own export", "filled_context_8192_etllama_side",
      ("et-llama:kv-fp32/8da4w",), "ExecuTorch export_llama"),
 ]

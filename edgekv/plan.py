@@ -119,6 +119,7 @@ class PlanRow:
              "fit": self.fit, "headroom_bytes": self.budget - self.deployment.bytes["total"],
              "decode_tokens_per_s": round(self.decode.value, 3), "prefill_seconds": round(self.prefill.value, 3),
              **({"decode_tokens_per_s_range": [round(v, 3) for v in self.decode_range]} if self.decode_range else {}),
+             **({"prefill_seconds_range": [round(v, 3) for v in self.prefill_range]} if self.prefill_range else {}),
              "quality": self.quality, "notes": self.notes,
              "trained_ctx": ({"value": self.trained_ctx[0], "source": self.trained_ctx[1]} if self.trained_ctx
                              else {"value": None, "source": "unknown: the config names no trained length"}),
@@ -136,6 +137,7 @@ class PlanRow:
     decode_range: tuple[float, float] | None = None  # (low, high) tok/s where the attention rate is a guessed range
     attention_terms: dict | None = None  # the weights and attention terms where attention is charged at its kernel rate
     prefill_measured: str | None = None  # the prefill formula where charged at the device's fitted prefill rates
+    prefill_range: tuple[float, float] | None = None  # (fast, slow) s where no prefill rate is stored for the cache
     serving: "BaselineRow | None" = None
 
 
@@ -180,13 +182,22 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
     rates = M.attention_rates(rt, device.id, device.device_class)
     kind = M.attention_kind(arch, dep.layout, strategy, rt, rates, int8_kernel)
     gguf_rate, gguf_how = _gguf_rates(arch, weights, rates)
-    if kind:
+    rings = M.speed.ring_decode_layers(arch, dep.layout, strategy, rt, rates and rates["kinds"], int8_kernel)
+    bracket = None if kind or not rates or strategy.converts_to_latent else \
+        M.speed.attention_bracket(arch, dep.layout, rates["kinds"], int8_kernel, rings,
+                                  M.speed.eager_decode(arch, dep.layout, strategy, rt))
+    if kind or bracket:
         # the runtime's attention kernel (GroupQueryAttention, custom_sdpa, llama.cpp's flash attention) reads the
         # cache at its own rate, far below the memory bandwidth: the roofline keeps the weights, the attention is
-        # charged at the fitted kernel cost (edgekv/costs/attention_rates.json)
-        kernel = rates["kinds"][kind].get("kernel", rates["kernel"])
-        attn_s, attn_f = M.attention_seconds(arch, dep.layout, kind, rates["kinds"], kernel, M.speed.ring_decode_layers(
-            arch, dep.layout, strategy, rt, rates["kinds"], int8_kernel))
+        # charged at the fitted kernel cost (edgekv/costs/attention_rates.json); a cache with no stored rate here
+        # (bracket), between the runtime's measured kinds: a range, the slow end the row's value
+        fast_s = None
+        if kind:
+            kernel = rates["kinds"][kind].get("kernel", rates["kernel"])
+            attn_s, attn_f = M.attention_seconds(arch, dep.layout, kind, rates["kinds"], kernel, rings)
+        else:
+            attn_s, fast_s, attn_f, slowest = bracket
+            kernel = rates["kinds"][slowest].get("kernel", rates["kernel"])
         lin = fl.value - M.attention_flops(arch, dep.layout)
         w_rate = (gguf_rate or rates["weights"].get(dep.weight_precision, {})).get("read_bytes_per_s")
         by = None if gguf_rate else rates["weights"].get(dep.weight_precision, {}).get("by_matrix")
@@ -210,7 +221,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
                    "(the step's other ops per layer)")
         dec, attn_terms = M.decode_with_attention(dep.weights["read_per_token"], lin, attn_s, rates["scale"],
                                                   device.bandwidth, device.decode_efficiency, device.flops,
-                                                  device.prefill_efficiency, w_rate, w_s)
+                                                  device.prefill_efficiency, w_rate, w_s, fast_s)
         dec.formula = f"{attn_f}; {dec.formula} ({rates['basis']}: {rates['source']})" + gguf_how
         attn_terms["formula"] = attn_f.split(" = ", 1)[1].rsplit(" = ", 1)[0]
         attn_terms["kernel"] = kernel
@@ -224,6 +235,10 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
         pre_rates = {**pre_rates, "matmul_flop_per_s": gguf_rate["matmul_flop_per_s"]}
     fitted = M.prefill_at_rates(arch, strategy, dep.layout, rt, ctx, min(chunk, ctx), pre_rates, int8_kernel) \
         if pre_rates else None
+    pre_range = None
+    if pre_rates and not fitted and not strategy.converts_to_latent:  # no rate for this cache: its measured kinds'
+        fitted, pre_range = M.prefill.prefill_bracket(arch, strategy, dep.layout, rt, ctx, min(chunk, ctx), pre_rates,
+                                                      int8_kernel) or (None, None)
     pre_fitted = fitted.formula if fitted else None
     if fitted:  # the runtime's prefill rates measured on this device (benchmarks/plan_vs_filled.py)
         fitted.formula = f"{pf.formula}; {fitted.formula} ({rates['prefill']['source']})" + gguf_how
@@ -250,6 +265,7 @@ def plan_one(arch: Arch, strategy: Strategy, device: DeviceProfile, ctx: int, we
                   min(chunk, ctx))
     row.decode_range, row.attention_terms = dec_range, attn_terms
     row.prefill_measured = pre_fitted
+    row.prefill_range = pre_range
     row._runtime_cite = f"{name} overhead {int(ov.value):,} B ({ov.cite})"
     if device.is_datacenter:
         row.serving = serve(device, arch, dep)

@@ -40,6 +40,8 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
     n_fit = sum(r.fits for r in rows)
     shown = rows if limit is None else rows[:limit]
     head, pre = time_column("prefill", [r.prefill.value for r in shown])
+    _, div = time_unit([r.prefill.value for r in shown])
+    pre = [prefill_cell(r, p, div) for r, p in zip(shown, pre)]
     dc = d.is_datacenter
     cells = []
     for r, p in zip(shown, pre):
@@ -64,10 +66,12 @@ def plan_table(plan, limit: int | None = 30, explain: bool = False) -> None:
               "total = weights + state + workspace + runtime; headroom = budget - total ('-' = over by); "
               + (f"tight = fits with no more headroom than the budget's own uncertainty ({fmt_mem(unc)}, "
                  f"{d.id}'s app_budget_uncertainty_bytes). " if unc else "")
-              + "decode = tokens/s at ctx" + ("; low-high where the runtime's attention rate on this device is a "
-                                              "guess, not a measurement (--explain)"
+              + "decode = tokens/s at ctx" + ("; low-high where the attention rate of this runtime and cache on this "
+                                              "device is a guess, not a measurement (--explain)"
                                               if any(getattr(r, "decode_range", None) for r in shown) else "")
-              + f"; prefill = time to read a {plan.ctx:,}-token prompt. "
+              + f"; prefill = time to read a {plan.ctx:,}-token prompt"
+              + ("; fast-slow where this device has no prefill rate for the row's cache (--explain)"
+                 if any(getattr(r, "prefill_range", None) for r in shown) else "") + ". "
               "'*' = state changed from what the model was trained with (quantized, windowed or converted). "
               "'†' = edgekv export cannot build this row today (another tool may; --json: exportable_reason). "
               "trained = the context the model was trained at ('!' = ctx is past it: risk high unless edgekv analyze "
@@ -295,10 +299,21 @@ def recall_runs(c: Console, runs: dict) -> None:
 
 def decode_cell(r) -> str:
     """The decode tok/s cell: a range "low-high" (two significant digits) where the attention rate is a guessed
-    range (a phone whose runtime's kernel rate is the host's scaled: edgekv/costs/attention_rates.json), else the
-    one number."""
+    range (a phone whose runtime's kernel rate is the host's scaled: edgekv/costs/attention_rates.json; a cache no
+    kernel rate is stored for on this device, between the runtime's measured kinds: memory.speed.attention_bracket),
+    else the one number."""
     rng = getattr(r, "decode_range", None)  # a guessed range: two significant digits say as much as it knows
     return f"{fmt_sig(rng[0], 2)}-{fmt_sig(rng[1], 2)}" if rng else fmt_sig(r.decode.value)
+
+
+def prefill_cell(r, cell: str, div: float) -> str:
+    """The prefill cell: "fast-slow" in the column's unit (div seconds) where no prefill rate is stored for the row's
+    cache on this device (memory.prefill.prefill_bracket: the slow end is the row's value), else the cell
+    time_column made."""
+    rng = getattr(r, "prefill_range", None)
+    if not rng:
+        return cell
+    return f"{fmt_sig(rng[0] / div, 2)}-{fmt_sig(rng[1] / div, 2)}"
 
 
 def decode_line(r, d) -> str:
@@ -310,10 +325,13 @@ def decode_line(r, d) -> str:
     if a:
         lo, hi = a["scale"]
         scale = f" / device scale {lo:g}-{hi:g}" if (lo, hi) != (1.0, 1.0) else ""
+        fast = f"{fmt_sig(a['attention_fast_s'] * 1e3)}-" if "attention_fast_s" in a else ""
+        how = (", no rate stored for this cache here, between the runtime's measured kinds" if fast
+               else " at its kernel rate")
         return escape(f"{a['weights']} = {fmt_sig(a['weights_s'] * 1e3)} ms + attention "
-                      f"{fmt_sig(a['attention_s'] * 1e3)} ms{scale} -> {'-'.join(fmt_sig(v) for v in sorted(set(a['tok_s'])))} "
-                      f"tok/s ({a.get('kernel', 'attention')} "
-                      f"at its kernel rate: {a['formula']})")
+                      f"{fast}{fmt_sig(a['attention_s'] * 1e3)} ms{scale} -> {'-'.join(fmt_sig(v) for v in sorted(set(a['tok_s'])))} "
+                      f"tok/s ({a.get('kernel', 'attention')}"
+                      f"{how}: {a['formula']})")
     if "compute-bound" in r.decode.formula and r.decode_flops is not None:
         return (f"~{fmt_sig(r.decode_flops.value / 1e9)} GFLOP per token / ({d.flops / 1e9:,.0f} GFLOP/s x "
                 f"{d.prefill_efficiency:g}) -> {fmt_sig(r.decode.value)} tok/s (compute-bound)")

@@ -65,6 +65,11 @@ MODULES = {
                                             "prefill_graph", "_at_head_dim", "head_dim_scale", "prefill_at_rates",
                                             "matmul_kernel_rate", "matmul_shape_scale", "prefill_keys_factor"],
                 "tests/test_attention_rates.py -k 'prefill or prompt or head_size or shapes or keys or kv_head'", 120),
+    # a cache with no stored kernel rate: its decode and prompt between the runtime's measured kinds
+    "bracket": ("edgekv/memory/speed.py", ["attention_bracket", "eager_decode"],
+                "tests/test_attention_rates.py -k 'bracket or no_measured_kernel'", 120),
+    "prefill_bracket": ("edgekv/memory/prefill.py", ["prefill_bracket"],
+                        "tests/test_attention_rates.py -k 'bracket or no_measured_kernel'", 120),
     "ring": ("edgekv/ring/launch.py", ["check_errors", "reference_attention"],
              "tests/test_ring.py -k 'wrong or prefill_matches or decode_steps_after'", 300),
 }
@@ -139,6 +144,16 @@ ACCEPTED = {
                                                   "so no curve, and returned before"),
               ("break", "equivalent: every model with a stored curve has one mixer a block (the hybrids' attention "
                         "sits beside a recurrence only where no kernel curve prices it)")],
+    "bracket": [('int8_kernel > "edgekv"', "equivalent over the two kernels callers pass (executorch, edgekv)"),
+                ("if s != 0:", "equivalent: attention seconds are never negative"),
+                ("* 1001.0", "display: the same 3 digits"), ("* 999.0", "display: the same 3 digits")],
+    "prefill_bracket": [('int8_kernel > "edgekv"', "equivalent over the two kernels callers pass (executorch, edgekv)"),
+                        ("len(got) <= 1", "equivalent: an empty bracket returned before"),
+                        ('t.role != "key"', "equivalent: an SSM's layout prices no kind without the guard either (no "
+                                            "head size, so no kernel rate; the fused graph leaves the eager kinds out)"),
+                        ('t.role <= "key"', "equivalent: as != (an SSM's layout prices no kind)"),
+                        ('t.role > "key"', "equivalent: as != (an SSM's layout prices no kind)"),
+                        ('t.role >= "key"', "equivalent: as != (an SSM's layout prices no kind)")],
     "storage": [('rounding <= "nearest"', "equivalent over the two roundings callers pass (nearest, stochastic)"),
                 ("frozen=False", "equivalent: nothing assigns to a storage after it is made")],
 }

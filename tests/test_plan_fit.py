@@ -130,6 +130,10 @@ def test_every_explain_line_reproduces_its_result(args):
             _check_attention_line(head, d)
             checked["attention"] = checked.get("attention", 0) + 1
             continue_decode = False
+        elif "between the runtime's measured kinds" in d:
+            _check_bracket_line(head, d)
+            checked["bracket"] = checked.get("bracket", 0) + 1
+            continue_decode = False
         else:
             continue_decode = True
         bw = None if not continue_decode else re.match(rf"decode +~{NUM} GB read per token.* / \({NUM} GB/s x {NUM}\) -> {NUM} tok/s \(bandwidth-bound\)$",
@@ -183,6 +187,24 @@ def _check_attention_line(head: str, d: str) -> None:
     assert _close(_f(g[11]), 1 / (t_w + attn / lo)), (head, d)
     if g[12]:
         assert _close(_f(g[12]), 1 / (t_w + attn / hi)), (head, d)
+
+
+def _check_bracket_line(head: str, d: str) -> None:
+    """A cache with no stored kernel rate on this device (memory.speed.attention_bracket): the weights term plus the
+    slowest measured kind's attention over the device's low scale gives the low tok/s, plus the fastest kind's over
+    its high scale the high one; both attention figures are the ones its formula names."""
+    m = re.match(rf"decode +~{NUM} (GB weights / \({NUM} GB/s x {NUM}\)|GB weights / {NUM} GB/s \(measured\)) = "
+                 rf"{NUM} ms \+ attention {NUM}-{NUM} ms(?: / device scale {NUM}-{NUM})? -> {NUM}-{NUM} tok/s "
+                 rf"\(.*, no rate stored for this cache here, between the runtime's measured kinds: [\w ]+ "
+                 rf"{NUM} ms \.\. [\w ]+ {NUM} ms\)$", d)
+    assert m, (head, d)
+    g = m.groups()
+    t_w = _f(g[0]) / _f(g[4]) if "(measured)" in g[1] else _f(g[0]) / (_f(g[2]) * _f(g[3]))
+    assert _close(_f(g[5]) * 1e-3, t_w), (head, d)
+    fast, slow = _f(g[6]) * 1e-3, _f(g[7]) * 1e-3
+    assert fast < slow and _close(fast, _f(g[12]) * 1e-3) and _close(slow, _f(g[13]) * 1e-3), (head, d)
+    lo, hi = (_f(g[8]), _f(g[9])) if g[8] else (1.0, 1.0)
+    assert _close(_f(g[10]), 1 / (t_w + slow / lo)) and _close(_f(g[11]), 1 / (t_w + fast / hi)), (head, d)
 
 
 def test_kv_int4_decode_counts_the_dequantized_copy_it_reads():

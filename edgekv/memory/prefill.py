@@ -324,14 +324,15 @@ def prefill_keys_factor(rates: dict, kind: str, arch: Arch, strategy: Strategy, 
 
 
 def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtime: str, ctx: int, chunk: int,
-                     rates: dict, int8_kernel: str = "executorch") -> Item | None:
+                     rates: dict, int8_kernel: str = "executorch", as_kind: str | None = None) -> Item | None:
     """Prefill seconds at the device's prefill rates (edgekv/costs/attention_rates.json "prefill"): matmul FLOP (with
     the logits and scans) over the runtime's matmul rate (fitted on measured filled-context prefills by
     benchmarks/plan_vs_filled.py) + attention FLOP over the rate of this cache kind (the kernel's at the model's head
     size where benchmarks/attention_rates.py measured one, else fitted on the same prefills); on the eager graph
     (prefill_graph) the attention the graph computes, every slot of each call, at the "eager <kind>" rate. None where
-    no rate is stored."""
+    no rate is stored. as_kind: the graph's FLOP at another stored kind's rates (prefill_bracket)."""
     kind, p = prefill_graph(arch, strategy, layout, runtime, ctx, chunk, int8_kernel)
+    kind = as_kind or kind
     rb = (rates.get("readback") or {}).get(kind) if kind else None
     if rb:  # a cache read back to fp32 rows every call: the kernel's rate + the read-back per value (readback_values)
         rate, how = _prefill_rate(rates, rb["kernel_kind"], arch)
@@ -368,3 +369,35 @@ def prefill_at_rates(arch: Arch, strategy: Strategy, layout: StateLayout, runtim
         text += (f" + the {kind} cache read back to fp32 rows each call of {rb['chunk']} tokens, {vals:.3g} values x "
                  f"{rb['s_per_value'] * 1e9:.3g} ns")
     return Item(t, f"{text} = {t:.3g} s")
+
+
+def prefill_bracket(arch: Arch, strategy: Strategy, layout: StateLayout, runtime: str, ctx: int, chunk: int,
+                    rates: dict, int8_kernel: str = "executorch") -> tuple[Item, tuple[float, float]] | None:
+    """A prompt's seconds where this device stores prefill rates for the runtime but none for this row's cache (an
+    f32 cache on llama.cpp, a bf16 / fp8 cache, int8 codes in groups: prefill_at_rates None): the graph's FLOP at
+    each of the runtime's measured kinds of the same graph (eager or the fused op; edgekv's own kernel's kinds only
+    with it), the slowest of them the row's value, as the decode's range takes its slow end (speed.attention_bracket),
+    where the roofline would leave the attention's measured rate out. Returns (that Item, (fastest, slowest)
+    seconds, or None where one kind prices it); None where the layout has no key cache (an SSM) or no kind prices it."""
+    if not any(t.role == "key" for t in layout.tensors):
+        return None
+    eager = eager_prefill(arch, layout, strategy, runtime)
+    stored = {*rates.get("attention_flop_per_s_by_head_dim", {}), *(k for k, v in rates.get("attention_flop_per_s",
+                                                                                              {}).items() if v)}
+    got = {}
+    for k in sorted(stored):
+        if k.startswith("eager") != eager or (k.startswith("edgekv ") and int8_kernel != "edgekv"):
+            continue
+        t = prefill_at_rates(arch, strategy, layout, runtime, ctx, chunk, rates, int8_kernel, as_kind=k)
+        if t is not None:
+            got[k] = t
+    if not got:
+        return None
+    fast, slow = min(got, key=lambda k: got[k].value), max(got, key=lambda k: got[k].value)
+    if len(got) == 1:
+        return Item(got[slow].value, f"no prefill rate stored for this cache here: at the runtime's one measured kind "
+                                     f"of this graph, {slow}: {got[slow].formula}"), None
+    return Item(got[slow].value, f"no prefill rate stored for this cache here: between the runtime's measured kinds "
+                                 f"of this graph ({len(got)}), {fast} {got[fast].value:.3g} s .. {slow} "
+                                 f"{got[slow].value:.3g} s, the slow end: {got[slow].formula}"), \
+        (got[fast].value, got[slow].value)

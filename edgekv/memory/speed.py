@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..arch import MLA, SSM, Arch, Attention, Linear, ShortConv
 from ..strategies import StateLayout, Strategy
+from ..units import fmt_sig
 from .costs import fused_gqa, kv_read
 from .item import Item
 
@@ -233,12 +234,18 @@ def attention_kind(arch: Arch, layout: StateLayout, strategy: Strategy, runtime:
     GroupQueryAttention) at its "eager <kind>" rate; and only a kind with a stored rate."""
     if not rates:
         return None
-    if runtime in ("llama.cpp", "executorch-llama") or fused_gqa(arch, layout, strategy, runtime):
+    if not eager_decode(arch, layout, strategy, runtime):
         kind = cache_kind(strategy, layout, runtime, int8_kernel)
     else:
         kind = prefill_kind(strategy, layout, runtime, int8_kernel)
         kind = kind and f"eager {kind}"
     return kind if kind in rates["kinds"] else None
+
+
+def eager_decode(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str) -> bool:
+    """Whether this row's decode attends through edgekv's eager graph (no fused op: its "eager <kind>" rates) rather
+    than a runtime's own kernel (llama.cpp's and ExecuTorch's Llama export's always; edgekv's where fused_gqa)."""
+    return not (runtime in ("llama.cpp", "executorch-llama") or fused_gqa(arch, layout, strategy, runtime))
 
 
 def _compute_at(r: dict, keys: int) -> float:
@@ -306,6 +313,34 @@ def attention_seconds(arch: Arch, layout: StateLayout, kind: str, rates: dict, k
                        for (T, over, per_pos, cast, kvf, kv, other), n in groups.items())
     return total, f"attention ({kind} {kernel}: layers x (overhead + kept keys x per-key cost)) = " \
                   f"{parts} = {total * 1e3:.3g} ms"
+
+
+def attention_bracket(arch: Arch, layout: StateLayout, rates: dict, int8_kernel: str = "executorch",
+                      layer_kinds: dict[int, str] | None = None, eager: bool = False
+                      ) -> tuple[float, float, str, str] | None:
+    """A decode step's attention where this device stores kernel rates for the runtime but none for this row's cache
+    (llama.cpp's f32 cache, a bf16 / fp8 cache, int8 codes in groups: attention_kind None): between the runtime's
+    measured kinds of the same graph (eager: the graph without the fused op, its "eager <kind>" kinds; else the
+    fused op's), each charged as attention_seconds charges it (the .pte's eager rings and edgekv's own kernel's
+    kinds only where they apply; a superseded graph's kind, kept for the rows measured on it, never), so the plan
+    shows a range instead of the roofline, which leaves a long context's attention out. Returns (slowest seconds,
+    fastest seconds, formula, the slowest kind) or None where no kind prices a layer (no attention cache in the
+    layout: an SSM, a latent)."""
+    got = {}
+    for k in rates:
+        if k.startswith("eager ring") or k.startswith("eager ") != eager \
+                or (k.startswith("edgekv ") and int8_kernel != "edgekv") or rates[k].get("superseded"):
+            continue
+        s, _ = attention_seconds(arch, layout, k, rates, layer_kinds=layer_kinds)
+        if s > 0:
+            got[k] = s
+    if not got:
+        return None
+    fast, slow = min(got, key=got.get), max(got, key=got.get)
+    return got[slow], got[fast], (f"attention (no kernel rate stored for this cache on this runtime: between its "
+                                  f"measured kinds of this graph, {len(got)} of them) = {fast} "
+                                  f"{fmt_sig(got[fast] * 1e3)} ms .. {slow} {fmt_sig(got[slow] * 1e3)} ms = "
+                                  f"{fmt_sig(got[slow] * 1e3)} ms"), slow
 
 
 def ring_decode_layers(arch: Arch, layout: StateLayout, strategy: Strategy, runtime: str, rates: dict | None,
@@ -392,7 +427,7 @@ def weights_seconds_by_matrix(arch: Arch, precision: str, by: dict, scheme: dict
 
 
 def weights_seconds_by_form(mats: list[tuple], by_form: dict, n_layers: int, per_layer: float
-                            ) -> tuple[float, float, str] | None:
+                            ) -> tuple[float, float, str, str] | None:
     """One decode step's weights term where each matrix runs in its own kernel form (--weights gguf in edgekv's ONNX:
     each GGUF type's MatMulNBits form, memory.weights.carried_matrices): each matrix at the seconds its form was
     measured at for its shape (by_form["forms"][form]["rows"]: [K, N, bytes, seconds], benchmarks/attention_rates.py
@@ -420,12 +455,15 @@ def weights_seconds_by_form(mats: list[tuple], by_form: dict, n_layers: int, per
 def decode_with_attention(weights_read: float, lin_flops: float, attn_s: float, scale: tuple[float, float],
                           bandwidth: float, bw_eff: float, peak_flops: float, flop_eff: float,
                           weights_rate: float | None = None,
-                          weights_s: tuple[float, str] | None = None) -> tuple[Item, dict]:
+                          weights_s: tuple[float, str] | None = None,
+                          fast_attn_s: float | None = None) -> tuple[Item, dict]:
     """tok/s = 1 / (weights term + attention term): the weights term is the roofline over the weights alone (or
     the weights over a measured rate of the runtime's weight kernels where stored, or weights_s: (seconds, formula)
     where the kernel was timed per matrix), the attention term the fitted
-    kernel time divided by the device's scale (low, high). Returns the low end's Item and the terms
-    ({weights_s, weights, attention_s, scale, tok_s: (low, high)}) for the explain line."""
+    kernel time divided by the device's scale (low, high); fast_attn_s: the attention's fast end where the kernel
+    is not known, only bracketed (attention_bracket: attn_s the slowest measured kind, this the fastest). Returns the
+    low end's Item and the terms ({weights_s, weights, attention_s, [attention_fast_s], scale, tok_s: (low, high)})
+    for the explain line."""
     detail = ""
     if weights_s:  # the weights kernel timed per matrix (weights_seconds_by_matrix): its effective rate shown
         t_w, detail = weights_s
@@ -439,10 +477,12 @@ def decode_with_attention(weights_read: float, lin_flops: float, attn_s: float, 
         how = (f"~{weights_read / 1e9:.3g} GB weights / ({bandwidth / 1e9:.3g} GB/s x {bw_eff:g})" if t_bw >= t_fl
                else f"~{lin_flops / 1e9:.3g} GFLOP matmuls / ({peak_flops / 1e9:.3g} GFLOP/s x {flop_eff:g})")
     lo, hi = scale
-    slow, fast = 1 / (t_w + attn_s / lo), 1 / (t_w + attn_s / hi)
-    f = (f"1 / ({how} = {t_w * 1e3:.3g} ms + attention {attn_s * 1e3:.3g} ms"
+    fast_s = attn_s if fast_attn_s is None else fast_attn_s
+    slow, fast = 1 / (t_w + attn_s / lo), 1 / (t_w + fast_s / hi)
+    between = f"{fast_s * 1e3:.3g}-" if fast_s != attn_s else ""
+    f = (f"1 / ({how} = {t_w * 1e3:.3g} ms + attention {between}{attn_s * 1e3:.3g} ms"
          + (f" / device scale {lo:g}-{hi:g}" if scale != (1.0, 1.0) else "") + ") = "
          + (f"{slow:.3g}-{fast:.3g} tok/s" if slow != fast else f"{slow:.3g} tok/s")
          + (f"; the weights term: {detail}" if detail else ""))
     return Item(slow, f), {"weights_s": t_w, "weights": how, "attention_s": attn_s, "scale": scale,
-                           "tok_s": (slow, fast)}
+                           "tok_s": (slow, fast), **({"attention_fast_s": fast_s} if between else {})}
