@@ -163,23 +163,34 @@ def test_every_explain_line_reproduces_its_result(args):
     assert checked.get("attention", 0) > 0
 
 
-def _check_attention_line(head: str, d: str) -> None:
-    """A runtime's attention at its stored rate (GroupQueryAttention, custom_sdpa, an eager graph: edgekv/costs/
-    attention_rates.json): weights term + the attention's layers x (overhead + keys x per-key cost), the attention
-    divided by the device's scale range, give the printed tok/s (range)."""
-    m = re.match(rf"decode +~{NUM} (GB weights / \({NUM} GB/s x {NUM}\)|GB weights / {NUM} GB/s \(measured\)|"
-                 rf"GFLOP matmuls / \({NUM} GFLOP/s x {NUM}\)) = {NUM} ms \+ attention {NUM} ms"
-                 rf"(?: / device scale {NUM}-{NUM})? -> {NUM}(?:-{NUM})? tok/s \((?:GroupQueryAttention|custom_quantized_sdpa|custom_sdpa"
-                 rf"|flash attention|eager graph without \w+|custom_sdpa after \w+) at its kernel rate: (.*)\)$", d)
-    assert m, (head, d)
-    g = m.groups()
+# the decode line's weights term where the attention is charged apart: over a roofline, a measured rate or the matmuls
+WEIGHTS_TERM = (rf"decode +~{NUM} (GB weights / \({NUM} GB/s x {NUM}\)|GB weights / {NUM} GB/s \(measured\)|"
+                rf"GFLOP matmuls / \({NUM} GFLOP/s x {NUM}\)) = {NUM} ms")
+
+
+def _weights_seconds(head: str, d: str, g: tuple) -> float:
+    """The weights term's seconds re-derived from its printed figures (WEIGHTS_TERM's groups 0-7), checked against
+    the milliseconds it prints."""
     num, how = _f(g[0]), g[1]
     if "(measured)" in how:
-        t_w = num * 1e9 / (_f(g[4]) * 1e9)
+        t_w = num / _f(g[4])
     else:
         rate, eff = (_f(g[2]), _f(g[3])) if "GB weights" in how else (_f(g[5]), _f(g[6]))
         t_w = num / (rate * eff)
     assert _close(_f(g[7]) * 1e-3, t_w), (head, d)
+    return t_w
+
+
+def _check_attention_line(head: str, d: str) -> None:
+    """A runtime's attention at its stored rate (GroupQueryAttention, custom_sdpa, an eager graph: edgekv/costs/
+    attention_rates.json): weights term + the attention's layers x (overhead + keys x per-key cost), the attention
+    divided by the device's scale range, give the printed tok/s (range)."""
+    m = re.match(rf"{WEIGHTS_TERM} \+ attention {NUM} ms"
+                 rf"(?: / device scale {NUM}-{NUM})? -> {NUM}(?:-{NUM})? tok/s \((?:GroupQueryAttention|custom_quantized_sdpa|custom_sdpa"
+                 rf"|flash attention|eager graph without \w+|custom_sdpa after \w+) at its kernel rate: (.*)\)$", d)
+    assert m, (head, d)
+    g = m.groups()
+    t_w = _weights_seconds(head, d, g)
     attn = sum(_f(n) * (_f(o) * 1e-6 + _f(t) * _f(c) * 1e-6) for n, o, t, c in
                re.findall(rf"{NUM} x \({NUM} us \+ {NUM} x {NUM} us\)", g[13]))
     assert _close(_f(g[8]) * 1e-3, attn), (head, d)
@@ -193,18 +204,16 @@ def _check_bracket_line(head: str, d: str) -> None:
     """A cache with no stored kernel rate on this device (memory.speed.attention_bracket): the weights term plus the
     slowest measured kind's attention over the device's low scale gives the low tok/s, plus the fastest kind's over
     its high scale the high one; both attention figures are the ones its formula names."""
-    m = re.match(rf"decode +~{NUM} (GB weights / \({NUM} GB/s x {NUM}\)|GB weights / {NUM} GB/s \(measured\)) = "
-                 rf"{NUM} ms \+ attention {NUM}-{NUM} ms(?: / device scale {NUM}-{NUM})? -> {NUM}-{NUM} tok/s "
+    m = re.match(rf"{WEIGHTS_TERM} \+ attention {NUM}-{NUM} ms(?: / device scale {NUM}-{NUM})? -> {NUM}-{NUM} tok/s "
                  rf"\(.*, no rate stored for this cache here, between the runtime's measured kinds: [\w ]+ "
                  rf"{NUM} ms \.\. [\w ]+ {NUM} ms\)$", d)
     assert m, (head, d)
     g = m.groups()
-    t_w = _f(g[0]) / _f(g[4]) if "(measured)" in g[1] else _f(g[0]) / (_f(g[2]) * _f(g[3]))
-    assert _close(_f(g[5]) * 1e-3, t_w), (head, d)
-    fast, slow = _f(g[6]) * 1e-3, _f(g[7]) * 1e-3
-    assert fast < slow and _close(fast, _f(g[12]) * 1e-3) and _close(slow, _f(g[13]) * 1e-3), (head, d)
-    lo, hi = (_f(g[8]), _f(g[9])) if g[8] else (1.0, 1.0)
-    assert _close(_f(g[10]), 1 / (t_w + slow / lo)) and _close(_f(g[11]), 1 / (t_w + fast / hi)), (head, d)
+    t_w = _weights_seconds(head, d, g)
+    fast, slow = _f(g[8]) * 1e-3, _f(g[9]) * 1e-3
+    assert fast < slow and _close(fast, _f(g[14]) * 1e-3) and _close(slow, _f(g[15]) * 1e-3), (head, d)
+    lo, hi = (_f(g[10]), _f(g[11])) if g[10] else (1.0, 1.0)
+    assert _close(_f(g[12]), 1 / (t_w + slow / lo)) and _close(_f(g[13]), 1 / (t_w + fast / hi)), (head, d)
 
 
 def test_kv_int4_decode_counts_the_dequantized_copy_it_reads():
